@@ -1,0 +1,355 @@
+"""The cluster graph: :class:`Topology`, an immutable wrapper over a ``networkx.DiGraph``.
+
+Vocabulary (fixed by DESIGN.md)
+-------------------------------
+Nodes have an id (a string, unique in the cluster; by convention ``"<host>/<local>"``
+for nodes inside a host) and a ``kind``:
+
+==============  ==========================================================
+kind            meaning and attributes
+==============  ==========================================================
+``gpu``         a GPU (or, on CPU-only hosts, a process that acts as a rank).
+                ``host``, ``index`` (local), ``pci``, ``uuid``, ``model``,
+                ``mem_bw`` (GB/s), ``numa``, and ``rank`` once ranks are mapped.
+``nvswitch``    an NVSwitch chip; ``host`` when inside a host, none for
+                rack-level NVLink switch trays (GB200 NVL72).
+``pcie_switch`` a PCIe switch/bridge; optional ``host_bridge`` (an id): two
+                branches that meet at a CPU through different host bridges
+                are ``NODE`` in nvidia-smi's legend, through the same one
+                (or none given) ``PHB``.
+``cpu``         a NUMA domain; ``numa`` (its id), optional ``affinity``.
+``nic``         a network adapter port; ``bw`` (GB/s), optional ``name``, ``rail``.
+``net_switch``  a network switch; ``tier`` (0 = leaf, 1 = spine, ...).
+==============  ==========================================================
+
+Edges are directed with both directions present; attributes ``kind`` in
+``nvlink``, ``c2c``, ``pcie``, ``smp``, ``net``; ``bw`` in GB/s per direction
+(effective, 1 GB = 1e9 B, already multiplied by ``count``); ``lat`` in
+microseconds; ``count`` bonded links (>= 1).
+
+Ranks are group-local integers ``0..P-1``. A topology may carry explicit
+``rank`` attributes on its GPUs; otherwise :meth:`Topology.rank_gpus` numbers
+GPUs host by host, by local index.
+
+>>> import networkx as nx
+>>> g = nx.DiGraph()
+>>> g.add_node("h0/gpu0", kind="gpu", host="h0", index=0)
+>>> g.add_node("h0/gpu1", kind="gpu", host="h0", index=1)
+>>> g.add_edge("h0/gpu0", "h0/gpu1", kind="nvlink", bw=41.2, lat=0.6, count=2)
+>>> g.add_edge("h0/gpu1", "h0/gpu0", kind="nvlink", bw=41.2, lat=0.6, count=2)
+>>> t = Topology(g, name="two")
+>>> t.hosts(), t.gpus()
+(('h0',), ('h0/gpu0', 'h0/gpu1'))
+>>> p = t.path("h0/gpu0", "h0/gpu1")
+>>> p.nccl, p.smi, p.bw
+('NVL', 'NV2', 41.2)
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+import networkx as nx
+
+from .errors import TopologyError
+
+__all__ = ["Topology", "NODE_KINDS", "LINK_KINDS"]
+
+NODE_KINDS = ("gpu", "nvswitch", "pcie_switch", "cpu", "nic", "net_switch")
+LINK_KINDS = ("nvlink", "c2c", "pcie", "smp", "net")
+#: node kinds that must carry ``host``
+HOSTED_KINDS = ("gpu", "pcie_switch", "cpu", "nic")
+
+
+class Topology:
+    """An immutable cluster graph with path queries.
+
+    Parameters
+    ----------
+    graph:
+        A ``networkx.DiGraph`` following the vocabulary of this module. It is
+        copied and frozen; validation errors are :class:`TopologyError`.
+    name:
+        A label (the YAML ``name``), shown by the CLI.
+    meta:
+        Free-form plain data kept with the topology (YAML ``meta``, source
+        notes); it does not take part in equality.
+    """
+
+    __slots__ = ("_g", "name", "meta", "__dict__")
+
+    def __init__(self, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None):
+        if not isinstance(graph, nx.DiGraph):
+            raise TopologyError(f"graph: expected a networkx.DiGraph, got {type(graph).__name__}")
+        g = nx.DiGraph(graph)  # copies nodes, edges and attribute dicts (shallow)
+        for n, d in g.nodes(data=True):
+            g.nodes[n].update(d)
+        _validate(g)
+        self._g = nx.freeze(g)
+        self.name = name
+        self.meta = dict(meta or {})
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The frozen graph. Do not mutate attribute dicts; build a new Topology."""
+        return self._g
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return self.fingerprint() == other.fingerprint()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def __repr__(self) -> str:
+        return (f"Topology(name={self.name!r}, hosts={len(self.hosts())}, gpus={len(self.gpus())}, "
+                f"nodes={self._g.number_of_nodes()}, links={self._g.number_of_edges()})")
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for n in sorted(self._g.nodes):
+            h.update(json.dumps([n, _canon(self._g.nodes[n])], sort_keys=True, default=str).encode())
+        for a, b in sorted(self._g.edges):
+            h.update(json.dumps([a, b, _canon(self._g.edges[a, b])], sort_keys=True, default=str).encode())
+        return h.hexdigest()[:16]
+
+    def fingerprint(self) -> str:
+        """A short hash of nodes, edges and attributes (equal graphs, equal prints)."""
+        return self._fingerprint
+
+    def node(self, node_id: str) -> Mapping[str, Any]:
+        """The attributes of one node, read-only. Unknown ids raise TopologyError."""
+        try:
+            return MappingProxyType(self._g.nodes[node_id])
+        except KeyError:
+            raise TopologyError(f"node {node_id!r}: not in topology {self.name!r}") from None
+
+    def link(self, a: str, b: str) -> Mapping[str, Any]:
+        """The attributes of the directed link a -> b."""
+        try:
+            return MappingProxyType(self._g.edges[a, b])
+        except KeyError:
+            raise TopologyError(f"link {a!r} -> {b!r}: not in topology {self.name!r}") from None
+
+    def nodes(self, kind: str | None = None, host: str | None = None) -> tuple[str, ...]:
+        """Node ids in insertion order, optionally filtered by kind and host."""
+        return tuple(n for n, d in self._g.nodes(data=True)
+                     if (kind is None or d["kind"] == kind) and (host is None or d.get("host") == host))
+
+    def links(self, kind: str | None = None) -> tuple[tuple[str, str], ...]:
+        """Directed links (a, b), optionally filtered by link kind."""
+        return tuple((a, b) for a, b, d in self._g.edges(data=True) if kind is None or d["kind"] == kind)
+
+    # ------------------------------------------------------------------ hosts and ranks
+    @functools.cached_property
+    def _hosts(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for _, d in self._g.nodes(data=True):
+            if d.get("host") is not None:
+                seen.setdefault(d["host"], None)
+        return tuple(seen)
+
+    def hosts(self) -> tuple[str, ...]:
+        """Host names in the order they first appear."""
+        return self._hosts
+
+    @functools.cached_property
+    def _gpus_by_host(self) -> dict[str, tuple[str, ...]]:
+        out: dict[str, list[str]] = {h: [] for h in self._hosts}
+        for n, d in self._g.nodes(data=True):
+            if d["kind"] == "gpu":
+                out[d["host"]].append(n)
+        return {h: tuple(sorted(v, key=lambda n: (self._g.nodes[n].get("index", 0), n))) for h, v in out.items()}
+
+    def gpus(self, host: str | None = None) -> tuple[str, ...]:
+        """GPU ids, host by host, each host's by local ``index``."""
+        if host is not None:
+            if host not in self._gpus_by_host:
+                raise TopologyError(f"host {host!r}: not in topology; hosts are {list(self._hosts)[:8]}")
+            return self._gpus_by_host[host]
+        return tuple(g for h in self._hosts for g in self._gpus_by_host[h])
+
+    def gpus_per_host(self) -> dict[str, int]:
+        """Number of GPUs (rank slots) on each host."""
+        return {h: len(v) for h, v in self._gpus_by_host.items()}
+
+    def nics(self, host: str | None = None) -> tuple[str, ...]:
+        """NIC ids, optionally of one host."""
+        return self.nodes("nic", host)
+
+    @functools.cached_property
+    def _rank_gpus(self) -> tuple[str, ...]:
+        gpus = self.gpus()
+        ranked = {self._g.nodes[g]["rank"]: g for g in gpus if "rank" in self._g.nodes[g]}
+        if not ranked:
+            return gpus
+        return tuple(ranked[r] for r in range(len(ranked)))
+
+    def rank_gpus(self) -> tuple[str, ...]:
+        """The GPU of each rank: ``rank_gpus()[r]`` is rank r's GPU id.
+
+        Uses the GPUs' ``rank`` attributes when present (they must be 0..P-1,
+        checked at construction), else numbers GPUs host by host by index.
+        """
+        return self._rank_gpus
+
+    def gpu_of_rank(self, rank: int) -> str:
+        """GPU id of one rank; out of range raises TopologyError naming the rank."""
+        r = self._rank_gpus
+        if not isinstance(rank, int) or not 0 <= rank < len(r):
+            raise TopologyError(f"rank {rank!r}: expected an integer in 0..{len(r) - 1}")
+        return r[rank]
+
+    def host_of(self, node_id: str) -> str | None:
+        """The host of a node (None for network and rack-level switches)."""
+        return self.node(node_id).get("host")
+
+    def with_ranks(self, gpus: Iterable[str]) -> "Topology":
+        """A new Topology where ``gpus[r]`` carries ``rank = r`` (others none)."""
+        order = list(gpus)
+        g = nx.DiGraph(self._g)
+        for n in g.nodes:
+            g.nodes[n].pop("rank", None)
+        for r, n in enumerate(order):
+            if n not in g or g.nodes[n]["kind"] != "gpu":
+                raise TopologyError(f"rank {r}: {n!r} is not a GPU of topology {self.name!r}")
+            g.nodes[n]["rank"] = r
+        return Topology(g, name=self.name, meta=self.meta)
+
+    # ------------------------------------------------------------------ network structure
+    @functools.cached_property
+    def _leaf_of_host(self) -> dict[str, tuple[str, ...]]:
+        out: dict[str, set[str]] = {h: set() for h in self._hosts}
+        for nic in self.nodes("nic"):
+            for nb in self._g.successors(nic):
+                if self._g.nodes[nb]["kind"] == "net_switch":
+                    out[self._g.nodes[nic]["host"]].add(nb)
+        return {h: tuple(sorted(v)) for h, v in out.items()}
+
+    def leaves_of(self, host: str) -> tuple[str, ...]:
+        """The network switches the host's NICs plug into (its leaf switches)."""
+        return self._leaf_of_host[host]
+
+    def leaf_groups(self) -> tuple[tuple[str, ...], ...]:
+        """Hosts grouped by the set of leaf switches they plug into.
+
+        Hosts in one group are one switch hop apart on every rail (a scalable
+        unit of a rail-optimized fat tree, or everything under one leaf).
+        Groups are in host order.
+        """
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for h in self._hosts:
+            groups.setdefault(self._leaf_of_host[h], []).append(h)
+        return tuple(tuple(v) for v in groups.values())
+
+    # ------------------------------------------------------------------ paths
+    def path(self, a: str, b: str):
+        """The route between two GPUs, or a GPU and a NIC: see :class:`topo.paths.Path`."""
+        from .paths import route
+        return route(self, a, b)
+
+    def nearest_nic(self, gpu: str) -> str | None:
+        """The NIC of the GPU's host with the best path class, then bandwidth, then hops.
+
+        None on a host without NICs.
+        """
+        from .paths import nearest_nic
+        return nearest_nic(self, gpu)
+
+    # ------------------------------------------------------------------ plain data
+    def to_dict(self) -> dict[str, Any]:
+        """Explicit form as plain data: ``{name, meta, nodes: [...], links: [...]}``.
+
+        Each undirected pair appears once when both directions carry equal
+        attributes, otherwise each direction is listed with ``directed: true``.
+        """
+        nodes = [{"id": n, **_canon(d)} for n, d in self._g.nodes(data=True)]
+        links = []
+        listed: set[tuple[str, str]] = set()
+        for a, b, d in self._g.edges(data=True):
+            if self._g.edges.get((b, a)) == d:
+                if (b, a) in listed:
+                    continue
+                listed.add((a, b))
+                links.append({"a": a, "b": b, **_canon(d)})
+            else:
+                links.append({"a": a, "b": b, "directed": True, **_canon(d)})
+        out: dict[str, Any] = {"name": self.name}
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        out["nodes"] = nodes
+        out["links"] = links
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Topology":
+        """Inverse of :meth:`to_dict` (no file context; YAML loading adds it)."""
+        g = nx.DiGraph()
+        for nd in data.get("nodes", []):
+            nd = dict(nd)
+            g.add_node(nd.pop("id"), **nd)
+        for ld in data.get("links", []):
+            ld = dict(ld)
+            a, b = ld.pop("a"), ld.pop("b")
+            directed = ld.pop("directed", False)
+            g.add_edge(a, b, **ld)
+            if not directed:
+                g.add_edge(b, a, **dict(ld))
+        return cls(g, name=data.get("name", ""), meta=data.get("meta"))
+
+
+def _canon(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in sorted(d)}
+
+
+def _validate(g: nx.DiGraph) -> None:
+    """Structural checks; linear in nodes + edges."""
+    ranks: dict[int, str] = {}
+    for n, d in g.nodes(data=True):
+        if not isinstance(n, str) or not n:
+            raise TopologyError(f"node id {n!r}: expected a non-empty string")
+        kind = d.get("kind")
+        if kind not in NODE_KINDS:
+            raise TopologyError(f"node {n!r}: kind expected one of {list(NODE_KINDS)}, got {kind!r}")
+        if kind in HOSTED_KINDS and not d.get("host"):
+            raise TopologyError(f"node {n!r}: a {kind} must carry 'host'")
+        if "rank" in d:
+            r = d["rank"]
+            if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+                raise TopologyError(f"node {n!r}: rank expected a non-negative integer, got {r!r}")
+            if kind != "gpu":
+                raise TopologyError(f"node {n!r}: only GPUs carry a rank, got a {kind}")
+            if r in ranks:
+                raise TopologyError(f"rank {r}: mapped to two GPUs, {ranks[r]!r} and {n!r}")
+            ranks[r] = n
+        if kind in ("nic",) and "bw" in d:
+            _positive(d["bw"], f"node {n!r}: bw")
+    if ranks and sorted(ranks) != list(range(len(ranks))):
+        missing = sorted(set(range(len(ranks))) - set(ranks))
+        raise TopologyError(f"ranks: expected 0..{len(ranks) - 1} each once, missing {missing[:8]}")
+    for a, b, d in g.edges(data=True):
+        if a == b:
+            raise TopologyError(f"link {a!r} -> {b!r}: a link cannot join a node to itself")
+        kind = d.get("kind")
+        if kind not in LINK_KINDS:
+            raise TopologyError(f"link {a!r} -> {b!r}: kind expected one of {list(LINK_KINDS)}, got {kind!r}")
+        _positive(d.get("bw"), f"link {a!r} -> {b!r}: bw")
+        lat = d.get("lat", 0.0)
+        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or lat < 0:
+            raise TopologyError(f"link {a!r} -> {b!r}: lat expected a non-negative number of µs, got {lat!r}")
+        c = d.get("count", 1)
+        if not isinstance(c, int) or isinstance(c, bool) or c < 1:
+            raise TopologyError(f"link {a!r} -> {b!r}: count expected a positive integer, got {c!r}")
+        if not g.has_edge(b, a):
+            raise TopologyError(f"link {a!r} -> {b!r}: the reverse direction is missing; links are bidirectional")
+
+
+def _positive(v: Any, what: str) -> None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+        raise TopologyError(f"{what}: expected a positive number (GB/s), got {v!r}")

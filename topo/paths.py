@@ -1,0 +1,281 @@
+"""Routes between two endpoints of a :class:`~topo.model.Topology` and their classes.
+
+A route is chosen the way NCCL chooses (src/graph/paths.cc, see
+../shared/reference/topo.md §1.4): the best path class first (NVLink before
+PCIe before the SMP interconnect before the network), then bandwidth, then
+hops. Classes:
+
+* NCCL path class (strings, never NCCL's version-dependent integers):
+  ``LOC`` (same node), ``NVL`` (NVLink, directly or through NVSwitches),
+  ``NVB`` (NVLink through an intermediate GPU), ``C2C``, ``PIX`` (at most one
+  PCIe switch), ``PXB`` (several PCIe switches, no host bridge), ``P2C`` (C2C
+  then PCIe), ``PHB`` (through a CPU's host bridge), ``SYS`` (across the SMP
+  interconnect between NUMA domains), ``NET`` (between hosts over the network).
+* nvidia-smi code (``nvidia-smi topo -m``): ``X``, ``NV#`` (direct bonded
+  NVLinks or through NVSwitches, # = the links of the source GPU on that
+  route), ``PIX``, ``PXB``, ``PHB``, ``NODE`` (through two host bridges of one
+  NUMA domain), ``SYS``; ``None`` between hosts (nvidia-smi shows one host).
+  Unlike NCCL, nvidia-smi never reports NVB: it shows the PCIe class instead.
+
+NVSwitch fabrics keep each switch as a node (an H100 reaches its 4 switches
+with 5/5/4/4 links); a GPU-to-GPU route through them is the set of parallel
+one-switch routes, listed in :attr:`Path.routes` with the share of the traffic
+each carries (proportional to its bottleneck bandwidth), and :attr:`Path.bw`
+is their sum. Between hosts, a GPU uses its nearest NIC (NCCL's default) and
+the network route is a shortest route through the switches, with ties between
+equal-cost switches broken by a hash of the two NICs (deterministic ECMP).
+"""
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import TopologyError
+
+if TYPE_CHECKING:
+    from .model import Topology
+
+__all__ = ["Path", "route", "nearest_nic", "NCCL_CLASSES", "SMI_CODES", "LOC_BW"]
+
+#: NCCL path classes from best to worst (src/include/graph.h, NCCL 2.30)
+NCCL_CLASSES = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET", "DIS")
+SMI_CODES = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
+#: bandwidth of a node to itself, GB/s: NCCL's LOC_BW (src/graph/topo.h)
+LOC_BW = 5000.0
+
+_PCI_NODE_KINDS = frozenset({"pcie_switch", "cpu"})
+_PCI_LINK_KINDS = frozenset({"pcie", "smp", "c2c"})
+
+
+@dataclass(frozen=True)
+class Path:
+    """A route between two endpoints.
+
+    Attributes
+    ----------
+    src, dst: endpoint node ids.
+    nodes: the primary route, ``src`` ... ``dst``.
+    kinds: link kind of each hop of ``nodes`` (len = hops).
+    bw: bottleneck bandwidth in GB/s per direction; over parallel NVSwitch
+        routes, the sum of their bottlenecks.
+    lat: summed link latency of the primary route, µs.
+    nccl: NCCL path class (see module doc).
+    smi: nvidia-smi code, or None between hosts.
+    routes: ``((nodes, share), ...)`` parallel routes and the fraction of the
+        traffic each carries (shares sum to 1); one route for most paths.
+    """
+
+    src: str
+    dst: str
+    nodes: tuple[str, ...]
+    kinds: tuple[str, ...]
+    bw: float
+    lat: float
+    nccl: str
+    smi: str | None
+    routes: tuple[tuple[tuple[str, ...], float], ...]
+
+    @property
+    def hops(self) -> int:
+        """Number of links on the primary route."""
+        return len(self.nodes) - 1
+
+    def as_dict(self) -> dict:
+        """Plain data for ``--json``."""
+        return {"src": self.src, "dst": self.dst, "nodes": list(self.nodes), "kinds": list(self.kinds),
+                "hops": self.hops, "bw_GBps": self.bw, "lat_us": self.lat, "nccl": self.nccl,
+                "smi": self.smi, "routes": [[list(n), s] for n, s in self.routes]}
+
+
+def route(topo: "Topology", a: str, b: str) -> Path:
+    """The route between endpoints ``a`` and ``b`` (GPUs, NICs or CPUs); cached per topology."""
+    cache = topo.__dict__.setdefault("_route_cache", {})
+    key = (a, b)
+    if key not in cache:
+        cache[key] = _route(topo, a, b)
+    return cache[key]
+
+
+def _route(topo: "Topology", a: str, b: str) -> Path:
+    g = topo.graph
+    for n in (a, b):
+        kind = topo.node(n)["kind"]
+        if kind not in ("gpu", "nic", "cpu"):
+            raise TopologyError(f"path endpoint {n!r}: expected a gpu, nic or cpu, got a {kind}")
+    if a == b:
+        return Path(a, b, (a,), (), LOC_BW, 0.0, "LOC", "X", (((a,), 1.0),))
+    ka, kb = g.nodes[a]["kind"], g.nodes[b]["kind"]
+    if ka == "gpu" and kb == "gpu":
+        nv = _nvlink_route(topo, a, b)
+        if nv is not None and nv.nccl == "NVL":
+            return nv
+    else:
+        nv = None
+    ha, hb = g.nodes[a].get("host"), g.nodes[b].get("host")
+    if ha == hb:
+        pci = _pci_route(topo, a, b)
+        if nv is not None:  # NVB: NCCL takes it; nvidia-smi still shows the PCIe class
+            return Path(a, b, nv.nodes, nv.kinds, nv.bw, nv.lat, "NVB", pci.smi if pci else None, nv.routes)
+        if pci is None:
+            raise TopologyError(f"path {a!r} -> {b!r}: no PCIe/NVLink route inside host {ha!r}")
+        return pci
+    return _net_route(topo, a, b)
+
+
+def _edge(g, u, v):
+    return g.edges[u, v]
+
+
+def _chain(g, nodes: tuple[str, ...]) -> tuple[tuple[str, ...], float, float]:
+    kinds = tuple(_edge(g, u, v)["kind"] for u, v in zip(nodes, nodes[1:]))
+    bw = min(_edge(g, u, v)["bw"] for u, v in zip(nodes, nodes[1:]))
+    lat = sum(_edge(g, u, v).get("lat", 0.0) for u, v in zip(nodes, nodes[1:]))
+    return kinds, bw, lat
+
+
+def _nvlink_route(topo: "Topology", a: str, b: str) -> Path | None:
+    g = topo.graph
+    if g.has_edge(a, b) and g.edges[a, b]["kind"] == "nvlink":
+        d = g.edges[a, b]
+        nodes = (a, b)
+        return Path(a, b, nodes, ("nvlink",), d["bw"], d.get("lat", 0.0), "NVL", f"NV{d.get('count', 1)}",
+                    ((nodes, 1.0),))
+    # parallel one-switch routes: a -> s -> b for every NVSwitch s adjacent to both
+    sw = [s for s in g.successors(a)
+          if g.nodes[s]["kind"] == "nvswitch" and g.edges[a, s]["kind"] == "nvlink" and g.has_edge(s, b)
+          and g.edges[s, b]["kind"] == "nvlink"]
+    if sw:
+        caps = [min(g.edges[a, s]["bw"], g.edges[s, b]["bw"]) for s in sw]
+        total = sum(caps)
+        routes = tuple(((a, s, b), c / total) for s, c in zip(sw, caps))
+        best = max(range(len(sw)), key=lambda i: caps[i])
+        nodes = (a, sw[best], b)
+        lat = max(g.edges[a, s].get("lat", 0.0) + g.edges[s, b].get("lat", 0.0) for s in sw)
+        links = sum(g.edges[a, s].get("count", 1) for s in sw)
+        return Path(a, b, nodes, ("nvlink", "nvlink"), total, lat, "NVL", f"NV{links}", routes)
+    # multi-hop NVLink (switch-to-switch fabrics, or through other GPUs: NVB)
+    nodes = _bfs(g, a, b, lambda n: g.nodes[n]["kind"] in ("nvswitch", "gpu"), frozenset({"nvlink"}))
+    if nodes is None:
+        return None
+    kinds, bw, lat = _chain(g, nodes)
+    through_gpu = any(g.nodes[n]["kind"] == "gpu" for n in nodes[1:-1])
+    cls = "NVB" if through_gpu else "NVL"
+    smi = None if through_gpu else f"NV{g.edges[a, nodes[1]].get('count', 1)}"
+    return Path(a, b, nodes, kinds, bw, lat, cls, smi, ((nodes, 1.0),))
+
+
+def _bfs(g, a: str, b: str, node_ok, link_kinds) -> tuple[str, ...] | None:
+    """Fewest-hop route a -> b whose intermediate nodes satisfy node_ok; deterministic."""
+    prev = {a: None}
+    q = deque([a])
+    while q:
+        u = q.popleft()
+        for v in g.successors(u):
+            if v in prev or g.edges[u, v]["kind"] not in link_kinds:
+                continue
+            if v != b and not node_ok(v):
+                continue
+            prev[v] = u
+            if v == b:
+                out = [b]
+                while prev[out[-1]] is not None:
+                    out.append(prev[out[-1]])
+                return tuple(reversed(out))
+            q.append(v)
+    return None
+
+
+def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
+    g = topo.graph
+    host = g.nodes[a].get("host")
+    nodes = _bfs(g, a, b, lambda n: g.nodes[n]["kind"] in _PCI_NODE_KINDS and g.nodes[n].get("host") == host,
+                 _PCI_LINK_KINDS)
+    if nodes is None:
+        return None
+    kinds, bw, lat = _chain(g, nodes)
+    nccl, smi = _classify_pci(g, nodes, kinds)
+    return Path(a, b, nodes, kinds, bw, lat, nccl, smi, ((nodes, 1.0),))
+
+
+def _classify_pci(g, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[str, str]:
+    if "smp" in kinds:
+        return "SYS", "SYS"
+    mids = nodes[1:-1]
+    cpus = [i for i, n in enumerate(nodes) if 0 < i < len(nodes) - 1 and g.nodes[n]["kind"] == "cpu"]
+    if "c2c" in kinds:
+        return ("P2C", "PHB") if "pcie" in kinds else ("C2C", "PHB")
+    if cpus:
+        i = cpus[0]
+        hb_in = _host_bridge(g, nodes[i - 1])
+        hb_out = _host_bridge(g, nodes[i + 1])
+        return "PHB", ("PHB" if hb_in == hb_out else "NODE")
+    switches = sum(1 for n in mids if g.nodes[n]["kind"] == "pcie_switch")
+    return ("PIX", "PIX") if switches <= 1 else ("PXB", "PXB")
+
+
+def _host_bridge(g, n: str):
+    return g.nodes[n].get("host_bridge")
+
+
+def nearest_nic(topo: "Topology", gpu: str) -> str | None:
+    """The NIC of ``gpu``'s host with the best (class, bandwidth, hops); None if none."""
+    cache = topo.__dict__.setdefault("_nic_cache", {})
+    if gpu not in cache:
+        host = topo.host_of(gpu)
+        best, best_key = None, None
+        for nic in topo.nics(host):
+            p = _pci_route(topo, gpu, nic)
+            if p is None:
+                continue
+            key = (NCCL_CLASSES.index(p.nccl), -p.bw, p.hops)
+            if best_key is None or key < best_key:
+                best, best_key = nic, key
+        cache[gpu] = best
+    return cache[gpu]
+
+
+def _net_route(topo: "Topology", a: str, b: str) -> Path:
+    g = topo.graph
+    na = a if g.nodes[a]["kind"] == "nic" else nearest_nic(topo, a)
+    nb = b if g.nodes[b]["kind"] == "nic" else nearest_nic(topo, b)
+    if na is None or nb is None:
+        lonely = a if na is None else b
+        raise TopologyError(f"path {a!r} -> {b!r}: host {topo.host_of(lonely)!r} has no NIC to reach other hosts")
+    mid = _ecmp_route(g, na, nb)
+    if mid is None:
+        raise TopologyError(f"path {a!r} -> {b!r}: NICs {na!r} and {nb!r} are not connected by the network")
+    head = _pci_route(topo, a, na).nodes if a != na else (a,)
+    tail = _pci_route(topo, nb, b).nodes if b != nb else (b,)
+    nodes = head[:-1] + mid + tail[1:]
+    kinds, bw, lat = _chain(g, nodes)
+    return Path(a, b, nodes, kinds, bw, lat, "NET", None, ((nodes, 1.0),))
+
+
+def _ecmp_route(g, na: str, nb: str) -> tuple[str, ...] | None:
+    """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb)."""
+    def net_nbrs(u):
+        return [v for v in g.predecessors(u)
+                if g.edges[v, u]["kind"] == "net" and (v == na or g.nodes[v]["kind"] == "net_switch")]
+
+    dist = {nb: 0}
+    q = deque([nb])
+    while q and na not in dist:
+        u = q.popleft()
+        for v in net_nbrs(u):
+            if v not in dist:
+                dist[v] = dist[u] + 1
+                q.append(v)
+    if na not in dist:
+        return None
+    h = zlib.crc32(f"{na}|{nb}".encode())
+    out = [na]
+    while out[-1] != nb:
+        u = out[-1]
+        nxt = [v for v in g.successors(u) if dist.get(v, -1) == dist[u] - 1 and g.edges[u, v]["kind"] == "net"
+               and (v == nb or g.nodes[v]["kind"] == "net_switch")]
+        out.append(nxt[h % len(nxt)])
+        h //= max(len(nxt), 1)
+        h = h or zlib.crc32(f"{u}|{nb}".encode())
+    return tuple(out)
