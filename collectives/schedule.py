@@ -1,0 +1,208 @@
+"""Schedules: what a tree, a ring or an imported algorithm compiles to.
+
+A :class:`Schedule` lists, for every rank, an ordered tuple of :class:`Step`.
+The executor (:mod:`collectives.execute`) runs it over torch.distributed
+point-to-point operations and the simulator (:mod:`collectives.sim`) predicts
+it on a topology, so what is simulated is what runs.
+
+Data model
+----------
+The message (a tensor, or the flat concatenation of a tuple of tensors) is
+split into ``nchunks`` chunks; chunk ``c`` carries ``shares[c]`` of the bytes
+(equal shares by default). Each rank owns a *buffer* holding its own value of
+every chunk, and per chunk numbered *scratch slots* (``slot >= 1``), each
+holding one received copy of that chunk until it is reduced (an executor
+allocates them lazily and may reuse their memory once reduced; the simulator
+reports the peak).
+
+Steps (``kind``):
+
+* ``send``: send the buffer's chunk ``chunk`` to ``peer``.
+* ``recv``: receive chunk ``chunk`` from ``peer``; ``slot == 0`` overwrites the
+  buffer's chunk (broadcast, all-gather), ``slot >= 1`` lands in scratch slot
+  ``slot`` of that chunk (to be reduced).
+* ``reduce``: ``buf[chunk] = buf[chunk] op scratch[slot]`` when ``right`` (the
+  received operand on the right), else ``scratch[slot] op buf[chunk]``.
+
+``deps`` are indices of earlier steps of the same rank that must be complete
+before the step starts. Sends are non-blocking and a recv completes once the
+matching send has been issued: the k-th send from r to p of chunk c matches
+the k-th recv at p from r of chunk c. Steps of one rank start in list order
+as soon as their dependencies allow (an executor may overlap independent
+steps, never reorder dependent ones).
+
+>>> s = Schedule("reduce", 2, 1, ((Step("recv", 0, peer=1, slot=1), Step("reduce", 0, slot=1, deps=(0,))),
+...                              (Step("send", 0, peer=0),)), root=0)
+>>> s.bytes_sent(1, 1024), s.bytes_sent(0, 1024)
+(1024, 0)
+>>> Schedule("reduce", 2, 1, ((Step("recv", 0, peer=1, slot=1),), ()), root=0)
+Traceback (most recent call last):
+...
+topo.errors.ScheduleError: schedule 'reduce': rank 0 step 0 recv of chunk 0 from rank 1 has no matching send
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from topo.errors import ScheduleError
+
+__all__ = ["Step", "Schedule", "COLLECTIVES", "STEP_KINDS"]
+
+COLLECTIVES = ("reduce", "broadcast", "allreduce", "reduce_scatter", "allgather")
+STEP_KINDS = ("send", "recv", "reduce")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of one rank; see the module docstring for the semantics."""
+
+    kind: str
+    chunk: int
+    peer: int = -1
+    slot: int = 0
+    deps: tuple[int, ...] = ()
+    right: bool = True
+
+    def __post_init__(self):
+        if self.kind not in STEP_KINDS:
+            raise ScheduleError(f"step kind: expected one of {list(STEP_KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "deps", tuple(self.deps))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank step lists for one collective; validated when built.
+
+    Attributes
+    ----------
+    collective: one of ``reduce``, ``broadcast``, ``allreduce``,
+        ``reduce_scatter``, ``allgather``.
+    nranks: P.
+    nchunks: number of chunks the message is split into.
+    steps: ``steps[r]`` is rank r's ordered steps.
+    root: the root rank for reduce/broadcast, ``-1`` otherwise.
+    shares: fraction of the message in each chunk (sums to 1); equal by default.
+    name: what it was compiled from (e.g. ``"two_level/reduce"``).
+    owners: for ``reduce_scatter``, ``owners[c]`` is the rank holding the
+        reduced chunk c at the end (empty otherwise).
+    """
+
+    collective: str
+    nranks: int
+    nchunks: int
+    steps: tuple[tuple[Step, ...], ...]
+    root: int = -1
+    shares: tuple[float, ...] = ()
+    name: str = field(default="", compare=False)
+    owners: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        steps = tuple(tuple(s) for s in self.steps)
+        object.__setattr__(self, "steps", steps)
+        what = f"schedule {self.name or self.collective!r}"
+        if self.collective not in COLLECTIVES:
+            raise ScheduleError(f"{what}: collective expected one of {list(COLLECTIVES)}, got {self.collective!r}")
+        if self.nranks < 1 or len(steps) != self.nranks:
+            raise ScheduleError(f"{what}: expected step lists for {self.nranks} ranks, got {len(steps)}")
+        if self.nchunks < 1:
+            raise ScheduleError(f"{what}: nchunks expected >= 1, got {self.nchunks}")
+        shares = tuple(self.shares) or tuple([1.0 / self.nchunks] * self.nchunks)
+        if len(shares) != self.nchunks or any(s < 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-9:
+            raise ScheduleError(f"{what}: shares expected {self.nchunks} non-negative fractions summing to 1, "
+                                f"got {list(shares)[:8]}")
+        object.__setattr__(self, "shares", shares)
+        if self.collective in ("reduce", "broadcast") and not 0 <= self.root < self.nranks:
+            raise ScheduleError(f"{what}: a {self.collective} needs a root in 0..{self.nranks - 1}, got {self.root}")
+        self._check_steps(what)
+        self._check_progress(what)
+
+    # ------------------------------------------------------------------ validation
+    def _check_steps(self, what: str) -> None:
+        sends: dict[tuple[int, int, int], int] = defaultdict(int)
+        recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = defaultdict(list)
+        for r, lst in enumerate(self.steps):
+            for i, s in enumerate(lst):
+                where = f"{what}: rank {r} step {i}"
+                if not 0 <= s.chunk < self.nchunks:
+                    raise ScheduleError(f"{where}: chunk expected 0..{self.nchunks - 1}, got {s.chunk}")
+                for d in s.deps:
+                    if not 0 <= d < i:
+                        raise ScheduleError(f"{where}: dependency {d} must be an earlier step (0..{i - 1})")
+                if s.kind in ("send", "recv"):
+                    if not 0 <= s.peer < self.nranks or s.peer == r:
+                        raise ScheduleError(f"{where}: peer expected another rank in 0..{self.nranks - 1}, "
+                                            f"got {s.peer}")
+                    if s.kind == "send":
+                        sends[(r, s.peer, s.chunk)] += 1
+                    else:
+                        recvs[(s.peer, r, s.chunk)].append((r, i))
+                if s.slot < 0 or (s.kind == "reduce" and s.slot == 0):
+                    raise ScheduleError(f"{where}: a {s.kind} slot must be {'>= 1' if s.kind == 'reduce' else '>= 0'},"
+                                        f" got {s.slot}")
+        for key, lst in recvs.items():
+            if len(lst) > sends.get(key, 0):
+                r, i = lst[sends.get(key, 0)]
+                raise ScheduleError(f"{what}: rank {r} step {i} recv of chunk {key[2]} from rank {key[0]} "
+                                    f"has no matching send")
+        for key, n in sends.items():
+            if n > len(recvs.get(key, ())):
+                raise ScheduleError(f"{what}: rank {key[0]} sends chunk {key[2]} to rank {key[1]} {n} time(s) "
+                                    f"but rank {key[1]} receives it {len(recvs.get(key, ()))} time(s)")
+
+    def _check_progress(self, what: str) -> None:
+        """Every step completes under eager sends (no circular wait)."""
+        done = [0] * self.nranks  # steps completed in order (conservative: in-order completion)
+        issued: dict[tuple[int, int, int], int] = defaultdict(int)
+        consumed: dict[tuple[int, int, int], int] = defaultdict(int)
+        progress = True
+        while progress:
+            progress = False
+            for r in range(self.nranks):
+                lst = self.steps[r]
+                while done[r] < len(lst):
+                    s = lst[done[r]]
+                    if s.kind == "send":
+                        issued[(r, s.peer, s.chunk)] += 1
+                    elif s.kind == "recv":
+                        key = (s.peer, r, s.chunk)
+                        if consumed[key] >= issued[key]:
+                            break
+                        consumed[key] += 1
+                    done[r] += 1
+                    progress = True
+        stuck = [r for r in range(self.nranks) if done[r] < len(self.steps[r])]
+        if stuck:
+            r = stuck[0]
+            s = self.steps[r][done[r]]
+            raise ScheduleError(f"{what}: deadlock: rank {r} waits forever at step {done[r]} "
+                                f"({s.kind} chunk {s.chunk} from rank {s.peer})")
+
+    # ------------------------------------------------------------------ accounting
+    def chunk_bytes(self, nbytes: int) -> tuple[int, ...]:
+        """Bytes in each chunk for a message of ``nbytes`` (integer split, sums to nbytes)."""
+        sizes = [int(nbytes * s) for s in self.shares]
+        sizes[-1] += nbytes - sum(sizes)
+        return tuple(sizes)
+
+    def bytes_sent(self, rank: int, nbytes: int) -> int:
+        """Bytes rank ``rank`` sends for a message of ``nbytes``."""
+        cb = self.chunk_bytes(nbytes)
+        return sum(cb[s.chunk] for s in self.steps[rank] if s.kind == "send")
+
+    def bytes_received(self, rank: int, nbytes: int) -> int:
+        """Bytes rank ``rank`` receives for a message of ``nbytes``."""
+        cb = self.chunk_bytes(nbytes)
+        return sum(cb[s.chunk] for s in self.steps[rank] if s.kind == "recv")
+
+    def max_slots(self, rank: int) -> int:
+        """Number of distinct scratch slots rank ``rank`` uses."""
+        return len({s.slot for s in self.steps[rank] if s.kind == "recv" and s.slot > 0})
+
+    def as_dict(self) -> dict:
+        """Plain data (JSON-able)."""
+        return {"name": self.name, "collective": self.collective, "nranks": self.nranks,
+                "nchunks": self.nchunks, "root": self.root, "shares": list(self.shares),
+                "owners": list(self.owners),
+                "steps": [[{"kind": s.kind, "chunk": s.chunk, "peer": s.peer, "slot": s.slot,
+                            "deps": list(s.deps), "right": s.right} for s in lst] for lst in self.steps]}
