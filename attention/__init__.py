@@ -1,0 +1,55 @@
+"""Decode attention for Tree Attention: partial states, their merge, decode kernels.
+
+Numerics contract (every function in this package follows it):
+
+* An attention state is ``(out, lse)``: ``out`` float32 ``[batch, heads, head_dim]``,
+  already normalised; ``lse`` float32 ``[batch, heads]``, the **natural-log**
+  log-sum-exp of the scaled scores ``scale * q . k``.  Base-2 LSEs (FlashInfer,
+  the Triton tutorial) are converted at the boundary with :func:`to_natural_log`
+  and :func:`to_base2`.
+* A shard with no keys is ``(0, -inf)``; it is the identity of :func:`merge`, and
+  no mix of empty states produces NaN.  An LSE of ``+inf`` or NaN is rejected
+  with :class:`~topo.errors.AttentionError` naming the input.
+* Kernels read fp16 / bf16 / fp32 inputs and accumulate in float32; the merge
+  runs in float32 whatever the input dtype.  Tests check every kernel against
+  the float64 :func:`reference` (relative error <= 1e-5 for fp32 inputs,
+  <= 1e-2 for bf16/fp16).
+* KV cache layout ``[batch, seq, kv_heads, head_dim]``; GQA/MQA with
+  ``q_heads % kv_heads == 0``; per-sequence valid lengths ``kv_len [batch]``.
+
+``import attention`` imports torch but not triton (loaded on first Triton use).
+"""
+from attention.decode import DECODE_BACKENDS, decode_partial
+from attention.reference import reference
+from attention.state import (
+    LN2,
+    LOG2E,
+    MergeOp,
+    check_lse,
+    empty_state,
+    merge,
+    merge_packed,
+    merge_states,
+    pack_state,
+    to_base2,
+    to_natural_log,
+    unpack_state,
+)
+
+__all__ = [
+    "DECODE_BACKENDS",
+    "LN2",
+    "LOG2E",
+    "MergeOp",
+    "check_lse",
+    "decode_partial",
+    "empty_state",
+    "merge",
+    "merge_packed",
+    "merge_states",
+    "pack_state",
+    "reference",
+    "to_base2",
+    "to_natural_log",
+    "unpack_state",
+]

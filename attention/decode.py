@@ -1,0 +1,96 @@
+"""``decode_partial``: the partial attention state of one decode step on a local KV shard."""
+from __future__ import annotations
+
+import torch
+
+from attention.validate import KV_DTYPES, check_decode_inputs
+from topo.errors import AttentionError
+
+__all__ = ["decode_partial", "DECODE_BACKENDS"]
+
+
+def _torch_backend(q, k, v, lengths, scale, num_splits, out):
+    from attention.decode_cpu import decode_torch
+
+    return decode_torch(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out)
+
+
+def _triton_backend(q, k, v, lengths, scale, num_splits, out):
+    from attention.decode_triton import decode_triton
+
+    return decode_triton(q, k, v, lengths, scale, num_splits=num_splits, out=out)
+
+
+#: Named decode backends; 'auto' picks 'triton' for CUDA tensors, 'torch' otherwise.
+DECODE_BACKENDS = {"torch": _torch_backend, "triton": _triton_backend}
+
+
+def decode_partial(q, k, v, *, kv_len=None, scale=None, num_splits=None, backend: str = "auto", out=None):
+    """Attention of one query per sequence against its local keys, as a mergeable state.
+
+    Parameters
+    ----------
+    q : Tensor [batch, q_heads, head_dim], float16 / bfloat16 / float32
+    k, v : Tensor [batch, seq, kv_heads, head_dim], float16 / bfloat16 / float32
+        The KV cache (same dtype for k and v; may differ from q's).  ``q_heads``
+        is a multiple of ``kv_heads`` (GQA; MQA when ``kv_heads == 1``): query head
+        ``h`` reads KV head ``h // (q_heads // kv_heads)``.  ``head_dim`` must have
+        stride 1 for the Triton backend.
+    kv_len : int, sequence of int, or integer Tensor [batch], optional
+        Valid keys per sequence (positions ``0 .. kv_len[b]-1``); default ``seq``.
+    scale : float, optional
+        Score scale, default ``1/sqrt(head_dim)``.
+    num_splits : int, optional
+        Contiguous key chunks per sequence computed independently and merged
+        (flash-decoding).  Default: from the length and the SM count on CUDA
+        (:func:`attention.decode_triton.choose_num_splits`), 1 for 'torch'.
+    backend : {'auto', 'torch', 'triton'}
+        'auto' takes 'triton' for CUDA tensors and 'torch' otherwise; 'triton'
+        on CPU tensors needs ``TRITON_INTERPRET=1`` before the kernels are imported.
+    out : (Tensor, Tensor), optional
+        Preallocated float32 ``[batch, q_heads, head_dim]`` and ``[batch, q_heads]``.
+
+    Returns
+    -------
+    (out, lse) : float32 [batch, q_heads, head_dim] (normalised) and float32
+        [batch, q_heads], natural-log LSE of the scaled scores.  A sequence with
+        no keys gives ``out = 0`` and ``lse = -inf`` (the merge identity).
+
+    Examples
+    --------
+    >>> import torch
+    >>> q, k = torch.randn(1, 4, 8), torch.randn(1, 5, 2, 8)
+    >>> out, lse = decode_partial(q, k, k, kv_len=[0])
+    >>> out.abs().max().item(), lse.tolist()
+    (0.0, [[-inf, -inf, -inf, -inf]])
+    """
+    lengths, scale = check_decode_inputs(q, k, v, kv_len, scale, "decode_partial", dtypes=KV_DTYPES)
+    if k.dtype != v.dtype:
+        raise AttentionError(f"decode_partial: v: expected the dtype of k ({k.dtype}), got {v.dtype}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise AttentionError(f"decode_partial: num_splits: expected a positive int or None, got {num_splits!r}")
+    if backend == "auto":
+        backend = "triton" if q.is_cuda else "torch"
+    if backend not in DECODE_BACKENDS:
+        raise AttentionError(
+            f"decode_partial: unknown backend {backend!r}; valid: {['auto'] + sorted(DECODE_BACKENDS)}"
+        )
+    if out is not None:
+        _check_out(out, q)
+    return DECODE_BACKENDS[backend](q, k, v, lengths, scale, num_splits, out)
+
+
+def _check_out(out, q) -> None:
+    batch, q_heads, head_dim = q.shape
+    expected = ((batch, q_heads, head_dim), (batch, q_heads))
+    ok = (
+        isinstance(out, (tuple, list)) and len(out) == 2
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device == q.device for t in out)
+        and tuple(tuple(t.shape) for t in out) == expected
+    )
+    if not ok:
+        got = tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else type(t).__name__
+                    for t in (out if isinstance(out, (tuple, list)) else [out]))
+        raise AttentionError(
+            f"decode_partial: out: expected float32 tensors of shapes {expected} on {q.device}, got {got}"
+        )
