@@ -1,0 +1,220 @@
+"""``treecoll emu up|down|run|status|measure``: an emulated multi-host cluster on one machine.
+
+Mount under the main CLI with ``add_parser(subparsers)`` (it sets
+``func=run`` as the parser default), or run standalone:
+``python -m tools.emucluster up --hosts 2``.
+
+Every command builds a plain dict; ``--json`` prints it, otherwise a short
+text view. User errors print one line on stderr and return 1 (``--debug``
+re-raises); ``run`` returns the job's exit code (124 on timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from . import netns, runner
+from .netns import EmuClusterError
+from .topology import PLACEMENTS, build_topology, save_topology
+
+__all__ = ["add_parser", "run", "main", "build_parser"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+
+
+def _shape_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", type=int, required=True, help="number of hosts (namespaces)")
+    p.add_argument("--rate", default="1gbit", help="uplink rate per host and direction (tc units: "
+                   "kbit, mbit, gbit; default 1gbit)")
+    p.add_argument("--pair-rate", action="append", default=[], metavar="A-B=RATE",
+                   help="a direct link between hosts A and B at RATE (repeatable), e.g. 0-1=100mbit")
+    p.add_argument("--placement", choices=PLACEMENTS, default="blocked",
+                   help="rank placement: blocked (0,1 | 2,3) or interleaved (0,2 | 1,3)")
+    p.add_argument("--topology-out", metavar="FILE.yaml", help="write the matching Topology YAML here")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``emu`` command (with its sub-commands) to an argparse ``subparsers`` object."""
+    p = subparsers.add_parser("emu", help="emulated multi-host cluster (network namespaces, shaped links)",
+                              description=__doc__.split("\n\n")[0])
+    _fill(p)
+    return p
+
+
+def _fill(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    sub = p.add_subparsers(dest="emu_cmd", metavar="{up,down,run,status,measure}")
+    sub.required = True
+    up = sub.add_parser("up", help="create the hosts, links and rate limits")
+    _shape_args(up)
+    up.add_argument("--id", default="0", help="cluster id, 1-8 of [a-z0-9] (default 0)")
+    up.add_argument("--ranks-per-host", type=int, default=1, help="ranks per host in the YAML (default 1)")
+    up.add_argument("--measure", action="store_true",
+                    help="measure loopback and inter-host throughput and latency; use them in the YAML")
+    _common(up)
+    down = sub.add_parser("down", help="remove a cluster (default: every cluster of this tool)")
+    down.add_argument("--id", help="only this cluster")
+    _common(down)
+    rn = sub.add_parser("run", help="run a command as ranks on the cluster: run [opts] -- cmd ...")
+    _shape_args(rn)
+    rn.add_argument("--ranks-per-host", type=int, required=True)
+    rn.add_argument("--id", help="use this cluster if it is up (kept afterwards); else create it "
+                    "(removed afterwards). Default: a fresh cluster")
+    rn.add_argument("--timeout", type=float, help="kill every rank after this many seconds (exit 124)")
+    rn.add_argument("--tag-output", action="store_true", help="prefix each output line with [r<rank>]")
+    rn.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
+    _common(rn)
+    st = sub.add_parser("status", help="list the namespaces, links and qdiscs of this tool")
+    _common(st)
+    me = sub.add_parser("measure", help="measure loopback and host 0 -> 1 throughput of a cluster")
+    me.add_argument("--id", default="0")
+    me.add_argument("--bytes", type=int, default=64 << 20, help="bytes streamed per measurement")
+    _common(me)
+    p.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.emucluster", description=__doc__.split("\n\n")[0])
+    _fill(p)
+    return p
+
+
+# ----------------------------------------------------------------------------- commands
+def _pair_rates(args) -> dict[tuple[int, int], int]:
+    out = {}
+    for text in args.pair_rate:
+        k, v = netns.parse_pair_rate(text, args.hosts)
+        out[k] = v
+    return out
+
+
+def _cmd_up(args) -> tuple[dict, int]:
+    spec = netns.ClusterSpec(args.id, args.hosts, netns.parse_rate(args.rate, "--rate"), _pair_rates(args))
+    if args.ranks_per_host < 1:
+        raise EmuClusterError(f"--ranks-per-host: expected a positive integer, got {args.ranks_per_host}")
+    state = netns.create(spec, extra={"ranks_per_host": args.ranks_per_host})
+    try:
+        out: dict[str, Any] = {"cluster": state}
+        kw = {}
+        if args.measure:
+            from .measure import measure_link
+            m = measure_link(spec.cid, spec.hosts)
+            out["measured"] = m
+            lo = m["loopback"]
+            kw = {"loopback_gbs": round(lo["gb_s"], 3), "loopback_lat_us": round(lo["rtt_us"] / 4, 1)}
+            if "inter_host" in m:
+                kw["net_lat_us"] = round(max(0.0, (m["inter_host"]["rtt_us"] - lo["rtt_us"]) / 4), 1)
+        if args.topology_out:
+            topo = build_topology(spec.hosts, args.ranks_per_host, spec.rate_bps, pair_rates=spec.pair_rates,
+                                  placement_mode=args.placement, name=f"emu-{spec.hosts}x{args.ranks_per_host}",
+                                  meta={"cluster_id": spec.cid}, **kw)
+            out["topology"] = str(save_topology(topo, args.topology_out))
+    except BaseException:
+        netns.destroy(spec.cid)
+        raise
+    return out, 0
+
+
+def _cmd_down(args) -> tuple[dict, int]:
+    removed = netns.destroy(args.id) if args.id else netns.destroy_all()
+    return {"removed": removed}, 0
+
+
+def _cmd_status(args) -> tuple[dict, int]:
+    return netns.status(), 0
+
+
+def _cmd_measure(args) -> tuple[dict, int]:
+    from .measure import measure_link
+    state = netns.load_state(args.id)
+    if state is None:
+        raise EmuClusterError(f"cluster {args.id!r}: not up; start it with `treecoll emu up --id {args.id} --hosts 2`")
+    return {"id": args.id, **measure_link(args.id, state["hosts"], args.bytes)}, 0
+
+
+def _cmd_run(args) -> tuple[dict, int]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise EmuClusterError("emu run: expected a command after `--`, got none; "
+                              "e.g. treecoll emu run --hosts 2 --ranks-per-host 2 -- python train.py")
+    res = runner.run(command, hosts=args.hosts, ranks_per_host=args.ranks_per_host,
+                     placement_mode=args.placement, rate_bps=netns.parse_rate(args.rate, "--rate"),
+                     pair_rates=_pair_rates(args), cid=args.id, timeout=args.timeout,
+                     topology_out=args.topology_out, tag_output=args.tag_output)
+    out = {"returncode": res.returncode, "returncodes": list(res.returncodes), "failed_rank": res.failed_rank,
+           "timed_out": res.timed_out, "seconds": round(res.seconds, 3), "cluster_id": res.cluster_id}
+    return out, res.returncode
+
+
+_COMMANDS = {"up": _cmd_up, "down": _cmd_down, "run": _cmd_run, "status": _cmd_status, "measure": _cmd_measure}
+
+
+def _text(cmd: str, out: dict) -> str:
+    if cmd == "up":
+        c = out["cluster"]
+        lines = [f"cluster {c['id']}: {c['hosts']} hosts at {c['rate']} per uplink"
+                 + (f", pairs {c['pair_rates']}" if c["pair_rates"] else "")]
+        lines += [f"  h{i}: namespace {netns.ns_name(c['id'], i)}, {c['uplink']} {a}"
+                  for i, a in enumerate(c["addresses"])]
+        if "measured" in out:
+            for k, m in out["measured"].items():
+                lines.append(f"  measured {k}: {m['gbit_s']:.3f} Gbit/s, rtt {m['rtt_us']:.0f} us")
+        if "topology" in out:
+            lines.append(f"  topology: {out['topology']}")
+        lines.append(f"  run ranks: treecoll emu run --id {c['id']} --hosts {c['hosts']} --ranks-per-host R -- CMD")
+        return "\n".join(lines)
+    if cmd == "down":
+        return "removed: " + (", ".join(out["removed"]) or "nothing")
+    if cmd == "status":
+        lines = [f"cluster {c['id']}: {c['hosts']} hosts, {c.get('rate')}, {c.get('status')}"
+                 + (f", owner pid {c['owner_pid']}" if c.get("owner_pid") else "") for c in out["clusters"]]
+        for ns, d in out["namespaces"].items():
+            lines.append(f"{ns}: " + "; ".join(d["addresses"] or ["no addresses"]))
+            lines += [f"  {q}" for q in d["qdiscs"]]
+        lines += [f"root namespace link {x}" for x in out["root_links"]]
+        return "\n".join(lines) or "no emulated cluster"
+    if cmd == "measure":
+        return "\n".join(f"{k}: {m['gbit_s']:.3f} Gbit/s ({m['gb_s']:.4f} GB/s), rtt {m['rtt_us']:.0f} us"
+                         for k, m in out.items() if isinstance(m, dict))
+    if cmd == "run":
+        if out["timed_out"]:
+            return f"emu run: timed out after {out['seconds']}s; all ranks killed"
+        if out["failed_rank"] is not None:
+            return (f"emu run: rank {out['failed_rank']} exited with {out['returncode']}; "
+                    f"other ranks killed (exit codes {out['returncodes']})")
+        return ""
+    return json.dumps(out)  # pragma: no cover
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute a parsed ``emu`` command; return the exit code."""
+    cmd = args.emu_cmd
+    try:
+        out, rc = _COMMANDS[cmd](args)
+    except (EmuClusterError, netns.TreecollError) as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("emu: interrupted; cleaned up", file=sys.stderr)
+        return 130
+    if getattr(args, "json", False):
+        print(json.dumps(out, indent=1, sort_keys=True, default=str))
+    else:
+        text = _text(cmd, out)
+        if text:
+            print(text, file=sys.stderr if cmd == "run" else sys.stdout)
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args)
