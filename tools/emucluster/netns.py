@@ -76,8 +76,8 @@ class EmuClusterError(TreecollError, RuntimeError):
 def parse_rate(text: str | int | float, what: str = "rate") -> int:
     """``"1gbit"`` -> 1_000_000_000 (bits/s). Units as tc: bit, kbit, mbit, gbit, tbit (SI).
 
-    >>> parse_rate("1gbit"), parse_rate("2.5Mbit"), parse_rate(800)
-    (1000000000, 2500000, 800)
+    >>> parse_rate("1gbit"), parse_rate("2.5Mbit"), parse_rate(64000)
+    (1000000000, 2500000, 64000)
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = int(text)

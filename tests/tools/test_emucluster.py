@@ -1,0 +1,266 @@
+"""tools.emucluster: parsing, placement and topology everywhere; real namespaces when root.
+
+The cluster tests need root (CAP_NET_ADMIN), iproute2 and tc tbf; without
+them they skip with the reason. They create clusters with their own ids
+(``t<pid>...``), touch no address outside those namespaces and loopback, and
+check that nothing with the id is left behind.
+"""
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tools.emucluster import cli, measure, netns, runner, topology
+from tools.emucluster.netns import EmuClusterError
+
+REPO = Path(__file__).resolve().parents[2]
+
+# ----------------------------------------------------------------------------- no privileges needed
+
+
+@pytest.mark.parametrize("mod", [netns, topology, runner, measure, cli])
+def test_doctests(mod):
+    res = doctest.testmod(mod)
+    assert res.failed == 0
+
+
+@pytest.mark.parametrize("text,bps", [("1gbit", 10**9), ("10Gbit", 10**10), ("2.5mbit", 2_500_000),
+                                      ("100kbit", 100_000), (64000, 64000)])
+def test_parse_rate(text, bps):
+    assert netns.parse_rate(text) == bps
+    assert netns.parse_rate(netns.format_rate(bps)) == bps
+
+
+@pytest.mark.parametrize("text", ["1gbps", "fast", "", "-1gbit", "1000"])
+def test_parse_rate_rejects(text):
+    with pytest.raises(EmuClusterError, match=r"rate: expected"):
+        netns.parse_rate(text)
+
+
+def test_parse_pair_rate():
+    assert netns.parse_pair_rate("h1-h0=100mbit", 3) == ((0, 1), 10**8)
+    with pytest.raises(EmuClusterError, match=r"expected two different hosts in 0\.\.1"):
+        netns.parse_pair_rate("0-2=1gbit", 2)
+    with pytest.raises(EmuClusterError, match=r"expected A-B=RATE"):
+        netns.parse_pair_rate("0:1=1gbit", 2)
+
+
+def test_spec_validation():
+    with pytest.raises(EmuClusterError, match=r"cluster id: expected 1-8 characters"):
+        netns.ClusterSpec("Bad_Id", 2)
+    with pytest.raises(EmuClusterError, match=r"--hosts: expected an integer in 1\.\.64, got 0"):
+        netns.ClusterSpec("a", 0)
+    s = netns.ClusterSpec("a", 3, pair_rates={(1, 2): 10**8, (0, 1): 10**9})
+    assert list(s.pair_rates) == [(0, 1), (1, 2)]
+
+
+def test_placement():
+    assert topology.placement(2, 3, "blocked") == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert topology.placement(2, 3, "interleaved") == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+    with pytest.raises(EmuClusterError, match=r"--placement: expected one of \['blocked', 'interleaved'\]"):
+        topology.placement(2, 2, "random")
+
+
+def test_topology_shape_and_ranks():
+    t = topology.build_topology(2, 3, 10**9, placement_mode="interleaved", pair_rates={(0, 1): 10**8})
+    assert t.hosts() == ("h0", "h1")
+    assert t.gpus_per_host() == {"h0": 3, "h1": 3}
+    # interleaved: rank r on host r % 2, local r // 2
+    assert [t.host_of(g) for g in t.rank_gpus()] == ["h0", "h1"] * 3
+    assert t.rank_gpus()[4] == "h0/p2"
+    up = t.link("h0/nic0", "sw0")
+    assert up["kind"] == "net" and up["bw"] == pytest.approx(0.125 * 1448 / 1514, rel=1e-5)
+    assert t.link("sw0", "h1/nic0")["bw"] == up["bw"]
+    assert t.link("h1/nic0", "h0/nic0")["bw"] == pytest.approx(0.0125 * 1448 / 1514, rel=1e-5)
+    assert t.link("h0/p1", "h0/cpu0")["bw"] == topology.LOOPBACK_GBS
+    assert t.meta["rate_bps"] == 10**9 and t.meta["placement"] == "interleaved"
+
+
+def test_topology_yaml_roundtrip(tmp_path):
+    t = topology.build_topology(2, 2, 10**10)
+    p = topology.save_topology(t, tmp_path / "emu.yaml")
+    try:
+        from topo import yaml_io
+        back = yaml_io.load(p)
+    except (ImportError, AttributeError):
+        import yaml
+        from topo.model import Topology
+        back = Topology.from_dict(yaml.safe_load(p.read_text()))
+    assert back == t
+
+
+def test_missing_ip_and_privilege_messages(monkeypatch):
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None)
+    with pytest.raises(EmuClusterError, match=r"needs `ip` \(iproute2\) on PATH; install it"):
+        netns.check_prerequisites()
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: "/usr/sbin/" + tool)
+    monkeypatch.setattr(netns, "_has_cap_net_admin", lambda: False)
+    with pytest.raises(EmuClusterError, match=r"needs root \(CAP_NET_ADMIN"):
+        netns.check_prerequisites()
+    ok, why = netns.namespaces_available()
+    assert not ok and "needs root" in why
+
+
+def test_cli_errors_are_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(netns, "_has_cap_net_admin", lambda: False)
+    rc = cli.main(["up", "--hosts", "2"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and err.startswith("error: emulated cluster: needs root")
+    rc = cli.main(["run", "--hosts", "2", "--ranks-per-host", "1", "--"])
+    assert rc == 1 and "expected a command after `--`" in capsys.readouterr().err
+
+
+def test_cli_mounts_under_a_parent_parser():
+    import argparse
+    parser = argparse.ArgumentParser(prog="treecoll")
+    parser.add_argument("--json", action="store_true")
+    sub = parser.add_subparsers(dest="cmd")
+    cli.add_parser(sub)
+    args = parser.parse_args(["--json", "emu", "run", "--hosts", "2", "--ranks-per-host", "2",
+                              "--placement", "interleaved", "--", "python", "-c", "pass"])
+    assert args.func is cli.run and args.json is True and args.emu_cmd == "run"
+    assert args.command[-3:] == ["python", "-c", "pass"] and args.placement == "interleaved"
+
+
+# ----------------------------------------------------------------------------- real namespaces
+AVAILABLE, WHY = netns.namespaces_available()
+needs_netns = pytest.mark.skipif(not AVAILABLE, reason=f"emulated cluster unavailable: {WHY}")
+
+WORKER = textwrap.dedent("""
+    import datetime, json, os, sys, torch, torch.distributed as dist
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    if len(sys.argv) > 2 and rank == int(sys.argv[2]):
+        sys.exit(3)                      # fail on purpose before joining the group
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    w = dist.get_world_size()
+    def tx():
+        return int(open("/sys/class/net/emu0/statistics/tx_bytes").read())
+    x = torch.arange(1 << 17, dtype=torch.float64) * (rank + 1)      # 1 MiB
+    t0 = tx(); dist.all_reduce(x); dist.barrier(); t_ar = tx() - t0
+    ok = bool(torch.equal(x, torch.arange(1 << 17, dtype=torch.float64) * (w * (w + 1) // 2)))
+    # same-host exchange: ranks 0 and 2 share host 0 under interleaved placement
+    y = torch.ones(1 << 20, dtype=torch.float64)                      # 8 MiB
+    t0 = tx()
+    if rank == 0: dist.send(y, 2)
+    elif rank == 2: dist.recv(y, 0)
+    dist.barrier(); t_p2p = tx() - t0
+    json.dump({"rank": rank, "ok": ok, "host": os.environ["TREECOLL_EMU_HOST"],
+               "local": os.environ["LOCAL_RANK"], "ifname": os.environ["GLOO_SOCKET_IFNAME"],
+               "tx_allreduce": t_ar, "tx_p2p": t_p2p, "y": float(y.sum())},
+              open(os.path.join(out, f"r{rank}.json"), "w"))
+    dist.destroy_process_group()
+""")
+
+
+def _leftovers(cid: str) -> list[str]:
+    st = netns.status()
+    found = [ns for ns in st["namespaces"] if ns.startswith(f"{netns.PREFIX}-{cid}-")]
+    found += [f"link {x}" for x in st["root_links"]]
+    found += [f"state {c['id']}" for c in st["clusters"] if c["id"] == cid]
+    qd = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    found += [f"root qdisc {ln}" for ln in qd.splitlines() if netns.PREFIX in ln or netns.UPLINK in ln]
+    return found
+
+
+def _cid(tag: str) -> str:
+    return f"t{tag}{os.getpid() % 100000}"
+
+
+@needs_netns
+@pytest.mark.timeout(120)
+def test_allreduce_across_two_hosts(tmp_path):
+    cid = _cid("a")
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    state = netns.create(netns.ClusterSpec(cid, 2, 10**9))
+    try:
+        res = runner.launch(state, [sys.executable, str(worker), str(tmp_path)], 2,
+                            placement_mode="interleaved", timeout=90)
+    finally:
+        netns.destroy(cid)
+    assert res.returncode == 0, res
+    recs = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(4)]
+    assert all(r["ok"] for r in recs)
+    assert [r["host"] for r in recs] == ["0", "1", "0", "1"]
+    assert [r["local"] for r in recs] == ["0", "0", "1", "1"]
+    assert {r["ifname"] for r in recs} == {netns.UPLINK}
+    # gloo's allreduce crossed the shaped uplink: a ring over 4 ranks moves 2*(3/4) * 1 MiB per rank
+    assert all(r["tx_allreduce"] >= 1 << 20 for r in recs), [r["tx_allreduce"] for r in recs]
+    # 8 MiB between two ranks of host 0 stayed on loopback (only barrier packets on the uplink)
+    assert recs[0]["y"] == recs[2]["y"] == float(1 << 20)
+    assert recs[0]["tx_p2p"] < 256 * 1024 and recs[2]["tx_p2p"] < 256 * 1024, recs
+    assert _leftovers(cid) == []
+
+
+@needs_netns
+@pytest.mark.timeout(120)
+def test_failing_rank_kills_the_others_and_cleans_up(tmp_path):
+    cid = _cid("f")
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    cmd = [sys.executable, "-m", "tools.emucluster", "run", "--id", cid, "--hosts", "2",
+           "--ranks-per-host", "2", "--placement", "interleaved", "--timeout", "90",
+           "--topology-out", str(tmp_path / "emu.yaml"), "--",
+           sys.executable, str(worker), str(tmp_path), "1"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert "rank 1 exited with 3; other ranks killed" in p.stderr
+    assert not list(tmp_path.glob("r*.json"))  # the others never finished: they were killed
+    assert "h1/nic0" in (tmp_path / "emu.yaml").read_text()
+    assert _leftovers(cid) == []
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_timeout_kills_ranks():
+    cid = _cid("o")
+    res = runner.run([sys.executable, "-c", "import time; time.sleep(60)"], hosts=2, ranks_per_host=1,
+                     cid=cid, timeout=1.0, grace=1.0)
+    assert res.timed_out and res.returncode == runner.TIMEOUT_EXIT
+    assert all(c is not None and c != 0 for c in res.returncodes)
+    assert res.seconds < 10
+    assert _leftovers(cid) == []
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_crash_leftovers_are_swept():
+    # a cluster whose owner died (a crashed `run`) is removed by the next create
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    cid = _cid("c")
+    netns.create(netns.ClusterSpec(cid, 2, 10**8), owner_pid=dead.pid)
+    assert _leftovers(cid)
+    assert any(ns.startswith(f"{netns.PREFIX}-{cid}-") for ns in netns.sweep_stale())
+    assert _leftovers(cid) == []
+    # without a state file, `down --id` still finds the namespaces by prefix
+    netns.create(netns.ClusterSpec(cid, 2, 10**8))
+    (netns.state_dir() / f"{cid}.json").unlink()
+    assert cli.main(["down", "--id", cid]) == 0
+    assert _leftovers(cid) == []
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_shaped_rate_and_pair_link():
+    cid = _cid("r")
+    netns.create(netns.ClusterSpec(cid, 3, 10**9, {(0, 2): 10**8}))
+    try:
+        lo = measure.measure_pair(cid, 0, 0, 64 << 20, pings=10)
+        up = measure.measure_pair(cid, 0, 1, 16 << 20, pings=10)
+        pair = measure.measure_pair(cid, 2, 0, 2 << 20, pings=10)
+    finally:
+        netns.destroy(cid)
+    # tbf at 1gbit carries 1448/1514 of it as TCP payload (0.956 Gbit/s); allow noise below
+    assert 0.85 < up["gbit_s"] < 1.0, up
+    assert 0.085 < pair["gbit_s"] < 0.1, pair
+    assert lo["gbit_s"] > 4 * up["gbit_s"], lo
+    assert _leftovers(cid) == []
