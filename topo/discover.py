@@ -1,0 +1,301 @@
+"""Local discovery: ``topo.discover()`` -> the :class:`~topo.model.Topology` of this host.
+
+Sources, combined like NCCL does (../shared/reference/topo.md §1.1):
+
+1. ``NCCL_TOPO_FILE`` (if set): the host's PCIe tree, CPUs, GPUs and NICs come
+   from that XML (:mod:`topo.nccl_xml`); NVML adds the NVLinks it lacks.
+2. NVML (:mod:`topo.nvml`): GPUs, NVLinks per link (each NVSwitch its own node,
+   invisible peers one ``assumed`` switch; with GPU fabric info a rack-level
+   ``nvl/sw0``), C2C, P2P status, fabric membership.
+3. sysfs (:mod:`topo.sysfs`, root configurable): PCIe switches above each GPU
+   and NIC, link speeds (downtrained links flagged), NICs, NUMA domains.
+
+Without NVML (no driver, as on CPU-only machines) the host is CPU-only: its
+NUMA domains and one ``gpu``-kind rank slot per local process (LOCAL_WORLD_SIZE
+/ SLURM_NTASKS_PER_NODE / OMPI_COMM_WORLD_LOCAL_SIZE, else 1), model
+``"cpu"``, spread over the NUMA domains in blocks; a one-line notice is
+logged. Every partial failure (a query not supported, a device missing from
+sysfs, a NIC without PCI path) degrades that part only and adds a line to
+``topology.meta["notes"]`` (also logged).
+
+The environment hints (:mod:`topo.env`) applied here: NCCL_IB_HCA,
+NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE filter NICs; CUDA_VISIBLE_DEVICES and
+CUDA_DEVICE_ORDER give each visible GPU its ``cuda`` ordinal; the others are
+kept in ``meta["hints"]`` for tree building.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Mapping
+
+import networkx as nx
+
+from . import sysfs
+from .env import Hints, hints as parse_hints
+from .hostgraph import GPU_CLASS, NIC_CLASSES, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .model import Topology
+from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
+
+__all__ = ["discover", "cpu_only_host", "CPU_SLOT_BW"]
+
+log = logging.getLogger("treecoll.topo")
+
+#: rank slots of a CPU-only host reach their NUMA domain through memory;
+#: 10 GB/s per direction is a deliberately modest memcpy figure (assumption,
+#: not measured; shared-memory transport between processes)
+CPU_SLOT_BW = 10.0
+
+
+def _cpuinfo(root: str) -> dict[str, Any]:
+    try:
+        text = (Path(root) / "proc" / "cpuinfo").read_text()
+    except OSError:
+        return {}
+    out: dict[str, Any] = {}
+    for key, name in (("vendor_id", "vendor"), ("cpu family", "family"), ("model", "model"),
+                      ("CPU implementer", "implementer")):
+        m = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
+        if m:
+            out[name] = m.group(1).strip()
+    out["arch"] = "arm64" if "implementer" in out else "x86_64" if "vendor" in out else None
+    return out
+
+
+def _cpus(b: HostBuilder, numa: dict[int, str], cpu: dict[str, Any]) -> list[int]:
+    ids = sorted(numa) or [0]
+    for n in ids:
+        b.add(("cpu", n), "cpu", numa=n, affinity=numa.get(n) or None)
+    bw = smp_bw(cpu.get("arch"), cpu.get("vendor"), cpu.get("family"), cpu.get("model"))
+    for i, a in enumerate(ids):
+        for c in ids[i + 1:]:
+            b.link(("cpu", a), ("cpu", c), "smp", bw)
+    return ids
+
+
+def cpu_only_host(host: str, numa: dict[int, str], slots: int, cpu: Mapping[str, Any] | None = None,
+                  g: nx.DiGraph | None = None, *, sysfs_root: str | None = None, h: Hints | None = None,
+                  notes: list | None = None) -> nx.DiGraph:
+    """The graph of a host without GPUs: NUMA domains joined by smp links, and
+    ``slots`` rank slots (kind ``gpu``, model ``"cpu"``) spread in blocks over
+    them; with ``sysfs_root``, the host's NICs too."""
+    b = HostBuilder(host)
+    ids = _cpus(b, numa, dict(cpu or {}))
+    for i in range(slots):
+        n = ids[i * len(ids) // slots]
+        b.add(("gpu", i), "gpu", index=i, model="cpu", numa=n)
+        b.link(("gpu", i), ("cpu", n), "pcie", CPU_SLOT_BW)
+    if sysfs_root is not None:
+        _nics(b, sysfs_root, sysfs.pci_devices(sysfs_root), numa, h or Hints(), ids[0],
+              [] if notes is None else notes)
+    return b.build(g)
+
+
+def _local_slots(h: Hints) -> int:
+    return h.local_world_size or 1
+
+
+def _attach(b: HostBuilder, key: Any, dev: sysfs.PciDevice | None, devs: dict, numa: int, notes: list) -> None:
+    """Link ``key`` up through its PCIe switches to its CPU; the top node carries host_bridge."""
+    if dev is None:
+        b.link(key, ("cpu", numa), "pcie", sysfs.pcie_bw(None, None))
+        return
+    chain = [key, *(("sw", s) for s in dev.switches)]
+    for s in dev.switches:
+        b.add(("sw", s), "pcie_switch", pci=s)
+    below = dev
+    for lo, hi in zip(chain, chain[1:] + [("cpu", numa)]):
+        if below is not None and below.downtrained:
+            notes.append(f"PCIe link above {below.bdf} is downtrained: {below.link_speed} x{below.link_width} "
+                         f"of {below.max_link_speed} x{below.max_link_width}")
+        bw = below.bw if below is not None else sysfs.pcie_bw(None, None)
+        b.link(lo, hi, "pcie", bw, downtrained=True if below is not None and below.downtrained else None)
+        below = devs.get(hi[1]) if isinstance(hi, tuple) and hi[0] == "sw" else None
+    top = chain[-1]
+    if dev.host_bridge:
+        b.add(top, b.items[top]["kind"], host_bridge=dev.host_bridge)
+
+
+def _numa_of(dev: sysfs.PciDevice | None, cpus: Any, numa: dict[int, str], default: int) -> int:
+    if dev is not None and dev.numa is not None and (dev.numa in numa or not numa):
+        return dev.numa
+    if cpus not in (None, NA) and numa:
+        best = max(numa, key=lambda n: len(set(sysfs.parse_cpulist(numa[n])) & set(cpus)))
+        if set(sysfs.parse_cpulist(numa[best])) & set(cpus):
+            return best
+    return default
+
+
+def _nics(b: HostBuilder, root: str, devs: dict, numa: dict[int, str], h: Hints, default: int, notes: list) -> None:
+    for nic in sysfs.nics(root):
+        if nic.kind == "ib":
+            if h.ib_disable or (h.ib_hca is not None and not h.ib_hca.selects(nic.name, nic.port)):
+                continue
+            if nic.state is not None and "ACTIVE" not in nic.state.upper():
+                notes.append(f"NIC {nic.name} port {nic.port}: state {nic.state!r}, skipped")
+                continue
+        else:
+            if h.socket_ifname is not None and not h.socket_ifname.selects(nic.name):
+                continue
+            if nic.state is not None and nic.state.lower() not in ("up", "unknown"):
+                continue
+        if nic.rate is None:
+            notes.append(f"NIC {nic.name}: port rate unknown, NCCL's default 10 Gb/s assumed")
+        dev = devs.get(nic.pci) if nic.pci else None
+        if nic.pci is None or dev is None:
+            notes.append(f"NIC {nic.name}: no PCI path in sysfs, attached to cpu{default} (as NCCL does)")
+        key = ("nic", nic.name, nic.port)
+        n = _numa_of(dev, None, numa, default)
+        b.add(key, "nic", pci=nic.pci, name=nic.name, bw=net_bw((nic.rate or 0) * 1000),
+              link_layer=nic.link_layer, port=nic.port if nic.kind == "ib" else None)
+        _attach(b, key, dev, devs, n, notes)
+
+
+def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], notes: list,
+              meta: dict) -> nx.DiGraph:
+    numa = sysfs.numa_nodes(root)
+    devs = sysfs.pci_devices(root)
+    b = HostBuilder(host)
+    ids = _cpus(b, numa, _cpuinfo(root))
+    if not numa:
+        notes.append("sysfs: no NUMA nodes found, one CPU domain assumed")
+    gpus = [nv.gpu(i) for i in range(nv.count())]
+    order = cuda_order(gpus, dict(env))
+    by_pci = {g.pci: g for g in gpus if g.pci}
+    fabric = {}
+    for g in gpus:
+        dev = devs.get(g.pci) if g.pci else None
+        if dev is None:
+            notes.append(f"gpu{g.index}: bus id {g.pci} not in sysfs, attached to its NUMA domain directly")
+        n = _numa_of(dev, g.cpus, numa, ids[0])
+        f = nv.fabric(g.index)
+        if f is not NA:
+            fabric[g.index] = f
+        b.add(("gpu", g.index), "gpu", pci=g.pci or None, index=g.index, uuid=g.uuid or None,
+              model=g.name or None, mem_bw=g.mem_bw or None, numa=n, sm=g.sm or None,
+              memory=g.memory or None, cuda=order.index(g.index) if g.index in order else None)
+        _attach(b, ("gpu", g.index), dev, devs, n, notes)
+        c2c = nv.c2c(g.index)
+        if c2c is not NA:
+            b.link(("gpu", g.index), ("cpu", n), "c2c", c2c[0] * c2c[1] / 1000, count=c2c[0])
+    # NVLinks: aggregate per peer, as NCCL does, but keep every NVSwitch
+    for g in gpus:
+        per: dict[Any, int] = {}
+        gen = NA
+        for ln in nv.nvlinks(g.index):
+            gen = ln.generation
+            if ln.remote_pci in by_pci and ln.remote_type in ("gpu", NA):
+                tgt = ("gpu", by_pci[ln.remote_pci].index)
+            elif ln.remote_pci is None:
+                f = fabric.get(g.index)
+                if f is not None:
+                    tgt = ("nvl", f.cluster_uuid, f.clique_id)
+                    b.add(tgt, "nvswitch", id="nvl/sw0", rack=True, assumed=True,
+                          cluster_uuid=f.cluster_uuid, clique=f.clique_id)
+                else:
+                    tgt = ("nvs", None)
+                    b.add(tgt, "nvswitch", assumed=True)
+            else:
+                tgt = ("nvs", ln.remote_pci)
+                b.add(tgt, "nvswitch", pci=ln.remote_pci)
+            per[tgt] = per.get(tgt, 0) + 1
+        if any(t[0] == "nvs" and t[1] is None for t in per):
+            notes.append(f"gpu{g.index}: NVLink peers not visible (VM or container): one assumed NVSwitch")
+        bw1 = nvlink_bw(g.sm if g.sm is not NA else None, gen if gen is not NA else None)
+        for tgt, cnt in per.items():
+            b.link(("gpu", g.index), tgt, "nvlink", cnt * bw1, count=cnt)
+    _nics(b, root, devs, numa, h, ids[0], notes)
+    meta["nvml_notes"] = list(nv.notes)
+    meta["p2p_read"] = [[("X" if i == j else str(nv.p2p(i, j))) for j in range(len(gpus))] for i in range(len(gpus))]
+    notes.extend(nv.notes)
+    return b.build()
+
+
+def _open_nvml(nvml: Any) -> Nvml:
+    if isinstance(nvml, Nvml):
+        return nvml
+    return Nvml.open(module=nvml)
+
+
+def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] | None = None,
+             host: str | None = None) -> Topology:
+    """The topology of this host.
+
+    Parameters
+    ----------
+    sysfs_root: directory containing ``sys/`` (and ``proc/cpuinfo``); tests pass a synthetic tree.
+    nvml: None to import pynvml; a pynvml-like module (recorded answers); an open
+        :class:`~topo.nvml.Nvml`; or False to skip NVML (CPU-only host).
+    env: the environment to read hints from (default ``os.environ``).
+    host: the host name used in node ids (default: ``socket.gethostname()``).
+
+    Never raises for a missing driver or a partial failure; raises
+    :class:`~topo.errors.TopologyError` for an invalid hint variable or an
+    unreadable NCCL_TOPO_FILE.
+    """
+    env = dict(os.environ if env is None else env)
+    h = parse_hints(env)
+    host = host or socket.gethostname() or "localhost"
+    notes: list[str] = []
+    meta: dict[str, Any] = {"source": "discover", "sysfs_root": str(sysfs_root)}
+    nv = None
+    if nvml is not False:
+        try:
+            nv = _open_nvml(nvml)
+        except NVMLUnavailable as e:
+            notice = f"treecoll: no NVML ({e}); topology is a CPU-only host"
+            log.warning(notice)
+            notes.append(notice)
+    if h.topo_file:
+        from .nccl_xml import import_xml
+        t = import_xml(h.topo_file, host=host)
+        g = nx.DiGraph(t.graph)
+        if nv is not None:
+            _add_nvml_nvlinks(g, host, nv, notes)
+        notes.insert(0, f"NCCL_TOPO_FILE={h.topo_file}: PCIe tree, GPUs and NICs from the file")
+    elif nv is None:
+        g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
+                          sysfs_root=sysfs_root, h=h, notes=notes)
+    else:
+        try:
+            g = _gpu_host(host, nv, sysfs_root, h, env, notes, meta)
+        finally:
+            if nvml is None:
+                nv.close()
+        if not any(d["kind"] == "gpu" for _, d in g.nodes(data=True)):
+            notes.append("NVML found no GPU; topology is a CPU-only host")
+            g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
+                              sysfs_root=sysfs_root, h=h, notes=notes)
+    for n in notes[1 if nv is None and nvml is not False else 0:]:
+        log.info("treecoll discover: %s", n)
+    meta["notes"] = notes
+    meta["hints"] = h.as_dict()
+    return Topology(g, name=host, meta=meta)
+
+
+def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
+    """NCCL_TOPO_FILE + NVML: add NVLinks (GPU-GPU, or one assumed switch) for file GPUs matched by bus id."""
+    by_pci = {d.get("pci"): n for n, d in g.nodes(data=True) if d["kind"] == "gpu" and d.get("pci")}
+    if any(d["kind"] == "nvlink" for _, _, d in g.edges(data=True)):
+        return
+    gpus = [nv.gpu(i) for i in range(nv.count())]
+    nvml_pci = {gi.pci: gi for gi in gpus}
+    for pci, node in by_pci.items():
+        gi = nvml_pci.get(pci)
+        if gi is None:
+            notes.append(f"NCCL_TOPO_FILE GPU {pci}: not found by NVML, no NVLinks added")
+            continue
+        per: dict[str, int] = {}
+        for ln in nv.nvlinks(gi.index):
+            tgt = by_pci.get(ln.remote_pci) or f"{host}/nvswitch0"
+            per[tgt] = per.get(tgt, 0) + 1
+        for tgt, cnt in per.items():
+            if tgt not in g:
+                g.add_node(tgt, kind="nvswitch", host=host, assumed=True)
+            bw = cnt * nvlink_bw(gi.sm if gi.sm is not NA else None)
+            if not g.has_edge(node, tgt):
+                for a, c in ((node, tgt), (tgt, node)):
+                    g.add_edge(a, c, kind="nvlink", bw=bw, lat=0.6, count=cnt)

@@ -1,0 +1,173 @@
+"""Building the graph of one host from what a discovery source saw.
+
+NVML+sysfs discovery, NCCL XML import and ``nvidia-smi topo -m`` import all
+describe a host as CPUs (NUMA domains), PCIe switches, GPUs, NVSwitches and
+NICs; :class:`HostBuilder` turns such a description into nodes and links with
+the naming conventions shared with the YAML expander (docs: /work/notes/TOPO_API.md):
+
+* ids ``"<host>/cpu<numa>"``, ``"<host>/gpu<index>"``, ``"<host>/pcisw<k>"``,
+  ``"<host>/nvswitch<k>"``, ``"<host>/nic<k>"``; switches and NICs are numbered
+  in PCI bus id order on the host (items without a bus id after, in the order
+  they were added);
+* link bandwidths are NCCL's effective figures (GB/s per direction, count
+  included) and latencies NCCL's per-hop figures (µs), see the constants below.
+
+Plain data in, a ``networkx.DiGraph`` out; no I/O.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import networkx as nx
+
+__all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "NIC_CLASSES"]
+
+#: per-link NVLink bandwidth, GB/s per direction, by compute capability
+#: (NCCL src/graph/topo.h SM60/70/80/86/90/100_NVLINK_BW, ncclTopoNVLinkBw; topo.md §1.5)
+_NVLINK_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
+#: the same by NVLink generation when the compute capability is unknown
+_NVLINK_BY_GEN = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1, 6: 40.1}
+#: per-hop latency in µs: NCCL tuning.cc hwLatencies, Simple protocol ring step
+#: (NVLink 0.6 is the LL figure used for one hop; PCI 1.0; NET 2.7); smp and c2c
+#: counted like PCI (NCCL has no separate figure)
+LAT = {"nvlink": 0.6, "c2c": 0.6, "pcie": 1.0, "smp": 1.0, "net": 2.7}
+GPU_CLASS = 0x0302
+NIC_CLASSES = (0x0200, 0x0207)
+
+
+def nvlink_bw(sm: Any = None, generation: Any = None) -> float:
+    """NCCL's per-link NVLink bandwidth (GB/s) for a compute capability x10 (or generation).
+
+    >>> nvlink_bw(90), nvlink_bw(86), nvlink_bw(None, 3), nvlink_bw()
+    (20.6, 12.0, 20.0, 20.0)
+    """
+    if isinstance(sm, int) and sm > 0:
+        if sm == 86:
+            return 12.0  # SM86_NVLINK_BW (GA10x NVLink bridge)
+        for lo, bw in _NVLINK_BY_SM:
+            if sm >= lo:
+                return bw
+    if isinstance(generation, int) and generation in _NVLINK_BY_GEN:
+        return _NVLINK_BY_GEN[generation]
+    return 20.0  # SM80_NVLINK_BW, NCCL's default for unknown
+
+
+def smp_bw(arch: str | None = None, vendor: str | None = None, family: Any = None, model: Any = None) -> float:
+    """NCCL's inter-socket bandwidth (ncclTopoGetInterCpuBw, topo.md §1.5), GB/s.
+
+    >>> smp_bw("x86_64", "GenuineIntel", 6, 143), smp_bw("x86_64", "AuthenticAMD", 23, 49), smp_bw()
+    (22.0, 16.0, 10.0)
+    """
+    arch = (arch or "").lower()
+    vendor = (vendor or "").strip()
+    if arch.startswith("ppc"):
+        return 32.0  # P9_BW
+    if arch in ("arm64", "aarch64"):
+        return 6.0  # ARM_BW
+    if vendor == "AuthenticAMD":
+        return 16.0  # AMD_BW
+    if vendor == "GenuineIntel":
+        try:
+            f, m = int(family), int(model)
+        except (TypeError, ValueError):
+            return 10.0
+        if f == 6 and m >= 0xCF:
+            return 40.0  # ERP_QPI_BW
+        if f == 6 and m >= 0x8F:
+            return 22.0  # SRP_QPI_BW
+        if f == 6 and m >= 0x55:
+            return 10.0  # SKL_QPI_BW
+        return 6.0  # BDW_QPI_BW
+    if vendor in ("CentaurHauls", "Shanghai"):
+        return 6.0  # ZPI_BW
+    return 10.0  # unknown CPU: SKL_QPI_BW (assumption, no NCCL default)
+
+
+def net_bw(speed_mbps: Any) -> float:
+    """NCCL's NET bandwidth: speed (Mb/s) / 8000 GB/s; speed <= 0 counts as 10000 Mb/s."""
+    try:
+        s = float(speed_mbps)
+    except (TypeError, ValueError):
+        s = 0.0
+    return (s if s > 0 else 10000.0) / 8000.0
+
+
+class HostBuilder:
+    """Collects one host's devices under provisional keys, then names and links them.
+
+    Keys are any hashable (a bus id, or a tuple); :meth:`build` assigns the
+    conventional ids. Links go between keys; both directions are added.
+    """
+
+    def __init__(self, host: str):
+        self.host = host
+        self.items: dict[Any, dict] = {}     # key -> {"kind": ..., "attrs": {...}, "order": (bus, seq)}
+        self.links: list[tuple[Any, Any, dict]] = []
+        self._seq = 0
+        self._linked: set = set()
+
+    def add(self, key: Any, kind: str, *, pci: str | None = None, **attrs: Any) -> Any:
+        """Add (or update) a device; attributes with value None are dropped."""
+        if key in self.items:
+            self.items[key]["attrs"].update({k: v for k, v in attrs.items() if v is not None})
+            return key
+        self._seq += 1
+        a = {k: v for k, v in attrs.items() if v is not None}
+        if pci is not None:
+            a["pci"] = pci
+        self.items[key] = {"kind": kind, "attrs": a, "order": (pci is None, pci or "", self._seq)}
+        return key
+
+    def has(self, key: Any) -> bool:
+        return key in self.items
+
+    def link(self, a: Any, b: Any, kind: str, bw: float, *, count: int = 1, **attrs: Any) -> None:
+        """A bidirectional link; ``bw`` GB/s per direction with count included."""
+        if (a, b) in self._linked or (b, a) in self._linked:
+            return
+        self._linked.add((a, b))
+        d = {"kind": kind, "bw": float(round(bw, 4)), "lat": LAT[kind], "count": int(count)}
+        d.update({k: v for k, v in attrs.items() if v is not None})
+        self.links.append((a, b, d))
+
+    def ids(self) -> dict[Any, str]:
+        """Key -> node id, following the naming conventions."""
+        out: dict[Any, str] = {}
+        counters: dict[str, int] = {}
+        prefix = {"pcie_switch": "pcisw", "nvswitch": "nvswitch", "nic": "nic"}
+        for key, it in sorted(self.items.items(), key=lambda kv: kv[1]["order"]):
+            kind, a = it["kind"], it["attrs"]
+            if "id" in a:
+                out[key] = a["id"]
+            elif kind == "gpu":
+                out[key] = f"{self.host}/gpu{a['index']}"
+            elif kind == "cpu":
+                out[key] = f"{self.host}/cpu{a['numa']}"
+            else:
+                k = counters.get(kind, 0)
+                counters[kind] = k + 1
+                out[key] = f"{self.host}/{prefix[kind]}{k}"
+        return out
+
+    def build(self, g: nx.DiGraph | None = None) -> nx.DiGraph:
+        """Add this host's nodes and links to ``g`` (a new graph when None)."""
+        g = nx.DiGraph() if g is None else g
+        ids = self.ids()
+        for key in sorted(self.items, key=lambda k: (_KIND_ORDER.get(self.items[k]["kind"], 9), _natural(ids[k]))):
+            it = self.items[key]
+            a = {k: v for k, v in it["attrs"].items() if k != "id"}
+            if it["kind"] != "nvswitch" or not a.pop("rack", False):
+                a["host"] = self.host
+            g.add_node(ids[key], kind=it["kind"], **a)
+        for a, b, d in self.links:
+            g.add_edge(ids[a], ids[b], **d)
+            g.add_edge(ids[b], ids[a], **dict(d))
+        return g
+
+
+def _natural(s: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s))
+
+
+_KIND_ORDER = {"cpu": 0, "pcie_switch": 1, "gpu": 2, "nvswitch": 3, "nic": 4}
