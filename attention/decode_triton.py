@@ -33,6 +33,7 @@ fp16/bf16 go to the tensor cores with float32 accumulation.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -321,11 +322,11 @@ def merge_states_triton(outs: torch.Tensor, lses: torch.Tensor, dim: int):
     lses = lses.movedim(dim, 0)
     lead = lses.shape[1:]
     head_dim = outs.shape[-1]
-    outs3 = outs.reshape(outs.shape[0], -1, head_dim)
+    rows = lses[0].numel() if lses.shape[0] else math.prod(lead)
+    outs3 = outs.reshape(outs.shape[0], rows, head_dim)
     if outs3.stride(-1) != 1:
         outs3 = outs3.contiguous()
-    lses2 = lses.float().reshape(lses.shape[0], -1)
-    rows = lses2.shape[1]
+    lses2 = lses.float().reshape(lses.shape[0], rows)
     out = torch.empty(rows, head_dim, dtype=torch.float32, device=outs.device)
     lse = torch.empty(rows, dtype=torch.float32, device=outs.device)
     _launch_merge(outs3, lses2, out, lse)

@@ -1,0 +1,77 @@
+"""Shared setup for the attention tests.
+
+The Triton kernels run on CPU tensors under the Triton interpreter, which
+``triton.jit`` selects when the kernel module is imported; so TRITON_INTERPRET
+is set here, before any test module imports ``attention.decode_triton``.  On a
+machine with CUDA the variable is left alone and the kernels run compiled.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+#: Tolerances of the issue: relative error against the float64 reference.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref| (float64), 0 when both are all zero."""
+    err = (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0
+    scale = ref.double().abs().max().item() if ref.numel() else 0.0
+    return err / scale if scale > 0 else err
+
+
+def _check_state(out, lse, ref_out, ref_lse, tol):
+    """Assert a decode state matches the float64 reference within ``tol``.
+
+    Empty rows must be exactly (0, -inf); every element must have been written
+    (no NaN survives from a poisoned buffer).
+    """
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty)
+    assert (lse[empty] < 0).all()
+    assert (out[empty] == 0).all()
+    assert _rel_err(out, ref_out) <= tol, _rel_err(out, ref_out)
+    if (~empty).any():
+        lse_err = (lse[~empty].double() - ref_lse[~empty]).abs().max().item()
+        assert lse_err <= tol * max(1.0, ref_lse[~empty].abs().max().item()), lse_err
+
+
+@pytest.fixture
+def check_state():
+    return _check_state
+
+
+@pytest.fixture
+def rel_err():
+    return _rel_err
+
+
+def _make_inputs(batch, q_heads, kv_heads, head_dim, seq, dtype, *, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_heads, head_dim, generator=g).to(dtype)
+    k = torch.randn(batch, seq, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(batch, seq, kv_heads, head_dim, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.fixture
+def make_inputs():
+    return _make_inputs
+
+
+def _poisoned(batch, q_heads, head_dim):
+    return (
+        torch.full((batch, q_heads, head_dim), float("nan")),
+        torch.full((batch, q_heads), float("nan")),
+    )
+
+
+@pytest.fixture
+def poisoned():
+    return _poisoned

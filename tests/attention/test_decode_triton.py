@@ -1,0 +1,106 @@
+"""Triton kernels against the float64 reference (under TRITON_INTERPRET=1 on CPU; small shapes)."""
+import doctest
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the Triton kernels need triton (pip install 'treecoll[triton]')")
+
+import attention.decode_triton as dt  # noqa: E402  (after conftest set TRITON_INTERPRET)
+from attention import decode_partial, merge_states, reference  # noqa: E402
+from attention.validate import check_decode_inputs  # noqa: E402
+from topo.errors import AttentionError  # noqa: E402
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SEQ = 2 * dt.BLOCK_N + 19  # lengths below cover 0, 1, one block exactly, non-multiples
+LENGTHS = [0, 1, dt.BLOCK_N, dt.BLOCK_N + 1, SEQ]
+
+
+def _to(device, *ts):
+    return [t.to(device) for t in ts]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_matches_reference(dtype, group, splits, make_inputs, poisoned, check_state):
+    batch, kv_heads, head_dim = len(LENGTHS), 2, 24  # head_dim not a power of two
+    q, k, v = make_inputs(batch, kv_heads * group, kv_heads, head_dim, SEQ, dtype, seed=group + splits)
+    ref = reference(q, k, v, kv_len=LENGTHS)
+    q, k, v = _to(DEVICE, q, k, v)
+    out = tuple(_to(DEVICE, *poisoned(batch, kv_heads * group, head_dim)))
+    decode_partial(q, k, v, kv_len=torch.tensor(LENGTHS, device=DEVICE), num_splits=splits, backend="triton", out=out)
+    check_state(out[0].cpu(), out[1].cpu(), *ref, TOL[dtype])
+
+
+def test_stage1_writes_every_partial_including_empty_splits(make_inputs):
+    q, k, v = make_inputs(3, 4, 1, 16, 100, torch.float32, seed=7)
+    lengths, scale = check_decode_inputs(q, k, v, [100, 3, 0], None, "test")
+    splits = 4  # chunks of ceil(ceil(100/4)/64)*64 = 64 keys: splits 2 and 3 lie past the end
+    part_out = torch.full((splits, 3, 4, 16), float("nan"))
+    part_lse = torch.full((splits, 3, 4), float("nan"))
+    dt.decode_stage1(q, k, v, lengths, scale, part_out, part_lse)
+    assert not torch.isnan(part_out).any() and not torch.isnan(part_lse).any()
+    assert torch.isfinite(part_lse[:2, 0]).all() and torch.isneginf(part_lse[2:, 0]).all()
+    assert (part_out[2:, 0] == 0).all()
+    assert torch.isfinite(part_lse[0, 1]).all() and torch.isneginf(part_lse[1:, 1]).all()
+    assert torch.isneginf(part_lse[:, 2]).all() and (part_out[:, 2] == 0).all()
+    # each split is the attention over its own chunk
+    ref0 = reference(q[:1], k[:1, :64], v[:1, :64])
+    torch.testing.assert_close(part_out[0, 0].double(), ref0[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part_lse[0, 0].double(), ref0[1][0], rtol=1e-6, atol=1e-6)
+
+
+def test_split_anywhere_equals_whole(make_inputs):
+    q, k, v = make_inputs(1, 4, 2, 16, 90, torch.float32, seed=8)
+    whole = decode_partial(q, k, v, backend="triton")
+    for cut in (0, 1, 37, 64, 89, 90):
+        left = decode_partial(q, k[:, :cut], v[:, :cut], backend="triton")
+        right = decode_partial(q, k[:, cut:], v[:, cut:], backend="triton")
+        out, lse = merge_states([left[0], right[0]], [left[1], right[1]], 0, backend="triton")
+        torch.testing.assert_close(out, whole[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse, whole[1], rtol=1e-6, atol=1e-6)
+
+
+def test_merge_kernel_matches_torch_merge():
+    g = torch.Generator().manual_seed(9)
+    num_states = 21  # more than one BLOCK_S of 16
+    outs = torch.randn(3, num_states, 5, 20, generator=g)
+    lses = torch.randn(3, num_states, 5, generator=g) * 50
+    empty = torch.rand(3, num_states, 5, generator=g) < 0.4
+    empty[0, :, 0] = True  # an all-empty row
+    lses = lses.masked_fill(empty, float("-inf"))
+    outs = outs.masked_fill(empty.unsqueeze(-1), float("nan"))  # garbage in empty states must not leak
+    tri = merge_states(outs, lses, 1, backend="triton")
+    ref = merge_states(outs, lses, 1, backend="torch")
+    assert not torch.isnan(tri[0]).any() and not torch.isnan(tri[1]).any()
+    assert torch.isneginf(tri[1][0, 0]) and (tri[0][0, 0] == 0).all()
+    torch.testing.assert_close(tri[0], ref[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tri[1], ref[1], rtol=1e-6, atol=1e-6)
+    out, lse = merge_states(torch.zeros(0, 2, 3), torch.zeros(0, 2), 0, backend="triton")
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_num_splits_heuristic():
+    assert dt.choose_num_splits(1, 8, 0, 132) == 1
+    assert dt.choose_num_splits(64, 8, 1 << 20, 132) == 1  # enough programs already
+    assert dt.choose_num_splits(1, 8, 100, 132) == 1  # too short to split
+    s = dt.choose_num_splits(1, 8, 1 << 17, 132)
+    assert 8 * s >= 132 and s <= dt.MAX_SPLITS
+    assert dt.choose_num_splits(1, 1, 1 << 30, 10_000) == dt.MAX_SPLITS
+    assert doctest.testmod(dt).failed == 0
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch, make_inputs):
+    q, k, v = make_inputs(1, 2, 1, 16, 8, torch.float32)
+    monkeypatch.setattr(dt, "_INTERPRETED", False)
+    with pytest.raises(AttentionError, match="decode_stage1: expected CUDA tensors, got CPU tensors; set TRITON_INTERPRET=1"):
+        decode_partial(q, k, v, backend="triton")
+
+
+def test_head_dim_must_be_contiguous(make_inputs):
+    q, k, v = make_inputs(1, 2, 1, 16, 8, torch.float32)
+    k_t = k.transpose(1, 3).contiguous().transpose(1, 3)  # same values, head_dim stride != 1
+    with pytest.raises(AttentionError, match=r"decode_stage1: k: expected stride 1 in the last dim \(head_dim\)"):
+        decode_partial(q, k_t, v, backend="triton")
