@@ -1,0 +1,441 @@
+"""NCCL topology XML (``NCCL_TOPO_FILE`` / ``NCCL_TOPO_DUMP_FILE``) <-> Topology, and NCCL graph XML.
+
+Format (NCCL src/graph/xml.cc, ../shared/reference/topo.md §1.7)::
+
+    <system version="1">
+      <cpu numaid="0" affinity=".." arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+        <pci busid="0000:16:00.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16">
+          <pci busid="0000:18:00.0" class="0x030200" ...>
+            <gpu dev="0" sm="90" rank="0" gdr="1">
+              <nvlink target="0000:07:00.0" count="5" tclass="0x068000"/>
+              <c2c bw="56376" count="7"/>
+            </gpu>
+          </pci>
+          <pci busid="0000:19:00.0" class="0x020000"><nic><net name="mlx5_0" dev="0" speed="400000" .../></nic></pci>
+        </pci>
+        <nic><net name="eth0" .../></nic>      (a NIC not on PCI hangs off the CPU)
+      </cpu>
+    </system>
+
+Import (:func:`import_xml`): ``cpu`` -> a ``cpu`` node (NUMA id as given, -1 in
+VMs), joined to the host's other CPUs by ``smp`` links (NCCL's
+ncclTopoConnectCpus, bandwidth by CPU family); ``pci`` of a bridge class ->
+``pcie_switch``; of a GPU class (0x03....) -> ``gpu`` (partial vendor files
+list GPUs as bare ``pci`` elements: they get indices in bus id order); of a
+NIC class (0x02....) -> one ``nic`` per ``net`` (or one unnamed NIC);
+``nvlink`` -> ``nvlink`` links to the target GPU, or to an ``nvswitch`` node
+per target bus id (NCCL merges switches; we keep them), ``fffffff:ff:ff.0``
+-> one ``assumed`` switch; ``c2c`` -> a ``c2c`` link to the GPU's CPU
+(``bw`` MB/s per link x count / 1000). The PCIe link above each ``pci`` has
+NCCL's bandwidth from ``link_speed``/``link_width``. Several ``host_hash``
+values split a multi-host (MNNVL) dump into hosts.
+
+Every attribute NCCL defines but the model does not use (and every unknown
+one) is kept on the node under ``xml`` = ``{tag: {attr: value}}`` and written
+back on export, so import -> export -> import is the identity; modelled
+attributes are ``busid`` (-> ``pci``), ``numaid`` (-> ``numa``), ``dev`` (->
+``index``), ``sm``, ``name`` and ``speed`` (-> ``bw`` = speed/8000 GB/s).
+
+Export (:func:`export_xml`) writes one host as a file NCCL can read (every
+attribute NCCL requires is present for nodes that did not come from XML).
+:func:`parse_graph_xml` reads the other NCCL format (``NCCL_GRAPH_FILE``:
+rings/trees as channels) into plain data for the custom-tree import.
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import networkx as nx
+
+from .errors import TopologyError
+from .hostgraph import HostBuilder, net_bw, nvlink_bw, smp_bw
+from .model import Topology
+from .nvml import norm_busid
+from .sysfs import pcie_bw
+
+__all__ = ["import_xml", "export_xml", "parse_graph_xml", "GRAPH_PATTERNS", "looks_like_nccl_xml"]
+
+#: NCCL graph patterns (src/graph/search.cc, NCCL_TOPO_PATTERN_*)
+GRAPH_PATTERNS = {1: "balanced_tree", 2: "split_tree", 3: "tree", 4: "ring", 5: "nvls", 6: "collnet_direct"}
+_INVISIBLE = "fffffff:ff:ff.0"   # NCCL's target for an NVLink peer not visible on PCI
+_MODELLED = {"cpu": {"numaid"}, "pci": {"busid"}, "gpu": {"dev", "sm"}, "net": {"name", "speed"}, "nic": set()}
+_NVSWITCH_CLASS = "0x068000"
+_GPU_CLASS = "0x030200"
+
+
+def looks_like_nccl_xml(text: str) -> bool:
+    """True for an NCCL topology file (a ``<system`` root), used by ``treecoll topo import``."""
+    return "<system" in text[:4096]
+
+
+def _read(src: str | os.PathLike) -> tuple[str, str]:
+    s = os.fspath(src)
+    if isinstance(src, str) and s.lstrip().startswith("<"):
+        return "<string>", s
+    try:
+        with open(s, encoding="utf-8") as f:
+            return s, f.read()
+    except OSError as e:
+        raise TopologyError(f"{s}: cannot read the NCCL topology file ({e.strerror})") from None
+
+
+def _parse(where: str, text: str) -> ET.Element:
+    try:
+        return ET.fromstring(text)
+    except ET.ParseError as e:
+        line = e.position[0] if getattr(e, "position", None) else "?"
+        raise TopologyError(f"{where}:{line}: expected well-formed XML, got {e}") from None
+
+
+def _extra(el: ET.Element, tag: str) -> dict[str, str]:
+    return {k: v for k, v in el.attrib.items() if k not in _MODELLED.get(tag, set())}
+
+
+def _int(v: Any, where: str, what: str) -> int:
+    try:
+        return int(str(v), 0) if str(v).lower().startswith("0x") else int(str(v))
+    except ValueError:
+        raise TopologyError(f"{where}: {what} expected an integer, got {v!r}") from None
+
+
+def _cls(el: ET.Element) -> int | None:
+    c = el.get("class")
+    try:
+        return int(c, 16) if c else None
+    except ValueError:
+        return None
+
+
+def import_xml(src: str | os.PathLike, *, host: str = "host0", name: str | None = None) -> Topology:
+    """An NCCL topology XML (a path, or the text itself) as a Topology.
+
+    ``host`` names the host (``"<host>/gpu0"``...); a multi-host dump gets
+    ``"<host>-<i>"`` per distinct ``host_hash``. Malformed input raises
+    TopologyError naming the file, line and element.
+    """
+    where, text = _read(src)
+    root = _parse(where, text)
+    if root.tag != "system":
+        raise TopologyError(f"{where}: root element expected <system>, got <{root.tag}>")
+    if root.get("version", "1") != "1":
+        raise TopologyError(f"{where}: <system version> expected \"1\" (NCCL_TOPO_XML_VERSION), got {root.get('version')!r}")
+    cpus = [c for c in root if c.tag == "cpu"]
+    hashes = list(dict.fromkeys(c.get("host_hash", "") for c in cpus))
+    hostname = {hh: (host if len(hashes) <= 1 else f"{host}-{i}") for i, hh in enumerate(hashes)}
+    builders: dict[str, HostBuilder] = {}
+    gpus_by_pci: dict[tuple[str, str], Any] = {}
+    pending_nvlinks: list[tuple[HostBuilder, Any, ET.Element, int | None]] = []
+    for ci, cpu in enumerate(cpus):
+        h = hostname[cpu.get("host_hash", "")]
+        b = builders.setdefault(h, HostBuilder(h))
+        if cpu.get("numaid") is None:
+            raise TopologyError(f"{where}: <cpu> #{ci}: attribute numaid is required")
+        numa = _int(cpu.get("numaid"), where, f"<cpu> #{ci} numaid")
+        ck = ("cpu", numa)
+        b.add(ck, "cpu", numa=numa, xml={"cpu": _extra(cpu, "cpu")})
+        for child in cpu:
+            _walk(b, child, ck, ck, where, gpus_by_pci, pending_nvlinks, h)
+    for h, b in builders.items():
+        _number_gpus(b)
+        cpu_keys = [k for k, it in b.items.items() if it["kind"] == "cpu"]
+        for i, a in enumerate(cpu_keys):
+            xa = b.items[a]["attrs"]["xml"]["cpu"]
+            bw = smp_bw(xa.get("arch"), xa.get("vendor"), xa.get("familyid"), xa.get("modelid"))
+            for c in cpu_keys[i + 1:]:
+                b.link(a, c, "smp", bw)
+    for b, gk, gpu_el, sm in pending_nvlinks:
+        _nvlinks(b, gk, gpu_el, sm, gpus_by_pci, where)
+    g = nx.DiGraph()
+    for b in builders.values():
+        b.build(g)
+    meta = {"source": f"nccl-xml:{where}"}
+    if root.attrib:
+        meta["xml_system"] = dict(root.attrib)
+    return Topology(g, name=name or root.get("name") or host, meta=meta)
+
+
+def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpus_by_pci: dict,
+          pending: list, h: str) -> None:
+    if el.tag == "nic":  # NIC not on PCI: directly under the CPU
+        for k in _nic(b, el, None, where):
+            b.link(k, parent, "pcie", pcie_bw(None, None))
+        return
+    if el.tag != "pci":
+        b.items[parent]["attrs"].setdefault("xml", {}).setdefault("children", []).append(
+            {"tag": el.tag, **el.attrib})  # pcilink and unknown elements: preserved
+        return
+    busid = el.get("busid")
+    if not busid:
+        raise TopologyError(f"{where}: <pci> under {b.items[parent]['kind']} {parent[1]!r}: attribute busid is required")
+    pci = norm_busid(busid) or busid.lower()
+    cls = _cls(el)
+    bw = pcie_bw(el.get("link_speed"), _int(el.get("link_width") or 0, where, f"<pci busid={busid!r}> link_width"))
+    gpu_el = el.find("gpu")
+    nic_el = el.find("nic")
+    xml = {"pci": _extra(el, "pci")}
+    if gpu_el is not None or (cls is not None and cls >> 16 == 0x03):
+        key = ("gpu", pci)
+        attrs: dict[str, Any] = {}
+        sm = None
+        if gpu_el is not None:
+            xml["gpu"] = _extra(gpu_el, "gpu")
+            if gpu_el.get("dev") is not None:
+                attrs["index"] = _int(gpu_el.get("dev"), where, f"<gpu> of {busid!r} dev")
+            if gpu_el.get("sm") is not None:
+                sm = attrs["sm"] = _int(gpu_el.get("sm"), where, f"<gpu> of {busid!r} sm")
+            pending.append((b, key, gpu_el, sm))
+        b.add(key, "gpu", pci=pci, numa=cpu[1], xml=xml, **attrs)
+        gpus_by_pci[(h, pci)] = key
+        b.link(key, parent, "pcie", bw)
+        for c2c in (gpu_el.findall("c2c") if gpu_el is not None else []):
+            cnt = _int(c2c.get("count", "1"), where, f"<c2c> of {busid!r} count")
+            per = float(c2c.get("bw", "0") or 0)
+            b.link(key, cpu, "c2c", per * cnt / 1000 if per > 0 else 1.0, count=max(cnt, 1))
+        return
+    if nic_el is not None or (cls is not None and cls >> 16 == 0x02):
+        keys = _nic(b, nic_el, pci, where) if nic_el is not None else [b.add(("nic", pci, None), "nic", pci=pci)]
+        for k in keys:
+            b.items[k]["attrs"].setdefault("xml", {}).update(xml)
+            b.link(k, parent, "pcie", bw)
+        return
+    kind = "nvswitch" if el.get("class") == _NVSWITCH_CLASS else "pcie_switch"
+    key = ("sw", pci)
+    b.add(key, kind, pci=pci, xml=xml)
+    b.link(key, parent, "pcie", bw)
+    for child in el:
+        _walk(b, child, key, cpu, where, gpus_by_pci, pending, h)
+
+
+def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> list:
+    keys = []
+    nets = nic_el.findall("net")
+    for i, net in enumerate(nets or [None]):
+        if net is None:
+            keys.append(b.add(("nic", pci, None), "nic", pci=pci, xml={"nic": dict(nic_el.attrib)}))
+            continue
+        name = net.get("name") or f"net{i}"
+        speed = net.get("speed")
+        xml = {"net": _extra(net, "net")}
+        if nic_el.attrib:
+            xml["nic"] = dict(nic_el.attrib)
+        k = b.add(("nic", pci, name), "nic", pci=pci, name=name,
+                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), xml=xml)
+        keys.append(k)
+    return keys
+
+
+def _number_gpus(b: HostBuilder) -> None:
+    gpus = [(k, it["attrs"]) for k, it in b.items.items() if it["kind"] == "gpu"]
+    used = {a["index"] for _, a in gpus if "index" in a}
+    nxt = 0
+    for k, a in sorted(gpus, key=lambda ka: ka[1].get("pci", "")):
+        if "index" in a:
+            continue
+        while nxt in used:
+            nxt += 1
+        a["index"] = nxt
+        used.add(nxt)
+
+
+def _nvlinks(b: HostBuilder, gk: Any, gpu_el: ET.Element, sm: int | None, gpus_by_pci: dict, where: str) -> None:
+    per_link = nvlink_bw(sm)
+    for nv in gpu_el.findall("nvlink"):
+        tgt = nv.get("target", "")
+        cnt = _int(nv.get("count", "1"), where, f"<nvlink target={tgt!r}> count")
+        tpci = norm_busid(tgt)
+        tclass = (nv.get("tclass") or "").lower()
+        extra = {k: v for k, v in nv.attrib.items() if k not in ("target", "count", "tclass")}
+        if extra:
+            b.items[gk]["attrs"]["xml"].setdefault("nvlink", {})[tgt] = extra
+        if tclass.startswith("0x03"):
+            peer = gpus_by_pci.get((b.host, tpci))
+            if peer is None or peer == gk:
+                # NCv4 lists an NVLink to itself (bridge partner not in the VM): preserved, not modelled
+                b.items[gk]["attrs"]["xml"].setdefault("nvlink_unresolved", []).append(dict(nv.attrib))
+                continue
+            b.link(gk, peer, "nvlink", cnt * per_link, count=cnt)
+        elif tclass == "0x068001":  # NVLink to a CPU (POWER9)
+            cpu = next(k for k, it in b.items.items() if it["kind"] == "cpu"
+                       and it["attrs"]["numa"] == b.items[gk]["attrs"]["numa"])
+            b.link(gk, cpu, "nvlink", cnt * per_link, count=cnt)
+        else:
+            sk = ("nvs", tpci)
+            if tpci is None:
+                b.add(sk, "nvswitch", assumed=True)
+            else:
+                b.add(sk, "nvswitch", pci=tpci)
+            b.link(gk, sk, "nvlink", cnt * per_link, count=cnt)
+
+
+# ---------------------------------------------------------------------------------------- export
+def _fmt_speed(bw: float, width: int) -> str:
+    code = bw * 80 / max(width, 1)
+    for s, c in (("2.5 GT/s", 15), ("5 GT/s", 30), ("8 GT/s", 60), ("16 GT/s", 120), ("32.0 GT/s PCIe", 240),
+                 ("64.0 GT/s PCIe", 480)):
+        if abs(code - c) < 1e-6:
+            return s
+    return "8 GT/s"
+
+
+def export_xml(topo: Topology, host: str | None = None) -> str:
+    """One host of ``topo`` as NCCL topology XML text (NCCL_TOPO_FILE format).
+
+    GPUs without a bus id (CPU-only rank slots) are left out; nodes that came
+    from an NCCL file get their original attributes back.
+    """
+    g = topo.graph
+    host = host or (topo.hosts()[0] if topo.hosts() else None)
+    if host is None:
+        raise TopologyError(f"topology {topo.name!r}: expected at least one host to export")
+    cpus = sorted(topo.nodes("cpu", host), key=lambda n: g.nodes[n].get("numa", 0))
+    if not cpus:
+        raise TopologyError(f"host {host!r}: expected at least one cpu node to export")
+    parent: dict[str, str] = {}
+    frontier = list(cpus)
+    seen = set(cpus)
+    while frontier:  # BFS over PCIe links from the CPUs: the PCIe tree
+        nxt = []
+        for u in frontier:
+            for v in sorted(g.successors(u)):
+                d = g.edges[u, v]
+                if v in seen or d["kind"] != "pcie" or g.nodes[v].get("host") != host:
+                    continue
+                if g.nodes[u]["kind"] in ("gpu", "nic"):
+                    continue
+                seen.add(v)
+                parent[v] = u
+                nxt.append(v)
+        frontier = nxt
+    children: dict[str, list[str]] = {}
+    for v, u in parent.items():
+        children.setdefault(u, []).append(v)
+    root = ET.Element("system", dict(topo.meta.get("xml_system") or {"version": "1"}))
+    for c in cpus:
+        d = g.nodes[c]
+        x = dict((d.get("xml") or {}).get("cpu") or {})
+        attrs = {"numaid": str(d.get("numa", 0)), **x}
+        cel = ET.SubElement(root, "cpu", attrs)
+        _export_children(g, c, children, cel)
+        for ch in (d.get("xml") or {}).get("children", []):
+            ET.SubElement(cel, ch["tag"], {k: v for k, v in ch.items() if k != "tag"})
+    ET.indent(root, "  ")
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> None:
+    nic_groups: dict[str, list[str]] = {}
+    for v in sorted(children.get(u, []), key=lambda n: (g.nodes[n].get("pci") or "~", n)):
+        d = g.nodes[v]
+        if d["kind"] == "nic":
+            nic_groups.setdefault(d.get("pci") or f"~{v}", []).append(v)
+            continue
+        if d["kind"] == "gpu" and not d.get("pci"):
+            continue
+        pel = ET.SubElement(el, "pci", _pci_attrs(g, v, u))
+        if d["kind"] == "gpu":
+            _export_gpu(g, v, pel)
+        else:
+            _export_children(g, v, children, pel)
+        for ch in (d.get("xml") or {}).get("children", []):
+            ET.SubElement(pel, ch["tag"], {k: x for k, x in ch.items() if k != "tag"})
+    for key, nics in nic_groups.items():
+        first = g.nodes[nics[0]]
+        holder = ET.SubElement(el, "pci", _pci_attrs(g, nics[0], u)) if first.get("pci") else el
+        fx = first.get("xml")
+        if fx is not None and "net" not in fx and "nic" not in fx and not first.get("name"):
+            continue  # partial file: a bare <pci> for this NIC
+        nel = ET.SubElement(holder, "nic", dict((first.get("xml") or {}).get("nic") or {}))
+        for i, n in enumerate(nics):
+            d = g.nodes[n]
+            x = (d.get("xml") or {})
+            if "net" not in x and not d.get("name") and "nic" in x:
+                continue  # a NIC element without <net> in the source
+            attrs = {"name": d.get("name") or n.split("/")[-1], **(x.get("net") or {"dev": str(i)})}
+            attrs["speed"] = str(int(round(d.get("bw", 1.25) * 8000)))
+            ET.SubElement(nel, "net", attrs)
+
+
+def _pci_attrs(g: nx.DiGraph, v: str, up: str) -> dict[str, str]:
+    d = g.nodes[v]
+    x = (d.get("xml") or {}).get("pci")
+    out = {"busid": d.get("pci") or "ffff:ff:ff.0"}
+    if x is not None:
+        out.update(x)
+        return out
+    e = g.edges[v, up]
+    cls = {"gpu": _GPU_CLASS, "nic": "0x020000", "nvswitch": _NVSWITCH_CLASS}.get(d["kind"], "0x060400")
+    out.update({"class": cls, "link_speed": _fmt_speed(e["bw"], 16), "link_width": "16"})
+    return out
+
+
+def _export_gpu(g: nx.DiGraph, v: str, pel: ET.Element) -> None:
+    d = g.nodes[v]
+    x = (d.get("xml") or {})
+    if "gpu" not in x and "xml" in d and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v)):
+        return  # partial file: bare <pci> for this GPU
+    attrs = {"dev": str(d.get("index", 0))}
+    if d.get("sm") is not None:
+        attrs["sm"] = str(d["sm"])
+    attrs.update(x.get("gpu") or {"rank": str(d.get("rank", d.get("index", 0))), "gdr": "1"})
+    gel = ET.SubElement(pel, "gpu", attrs)
+    for w in sorted(g.successors(v), key=lambda n: (g.nodes[n].get("pci") or _INVISIBLE, n)):
+        e = g.edges[v, w]
+        wd = g.nodes[w]
+        if e["kind"] == "nvlink":
+            tgt = wd.get("pci") or _INVISIBLE
+            tclass = {"gpu": _GPU_CLASS, "cpu": "0x068001"}.get(wd["kind"], _NVSWITCH_CLASS)
+            a = {"target": tgt, "count": str(e.get("count", 1)), "tclass": tclass}
+            a.update((x.get("nvlink") or {}).get(tgt, {}))
+            ET.SubElement(gel, "nvlink", a)
+        elif e["kind"] == "c2c":
+            cnt = e.get("count", 1)
+            ET.SubElement(gel, "c2c", {"bw": str(int(round(e["bw"] * 1000 / cnt))), "count": str(cnt)})
+    for nv in x.get("nvlink_unresolved", []):
+        ET.SubElement(gel, "nvlink", dict(nv))
+
+
+# ---------------------------------------------------------------------------------------- graphs
+def parse_graph_xml(src: str | os.PathLike) -> dict[str, Any]:
+    """An ``NCCL_GRAPH_FILE`` (path or text) as plain data.
+
+    Returns ``{"version": 1, "graphs": [graph, ...]}`` where each graph is
+    ``{"id": int, "pattern": int, "pattern_name": "ring" | "tree" | "balanced_tree" |
+    "split_tree" | "nvls" | "collnet_direct", "nchannels": int, "crossnic": int,
+    "speedintra": float, "speedinter": float (GB/s), "latencyinter": float,
+    "typeintra": str, "typeinter": str (NCCL path classes), "samechannels": int,
+    "channels": [{"gpus": [dev, ...], "ranks": [rank | None, ...],
+    "net_in": dev | None, "net_out": dev | None}, ...]}``.
+    A ring channel lists the GPUs in ring order; a tree channel lists them from
+    the tree root down the chain (NCCL's intra-node tree is a chain).
+    """
+    where, text = _read(src)
+    root = _parse(where, text)
+    if root.tag != "graphs":
+        raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag}>")
+    out: dict[str, Any] = {"version": _int(root.get("version", "1"), where, "<graphs> version"), "graphs": []}
+    for gi, gel in enumerate(root.findall("graph")):
+        def num(k, conv=int, default="0"):
+            v = gel.get(k, default)
+            try:
+                return conv(v)
+            except ValueError:
+                raise TopologyError(f"{where}: <graph> #{gi} {k} expected a number, got {v!r}") from None
+        pat = num("pattern")
+        chans = []
+        for ch in gel.findall("channel"):
+            nets = [_int(n.get("dev"), where, "<net> dev") for n in ch.findall("net")]
+            gpus = ch.findall("gpu")
+            chans.append({"gpus": [_int(x.get("dev"), where, "<gpu> dev") for x in gpus],
+                          "ranks": [_int(x.get("rank"), where, "<gpu> rank") if x.get("rank") is not None else None
+                                    for x in gpus],
+                          "net_in": nets[0] if nets else None, "net_out": nets[-1] if nets else None})
+        nch = num("nchannels", int, str(len(chans)))
+        out["graphs"].append({
+            "id": num("id"), "pattern": pat, "pattern_name": GRAPH_PATTERNS.get(pat, f"pattern{pat}"),
+            "nchannels": nch, "crossnic": num("crossnic"), "speedintra": num("speedintra", float),
+            "speedinter": num("speedinter", float), "latencyinter": num("latencyinter", float),
+            "typeintra": gel.get("typeintra"), "typeinter": gel.get("typeinter"),
+            "samechannels": num("samechannels"), "channels": chans})
+    return out
