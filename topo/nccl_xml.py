@@ -321,7 +321,7 @@ def export_xml(topo: Topology, host: str | None = None) -> str:
         for ch in (d.get("xml") or {}).get("children", []):
             ET.SubElement(cel, ch["tag"], {k: v for k, v in ch.items() if k != "tag"})
     ET.indent(root, "  ")
-    return ET.tostring(root, encoding="unicode") + "\n"
+    return ET.tostring(root, encoding="unicode").replace(" />", "/>") + "\n"  # NCCL's own dump style
 
 
 def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> None:
