@@ -1,12 +1,24 @@
 """treecoll.topo: the cluster graph (model, paths, YAML, discovery).
 
 Importing ``topo`` never imports torch, triton or pynvml.
+
+>>> import topo
+>>> t = topo.default()            # the embedded 2-host DGX H100 cluster
+>>> t.path("h0/gpu0", "h0/gpu5").smi, t.path("h0/gpu0", "h1/gpu0").nccl
+('NV18', 'NET')
 """
 from .errors import (TreecollError, TopologyError, DiscoveryError, TreeError, ScheduleError,
                      CollectiveError, AttentionError, MissingDependency)
 from .model import Topology, NODE_KINDS, LINK_KINDS
 from .paths import Path, NCCL_CLASSES, SMI_CODES
+from .yaml_io import load, loads, save, dumps, default, shipped
 
 __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_CODES",
            "TreecollError", "TopologyError", "DiscoveryError", "TreeError", "ScheduleError",
-           "CollectiveError", "AttentionError", "MissingDependency"]
+           "CollectiveError", "AttentionError", "MissingDependency",
+           "load", "loads", "save", "dumps", "default", "shipped"]
+
+# ---- discovery (owned by the discovery helper): add its imports and names here, e.g.
+# from .discover import discover, discover_cluster, import_file
+# __all__ += ["discover", "discover_cluster", "import_file"]
+# ---- end discovery

@@ -92,6 +92,23 @@ class Topology:
         self.name = name
         self.meta = dict(meta or {})
 
+    @classmethod
+    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> "Topology":
+        """Like the constructor, but takes ownership of ``graph`` instead of copying it.
+
+        For loaders that built the graph themselves and drop it afterwards
+        (topo.yaml_io): same validation, no copy (half the construction time
+        of an 8192-GPU cluster).
+        """
+        if not isinstance(graph, nx.DiGraph):
+            raise TopologyError(f"graph: expected a networkx.DiGraph, got {type(graph).__name__}")
+        _validate(graph)
+        self = cls.__new__(cls)
+        self._g = nx.freeze(graph)
+        self.name = name
+        self.meta = dict(meta or {})
+        return self
+
     # ------------------------------------------------------------------ basics
     @property
     def graph(self) -> nx.DiGraph:

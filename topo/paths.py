@@ -220,20 +220,45 @@ def _host_bridge(g, n: str):
 
 
 def nearest_nic(topo: "Topology", gpu: str) -> str | None:
-    """The NIC of ``gpu``'s host with the best (class, bandwidth, hops); None if none."""
+    """The NIC of ``gpu``'s host with the best (class, bandwidth, hops); None if none.
+
+    Ties (e.g. two NICs PXB to a GPU pair on a DGX A100, or PIX on an HGX B200)
+    are spread over the GPUs the way NCCL does (``ncclTopoGetLocalNet``,
+    src/graph/search.cc): the tied NIC number ``mirrorBits(dev, n) % n`` for a
+    power-of-two ``n`` tied NICs, ``dev % n`` otherwise, ``dev`` the GPU's local index.
+    """
     cache = topo.__dict__.setdefault("_nic_cache", {})
     if gpu not in cache:
         host = topo.host_of(gpu)
-        best, best_key = None, None
+        best: list[str] = []
+        best_key = None
         for nic in topo.nics(host):
             p = _pci_route(topo, gpu, nic)
             if p is None:
                 continue
             key = (NCCL_CLASSES.index(p.nccl), -p.bw, p.hops)
             if best_key is None or key < best_key:
-                best, best_key = nic, key
-        cache[gpu] = best
+                best, best_key = [nic], key
+            elif key == best_key:
+                best.append(nic)
+        if not best:
+            cache[gpu] = None
+        else:
+            dev = topo.graph.nodes[gpu].get("index", 0) if topo.graph.nodes[gpu]["kind"] == "gpu" else 0
+            cache[gpu] = best[_mirror_bits(dev, len(best)) % len(best)]
     return cache[gpu]
+
+
+def _mirror_bits(val: int, n: int) -> int:
+    """NCCL's mirrorBits: reverse the low log2(n) bits of ``val`` when n is a power of two."""
+    if n < 2 or n & (n - 1):
+        return val
+    bits = n.bit_length() - 1
+    out = 0
+    for i in range(bits):
+        if val & (1 << i):
+            out |= 1 << (bits - 1 - i)
+    return out
 
 
 def _net_route(topo: "Topology", a: str, b: str) -> Path:

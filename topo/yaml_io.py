@@ -1,0 +1,411 @@
+"""Reading and writing topologies as YAML: :func:`load`, :func:`loads`, :func:`save`, :func:`dumps`, :func:`default`.
+
+Two forms (full schema with examples: docs/topology-yaml.md):
+
+* **compact**: ``templates`` (named host templates, :mod:`topo.compact`),
+  ``hosts`` (groups ``{template, count, names}``) and ``network`` (a network
+  template, :mod:`topo.network`); a template may also come from another file
+  (``template: dgx-h100`` finds ``dgx-h100.yaml`` beside the file or in the
+  shipped ``topologies/``; ``template: ../x/box.yaml`` is a relative path).
+* **explicit**: ``nodes: [{id, kind, ...}]`` and ``links: [{a, b, kind, bw,
+  lat, count[, directed]}]`` (the format :func:`save` writes, and
+  :meth:`Topology.to_dict`). A compact file may add explicit nodes/links.
+
+Every problem in a file is a :class:`~topo.errors.TopologyError` whose message
+starts with ``file:line: key.path:``; no traceback escapes for a bad file, and
+files are only ever read.
+
+>>> t = loads('''
+... templates:
+...   box: {gpus: {count: 2, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 24.0}}
+... hosts: [{template: box, count: 2}]
+... network: {type: single_switch}
+... ''')
+Traceback (most recent call last):
+...
+topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics (with a rail), got none
+>>> t = loads("hosts: [{template: dgx-h100, count: 2}]\\nnetwork: {type: rail_optimized}\\n")
+>>> len(t.gpus()), t.path("h0/gpu0", "h1/gpu0").nccl
+(16, 'NET')
+>>> loads(dumps(t)) == t
+True
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path as FsPath
+from typing import IO, Any
+
+import networkx as nx
+import yaml
+
+from ._schema import YAML_LOADER, Doc
+from .compact import HostTemplate, expand, parse_template
+from .errors import TopologyError
+from .model import LINK_KINDS, NODE_KINDS, HOSTED_KINDS, Topology
+from .network import add_network
+
+__all__ = ["load", "loads", "save", "dumps", "default", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]
+
+#: the repository's shipped topologies (present in a source checkout / editable install)
+SHIPPED_DIR = FsPath(__file__).resolve().parent.parent / "topologies"
+TOP_KEYS = ("name", "meta", "templates", "hosts", "network", "nodes", "links")
+GROUP_KEYS = ("template", "count", "names")
+LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
+#: attributes each node kind may carry in the explicit form (besides id, kind, host);
+#: keys starting with ``x_`` are free-form extensions kept as they are.
+NODE_ATTRS = {
+    "gpu": ("index", "pci", "uuid", "model", "mem_bw", "numa", "sm", "rank", "name", "serial"),
+    "nvswitch": ("pci", "assumed", "index", "name"),
+    "pcie_switch": ("host_bridge", "pci", "name", "vendor", "device", "link_speed", "link_width"),
+    "cpu": ("numa", "socket", "affinity", "model", "arch", "vendor", "familyid", "modelid"),
+    "nic": ("name", "bw", "pci", "rail", "link_layer", "port", "guid", "numa", "dev", "speed"),
+    "net_switch": ("tier", "rail", "coord", "name"),
+}
+_INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev"})
+_POS_ATTRS = frozenset({"mem_bw", "bw"})
+
+
+class _Loader(YAML_LOADER):  # type: ignore[misc, valid-type]
+    """PyYAML's safe loader that refuses duplicate keys in a mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for k, _ in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                if k.value in seen:
+                    raise _Duplicate(k.value, k.start_mark.line + 1)
+                seen.add(k.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+
+class _Duplicate(Exception):
+    def __init__(self, key: str, line: int):
+        self.key, self.line = key, line
+
+
+def _parse(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except _Duplicate as e:
+        raise TopologyError(f"duplicate key {e.key!r}: each key may appear once in a mapping",
+                            where=f"{source}:{e.line}") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        what = " ".join(str(x) for x in (e.context, e.problem) if x)
+        raise TopologyError(f"invalid YAML: {what}", where=f"{source}{line}") from None
+    except yaml.YAMLError as e:
+        raise TopologyError(f"invalid YAML: {e}", where=source) from None
+
+
+# ---------------------------------------------------------------------------------------- public API
+def load(path_or_stream: str | os.PathLike | IO[str]) -> Topology:
+    """Read a topology from a YAML file path or an open text stream."""
+    if hasattr(path_or_stream, "read"):
+        source = getattr(path_or_stream, "name", "<stream>")
+        return loads(path_or_stream.read(), source=str(source))
+    p = FsPath(path_or_stream)
+    return loads(_read(p, str(p)), source=str(p), base_dir=p.resolve().parent)
+
+
+def _read(p: FsPath, source: str) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TopologyError(f"cannot read topology file: no such file; shipped topologies are in "
+                            f"{SHIPPED_DIR}", where=source) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TopologyError(f"cannot read topology file: {e}", where=source) from None
+
+
+def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Topology:
+    """Read a topology from YAML text; ``source`` names it in errors, ``base_dir``
+    resolves relative template paths (default: the current directory)."""
+    fast = _fast_explicit(text)
+    if fast is not None:
+        data, lines = fast
+        doc = Doc(source, text, data, lines=lines)
+    else:
+        doc = Doc(source, text, _parse(text, source))
+    try:
+        return _build(doc, FsPath(base_dir) if base_dir else FsPath.cwd(), set())
+    except TopologyError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
+        # a guard: a malformed file must never produce a traceback, even through a checker's blind spot
+        raise TopologyError(f"cannot read topology ({type(e).__name__}: {e}); please report this file",
+                            where=source) from None
+
+
+def _fast_explicit(text: str) -> tuple[dict, dict] | None:
+    """Parse the line-per-item explicit form that :func:`dumps` writes with ``json``.
+
+    Returns ``(data, {(section, index): line})`` or None when the text has any
+    other shape (then full YAML parsing takes over). Item lines are JSON flow
+    mappings, which YAML reads the same way.
+    """
+    lines = text.split("\n")
+    head: list[str] = []
+    items: dict[str, list[str]] = {}
+    where: dict[tuple[str, int], int] = {}
+    cur = None
+    for no, ln in enumerate(lines, 1):
+        if cur is None and ln not in ("nodes:", "links:"):
+            if ln.startswith(("-", " ")):
+                return None
+            head.append(ln)
+        elif ln in ("nodes:", "links:"):
+            cur = ln[:-1]
+            if cur in items:
+                return None
+            items[cur] = []
+        elif ln.startswith("- {"):
+            where[(cur, len(items[cur]))] = no
+            items[cur].append(ln[2:])
+        elif ln.strip() and not ln.lstrip().startswith("#"):
+            return None
+    if "nodes" not in items:
+        return None
+    try:
+        data = yaml.load("\n".join(head), Loader=_Loader) or {}
+        if not isinstance(data, dict) or "nodes" in data or "links" in data:
+            return None
+        for k, v in items.items():
+            data[k] = json.loads("[" + ",".join(v) + "]", object_pairs_hook=_unique_pairs)
+    except (yaml.YAMLError, _Duplicate, ValueError):
+        return None
+    return data, where
+
+
+def _unique_pairs(pairs):
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError("duplicate key")
+    return d
+
+
+def dumps(topology: Topology) -> str:
+    """The explicit form as YAML text: one flow mapping per node and per link."""
+    d = topology.to_dict()
+    out = ["# treecoll topology, explicit form (written by topo.save; topo.load reads it back)",
+           f"name: {_flow(d['name'])}"]
+    if d.get("meta"):
+        out.append(f"meta: {_flow(d['meta'])}")
+    out.append("nodes:")
+    out.extend(f"- {_item(n)}" for n in d["nodes"])
+    out.append("links:")
+    out.extend(f"- {_item(lk)}" for lk in d["links"])
+    return "\n".join(out) + "\n"
+
+
+def save(topology: Topology, path_or_stream: str | os.PathLike | IO[str]) -> None:
+    """Write the explicit form to a path or text stream; ``load`` reads back an equal Topology."""
+    text = dumps(topology)
+    if hasattr(path_or_stream, "write"):
+        path_or_stream.write(text)
+        return
+    try:
+        FsPath(path_or_stream).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise TopologyError(f"cannot write topology file: {e}", where=str(path_or_stream)) from None
+
+
+def default() -> Topology:
+    """The embedded default topology: a 2-host DGX H100 cluster (package data ``topo/default.yaml``)."""
+    from importlib.resources import files
+    text = files("topo").joinpath("default.yaml").read_text(encoding="utf-8")
+    return loads(text, source="topo/default.yaml")
+
+
+def shipped(name: str) -> FsPath:
+    """Path of a shipped topology by name (``"dgx-h100"`` -> ``topologies/dgx-h100.yaml``)."""
+    p = SHIPPED_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if not p.is_file():
+        have = sorted(x.stem for x in SHIPPED_DIR.glob("*.yaml")) if SHIPPED_DIR.is_dir() else []
+        raise TopologyError(f"shipped topology {name!r}: not found; expected one of {have}")
+    return p
+
+
+# ---------------------------------------------------------------------------------------- flow writer
+def _item(d: dict) -> str:
+    """One node or link as a JSON flow mapping; YAML-safe floats (see :func:`_flow`) when needed."""
+    s = json.dumps(d, ensure_ascii=False, allow_nan=False, default=str) if _plain(d) else None
+    return s if s is not None and "e-" not in s and "e+" not in s else _flow(d)
+
+
+def _plain(d: dict) -> bool:
+    return all(type(v) in (str, int, float, bool) and v == v and v not in (float("inf"), float("-inf"))
+               for v in d.values())
+
+
+def _flow(v: Any) -> str:
+    """One-line YAML for plain data; JSON-compatible, floats always with a '.' so YAML 1.1 reads floats."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_flow(str(k))}: {_flow(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_flow(x) for x in v) + "]"
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return {True: ".nan"}.get(v != v, ".inf" if v > 0 else "-.inf")
+        r = repr(v)
+        if "e" in r and "." not in r:
+            r = r.replace("e", ".0e")
+        return r
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    return json.dumps(str(v))
+
+
+# ---------------------------------------------------------------------------------------- building
+def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
+    data = doc.data
+    d = doc.mapping(data, (), optional=TOP_KEYS)
+    if "hosts" not in d and "nodes" not in d:
+        doc.fail((), "expected 'hosts' (compact form) or 'nodes' and 'links' (explicit form)")
+    name = d.get("name", "")
+    if not isinstance(name, str):
+        doc.fail(("name",), f"expected a string, got {name!r}")
+    meta = doc.mapping(d["meta"], ("meta",), optional=d["meta"]) if "meta" in d else None
+    g = nx.DiGraph()
+    if "hosts" in d:
+        _compact(doc, d, base, visiting, g)
+    elif "network" in d or "templates" in d:
+        doc.fail(("network" if "network" in d else "templates",), "only valid with 'hosts' (compact form)")
+    if "nodes" in d or "links" in d:
+        _explicit(doc, d, g)
+    try:
+        return Topology._adopt(g, name=name, meta=meta)
+    except TopologyError as e:
+        raise TopologyError(str(e), where=doc.source) from None
+
+
+def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> None:
+    local = doc.mapping(d.get("templates", {}), ("templates",), optional=d.get("templates") or ())
+    cache: dict[str, HostTemplate] = {}
+    host_nics = []
+    seen_hosts: set[str] = set()
+    hi = 0
+    for gi, grp in enumerate(doc.seq(d["hosts"], ("hosts",), what="host groups")):
+        gp = ("hosts", gi)
+        grp = doc.mapping(grp, gp, required=("template",), optional=GROUP_KEYS)
+        ref = doc.string(grp["template"], (*gp, "template"))
+        if ref not in cache:
+            cache[ref] = _template(doc, local, ref, (*gp, "template"), base, visiting)
+        ht = cache[ref]
+        count = doc.integer(grp.get("count", 1), (*gp, "count"), minimum=1)
+        pattern = doc.string(grp.get("names", "h{i}"), (*gp, "names"))
+        if "{i}" not in pattern and "{j}" not in pattern and count > 1:
+            doc.fail((*gp, "names"), f"expected a pattern with {{i}} (cluster index) or {{j}} (index in the group) "
+                                     f"for {count} hosts, got {pattern!r}")
+        names = []
+        for j in range(count):
+            h = pattern.replace("{i}", str(hi)).replace("{j}", str(j))
+            if "/" in h or h in seen_hosts:
+                doc.fail((*gp, "names"), f"host name {h!r} is {'used twice' if h in seen_hosts else 'invalid'}: "
+                                         f"expected unique names without '/'")
+            seen_hosts.add(h)
+            names.append(h)
+            hi += 1
+        expand(g, ht, names)
+        nics = [(n, a["rail"], a["bw"]) for n, a in ht.nics() if "rail" in a]
+        host_nics.extend((h, [(f"{h}/{n}", r, bw) for n, r, bw in nics]) for h in names)
+    if "network" in d:
+        add_network(doc, d["network"], ("network",), g, host_nics)
+    elif len(host_nics) > 1:
+        doc.fail(("hosts",), f"{len(host_nics)} hosts need a 'network' (one of single_switch, fat_tree, "
+                             f"rail_optimized, torus)")
+
+
+def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiting: set) -> HostTemplate:
+    """Resolve ``template: ref``: this file's templates, else a file (NAME.yaml or a path)."""
+    if ref in local:
+        return parse_template(doc, local[ref], ("templates", ref), ref)
+    is_path = ref.endswith((".yaml", ".yml")) or "/" in ref
+    if is_path:
+        candidates = [base / ref]
+    else:
+        candidates = [base / f"{ref}.yaml", SHIPPED_DIR / f"{ref}.yaml"]
+    fp = next((c for c in candidates if c.is_file()), None)
+    if fp is None:
+        doc.fail(path, f"unknown template {ref!r}: expected one of this file's templates {sorted(local)} or a file "
+                       f"{' or '.join(str(c) for c in candidates)}")
+    key = str(fp.resolve())
+    if key in visiting:
+        doc.fail(path, f"template {ref!r}: {fp} refers back to itself")
+    text = _read(fp, str(fp))
+    other = Doc(str(fp), text, _parse(text, str(fp)))
+    od = other.mapping(other.data, (), optional=TOP_KEYS)
+    temps = other.mapping(od.get("templates", {}), ("templates",), optional=od.get("templates") or ())
+    name = FsPath(ref).stem if is_path else ref
+    if name not in temps:
+        if len(temps) != 1:
+            doc.fail(path, f"template {ref!r}: {fp} defines templates {sorted(temps)}; expected one named {name!r}")
+        name = next(iter(temps))
+    return parse_template(other, temps[name], ("templates", name), name)
+
+
+def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
+    for i, nd in enumerate(doc.seq(d.get("nodes", []), ("nodes",), what="nodes")):
+        p = ("nodes", i)
+        if not isinstance(nd, dict):
+            doc.fail(p, f"expected a mapping {{id, kind, ...}}, got {type(nd).__name__}")
+        kind = nd.get("kind")
+        if kind not in NODE_KINDS:
+            doc.fail((*p, "kind"), f"expected one of {list(NODE_KINDS)}, got {kind!r}")
+        allowed = ("id", "kind", "host") + NODE_ATTRS[kind]
+        for k in nd:
+            if not (isinstance(k, str) and (k in allowed or k.startswith("x_"))):
+                doc.fail((*p, k), f"unknown key {k!r} for a {kind}: expected one of {sorted(allowed)} "
+                                  f"or an extension key starting with 'x_'")
+        if "id" not in nd:
+            doc.fail(p, "missing key 'id'")
+        nid = doc.string(nd["id"], (*p, "id"))
+        if nid in g:
+            doc.fail((*p, "id"), f"duplicate node id {nid!r}")
+        if kind in HOSTED_KINDS and "host" not in nd:
+            doc.fail(p, f"missing key 'host': a {kind} belongs to a host")
+        if "host" in nd:
+            doc.string(nd["host"], (*p, "host"))
+        for k, v in nd.items():
+            if k in _INT_ATTRS:
+                doc.integer(v, (*p, k), minimum=0)
+            elif k in _POS_ATTRS:
+                doc.number(v, (*p, k), unit="GB/s")
+        attrs = {k: v for k, v in nd.items() if k != "id"}
+        g.add_node(nid, **attrs)
+    pairs: set[tuple[str, str]] = set()
+    for i, ld in enumerate(doc.seq(d.get("links", []), ("links",), what="links")):
+        p = ("links", i)
+        ld = doc.mapping(ld, p, required=("a", "b", "kind", "bw"), optional=LINK_ATTRS)
+        a, b = ld["a"], ld["b"]
+        for k in ("a", "b"):
+            if not isinstance(ld[k], str) or ld[k] not in g:
+                doc.fail((*p, k), f"dangling link end {ld[k]!r}: expected the id of a node listed in nodes "
+                                  f"(or expanded from hosts)")
+        if a == b:
+            doc.fail(p, f"a link cannot join {a!r} to itself")
+        if ld["kind"] not in LINK_KINDS:
+            doc.fail((*p, "kind"), f"expected one of {list(LINK_KINDS)}, got {ld['kind']!r}")
+        attrs = {"kind": ld["kind"], "bw": ld["bw"]}
+        doc.number(ld["bw"], (*p, "bw"), unit="GB/s")
+        if "lat" in ld:
+            doc.number(ld["lat"], (*p, "lat"), positive=False, unit="µs")
+            attrs["lat"] = ld["lat"]
+        if "count" in ld:
+            attrs["count"] = doc.integer(ld["count"], (*p, "count"), minimum=1)
+        directed = ld.get("directed", False)
+        if not isinstance(directed, bool):
+            doc.fail((*p, "directed"), f"expected true or false, got {directed!r}")
+        for u, v in ((a, b),) if directed else ((a, b), (b, a)):
+            if (u, v) in pairs or g.has_edge(u, v):
+                doc.fail(p, f"duplicate link {u!r} -> {v!r}: each pair is listed once (both directions)")
+            pairs.add((u, v))
+            g.add_edge(u, v, **attrs)
