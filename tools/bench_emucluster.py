@@ -1,0 +1,356 @@
+"""Allreduce on an emulated cluster (issue 8): measured versus predicted.
+
+For each cluster shape (hosts x ranks per host) and inter-host rate, the
+driver brings up an emulated cluster (:mod:`tools.emucluster`, needs root),
+writes its Topology YAML, and runs this file as every rank (``--worker``).
+The workers time ``all_reduce(sum)`` of float32 tensors from 4 KiB to 64 MiB
+with each method, interleaved placement by default (the placement a
+topology-oblivious launcher often gets):
+
+* ``gloo``: torch.distributed's built-in all_reduce (gloo's ring algorithm);
+* ``ring``, ``binomial``, ``two_level``: treecoll's schedules executed over
+  torch.distributed point-to-point (see :func:`make_ours`).
+
+Time per size is the median over repetitions of the slowest rank's time
+(barrier, then the collective). Rank 0 of each host also reads its uplink's
+transmit counter, so the table shows the rate the shaped link really
+carried (bytes on the wire incl. headers). The driver adds the simulator's
+prediction for the same YAML (:func:`predict`) and the relative error, prints
+a table, writes JSON and, when matplotlib is present, a measured-versus-predicted plot.
+
+Usage (root)::
+
+    python tools/bench_emucluster.py                       # full matrix
+    python tools/bench_emucluster.py --shapes 2x2 --rates 1gbit --methods gloo
+
+Units: bytes, seconds in JSON; µs and GB/s (1e9 B/s) in the table. algbw =
+bytes / time, busbw = algbw * 2 (P - 1) / P (nccl-tests' definitions).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+METHODS = ("gloo", "ring", "binomial", "two_level")
+DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096, ``"64M"`` -> 67108864 (binary units), ``"100"`` -> 100."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if mult > 1 else t) * mult)
+
+
+def fmt_size(n: int) -> str:
+    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+# ----------------------------------------------------------------------------- hooks into collectives
+class Unavailable(Exception):
+    """A method or prediction that cannot run yet (the reason is recorded in the JSON)."""
+
+
+def _load_topology(path: str | None):
+    if not path:
+        raise Unavailable("no topology YAML (TREECOLL_EMU_TOPOLOGY unset)")
+    try:
+        from topo import yaml_io
+        return yaml_io.load(path)
+    except (ImportError, AttributeError):
+        import yaml
+        from topo.model import Topology
+        return Topology.from_dict(yaml.safe_load(Path(path).read_text()))
+
+
+def _build_schedule(method: str, topology, nranks: int, nbytes: int):
+    """treecoll's allreduce schedule for ``method`` on ``topology`` (ranks 0..nranks-1).
+
+    TODO(issue 8, part 3): the names below are what the collectives work
+    announced; adjust once collectives/ has landed its builders.
+    """
+    import collectives
+    build = None
+    for mod, name in (("collectives", "build_schedule"), ("collectives.algorithms", "build"),
+                      ("collectives.builders", "build_schedule")):
+        try:
+            m = __import__(mod, fromlist=[name])
+            build = getattr(m, name, None)
+        except ImportError:
+            build = None
+        if build is not None:
+            break
+    if build is not None:
+        return build(method, topology, collective="allreduce", nbytes=nbytes)
+    tree_build = getattr(getattr(collectives, "tree", None), "build", None)
+    compile_ = getattr(collectives, "compile", None) or getattr(
+        getattr(collectives, "schedule", None), "compile", None)
+    if tree_build is None or compile_ is None:
+        raise Unavailable("collectives has no schedule builder yet (need collectives.tree.build "
+                          "and a compile to Schedule, or collectives.build_schedule)")
+    tree = tree_build(method, topology, list(range(nranks)))
+    return compile_(tree, "allreduce")
+
+
+def make_ours(method: str, topology_path: str | None, nranks: int) -> Callable[[Any], Any]:
+    """A callable ``fn(tensor)`` doing treecoll's in-place allreduce(sum) with ``method``.
+
+    Raises :class:`Unavailable` while the executor does not exist.
+    TODO(issue 8, part 3): wire to the final executor API once collectives/ has it.
+    """
+    try:
+        import collectives
+    except ImportError as e:
+        raise Unavailable(f"collectives not importable: {e}")
+    topology = _load_topology(topology_path)
+    allreduce = getattr(collectives, "allreduce", None)
+    if allreduce is None:
+        raise Unavailable("collectives.allreduce does not exist yet")
+    tree = None
+    tree_build = getattr(getattr(collectives, "tree", None), "build", None)
+    if tree_build is not None and method != "ring":
+        tree = tree_build(method, topology, list(range(nranks)))
+        return lambda t: allreduce(t, op="sum", tree=tree)
+    try:
+        return lambda t: allreduce(t, op="sum", algorithm=method, topology=topology)
+    except TypeError as e:  # pragma: no cover
+        raise Unavailable(f"collectives.allreduce does not accept algorithm=: {e}")
+
+
+def predict(method: str, topology_path: str, nranks: int, nbytes: int) -> float:
+    """The simulator's predicted time in seconds for ``method`` on the YAML's cluster.
+
+    gloo's all_reduce is predicted with treecoll's ``ring`` schedule (gloo's
+    CPU allreduce is a ring). Raises :class:`Unavailable` while the simulator
+    does not exist. TODO(issue 8, part 3): adjust to the final simulator API.
+    """
+    try:
+        from collectives import sim
+    except ImportError as e:
+        raise Unavailable(f"collectives.sim not importable: {e}")
+    topology = _load_topology(topology_path)
+    schedule = _build_schedule("ring" if method == "gloo" else method, topology, nranks, nbytes)
+    simulate = getattr(sim, "simulate", None)
+    if simulate is None:
+        raise Unavailable("collectives.sim.simulate does not exist yet")
+    res = simulate(schedule, topology, nbytes)
+    return float(res["time"] if isinstance(res, dict) else getattr(res, "time"))
+
+
+# ----------------------------------------------------------------------------- worker (one rank)
+def _uplink_tx() -> int | None:
+    try:
+        return int(Path("/sys/class/net/emu0/statistics/tx_bytes").read_text())
+    except OSError:
+        return None
+
+
+def worker(args) -> int:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.op_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local0 = os.environ.get("LOCAL_RANK") == "0"
+    expected = world * (world + 1) / 2
+    fns: dict[str, Callable] = {}
+    skipped: dict[str, str] = {}
+    for m in args.methods:
+        if m == "gloo":
+            fns[m] = lambda t: dist.all_reduce(t)
+            continue
+        try:
+            fns[m] = make_ours(m, os.environ.get("TREECOLL_EMU_TOPOLOGY"), world)
+        except Unavailable as e:
+            skipped[m] = str(e)
+    # every rank must agree on what runs
+    agree = torch.tensor([1.0 if m in fns else 0.0 for m in args.methods])
+    dist.all_reduce(agree, op=dist.ReduceOp.MIN)
+    for i, m in enumerate(args.methods):
+        if agree[i] < 1 and m in fns:
+            del fns[m]
+            skipped.setdefault(m, "unavailable on another rank")
+    rows = []
+    for m, fn in fns.items():
+        for nbytes in args.sizes:
+            x = torch.empty(nbytes // 4, dtype=torch.float32)
+            reps = args.reps if nbytes >= (1 << 20) else max(args.reps, 10)
+            times, ok = [], True
+            x.fill_(rank + 1)
+            fn(x)  # warm-up (connections, buffers), checked
+            ok &= bool(torch.all(x == expected))
+            tx0, t_all = _uplink_tx(), 0.0
+            for _ in range(reps):
+                x.fill_(rank + 1)
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn(x)
+                dt = time.perf_counter() - t0
+                t_all += dt
+                slow = torch.tensor([dt], dtype=torch.float64)
+                dist.all_reduce(slow, op=dist.ReduceOp.MAX)
+                times.append(float(slow))
+            ok &= bool(torch.all(x == expected))
+            tx1 = _uplink_tx()
+            # uplink rate while the collective ran (local rank 0 of each host; barrier traffic included)
+            up = torch.tensor([(tx1 - tx0) * 8 / t_all / 1e9 if local0 and tx0 is not None else 0.0,
+                               1.0 if local0 else 0.0, 0.0 if ok else 1.0], dtype=torch.float64)
+            dist.all_reduce(up)
+            if rank == 0:
+                rows.append({"method": m, "bytes": nbytes, "reps": reps, "time": statistics.median(times),
+                             "times": times, "uplink_gbit_s": float(up[0] / max(up[1], 1)),
+                             "correct": bool(up[2] == 0)})
+    if rank == 0:
+        Path(args.out).write_text(json.dumps({"world": world, "rows": rows, "skipped": skipped}))
+    dist.destroy_process_group()
+    return 0
+
+
+# ----------------------------------------------------------------------------- driver
+def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
+    from tools.emucluster import netns, runner
+
+    tag = f"{hosts}x{rph}-{rate}"
+    topo_path = workdir / f"emu-{tag}.yaml"
+    out = workdir / f"raw-{tag}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out),
+           "--methods", ",".join(args.methods), "--sizes", ",".join(map(str, args.sizes)),
+           "--reps", str(args.reps), "--op-timeout", str(args.op_timeout)]
+    res = runner.run(cmd, hosts=hosts, ranks_per_host=rph, placement_mode=args.placement,
+                     rate_bps=netns.parse_rate(rate), timeout=args.timeout, topology_out=str(topo_path),
+                     tag_output=True)
+    if res.returncode != 0:
+        raise SystemExit(f"bench {tag}: ranks failed with exit {res.returncode} (rank {res.failed_rank})")
+    raw = json.loads(out.read_text())
+    world = raw["world"]
+    case = {"shape": f"{hosts}x{rph}", "hosts": hosts, "ranks_per_host": rph, "rate": rate,
+            "rate_bps": netns.parse_rate(rate), "placement": args.placement, "world": world,
+            "topology": topo_path.read_text(), "skipped": raw["skipped"], "rows": []}
+    pred_skip = None
+    for row in raw["rows"]:
+        row = dict(row)
+        row["algbw_gbs"] = row["bytes"] / row["time"] / 1e9
+        row["busbw_gbs"] = row["algbw_gbs"] * 2 * (world - 1) / world
+        try:
+            row["predicted"] = predict(row["method"], str(topo_path), world, row["bytes"])
+            row["error"] = row["predicted"] / row["time"] - 1
+        except Unavailable as e:
+            row["predicted"] = row["error"] = None
+            pred_skip = str(e)
+        case["rows"].append(row)
+    case["prediction_unavailable"] = pred_skip
+    return case
+
+
+def print_table(cases: list[dict]) -> None:
+    hdr = (f"{'shape':>5} {'rate':>6} {'method':>9} {'size':>8} {'time us':>10} {'algbw':>7} "
+           f"{'busbw':>7} {'uplink':>8} {'pred us':>10} {'err':>6}")
+    print(hdr + "\n" + "-" * len(hdr))
+    for c in cases:
+        for r in c["rows"]:
+            pred = f"{r['predicted'] * 1e6:10.0f}" if r["predicted"] is not None else f"{'-':>10}"
+            err = f"{r['error'] * 100:+5.0f}%" if r["error"] is not None else f"{'-':>6}"
+            print(f"{c['shape']:>5} {c['rate']:>6} {r['method']:>9} {fmt_size(r['bytes']):>8} "
+                  f"{r['time'] * 1e6:10.0f} {r['algbw_gbs']:7.3f} {r['busbw_gbs']:7.3f} "
+                  f"{r['uplink_gbit_s']:6.3f}Gb {pred} {err}" + ("" if r["correct"] else "  WRONG RESULT"))
+        for m, why in c["skipped"].items():
+            print(f"{c['shape']:>5} {c['rate']:>6} {m:>9} skipped: {why}")
+    print("algbw, busbw in GB/s; uplink = Gbit/s on host uplinks while the collective ran (wire bytes)")
+
+
+def plot(cases: list[dict], path: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed"
+    pts = [(r["predicted"], r["time"], r["method"]) for c in cases for r in c["rows"] if r["predicted"]]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    if pts:
+        for m in sorted({p[2] for p in pts}):
+            xs = [p[0] * 1e6 for p in pts if p[2] == m]
+            ys = [p[1] * 1e6 for p in pts if p[2] == m]
+            ax.loglog(xs, ys, "o", label=m)
+        lo = min(min(p[0], p[1]) for p in pts) * 1e6
+        hi = max(max(p[0], p[1]) for p in pts) * 1e6
+        ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+        ax.set_xlabel("predicted time (µs)")
+        ax.set_ylabel("measured time (µs)")
+    else:  # no simulator yet: measured time versus size
+        for c in cases:
+            for m in sorted({r["method"] for r in c["rows"]}):
+                rows = [r for r in c["rows"] if r["method"] == m]
+                ax.loglog([r["bytes"] for r in rows], [r["time"] * 1e6 for r in rows], "o-",
+                          label=f"{m} {c['shape']} {c['rate']}")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("measured time (µs)")
+    ax.legend(fontsize=7)
+    ax.set_title("allreduce on the emulated cluster (interleaved placement)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="2x2,2x3", help="hosts x ranks per host, comma-separated")
+    p.add_argument("--rates", default="1gbit,10gbit")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes (4K, 64M accepted)")
+    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"))
+    p.add_argument("--reps", type=int, default=3, help="repetitions for sizes >= 1 MiB (10 below)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per case before all ranks are killed")
+    p.add_argument("--op-timeout", type=float, default=300, help="torch.distributed timeout in the ranks")
+    p.add_argument("--json-out", default="bench_emucluster.json")
+    p.add_argument("--plot", default="bench_emucluster.png")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
+    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    if args.worker:
+        return worker(args)
+    from tools.emucluster import netns
+    ok, why = netns.namespaces_available()
+    if not ok:
+        print(f"error: {why}", file=sys.stderr)
+        return 1
+    cases = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-emu-") as d:
+        for shape in args.shapes.split(","):
+            hosts, rph = (int(x) for x in shape.lower().split("x"))
+            for rate in args.rates.split(","):
+                print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
+                cases.append(run_case(hosts, rph, rate, args, Path(d)))
+    print_table(cases)
+    result = {"benchmark": "bench_emucluster", "command": " ".join(sys.argv), "seconds": time.time() - t0,
+              "cases": cases}
+    Path(args.json_out).write_text(json.dumps(result, indent=1))
+    why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
+    print(f"wrote {args.json_out}" + (f", {args.plot}" if not why else f" (no plot: {why})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
