@@ -36,7 +36,7 @@ import networkx as nx
 
 from . import sysfs
 from .env import Hints, hints as parse_hints
-from .hostgraph import GPU_CLASS, NIC_CLASSES, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .hostgraph import GPU_MODELS, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 
@@ -99,24 +99,31 @@ def _local_slots(h: Hints) -> int:
 
 
 def _attach(b: HostBuilder, key: Any, dev: sysfs.PciDevice | None, devs: dict, numa: int, notes: list) -> None:
-    """Link ``key`` up through its PCIe switches to its CPU; the top node carries host_bridge."""
+    """Link ``key`` up through its PCIe switches to its CPU; the top switch carries host_bridge.
+
+    A device directly on a root port gets that root port as its switch (so
+    that two functions of one card are PIX, as nvidia-smi shows them, and the
+    host bridge has a switch to live on).
+    """
     if dev is None:
         b.link(key, ("cpu", numa), "pcie", sysfs.pcie_bw(None, None))
         return
-    chain = [key, *(("sw", s) for s in dev.switches)]
-    for s in dev.switches:
+    sws = list(dev.switches) or ([dev.root_port] if dev.root_port else [])
+    for s in sws:
         b.add(("sw", s), "pcie_switch", pci=s)
+    if dev.downtrained:
+        notes.append(f"PCIe link of {dev.bdf} is downtrained: {dev.link_speed} x{dev.link_width} "
+                     f"of {dev.max_link_speed} x{dev.max_link_width}")
+        b.add(key, b.items[key]["kind"], x_downtrained=f"{dev.link_speed} x{dev.link_width} of "
+                                                       f"{dev.max_link_speed} x{dev.max_link_width}")
+    chain = [key, *(("sw", s) for s in sws), ("cpu", numa)]
     below = dev
-    for lo, hi in zip(chain, chain[1:] + [("cpu", numa)]):
-        if below is not None and below.downtrained:
-            notes.append(f"PCIe link above {below.bdf} is downtrained: {below.link_speed} x{below.link_width} "
-                         f"of {below.max_link_speed} x{below.max_link_width}")
+    for lo, hi in zip(chain, chain[1:]):
         bw = below.bw if below is not None else sysfs.pcie_bw(None, None)
-        b.link(lo, hi, "pcie", bw, downtrained=True if below is not None and below.downtrained else None)
-        below = devs.get(hi[1]) if isinstance(hi, tuple) and hi[0] == "sw" else None
-    top = chain[-1]
-    if dev.host_bridge:
-        b.add(top, b.items[top]["kind"], host_bridge=dev.host_bridge)
+        b.link(lo, hi, "pcie", bw)
+        below = devs.get(hi[1]) if hi[0] == "sw" else None
+    if dev.host_bridge and len(chain) > 2:
+        b.add(chain[-2], "pcie_switch", host_bridge=dev.host_bridge)
 
 
 def _numa_of(dev: sysfs.PciDevice | None, cpus: Any, numa: dict[int, str], default: int) -> int:
@@ -150,7 +157,7 @@ def _nics(b: HostBuilder, root: str, devs: dict, numa: dict[int, str], h: Hints,
         key = ("nic", nic.name, nic.port)
         n = _numa_of(dev, None, numa, default)
         b.add(key, "nic", pci=nic.pci, name=nic.name, bw=net_bw((nic.rate or 0) * 1000),
-              link_layer=nic.link_layer, port=nic.port if nic.kind == "ib" else None)
+              link_layer=nic.link_layer, numa=n)
         _attach(b, key, dev, devs, n, notes)
 
 
@@ -174,13 +181,15 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
         f = nv.fabric(g.index)
         if f is not NA:
             fabric[g.index] = f
+        model, mem_bw = GPU_MODELS.get(g.name or "", (g.name or None, g.mem_bw or None))
         b.add(("gpu", g.index), "gpu", pci=g.pci or None, index=g.index, uuid=g.uuid or None,
-              model=g.name or None, mem_bw=g.mem_bw or None, numa=n, sm=g.sm or None,
-              memory=g.memory or None, cuda=order.index(g.index) if g.index in order else None)
-        _attach(b, ("gpu", g.index), dev, devs, n, notes)
+              model=model, mem_bw=mem_bw, numa=n, sm=g.sm or None,
+              x_memory=g.memory or None, x_cuda=order.index(g.index) if g.index in order else None)
         c2c = nv.c2c(g.index)
-        if c2c is not NA:
+        if c2c is not NA:  # Grace: C2C is the GPU's host interface (NCCL prefers it over PCIe)
             b.link(("gpu", g.index), ("cpu", n), "c2c", c2c[0] * c2c[1] / 1000, count=c2c[0])
+        else:
+            _attach(b, ("gpu", g.index), dev, devs, n, notes)
     # NVLinks: aggregate per peer, as NCCL does, but keep every NVSwitch
     for g in gpus:
         per: dict[Any, int] = {}
@@ -191,10 +200,10 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
                 tgt = ("gpu", by_pci[ln.remote_pci].index)
             elif ln.remote_pci is None:
                 f = fabric.get(g.index)
-                if f is not None:
-                    tgt = ("nvl", f.cluster_uuid, f.clique_id)
-                    b.add(tgt, "nvswitch", id="nvl/sw0", rack=True, assumed=True,
-                          cluster_uuid=f.cluster_uuid, clique=f.clique_id)
+                if f is not None:  # NVL72 wiring: link l of every GPU goes to NVLink switch chip l
+                    tgt = ("nvl", ln.link)
+                    b.add(tgt, "nvswitch", id=f"nvl/sw{ln.link}", rack=True, assumed=True,
+                          x_cluster_uuid=f.cluster_uuid, x_clique=f.clique_id)
                 else:
                     tgt = ("nvs", None)
                     b.add(tgt, "nvswitch", assumed=True)

@@ -21,17 +21,30 @@ from typing import Any
 
 import networkx as nx
 
-__all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "NIC_CLASSES"]
+from .compact import NVLINK_HOP_LAT, PCIE_HOP_LAT
+from .network import NIC_LEAF_LAT
+
+__all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "NIC_CLASSES", "GPU_MODELS"]
 
 #: per-link NVLink bandwidth, GB/s per direction, by compute capability
 #: (NCCL src/graph/topo.h SM60/70/80/86/90/100_NVLINK_BW, ncclTopoNVLinkBw; topo.md §1.5)
 _NVLINK_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
 #: the same by NVLink generation when the compute capability is unknown
 _NVLINK_BY_GEN = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1, 6: 40.1}
-#: per-hop latency in µs: NCCL tuning.cc hwLatencies, Simple protocol ring step
-#: (NVLink 0.6 is the LL figure used for one hop; PCI 1.0; NET 2.7); smp and c2c
-#: counted like PCI (NCCL has no separate figure)
-LAT = {"nvlink": 0.6, "c2c": 0.6, "pcie": 1.0, "smp": 1.0, "net": 2.7}
+#: per-link latency in µs, the YAML expander's defaults (topo.compact / topo.network:
+#: NCCL's per-step hwLatencies split over the links of the usual route)
+LAT = {"nvlink": NVLINK_HOP_LAT, "c2c": PCIE_HOP_LAT, "pcie": PCIE_HOP_LAT, "smp": PCIE_HOP_LAT,
+       "net": NIC_LEAF_LAT}
+#: NVML device name -> (model as the shipped YAML spells it, memory bandwidth GB/s from the datasheet)
+GPU_MODELS = {
+    "NVIDIA H100 80GB HBM3": ("H100-SXM5-80GB", 3350.0),       # H100 SXM5 datasheet: 3.35 TB/s
+    "NVIDIA H200": ("H200-SXM-141GB", 4800.0),                 # H200 datasheet: 4.8 TB/s
+    "NVIDIA A100-SXM4-40GB": ("A100-SXM4-40GB", 1555.0),       # A100 datasheet: 1,555 GB/s
+    "NVIDIA A100-SXM4-80GB": ("A100-SXM4-80GB", 2039.0),       # A100 80GB datasheet: 2,039 GB/s
+    "NVIDIA GeForce RTX 3090": ("GeForce-RTX-3090", 936.0),    # RTX 3090 spec: 936 GB/s
+    "NVIDIA GB200": ("B200 (GB200)", 8000.0),                  # GB200 NVL72 spec: 8 TB/s per GPU
+    "NVIDIA B200": ("B200", 8000.0),
+}
 GPU_CLASS = 0x0302
 NIC_CLASSES = (0x0200, 0x0207)
 

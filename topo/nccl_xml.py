@@ -31,7 +31,7 @@ NCCL's bandwidth from ``link_speed``/``link_width``. Several ``host_hash``
 values split a multi-host (MNNVL) dump into hosts.
 
 Every attribute NCCL defines but the model does not use (and every unknown
-one) is kept on the node under ``xml`` = ``{tag: {attr: value}}`` and written
+one) is kept on the node under ``x_nccl`` = ``{tag: {attr: value}}`` and written
 back on export, so import -> export -> import is the identity; modelled
 attributes are ``busid`` (-> ``pci``), ``numaid`` (-> ``numa``), ``dev`` (->
 ``index``), ``sm``, ``name`` and ``speed`` (-> ``bw`` = speed/8000 GB/s).
@@ -133,15 +133,20 @@ def import_xml(src: str | os.PathLike, *, host: str = "host0", name: str | None 
         if cpu.get("numaid") is None:
             raise TopologyError(f"{where}: <cpu> #{ci}: attribute numaid is required")
         numa = _int(cpu.get("numaid"), where, f"<cpu> #{ci} numaid")
+        xcpu = _extra(cpu, "cpu")
+        if numa < 0:  # VMs: numaid="-1"; the model wants a domain id, the file's value is kept
+            taken = {it["attrs"]["numa"] for it in b.items.values() if it["kind"] == "cpu"}
+            xcpu["numaid"] = cpu.get("numaid")
+            numa = next(k for k in range(len(taken) + 1) if k not in taken)
         ck = ("cpu", numa)
-        b.add(ck, "cpu", numa=numa, xml={"cpu": _extra(cpu, "cpu")})
+        b.add(ck, "cpu", numa=numa, x_nccl={"cpu": xcpu})
         for child in cpu:
             _walk(b, child, ck, ck, where, gpus_by_pci, pending_nvlinks, h)
     for h, b in builders.items():
         _number_gpus(b)
         cpu_keys = [k for k, it in b.items.items() if it["kind"] == "cpu"]
         for i, a in enumerate(cpu_keys):
-            xa = b.items[a]["attrs"]["xml"]["cpu"]
+            xa = b.items[a]["attrs"]["x_nccl"]["cpu"]
             bw = smp_bw(xa.get("arch"), xa.get("vendor"), xa.get("familyid"), xa.get("modelid"))
             for c in cpu_keys[i + 1:]:
                 b.link(a, c, "smp", bw)
@@ -163,7 +168,7 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
             b.link(k, parent, "pcie", pcie_bw(None, None))
         return
     if el.tag != "pci":
-        b.items[parent]["attrs"].setdefault("xml", {}).setdefault("children", []).append(
+        b.items[parent]["attrs"].setdefault("x_nccl", {}).setdefault("children", []).append(
             {"tag": el.tag, **el.attrib})  # pcilink and unknown elements: preserved
         return
     busid = el.get("busid")
@@ -186,7 +191,7 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
             if gpu_el.get("sm") is not None:
                 sm = attrs["sm"] = _int(gpu_el.get("sm"), where, f"<gpu> of {busid!r} sm")
             pending.append((b, key, gpu_el, sm))
-        b.add(key, "gpu", pci=pci, numa=cpu[1], xml=xml, **attrs)
+        b.add(key, "gpu", pci=pci, numa=cpu[1], x_nccl=xml, **attrs)
         gpus_by_pci[(h, pci)] = key
         b.link(key, parent, "pcie", bw)
         for c2c in (gpu_el.findall("c2c") if gpu_el is not None else []):
@@ -197,12 +202,12 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
     if nic_el is not None or (cls is not None and cls >> 16 == 0x02):
         keys = _nic(b, nic_el, pci, where) if nic_el is not None else [b.add(("nic", pci, None), "nic", pci=pci)]
         for k in keys:
-            b.items[k]["attrs"].setdefault("xml", {}).update(xml)
+            b.items[k]["attrs"].setdefault("x_nccl", {}).update(xml)
             b.link(k, parent, "pcie", bw)
         return
     kind = "nvswitch" if el.get("class") == _NVSWITCH_CLASS else "pcie_switch"
     key = ("sw", pci)
-    b.add(key, kind, pci=pci, xml=xml)
+    b.add(key, kind, pci=pci, x_nccl=xml)
     b.link(key, parent, "pcie", bw)
     for child in el:
         _walk(b, child, key, cpu, where, gpus_by_pci, pending, h)
@@ -213,7 +218,7 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
     nets = nic_el.findall("net")
     for i, net in enumerate(nets or [None]):
         if net is None:
-            keys.append(b.add(("nic", pci, None), "nic", pci=pci, xml={"nic": dict(nic_el.attrib)}))
+            keys.append(b.add(("nic", pci, None), "nic", pci=pci, x_nccl={"nic": dict(nic_el.attrib)}))
             continue
         name = net.get("name") or f"net{i}"
         speed = net.get("speed")
@@ -221,7 +226,7 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
         if nic_el.attrib:
             xml["nic"] = dict(nic_el.attrib)
         k = b.add(("nic", pci, name), "nic", pci=pci, name=name,
-                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), xml=xml)
+                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), x_nccl=xml)
         keys.append(k)
     return keys
 
@@ -248,12 +253,12 @@ def _nvlinks(b: HostBuilder, gk: Any, gpu_el: ET.Element, sm: int | None, gpus_b
         tclass = (nv.get("tclass") or "").lower()
         extra = {k: v for k, v in nv.attrib.items() if k not in ("target", "count", "tclass")}
         if extra:
-            b.items[gk]["attrs"]["xml"].setdefault("nvlink", {})[tgt] = extra
+            b.items[gk]["attrs"]["x_nccl"].setdefault("nvlink", {})[tgt] = extra
         if tclass.startswith("0x03"):
             peer = gpus_by_pci.get((b.host, tpci))
             if peer is None or peer == gk:
                 # NCv4 lists an NVLink to itself (bridge partner not in the VM): preserved, not modelled
-                b.items[gk]["attrs"]["xml"].setdefault("nvlink_unresolved", []).append(dict(nv.attrib))
+                b.items[gk]["attrs"]["x_nccl"].setdefault("nvlink_unresolved", []).append(dict(nv.attrib))
                 continue
             b.link(gk, peer, "nvlink", cnt * per_link, count=cnt)
         elif tclass == "0x068001":  # NVLink to a CPU (POWER9)
@@ -314,11 +319,12 @@ def export_xml(topo: Topology, host: str | None = None) -> str:
     root = ET.Element("system", dict(topo.meta.get("xml_system") or {"version": "1"}))
     for c in cpus:
         d = g.nodes[c]
-        x = dict((d.get("xml") or {}).get("cpu") or {})
-        attrs = {"numaid": str(d.get("numa", 0)), **x}
+        x = dict((d.get("x_nccl") or {}).get("cpu") or {})
+        attrs = {"numaid": str(d.get("numa", 0))}
+        attrs.update(x)
         cel = ET.SubElement(root, "cpu", attrs)
         _export_children(g, c, children, cel)
-        for ch in (d.get("xml") or {}).get("children", []):
+        for ch in (d.get("x_nccl") or {}).get("children", []):
             ET.SubElement(cel, ch["tag"], {k: v for k, v in ch.items() if k != "tag"})
     ET.indent(root, "  ")
     return ET.tostring(root, encoding="unicode").replace(" />", "/>") + "\n"  # NCCL's own dump style
@@ -338,18 +344,18 @@ def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> N
             _export_gpu(g, v, pel)
         else:
             _export_children(g, v, children, pel)
-        for ch in (d.get("xml") or {}).get("children", []):
+        for ch in (d.get("x_nccl") or {}).get("children", []):
             ET.SubElement(pel, ch["tag"], {k: x for k, x in ch.items() if k != "tag"})
     for key, nics in nic_groups.items():
         first = g.nodes[nics[0]]
         holder = ET.SubElement(el, "pci", _pci_attrs(g, nics[0], u)) if first.get("pci") else el
-        fx = first.get("xml")
+        fx = first.get("x_nccl")
         if fx is not None and "net" not in fx and "nic" not in fx and not first.get("name"):
             continue  # partial file: a bare <pci> for this NIC
-        nel = ET.SubElement(holder, "nic", dict((first.get("xml") or {}).get("nic") or {}))
+        nel = ET.SubElement(holder, "nic", dict((first.get("x_nccl") or {}).get("nic") or {}))
         for i, n in enumerate(nics):
             d = g.nodes[n]
-            x = (d.get("xml") or {})
+            x = (d.get("x_nccl") or {})
             if "net" not in x and not d.get("name") and "nic" in x:
                 continue  # a NIC element without <net> in the source
             attrs = {"name": d.get("name") or n.split("/")[-1], **(x.get("net") or {"dev": str(i)})}
@@ -359,7 +365,7 @@ def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> N
 
 def _pci_attrs(g: nx.DiGraph, v: str, up: str) -> dict[str, str]:
     d = g.nodes[v]
-    x = (d.get("xml") or {}).get("pci")
+    x = (d.get("x_nccl") or {}).get("pci")
     out = {"busid": d.get("pci") or "ffff:ff:ff.0"}
     if x is not None:
         out.update(x)
@@ -372,8 +378,8 @@ def _pci_attrs(g: nx.DiGraph, v: str, up: str) -> dict[str, str]:
 
 def _export_gpu(g: nx.DiGraph, v: str, pel: ET.Element) -> None:
     d = g.nodes[v]
-    x = (d.get("xml") or {})
-    if "gpu" not in x and "xml" in d and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v)):
+    x = (d.get("x_nccl") or {})
+    if "gpu" not in x and "x_nccl" in d and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v)):
         return  # partial file: bare <pci> for this GPU
     attrs = {"dev": str(d.get("index", 0))}
     if d.get("sm") is not None:

@@ -235,7 +235,7 @@ def import_smi(src: str | os.PathLike, *, host: str = "host0", name: str | None 
 def _endpoint(b: HostBuilder, p: dict, d: str, numa: int) -> None:
     if d in p["gpus"]:
         gn = p["gpu_numa"].get(d)
-        b.add(("dev", d), "gpu", index=int(d[3:]), numa=numa, gpu_numa=gn)
+        b.add(("dev", d), "gpu", index=int(d[3:]), numa=numa, x_gpu_numa=gn)
     else:
         b.add(("dev", d), "nic", name=p["names"][d])
 

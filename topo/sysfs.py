@@ -92,6 +92,7 @@ class PciDevice:
 
     cls: PCI class (e.g. 0x030200); numa: NUMA node or None (-1 in sysfs);
     switches: upstream ports of the PCIe switches above it, nearest first;
+    root_port: the root port it hangs from (None for root complex devices);
     host_bridge: root complex ``"dddd:bb"``; downtrained: current link speed or
     width below the maximum (note: idle GPUs may lower their speed to save power).
     """
@@ -108,6 +109,7 @@ class PciDevice:
     switches: tuple[str, ...]
     host_bridge: str | None
     cpulist: str | None = None
+    root_port: str | None = None
 
     @property
     def downtrained(self) -> bool:
@@ -193,7 +195,8 @@ def read_pci(root: str | os.PathLike, bdf: str) -> PciDevice | None:
         device=_int(_read(real / "device"), 16), numa=None if numa is None or numa < 0 else numa,
         link_speed=_read(real / "current_link_speed"), link_width=_int(_read(real / "current_link_width")),
         max_link_speed=_read(real / "max_link_speed"), max_link_width=_int(_read(real / "max_link_width")),
-        switches=switches, host_bridge=host_bridge, cpulist=_read(real / "local_cpulist"))
+        switches=switches, host_bridge=host_bridge, cpulist=_read(real / "local_cpulist"),
+        root_port=parents[0] if parents else None)
 
 
 def pci_devices(root: str | os.PathLike = "/") -> dict[str, PciDevice]:
