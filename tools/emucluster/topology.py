@@ -2,7 +2,7 @@
 
 Each host ``h<i>`` is a CPU-only host: one NUMA domain ``h<i>/cpu0``, its ranks
 as processes ``h<i>/p<j>`` (node kind ``gpu``: "a process that acts as a rank",
-see topo.model), and one NIC ``h<i>/nic0`` plugged into the switch ``sw0``.
+see topo.model; ``mem_bw`` = :data:`PROCESS_MEM_BW`, what one CPU thread reduces), and one NIC ``h<i>/nic0`` plugged into the switch ``sw0``.
 
 Links (bw in GB/s per direction, lat in µs):
 
@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 from .netns import EmuClusterError
 
 __all__ = ["PLACEMENTS", "placement", "build_topology", "payload_gbs", "save_topology",
-           "LOOPBACK_GBS", "LOOPBACK_LAT_US", "NET_LAT_US"]
+           "LOOPBACK_GBS", "LOOPBACK_LAT_US", "NET_LAT_US", "PROCESS_MEM_BW"]
 
 #: loopback TCP throughput inside one namespace, GB/s: one stream, 256 MiB,
 #: measured 2.2 / 3.8 / 4.4 GB/s on this 2-core VM (tools.emucluster.measure); the median.
@@ -41,6 +41,10 @@ LOOPBACK_GBS = 3.8
 LOOPBACK_LAT_US = 17.0
 #: per net hop, µs: bridge and veth add no measurable latency over loopback (see module doc).
 NET_LAT_US = 0.0
+#: effective memory bandwidth of one rank's reduction, GB/s (the simulator charges a reduce
+#: 3 x bytes / mem_bw): torch ``x.add_(y)`` on float32 with one thread on this VM moved
+#: 3 x bytes at 97 GB/s (1 MiB, in cache), 44 GB/s (16 MiB) and 20 GB/s (64 MiB); the last.
+PROCESS_MEM_BW = 20.0
 #: payload fraction of a tbf-shaped TCP/IPv4 stream at MTU 1500 with TCP timestamps
 PAYLOAD_FRACTION = 1448 / 1514
 PLACEMENTS = ("blocked", "interleaved")
@@ -73,7 +77,8 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
                    pair_rates: Mapping[tuple[int, int], int] | None = None,
                    placement_mode: str = "blocked", name: str | None = None,
                    loopback_gbs: float = LOOPBACK_GBS, loopback_lat_us: float = LOOPBACK_LAT_US,
-                   net_lat_us: float = NET_LAT_US, meta: Mapping[str, Any] | None = None):
+                   net_lat_us: float = NET_LAT_US, process_mem_bw: float = PROCESS_MEM_BW,
+                   meta: Mapping[str, Any] | None = None):
     """The :class:`topo.Topology` of an emulated cluster with ranks mapped by ``placement_mode``."""
     from topo.model import Topology
 
@@ -87,7 +92,8 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
         nodes.append({"id": f"{hn}/cpu0", "kind": "cpu", "host": hn, "numa": 0})
         for j in range(ranks_per_host):
             nodes.append({"id": f"{hn}/p{j}", "kind": "gpu", "host": hn, "index": j,
-                          "model": "cpu-process", "rank": rank_of[(h, j)]})
+                          "model": "cpu-process", "mem_bw": process_mem_bw,
+                          "rank": rank_of[(h, j)]})
             links.append({"a": f"{hn}/p{j}", "b": f"{hn}/cpu0", "kind": "pcie",
                           "bw": loopback_gbs, "lat": loopback_lat_us})
         nodes.append({"id": f"{hn}/nic0", "kind": "nic", "host": hn, "bw": nic_bw, "name": "emu0"})
