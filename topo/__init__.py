@@ -11,12 +11,12 @@ from .errors import (TreecollError, TopologyError, DiscoveryError, TreeError, Sc
                      CollectiveError, AttentionError, MissingDependency)
 from .model import Topology, NODE_KINDS, LINK_KINDS
 from .paths import Path, NCCL_CLASSES, SMI_CODES
-from .yaml_io import load, loads, save, dumps, default, shipped
+from .yaml_io import load, loads, save, dumps, default, shipped, resolve
 
 __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_CODES",
            "TreecollError", "TopologyError", "DiscoveryError", "TreeError", "ScheduleError",
            "CollectiveError", "AttentionError", "MissingDependency",
-           "load", "loads", "save", "dumps", "default", "shipped"]
+           "load", "loads", "save", "dumps", "default", "shipped", "resolve"]
 
 # ---- discovery (owned by the discovery helper): add its imports and names here, e.g.
 # from .discover import discover, discover_cluster, import_file

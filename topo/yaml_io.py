@@ -47,7 +47,7 @@ from .errors import TopologyError
 from .model import LINK_KINDS, NODE_KINDS, HOSTED_KINDS, Topology
 from .network import add_network
 
-__all__ = ["load", "loads", "save", "dumps", "default", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]
+__all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]
 
 #: the repository's shipped topologies (present in a source checkout / editable install)
 SHIPPED_DIR = FsPath(__file__).resolve().parent.parent / "topologies"
@@ -228,6 +228,31 @@ def shipped(name: str) -> FsPath:
         have = sorted(x.stem for x in SHIPPED_DIR.glob("*.yaml")) if SHIPPED_DIR.is_dir() else []
         raise TopologyError(f"shipped topology {name!r}: not found; expected one of {have}")
     return p
+
+
+def resolve(spec: str | os.PathLike) -> Topology:
+    """A topology named the way the command line names one.
+
+    ``"default"`` is :func:`default`; an existing path is loaded (YAML; other
+    formats through ``topo.import_file`` when discovery provides it, e.g. NCCL
+    XML or ``nvidia-smi topo -m`` text); otherwise a shipped name
+    (``"dgx-h100-x16"``).
+    """
+    s = str(spec)
+    if s == "default":
+        return default()
+    p = FsPath(s)
+    if p.is_file():
+        if p.suffix.lower() in (".yaml", ".yml"):
+            return load(p)
+        import topo
+        importer = getattr(topo, "import_file", None)
+        if importer is not None:
+            return importer(p)
+        return load(p)
+    if "/" not in s and os.sep not in s and (SHIPPED_DIR / f"{s.removesuffix('.yaml')}.yaml").is_file():
+        return load(shipped(s))
+    return load(p)  # raises the "no such file" TopologyError
 
 
 # ---------------------------------------------------------------------------------------- flow writer
