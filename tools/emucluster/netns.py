@@ -355,10 +355,11 @@ def _teardown(cid: str, namespaces: Sequence[str]) -> list[str]:
         if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
             removed.append(ns)
     _sweep_root_links()
-    try:
-        _state_path(cid).unlink()
-    except FileNotFoundError:
-        pass
+    for f in [_state_path(cid), *state_dir().glob(f"{cid}.run*.yaml")]:
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            pass
     return removed
 
 

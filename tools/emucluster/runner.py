@@ -198,7 +198,8 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
 
     With an existing cluster, ``hosts`` must not exceed its hosts and its
     rate is kept (``rate_bps``/``pair_rates`` are ignored). The Topology YAML
-    is written to ``topology_out`` (and exported as TREECOLL_EMU_TOPOLOGY).
+    is written to ``topology_out`` (default: a file in the state directory,
+    removed afterwards) and exported to the ranks as TREECOLL_EMU_TOPOLOGY.
     """
     from .topology import build_topology, save_topology
 
@@ -207,6 +208,7 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
     if state is not None and state["hosts"] < hosts:
         raise EmuClusterError(f"cluster {cid!r}: has {state['hosts']} hosts, expected at least {hosts}; "
                               "bring it down or use another --id")
+    tmp_topology = None
     old = {}
     if threading.current_thread() is threading.main_thread():
         for s in (signal.SIGTERM, signal.SIGHUP):
@@ -216,12 +218,14 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
             spec = netns.ClusterSpec(cid or secrets.token_hex(3), hosts, rate_bps, dict(pair_rates or {}))
             state = netns.create(spec, owner_pid=os.getpid())
         state = dict(state, hosts=hosts, addresses=state["addresses"][:hosts])
-        if topology_out:
-            pr = {tuple(int(x) for x in k.split("-")): v for k, v in state.get("pair_rates", {}).items()}
-            topo = build_topology(hosts, ranks_per_host, state["rate_bps"],
-                                  pair_rates={k: v for k, v in pr.items() if max(k) < hosts},
-                                  placement_mode=placement_mode)
-            save_topology(topo, topology_out)
+        if not topology_out:
+            netns.state_dir().mkdir(parents=True, exist_ok=True)
+            topology_out = tmp_topology = str(netns.state_dir() / f"{state['id']}.run{os.getpid()}.yaml")
+        pr = {tuple(int(x) for x in k.split("-")): v for k, v in state.get("pair_rates", {}).items()}
+        topo = build_topology(hosts, ranks_per_host, state["rate_bps"],
+                              pair_rates={k: v for k, v in pr.items() if max(k) < hosts},
+                              placement_mode=placement_mode, meta={"cluster_id": state["id"]})
+        save_topology(topo, topology_out)
         return launch(state, command, ranks_per_host, placement_mode=placement_mode, timeout=timeout,
                       topology=topology_out, **launch_kw)
     except _Terminated as e:
@@ -229,5 +233,10 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
     finally:
         if created and state is not None:
             netns.destroy(state["id"])
+        if tmp_topology:
+            try:
+                os.unlink(tmp_topology)
+            except FileNotFoundError:
+                pass
         for s, h in old.items():
             signal.signal(s, h)
