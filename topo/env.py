@@ -235,7 +235,7 @@ def expand_hostlist(expr: str, var: str = "SLURM_JOB_NODELIST") -> tuple[str, ..
 
 
 def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
-    if "RANK" in env or "LOCAL_RANK" in env or "GROUP_RANK" in env:
+    if any(k in env for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")):
         return {"launcher": "torchrun", "rank": _int(env, "RANK"), "world_size": _int(env, "WORLD_SIZE", minimum=1),
                 "local_rank": _int(env, "LOCAL_RANK"),
                 "local_world_size": _int(env, "LOCAL_WORLD_SIZE", minimum=1), "node_rank": _int(env, "GROUP_RANK")}

@@ -1,0 +1,86 @@
+"""Multi-host assembly over torch.distributed (gloo, real processes, 4 ranks pretending to be 2 hosts)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topo import Topology
+from topo.cluster import assemble, host_identity
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_cluster_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp_path, env_of_rank, world=4, network=None):
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "NCCL_", "TREECOLL_"))}
+        env.update({"PORT": str(port), "TREECOLL_REPO": str(REPO), "NETWORK": json.dumps(network) if network else ""})
+        env.update(env_of_rank(r))
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(tmp_path / f"r{r}.json")],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0, out.decode()[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.timeout(180)
+def test_four_processes_two_hosts_identical_everywhere(tmp_path):
+    res = _run(tmp_path, lambda r: {"TREECOLL_HOST_ID": "a" if r < 2 else "b"})
+    prints = {x["fingerprint"] for x in res}
+    assert len(prints) == 1, prints
+    t = Topology.from_dict(res[0]["topology"])
+    assert t.hosts() == ("h0", "h1")
+    assert t.gpus_per_host() == {"h0": 2, "h1": 2}
+    assert [t.host_of(t.gpu_of_rank(r)) for r in range(4)] == ["h0", "h0", "h1", "h1"]
+    assert t.path(t.gpu_of_rank(0), t.gpu_of_rank(2)).nccl == "NET"
+    assert t.path(t.gpu_of_rank(0), t.gpu_of_rank(1)).nccl != "NET"
+    assert t.meta["network"] == "one switch at the NICs' speed"
+    assert [n for n in t.nodes("net_switch")] == ["leaf0"]
+
+
+@pytest.mark.timeout(180)
+def test_interleaved_hosts_slurm_addr_tree(tmp_path):
+    addr = {0: "core.sw1.n0", 1: "core.sw2.n1", 2: "core.sw1.n0", 3: "core.sw2.n1"}
+    res = _run(tmp_path, lambda r: {"TREECOLL_HOST_ID": f"x{r % 2}", "SLURM_TOPOLOGY_ADDR": addr[r],
+                                    "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.node"})
+    assert len({x["fingerprint"] for x in res}) == 1
+    t = Topology.from_dict(res[0]["topology"])
+    # ranks 0 and 2 share host x0 = h0 (its lowest rank is 0)
+    assert [t.host_of(t.gpu_of_rank(r)) for r in range(4)] == ["h0", "h1", "h0", "h1"]
+    sw = {t.node(n)["name"]: (n, t.node(n)["tier"]) for n in t.nodes("net_switch")}
+    assert sw["core"][1] == 1 and sw["sw1"][1] == 0 and sw["sw2"][1] == 0
+    p = t.path(t.gpu_of_rank(0), t.gpu_of_rank(1))
+    assert sw["core"][0] in p.nodes and p.nccl == "NET"
+
+
+def test_assemble_network_section_and_host_identity():
+    from topo.discover import cpu_only_host
+    probes = []
+    for i in range(2):
+        g = cpu_only_host(f"h{i}", {0: "0-1"}, 2)
+        probes.append({"topology": Topology(g).to_dict(), "identity": f"id{i}"})
+    t = assemble(probes, [(0, None), (0, None), (1, None), (1, None)], network={"type": "single_switch"})
+    assert t.meta["network"].startswith("network section")
+    nic = t.nics("h0")[0]
+    assert t.node(nic)["x_assumed"] is True and t.node(nic)["rail"] == 0
+    assert host_identity({"TREECOLL_HOST_ID": "z", "NCCL_HOSTID": "y"}) == "z"
+    assert host_identity({"NCCL_HOSTID": "y"}) == "y"
+    assert host_identity({}) != host_identity({"NCCL_HOSTID": "y"})
