@@ -19,6 +19,9 @@ __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_
            "load", "loads", "save", "dumps", "default", "shipped", "resolve"]
 
 # ---- discovery (owned by the discovery helper): add its imports and names here, e.g.
-# from .discover import discover, discover_cluster, import_file
-# __all__ += ["discover", "discover_cluster", "import_file"]
+from .discover import discover, import_file  # noqa: E402
+from .cluster import discover_cluster  # noqa: E402
+from .env import hints  # noqa: E402
+
+__all__ += ["discover", "discover_cluster", "import_file", "hints"]
 # ---- end discovery

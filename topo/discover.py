@@ -37,10 +37,11 @@ import networkx as nx
 from . import sysfs
 from .env import Hints, hints as parse_hints
 from .hostgraph import GPU_MODELS, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .errors import TopologyError
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 
-__all__ = ["discover", "cpu_only_host", "CPU_SLOT_BW"]
+__all__ = ["discover", "import_file", "cpu_only_host", "CPU_SLOT_BW"]
 
 log = logging.getLogger("treecoll.topo")
 
@@ -308,3 +309,23 @@ def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
             if not g.has_edge(node, tgt):
                 for a, c in ((node, tgt), (tgt, node)):
                     g.add_edge(a, c, kind="nvlink", bw=bw, lat=0.6, count=cnt)
+
+
+def import_file(path: str | os.PathLike, *, host: str = "host0") -> Topology:
+    """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content."""
+    from .nccl_xml import import_xml, looks_like_nccl_xml
+    from .smi import import_smi, looks_like_smi
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise TopologyError(f"{path}: cannot read ({e.strerror})") from None
+    if looks_like_nccl_xml(text):
+        return _renamed(import_xml(text, host=host, name=Path(path).stem), f"nccl-xml:{path}")
+    if looks_like_smi(text):
+        return _renamed(import_smi(text, host=host, name=Path(path).stem), f"nvidia-smi:{path}")
+    raise TopologyError(f"{path}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
+                        "got neither")
+
+
+def _renamed(t: Topology, source: str) -> Topology:
+    return Topology(t.graph, name=t.name, meta=dict(t.meta, source=source))
