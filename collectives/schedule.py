@@ -151,32 +151,55 @@ class Schedule:
                                     f"but rank {key[1]} receives it {len(recvs.get(key, ()))} time(s)")
 
     def _check_progress(self, what: str) -> None:
-        """Every step completes under eager sends (no circular wait)."""
-        done = [0] * self.nranks  # steps completed in order (conservative: in-order completion)
+        """Every step completes (no circular wait) under the executor's rules: a rank
+        starts its steps in list order, each once its dependencies are complete;
+        sends and reduces complete when started (eager sends); the k-th recv of a
+        chunk from a peer completes once the peer has started its k-th send of it."""
+        ordinal: list[list[int]] = []
+        count: dict[tuple[int, int, int], int] = defaultdict(int)
+        for r, lst in enumerate(self.steps):
+            o = []
+            for s in lst:
+                key = (r, s.peer, s.chunk) if s.kind == "send" else (s.peer, r, s.chunk)
+                if s.kind == "reduce":
+                    o.append(-1)
+                    continue
+                o.append(count[(s.kind,) + key])
+                count[(s.kind,) + key] += 1
+            ordinal.append(o)
+        started = [0] * self.nranks
         issued: dict[tuple[int, int, int], int] = defaultdict(int)
-        consumed: dict[tuple[int, int, int], int] = defaultdict(int)
+
+        def complete(r: int, i: int) -> bool:
+            s = self.steps[r][i]
+            return s.kind != "recv" or issued[(s.peer, r, s.chunk)] > ordinal[r][i]
+
         progress = True
         while progress:
             progress = False
             for r in range(self.nranks):
                 lst = self.steps[r]
-                while done[r] < len(lst):
-                    s = lst[done[r]]
+                while started[r] < len(lst):
+                    i = started[r]
+                    s = lst[i]
+                    if not all(complete(r, d) for d in s.deps):
+                        break
                     if s.kind == "send":
                         issued[(r, s.peer, s.chunk)] += 1
-                    elif s.kind == "recv":
-                        key = (s.peer, r, s.chunk)
-                        if consumed[key] >= issued[key]:
-                            break
-                        consumed[key] += 1
-                    done[r] += 1
+                    started[r] += 1
                     progress = True
-        stuck = [r for r in range(self.nranks) if done[r] < len(self.steps[r])]
-        if stuck:
-            r = stuck[0]
-            s = self.steps[r][done[r]]
-            raise ScheduleError(f"{what}: deadlock: rank {r} waits forever at step {done[r]} "
-                                f"({s.kind} chunk {s.chunk} from rank {s.peer})")
+        waiting = [(r, i) for r in range(self.nranks) for i in range(len(self.steps[r]))
+                   if i >= started[r] or not complete(r, i)]
+        if waiting:
+            r, i = waiting[0]
+            s = self.steps[r][i]
+            if i < started[r]:
+                i2, s2 = i, s
+            else:
+                i2 = next(d for d in s.deps if not complete(r, d))
+                s2 = self.steps[r][i2]
+            raise ScheduleError(f"{what}: deadlock: rank {r} waits forever at step {i2} "
+                                f"({s2.kind} chunk {s2.chunk} from rank {s2.peer})")
 
     # ------------------------------------------------------------------ accounting
     def chunk_bytes(self, nbytes: int) -> tuple[int, ...]:

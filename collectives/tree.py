@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 from topo.errors import TreeError
 
-__all__ = ["Tree"]
+__all__ = ["Tree", "MultiTree", "as_multi"]
 
 
 @dataclass(frozen=True)
@@ -197,3 +197,80 @@ class Tree:
         """Plain data: ``{"name", "root", "parents", "children"}``."""
         return {"name": self.name, "root": self.root, "parents": list(self.parents),
                 "children": [list(c) for c in self.children]}
+
+
+@dataclass(frozen=True)
+class MultiTree:
+    """Several spanning trees over the same ranks, each carrying a share of the message.
+
+    Used by ``double_binary`` (NCCL's two complementary trees, half the bytes
+    each) and by the per-rail ``two_level`` (one tree per NIC rail). The trees
+    run concurrently; the message's bytes are split by ``shares`` (fractions
+    summing to 1).
+
+    >>> m = MultiTree((Tree.from_parents([-1, 0, 1]), Tree.from_parents([1, -1, 1])), (0.5, 0.5))
+    >>> m.size, len(m), m.roots
+    (3, 2, (0, 1))
+    >>> MultiTree((Tree.from_parents([-1, 0]),), (0.7,))
+    Traceback (most recent call last):
+    ...
+    topo.errors.TreeError: multitree: shares expected 1 positive fractions summing to 1, got [0.7]
+    """
+
+    trees: tuple[Tree, ...]
+    shares: tuple[float, ...] = ()
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        trees = tuple(self.trees)
+        if not trees or not all(isinstance(t, Tree) for t in trees):
+            raise TreeError(f"multitree: expected a non-empty sequence of Tree, got {self.trees!r:.80}")
+        sizes = {t.size for t in trees}
+        if len(sizes) != 1:
+            raise TreeError(f"multitree: every tree must span the same ranks, got sizes {sorted(sizes)}")
+        shares = tuple(float(s) for s in self.shares) or tuple([1.0 / len(trees)] * len(trees))
+        if len(shares) != len(trees) or any(not s > 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-9:
+            raise TreeError(f"multitree: shares expected {len(trees)} positive fractions summing to 1, "
+                            f"got {list(shares)[:8]}")
+        object.__setattr__(self, "trees", trees)
+        object.__setattr__(self, "shares", shares)
+
+    def __len__(self) -> int:
+        return len(self.trees)
+
+    @property
+    def size(self) -> int:
+        """Number of ranks P."""
+        return self.trees[0].size
+
+    @property
+    def roots(self) -> tuple[int, ...]:
+        """Root of each tree."""
+        return tuple(t.root for t in self.trees)
+
+    @property
+    def height(self) -> int:
+        """Largest height over the trees."""
+        return max(t.height for t in self.trees)
+
+    def is_order_preserving(self) -> bool:
+        """True when every tree is order preserving (see :meth:`Tree.is_order_preserving`)."""
+        return all(t.is_order_preserving() for t in self.trees)
+
+    def fingerprint(self) -> str:
+        """A short hash of the trees and their shares (names do not count)."""
+        text = "/".join(t.fingerprint() for t in self.trees) + "|" + ",".join(f"{s:.12g}" for s in self.shares)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict:
+        """Plain data: ``{"name", "trees": [tree.as_dict()...], "shares"}``."""
+        return {"name": self.name, "trees": [t.as_dict() for t in self.trees], "shares": list(self.shares)}
+
+
+def as_multi(plan: "Tree | MultiTree") -> MultiTree:
+    """A :class:`MultiTree` view of a tree (one tree, share 1) or a multitree (itself)."""
+    if isinstance(plan, MultiTree):
+        return plan
+    if isinstance(plan, Tree):
+        return MultiTree((plan,), (1.0,), name=plan.name)
+    raise TreeError(f"plan: expected a Tree or MultiTree, got {type(plan).__name__}")

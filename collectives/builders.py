@@ -1,0 +1,459 @@
+"""Tree builders in a named registry (deterministic for equal inputs).
+
+Public API (stable; the simulator and the CLI use it)::
+
+    build(name, topology=None, ranks=None, *, nranks=None, **opts) -> Tree | MultiTree
+    BUILDERS: dict name -> builder(topology, gpus, nranks, **opts)
+    leader_of(topology, gpus, members) -> int
+
+``ranks`` maps group rank -> GPU id of ``topology`` (GPU ids or topology rank
+numbers; default ``topology.rank_gpus()``); builders that ignore the topology
+(``chain``, ``binomial``, ``kary``, ``star``, ``double_binary``) only need
+``nranks``. ``name`` may carry one argument after a colon: ``"kary:4"``.
+
+Builders
+--------
+``chain``      rank ``root`` -> next -> ... (order preserving for root 0).
+``binomial``   rank r's parent is r with its lowest set bit cleared (root 0;
+               other roots rotate the labels). Order preserving for root 0.
+``kary``       fan-out ``k`` (default 2): ranks split into ``k`` consecutive
+               ranges under the root, recursively. Order preserving for root 0.
+``star``       ``kary`` with ``k = P - 1``: everybody sends to the root.
+``double_binary`` NCCL's two complementary binary trees (src/graph/trees.cc
+               ``ncclGetBtree``/``ncclGetDtree``: mirror for even P, shift for
+               odd P), half the message each; a :class:`MultiTree`.
+``two_level``  per host an intra-host tree over its fast links, rooted at a
+               leader near a NIC; an inter-host tree over the leaders keeping
+               hosts under the same leaf switches together (see
+               :func:`two_level`); per NIC rail one such tree when the message is
+               large (a :class:`MultiTree`).
+``auto``       the candidate with the least predicted time under
+               :class:`~collectives.cost.CostModel` for ``nbytes``, refined by
+               local search for small groups (see :func:`auto`).
+
+>>> build("binomial", nranks=8).parents
+(-1, 0, 0, 2, 0, 4, 4, 6)
+>>> build("kary:3", nranks=7).children[0]
+(1, 3, 5)
+>>> build("nope", nranks=2)
+Traceback (most recent call last):
+...
+topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level']
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from topo import NCCL_CLASSES, Topology
+from topo.errors import TreeError
+
+from .cost import CostModel, resolve_ranks
+from .tree import MultiTree, Tree
+
+__all__ = ["BUILDERS", "build", "chain", "binomial", "kary", "star", "double_binary", "two_level", "auto",
+           "leader_of", "nccl_btree_parents", "RAIL_BYTES", "INTRA_KINDS", "INTER_KINDS"]
+
+#: message size (bytes) from which ``two_level`` builds one tree per NIC rail ("rails='auto'")
+RAIL_BYTES = 1 << 20
+INTRA_KINDS = ("auto", "star", "chain", "binomial", "kary", "links")
+INTER_KINDS = ("binomial", "chain", "kary", "star")
+
+
+# ---------------------------------------------------------------------- shapes over 0..n-1
+def _chain_parents(n: int) -> list[int]:
+    return [i - 1 for i in range(n)]
+
+
+def _binomial_parents(n: int) -> list[int]:
+    return [-1] + [r & (r - 1) for r in range(1, n)]
+
+
+def _kary_parents(n: int, k: int) -> list[int]:
+    if k < 1:
+        raise TreeError(f"kary: fan-out k expected >= 1, got {k}")
+    parents = [-1] * n
+    stack = [(0, n)]  # subtree of ranks lo..hi-1 rooted at lo
+    while stack:
+        lo, hi = stack.pop()
+        rest = hi - lo - 1
+        start = lo + 1
+        for j in range(min(k, rest)):
+            size = rest // k + (1 if j < rest % k else 0)
+            if size == 0:
+                continue
+            parents[start] = lo
+            stack.append((start, start + size))
+            start += size
+    return parents
+
+
+def _shape(kind: str, n: int, k: int | None = None) -> list[int]:
+    """Parents over positions 0..n-1 (position 0 the root) for an inter/intra shape name."""
+    if kind == "chain":
+        return _chain_parents(n)
+    if kind == "binomial":
+        return _binomial_parents(n)
+    if kind == "star":
+        return _kary_parents(n, max(n - 1, 1))
+    if kind == "kary":
+        return _kary_parents(n, k or 2)
+    raise TreeError(f"tree shape {kind!r}: expected one of ['binomial', 'chain', 'kary', 'star']")
+
+
+def _rooted(parents: list[int], root: int, name: str) -> Tree:
+    """Tree over ranks with position i -> rank (i + root) % n (root 0: the shape itself)."""
+    n = len(parents)
+    if not 0 <= root < n:
+        raise TreeError(f"{name}: root expected a rank in 0..{n - 1}, got {root}")
+    t = Tree.from_parents(parents, name=name)
+    return t if root == 0 else t.relabel([(i + root) % n for i in range(n)])
+
+
+# ---------------------------------------------------------------------- topology-free builders
+def chain(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+    """Chain root -> root+1 -> ... (wrapping)."""
+    return _rooted(_chain_parents(nranks), root, "chain")
+
+
+def binomial(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+    """Binomial tree: parent(r) = r & (r - 1), depth ceil(log2 P)."""
+    return _rooted(_binomial_parents(nranks), root, "binomial")
+
+
+def kary(topology: Topology | None, gpus, nranks: int, *, k: int = 2, root: int = 0) -> Tree:
+    """Fan-out ``k`` tree over consecutive rank ranges, depth about log_k P."""
+    t = _rooted(_kary_parents(nranks, int(k)), root, f"kary:{int(k)}")
+    return t
+
+
+def star(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+    """Every rank's parent is the root."""
+    return _rooted(_kary_parents(nranks, max(nranks - 1, 1)), root, "star")
+
+
+def nccl_btree_parents(n: int) -> list[int]:
+    """NCCL's ``ncclGetBtree`` parent of every rank (in-order binary tree, root 0 with one child)."""
+    parents = [-1] * n
+    for rank in range(1, n):
+        bit = 1
+        while bit < n and not bit & rank:
+            bit <<= 1
+        up = (rank ^ bit) | (bit << 1)
+        if up >= n:
+            up = rank ^ bit
+        parents[rank] = up
+    return parents
+
+
+def double_binary(topology: Topology | None, gpus, nranks: int) -> MultiTree | Tree:
+    """NCCL's double binary tree: the btree and its mirror (even P) or shift (odd P)."""
+    n = nranks
+    first = nccl_btree_parents(n)
+    t0 = Tree.from_parents(first, name="double_binary/0")
+    if n == 1:
+        return t0
+    if n % 2 == 0:   # mirror: rank' = n-1-rank
+        order = [n - 1 - i for i in range(n)]
+    else:            # shift: rank' = (rank+1) % n
+        order = [(i + 1) % n for i in range(n)]
+    t1 = Tree.from_parents(first).relabel(order)
+    t1 = Tree.from_parents(t1.parents, name="double_binary/1")
+    return MultiTree((t0, t1), (0.5, 0.5), name="double_binary")
+
+
+# ---------------------------------------------------------------------- two-level
+def _nic_key(topology: Topology, gpu: str, nic: str | None = None):
+    nic = nic or topology.nearest_nic(gpu)
+    if nic is None:
+        return (len(NCCL_CLASSES), 0.0, 0)
+    p = topology.path(gpu, nic)
+    return (NCCL_CLASSES.index(p.nccl), -p.bw, p.hops)
+
+
+def leader_of(topology: Topology, gpus: Sequence[str], members: Sequence[int], nic: str | None = None) -> int:
+    """The member rank whose GPU is nearest a NIC (``nic``, else its nearest): best NCCL
+    path class, then bandwidth, then hops, then lowest rank."""
+    return min(members, key=lambda r: (_nic_key(topology, gpus[r], nic), r))
+
+
+def _host_is_switched(topology: Topology, gpus: Sequence[str], members: Sequence[int]) -> bool:
+    g = topology.graph
+    for a in members:
+        for b in members:
+            if a != b:
+                p = topology.path(gpus[a], gpus[b])
+                if p.nccl != "NVL" or not any(g.nodes[x]["kind"] == "nvswitch" for x in p.nodes[1:-1]):
+                    return False
+    return True
+
+
+def _links_tree(topology: Topology, gpus: Sequence[str], members: Sequence[int], leader: int) -> dict[int, int]:
+    """Prim's tree grown from the leader: attach next the (outside, inside) pair with the best
+    NCCL path class, then bandwidth, latency, shallower attachment point, lower ranks.
+    NVLink pairs come before PCIe, a PCIe switch's GPUs before the host bridge, a socket's
+    GPUs before the SMP link: subtrees follow links, switches and sockets."""
+    parent = {leader: -1}
+    depth = {leader: 0}
+    rest = [r for r in members if r != leader]
+    while rest:
+        best = None
+        for v in rest:
+            for u in parent:
+                p = topology.path(gpus[v], gpus[u])
+                key = (NCCL_CLASSES.index(p.nccl), -p.bw, p.lat, depth[u], u, v)
+                if best is None or key < best[0]:
+                    best = (key, u, v)
+        _, u, v = best
+        parent[v] = u
+        depth[v] = depth[u] + 1
+        rest.remove(v)
+    return parent
+
+
+def _parse_kind(spec: str, allowed: Sequence[str], what: str) -> tuple[str, int | None]:
+    kind, _, arg = str(spec).partition(":")
+    if kind not in allowed:
+        raise TreeError(f"two_level: {what} expected one of {list(allowed)} (kary:K for fan-out K), got {spec!r}")
+    k = None
+    if arg:
+        try:
+            k = int(arg)
+        except ValueError:
+            raise TreeError(f"two_level: {what} fan-out expected an integer after ':', got {spec!r}") from None
+    return kind, k
+
+
+def _intra(topology, gpus, members: list[int], leader: int, spec: str) -> dict[int, int]:
+    kind, k = _parse_kind(spec, INTRA_KINDS, "intra")
+    if kind == "auto":
+        kind = "star" if len(members) > 1 and _host_is_switched(topology, gpus, members) else "links"
+    if kind == "links":
+        return _links_tree(topology, gpus, members, leader)
+    order = [leader] + [r for r in members if r != leader]
+    shape = _shape(kind, len(order), k)
+    return {order[i]: (-1 if p == -1 else order[p]) for i, p in enumerate(shape)}
+
+
+def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict[str, list[int]]:
+    hosts: dict[str, list[int]] = {}
+    for r, x in enumerate(gpus):
+        hosts.setdefault(topology.host_of(x), []).append(r)
+    return hosts
+
+
+def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[str, int], root_host: str,
+                   intra: str, inter: str, name: str) -> Tree:
+    n = len(gpus)
+    parents = [-1] * n
+    for h, members in hosts.items():
+        for r, p in _intra(topology, gpus, members, leaders[h], intra).items():
+            parents[r] = p
+    # inter-host: groups of hosts under the same leaf switches stay together
+    groups = []
+    for grp in topology.leaf_groups():
+        hs = [h for h in grp if h in hosts]
+        if hs:
+            groups.append(hs)
+    groups.sort(key=lambda hs: root_host not in hs)          # stable: the root's group first
+    groups = [sorted(hs, key=lambda h: h != root_host) for hs in groups]
+    kind, k = _parse_kind(inter, INTER_KINDS, "inter")
+
+    def link(order: list[str]) -> None:
+        shape = _shape(kind, len(order), k)
+        for i, p in enumerate(shape):
+            if p != -1:
+                parents[leaders[order[i]]] = leaders[order[p]]
+
+    for hs in groups:
+        link(hs)
+    link([hs[0] for hs in groups])
+    return Tree.from_parents(parents, name=name)
+
+
+def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "auto", inter: str = "binomial",
+              rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
+              rail_bytes: int = RAIL_BYTES) -> Tree | MultiTree:
+    """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
+
+    * ``intra``: ``auto`` (NVSwitch hosts: ``star``, shallow and wide; other
+      hosts: ``links``, Prim's tree over path class and bandwidth, which follows
+      NVLink meshes, PCIe switches and keeps each socket's GPUs together), or a
+      shape ``star``, ``chain``, ``binomial``, ``kary:K`` under the leader.
+    * ``inter``: ``binomial`` (default), ``chain``, ``star``, ``kary:K`` over
+      the leaders of each leaf-switch group (:meth:`Topology.leaf_groups`),
+      then the same shape over the groups' first hosts.
+    * leaders: the root's host is led by ``root`` when given; every other host
+      by its GPU nearest a NIC (path class, bandwidth, hops).
+    * ``rails``: True builds one tree per NIC rail k (leader = the GPU nearest
+      NIC k of its host; shares proportional to NIC bandwidth) so every NIC
+      carries a share; ``"auto"``: when ``nbytes >= rail_bytes``, several hosts
+      and every host has more than one NIC.
+    """
+    if topology is None:
+        raise TreeError("two_level: needs a topology (hosts, links and NICs); got none")
+    hosts = _host_groups(topology, gpus)
+    root_host = topology.host_of(gpus[root if root is not None else 0])
+    nic_counts = [len(topology.nics(h)) for h in hosts]
+    if rails == "auto":
+        rails = (nbytes is not None and nbytes >= rail_bytes and len(hosts) > 1 and min(nic_counts) > 1)
+    label = f"two_level(intra={intra},inter={inter}"
+    if not rails:
+        leaders = {h: leader_of(topology, gpus, m) for h, m in hosts.items()}
+        if root is not None:
+            leaders[root_host] = root
+        elif len(hosts) == 1:
+            leaders[root_host] = hosts[root_host][0]
+        return _one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter, label + ")")
+    nrails = min(nic_counts)
+    if nrails < 1:
+        raise TreeError("two_level: rails=True needs NICs on every host; a host has none")
+    trees, bws = [], []
+    for k in range(nrails):
+        leaders = {h: leader_of(topology, gpus, m, topology.nics(h)[k]) for h, m in hosts.items()}
+        trees.append(_one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter,
+                                    f"{label},rail={k})"))
+        bws.append(min(float(topology.node(topology.nics(h)[k]).get("bw") or 1.0) for h in hosts))
+    if len(trees) == 1:
+        return trees[0]
+    return MultiTree(tuple(trees), tuple(b / sum(bws) for b in bws), name=label + ",rails)")
+
+
+# ---------------------------------------------------------------------- auto
+def _reroot(t: Tree, v: int) -> Tree:
+    parents = list(t.parents)
+    prev, cur = -1, v
+    while cur != -1:
+        nxt = parents[cur]
+        parents[cur] = prev
+        prev, cur = cur, nxt
+    return Tree.from_parents(parents, name=t.name)
+
+
+def _candidates(topology, gpus, n: int, nbytes, root) -> list:
+    r = 0 if root is None else root
+    out = [chain(None, gpus, n, root=r), binomial(None, gpus, n, root=r), star(None, gpus, n, root=r)]
+    out += [kary(None, gpus, n, k=k, root=r) for k in range(2, min(n - 1, 8))]
+    if root is None and n > 2:
+        out.append(double_binary(None, gpus, n))
+    if topology is not None:
+        for intra in ("auto", "star", "chain", "binomial", "links"):
+            for inter in ("binomial", "chain", "kary:2"):
+                for rails in (False, True):
+                    try:
+                        out.append(two_level(topology, gpus, n, intra=intra, inter=inter, rails=rails,
+                                             nbytes=nbytes, root=root))
+                    except TreeError:
+                        pass
+    seen, uniq = set(), []
+    for c in out:
+        if c.fingerprint() not in seen:
+            seen.add(c.fingerprint())
+            uniq.append(c)
+    return uniq
+
+
+def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20, op=None,
+         collective: str = "allreduce", root: int | None = None, search: bool = True,
+         search_limit: int = 16, model: CostModel | None = None) -> Tree | MultiTree:
+    """The tree with the least predicted time for ``collective`` on ``nbytes``.
+
+    Candidates: chain, binomial, star, kary k = 2..7, double_binary and (with a
+    topology) two_level over intra x inter shapes, with and without rails;
+    each is scored at its best chunk count (:meth:`CostModel.best_nchunks`).
+    For groups up to ``search_limit`` ranks the best single tree is then
+    improved by local search (move one rank under another parent, or move the
+    root) until no move lowers the predicted time. A non-commutative ``op``
+    (``op.commutative`` False, or a plain callable) restricts the search to
+    order-preserving trees rooted at 0. Ties keep the earlier candidate, so the
+    result is deterministic.
+    """
+    from .ops import resolve_op
+    commutative = resolve_op(op).commutative if op is not None else True
+    if not commutative and root not in (None, 0):
+        raise TreeError(f"auto: a non-commutative operator needs an order-preserving tree rooted at 0, "
+                        f"got root {root}")
+    model = model or CostModel(topology, gpus, nranks=nranks if gpus is None else None)
+
+    def score(t) -> float:
+        return model.best_nchunks(t, nbytes, collective)[1]
+
+    cands = _candidates(topology, gpus, nranks, nbytes, root)
+    if not commutative:
+        cands = [c for c in cands if c.is_order_preserving()]
+    best, best_t = None, None
+    for c in cands:
+        s = score(c)
+        if best is None or s < best_t * (1 - 1e-12):
+            best, best_t = c, s
+    if not search or nranks > search_limit or nranks < 3:
+        return best
+    # local search from the best single tree
+    start = best if isinstance(best, Tree) else min(best.trees, key=score)
+    cur, cur_t = start, score(start)
+    improved = True
+    while improved:
+        improved = False
+        for v in range(nranks):
+            moves = []
+            sub = set(cur.subtree(v))
+            if v != cur.root:
+                for u in range(nranks):
+                    if u not in sub and u != cur.parents[v]:
+                        p = list(cur.parents)
+                        p[v] = u
+                        moves.append(Tree.from_parents(p, name="auto"))
+            if root is None and v != cur.root:
+                moves.append(_reroot(cur, v))
+            for m in moves:
+                if not commutative and not m.is_order_preserving():
+                    continue
+                s = score(m)
+                if s < cur_t * (1 - 1e-9):
+                    cur, cur_t, improved = m, s, True
+                    sub = set(cur.subtree(v))
+        if cur_t >= best_t:
+            break
+    if cur_t < best_t * (1 - 1e-9):
+        return Tree.from_parents(cur.parents, name="auto")
+    return best
+
+
+# ---------------------------------------------------------------------- registry
+BUILDERS: dict[str, Callable] = {
+    "chain": chain,
+    "binomial": binomial,
+    "kary": kary,
+    "star": star,
+    "double_binary": double_binary,
+    "two_level": two_level,
+    "auto": auto,
+}
+
+
+def build(name: str, topology: Topology | None = None, ranks: Sequence | None = None, *,
+          nranks: int | None = None, **opts) -> Tree | MultiTree:
+    """Build the tree ``name`` (``"kary:4"`` passes k=4) over group ranks 0..P-1.
+
+    ``ranks``: GPU ids (or topology rank numbers) per group rank, default
+    ``topology.rank_gpus()``; without a topology only ``nranks`` (or
+    ``len(ranks)``) matters and topology-aware builders fail.
+    """
+    base, _, arg = str(name).partition(":")
+    if base not in BUILDERS:
+        raise TreeError(f"builder {name!r}: unknown; valid names are {sorted(BUILDERS)}")
+    if arg:
+        if base != "kary":
+            raise TreeError(f"builder {name!r}: only 'kary:K' takes an argument")
+        try:
+            opts["k"] = int(arg)
+        except ValueError:
+            raise TreeError(f"builder {name!r}: expected an integer fan-out after ':'") from None
+    if topology is not None:
+        topology, gpus = resolve_ranks(topology, ranks, nranks)
+        n = len(gpus)
+    else:
+        n = len(ranks) if ranks is not None else nranks
+        if n is None or n < 1:
+            raise TreeError(f"builder {name!r}: expected a topology, ranks or nranks >= 1, got none")
+        gpus = tuple(ranks) if ranks is not None else None
+    return BUILDERS[base](topology, gpus, n, **opts)

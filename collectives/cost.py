@@ -1,0 +1,312 @@
+"""Alpha-beta cost model over a :class:`~topo.Topology`, with link sharing.
+
+Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
+
+* Point to point: ``time = Path.lat [µs] * 1e-6 + n / (Path.bw * 1e9)``.
+* Link sharing: transfers that run at the same time share each directed link
+  they cross. Every transfer is a *flow* over the parallel routes of its path
+  (:attr:`topo.Path.routes`, each with its traffic share); a link's *load* is
+  the sum of the shares of the routes crossing it, and a route gets
+  ``link.bw * share / load`` of each link, its rate being the minimum over its
+  links; a flow's rate is the sum over its routes. Without contention this is
+  exactly ``Path.bw``.
+* Reduction compute: combining n bytes reads two operands and writes one,
+  ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); :data:`DEFAULT_MEM_BW`
+  when the topology has none.
+* Trees (analytical, pipelined): with ``K`` chunks of ``m = share * n / K``
+  bytes, every tree edge is busy at once in steady state, so link loads count
+  all edges of all trees (both directions for an allreduce). A rank's reduce
+  *stage* is ``max_child(lat + m / rate) + k * reduce(m)`` (children's chunks
+  arrive concurrently, then ``k`` combines); a broadcast stage is
+  ``max_child(lat + m / rate)``. The first chunk finishes after the longest
+  leaf-to-root (and root-to-leaf) sum of stages ``L``; the rest follow one
+  bottleneck stage apart: ``time = L + (K - 1) * max_stage``. Several trees
+  (a :class:`~collectives.tree.MultiTree`) run concurrently; the slowest wins.
+* Ring allreduce: ``2 (P - 1)`` steps of ``n / P`` bytes, all ring edges busy.
+  ``rsag`` (direct reduce-scatter + all-gather): two rounds in which every
+  rank exchanges ``n / P`` bytes with every other rank at once.
+
+Without a topology, :func:`uniform_topology` stands in: P GPUs on one switch
+(one port per rank), so fan-in still costs bandwidth.
+
+>>> cm = CostModel(nranks=4)
+>>> from collectives.tree import Tree
+>>> chain, star = Tree.from_parents([-1, 0, 1, 2]), Tree.from_parents([-1, 0, 0, 0])
+>>> cm.tree_time(star, 8, "reduce") < cm.tree_time(chain, 8, "reduce")      # latency bound: shallow wins
+True
+>>> cm.tree_time(chain, 1 << 26, "reduce", nchunks=64) < cm.tree_time(star, 1 << 26, "reduce", nchunks=64)
+True
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+import networkx as nx
+
+from topo import Topology
+from topo.errors import TreeError
+
+from .tree import MultiTree, Tree, as_multi
+
+__all__ = ["CostModel", "uniform_topology", "p2p_time", "reduce_time", "DEFAULT_MEM_BW",
+           "UNIFORM_BW", "UNIFORM_LAT", "CHUNK_CANDIDATES"]
+
+#: GB/s used for the reduction compute when a GPU has no ``mem_bw``: assumed, the
+#: order of an A100-40GB's HBM2 (1555 GB/s, NVIDIA A100 datasheet).
+DEFAULT_MEM_BW = 1555.0
+#: GB/s per direction of each rank's port in :func:`uniform_topology` (assumed: NCCL's NET_BW 12.0
+#: for a 100 Gb/s NIC, src/graph/topo.h, rounded; reference collectives.md §1.2).
+UNIFORM_BW = 12.0
+#: µs per link of :func:`uniform_topology` (assumed: NCCL's PCI hop latency 1.0 µs split over 2 links).
+UNIFORM_LAT = 0.5
+#: chunk counts tried by :meth:`CostModel.best_nchunks`
+CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
+
+
+def uniform_topology(nranks: int, *, bw: float = UNIFORM_BW, lat: float = UNIFORM_LAT) -> Topology:
+    """P GPUs on one host joined by one switch (per-port ``bw`` GB/s, ``lat`` µs per link)."""
+    if nranks < 1:
+        raise TreeError(f"uniform topology: nranks expected >= 1, got {nranks}")
+    g = nx.DiGraph()
+    g.add_node("u/nvswitch0", kind="nvswitch", host="u")
+    for i in range(nranks):
+        gid = f"u/gpu{i}"
+        g.add_node(gid, kind="gpu", host="u", index=i)
+        for a, b in ((gid, "u/nvswitch0"), ("u/nvswitch0", gid)):
+            g.add_edge(a, b, kind="nvlink", bw=float(bw), lat=float(lat), count=1)
+    return Topology(g, name=f"uniform-{nranks}")
+
+
+def p2p_time(topology: Topology, src: str, dst: str, nbytes: float) -> float:
+    """Seconds to move ``nbytes`` from GPU ``src`` to GPU ``dst`` alone on the path."""
+    p = topology.path(src, dst)
+    return p.lat * 1e-6 + nbytes / (p.bw * 1e9)
+
+
+def reduce_time(mem_bw_gbps: float, nbytes: float) -> float:
+    """Seconds to combine two ``nbytes`` operands into one: read 2, write 1."""
+    return 3.0 * nbytes / (mem_bw_gbps * 1e9)
+
+
+def resolve_ranks(topology: Topology | None, ranks: Sequence | None, nranks: int | None) -> tuple[Topology, tuple[str, ...]]:
+    """(topology, GPU id per group rank): ``ranks`` are GPU ids or indices into
+    ``topology.rank_gpus()``; without a topology, a :func:`uniform_topology`."""
+    if topology is None:
+        n = len(ranks) if ranks is not None else nranks
+        if n is None or n < 1:
+            raise TreeError("ranks: expected a topology, a ranks list or nranks >= 1, got none of them")
+        topology = uniform_topology(n)
+        return topology, topology.rank_gpus()
+    all_gpus = topology.rank_gpus()
+    if ranks is None:
+        ranks = all_gpus if nranks is None else all_gpus[:nranks]
+        if nranks is not None and nranks > len(all_gpus):
+            raise TreeError(f"ranks: nranks {nranks} exceeds the {len(all_gpus)} GPUs of topology {topology.name!r}")
+    out = []
+    for i, r in enumerate(ranks):
+        if isinstance(r, int) and not isinstance(r, bool):
+            if not 0 <= r < len(all_gpus):
+                raise TreeError(f"ranks[{i}]: expected a rank in 0..{len(all_gpus) - 1} of topology "
+                                f"{topology.name!r}, got {r}")
+            out.append(all_gpus[r])
+        else:
+            if r not in topology.graph or topology.node(r)["kind"] != "gpu":
+                raise TreeError(f"ranks[{i}]: {r!r} is not a GPU of topology {topology.name!r}")
+            out.append(r)
+    if len(set(out)) != len(out):
+        raise TreeError(f"ranks: each GPU may appear once, got {out[:8]}")
+    if nranks is not None and nranks != len(out):
+        raise TreeError(f"ranks: nranks {nranks} disagrees with {len(out)} ranks given")
+    return topology, tuple(out)
+
+
+class CostModel:
+    """Predicts collective times on ``topology`` for group ranks mapped to ``ranks``.
+
+    Parameters: ``topology`` (None: :func:`uniform_topology`), ``ranks`` (GPU
+    ids or topology ranks per group rank; default ``topology.rank_gpus()``),
+    ``nranks``, ``step_overhead`` (seconds added per message, e.g. a software
+    transport's fixed cost; 0 by default).
+    """
+
+    def __init__(self, topology: Topology | None = None, ranks: Sequence | None = None, *,
+                 nranks: int | None = None, step_overhead: float = 0.0):
+        self.topology, self.gpus = resolve_ranks(topology, ranks, nranks)
+        self.nranks = len(self.gpus)
+        self.step_overhead = float(step_overhead)
+        self._pairs: dict[tuple[int, int], tuple] = {}
+        g = self.topology.graph
+        self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or DEFAULT_MEM_BW) for x in self.gpus)
+
+    # ------------------------------------------------------------------ pairs and flows
+    def path(self, i: int, j: int):
+        """The topology path between group ranks i and j."""
+        return self.topology.path(self.gpus[i], self.gpus[j])
+
+    def _pair(self, i: int, j: int):
+        key = (i, j)
+        if key not in self._pairs:
+            p = self.path(i, j)
+            g = self.topology.graph
+            routes = tuple((tuple(zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
+            bws = {l: g.edges[l]["bw"] for links, _ in routes for l in links}
+            self._pairs[key] = (p.lat * 1e-6 + self.step_overhead, routes, bws, p.bw)
+        return self._pairs[key]
+
+    def p2p(self, i: int, j: int, nbytes: float) -> float:
+        """Seconds for ``nbytes`` from rank i to rank j alone."""
+        lat, _, _, bw = self._pair(i, j)
+        return lat + nbytes / (bw * 1e9)
+
+    def loads(self, flows: Iterable[tuple[int, int]]) -> dict:
+        """Load (sum of route shares) on each directed link for concurrent flows (i, j)."""
+        load: dict = defaultdict(float)
+        for i, j in flows:
+            for links, share in self._pair(i, j)[1]:
+                for l in links:
+                    load[l] += share
+        return load
+
+    def rates(self, flows: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        """Bytes/s of each of the concurrent flows (duplicates count as separate flows)."""
+        flows = list(flows)
+        load = self.loads(flows)
+        out = {}
+        for f in set(flows):
+            _, routes, bws, _ = self._pair(*f)
+            out[f] = sum(min(bws[l] * share / load[l] for l in links) for links, share in routes) * 1e9
+        return out
+
+    def reduce_cost(self, rank: int, nbytes: float) -> float:
+        """Seconds for rank ``rank`` to combine two ``nbytes`` operands."""
+        return reduce_time(self._mem_bw[rank], nbytes)
+
+    # ------------------------------------------------------------------ trees
+    def tree_time(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
+                  nchunks: int = 1) -> float:
+        """Predicted seconds of a (multi)tree ``collective`` on ``nbytes`` split in ``nchunks``
+        chunks per tree (see the module docstring for the model)."""
+        multi = as_multi(plan)
+        if multi.size != self.nranks:
+            raise TreeError(f"cost: tree has {multi.size} ranks, the model {self.nranks}")
+        try:
+            phases = COLLECTIVE_PHASES[collective]
+        except KeyError:
+            raise TreeError(f"cost: collective expected one of {list(COLLECTIVE_PHASES)}, got {collective!r}") from None
+        if nchunks < 1:
+            raise TreeError(f"cost: nchunks expected >= 1, got {nchunks}")
+        flows = []
+        for t in multi.trees:
+            for c, p in t.edges():
+                if "up" in phases:
+                    flows.append((c, p))
+                if "down" in phases:
+                    flows.append((p, c))
+        rate = self.rates(flows)
+        worst = 0.0
+        for t, share in zip(multi.trees, multi.shares):
+            m = nbytes * share / nchunks
+            stage = 0.0
+            total = 0.0
+            if "up" in phases:
+                finish = [0.0] * t.size
+                for r in t.postorder():
+                    kids = t.children[r]
+                    if not kids:
+                        continue
+                    arrive = [self._pair(c, r)[0] + m / rate[(c, r)] for c in kids]
+                    comb = len(kids) * self.reduce_cost(r, m)
+                    finish[r] = max(finish[c] + a for c, a in zip(kids, arrive)) + comb
+                    stage = max(stage, max(arrive) + comb)
+                total += finish[t.root]
+            if "down" in phases:
+                reach = [0.0] * t.size
+                for r in reversed(t.postorder()):
+                    kids = t.children[r]
+                    if not kids:
+                        continue
+                    out = [self._pair(r, c)[0] + m / rate[(r, c)] for c in kids]
+                    for c, o in zip(kids, out):
+                        reach[c] = reach[r] + o
+                    stage = max(stage, max(out))
+                total += max(reach)
+            worst = max(worst, total + (nchunks - 1) * stage)
+        return worst
+
+    def best_nchunks(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", *,
+                     candidates: Sequence[int] = CHUNK_CANDIDATES, min_chunk_bytes: int = 4096) -> tuple[int, float]:
+        """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
+        best = None
+        for k in candidates:
+            if k > 1 and nbytes / k < min_chunk_bytes:
+                break
+            t = self.tree_time(plan, nbytes, collective, k)
+            if best is None or t < best[1] - 1e-15:
+                best = (k, t)
+        return best
+
+    # ------------------------------------------------------------------ ring and rsag
+    def ring_time(self, nbytes: float, order: Sequence[int] | None = None) -> float:
+        """Ring allreduce (reduce-scatter then all-gather) along ``order`` (default 0..P-1)."""
+        order = list(range(self.nranks)) if order is None else list(order)
+        n = len(order)
+        if n == 1:
+            return 0.0
+        flows = [(order[i], order[(i + 1) % n]) for i in range(n)]
+        rate = self.rates(flows)
+        m = nbytes / n
+        step = max(self._pair(*f)[0] + m / rate[f] for f in flows)
+        red = max(self.reduce_cost(r, m) for r in order)
+        return (n - 1) * (step + red) + (n - 1) * step
+
+    def rsag_time(self, nbytes: float) -> float:
+        """Direct reduce-scatter + all-gather: every rank exchanges ``n / P`` with every other."""
+        n = self.nranks
+        if n == 1:
+            return 0.0
+        flows = [(i, j) for i in range(n) for j in range(n) if i != j]
+        rate = self.rates(flows)
+        m = nbytes / n
+        step = max(self._pair(*f)[0] + m / rate[f] for f in flows)
+        red = max((n - 1) * self.reduce_cost(r, m) for r in range(n))
+        return 2 * step + red
+
+    # ------------------------------------------------------------------ bounds
+    def lower_bound(self, nbytes: float, collective: str = "allreduce") -> float:
+        """A lower bound on any algorithm's time (seconds).
+
+        Bandwidth: every rank but one must send its n bytes (reduce) or get
+        them (broadcast) through its own port; for allreduce each rank sends
+        and receives at least ``2 (P-1)/P n`` (Patarasuk & Yuan 2009) and each
+        host's traffic crosses its network cut at least once each way.
+        Latency: the farthest rank from any root (one hop each way for
+        allreduce).
+        """
+        n = self.nranks
+        if n == 1:
+            return 0.0
+        g = self.topology.graph
+        out_bw = [sum(g.edges[e]["bw"] for e in g.out_edges(x)) for x in self.gpus]
+        in_bw = [sum(g.edges[e]["bw"] for e in g.in_edges(x)) for x in self.gpus]
+        if collective == "allreduce":
+            vol = 2 * (n - 1) / n * nbytes
+            bw_lb = max(vol / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
+        else:
+            bw_lb = max(nbytes / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
+        hosts = defaultdict(list)
+        for i, x in enumerate(self.gpus):
+            hosts[self.topology.host_of(x)].append(i)
+        if len(hosts) > 1:
+            for h, members in hosts.items():
+                nic_bw = sum(self.topology.node(nic).get("bw") or min(g.edges[e]["bw"] for e in g.out_edges(nic))
+                             for nic in self.topology.nics(h))
+                if nic_bw:
+                    bw_lb = max(bw_lb, nbytes / (nic_bw * 1e9))
+        lat = min(max(self._pair(r, i)[0] for i in range(n) if i != r) for r in range(n))
+        if collective == "allreduce":
+            lat *= 2
+        return max(bw_lb, lat) if math.isfinite(bw_lb) else lat

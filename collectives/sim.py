@@ -1,0 +1,278 @@
+"""Flow-level simulation of collectives on any :class:`~topo.Topology`.
+
+Two entry points, one result type:
+
+* :func:`simulate` runs a :class:`~collectives.schedule.Schedule` (what the
+  executor runs: any tree builder's reduce, broadcast or allreduce, an
+  imported algorithm, a ring for small P) through the event-driven engine of
+  :mod:`collectives.sim_engine` (max-min fair link sharing, per-hop latency,
+  reduce compute, chunk pipelining, scratch memory).
+* :func:`simulate_ring` is NCCL's ring (allreduce = reduce-scatter +
+  all-gather, or either half) in a per-step aggregated model: every step of a
+  lockstep ring moves the same set of P transfers, so one max-min allocation
+  per ring gives the step time and the run costs ``nsteps`` steps; this is
+  what lets 8192-rank rings run in seconds (a ring Schedule of P ranks has
+  P·2(P−1) steps). On a uniform ring both give the same time.
+
+Both return a :class:`SimResult` with times in seconds, bytes per link and per
+link kind, the busiest links, peak scratch memory per rank and algbw/busbw
+exactly as nccl-tests defines them (../shared/reference/collectives.md §2):
+``algbw = S / t`` (S = the per-rank buffer, for allgather and reduce_scatter
+the total size), ``busbw = algbw × 2(P−1)/P`` for allreduce, ``× (P−1)/P``
+for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
+
+>>> import networkx as nx
+>>> from topo import Topology
+>>> from collectives.schedule import Schedule, Step
+>>> g = nx.DiGraph()
+>>> for i in range(2): g.add_node(f"h/gpu{i}", kind="gpu", host="h", index=i)
+>>> g.add_edge("h/gpu0", "h/gpu1", kind="nvlink", bw=100.0, lat=1.0)
+>>> g.add_edge("h/gpu1", "h/gpu0", kind="nvlink", bw=100.0, lat=1.0)
+>>> s = Schedule("broadcast", 2, 1, ((Step("send", 0, peer=1),), (Step("recv", 0, peer=0),)), root=0)
+>>> r = simulate(Topology(g), s, 10**8)     # 1 µs + 1e8 B / 100 GB/s = 1001 µs
+>>> round(r.time * 1e6, 3), r.kind_bytes
+(1001.0, {'nvlink': 100000000})
+"""
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from topo.errors import CollectiveError
+
+from .sim_engine import Network, concurrent_times, run_schedule
+from .sim_profiles import Profile, get_profile
+
+__all__ = ["SimResult", "simulate", "simulate_ring", "bus_factor", "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
+
+#: bytes per element of the dtypes the simulator accepts
+DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
+               "int8": 1, "uint8": 1}
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw/algbw factor: 2(n−1)/n allreduce, (n−1)/n RS/AG, 1 reduce/broadcast."""
+    n = nranks
+    if collective == "allreduce":
+        return 2.0 * (n - 1) / n if n > 1 else 0.0
+    if collective in ("reduce_scatter", "allgather"):
+        return (n - 1) / n if n > 1 else 0.0
+    if collective in ("reduce", "broadcast"):
+        return 1.0
+    raise CollectiveError(f"collective {collective!r}: expected allreduce, reduce_scatter, allgather, reduce "
+                          f"or broadcast")
+
+
+def bandwidths(collective: str, nbytes: int, nranks: int, seconds: float) -> tuple[float, float]:
+    """``(algbw, busbw)`` in GB/s (1e9 B/s) for a run of ``seconds``; ``nbytes`` as nccl-tests counts it."""
+    if seconds <= 0:
+        return float("inf"), float("inf")
+    alg = nbytes / seconds / 1e9
+    return alg, alg * bus_factor(collective, nranks)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated run. Times in seconds, sizes in bytes, bandwidths in GB/s.
+
+    ``link_bytes``: ``{"a->b": bytes}`` for links that carried data;
+    ``kind_bytes``: bytes summed per link kind; ``busiest``: the top links as
+    ``{link, kind, bytes, busy}`` dicts (``busy`` = bytes / (capacity × time));
+    ``peak_scratch``: peak extra buffer bytes per rank (received copies alive
+    before they are reduced); ``stats``: engine counters and wall time.
+    """
+
+    collective: str
+    algorithm: str
+    nranks: int
+    nbytes: int
+    time: float
+    finish: tuple[float, ...]
+    algbw: float
+    busbw: float
+    link_bytes: dict = field(repr=False)
+    kind_bytes: dict = field(default_factory=dict)
+    busiest: tuple = ()
+    peak_scratch: tuple = field(default=(), repr=False)
+    profile: str = "ideal"
+    dtype: str = "float32"
+    stats: dict = field(default_factory=dict)
+
+    def as_dict(self, links: bool = False) -> dict[str, Any]:
+        """Plain data (``links=True`` adds every link's bytes)."""
+        d = {"collective": self.collective, "algorithm": self.algorithm, "nranks": self.nranks,
+             "nbytes": self.nbytes, "dtype": self.dtype, "profile": self.profile, "time_s": self.time,
+             "time_us": self.time * 1e6, "algbw_GBps": self.algbw, "busbw_GBps": self.busbw,
+             "finish_max_s": max(self.finish, default=0.0), "kind_bytes": dict(self.kind_bytes),
+             "busiest": [dict(b) for b in self.busiest],
+             "peak_scratch_max_bytes": max(self.peak_scratch, default=0.0), "stats": dict(self.stats)}
+        if links:
+            d["link_bytes"] = dict(self.link_bytes)
+            d["finish_s"] = list(self.finish)
+            d["peak_scratch_bytes"] = list(self.peak_scratch)
+        return d
+
+
+def rank_gpus_of(topology, ranks: Sequence[str] | int | None, nranks: int | None = None) -> tuple[str, ...]:
+    """The GPU of each rank: explicit ids, the first ``ranks`` GPUs in rank order, or all."""
+    order = topology.rank_gpus()
+    if ranks is None:
+        out = tuple(order) if nranks is None else tuple(order[:nranks])
+    elif isinstance(ranks, int):
+        if not 1 <= ranks <= len(order):
+            raise CollectiveError(f"ranks: expected 1..{len(order)} (GPUs of topology {topology.name!r}), "
+                                  f"got {ranks}")
+        out = tuple(order[:ranks])
+    else:
+        out = tuple(ranks)
+        for g in out:
+            if topology.node(g)["kind"] != "gpu":
+                raise CollectiveError(f"ranks: {g!r} is not a GPU of topology {topology.name!r}")
+        if len(set(out)) != len(out):
+            raise CollectiveError("ranks: expected distinct GPUs, got a GPU twice")
+    if nranks is not None and len(out) < nranks:
+        raise CollectiveError(f"ranks: the schedule has {nranks} ranks but topology {topology.name!r} "
+                              f"maps only {len(out)}; pass ranks= with {nranks} GPUs")
+    return out
+
+
+def _check_size(nbytes: int, dtype: str) -> None:
+    if dtype not in DTYPE_SIZES:
+        raise CollectiveError(f"dtype {dtype!r}: expected one of {sorted(DTYPE_SIZES)}")
+    if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+        raise CollectiveError(f"message size: expected a non-negative integer number of bytes, got {nbytes!r}")
+    if nbytes % DTYPE_SIZES[dtype]:
+        raise CollectiveError(f"message size {nbytes} B: expected a multiple of the {dtype} element size "
+                              f"{DTYPE_SIZES[dtype]} B")
+
+
+def _mem_bw(topology, gpus) -> list[float]:
+    return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
+
+
+def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_bytes: int, P: int,
+            makespan: float, finish, link_bytes: np.ndarray, peaks, profile: Profile, dtype: str,
+            stats: dict, top: int) -> SimResult:
+    t = makespan + profile.base_lat
+    alg, bus = bandwidths(collective, count_bytes, P, t)
+    lb = {}
+    kinds: dict[str, int] = {}
+    nz = np.nonzero(link_bytes > 0)[0]
+    for i in nz.tolist():
+        a, b = net.ends[i]
+        v = float(link_bytes[i])
+        lb[f"{a}->{b}"] = int(round(v))
+        kinds[net.kinds[i]] = kinds.get(net.kinds[i], 0) + int(round(v))
+    busiest = []
+    if len(nz):
+        cap = net.cap[nz]
+        order = nz[np.lexsort((nz, -link_bytes[nz] / cap))][:top]
+        for i in order.tolist():
+            a, b = net.ends[i]
+            busiest.append({"link": f"{a}->{b}", "kind": net.kinds[i], "bytes": int(round(float(link_bytes[i]))),
+                            "busy": float(link_bytes[i] / net.cap[i] / t) if t > 0 else 0.0})
+    return SimResult(collective, algorithm, P, nbytes, t, tuple(f + profile.base_lat for f in finish), alg, bus,
+                     lb, dict(sorted(kinds.items())), tuple(busiest), tuple(peaks), profile.name, dtype, stats)
+
+
+def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
+             profile: "Profile | str | None" = None, top: int = 10) -> SimResult:
+    """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
+
+    ``ranks``: rank → GPU mapping (a sequence of GPU ids), default
+    ``topology.rank_gpus()``. ``profile``: a :class:`Profile` or its name
+    (default ``ideal``). Deterministic: the same input gives the same result.
+    """
+    _check_size(nbytes, dtype)
+    prof = get_profile(profile)
+    gpus = rank_gpus_of(topology, ranks, schedule.nranks)
+    net = Network(topology, prof)
+    t0 = _time.perf_counter()
+    raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
+                       reduce_cost=prof.reduce_cost)
+    stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
+             "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
+    return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
+                   schedule.nranks, raw.makespan, raw.finish, raw.link_bytes, raw.peak_scratch, prof, dtype,
+                   stats, top)
+
+
+def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
+    """One ring per channel: hosts in rank order, each host's GPUs rotated by the channel number.
+
+    Rotating the host-local order makes channel c leave each host from a
+    different GPU (hence through a different NIC), as NCCL spreads its ring
+    channels over the NICs.
+    """
+    by_host: dict = {}
+    for g in gpus:
+        by_host.setdefault(topology.host_of(g), []).append(g)
+    out = []
+    for c in range(channels):
+        ring = []
+        for lst in by_host.values():
+            k = c % len(lst)
+            ring.extend(lst[k:] + lst[:k])
+        out.append(ring)
+    return out
+
+
+def default_channels(topology, gpus: Sequence[str]) -> int:
+    """Ring channels: one per NIC of a host when the ring crosses hosts, else 1."""
+    hosts = {topology.host_of(g) for g in gpus}
+    if len(hosts) < 2:
+        return 1
+    per_host = min(len(topology.nics(h)) for h in hosts)
+    gpus_per_host = min(sum(1 for g in gpus if topology.host_of(g) == h) for h in hosts)
+    return max(1, min(per_host, gpus_per_host))
+
+
+def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
+                  profile: "Profile | str | None" = None, channels: int | None = None, top: int = 10) -> SimResult:
+    """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
+
+    ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
+    allreduce, the total (all ranks' pieces) for reduce_scatter and
+    allgather; each of the ``channels`` rings carries an equal share. Every step all ranks send one chunk (``size / (P × channels)``) to
+    their ring successor at once; the step time comes from one max-min
+    allocation of those P × channels transfers (:func:`~collectives.sim_engine.concurrent_times`),
+    and a reduce-scatter step takes the longer of that and its reduce
+    (``3 × chunk / mem_bw``: NCCL reduces while the data streams in).
+    Steps: 2(P−1) for allreduce, P−1 for either half.
+    """
+    if collective not in ("allreduce", "reduce_scatter", "allgather"):
+        raise CollectiveError(f"ring collective {collective!r}: expected allreduce, reduce_scatter or allgather")
+    _check_size(nbytes, dtype)
+    prof = get_profile(profile)
+    gpus = rank_gpus_of(topology, ranks)
+    P = len(gpus)
+    C = channels or default_channels(topology, gpus)
+    if C < 1:
+        raise CollectiveError(f"channels: expected >= 1, got {C}")
+    t0 = _time.perf_counter()
+    net = Network(topology, prof)
+    chunk = nbytes / (P * C)
+    rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
+    ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
+    link_bytes = np.zeros(0)
+    makespan = 0.0
+    if P > 1:
+        transfers = []
+        for ring in ring_orders(topology, gpus, C):
+            transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
+        step = float(concurrent_times(net, transfers).max())
+        memb = _mem_bw(topology, gpus)
+        red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
+        makespan = rs_steps * max(step, red) + ag_steps * step
+        link_bytes = np.zeros(len(net.ends))
+        for a, b, n in transfers:
+            for ids, share in net.route(a, b).subroutes:
+                np.add.at(link_bytes, ids, n * share * (rs_steps + ag_steps))
+    peaks = [chunk * C if rs_steps else 0.0] * P
+    stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
+             "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
+    return _finish(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
+                   dtype, stats, top)

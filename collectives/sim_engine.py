@@ -1,0 +1,430 @@
+"""The flow-level engine behind :mod:`collectives.sim`: links, routes, max-min sharing, events.
+
+Model
+-----
+* Every directed link of the :class:`~topo.Topology` is a resource of
+  capacity ``bw × 1e9 × efficiency[kind]`` bytes/s (``efficiency`` from the
+  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile).
+* A transfer of ``n`` bytes between two GPUs follows ``Topology.path(a, b).routes``:
+  one *subflow* per parallel route carrying ``share × n`` bytes (an H100
+  reaches its 4 NVSwitches with 5/5/4/4 links: 4 subflows).
+* Concurrent subflows share each link max-min fairly (progressive filling,
+  :func:`maxmin_rates`); rates are recomputed whenever a subflow starts or
+  ends (events at the same instant are handled together, one recomputation).
+* A transfer started at ``t0`` drains at ``t1`` (all its subflows done); its
+  data has fully arrived at ``t1 + lat``, where ``lat`` is the summed link
+  latency of the route, floored by the profile's per-step latency of the
+  route class (``nvlink``, ``pci``, ``net``). One transfer alone over one link
+  therefore takes ``lat + n / bw``.
+* Schedules run with the semantics of :mod:`collectives.schedule`: steps of a
+  rank start in list order once their ``deps`` are complete; a send starts a
+  transfer and completes when it drains (the send buffer is free); a recv
+  completes when it is posted and its matching send's data has arrived; a
+  reduce occupies the rank's GPU for ``3 × chunk_bytes / mem_bw`` seconds
+  (read two operands, write one; reduces of one rank run one at a time).
+* Scratch memory: a recv into slot ``s >= 1`` holds ``chunk_bytes`` from the
+  moment the recv is posted until the reduce that consumes that (chunk, slot)
+  completes; the peak of the sum per rank is reported.
+
+Memory is linear in links used plus subflows plus steps (no P×P tables).
+Everything is deterministic: ties are broken by insertion order.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from topo.errors import CollectiveError
+
+__all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "RawRun", "route_class"]
+
+_REL_EPS = 1e-9
+
+
+def route_class(nccl: str) -> str:
+    """Latency class of a path from its NCCL class: ``net``, ``nvlink`` or ``pci``."""
+    if nccl == "NET":
+        return "net"
+    if nccl in ("NVL", "NVB", "LOC"):
+        return "nvlink"
+    return "pci"
+
+
+@dataclass(frozen=True)
+class Route:
+    """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s."""
+
+    subroutes: tuple
+    lat: float
+    cls: str
+    nccl: str
+
+
+class Network:
+    """The links a simulation touches, as integer ids with capacities (bytes/s).
+
+    Links are numbered lazily, the first time a route uses them, so memory is
+    linear in the links actually used.
+    """
+
+    def __init__(self, topology, profile):
+        self.topology = topology
+        self.profile = profile
+        self._ids: dict[tuple[str, str], int] = {}
+        self.ends: list[tuple[str, str]] = []
+        self.kinds: list[str] = []
+        self._cap: list[float] = []
+        self._routes: dict[tuple[str, str], Route] = {}
+        self._cap_arr: np.ndarray | None = None
+
+    def link_id(self, a: str, b: str) -> int:
+        i = self._ids.get((a, b))
+        if i is None:
+            d = self.topology.link(a, b)
+            i = len(self.ends)
+            self._ids[(a, b)] = i
+            self.ends.append((a, b))
+            self.kinds.append(d["kind"])
+            self._cap.append(float(d["bw"]) * 1e9 * self.profile.efficiency(d["kind"]))
+            self._cap_arr = None
+        return i
+
+    @property
+    def cap(self) -> np.ndarray:
+        """Capacity of each numbered link, bytes/s."""
+        if self._cap_arr is None or len(self._cap_arr) != len(self._cap):
+            self._cap_arr = np.asarray(self._cap, dtype=np.float64)
+        return self._cap_arr
+
+    def route(self, a: str, b: str) -> Route:
+        """The route between GPUs ``a`` and ``b`` (cached)."""
+        r = self._routes.get((a, b))
+        if r is None:
+            p = self.topology.path(a, b)
+            subs = []
+            for nodes, share in p.routes:
+                ids = np.fromiter((self.link_id(u, v) for u, v in zip(nodes, nodes[1:])), dtype=np.int64)
+                subs.append((ids, float(share)))
+            cls = route_class(p.nccl)
+            lat = max(p.lat * 1e-6, self.profile.step_lat(cls))
+            r = Route(tuple(subs), lat, cls, p.nccl)
+            self._routes[(a, b)] = r
+        return r
+
+
+def maxmin_rates(flow: np.ndarray, link: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Max-min fair rates by progressive filling.
+
+    ``flow[i]`` uses ``link[i]`` (an incidence list; ids are arbitrary
+    integers), ``cap[link id]`` in bytes/s. Every iteration raises all
+    unfrozen flows equally until some links saturate, then freezes the flows
+    crossing them. Returns ``(flow ids (sorted, unique), rates in bytes/s)``.
+
+    >>> f = np.array([0, 1, 1]); l = np.array([0, 0, 1])
+    >>> maxmin_rates(f, l, np.array([10.0, 2.0]))[1].tolist()
+    [8.0, 2.0]
+    """
+    uf, fi = np.unique(flow, return_inverse=True)
+    ul, li = np.unique(link, return_inverse=True)
+    rem = cap[ul].astype(np.float64).copy()
+    rate = np.zeros(len(uf))
+    frozen = np.zeros(len(uf), dtype=bool)
+    act = np.ones(len(fi), dtype=bool)
+    level = 0.0
+    while act.any():
+        cnt = np.bincount(li[act], minlength=len(ul))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(cnt > 0, rem / np.maximum(cnt, 1), np.inf)
+        m = float(share.min())
+        bott = share <= m * (1 + _REL_EPS) + 1e-12
+        level_inc = max(m, 0.0)
+        fz = np.unique(fi[act & bott[li]])
+        # every unfrozen flow rises by level_inc; links lose level_inc per active crossing flow
+        rem = rem - cnt * level_inc
+        level += level_inc
+        rate[fz] = level
+        frozen[fz] = True
+        act &= ~frozen[fi]
+        np.maximum(rem, 0.0, out=rem)
+    return uf, rate
+
+
+def concurrent_times(net: Network, transfers) -> np.ndarray:
+    """Completion time (s) of transfers that all start together, rates fixed at one max-min allocation.
+
+    ``transfers``: iterable of ``(src_gpu, dst_gpu, nbytes)``. Each transfer
+    takes ``lat + max over its subflows (bytes / rate)``. Used for lockstep
+    phases (every step of a uniform ring moves the same set of transfers).
+    """
+    flows, links, sizes, owner, lats = [], [], [], [], []
+    k = 0
+    tlist = list(transfers)
+    for t_i, (a, b, n) in enumerate(tlist):
+        r = net.route(a, b)
+        lats.append(r.lat)
+        for ids, share in r.subroutes:
+            flows.append(np.full(len(ids), k, dtype=np.int64))
+            links.append(ids)
+            sizes.append(n * share)
+            owner.append(t_i)
+            k += 1
+    out = np.asarray(lats, dtype=np.float64)
+    if k == 0:
+        return out
+    uf, rate = maxmin_rates(np.concatenate(flows), np.concatenate(links), net.cap)
+    sizes_a = np.asarray(sizes)[uf]
+    dur = np.where(sizes_a > 0, sizes_a / np.maximum(rate, 1e-300), 0.0)
+    drain = np.zeros(len(tlist))
+    np.maximum.at(drain, np.asarray(owner)[uf], dur)
+    return out + drain
+
+
+@dataclass
+class RawRun:
+    """What :func:`run_schedule` measured; :mod:`collectives.sim` turns it into a result."""
+
+    makespan: float
+    finish: list
+    link_bytes: np.ndarray
+    peak_scratch: list
+    transfers: int
+    subflows: int
+    recomputes: int
+
+
+class _Flows:
+    """Growable arrays of subflows and their link incidences."""
+
+    def __init__(self):
+        self.n = 0
+        self.rem = np.zeros(64)
+        self.rate = np.zeros(64)
+        self.size = np.zeros(64)
+        self.xfer = np.zeros(64, dtype=np.int64)
+        self.alive = np.zeros(64, dtype=bool)
+        self.nl = np.zeros(64, dtype=np.int64)
+        self.inc_f = np.zeros(256, dtype=np.int64)
+        self.inc_l = np.zeros(256, dtype=np.int64)
+        self.ninc = 0
+        self.nalive_inc = 0
+
+    def add(self, links: np.ndarray, nbytes: float, xfer: int) -> int:
+        i = self.n
+        if i == len(self.rem):
+            for name in ("rem", "rate", "size", "xfer", "alive", "nl"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        self.rem[i] = nbytes
+        self.size[i] = nbytes
+        self.rate[i] = 0.0
+        self.xfer[i] = xfer
+        self.alive[i] = True
+        m = len(links)
+        self.nl[i] = m
+        while self.ninc + m > len(self.inc_f):
+            self.inc_f = np.concatenate([self.inc_f, np.zeros_like(self.inc_f)])
+            self.inc_l = np.concatenate([self.inc_l, np.zeros_like(self.inc_l)])
+        self.inc_f[self.ninc:self.ninc + m] = i
+        self.inc_l[self.ninc:self.ninc + m] = links
+        self.ninc += m
+        self.nalive_inc += m
+        self.n += 1
+        return i
+
+    def compact(self) -> None:
+        keep = self.alive[self.inc_f[:self.ninc]]
+        f, l_ = self.inc_f[:self.ninc][keep], self.inc_l[:self.ninc][keep]
+        self.ninc = len(f)
+        self.inc_f[:self.ninc] = f
+        self.inc_l[:self.ninc] = l_
+
+
+def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True) -> RawRun:
+    """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces)."""
+    P = schedule.nranks
+    steps = schedule.steps
+    if len(rank_gpus) < P:
+        raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
+    nsteps = [len(s) for s in steps]
+    done_t = [[None] * n for n in nsteps]
+    nxt = [0] * P
+    compute_free = [0.0] * P
+    # static k-index of every recv (k-th recv at p from r of chunk c)
+    recv_k: list[list[int]] = []
+    for r in range(P):
+        seen: dict = {}
+        ks = []
+        for s in steps[r]:
+            if s.kind == "recv":
+                key = (s.peer, r, s.chunk)
+                ks.append(seen.get(key, 0))
+                seen[key] = ks[-1] + 1
+            else:
+                ks.append(-1)
+        recv_k.append(ks)
+    send_count: dict = {}
+    arrived: dict = {}      # (src, dst, chunk, k) -> arrival time
+    waiting: dict = {}      # (src, dst, chunk, k) -> (rank, step)
+    scratch_ev: list[list[tuple[float, float]]] = [[] for _ in range(P)]
+    open_slot: list[dict] = [dict() for _ in range(P)]
+    fl = _Flows()
+    x_pending: list[int] = []     # subflows left per transfer
+    x_info: list[tuple] = []      # (src rank, step idx, key, lat)
+    link_bytes = np.zeros(0)
+    heap: list = []
+    seq = 0
+    changed = False
+    recomputes = 0
+    now = 0.0
+
+    def push(t, kind, a, b=0):
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, a, b))
+        seq += 1
+
+    def complete(r, i, t):
+        done_t[r][i] = t
+        s = steps[r][i]
+        if s.kind == "reduce":
+            key = (s.chunk, s.slot)
+            b = open_slot[r].pop(key, None)
+            if b is not None:
+                scratch_ev[r].append((t, -b))
+
+    def deliver(key, t):
+        w = waiting.pop(key, None)
+        if w is None:
+            arrived[key] = t
+        else:
+            complete(w[0], w[1], t)
+            advance(w[0], t)
+
+    def start_send(r, i, s, t):
+        nonlocal changed, link_bytes
+        key0 = (r, s.peer, s.chunk)
+        k = send_count.get(key0, 0)
+        send_count[key0] = k + 1
+        key = (r, s.peer, s.chunk, k)
+        route = net.route(rank_gpus[r], rank_gpus[s.peer])
+        n = float(chunk_bytes[s.chunk])
+        xi = len(x_info)
+        x_info.append((r, i, key, route.lat))
+        cnt = 0
+        if n > 0:
+            for ids, share in route.subroutes:
+                if share <= 0:
+                    continue
+                fl.add(ids, n * share, xi)
+                if len(link_bytes) < len(net.ends):
+                    link_bytes = np.concatenate([link_bytes, np.zeros(len(net.ends) - len(link_bytes))])
+                np.add.at(link_bytes, ids, n * share)
+                cnt += 1
+        x_pending.append(cnt)
+        if cnt == 0:
+            complete(r, i, t)
+            push(t + route.lat, 0, xi)
+        else:
+            changed = True
+
+    def advance(r, t):
+        lst = steps[r]
+        while nxt[r] < nsteps[r]:
+            i = nxt[r]
+            s = lst[i]
+            dt = done_t[r]
+            if any(dt[d] is None for d in s.deps):
+                return
+            nxt[r] = i + 1
+            if s.kind == "send":
+                start_send(r, i, s, t)
+            elif s.kind == "recv":
+                if s.slot > 0:
+                    b = float(chunk_bytes[s.chunk])
+                    scratch_ev[r].append((t, b))
+                    open_slot[r][(s.chunk, s.slot)] = open_slot[r].get((s.chunk, s.slot), 0.0) + b
+                key = (s.peer, r, s.chunk, recv_k[r][i])
+                if key in arrived:
+                    complete(r, i, max(t, arrived.pop(key)))
+                else:
+                    waiting[key] = (r, i)
+            else:
+                dur = 3.0 * chunk_bytes[s.chunk] / mem_bw[r] if (reduce_cost and mem_bw[r] > 0) else 0.0
+                begin = max(t, compute_free[r])
+                if dur == 0.0 and begin <= t:
+                    complete(r, i, t)
+                else:
+                    compute_free[r] = begin + dur
+                    push(begin + dur, 1, r, i)
+
+    for r in range(P):
+        advance(r, 0.0)
+    active = np.zeros(0, dtype=np.int64)
+    while True:
+        if changed:
+            if fl.ninc > 2 * max(fl.nalive_inc, 1024):
+                fl.compact()
+            inc = slice(0, fl.ninc)
+            sel = fl.alive[fl.inc_f[inc]]
+            if sel.any():
+                uf, rate = maxmin_rates(fl.inc_f[inc][sel], fl.inc_l[inc][sel], net.cap)
+                fl.rate[uf] = rate
+                active = uf
+            else:
+                active = np.zeros(0, dtype=np.int64)
+            recomputes += 1
+            changed = False
+        t_drain = np.inf
+        if len(active):
+            t_drain = now + float(np.min(fl.rem[active] / fl.rate[active]))
+        t_ev = heap[0][0] if heap else np.inf
+        t_next = min(t_drain, t_ev)
+        if t_next == np.inf:
+            break
+        if len(active) and t_next > now:
+            fl.rem[active] -= fl.rate[active] * (t_next - now)
+        now = t_next
+        if len(active):
+            tol = _REL_EPS * fl.size[active] + 1e-6
+            fin = active[fl.rem[active] <= tol]
+            if len(fin):
+                fl.alive[fin] = False
+                fl.rem[fin] = 0.0
+                active = active[fl.alive[active]]
+                changed = True
+                for f in fin.tolist():
+                    xi = int(fl.xfer[f])
+                    fl.nalive_inc -= int(fl.nl[f])  # incidences are dropped lazily by compact()
+                    x_pending[xi] -= 1
+                    if x_pending[xi] == 0:
+                        r, i, key, lat = x_info[xi]
+                        complete(r, i, now)
+                        push(now + lat, 0, xi)
+                        advance(r, now)
+        tol_t = now * _REL_EPS + 1e-15
+        while heap and heap[0][0] <= now + tol_t:
+            _, _, kind, a, b = heapq.heappop(heap)
+            if kind == 0:
+                deliver(x_info[a][2], now)
+            else:
+                complete(a, b, now)
+                advance(a, now)
+    stuck = [r for r in range(P) if any(d is None for d in done_t[r])]
+    if stuck:
+        r = stuck[0]
+        i = next(j for j, d in enumerate(done_t[r]) if d is None)
+        raise CollectiveError(f"simulate: rank {r} never completed step {i} ({steps[r][i].kind}); "
+                              f"the schedule cannot progress")
+    finish = [max(d, default=0.0) for d in done_t]
+    peaks = []
+    for ev in scratch_ev:
+        ev.sort(key=lambda e: (e[0], e[1]))
+        cur = peak = 0.0
+        for _, b in ev:
+            cur += b
+            peak = max(peak, cur)
+        peaks.append(peak)
+    if len(link_bytes) < len(net.ends):
+        link_bytes = np.concatenate([link_bytes, np.zeros(len(net.ends) - len(link_bytes))])
+    return RawRun(max(finish, default=0.0), finish, link_bytes, peaks, len(x_info), fl.n, recomputes)
