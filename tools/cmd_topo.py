@@ -35,7 +35,7 @@ __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render
            "render_path", "endpoint", "SUBMODULES"]
 
 #: modules adding more ``treecoll topo`` subcommands (e.g. discovery); one line each
-SUBMODULES: list[str] = []
+SUBMODULES: list[str] = ["tools.cmd_discover"]
 
 SMI_LEGEND = [
     ("X", "Self"),
