@@ -1,0 +1,151 @@
+"""Baselines for distributed decoding, with :func:`attention.tree_decode`'s signature.
+
+Both are implemented as their authors run them, so that comparisons are fair:
+
+* :func:`ring_decode`: Ring Attention decoding (the paper's baseline, as in
+  ``flash_attn_jax.ring_attention.ring_fwd`` and ring-flash-attention): the
+  query is replicated; each rank's K/V shard travels around the ring in
+  ``P - 1`` steps (``isend`` to rank+1, ``irecv`` from rank-1); each step's
+  transfer is overlapped with the attention on the shard in hand, whose state
+  is merged (float32) into the running state.  Every rank attends to all keys
+  and every rank gets the output.  Only the valid prefix of each shard
+  (``max(kv_len)`` positions) is sent, and K/V travel in the cache dtype with
+  the KV heads unexpanded (unlike the reference code, which expands GQA heads
+  first).  Shard lengths are learned from one small all-gather per call.
+  Receive buffers are double-buffered: peak extra memory is two shards.
+* :func:`allreduce3_decode`: the paper's Algorithm 3 and its reference code
+  (Zyphra/tree_attention, lucidrains' ``tree_attn_decode``): ``m =
+  all_reduce(lse, MAX)``, then ``all_reduce(out * exp(lse - m), SUM)`` (the
+  numerator), then ``all_reduce(exp(lse - m), SUM)`` (the denominator), out =
+  numerator / denominator.  In float32 (the reference code uses the input
+  dtype), with the ``-inf`` guards of :mod:`attention.state` so that empty
+  shards are exact identities.
+
+``tree``, ``topology`` and ``root_only`` are accepted for signature
+compatibility and ignored (both baselines give every rank the output).
+"""
+from __future__ import annotations
+
+import torch
+
+from attention.decode import decode_partial
+from attention.dist import agree_on_inputs, group_info, to_global
+from attention.state import empty_state, merge
+from attention.validate import check_decode_inputs
+from topo.errors import AttentionError
+
+__all__ = ["ring_decode", "allreduce3_decode", "METHODS"]
+
+
+def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
+                root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
+    """Ring Attention decoding; same parameters and result as :func:`attention.tree_decode`.
+
+    ``check`` is accepted for symmetry: the ring always all-gathers every rank's
+    shipped prefix length (it sizes the receive buffers with them), and that
+    gather also checks that ranks agree on shapes and dtypes.  Each shard
+    travels with its per-sequence lengths (int32 [batch], a third message).
+    """
+    del tree, topology, root_only, check
+    rank, size = group_info(group)
+    if size == 1:
+        out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
+        return (out, lse) if return_lse else out
+    prefix = 0
+    try:
+        lengths, _ = check_decode_inputs(q, k_shard, v_shard, kv_len, scale, "ring_decode")
+        prefix = int(lengths.max()) if lengths.numel() else 0
+    except AttentionError:
+        pass  # agree_on_inputs raises it on this rank and a matching error on the others
+    lengths, scale, table = agree_on_inputs("ring_decode", group, q, k_shard, v_shard, kv_len, scale,
+                                            extra=(prefix,), extra_names=("prefix",), allow_differ=("prefix",))
+    import torch.distributed as dist
+
+    prefixes = table[:, -2].tolist()  # valid positions each rank ships (max of its kv_len)
+    _, _, kv_heads, head_dim = k_shard.shape
+    batch, q_heads, _ = q.shape
+    nxt, prv = to_global(group, (rank + 1) % size), to_global(group, (rank - 1) % size)
+    per_token = batch * kv_heads * head_dim
+    cap = max(prefixes) * per_token
+    # double-buffered receive space; the shard in hand is sent while the next one arrives
+    bufs = [(torch.empty(cap, dtype=k_shard.dtype), torch.empty(cap, dtype=k_shard.dtype),
+             torch.empty(batch, dtype=torch.int32)) for _ in range(2)]
+
+    def view(flat, n):
+        return flat[: n * per_token].view(batch, n, kv_heads, head_dim)
+
+    k_cur = k_shard[:, :prefix].contiguous()
+    v_cur = v_shard[:, :prefix].contiguous()
+    len_cur = lengths.to(torch.int32).contiguous()
+    state = empty_state(batch, q_heads, head_dim)
+    for s in range(size):
+        src = (rank - s) % size  # owner of the shard in hand
+        reqs = []
+        if s < size - 1:
+            n_in = prefixes[(rank - s - 1) % size]
+            k_buf, v_buf, len_in = bufs[s % 2]
+            k_in, v_in = view(k_buf, n_in), view(v_buf, n_in)
+            reqs.append(dist.isend(len_cur, nxt, group=group, tag=2))
+            reqs.append(dist.irecv(len_in, prv, group=group, tag=2))
+            if prefixes[src] > 0:
+                reqs.append(dist.isend(k_cur, nxt, group=group, tag=0))
+                reqs.append(dist.isend(v_cur, nxt, group=group, tag=1))
+            if n_in > 0:
+                reqs.append(dist.irecv(k_in, prv, group=group, tag=0))
+                reqs.append(dist.irecv(v_in, prv, group=group, tag=1))
+        if prefixes[src] > 0:
+            part = decode_partial(q, k_cur, v_cur, kv_len=len_cur, scale=scale)
+            state = merge(state, part, check=False)
+        for r in reqs:
+            r.wait()
+        if s < size - 1:
+            k_cur, v_cur, len_cur = k_in, v_in, len_in
+    out, lse = state
+    return (out, lse) if return_lse else out
+
+
+def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
+                      root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
+    """The paper's three all-reduces (max, numerator, denominator); same
+    parameters and result as :func:`attention.tree_decode`."""
+    del tree, topology, root_only
+    _, size = group_info(group)
+    if check and size > 1:
+        agree_on_inputs("allreduce3_decode", group, q, k_shard, v_shard, kv_len, scale)
+    out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
+    if size == 1:
+        return (out, lse) if return_lse else out
+    import torch.distributed as dist
+
+    m = lse.clone()
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    den = torch.exp(lse - shift)  # 0 for an empty shard
+    num = torch.where(den.unsqueeze(-1) > 0, out * den.unsqueeze(-1), torch.zeros((), dtype=torch.float32))
+    dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
+    nonempty = den > 0
+    out = num / torch.where(nonempty, den, torch.ones_like(den)).unsqueeze(-1)
+    if return_lse:
+        lse = torch.where(nonempty, shift + torch.log(torch.where(nonempty, den, torch.ones_like(den))),
+                          torch.full_like(den, float("-inf")))
+        return out, lse
+    return out
+
+
+def _methods():
+    from attention.tree_decode import tree_decode
+
+    return {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
+
+
+#: name -> decode function (``tree``, ``ring``, ``allreduce3``); filled lazily by :func:`method`.
+METHODS = ("tree", "ring", "allreduce3")
+
+
+def method(name: str):
+    """The decode function named ``name`` (one of :data:`METHODS`)."""
+    table = _methods()
+    if name not in table:
+        raise AttentionError(f"decode method: unknown name {name!r}; valid: {list(METHODS)}")
+    return table[name]

@@ -1,0 +1,355 @@
+"""Process-group plumbing shared by the distributed decoders (tree, ring, 3 all-reduces).
+
+* :func:`group_info` / :func:`to_global`: group-local rank and size (a process
+  without an initialised default group is a group of one), and the one place
+  where a group-local rank is translated to the global rank that
+  ``torch.distributed``'s point-to-point calls take.
+* :func:`check_same_signature`: one small ``all_gather`` of integer signatures
+  so that ranks that disagree on shapes or dtypes raise
+  :class:`~topo.errors.AttentionError` (naming every rank's value) instead of
+  hanging in a mismatched exchange.
+* :func:`count_traffic`: counts the bytes handed to ``torch.distributed``
+  (point-to-point sends, all-reduce, all-gather, broadcast) while it is active.
+* :func:`peak_tensor_bytes`: the peak of live tensor bytes allocated while a
+  callable runs (torch profiler memory events).
+* :func:`run_group`: start ``nproc`` processes (spawn) in a gloo group on
+  127.0.0.1 with a free port, run a function, return its per-rank results;
+  bounded by a timeout (processes are killed, :class:`CollectiveError` raised).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from topo.errors import AttentionError, CollectiveError
+
+__all__ = [
+    "group_info",
+    "to_global",
+    "check_same_signature",
+    "Traffic",
+    "count_traffic",
+    "peak_tensor_bytes",
+    "free_port",
+    "run_group",
+]
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def group_info(group=None) -> tuple[int, int]:
+    """``(rank, size)`` of this process in ``group`` (group-local); ``(0, 1)`` when
+    torch.distributed is unavailable or not initialised."""
+    dist = _dist()
+    if not dist.is_available() or not dist.is_initialized():
+        if group is not None:
+            raise AttentionError(
+                "group: expected an initialised torch.distributed default group when a group is given, "
+                "got none; call torch.distributed.init_process_group first"
+            )
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def to_global(group, rank: int) -> int:
+    """Global rank of group-local ``rank`` (identity for the default group)."""
+    if group is None:
+        return rank
+    return _dist().get_global_rank(group, rank)
+
+
+def check_same_signature(values, names, where: str, group=None, *, allow_differ=()) -> torch.Tensor:
+    """All-gather one int64 vector per rank and raise if ranks disagree.
+
+    ``values``: ints (one per ``names`` entry); ``allow_differ``: names whose
+    values may differ between ranks (e.g. local sequence lengths).  Returns the
+    gathered int64 ``[P, len(values)]`` (row r = rank r's values) so callers can
+    reuse it (the ring decoder reads every rank's shard length from it).
+    Raises :class:`AttentionError` on every rank: ``"<where>: ranks disagree on
+    <name>: expected the same value on every rank, got rank 0: x, rank 1: y"``.
+    """
+    rank, size = group_info(group)
+    mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    if size == 1:
+        return mine.unsqueeze(0)
+    dist = _dist()
+    out = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(out, mine, group=group)
+    table = torch.stack(out)
+    for j, name in enumerate(names):
+        if name in allow_differ:
+            continue
+        col = table[:, j]
+        if bool((col != col[0]).any()):
+            got = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(col.tolist()))
+            raise AttentionError(
+                f"{where}: ranks disagree on {name}: expected the same value on every rank, got {got}; "
+                f"every rank must call with the same batch, heads, head_dim and dtypes"
+            )
+    return table
+
+
+DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+
+
+# --------------------------------------------------------------------------- traffic
+
+
+@dataclass
+class Traffic:
+    """Bytes this process handed to torch.distributed while counting.
+
+    ``p2p_sent``/``p2p_recv``: bytes of tensors passed to send/isend and
+    recv/irecv (exactly what crosses the wire for them); ``collective``: bytes of
+    the tensors passed to all_reduce / all_gather / broadcast (the caller's
+    buffer, counted once per call; what the backend's algorithm puts on the wire
+    differs: a ring all-reduce sends 2(P-1)/P of it); ``calls``: per function.
+    ``sent`` = ``p2p_sent + collective`` is what the tools report as "bytes sent".
+    """
+
+    p2p_sent: int = 0
+    p2p_recv: int = 0
+    collective: int = 0
+    calls: dict = field(default_factory=dict)
+
+    @property
+    def sent(self) -> int:
+        return self.p2p_sent + self.collective
+
+    def as_dict(self) -> dict:
+        return {"sent": self.sent, "p2p_sent": self.p2p_sent, "p2p_recv": self.p2p_recv,
+                "collective": self.collective, "calls": dict(self.calls)}
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+_P2P = {"send": "p2p_sent", "isend": "p2p_sent", "recv": "p2p_recv", "irecv": "p2p_recv"}
+_COLL = {"all_reduce": 0, "broadcast": 0, "all_gather": 1, "all_gather_into_tensor": 1, "reduce": 0}
+
+
+@contextlib.contextmanager
+def count_traffic():
+    """Count bytes passed to torch.distributed calls inside the block; yields a
+    :class:`Traffic`.
+
+    Patches the functions in both ``torch.distributed`` and its
+    ``distributed_c10d`` module (``batch_isend_irecv`` goes through the patched
+    ``isend``/``irecv``), so it sees calls made by any library that looks them
+    up at call time.  Not thread-safe; restores the originals on exit.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    traffic = Traffic()
+    saved = {}
+    depth = [0]  # torch implements some calls through others (send -> isend): count the outer one
+
+    def wrap(name, fn):
+        def counted(*args, **kwargs):
+            if depth[0]:
+                return fn(*args, **kwargs)
+            traffic.calls[name] = traffic.calls.get(name, 0) + 1
+            if name in _P2P:
+                tensor = args[0] if args else kwargs.get("tensor")
+                setattr(traffic, _P2P[name], getattr(traffic, _P2P[name]) + _nbytes(tensor))
+            else:
+                idx = _COLL[name]
+                tensor = args[idx] if len(args) > idx else kwargs.get("tensor")
+                traffic.collective += _nbytes(tensor)
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        counted.__name__ = name
+        return counted
+
+    for name in list(_P2P) + list(_COLL):
+        orig = getattr(c10d, name)
+        saved[name] = (orig, getattr(dist, name, None))
+        w = wrap(name, orig)
+        setattr(c10d, name, w)
+        setattr(dist, name, w)
+    try:
+        yield traffic
+    finally:
+        for name, (orig, top) in saved.items():
+            setattr(c10d, name, orig)
+            if top is not None:
+                setattr(dist, name, top)
+
+
+def peak_tensor_bytes(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` under the torch profiler and return
+    ``(result, peak)``: ``peak`` is the largest total of tensor bytes allocated
+    during the call and alive at the same time (allocation events in time
+    order; tensors that existed before the call, such as the KV cache, are not
+    counted).  Slow: measure in a separate, untimed call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return result, peak
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bind port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, nproc, port, fn, args, queue, timeout, threads):
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=nproc,
+                                timeout=datetime.timedelta(seconds=timeout))
+        try:
+            result = fn(rank, nproc, *args)
+            queue.put((rank, True, result))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:  # reported to the parent, which raises
+        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def run_group(fn, nproc: int, *args, timeout: float = 60.0, threads: int = 1):
+    """Run ``fn(rank, nproc, *args)`` in ``nproc`` spawned processes joined in a
+    gloo group (127.0.0.1, free port); return the list of results by rank.
+
+    ``fn`` and ``args`` must be picklable (``fn`` a module-level function).
+    ``timeout`` (seconds) bounds the whole run and is the group's own timeout;
+    ``threads``: torch intra-op threads per process.  A rank that raises makes
+    this raise :class:`CollectiveError` with that rank's message; a run that
+    exceeds the timeout kills every process and raises.
+    """
+    import queue as _queue
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, nproc, port, fn, args, q, timeout, threads), daemon=True)
+             for r in range(nproc)]
+    for p in procs:
+        p.start()
+    results, errors = {}, {}
+    deadline = time.monotonic() + timeout + 30.0  # startup (importing torch) on a loaded machine
+    try:
+        while len(results) + len(errors) < nproc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CollectiveError(
+                    f"run_group: expected {nproc} ranks to finish within {timeout:.0f} s (+30 s startup), "
+                    f"got {len(results)} results and {len(errors)} errors; killed the rest"
+                )
+            try:
+                rank, ok, value = q.get(timeout=min(left, 1.0))
+            except _queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)
+                        and i not in results and i not in errors]
+                if dead:
+                    time.sleep(0.5)  # let a queued message arrive
+                    if q.empty():
+                        raise CollectiveError(
+                            f"run_group: rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
+                            f"without a result"
+                        ) from None
+                continue
+            (results if ok else errors)[rank] = value
+            if errors and len(results) + len(errors) < nproc:
+                # give the other ranks a moment to report their own error, then stop
+                end = time.monotonic() + 5.0
+                while len(results) + len(errors) < nproc and time.monotonic() < end:
+                    try:
+                        rank, ok, value = q.get(timeout=0.5)
+                        (results if ok else errors)[rank] = value
+                    except _queue.Empty:
+                        pass
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=2.0 if not errors else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2.0)
+    if errors:
+        rank = min(errors)
+        first = errors[rank].splitlines()[0]
+        raise CollectiveError(f"run_group: rank {rank} failed: {first}\n{errors[rank]}")
+    return [results[r] for r in range(nproc)]
+
+
+def decode_signature(q, k, extra=(), extra_names=()):
+    """``(values, names)`` for :func:`check_same_signature` of a decode call:
+    batch, q_heads, head_dim, kv_heads and the dtypes of q and k (-1 where an
+    input is not a tensor of the expected rank), plus ``extra``."""
+    qs = tuple(q.shape) if isinstance(q, torch.Tensor) and q.dim() == 3 else (-1, -1, -1)
+    kv_heads = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+    codes = [DTYPE_CODES.get(getattr(x, "dtype", None), 0) for x in (q, k)]
+    values = [*qs, kv_heads, *codes, *extra]
+    names = ["batch", "q_heads", "head_dim", "kv_heads", "q dtype", "kv dtype", *extra_names]
+    return values, names
+
+
+def agree_on_inputs(where: str, group, q, k, v, kv_len, scale, *, extra=(), extra_names=(), allow_differ=()):
+    """Validate a decode call locally and make every rank agree before any exchange.
+
+    One all-gather of :func:`decode_signature` (plus ``extra``) and a flag saying
+    whether this rank's inputs passed :func:`attention.validate.check_decode_inputs`.
+    Every rank raises :class:`AttentionError` if any rank's inputs are invalid
+    or the ranks disagree, so no rank is left waiting in a later exchange.
+    Returns ``(lengths int32 [batch], scale, table int64 [P, n])``.
+    """
+    from attention.validate import check_decode_inputs
+
+    err, lengths = None, None
+    try:
+        lengths, scale = check_decode_inputs(q, k, v, kv_len, scale, where)
+    except AttentionError as e:
+        err = e
+    values, names = decode_signature(q, k, extra, extra_names)
+    table = check_same_signature(values + [int(err is not None)], names + ["invalid inputs"], where, group,
+                                 allow_differ=tuple(allow_differ) + ("invalid inputs",))
+    if err is not None:
+        raise err
+    bad = [r for r, f in enumerate(table[:, -1].tolist()) if f]
+    if bad:
+        raise AttentionError(
+            f"{where}: expected valid inputs on every rank, got invalid inputs on rank(s) {bad} "
+            f"(see the error raised there)"
+        )
+    return lengths, scale, table

@@ -1,0 +1,200 @@
+"""tree_decode, ring_decode and allreduce3_decode against the float64 reference.
+
+All multi-process cases run in ONE spawned group of 4 gloo processes (module
+fixture); each case returns numbers that the tests below assert on.
+"""
+import pytest
+import torch
+
+from attention.dist import run_group
+
+P = 4
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _rel_err(x, ref):
+    err = (x.double() - ref.double()).abs().max().item()
+    scale = ref.double().abs().max().item()
+    return err / scale if scale > 0 else err
+
+
+def _shard(k, v, lengths, bounds, rank):
+    """Rank's slice [bounds[rank], bounds[rank+1]) of every sequence, and its local lengths."""
+    s, e = bounds[rank], bounds[rank + 1]
+    local = [max(0, min(L, e) - s) for L in lengths]
+    return k[:, s:e].contiguous(), v[:, s:e].contiguous(), local
+
+
+def _install_standins():
+    """Test-only stand-ins for collectives.reduce/broadcast while they are not committed."""
+    import collectives
+
+    if hasattr(collectives, "reduce") and hasattr(collectives, "broadcast"):
+        return False
+    import torch.distributed as dist
+
+    def reduce(x, *, root=0, op=None, tree=None, group=None, **kw):
+        rank = dist.get_rank(group)
+        acc = x.clone()
+        for c in tree.children[rank]:
+            buf = torch.empty_like(x)
+            dist.recv(buf, c)
+            acc = op(acc, buf)
+        if tree.parents[rank] != -1:
+            dist.send(acc, tree.parents[rank])
+        return acc
+
+    def broadcast(x, *, root=0, tree=None, group=None, **kw):
+        rank = dist.get_rank(group)
+        if tree.parents[rank] != -1:
+            dist.recv(x, tree.parents[rank])
+        for c in tree.children[rank]:
+            dist.send(x, c)
+        return x
+
+    collectives.reduce, collectives.broadcast = reduce, broadcast
+    return True
+
+
+def _cases():
+    """(name, batch, q_heads, kv_heads, head_dim, seq, lengths, bounds, kv dtype, tree)."""
+    from collectives import Tree
+
+    return [
+        ("uneven", 1, 4, 4, 16, 37, [37], [0, 3, 20, 21, 37], torch.float32, "auto"),
+        ("empty_shards", 2, 8, 2, 16, 24, [24, 24], [0, 0, 24, 24, 24], torch.float32, "auto"),
+        ("batch_lengths_gqa", 3, 8, 2, 32, 40, [40, 7, 0], [0, 10, 20, 30, 40], torch.float32, "auto"),
+        ("mqa_bf16", 2, 8, 1, 16, 64, [64, 33], [0, 16, 32, 48, 64], torch.bfloat16, "auto"),
+        ("chain_tree", 2, 4, 2, 8, 20, [20, 13], [0, 5, 10, 15, 20], torch.float32, Tree.from_parents([-1, 0, 1, 2])),
+        ("root2_tree", 1, 4, 2, 8, 20, [20], [0, 8, 9, 9, 20], torch.float32, Tree.from_parents([2, 2, -1, 2])),
+        ("binomial_name", 2, 4, 4, 8, 16, [16, 3], [0, 4, 8, 12, 16], torch.float32, "binomial"),
+    ]
+
+
+def _worker(rank, nproc):
+    from attention import reference
+    from attention.baselines import allreduce3_decode, ring_decode
+    from attention.dist import count_traffic
+    from attention.tree_decode import resolve_tree, tree_decode
+    from topo.errors import AttentionError
+
+    standin = _install_standins()
+    methods = {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
+    res = {"standin": standin, "cases": {}}
+    for i, (name, b, hq, hkv, d, n, lengths, bounds, dtype, tree) in enumerate(_cases()):
+        g = torch.Generator().manual_seed(100 + i)
+        q = torch.randn(b, hq, d, generator=g)
+        k = torch.randn(b, n, hkv, d, generator=g).to(dtype)
+        v = torch.randn(b, n, hkv, d, generator=g).to(dtype)
+        ref_out, _ = reference(q, k, v, kv_len=lengths)
+        ks, vs, local = _shard(k, v, lengths, bounds, rank)
+        case = {}
+        for mname, fn in methods.items():
+            out = fn(q, ks, vs, kv_len=local, tree=tree)
+            case[mname] = {"err": _rel_err(out, ref_out), "dtype": str(out.dtype), "nan": bool(out.isnan().any()),
+                           "tol": TOL[dtype]}
+        t = resolve_tree(tree)
+        out = tree_decode(q, ks, vs, kv_len=local, tree=tree, root_only=True)
+        case["root_only"] = {"root": t.root, "err": _rel_err(out, ref_out)}
+        res["cases"][name] = case
+    # traffic of one step per method, without the shape check (exact message bytes)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 8, 16, generator=g)
+    k = torch.randn(2, 12, 2, 16, generator=g)
+    t = resolve_tree("auto")
+    traffic = {}
+    for mname, fn in methods.items():
+        with count_traffic() as tr:
+            fn(q, k, k, check=False)
+        traffic[mname] = tr.as_dict()
+    res["traffic"] = traffic
+    res["tree"] = {"parents": list(t.parents), "children": [list(c) for c in t.children]}
+    # ranks that disagree on shapes: every rank raises, nobody hangs
+    errors = {}
+    for mname, fn in methods.items():
+        hq = 8 if rank != 3 else 4
+        try:
+            fn(torch.randn(1, hq, 16), torch.randn(1, 5, 2, 16), torch.randn(1, 5, 2, 16))
+            errors[mname] = None
+        except AttentionError as e:
+            errors[mname] = str(e)
+    # one rank with invalid inputs (kv_len beyond its shard): all ranks raise
+    for mname, fn in methods.items():
+        try:
+            fn(torch.randn(1, 4, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8), kv_len=[9 if rank == 1 else 5])
+            errors[mname + "_invalid"] = None
+        except AttentionError as e:
+            errors[mname + "_invalid"] = str(e)
+    res["errors"] = errors
+    return res
+
+
+@pytest.fixture(scope="module")
+def group_results():
+    return run_group(_worker, P, timeout=90)
+
+
+@pytest.mark.parametrize("method", ["tree", "ring", "allreduce3"])
+@pytest.mark.parametrize("case", [c[0] for c in _cases()])
+def test_matches_reference(group_results, method, case):
+    for rank, res in enumerate(group_results):
+        r = res["cases"][case][method]
+        assert r["dtype"] == "torch.float32" and not r["nan"]
+        assert r["err"] <= r["tol"], (rank, r)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _cases()])
+def test_root_only_valid_on_root(group_results, case):
+    root = group_results[0]["cases"][case]["root_only"]["root"]
+    assert group_results[root]["cases"][case]["root_only"]["err"] <= 1e-2
+
+
+def test_tree_sends_one_state_per_edge(group_results):
+    """Tree: a rank sends the packed state (2*8*17 floats) to its parent in the
+    reduce and to each child in the broadcast; nothing depends on the context."""
+    state = 2 * 8 * (16 + 1) * 4
+    children = group_results[0]["tree"]["children"]
+    parents = group_results[0]["tree"]["parents"]
+    for rank, res in enumerate(group_results):
+        expected = state * ((parents[rank] != -1) + len(children[rank]))
+        assert res["traffic"]["tree"]["sent"] == expected
+
+
+def test_baseline_traffic(group_results):
+    """3 all-reduces pass max (B*H), numerator (B*H*D) and denominator (B*H) in
+    float32; ring ships the whole shard (K and V, fp32) P-1 times plus lengths."""
+    ar = (2 * 8 + 2 * 8 * 16 + 2 * 8) * 4
+    ring = (P - 1) * (2 * 12 * 2 * 16 * 4 * 2 + 2 * 4)
+    for res in group_results:
+        assert res["traffic"]["allreduce3"]["collective"] == ar
+        assert res["traffic"]["allreduce3"]["calls"]["all_reduce"] == 3
+        assert res["traffic"]["ring"]["p2p_sent"] == ring
+
+
+@pytest.mark.parametrize("method", ["tree", "ring", "allreduce3"])
+def test_shape_disagreement_raises_everywhere(group_results, method):
+    for res in group_results:
+        msg = res["errors"][method]
+        assert msg is not None and "ranks disagree on q_heads" in msg and "rank 3: 4" in msg, msg
+        msg = res["errors"][method + "_invalid"]
+        assert msg is not None and ("kv_len" in msg or "rank(s) [1]" in msg), msg
+
+
+def test_single_process_is_local_decode():
+    from attention import decode_partial
+    from attention.baselines import allreduce3_decode, ring_decode
+    from attention.tree_decode import tree_decode
+
+    q, k = torch.randn(2, 4, 8), torch.randn(2, 9, 2, 8)
+    ref, _ = decode_partial(q, k, k, kv_len=[9, 4])
+    for fn in (tree_decode, ring_decode, allreduce3_decode):
+        assert torch.equal(fn(q, k, k, kv_len=[9, 4]), ref)
+
+
+def test_tree_of_wrong_size_is_rejected(monkeypatch):
+    from attention.tree_decode import resolve_tree
+    from collectives import Tree
+    from topo.errors import AttentionError
+
+    with pytest.raises(AttentionError, match=r"tree: expected a Tree over the group's 1 ranks, got one over 3"):
+        resolve_tree(Tree.from_parents([-1, 0, 0]))
