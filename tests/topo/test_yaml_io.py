@@ -1,0 +1,294 @@
+"""YAML topologies: round trips, template reuse, network templates, and every validation error."""
+from __future__ import annotations
+
+import io
+import textwrap
+
+import pytest
+
+import topo
+from topo import TopologyError
+from _shipped import ROOT, SHIPPED, shipped
+
+BOX = textwrap.dedent("""\
+    name: t
+    templates:
+      box:
+        gpus: {count: 4, model: X, mem_bw: 100.0}
+        nvswitch: {count: 2, links: [3, 3], link_bw: 10.0}
+        cpus:
+          - {numa: 0, socket: 0}
+          - {numa: 1, socket: 1}
+        smp: {bw: 8.0}
+        pcie:
+          bw: 24.0
+          switches:
+            - {cpu: 0, gpus: [0, 1], nics: [0]}
+            - {cpu: 1, gpus: [2, 3], nics: [1]}
+        nics: {count: 2, bw: 25.0}
+    hosts:
+      - {template: box, count: 2}
+    network: {type: single_switch}
+    """)
+
+
+def edit(old: str, new: str, text: str = BOX) -> str:
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+# ------------------------------------------------------------------------------ valid files
+@pytest.mark.parametrize("name", SHIPPED)
+def test_round_trip_every_shipped_file(name, tmp_path):
+    t = shipped(name)
+    assert topo.loads(topo.dumps(t)) == t
+    if len(t.gpus()) > 1000:
+        return  # the 8192-GPU file: the text round trip above is the one that matters (and takes ~3 s)
+    p = tmp_path / "t.yaml"
+    topo.save(t, p)
+    back = topo.load(p)
+    assert back == t and back.name == t.name
+    assert topo.Topology.from_dict(t.to_dict()) == t
+
+
+def test_round_trip_through_streams_and_the_yaml_parser():
+    t = topo.loads(BOX)
+    buf = io.StringIO()
+    topo.save(t, buf)
+    text = buf.getvalue()
+    assert topo.load(io.StringIO(text)) == t
+    # an edited saved file (a YAML comment inside the node list) goes through full YAML parsing
+    assert topo.loads(text.replace("links:\n", "links:\n# edited by hand\n  \n")) == t
+
+
+def test_round_trip_keeps_odd_values():
+    t = topo.loads(edit("mem_bw: 100.0", "mem_bw: 1.0e-05", BOX))
+    assert t.node("h0/gpu0")["mem_bw"] == 1e-05
+    back = topo.loads(topo.dumps(t))
+    assert back == t and back.node("h0/gpu0")["mem_bw"] == 1e-05
+
+
+def test_compact_expansion_shape():
+    t = topo.loads(BOX)
+    assert t.hosts() == ("h0", "h1")
+    assert t.gpus("h1") == ("h1/gpu0", "h1/gpu1", "h1/gpu2", "h1/gpu3")
+    assert t.link("h0/gpu0", "h0/nvswitch1") == {"kind": "nvlink", "bw": 30.0, "lat": 0.3, "count": 3}
+    assert t.path("h0/gpu0", "h0/gpu3").smi == "NV6"
+    assert t.path("h0/gpu0", "h0/nic1").smi == "SYS"
+    assert t.node("h1/gpu2")["numa"] == 1
+    assert t.nearest_nic("h1/gpu2") == "h1/nic1"
+
+
+def test_default_is_the_shipped_two_host_cluster():
+    d = topo.default()
+    assert d == shipped("dgx-h100-x2") and d.name == "dgx-h100-x2"
+    assert topo.resolve("default") == d
+    assert topo.resolve("dgx-h100-x2") == d
+
+
+def test_cluster_files_reuse_the_single_host_template():
+    one = shipped("dgx-h100")
+    two = shipped("dgx-h100-x2")
+    host0 = {n: dict(d) for n, d in two.graph.nodes(data=True) if d.get("host") == "h0"}
+    assert host0 == {n: dict(d) for n, d in one.graph.nodes(data=True)}
+
+
+def test_template_from_a_relative_path(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "mybox.yaml").write_text(BOX.split("hosts:")[0])
+    (tmp_path / "c.yaml").write_text("hosts: [{template: lib/mybox.yaml, count: 3, names: 'n{j}'}]\n"
+                                     "network: {type: single_switch}\n")
+    t = topo.load(tmp_path / "c.yaml")
+    assert t.hosts() == ("n0", "n1", "n2") and len(t.gpus()) == 12
+
+
+def test_fat_tree_oversubscription_and_leaf_size():
+    t = topo.loads(edit("network: {type: single_switch}",
+                        "network: {type: fat_tree, leaf_size: 2, oversubscription: 2, spines: 1}"))
+    assert {n for n in t.nodes("net_switch")} == {"leaf0", "leaf1", "spine0"}
+    # 2 ports of 25 GB/s per leaf, 2:1 -> one 25 GB/s port up
+    assert t.link("leaf0", "spine0")["bw"] == 25.0
+    assert t.path("h0/gpu0", "h1/gpu0").nodes[3:6] == ("leaf0", "spine0", "leaf1")
+    assert t.leaf_groups() == (("h0",), ("h1",))
+
+
+def test_rail_optimized_groups_scalable_units():
+    t = topo.loads(edit("count: 2}", "count: 4}").replace("{type: single_switch}",
+                                                          "{type: rail_optimized, su_hosts: 2}"))
+    assert t.leaf_groups() == (("h0", "h1"), ("h2", "h3"))
+    p = t.path("h0/gpu0", "h1/gpu1")  # same rail (nic0), same unit: one leaf
+    assert [n for n in p.nodes if "/" in n and n.startswith("rail")] == ["rail0/leaf0"]
+    assert "spine0" in t.path("h0/gpu0", "h2/gpu0").nodes or "spine1" in t.path("h0/gpu0", "h2/gpu0").nodes
+
+
+@pytest.mark.parametrize("dims,hops", [([2, 2], 2), ([2, 2, 2], 3)])
+def test_torus(dims, hops):
+    n = 1
+    for x in dims:
+        n *= x
+    t = topo.loads(edit("count: 2}", f"count: {n}}}").replace("{type: single_switch}",
+                                                            f"{{type: torus, dims: {dims}}}"))
+    assert len(t.nodes("net_switch")) == n
+    p = t.path("h0/nic0", f"h{n - 1}/nic0")  # opposite corner
+    routers = [x for x in p.nodes if x.startswith("torus")]
+    assert len(routers) == hops + 1
+
+
+def test_explicit_and_compact_mixed():
+    text = BOX + textwrap.dedent("""\
+        nodes:
+          - {id: storage, kind: net_switch, tier: 1}
+        links:
+          - {a: leaf0, b: storage, kind: net, bw: 100.0, lat: 1.0}
+        """)
+    t = topo.loads(text)
+    assert t.link("storage", "leaf0")["bw"] == 100.0
+
+
+# ------------------------------------------------------------------------------ errors
+ERRORS = [
+    # (old, new, regex): each edit of BOX must raise TopologyError matching regex (file:line: key path: ...)
+    ("hosts:\n", "hostz: 1\nhosts:\n", r"^<string>:16: hostz: unknown key 'hostz': expected one of"),
+    ("    gpus: {count: 4, model: X, mem_bw: 100.0}\n", "",
+     r"^<string>:3: templates\.box: missing key 'gpus'"),
+    ("count: 4,", "count: four,", r"^<string>:4: templates\.box\.gpus\.count: expected an integer, got 'four'"),
+    ("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 0}",
+     r"^<string>:15: templates\.box\.nics\.bw: expected a positive number \(GB/s\), got 0"),
+    ("smp: {bw: 8.0}", "smp: {bw: -1}", r"^<string>:9: templates\.box\.smp\.bw: expected a positive number"),
+    ("links: [3, 3]", "links: [3, 3, 3]",
+     r"^<string>:5: templates\.box\.nvswitch\.links: expected 2 integers \(NVLinks from each GPU"),
+    ("gpus: {count: 4, model: X,", "gpus: {count: 4, pci: [a, b], model: X,",
+     r"^<string>:4: templates\.box\.gpus\.pci: expected 4 PCI bus ids \(one per GPU\), got 2"),
+    ("gpus: [2, 3], nics: [1]", "gpus: [2], nics: [1]",
+     r"^<string>:4: templates\.box\.gpus: GPU 3: expected it under a PCIe switch"),
+    ("gpus: [2, 3], nics: [1]", "gpus: [2, 3, 1], nics: [1]",
+     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.gpus\[2\]: GPU 1 is already under PCIe switch 0"),
+    ("gpus: [2, 3], nics: [1]", "gpus: [2, 7], nics: [1]",
+     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.gpus\[1\]: expected a GPU index in 0\.\.3, got 7"),
+    ("- {cpu: 1, gpus", "- {parent: 1, gpus",
+     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.parent: expected the index of an earlier switch"),
+    ("- {cpu: 1, gpus", "- {cpu: 5, gpus",
+     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.cpu: expected a NUMA domain listed in cpus \(\[0, 1\]\)"),
+    ("- {numa: 1, socket: 1}", "- {numa: 0, socket: 1}",
+     r"^<string>:8: templates\.box\.cpus\[1\]\.numa: NUMA domain 0 defined twice"),
+    ("{template: box, count: 2}", "{template: boxx, count: 2}",
+     r"^<string>:17: hosts\[0\]\.template: unknown template 'boxx': expected one of this file's templates \['box'\]"),
+    ("{template: box, count: 2}", "{template: box, count: 0}",
+     r"^<string>:17: hosts\[0\]\.count: expected an integer >= 1, got 0"),
+    ("{template: box, count: 2}", "{template: box, count: 2, names: node}",
+     r"^<string>:17: hosts\[0\]\.names: expected a pattern with \{i\}"),
+    ("network: {type: single_switch}\n", "", r"^<string>:16: hosts: 2 hosts need a 'network'"),
+    ("{type: single_switch}", "{type: dragonfly}",
+     r"^<string>:18: network\.type: expected one of \['single_switch', 'fat_tree', 'rail_optimized', 'torus'\], "
+     r"got 'dragonfly'"),
+    ("{type: single_switch}", "{type: torus, dims: [3, 3]}",
+     r"^<string>:18: network\.dims: expected dimensions whose product is the host count 2"),
+    ("{type: single_switch}", "{type: fat_tree}", r"^<string>:18: network: missing key 'leaf_size'"),
+    ("{type: single_switch}", "{type: single_switch, leaf_size: 4}",
+     r"^<string>:18: network\.leaf_size: unknown key 'leaf_size'"),
+    ("    smp: {bw: 8.0}\n", "", r"^<string>:3: templates\.box: missing key 'smp': 2 NUMA domains"),
+    ("nvswitch: {count: 2,", "nvswitch: {scope: global, count: 2,",
+     r"^<string>:5: templates\.box\.nvswitch\.scope: expected 'host' or 'rack', got 'global'"),
+    # YAML-level problems
+    ("count: 4, model: X,", "count: 4, count: 5, model: X,", r"^<string>:4: duplicate key 'count'"),
+    ("    smp: {bw: 8.0}\n", "    smp: {bw: 8.0\n", r"^<string>:1\d: invalid YAML: .*"),
+    ("name: t\n", "- a\n", r"^<string>:2: invalid YAML"),
+]
+
+
+@pytest.mark.parametrize("old,new,pattern", ERRORS, ids=[e[2][10:50] for e in ERRORS])
+def test_validation_errors_name_line_and_key(old, new, pattern):
+    with pytest.raises(TopologyError, match=pattern):
+        topo.loads(edit(old, new))
+
+
+EXPLICIT = textwrap.dedent("""\
+    name: e
+    nodes:
+      - {id: h0/gpu0, kind: gpu, host: h0, index: 0}
+      - {id: h0/gpu1, kind: gpu, host: h0, index: 1}
+    links:
+      - {a: h0/gpu0, b: h0/gpu1, kind: nvlink, bw: 40.0, lat: 0.6, count: 2}
+    """)
+
+EXPLICIT_ERRORS = [
+    ("b: h0/gpu1,", "b: h0/gpu9,", r"^<string>:6: links\[0\]\.b: dangling link end 'h0/gpu9'"),
+    ("id: h0/gpu1,", "id: h0/gpu0,", r"^<string>:4: nodes\[1\]\.id: duplicate node id 'h0/gpu0'"),
+    ("kind: gpu, host: h0, index: 1", "kind: tpu, host: h0, index: 1",
+     r"^<string>:4: nodes\[1\]\.kind: expected one of \['gpu'"),
+    ("index: 1}", "index: 1, colour: red}", r"^<string>:4: nodes\[1\]\.colour: unknown key 'colour' for a gpu"),
+    ("index: 1}", "index: -1}", r"^<string>:4: nodes\[1\]\.index: expected an integer >= 0, got -1"),
+    ("kind: gpu, host: h0, index: 1", "kind: gpu, index: 1", r"^<string>:4: nodes\[1\]: missing key 'host'"),
+    ("bw: 40.0", "bw: -40.0", r"^<string>:6: links\[0\]\.bw: expected a positive number \(GB/s\), got -40\.0"),
+    ("kind: nvlink,", "kind: infiniband,", r"^<string>:6: links\[0\]\.kind: expected one of \['nvlink'"),
+    ("count: 2}", "count: 2}\n  - {a: h0/gpu1, b: h0/gpu0, kind: nvlink, bw: 40.0}",
+     r"^<string>:7: links\[1\]: duplicate link 'h0/gpu1' -> 'h0/gpu0'"),
+    ("count: 2}", "count: 2, directed: true}",
+     r"^<string>: link 'h0/gpu0' -> 'h0/gpu1': the reverse direction is missing"),
+    ("count: 2}", "count: 0}", r"^<string>:6: links\[0\]\.count: expected an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("old,new,pattern", EXPLICIT_ERRORS, ids=[e[2][10:50] for e in EXPLICIT_ERRORS])
+def test_explicit_form_errors(old, new, pattern):
+    assert topo.loads(EXPLICIT).path("h0/gpu0", "h0/gpu1").smi == "NV2"
+    with pytest.raises(TopologyError, match=pattern):
+        topo.loads(edit(old, new, EXPLICIT))
+
+
+def test_errors_in_saved_files_name_the_line(tmp_path):
+    p = tmp_path / "saved.yaml"
+    topo.save(topo.loads(EXPLICIT), p)
+    text = p.read_text()
+    p.write_text(text.replace('"bw": 40.0', '"bw": 0.0'))
+    line = next(i for i, ln in enumerate(text.split("\n"), 1) if '"bw": 40.0' in ln)
+    with pytest.raises(TopologyError, match=rf"^{p}:{line}: links\[0\]\.bw: expected a positive number"):
+        topo.load(p)
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ("", r"^<string>:.*expected a mapping, got nothing"),
+    ("[1, 2]", r"^<string>:1: \(top level\): expected a mapping, got a list"),
+    ("name: x\n", r"^<string>:1: \(top level\): expected 'hosts' \(compact form\) or 'nodes'"),
+    ("name: x\nhosts: 3\n", r"^<string>:2: hosts: expected a list of host groups, got 3"),
+    ("a: [unclosed\n", r"^<string>:2: invalid YAML"),
+    ("a: !!python/object:os.system x\n", r"^<string>:1: invalid YAML"),
+])
+def test_malformed_documents(text, pattern):
+    with pytest.raises(TopologyError, match=pattern):
+        topo.loads(text)
+
+
+def test_missing_file_and_missing_shipped_template(tmp_path):
+    with pytest.raises(TopologyError, match=r"nope\.yaml: cannot read topology file: no such file"):
+        topo.load(tmp_path / "nope.yaml")
+    (tmp_path / "c.yaml").write_text("hosts: [{template: no-such-box}]\n")
+    with pytest.raises(TopologyError, match=r"c\.yaml:1: hosts\[0\]\.template: unknown template 'no-such-box'"):
+        topo.load(tmp_path / "c.yaml")
+    with pytest.raises(TopologyError, match=r"shipped topology 'x': not found; expected one of \[.*'dgx-h100'"):
+        topo.shipped("x")
+
+
+def test_errors_inside_a_referenced_template_name_that_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text(edit("bw: 25.0}", "bw: fast}", BOX.split("hosts:")[0]))
+    (tmp_path / "c.yaml").write_text("hosts: [{template: bad}]\n")
+    with pytest.raises(TopologyError, match=r"bad\.yaml:15: templates\.box\.nics\.bw: expected a positive number"):
+        topo.load(tmp_path / "c.yaml")
+
+
+def test_loading_never_writes_the_file(tmp_path):
+    p = tmp_path / "t.yaml"
+    p.write_text(BOX)
+    before = p.stat().st_mtime_ns
+    topo.load(p)
+    assert p.read_text() == BOX and p.stat().st_mtime_ns == before
+
+
+def test_doctests_of_the_yaml_modules():
+    import doctest
+
+    import topo._schema
+    import topo.yaml_io
+    for m in (topo.yaml_io, topo._schema, topo):
+        r = doctest.testmod(m)
+        assert r.failed == 0 and r.attempted > 0, m.__name__
