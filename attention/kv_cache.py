@@ -1,0 +1,223 @@
+"""A KV cache sharded along the sequence over the ranks of a process group.
+
+Placement: **round-robin blocks**.  Position ``p`` of a sequence lives on rank
+``(p // block_size) % P``, at local slot ``(p // (block_size*P)) * block_size
++ p % block_size``.  Every rank stores its positions in increasing order in one
+contiguous buffer per layer, ``k``/``v`` ``[batch, capacity, kv_heads, head_dim]``
+(the layout of :func:`attention.decode_partial`), so the rank's valid keys of
+sequence ``b`` are the first ``kv_len[b]`` slots.
+
+Why round-robin blocks rather than contiguous blocks filled in order:
+
+* the decode step waits for the slowest rank; with round-robin blocks every
+  rank holds the same number of tokens of every sequence to within one block,
+  at every length, during prefill and all through generation.  Contiguous
+  blocks filled in order leave later ranks empty until earlier ones are full
+  (or, with an even split of the prompt, pile every generated token on the
+  last rank);
+* placement is a pure function of the position: prefill and decode use the
+  same rule, sequences of different lengths need no per-rank metadata, and any
+  rank can compute any other rank's share (:meth:`local_count`);
+* new tokens go to the rank that owns the tail position, which moves to the
+  next rank every ``block_size`` tokens, spreading the appends.
+
+Decode attention does not depend on the order of the keys (rotary embeddings
+are applied to keys before they are cached), so the permutation is invisible
+to the result.  A rank that holds no position of a sequence (short sequences,
+small ``block_size * P`` multiples) reports ``kv_len = 0`` for it, and the
+decoders turn that into the empty state ``(0, -inf)``.
+
+Lengths are kept per layer and per sequence (a decode step appends to layer 0,
+attends, appends to layer 1, ...); ``lengths(layer)`` are the global lengths,
+``kv_len(layer)`` this rank's counts.
+"""
+from __future__ import annotations
+
+import torch
+
+from topo.errors import AttentionError
+
+__all__ = ["ShardedKVCache", "DEFAULT_BLOCK_SIZE"]
+
+#: Tokens per round-robin block: a page-sized unit (vLLM's default page is 16,
+#: its DCP interleave 1); 256 keeps the per-rank imbalance below 256 tokens
+#: while keeping appends on one rank for 256 consecutive steps.
+DEFAULT_BLOCK_SIZE = 256
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AttentionError(f"ShardedKVCache: {name}: expected a positive int, got {value!r}")
+    return value
+
+
+class ShardedKVCache:
+    """Per layer, this rank's share of every sequence's keys and values.
+
+    Parameters
+    ----------
+    layers, batch, kv_heads, head_dim : sizes.
+    max_seq_len : longest sequence (global positions) the cache must hold.
+    rank, world : this rank and the number of ranks sharing the sequences.
+    block_size : tokens per round-robin block (see the module docstring).
+    dtype, device : storage of k and v (float16 / bfloat16 / float32).
+    """
+
+    def __init__(self, *, layers: int, batch: int, kv_heads: int, head_dim: int, max_seq_len: int,
+                 rank: int = 0, world: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
+                 dtype=torch.bfloat16, device=None):
+        self.layers = _positive("layers", layers)
+        self.batch = _positive("batch", batch)
+        self.kv_heads = _positive("kv_heads", kv_heads)
+        self.head_dim = _positive("head_dim", head_dim)
+        self.max_seq_len = _positive("max_seq_len", max_seq_len)
+        self.world = _positive("world", world)
+        self.block_size = _positive("block_size", block_size)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+            raise AttentionError(f"ShardedKVCache: rank: expected an int in [0, {world - 1}], got {rank!r}")
+        self.rank = rank
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise AttentionError(f"ShardedKVCache: dtype: expected float16, bfloat16 or float32, got {dtype}")
+        self.dtype = dtype
+        self.capacity = self.local_count(max_seq_len)
+        shape = (batch, self.capacity, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self._lengths = torch.zeros(layers, batch, dtype=torch.int64)
+
+    # ------------------------------------------------------------ placement (pure)
+
+    def owner(self, pos: int) -> int:
+        """Rank that stores global position ``pos``."""
+        return (pos // self.block_size) % self.world
+
+    def local_count(self, length: int, rank: int | None = None) -> int:
+        """How many of positions ``0..length-1`` rank ``rank`` (default this one) stores."""
+        r = self.rank if rank is None else rank
+        cycle = self.block_size * self.world
+        full, rest = divmod(int(length), cycle)
+        return full * self.block_size + min(max(rest - r * self.block_size, 0), self.block_size)
+
+    def owned_positions(self, length: int, rank: int | None = None) -> torch.Tensor:
+        """Global positions ``< length`` stored by ``rank`` (default this one), in
+        local-slot order: int64 ``[local_count(length, rank)]``."""
+        r = self.rank if rank is None else rank
+        pos = torch.arange(int(length), dtype=torch.int64)
+        return pos[(pos // self.block_size) % self.world == r]
+
+    # ------------------------------------------------------------ state
+
+    def lengths(self, layer: int) -> torch.Tensor:
+        """Global length of every sequence in ``layer``: int64 ``[batch]`` (a copy)."""
+        self._check_layer(layer)
+        return self._lengths[layer].clone()
+
+    def kv_len(self, layer: int) -> torch.Tensor:
+        """This rank's valid slots per sequence in ``layer``: int64 ``[batch]``."""
+        self._check_layer(layer)
+        return torch.tensor([self.local_count(int(n)) for n in self._lengths[layer]], dtype=torch.int64)
+
+    def shard(self, layer: int):
+        """``(k, v, kv_len)`` of ``layer`` for :func:`attention.tree_decode`:
+        k/v ``[batch, capacity, kv_heads, head_dim]``, kv_len int64 ``[batch]``."""
+        return self.k[layer], self.v[layer], self.kv_len(layer)
+
+    def nbytes(self) -> int:
+        """Bytes of this rank's buffers (all layers, k and v)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def reset(self) -> None:
+        """Forget every sequence (lengths back to 0; buffers kept)."""
+        self._lengths.zero_()
+
+    def _check_layer(self, layer: int) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.layers:
+            raise AttentionError(f"ShardedKVCache: layer: expected an int in [0, {self.layers - 1}], got {layer!r}")
+
+    def _check_kv(self, where: str, x, shape: tuple) -> None:
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise AttentionError(f"ShardedKVCache.{where}: expected a tensor of shape {shape}, got {got}")
+
+    def _check_lengths(self, where: str, lengths) -> torch.Tensor:
+        lengths = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
+        if lengths.numel() != self.batch:
+            raise AttentionError(f"ShardedKVCache.{where}: lengths: expected {self.batch} values, "
+                                 f"got {lengths.numel()}")
+        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > self.max_seq_len):
+            raise AttentionError(
+                f"ShardedKVCache.{where}: lengths: expected values in [0, max_seq_len={self.max_seq_len}], "
+                f"got {lengths.tolist()}; build the cache with a larger max_seq_len"
+            )
+        return lengths
+
+    # ------------------------------------------------------------ writing
+
+    def prefill(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths=None) -> None:
+        """Store this rank's share of full prompts (replaces what ``layer`` held).
+
+        ``k``, ``v``: ``[batch, seq, kv_heads, head_dim]``, the whole prompts (the
+        same on every rank); ``lengths``: valid positions per sequence (default
+        ``seq``; positions at or after a sequence's length are ignored).
+        """
+        self._check_layer(layer)
+        if not isinstance(k, torch.Tensor) or k.dim() != 4:
+            raise AttentionError("ShardedKVCache.prefill: k: expected [batch, seq, kv_heads, head_dim], got "
+                                 f"{tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__}")
+        seq = k.shape[1]
+        shape = (self.batch, seq, self.kv_heads, self.head_dim)
+        self._check_kv("prefill", k, shape)
+        self._check_kv("prefill", v, shape)
+        lengths = self._check_lengths("prefill", seq if lengths is None else lengths)
+        if int(lengths.max()) > seq:
+            raise AttentionError(f"ShardedKVCache.prefill: lengths: expected values <= seq={seq}, "
+                                 f"got {lengths.tolist()}")
+        idx = self.owned_positions(int(lengths.max()))
+        self.prefill_local(layer, k[:, idx], v[:, idx], lengths)
+
+    def prefill_local(self, layer: int, k_local: torch.Tensor, v_local: torch.Tensor, lengths) -> None:
+        """Store an already selected local share: ``k_local``/``v_local``
+        ``[batch, n, kv_heads, head_dim]`` holding this rank's positions of the
+        prompts in order (:meth:`owned_positions`), ``n >= local_count(max(lengths))``;
+        ``lengths``: global prompt lengths ``[batch]``."""
+        self._check_layer(layer)
+        lengths = self._check_lengths("prefill_local", lengths)
+        n = self.local_count(int(lengths.max()))
+        shape = (self.batch, k_local.shape[1] if isinstance(k_local, torch.Tensor) and k_local.dim() == 4 else -1,
+                 self.kv_heads, self.head_dim)
+        self._check_kv("prefill_local", k_local, shape)
+        self._check_kv("prefill_local", v_local, shape)
+        if shape[1] < n:
+            raise AttentionError(f"ShardedKVCache.prefill_local: expected at least {n} local positions for "
+                                 f"lengths {lengths.tolist()} on rank {self.rank}, got {shape[1]}")
+        self.k[layer][:, :n].copy_(k_local[:, :n])
+        self.v[layer][:, :n].copy_(v_local[:, :n])
+        self._lengths[layer] = lengths
+
+    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, active=None) -> None:
+        """Append one token per sequence to ``layer``, stored on the rank that owns
+        each sequence's tail position.
+
+        ``k_new``/``v_new``: ``[batch, kv_heads, head_dim]`` (the same on every rank;
+        every rank calls this and only the owners write); ``active``: optional bool
+        ``[batch]``, sequences that take no token this step.
+        """
+        self._check_layer(layer)
+        shape = (self.batch, self.kv_heads, self.head_dim)
+        self._check_kv("append", k_new, shape)
+        self._check_kv("append", v_new, shape)
+        lengths = self._lengths[layer]
+        for b in range(self.batch):
+            if active is not None and not bool(active[b]):
+                continue
+            pos = int(lengths[b])
+            if pos >= self.max_seq_len:
+                raise AttentionError(
+                    f"ShardedKVCache.append: sequence {b} of layer {layer}: expected a length below "
+                    f"max_seq_len={self.max_seq_len}, got {pos}; build the cache with a larger max_seq_len"
+                )
+            if self.owner(pos) == self.rank:
+                slot = self.local_count(pos)
+                self.k[layer][b, slot].copy_(k_new[b])
+                self.v[layer][b, slot].copy_(v_new[b])
+            lengths[b] = pos + 1

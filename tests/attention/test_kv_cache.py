@@ -1,0 +1,104 @@
+"""ShardedKVCache: placement, prefill, append, per-sequence lengths, empty shards.
+
+P caches (one per simulated rank) live in one process here; the multi-process
+use of the cache is tested through the model (test_model.py).
+"""
+import pytest
+import torch
+
+from attention import decode_partial, merge_states, reference
+from attention.kv_cache import ShardedKVCache
+from topo.errors import AttentionError
+
+
+def _caches(world, **kw):
+    return [ShardedKVCache(rank=r, world=world, **kw) for r in range(world)]
+
+
+@pytest.mark.parametrize("world,block,length", [(3, 4, 29), (4, 1, 7), (2, 5, 10), (1, 3, 8)])
+def test_placement_partitions_positions(world, block, length):
+    caches = _caches(world, layers=1, batch=1, kv_heads=1, head_dim=2, max_seq_len=64, block_size=block)
+    owned = [c.owned_positions(length) for c in caches]
+    assert sorted(torch.cat(owned).tolist()) == list(range(length))
+    for c, pos in zip(caches, owned):
+        assert c.local_count(length) == len(pos)
+        assert all(c.owner(int(p)) == c.rank for p in pos)
+        assert pos.tolist() == sorted(pos.tolist())
+    # balanced to within one block
+    counts = [len(p) for p in owned]
+    assert max(counts) - min(counts) <= block
+
+
+def test_prefill_append_and_decode_equal_reference():
+    world, block, batch, hq, hkv, d = 3, 4, 3, 6, 2, 8
+    g = torch.Generator().manual_seed(0)
+    prompt = [29, 5, 0]
+    new = 7
+    total = max(prompt) + new
+    k = torch.randn(batch, total, hkv, d, generator=g)
+    v = torch.randn(batch, total, hkv, d, generator=g)
+    caches = _caches(world, layers=2, batch=batch, kv_heads=hkv, head_dim=d, max_seq_len=40, block_size=block,
+                     dtype=torch.float32)
+    for c in caches:
+        c.prefill(1, k[:, :max(prompt)], v[:, :max(prompt)], prompt)
+    lengths = torch.tensor(prompt)
+    full_k = torch.zeros(batch, total, hkv, d)
+    full_v = torch.zeros(batch, total, hkv, d)
+    for b in range(batch):  # sequence b's tokens: its prompt, then the new tokens
+        full_k[b, :prompt[b]] = k[b, :prompt[b]]
+        full_v[b, :prompt[b]] = v[b, :prompt[b]]
+    for step in range(new):
+        kn = torch.randn(batch, hkv, d, generator=g)
+        vn = torch.randn(batch, hkv, d, generator=g)
+        for b in range(batch):
+            full_k[b, lengths[b]] = kn[b]
+            full_v[b, lengths[b]] = vn[b]
+        lengths += 1
+        for c in caches:
+            c.append(1, kn, vn)
+    q = torch.randn(batch, hq, d, generator=g)
+    ref_out, ref_lse = reference(q, full_k, full_v, kv_len=lengths)
+    outs, lses = [], []
+    for c in caches:
+        assert c.lengths(1).tolist() == lengths.tolist()
+        assert c.lengths(0).tolist() == [0, 0, 0]
+        kk, vv, kv_len = c.shard(1)
+        for b in range(batch):
+            pos = c.owned_positions(int(lengths[b]))
+            assert int(kv_len[b]) == len(pos)
+            assert torch.equal(kk[b, :len(pos)], full_k[b, pos])
+        o, s = decode_partial(q, kk, vv, kv_len=kv_len)
+        outs.append(o)
+        lses.append(s)
+    out, lse = merge_states(outs, lses)
+    assert (out.double() - ref_out).abs().max() <= 1e-5
+    assert (lse.double() - ref_lse).abs().max() <= 1e-5
+
+
+def test_rank_without_tokens_gives_empty_state():
+    caches = _caches(4, layers=1, batch=2, kv_heads=1, head_dim=4, max_seq_len=32, block_size=8,
+                     dtype=torch.float32)
+    k = torch.randn(2, 10, 1, 4)
+    for c in caches:
+        c.prefill(0, k, k, [10, 3])
+    kv = [c.kv_len(0).tolist() for c in caches]
+    assert kv == [[8, 3], [2, 0], [0, 0], [0, 0]]
+    kk, vv, kv_len = caches[3].shard(0)
+    out, lse = decode_partial(torch.randn(2, 2, 4), kk, vv, kv_len=kv_len)
+    assert torch.isinf(lse).all() and (lse < 0).all() and (out == 0).all()
+
+
+def test_errors():
+    c = ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=2, max_seq_len=3, rank=0, world=1, block_size=2)
+    with pytest.raises(AttentionError, match=r"rank: expected an int in \[0, 1\], got 2"):
+        ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=2, max_seq_len=3, rank=2, world=2)
+    with pytest.raises(AttentionError, match=r"prefill: lengths: expected values in \[0, max_seq_len=3\]"):
+        c.prefill(0, torch.zeros(1, 4, 1, 2), torch.zeros(1, 4, 1, 2))
+    with pytest.raises(AttentionError, match=r"append: expected a tensor of shape \(1, 1, 2\), got \(1, 2\)"):
+        c.append(0, torch.zeros(1, 2), torch.zeros(1, 2))
+    for _ in range(3):
+        c.append(0, torch.zeros(1, 1, 2), torch.zeros(1, 1, 2))
+    with pytest.raises(AttentionError, match=r"sequence 0 of layer 0: expected a length below max_seq_len=3, got 3"):
+        c.append(0, torch.zeros(1, 1, 2), torch.zeros(1, 1, 2))
+    with pytest.raises(AttentionError, match=r"layer: expected an int in \[0, 0\], got 1"):
+        c.kv_len(1)
