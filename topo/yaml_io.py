@@ -96,7 +96,11 @@ def _parse(text: str, source: str) -> Any:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        what = " ".join(str(x) for x in (e.context, e.problem) if x)
+        what = e.problem or e.context or "cannot parse"
+        if e.context and e.problem:
+            started = (f" started on line {e.context_mark.line + 1}"
+                       if e.context_mark and mark and e.context_mark.line != mark.line else "")
+            what = f"{e.problem} ({e.context}{started})"
         raise TopologyError(f"invalid YAML: {what}", where=f"{source}{line}") from None
     except yaml.YAMLError as e:
         raise TopologyError(f"invalid YAML: {e}", where=source) from None

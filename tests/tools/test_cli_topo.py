@@ -1,0 +1,142 @@
+"""`treecoll topo ...` through tools.cli.main(argv): golden outputs, --json, exit codes (no shell).
+
+Regenerate the golden files after an intended change with
+``TREECOLL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/tools/test_cli_topo.py`` and review the diff.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import topo
+from tools.cli import main
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+CASES = {
+    "topo_show_dgx-h100-x2.txt": ["topo", "show", "dgx-h100-x2"],
+    "topo_matrix_dgx-h100.txt": ["topo", "matrix", "dgx-h100"],
+    "topo_matrix_gb200_tray3.txt": ["topo", "matrix", "gb200-nvl72", "--host", "tray3"],
+    "topo_path_default_cross_rail.txt": ["topo", "path", "default", "h0/gpu0", "h1/gpu3"],
+    "topo_path_cpu-local_ranks.txt": ["topo", "path", "cpu-local", "r0", "r1"],
+    "topo_export_dot_cpu-local.txt": ["topo", "export", "cpu-local", "--format", "dot"],
+    "topo_show_cpu-local.json": ["topo", "show", "cpu-local", "--json"],
+}
+
+
+@pytest.mark.parametrize("golden", sorted(CASES))
+def test_golden(golden, capsys):
+    rc, out, err = run(capsys, *CASES[golden])
+    assert (rc, err) == (0, "")
+    path = GOLDEN / golden
+    if os.environ.get("TREECOLL_UPDATE_GOLDEN"):
+        path.write_text(out)
+    assert out == path.read_text()
+
+
+def test_matrix_of_dgx_h100_shows_nv18_and_own_nic_pix(capsys):
+    rc, out, _ = run(capsys, "topo", "matrix", str(ROOT / "topologies" / "dgx-h100.yaml"), "--json")
+    d = json.loads(out)
+    codes = {(a, b): d["codes"][i][j] for i, a in enumerate(d["devices"]) for j, b in enumerate(d["devices"])}
+    gpus = [x for x in d["devices"] if x.startswith("GPU")]
+    assert all(codes[a, b] == "NV18" for a in gpus for b in gpus if a != b)
+    assert all(codes[f"GPU{i}", f"NIC{i}"] == "PIX" for i in range(8))
+    assert d["numa_affinity"]["GPU5"] == 1 and d["nic_names"]["NIC1"] == "mlx5_3"
+
+
+@pytest.mark.parametrize("argv", [
+    ["topo", "show", "default"], ["topo", "matrix", "default"], ["topo", "path", "default", "r0", "r15"],
+    ["topo", "export", "cpu-local", "--format", "dot"],
+])
+def test_json_on_every_command(argv, capsys):
+    for args in (argv + ["--json"], ["--json"] + argv):
+        rc, out, _ = run(capsys, *args)
+        assert rc == 0 and isinstance(json.loads(out), dict)
+
+
+def test_export_yaml_and_json_round_trip(tmp_path, capsys):
+    t = topo.resolve("dgx-h100-x2")
+    y, j = tmp_path / "t.yaml", tmp_path / "t.json"
+    assert run(capsys, "topo", "export", "dgx-h100-x2", "--format", "yaml", "-o", str(y))[0] == 0
+    assert topo.load(y) == t
+    rc, out, _ = run(capsys, "topo", "export", "dgx-h100-x2", "--format", "json", "-o", str(j), "--json")
+    assert rc == 0 and json.loads(out)["output"] == str(j)
+    assert topo.Topology.from_dict(json.loads(j.read_text())) == t
+    rc, out, _ = run(capsys, "topo", "export", "cpu-local", "--format", "yaml")
+    assert rc == 0 and topo.loads(out) == topo.resolve("cpu-local")
+
+
+def test_dot_groups_each_host_as_a_cluster(capsys):
+    _, out, _ = run(capsys, "topo", "export", "dgx-h100-x2", "--format", "dot")
+    assert out.count('subgraph "cluster_') == 2
+    assert '"h1/gpu7" [shape=box' in out and '"rail0/leaf0" [shape=octagon' in out
+
+
+def test_draw(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "t.png"
+    rc, out, err = run(capsys, "topo", "draw", "dgx-h100-x2", "-o", str(png), "--json")
+    assert (rc, err) == (0, "")
+    d = json.loads(out)
+    assert png.stat().st_size > 1000 and d["hosts_drawn"] == 2 and d["links"] > 100
+
+
+def test_draw_without_matplotlib_gives_an_install_hint(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc, out, err = run(capsys, "topo", "draw", "cpu-local", "-o", str(tmp_path / "x.png"))
+    assert rc == 1 and out == ""
+    assert err == "treecoll: error: treecoll topo draw needs matplotlib: pip install 'treecoll[plot]'\n"
+
+
+def test_malformed_yaml_is_one_line_with_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nhosts:\n  - {template: dgx-h100, count: 2\nnetwork: {type: single_switch}\n")
+    rc, out, err = run(capsys, "topo", "show", str(bad))
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"treecoll: error: {bad}:4: invalid YAML")
+    rc, _, err = run(capsys, "topo", "show", str(bad), "--debug")
+    assert rc == 1 and "Traceback" in err
+    assert err.splitlines()[-1].endswith("invalid YAML: did not find expected ',' or '}' "
+                                         "(while parsing a flow mapping started on line 3)")
+
+
+def test_bad_values_are_one_line_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts:\n  - {template: dgx-h100, count: 2}\nnetwork: {type: fat_tree, leaf_size: 0}\n")
+    rc, _, err = run(capsys, "topo", "matrix", str(bad))
+    assert rc == 1 and err == (f"treecoll: error: {bad}:3: network.leaf_size: expected an integer >= 1, got 0\n")
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["topo", "show", "no-such.yaml"], "no-such.yaml: cannot read topology file: no such file"),
+    (["topo", "path", "default", "r0", "r99"], r"rank 99: expected an integer in 0..15"),
+    (["topo", "path", "default", "h0/gpu0", "spine0"], "path endpoint 'spine0': expected a gpu, nic or cpu"),
+    (["topo", "matrix", "default", "--host", "h7"], "--host 'h7': not in topology 'dgx-h100-x2'"),
+    (["topo", "draw", "default", "-o", "x.png", "--max-hosts", "0"], "--max-hosts: expected a positive integer"),
+    (["topo", "frobnicate"], "treecoll topo: argument SUBCOMMAND: invalid choice: 'frobnicate'"),
+    (["topo", "show", "default", "--colour"], r"treecoll: unrecognized arguments: --colour; see 'treecoll --help'"),
+    (["topo", "export", "default"], "the following arguments are required: --format"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_user_errors_exit_1_with_one_line(argv, pattern, capsys):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("treecoll: error: ") and re.search(pattern, err), err
+
+
+def test_help_returns_0(capsys):
+    rc, out, _ = run(capsys, "topo", "--help")
+    assert rc == 0 and "matrix" in out and "export" in out
