@@ -208,8 +208,9 @@ def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]
     channels over the NICs.
     """
     by_host: dict = {}
+    nodes = topology.graph.nodes
     for g in gpus:
-        by_host.setdefault(topology.host_of(g), []).append(g)
+        by_host.setdefault(nodes[g].get("host"), []).append(g)
     out = []
     for c in range(channels):
         ring = []
@@ -221,13 +222,20 @@ def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]
 
 
 def default_channels(topology, gpus: Sequence[str]) -> int:
-    """Ring channels: one per NIC of a host when the ring crosses hosts, else 1."""
-    hosts = {topology.host_of(g) for g in gpus}
-    if len(hosts) < 2:
+    """Ring channels: one per NIC of a host when the ring crosses hosts (at most its GPUs), else 1."""
+    nodes = topology.graph.nodes
+    gpu_count: dict = {}
+    for g in gpus:
+        h = nodes[g].get("host")
+        gpu_count[h] = gpu_count.get(h, 0) + 1
+    if len(gpu_count) < 2:
         return 1
-    per_host = min(len(topology.nics(h)) for h in hosts)
-    gpus_per_host = min(sum(1 for g in gpus if topology.host_of(g) == h) for h in hosts)
-    return max(1, min(per_host, gpus_per_host))
+    nic_count = dict.fromkeys(gpu_count, 0)
+    for n in topology.nodes("nic"):
+        h = nodes[n].get("host")
+        if h in nic_count:
+            nic_count[h] += 1
+    return max(1, min(min(nic_count.values()), min(gpu_count.values())))
 
 
 def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
@@ -267,10 +275,7 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
         memb = _mem_bw(topology, gpus)
         red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
         makespan = rs_steps * max(step, red) + ag_steps * step
-        link_bytes = np.zeros(len(net.ends))
-        for a, b, n in transfers:
-            for ids, share in net.route(a, b).subroutes:
-                np.add.at(link_bytes, ids, n * share * (rs_steps + ag_steps))
+        link_bytes = net.link_load(transfers) * (rs_steps + ag_steps)
     peaks = [chunk * C if rs_steps else 0.0] * P
     stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
              "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}

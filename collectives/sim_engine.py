@@ -98,6 +98,18 @@ class Network:
             self._cap_arr = np.asarray(self._cap, dtype=np.float64)
         return self._cap_arr
 
+    def link_load(self, transfers) -> np.ndarray:
+        """Bytes each numbered link carries for ``transfers`` = ``[(src_gpu, dst_gpu, nbytes)]``."""
+        ids, w = [], []
+        for a, b, n in transfers:
+            for lk, share in self.route(a, b).subroutes:
+                ids.append(lk)
+                w.append(np.full(len(lk), n * share))
+        out = np.zeros(len(self.ends))
+        if ids:
+            np.add.at(out, np.concatenate(ids), np.concatenate(w))
+        return out
+
     def route(self, a: str, b: str) -> Route:
         """The route between GPUs ``a`` and ``b`` (cached)."""
         r = self._routes.get((a, b))
