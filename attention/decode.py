@@ -9,23 +9,25 @@ from topo.errors import AttentionError
 __all__ = ["decode_partial", "DECODE_BACKENDS"]
 
 
-def _torch_backend(q, k, v, lengths, scale, num_splits, out):
+def _torch_backend(q, k, v, lengths, scale, num_splits, out, block_table):
     from attention.decode_cpu import decode_torch
 
-    return decode_torch(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out)
+    return decode_torch(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
 
 
-def _triton_backend(q, k, v, lengths, scale, num_splits, out):
+def _triton_backend(q, k, v, lengths, scale, num_splits, out, block_table):
     from attention.decode_triton import decode_triton
 
-    return decode_triton(q, k, v, lengths, scale, num_splits=num_splits, out=out)
+    return decode_triton(q, k, v, lengths, scale, num_splits=num_splits, out=out, block_table=block_table)
 
 
 #: Named decode backends; 'auto' picks 'triton' for CUDA tensors, 'torch' otherwise.
 DECODE_BACKENDS = {"torch": _torch_backend, "triton": _triton_backend}
 
 
-def decode_partial(q, k, v, *, kv_len=None, scale=None, num_splits=None, backend: str = "auto", out=None):
+def decode_partial(
+    q, k, v, *, kv_len=None, scale=None, num_splits=None, backend: str = "auto", out=None, block_table=None
+):
     """Attention of one query per sequence against its local keys, as a mergeable state.
 
     Parameters
@@ -35,7 +37,8 @@ def decode_partial(q, k, v, *, kv_len=None, scale=None, num_splits=None, backend
         The KV cache (same dtype for k and v; may differ from q's).  ``q_heads``
         is a multiple of ``kv_heads`` (GQA; MQA when ``kv_heads == 1``): query head
         ``h`` reads KV head ``h // (q_heads // kv_heads)``.  ``head_dim`` must have
-        stride 1 for the Triton backend.
+        stride 1 for the Triton backend.  With ``block_table``: a paged cache
+        ``[num_pages, page_size, kv_heads, head_dim]`` (any page size).
     kv_len : int, sequence of int, or integer Tensor [batch], optional
         Valid keys per sequence (positions ``0 .. kv_len[b]-1``); default ``seq``.
     scale : float, optional
@@ -47,6 +50,10 @@ def decode_partial(q, k, v, *, kv_len=None, scale=None, num_splits=None, backend
     backend : {'auto', 'torch', 'triton'}
         'auto' takes 'triton' for CUDA tensors and 'torch' otherwise; 'triton'
         on CPU tensors needs ``TRITON_INTERPRET=1`` before the kernels are imported.
+    block_table : integer Tensor [batch, max_pages], optional
+        Paged cache: token ``n`` of sequence ``b`` is
+        ``k[block_table[b, n // page_size], n % page_size]``; ``seq`` is then
+        ``max_pages * page_size``.  Entries past ``kv_len`` are never read.
     out : (Tensor, Tensor), optional
         Preallocated float32 ``[batch, q_heads, head_dim]`` and ``[batch, q_heads]``.
 
@@ -64,7 +71,9 @@ def decode_partial(q, k, v, *, kv_len=None, scale=None, num_splits=None, backend
     >>> out.abs().max().item(), lse.tolist()
     (0.0, [[-inf, -inf, -inf, -inf]])
     """
-    lengths, scale = check_decode_inputs(q, k, v, kv_len, scale, "decode_partial", dtypes=KV_DTYPES)
+    lengths, scale = check_decode_inputs(
+        q, k, v, kv_len, scale, "decode_partial", dtypes=KV_DTYPES, block_table=block_table
+    )
     if k.dtype != v.dtype:
         raise AttentionError(f"decode_partial: v: expected the dtype of k ({k.dtype}), got {v.dtype}")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
@@ -77,7 +86,7 @@ def decode_partial(q, k, v, *, kv_len=None, scale=None, num_splits=None, backend
         )
     if out is not None:
         _check_out(out, q)
-    return DECODE_BACKENDS[backend](q, k, v, lengths, scale, num_splits, out)
+    return DECODE_BACKENDS[backend](q, k, v, lengths, scale, num_splits, out, block_table)
 
 
 def _check_out(out, q) -> None:

@@ -30,9 +30,34 @@ def _split_bounds(length: int, num_splits: int) -> list[tuple[int, int]]:
     return [(min(i * per, length), min((i + 1) * per, length)) for i in range(num_splits)]
 
 
-def _attend_range(qg, kb, vb, start: int, end: int, block: int, work: dict):
+def _contiguous_fetch(kb, vb):
+    """Blocks of one sequence of a contiguous cache: views ``kb[s:e]``, ``vb[s:e]``."""
+    return lambda s, e, work: (kb[s:e], vb[s:e])
+
+
+def _paged_fetch(k, v, pages, block: int):
+    """Blocks of one sequence of a paged cache ``[num_pages, page_size, kv_heads, head_dim]``
+    whose logical pages are ``pages`` (1-D ids): the pages covering ``[s, e)`` are
+    gathered into reused buffers (one block at a time) and sliced to ``[s, e)``."""
+    page_size = k.shape[1]
+
+    def fetch(s: int, e: int, work: dict):
+        p0, p1 = s // page_size, -(-e // page_size)
+        if "pk" not in work:
+            shape = (block // page_size + 2, page_size) + tuple(k.shape[2:])
+            work["pk"], work["pv"] = torch.empty(shape, dtype=k.dtype), torch.empty(shape, dtype=v.dtype)
+        ids = pages[p0:p1]
+        kk = torch.index_select(k, 0, ids, out=work["pk"][: p1 - p0]).flatten(0, 1)
+        vv = torch.index_select(v, 0, ids, out=work["pv"][: p1 - p0]).flatten(0, 1)
+        return kk[s - p0 * page_size: e - p0 * page_size], vv[s - p0 * page_size: e - p0 * page_size]
+
+    return fetch
+
+
+def _attend_range(qg, fetch, start: int, end: int, block: int, work: dict):
     """State of query groups ``qg`` [kv_heads, group, head_dim] (float32, already
-    scaled) over tokens ``[start, end)`` of ``kb``/``vb`` [seq, kv_heads, head_dim].
+    scaled) over tokens ``[start, end)`` of one sequence; ``fetch(s, e, work)``
+    returns that sequence's keys and values ``[e - s, kv_heads, head_dim]``.
 
     ``work`` caches per-call float32 buffers (block conversions, scores), so the
     loop allocates nothing: fresh multi-MiB tensors would be new pages from the
@@ -47,7 +72,7 @@ def _attend_range(qg, kb, vb, start: int, end: int, block: int, work: dict):
     for s in range(start, end, block):
         e = min(s + block, end)
         n = e - s
-        kk, vv = kb[s:e], vb[s:e]  # [n, kv_heads, head_dim] views
+        kk, vv = fetch(s, e, work)  # [n, kv_heads, head_dim]
         if kk.dtype != torch.float32:  # convert one block into cached buffers
             if "k" not in work:
                 work["k"] = torch.empty(block, kv_heads, head_dim, dtype=torch.float32)
@@ -70,11 +95,14 @@ def _attend_range(qg, kb, vb, start: int, end: int, block: int, work: dict):
     return acc, m, l
 
 
-def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_size=None):
+def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_size=None,
+                 block_table=None):
     """Partial decode attention with torch ops (validated inputs; see
     :func:`attention.decode_partial` for the contract).
 
     ``q`` [batch, q_heads, head_dim], ``k``/``v`` [batch, seq, kv_heads, head_dim],
+    (or paged ``[num_pages, page_size, kv_heads, head_dim]`` with ``block_table``
+    int [batch, max_pages]; the block size is then rounded to whole pages),
     ``lengths`` int [batch], ``num_splits`` contiguous chunks per sequence merged with
     :func:`attention.merge_states` (1 on CPU: the matmuls are already multi-threaded).
     Writes and returns ``(out, lse)``: float32 [batch, q_heads, head_dim] and
@@ -86,6 +114,8 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
     kv_heads = k.shape[2]
     group = q_heads // kv_heads
     block = int(block_size or DEFAULT_BLOCK_SIZE)
+    if block_table is not None:
+        block = max(1, block // k.shape[1]) * k.shape[1]
     if out is None:
         out = (
             torch.empty(batch, q_heads, head_dim, dtype=torch.float32, device=q.device),
@@ -95,9 +125,9 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
     qs = (q.float() * scale).view(batch, kv_heads, group, head_dim)
     work: dict = {}
     for b, length in enumerate(lengths.tolist()):
-        parts = [
-            _attend_range(qs[b], k[b], v[b], s0, s1, block, work) for s0, s1 in _split_bounds(length, num_splits)
-        ]
+        fetch = _contiguous_fetch(k[b], v[b]) if block_table is None else \
+            _paged_fetch(k, v, block_table[b].long(), block)
+        parts = [_attend_range(qs[b], fetch, s0, s1, block, work) for s0, s1 in _split_bounds(length, num_splits)]
         outs, lses = [], []
         for acc, m, l in parts:
             nonempty = l > 0

@@ -24,6 +24,10 @@ Pseudo-code of stage 1 for program ``(b, h, s)``::
         l = a*l + rowsum(p); acc = a*acc + p @ V[n:n+BLOCK_N]; m = m'
     out = acc / l (0 if l == 0); lse = (m + log2(l)) * ln2 (-inf if l == 0)
 
+A paged cache (``[num_pages, page_size, kv_heads, head_dim]`` plus a block
+table ``[batch, max_pages]``, any page size) is read through the table per
+token (vLLM's ``kv_loc`` scheme); ``PAGE_SIZE = 0`` means a contiguous cache.
+
 The kernels run on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``
 (the variable must be set before this module is imported).  The Triton 3.9
 interpreter computes ``tl.dot`` on bfloat16 operands wrongly (errors ~1e10 on
@@ -68,9 +72,10 @@ MAX_SPLITS = 128
 @triton.jit
 def _decode_split_kernel(
     # Pointers
-    Q, K, V, KV_LEN, OUT, LSE,
-    # Strides (the last dim of every tensor has stride 1)
-    stride_qb, stride_qh,
+    Q, K, V, KV_LEN, OUT, LSE, BLOCK_TABLE,
+    # Strides (the last dim of every tensor has stride 1); for a paged cache the
+    # K/V "batch" strides step over pages and the "n" strides within a page
+    stride_qb, stride_qh, stride_tb,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_oh,
@@ -80,7 +85,7 @@ def _decode_split_kernel(
     # Meta-parameters
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
     tl.static_assert(BLOCK_G >= GROUP)
     tl.static_assert(BLOCK_D >= HEAD_DIM)
@@ -111,16 +116,23 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k_base = K + b * stride_kb + kv_head * stride_kh
-    v_base = V + b * stride_vb + kv_head * stride_vh
+    k_base = K + kv_head * stride_kh
+    v_base = V + kv_head * stride_vh
 
     # ---- online softmax over the chunk, base 2
     for n0 in range(start, end, BLOCK_N):
         cols = n0 + offs_n
         mask_n = cols < end
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        if PAGE_SIZE > 0:  # paged: token -> (page id from the block table, slot in the page)
+            page = tl.load(BLOCK_TABLE + b * stride_tb + cols // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+            k_rows = page * stride_kb + (cols % PAGE_SIZE) * stride_kn
+            v_rows = page * stride_vb + (cols % PAGE_SIZE) * stride_vn
+        else:
+            k_rows = b.to(tl.int64) * stride_kb + cols * stride_kn
+            v_rows = b.to(tl.int64) * stride_vb + cols * stride_vn
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if UPCAST:
             x = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -238,8 +250,11 @@ def _next_pow2(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse) -> None:
+def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse, block_table=None) -> None:
     """Launch stage 1: write one partial state per split.
+
+    ``k``/``v`` [batch, seq, kv_heads, head_dim], or paged [num_pages, page_size,
+    kv_heads, head_dim] with ``block_table`` int [batch, max_pages].
 
     ``part_out`` float32 [splits, batch, q_heads, head_dim] and ``part_lse`` float32
     [splits, batch, q_heads] (natural log) are written completely, including empty
@@ -248,6 +263,11 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse) -> None:
     _check_launchable(q, "decode_stage1")
     batch, q_heads, head_dim = q.shape
     _, seq, kv_heads, _ = k.shape
+    page_size = 0
+    if block_table is not None:
+        page_size, seq = k.shape[1], block_table.shape[1] * k.shape[1]
+    else:
+        block_table = lengths  # unused by the kernel; any tensor pointer
     for name, t in (("q", q), ("k", k), ("v", v), ("part_out", part_out)):
         if t.stride(-1) != 1:
             raise AttentionError(
@@ -258,8 +278,8 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse) -> None:
     splits = part_out.shape[0]
     grid = (batch, kv_heads, splits)
     _decode_split_kernel[grid](
-        q, k, v, lengths, part_out, part_lse,
-        q.stride(0), q.stride(1),
+        q, k, v, lengths, part_out, part_lse, block_table,
+        q.stride(0), q.stride(1), block_table.stride(0),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
@@ -267,16 +287,18 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse) -> None:
         seq, splits, scale * LOG2E,
         GROUP=group, HEAD_DIM=head_dim,
         BLOCK_G=_next_pow2(group, 16), BLOCK_N=BLOCK_N, BLOCK_D=_next_pow2(head_dim, 16),
-        UPCAST=_INTERPRETED or k.dtype == torch.float32,
+        UPCAST=_INTERPRETED or k.dtype == torch.float32, PAGE_SIZE=page_size,
     )
 
 
-def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None):
+def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None, block_table=None):
     """Partial decode attention with the Triton kernels (validated inputs; see
     :func:`attention.decode_partial`).  Returns ``(out, lse)`` float32
     [batch, q_heads, head_dim] and [batch, q_heads], natural log."""
     batch, q_heads, head_dim = q.shape
     seq, kv_heads = k.shape[1], k.shape[2]
+    if block_table is not None:
+        seq = block_table.shape[1] * k.shape[1]
     if num_splits is None:
         max_len = int(lengths.max()) if (lengths.device.type == "cpu" and batch) else seq
         num_splits = choose_num_splits(batch, kv_heads, max_len, num_sms(q.device))
@@ -289,11 +311,11 @@ def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None):
     if batch == 0 or q_heads == 0:
         return out_buf, lse_buf
     if num_splits == 1:  # stage 1 writes the final state directly
-        decode_stage1(q, k, v, lengths, scale, out_buf.unsqueeze(0), lse_buf.unsqueeze(0))
+        decode_stage1(q, k, v, lengths, scale, out_buf.unsqueeze(0), lse_buf.unsqueeze(0), block_table)
         return out_buf, lse_buf
     part_out = torch.empty(num_splits, batch, q_heads, head_dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(num_splits, batch, q_heads, dtype=torch.float32, device=q.device)
-    decode_stage1(q, k, v, lengths, scale, part_out, part_lse)
+    decode_stage1(q, k, v, lengths, scale, part_out, part_lse, block_table)
     _launch_merge(part_out.view(num_splits, batch * q_heads, head_dim), part_lse.view(num_splits, batch * q_heads),
                   out_buf.view(batch * q_heads, head_dim), lse_buf.view(batch * q_heads))
     return out_buf, lse_buf

@@ -151,6 +151,17 @@ def _fingerprint_int(t) -> int:
     return int(hashlib.sha256(t.fingerprint().encode()).hexdigest()[:15], 16)
 
 
+def _collectives():
+    """``(collectives.reduce, collectives.broadcast)``."""
+    import collectives
+
+    if hasattr(collectives, "reduce") and hasattr(collectives, "broadcast"):
+        return collectives.reduce, collectives.broadcast
+    from collectives.execute import broadcast, reduce
+
+    return reduce, broadcast
+
+
 def _merge_op(batch: int, heads: int, head_dim: int):
     """:class:`attention.MergeOp` as a collectives operator: commutative, and never
     split into chunks (the packed buffer is ``out`` then ``lse``: a chunk of it is
@@ -176,15 +187,16 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     if size == 1:
         return out, lse
     t = resolve_tree(tree, group=group, topology=topology)
-    import collectives
-
+    reduce, broadcast = _collectives()
     buf = pack_state(out, lse)
     op = _merge_op(batch, heads, head_dim)
-    res = collectives.reduce(buf, root=t.root, op=op, tree=t, group=group)
+    # in place on the packed buffer: the root ends with the merged state, the
+    # other ranks with their subtree's partial state (overwritten by the broadcast)
+    res = reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
     if isinstance(res, torch.Tensor):
         buf = res
     if not root_only:
-        res = collectives.broadcast(buf, root=t.root, tree=t, group=group)
+        res = broadcast(buf, root=t.root, tree=t, group=group, out=buf)
         if isinstance(res, torch.Tensor):
             buf = res
     return unpack_state(buf, batch, heads, head_dim)
