@@ -58,18 +58,33 @@ def _cpuinfo(root: str) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key, name in (("vendor_id", "vendor"), ("cpu family", "family"), ("model", "model"),
-                      ("CPU implementer", "implementer")):
+                      ("CPU implementer", "implementer"), ("model name", "model_name")):
         m = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
         if m:
             out[name] = m.group(1).strip()
+    if "model_name" in out:  # "Intel(R) Xeon(R) Platinum 8480C" -> "Intel Xeon Platinum 8480C"
+        out["model_name"] = re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)|\bCPU\b|@.*$|\d+-Core Processor", "",
+                                                        out["model_name"])).strip()
     out["arch"] = "arm64" if "implementer" in out else "x86_64" if "vendor" in out else None
     return out
 
 
-def _cpus(b: HostBuilder, numa: dict[int, str], cpu: dict[str, Any]) -> list[int]:
+def _socket(root: str | None, cpulist: str | None) -> int | None:
+    cpus = sysfs.parse_cpulist(cpulist)
+    if root is None or not cpus:
+        return None
+    try:
+        return int((Path(root) / "sys/devices/system/cpu" / f"cpu{cpus[0]}" / "topology/physical_package_id")
+                   .read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _cpus(b: HostBuilder, numa: dict[int, str], cpu: dict[str, Any], root: str | None = None) -> list[int]:
     ids = sorted(numa) or [0]
     for n in ids:
-        b.add(("cpu", n), "cpu", numa=n, affinity=numa.get(n) or None)
+        b.add(("cpu", n), "cpu", numa=n, affinity=numa.get(n) or None, socket=_socket(root, numa.get(n)),
+              model=cpu.get("model_name"))
     bw = smp_bw(cpu.get("arch"), cpu.get("vendor"), cpu.get("family"), cpu.get("model"))
     for i, a in enumerate(ids):
         for c in ids[i + 1:]:
@@ -84,7 +99,7 @@ def cpu_only_host(host: str, numa: dict[int, str], slots: int, cpu: Mapping[str,
     ``slots`` rank slots (kind ``gpu``, model ``"cpu"``) spread in blocks over
     them; with ``sysfs_root``, the host's NICs too."""
     b = HostBuilder(host)
-    ids = _cpus(b, numa, dict(cpu or {}))
+    ids = _cpus(b, numa, dict(cpu or {}), sysfs_root)
     for i in range(slots):
         n = ids[i * len(ids) // slots]
         b.add(("gpu", i), "gpu", index=i, model="cpu", numa=n)
@@ -102,22 +117,20 @@ def _local_slots(h: Hints) -> int:
 def _attach(b: HostBuilder, key: Any, dev: sysfs.PciDevice | None, devs: dict, numa: int, notes: list) -> None:
     """Link ``key`` up through its PCIe switches to its CPU; the top switch carries host_bridge.
 
-    A device directly on a root port gets that root port as its switch (so
-    that two functions of one card are PIX, as nvidia-smi shows them, and the
-    host bridge has a switch to live on).
+    A device on a root port (no switch above it) links to its CPU directly, as
+    in NCCL's tree (root ports are not nodes) and the YAML form.
     """
     if dev is None:
         b.link(key, ("cpu", numa), "pcie", sysfs.pcie_bw(None, None))
         return
-    sws = list(dev.switches) or ([dev.root_port] if dev.root_port else [])
-    for s in sws:
+    for s in dev.switches:
         b.add(("sw", s), "pcie_switch", pci=s)
     if dev.downtrained:
         notes.append(f"PCIe link of {dev.bdf} is downtrained: {dev.link_speed} x{dev.link_width} "
                      f"of {dev.max_link_speed} x{dev.max_link_width}")
         b.add(key, b.items[key]["kind"], x_downtrained=f"{dev.link_speed} x{dev.link_width} of "
                                                        f"{dev.max_link_speed} x{dev.max_link_width}")
-    chain = [key, *(("sw", s) for s in sws), ("cpu", numa)]
+    chain = [key, *(("sw", s) for s in dev.switches), ("cpu", numa)]
     below = dev
     for lo, hi in zip(chain, chain[1:]):
         bw = below.bw if below is not None else sysfs.pcie_bw(None, None)
@@ -167,7 +180,7 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
     numa = sysfs.numa_nodes(root)
     devs = sysfs.pci_devices(root)
     b = HostBuilder(host)
-    ids = _cpus(b, numa, _cpuinfo(root))
+    ids = _cpus(b, numa, _cpuinfo(root), root)
     if not numa:
         notes.append("sysfs: no NUMA nodes found, one CPU domain assumed")
     gpus = [nv.gpu(i) for i in range(nv.count())]

@@ -55,7 +55,8 @@ from .model import Topology
 from .nvml import norm_busid
 from .sysfs import pcie_bw
 
-__all__ = ["import_xml", "export_xml", "parse_graph_xml", "GRAPH_PATTERNS", "looks_like_nccl_xml"]
+__all__ = ["import_xml", "export_xml", "parse_graph_xml", "GRAPH_PATTERNS", "looks_like_nccl_xml",
+           "mask_to_cpulist", "cpulist_to_mask"]
 
 #: NCCL graph patterns (src/graph/search.cc, NCCL_TOPO_PATTERN_*)
 GRAPH_PATTERNS = {1: "balanced_tree", 2: "split_tree", 3: "tree", 4: "ring", 5: "nvls", 6: "collnet_direct"}
@@ -139,7 +140,7 @@ def import_xml(src: str | os.PathLike, *, host: str = "host0", name: str | None 
             xcpu["numaid"] = cpu.get("numaid")
             numa = next(k for k in range(len(taken) + 1) if k not in taken)
         ck = ("cpu", numa)
-        b.add(ck, "cpu", numa=numa, x_nccl={"cpu": xcpu})
+        b.add(ck, "cpu", numa=numa, affinity=mask_to_cpulist(cpu.get("affinity")), x_nccl={"cpu": xcpu})
         for child in cpu:
             _walk(b, child, ck, ck, where, gpus_by_pci, pending_nvlinks, h)
     for h, b in builders.items():
@@ -274,6 +275,37 @@ def _nvlinks(b: HostBuilder, gk: Any, gpu_el: ET.Element, sm: int | None, gpus_b
             b.link(gk, sk, "nvlink", cnt * per_link, count=cnt)
 
 
+def mask_to_cpulist(mask: str | None) -> str | None:
+    """NCCL's cpumask (comma-separated 32-bit hex words, most significant first) -> cpulist.
+
+    >>> mask_to_cpulist("000000ff,ffff0000,00ffffff"), mask_to_cpulist("0,0")
+    ('0-23,48-71', None)
+    """
+    if not mask:
+        return None
+    try:
+        v = int(mask.replace(",", ""), 16)
+    except ValueError:
+        return None
+    cpus = [i for i in range(v.bit_length()) if v >> i & 1]
+    if not cpus:
+        return None
+    runs, start = [], cpus[0]
+    for a, b in zip(cpus, cpus[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else f"{a}")
+            start = b
+    return ",".join(runs)
+
+
+def cpulist_to_mask(cpulist: str) -> str:
+    """Inverse of :func:`mask_to_cpulist` (at least one 32-bit word)."""
+    from .sysfs import parse_cpulist
+    v = sum(1 << c for c in set(parse_cpulist(cpulist)))
+    words = max(1, (v.bit_length() + 31) // 32)
+    return ",".join(f"{v >> (32 * i) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
+
+
 # ---------------------------------------------------------------------------------------- export
 def _fmt_speed(bw: float, width: int) -> str:
     code = bw * 80 / max(width, 1)
@@ -321,6 +353,8 @@ def export_xml(topo: Topology, host: str | None = None) -> str:
         d = g.nodes[c]
         x = dict((d.get("x_nccl") or {}).get("cpu") or {})
         attrs = {"numaid": str(d.get("numa", 0))}
+        if d.get("affinity") and "affinity" not in x:
+            attrs["affinity"] = cpulist_to_mask(d["affinity"])
         attrs.update(x)
         cel = ET.SubElement(root, "cpu", attrs)
         _export_children(g, c, children, cel)
