@@ -140,27 +140,50 @@ def maxmin_rates(flow: np.ndarray, link: np.ndarray, cap: np.ndarray) -> tuple[n
     """
     uf, fi = np.unique(flow, return_inverse=True)
     ul, li = np.unique(link, return_inverse=True)
-    rem = cap[ul].astype(np.float64).copy()
-    rate = np.zeros(len(uf))
-    frozen = np.zeros(len(uf), dtype=bool)
+    return uf, _fill(fi, li, cap[ul].astype(np.float64), len(uf))
+
+
+def _fill(fi: np.ndarray, li: np.ndarray, rem: np.ndarray, nf: int) -> np.ndarray:
+    """Progressive filling on dense ids: flows 0..nf-1, links 0..len(rem)-1 (``rem`` is consumed)."""
+    nl = len(rem)
+    rate = np.zeros(nf)
+    frozen = np.zeros(nf, dtype=bool)
     act = np.ones(len(fi), dtype=bool)
     level = 0.0
-    while act.any():
-        cnt = np.bincount(li[act], minlength=len(ul))
+    lia = li
+    fia = fi
+    while len(lia):
+        cnt = np.bincount(lia, minlength=nl)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(cnt > 0, rem / np.maximum(cnt, 1), np.inf)
-        m = float(share.min())
+        m = max(float(share.min()), 0.0)
         bott = share <= m * (1 + _REL_EPS) + 1e-12
-        level_inc = max(m, 0.0)
-        fz = np.unique(fi[act & bott[li]])
-        # every unfrozen flow rises by level_inc; links lose level_inc per active crossing flow
-        rem = rem - cnt * level_inc
-        level += level_inc
-        rate[fz] = level
-        frozen[fz] = True
-        act &= ~frozen[fi]
+        rem -= cnt * m
         np.maximum(rem, 0.0, out=rem)
-    return uf, rate
+        level += m
+        hit = fia[bott[lia]]
+        rate[hit] = level
+        frozen[hit] = True
+        act = ~frozen[fia]
+        lia = lia[act]
+        fia = fia[act]
+    return rate
+
+
+def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: int) -> np.ndarray:
+    """Incidence mask of the flows connected (through shared links) to the ``dirty`` links."""
+    lm = dirty
+    fm = np.zeros(nflows, dtype=bool)
+    count = 0
+    while True:
+        fm[inc_f[lm[inc_l]]] = True
+        sel = fm[inc_f]
+        c = int(sel.sum())
+        if c == count:
+            return sel
+        count = c
+        lm = lm.copy()
+        lm[inc_l[sel]] = True
 
 
 def concurrent_times(net: Network, transfers) -> np.ndarray:
@@ -221,6 +244,7 @@ class _Flows:
         self.inc_l = np.zeros(256, dtype=np.int64)
         self.ninc = 0
         self.nalive_inc = 0
+        self.links: list = []
 
     def add(self, links: np.ndarray, nbytes: float, xfer: int) -> int:
         i = self.n
@@ -235,6 +259,7 @@ class _Flows:
         self.alive[i] = True
         m = len(links)
         self.nl[i] = m
+        self.links.append(links)
         while self.ninc + m > len(self.inc_f):
             self.inc_f = np.concatenate([self.inc_f, np.zeros_like(self.inc_f)])
             self.inc_l = np.concatenate([self.inc_l, np.zeros_like(self.inc_l)])
@@ -288,6 +313,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
     heap: list = []
     seq = 0
     changed = False
+    dirty: list = []
     recomputes = 0
     now = 0.0
 
@@ -329,6 +355,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                 if share <= 0:
                     continue
                 fl.add(ids, n * share, xi)
+                dirty.append(ids)
                 if len(link_bytes) < len(net.ends):
                     link_bytes = np.concatenate([link_bytes, np.zeros(len(net.ends) - len(link_bytes))])
                 np.add.at(link_bytes, ids, n * share)
@@ -375,16 +402,20 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
     active = np.zeros(0, dtype=np.int64)
     while True:
         if changed:
+            # only the flows connected to a link where a flow started or ended can change rate
             if fl.ninc > 2 * max(fl.nalive_inc, 1024):
                 fl.compact()
-            inc = slice(0, fl.ninc)
-            sel = fl.alive[fl.inc_f[inc]]
+            f_all, l_all = fl.inc_f[:fl.ninc], fl.inc_l[:fl.ninc]
+            keep = fl.alive[f_all]
+            f_a, l_a = f_all[keep], l_all[keep]
+            dmask = np.zeros(len(net.ends), dtype=bool)
+            dmask[np.concatenate(dirty)] = True
+            dirty.clear()
+            sel = _component(f_a, l_a, dmask, fl.n)
             if sel.any():
-                uf, rate = maxmin_rates(fl.inc_f[inc][sel], fl.inc_l[inc][sel], net.cap)
+                uf, rate = maxmin_rates(f_a[sel], l_a[sel], net.cap)
                 fl.rate[uf] = rate
-                active = uf
-            else:
-                active = np.zeros(0, dtype=np.int64)
+            active = np.nonzero(fl.alive[:fl.n])[0]
             recomputes += 1
             changed = False
         t_drain = np.inf
@@ -406,6 +437,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                 active = active[fl.alive[active]]
                 changed = True
                 for f in fin.tolist():
+                    dirty.append(fl.links[f])
                     xi = int(fl.xfer[f])
                     fl.nalive_inc -= int(fl.nl[f])  # incidences are dropped lazily by compact()
                     x_pending[xi] -= 1
