@@ -140,3 +140,19 @@ def test_user_errors_exit_1_with_one_line(argv, pattern, capsys):
 def test_help_returns_0(capsys):
     rc, out, _ = run(capsys, "topo", "--help")
     assert rc == 0 and "matrix" in out and "export" in out
+
+
+def test_demo_runs_its_steps(capsys):
+    from tools import demo
+    assert demo.main() == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == len(demo.STEPS) >= 3
+    assert "NV18" in out and "PIX" in out and "NCCL NET" in out and "rail0/leaf0" in out
+
+
+def test_cli_doctest():
+    import doctest
+
+    import tools.cli
+    r = doctest.testmod(tools.cli)
+    assert r.failed == 0 and r.attempted > 0
