@@ -1,0 +1,184 @@
+"""Closed forms and invariants of the flow-level simulator (collectives.sim)."""
+from __future__ import annotations
+
+import doctest
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sim_helpers import (binomial_reduce_schedule, ring_allreduce_schedule, ring_topology,  # noqa: E402
+                         send_schedule, star_topology)
+
+from collectives import sim, sim_engine, sim_profiles  # noqa: E402
+from collectives.sim import bandwidths, bus_factor, simulate, simulate_ring  # noqa: E402
+from collectives.sim_engine import maxmin_rates  # noqa: E402
+from topo.errors import CollectiveError  # noqa: E402
+
+
+def test_one_transfer_over_one_link_is_alpha_plus_n_over_beta():
+    topo = ring_topology(2, bw=50.0, lat=3.0)
+    for n in (0, 4, 1 << 20, 3 * 10**9):
+        r = simulate(topo, send_schedule(2, [(0, 1)]), n)
+        assert r.time == pytest.approx(3e-6 + n / 50e9, rel=1e-12, abs=1e-15)
+        assert r.finish[1] == pytest.approx(r.time) and r.finish[0] == pytest.approx(n / 50e9, abs=1e-15)
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+def test_ring_allreduce_closed_form_engine_and_lockstep(P):
+    alpha, beta, n = 2.0e-6, 40e9, P * 10**7
+    topo = ring_topology(P, bw=beta / 1e9, lat=alpha * 1e6)
+    expect = 2 * (P - 1) * alpha + 2 * (P - 1) / P * n / beta
+    ev = simulate(topo, ring_allreduce_schedule(P), n)
+    lock = simulate_ring(topo, n)
+    assert ev.time == pytest.approx(expect, rel=1e-9)
+    assert lock.time == pytest.approx(expect, rel=1e-9)
+    assert lock.busbw == pytest.approx(n / expect / 1e9 * 2 * (P - 1) / P, rel=1e-12)
+    assert ev.kind_bytes == lock.kind_bytes
+
+
+def test_ring_from_compiler_matches_lockstep_on_a_switch():
+    compile_ = pytest.importorskip("collectives.compile")
+    P, n = 6, 6 * 2**22
+    topo = star_topology(P, bw=100.0, lat=0.5)
+    s = compile_.compile_ring_allreduce(P)
+    ev = simulate(topo, s, n)
+    lock = simulate_ring(topo, n)
+    assert ev.time == pytest.approx(lock.time, rel=1e-6)
+    assert ev.time == pytest.approx(2 * (P - 1) * 1e-6 + 2 * (P - 1) / P * n / 100e9, rel=1e-6)
+
+
+def test_two_flows_on_one_link_take_twice_as_long():
+    topo = star_topology(3, bw=10.0, lat=0.0)
+    n = 10**8
+    one = simulate(topo, send_schedule(3, [(1, 0)]), n)
+    two = simulate(topo, send_schedule(3, [(1, 0), (2, 0)]), n)
+    assert one.time == pytest.approx(n / 10e9)
+    assert two.time == pytest.approx(2 * one.time, rel=1e-12)
+    # disjoint links do not slow each other down
+    apart = simulate(topo, send_schedule(3, [(1, 0), (0, 2)]), n)
+    assert apart.time == pytest.approx(one.time, rel=1e-12)
+
+
+def test_rates_are_max_min_fair():
+    # classic example: flow 0 on links a,b; flow 1 on a; flow 2 on b; cap a = 1, b = 2
+    uf, rate = maxmin_rates(np.array([0, 0, 1, 2]), np.array([0, 1, 0, 1]), np.array([1.0, 2.0]))
+    assert uf.tolist() == [0, 1, 2] and rate.tolist() == pytest.approx([0.5, 0.5, 1.5])
+    # an unshared flow takes a whole link even when its partner is limited elsewhere
+    uf, rate = maxmin_rates(np.array([0, 0, 1]), np.array([5, 7, 7]), np.array([0, 0, 0, 0, 0, 1.0, 0, 10.0]))
+    assert rate.tolist() == pytest.approx([1.0, 9.0])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 7, 8, 9, 16, 17, 32])
+def test_binomial_reduce_takes_ceil_log2_rounds(P):
+    """Latency-bound binomial reduce: one alpha per tree level; ceil(log2 P) levels when P is a power of 2.
+
+    Receives at one rank overlap in this model, so for other P the time is
+    the tree height (floor(log2 P) levels), never more than ceil(log2 P).
+    """
+    alpha = 5e-6
+    topo = star_topology(P, bw=1e6, lat=alpha / 2 * 1e6)  # 2 links per transfer: alpha per round
+    height = max(bin(r).count("1") for r in range(P))
+    builders = pytest.importorskip("collectives.builders")
+    compile_ = pytest.importorskip("collectives.compile")
+    for sched in (binomial_reduce_schedule(P), compile_.compile_reduce(builders.build("binomial", nranks=P))):
+        r = simulate(topo, sched, 8)
+        assert r.time == pytest.approx(height * alpha, rel=1e-6)
+        assert r.time <= math.ceil(math.log2(P)) * alpha * (1 + 1e-6)
+        if P & (P - 1) == 0:
+            assert r.time == pytest.approx(math.ceil(math.log2(P)) * alpha, rel=1e-6)
+
+
+def test_bytes_sent_equal_bytes_received_and_link_accounting():
+    P, n = 8, 1 << 20
+    topo = star_topology(P)
+    for sched in (ring_allreduce_schedule(P), binomial_reduce_schedule(P)):
+        r = simulate(topo, sched, n)
+        sent = sum(sched.bytes_sent(q, n) for q in range(P))
+        recv = sum(sched.bytes_received(q, n) for q in range(P))
+        assert sent == recv
+        out_of_gpus = sum(b for k, b in r.link_bytes.items() if k.endswith("->h/sw"))
+        into_gpus = sum(b for k, b in r.link_bytes.items() if k.startswith("h/sw->"))
+        assert out_of_gpus == into_gpus == sent
+        assert r.kind_bytes == {"nvlink": 2 * sent}
+
+
+def test_same_input_same_output():
+    topo = star_topology(5, bw=20.0, lat=1.0, mem_bw=100.0)
+    s = ring_allreduce_schedule(5)
+    a = simulate(topo, s, 5 * 4096, profile="nccl-simple").as_dict(links=True)
+    b = simulate(topo, s, 5 * 4096, profile="nccl-simple").as_dict(links=True)
+    a["stats"].pop("wall_s"), b["stats"].pop("wall_s")
+    assert a == b
+
+
+def test_reduce_compute_and_scratch_memory():
+    # binomial reduce of 2 ranks: transfer, then a reduce of 3n/mem_bw; one scratch slot of n bytes at the root
+    topo = star_topology(2, bw=100.0, lat=0.0, mem_bw=300.0)
+    n = 3 * 10**8
+    r = simulate(topo, binomial_reduce_schedule(2), n)
+    assert r.time == pytest.approx(n / 100e9 + 3 * n / 300e9)
+    assert r.peak_scratch == (n, 0.0)
+
+
+def test_profiles_floor_latency_and_scale_bandwidth():
+    topo = star_topology(2, bw=10.0, lat=0.1)
+    s = send_schedule(2, [(0, 1)])
+    ll = sim_profiles.get_profile("nccl-ll")
+    r = simulate(topo, s, 10**6, profile=ll)
+    # latency floor 0.6 µs for an NVLink route, half the bandwidth, plus the 6.6 µs base latency
+    assert r.time == pytest.approx(6.6e-6 + 0.6e-6 + 10**6 / 5e9)
+    assert simulate(topo, s, 10**6, profile="ideal").time == pytest.approx(0.2e-6 + 10**6 / 10e9)
+
+
+def test_busbw_definitions_follow_nccl_tests():
+    assert bus_factor("allreduce", 8) == pytest.approx(1.75)
+    assert bus_factor("allgather", 16) == pytest.approx(15 / 16)
+    assert bus_factor("broadcast", 4) == 1.0
+    assert bandwidths("allreduce", 10**9, 8, 0.5) == pytest.approx((2.0, 3.5))
+    with pytest.raises(CollectiveError, match="collective 'alltoall'"):
+        bus_factor("alltoall", 4)
+
+
+def test_ring_allgather_and_reduce_scatter_steps():
+    P, n = 4, 4 * 10**8
+    topo = ring_topology(P, bw=100.0, lat=1.0)
+    ag = simulate_ring(topo, n, collective="allgather")
+    rs = simulate_ring(topo, n, collective="reduce_scatter")
+    expect = (P - 1) * 1e-6 + (P - 1) / P * n / 100e9
+    assert ag.time == pytest.approx(expect) and rs.time == pytest.approx(expect)
+    assert ag.busbw == pytest.approx(n / expect / 1e9 * (P - 1) / P)
+
+
+def test_user_errors_are_collective_errors():
+    topo = star_topology(2)
+    s = send_schedule(2, [(0, 1)])
+    with pytest.raises(CollectiveError, match="multiple of the float32 element size 4 B"):
+        simulate(topo, s, 6)
+    with pytest.raises(CollectiveError, match="dtype 'float7'"):
+        simulate(topo, s, 8, dtype="float7")
+    with pytest.raises(CollectiveError, match="maps only 2"):
+        simulate(topo, send_schedule(3, [(0, 2)]), 8)
+    with pytest.raises(CollectiveError, match="profile 'fast'"):
+        simulate(topo, s, 8, profile="fast")
+    with pytest.raises(CollectiveError, match="ring collective 'broadcast'"):
+        simulate_ring(topo, 8, collective="broadcast")
+
+
+def test_profile_yaml_round_trip(tmp_path):
+    p = sim_profiles.Profile("mine", 3.0, {"net": 5.0}, {"net": 0.8}, source="fit")
+    sim_profiles.save_profile(p, tmp_path / "mine.yaml", fit={"tables": 2})
+    assert sim_profiles.get_profile(str(tmp_path / "mine.yaml")) == p
+    (tmp_path / "bad.yaml").write_text("name: x\nbw_eff: {net: 1.5}\n")
+    with pytest.raises(CollectiveError, match=r"bad.yaml'.*bw_eff.net expected .* \(0, 1\], got 1.5"):
+        sim_profiles.load_profile(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("mod", [sim, sim_engine, sim_profiles])
+def test_doctests(mod):
+    res = doctest.testmod(mod)
+    assert res.attempted > 0 and res.failed == 0
