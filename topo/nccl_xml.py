@@ -319,8 +319,10 @@ def _fmt_speed(bw: float, width: int) -> str:
 def export_xml(topo: Topology, host: str | None = None) -> str:
     """One host of ``topo`` as NCCL topology XML text (NCCL_TOPO_FILE format).
 
-    GPUs without a bus id (CPU-only rank slots) are left out; nodes that came
-    from an NCCL file get their original attributes back.
+    Devices without a bus id (YAML topologies) get synthetic ones in PCI
+    domain ``fffe``; CPU-only rank slots are left out; nodes that came from an
+    NCCL file get their original attributes back. NCCL's limit of 256 XML
+    nodes per host is not checked.
     """
     g = topo.graph
     host = host or (topo.hosts()[0] if topo.hosts() else None)
@@ -348,6 +350,18 @@ def export_xml(topo: Topology, host: str | None = None) -> str:
     children: dict[str, list[str]] = {}
     for v, u in parent.items():
         children.setdefault(u, []).append(v)
+    # devices without a bus id (YAML topologies) get synthetic ones in domain fffe, in id order;
+    # CPU-only rank slots (model cpu / cpu-process) are not PCI devices and are left out;
+    # a NIC without bus id right under a CPU is written as NCCL's non-PCI <cpu><nic>
+    synth: dict[str, str] = {}
+    for n in sorted(topo.nodes(host=host)) + sorted(n for n in topo.nodes("nvswitch") if "host" not in g.nodes[n]):
+        d = g.nodes[n]
+        nic_on_cpu = d["kind"] == "nic" and g.nodes.get(parent.get(n), {}).get("kind") == "cpu"
+        if d["kind"] in ("gpu", "nic", "pcie_switch", "nvswitch") and not d.get("pci") and not nic_on_cpu \
+                and not d.get("assumed") and not (d["kind"] == "gpu" and str(d.get("model", "")).startswith("cpu")):
+            k = len(synth)
+            synth[n] = f"fffe:{k // 32:02x}:{k % 32:02x}.0"
+    g = _with_pci(g, synth)
     root = ET.Element("system", dict(topo.meta.get("xml_system") or {"version": "1"}))
     for c in cpus:
         d = g.nodes[c]
@@ -362,6 +376,15 @@ def export_xml(topo: Topology, host: str | None = None) -> str:
             ET.SubElement(cel, ch["tag"], {k: v for k, v in ch.items() if k != "tag"})
     ET.indent(root, "  ")
     return ET.tostring(root, encoding="unicode").replace(" />", "/>") + "\n"  # NCCL's own dump style
+
+
+def _with_pci(g: nx.DiGraph, synth: dict[str, str]) -> nx.DiGraph:
+    if not synth:
+        return g
+    h = nx.DiGraph(g)
+    for n, busid in synth.items():
+        h.nodes[n]["pci"] = busid
+    return h
 
 
 def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> None:

@@ -7,7 +7,7 @@ import pytest
 import topo
 from topo.smi import import_smi, smi_matrix
 
-from fakes import FakePynvml, build_sysfs, load
+from topo_fakes import FakePynvml, build_sysfs, load
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / ".." / "shared" / "fixtures"

@@ -131,14 +131,17 @@ class FakePynvml:
         return self.rec["p2p"][a][b]
 
     def nvmlDeviceGetGpuFabricInfoV(self, h, info):
+        self._fabric(h, info)
+
+    def nvmlDeviceGetGpuFabricInfo(self, h, info):  # deprecated: must only be a fallback
+        self._fabric(h, info)
+
+    def _fabric(self, h, info):
         f = self._g(h).get("fabric")
         if f is None:
             self._raise("not_supported")
         info.clusterUuid = bytes.fromhex(f["clusterUuid"].replace("-", ""))
         info.cliqueId, info.state, info.healthMask = f["cliqueId"], f["state"], f.get("healthMask", 0)
-
-    def nvmlDeviceGetGpuFabricInfo(self, h, info):  # deprecated: must only be a fallback
-        return self.nvmlDeviceGetGpuFabricInfoV(h, info)
 
     def nvmlDeviceGetFieldValues(self, h, ids):
         c2c = self._g(h).get("c2c")

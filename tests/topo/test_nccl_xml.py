@@ -1,0 +1,168 @@
+"""NCCL topology XML import/export round trips on the real vendor files; NCCL graph XML."""
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+import topo
+from topo.nccl_xml import cpulist_to_mask, export_xml, import_xml, mask_to_cpulist, parse_graph_xml
+from topo.smi import smi_matrix
+
+FIX = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nccl-topo"
+FILES = sorted(FIX.glob("*-topo.xml")) if FIX.exists() else []
+need = pytest.mark.skipif(not FILES, reason="../shared/fixtures/nccl-topo not present")
+
+
+@need
+@pytest.mark.parametrize("f", FILES, ids=lambda p: p.name)
+def test_every_file_imports_and_round_trips(f):
+    t = import_xml(f)
+    text = export_xml(t)
+    t2 = import_xml(text)
+    assert t2 == t                     # import -> export -> import is the identity
+    assert export_xml(t2) == text      # and the export is stable
+    assert topo.loads(topo.dumps(t)) == t  # the YAML form keeps the preserved attributes too
+    src = ET.parse(f).getroot()
+    out = ET.fromstring(text)
+    # every attribute of every cpu/pci element of the source comes back (busids normalised to lower case)
+    def attrs(root):
+        return sorted((e.tag, tuple(sorted((k, v.lower() if k == "busid" else v) for k, v in e.attrib.items())))
+                      for e in root.iter() if e.tag in ("cpu", "pci", "gpu", "net", "nvlink"))
+    assert attrs(out) == attrs(src)
+
+
+def _codes(t):
+    ids, m = smi_matrix(t)
+    return {(a, b): m[i][j] for i, a in enumerate(ids) for j, b in enumerate(ids)}
+
+
+@need
+@pytest.mark.parametrize("name", ["aws-p4d-24xl-topo.xml", "aws-p4de-24xl-topo.xml"])
+def test_p4d_matrix(name):
+    t = import_xml(FIX / name, host="p4d")
+    c = _codes(t)
+    gpu = {t.node(n)["pci"]: n for n in t.gpus()}
+    nic = {t.node(n)["pci"]: n for n in t.nics()}
+    g0, g1, g2, g4 = gpu["0000:10:1c.0"], gpu["0000:10:1d.0"], gpu["0000:20:1c.0"], gpu["0000:90:1c.0"]
+    assert c[g0, g1] == "PIX" and c[g0, nic["0000:10:1b.0"]] == "PIX"  # one switch: 2 GPUs + 1 EFA
+    assert c[g0, g2] == "PHB" and c[g0, nic["0000:20:1b.0"]] == "PHB"  # other switch, same socket
+    assert c[g0, g4] == "SYS" and c[g0, nic["0000:90:1b.0"]] == "SYS"  # other socket
+    assert t.path(g0, g4).bw == 10.0  # SKL_QPI_BW: Intel family 6 model 85
+    assert t.node("p4d/cpu0")["affinity"] == "0-23,48-71"
+
+
+@need
+def test_azure_files_matrices():
+    nd4 = import_xml(FIX / "azure-ndv4-topo.xml")
+    c = _codes(nd4)
+    g = {nd4.node(n)["pci"]: n for n in nd4.gpus()}
+    assert c[g["0003:00:00.0"], g["0004:00:00.0"]] == "PIX" and c[g["0003:00:00.0"], g["0001:00:00.0"]] == "SYS"
+    assert nd4.path(g["0003:00:00.0"], g["0001:00:00.0"]).bw == 16.0  # AMD_BW
+    nd5 = import_xml(FIX / "azure-ndv5-topo.xml")
+    g5 = {nd5.node(n)["pci"]: n for n in nd5.gpus()}
+    p = nd5.path(g5["0001:00:00.0"], g5["0002:00:00.0"])
+    assert (p.smi, p.nccl, p.bw) == ("PHB", "PHB", 48.0)  # Gen5 x16; one virtual switch per GPU
+    assert nd5.path(g5["0001:00:00.0"], g5["0009:00:00.0"]).bw == 22.0  # SRP_QPI_BW (model 143)
+    nd2 = import_xml(FIX / "azure-ndv2-topo.xml")
+    assert len(nd2.gpus()) == 8 and _codes(nd2)[nd2.gpus()[0], nd2.gpus()[1]] == "PHB"
+    nc4 = import_xml(FIX / "azure-ncv4-topo.xml")
+    assert [nc4.node(n)["index"] for n in nc4.gpus()] == [0, 1, 2, 3] and nc4.node(nc4.nics()[0])["name"] == "eth0"
+    assert nc4.node(nc4.nics()[0])["bw"] == 12.5  # speed 100000 Mb/s / 8000
+    assert not nc4.links("nvlink")  # NVLink "to itself" is preserved but not modelled
+    g5xl = import_xml(FIX / "aws-g5-48xl-topo.xml")
+    assert g5xl.gpus() == () and len(g5xl.nodes("pcie_switch")) == 9  # partial: bare bridges only
+
+
+FULL = """<system version="1">
+  <cpu numaid="0" host_hash="0x1" affinity="0000ffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:16:00.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16" foo="bar">
+      <pci busid="0000:18:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+        <gpu dev="0" sm="90" rank="0" gdr="1">
+          <nvlink target="0000:05:00.0" count="5" tclass="0x068000"/>
+          <nvlink target="0000:06:00.0" count="13" tclass="0x068000"/>
+        </gpu>
+      </pci>
+      <pci busid="0000:19:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+        <gpu dev="1" sm="90" rank="1" gdr="1">
+          <nvlink target="0000:05:00.0" count="5" tclass="0x068000"/>
+          <nvlink target="0000:06:00.0" count="13" tclass="0x068000"/>
+          <c2c bw="22500" count="10"/>
+        </gpu>
+      </pci>
+      <pci busid="0000:1a:00.0" class="0x020700" link_speed="32.0 GT/s PCIe" link_width="16">
+        <nic><net name="mlx5_0" dev="0" speed="400000" port="1" latency="0.000000" guid="0xa87c" maxconn="131072" gdr="1" rail="0"/></nic>
+      </pci>
+      <pcilink target="0000:17:00.0"/>
+    </pci>
+  </cpu>
+  <cpu numaid="-1" host_hash="0x2" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
+    <pci busid="0000:98:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
+      <gpu dev="0" sm="90" rank="2" gdr="1"><nvlink target="fffffff:ff:ff.0" count="18" tclass="0x068000"/></gpu>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+def test_full_dump_switches_c2c_unknown_attrs_and_multi_host():
+    t = import_xml(FULL, host="n")
+    assert t.hosts() == ("n-0", "n-1")  # two host_hash values: a multi-host (MNNVL) dump
+    assert [t.link("n-0/gpu0", f"n-0/nvswitch{k}")["count"] for k in (0, 1)] == [5, 13]
+    assert t.path("n-0/gpu0", "n-0/gpu1").smi == "NV18" and t.path("n-0/gpu0", "n-0/gpu1").bw == pytest.approx(18 * 20.6)
+    assert t.link("n-0/gpu1", "n-0/cpu0")["bw"] == 225.0 and t.link("n-0/gpu1", "n-0/cpu0")["count"] == 10
+    assert t.node("n-1/nvswitch0")["assumed"] is True and t.node("n-1/cpu0")["numa"] == 0
+    sw = t.node("n-0/pcisw0")
+    assert sw["x_nccl"]["pci"]["foo"] == "bar" and sw["x_nccl"]["children"] == [{"tag": "pcilink", "target": "0000:17:00.0"}]
+    assert t.node("n-0/nic0")["x_nccl"]["net"]["guid"] == "0xa87c"
+    out = export_xml(t, host="n-1")
+    assert 'numaid="-1"' in out and 'target="fffffff:ff:ff.0"' in out
+    t0 = export_xml(t, host="n-0")
+    assert 'foo="bar"' in t0 and "<pcilink" in t0 and '<c2c bw="22500" count="10"/>' in t0
+
+
+def test_export_of_a_yaml_topology_is_readable_again():
+    t = topo.load(Path(__file__).resolve().parents[2] / "topologies" / "dgx-h100.yaml")
+    text = export_xml(t)
+    root = ET.fromstring(text)
+    for el in root.iter("pci"):
+        assert {"busid", "class", "link_speed", "link_width"} <= set(el.attrib)
+    for el in root.iter("gpu"):
+        assert {"dev", "sm", "rank", "gdr"} <= set(el.attrib)
+    back = import_xml(text, host="h0")
+    assert len(back.gpus()) == 8 and len(back.nics()) == 8
+    assert back.path("h0/gpu0", "h0/gpu5").smi == "NV18"
+    assert cpulist_to_mask("0-55,112-167").endswith("00ffffff,ffffffff") and mask_to_cpulist(cpulist_to_mask("3,9-11")) == "3,9-11"
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ("<system version='1'><cpu><pci busid='0000:01:00.0'/></cpu></system>", "attribute numaid is required"),
+    ("<system version='2'></system>", r"<system version> expected \"1\""),
+    ("<graphs/>", "root element expected <system>"),
+    ("<system version='1'><cpu numaid='0'><pci class='0x030200'/></cpu>", "expected well-formed XML"),
+    ("<system version='1'><cpu numaid='0'><pci class='0x030200'/></cpu></system>", "attribute busid is required"),
+    ("<system version='1'><cpu numaid='zero'/></system>", "numaid expected an integer"),
+])
+def test_errors_name_the_problem(bad, msg):
+    with pytest.raises(topo.TopologyError, match=msg):
+        import_xml(bad)
+
+
+def test_missing_file():
+    with pytest.raises(topo.TopologyError, match="cannot read the NCCL topology file"):
+        import_xml("/nonexistent/topo.xml")
+
+
+@pytest.mark.skipif(not (FIX / "azure-ncv4-graph.xml").exists(), reason="fixture absent")
+def test_graph_file_parses_to_plain_data():
+    d = parse_graph_xml(FIX / "azure-ncv4-graph.xml")
+    assert [g["pattern_name"] for g in d["graphs"]] == ["ring", "balanced_tree", "tree"]
+    ring = d["graphs"][0]
+    assert ring["nchannels"] == 2 and [c["gpus"] for c in ring["channels"]] == [[0, 1, 2, 3], [0, 3, 2, 1]]
+    assert (ring["typeintra"], ring["speedintra"], ring["channels"][0]["net_in"]) == ("SYS", 12.0, None)
+    assert len(d["graphs"][2]["channels"]) == 4
+    text = '<graphs version="1"><graph id="0" pattern="4" nchannels="1"><channel><net dev="1"/>' \
+           '<gpu dev="0" rank="8"/><gpu dev="1" rank="9"/><net dev="1"/></channel></graph></graphs>'
+    ch = parse_graph_xml(text)["graphs"][0]["channels"][0]
+    assert ch == {"gpus": [0, 1], "ranks": [8, 9], "net_in": 1, "net_out": 1}
+    with pytest.raises(topo.TopologyError, match="speedintra expected a number"):
+        parse_graph_xml('<graphs><graph speedintra="fast"/></graphs>')
