@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from .errors import TopologyError
 
 __all__ = ["Hints", "NameFilter", "hints", "hints_report", "expand_hostlist", "EFFECTS", "HOST_ID_VAR",
-           "PATH_LEVELS"]
+           "PATH_LEVELS", "transport", "gdr"]
 
 #: the variable that overrides treecoll's host identity (tests: 4 processes pretending to be 2 hosts)
 HOST_ID_VAR = "TREECOLL_HOST_ID"
@@ -38,13 +38,17 @@ _LEGACY = {0: "LOC", 1: "PIX", 2: "PXB", 3: "PHB", 4: "SYS"}
 EFFECTS: dict[str, str] = {
     "NCCL_TOPO_FILE": "discovery imports this NCCL topology XML as the host's PCIe tree (NVML adds NVLinks it lacks)",
     "NCCL_GRAPH_FILE": "recorded; an NCCL_GRAPH_FILE can be imported as custom rings/trees (topo.nccl_xml.parse_graph_xml)",
-    "NCCL_P2P_DISABLE": "GPU pairs never use P2P: every intra-host GPU pair talks through host memory (as level LOC)",
-    "NCCL_P2P_LEVEL": "GPU pairs whose path class is beyond this level talk through host memory (SHM) instead of P2P",
-    "NCCL_SHM_DISABLE": "no host-memory transport: GPU pairs without P2P talk through the network even inside a host",
+    "NCCL_P2P_DISABLE": "GPU pairs never use P2P: every intra-host GPU pair talks through host memory "
+                        "(as level LOC; topo.env.transport)",
+    "NCCL_P2P_LEVEL": "GPU pairs whose path class is beyond this level talk through host memory (SHM) instead "
+                      "of P2P (default PXB; topo.env.transport)",
+    "NCCL_SHM_DISABLE": "no host-memory transport: GPU pairs without P2P talk through the network even inside "
+                        "a host (topo.env.transport)",
     "NCCL_IB_DISABLE": "InfiniBand/RoCE NICs are dropped from discovery; hosts talk over IP sockets NICs",
     "NCCL_IB_HCA": "only the selected verbs NICs/ports are kept (^ excludes, = exact names, :port selects a port)",
     "NCCL_SOCKET_IFNAME": "only the selected socket interfaces are kept as NICs (^ excludes, = exact names)",
-    "NCCL_NET_GDR_LEVEL": "GPU-NIC pairs beyond this path class stage network traffic through host memory",
+    "NCCL_NET_GDR_LEVEL": "GPU-NIC pairs beyond this path class stage network traffic through host memory "
+                          "(default P2C; topo.env.gdr)",
     "NCCL_CROSS_NIC": "0: rings/trees keep each channel on one rail; 1: may cross NICs; 2 (default): prefer one rail",
     "NCCL_HOSTID": "host identity for multi-host assembly (replaces hostname + boot id, as in NCCL)",
     HOST_ID_VAR: "host identity for multi-host assembly; overrides NCCL_HOSTID (tests: fake several hosts on one machine)",
@@ -298,3 +302,46 @@ def hints_report(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     h = hints(env)
     rows = [{"variable": k, "value": env[k], "effect": EFFECTS[k]} for k in EFFECTS if k in env]
     return {"set": rows, "parsed": h.as_dict(), "unset": [k for k in EFFECTS if k not in env]}
+
+
+#: NCCL path classes in order (src/include/graph.h); a level admits every class up to it
+_ORDER = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET")
+
+
+def _within(cls: str, level: str) -> bool:
+    return _ORDER.index(cls) <= _ORDER.index(level)
+
+
+def transport(path_class: str, h: Hints | None = None, *, amd_two_gpus: bool = False) -> str:
+    """How NCCL moves data between two GPUs whose path has NCCL class ``path_class``.
+
+    ``"p2p"`` when the class is within the P2P level (NCCL_P2P_LEVEL, default
+    PXB; SYS on AMD CPUs with at most two GPUs; NCCL_P2P_DISABLE=1 = LOC),
+    else ``"shm"`` (through host memory) unless NCCL_SHM_DISABLE=1, then
+    ``"net"``; between hosts always ``"net"`` (src/graph/paths.cc ncclTopoCheckP2p).
+
+    >>> transport("NVL"), transport("PHB"), transport("PHB", hints({"NCCL_P2P_LEVEL": "SYS"}))
+    ('p2p', 'shm', 'p2p')
+    >>> transport("SYS", hints({"NCCL_SHM_DISABLE": "1"})), transport("NET")
+    ('net', 'net')
+    """
+    h = h or Hints()
+    if path_class == "NET":
+        return "net"
+    level = h.p2p_level or ("SYS" if amd_two_gpus else "PXB")
+    if level != "LOC" and _within(path_class, level):
+        return "p2p"
+    return "net" if h.shm_disable else "shm"
+
+
+def gdr(path_class: str, h: Hints | None = None, *, c2c: bool = True) -> bool:
+    """Whether NCCL uses GPUDirect RDMA between a GPU and a NIC at ``path_class``:
+    within NCCL_NET_GDR_LEVEL (default PXB, or P2C when NCCL_NET_GDR_C2C=1, the
+    default since 2.27 - ``c2c``), src/graph/paths.cc ncclTopoCheckGdr.
+
+    >>> gdr("PIX"), gdr("PHB"), gdr("PHB", hints({"NCCL_NET_GDR_LEVEL": "PHB"})), gdr("P2C")
+    (True, False, True, True)
+    """
+    h = h or Hints()
+    level = h.net_gdr_level or ("P2C" if c2c else "PXB")
+    return level != "LOC" and _within(path_class, level)

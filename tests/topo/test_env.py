@@ -99,3 +99,20 @@ def test_hints_report_lists_set_variables_with_effects():
     assert r["set"][0]["effect"] == EFFECTS["NCCL_P2P_LEVEL"] and "host memory" in r["set"][0]["effect"]
     assert r["parsed"]["p2p_level"] == "PIX" and "NCCL_IB_HCA" in r["unset"]
     assert all(EFFECTS[k] for k in EFFECTS)
+
+
+def test_transport_and_gdr_follow_the_levels():
+    from topo.env import gdr, transport
+    t = topo.load(__import__("pathlib").Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100.yaml")
+    same_top = t.path("h0/gpu0", "h0/gpu1")  # PXB on PCIe, but NVLink wins
+    assert transport(same_top.nccl) == "p2p"
+    classes = {"PIX": "p2p", "PXB": "p2p", "PHB": "shm", "SYS": "shm", "NET": "net"}
+    assert {c: transport(c) for c in classes} == classes
+    assert transport("SYS", amd_two_gpus=True) == "p2p"
+    assert transport("PIX", hints({"NCCL_P2P_DISABLE": "1"})) == "shm"
+    assert transport("NVL", hints({"NCCL_P2P_LEVEL": "LOC"})) == "shm"
+    assert transport("PHB", hints({"NCCL_P2P_LEVEL": "PHB"})) == "p2p"
+    assert transport("PHB", hints({"NCCL_SHM_DISABLE": "1"})) == "net"
+    nic = t.path("h0/gpu0", t.nearest_nic("h0/gpu0"))
+    assert nic.nccl == "PXB" and gdr(nic.nccl) and not gdr(nic.nccl, hints({"NCCL_NET_GDR_LEVEL": "PIX"}))
+    assert not gdr("SYS") and not gdr("P2C", c2c=False) and not gdr("PIX", hints({"NCCL_NET_GDR_LEVEL": "LOC"}))
