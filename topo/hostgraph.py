@@ -24,7 +24,8 @@ import networkx as nx
 from .compact import NVLINK_HOP_LAT, PCIE_HOP_LAT
 from .network import NIC_LEAF_LAT
 
-__all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "NIC_CLASSES", "GPU_MODELS"]
+__all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "NIC_CLASSES", "GPU_MODELS",
+           "GPU_PCI_IDS"]
 
 #: per-link NVLink bandwidth, GB/s per direction, by compute capability
 #: (NCCL src/graph/topo.h SM60/70/80/86/90/100_NVLINK_BW, ncclTopoNVLinkBw; topo.md §1.5)
@@ -44,6 +45,14 @@ GPU_MODELS = {
     "NVIDIA GeForce RTX 3090": ("GeForce-RTX-3090", 936.0),    # RTX 3090 spec: 936 GB/s
     "NVIDIA GB200": ("B200 (GB200)", 8000.0),                  # GB200 NVL72 spec: 8 TB/s per GPU
     "NVIDIA B200": ("B200", 8000.0),
+}
+#: PCI device id (NCCL XML ``device``) -> (model, memory bandwidth GB/s, compute capability x10);
+#: bandwidths from the NVIDIA datasheets (A10G: AWS G5 page, 600 GB/s)
+GPU_PCI_IDS = {
+    0x1DB1: ("V100-SXM2-16GB", 900.0, 70), 0x20B0: ("A100-SXM4-40GB", 1555.0, 80),
+    0x20B2: ("A100-SXM4-80GB", 2039.0, 80), 0x20B5: ("A100-PCIE-80GB", 1935.0, 80),
+    0x2237: ("A10G", 600.0, 86), 0x2330: ("H100-SXM5-80GB", 3350.0, 90), 0x2335: ("H200-SXM-141GB", 4800.0, 90),
+    0x2901: ("B200", 8000.0, 100),
 }
 GPU_CLASS = 0x0302
 NIC_CLASSES = (0x0200, 0x0207)

@@ -50,7 +50,7 @@ from typing import Any
 import networkx as nx
 
 from .errors import TopologyError
-from .hostgraph import HostBuilder, net_bw, nvlink_bw, smp_bw
+from .hostgraph import GPU_PCI_IDS, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .model import Topology
 from .nvml import norm_busid
 from .sysfs import pcie_bw
@@ -99,6 +99,13 @@ def _int(v: Any, where: str, what: str) -> int:
         return int(str(v), 0) if str(v).lower().startswith("0x") else int(str(v))
     except ValueError:
         raise TopologyError(f"{where}: {what} expected an integer, got {v!r}") from None
+
+
+def _cls_int(v: str | None) -> int | None:
+    try:
+        return int(v, 16) if v else None
+    except ValueError:
+        return None
 
 
 def _cls(el: ET.Element) -> int | None:
@@ -192,6 +199,10 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
             if gpu_el.get("sm") is not None:
                 sm = attrs["sm"] = _int(gpu_el.get("sm"), where, f"<gpu> of {busid!r} sm")
             pending.append((b, key, gpu_el, sm))
+        known = GPU_PCI_IDS.get(_cls_int(el.get("device")))
+        if known is not None:  # model and memory bandwidth from the PCI device id; sm if the file has none
+            attrs.update(model=known[0], mem_bw=known[1])
+            attrs.setdefault("sm", known[2])
         b.add(key, "gpu", pci=pci, numa=cpu[1], x_nccl=xml, **attrs)
         gpus_by_pci[(h, pci)] = key
         b.link(key, parent, "pcie", bw)
