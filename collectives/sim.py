@@ -238,6 +238,19 @@ def default_channels(topology, gpus: Sequence[str]) -> int:
     return max(1, min(min(nic_count.values()), min(gpu_count.values())))
 
 
+def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
+    """Largest summed latency of ``nsteps`` consecutive hops of any ring (``lat[channel, hop]``, cyclic)."""
+    C, P = lat.shape
+    full, rem = divmod(nsteps, P)
+    tot = lat.sum(axis=1)
+    if rem == 0:
+        return float((full * tot).max())
+    ext = np.concatenate([lat, lat], axis=1)
+    cs = np.concatenate([np.zeros((C, 1)), np.cumsum(ext, axis=1)], axis=1)
+    windows = cs[:, rem:rem + P] - cs[:, :P]
+    return float((full * tot + windows.max(axis=1)).max())
+
+
 def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
                   profile: "Profile | str | None" = None, channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
@@ -268,16 +281,72 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
     link_bytes = np.zeros(0)
     makespan = 0.0
     if P > 1:
-        transfers = []
-        for ring in ring_orders(topology, gpus, C):
+        transfers, rings = [], ring_orders(topology, gpus, C)
+        for ring in rings:
             transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
-        step = float(concurrent_times(net, transfers).max())
+        lat, drain = concurrent_times(net, transfers)
         memb = _mem_bw(topology, gpus)
         red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
-        makespan = rs_steps * max(step, red) + ag_steps * step
+        step = float(drain.max())
+        makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
+            + ag_steps * step
         link_bytes = net.link_load(transfers) * (rs_steps + ag_steps)
     peaks = [chunk * C if rs_steps else 0.0] * P
     stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
              "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
     return _finish(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
                    dtype, stats, top)
+
+
+#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`
+RING_ALGOS = ("ring",)
+#: largest chunk count chosen automatically for tree schedules (engine cost grows with chunks × edges)
+MAX_AUTO_CHUNKS = 16
+
+
+def auto_chunks(nbytes: int, nranks: int) -> int:
+    """Pipeline chunks for a tree schedule: one per MiB, 1..16, at most 2 beyond 1024 ranks.
+
+    NCCL pipelines trees in chunks of a few hundred KiB per channel; 1 MiB
+    per chunk keeps the pipeline fill small for large messages while the
+    event count (chunks × tree edges) stays affordable at scale.
+    """
+    k = int(min(MAX_AUTO_CHUNKS, max(1, nbytes >> 20)))
+    return min(k, 2) if nranks > 1024 else k
+
+
+def _profiles(profile) -> list[Profile]:
+    from .sim_profiles import NCCL_PROTOCOLS
+    if profile == "auto":
+        return [get_profile(p) for p in NCCL_PROTOCOLS]
+    return [get_profile(profile)]
+
+
+def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
+                       profile: "Profile | str | None" = "auto", nchunks: int | None = None, dtype: str = "float32",
+                       root: int = 0, top: int = 10, **opts) -> SimResult:
+    """Simulate one named algorithm: ``ring`` or any tree builder name (``two_level``, ``kary:4``, ...).
+
+    Trees are built for ``nbytes`` by :func:`collectives.builders.build` and
+    compiled by :func:`collectives.compile.compile_plan` with ``nchunks``
+    pipeline chunks per tree (default :func:`auto_chunks`). ``profile="auto"``
+    simulates each NCCL protocol profile and keeps the fastest (what NCCL's
+    tuner aims for); ``opts`` go to the builder.
+    """
+    profs = _profiles(profile)
+    gpus = rank_gpus_of(topology, ranks)
+    best = None
+    if algo in RING_ALGOS:
+        for p in profs:
+            r = simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p, top=top)
+            best = r if best is None or r.time < best.time else best
+        return best
+    from . import builders, compile as compile_
+    tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
+        "auto", "two_level") else builders.build(algo, topology, list(gpus), **opts)
+    k = nchunks or auto_chunks(nbytes, len(gpus))
+    sched = compile_.compile_plan(tree, collective, k, root=root if collective in ("reduce", "broadcast") else None)
+    for p in profs:
+        r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top)
+        best = r if best is None or r.time < best.time else best
+    return best

@@ -186,11 +186,12 @@ def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: 
         lm[inc_l[sel]] = True
 
 
-def concurrent_times(net: Network, transfers) -> np.ndarray:
-    """Completion time (s) of transfers that all start together, rates fixed at one max-min allocation.
+def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
+    """``(latency, drain)`` in seconds of transfers that all start together, rates from one max-min allocation.
 
-    ``transfers``: iterable of ``(src_gpu, dst_gpu, nbytes)``. Each transfer
-    takes ``lat + max over its subflows (bytes / rate)``. Used for lockstep
+    ``transfers``: iterable of ``(src_gpu, dst_gpu, nbytes)``. ``drain`` is
+    the largest ``bytes / rate`` over a transfer's subflows, ``latency`` its
+    route latency; the transfer completes after their sum. Used for lockstep
     phases (every step of a uniform ring moves the same set of transfers).
     """
     flows, links, sizes, owner, lats = [], [], [], [], []
@@ -205,15 +206,15 @@ def concurrent_times(net: Network, transfers) -> np.ndarray:
             sizes.append(n * share)
             owner.append(t_i)
             k += 1
-    out = np.asarray(lats, dtype=np.float64)
+    lat = np.asarray(lats, dtype=np.float64)
+    drain = np.zeros(len(tlist))
     if k == 0:
-        return out
+        return lat, drain
     uf, rate = maxmin_rates(np.concatenate(flows), np.concatenate(links), net.cap)
     sizes_a = np.asarray(sizes)[uf]
     dur = np.where(sizes_a > 0, sizes_a / np.maximum(rate, 1e-300), 0.0)
-    drain = np.zeros(len(tlist))
     np.maximum.at(drain, np.asarray(owner)[uf], dur)
-    return out + drain
+    return lat, drain
 
 
 @dataclass
