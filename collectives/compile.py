@@ -9,6 +9,7 @@ Public API (stable; the executor and the simulator consume it)::
     compile_rsag_allreduce(nranks, nchunks=None) -> Schedule    # direct reduce-scatter + all-gather
     compile_reduce_scatter(nranks, nchunks=None) / compile_allgather(nranks, nchunks=None) -> Schedule
     compile_plan(plan, collective, nchunks=1, *, root=None, algo="tree") -> Schedule  # dispatch
+    merge_schedules(schedules, shares=None) -> Schedule         # side by side on shares (rings per channel)
 
 ``plan`` is a :class:`~collectives.tree.Tree` or a
 :class:`~collectives.tree.MultiTree`. With a multitree, ``nchunks`` is per
@@ -46,7 +47,7 @@ from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["compile_reduce", "compile_broadcast", "compile_allreduce", "compile_ring_allreduce",
            "compile_rsag_allreduce", "compile_reduce_scatter", "compile_allgather", "compile_plan",
-           "LOOKAHEAD", "ALGOS"]
+           "merge_schedules", "LOOKAHEAD", "ALGOS"]
 
 #: chunks whose receives a rank posts ahead of the one it is reducing
 LOOKAHEAD = 4
@@ -324,3 +325,43 @@ def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 
     n = nranks if nranks is not None else as_multi(plan).size
     k = max(1, -(-nchunks // n))
     return (compile_ring_allreduce if algo == "ring" else compile_rsag_allreduce)(n, n * k)
+
+
+def merge_schedules(schedules, shares=None, *, name: str = "") -> Schedule:
+    """Run several schedules of one collective side by side on shares of the message
+    (e.g. one ring per NCCL channel): chunk ids are renumbered (schedule i's chunks
+    follow schedule i-1's), each chunk's share scaled by the schedule's share (equal
+    by default), and every rank's steps interleaved round-robin (dependencies kept)."""
+    schedules = list(schedules)
+    if not schedules:
+        raise ScheduleError("merge: expected at least one schedule")
+    first = schedules[0]
+    for s in schedules:
+        if s.collective != first.collective or s.nranks != first.nranks or s.root != first.root:
+            raise ScheduleError(f"merge: schedules must share collective, nranks and root; got "
+                                f"{s.collective}/{s.nranks}/{s.root} and {first.collective}/{first.nranks}/{first.root}")
+    shares = list(shares) if shares is not None else [1.0 / len(schedules)] * len(schedules)
+    if len(shares) != len(schedules):
+        raise ScheduleError(f"merge: expected {len(schedules)} shares, got {len(shares)}")
+    offsets, off = [], 0
+    for s in schedules:
+        offsets.append(off)
+        off += s.nchunks
+    all_shares = [sh * x for s, sh in zip(schedules, shares) for x in s.shares]
+    all_shares[-1] += 1.0 - sum(all_shares)
+    steps = []
+    for r in range(first.nranks):
+        out: list[Step] = []
+        index: dict[tuple[int, int], int] = {}
+        lists = [s.steps[r] for s in schedules]
+        for j in range(max((len(lst) for lst in lists), default=0)):
+            for si, lst in enumerate(lists):
+                if j < len(lst):
+                    st = lst[j]
+                    index[(si, j)] = len(out)
+                    out.append(Step(st.kind, st.chunk + offsets[si], peer=st.peer, slot=st.slot,
+                                    deps=tuple(index[(si, d)] for d in st.deps), right=st.right))
+        steps.append(tuple(out))
+    owners = tuple(o for s in schedules for o in s.owners)
+    return Schedule(first.collective, first.nranks, off, tuple(steps), root=first.root, shares=tuple(all_shares),
+                    name=name or "+".join(s.name for s in schedules)[:80], owners=owners)

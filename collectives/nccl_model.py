@@ -1,0 +1,187 @@
+"""What NCCL would predict: its tuning model for ring and tree allreduce.
+
+Reproduces ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime`` of NCCL 2.30
+(src/graph/tuning.cc, read in ../shared/reference/collectives.md §1.2-1.3):
+base latencies per algorithm and protocol, per-hop hardware latencies (NVLink,
+PCI, NET), the per-protocol bandwidth factors and caps, the busBw -> algBw
+conversion, the tree correction factors and NCCL's choice of protocol (the
+least predicted time).
+
+Inputs NCCL gets from its topology search are derived from the
+:class:`~topo.Topology` (documented approximations):
+
+* ``nNodes`` = hosts among the ranks, ``nRanks``, ``ppn = nRanks / nNodes``;
+* GPU generation from the GPUs' ``sm`` (70 Volta, 80 Ampere, 90 Hopper, 100
+  Blackwell; default Hopper); intra-node link type NVLINK when the ranks of a
+  host talk over NVLink (path class NVL/NVB), else PCI;
+* the search's total ring bandwidth ``nChannels * bw``: the bottleneck
+  ``Path.bw`` between consecutive ranks of a host (intra), and for several
+  nodes the smaller of that and the host's summed NIC bandwidth (NCCL's graph
+  speed covers the whole ring, so the network caps it);
+* ``nChannels``: given, else that total over one link's bandwidth (NVLink:
+  the bandwidth of one link of the GPU-to-switch bond; PCI: 2 channels),
+  clamped to 1..32;
+* ``latencyInter`` = 0 (graph dependent in NCCL); net overhead 1.0 µs (Intel
+  x86; ×3 for Simple), a floor on the ring's intra-node hop latency across nodes.
+
+>>> import topo
+>>> from collectives.cost import uniform_topology
+>>> r = nccl_predict(uniform_topology(8), None, 8, algo="ring")
+>>> r["proto"], round(r["lat_us"], 1)
+('LL', 15.0)
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from topo import Topology
+from topo.errors import TreeError
+
+from .cost import resolve_ranks
+
+__all__ = ["nccl_predict", "PROTOS", "BASE_LAT", "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW",
+           "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW", "TREE_CORRECTION"]
+
+PROTOS = ("LL", "LL128", "Simple")
+# NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (µs), protocol order (LL, LL128, Simple)
+BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+HW_LAT = {
+    "NVLINK": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
+    "PCI": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
+    "NET": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
+}
+#: GB/s; rows Volta/Intel, Ampere/AMD, Hopper, Blackwell; columns nNodes 1, 2, >=3 (tuning.cc llMaxBws)
+LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+#: per-channel caps, GB/s, rows Volta, Ampere, Hopper, Blackwell; columns nNodes 1, 2, >=3
+PER_CH_MAX_RING_LL128_BW = ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, (40.0,) * 3)
+PER_CH_MAX_TREE_LL128_BW = ((20.0,) * 3, (20.0,) * 3, (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+#: tuning.cc treeCorrectionFactor[proto][log2(nBytes/64)]
+TREE_CORRECTION = {
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+#: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
+NET_OVERHEAD = 1.0
+MAX_CHANNELS = 32
+
+
+def _gen(sm) -> int:
+    if sm is None:
+        return 2
+    sm = int(sm)
+    return 0 if sm < 80 else 1 if sm < 90 else 2 if sm < 100 else 3
+
+
+def _log2i(x: float) -> int:
+    return int(math.floor(math.log2(x))) if x >= 1 else 0
+
+
+def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
+    hosts: dict[str, list[str]] = {}
+    for x in gpus:
+        hosts.setdefault(topology.host_of(x), []).append(x)
+    n_nodes = len(hosts)
+    g = topology.graph
+    sms = {g.nodes[x].get("sm") for x in gpus} - {None}
+    gen = _gen(min(sms) if sms else None)
+    intra_bw, nvlink, link_bw = math.inf, True, math.inf
+    for members in hosts.values():
+        for a, b in zip(members, members[1:] + members[:1]):
+            if a == b:
+                continue
+            p = topology.path(a, b)
+            intra_bw = min(intra_bw, p.bw)
+            if p.nccl not in ("NVL", "NVB"):
+                nvlink = False
+            else:
+                e = g.edges[p.nodes[0], p.nodes[1]]
+                link_bw = min(link_bw, e["bw"] / e.get("count", 1))
+    total = intra_bw
+    if n_nodes > 1:
+        nic_bw = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in hosts)
+        if nic_bw <= 0:
+            raise TreeError("nccl model: several hosts but a host has no NIC bandwidth")
+        total = min(total, nic_bw)
+    if not math.isfinite(total):    # one rank per host
+        total = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in hosts) or 12.0
+    if nchannels is None:
+        if nvlink and math.isfinite(link_bw):
+            nchannels = int(round(total / link_bw))
+        else:
+            nchannels = 2
+    nchannels = max(1, min(MAX_CHANNELS, int(nchannels)))
+    return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels
+
+
+def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int, algo: str = "ring",
+                 proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None) -> dict:
+    """NCCL's predicted allreduce time for ``algo`` ("ring" or "tree") on ``nbytes``.
+
+    ``proto`` None lets the model choose (least time over LL, LL128, Simple,
+    like NCCL). Returns ``{algo, proto, time (s), time_us, lat_us, algbw,
+    busbw (GB/s, nccl-tests definitions), nchannels, nnodes, nranks,
+    protocols: {proto: time_us}}``.
+    """
+    if algo not in BASE_LAT:
+        raise TreeError(f"nccl model: algo expected 'ring' or 'tree', got {algo!r}")
+    if proto is not None and proto not in PROTOS:
+        raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
+    topology, gpus = resolve_ranks(topology, ranks, nranks)
+    n = len(gpus)
+    n_nodes, gen, intra_kind, total, nch = _inputs(topology, gpus, nchannels)
+    col = 0 if n_nodes == 1 else 1 if n_nodes == 2 else 2
+    bw_ch = total / nch
+    nsteps = 2 * (n - 1)
+    times = {}
+    detail = {}
+    for pi, pr in enumerate(PROTOS):
+        bus = nch * bw_ch
+        ll_max = LL_MAX_BW[gen if n_nodes == 1 else 0][col]
+        if algo == "ring":
+            if pr == "LL":
+                bus = min(ll_max, bus * 0.5)
+            elif pr == "LL128":
+                bus = min(bus * 0.92, nch * PER_CH_MAX_RING_LL128_BW[gen][col])
+            alg = bus * n / nsteps if n > 1 else bus
+        else:
+            if pr == "LL":
+                bus = min(bus / 3.8, ll_max)
+            elif pr == "LL128":
+                bus = min(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0),
+                          nch * PER_CH_MAX_TREE_LL128_BW[gen][col])
+            else:
+                bus = min(bus * 0.92, nch * PER_CH_MAX_TREE_BW[gen][col])
+            alg = bus * 0.5
+        # latency
+        intra = HW_LAT[intra_kind][algo][pi]
+        inter = HW_LAT["NET"][algo][pi]
+        if n_nodes > 1 and algo == "ring":
+            intra = max(intra, NET_OVERHEAD * (3 if pr == "Simple" else 1))
+        base = BASE_LAT[algo][pi]
+        ppn = n / n_nodes
+        if algo == "ring":
+            if ppn == 1 and n_nodes > 1:
+                inter = HW_LAT["NET"]["tree"][pi]
+            n_inter = 2 * (n_nodes - 1)
+            lat = base + (nsteps - n_inter) * intra + n_inter * inter
+            if n_nodes > 1 and pr == "Simple" and nbytes / (nch * n) >= 64:
+                lat *= 1.4   # "plateau effect", sm80+ (tuning.cc)
+        else:
+            lat = base + 2 * ((ppn - 1) * intra + _log2i(n_nodes) * inter)
+            idx = min(max(_log2i(max(nbytes, 1) / 64), 0), 23)
+            alg *= TREE_CORRECTION[pr][idx]
+        if n == 1:
+            lat = 0.0
+        t_us = lat + nbytes / (1000.0 * alg)
+        times[pr] = t_us
+        detail[pr] = (lat, alg)
+    chosen = proto or min(PROTOS, key=lambda p: (times[p], PROTOS.index(p)))
+    lat, alg = detail[chosen]
+    t_us = times[chosen]
+    algbw = nbytes / (t_us * 1e3) if t_us > 0 else math.inf
+    return {"algo": algo, "proto": chosen, "time": t_us * 1e-6, "time_us": t_us, "lat_us": lat,
+            "model_algbw": alg, "algbw": algbw, "busbw": algbw * (2 * (n - 1) / n if n > 1 else 1.0),
+            "nchannels": nch, "nnodes": n_nodes, "nranks": n, "protocols": dict(times)}

@@ -1,0 +1,305 @@
+"""Custom trees: our YAML/JSON tree files, and NCCL_GRAPH_FILE XML channels.
+
+Tree file (YAML or JSON, one of ``parents``, ``children``, ``nested``, ``trees``)::
+
+    name: my-tree                      # optional
+    ranks: 4                           # optional, checked against the tree
+    hosts: [h0, h0, h1, h1]            # optional rank -> host labels
+    parents: [-1, 0, 0, 2]             # parent per rank, -1 = root
+    # children: [[1, 2], [], [3], []]  # or ordered child lists per rank
+    # nested: {rank: 0, children: [{rank: 1}, {rank: 2, children: [{rank: 3}]}]}
+    # trees:                           # or several trees with message shares
+    #   - {parents: [-1, 0, 0, 2], share: 0.5}
+    #   - {nested: {...}, share: 0.5}
+
+Errors are :class:`TreeError` naming ``file:line: key.path``.
+:func:`dumps_tree` writes ``parents`` (plus ``children`` when a rank's child
+order is not ascending), so a file round-trips exactly.
+
+NCCL graph XML (``NCCL_GRAPH_FILE``, dumped by ``NCCL_GRAPH_DUMP_FILE``):
+``<graphs><graph id pattern nchannels ...><channel><gpu dev= [rank=]/>...``.
+Pattern 4 (RING) channels are ring orders; patterns 1-3 (trees) are NCCL's
+intra-node chains (``treeIntra``: up = previous GPU, down = next), so a tree
+channel becomes a chain :class:`Tree` and the channels of a graph a
+:class:`MultiTree` with equal shares. GPU ``rank`` attributes give the rank,
+else the device index does (one host). topo does not provide a graph-XML
+parser (``topo.nccl_xml`` reads NCCL_TOPO_FILE system XML), so the small
+parser lives here.
+
+>>> f = loads_tree("parents: [-1, 0, 0, 2]\\nhosts: [a, a, b, b]\\n")
+>>> f.plan.children, f.hosts
+(((1, 2), (), (3,), ()), ('a', 'a', 'b', 'b'))
+>>> loads_tree("parents: [-1, 0, 5]", "t.yaml")
+Traceback (most recent call last):
+...
+topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 5
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Any, Sequence
+
+import yaml
+
+from topo._schema import YAML_LOADER, Doc
+from topo.errors import TreeError, TreecollError
+
+from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
+from .schedule import Schedule
+from .tree import MultiTree, Tree
+
+__all__ = ["TreeFile", "load_tree", "loads_tree", "dumps_tree", "save_tree", "NcclGraph", "load_nccl_graph",
+           "loads_nccl_graph"]
+
+FORMS = ("parents", "children", "nested", "trees")
+NCCL_PATTERNS = {1: "balanced_tree", 2: "split_tree", 3: "tree", 4: "ring", 5: "nvls", 6: "collnet_direct"}
+
+
+class _Doc(Doc):
+    def fail(self, path, message):
+        raise TreeError(f"{self.where(path)}: {message}")
+
+
+@dataclass(frozen=True)
+class TreeFile:
+    """A loaded tree file: the plan (Tree or MultiTree), optional host labels, name."""
+
+    plan: Tree | MultiTree
+    hosts: tuple[str, ...] | None = None
+    name: str = ""
+
+
+def _rank(doc: _Doc, v: Any, path, n: int, allow_root: bool = False) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v < n or (allow_root and v == -1)):
+        doc.fail(path, f"expected a rank in 0..{n - 1}{' or -1' if allow_root else ''}, got {v!r}")
+    return v
+
+
+def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
+    forms = [k for k in ("parents", "children", "nested") if k in d]
+    if len(forms) != 1:
+        doc.fail(path, f"expected exactly one of 'parents', 'children', 'nested', got {forms or 'none'}")
+    form = forms[0]
+    fp = (*path, form)
+    try:
+        if form == "parents":
+            ps = doc.seq(d[form], fp, what="parent ranks")
+            parents = [_rank(doc, p, (*fp, i), len(ps), allow_root=True) for i, p in enumerate(ps)]
+            return Tree.from_parents(parents, name=name)
+        if form == "children":
+            cs = doc.seq(d[form], fp, what="child lists")
+            lists = []
+            for i, c in enumerate(cs):
+                doc.seq(c, (*fp, i), what="child ranks")
+                lists.append([_rank(doc, x, (*fp, i, j), len(cs)) for j, x in enumerate(c)])
+            return Tree.from_children(lists, name=name)
+        # nested
+        edges: list[tuple[int, int]] = []
+        order: dict[int, list[int]] = {}
+        seen: list[int] = []
+
+        def walk(node, p, parent):
+            doc.mapping(node, p, required=("rank",), optional=("children",))
+            r = node["rank"]
+            if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+                doc.fail((*p, "rank"), f"expected a non-negative integer rank, got {r!r}")
+            if r in seen:
+                doc.fail((*p, "rank"), f"rank {r} appears twice in the nested tree")
+            seen.append(r)
+            order[r] = []
+            if parent is not None:
+                order[parent].append(r)
+            kids = node.get("children", [])
+            doc.seq(kids, (*p, "children"), what="child nodes")
+            for i, k in enumerate(kids):
+                walk(k, (*p, "children", i), r)
+
+        walk(d[form], fp, None)
+        n = len(seen)
+        if sorted(seen) != list(range(n)):
+            missing = sorted(set(range(n)) - set(seen))
+            doc.fail(fp, f"expected ranks 0..{n - 1} each once, missing {missing[:8]}")
+        return Tree.from_children([order[r] for r in range(n)], name=name)
+    except TreeError as e:
+        if str(e).startswith(doc.source):
+            raise
+        raise TreeError(f"{doc.where(fp)}: {e}") from None
+
+
+def loads_tree(text: str, source: str = "<string>") -> TreeFile:
+    """Parse a tree file's text (YAML or JSON); ``source`` names it in errors."""
+    try:
+        data = yaml.load(text, Loader=YAML_LOADER)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        raise TreeError(f"{source}:{mark.line + 1 if mark else '?'}: invalid YAML/JSON: {e.problem}") from None
+    doc = _Doc(source, text, data)
+    doc.mapping(data, (), optional=("name", "ranks", "hosts", "description", *FORMS))
+    name = data.get("name", "") or ""
+    if not isinstance(name, str):
+        doc.fail(("name",), f"expected a string, got {name!r}")
+    if "trees" in data:
+        others = [k for k in ("parents", "children", "nested") if k in data]
+        if others:
+            doc.fail((others[0],), "expected either 'trees' or one tree at the top level, not both")
+        items = doc.seq(data["trees"], ("trees",), what="trees")
+        if not items:
+            doc.fail(("trees",), "expected at least one tree")
+        trees, shares = [], []
+        for i, it in enumerate(items):
+            doc.mapping(it, ("trees", i), optional=("parents", "children", "nested", "share", "name"))
+            trees.append(_one(doc, it, ("trees", i), it.get("name", f"{name}/{i}")))
+            shares.append(doc.number(it["share"], ("trees", i, "share")) if "share" in it else None)
+        if any(s is None for s in shares):
+            if not all(s is None for s in shares):
+                doc.fail(("trees",), "expected a share on every tree or on none")
+            shares = [1.0 / len(trees)] * len(trees)
+        total = sum(shares)
+        if abs(total - 1.0) > 1e-6:
+            doc.fail(("trees",), f"expected shares summing to 1, got {total:g}")
+        sizes = {t.size for t in trees}
+        if len(sizes) != 1:
+            doc.fail(("trees",), f"expected every tree over the same ranks, got sizes {sorted(sizes)}")
+        plan: Tree | MultiTree = MultiTree(tuple(trees), tuple(s / total for s in shares), name=name)
+    else:
+        plan = _one(doc, data, (), name)
+    n = plan.size
+    if "ranks" in data:
+        want = doc.integer(data["ranks"], ("ranks",), minimum=1)
+        if want != n:
+            doc.fail(("ranks",), f"expected the tree's {n} ranks, got {want}")
+    hosts = None
+    if "hosts" in data:
+        hs = doc.seq(data["hosts"], ("hosts",), length=n, what="host labels (one per rank)")
+        hosts = tuple(doc.string(h, ("hosts", i)) for i, h in enumerate(hs))
+    return TreeFile(plan, hosts, name)
+
+
+def load_tree(path: str | os.PathLike) -> TreeFile:
+    """Read a tree file (YAML or JSON)."""
+    p = FsPath(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TreeError(f"{p}: cannot read tree file: {e.strerror or e}") from None
+    return loads_tree(text, str(p))
+
+
+def _tree_dict(t: Tree) -> dict:
+    d: dict[str, Any] = {"parents": list(t.parents)}
+    if any(list(c) != sorted(c) for c in t.children):
+        d = {"children": [list(c) for c in t.children]}
+    return d
+
+
+def dumps_tree(plan: Tree | MultiTree, *, hosts: Sequence[str] | None = None, name: str | None = None) -> str:
+    """YAML text of a tree file (flow-style lists, one key per line)."""
+    out: dict[str, Any] = {}
+    nm = name if name is not None else plan.name
+    if nm:
+        out["name"] = nm
+    out["ranks"] = plan.size
+    if hosts is not None:
+        if len(hosts) != plan.size:
+            raise TreeError(f"tree file: hosts expected {plan.size} labels (one per rank), got {len(hosts)}")
+        out["hosts"] = list(hosts)
+    if isinstance(plan, MultiTree):
+        out["trees"] = [{**_tree_dict(t), "share": s} for t, s in zip(plan.trees, plan.shares)]
+    else:
+        out.update(_tree_dict(plan))
+    return yaml.safe_dump(out, sort_keys=False, default_flow_style=None, width=1 << 16)
+
+
+def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts=None, name=None) -> None:
+    """Write :func:`dumps_tree` to ``path``."""
+    FsPath(path).write_text(dumps_tree(plan, hosts=hosts, name=name), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------- NCCL graph XML
+@dataclass(frozen=True)
+class NcclGraph:
+    """One ``<graph>``: its id, pattern (number and name), channels (orders of ranks)."""
+
+    id: int
+    pattern: int
+    kind: str
+    channels: tuple[tuple[int, ...], ...]
+    attrs: dict
+
+    @property
+    def is_ring(self) -> bool:
+        return self.pattern == 4
+
+    def plan(self) -> MultiTree | Tree:
+        """Tree patterns: one chain per channel (NCCL's intra-node tree), equal shares."""
+        trees = []
+        for ch in self.channels:
+            parents = [-1] * len(ch)
+            for a, b in zip(ch, ch[1:]):
+                parents[b] = a
+            trees.append(Tree.from_parents(parents, name=f"nccl-graph{self.id}"))
+        return trees[0] if len(trees) == 1 else MultiTree(tuple(trees), name=f"nccl-graph{self.id}")
+
+    def schedule(self) -> Schedule:
+        """Ring pattern: one ring allreduce per channel, side by side; trees: the chains' allreduce."""
+        n = len(self.channels[0])
+        if self.is_ring:
+            rings = [compile_ring_allreduce(n, order=list(ch)) for ch in self.channels]
+            return merge_schedules(rings, name=f"nccl-graph{self.id}/ring-allreduce")
+        return compile_allreduce(self.plan())
+
+
+def loads_nccl_graph(text: str, source: str = "<string>") -> tuple[NcclGraph, ...]:
+    """Parse NCCL_GRAPH_FILE XML text into its graphs."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
+        line = e.position[0] if getattr(e, "position", None) else "?"
+        raise TreeError(f"{source}:{line}: invalid XML: {e}") from None
+    if root.tag != "graphs":
+        raise TreeError(f"{source}: root element expected <graphs>, got <{root.tag}>")
+    out = []
+    for gi, g in enumerate(root.findall("graph")):
+        where = f"{source}: graphs/graph[{gi}]"
+        try:
+            gid = int(g.get("id", gi))
+            pattern = int(g.get("pattern", "0"))
+        except ValueError:
+            raise TreeError(f"{where}: id and pattern expected integers, got {g.get('id')!r}, "
+                            f"{g.get('pattern')!r}") from None
+        channels = []
+        for ci, ch in enumerate(g.findall("channel")):
+            ranks = []
+            for gpu in ch.findall("gpu"):
+                v = gpu.get("rank", gpu.get("dev"))
+                try:
+                    ranks.append(int(v))
+                except (TypeError, ValueError):
+                    raise TreeError(f"{where}/channel[{ci}]: gpu expected an integer dev or rank, got {v!r}") from None
+            if not ranks:
+                raise TreeError(f"{where}/channel[{ci}]: expected at least one <gpu>")
+            channels.append(tuple(ranks))
+        if not channels:
+            raise TreeError(f"{where}: expected at least one <channel>")
+        n = len(channels[0])
+        for ci, ch in enumerate(channels):
+            if sorted(ch) != list(range(n)):
+                raise TreeError(f"{where}/channel[{ci}]: expected ranks 0..{n - 1} each once, got {list(ch)}")
+        out.append(NcclGraph(gid, pattern, NCCL_PATTERNS.get(pattern, f"pattern{pattern}"), tuple(channels),
+                             dict(g.attrib)))
+    if not out:
+        raise TreeError(f"{source}: expected at least one <graph>")
+    return tuple(out)
+
+
+def load_nccl_graph(path: str | os.PathLike) -> tuple[NcclGraph, ...]:
+    """Read an NCCL_GRAPH_FILE."""
+    p = FsPath(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TreeError(f"{p}: cannot read NCCL graph file: {e.strerror or e}") from None
+    return loads_nccl_graph(text, str(p))
