@@ -67,15 +67,20 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
                and "GPU0" in ln.split() and not re.match(r"^\s*GPU0\s+X\b", ln)), None)
     if hi is None:
         raise TopologyError(f"{where}: expected an 'nvidia-smi topo -m' matrix (a header line with GPU0), found none")
-    cols = [c for c in re.split(r"\t+| {2,}", lines[hi].strip()) if c]
+    toks = lines[hi].split()  # whitespace may be tabs, runs of spaces, or collapsed to one space
     devices, extras = [], []
-    for c in cols:
-        if c in _EXTRA or extras:
-            extras.append(c)
-        elif " " in c:
-            raise TopologyError(f"{where}:{hi + 1}: header column {c!r}: expected a device name or one of {list(_EXTRA)}")
+    i = 0
+    while i < len(toks):
+        multi = next((e for e in _EXTRA if toks[i:i + len(e.split())] == e.split()), None)
+        if multi is not None:
+            extras.append(multi)
+            i += len(multi.split())
+        elif extras:
+            raise TopologyError(f"{where}:{hi + 1}: header column {toks[i]!r} after the affinity columns: "
+                                f"expected one of {list(_EXTRA)}")
         else:
-            devices.append(c)
+            devices.append(toks[i])
+            i += 1
     n = len(devices)
     codes: dict[tuple[str, str], str] = {}
     cpu_aff: dict[str, Any] = {}

@@ -98,3 +98,11 @@ def test_import_file_detects_the_format(tmp_path):
     y.write_text("nothing here")
     with pytest.raises(topo.TopologyError, match="expected an NCCL topology XML"):
         topo.import_file(y)
+
+
+@pytest.mark.skipif(not FILES, reason="fixtures absent")
+def test_whitespace_collapsed_paste_still_parses():
+    text = (FIX / "b200-8-gke-a4.txt").read_text()
+    collapsed = "\n".join(" ".join(ln.split()) for ln in text.splitlines())
+    a, b = parse_smi(text), parse_smi(collapsed)
+    assert a["codes"] == b["codes"] and b["numa_affinity"]["GPU4"] == 1 and b["cpu_affinity"]["GPU0"] == "0-55,112-167"
