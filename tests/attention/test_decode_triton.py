@@ -104,3 +104,55 @@ def test_head_dim_must_be_contiguous(make_inputs):
     k_t = k.transpose(1, 3).contiguous().transpose(1, 3)  # same values, head_dim stride != 1
     with pytest.raises(AttentionError, match=r"decode_stage1: k: expected stride 1 in the last dim \(head_dim\)"):
         decode_partial(q, k_t, v, backend="triton")
+
+
+_COMPILE_SCRIPT = r"""
+import os, sys, json
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import attention.decode_triton as dt
+
+def compile_kernel(fn, pointers, ints, floats, consts, arch, stages):
+    sig = dict(pointers)
+    sig.update({n: "i32" for n in ints})
+    sig.update({n: "fp32" for n in floats})
+    sig.update({n: "constexpr" for n in consts})
+    src = ASTSource(fn=fn, signature=sig, constexprs={(list(sig).index(n),): v for n, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_stages": stages}).metadata.shared
+
+strides = ["stride_qb", "stride_qh", "stride_tb", "stride_kb", "stride_kn", "stride_kh", "stride_vb", "stride_vn",
+           "stride_vh", "stride_os", "stride_ob", "stride_oh", "stride_ls", "stride_lb", "stride_lh", "seq", "num_splits"]
+shared = {}
+for dtype, arch, page in (("bf16", 90, 0), ("fp32", 80, 16)):
+    ptrs = {"Q": "*" + dtype, "K": "*" + dtype, "V": "*" + dtype, "KV_LEN": "*i32", "OUT": "*fp32", "LSE": "*fp32",
+            "BLOCK_TABLE": "*i32"}
+    consts = dict(GROUP=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_N=dt.BLOCK_N, BLOCK_D=128, UPCAST=dtype == "fp32",
+                  PAGE_SIZE=page)
+    stages = dt.STAGES_FP32 if dtype == "fp32" else dt.STAGES_HALF
+    shared[dtype] = compile_kernel(dt._decode_split_kernel, ptrs, strides, ["qk_scale"], consts, arch, stages)
+shared["merge"] = compile_kernel(
+    dt._merge_states_kernel, {"OUT_IN": "*fp32", "LSE_IN": "*fp32", "OUT": "*fp32", "LSE": "*fp32"},
+    ["num_states", "stride_os", "stride_or", "stride_ls", "stride_lr", "stride_out_r", "stride_lse_r"], [],
+    dict(HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128), 80, 3)
+print(json.dumps(shared))
+"""
+
+
+def test_kernels_compile_for_gpu_targets():
+    """The interpreter does not apply the GPU compiler's rules; compile (no GPU
+    needed) for sm_80/sm_90 at Llama shapes and check the shared memory fits 100 KiB."""
+    import json
+    import subprocess
+    import sys
+
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton has no NVIDIA backend here")
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    shared = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(shared) == {"bf16", "fp32", "merge"}
+    assert all(v <= 100 * 1024 for v in shared.values()), shared  # bytes of shared memory
