@@ -68,16 +68,17 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     per_token = batch * kv_heads * head_dim
     cap = max(prefixes) * per_token
     # double-buffered receive space; the shard in hand is sent while the next one arrives
-    bufs = [(torch.empty(cap, dtype=k_shard.dtype), torch.empty(cap, dtype=k_shard.dtype),
-             torch.empty(batch, dtype=torch.int32)) for _ in range(2)]
+    dev = k_shard.device
+    bufs = [(torch.empty(cap, dtype=k_shard.dtype, device=dev), torch.empty(cap, dtype=k_shard.dtype, device=dev),
+             torch.empty(batch, dtype=torch.int32, device=dev)) for _ in range(2)]
 
     def view(flat, n):
         return flat[: n * per_token].view(batch, n, kv_heads, head_dim)
 
     k_cur = k_shard[:, :prefix].contiguous()
     v_cur = v_shard[:, :prefix].contiguous()
-    len_cur = lengths.to(torch.int32).contiguous()
-    state = empty_state(batch, q_heads, head_dim)
+    len_cur = lengths.to(device=dev, dtype=torch.int32).contiguous()
+    state = empty_state(batch, q_heads, head_dim, device=dev)
     for s in range(size):
         src = (rank - s) % size  # owner of the shard in hand
         reqs = []

@@ -130,6 +130,24 @@ class ShardedKVCache:
         """Forget every sequence (lengths back to 0; buffers kept)."""
         self._lengths.zero_()
 
+    def set_lengths(self, layer: int, lengths) -> None:
+        """Declare ``layer``'s global lengths [batch] after writing this rank's slots
+        directly (``cache.k[layer][:, :local_count(n)]``, positions in
+        :meth:`owned_positions` order) -- how a caller fills a huge context
+        without materialising the whole prompt on every rank."""
+        self._check_layer(layer)
+        self._lengths[layer] = self._check_lengths("set_lengths", lengths)
+
+    def truncate(self, layer: int, lengths) -> None:
+        """Shorten ``layer``'s sequences to ``lengths`` [batch] (each at most its
+        current length): later appends overwrite the dropped positions."""
+        self._check_layer(layer)
+        lengths = self._check_lengths("truncate", lengths)
+        if bool((lengths > self._lengths[layer]).any()):
+            raise AttentionError(f"ShardedKVCache.truncate: lengths: expected at most the current lengths "
+                                 f"{self._lengths[layer].tolist()}, got {lengths.tolist()}")
+        self._lengths[layer] = lengths
+
     def _check_layer(self, layer: int) -> None:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.layers:
             raise AttentionError(f"ShardedKVCache: layer: expected an int in [0, {self.layers - 1}], got {layer!r}")

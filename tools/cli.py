@@ -41,6 +41,8 @@ __all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMM
 #: subcommand modules, in the order ``--help`` lists them (one line per module)
 COMMANDS = [
     "tools.cmd_topo",
+    "tools.cmd_decode",
+    "tools.cmd_tree",
 ]
 
 

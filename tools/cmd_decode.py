@@ -1,0 +1,338 @@
+"""``treecoll decode``: sharded decoding of a random context, checked against one process.
+
+What it runs: ``--layers`` attention layers with a KV cache of ``--seq-len``
+tokens per sequence (random K/V from ``--seed``, cache dtype ``--dtype``),
+sharded over the group with :class:`attention.ShardedKVCache` (round-robin
+blocks of ``--block-size`` tokens; each rank generates only its own blocks).
+Each decode step appends one random token's K/V to every layer and decodes a
+random query per layer with each method: ``tree`` (:func:`attention.tree_decode`)
+and the baselines of ``--compare`` (``ring``, ``allreduce3``).  The same steps
+are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
+every method's outputs are compared with that reference.
+
+Processes: ``--nproc`` processes are spawned (torch.multiprocessing, gloo on
+127.0.0.1); under ``torchrun`` (``RANK`` in the environment) the launched group
+is used instead (NCCL and ``cuda:LOCAL_RANK`` when CUDA is available, else
+gloo) and rank 0 prints.
+
+Measurements, per method and rank:
+
+* step latency: wall time of one decode step (all layers), after a barrier;
+  the step's latency is the maximum over ranks; the median over steps is reported
+  (the first step, which checks shapes and builds the tree, is excluded);
+* bytes sent: bytes this rank's code passes to torch.distributed during one
+  step (point-to-point sends plus the buffers given to all_reduce /
+  all_gather; :func:`attention.dist.count_traffic`), measured in one extra
+  untimed step;
+* peak memory: the rank's KV cache bytes (allocated, all layers) plus the peak
+  of tensor bytes allocated and alive at once during one step (torch profiler
+  memory events: :func:`attention.dist.peak_tensor_bytes`), in one extra untimed step.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+from topo.errors import AttentionError
+
+__all__ = ["add_parser", "run", "decode_data", "render"]
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+METHOD_ORDER = ("tree", "ring", "allreduce3")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    from tools.cli import common_options
+
+    p = subparsers.add_parser("decode", help="sharded tree-attention decoding vs ring and three all-reduces",
+                              description=__doc__.split("\n\n")[0])
+    common_options(p)
+    p.add_argument("--nproc", type=int, default=4, help="processes to spawn (ignored under torchrun; default 4)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--topology", metavar="F", help="topology YAML / shipped name / 'default' for the tree")
+    src.add_argument("--discover", action="store_true",
+                     help="discover the group's topology (topo.discover_cluster; the default)")
+    p.add_argument("--seq-len", type=int, default=32768, help="context tokens per sequence (default 32768)")
+    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
+    p.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
+    p.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
+    p.add_argument("--new-tokens", type=int, default=16, help="decode steps (default 16)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="KV cache dtype (default bf16)")
+    p.add_argument("--block-size", type=int, default=256, help="round-robin block of the cache (default 256)")
+    p.add_argument("--compare", default="ring,allreduce3",
+                   help="baselines to run beside tree: comma list of ring, allreduce3, or 'none'")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the group gives up (default 600)")
+    p.add_argument("--no-check", action="store_true", help="skip the one-process reference check")
+    return p
+
+
+def _methods(compare: str) -> list[str]:
+    names = [] if compare.strip() in ("", "none") else [m.strip() for m in compare.split(",")]
+    for m in names:
+        if m not in ("ring", "allreduce3"):
+            raise AttentionError(f"--compare: expected a comma list of ring, allreduce3 or 'none', got {m!r}")
+    return ["tree"] + [m for m in METHOD_ORDER if m in names]
+
+
+def _config(args) -> dict:
+    for name in ("nproc", "seq_len", "batch", "layers", "heads", "kv_heads", "head_dim", "new_tokens",
+                 "block_size"):
+        v = getattr(args, name)
+        if v < (0 if name == "new_tokens" else 1):
+            raise AttentionError(f"--{name.replace('_', '-')}: expected a positive integer, got {v}")
+    if args.heads % args.kv_heads:
+        raise AttentionError(f"--heads: expected a multiple of --kv-heads={args.kv_heads}, got {args.heads}")
+    if args.new_tokens < 2:
+        raise AttentionError(f"--new-tokens: expected at least 2 (the first step is a warm-up), got {args.new_tokens}")
+    topology = None
+    if args.topology:
+        import topo
+
+        topology = topo.resolve(args.topology).to_dict()  # plain data crosses the process boundary
+    return {"seq_len": args.seq_len, "batch": args.batch, "layers": args.layers, "heads": args.heads,
+            "kv_heads": args.kv_heads, "head_dim": args.head_dim, "new_tokens": args.new_tokens,
+            "dtype": _DTYPES[args.dtype], "block_size": args.block_size, "methods": _methods(args.compare),
+            "seed": args.seed, "topology": topology, "check": not args.no_check}
+
+
+# ------------------------------------------------------------------ the per-rank work
+
+
+def _gen(seed: int, *ids: int):
+    import torch
+
+    s = seed
+    for i in ids:
+        s = (s * 1000003 + i + 1) % (2**62)
+    return torch.Generator().manual_seed(s)
+
+
+def _block(cfg, layer: int, j: int, n: int):
+    """K and V of block j (n tokens) of ``layer``: [batch, n, kv_heads, head_dim], cache dtype."""
+    import torch
+
+    g = _gen(cfg["seed"], 1, layer, j)
+    shape = (cfg["batch"], n, cfg["kv_heads"], cfg["head_dim"])
+    dtype = getattr(torch, cfg["dtype"])
+    return torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype)
+
+
+def _step_inputs(cfg, step: int, layer: int):
+    import torch
+
+    g = _gen(cfg["seed"], 2, step, layer)
+    b, hq, hkv, d = cfg["batch"], cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
+    dtype = getattr(torch, cfg["dtype"])
+    q = torch.randn(b, hq, d, generator=g)
+    return q, torch.randn(b, hkv, d, generator=g).to(dtype), torch.randn(b, hkv, d, generator=g).to(dtype)
+
+
+def build_cache(cfg, rank: int, world: int, device=None):
+    """This rank's :class:`ShardedKVCache` with the random context (only its own blocks generated)."""
+    import torch
+
+    from attention.kv_cache import ShardedKVCache
+
+    n, bs = cfg["seq_len"], cfg["block_size"]
+    cache = ShardedKVCache(layers=cfg["layers"], batch=cfg["batch"], kv_heads=cfg["kv_heads"],
+                           head_dim=cfg["head_dim"], max_seq_len=n + cfg["new_tokens"] + 1, rank=rank, world=world,
+                           block_size=bs, dtype=getattr(torch, cfg["dtype"]), device=device)
+    lengths = [n] * cfg["batch"]
+    for layer in range(cfg["layers"]):
+        slot = 0
+        for j in range(rank, -(-n // bs), world):
+            cnt = min(bs, n - j * bs)
+            k, v = _block(cfg, layer, j, cnt)
+            cache.k[layer][:, slot:slot + cnt].copy_(k)
+            cache.v[layer][:, slot:slot + cnt].copy_(v)
+            slot += cnt
+        cache.set_lengths(layer, lengths)
+    return cache
+
+
+def _decode_step(fn, cache, cfg, step: int, device, topology, check: bool, outputs=None):
+    for layer in range(cfg["layers"]):
+        q, kn, vn = _step_inputs(cfg, step, layer)
+        cache.append(layer, kn.to(device), vn.to(device))
+        k, v, kv_len = cache.shard(layer)
+        out = fn(q.to(device), k, v, kv_len=kv_len, topology=topology, check=check)
+        if outputs is not None:
+            outputs.append(out.float().cpu())
+
+
+def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
+    """One rank of ``treecoll decode``: decode with every method, measure, and on
+    rank 0 compare with the one-process reference.  Returns plain data."""
+    import torch
+    import torch.distributed as dist
+
+    from attention.baselines import method
+    from attention.dist import count_traffic, peak_tensor_bytes
+    from attention.tree_decode import resolve_tree
+
+    topology = None
+    if cfg["topology"] is not None:
+        from topo import Topology
+
+        topology = Topology.from_dict(cfg["topology"])
+    cache = build_cache(cfg, rank, world, device)
+    start = [cache.lengths(layer) for layer in range(cfg["layers"])]
+    tree = resolve_tree("auto", topology=topology) if world > 1 else None
+    res: dict[str, Any] = {"rank": rank, "cache_bytes": cache.nbytes(), "methods": {},
+                           "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name}}
+    for name in cfg["methods"]:
+        fn = method(name)
+        for layer in range(cfg["layers"]):
+            cache.truncate(layer, start[layer])
+        outputs, times = [], []
+        for step in range(cfg["new_tokens"]):
+            if world > 1:
+                dist.barrier()
+            t0 = time.perf_counter()
+            _decode_step(fn, cache, cfg, step, device, topology, step == 0, outputs if rank == 0 else None)
+            if device is not None and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        # one extra, untimed step for bytes and memory (a token beyond new_tokens)
+        if world > 1:
+            dist.barrier()
+        with count_traffic() as traffic:
+            _decode_step(fn, cache, cfg, cfg["new_tokens"], device, topology, False)
+        for layer in range(cfg["layers"]):
+            cache.truncate(layer, cache.lengths(layer) - 1)
+        if world > 1:
+            dist.barrier()
+        _, peak = peak_tensor_bytes(_decode_step, fn, cache, cfg, cfg["new_tokens"], device, topology, False)
+        res["methods"][name] = {"times": times, "bytes_sent": traffic.sent, "traffic": traffic.as_dict(),
+                                "peak_transient": peak, "outputs": outputs}
+    if world > 1:
+        dist.barrier()
+    if rank == 0 and cfg["check"]:
+        res["reference"] = _reference(cfg)
+        for name, m in res["methods"].items():
+            m["max_abs_err"] = max(float((a - b).abs().max()) for a, b in zip(m["outputs"], res["reference"]))
+    for m in res["methods"].values():
+        m.pop("outputs")
+    res.pop("reference", None)
+    return res
+
+
+def _reference(cfg) -> list:
+    """The same steps in one process over the whole cache (world of one)."""
+    from attention import decode_partial
+
+    def local(q, k, v, *, kv_len, topology, check):
+        return decode_partial(q, k, v, kv_len=kv_len)[0]
+
+    cache = build_cache(cfg, 0, 1)
+    outputs: list = []
+    for step in range(cfg["new_tokens"]):
+        _decode_step(local, cache, cfg, step, None, None, False, outputs)
+    return outputs
+
+
+# ------------------------------------------------------------------ assembling
+
+
+def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
+    """The plain dict ``treecoll decode`` prints."""
+    methods = {}
+    for name in cfg["methods"]:
+        per_rank = [r["methods"][name] for r in ranks]
+        steps = [max(ts) for ts in zip(*(m["times"] for m in per_rank))]
+        timed = steps[1:] if len(steps) > 1 else steps
+        methods[name] = {
+            "median_step_s": statistics.median(timed),
+            "step_s": steps,
+            "bytes_sent_per_rank": [m["bytes_sent"] for m in per_rank],
+            "peak_bytes_per_rank": [r["cache_bytes"] + r["methods"][name]["peak_transient"] for r in ranks],
+            "peak_transient_bytes_per_rank": [m["peak_transient"] for m in per_rank],
+            "max_abs_err": ranks[0]["methods"][name].get("max_abs_err"),
+        }
+    out = {"nproc": world, "config": {k: v for k, v in cfg.items() if k != "topology"},
+           "topology": None if cfg["topology"] is None else cfg["topology"].get("name"),
+           "tree": ranks[0]["tree"], "cache_bytes_per_rank": [r["cache_bytes"] for r in ranks],
+           "methods": methods}
+    if "tree" in methods:
+        for name, m in methods.items():
+            m["speedup_of_tree"] = m["median_step_s"] / methods["tree"]["median_step_s"]
+    return out
+
+
+def decode_data(cfg: dict, nproc: int, timeout: float = 600.0) -> dict:
+    """Spawn ``nproc`` gloo processes, run :func:`worker`, return :func:`summarize`'s dict
+    (``nproc == 1``: in this process, no group)."""
+    from attention.dist import run_group
+
+    if nproc == 1:
+        return summarize(cfg, [worker(0, 1, cfg)], 1)
+    ranks = run_group(worker, nproc, cfg, timeout=timeout)
+    return summarize(cfg, ranks, nproc)
+
+
+def _under_torchrun(cfg: dict, timeout: float):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    device = None
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    res = worker(rank, world, cfg, device)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, res)
+    return rank, summarize(cfg, gathered, world)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tools.cli import emit
+
+    cfg = _config(args)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        rank, data = _under_torchrun(cfg, args.timeout)
+        if rank != 0:
+            return 0
+    else:
+        data = decode_data(cfg, args.nproc, args.timeout)
+    return emit(args, data, render)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def render(d: dict) -> str:
+    c = d["config"]
+    lines = [f"decode: {d['nproc']} ranks, batch {c['batch']}, {c['seq_len']} context tokens, {c['layers']} layers, "
+             f"{c['heads']}/{c['kv_heads']} heads x {c['head_dim']}, KV {c['dtype']}, {c['new_tokens']} steps",
+             f"topology: {d['topology'] or 'discovered (topo.discover_cluster)'}; tree parents: "
+             f"{d['tree']['parents'] if d['tree'] else '-'}",
+             f"KV cache per rank: {', '.join(_fmt_bytes(b) for b in d['cache_bytes_per_rank'])}", ""]
+    head = f"{'method':<11} {'step (us)':>11} {'vs tree':>8} {'max |err|':>10}  {'bytes sent/rank':<28} peak mem/rank"
+    lines += [head, "-" * len(head)]
+    for name, m in d["methods"].items():
+        err = "-" if m["max_abs_err"] is None else f"{m['max_abs_err']:.1e}"
+        lines.append(f"{name:<11} {m['median_step_s'] * 1e6:>11.0f} {m.get('speedup_of_tree', 1.0):>7.2f}x "
+                     f"{err:>10}  {', '.join(_fmt_bytes(b) for b in m['bytes_sent_per_rank']):<28} "
+                     f"{', '.join(_fmt_bytes(b) for b in m['peak_bytes_per_rank'])}")
+    lines.append("")
+    lines.append("step = all layers of one token, max over ranks, median over steps 2..n; "
+                 "error vs the same steps in one process")
+    for name, m in d["methods"].items():
+        lines.append(f"  {name} per-step (us): " + " ".join(f"{t * 1e6:.0f}" for t in m["step_s"]))
+    return "\n".join(lines)
