@@ -36,7 +36,7 @@ import networkx as nx
 
 from . import sysfs
 from .env import Hints, hints as parse_hints
-from .hostgraph import GPU_MODELS, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .errors import TopologyError
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
@@ -300,28 +300,40 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
 
 
 def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
-    """NCCL_TOPO_FILE + NVML: add NVLinks (GPU-GPU, or one assumed switch) for file GPUs matched by bus id."""
-    by_pci = {d.get("pci"): n for n, d in g.nodes(data=True) if d["kind"] == "gpu" and d.get("pci")}
+    """NCCL_TOPO_FILE + NVML: NVLinks for the file's GPUs (matched by bus id), when the file has none.
+
+    Peers that are GPUs of the file get direct links; every other visible peer
+    an NVSwitch node per bus id; invisible peers one ``assumed`` switch.
+    """
     if any(d["kind"] == "nvlink" for _, _, d in g.edges(data=True)):
         return
-    gpus = [nv.gpu(i) for i in range(nv.count())]
-    nvml_pci = {gi.pci: gi for gi in gpus}
+    by_pci = {d.get("pci"): n for n, d in g.nodes(data=True) if d["kind"] == "gpu" and d.get("pci")}
+    nvml_pci = {gi.pci: gi for gi in (nv.gpu(i) for i in range(nv.count()))}
+    per_gpu: dict[str, dict[Any, int]] = {}
     for pci, node in by_pci.items():
         gi = nvml_pci.get(pci)
         if gi is None:
             notes.append(f"NCCL_TOPO_FILE GPU {pci}: not found by NVML, no NVLinks added")
             continue
-        per: dict[str, int] = {}
+        per = per_gpu.setdefault(node, {})
         for ln in nv.nvlinks(gi.index):
-            tgt = by_pci.get(ln.remote_pci) or f"{host}/nvswitch0"
+            tgt = by_pci.get(ln.remote_pci) or ("sw", ln.remote_pci)
             per[tgt] = per.get(tgt, 0) + 1
+        if gi.sm is not NA:
+            g.nodes[node].setdefault("sm", gi.sm)
+    switches = sorted({t[1] for per in per_gpu.values() for t in per if isinstance(t, tuple)},
+                      key=lambda p: (p is None, p or ""))
+    sw_id = {p: f"{host}/nvswitch{k}" for k, p in enumerate(switches)}
+    for p, n in sw_id.items():
+        g.add_node(n, kind="nvswitch", host=host, **({"pci": p} if p else {"assumed": True}))
+    for node, per in per_gpu.items():
+        sm = g.nodes[node].get("sm")
         for tgt, cnt in per.items():
-            if tgt not in g:
-                g.add_node(tgt, kind="nvswitch", host=host, assumed=True)
-            bw = cnt * nvlink_bw(gi.sm if gi.sm is not NA else None)
-            if not g.has_edge(node, tgt):
-                for a, c in ((node, tgt), (tgt, node)):
-                    g.add_edge(a, c, kind="nvlink", bw=bw, lat=0.6, count=cnt)
+            peer = sw_id[tgt[1]] if isinstance(tgt, tuple) else tgt
+            if not g.has_edge(node, peer):
+                d = {"kind": "nvlink", "bw": cnt * nvlink_bw(sm), "lat": LAT["nvlink"], "count": cnt}
+                g.add_edge(node, peer, **d)
+                g.add_edge(peer, node, **dict(d))
 
 
 def import_file(path: str | os.PathLike, *, host: str = "host0") -> Topology:

@@ -194,3 +194,15 @@ def test_discovered_topology_saves_and_loads_as_yaml(tmp_path):
     for name in ("dgx-h100", "gb200-tray"):
         t, _, _ = _discover(tmp_path / name, name)
         assert topo.loads(topo.dumps(t)) == t
+
+
+def test_nccl_topo_file_plus_nvml_adds_the_nvlinks(tmp_path):
+    gpus = "".join(f'<pci busid="0000:{b}:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16"/>'
+                   for b in ("1b", "43", "52"))
+    f = tmp_path / "partial.xml"
+    f.write_text(f'<system version="1"><cpu numaid="0">{gpus}</cpu></system>')
+    rec = load("dgx-h100")
+    t = topo.discover(sysfs_root=str(tmp_path), nvml=FakePynvml(rec), env={"NCCL_TOPO_FILE": str(f)}, host="h0")
+    assert len(t.gpus()) == 3 and len(t.nodes("nvswitch")) == 4
+    assert [t.link("h0/gpu0", f"h0/nvswitch{k}")["count"] for k in range(4)] == [5, 5, 4, 4]
+    assert t.path("h0/gpu0", "h0/gpu2").smi == "NV18" and t.link("h0/gpu0", "h0/nvswitch0")["bw"] == pytest.approx(103.0)
