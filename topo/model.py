@@ -85,8 +85,6 @@ class Topology:
         if not isinstance(graph, nx.DiGraph):
             raise TopologyError(f"graph: expected a networkx.DiGraph, got {type(graph).__name__}")
         g = nx.DiGraph(graph)  # copies nodes, edges and attribute dicts (shallow)
-        for n, d in g.nodes(data=True):
-            g.nodes[n].update(d)
         _validate(g)
         self._g = nx.freeze(g)
         self.name = name

@@ -109,8 +109,10 @@ def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120) -> 
             keep.add(n)
     fig, ax = plt.subplots(figsize=(min(4 + 0.6 * x0, 40), 6))
     nlinks = 0
+    drawn_kinds = set()
     for a, b, d, _ in _pairs(topo):
         if a in pos and b in pos:
+            drawn_kinds.add(d["kind"])
             (xa, ya), (xb, yb) = pos[a], pos[b]
             ax.plot([xa, xb], [ya, yb], color=_EDGE_COLOR.get(d["kind"], "black"), lw=0.6, alpha=0.6, zorder=1)
             nlinks += 1
@@ -120,6 +122,12 @@ def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120) -> 
     for h in hosts:
         xs = [pos[n][0] for n in topo.nodes(host=h)]
         ax.text(sum(xs) / len(xs), -1.0, h, ha="center", fontsize=8)
+    from matplotlib.lines import Line2D
+    kinds = sorted({g.nodes[n]["kind"] for n in pos}, key=list(NODE_STYLE).index)
+    handles = [Line2D([], [], marker="o", ls="", color=NODE_STYLE[k][1], markeredgecolor="black", label=k)
+               for k in kinds]
+    handles += [Line2D([], [], color=c, label=k) for k, c in _EDGE_COLOR.items() if k in drawn_kinds]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     ax.set_title(f"{topo.name}: {len(hosts)} of {len(topo.hosts())} hosts")
     ax.axis("off")
     fig.tight_layout()

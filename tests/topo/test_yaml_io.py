@@ -292,3 +292,37 @@ def test_doctests_of_the_yaml_modules():
     for m in (topo.yaml_io, topo._schema, topo):
         r = doctest.testmod(m)
         assert r.failed == 0 and r.attempted > 0, m.__name__
+
+
+def test_mutated_files_never_escape_as_other_exceptions():
+    """Random edits of valid files (values swapped, characters or lines deleted): each either loads or
+    raises one TopologyError of one line that is not the loader's last-resort guard."""
+    import random
+    import re
+    rnd = random.Random(2)
+    values = ["0", "-1", "1.5", "x", "[]", "{}", "null", "true", "[1, 2]", "{a: 1}", "99", "h0/gpu0", "[0, 0]", ".nan"]
+    bases = [BOX, EXPLICIT, topo.dumps(topo.loads(BOX))]
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(300):
+        s = bases[i % 3]
+        for _ in range(rnd.randint(1, 3)):
+            op = rnd.random()
+            scalars = list(re.finditer(r"(?<=: )[^,{}\[\]\n]+|(?<=\[)[^,\]\n]+", s))
+            if op < 0.5 and scalars:
+                m = rnd.choice(scalars)
+                s = s[:m.start()] + rnd.choice(values) + s[m.end():]
+            elif op < 0.8:
+                j = rnd.randrange(len(s))
+                s = s[:j] + s[j + rnd.randint(1, 5):]
+            else:
+                lines = s.split("\n")
+                del lines[rnd.randrange(len(lines))]
+                s = "\n".join(lines)
+        try:
+            topo.loads(s)
+            outcomes["ok"] += 1
+        except TopologyError as e:
+            assert "\n" not in str(e) and "please report" not in str(e), (s, str(e))
+            assert str(e).startswith("<string>"), str(e)
+            outcomes["error"] += 1
+    assert outcomes["ok"] > 10 and outcomes["error"] > 100, outcomes
