@@ -80,78 +80,48 @@ def _load_topology(path: str | None):
         return Topology.from_dict(yaml.safe_load(Path(path).read_text()))
 
 
-def _build_schedule(method: str, topology, nranks: int, nbytes: int):
-    """treecoll's allreduce schedule for ``method`` on ``topology`` (ranks 0..nranks-1).
+def schedule_for(method: str, topology, nranks: int, nbytes: int):
+    """The Schedule treecoll's executor runs for ``method`` at this size (same plan, same chunks).
 
-    TODO(issue 8, part 3): the names below are what the collectives work
-    announced; adjust once collectives/ has landed its builders.
+    ``gloo`` is modelled by treecoll's ``ring`` schedule: gloo's CPU allreduce
+    is a reduce-scatter + all-gather ring in rank order, like ours.
     """
-    import collectives
-    build = None
-    for mod, name in (("collectives", "build_schedule"), ("collectives.algorithms", "build"),
-                      ("collectives.builders", "build_schedule")):
-        try:
-            m = __import__(mod, fromlist=[name])
-            build = getattr(m, name, None)
-        except ImportError:
-            build = None
-        if build is not None:
-            break
-    if build is not None:
-        return build(method, topology, collective="allreduce", nbytes=nbytes)
-    tree_build = getattr(getattr(collectives, "tree", None), "build", None)
-    compile_ = getattr(collectives, "compile", None) or getattr(
-        getattr(collectives, "schedule", None), "compile", None)
-    if tree_build is None or compile_ is None:
-        raise Unavailable("collectives has no schedule builder yet (need collectives.tree.build "
-                          "and a compile to Schedule, or collectives.build_schedule)")
-    tree = tree_build(method, topology, list(range(nranks)))
-    return compile_(tree, "allreduce")
+    from collectives import as_multi, compile_plan
+    from collectives.execute import default_nchunks, plan_for
+    from collectives.ops import resolve_op
+
+    k = default_nchunks(nbytes)
+    if method in ("gloo", "ring"):
+        return compile_plan(None, "allreduce", k, algo="ring", nranks=nranks)
+    plan = plan_for(method, collective="allreduce", nbytes=nbytes, nranks=nranks, op=resolve_op("sum"),
+                    topology=topology)
+    # as the executor: chunks per tree, at most one element (float32) per chunk
+    per = max(1, min(k, (nbytes // 4) // max(len(as_multi(plan)), 1)))
+    return compile_plan(plan, "allreduce", per)
 
 
 def make_ours(method: str, topology_path: str | None, nranks: int) -> Callable[[Any], Any]:
-    """A callable ``fn(tensor)`` doing treecoll's in-place allreduce(sum) with ``method``.
-
-    Raises :class:`Unavailable` while the executor does not exist.
-    TODO(issue 8, part 3): wire to the final executor API once collectives/ has it.
-    """
+    """A callable ``fn(tensor)``: treecoll's in-place allreduce(sum) with ``method``
+    (``ring``: ``algo="ring"``; tree builders: ``tree=method`` on the cluster's topology)."""
     try:
-        import collectives
+        from collectives.execute import allreduce
     except ImportError as e:
-        raise Unavailable(f"collectives not importable: {e}")
+        raise Unavailable(f"collectives.execute not importable: {e}")
+    if method == "ring":
+        return lambda t: allreduce(t, algo="ring", out=t)
     topology = _load_topology(topology_path)
-    allreduce = getattr(collectives, "allreduce", None)
-    if allreduce is None:
-        raise Unavailable("collectives.allreduce does not exist yet")
-    tree = None
-    tree_build = getattr(getattr(collectives, "tree", None), "build", None)
-    if tree_build is not None and method != "ring":
-        tree = tree_build(method, topology, list(range(nranks)))
-        return lambda t: allreduce(t, op="sum", tree=tree)
+    return lambda t: allreduce(t, tree=method, topology=topology, out=t)
+
+
+def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: str = "ideal") -> float:
+    """The simulator's time in seconds for ``method`` on the YAML's cluster (profile ``ideal``:
+    the links as written in the YAML, no library overheads)."""
     try:
-        return lambda t: allreduce(t, op="sum", algorithm=method, topology=topology)
-    except TypeError as e:  # pragma: no cover
-        raise Unavailable(f"collectives.allreduce does not accept algorithm=: {e}")
-
-
-def predict(method: str, topology_path: str, nranks: int, nbytes: int) -> float:
-    """The simulator's predicted time in seconds for ``method`` on the YAML's cluster.
-
-    gloo's all_reduce is predicted with treecoll's ``ring`` schedule (gloo's
-    CPU allreduce is a ring). Raises :class:`Unavailable` while the simulator
-    does not exist. TODO(issue 8, part 3): adjust to the final simulator API.
-    """
-    try:
-        from collectives import sim
+        from collectives.sim import simulate
     except ImportError as e:
         raise Unavailable(f"collectives.sim not importable: {e}")
     topology = _load_topology(topology_path)
-    schedule = _build_schedule("ring" if method == "gloo" else method, topology, nranks, nbytes)
-    simulate = getattr(sim, "simulate", None)
-    if simulate is None:
-        raise Unavailable("collectives.sim.simulate does not exist yet")
-    res = simulate(schedule, topology, nbytes)
-    return float(res["time"] if isinstance(res, dict) else getattr(res, "time"))
+    return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile).time)
 
 
 # ----------------------------------------------------------------------------- worker (one rank)
@@ -221,6 +191,9 @@ def worker(args) -> int:
                              "correct": bool(up[2] == 0)})
     if rank == 0:
         Path(args.out).write_text(json.dumps({"world": world, "rows": rows, "skipped": skipped}))
+    # all ranks leave together: tearing the group down while a peer still finishes treecoll's
+    # point-to-point traffic aborted ranks ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
