@@ -17,7 +17,10 @@ Write a module exposing two functions and add ONE line to :data:`COMMANDS`::
 Rules every command follows: user errors raise a :class:`topo.errors.TreecollError`
 subclass (the dispatcher prints ONE line on stderr and returns 1; ``--debug``
 adds the traceback); ``run`` returns an exit code and never calls ``sys.exit``;
-no output other than through ``emit`` (or a file the user asked for).
+no output other than through ``emit`` (or a file the user asked for);
+heavy imports (torch, triton, matplotlib) happen inside ``run``, never at
+module import, since every command module is imported to build the parser
+(``treecoll topo ...`` must stay fast and work without torch; a test checks).
 Command-line syntax errors (unknown option, missing argument) are user errors
 too: one line, exit code 1. ``main(argv)`` is what tests call.
 

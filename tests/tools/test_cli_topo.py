@@ -156,3 +156,13 @@ def test_cli_doctest():
     import tools.cli
     r = doctest.testmod(tools.cli)
     assert r.failed == 0 and r.attempted > 0
+
+
+def test_building_the_parser_imports_no_heavy_dependency():
+    import subprocess
+    import sys
+    code = ("import sys, tools.cli; tools.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'triton', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
