@@ -1,0 +1,351 @@
+"""``treecoll tree``: build, show, check and draw reduction trees.
+
+* ``tree build --topology F [--ranks N] --builder B [--bytes S] [-o tree.yaml]``:
+  build a tree with a registered builder (``chain``, ``binomial``, ``kary:K``,
+  ``star``, ``double_binary``, ``two_level``, ``auto``) over the first N ranks of
+  topology F (a YAML path or a shipped name) and print it; ``-o`` writes the
+  tree file (see :mod:`collectives.tree_io`).
+* ``tree show FILE [--topology F] [--bytes S]``: an ASCII drawing, with each
+  edge's link (NCCL path class, link kinds, bandwidth) and the predicted
+  reduce/broadcast/allreduce times when a topology is given. FILE may also be
+  an NCCL_GRAPH_FILE XML (its graphs and channels are listed).
+* ``tree check FILE --topology F``: the tree fits the topology (rank count,
+  host labels), and how it compares with ``auto`` and the lower bound; exit
+  code 1 when it does not fit.
+* ``tree draw FILE [--topology F] -o tree.png``: a picture, ranks by depth,
+  edges coloured by link class (needs matplotlib).
+
+Every command builds a plain dict first (``--json`` prints it).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path as FsPath
+from typing import Any
+
+from topo.errors import MissingDependency, TreeError
+
+from .cli import common_options, emit
+
+__all__ = ["add_parser", "run", "parse_bytes", "tree_data", "render_tree"]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
+          "g": 10**9, "gb": 10**9, "gib": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"64MiB"`` -> 67108864; plain integers are bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise TreeError(f"--bytes: expected a size like 4096, 64KiB, 1MiB, 2GB, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("tree", help="build, show, check and draw reduction trees",
+                              description=__doc__.split("\n\n")[0])
+    common_options(p)
+    sub = p.add_subparsers(dest="tree_cmd", metavar="SUBCOMMAND")
+    sub.required = True
+    b = common_options(sub.add_parser("build", help="build a tree with a registered builder"))
+    b.add_argument("--topology", required=True, help="topology YAML or shipped name")
+    b.add_argument("--ranks", type=int, help="use the first N ranks (default: every GPU)")
+    b.add_argument("--builder", required=True, help="chain, binomial, kary:K, star, double_binary, two_level, auto")
+    b.add_argument("--bytes", default="1MiB", help="message size for auto/two_level and predictions (default 1MiB)")
+    b.add_argument("--intra", help="two_level: intra-host shape (auto, star, chain, binomial, kary:K, links)")
+    b.add_argument("--inter", help="two_level: inter-host shape (binomial, chain, star, kary:K)")
+    b.add_argument("--rails", choices=("auto", "yes", "no"), help="two_level: one tree per NIC rail")
+    b.add_argument("-o", "--output", help="tree file to write (.yaml or .json)")
+    for name, help_ in (("show", "ASCII drawing with link kinds and predicted times"),
+                        ("check", "check a tree file against a topology"),
+                        ("draw", "draw a tree to an image (needs matplotlib)")):
+        q = common_options(sub.add_parser(name, help=help_, description=help_))
+        q.add_argument("file", metavar="FILE", help="tree file (YAML/JSON) or NCCL graph XML (show)")
+        q.add_argument("--topology", required=name == "check", help="topology YAML or shipped name")
+        q.add_argument("--bytes", default="1MiB", help="message size for predictions (default 1MiB)")
+        if name == "draw":
+            q.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+    return p
+
+
+# ---------------------------------------------------------------------- data
+def _topology(spec):
+    if spec is None:
+        return None
+    import topo
+    return topo.resolve(spec)
+
+
+def _gpus(topology, n: int):
+    if topology is None:
+        return None
+    all_gpus = topology.rank_gpus()
+    if n > len(all_gpus):
+        raise TreeError(f"tree: {n} ranks but topology {topology.name!r} has {len(all_gpus)} GPUs")
+    return all_gpus[:n]
+
+
+def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[str, Any]:
+    """Plain data for a tree (or multitree) on an optional topology: edges with their
+    links, edge counts by class, predicted times."""
+    from collectives.cost import CostModel
+    from collectives.nccl_model import nccl_predict
+    from collectives.tree import as_multi
+    multi = as_multi(plan)
+    n = multi.size
+    gpus = _gpus(topology, n)
+    trees = []
+    classes: Counter = Counter()
+    for ti, t in enumerate(multi.trees):
+        edges = []
+        for c, p in t.edges():
+            e: dict[str, Any] = {"child": c, "parent": p}
+            if gpus is not None:
+                path = topology.path(gpus[c], gpus[p])
+                e.update({"child_gpu": gpus[c], "parent_gpu": gpus[p], "nccl": path.nccl,
+                          "kinds": sorted(set(path.kinds)), "bw_GBps": path.bw, "lat_us": path.lat,
+                          "inter_host": topology.host_of(gpus[c]) != topology.host_of(gpus[p])})
+                classes[path.nccl] += 1
+            elif hosts is not None:
+                e["inter_host"] = hosts[c] != hosts[p]
+            edges.append(e)
+        trees.append({"root": t.root, "height": t.height, "parents": list(t.parents),
+                      "children": [list(x) for x in t.children], "edges": edges,
+                      "share": multi.shares[ti], "name": t.name})
+    data: dict[str, Any] = {"name": multi.name, "ranks": n, "trees": trees, "order_preserving": plan.is_order_preserving(),
+                            "fingerprint": plan.fingerprint(), "bytes": nbytes}
+    if hosts is not None:
+        data["hosts"] = list(hosts)
+    if gpus is not None:
+        data["topology"] = topology.name
+        data["gpus"] = list(gpus)
+        data["edge_classes"] = dict(sorted(classes.items()))
+        data["inter_host_edges"] = sum(e.get("inter_host", False) for t in trees for e in t["edges"])
+        model = CostModel(topology, gpus)
+        pred = {}
+        for coll in ("reduce", "broadcast", "allreduce"):
+            if coll != "allreduce" and len(set(multi.roots)) > 1:
+                continue
+            k, secs = model.best_nchunks(plan, nbytes, coll)
+            pred[coll] = {"time_us": secs * 1e6, "nchunks": k}
+        pred["lower_bound_allreduce_us"] = model.lower_bound(nbytes, "allreduce") * 1e6
+        try:
+            pred["nccl"] = {a: {k: v for k, v in nccl_predict(topology, gpus, nbytes, a).items()
+                                if k in ("proto", "time_us", "busbw")} for a in ("ring", "tree")}
+        except TreeError:
+            pass
+        data["predicted"] = pred
+    return data
+
+
+def render_tree(data: dict) -> str:
+    """The ASCII drawing of :func:`tree_data`."""
+    out = []
+    head = f"tree {data['name'] or ''} over {data['ranks']} ranks".replace("  ", " ")
+    if "topology" in data:
+        head += f" of {data['topology']}"
+    out.append(head)
+    gpus = data.get("gpus")
+    for ti, t in enumerate(data["trees"]):
+        if len(data["trees"]) > 1:
+            out.append(f"tree {ti} (share {t['share']:.3g}) root r{t['root']} height {t['height']}")
+        by_child = {e["child"]: e for e in t["edges"]}
+
+        def label(r: int) -> str:
+            s = f"r{r}"
+            if gpus:
+                s += f" {gpus[r]}"
+            elif data.get("hosts"):
+                s += f" {data['hosts'][r]}"
+            e = by_child.get(r)
+            if e and "nccl" in e:
+                tag = "NET" if e["inter_host"] else e["nccl"]
+                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us]"
+            return s
+
+        out.append(label(t["root"]))
+        stack = [(c, "", i == len(t["children"][t["root"]]) - 1)
+                 for i, c in reversed(list(enumerate(t["children"][t["root"]])))]
+        while stack:
+            r, prefix, last = stack.pop()
+            out.append(f"{prefix}{'└── ' if last else '├── '}{label(r)}")
+            kids = t["children"][r]
+            sub = prefix + ("    " if last else "│   ")
+            stack.extend((c, sub, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
+    if "edge_classes" in data:
+        cls = ", ".join(f"{v} {k}" for k, v in data["edge_classes"].items())
+        out.append(f"edges: {cls}; inter-host edges: {data['inter_host_edges']}")
+    out.append(f"order preserving: {'yes' if data['order_preserving'] else 'no'}; fingerprint {data['fingerprint']}")
+    p = data.get("predicted")
+    if p:
+        parts = [f"{k} {v['time_us']:.1f} us ({v['nchunks']} chunks)" for k, v in p.items()
+                 if isinstance(v, dict) and "nchunks" in v]
+        out.append(f"predicted for {data['bytes']} B: " + ", ".join(parts))
+        out.append(f"allreduce lower bound {p['lower_bound_allreduce_us']:.1f} us")
+        if "nccl" in p:
+            out.append("NCCL model: " + ", ".join(f"{a} {v['proto']} {v['time_us']:.1f} us"
+                                                   for a, v in p["nccl"].items()))
+    if data.get("output"):
+        out.append(f"wrote {data['output']}")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- commands
+def _build(args) -> dict:
+    from collectives.builders import build
+    from collectives.tree_io import save_tree
+    topology = _topology(args.topology)
+    nbytes = parse_bytes(args.bytes)
+    opts: dict[str, Any] = {}
+    base = args.builder.partition(":")[0]
+    if base in ("two_level", "auto"):
+        opts["nbytes"] = nbytes
+    if base == "two_level":
+        if args.intra:
+            opts["intra"] = args.intra
+        if args.inter:
+            opts["inter"] = args.inter
+        if args.rails:
+            opts["rails"] = {"auto": "auto", "yes": True, "no": False}[args.rails]
+    elif args.intra or args.inter or args.rails:
+        raise TreeError(f"tree build: --intra/--inter/--rails apply to --builder two_level, got {args.builder!r}")
+    n = args.ranks if args.ranks is not None else len(topology.rank_gpus())
+    plan = build(args.builder, topology, _gpus(topology, n), **opts)
+    data = tree_data(plan, topology, nbytes)
+    data["builder"] = args.builder
+    if args.output:
+        hosts = [topology.host_of(g) for g in data["gpus"]]
+        save_tree(plan, args.output, hosts=hosts)
+        data["output"] = args.output
+    return data
+
+
+def _load(args):
+    from collectives.tree_io import load_tree
+    return load_tree(args.file)
+
+
+def _show(args) -> dict:
+    if FsPath(args.file).suffix.lower() == ".xml":
+        from collectives.tree_io import load_nccl_graph
+        graphs = load_nccl_graph(args.file)
+        return {"nccl_graphs": [{"id": g.id, "pattern": g.pattern, "kind": g.kind,
+                                 "channels": [list(c) for c in g.channels],
+                                 "schedule": {"name": g.schedule().name, "nchunks": g.schedule().nchunks}}
+                                for g in graphs]}
+    f = _load(args)
+    return tree_data(f.plan, _topology(args.topology), parse_bytes(args.bytes), hosts=f.hosts)
+
+
+def _check(args) -> dict:
+    from collectives.builders import build
+    from collectives.cost import CostModel
+    f = _load(args)
+    topology = _topology(args.topology)
+    nbytes = parse_bytes(args.bytes)
+    problems = []
+    n = f.plan.size
+    total = len(topology.rank_gpus())
+    if n > total:
+        problems.append(f"the tree has {n} ranks, topology {topology.name!r} has {total} GPUs")
+        return {"file": args.file, "ok": False, "problems": problems}
+    gpus = _gpus(topology, n)
+    if f.hosts is not None:
+        for r, (h, g) in enumerate(zip(f.hosts, gpus)):
+            if topology.host_of(g) != h:
+                problems.append(f"rank {r}: file says host {h!r}, topology puts {g} on {topology.host_of(g)!r}")
+                if len(problems) > 8:
+                    break
+    data = tree_data(f.plan, topology, nbytes)
+    model = CostModel(topology, gpus)
+    best = build("auto", topology, gpus, nbytes=nbytes, search=n <= 8)
+    mine = model.best_nchunks(f.plan, nbytes)[1]
+    theirs = model.best_nchunks(best, nbytes)[1]
+    data.update({"file": args.file, "ok": not problems, "problems": problems,
+                 "auto": {"name": best.name, "allreduce_us": theirs * 1e6},
+                 "ratio_to_auto": mine / theirs if theirs > 0 else 1.0})
+    return data
+
+
+def _render_check(d: dict) -> str:
+    if "trees" not in d:
+        return "\n".join([f"{d['file']}: does not fit"] + [f"  {p}" for p in d["problems"]])
+    lines = [render_tree(d)]
+    lines.append(f"auto ({d['auto']['name']}): allreduce {d['auto']['allreduce_us']:.1f} us; "
+                 f"this tree is {d['ratio_to_auto']:.2f}x of it")
+    lines.append("OK: the tree fits the topology" if d["ok"] else "PROBLEMS:")
+    lines += [f"  {p}" for p in d["problems"]]
+    return "\n".join(lines)
+
+
+def _draw(args) -> dict:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependency("matplotlib", "treecoll tree draw", extra="plot") from None
+    f = _load(args)
+    topology = _topology(args.topology)
+    data = tree_data(f.plan, topology, parse_bytes(args.bytes), hosts=f.hosts)
+    colors = {"NVL": "tab:green", "NVB": "tab:olive", "PIX": "tab:blue", "PXB": "tab:blue", "PHB": "tab:purple",
+              "SYS": "tab:red", "NET": "tab:orange", "C2C": "tab:cyan"}
+    ntrees = len(data["trees"])
+    fig, axes = plt.subplots(1, ntrees, figsize=(max(6, min(0.25 * data["ranks"], 30)), 5), squeeze=False)
+    for ax, t in zip(axes[0], data["trees"]):
+        depth = {t["root"]: 0}
+        order = [t["root"]]
+        for r in order:
+            for c in t["children"][r]:
+                depth[c] = depth[r] + 1
+                order.append(c)
+        # leaves left to right in DFS order, parents centred over their children
+        x: dict[int, float] = {}
+        nxt = [0.0]
+
+        def place(r: int) -> float:
+            kids = t["children"][r]
+            if not kids:
+                x[r] = nxt[0]
+                nxt[0] += 1
+            else:
+                xs = [place(c) for c in kids]
+                x[r] = sum(xs) / len(xs)
+            return x[r]
+
+        place(t["root"])
+        for e in t["edges"]:
+            c, p = e["child"], e["parent"]
+            col = "tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")
+            ax.plot([x[c], x[p]], [-depth[c], -depth[p]], color=col, lw=1.2, zorder=1)
+        for r in order:
+            ax.scatter([x[r]], [-depth[r]], s=80, color="white", edgecolors="black", zorder=2)
+            ax.text(x[r], -depth[r], str(r), ha="center", va="center", fontsize=6, zorder=3)
+        ax.set_title(f"{t['name'] or data['name']} (share {t['share']:.2g})", fontsize=8)
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=120)
+    plt.close(fig)
+    return {"output": args.output, "ranks": data["ranks"], "trees": ntrees}
+
+
+def run(args) -> int:
+    cmd = args.tree_cmd
+    if cmd == "build":
+        return emit(args, _build(args), render_tree)
+    if cmd == "show":
+        d = _show(args)
+        if "nccl_graphs" in d:
+            return emit(args, d, lambda d: "\n".join(
+                f"graph {g['id']} {g['kind']} (pattern {g['pattern']}): "
+                + "; ".join(" ".join(map(str, c)) for c in g["channels"]) for g in d["nccl_graphs"]))
+        return emit(args, d, render_tree)
+    if cmd == "check":
+        d = _check(args)
+        emit(args, d, _render_check)
+        return 0 if d["ok"] else 1
+    if cmd == "draw":
+        return emit(args, _draw(args), lambda d: f"wrote {d['output']} ({d['ranks']} ranks, {d['trees']} tree(s))")
+    raise TreeError(f"tree: unknown subcommand {cmd!r}")  # pragma: no cover
