@@ -105,12 +105,19 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
         e["LOCAL_WORLD_SIZE"] = str(sum(1 for i, _ in ids if i == mine[0]))
         for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"):
             e.pop(k, None)  # the probe describes the host, not this rank
-        h = parse_hints(env)
-        t = discover(env=e, host=hname, **dict(discover_kwargs or {}))
-        probe = {"topology": t.to_dict(), "identity": mine[0], "hostname": socket.gethostname(),
-                 "topology_addr": list(h.topology_addr) if h.topology_addr else None}
+        try:
+            h = parse_hints(env)
+            t = discover(env=e, host=hname, **dict(discover_kwargs or {}))
+            probe = {"topology": t.to_dict(), "identity": mine[0], "hostname": socket.gethostname(),
+                     "topology_addr": list(h.topology_addr) if h.topology_addr else None}
+        except Exception as exc:  # every rank must reach the gather, then all raise together
+            probe = {"error": f"{type(exc).__name__}: {exc}"}
     probes: list[Any] = [None] * world
     dist.all_gather_object(probes, probe, group=group)
+    failed = [(r, p["error"]) for r, p in enumerate(probes) if p and "error" in p]
+    if failed:
+        r, err = failed[0]
+        raise DiscoveryError(f"discover_cluster: rank {r} (probe of host h{order.index(ids[r][0])}) failed: {err}")
     topo = assemble([probes[leader[h]] for h in order], [(order.index(i), dev) for i, dev in ids], network=network)
     if check:
         prints: list[Any] = [None] * world
@@ -126,11 +133,20 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, int | None]
              network: Mapping[str, Any] | None = None) -> Topology:
     """Pure assembly: per host (in order) its probe, per rank ``(host index, CUDA device or None)``.
 
-    ``probes[i]["topology"]`` is the explicit form of host ``h<i>``.
+    ``probes[i]["topology"]`` is the explicit form of host ``h<i>``. Rack-level
+    NVLink switches (``nvl/sw<k>``, no host) are shared by the hosts of one
+    NVLink domain (equal fabric cluster UUID and clique id): cross-host NVLink;
+    with several domains they become ``nvl<d>/sw<k>``.
     """
     g = nx.DiGraph()
-    for p in probes:
-        t = Topology.from_dict(p["topology"])
+    tops = [Topology.from_dict(p["topology"]) for p in probes]
+    domains = sorted({_domain(d) for t in tops for _, d in t.graph.nodes(data=True)
+                      if d["kind"] == "nvswitch" and "host" not in d}, key=str)
+    for t in tops:
+        if len(domains) > 1:  # several NVLink domains (racks, cliques): nvl<d>/sw<k>, as the YAML names them
+            t = Topology(nx.relabel_nodes(nx.DiGraph(t.graph), {
+                n: f"nvl{domains.index(_domain(d))}/{n.split('/', 1)[1]}" for n, d in t.graph.nodes(data=True)
+                if d["kind"] == "nvswitch" and "host" not in d}), name=t.name)
         for n, d in t.graph.nodes(data=True):
             if n in g:  # rack-level NVLink switches (nvl/sw<k>) are shared by the hosts of a domain
                 continue
@@ -163,6 +179,10 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, int | None]
             "hosts": [{"name": h, "identity": p.get("identity"), "hostname": p.get("hostname"),
                        "notes": (p["topology"].get("meta") or {}).get("notes", [])} for h, p in zip(hosts, probes)]}
     return Topology(g, name="cluster", meta=meta)
+
+
+def _domain(d: Mapping[str, Any]) -> tuple:
+    return (d.get("x_cluster_uuid"), d.get("x_clique"))
 
 
 def _ranks(g: nx.DiGraph, hosts: list[str], ranks: list[tuple[int, int | None]]) -> None:

@@ -71,6 +71,16 @@ def test_interleaved_hosts_slurm_addr_tree(tmp_path):
     assert sw["core"][0] in p.nodes and p.nccl == "NET"
 
 
+@pytest.mark.timeout(180)
+def test_a_failing_probe_fails_every_rank_instead_of_hanging(tmp_path):
+    res = _run(tmp_path, lambda r: {"TREECOLL_HOST_ID": "a" if r < 2 else "b",
+                                    **({"NCCL_P2P_LEVEL": "FAST"} if r == 2 else {})})
+    assert all("error" in x for x in res)
+    assert {x["error"] for x in res} == {"DiscoveryError: discover_cluster: rank 2 (probe of host h1) failed: "
+                                         "TopologyError: NCCL_P2P_LEVEL='FAST': expected one of LOC, NVL, PIX, "
+                                         "PXB, PHB, SYS or an integer 0..4"}
+
+
 def test_assemble_network_section_and_host_identity():
     from topo.discover import cpu_only_host
     probes = []
@@ -84,3 +94,22 @@ def test_assemble_network_section_and_host_identity():
     assert host_identity({"TREECOLL_HOST_ID": "z", "NCCL_HOSTID": "y"}) == "z"
     assert host_identity({"NCCL_HOSTID": "y"}) == "y"
     assert host_identity({}) != host_identity({"NCCL_HOSTID": "y"})
+
+
+def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
+    import topo
+    from topo_fakes import FakePynvml, build_sysfs, load
+    probes = []
+    for i, clique in enumerate((7, 7, 9)):
+        rec = load("gb200-tray")
+        for gd in rec["nvml"]["gpus"]:
+            gd["fabric"]["cliqueId"] = clique
+        root = build_sysfs(tmp_path / f"t{i}", rec["sysfs"])
+        t = topo.discover(sysfs_root=str(root), nvml=FakePynvml(rec), env={}, host=f"h{i}")
+        probes.append({"topology": t.to_dict(), "identity": f"tray{i}"})
+    c = assemble(probes, [(h, None) for h in range(3) for _ in range(4)])
+    p = c.path("h0/gpu0", "h1/gpu3")
+    assert (p.nccl, p.smi) == ("NVL", "NV18")  # multi-node NVLink inside one clique
+    assert c.path("h0/gpu0", "h2/gpu0").nccl == "NET"  # other clique: over the network
+    assert {n.split("/")[0] for n in c.nodes("nvswitch")} == {"nvl0", "nvl1"}
+    assert [c.host_of(c.gpu_of_rank(r)) for r in (0, 4, 8)] == ["h0", "h1", "h2"]
