@@ -13,7 +13,7 @@ Sources, combined like NCCL does (../shared/reference/topo.md §1.1):
 Without NVML (no driver, as on CPU-only machines) the host is CPU-only: its
 NUMA domains and one ``gpu``-kind rank slot per local process (LOCAL_WORLD_SIZE
 / SLURM_NTASKS_PER_NODE / OMPI_COMM_WORLD_LOCAL_SIZE, else 1), model
-``"cpu"``, spread over the NUMA domains in blocks; a one-line notice is
+``"cpu-process"`` (as in topologies/cpu-local.yaml), spread over the NUMA domains in blocks; a one-line notice is
 logged. Every partial failure (a query not supported, a device missing from
 sysfs, a NIC without PCI path) degrades that part only and adds a line to
 ``topology.meta["notes"]`` (also logged).
@@ -41,14 +41,17 @@ from .errors import TopologyError
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 
-__all__ = ["discover", "import_file", "cpu_only_host", "CPU_SLOT_BW"]
+__all__ = ["discover", "import_file", "cpu_only_host", "CPU_SLOT_BW", "CPU_SLOT_LAT", "CPU_SLOT_MODEL"]
 
 log = logging.getLogger("treecoll.topo")
 
-#: rank slots of a CPU-only host reach their NUMA domain through memory;
-#: 10 GB/s per direction is a deliberately modest memcpy figure (assumption,
-#: not measured; shared-memory transport between processes)
-CPU_SLOT_BW = 10.0
+#: a rank slot (process) of a CPU-only host reaches its NUMA domain through the
+#: kernel's TCP loopback (gloo): 3.8 GB/s per direction and 17 µs per hop, the
+#: figures measured for topologies/cpu-local.yaml (one TCP stream, 256 MiB;
+#: a quarter of the ~70 µs loopback ping-pong RTT) -- a default, not a measurement of this host
+CPU_SLOT_BW = 3.8
+CPU_SLOT_LAT = 17.0
+CPU_SLOT_MODEL = "cpu-process"
 
 
 def _cpuinfo(root: str) -> dict[str, Any]:
@@ -96,14 +99,14 @@ def cpu_only_host(host: str, numa: dict[int, str], slots: int, cpu: Mapping[str,
                   g: nx.DiGraph | None = None, *, sysfs_root: str | None = None, h: Hints | None = None,
                   notes: list | None = None) -> nx.DiGraph:
     """The graph of a host without GPUs: NUMA domains joined by smp links, and
-    ``slots`` rank slots (kind ``gpu``, model ``"cpu"``) spread in blocks over
+    ``slots`` rank slots (kind ``gpu``, model ``"cpu-process"``) spread in blocks over
     them; with ``sysfs_root``, the host's NICs too."""
     b = HostBuilder(host)
     ids = _cpus(b, numa, dict(cpu or {}), sysfs_root)
     for i in range(slots):
         n = ids[i * len(ids) // slots]
-        b.add(("gpu", i), "gpu", index=i, model="cpu", numa=n)
-        b.link(("gpu", i), ("cpu", n), "pcie", CPU_SLOT_BW)
+        b.add(("gpu", i), "gpu", index=i, model=CPU_SLOT_MODEL, numa=n)
+        b.link(("gpu", i), ("cpu", n), "pcie", CPU_SLOT_BW, lat=CPU_SLOT_LAT)
     if sysfs_root is not None:
         _nics(b, sysfs_root, sysfs.pci_devices(sysfs_root), numa, h or Hints(), ids[0],
               [] if notes is None else notes)

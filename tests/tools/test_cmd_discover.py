@@ -16,7 +16,7 @@ def test_discover_on_this_machine_is_a_cpu_only_host(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "wrote" in text and "fingerprint" in text
     t = topo.load(out)
-    assert t.gpus() and all(t.node(g).get("model") in ("cpu", None) or t.node(g).get("pci") for g in t.gpus())
+    assert t.gpus() and all(t.node(g).get("model") == "cpu-process" or t.node(g).get("pci") for g in t.gpus())
     assert main(["topo", "show", str(out)]) == 0  # the foundation's commands read a discovered topology
 
 

@@ -138,7 +138,7 @@ def test_no_driver_gives_cpu_only_host_with_notice(tmp_path, caplog):
     assert len([r for r in caplog.records if "no NVML" in r.getMessage()]) == 1
     assert t.gpus() == ("c0/gpu0", "c0/gpu1", "c0/gpu2", "c0/gpu3")
     assert {t.node(g)["numa"] for g in t.gpus()} == {0, 1}  # slots spread over the NUMA domains
-    assert {t.node(g)["model"] for g in t.gpus()} == {"cpu"}
+    assert {t.node(g)["model"] for g in t.gpus()} == {"cpu-process"}
     assert t.path("c0/gpu0", "c0/gpu3").nccl == "SYS"
 
 
@@ -206,3 +206,23 @@ def test_nccl_topo_file_plus_nvml_adds_the_nvlinks(tmp_path):
     assert len(t.gpus()) == 3 and len(t.nodes("nvswitch")) == 4
     assert [t.link("h0/gpu0", f"h0/nvswitch{k}")["count"] for k in range(4)] == [5, 5, 4, 4]
     assert t.path("h0/gpu0", "h0/gpu2").smi == "NV18" and t.link("h0/gpu0", "h0/nvswitch0")["bw"] == pytest.approx(103.0)
+
+
+def test_cpu_only_host_matches_cpu_local_yaml(tmp_path):
+    """This machine's case: no driver, one NUMA domain, two rank processes, eth0 on virtio.
+
+    Equal to the host of topologies/cpu-local.yaml except the NIC, whose speed comes
+    from sysfs here and from the emulator's shaped 1 Gbit/s link in the YAML (not compared)."""
+    spec = {"nodes": {"0": "0-1"}, "sockets": {"0": 0},
+            "pci": [{"path": ["pci0000:00", "0000:00:03.0"], "class": "0x020000", "numa": -1}],
+            "net": [{"name": "eth0", "pci": "0000:00:03.0"}]}
+    root = build_sysfs(tmp_path, spec)
+    t = topo.discover(sysfs_root=str(root), nvml=False, env={"LOCAL_WORLD_SIZE": "2"}, host="h0")
+    y = topo.load(REPO / "topologies" / "cpu-local.yaml")
+    for n in ("h0/gpu0", "h0/gpu1"):
+        assert dict(t.node(n)) == dict(y.node(n))
+        assert dict(t.link(n, "h0/cpu0")) == dict(y.link(n, "h0/cpu0"))
+    assert {k: v for k, v in t.node("h0/cpu0").items() if k != "affinity"} == dict(y.node("h0/cpu0"))
+    nic = t.node("h0/nic0")
+    assert (nic["name"], nic["numa"], nic["pci"]) == ("eth0", 0, "0000:00:03.0")
+    assert any("port rate unknown" in x for x in t.meta["notes"])
