@@ -149,7 +149,7 @@ class HostBuilder:
         if (a, b) in self._linked or (b, a) in self._linked:
             return
         self._linked.add((a, b))
-        d = {"kind": kind, "bw": float(round(bw, 4)), "lat": attrs.pop("lat", None) or LAT[kind], "count": int(count)}
+        d = {"kind": kind, "bw": float(round(bw, 4)), "lat": attrs.pop("lat") if "lat" in attrs else LAT[kind], "count": int(count)}
         d.update({k: v for k, v in attrs.items() if v is not None})
         self.links.append((a, b, d))
 
