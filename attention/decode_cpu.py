@@ -1,4 +1,4 @@
-"""Split-KV decode on CPU tensors: block-wise torch matmuls in float32.
+"""Split-KV decode with torch ops (the CPU path): block-wise matmuls in float32.
 
 For each sequence the keys are walked in blocks of ``block_size`` tokens with an
 online softmax (natural exp), so at most one block of scores
@@ -8,7 +8,8 @@ strided views of the cache (``k[b, s:e].permute(1, 2, 0)`` is
 ``[kv_heads, head_dim, block]``), so each K/V element is read from memory once
 for the whole group.  fp16/bf16 blocks are converted to float32 one block at a
 time (the block stays in cache), because the CPU matmuls on half types either
-round the scores to the input dtype or are slow.
+round the scores to the input dtype or are slow.  The same code runs on CUDA
+tensors with ``backend='torch'`` (a fallback; the Triton kernels are the CUDA path).
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def _paged_fetch(k, v, pages, block: int):
         p0, p1 = s // page_size, -(-e // page_size)
         if "pk" not in work:
             shape = (block // page_size + 2, page_size) + tuple(k.shape[2:])
-            work["pk"], work["pv"] = torch.empty(shape, dtype=k.dtype), torch.empty(shape, dtype=v.dtype)
+            work["pk"] = torch.empty(shape, dtype=k.dtype, device=k.device)
+            work["pv"] = torch.empty(shape, dtype=v.dtype, device=v.device)
         ids = pages[p0:p1]
         kk = torch.index_select(k, 0, ids, out=work["pk"][: p1 - p0]).flatten(0, 1)
         vv = torch.index_select(v, 0, ids, out=work["pv"][: p1 - p0]).flatten(0, 1)
@@ -66,23 +68,24 @@ def _attend_range(qg, fetch, start: int, end: int, block: int, work: dict):
     output, running max and running sum ``[kv_heads, group, 1]``.
     """
     kv_heads, group, head_dim = qg.shape
-    m = torch.full((kv_heads, group, 1), -math.inf, dtype=torch.float32)
-    l = torch.zeros((kv_heads, group, 1), dtype=torch.float32)
-    acc = torch.zeros((kv_heads, group, head_dim), dtype=torch.float32)
+    f32 = dict(dtype=torch.float32, device=qg.device)
+    m = torch.full((kv_heads, group, 1), -math.inf, **f32)
+    l = torch.zeros((kv_heads, group, 1), **f32)
+    acc = torch.zeros((kv_heads, group, head_dim), **f32)
     for s in range(start, end, block):
         e = min(s + block, end)
         n = e - s
         kk, vv = fetch(s, e, work)  # [n, kv_heads, head_dim]
         if kk.dtype != torch.float32:  # convert one block into cached buffers
             if "k" not in work:
-                work["k"] = torch.empty(block, kv_heads, head_dim, dtype=torch.float32)
-                work["v"] = torch.empty(block, kv_heads, head_dim, dtype=torch.float32)
+                work["k"] = torch.empty(block, kv_heads, head_dim, **f32)
+                work["v"] = torch.empty(block, kv_heads, head_dim, **f32)
             kk = work["k"][:n].copy_(kk)
             vv = work["v"][:n].copy_(vv)
         if n == block:
             scores = work.get("scores")
             if scores is None:
-                scores = work["scores"] = torch.empty(kv_heads, group, block, dtype=torch.float32)
+                scores = work["scores"] = torch.empty(kv_heads, group, block, **f32)
             torch.bmm(qg, kk.permute(1, 2, 0), out=scores)  # [kv_heads, group, n]
         else:
             scores = torch.bmm(qg, kk.permute(1, 2, 0))

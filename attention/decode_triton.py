@@ -302,6 +302,7 @@ def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None, 
     [batch, q_heads, head_dim] and [batch, q_heads], natural log."""
     batch, q_heads, head_dim = q.shape
     seq, kv_heads = k.shape[1], k.shape[2]
+    q = q.contiguous()  # tiny; k and v are never copied
     if block_table is not None:
         seq = block_table.shape[1] * k.shape[1]
     if num_splits is None:
@@ -321,8 +322,13 @@ def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None, 
     part_out = torch.empty(num_splits, batch, q_heads, head_dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(num_splits, batch, q_heads, dtype=torch.float32, device=q.device)
     decode_stage1(q, k, v, lengths, scale, part_out, part_lse, block_table)
+    dense = out_buf.is_contiguous() and lse_buf.is_contiguous()
+    final_out, final_lse = (out_buf, lse_buf) if dense else (torch.empty_like(out_buf), torch.empty_like(lse_buf))
     _launch_merge(part_out.view(num_splits, batch * q_heads, head_dim), part_lse.view(num_splits, batch * q_heads),
-                  out_buf.view(batch * q_heads, head_dim), lse_buf.view(batch * q_heads))
+                  final_out.view(batch * q_heads, head_dim), final_lse.view(batch * q_heads))
+    if not dense:
+        out_buf.copy_(final_out)
+        lse_buf.copy_(final_lse)
     return out_buf, lse_buf
 
 

@@ -156,3 +156,15 @@ def test_kernels_compile_for_gpu_targets():
     shared = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(shared) == {"bf16", "fp32", "merge"}
     assert all(v <= 100 * 1024 for v in shared.values()), shared  # bytes of shared memory
+
+
+def test_strided_query_and_output_buffers(make_inputs, check_state):
+    q, k, v = make_inputs(2, 4, 2, 16, 70, torch.float32, seed=11)
+    q_strided = torch.stack([q, q], -1).flatten(-2)[..., ::2]  # same values, head_dim stride 2
+    assert torch.equal(q_strided, q)
+    big_out = torch.full((2, 4, 32), float("nan"))
+    big_lse = torch.full((2, 8), float("nan"))
+    out = (big_out[..., ::2], big_lse[:, ::2])  # non-contiguous destinations
+    decode_partial(q_strided, k, v, kv_len=[70, 3], backend="triton", num_splits=2, out=out)
+    check_state(out[0], out[1], *reference(q, k, v, kv_len=[70, 3]), 1e-5)
+    assert torch.isnan(big_out[..., 1::2]).all() and torch.isnan(big_lse[:, 1::2]).all()  # nothing else written
