@@ -205,7 +205,9 @@ def _classify_pci(g, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[st
     mids = nodes[1:-1]
     cpus = [i for i, n in enumerate(nodes) if 0 < i < len(nodes) - 1 and g.nodes[n]["kind"] == "cpu"]
     if "c2c" in kinds:
-        return ("P2C", "PHB") if "pcie" in kinds else ("C2C", "PHB")
+        # nvidia-smi finds no common PCIe ancestor for a GPU attached over NVLink-C2C: a GB200 tray
+        # shows its NICs as SYS (sglang#11208, ../shared/reference/topo.md §2.3); NCCL says C2C / P2C
+        return ("P2C", "SYS") if "pcie" in kinds else ("C2C", "SYS")
     if cpus:
         i = cpus[0]
         hb_in = _host_bridge(g, nodes[i - 1])

@@ -112,6 +112,8 @@ def test_gb200_nvl72_one_nvlink_domain():
     assert (p.nccl, p.smi) == ("NVL", "NV18") and len(p.routes) == 18
     assert p.bw == pytest.approx(18 * 40.1)
     assert t.link("tray0/gpu1", "tray0/cpu0")["kind"] == "c2c"
+    nic = t.path("tray0/gpu1", "tray0/nic0")  # C2C to Grace, then PCIe: NCCL P2C, nvidia-smi SYS (as a real tray)
+    assert (nic.nccl, nic.smi, nic.kinds) == ("P2C", "SYS", ("c2c", "pcie"))
 
 
 def test_cpu_local_is_four_rank_slots_with_a_slow_network():
