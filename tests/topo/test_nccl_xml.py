@@ -166,3 +166,55 @@ def test_graph_file_parses_to_plain_data():
     assert ch == {"gpus": [0, 1], "ranks": [8, 9], "net_in": 1, "net_out": 1}
     with pytest.raises(topo.TopologyError, match="speedintra expected a number"):
         parse_graph_xml('<graphs><graph speedintra="fast"/></graphs>')
+
+
+# Excerpt (attributes shortened) of the structure of aliyun/SimAI SimCCL/test/topo_8A100_4CX6.xml, an
+# 8x A100 HGX NCCL dump: three levels of Broadcom PEX bridges above each GPU, a bonded NIC straight
+# under the CPU, another beside GPU1 one level down.
+SIMAI = """<system version="1">
+  <cpu numaid="0" affinity="00000000,ffffffff,00000000,ffffffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="106">
+    <pci busid="0000:06:00.0" class="0x020000" link_speed="16 GT/s" link_width="16">
+      <nic><net name="mlx5_bond_0" dev="0" speed="200000" port="1" gdr="1"/></nic>
+    </pci>
+    <pci busid="0000:0c:00.0" class="0x060400" vendor="0x1000" device="0xc010" link_speed="16 GT/s" link_width="16">
+      <pci busid="0000:0e:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+        <pci busid="0000:11:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+          <pci busid="0000:13:00.0" class="0x030200" vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
+            <gpu dev="0" sm="80" rank="0" gdr="1">
+              <nvlink target="0000:c3:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c0:00.0" count="2" tclass="0x068000"/>
+              <nvlink target="0000:c2:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c5:00.0" count="2" tclass="0x068000"/>
+              <nvlink target="0000:c1:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c4:00.0" count="2" tclass="0x068000"/>
+            </gpu>
+          </pci>
+        </pci>
+      </pci>
+      <pci busid="0000:15:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+        <pci busid="0000:17:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+          <pci busid="0000:19:00.0" class="0x030200" vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
+            <gpu dev="1" sm="80" rank="1" gdr="1">
+              <nvlink target="0000:c3:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c0:00.0" count="2" tclass="0x068000"/>
+              <nvlink target="0000:c2:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c5:00.0" count="2" tclass="0x068000"/>
+              <nvlink target="0000:c1:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c4:00.0" count="2" tclass="0x068000"/>
+            </gpu>
+          </pci>
+        </pci>
+        <pci busid="0000:1a:00.0" class="0x020000" link_speed="16 GT/s" link_width="16">
+          <nic><net name="mlx5_bond_1" dev="1" speed="200000" port="1" gdr="1"/></nic>
+        </pci>
+      </pci>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+def test_full_a100_dump_structure():
+    t = import_xml(SIMAI, host="a")
+    assert import_xml(export_xml(t), host="a") == t
+    assert len(t.nodes("nvswitch")) == 6 and len(t.nodes("pcie_switch")) == 6
+    p = t.path("a/gpu0", "a/gpu1")
+    assert (p.smi, p.nccl, p.bw) == ("NV12", "NVL", pytest.approx(240.0))  # 6 switches x 2 links x 20 GB/s
+    bond = {t.node(n)["name"]: n for n in t.nics()}
+    assert t.path("a/gpu1", bond["mlx5_bond_1"]).smi == "PXB" and t.path("a/gpu0", bond["mlx5_bond_1"]).smi == "PXB"
+    assert t.path("a/gpu0", bond["mlx5_bond_0"]).smi == "PHB" and t.nearest_nic("a/gpu1") == bond["mlx5_bond_1"]
+    assert t.node("a/gpu0")["model"] == "A100-SXM4-80GB" and t.node(bond["mlx5_bond_0"])["bw"] == 25.0
