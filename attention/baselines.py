@@ -34,7 +34,7 @@ from attention.state import empty_state, merge
 from attention.validate import check_decode_inputs
 from topo.errors import AttentionError
 
-__all__ = ["ring_decode", "allreduce3_decode", "METHODS"]
+__all__ = ["ring_decode", "allreduce3_decode", "allreduce3_combine", "METHODS", "method"]
 
 
 def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
@@ -116,6 +116,14 @@ def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="aut
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
     if size == 1:
         return (out, lse) if return_lse else out
+    out, lse = allreduce3_combine(out, lse, group=group)
+    return (out, lse) if return_lse else out
+
+
+def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None):
+    """The communication part of :func:`allreduce3_decode` for states already
+    computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
+    (natural log) -> the merged ``(out, lse)`` on every rank."""
     import torch.distributed as dist
 
     m = lse.clone()
@@ -126,12 +134,10 @@ def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="aut
     dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
     dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
     nonempty = den > 0
-    out = num / torch.where(nonempty, den, torch.ones_like(den)).unsqueeze(-1)
-    if return_lse:
-        lse = torch.where(nonempty, shift + torch.log(torch.where(nonempty, den, torch.ones_like(den))),
-                          torch.full_like(den, float("-inf")))
-        return out, lse
-    return out
+    safe = torch.where(nonempty, den, torch.ones_like(den))
+    out = num / safe.unsqueeze(-1)
+    lse = torch.where(nonempty, shift + torch.log(safe), torch.full_like(den, float("-inf")))
+    return out, lse
 
 
 def _methods():

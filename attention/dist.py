@@ -121,14 +121,28 @@ class Traffic:
     p2p_recv: int = 0
     collective: int = 0
     calls: dict = field(default_factory=dict)
+    collective_bytes: dict = field(default_factory=dict)  # function name -> bytes passed
 
     @property
     def sent(self) -> int:
         return self.p2p_sent + self.collective
 
-    def as_dict(self) -> dict:
-        return {"sent": self.sent, "p2p_sent": self.p2p_sent, "p2p_recv": self.p2p_recv,
-                "collective": self.collective, "calls": dict(self.calls)}
+    def wire_estimate(self, nranks: int) -> float:
+        """Bytes this rank puts on the wire if the collectives run the bandwidth-optimal
+        ring algorithms: all_reduce ``2(P-1)/P`` of its buffer, all_gather ``P-1``
+        times its piece, broadcast/reduce once; point-to-point sends exactly."""
+        p = max(int(nranks), 1)
+        factor = {"all_reduce": 2 * (p - 1) / p, "all_gather": p - 1, "all_gather_into_tensor": (p - 1) / p,
+                  "broadcast": 1.0, "reduce": 1.0}
+        return self.p2p_sent + sum(factor.get(k, 1.0) * v for k, v in self.collective_bytes.items())
+
+    def as_dict(self, nranks: int | None = None) -> dict:
+        d = {"sent": self.sent, "p2p_sent": self.p2p_sent, "p2p_recv": self.p2p_recv,
+             "collective": self.collective, "calls": dict(self.calls),
+             "collective_bytes": dict(self.collective_bytes)}
+        if nranks is not None:
+            d["wire_estimate"] = self.wire_estimate(nranks)
+        return d
 
 
 def _nbytes(x) -> int:
@@ -171,7 +185,9 @@ def count_traffic():
             else:
                 idx = _COLL[name]
                 tensor = args[idx] if len(args) > idx else kwargs.get("tensor")
-                traffic.collective += _nbytes(tensor)
+                nb = _nbytes(tensor)
+                traffic.collective += nb
+                traffic.collective_bytes[name] = traffic.collective_bytes.get(name, 0) + nb
             depth[0] += 1
             try:
                 return fn(*args, **kwargs)

@@ -23,7 +23,9 @@ Measurements, per method and rank:
 * bytes sent: bytes this rank's code passes to torch.distributed during one
   step (point-to-point sends plus the buffers given to all_reduce /
   all_gather; :func:`attention.dist.count_traffic`), measured in one extra
-  untimed step;
+  untimed step; the JSON also has ``wire_bytes_estimate_per_rank``: the same
+  with each collective counted as its bandwidth-optimal ring algorithm sends
+  (all_reduce 2(P-1)/P of the buffer: :meth:`attention.dist.Traffic.wire_estimate`);
 * peak memory: the rank's KV cache bytes (allocated, all layers) plus the peak
   of tensor bytes allocated and alive at once during one step (torch profiler
   memory events: :func:`attention.dist.peak_tensor_bytes`), in one extra untimed step.
@@ -209,7 +211,7 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
         if world > 1:
             dist.barrier()
         _, peak = peak_tensor_bytes(_decode_step, fn, cache, cfg, cfg["new_tokens"], device, topology, False)
-        res["methods"][name] = {"times": times, "bytes_sent": traffic.sent, "traffic": traffic.as_dict(),
+        res["methods"][name] = {"times": times, "bytes_sent": traffic.sent, "traffic": traffic.as_dict(world),
                                 "peak_transient": peak, "outputs": outputs}
     if world > 1:
         dist.barrier()
@@ -251,6 +253,7 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
             "median_step_s": statistics.median(timed),
             "step_s": steps,
             "bytes_sent_per_rank": [m["bytes_sent"] for m in per_rank],
+            "wire_bytes_estimate_per_rank": [m["traffic"]["wire_estimate"] for m in per_rank],
             "peak_bytes_per_rank": [r["cache_bytes"] + r["methods"][name]["peak_transient"] for r in ranks],
             "peak_transient_bytes_per_rank": [m["peak_transient"] for m in per_rank],
             "max_abs_err": ranks[0]["methods"][name].get("max_abs_err"),
@@ -333,6 +336,9 @@ def render(d: dict) -> str:
     lines.append("")
     lines.append("step = all layers of one token, max over ranks, median over steps 2..n; "
                  "error vs the same steps in one process")
+    lines.append("bytes sent = bytes passed to torch.distributed; on the wire with ring collectives: "
+                 + "; ".join(f"{name} {_fmt_bytes(max(m['wire_bytes_estimate_per_rank']))}"
+                             for name, m in d["methods"].items()) + " (max over ranks)")
     for name, m in d["methods"].items():
         lines.append(f"  {name} per-step (us): " + " ".join(f"{t * 1e6:.0f}" for t in m["step_s"]))
     return "\n".join(lines)
