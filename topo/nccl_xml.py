@@ -194,6 +194,9 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
         sm = None
         if gpu_el is not None:
             xml["gpu"] = _extra(gpu_el, "gpu")
+            other = [{"tag": c.tag, **c.attrib} for c in gpu_el if c.tag not in ("nvlink", "c2c")]
+            if other:  # elements of newer NCCL versions: preserved
+                xml["gpu_children"] = other
             if gpu_el.get("dev") is not None:
                 attrs["index"] = _int(gpu_el.get("dev"), where, f"<gpu> of {busid!r} dev")
             if gpu_el.get("sm") is not None:
@@ -468,6 +471,8 @@ def _export_gpu(g: nx.DiGraph, v: str, pel: ET.Element) -> None:
             ET.SubElement(gel, "c2c", {"bw": str(int(round(e["bw"] * 1000 / cnt))), "count": str(cnt)})
     for nv in x.get("nvlink_unresolved", []):
         ET.SubElement(gel, "nvlink", dict(nv))
+    for ch in x.get("gpu_children", []):
+        ET.SubElement(gel, ch["tag"], {k: v for k, v in ch.items() if k != "tag"})
 
 
 # ---------------------------------------------------------------------------------------- graphs

@@ -83,7 +83,8 @@ FULL = """<system version="1">
         </gpu>
       </pci>
       <pci busid="0000:19:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16">
-        <gpu dev="1" sm="90" rank="1" gdr="1">
+        <gpu dev="1" sm="90" rank="1" gdr="1" mlopart="0">
+          <future kind="x"/>
           <nvlink target="0000:05:00.0" count="5" tclass="0x068000"/>
           <nvlink target="0000:06:00.0" count="13" tclass="0x068000"/>
           <c2c bw="22500" count="10"/>
@@ -118,6 +119,8 @@ def test_full_dump_switches_c2c_unknown_attrs_and_multi_host():
     assert 'numaid="-1"' in out and 'target="fffffff:ff:ff.0"' in out
     t0 = export_xml(t, host="n-0")
     assert 'foo="bar"' in t0 and "<pcilink" in t0 and '<c2c bw="22500" count="10"/>' in t0
+    assert '<future kind="x"/>' in t0 and 'mlopart="0"' in t0
+    assert import_xml(t0, host="n-0") == import_xml(export_xml(import_xml(t0, host="n-0")), host="n-0")
 
 
 def test_export_of_a_yaml_topology_is_readable_again():
