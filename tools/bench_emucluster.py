@@ -250,6 +250,30 @@ def print_table(cases: list[dict]) -> None:
     print("algbw, busbw in GB/s; uplink = Gbit/s on host uplinks while the collective ran (wire bytes)")
 
 
+def summarize(cases: list[dict], target_bytes: int = 16 << 20, min_bytes: int = 1 << 20) -> list[dict]:
+    """Per case: two_level's speedup over gloo at ``target_bytes`` and the simulator's
+    worst and median absolute error for messages of ``min_bytes`` and more."""
+    out = []
+    for c in cases:
+        t = {(r["method"], r["bytes"]): r["time"] for r in c["rows"]}
+        errs = [abs(r["error"]) for r in c["rows"] if r["error"] is not None and r["bytes"] >= min_bytes]
+        g, tl = t.get(("gloo", target_bytes)), t.get(("two_level", target_bytes))
+        out.append({"shape": c["shape"], "rate": c["rate"],
+                    "two_level_speedup_vs_gloo": (g / tl) if g and tl else None,
+                    "sim_abs_error_max": max(errs) if errs else None,
+                    "sim_abs_error_median": statistics.median(errs) if errs else None})
+    return out
+
+
+def print_summary(summary: list[dict]) -> None:
+    for s in summary:
+        sp = s["two_level_speedup_vs_gloo"]
+        em, ed = s["sim_abs_error_max"], s["sim_abs_error_median"]
+        print(f"{s['shape']} {s['rate']}: two_level vs gloo at 16 MiB "
+              + (f"{sp:.2f}x" if sp else "-") + " (target >= 2x at 1gbit); simulator |error| from 1 MiB: "
+              + (f"median {ed * 100:.0f}%, max {em * 100:.0f}%" if em is not None else "-") + " (target <= 25%)")
+
+
 def plot(cases: list[dict], path: Path) -> str | None:
     try:
         import matplotlib
@@ -257,13 +281,17 @@ def plot(cases: list[dict], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not installed"
-    pts = [(r["predicted"], r["time"], r["method"]) for c in cases for r in c["rows"] if r["predicted"]]
-    fig, ax = plt.subplots(figsize=(6, 5))
+    pts = [(r["predicted"], r["time"], r["method"], c["rate"]) for c in cases for r in c["rows"] if r["predicted"]]
+    fig, ax = plt.subplots(figsize=(7, 5.5))
     if pts:
-        for m in sorted({p[2] for p in pts}):
-            xs = [p[0] * 1e6 for p in pts if p[2] == m]
-            ys = [p[1] * 1e6 for p in pts if p[2] == m]
-            ax.loglog(xs, ys, "o", label=m)
+        rates = sorted({p[3] for p in pts})
+        colors = {m: f"C{i}" for i, m in enumerate(sorted({p[2] for p in pts}))}
+        for m in colors:
+            for i, rate in enumerate(rates):
+                xs = [p[0] * 1e6 for p in pts if p[2] == m and p[3] == rate]
+                ys = [p[1] * 1e6 for p in pts if p[2] == m and p[3] == rate]
+                if xs:
+                    ax.loglog(xs, ys, "oxs^"[i % 4], color=colors[m], label=f"{m} {rate}", mfc="none")
         lo = min(min(p[0], p[1]) for p in pts) * 1e6
         hi = max(max(p[0], p[1]) for p in pts) * 1e6
         ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
@@ -297,6 +325,7 @@ def main(argv=None) -> int:
     p.add_argument("--op-timeout", type=float, default=300, help="torch.distributed timeout in the ranks")
     p.add_argument("--json-out", default="bench_emucluster.json")
     p.add_argument("--plot", default="bench_emucluster.png")
+    p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -307,6 +336,13 @@ def main(argv=None) -> int:
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     if args.worker:
         return worker(args)
+    if args.from_json:
+        cases = json.loads(Path(args.from_json).read_text())["cases"]
+        print_table(cases)
+        print_summary(summarize(cases))
+        why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
+        print(f"plot: {args.plot}" if not why else f"no plot: {why}")
+        return 0
     from tools.emucluster import netns
     ok, why = netns.namespaces_available()
     if not ok:
@@ -321,8 +357,10 @@ def main(argv=None) -> int:
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
     print_table(cases)
+    summary = summarize(cases)
+    print_summary(summary)
     result = {"benchmark": "bench_emucluster", "command": " ".join(sys.argv), "seconds": time.time() - t0,
-              "cases": cases}
+              "summary": summary, "cases": cases}
     Path(args.json_out).write_text(json.dumps(result, indent=1))
     why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
     print(f"wrote {args.json_out}" + (f", {args.plot}" if not why else f" (no plot: {why})"))

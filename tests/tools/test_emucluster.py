@@ -129,6 +129,15 @@ def test_cli_mounts_under_a_parent_parser():
     assert args.command[-3:] == ["python", "-c", "pass"] and args.placement == "interleaved"
 
 
+def test_mounted_in_treecoll_cli(monkeypatch, capsys):
+    from tools import cli as main_cli
+    monkeypatch.setattr(main_cli, "COMMANDS", [*main_cli.COMMANDS, "tools.emucluster.cli"])
+    assert main_cli.main(["emu", "up", "--hosts", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "treecoll: error: --hosts: expected an integer in 1..64, got 0"
+    assert main_cli.main(["emu", "run", "--hosts", "2", "--ranks-per-host", "1", "--rate", "fast", "--", "x"]) == 1
+    assert "--rate: expected a number with a unit" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- real namespaces
 AVAILABLE, WHY = netns.namespaces_available()
 needs_netns = pytest.mark.skipif(not AVAILABLE, reason=f"emulated cluster unavailable: {WHY}")

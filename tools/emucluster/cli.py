@@ -1,7 +1,8 @@
 """``treecoll emu up|down|run|status|measure``: an emulated multi-host cluster on one machine.
 
-Mount under the main CLI with ``add_parser(subparsers)`` (it sets
-``func=run`` as the parser default), or run standalone:
+Mount under the main CLI with ``add_parser(subparsers)`` (the module
+``tools.emucluster.cli`` in ``tools.cli.COMMANDS``; it also sets ``func=run``
+as the parser default), or run standalone:
 ``python -m tools.emucluster up --hosts 2``.
 
 Every command builds a plain dict; ``--json`` prints it, otherwise a short
@@ -14,6 +15,8 @@ import argparse
 import json
 import sys
 from typing import Any, Sequence
+
+from topo.errors import TreecollError
 
 from . import netns, runner
 from .netns import EmuClusterError
@@ -194,20 +197,15 @@ def _text(cmd: str, out: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Execute a parsed ``emu`` command; return the exit code."""
+    """Execute a parsed ``emu`` command; return the exit code (``run``: the job's).
+
+    User errors raise :class:`EmuClusterError` (a TreecollError): the main
+    ``treecoll`` dispatcher, or :func:`main` standalone, prints them on one line.
+    """
     cmd = args.emu_cmd
-    try:
-        out, rc = _COMMANDS[cmd](args)
-    except (EmuClusterError, netns.TreecollError) as e:
-        if getattr(args, "debug", False):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("emu: interrupted; cleaned up", file=sys.stderr)
-        return 130
+    out, rc = _COMMANDS[cmd](args)
     if getattr(args, "json", False):
-        print(json.dumps(out, indent=1, sort_keys=True, default=str))
+        print(json.dumps(out, indent=2, sort_keys=True, default=str))
     else:
         text = _text(cmd, out)
         if text:
@@ -216,5 +214,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m tools.emucluster``): errors as one line on stderr, exit 1."""
     args = build_parser().parse_args(argv)
-    return run(args)
+    try:
+        return run(args)
+    except TreecollError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("emu: interrupted; cleaned up", file=sys.stderr)
+        return 130
