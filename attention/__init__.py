@@ -53,3 +53,12 @@ __all__ = [
     "to_natural_log",
     "unpack_state",
 ]
+
+# --- distributed decoding (tree attention, baselines, sharded KV cache, model; issue 7) ---
+from attention.baselines import allreduce3_decode, ring_decode  # noqa: E402
+from attention.kv_cache import ShardedKVCache  # noqa: E402
+from attention.model import LlamaConfig, LlamaModel  # noqa: E402
+from attention.tree_decode import tree_combine, tree_decode  # noqa: E402
+
+__all__ += ["tree_decode", "tree_combine", "ring_decode", "allreduce3_decode", "ShardedKVCache",
+            "LlamaConfig", "LlamaModel"]
