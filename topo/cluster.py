@@ -2,7 +2,7 @@
 
 Protocol (two ``all_gather_object`` calls, so every rank ends with the same data):
 
-1. every rank sends ``(host identity, local CUDA device or None)``;
+1. every rank sends ``(host identity, its GPU's UUID / CUDA ordinal or None)``;
    hosts are ordered by their lowest rank and named ``h0, h1, ...``;
 2. the lowest rank of each host (its elected prober) runs :func:`topo.discover`
    once for the host (a CPU-only host gets one rank slot per process of the
@@ -18,9 +18,10 @@ name plus ``/proc/sys/kernel/random/boot_id``. ``TREECOLL_HOST_ID`` overrides
 both (documented for tests: four processes on one machine pretend to be two
 hosts with ``TREECOLL_HOST_ID=a`` / ``b``).
 
-Ranks map to GPUs by the CUDA device each rank reports (``torch.cuda.current_device()``
-when CUDA is initialised), else in order: the k-th rank of a host gets the
-host's k-th GPU (or rank slot).
+Ranks map to GPUs by the GPU each rank reports (the UUID of
+``torch.cuda.current_device()`` when CUDA is initialised, so per-rank
+CUDA_VISIBLE_DEVICES does not confuse it), else in order: the k-th rank of a
+host gets the host's k-th visible GPU (or rank slot).
 
 The network between hosts, first that applies:
 
@@ -64,11 +65,15 @@ def host_identity(env: Mapping[str, str] | None = None) -> str:
     return socket.gethostname() + boot
 
 
-def _local_device() -> int | None:
+def _local_device() -> str | int | None:
+    """This rank's GPU: its UUID (``"GPU-..."``, survives per-rank CUDA_VISIBLE_DEVICES),
+    else its CUDA ordinal; None without an initialised CUDA context."""
     try:
         import torch
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return int(torch.cuda.current_device())
+            dev = int(torch.cuda.current_device())
+            uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
+            return f"GPU-{uuid}" if uuid is not None else dev
     except Exception:
         return None
     return None
@@ -129,9 +134,9 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
     return topo
 
 
-def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, int | None]],
+def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
              network: Mapping[str, Any] | None = None) -> Topology:
-    """Pure assembly: per host (in order) its probe, per rank ``(host index, CUDA device or None)``.
+    """Pure assembly: per host (in order) its probe, per rank ``(host index, GPU UUID | CUDA ordinal | None)``.
 
     ``probes[i]["topology"]`` is the explicit form of host ``h<i>``. Rack-level
     NVLink switches (``nvl/sw<k>``, no host) are shared by the hosts of one
@@ -185,18 +190,22 @@ def _domain(d: Mapping[str, Any]) -> tuple:
     return (d.get("x_cluster_uuid"), d.get("x_clique"))
 
 
-def _ranks(g: nx.DiGraph, hosts: list[str], ranks: list[tuple[int, int | None]]) -> None:
+def _ranks(g: nx.DiGraph, hosts: list[str], ranks: list[tuple[int, Any]]) -> None:
+    """Give each rank its GPU: by reported UUID, else CUDA ordinal (``x_cuda``), else the
+    host's next free GPU (visible ones first, in CUDA order)."""
     per_host: dict[int, list[int]] = {}
     for r, (hi, _) in enumerate(ranks):
         per_host.setdefault(hi, []).append(r)
     for hi, rs in per_host.items():
         gpus = sorted((n for n, d in g.nodes(data=True) if d["kind"] == "gpu" and d.get("host") == hosts[hi]),
-                      key=lambda n: g.nodes[n].get("index", 0))
-        by_cuda = {g.nodes[n].get("x_cuda"): n for n in gpus if g.nodes[n].get("x_cuda") is not None}
-        free = [n for n in gpus]
-        for k, r in enumerate(rs):
+                      key=lambda n: (g.nodes[n].get("x_cuda") is None, g.nodes[n].get("x_cuda") or 0,
+                                     g.nodes[n].get("index", 0)))
+        by_dev = {g.nodes[n]["x_cuda"]: n for n in gpus if g.nodes[n].get("x_cuda") is not None}
+        by_dev.update({g.nodes[n]["uuid"]: n for n in gpus if g.nodes[n].get("uuid")})
+        free = list(gpus)
+        for r in rs:
             dev = ranks[r][1]
-            n = by_cuda.get(dev) if dev is not None else None
+            n = by_dev.get(dev) if dev is not None else None
             if n is None or n not in free:
                 if not free:
                     raise DiscoveryError(f"rank {r}: host {hosts[hi]} has {len(gpus)} GPUs for {len(rs)} ranks; "

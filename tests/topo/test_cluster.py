@@ -113,3 +113,19 @@ def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
     assert c.path("h0/gpu0", "h2/gpu0").nccl == "NET"  # other clique: over the network
     assert {n.split("/")[0] for n in c.nodes("nvswitch")} == {"nvl0", "nvl1"}
     assert [c.host_of(c.gpu_of_rank(r)) for r in (0, 4, 8)] == ["h0", "h1", "h2"]
+
+
+def test_assemble_maps_ranks_by_gpu_uuid_then_cuda_ordinal(tmp_path):
+    import topo
+    from topo_fakes import FakePynvml, build_sysfs, load
+    rec = load("dgx-h100")
+    root = build_sysfs(tmp_path, rec["sysfs"])
+    t = topo.discover(sysfs_root=str(root), nvml=FakePynvml(rec), env={"CUDA_VISIBLE_DEVICES": "4,5,6,7",
+                                                                        "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, host="h0")
+    probe = [{"topology": t.to_dict()}]
+    uuid7 = t.node("h0/gpu7")["uuid"]
+    c = assemble(probe, [(0, uuid7), (0, 0), (0, None)])
+    assert [c.gpu_of_rank(r) for r in range(3)] == ["h0/gpu7", "h0/gpu4", "h0/gpu5"]
+    from topo.errors import DiscoveryError
+    with pytest.raises(DiscoveryError, match="rank 8: host h0 has 8 GPUs for 9 ranks"):
+        assemble(probe, [(0, None)] * 9)
