@@ -153,8 +153,19 @@ class Topology:
 
     def nodes(self, kind: str | None = None, host: str | None = None) -> tuple[str, ...]:
         """Node ids in insertion order, optionally filtered by kind and host."""
-        return tuple(n for n, d in self._g.nodes(data=True)
-                     if (kind is None or d["kind"] == kind) and (host is None or d.get("host") == host))
+        return self._node_index.get((kind, host), ())
+
+    @functools.cached_property
+    def _node_index(self) -> dict[tuple[str | None, str | None], tuple[str, ...]]:
+        idx: dict[tuple[str | None, str | None], list[str]] = {(None, None): []}
+        for n, d in self._g.nodes(data=True):
+            h = d.get("host")
+            keys = [(None, None), (d["kind"], None)]
+            if h is not None:
+                keys += [(None, h), (d["kind"], h)]
+            for k in keys:
+                idx.setdefault(k, []).append(n)
+        return {k: tuple(v) for k, v in idx.items()}
 
     def links(self, kind: str | None = None) -> tuple[tuple[str, str], ...]:
         """Directed links (a, b), optionally filtered by link kind."""

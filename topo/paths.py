@@ -270,7 +270,7 @@ def _net_route(topo: "Topology", a: str, b: str) -> Path:
     if na is None or nb is None:
         lonely = a if na is None else b
         raise TopologyError(f"path {a!r} -> {b!r}: host {topo.host_of(lonely)!r} has no NIC to reach other hosts")
-    mid = _ecmp_route(g, na, nb)
+    mid = _ecmp_route(topo, na, nb)
     if mid is None:
         raise TopologyError(f"path {a!r} -> {b!r}: NICs {na!r} and {nb!r} are not connected by the network")
     head = _pci_route(topo, a, na).nodes if a != na else (a,)
@@ -280,22 +280,54 @@ def _net_route(topo: "Topology", a: str, b: str) -> Path:
     return Path(a, b, nodes, kinds, bw, lat, "NET", None, ((nodes, 1.0),))
 
 
-def _ecmp_route(g, na: str, nb: str) -> tuple[str, ...] | None:
-    """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb)."""
-    def net_nbrs(u):
-        return [v for v in g.predecessors(u)
-                if g.edges[v, u]["kind"] == "net" and (v == na or g.nodes[v]["kind"] == "net_switch")]
+def _switch_preds(topo: "Topology") -> dict[str, list[str]]:
+    """Per network switch, the switches with a ``net`` link into it (cached per topology)."""
+    sp = topo.__dict__.get("_switch_preds")
+    if sp is None:
+        g = topo.graph
+        sp = {s: [v for v in g.predecessors(s) if g.nodes[v]["kind"] == "net_switch" and g.edges[v, s]["kind"] == "net"]
+              for s, d in g.nodes(data=True) if d["kind"] == "net_switch"}
+        topo.__dict__["_switch_preds"] = sp
+    return sp
 
-    dist = {nb: 0}
-    q = deque([nb])
-    while q and na not in dist:
-        u = q.popleft()
-        for v in net_nbrs(u):
-            if v not in dist:
-                dist[v] = dist[u] + 1
-                q.append(v)
-    if na not in dist:
+
+def _dist_to_switch(topo: "Topology", target: str) -> dict[str, int]:
+    """Hops from every network switch to ``target`` through switches only (BFS, cached per target)."""
+    cache = topo.__dict__.setdefault("_switch_dist", {})
+    if target not in cache:
+        preds = _switch_preds(topo)
+        dist = {target: 0}
+        q = deque([target])
+        while q:
+            u = q.popleft()
+            for v in preds[u]:
+                if v not in dist:
+                    dist[v] = dist[u] + 1
+                    q.append(v)
+        cache[target] = dist
+    return cache[target]
+
+
+def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
+    """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb).
+
+    Distances to ``nb`` come from per-switch BFS tables shared by all routes
+    (an 8192-GPU fabric has a few hundred switches), so a route costs its hops.
+    """
+    g = topo.graph
+    dist: dict[str, int] = {nb: 0}
+    for s in g.predecessors(nb):
+        if g.nodes[s]["kind"] == "net_switch" and g.edges[s, nb]["kind"] == "net":
+            for v, d in _dist_to_switch(topo, s).items():
+                if d + 1 < dist.get(v, 1 << 30):
+                    dist[v] = d + 1
+    best = None
+    for v in g.successors(na):
+        if g.edges[na, v]["kind"] == "net" and v in dist and (v == nb or g.nodes[v]["kind"] == "net_switch"):
+            best = dist[v] + 1 if best is None else min(best, dist[v] + 1)
+    if best is None:
         return None
+    dist[na] = best
     h = zlib.crc32(f"{na}|{nb}".encode())
     out = [na]
     while out[-1] != nb:
