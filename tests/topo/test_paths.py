@@ -122,3 +122,30 @@ def test_cpu_local_is_four_rank_slots_with_a_slow_network():
     intra, inter = t.path("h0/gpu0", "h0/gpu1"), t.path("h0/gpu1", "h1/gpu0")
     assert intra.nccl == "PHB" and inter.nccl == "NET"
     assert inter.bw < intra.bw
+
+
+@pytest.mark.parametrize("network,hosts", [("{type: torus, dims: [4, 2, 2]}", 16),
+                                           ("{type: fat_tree, leaf_size: 3, oversubscription: 2, spines: 2}", 6),
+                                           ("{type: rail_optimized, su_hosts: 2, spines: 3}", 6)])
+def test_network_routes_are_shortest_and_deterministic(network, hosts):
+    import networkx as nx
+
+    import topo
+    from test_yaml_io import BOX, edit
+    text = edit("count: 2}", f"count: {hosts}}}").replace("{type: single_switch}", network)
+    t, again = topo.loads(text), topo.loads(text)
+    g = t.graph
+    net = g.subgraph([n for n, d in g.nodes(data=True) if d["kind"] == "net_switch"])
+    used = set()
+    for a in t.nics():
+        for b in t.nics():
+            if t.host_of(a) == t.host_of(b):
+                continue
+            p = t.path(a, b)
+            assert p.nodes == again.path(a, b).nodes
+            sw_a = [s for s in g.successors(a) if s in net]
+            sw_b = [s for s in g.successors(b) if s in net]
+            shortest = min(nx.shortest_path_length(net, x, y) for x in sw_a for y in sw_b) + 2
+            assert p.hops == shortest and all(k == "net" for k in p.kinds)
+            used.update(p.nodes[1:-1])
+    assert len(used) > 1  # equal-cost choices are spread, not all on one switch
