@@ -102,8 +102,12 @@ def _parse(text: str, source: str) -> Any:
                        if e.context_mark and mark and e.context_mark.line != mark.line else "")
             what = f"{e.problem} ({e.context}{started})"
         raise TopologyError(f"invalid YAML: {what}", where=f"{source}{line}") from None
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, max(e.position, 0)) + 1
+        ch = e.character if isinstance(e.character, str) else chr(e.character)
+        raise TopologyError(f"invalid YAML: {e.reason}: {ch!r}", where=f"{source}:{line}") from None
     except yaml.YAMLError as e:
-        raise TopologyError(f"invalid YAML: {e}", where=source) from None
+        raise TopologyError(f"invalid YAML: {' '.join(str(e).split())}", where=source) from None
 
 
 # ---------------------------------------------------------------------------------------- public API
@@ -129,13 +133,21 @@ def _read(p: FsPath, source: str) -> str:
 def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Topology:
     """Read a topology from YAML text; ``source`` names it in errors, ``base_dir``
     resolves relative template paths (default: the current directory)."""
-    fast = _fast_explicit(text)
-    if fast is not None:
-        data, lines = fast
-        doc = Doc(source, text, data, lines=lines)
-    else:
-        doc = Doc(source, text, _parse(text, source))
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TopologyError(f"cannot read topology: not UTF-8 text ({e.reason} at byte {e.start})",
+                                where=source) from None
+    if not isinstance(text, str):
+        raise TopologyError(f"expected YAML text, got {type(text).__name__}", where=source)
     try:
+        fast = _fast_explicit(text)
+        if fast is not None:
+            data, lines = fast
+            doc = Doc(source, text, data, lines=lines)
+        else:
+            doc = Doc(source, text, _parse(text, source))
         return _build(doc, FsPath(base_dir) if base_dir else FsPath.cwd(), set())
     except TopologyError:
         raise

@@ -253,8 +253,14 @@ def test_errors_in_saved_files_name_the_line(tmp_path):
     ("name: x\nhosts: 3\n", r"^<string>:2: hosts: expected a list of host groups, got 3"),
     ("a: [unclosed\n", r"^<string>:2: invalid YAML"),
     ("a: !!python/object:os.system x\n", r"^<string>:1: invalid YAML"),
+    ("name: x\nhosts: [\x00]\n", r"^<string>:2: invalid YAML: control characters are not allowed: '\\x00'$"),
+    (b"name: \xff\n", r"^<string>: cannot read topology: not UTF-8 text \(invalid start byte at byte 6\)"),
+    (b"hosts: [{template: dgx-h100}]\n", None),
 ])
 def test_malformed_documents(text, pattern):
+    if pattern is None:  # bytes are read as UTF-8
+        assert len(topo.loads(text).gpus()) == 8
+        return
     with pytest.raises(TopologyError, match=pattern):
         topo.loads(text)
 
