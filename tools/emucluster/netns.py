@@ -169,7 +169,7 @@ def check_prerequisites() -> None:
             raise EmuClusterError(f"emulated cluster: needs `{tool}` (iproute2) on PATH; "
                                   "install it with `apt-get install -y iproute2`")
     if not _has_cap_net_admin():
-        raise EmuClusterError("emulated cluster: needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create "
+        raise EmuClusterError("emulated cluster: needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to manage "
                               "network namespaces; run as root, e.g. with sudo")
 
 
@@ -384,12 +384,14 @@ def destroy(cid: str) -> list[str]:
     Works without a state file (finds namespaces by prefix)."""
     if not _ID_RE.match(cid or ""):
         raise EmuClusterError(f"cluster id: expected 1-8 characters [a-z0-9], got {cid!r}")
+    check_prerequisites()
     state = load_state(cid) or {}
     return _teardown(cid, state.get("namespaces", []))
 
 
 def destroy_all() -> list[str]:
     """Remove every cluster of this tool: all state files and every ``tcemu-*`` namespace."""
+    check_prerequisites()
     removed = []
     for s in list_states():
         removed += _teardown(s["id"], s.get("namespaces", []))
