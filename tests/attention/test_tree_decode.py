@@ -25,42 +25,6 @@ def _shard(k, v, lengths, bounds, rank):
     return k[:, s:e].contiguous(), v[:, s:e].contiguous(), local
 
 
-def _install_standins():
-    """Test-only stand-ins for collectives.reduce/broadcast while they are not committed."""
-    import collectives
-
-    if hasattr(collectives, "reduce") and hasattr(collectives, "broadcast"):
-        return False
-    try:
-        import collectives.execute  # noqa: F401
-        return False
-    except ImportError:
-        pass
-    import torch.distributed as dist
-
-    def reduce(x, *, root=0, op=None, tree=None, group=None, **kw):
-        rank = dist.get_rank(group)
-        acc = x.clone()
-        for c in tree.children[rank]:
-            buf = torch.empty_like(x)
-            dist.recv(buf, c)
-            acc = op(acc, buf)
-        if tree.parents[rank] != -1:
-            dist.send(acc, tree.parents[rank])
-        return acc
-
-    def broadcast(x, *, root=0, tree=None, group=None, **kw):
-        rank = dist.get_rank(group)
-        if tree.parents[rank] != -1:
-            dist.recv(x, tree.parents[rank])
-        for c in tree.children[rank]:
-            dist.send(x, c)
-        return x
-
-    collectives.reduce, collectives.broadcast = reduce, broadcast
-    return True
-
-
 def _cases():
     """(name, batch, q_heads, kv_heads, head_dim, seq, lengths, bounds, kv dtype, tree)."""
     from collectives import Tree
@@ -83,9 +47,8 @@ def _worker(rank, nproc):
     from attention.tree_decode import resolve_tree, tree_decode
     from topo.errors import AttentionError
 
-    standin = _install_standins()
     methods = {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
-    res = {"standin": standin, "cases": {}}
+    res = {"cases": {}}
     for i, (name, b, hq, hkv, d, n, lengths, bounds, dtype, tree) in enumerate(_cases()):
         g = torch.Generator().manual_seed(100 + i)
         q = torch.randn(b, hq, d, generator=g)
