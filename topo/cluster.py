@@ -228,12 +228,11 @@ def _ensure_nics(g: nx.DiGraph, hosts: list[str]) -> list[tuple[str, list[tuple[
             for a, b in ((nic, cpus[0]), (cpus[0], nic)):
                 g.add_edge(a, b, kind="pcie", bw=12.0, lat=LAT["pcie"], count=1)
             nics = [nic]
-        ns = []
-        for k, n in enumerate(nics):
-            d = g.nodes[n]
-            if d.get("rail") is None:
-                d["rail"] = k
-            ns.append((n, d["rail"], d.get("bw", net_bw(0))))
+        if not any(g.nodes[n].get("rail") is not None for n in nics):
+            for k, n in enumerate(nics):  # no compute-fabric NIC identified: every NIC is a rail
+                g.nodes[n]["rail"] = k
+        ns = [(n, g.nodes[n]["rail"], g.nodes[n].get("bw", net_bw(0))) for n in nics
+              if g.nodes[n].get("rail") is not None]  # storage/management NICs stay off the fabric
         out.append((h, ns))
     return out
 

@@ -295,11 +295,48 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
             notes.append("NVML found no GPU; topology is a CPU-only host")
             g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
                               sysfs_root=sysfs_root, h=h, notes=notes)
+    g = _rails(Topology(g), h).graph
     for n in notes[1 if nv is None and nvml is not False else 0:]:
         log.info("treecoll discover: %s", n)
     meta["notes"] = notes
     meta["hints"] = h.as_dict()
     return Topology(g, name=host, meta=meta)
+
+
+def _rails(t: Topology, h: Hints) -> Topology:
+    """Give the NICs of the compute fabric a ``rail``, as the YAML form numbers them.
+
+    A NIC is on the compute fabric when a GPU of its host is within PXB of it
+    (rail-optimized nodes pair each GPU with a NIC behind its PCIe switch); on
+    hosts where no NIC is that close (Grace: NICs under the CPU, GPUs on C2C)
+    every NIC within PHB/P2C counts; on CPU-only hosts every NIC. Rails are
+    numbered in NIC order; storage/management NICs get none. A rail given in
+    NCCL_IB_HCA (``name:port:rail``) wins. NICs that already carry a rail keep it.
+    """
+    from .paths import NCCL_CLASSES
+    g = nx.DiGraph(t.graph)
+    for host in t.hosts():
+        nics = [n for n in t.nics(host) if "rail" not in g.nodes[n]]
+        if not nics:
+            continue
+        gpus = [x for x in t.gpus(host) if g.nodes[x].get("model") != CPU_SLOT_MODEL]
+        best = {}
+        for n in nics:
+            cls = [NCCL_CLASSES.index(t.path(x, n).nccl) for x in gpus]
+            best[n] = min(cls) if cls else None
+        if not gpus:
+            chosen = nics
+        else:
+            near = [n for n in nics if best[n] is not None and best[n] <= NCCL_CLASSES.index("PXB")]
+            chosen = near or [n for n in nics if best[n] is not None and best[n] <= NCCL_CLASSES.index("PHB")]
+        for k, n in enumerate(chosen):
+            g.nodes[n]["rail"] = k
+        if h.ib_hca is not None:
+            for n in t.nics(host):
+                r = h.ib_hca.rail_of(g.nodes[n].get("name", ""))
+                if r is not None:
+                    g.nodes[n]["rail"] = r
+    return Topology(g, name=t.name, meta=t.meta)
 
 
 def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:

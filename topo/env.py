@@ -45,7 +45,8 @@ EFFECTS: dict[str, str] = {
     "NCCL_SHM_DISABLE": "no host-memory transport: GPU pairs without P2P talk through the network even inside "
                         "a host (topo.env.transport)",
     "NCCL_IB_DISABLE": "InfiniBand/RoCE NICs are dropped from discovery; hosts talk over IP sockets NICs",
-    "NCCL_IB_HCA": "only the selected verbs NICs/ports are kept (^ excludes, = exact names, :port selects a port)",
+    "NCCL_IB_HCA": "only the selected verbs NICs/ports are kept (^ excludes, = exact names, :port selects a port); "
+                   "a :port:rail field sets the NIC's rail",
     "NCCL_SOCKET_IFNAME": "only the selected socket interfaces are kept as NICs (^ excludes, = exact names)",
     "NCCL_NET_GDR_LEVEL": "GPU-NIC pairs beyond this path class stage network traffic through host memory "
                           "(default P2C; topo.env.gdr)",
@@ -79,6 +80,11 @@ class NameFilter:
     entries: tuple[tuple[str, int | None], ...]
     exclude: bool = False
     exact: bool = False
+    rails: tuple[tuple[str, int], ...] = ()   # NCCL 2.30 ``name:port:rail``: (name, rail) when rail >= 0
+
+    def rail_of(self, name: str) -> int | None:
+        """The rail NCCL_IB_HCA assigns to device ``name`` (exact name), or None."""
+        return next((r for n, r in self.rails if n == name), None)
 
     def selects(self, name: str, port: int | None = None) -> bool:
         hit = any((name == n if self.exact else name.startswith(n)) and (p is None or port is None or p == port)
@@ -174,7 +180,7 @@ def _filter(env: Mapping[str, str], name: str, *, ports: bool) -> NameFilter | N
     s = s[1:] if exclude else s
     exact = s.startswith("=")
     s = s[1:] if exact else s
-    entries = []
+    entries, rails = [], []
     for item in s.split(","):
         item = item.strip()
         if not item:
@@ -195,8 +201,10 @@ def _filter(env: Mapping[str, str], name: str, *, ports: bool) -> NameFilter | N
                     raise TopologyError(f"{name}={v!r}: rail/plane of {dev!r} expected an integer, got {extra!r}")
             if len(parts) > 4:
                 raise TopologyError(f"{name}={v!r}: entry {item!r} expected name[:port[:rail[:plane]]]")
+            if len(parts) > 2 and int(parts[2]) >= 0:
+                rails.append((dev, int(parts[2])))
         entries.append((dev, port))
-    return NameFilter(tuple(entries), exclude, exact)
+    return NameFilter(tuple(entries), exclude, exact, tuple(rails))
 
 
 def expand_hostlist(expr: str, var: str = "SLURM_JOB_NODELIST") -> tuple[str, ...]:

@@ -23,7 +23,7 @@ def _discover(tmp_path, name, env=None):
 
 #: attributes that name one physical machine (bus addresses, serials) or that
 #: the shipped YAML leaves out by design: compared after dropping them
-MACHINE_SPECIFIC = {"pci", "uuid", "rail", "assumed"}
+MACHINE_SPECIFIC = {"pci", "uuid", "assumed"}
 
 
 #: attributes a shipped YAML does not state for a machine (reported to the YAML owner)
@@ -226,3 +226,11 @@ def test_cpu_only_host_matches_cpu_local_yaml(tmp_path):
     nic = t.node("h0/nic0")
     assert (nic["name"], nic["numa"], nic["pci"]) == ("eth0", 0, "0000:00:03.0")
     assert any("port rate unknown" in x for x in t.meta["notes"])
+
+
+def test_rails_follow_gpu_pairing_and_nccl_ib_hca(tmp_path):
+    t, _, _ = _discover(tmp_path, "dgx-a100")
+    rails = {t.node(n)["name"]: t.node(n).get("rail") for n in t.nics()}
+    assert rails["mlx5_0"] == 0 and rails["mlx5_9"] == 7 and rails["mlx5_4"] is None and rails["mlx5_11"] is None
+    t2, _, _ = _discover(tmp_path / "b", "dgx-h100", env={"NCCL_IB_HCA": "=mlx5_0:1:5,mlx5_3:1:-1"})
+    assert {t2.node(n)["name"]: t2.node(n)["rail"] for n in t2.nics()} == {"mlx5_0": 5, "mlx5_3": 1}

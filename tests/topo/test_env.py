@@ -42,7 +42,8 @@ def test_ib_hca_syntax():
     ex = hints({"NCCL_IB_HCA": "^=mlx5_1"}).ib_hca
     assert ex.exclude and ex.exact and not ex.selects("mlx5_1") and ex.selects("mlx5_10")
     rails = hints({"NCCL_IB_HCA": "=mlx5_0:1:0:0,mlx5_1:1:0:1"}).ib_hca  # NCCL 2.30 rail/plane fields
-    assert rails.entries == (("mlx5_0", 1), ("mlx5_1", 1))
+    assert rails.entries == (("mlx5_0", 1), ("mlx5_1", 1)) and rails.rail_of("mlx5_1") == 0
+    assert rails.rail_of("mlx5_2") is None
     s = hints({"NCCL_SOCKET_IFNAME": "^docker,lo"}).socket_ifname
     assert not s.selects("docker0") and s.selects("eth0")
 
