@@ -6,8 +6,10 @@ as the parser default), or run standalone:
 ``python -m tools.emucluster up --hosts 2``.
 
 Every command builds a plain dict; ``--json`` prints it, otherwise a short
-text view. User errors print one line on stderr and return 1 (``--debug``
-re-raises); ``run`` returns the job's exit code (124 on timeout).
+text view. User errors raise :class:`~tools.emucluster.netns.EmuClusterError`
+(a TreecollError), which the ``treecoll`` dispatcher (or :func:`main`)
+prints as one line on stderr with exit code 1 (``--debug``: traceback);
+``run`` returns the job's exit code (124 on timeout).
 """
 from __future__ import annotations
 
