@@ -240,7 +240,9 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
         xml = {"net": _extra(net, "net")}
         if nic_el.attrib:
             xml["nic"] = dict(nic_el.attrib)
-        k = b.add(("nic", pci, name), "nic", pci=pci, name=name,
+        rail = net.get("rail")  # NCCL 2.30 net attribute (kept in x_nccl as well)
+        rail = int(rail) if rail is not None and rail.isdigit() else None
+        k = b.add(("nic", pci, name), "nic", pci=pci, name=name, rail=rail,
                   bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), x_nccl=xml)
         keys.append(k)
     return keys

@@ -114,7 +114,7 @@ def test_full_dump_switches_c2c_unknown_attrs_and_multi_host():
     assert t.node("n-1/nvswitch0")["assumed"] is True and t.node("n-1/cpu0")["numa"] == 0
     sw = t.node("n-0/pcisw0")
     assert sw["x_nccl"]["pci"]["foo"] == "bar" and sw["x_nccl"]["children"] == [{"tag": "pcilink", "target": "0000:17:00.0"}]
-    assert t.node("n-0/nic0")["x_nccl"]["net"]["guid"] == "0xa87c"
+    assert t.node("n-0/nic0")["x_nccl"]["net"]["guid"] == "0xa87c" and t.node("n-0/nic0")["rail"] == 0
     out = export_xml(t, host="n-1")
     assert 'numaid="-1"' in out and 'target="fffffff:ff:ff.0"' in out
     t0 = export_xml(t, host="n-0")
