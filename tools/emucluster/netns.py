@@ -64,6 +64,7 @@ SUBNET = "198.18.0"
 BRIDGE = "br0"
 MAX_HOSTS = 64
 _ID_RE = re.compile(r"^[a-z0-9]{1,8}$")
+_NS_RE = re.compile(rf"^{PREFIX}-([a-z0-9]{{1,8}})-(?:h[0-9]+|sw)$")
 _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?bit)?\s*$", re.IGNORECASE)
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 
@@ -413,7 +414,10 @@ def sweep_stale() -> list[str]:
         else:
             known.add(s["id"])
     for ns in _namespaces():
-        cid = ns[len(PREFIX) + 1:].rsplit("-", 1)[0]
+        m = _NS_RE.match(ns)
+        if m is None:  # e.g. a probe of namespaces_available() in progress elsewhere
+            continue
+        cid = m.group(1)
         if cid not in known and load_state(cid) is None:
             _kill_ns_processes(ns)
             if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
