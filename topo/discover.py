@@ -275,22 +275,22 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
             notice = f"treecoll: no NVML ({e}); topology is a CPU-only host"
             log.warning(notice)
             notes.append(notice)
-    if h.topo_file:
-        from .nccl_xml import import_xml
-        t = import_xml(h.topo_file, host=host)
-        g = nx.DiGraph(t.graph)
-        if nv is not None:
-            _add_nvml_nvlinks(g, host, nv, notes)
-        notes.insert(0, f"NCCL_TOPO_FILE={h.topo_file}: PCIe tree, GPUs and NICs from the file")
-    elif nv is None:
+    try:
+        if h.topo_file:
+            from .nccl_xml import import_xml
+            g = nx.DiGraph(import_xml(h.topo_file, host=host).graph)
+            if nv is not None:
+                _add_nvml_nvlinks(g, host, nv, notes)
+            notes.insert(0, f"NCCL_TOPO_FILE={h.topo_file}: PCIe tree, GPUs and NICs from the file")
+        elif nv is not None:
+            g = _gpu_host(host, nv, sysfs_root, h, env, notes, meta)
+    finally:
+        if nv is not None and nvml is None:  # we opened it
+            nv.close()
+    if not h.topo_file and nv is None:
         g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
                           sysfs_root=sysfs_root, h=h, notes=notes)
-    else:
-        try:
-            g = _gpu_host(host, nv, sysfs_root, h, env, notes, meta)
-        finally:
-            if nvml is None:
-                nv.close()
+    elif not h.topo_file:
         if not any(d["kind"] == "gpu" for _, d in g.nodes(data=True)):
             notes.append("NVML found no GPU; topology is a CPU-only host")
             g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
