@@ -332,3 +332,79 @@ def test_mutated_files_never_escape_as_other_exceptions():
             assert str(e).startswith("<string>"), str(e)
             outcomes["error"] += 1
     assert outcomes["ok"] > 10 and outcomes["error"] > 100, outcomes
+
+
+def _random_cluster(draw):
+    from hypothesis import strategies as st
+    ngpu = draw(st.integers(1, 6))
+    ncpu = draw(st.integers(1, 3))
+    nnic = draw(st.integers(1, 3))
+    hosts = draw(st.integers(1, 5))
+    nsw = draw(st.integers(0, 3))
+    lines = ["templates:", "  t:", f"    gpus: {{count: {ngpu}, model: G, mem_bw: 100.0}}",
+             "    cpus: [" + ", ".join(f"{{numa: {c}}}" for c in range(ncpu)) + "]",
+             "    smp: {bw: 10.0}", f"    nics: {{count: {nnic}, bw: 25.0}}"]
+    if nsw:
+        links = [draw(st.integers(1, 5)) for _ in range(nsw)]
+        lines.append(f"    nvswitch: {{count: {nsw}, links: {links}, link_bw: 20.0}}")
+    # devices: each under a random switch (or directly on a CPU)
+    switches: list[dict] = []
+    direct_gpu, direct_nic = {}, {}
+    for kind, n, direct in (("gpus", ngpu, direct_gpu), ("nics", nnic, direct_nic)):
+        for i in range(n):
+            where = draw(st.integers(-1, len(switches)))
+            if where == -1:
+                direct[i] = draw(st.integers(0, ncpu - 1))
+            elif where == len(switches):
+                sw = {"gpus": [], "nics": []}
+                if switches and draw(st.booleans()):
+                    sw["parent"] = draw(st.integers(0, len(switches) - 1))
+                else:
+                    sw["cpu"] = draw(st.integers(0, ncpu - 1))
+                    sw["host_bridge"] = draw(st.integers(0, 1))
+                sw[kind].append(i)
+                switches.append(sw)
+            else:
+                switches[where][kind].append(i)
+    lines += ["    pcie:", "      bw: 24.0", "      switches:"]
+    lines += ["        - {" + ", ".join(f"{k}: {v}" for k, v in sw.items()) + "}" for sw in switches]
+    if not switches:
+        lines[-1] = "      switches: []"
+    root = []  # NUMA domain each switch hangs under
+    for sw in switches:
+        root.append(sw["cpu"] if "cpu" in sw else root[sw["parent"]])
+    under = {(k, i): root[s] for s, sw in enumerate(switches) for k in ("gpus", "nics") for i in sw[k]}
+    if direct_gpu:  # a numa list must agree with the switches' domains for the GPUs under them
+        numas = [direct_gpu[i] if i in direct_gpu else under["gpus", i] for i in range(ngpu)]
+        lines[2] = lines[2][:-1] + f", numa: {numas}}}"
+    if direct_nic:
+        numas = [direct_nic[i] if i in direct_nic else under["nics", i] for i in range(nnic)]
+        lines[5] = lines[5][:-1] + f", numa: {numas}}}"
+    lines.append(f"hosts: [{{template: t, count: {hosts}}}]")
+    net = draw(st.sampled_from(["{type: single_switch}", "{type: rail_optimized, su_hosts: 2}",
+                                "{type: fat_tree, leaf_size: 2, oversubscription: 2}"]))
+    lines.append(f"network: {net}")
+    return "\n".join(lines) + "\n", ngpu, hosts
+
+
+def test_random_compact_clusters_expand_and_round_trip():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def check(data):
+        text, ngpu, hosts = _random_cluster(data.draw)
+        t = topo.loads(text)
+        assert len(t.gpus()) == ngpu * hosts and t.hosts() == tuple(f"h{i}" for i in range(hosts))
+        assert topo.loads(topo.dumps(t)) == t
+        gpus = t.gpus("h0")
+        for a in gpus:
+            assert t.nearest_nic(a) is not None
+            for b in gpus:
+                p, q = t.path(a, b), t.path(b, a)
+                assert (p.nccl, p.smi, p.hops) == (q.nccl, q.smi, q.hops)
+        if hosts > 1:
+            assert t.path("h0/gpu0", f"h{hosts - 1}/gpu{ngpu - 1}").nccl == "NET"
+
+    check()
