@@ -23,9 +23,8 @@ Usage (root)::
     python tools/bench_emucluster.py                       # full matrix
     python tools/bench_emucluster.py --shapes 2x2 --rates 1gbit --methods gloo
 
-Not yet here (TODO(issue 8, part 3)): tree-attention decoding versus ring
-decoding versus three all-reduces at 16k-128k tokens, once attention's
-distributed decode exists.
+Decoding (tree attention versus ring versus three all-reduces) is measured
+by the sibling script ``tools/bench_emucluster_decode.py``.
 
 Units: bytes, seconds in JSON; µs and GB/s (1e9 B/s) in the table. algbw =
 bytes / time, busbw = algbw * 2 (P - 1) / P (nccl-tests' definitions).
