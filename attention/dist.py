@@ -212,16 +212,39 @@ def count_traffic():
                 setattr(dist, name, top)
 
 
+@contextlib.contextmanager
+def _stderr_silenced():
+    import sys
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def peak_tensor_bytes(fn, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` under the torch profiler and return
     ``(result, peak)``: ``peak`` is the largest total of tensor bytes allocated
     during the call and alive at the same time (allocation events in time
     order; tensors that existed before the call, such as the KV cache, are not
-    counted).  Slow: measure in a separate, untimed call."""
+    counted).  Slow: measure in a separate, untimed call.  The process's file
+    descriptor 2 (stderr) is sent to /dev/null during the call: the profiler
+    prints its stage lines there; errors still raise."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn(*args, **kwargs)
+    with _stderr_silenced():  # the profiler (kineto) prints stage lines on file descriptor 2
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = fn(*args, **kwargs)
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     cur = peak = 0

@@ -66,7 +66,7 @@ def _group_key(group):
 def group_topology(group=None, topology=None):
     """The topology ``tree="auto"`` uses for ``group``: ``topology`` if given;
     ``topo.discover_cluster(group)`` if the topo package provides it (a collective:
-every rank calls it; cached per group, so it runs on the first call only); else a
+    every rank calls it; cached per group, so it runs on the first call only); else a
     CPU-local topology: one host ``"local"`` with one NUMA domain and ``P`` rank
     slots (kind ``gpu``, model ``"cpu"``), as :func:`topo.discover.cpu_only_host`
     builds for a GPU-less machine.  The fallback is right for a gloo group on one
@@ -88,9 +88,11 @@ every rank calls it; cached per group, so it runs on the first call only); else 
     from topo.discover import cpu_only_host
 
     size = group_info(group)[1]
-    return Topology(cpu_only_host("local", {0: ""}, size), name="local-cpu",
-                    meta={"source": "attention.tree_decode: CPU-local fallback, one host with "
-                                    f"{size} rank slots"})
+    local = Topology(cpu_only_host("local", {0: ""}, size), name="local-cpu",
+                     meta={"source": "attention.tree_decode: CPU-local fallback, one host with "
+                                     f"{size} rank slots"})
+    _TOPO_CACHE[key] = (group if group is not None else _world(), local)
+    return local
 
 
 def _world():
@@ -99,7 +101,7 @@ def _world():
     return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
-def resolve_tree(tree="auto", *, group=None, topology=None, nbytes: int = 0):
+def resolve_tree(tree="auto", *, group=None, topology=None):
     """The :class:`collectives.Tree` a call with these arguments reduces over.
 
     ``tree``: a ``Tree`` (its size must equal the group's), ``"auto"`` (the
