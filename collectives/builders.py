@@ -42,6 +42,7 @@ topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomi
 """
 from __future__ import annotations
 
+import random
 from typing import Callable, Sequence
 
 from topo import NCCL_CLASSES, Topology
@@ -54,7 +55,7 @@ __all__ = ["BUILDERS", "build", "chain", "binomial", "kary", "star", "double_bin
            "leader_of", "nccl_btree_parents", "RAIL_BYTES", "INTRA_KINDS", "INTER_KINDS"]
 
 #: message size (bytes) from which ``two_level`` builds one tree per NIC rail ("rails='auto'")
-RAIL_BYTES = 1 << 20
+RAIL_BYTES = 4 << 20
 INTRA_KINDS = ("auto", "star", "chain", "binomial", "kary", "links")
 INTER_KINDS = ("binomial", "chain", "kary", "star")
 
@@ -354,15 +355,21 @@ def _candidates(topology, gpus, n: int, nbytes, root) -> list:
 
 def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20, op=None,
          collective: str = "allreduce", root: int | None = None, search: bool = True,
-         search_limit: int = 16, model: CostModel | None = None) -> Tree | MultiTree:
+         search_limit: int = 8, starts: int = 4, kicks: int = 16, exact_limit: int = 5,
+         model: CostModel | None = None) -> Tree | MultiTree:
     """The tree with the least predicted time for ``collective`` on ``nbytes``.
 
     Candidates: chain, binomial, star, kary k = 2..7, double_binary and (with a
     topology) two_level over intra x inter shapes, with and without rails;
     each is scored at its best chunk count (:meth:`CostModel.best_nchunks`).
-    For groups up to ``search_limit`` ranks the best single tree is then
-    improved by local search (move one rank under another parent, or move the
-    root) until no move lowers the predicted time. A non-commutative ``op``
+    Small groups then search single trees: up to ``exact_limit`` ranks every
+    rooted spanning tree is scored (exact); up to ``search_limit`` ranks the
+    ``starts`` best single-tree candidates are improved by local search (move
+    one rank with its subtree under another parent, swap two ranks, re-root)
+    until no move lowers the predicted time, then ``kicks`` random double
+    moves from the best tree each followed by local search (iterated local
+    search, seeded: deterministic). A multitree candidate stays when no single
+    tree beats it. A non-commutative ``op``
     (``op.commutative`` False, or a plain callable) restricts the search to
     order-preserving trees rooted at 0. Ties keep the earlier candidate, so the
     result is deterministic.
@@ -374,8 +381,13 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
                         f"got root {root}")
     model = model or CostModel(topology, gpus, nranks=nranks if gpus is None else None)
 
+    memo: dict = {}
+
     def score(t) -> float:
-        return model.best_nchunks(t, nbytes, collective)[1]
+        key = (t.parents, t.children) if isinstance(t, Tree) else t.fingerprint()
+        if key not in memo:
+            memo[key] = model.best_nchunks(t, nbytes, collective)[1]
+        return memo[key]
 
     cands = _candidates(topology, gpus, nranks, nbytes, root)
     if not commutative:
@@ -387,35 +399,80 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
             best, best_t = c, s
     if not search or nranks > search_limit or nranks < 3:
         return best
-    # local search from the best single tree
-    start = best if isinstance(best, Tree) else min(best.trees, key=score)
+    singles = sorted((c for c in cands if isinstance(c, Tree)), key=score)[:starts]
+    if isinstance(best, MultiTree):
+        singles.append(min(best.trees, key=score))
+    if nranks <= exact_limit and commutative:
+        from .bruteforce import rooted_trees
+        singles.extend(t for t in rooted_trees(nranks) if root is None or t.root == root)
+        cur_t, cur = min(((score(t), t) for t in singles), key=lambda x: x[0])
+    else:
+        cur, cur_t = None, None
+        for start in singles:
+            c, c_t = _local_search(start, score, root=root, commutative=commutative)
+            if cur is None or c_t < cur_t * (1 - 1e-9):
+                cur, cur_t = c, c_t
+        rng = random.Random(nranks)            # iterated local search: deterministic kicks
+        for _ in range(kicks):
+            p = list(cur.parents)
+            for _ in range(2):
+                kicked = _random_move(Tree.from_parents(p), rng, root)
+                p = list(kicked.parents)
+            k = Tree.from_parents(p)
+            if not commutative and not k.is_order_preserving():
+                continue
+            c, c_t = _local_search(k, score, root=root, commutative=commutative)
+            if c_t < cur_t * (1 - 1e-9):
+                cur, cur_t = c, c_t
+    if cur_t < best_t * (1 - 1e-9):
+        best, best_t = Tree(cur.parents, cur.children, name="auto"), cur_t
+    return best
+
+
+def _random_move(t: Tree, rng: "random.Random", root: int | None) -> Tree:
+    moves = list(_moves(t, root))
+    return moves[rng.randrange(len(moves))] if moves else t
+
+
+def _moves(t: Tree, root: int | None):
+    """Neighbours of ``t``: one rank under another parent, two ranks swapped, a new root."""
+    n = t.size
+    for v in range(n):
+        if v == t.root:
+            continue
+        sub = set(t.subtree(v))
+        for u in range(n):
+            if u not in sub and u != t.parents[v]:
+                p = list(t.parents)
+                p[v] = u
+                yield Tree.from_parents(p)
+    for a in range(n):
+        for b in range(a + 1, n):
+            if root is not None and root in (a, b):
+                continue
+            order = list(range(n))
+            order[a], order[b] = b, a
+            yield t.relabel(order)
+    if root is None:
+        for v in range(n):
+            if v != t.root:
+                yield _reroot(t, v)
+
+
+def _local_search(start: Tree, score, *, root: int | None, commutative: bool) -> tuple[Tree, float]:
+    """First-improvement descent over :func:`_moves` until no move lowers ``score``."""
     cur, cur_t = start, score(start)
     improved = True
     while improved:
         improved = False
-        for v in range(nranks):
-            moves = []
-            sub = set(cur.subtree(v))
-            if v != cur.root:
-                for u in range(nranks):
-                    if u not in sub and u != cur.parents[v]:
-                        p = list(cur.parents)
-                        p[v] = u
-                        moves.append(Tree.from_parents(p, name="auto"))
-            if root is None and v != cur.root:
-                moves.append(_reroot(cur, v))
-            for m in moves:
-                if not commutative and not m.is_order_preserving():
-                    continue
-                s = score(m)
-                if s < cur_t * (1 - 1e-9):
-                    cur, cur_t, improved = m, s, True
-                    sub = set(cur.subtree(v))
-        if cur_t >= best_t:
-            break
-    if cur_t < best_t * (1 - 1e-9):
-        return Tree.from_parents(cur.parents, name="auto")
-    return best
+        for m in _moves(cur, root):
+            if not commutative and not m.is_order_preserving():
+                continue
+            s = score(m)
+            if s < cur_t * (1 - 1e-9):
+                cur, cur_t, improved = m, s, True
+                break
+    return cur, cur_t
 
 
 # ---------------------------------------------------------------------- registry

@@ -16,9 +16,10 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
 * Trees (analytical, pipelined): with ``K`` chunks of ``m = share * n / K``
   bytes, every tree edge is busy at once in steady state, so link loads count
   all edges of all trees (both directions for an allreduce). A rank's reduce
-  *stage* is ``max_child(lat + m / rate) + k * reduce(m)`` (children's chunks
-  arrive concurrently, then ``k`` combines); a broadcast stage is
-  ``max_child(lat + m / rate)``. The first chunk finishes after the longest
+  *stage* is ``max_child(lat + m / rate) + k * (reduce(m) + o)`` (children's
+  chunks arrive concurrently, then ``k`` combines, each message costing the
+  rank a serial overhead ``o`` = :data:`MSG_OVERHEAD`); a broadcast stage is
+  ``max_child(lat + m / rate) + k * o``. The first chunk finishes after the longest
   leaf-to-root (and root-to-leaf) sum of stages ``L``; the rest follow one
   bottleneck stage apart: ``time = L + (K - 1) * max_stage``. Several trees
   (a :class:`~collectives.tree.MultiTree`) run concurrently; the slowest wins.
@@ -50,7 +51,7 @@ from topo.errors import TreeError
 
 from .tree import MultiTree, Tree, as_multi
 
-__all__ = ["CostModel", "uniform_topology", "p2p_time", "reduce_time", "DEFAULT_MEM_BW",
+__all__ = ["CostModel", "uniform_topology", "p2p_time", "reduce_time", "DEFAULT_MEM_BW", "MSG_OVERHEAD",
            "UNIFORM_BW", "UNIFORM_LAT", "CHUNK_CANDIDATES"]
 
 #: GB/s used for the reduction compute when a GPU has no ``mem_bw``: assumed, the
@@ -61,6 +62,9 @@ DEFAULT_MEM_BW = 1555.0
 UNIFORM_BW = 12.0
 #: µs per link of :func:`uniform_topology` (assumed: NCCL's PCI hop latency 1.0 µs split over 2 links).
 UNIFORM_LAT = 0.5
+#: seconds a rank spends per message it sends or receives, serially (assumed: the order of NCCL's
+#: NCCL_NET_OVERHEAD default of 1.0 µs on x86, tuning.cc; reference collectives.md §1.2)
+MSG_OVERHEAD = 1.0e-6
 #: chunk counts tried by :meth:`CostModel.best_nchunks`
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -129,12 +133,17 @@ class CostModel:
 
     Parameters: ``topology`` (None: :func:`uniform_topology`), ``ranks`` (GPU
     ids or topology ranks per group rank; default ``topology.rank_gpus()``),
-    ``nranks``, ``step_overhead`` (seconds added per message, e.g. a software
-    transport's fixed cost; 0 by default).
+    ``nranks``, ``step_overhead`` (seconds added to every message's latency, e.g. a
+    software transport's fixed cost; 0 by default), ``msg_overhead`` (seconds a rank
+    spends per message it handles, serially; :data:`MSG_OVERHEAD` by default),
+    ``chunk_candidates`` (chunk counts :meth:`best_nchunks` tries by default).
     """
 
     def __init__(self, topology: Topology | None = None, ranks: Sequence | None = None, *,
-                 nranks: int | None = None, step_overhead: float = 0.0):
+                 nranks: int | None = None, step_overhead: float = 0.0, msg_overhead: float = MSG_OVERHEAD,
+                 chunk_candidates: Sequence[int] = CHUNK_CANDIDATES):
+        self.msg_overhead = float(msg_overhead)
+        self.chunk_candidates = tuple(chunk_candidates)
         self.topology, self.gpus = resolve_ranks(topology, ranks, nranks)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
@@ -190,6 +199,11 @@ class CostModel:
                   nchunks: int = 1) -> float:
         """Predicted seconds of a (multi)tree ``collective`` on ``nbytes`` split in ``nchunks``
         chunks per tree (see the module docstring for the model)."""
+        return self.tree_times(plan, nbytes, collective, (nchunks,))[0]
+
+    def tree_times(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
+                   chunk_counts: Sequence[int] = (1,)) -> list[float]:
+        """:meth:`tree_time` for several chunk counts (link rates computed once)."""
         multi = as_multi(plan)
         if multi.size != self.nranks:
             raise TreeError(f"cost: tree has {multi.size} ranks, the model {self.nranks}")
@@ -197,57 +211,71 @@ class CostModel:
             phases = COLLECTIVE_PHASES[collective]
         except KeyError:
             raise TreeError(f"cost: collective expected one of {list(COLLECTIVE_PHASES)}, got {collective!r}") from None
-        if nchunks < 1:
-            raise TreeError(f"cost: nchunks expected >= 1, got {nchunks}")
+        if any(k < 1 for k in chunk_counts):
+            raise TreeError(f"cost: nchunks expected >= 1, got {list(chunk_counts)}")
+        up, down = "up" in phases, "down" in phases
         flows = []
         for t in multi.trees:
             for c, p in t.edges():
-                if "up" in phases:
+                if up:
                     flows.append((c, p))
-                if "down" in phases:
+                if down:
                     flows.append((p, c))
         rate = self.rates(flows)
-        worst = 0.0
+        o = self.msg_overhead
+        prepared = []
         for t, share in zip(multi.trees, multi.shares):
-            m = nbytes * share / nchunks
-            stage = 0.0
-            total = 0.0
-            if "up" in phases:
-                finish = [0.0] * t.size
-                for r in t.postorder():
-                    kids = t.children[r]
-                    if not kids:
-                        continue
-                    arrive = [self._pair(c, r)[0] + m / rate[(c, r)] for c in kids]
-                    comb = len(kids) * self.reduce_cost(r, m)
-                    finish[r] = max(finish[c] + a for c, a in zip(kids, arrive)) + comb
-                    stage = max(stage, max(arrive) + comb)
-                total += finish[t.root]
-            if "down" in phases:
-                reach = [0.0] * t.size
-                for r in reversed(t.postorder()):
-                    kids = t.children[r]
-                    if not kids:
-                        continue
-                    out = [self._pair(r, c)[0] + m / rate[(r, c)] for c in kids]
-                    for c, o in zip(kids, out):
-                        reach[c] = reach[r] + o
-                    stage = max(stage, max(out))
-                total += max(reach)
-            worst = max(worst, total + (nchunks - 1) * stage)
-        return worst
+            order = t.postorder()
+            nodes = []
+            for r in order:
+                kids = t.children[r]
+                if kids:
+                    ups = [(c, self._pair(c, r)[0], 1.0 / rate[(c, r)]) for c in kids] if up else None
+                    downs = [(c, self._pair(r, c)[0], 1.0 / rate[(r, c)]) for c in kids] if down else None
+                    red = 3.0 / (self._mem_bw[r] * 1e9)
+                    nodes.append((r, ups, downs, red))
+            prepared.append((t, share, nodes))
+        out = []
+        for k in chunk_counts:
+            worst = 0.0
+            for t, share, nodes in prepared:
+                m = nbytes * share / k
+                stage = total = 0.0
+                if up:
+                    finish = [0.0] * t.size
+                    for r, ups, _, red in nodes:
+                        comb = len(ups) * (red * m + o)
+                        best_a = best_f = 0.0
+                        for c, lat, inv in ups:
+                            a = lat + m * inv
+                            best_a = max(best_a, a)
+                            best_f = max(best_f, finish[c] + a)
+                        finish[r] = best_f + comb
+                        stage = max(stage, best_a + comb)
+                    total += finish[t.root]
+                if down:
+                    reach = [0.0] * t.size
+                    for r, _, downs, _ in reversed(nodes):
+                        longest = 0.0
+                        for i, (c, lat, inv) in enumerate(downs):
+                            tc = lat + m * inv
+                            longest = max(longest, tc)
+                            reach[c] = reach[r] + tc + (i + 1) * o
+                        stage = max(stage, longest + len(downs) * o)
+                    total += max(reach)
+                worst = max(worst, total + (k - 1) * stage)
+            out.append(worst)
+        return out
 
     def best_nchunks(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", *,
-                     candidates: Sequence[int] = CHUNK_CANDIDATES, min_chunk_bytes: int = 4096) -> tuple[int, float]:
+                     candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096) -> tuple[int, float]:
         """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
-        best = None
-        for k in candidates:
-            if k > 1 and nbytes / k < min_chunk_bytes:
-                break
-            t = self.tree_time(plan, nbytes, collective, k)
-            if best is None or t < best[1] - 1e-15:
-                best = (k, t)
-        return best
+        ks = [k for k in (self.chunk_candidates if candidates is None else candidates)
+              if k == 1 or nbytes / k >= min_chunk_bytes]
+        ks = ks or [1]
+        times = self.tree_times(plan, nbytes, collective, ks)
+        i = min(range(len(ks)), key=lambda j: (times[j], j))
+        return ks[i], times[i]
 
     # ------------------------------------------------------------------ ring and rsag
     def ring_time(self, nbytes: float, order: Sequence[int] | None = None) -> float:
@@ -259,7 +287,7 @@ class CostModel:
         flows = [(order[i], order[(i + 1) % n]) for i in range(n)]
         rate = self.rates(flows)
         m = nbytes / n
-        step = max(self._pair(*f)[0] + m / rate[f] for f in flows)
+        step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * self.msg_overhead
         red = max(self.reduce_cost(r, m) for r in order)
         return (n - 1) * (step + red) + (n - 1) * step
 
@@ -271,7 +299,7 @@ class CostModel:
         flows = [(i, j) for i in range(n) for j in range(n) if i != j]
         rate = self.rates(flows)
         m = nbytes / n
-        step = max(self._pair(*f)[0] + m / rate[f] for f in flows)
+        step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * (n - 1) * self.msg_overhead
         red = max((n - 1) * self.reduce_cost(r, m) for r in range(n))
         return 2 * step + red
 
@@ -283,8 +311,8 @@ class CostModel:
         them (broadcast) through its own port; for allreduce each rank sends
         and receives at least ``2 (P-1)/P n`` (Patarasuk & Yuan 2009) and each
         host's traffic crosses its network cut at least once each way.
-        Latency: the farthest rank from any root (one hop each way for
-        allreduce).
+        Latency: rank 0's data must reach every rank, so the largest
+        shortest-path latency (over the graph's links) from rank 0.
         """
         n = self.nranks
         if n == 1:
@@ -306,7 +334,6 @@ class CostModel:
                              for nic in self.topology.nics(h))
                 if nic_bw:
                     bw_lb = max(bw_lb, nbytes / (nic_bw * 1e9))
-        lat = min(max(self._pair(r, i)[0] for i in range(n) if i != r) for r in range(n))
-        if collective == "allreduce":
-            lat *= 2
+        dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
+        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6
         return max(bw_lb, lat) if math.isfinite(bw_lb) else lat

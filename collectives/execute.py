@@ -4,7 +4,7 @@ Public API::
 
     reduce(x, *, root=0, op="sum", tree=None, group=None, out=None, nchunks=None, ...) -> value | None
     broadcast(x, *, root=0, tree=None, group=None, out=None, nchunks=None, ...) -> value
-    allreduce(x, *, op="sum", tree=None, algo="tree", group=None, out=None, nchunks=None, ...) -> value
+    allreduce(x, *, op="sum", tree=None, algo="auto", group=None, out=None, nchunks=None, ...) -> value
     run_schedule(schedule, layout, buf, op, transport, *, timeout, what) -> None
 
 ``x`` is a tensor of any dtype and shape or a tuple of tensors (one device);
@@ -21,7 +21,10 @@ or a callable ``op(a, b)`` (associative; ``commutative=`` declares more, see
 time for this size on ``topology``, or on a uniform switch when no topology is
 given). ``algo`` (allreduce): ``"tree"``, ``"ring"`` (reduce-scatter +
 all-gather on a ring, commutative operators), ``"rsag"`` (direct
-reduce-scatter + all-gather, for large messages). Plans and compiled schedules
+reduce-scatter + all-gather: every rank sends and receives ``2 (P-1)/P`` of
+the message, bandwidth optimal, for large messages), or ``"auto"`` (default):
+the tree when one is given or the message is below :data:`AUTO_RSAG_BYTES`,
+else ``rsag``. Plans and compiled schedules
 are cached per (tree, sizes), so a repeated call costs the transfers only.
 
 Non-commutative operators keep rank order (``x_0 op x_1 op ... op x_{P-1}``):
@@ -63,9 +66,11 @@ from .ops import Op, resolve_op
 from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 
-__all__ = ["reduce", "broadcast", "allreduce", "run_schedule", "plan_for", "default_nchunks",
+__all__ = ["reduce", "broadcast", "allreduce", "run_schedule", "plan_for", "default_nchunks", "AUTO_RSAG_BYTES",
            "CHUNK_BYTES", "MAX_CHUNKS", "FINGERPRINT_BYTES"]
 
+#: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
+AUTO_RSAG_BYTES = 256 << 10
 #: target bytes per chunk when ``nchunks`` is not given
 CHUNK_BYTES = 1 << 20
 #: most chunks used when ``nchunks`` is not given
@@ -271,6 +276,11 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
     if root is not None and not 0 <= root < n:
         raise CollectiveError(f"{what}: root expected a group rank in 0..{n - 1}, got {root}")
     nbytes = _nbytes(x)
+    if algo == "auto":
+        explicit = tree is not None and tree != "auto"
+        algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
+    if algo not in ("tree", "ring", "rsag"):
+        raise CollectiveError(f"{what}: algo expected one of ['auto', 'tree', 'ring', 'rsag'], got {algo!r}")
     if algo != "tree":
         if collective != "allreduce":
             raise CollectiveError(f"{what}: algo {algo!r} implements allreduce only; use algo='tree'")
@@ -323,7 +333,7 @@ def _same(out, x) -> bool:
     return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
-def allreduce(x, *, op="sum", tree=None, algo: str = "tree", group=None, out=None, nchunks: int | None = None,
+def allreduce(x, *, op="sum", tree=None, algo: str = "auto", group=None, out=None, nchunks: int | None = None,
               topology=None, ranks=None, commutative: bool | None = None, chunkable: bool | None = None,
               timeout: float | None = None, check: bool = True, transport=None):
     """Every rank gets ``x_0 op x_1 op ... op x_{P-1}`` (group ranks). See the module docstring."""

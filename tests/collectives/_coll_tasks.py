@@ -1,0 +1,117 @@
+"""Tasks run on every rank of a GlooPool (see _coll_pool.py): ``task(rank, world, *args)``."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+import collectives
+from collectives.execute import allreduce, broadcast, reduce
+from topo.errors import CollectiveError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def matmul2(a, b):
+    """Non-commutative, associative: batched 2x2 matrix product."""
+    return a @ b
+
+
+def pair_op(a, b):
+    """A tuple-valued operator: (sum, max) over (float32 [n, 3], float64 [n])."""
+    return (a[0] + b[0], torch.maximum(a[1], b[1]))
+
+
+OPS = {"sum": "sum", "max": "max", "matmul": matmul2, "pair": pair_op}
+
+
+def value(op: str, rank: int, seed: int, rows: int):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if op == "matmul":
+        return torch.randn(rows, 2, 2, generator=g, dtype=torch.float64) * 0.5 + torch.eye(2, dtype=torch.float64)
+    if op == "pair":
+        return (torch.randn(rows, 3, generator=g), torch.randn(rows, generator=g, dtype=torch.float64))
+    return torch.randn(rows, 5, generator=g, dtype=torch.float64)
+
+
+def reference(op: str, values):
+    if op == "matmul":
+        out = values[0]
+        for v in values[1:]:
+            out = out @ v
+        return out
+    if op == "pair":
+        return (sum(v[0] for v in values), torch.stack([v[1] for v in values]).max(0).values)
+    if op == "max":
+        return torch.stack(values).max(0).values
+    return sum(values)
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(_close(x, y) for x, y in zip(a, b))
+    return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+
+
+@lru_cache(maxsize=None)
+def _topology(name: str):
+    import topo
+    return topo.load(ROOT / "topologies" / f"{name}.yaml")
+
+
+def run_cases(rank: int, world: int, cases: list) -> list:
+    """Each case: (collective, tree, op, nchunks, root, rows, seed, algo, topology name or None, ranks)."""
+    out = []
+    for collective, tree, op, nchunks, root, rows, seed, algo, tname, granks in cases:
+        topology = _topology(tname) if tname else None
+        values = [value(op, r, seed, rows) for r in range(world)]
+        x = values[rank]
+        kw = dict(tree=tree, nchunks=nchunks, topology=topology, ranks=granks, timeout=20)
+        opx = OPS[op]
+        comm = op == "pair"
+        if collective == "allreduce":
+            res = allreduce(x, op=opx, algo=algo, commutative=comm or None, **kw)
+            ok = _close(res, reference(op, values))
+        elif collective == "reduce":
+            res = reduce(x, op=opx, root=root, commutative=comm or None, **kw)
+            ok = _close(res, reference(op, values)) if rank == root else res is None
+        else:
+            res = broadcast(x, root=root, **kw)
+            ok = _close(res, values[root])
+        out.append(bool(ok))
+    return out
+
+
+def tree_mismatch(rank: int, world: int) -> str:
+    try:
+        allreduce(torch.ones(8), tree="chain" if rank == 0 else "binomial", nchunks=1, timeout=10)
+    except CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def shape_mismatch(rank: int, world: int) -> str:
+    try:
+        allreduce(torch.ones(8 + (rank == world - 1), 2), tree="binomial", timeout=10)
+    except CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def die_early(rank: int, world: int) -> str:
+    """Rank 1 leaves after one successful call; the others' next call must fail naming it."""
+    x = torch.ones(1000)
+    allreduce(x, tree="chain", nchunks=2, timeout=5)
+    if rank == 1:
+        os._exit(0)
+    try:
+        allreduce(x, tree="chain", nchunks=2, timeout=5)
+    except CollectiveError as e:
+        return str(e)
+    return "no error"
+
+
+def same_tree_everywhere(rank: int, world: int, builder: str) -> str:
+    return collectives.build(builder, nranks=world).fingerprint()

@@ -1,0 +1,197 @@
+"""Builders: registry, shapes, two-level trees on the shipped topologies, optimality of auto."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from _coll_helpers import SHIPPED, shipped
+from collectives import MultiTree, Tree, build, compile_allreduce
+from collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
+from collectives.builders import BUILDERS, nccl_btree_parents
+from collectives.cost import CostModel
+from collectives.tree import as_multi
+from topo.errors import TreeError
+
+
+def test_registry_names_and_errors():
+    assert set(BUILDERS) == {"chain", "binomial", "kary", "star", "double_binary", "two_level", "auto"}
+    with pytest.raises(TreeError, match=r"builder 'ring': unknown; valid names are \['auto', 'binomial'"):
+        build("ring", nranks=4)
+    with pytest.raises(TreeError, match="only 'kary:K' takes an argument"):
+        build("chain:3", nranks=4)
+    with pytest.raises(TreeError, match="two_level: needs a topology"):
+        build("two_level", nranks=4)
+    with pytest.raises(TreeError, match="expected a topology, ranks or nranks"):
+        build("chain")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 13])
+def test_topology_free_shapes(n):
+    b = build("binomial", nranks=n)
+    assert all(p == (r & (r - 1)) for r, p in enumerate(b.parents) if r)
+    assert b.height == max(bin(r).count("1") for r in range(n))
+    for k in (2, 3, 4):
+        t = build(f"kary:{k}", nranks=n)
+        assert max(len(c) for c in t.children) <= k and t.is_order_preserving()
+    assert build("chain", nranks=n).height == n - 1
+    assert build("star", nranks=n).height == min(1, n - 1)
+    for name in ("chain", "binomial", "kary", "star"):
+        assert build(name, nranks=n).is_order_preserving()
+        if n > 2:
+            assert build(name, nranks=n, root=2).root == 2
+
+
+def test_nccl_double_binary_tree():
+    # ncclGetBtree on 8 ranks: 0 -> 4; 4 -> 2, 6; 2 -> 1, 3; 6 -> 5, 7
+    assert nccl_btree_parents(8) == [-1, 2, 4, 2, 0, 6, 4, 6]
+    for n in (4, 5, 8, 9, 16):
+        m = build("double_binary", nranks=n)
+        assert isinstance(m, MultiTree) and m.shares == (0.5, 0.5)
+        inner = [{r for r in range(n) if t.children[r]} for t in m.trees]
+        # complementary (Sanders): no rank is an inner node of both trees (except where NCCL's shape forces one)
+        assert len(inner[0] & inner[1]) <= 1
+        if n % 2 == 0:   # mirror
+            assert m.trees[1].parents == tuple(-1 if p == -1 else n - 1 - p
+                                               for p in reversed(m.trees[0].parents))
+
+
+def _builder_cases():
+    out = []
+    for name in SHIPPED:
+        for b in ("chain", "binomial", "kary", "star", "double_binary", "two_level", "auto"):
+            out.append((name, b))
+    return out
+
+
+@pytest.mark.parametrize("topo_name, builder", _builder_cases())
+def test_every_builder_on_every_shipped_topology(topo_name, builder):
+    """The shared invariant check: deterministic, spanning, compilable, finite predicted time;
+    two_level keeps every host's ranks together with one edge into each non-root host."""
+    t = shipped(topo_name)
+    gpus = t.rank_gpus()
+    if len(gpus) > 128:   # the 8192-rank cluster: the first 16 hosts
+        hosts = t.hosts()[:16]
+        gpus = tuple(g for g in gpus if t.host_of(g) in hosts)
+    opts = {"nbytes": 1 << 20} if builder in ("auto", "two_level") else {}
+    if builder == "auto":
+        opts["search"] = False     # the search itself is checked by the optimality tests below
+    plan = build(builder, t, gpus, **opts)
+    again = build(builder, t, gpus, **opts)
+    assert plan == again and plan.fingerprint() == again.fingerprint()
+    multi = as_multi(plan)
+    assert multi.size == len(gpus)
+    model = CostModel(t, gpus)
+    secs = model.tree_time(plan, 1 << 20, "allreduce", 4)
+    assert math.isfinite(secs) and secs >= model.lower_bound(1 << 20) > 0
+    if len(gpus) <= 128:
+        compile_allreduce(plan, 2)
+    if builder == "two_level":
+        hosts = {t.host_of(g) for g in gpus}
+        for tree in multi.trees:
+            cross = [(c, p) for c, p in tree.edges() if t.host_of(gpus[c]) != t.host_of(gpus[p])]
+            assert len(cross) == len(hosts) - 1
+            # every host's ranks form one connected piece: one rank per host has an off-host parent
+            assert len({t.host_of(gpus[c]) for c, _ in cross}) == len(hosts) - 1
+
+
+def test_two_level_dgx_h100_x16_edges():
+    t = shipped("dgx-h100-x16")
+    tree = build("two_level", t)
+    gpus = t.rank_gpus()
+    kinds = [t.path(gpus[c], gpus[p]) for c, p in tree.edges()]
+    inter = [p for p in kinds if p.nccl == "NET"]
+    assert len(inter) == 15
+    assert all(p.nccl == "NVL" and set(p.kinds) == {"nvlink"} for p in kinds if p.nccl != "NET")
+    # the leader of every host sits next to a NIC (PCIe switch shared with it)
+    for c, p in tree.edges():
+        if t.host_of(gpus[c]) != t.host_of(gpus[p]):
+            assert t.path(gpus[c], t.nearest_nic(gpus[c])).nccl in ("PIX", "PXB")
+
+
+def test_two_level_rails_give_one_tree_per_nic():
+    t = shipped("dgx-h100-x2")
+    m = build("two_level", t, rails=True)
+    gpus = t.rank_gpus()
+    assert isinstance(m, MultiTree) and len(m) == len(t.nics(t.hosts()[0]))
+    nics = set()
+    for tree in m.trees:
+        (c, p), = [(c, p) for c, p in tree.edges() if t.host_of(gpus[c]) != t.host_of(gpus[p])]
+        nics.add(t.nearest_nic(gpus[c]))
+    assert len(nics) == len(m)            # every NIC carries a share
+    assert build("two_level", t, nbytes=64 << 20).fingerprint() == m.fingerprint()   # rails="auto", large
+    assert isinstance(build("two_level", t, nbytes=4096), Tree)
+
+
+def test_two_level_pcie_keeps_sockets_together():
+    t = shipped("pcie-8gpu")
+    gpus = t.rank_gpus()
+    tree = build("two_level", t)
+    paths = {(c, p): t.path(gpus[c], gpus[p]) for c, p in tree.edges()}
+    assert sum(p.nccl == "SYS" for p in paths.values()) == 1      # one edge crosses the sockets
+    # GPUs under one PCIe switch are joined directly
+    assert sum(p.nccl == "PIX" for p in paths.values()) == 4
+
+
+# ---------------------------------------------------------------------- optimality
+SINGLE_HOST = [n for n in SHIPPED if len(shipped(n).hosts()) == 1 and len(shipped(n).rank_gpus()) <= 8]
+FAST = (1, 8)   # chunk counts tried by both auto and the brute force (same score either way)
+
+
+def _optimality_cases():
+    out = []
+    for name in SINGLE_HOST:
+        out.append((name, 5, 16 << 20))
+        if name in ("pcie-8gpu", "dgx-h100"):
+            out += [(name, 5, 8), (name, 6, 64 << 10)]
+    return out
+
+
+@pytest.mark.parametrize("topo_name, nranks, nbytes", _optimality_cases())
+def test_auto_reaches_the_brute_force_minimum(topo_name, nranks, nbytes):
+    """auto's predicted time <= the least over EVERY rooted spanning tree (Prüfer enumeration)."""
+    t = shipped(topo_name)
+    gpus = t.rank_gpus()[:nranks]
+    model = CostModel(t, gpus, chunk_candidates=FAST)
+    best_t, best = brute_force(model, nbytes)
+    plan = build("auto", t, gpus, nbytes=nbytes, model=model)
+    assert model.best_nchunks(plan, nbytes)[1] <= best_t * (1 + 1e-9), (plan, best)
+
+
+@pytest.mark.parametrize("topo_name", [n for n in SINGLE_HOST if "pcie" not in n])
+@pytest.mark.parametrize("nbytes", [8, 1 << 20])
+def test_auto_optimal_on_eight_gpu_switch_hosts(topo_name, nbytes):
+    """8 ranks on an NVSwitch host: every rank is equivalent (checked), so one tree per
+    isomorphism class and root covers every spanning tree."""
+    t = shipped(topo_name)
+    model = CostModel(t, chunk_candidates=FAST)
+    assert is_symmetric(model)
+    best_t, _ = brute_force(model, nbytes, trees=shapes(8))
+    plan = build("auto", t, nbytes=nbytes, model=model)
+    assert model.best_nchunks(plan, nbytes)[1] <= best_t * (1 + 1e-9)
+
+
+def test_enumerations_are_complete():
+    assert sum(1 for _ in rooted_trees(5)) == 5 ** 4
+    assert len({t.parents for t in rooted_trees(4)}) == 4 ** 3
+    assert not is_symmetric(CostModel(shipped("pcie-8gpu")))
+
+
+def test_auto_respects_non_commutative_ops():
+    plan = build("auto", nranks=6, nbytes=1 << 20, op=lambda a, b: a @ b)
+    assert plan.is_order_preserving() and plan.root == 0
+    with pytest.raises(TreeError, match="non-commutative operator needs an order-preserving tree rooted at 0"):
+        build("auto", nranks=6, op=lambda a, b: a, root=3)
+
+
+@pytest.mark.parametrize("topo_name", ["dgx-h100-x16", "dgx-h100-x2", "gb200-nvl72"])
+def test_auto_gap_to_lower_bound_on_large_groups(topo_name):
+    """Above the search limit auto is a heuristic: never below the lower bound, and within
+    a bounded factor of it for large messages (measured gaps are in docs/benchmarks.md)."""
+    t = shipped(topo_name)
+    model = CostModel(t)
+    plan = build("auto", t, nbytes=64 << 20, model=model)
+    secs = model.best_nchunks(plan, 64 << 20)[1]
+    lb = model.lower_bound(64 << 20)
+    assert lb <= secs <= 6 * lb
+    assert secs <= model.best_nchunks(build("two_level", t, nbytes=64 << 20), 64 << 20)[1] * (1 + 1e-9)

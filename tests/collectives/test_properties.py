@@ -1,0 +1,214 @@
+"""Property tests: schedules run in-process (threads, LocalFabric) equal the single-process reference.
+
+Random trees (and order-preserving ones for the non-commutative 2x2 matrix
+product), chunk counts, dtypes, operators (sum, max, matrix product, a
+tuple-valued operator), collectives and roots.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collectives import MultiTree, Tree
+from collectives.execute import allreduce, broadcast, reduce
+from collectives.local import run_ranks
+from topo.errors import CollectiveError, TreeError
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16]
+
+
+@st.composite
+def trees(draw, min_size=1, max_size=7):
+    n = draw(st.integers(min_size, max_size))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    perm = draw(st.permutations(range(n)))
+    return Tree.from_parents(parents).relabel(list(perm))
+
+
+@st.composite
+def ordered_trees(draw, min_size=1, max_size=7):
+    """Order-preserving trees: each subtree a consecutive range, children ascending."""
+    n = draw(st.integers(min_size, max_size))
+    parents = [-1] * n
+
+    def split(lo, hi):           # subtree of ranks lo..hi-1 rooted at lo
+        start = lo + 1
+        while start < hi:
+            end = draw(st.integers(start + 1, hi))
+            parents[start] = lo
+            split(start, end)
+            start = end
+
+    split(0, n)
+    return Tree.from_parents(parents)
+
+
+def matmul2(a, b):
+    return a @ b
+
+
+def pair(a, b):
+    return (a[0] + b[0], torch.maximum(a[1], b[1]))
+
+
+def _values(kind: str, n: int, rows: int, dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        if kind == "matmul":
+            out.append(torch.randn(rows, 2, 2, generator=g, dtype=torch.float64) * 0.5
+                       + torch.eye(2, dtype=torch.float64))
+        elif kind == "pair":
+            out.append((torch.randn(rows, 3, generator=g), torch.randint(-50, 50, (rows,), generator=g)))
+        elif dtype.is_floating_point:
+            out.append(torch.randn(rows, 3, generator=g).to(dtype))
+        else:
+            out.append(torch.randint(-1000, 1000, (rows, 3), generator=g, dtype=dtype))
+    return out
+
+
+def _reference(kind: str, vals):
+    acc = vals[0]
+    for v in vals[1:]:
+        if kind == "matmul":
+            acc = acc @ v
+        elif kind == "pair":
+            acc = (acc[0] + v[0], torch.maximum(acc[1], v[1]))
+        elif kind == "max":
+            acc = torch.maximum(acc, v)
+        else:
+            acc = acc + v
+    return acc
+
+
+def _close(a, b, dtype=torch.float64):
+    if isinstance(a, tuple):
+        return all(_close(x, y) for x, y in zip(a, b))
+    if not a.dtype.is_floating_point:
+        return torch.equal(a, b)
+    tol = 1e-2 if a.dtype == torch.float16 else 1e-5
+    return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
+
+
+def _op(kind):
+    return {"sum": "sum", "max": "max", "matmul": matmul2, "pair": pair}[kind]
+
+
+@SETTINGS
+@given(tree=trees(), k=st.integers(1, 5), rows=st.integers(1, 9), dtype=st.sampled_from(DTYPES),
+       kind=st.sampled_from(["sum", "max", "pair"]), data=st.data())
+def test_random_trees_commutative(tree, k, rows, dtype, kind, data):
+    n = tree.size
+    vals = _values(kind, n, rows, dtype, seed=rows * 31 + k)
+    if kind == "sum" and dtype == torch.float16:
+        vals = [v / n for v in vals]
+    ref = _reference(kind, vals)
+    before = [tuple(x.clone() for x in v) if isinstance(v, tuple) else v.clone() for v in vals]
+    comm = True if kind == "pair" else None
+    coll = data.draw(st.sampled_from(["allreduce", "reduce", "broadcast"]))
+    root = data.draw(st.integers(0, n - 1))
+    if coll == "allreduce":
+        res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), tree=tree, nchunks=k, commutative=comm,
+                                                   transport=t, timeout=10))
+        assert all(_close(v, ref) for v in res)
+    elif coll == "reduce":
+        res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=_op(kind), tree=tree, nchunks=k,
+                                                commutative=comm, transport=t, timeout=10))
+        assert _close(res[root], ref) and all(v is None for r, v in enumerate(res) if r != root)
+    else:
+        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, nchunks=k, transport=t, timeout=10))
+        assert all(_close(v, vals[root]) for v in res)
+    # inputs untouched (out of place by default)
+    assert all(_close(a, b) for a, b in zip(before, vals))
+
+
+@SETTINGS
+@given(tree=ordered_trees(), k=st.integers(1, 4), rows=st.integers(1, 6), data=st.data())
+def test_non_commutative_matrix_product_keeps_rank_order(tree, k, rows, data):
+    n = tree.size
+    vals = _values("matmul", n, rows, None, seed=n * 7 + rows)
+    ref = _reference("matmul", vals)
+    root = data.draw(st.integers(0, n - 1))
+    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=matmul2, tree=tree, nchunks=k, transport=t, timeout=10))
+    assert all(_close(v, ref) for v in res)
+    res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=matmul2, tree=tree, nchunks=k, transport=t,
+                                            timeout=10))
+    assert _close(res[root], ref)
+
+
+@SETTINGS
+@given(n=st.integers(1, 6), k=st.integers(1, 3), rows=st.integers(1, 8), kind=st.sampled_from(["sum", "matmul", "pair"]),
+       algo=st.sampled_from(["ring", "rsag", "auto", "tree"]))
+def test_ring_rsag_and_auto(n, k, rows, kind, algo):
+    if algo == "ring" and kind == "matmul":
+        algo = "rsag"
+    vals = _values(kind, n, rows, torch.float64, seed=n + 10 * rows)
+    ref = _reference(kind, vals)
+    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), algo=algo, nchunks=k * n,
+                                               commutative=True if kind == "pair" else None, transport=t, timeout=10))
+    assert all(_close(v, ref) for v in res)
+
+
+@SETTINGS
+@given(a=trees(3, 6), b=st.data(), share=st.floats(0.1, 0.9), k=st.integers(1, 3), rows=st.integers(1, 12))
+def test_multitrees(a, b, share, k, rows):
+    n = a.size
+    perm = b.draw(st.permutations(range(n)))
+    m = MultiTree((a, a.relabel(list(perm))), (share, 1 - share))
+    vals = _values("pair", n, rows, None, seed=rows)
+    ref = _reference("pair", vals)
+    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, tree=m, nchunks=k,
+                                               transport=t, timeout=10))
+    assert all(_close(v, ref) for v in res)
+
+
+def test_in_place_and_out():
+    n = 4
+    xs = [torch.full((5, 2), float(r)) for r in range(n)]
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="binomial", nchunks=2, transport=t, timeout=5))
+    assert all(v is x for v, x in zip(res, xs)) and all(float(x[0, 0]) == 6.0 for x in xs)
+    outs = [torch.empty(5, 2) for _ in range(n)]
+    src = [torch.full((5, 2), float(r)) for r in range(n)]
+    res = run_ranks(n, lambda r, t: broadcast(src[r], root=2, out=outs[r], transport=t, timeout=5))
+    assert all(torch.equal(o, src[2]) and v is o for v, o in zip(res, outs))
+    with pytest.raises(CollectiveError, match="out expected shape"):
+        run_ranks(1, lambda r, t: allreduce(torch.ones(3), out=torch.ones(4), transport=t))
+
+
+def test_unchunkable_op_sees_whole_values():
+    seen = []
+
+    def whole(a, b):
+        seen.append(a.shape)
+        return a + b
+
+    n = 3
+    xs = [torch.ones(6, 2) for _ in range(n)]
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], op=whole, commutative=True, chunkable=False, tree="chain",
+                                               nchunks=4, transport=t, timeout=5))
+    assert all(torch.equal(v, torch.full((6, 2), 3.0)) for v in res)
+    assert set(seen) == {torch.Size([6, 2])}
+
+
+def test_non_commutative_errors():
+    with pytest.raises(TreeError, match="is not commutative, so the tree must be order preserving"):
+        run_ranks(3, lambda r, t: allreduce(torch.eye(2)[None], op=matmul2, tree=Tree.from_parents([-1, 2, 0]),
+                                             transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match="algo 'ring' needs a commutative op"):
+        run_ranks(2, lambda r, t: allreduce(torch.eye(2)[None], op=matmul2, algo="ring", transport=t, timeout=5))
+
+
+def test_local_mismatch_and_timeout():
+    with pytest.raises(CollectiveError, match="ranks disagree on the collective"):
+        run_ranks(2, lambda r, t: allreduce(torch.ones(2 + r), transport=t, timeout=5))
+
+    def late(r, t):
+        if r == 1:
+            return None
+        return allreduce(torch.ones(2), check=False, transport=t, timeout=0.5)
+
+    with pytest.raises(CollectiveError, match="rank 0 failed receiving chunk 0 from rank 1 within 0.5 s"):
+        run_ranks(2, late)

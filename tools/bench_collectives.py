@@ -1,0 +1,167 @@
+"""Benchmark: treecoll collectives against torch.distributed on gloo (not a test).
+
+For P = 2, 4, 8 gloo processes (spawned on 127.0.0.1) and sizes 8 B .. 64 MiB:
+
+* ``sum``: our allreduce (``collectives.allreduce(x)``: ``algo="auto"``, the
+  tree chosen by ``auto`` for small messages and the direct reduce-scatter +
+  all-gather from 256 KiB, default chunking; ``--algo`` forces tree/ring/rsag) against
+  ``torch.distributed.all_reduce`` on the same float32 tensor;
+* ``merge``: one tree allreduce of the attention-state merge, a tuple-valued
+  operator on ``(out [N, 128] f32, lse [N] f32)``, against the same result by
+  three all-reduces (max of lse, sum of weighted out, sum of weights; the Tree
+  Attention paper's baseline).
+
+Times are the median over repetitions of the slowest rank (after a warm-up
+call); the table prints microseconds and ratios (ours / theirs: < 1 is
+faster), and ``--json`` writes everything.
+
+    python -m tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+HEAD_DIM = 128
+SIZES = [8, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _reps(nbytes: int, base: int) -> int:
+    return max(3, min(base, int(base * (1 << 16) / max(nbytes, 1))))
+
+
+def _time(fn, reps: int, dist) -> float:
+    fn()  # warm-up (plans, schedules, fingerprints, connections)
+    ts = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    import collectives.execute as ex
+    from attention.state import merge
+
+    def merge_op(a, b):
+        return merge(a, b, check=False)
+
+    rows_out = []
+    for nbytes in sizes:
+        reps = _reps(nbytes, base_reps)
+        n = max(1, nbytes // 4)
+        x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+        buf = x.clone()
+
+        def ours():
+            buf.copy_(x)
+            ex.allreduce(buf, out=buf, algo=algo)
+
+        def theirs():
+            buf.copy_(x)
+            dist.all_reduce(buf)
+
+        t_ours = _time(ours, reps, dist)
+        t_torch = _time(theirs, reps, dist)
+        # tuple-valued operator: attention-state merge over N rows of (out [128], lse)
+        rows = max(1, nbytes // (4 * (HEAD_DIM + 1)))
+        g = torch.Generator().manual_seed(100 + rank)
+        out = torch.randn(rows, HEAD_DIM, generator=g)
+        lse = torch.randn(rows, generator=g)
+
+        def tree_merge():
+            return ex.allreduce((out, lse), op=merge_op, commutative=True, algo=algo)
+
+        def three():
+            m = lse.clone()
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            w = torch.exp(lse - m)
+            num = out * w[:, None]
+            dist.all_reduce(num)
+            dist.all_reduce(w)
+            return num / w[:, None], m + torch.log(w)
+
+        t_merge = _time(tree_merge, reps, dist)
+        t_three = _time(three, reps, dist)
+        if nbytes == sizes[0]:   # correctness of the merge path, once
+            a, b = tree_merge(), three()
+            assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
+        times = torch.tensor([t_ours, t_torch, t_merge, t_three], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)   # the slowest rank's median
+        t_ours, t_torch, t_merge, t_three = times.tolist()
+        rows_out.append({"procs": world, "bytes": nbytes, "reps": reps, "ours_us": t_ours * 1e6,
+                         "torch_us": t_torch * 1e6, "ratio": t_ours / t_torch,
+                         "merge_bytes": rows * 4 * (HEAD_DIM + 1), "tree_merge_us": t_merge * 1e6,
+                         "three_allreduce_us": t_three * 1e6, "merge_ratio": t_merge / t_three})
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(rows_out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _size(n: int) -> str:
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--reps", type=int, default=20, help="repetitions for small sizes (fewer for large)")
+    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag"))
+    ap.add_argument("--json", help="write the results to this file")
+    args = ap.parse_args(argv)
+    import torch.multiprocessing as mp
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    results = []
+    for p in args.procs:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            path = f.name
+        t0 = time.time()
+        mp.spawn(_worker, args=(p, _free_port(), sizes, args.reps, args.algo, path), nprocs=p, join=True)
+        with open(path) as f:
+            rows = json.load(f)
+        os.unlink(path)
+        results.extend(rows)
+        print(f"P={p}: {time.time() - t0:.0f} s", file=sys.stderr)
+    hdr = (f"{'P':>2} {'size':>8} | {'ours us':>10} {'gloo us':>10} {'ratio':>6} | "
+           f"{'merge B':>9} {'tree us':>10} {'3xAR us':>10} {'ratio':>6}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        print(f"{r['procs']:>2} {_size(r['bytes']):>8} | {r['ours_us']:>10.1f} {r['torch_us']:>10.1f} "
+              f"{r['ratio']:>6.2f} | {r['merge_bytes']:>9} {r['tree_merge_us']:>10.1f} "
+              f"{r['three_allreduce_us']:>10.1f} {r['merge_ratio']:>6.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"algo": args.algo, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
