@@ -175,7 +175,7 @@ def _merge_op(batch: int, heads: int, head_dim: int):
 
 
 def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto", topology=None,
-                 root_only: bool = False):
+                 root_only: bool = False, bcast: str = "tree"):
     """Merge every rank's state through the tree (the communication part of
     :func:`tree_decode`, for states already computed).
 
@@ -183,7 +183,13 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     (natural log).  Returns the merged ``(out, lse)`` (float32, same shapes) on
     every rank, or only on the tree root with ``root_only``.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
+    ``bcast``: how the result goes back down: ``"tree"`` (``collectives.broadcast``
+    over the same tree, the default) or ``"native"`` (``torch.distributed.broadcast``
+    from the root: the backend's own algorithm, which on gloo has lower latency
+    than point-to-point messages; see docs/benchmarks.md).
     """
+    if bcast not in ("tree", "native"):
+        raise AttentionError(f"bcast: expected 'tree' or 'native', got {bcast!r}")
     batch, heads, head_dim = out.shape
     _, size = group_info(group)
     if size == 1:
@@ -197,7 +203,13 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     res = reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
     if isinstance(res, torch.Tensor):
         buf = res
-    if not root_only:
+    if not root_only and bcast == "native":
+        import torch.distributed as dist
+
+        from attention.dist import to_global
+
+        dist.broadcast(buf, to_global(group, t.root), group=group)
+    elif not root_only:
         res = broadcast(buf, root=t.root, tree=t, group=group, out=buf)
         if isinstance(res, torch.Tensor):
             buf = res
@@ -205,7 +217,8 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
 
 
 def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
-                root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
+                root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False,
+                bcast: str = "tree"):
     """Decode attention over a KV cache sharded along the sequence, combined by one tree reduction.
 
     Parameters
@@ -227,6 +240,7 @@ def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
         :class:`~topo.errors.AttentionError` instead of hanging; one extra tiny
         collective, so a decode loop checks its first step and then passes False.
     return_lse : also return the merged LSE float32 [batch, q_heads].
+    bcast : ``"tree"`` (default) or ``"native"``: see :func:`tree_combine`.
 
     Returns
     -------
@@ -241,5 +255,5 @@ def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
                         extra=(_fingerprint_int(t), int(root_only)), extra_names=("tree fingerprint", "root_only"))
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
     if size > 1:
-        out, lse = tree_combine(out, lse, group=group, tree=t, root_only=root_only)
+        out, lse = tree_combine(out, lse, group=group, tree=t, root_only=root_only, bcast=bcast)
     return (out, lse) if return_lse else out

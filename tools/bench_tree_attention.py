@@ -13,7 +13,8 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 (b) the combine alone, states already computed: ``tree`` = our one tree
     reduction of the packed state plus the broadcast down the same tree (every
     rank gets the result, like an all-reduce), ``tree_root_only`` (the reduction
-    alone), ``allreduce3`` (max, numerator, denominator all-reduces), and
+    alone), ``tree_native_bcast`` (the tree reduction, then the backend's own
+    ``torch.distributed.broadcast``), ``allreduce3`` (max, numerator, denominator all-reduces), and
     ``floor`` = one ``torch.distributed.all_reduce`` (SUM) of the same packed
     bytes: the cost of a single collective on this engine.  Per iteration:
     barrier, time the call on every rank, take the max over ranks; median over
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
+COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "allreduce3", "floor")
 
 
 def _ints(s: str) -> list[int]:
@@ -65,6 +67,7 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
 
     fns = {"tree": lambda: tree_combine(out, lse, tree=t),
            "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
+           "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
            "allreduce3": lambda: allreduce3_combine(out, lse),
            "floor": floor}
     for _ in range(10):
@@ -152,8 +155,7 @@ def _print_step(s: dict) -> None:
 
 def _print_combine(c: dict) -> None:
     print(f"  combine P={c['nproc']} B={c['batch']} ({c['bytes']} B packed): "
-          + "  ".join(f"{k} {c[k]['median_s'] * 1e6:.0f} us" for k in ("tree", "tree_root_only", "allreduce3",
-                                                                        "floor")), flush=True)
+          + "  ".join(f"{k} {c[k]['median_s'] * 1e6:.0f} us" for k in COMBINE), flush=True)
 
 
 def targets(result: dict) -> list[dict]:
@@ -215,15 +217,15 @@ def plot(result: dict, path: Path) -> None:
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.legend(fontsize=6)
-    labels, vals = [], {k: [] for k in ("tree", "tree_root_only", "allreduce3", "floor")}
+    labels, vals = [], {k: [] for k in COMBINE}
     for c in result["combine"]:
         labels.append(f"P={c['nproc']} B={c['batch']}")
         for k in vals:
             vals[k].append(c[k]["median_s"] * 1e6)
-    w = 0.2
+    w = 0.16
     for i, (k, v) in enumerate(vals.items()):
         axes[2].bar([j + i * w for j in range(len(labels))], v, w, label=k)
-    axes[2].set_xticks([j + 1.5 * w for j in range(len(labels))], labels)
+    axes[2].set_xticks([j + 2 * w for j in range(len(labels))], labels)
     axes[2].set_ylabel("us")
     axes[2].set_title("(b) combine alone (median)")
     axes[2].legend(fontsize=7)

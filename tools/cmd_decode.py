@@ -17,9 +17,12 @@ gloo) and rank 0 prints.
 
 Measurements, per method and rank:
 
-* step latency: wall time of one decode step (all layers), after a barrier;
-  the step's latency is the maximum over ranks; the median over steps is reported
-  (the first step, which checks shapes and builds the tree, is excluded);
+* step latency: wall time of one decode step's attention calls (all layers;
+  the K/V append, the same for every method, is not timed); the methods are
+  interleaved on one cache (each step appends the token once, then every method
+  attends, in rotating order, after a barrier), so they see the same machine
+  load; the step's latency is the maximum over ranks, and the median over
+  steps 2..n is reported (the first step checks shapes and builds the tree);
 * bytes sent: bytes this rank's code passes to torch.distributed during one
   step (point-to-point sends plus the buffers given to all_reduce /
   all_gather; :func:`attention.dist.count_traffic`), measured in one extra
@@ -168,9 +171,23 @@ def _decode_step(fn, cache, cfg, step: int, device, topology, check: bool, outpu
             outputs.append(out.float().cpu())
 
 
+def _attend_all_layers(fn, cache, cfg, step: int, device, topology):
+    """``fn`` on every layer's shard for decode step ``step`` (K/V already appended)."""
+    for layer in range(cfg["layers"]):
+        q, _, _ = _step_inputs(cfg, step, layer)
+        k, v, kv_len = cache.shard(layer)
+        fn(q.to(device), k, v, kv_len=kv_len, topology=topology, check=False)
+
+
 def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     """One rank of ``treecoll decode``: decode with every method, measure, and on
-    rank 0 compare with the one-process reference.  Returns plain data."""
+    rank 0 compare with the one-process reference.  Returns plain data.
+
+    The methods are interleaved on the same cache: each step appends the token's
+    K/V to every layer once, then every method attends (methods in a rotating
+    order, a barrier before each call), so all methods see the same machine load.
+    A method's step time on a rank is the sum of its calls over the layers.
+    """
     import torch
     import torch.distributed as dist
 
@@ -184,44 +201,54 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
 
         topology = Topology.from_dict(cfg["topology"])
     cache = build_cache(cfg, rank, world, device)
-    start = [cache.lengths(layer) for layer in range(cfg["layers"])]
     tree = resolve_tree("auto", topology=topology) if world > 1 else None
+    names = list(cfg["methods"])
+    fns = {name: method(name) for name in names}
+    times = {name: [] for name in names}
+    outputs = {name: [] for name in names}
+    sync = device is not None and torch.cuda.is_available()
+    for step in range(cfg["new_tokens"]):
+        spent = dict.fromkeys(names, 0.0)
+        order = names[step % len(names):] + names[:step % len(names)]
+        for layer in range(cfg["layers"]):
+            q, kn, vn = _step_inputs(cfg, step, layer)
+            cache.append(layer, kn.to(device), vn.to(device))
+            k, v, kv_len = cache.shard(layer)
+            q = q.to(device)
+            for name in order:
+                if world > 1:
+                    dist.barrier()
+                t0 = time.perf_counter()
+                out = fns[name](q, k, v, kv_len=kv_len, topology=topology, check=step == 0)
+                if sync:
+                    torch.cuda.synchronize()
+                spent[name] += time.perf_counter() - t0
+                if rank == 0:
+                    outputs[name].append(out.float().cpu())
+        for name in names:
+            times[name].append(spent[name])
+    # one extra token, untimed: bytes and peak memory of one step per method
+    for layer in range(cfg["layers"]):
+        _, kn, vn = _step_inputs(cfg, cfg["new_tokens"], layer)
+        cache.append(layer, kn.to(device), vn.to(device))
     res: dict[str, Any] = {"rank": rank, "cache_bytes": cache.nbytes(), "methods": {},
                            "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name}}
-    for name in cfg["methods"]:
-        fn = method(name)
-        for layer in range(cfg["layers"]):
-            cache.truncate(layer, start[layer])
-        outputs, times = [], []
-        for step in range(cfg["new_tokens"]):
-            if world > 1:
-                dist.barrier()
-            t0 = time.perf_counter()
-            _decode_step(fn, cache, cfg, step, device, topology, step == 0, outputs if rank == 0 else None)
-            if device is not None and torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        # one extra, untimed step for bytes and memory (a token beyond new_tokens)
+    for name in names:
         if world > 1:
             dist.barrier()
         with count_traffic() as traffic:
-            _decode_step(fn, cache, cfg, cfg["new_tokens"], device, topology, False)
-        for layer in range(cfg["layers"]):
-            cache.truncate(layer, cache.lengths(layer) - 1)
+            _attend_all_layers(fns[name], cache, cfg, cfg["new_tokens"], device, topology)
         if world > 1:
             dist.barrier()
-        _, peak = peak_tensor_bytes(_decode_step, fn, cache, cfg, cfg["new_tokens"], device, topology, False)
-        res["methods"][name] = {"times": times, "bytes_sent": traffic.sent, "traffic": traffic.as_dict(world),
-                                "peak_transient": peak, "outputs": outputs}
+        _, peak = peak_tensor_bytes(_attend_all_layers, fns[name], cache, cfg, cfg["new_tokens"], device, topology)
+        res["methods"][name] = {"times": times[name], "bytes_sent": traffic.sent, "traffic": traffic.as_dict(world),
+                                "peak_transient": peak}
     if world > 1:
         dist.barrier()
     if rank == 0 and cfg["check"]:
-        res["reference"] = _reference(cfg)
+        reference = _reference(cfg)
         for name, m in res["methods"].items():
-            m["max_abs_err"] = max(float((a - b).abs().max()) for a, b in zip(m["outputs"], res["reference"]))
-    for m in res["methods"].values():
-        m.pop("outputs")
-    res.pop("reference", None)
+            m["max_abs_err"] = max(float((a - b).abs().max()) for a, b in zip(outputs[name], reference))
     return res
 
 
@@ -334,7 +361,8 @@ def render(d: dict) -> str:
                      f"{err:>10}  {', '.join(_fmt_bytes(b) for b in m['bytes_sent_per_rank']):<28} "
                      f"{', '.join(_fmt_bytes(b) for b in m['peak_bytes_per_rank'])}")
     lines.append("")
-    lines.append("step = all layers of one token, max over ranks, median over steps 2..n; "
+    lines.append("step = the attention calls of all layers for one token (methods interleaved), max over ranks, "
+                 "median over steps 2..n; "
                  "error vs the same steps in one process")
     lines.append("bytes sent = bytes passed to torch.distributed; on the wire with ring collectives: "
                  + "; ".join(f"{name} {_fmt_bytes(max(m['wire_bytes_estimate_per_rank']))}"

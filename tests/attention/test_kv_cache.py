@@ -102,3 +102,16 @@ def test_errors():
         c.append(0, torch.zeros(1, 1, 2), torch.zeros(1, 1, 2))
     with pytest.raises(AttentionError, match=r"layer: expected an int in \[0, 0\], got 1"):
         c.kv_len(1)
+    c.truncate(0, [1])
+    with pytest.raises(AttentionError, match=r"truncate: lengths: expected at most the current lengths \[1\], got \[2\]"):
+        c.truncate(0, [2])
+
+
+def test_truncate_then_append_overwrites():
+    c = ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=1, max_seq_len=8, block_size=2, dtype=torch.float32)
+    for x in range(5):
+        c.append(0, torch.full((1, 1, 1), float(x)), torch.full((1, 1, 1), float(x)))
+    c.truncate(0, [3])
+    c.append(0, torch.full((1, 1, 1), 9.0), torch.full((1, 1, 1), 9.0))
+    k, _, kv_len = c.shard(0)
+    assert kv_len.tolist() == [4] and k[0, :4, 0, 0].tolist() == [0.0, 1.0, 2.0, 9.0]

@@ -3,6 +3,8 @@
 All multi-process cases run in ONE spawned group of 4 gloo processes (module
 fixture); each case returns numbers that the tests below assert on.
 """
+from functools import partial
+
 import pytest
 import torch
 
@@ -57,7 +59,7 @@ def _worker(rank, nproc):
         ref_out, _ = reference(q, k, v, kv_len=lengths)
         ks, vs, local = _shard(k, v, lengths, bounds, rank)
         case = {}
-        for mname, fn in methods.items():
+        for mname, fn in dict(methods, tree_native=partial(tree_decode, bcast="native")).items():
             out = fn(q, ks, vs, kv_len=local, tree=tree)
             case[mname] = {"err": _rel_err(out, ref_out), "dtype": str(out.dtype), "nan": bool(out.isnan().any()),
                            "tol": TOL[dtype]}
@@ -102,7 +104,7 @@ def group_results():
     return run_group(_worker, P, timeout=90)
 
 
-@pytest.mark.parametrize("method", ["tree", "ring", "allreduce3"])
+@pytest.mark.parametrize("method", ["tree", "tree_native", "ring", "allreduce3"])
 @pytest.mark.parametrize("case", [c[0] for c in _cases()])
 def test_matches_reference(group_results, method, case):
     for rank, res in enumerate(group_results):
