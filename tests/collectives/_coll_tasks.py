@@ -115,3 +115,16 @@ def die_early(rank: int, world: int) -> str:
 
 def same_tree_everywhere(rank: int, world: int, builder: str) -> str:
     return collectives.build(builder, nranks=world).fingerprint()
+
+
+def never_arrives(rank: int, world: int) -> str:
+    """Rank 1 does not call; rank 0's reduce must time out naming it."""
+    import time
+    if rank == 1:
+        time.sleep(2.5)
+        return "skipped"
+    try:
+        reduce(torch.ones(4), root=0, tree="chain", check=False, timeout=1.5)
+    except CollectiveError as e:
+        return str(e)
+    return "no error"

@@ -1,0 +1,164 @@
+"""Cost model (alpha-beta with link sharing) and the NCCL-parity predictor."""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import pytest
+
+from _coll_helpers import shipped
+from collectives import MultiTree, Tree, build
+from collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
+from collectives.nccl_model import nccl_predict
+from topo import Topology
+from topo.errors import TreeError
+
+
+def _pcie_pair_topology():
+    """Two GPUs behind one PCIe switch (12 GB/s, 0.5 us per link), mem_bw 1000 GB/s."""
+    g = nx.DiGraph()
+    g.add_node("h/pcisw0", kind="pcie_switch", host="h")
+    for i in range(3):
+        g.add_node(f"h/gpu{i}", kind="gpu", host="h", index=i, mem_bw=1000.0)
+        for a, b in ((f"h/gpu{i}", "h/pcisw0"), ("h/pcisw0", f"h/gpu{i}")):
+            g.add_edge(a, b, kind="pcie", bw=12.0, lat=0.5, count=1)
+    return Topology(g, name="pcie3")
+
+
+def test_point_to_point_is_alpha_beta_on_the_path():
+    t = _pcie_pair_topology()
+    p = t.path("h/gpu0", "h/gpu1")
+    assert p2p_time(t, "h/gpu0", "h/gpu1", 12e6) == pytest.approx(p.lat * 1e-6 + 12e6 / (p.bw * 1e9))
+    cm = CostModel(t)
+    assert cm.p2p(0, 1, 12e6) == pytest.approx(1e-6 + 1e-3)
+    assert reduce_time(1000.0, 1e9) == pytest.approx(3e-3)
+    assert cm.reduce_cost(0, 1e9) == pytest.approx(3e-3)
+
+
+def test_link_sharing_divides_bandwidth():
+    cm = CostModel(_pcie_pair_topology())
+    alone = cm.rates([(1, 0)])[(1, 0)]
+    both = cm.rates([(1, 0), (2, 0)])            # share the switch -> gpu0 link
+    assert alone == pytest.approx(12e9)
+    assert both[(1, 0)] == pytest.approx(6e9) and both[(2, 0)] == pytest.approx(6e9)
+    assert cm.rates([(1, 0), (0, 2)])[(1, 0)] == pytest.approx(12e9)   # other directions do not share
+
+
+def test_nvswitch_parallel_routes_share_per_link():
+    t = shipped("dgx-h100")
+    cm = CostModel(t)
+    p = cm.path(1, 0)
+    assert len(p.routes) == 4 and cm.rates([(1, 0)])[(1, 0)] == pytest.approx(p.bw * 1e9)
+    fan_in = cm.rates([(i, 0) for i in range(1, 8)])
+    assert fan_in[(1, 0)] == pytest.approx(p.bw * 1e9 / 7)
+
+
+def test_tree_time_formulas():
+    cm = CostModel(nranks=3, msg_overhead=0.0)
+    chain = Tree.from_parents([-1, 0, 1])
+    n = 1e6
+    hop = cm.p2p(1, 0, n)
+    red = cm.reduce_cost(0, n)
+    assert cm.tree_time(chain, n, "reduce") == pytest.approx(2 * (hop + red))
+    assert cm.tree_time(chain, n, "broadcast") == pytest.approx(2 * hop)
+    # pipelining: K chunks -> first chunk's path + (K - 1) bottleneck stages
+    k = 10
+    m = n / k
+    stage = cm.p2p(1, 0, m) + cm.reduce_cost(0, m)
+    assert cm.tree_time(chain, n, "reduce", k) == pytest.approx(2 * stage + (k - 1) * stage)
+    assert cm.tree_time(chain, 64e6, "allreduce", 32) < cm.tree_time(chain, 64e6, "allreduce", 1)
+    with pytest.raises(TreeError, match="collective expected one of"):
+        cm.tree_time(chain, n, "scatter")
+    with pytest.raises(TreeError, match="tree has 2 ranks, the model 3"):
+        cm.tree_time(Tree.from_parents([-1, 0]), n)
+
+
+def test_multitree_halves_the_bytes_per_tree():
+    cm = CostModel(nranks=4, msg_overhead=0.0)
+    m = build("double_binary", nranks=4)
+    one = cm.tree_time(m.trees[0], 32e6, "reduce", 8)
+    both = cm.tree_time(MultiTree((m.trees[0], m.trees[0].relabel([1, 0, 3, 2]))), 32e6, "reduce", 8)
+    assert both < one
+    assert cm.best_nchunks(m, 8)[0] == 1
+
+
+@pytest.mark.parametrize("name", ["dgx-h100", "pcie-8gpu", "dgx-h100-x2"])
+@pytest.mark.parametrize("nbytes", [8, 1 << 20, 64 << 20])
+def test_lower_bound_holds_for_every_builder(name, nbytes):
+    t = shipped(name)
+    cm = CostModel(t)
+    lb = cm.lower_bound(nbytes)
+    for b in ("chain", "binomial", "star", "double_binary", "two_level"):
+        assert cm.best_nchunks(build(b, t, nbytes=nbytes) if b == "two_level" else build(b, t), nbytes)[1] >= lb
+    assert cm.ring_time(nbytes) >= lb and cm.rsag_time(nbytes) >= lb
+
+
+def test_uniform_topology_defaults():
+    t = uniform_topology(4)
+    assert len(t.rank_gpus()) == 4 and t.path(t.rank_gpus()[0], t.rank_gpus()[1]).bw == 12.0
+    with pytest.raises(TreeError, match="nranks expected >= 1"):
+        uniform_topology(0)
+
+
+# ---------------------------------------------------------------------- NCCL model
+def _switch_host(nodes: int, gpus: int, sm: int = 90):
+    """``nodes`` hosts of ``gpus`` H100s on NVSwitch (one link bw 20.6), one 50 GB/s NIC per GPU."""
+    g = nx.DiGraph()
+
+    def bi(a, b, **d):
+        g.add_edge(a, b, **d)
+        g.add_edge(b, a, **d)
+
+    g.add_node("leaf0", kind="net_switch", tier=0)
+    for h in range(nodes):
+        sw = f"h{h}/nvswitch0"
+        g.add_node(sw, kind="nvswitch", host=f"h{h}")
+        for i in range(gpus):
+            gid = f"h{h}/gpu{i}"
+            g.add_node(gid, kind="gpu", host=f"h{h}", index=i, sm=sm, mem_bw=3350.0)
+            bi(gid, sw, kind="nvlink", bw=18 * 20.6, lat=0.3, count=18)
+            nic = f"h{h}/nic{i}"
+            g.add_node(nic, kind="nic", host=f"h{h}", bw=50.0)
+            bi(gid, nic, kind="pcie", bw=48.0, lat=0.5, count=1)
+            bi(nic, "leaf0", kind="net", bw=50.0, lat=1.0, count=1)
+    return Topology(g, name=f"{nodes}x{gpus}")
+
+
+def test_nccl_latencies_match_the_reference_examples():
+    """../shared/reference/collectives.md §1.3 worked examples (latencyInter 0)."""
+    one = _switch_host(1, 8)
+    lat = {(a, p): nccl_predict(one, None, 8, a, p)["lat_us"] for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")}
+    assert lat[("ring", "LL")] == pytest.approx(15.0) and lat[("ring", "LL128")] == pytest.approx(40.6)
+    assert lat[("ring", "Simple")] == pytest.approx(56.0)
+    assert lat[("tree", "LL")] == pytest.approx(15.2) and lat[("tree", "LL128")] == pytest.approx(31.5)
+    assert lat[("tree", "Simple")] == pytest.approx(64.4)
+    big = _switch_host(16, 8)
+    assert nccl_predict(big, None, 8, "ring", "LL")["lat_us"] == pytest.approx(311.6)
+    assert nccl_predict(big, None, 8, "ring", "Simple")["lat_us"] == pytest.approx(1190.0)
+    assert nccl_predict(big, None, 8, "tree", "LL")["lat_us"] == pytest.approx(55.2)
+    assert nccl_predict(big, None, 8, "tree", "Simple")["lat_us"] == pytest.approx(176.4)
+
+
+def test_nccl_protocol_choice_and_bandwidth():
+    t = _switch_host(1, 8)
+    small, large = nccl_predict(t, None, 8, "ring"), nccl_predict(t, None, 1 << 30, "ring")
+    assert small["proto"] == "LL" and large["proto"] == "Simple"
+    # ring Simple: busBw = nChannels * bw = 18 x 20.6; algBw = busBw * n / (2 (n-1))
+    assert large["nchannels"] == 18
+    assert large["model_algbw"] == pytest.approx(18 * 20.6 * 8 / 14)
+    assert large["busbw"] == pytest.approx(large["algbw"] * 14 / 8)
+    assert large["time_us"] == pytest.approx(large["lat_us"] + (1 << 30) / (1000 * large["model_algbw"]))
+    tree = nccl_predict(t, None, 1 << 30, "tree", "Simple")
+    # tree Simple: min(busBw * 0.92, nCh * perChMaxTreeBw[Hopper][N1] = 38.7) * 0.5, x correction 0.9
+    assert tree["model_algbw"] == pytest.approx(min(18 * 20.6 * 0.92, 18 * 38.7) * 0.5 * 0.9)
+    assert set(small["protocols"]) == {"LL", "LL128", "Simple"}
+    with pytest.raises(TreeError, match="algo expected 'ring' or 'tree'"):
+        nccl_predict(t, None, 8, "nvls")
+    with pytest.raises(TreeError, match="proto expected one of"):
+        nccl_predict(t, None, 8, "ring", "LL64")
+
+
+def test_nccl_model_on_shipped_topologies():
+    for name in ("dgx-h100", "dgx-a100", "pcie-8gpu", "dgx-h100-x2"):
+        r = nccl_predict(shipped(name), None, 1 << 26, "ring")
+        assert math.isfinite(r["time"]) and r["time"] > 0 and r["busbw"] > 0

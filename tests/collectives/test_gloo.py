@@ -1,0 +1,102 @@
+"""Real multi-process runs over gloo: every builder, reduce/broadcast/allreduce, and failures.
+
+Process pools are created once per module (spawning is slow on 2 cores) and
+run many cases per task (see _coll_pool.py / _coll_tasks.py). Every wait is
+bounded: the pool's own timeouts and the collectives' ``timeout=``.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from _coll_pool import GlooPool
+
+pytestmark = pytest.mark.timeout(240)
+
+BUILDERS = ["chain", "binomial", "kary:3", "star", "double_binary", "auto", "two_level"]
+
+
+def _cases(world: int, builders, *, topology=None, ranks=None, rows=7):
+    cases = []
+    for b in builders:
+        topo_builder = b in ("two_level", "auto")
+        for coll in ("allreduce", "reduce", "broadcast"):
+            ops = ["sum"] if coll == "broadcast" else ["sum", "pair", "matmul"]
+            for op in ops:
+                if op == "matmul" and b in ("double_binary", "two_level", "star"):
+                    continue      # not order preserving: covered by the error test
+                root = (len(cases) % world) if coll != "allreduce" else None
+                if op == "matmul" and root not in (None, 0) and b != "auto":
+                    root = 0
+                cases.append((coll, b, op, 1 + len(cases) % 3, root, rows, len(cases), "tree",
+                              topology if topo_builder else None, ranks if topo_builder else None))
+    for algo in ("ring", "rsag"):
+        cases.append(("allreduce", None, "sum", world * 2, None, 33, 99, algo, None, None))
+    cases.append(("allreduce", None, "matmul", world, None, 9, 98, "rsag", None, None))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def pool4():
+    p = GlooPool(4)
+    yield p
+    p.close()
+
+
+def _check(results):
+    for r, res in enumerate(results):
+        assert res is not None and res[0] == "ok", f"rank {r}: {res}"
+        assert all(res[1]), f"rank {r}: failing cases {[i for i, ok in enumerate(res[1]) if not ok]}"
+
+
+def test_every_builder_four_processes(pool4):
+    # two hosts of the 2-host DGX H100 topology for the topology-aware builders
+    _check(pool4.run("run_cases", _cases(4, BUILDERS, topology="dgx-h100-x2", ranks=[0, 1, 8, 9]), timeout=180))
+
+
+def test_fingerprint_mismatch_is_an_error(pool4):
+    t0 = time.time()
+    res = pool4.run("tree_mismatch", timeout=60)
+    assert all(r[0] == "ok" and "ranks disagree on the collective" in r[1] for r in res), res
+    assert "chain/allreduce" in res[1][1] and "binomial/allreduce" in res[1][1]
+    assert time.time() - t0 < 30
+
+
+def test_shape_mismatch_is_an_error(pool4):
+    res = pool4.run("shape_mismatch", timeout=60)
+    assert all(r[0] == "ok" and "float32[9, 2]" in r[1] and "float32[8, 2]" in r[1] for r in res), res
+
+
+def test_two_and_eight_processes():
+    for world, builders in ((2, ["chain", "double_binary", "auto"]), (8, ["binomial", "kary:3", "double_binary"])):
+        p = GlooPool(world)
+        try:
+            cases = [c for c in _cases(world, builders, rows=5) if world == 2 or c[2] != "pair"]
+            _check(p.run("run_cases", cases, timeout=180))
+        finally:
+            p.close()
+
+
+def test_rank_exiting_early_is_an_error_naming_the_peer():
+    p = GlooPool(3)
+    try:
+        t0 = time.time()
+        res = p.run("die_early", timeout=60, expect=2)
+        assert res[1] is None
+        for r in (0, 2):
+            assert res[r][0] == "ok" and "allreduce: rank" in res[r][1] and "rank 1" in res[r][1], res
+        assert time.time() - t0 < 30
+    finally:
+        p.close()
+
+
+def test_rank_that_never_arrives_times_out():
+    p = GlooPool(2)
+    try:
+        t0 = time.time()
+        res = p.run("never_arrives", timeout=60)
+        assert res[0][0] == "ok" and "rank 0 failed receiving chunk 0 from rank 1 within 1.5 s" in res[0][1], res
+        assert time.time() - t0 < 30
+    finally:
+        p.close()
