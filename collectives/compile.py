@@ -243,30 +243,49 @@ def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order=Non
     return Schedule("allreduce", n, n * k, tuple(tuple(s) for s in prog.steps), name=f"ring/allreduce")
 
 
-def _rs(prog: _Prog, n: int, k: int) -> None:
-    for j in range(k):
-        for r in range(n):
-            rv = {}
-            for d in range(1, n):                 # send my piece of segment r+d to its owner
+def _slot(q: int, r: int) -> int:
+    """Scratch slot at owner r for the piece from rank q (1..P-1)."""
+    return q + 1 if q < r else q
+
+
+def _rs(prog: _Prog, n: int, k: int, *, then_ag: bool = False) -> None:
+    """Direct reduce-scatter (and the all-gather after it). Every rank first issues
+    all its sends (they read only its input), then posts every receive, then
+    reduces its segment chunk by chunk (rank order: higher ranks on the right,
+    lower on the left) and, with ``then_ag``, sends each finished chunk to all."""
+    for r in range(n):
+        for j in range(k):
+            for d in range(1, n):
                 s = (r + d) % n
                 prog.add(r, "send", s * k + j, peer=s)
+        rv = {}
+        for j in range(k):
             for d in range(1, n):
                 q = (r - d) % n
-                rv[q] = prog.add(r, "recv", r * k + j, peer=q, slot=q + 1 if q < r else q)
+                rv[(q, j)] = prog.add(r, "recv", r * k + j, peer=q, slot=_slot(q, r))
+        if then_ag:
+            for j in range(k):
+                for d in range(1, n):
+                    q = (r - d) % n
+                    prog.add(r, "recv", q * k + j, peer=q)
+        for j in range(k):
             prev = None
-            for q in list(range(r + 1, n)) + list(range(r - 1, -1, -1)):   # rank order: higher right, lower left
-                prev = prog.add(r, "reduce", r * k + j, slot=q + 1 if q < r else q, deps=(rv[q], prev),
-                                right=q > r)
+            for q in list(range(r + 1, n)) + list(range(r - 1, -1, -1)):
+                prev = prog.add(r, "reduce", r * k + j, slot=_slot(q, r), deps=(rv[(q, j)], prev), right=q > r)
+            if then_ag:
+                for d in range(1, n):
+                    prog.add(r, "send", r * k + j, peer=(r + d) % n, deps=(prev,))
 
 
 def _ag(prog: _Prog, n: int, k: int) -> None:
-    for j in range(k):
-        for r in range(n):
-            for d in range(1, n):
-                prog.add(r, "send", r * k + j, peer=(r + d) % n)
+    for r in range(n):
+        for j in range(k):
             for d in range(1, n):
                 q = (r - d) % n
                 prog.add(r, "recv", q * k + j, peer=q)
+        for j in range(k):
+            for d in range(1, n):
+                prog.add(r, "send", r * k + j, peer=(r + d) % n)
 
 
 def compile_rsag_allreduce(nranks: int, nchunks: int | None = None) -> Schedule:
@@ -278,8 +297,7 @@ def compile_rsag_allreduce(nranks: int, nchunks: int | None = None) -> Schedule:
     k = _seg_chunks(n, nchunks, "rsag")
     prog = _Prog(n)
     if n > 1:
-        _rs(prog, n, k)
-        _ag(prog, n, k)
+        _rs(prog, n, k, then_ag=True)
     return Schedule("allreduce", n, n * k, tuple(tuple(s) for s in prog.steps), name="rsag/allreduce")
 
 

@@ -44,7 +44,9 @@ chunk and the peer. A rank that has already cached an agreement skips the
 exchange; if another rank then arrives with a different layout, both sides
 fail on the timeout, with the same error naming the peer.
 
-Executor: steps start in list order; a step first waits for its
+Executor: scratch buffers (one message-sized buffer per scratch slot) are
+kept between calls with the same layout (at most :data:`MAX_SCRATCH`), so a
+repeated collective allocates nothing. Steps start in list order; a step first waits for its
 dependencies (and for any send still reading, or receive still writing, the
 chunk it touches); sends and receives are non-blocking ``isend``/``irecv``
 with ``tag = chunk``. Reductions run in place on whole chunks (one call per
@@ -79,13 +81,18 @@ MAX_CHUNKS = 16
 FINGERPRINT_BYTES = 512
 
 _PLANS: dict[Any, Any] = {}
+#: scratch buffers kept between calls: (transport key, rank, layout signature, slot) -> tensor
+_SCRATCH: dict[Any, Any] = {}
+#: most scratch buffers kept (oldest dropped first)
+MAX_SCRATCH = 64
 _SCHEDULES: dict[Any, Schedule] = {}
 _AGREED: set = set()
 
 
 def default_nchunks(nbytes: int) -> int:
-    """Chunks for a message of ``nbytes`` when the caller gives none: about
-    :data:`CHUNK_BYTES` each, at most :data:`MAX_CHUNKS`."""
+    """Chunks for a tree collective on ``nbytes`` when the caller gives none: about
+    :data:`CHUNK_BYTES` each (pipelining through the tree's levels), at most
+    :data:`MAX_CHUNKS`. Ring and rsag use one chunk per segment (P chunks)."""
     return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
 
 
@@ -116,16 +123,26 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
         w = works.get(i)
         if w is not None:
             try:
-                transport.wait(w, timeout)
+                for x in (w if isinstance(w, list) else (w,)):
+                    transport.wait(x, timeout)
             except Exception as e:  # noqa: BLE001 - backend errors are RuntimeError, DistBackendError, ...
                 raise _fail(what, steps[i], r, e, timeout) from e
         done.add(i)
+
+    sig = (getattr(transport, "group_key", None), r, layout.mode, layout.shapes, layout.dtypes, str(layout.device))
 
     def slot_buf(slot: int):
         if slot == 0:
             return buf
         if slot not in scratch:
-            scratch[slot] = layout.new_buffer()
+            key = sig + (slot,)
+            t = _SCRATCH.get(key)
+            if t is None:
+                t = layout.new_buffer()
+                if len(_SCRATCH) >= MAX_SCRATCH:
+                    _SCRATCH.pop(next(iter(_SCRATCH)))
+                _SCRATCH[key] = t
+            scratch[slot] = t
         return scratch[slot]
 
     reduce_fn = op.inplace if layout.mode == "flat" else None
@@ -139,7 +156,7 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
         if s.kind == "send":
             if (c, 0) in writes:
                 wait(writes.pop((c, 0)))
-            works[i] = transport.isend(layout.chunk(buf, c), s.peer, c)
+            works[i] = _post(transport.isend, layout.chunk(buf, c), s.peer, c)
             sends[c].append(i)
         elif s.kind == "recv":
             if s.slot == 0:
@@ -147,7 +164,7 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
                     wait(j)
             if (c, s.slot) in writes:
                 wait(writes.pop((c, s.slot)))
-            works[i] = transport.irecv(layout.chunk(slot_buf(s.slot), c), s.peer, c)
+            works[i] = _post(transport.irecv, layout.chunk(slot_buf(s.slot), c), s.peer, c)
             writes[(c, s.slot)] = i
         else:  # reduce
             if (c, s.slot) in writes:
@@ -170,6 +187,12 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
             done.add(i)
     for i in list(works):
         wait(i)
+
+
+def _post(fn, t, peer: int, tag: int):
+    if isinstance(t, tuple):
+        return [fn(x, peer, tag) for x in t if x.numel()]
+    return fn(t, peer, tag)
 
 
 def _store(dst, res, what: str, op: Op) -> None:
@@ -291,7 +314,12 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
     else:
         plan = plan_for(tree, collective=collective, nbytes=nbytes, nranks=n, op=opx, root=root,
                         topology=topology, ranks=ranks)
-    k = int(nchunks) if nchunks is not None else default_nchunks(nbytes)
+    if nchunks is not None:
+        k = int(nchunks)
+    elif plan is None:   # ring / rsag: one chunk per segment (more messages only add overhead there)
+        k = n
+    else:
+        k = default_nchunks(nbytes)
     ntrees = len(as_multi(plan)) if plan is not None else n
     probe = Layout.of(x, opx, [1.0])
     per = max(1, min(k, probe.max_chunks // max(ntrees, 1)))
@@ -318,6 +346,9 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
             layout.unpack(buf, out)
         return None
     if inplace and layout.direct and buf.data_ptr() == Layout.parts_of(x)[1][0].data_ptr():
+        return x
+    if inplace and isinstance(buf, tuple) and all(b.data_ptr() == p.data_ptr()
+                                                  for b, p in zip(buf, Layout.parts_of(x)[1])):
         return x
     return layout.unpack(buf, out if out is not None else None)
 

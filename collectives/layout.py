@@ -9,10 +9,10 @@ Two layouts, chosen from the operator (see :mod:`collectives.ops`):
 ``rows``  any other operator: every part is split along its first dimension
           (rows) consistently, so the operator always sees whole rows of every
           part. One part: the buffer is the tensor itself (no copy) and a chunk is
-          a contiguous range of rows. Several parts: a byte buffer packed chunk
-          by chunk (each chunk holds its rows of part 0, then part 1, ..., each
-          segment 16-byte aligned), so a chunk is one contiguous range and moves
-          as one message. Parts whose first dimensions differ, 0-d parts, and
+          a contiguous range of rows. Several parts: the buffer is a tuple of
+          contiguous ``[rows, width]`` tensors (the parts themselves in place,
+          else one copy each), and a chunk moves as one message per part (no
+          packing copies). Parts whose first dimensions differ, 0-d parts, and
           operators declared ``chunkable=False`` give one unsplittable row.
 
 Chunk ``c`` covers the fraction ``shares[c]`` of the rows (or elements),
@@ -37,10 +37,8 @@ from topo.errors import CollectiveError
 
 from .ops import Op
 
-__all__ = ["Layout", "ALIGN"]
+__all__ = ["Layout"]
 
-#: byte alignment of every part segment inside a packed byte buffer
-ALIGN = 16
 
 
 def _torch():
@@ -128,31 +126,13 @@ class Layout:
             n *= d
         return n
 
-    def _segments(self):
-        """Per chunk: (byte offset, byte length, [(part offset, rows, part)])."""
-        cache = self.__dict__.get("_seg")
-        if cache is None:
-            out, off = [], 0
-            for c in range(len(self.bounds) - 1):
-                a, b = self.bounds[c], self.bounds[c + 1]
-                start, segs = off, []
-                for i in range(len(self.shapes)):
-                    nb = (b - a) * self._row_width(i) * self._elem(i)
-                    segs.append((off, nb))
-                    off += -(-nb // ALIGN) * ALIGN
-                out.append((start, off - start, segs))
-            cache = (tuple(out), off)
-            object.__setattr__(self, "_seg", cache)
-        return cache
-
     def new_buffer(self):
         """An uninitialised buffer of this layout (scratch)."""
         torch = _torch()
         if self.mode == "flat":
             return torch.empty(self.rows, dtype=self.dtypes[0], device=self.device)
-        if self.direct:
-            return torch.empty(self._rows_shape(0), dtype=self.dtypes[0], device=self.device)
-        return torch.empty(self._segments()[1], dtype=torch.uint8, device=self.device)
+        bufs = tuple(torch.empty(self._rows_shape(i), dtype=d, device=self.device) for i, d in enumerate(self.dtypes))
+        return bufs[0] if self.direct else bufs
 
     def _rows_shape(self, i: int) -> tuple[int, ...]:
         return (self.rows, self._row_width(i))
@@ -172,17 +152,13 @@ class Layout:
             return buf
         if self.mode == "flat":
             return torch.cat([p.reshape(-1) for p in parts])
-        buf = self.new_buffer()
-        for c in range(len(self.bounds) - 1):
-            if self.empty(c):
-                continue
-            for dst, src in zip(self.values(buf, c), self._part_rows(parts, c)):
-                dst.copy_(src)
-        return buf
-
-    def _part_rows(self, parts, c: int):
-        a, b = self.bounds[c], self.bounds[c + 1]
-        return [self._view(p.reshape(self._rows_shape(i))[a:b], i, b - a) for i, p in enumerate(parts)]
+        if reuse and all(p.is_contiguous() for p in parts):
+            return tuple(p.view(self._rows_shape(i)) for i, p in enumerate(parts))
+        bufs = self.new_buffer()
+        for b, p in zip(bufs, parts):
+            if p.numel():
+                b.view(p.shape).copy_(p)
+        return bufs
 
     def unpack(self, buf, out=None):
         """The value held by ``buf`` (views into it when possible), copied into ``out`` if given."""
@@ -195,8 +171,10 @@ class Layout:
                 return out
             return (v,) if self.is_tuple else v
         torch = _torch()
-        if out is None:
+        if out is None and self.mode == "flat":
             outs = tuple(torch.empty(s, dtype=d, device=self.device) for s, d in zip(self.shapes, self.dtypes))
+        elif out is None:
+            outs = None
         else:
             outs = tuple(out) if self.is_tuple else (out,)
         if self.mode == "flat":
@@ -205,11 +183,12 @@ class Layout:
                 o.view(-1).copy_(buf[off: off + o.numel()])
                 off += o.numel()
         else:
-            for c in range(len(self.bounds) - 1):
-                if self.empty(c):
-                    continue
-                for dst, src in zip(self._part_rows(outs, c), self.values(buf, c)):
-                    dst.copy_(src)
+            views = tuple(b.view(s) for b, s in zip(buf, self.shapes))
+            if out is None:
+                return views
+            for o, v in zip(outs, views):
+                if o.data_ptr() != v.data_ptr():
+                    o.copy_(v)
         if out is not None:
             return out
         return outs if self.is_tuple else outs[0]
@@ -219,12 +198,12 @@ class Layout:
         return self.bounds[c] == self.bounds[c + 1]
 
     def chunk(self, buf, c: int):
-        """Chunk c of ``buf`` as one contiguous tensor (what is sent and received)."""
+        """Chunk c of ``buf`` as what is sent and received: one contiguous tensor, or for
+        several parts a tuple of contiguous tensors (each part's rows of the chunk)."""
         a, b = self.bounds[c], self.bounds[c + 1]
         if self.mode == "flat" or self.direct:
             return buf[a:b]
-        start, length, _ = self._segments()[0][c]
-        return buf[start: start + length]
+        return tuple(x[a:b] for x in buf)
 
     def values(self, buf, c: int):
         """Chunk c of ``buf`` as the operator sees it: a flat slice (flat), else the part
@@ -235,10 +214,8 @@ class Layout:
         if self.direct:
             v = self._view(buf[a:b], 0, b - a)
             return (v,) if self.is_tuple else v
-        vals = []
-        for i, (off, nb) in enumerate(self._segments()[0][c][2]):
-            vals.append(self._view(buf[off: off + nb].view(self.dtypes[i]), i, b - a))
-        return tuple(vals) if self.is_tuple else vals[0]
+        vals = tuple(self._view(x[a:b], i, b - a) for i, x in enumerate(buf))
+        return vals if self.is_tuple else vals[0]
 
     def _tail(self, i: int) -> tuple[int, ...]:
         return tuple(self.shapes[i][1:])

@@ -7,9 +7,10 @@ For P = 2, 4, 8 gloo processes (spawned on 127.0.0.1) and sizes 8 B .. 64 MiB:
   all-gather from 256 KiB, default chunking; ``--algo`` forces tree/ring/rsag) against
   ``torch.distributed.all_reduce`` on the same float32 tensor;
 * ``merge``: one tree allreduce of the attention-state merge, a tuple-valued
-  operator on ``(out [N, 128] f32, lse [N] f32)``, against the same result by
-  three all-reduces (max of lse, sum of weighted out, sum of weights; the Tree
-  Attention paper's baseline).
+  operator on ``(out [N, 128] f32, lse [N] f32)`` (merged in place: out rows
+  re-weighted with ``mul_``/``addcmul_``), against the same result by three
+  all-reduces (max of lse, sum of weighted out, sum of weights; the Tree
+  Attention paper's baseline), checked equal once.
 
 Times are the median over repetitions of the slowest rank (after a warm-up
 call); the table prints microseconds and ratios (ours / theirs: < 1 is
@@ -54,7 +55,8 @@ def _time(fn, reps: int, dist) -> float:
     return statistics.median(ts)
 
 
-def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str) -> None:
+def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str,
+            nchunks=None) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import torch
     import torch.distributed as dist
@@ -62,10 +64,19 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     import collectives.execute as ex
-    from attention.state import merge
 
     def merge_op(a, b):
-        return merge(a, b, check=False)
+        """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
+        no out-sized temporaries); (0, -inf) stays the identity."""
+        (oa, la), (ob, lb) = a, b
+        m = torch.maximum(la, lb)
+        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        wa, wb = torch.exp(la - shift), torch.exp(lb - shift)
+        den = wa + wb
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        oa.mul_((wa / safe)[:, None]).addcmul_(ob, (wb / safe)[:, None])
+        la.copy_(torch.where(den > 0, shift + torch.log(safe), m))
+        return a
 
     rows_out = []
     for nbytes in sizes:
@@ -76,7 +87,7 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
 
         def ours():
             buf.copy_(x)
-            ex.allreduce(buf, out=buf, algo=algo)
+            ex.allreduce(buf, out=buf, algo=algo, nchunks=nchunks)
 
         def theirs():
             buf.copy_(x)
@@ -91,7 +102,7 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
         lse = torch.randn(rows, generator=g)
 
         def tree_merge():
-            return ex.allreduce((out, lse), op=merge_op, commutative=True, algo=algo)
+            return ex.allreduce((out, lse), op=merge_op, commutative=True, algo=algo, nchunks=nchunks)
 
         def three():
             m = lse.clone()
@@ -132,18 +143,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes (default 8 B .. 64 MiB)")
     ap.add_argument("--reps", type=int, default=20, help="repetitions for small sizes (fewer for large)")
     ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag"))
+    ap.add_argument("--nchunks", type=int, help="chunks per message (default: the executor's rule)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     import torch.multiprocessing as mp
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
     results = []
     for p in args.procs:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             path = f.name
         t0 = time.time()
-        mp.spawn(_worker, args=(p, _free_port(), sizes, args.reps, args.algo, path), nprocs=p, join=True)
+        mp.spawn(_worker, args=(p, _free_port(), sizes, args.reps, args.algo, path, args.nchunks), nprocs=p, join=True)
         with open(path) as f:
             rows = json.load(f)
         os.unlink(path)
