@@ -88,7 +88,19 @@ def register() -> str:
     if iface is None:
         raise MissingDependency("transformers>=4.48", "attention.hf (AttentionInterface)", extra="hf")
     iface.register(NAME, tree_attention_forward)
+    try:  # transformers >= 4.53 builds masks per implementation; ours needs none
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:
+        pass
+    else:
+        AttentionMaskInterface.register(NAME, _no_mask)
     return NAME
+
+
+def _no_mask(*args, **kwargs):
+    """Mask function for ``"tree_decode"``: prefill is causal by construction and
+    a decode query sees every cached key, so no mask tensor is built."""
+    return None
 
 
 @contextlib.contextmanager
