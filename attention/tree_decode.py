@@ -70,7 +70,9 @@ def group_topology(group=None, topology=None):
     CPU-local topology: one host ``"local"`` with one NUMA domain and ``P`` rank
     slots (kind ``gpu``, model ``"cpu"``), as :func:`topo.discover.cpu_only_host`
     builds for a GPU-less machine.  The fallback is right for a gloo group on one
-    machine; for a group spanning hosts pass ``topology`` (or use discovery)."""
+    machine; for a group spanning hosts pass ``topology`` (or use discovery).
+    A given topology's rank ``r`` (:meth:`topo.Topology.rank_gpus`) is taken to be
+    group rank ``r``: for a subgroup, pass a topology whose ranks are mapped so."""
     if topology is not None:
         return topology
     import topo
