@@ -111,6 +111,7 @@ def run(args) -> dict:
             v = torch.empty_like(k).normal_()
             q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device).to(dtype)
             for n in fits:
+                _wait_for_quiet(args.wait_load, args.wait_max)
                 bw = measure_bandwidth(device, repeats=args.repeats)
                 kv_len = torch.full((batch,), n, dtype=torch.int32, device=device)
                 t = _best_time(lambda: attention.decode_partial(q, k, v, kv_len=kv_len, backend=backend),
@@ -137,6 +138,17 @@ def run(args) -> dict:
         "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second",
         "rows": rows,
     }
+
+
+def _wait_for_quiet(max_load: float, max_wait: float) -> None:
+    """Sleep until the 1-minute load average is below ``max_load`` (at most
+    ``max_wait`` seconds): the machine is shared, and a busy neighbour halves
+    both the copy rate and the decode rate, but not in the same proportion."""
+    if max_load <= 0:
+        return
+    deadline = time.monotonic() + max_wait
+    while os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(5)
 
 
 def _cpu_model() -> str:
@@ -176,6 +188,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-gib", type=float, default=4.0, help="largest KV cache (K+V) to allocate, GiB")
     p.add_argument("--flush-mib", type=int, default=1024, help="cache-flush buffer written before each run")
+    p.add_argument("--wait-load", type=float, default=0.0,
+                   help="before each row, wait until the 1-min load average is below this (0: don't wait)")
+    p.add_argument("--wait-max", type=float, default=300.0, help="longest wait per row, seconds")
     p.add_argument("--no-anchor", action="store_true", help="skip torch's fused CPU SDPA anchor")
     p.add_argument("--json", default="out/bench_decode.json")
     args = p.parse_args(argv)
