@@ -289,8 +289,9 @@ def run_group(fn, nproc: int, *args, timeout: float = 60.0, threads: int = 1):
     ``fn`` and ``args`` must be picklable (``fn`` a module-level function).
     ``timeout`` (seconds) bounds the whole run and is the group's own timeout;
     ``threads``: torch intra-op threads per process.  A rank that raises makes
-    this raise :class:`CollectiveError` with that rank's message; a run that
-    exceeds the timeout kills every process and raises.
+    this raise :class:`CollectiveError` with that rank's message (its traceback
+    in the exception's ``remote_traceback``); a run that exceeds the timeout
+    kills every process and raises.
     """
     import queue as _queue
     import time
@@ -348,7 +349,9 @@ def run_group(fn, nproc: int, *args, timeout: float = 60.0, threads: int = 1):
     if errors:
         rank = min(errors)
         first = errors[rank].splitlines()[0]
-        raise CollectiveError(f"run_group: rank {rank} failed: {first}\n{errors[rank]}")
+        err = CollectiveError(f"run_group: rank {rank} failed: {first}")
+        err.remote_traceback = errors[rank]  # the failing rank's traceback (one-line message above)
+        raise err
     return [results[r] for r in range(nproc)]
 
 
