@@ -315,10 +315,14 @@ def auto_chunks(nbytes: int, nranks: int) -> int:
     return min(k, 2) if nranks > 1024 else k
 
 
-def _profiles(profile) -> list[Profile]:
+#: above this many bytes "auto" skips the LL protocol (half bandwidth; NCCL's tuner never picks it there)
+LL_MAX_BYTES = 8 << 20
+
+
+def _profiles(profile, nbytes: int = 0) -> list[Profile]:
     from .sim_profiles import NCCL_PROTOCOLS
     if profile == "auto":
-        return [get_profile(p) for p in NCCL_PROTOCOLS]
+        return [get_profile(p) for p in NCCL_PROTOCOLS if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES)]
     return [get_profile(profile)]
 
 
@@ -331,9 +335,10 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     compiled by :func:`collectives.compile.compile_plan` with ``nchunks``
     pipeline chunks per tree (default :func:`auto_chunks`). ``profile="auto"``
     simulates each NCCL protocol profile and keeps the fastest (what NCCL's
-    tuner aims for); ``opts`` go to the builder.
+    tuner aims for; LL only up to :data:`LL_MAX_BYTES`); ``opts`` go to the
+    builder.
     """
-    profs = _profiles(profile)
+    profs = _profiles(profile, nbytes)
     gpus = rank_gpus_of(topology, ranks)
     best = None
     if algo in RING_ALGOS:

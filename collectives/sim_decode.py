@@ -47,7 +47,6 @@ from topo.errors import CollectiveError
 
 from .sim import DTYPE_SIZES, rank_gpus_of, simulate, simulate_algorithm
 from .sim_engine import Network, concurrent_times
-from .sim_profiles import get_profile
 
 __all__ = ["DecodeShape", "decode_step", "paper_volumes", "paper_memory", "PAPER_SEQ_LENS", "PAPER_HOSTS",
            "LLAMA31_8B", "PAPER_SHAPE", "METHODS"]
@@ -143,7 +142,7 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
                 "auto", "two_level") else builders.build(tree, topology, list(gpus))
             sched = compile_.compile_allreduce(plan, nchunks)
             best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p)
-                        for p in _profiles(profile)), key=lambda r: r.time)
+                        for p in _profiles(profile, state_bytes)), key=lambda r: r.time)
             comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \
                 max(best.peak_scratch)
             total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))
@@ -167,7 +166,7 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
     if "ring" in methods:
         step = 0.0
         if P > 1:
-            prof = _profiles(profile)[-1]  # bulk K/V blocks: the Simple protocol
+            prof = _profiles(profile, kv_bytes)[-1]  # bulk K/V blocks: the Simple protocol
             net = Network(topology, prof)
             lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], kv_bytes) for i in range(P)])
             step = float((lat + drain).max()) + prof.base_lat
@@ -181,9 +180,9 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
     return out
 
 
-def _profiles(profile):
+def _profiles(profile, nbytes: int):
     from .sim import _profiles as sp
-    return sp(profile) if profile == "auto" else [get_profile(profile)]
+    return sp(profile, nbytes)
 
 
 def _method(local, comm, sent, total, peak, vol_elems, mem_elems, how) -> dict:

@@ -1,0 +1,62 @@
+"""`treecoll simulate` and tools/validate_sim.py on small inputs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.cli import main
+from tools import cmd_simulate, validate_sim
+
+FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nccl-tests"
+
+
+def test_parse_sizes_and_tokens():
+    assert cmd_simulate.parse_sizes("8B:64") == [8, 16, 32, 64]
+    assert cmd_simulate.parse_sizes("1K,1MiB") == [1024, 1 << 20]
+    assert cmd_simulate.parse_size("5.12M", cmd_simulate._DEC) == 5_120_000
+    with pytest.raises(Exception, match="size '3 parsecs'"):
+        cmd_simulate.parse_size("3 parsecs")
+
+
+def test_simulate_allreduce_json(capsys):
+    rc = main(["simulate", "allreduce", "--topology", "dgx-h100-x2", "--algo", "ring,two_level,nccl",
+               "--sizes", "1K:4K", "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["size"] for r in d["rows"]] == [1024, 2048, 4096] and d["nranks"] == 16
+    for r in d["rows"]:
+        for a in ("ring", "two_level", "nccl"):
+            v = r["algos"][a]
+            assert v["busbw"] == pytest.approx(r["size"] / (v["time_us"] * 1e-6) / 1e9 * 2 * 15 / 16)
+
+
+def test_simulate_decode_and_links_text(capsys):
+    assert main(["simulate", "decode", "--topology", "dgx-h100", "--seq-len", "32k", "--heads", "32",
+                 "--head-dim", "128", "--kv-heads", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "tree attention vs ring attention" in out and "allreduce3" in out
+    assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "ring", "--size", "1MiB",
+                 "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("nvlink ") >= 3 and "busbw" in out
+
+
+def test_simulate_user_error_is_one_line(capsys):
+    assert main(["simulate", "allreduce", "--topology", "dgx-h100", "--sizes", "8X"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("treecoll: error: size '8X'") and err.count("\n") == 1
+
+
+def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
+    if not FIXTURES.is_dir():
+        pytest.skip(f"fixtures not found at {FIXTURES}")
+    old = validate_sim.parse(FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt")
+    assert old.nranks == 4 and old.rows[0] == (8, 13.37) and len(old.rows) == 25
+    trunc = validate_sim.parse(FIXTURES / "a100-16gpu-2node-allreduce-aws-p4de-efa.txt")
+    assert trunc.hosts == [("host0", 8), ("host1", 8)] and trunc.rows[-1] == (2147483648, 51406.0)
+    odd = tmp_path / "odd.txt"
+    odd.write_text("# machine: a toaster\n        8     2   float  sum  -1  1.0  0.0  0.0  0  1.0  0.0  0.0  0\n")
+    d = validate_sim.validate([odd])
+    assert "no 'Using devices' block" in d["files"][0]["skipped"]
