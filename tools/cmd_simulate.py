@@ -189,10 +189,15 @@ def plot_allreduce(d: dict, path: str) -> None:
     for a in d["algos"]:
         ax.plot(xs, [max(r["algos"][a]["busbw"], 1e-6) for r in d["rows"]], marker="o", ms=3, label=a)
     ax.set_xscale("log", base=2)
+    _finish_plot(plt, fig, ax, "message size (bytes)", "busbw (GB/s)",
+                 f"allreduce on {d['topology']} ({d['nranks']} ranks)", path)
+
+
+def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> None:
     ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(f"allreduce on {d['topology']} ({d['nranks']} ranks)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -243,15 +248,8 @@ def plot_decode(d: dict, path: str) -> None:
     for m in d["runs"][0]["methods"]:
         ax.plot(xs, [r["methods"][m]["time_s"] * 1e6 for r in d["runs"]], marker="o", label=m)
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("decode step attention time (µs)")
-    ax.set_title(f"decode on {d['topology']} ({d['runs'][0]['nranks']} GPUs)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish_plot(plt, fig, ax, "sequence length (tokens)", "decode step attention time (µs)",
+                 f"decode on {d['topology']} ({d['runs'][0]['nranks']} GPUs)", path)
 
 
 def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: int = 10) -> dict[str, Any]:
