@@ -9,11 +9,13 @@ Every rank of a process group holds a slice of each sequence's keys and values
 2. The state is packed into ONE contiguous float32 buffer
    (:func:`attention.pack_state`: ``batch*q_heads*(head_dim+1)`` elements) and
    reduced up a :class:`collectives.Tree` with :class:`attention.MergeOp` (the
-   associative, commutative attention merge, in float32) through
-   :func:`collectives.reduce`: one message per tree edge, whatever the context
-   length.
-3. The root's merged state is broadcast down the same tree
-   (:func:`collectives.broadcast`), so every rank returns the same output.  With
+   associative, commutative attention merge, in float32): one message per tree
+   edge, whatever the context length.
+3. The root's merged state is broadcast down the same tree, so every rank
+   returns the same output.  Steps 2 and 3 run as one compiled schedule
+   (:func:`collectives.allreduce` with ``algo="tree"`` over the tree: reduce to
+   the tree's root, then broadcast from it), which saves a dispatch over
+   :func:`collectives.reduce` followed by :func:`collectives.broadcast`.  With
    ``root_only=True`` the broadcast is skipped: only the tree root's return
    value is the attention output; the other ranks return their partially
    merged subtree state (meaningless to callers).  :func:`tree_root` tells which
@@ -155,17 +157,6 @@ def _fingerprint_int(t) -> int:
     return int(hashlib.sha256(t.fingerprint().encode()).hexdigest()[:15], 16)
 
 
-def _collectives():
-    """``(collectives.reduce, collectives.broadcast)``."""
-    import collectives
-
-    if hasattr(collectives, "reduce") and hasattr(collectives, "broadcast"):
-        return collectives.reduce, collectives.broadcast
-    from collectives.execute import broadcast, reduce
-
-    return reduce, broadcast
-
-
 def _merge_op(batch: int, heads: int, head_dim: int):
     """:class:`attention.MergeOp` as a collectives operator: commutative, and never
     split into chunks (the packed buffer is ``out`` then ``lse``: a chunk of it is
@@ -185,10 +176,12 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     (natural log).  Returns the merged ``(out, lse)`` (float32, same shapes) on
     every rank, or only on the tree root with ``root_only``.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
-    ``bcast``: how the result goes back down: ``"tree"`` (``collectives.broadcast``
-    over the same tree, the default) or ``"native"`` (``torch.distributed.broadcast``
-    from the root: the backend's own algorithm, which on gloo has lower latency
-    than point-to-point messages; see docs/benchmarks.md).
+    ``bcast``: how the result goes back down: ``"tree"`` (the default: down the
+    same tree; the reduction and the broadcast run as ONE compiled schedule,
+    ``collectives.allreduce(algo="tree")`` over ``tree``, which is exactly
+    reduce-to-root then broadcast-from-root) or ``"native"``
+    (``collectives.reduce``, then ``torch.distributed.broadcast`` from the root:
+    the backend's own algorithm).  ``root_only`` runs ``collectives.reduce`` alone.
     """
     if bcast not in ("tree", "native"):
         raise AttentionError(f"bcast: expected 'tree' or 'native', got {bcast!r}")
@@ -197,24 +190,24 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     if size == 1:
         return out, lse
     t = resolve_tree(tree, group=group, topology=topology)
-    reduce, broadcast = _collectives()
+    import collectives
+
     buf = pack_state(out, lse)
     op = _merge_op(batch, heads, head_dim)
-    # in place on the packed buffer: the root ends with the merged state, the
-    # other ranks with their subtree's partial state (overwritten by the broadcast)
-    res = reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
-    if isinstance(res, torch.Tensor):
-        buf = res
-    if not root_only and bcast == "native":
-        import torch.distributed as dist
+    # in place on the packed buffer
+    if root_only or bcast == "native":
+        # the root ends with the merged state, the others with their subtree's partial state
+        collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
+        if not root_only:
+            import torch.distributed as dist
 
-        from attention.dist import to_global
+            from attention.dist import to_global
 
-        dist.broadcast(buf, to_global(group, t.root), group=group)
-    elif not root_only:
-        res = broadcast(buf, root=t.root, tree=t, group=group, out=buf)
-        if isinstance(res, torch.Tensor):
-            buf = res
+            dist.broadcast(buf, to_global(group, t.root), group=group)
+    else:
+        # reduce up the tree to its root, then broadcast down the same tree, compiled
+        # as one schedule (collectives' tree allreduce: one dispatch instead of two)
+        collectives.allreduce(buf, op=op, tree=t, algo="tree", group=group, out=buf)
     return unpack_state(buf, batch, heads, head_dim)
 
 

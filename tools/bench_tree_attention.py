@@ -12,8 +12,10 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
     allocated during one step, torch profiler memory events);
 (b) the combine alone, states already computed: ``tree`` = our one tree
     reduction of the packed state plus the broadcast down the same tree (every
-    rank gets the result, like an all-reduce), ``tree_root_only`` (the reduction
-    alone), ``tree_native_bcast`` (the tree reduction, then the backend's own
+    rank gets the result, like an all-reduce; one compiled schedule, as
+    :func:`attention.tree_combine` runs it), ``tree_two_calls`` (the same as a
+    ``collectives.reduce`` then a ``collectives.broadcast``),
+    ``tree_root_only`` (the reduction alone), ``tree_native_bcast`` (the tree reduction, then the backend's own
     ``torch.distributed.broadcast``), ``allreduce3`` (max, numerator, denominator all-reduces), and
     ``floor`` = one ``torch.distributed.all_reduce`` (SUM) of the same packed
     bytes: the cost of a single collective on this engine.  Per iteration:
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
-COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "allreduce3", "floor")
+COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_two_calls", "allreduce3", "floor")
 
 
 def _ints(s: str) -> list[int]:
@@ -53,7 +55,7 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
 
     from attention.baselines import allreduce3_combine
     from attention.state import pack_state
-    from attention.tree_decode import resolve_tree, tree_combine
+    from attention.tree_decode import _merge_op, resolve_tree, tree_combine
 
     g = torch.Generator().manual_seed(rank)
     out = torch.randn(batch, HEADS, HEAD_DIM, generator=g)
@@ -65,9 +67,17 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
         buf = packed.clone()
         dist.all_reduce(buf)
 
+    def reduce_then_broadcast():  # the same tree as two collectives calls
+        import collectives
+
+        buf = pack_state(out, lse)
+        collectives.reduce(buf, root=t.root, op=_merge_op(batch, HEADS, HEAD_DIM), tree=t, out=buf)
+        collectives.broadcast(buf, root=t.root, tree=t, out=buf)
+
     fns = {"tree": lambda: tree_combine(out, lse, tree=t),
            "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
            "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
+           "tree_two_calls": reduce_then_broadcast,
            "allreduce3": lambda: allreduce3_combine(out, lse),
            "floor": floor}
     for _ in range(10):
@@ -222,10 +232,10 @@ def plot(result: dict, path: Path) -> None:
         labels.append(f"P={c['nproc']} B={c['batch']}")
         for k in vals:
             vals[k].append(c[k]["median_s"] * 1e6)
-    w = 0.16
+    w = 0.14
     for i, (k, v) in enumerate(vals.items()):
         axes[2].bar([j + i * w for j in range(len(labels))], v, w, label=k)
-    axes[2].set_xticks([j + 2 * w for j in range(len(labels))], labels)
+    axes[2].set_xticks([j + 2.5 * w for j in range(len(labels))], labels)
     axes[2].set_ylabel("us")
     axes[2].set_title("(b) combine alone (median)")
     axes[2].legend(fontsize=7)
