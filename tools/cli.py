@@ -46,6 +46,8 @@ COMMANDS = [
     "tools.cmd_topo",
     "tools.cmd_decode",
     "tools.cmd_tree",
+    "tools.cmd_simulate",
+    "tools.emucluster.cli",
 ]
 
 
