@@ -7,6 +7,7 @@ Public API (stable; the executor and the simulator consume it)::
     compile_allreduce(plan, nchunks=1) -> Schedule              # tree reduce then broadcast, pipelined
     compile_ring_allreduce(nranks, nchunks=None, *, order=None) -> Schedule   # reduce-scatter + all-gather
     compile_rsag_allreduce(nranks, nchunks=None) -> Schedule    # direct reduce-scatter + all-gather
+    compile_direct_allreduce(nranks, nchunks=1) -> Schedule     # everyone sends everything: one round
     compile_reduce_scatter(nranks, nchunks=None) / compile_allgather(nranks, nchunks=None) -> Schedule
     compile_plan(plan, collective, nchunks=1, *, root=None, algo="tree") -> Schedule  # dispatch
     merge_schedules(schedules, shares=None) -> Schedule         # side by side on shares (rings per channel)
@@ -46,12 +47,12 @@ from .schedule import Schedule, Step
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["compile_reduce", "compile_broadcast", "compile_allreduce", "compile_ring_allreduce",
-           "compile_rsag_allreduce", "compile_reduce_scatter", "compile_allgather", "compile_plan",
+           "compile_rsag_allreduce", "compile_direct_allreduce", "compile_reduce_scatter", "compile_allgather", "compile_plan",
            "merge_schedules", "LOOKAHEAD", "ALGOS"]
 
 #: chunks whose receives a rank posts ahead of the one it is reducing
 LOOKAHEAD = 4
-ALGOS = ("tree", "ring", "rsag")
+ALGOS = ("tree", "ring", "rsag", "direct")
 
 
 class _Prog:
@@ -301,6 +302,32 @@ def compile_rsag_allreduce(nranks: int, nchunks: int | None = None) -> Schedule:
     return Schedule("allreduce", n, n * k, tuple(tuple(s) for s in prog.steps), name="rsag/allreduce")
 
 
+def compile_direct_allreduce(nranks: int, nchunks: int = 1) -> Schedule:
+    """Direct allreduce for small messages: every rank sends its whole value to every
+    other rank and folds the P-1 values it receives in rank order (higher ranks on
+    the right, lower on the left): one round of messages, the least latency, at
+    ``P - 1`` times the bytes of a tree. Keeps a non-commutative operator in rank order."""
+    n, k = nranks, nchunks
+    if k < 1:
+        raise ScheduleError(f"compile direct: nchunks expected >= 1, got {k}")
+    prog = _Prog(n)
+    if n > 1:
+        for r in range(n):
+            for j in range(k):
+                for d in range(1, n):
+                    prog.add(r, "send", j, peer=(r + d) % n)
+            rv = {}
+            for j in range(k):
+                for d in range(1, n):
+                    q = (r - d) % n
+                    rv[(q, j)] = prog.add(r, "recv", j, peer=q, slot=_slot(q, r))
+            for j in range(k):
+                prev = None
+                for q in list(range(r + 1, n)) + list(range(r - 1, -1, -1)):
+                    prev = prog.add(r, "reduce", j, slot=_slot(q, r), deps=(rv[(q, j)], prev), right=q > r)
+    return Schedule("allreduce", n, k, tuple(tuple(s) for s in prog.steps), name="direct/allreduce")
+
+
 def compile_reduce_scatter(nranks: int, nchunks: int | None = None) -> Schedule:
     """Direct reduce-scatter: segment s (chunks ``s*k .. s*k+k-1``) ends reduced on rank s."""
     k = _seg_chunks(nranks, nchunks, "reduce_scatter")
@@ -341,6 +368,8 @@ def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 
     if collective != "allreduce":
         raise ScheduleError(f"compile: algo {algo!r} implements allreduce only, got {collective!r}")
     n = nranks if nranks is not None else as_multi(plan).size
+    if algo == "direct":
+        return compile_direct_allreduce(n, nchunks)
     k = max(1, -(-nchunks // n))
     return (compile_ring_allreduce if algo == "ring" else compile_rsag_allreduce)(n, n * k)
 

@@ -312,7 +312,10 @@ class CostModel:
         and receives at least ``2 (P-1)/P n`` (Patarasuk & Yuan 2009) and each
         host's traffic crosses its network cut at least once each way.
         Latency: rank 0's data must reach every rank, so the largest
-        shortest-path latency (over the graph's links) from rank 0.
+        shortest-path latency (over the graph's links) from rank 0 plus one
+        message overhead; and, as every rank handles one message per overhead
+        ``o`` (so holds at most ``2^t`` combined values after ``t o``), at least
+        ``o * ceil(log2 P)``.
         """
         n = self.nranks
         if n == 1:
@@ -335,5 +338,7 @@ class CostModel:
                 if nic_bw:
                     bw_lb = max(bw_lb, nbytes / (nic_bw * 1e9))
         dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
-        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6
+        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + self.msg_overhead
+        # a rank merges at most one more message per overhead o: after t*o it holds <= 2^t values
+        lat = max(lat, self.msg_overhead * math.ceil(math.log2(n)))
         return max(bw_lb, lat) if math.isfinite(bw_lb) else lat

@@ -302,8 +302,9 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
     if algo == "auto":
         explicit = tree is not None and tree != "auto"
         algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
-    if algo not in ("tree", "ring", "rsag"):
-        raise CollectiveError(f"{what}: algo expected one of ['auto', 'tree', 'ring', 'rsag'], got {algo!r}")
+    if algo not in ("tree", "ring", "rsag", "direct"):
+        raise CollectiveError(f"{what}: algo expected one of ['auto', 'tree', 'ring', 'rsag', 'direct'], "
+                              f"got {algo!r}")
     if algo != "tree":
         if collective != "allreduce":
             raise CollectiveError(f"{what}: algo {algo!r} implements allreduce only; use algo='tree'")
@@ -316,11 +317,13 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
                         topology=topology, ranks=ranks)
     if nchunks is not None:
         k = int(nchunks)
+    elif algo == "direct":
+        k = 1
     elif plan is None:   # ring / rsag: one chunk per segment (more messages only add overhead there)
         k = n
     else:
         k = default_nchunks(nbytes)
-    ntrees = len(as_multi(plan)) if plan is not None else n
+    ntrees = len(as_multi(plan)) if plan is not None else (1 if algo == "direct" else n)
     probe = Layout.of(x, opx, [1.0])
     per = max(1, min(k, probe.max_chunks // max(ntrees, 1)))
     key = (plan.fingerprint() if plan is not None else algo, collective, per, root, algo, n)

@@ -12,7 +12,12 @@ Two layouts, chosen from the operator (see :mod:`collectives.ops`):
           a contiguous range of rows. Several parts: the buffer is a tuple of
           contiguous ``[rows, width]`` tensors (the parts themselves in place,
           else one copy each), and a chunk moves as one message per part (no
-          packing copies). Parts whose first dimensions differ, 0-d parts, and
+          packing copies).
+``packed`` rows of several parts totalling at most :data:`PACK_BYTES`: one byte
+          buffer packed chunk by chunk (a chunk holds its rows of part 0, then
+          part 1, ..., each segment 16-byte aligned), so a chunk is one message;
+          packing costs a copy in and out, cheaper than a message per part for
+          small values. Parts whose first dimensions differ, 0-d parts, and
           operators declared ``chunkable=False`` give one unsplittable row.
 
 Chunk ``c`` covers the fraction ``shares[c]`` of the rows (or elements),
@@ -26,7 +31,7 @@ way on every rank since layouts agree).
 ('flat', (0, 5, 10))
 >>> lay = Layout.of((torch.zeros(4, 3), torch.zeros(4)), resolve_op(lambda a, b: a), (0.25, 0.75))
 >>> lay.mode, lay.bounds, lay.max_chunks
-('rows', (0, 1, 4), 4)
+('packed', (0, 1, 4), 4)
 """
 from __future__ import annotations
 
@@ -37,7 +42,13 @@ from topo.errors import CollectiveError
 
 from .ops import Op
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "PACK_BYTES", "ALIGN"]
+
+#: tuples up to this many bytes are packed into one byte buffer, chunk by chunk, so a chunk is
+#: one message (a copy in and out costs less than a message per part for small values)
+PACK_BYTES = 1 << 20
+#: byte alignment of every part segment inside a packed buffer
+ALIGN = 16
 
 
 
@@ -95,6 +106,8 @@ class Layout:
             mode = "rows"
             firsts = {s[0] if len(s) else None for s in shapes}
             rows = firsts.pop() if len(firsts) == 1 and None not in firsts else None
+            if len(parts) > 1 and sum(p.numel() * p.element_size() for p in parts) <= PACK_BYTES:
+                mode = "packed"
             if rows is None or (not op.chunkable and rows > 1):
                 return cls(mode, is_tuple, shapes, dtypes, next(iter(devs)), 1,
                            _split(1, [1.0] + [0.0] * (len(shares) - 1)), split=False)
@@ -126,11 +139,34 @@ class Layout:
             n *= d
         return n
 
+    def _segments(self):
+        """Packed mode, per chunk: (byte offset, byte length, [(offset, bytes) per part])."""
+        cache = self.__dict__.get("_seg")
+        if cache is None:
+            out, off = [], 0
+            for c in range(len(self.bounds) - 1):
+                a, b = self.bounds[c], self.bounds[c + 1]
+                start, segs = off, []
+                for i in range(len(self.shapes)):
+                    nb = (b - a) * self._row_width(i) * self._elem(i)
+                    segs.append((off, nb))
+                    off += -(-nb // ALIGN) * ALIGN
+                out.append((start, off - start, segs))
+            cache = (tuple(out), off)
+            object.__setattr__(self, "_seg", cache)
+        return cache
+
+    def _part_rows(self, parts, c: int):
+        a, b = self.bounds[c], self.bounds[c + 1]
+        return [self._view(p.reshape(self._rows_shape(i))[a:b], i, b - a) for i, p in enumerate(parts)]
+
     def new_buffer(self):
         """An uninitialised buffer of this layout (scratch)."""
         torch = _torch()
         if self.mode == "flat":
             return torch.empty(self.rows, dtype=self.dtypes[0], device=self.device)
+        if self.mode == "packed":
+            return torch.empty(self._segments()[1], dtype=torch.uint8, device=self.device)
         bufs = tuple(torch.empty(self._rows_shape(i), dtype=d, device=self.device) for i, d in enumerate(self.dtypes))
         return bufs[0] if self.direct else bufs
 
@@ -152,6 +188,13 @@ class Layout:
             return buf
         if self.mode == "flat":
             return torch.cat([p.reshape(-1) for p in parts])
+        if self.mode == "packed":
+            buf = self.new_buffer()
+            for c in range(len(self.bounds) - 1):
+                if not self.empty(c):
+                    for dst, src in zip(self.values(buf, c), self._part_rows(parts, c)):
+                        dst.copy_(src)
+            return buf
         if reuse and all(p.is_contiguous() for p in parts):
             return tuple(p.view(self._rows_shape(i)) for i, p in enumerate(parts))
         bufs = self.new_buffer()
@@ -171,7 +214,7 @@ class Layout:
                 return out
             return (v,) if self.is_tuple else v
         torch = _torch()
-        if out is None and self.mode == "flat":
+        if out is None and self.mode in ("flat", "packed"):
             outs = tuple(torch.empty(s, dtype=d, device=self.device) for s, d in zip(self.shapes, self.dtypes))
         elif out is None:
             outs = None
@@ -182,6 +225,11 @@ class Layout:
             for o in outs:
                 o.view(-1).copy_(buf[off: off + o.numel()])
                 off += o.numel()
+        elif self.mode == "packed":
+            for c in range(len(self.bounds) - 1):
+                if not self.empty(c):
+                    for dst, src in zip(self._part_rows(outs, c), self.values(buf, c)):
+                        dst.copy_(src)
         else:
             views = tuple(b.view(s) for b, s in zip(buf, self.shapes))
             if out is None:
@@ -203,6 +251,9 @@ class Layout:
         a, b = self.bounds[c], self.bounds[c + 1]
         if self.mode == "flat" or self.direct:
             return buf[a:b]
+        if self.mode == "packed":
+            start, length, _ = self._segments()[0][c]
+            return buf[start: start + length]
         return tuple(x[a:b] for x in buf)
 
     def values(self, buf, c: int):
@@ -214,7 +265,11 @@ class Layout:
         if self.direct:
             v = self._view(buf[a:b], 0, b - a)
             return (v,) if self.is_tuple else v
-        vals = tuple(self._view(x[a:b], i, b - a) for i, x in enumerate(buf))
+        if self.mode == "packed":
+            vals = tuple(self._view(buf[off: off + nb].view(self.dtypes[i]), i, b - a)
+                         for i, (off, nb) in enumerate(self._segments()[0][c][2]))
+        else:
+            vals = tuple(self._view(x[a:b], i, b - a) for i, x in enumerate(buf))
         return vals if self.is_tuple else vals[0]
 
     def _tail(self, i: int) -> tuple[int, ...]:

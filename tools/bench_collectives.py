@@ -13,8 +13,9 @@ For P = 2, 4, 8 gloo processes (spawned on 127.0.0.1) and sizes 8 B .. 64 MiB:
   Attention paper's baseline), checked equal once.
 
 Times are the median over repetitions of the slowest rank (after a warm-up
-call); the table prints microseconds and ratios (ours / theirs: < 1 is
-faster), and ``--json`` writes everything.
+call; the variants' repetitions interleaved so that load from other processes
+hits both alike); the table prints microseconds and ratios (ours / theirs:
+< 1 is faster), and ``--json`` writes everything (minimums too).
 
     python -m tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
 """
@@ -44,15 +45,19 @@ def _reps(nbytes: int, base: int) -> int:
     return max(3, min(base, int(base * (1 << 16) / max(nbytes, 1))))
 
 
-def _time(fn, reps: int, dist) -> float:
-    fn()  # warm-up (plans, schedules, fingerprints, connections)
-    ts = []
+def _time(fns, reps: int, dist) -> list[tuple[float, float]]:
+    """(median, min) seconds of each function, repetitions interleaved (fn0, fn1, ..., fn0, ...)
+    so that load from other processes on the machine hits every variant alike."""
+    for fn in fns:
+        fn()  # warm-up (plans, schedules, fingerprints, connections)
+    ts: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        for i, fn in enumerate(fns):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            ts[i].append(time.perf_counter() - t0)
+    return [(statistics.median(t), min(t)) for t in ts]
 
 
 def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str,
@@ -93,8 +98,7 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
             buf.copy_(x)
             dist.all_reduce(buf)
 
-        t_ours = _time(ours, reps, dist)
-        t_torch = _time(theirs, reps, dist)
+        (t_ours, m_ours), (t_torch, m_torch) = _time([ours, theirs], reps, dist)
         # tuple-valued operator: attention-state merge over N rows of (out [128], lse)
         rows = max(1, nbytes // (4 * (HEAD_DIM + 1)))
         g = torch.Generator().manual_seed(100 + rank)
@@ -113,18 +117,20 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
             dist.all_reduce(w)
             return num / w[:, None], m + torch.log(w)
 
-        t_merge = _time(tree_merge, reps, dist)
-        t_three = _time(three, reps, dist)
+        (t_merge, m_merge), (t_three, m_three) = _time([tree_merge, three], reps, dist)
         if nbytes == sizes[0]:   # correctness of the merge path, once
             a, b = tree_merge(), three()
             assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
-        times = torch.tensor([t_ours, t_torch, t_merge, t_three], dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)   # the slowest rank's median
-        t_ours, t_torch, t_merge, t_three = times.tolist()
+        times = torch.tensor([t_ours, t_torch, t_merge, t_three, m_ours, m_torch, m_merge, m_three],
+                             dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)   # the slowest rank's median (and min)
+        t_ours, t_torch, t_merge, t_three, m_ours, m_torch, m_merge, m_three = times.tolist()
         rows_out.append({"procs": world, "bytes": nbytes, "reps": reps, "ours_us": t_ours * 1e6,
                          "torch_us": t_torch * 1e6, "ratio": t_ours / t_torch,
                          "merge_bytes": rows * 4 * (HEAD_DIM + 1), "tree_merge_us": t_merge * 1e6,
-                         "three_allreduce_us": t_three * 1e6, "merge_ratio": t_merge / t_three})
+                         "three_allreduce_us": t_three * 1e6, "merge_ratio": t_merge / t_three,
+                         "min_us": {"ours": m_ours * 1e6, "torch": m_torch * 1e6, "tree_merge": m_merge * 1e6,
+                                    "three_allreduce": m_three * 1e6}})
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(rows_out, f)
@@ -145,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes (default 8 B .. 64 MiB)")
     ap.add_argument("--reps", type=int, default=20, help="repetitions for small sizes (fewer for large)")
-    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag"))
+    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"))
     ap.add_argument("--nchunks", type=int, help="chunks per message (default: the executor's rule)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from collectives import MultiTree, Tree
 from collectives.execute import allreduce, broadcast, reduce
+from collectives.layout import Layout
 from collectives.local import run_ranks
+from collectives.ops import resolve_op
 from topo.errors import CollectiveError, TreeError
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -212,3 +214,24 @@ def test_local_mismatch_and_timeout():
 
     with pytest.raises(CollectiveError, match="rank 0 failed receiving chunk 0 from rank 1 within 0.5 s"):
         run_ranks(2, late)
+
+
+@pytest.mark.parametrize("pack_bytes", [0, 1 << 20], ids=["parts", "packed"])
+def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
+    """Tuples move as one packed message per chunk (small) or one message per part (large)."""
+    import collectives.layout as layout
+    monkeypatch.setattr(layout, "PACK_BYTES", pack_bytes)
+    n = 4
+    vals = _values("pair", n, 10, None, seed=3)
+    ref = _reference("pair", vals)
+    for tree, k in ((Tree.from_parents([-1, 0, 1, 0]), 3), (Tree.from_parents([2, 2, -1, 2]), 1)):
+        res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, tree=tree, nchunks=k,
+                                                   transport=t, timeout=10))
+        assert all(_close(v, ref) for v in res)
+    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, algo="rsag", transport=t,
+                                               timeout=10))
+    assert all(_close(v, ref) for v in res)
+    ins = [tuple(x.clone() for x in v) for v in vals]
+    res = run_ranks(n, lambda r, t: allreduce(ins[r], op=pair, commutative=True, out=ins[r], transport=t, timeout=10))
+    assert all(_close(v, ref) and _close(i, ref) for v, i in zip(res, ins))
+    assert Layout.of(vals[0], resolve_op(pair), [1.0]).mode == ("packed" if pack_bytes else "rows")
