@@ -129,7 +129,8 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
                 raise _fail(what, steps[i], r, e, timeout) from e
         done.add(i)
 
-    sig = (getattr(transport, "group_key", None), r, layout.mode, layout.shapes, layout.dtypes, str(layout.device))
+    sig = (getattr(transport, "group_key", None), r, layout.mode, layout.shapes, layout.dtypes, str(layout.device),
+           layout.bounds)
 
     def slot_buf(slot: int):
         if slot == 0:
