@@ -46,7 +46,7 @@ __all__ = ["Layout", "PACK_BYTES", "ALIGN"]
 
 #: tuples up to this many bytes are packed into one byte buffer, chunk by chunk, so a chunk is
 #: one message (a copy in and out costs less than a message per part for small values)
-PACK_BYTES = 1 << 20
+PACK_BYTES = 64 << 10
 #: byte alignment of every part segment inside a packed buffer
 ALIGN = 16
 

@@ -216,7 +216,7 @@ def test_local_mismatch_and_timeout():
         run_ranks(2, late)
 
 
-@pytest.mark.parametrize("pack_bytes", [0, 1 << 20], ids=["parts", "packed"])
+@pytest.mark.parametrize("pack_bytes", [0, 64 << 10], ids=["parts", "packed"])
 def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     """Tuples move as one packed message per chunk (small) or one message per part (large)."""
     import collectives.layout as layout
