@@ -46,6 +46,11 @@ STEPS: list[tuple[str, Callable[[dict], None]]] = [
     ("Paths", step_paths),
 ]
 
+# --- tree attention (issue 7): the tree, simulated tree vs ring, a real checked decode ---
+from tools.demo_decode import STEPS as _DECODE_STEPS  # noqa: E402
+
+STEPS += _DECODE_STEPS
+
 
 def main(argv: list[str] | None = None) -> int:
     state: dict = {}
