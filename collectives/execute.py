@@ -51,6 +51,11 @@ dependencies (and for any send still reading, or receive still writing, the
 chunk it touches); sends and receives are non-blocking ``isend``/``irecv``
 with ``tag = chunk``. Reductions run in place on whole chunks (one call per
 chunk: no per-element Python work).
+
+Backends: tested on gloo (CPU). On NCCL every ``isend``/``irecv`` is its own
+operation on the process group's stream; the schedules post receives before
+the sends that depend on them and wait on a send only before overwriting its
+buffer, but this path has not been run on GPUs here.
 """
 from __future__ import annotations
 
@@ -235,6 +240,9 @@ def plan_for(tree, *, collective: str, nbytes: int, nranks: int, op: Op, root: i
                         "root": root if op.commutative and collective != "allreduce" else None}
             elif name.partition(":")[0] == "two_level":
                 opts = {"nbytes": nbytes}
+            if (root is not None and op.commutative and collective != "allreduce"
+                    and name.partition(":")[0] in ("chain", "binomial", "kary", "star", "two_level")):
+                opts["root"] = root      # rooted where the result goes: no extra hop
             plan = build(name, topology, ranks, nranks=None if topology is not None else nranks, **opts)
             _PLANS[key] = plan
     if as_multi(plan).size != nranks:

@@ -104,6 +104,8 @@ def die_early(rank: int, world: int) -> str:
     """Rank 1 leaves after one successful call; the others' next call must fail naming it."""
     x = torch.ones(1000)
     allreduce(x, tree="chain", nchunks=2, timeout=5)
+    import torch.distributed as dist
+    dist.barrier()      # everybody finished the first call before rank 1 leaves
     if rank == 1:
         os._exit(0)
     try:
