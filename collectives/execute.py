@@ -91,6 +91,9 @@ _SCRATCH: dict[Any, Any] = {}
 #: most scratch buffers kept (oldest dropped first)
 MAX_SCRATCH = 64
 _SCHEDULES: dict[Any, Schedule] = {}
+#: per call shape: (op, tree, topology, resolved op, schedule, layout, label)
+_FAST: dict[Any, tuple] = {}
+MAX_FAST = 256
 _AGREED: set = set()
 
 
@@ -294,16 +297,61 @@ def _nbytes(value) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
 
+def _value_sig(x) -> tuple:
+    _, parts = Layout.parts_of(x)
+    return (isinstance(x, (tuple, list)),) + tuple((tuple(p.shape), p.dtype, p.device) for p in parts)
+
+
 def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, out, nchunks, topology, ranks,
          commutative, chunkable, timeout, check, transport):
     from .group import DEFAULT_TIMEOUT, TorchTransport, group_info
-    opx = resolve_op(op, commutative=commutative, chunkable=chunkable)
     if transport is None:
         info = group_info(group)
         transport = TorchTransport(info)
         transport.group_key = info.key
-    n, me = transport.size, transport.rank
     timeout = float(timeout if timeout is not None else DEFAULT_TIMEOUT)
+    # fast path: the same call shape again (a decode loop) skips planning, layout and agreement
+    fkey = (collective, algo, root, nchunks, op if isinstance(op, str) else id(op), commutative, chunkable, tree if isinstance(tree, str) else id(tree),
+            id(topology), tuple(ranks) if ranks is not None else None, getattr(transport, "group_key", None),
+            transport.rank, transport.size, bool(check), _value_sig(x))
+    hit = _FAST.get(fkey)
+    if (hit is not None and (hit[0] is op or isinstance(op, str)) and (hit[1] is tree or isinstance(tree, str))
+            and hit[2] is topology):
+        opx, sched, layout, what = hit[3:]
+    else:
+        opx, sched, layout, what = _prepare(collective, x, op=op, tree=tree, algo=algo, root=root, nchunks=nchunks,
+                                            topology=topology, ranks=ranks, commutative=commutative,
+                                            chunkable=chunkable, timeout=timeout, check=check, transport=transport)
+        if len(_FAST) >= MAX_FAST:
+            _FAST.pop(next(iter(_FAST)))
+        _FAST[fkey] = (op, tree, topology, opx, sched, layout, what)
+    me = transport.rank
+    inplace = out is not None and _same(out, x)
+    if out is not None and not inplace:
+        _, oparts = Layout.parts_of(out)
+        for o, p in zip(oparts, Layout.parts_of(x)[1]):
+            if o.shape != p.shape or o.dtype != p.dtype:
+                raise CollectiveError(f"{what}: out expected shape {tuple(p.shape)} and dtype {p.dtype}, "
+                                      f"got {tuple(o.shape)} and {o.dtype}")
+    buf = layout.pack(x, reuse=inplace)
+    run_schedule(sched, layout, buf, opx, transport, timeout=timeout, what=what)
+    if collective == "reduce" and me != root:
+        if out is not None and not inplace:
+            layout.unpack(buf, out)
+        return None
+    if inplace and layout.direct and buf.data_ptr() == Layout.parts_of(x)[1][0].data_ptr():
+        return x
+    if inplace and isinstance(buf, tuple) and all(b.data_ptr() == p.data_ptr()
+                                                  for b, p in zip(buf, Layout.parts_of(x)[1])):
+        return x
+    return layout.unpack(buf, out if out is not None else None)
+
+
+def _prepare(collective: str, x, *, op, tree, algo, root, nchunks, topology, ranks, commutative, chunkable,
+             timeout, check, transport):
+    """(op, schedule, layout, label) for a call, after the ranks agreed on them (cached by the caller)."""
+    opx = resolve_op(op, commutative=commutative, chunkable=chunkable)
+    n = transport.size
     what = f"{collective}" if root is None else f"{collective}(root={root})"
     if root is not None and not 0 <= root < n:
         raise CollectiveError(f"{what}: root expected a group rank in 0..{n - 1}, got {root}")
@@ -344,25 +392,7 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
     if check:
         text = f"{sched.name}#{key[0]}/{sched.nchunks}/r{root}|{layout.descriptor()}|{opx.key()}"
         _agree(transport, ("v1", text), text, what, timeout)
-    inplace = out is not None and _same(out, x)
-    if out is not None and not inplace:
-        _, oparts = Layout.parts_of(out)
-        for o, p in zip(oparts, Layout.parts_of(x)[1]):
-            if o.shape != p.shape or o.dtype != p.dtype:
-                raise CollectiveError(f"{what}: out expected shape {tuple(p.shape)} and dtype {p.dtype}, "
-                                      f"got {tuple(o.shape)} and {o.dtype}")
-    buf = layout.pack(x, reuse=inplace)
-    run_schedule(sched, layout, buf, opx, transport, timeout=timeout, what=what)
-    if collective == "reduce" and me != root:
-        if out is not None and not inplace:
-            layout.unpack(buf, out)
-        return None
-    if inplace and layout.direct and buf.data_ptr() == Layout.parts_of(x)[1][0].data_ptr():
-        return x
-    if inplace and isinstance(buf, tuple) and all(b.data_ptr() == p.data_ptr()
-                                                  for b, p in zip(buf, Layout.parts_of(x)[1])):
-        return x
-    return layout.unpack(buf, out if out is not None else None)
+    return opx, sched, layout, what
 
 
 def _same(out, x) -> bool:
