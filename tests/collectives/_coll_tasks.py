@@ -130,3 +130,26 @@ def never_arrives(rank: int, world: int) -> str:
     except CollectiveError as e:
         return str(e)
     return "no error"
+
+
+def subgroup(rank: int, world: int) -> list:
+    """Ranks 1..world-1 form a group; group-local ranks and roots are translated to global ones."""
+    import torch.distributed as dist
+    members = list(range(1, world))
+    g = dist.new_group(members)          # every rank must call new_group
+    if rank == 0:
+        return ["not a member"]
+    me = members.index(rank)             # group-local rank
+    x = torch.tensor([float(rank)])
+    out = []
+    out.append(float(allreduce(x, group=g, tree="chain", timeout=10)[0]) == sum(members))
+    res = reduce(x, root=1, group=g, tree="binomial", timeout=10)        # group rank 1 = global rank 2
+    out.append((float(res[0]) == sum(members)) if me == 1 else res is None)
+    b = broadcast(torch.tensor([float(rank)]), root=len(members) - 1, group=g, timeout=10)
+    out.append(float(b[0]) == members[-1])
+    m = allreduce(torch.eye(2)[None] * (me + 1), op=matmul2, group=g, timeout=10)
+    ref = torch.eye(2)[None]
+    for i in range(len(members)):
+        ref = ref @ (torch.eye(2)[None] * (i + 1))
+    out.append(bool(torch.equal(m, ref)))
+    return out

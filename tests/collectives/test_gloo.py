@@ -55,6 +55,13 @@ def test_every_builder_four_processes(pool4):
     _check(pool4.run("run_cases", _cases(4, BUILDERS, topology="dgx-h100-x2", ranks=[0, 1, 8, 9]), timeout=180))
 
 
+def test_process_subgroup_uses_group_local_ranks(pool4):
+    res = pool4.run("subgroup", timeout=60)
+    assert res[0] == ("ok", ["not a member"])
+    for r in (1, 2, 3):
+        assert res[r][0] == "ok" and res[r][1] == [True] * 4, (r, res[r])
+
+
 def test_fingerprint_mismatch_is_an_error(pool4):
     t0 = time.time()
     res = pool4.run("tree_mismatch", timeout=60)
