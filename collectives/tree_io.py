@@ -37,7 +37,6 @@ topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 
 from __future__ import annotations
 
 import os
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any, Sequence
@@ -45,7 +44,7 @@ from typing import Any, Sequence
 import yaml
 
 from topo._schema import YAML_LOADER, Doc
-from topo.errors import TreeError, TreecollError
+from topo.errors import TopologyError, TreeError, TreecollError
 
 from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
 from .schedule import Schedule
@@ -55,7 +54,6 @@ __all__ = ["TreeFile", "load_tree", "loads_tree", "dumps_tree", "save_tree", "Nc
            "loads_nccl_graph"]
 
 FORMS = ("parents", "children", "nested", "trees")
-NCCL_PATTERNS = {1: "balanced_tree", 2: "split_tree", 3: "tree", 4: "ring", 5: "nvls", 6: "collnet_direct"}
 
 
 class _Doc(Doc):
@@ -253,43 +251,30 @@ class NcclGraph:
 
 
 def loads_nccl_graph(text: str, source: str = "<string>") -> tuple[NcclGraph, ...]:
-    """Parse NCCL_GRAPH_FILE XML text into its graphs."""
+    """Parse NCCL_GRAPH_FILE XML text into its graphs (parsing by
+    :func:`topo.nccl_xml.parse_graph_xml`; this adds the checks a plan needs)."""
+    from topo.nccl_xml import parse_graph_xml
     try:
-        root = ET.fromstring(text)
-    except ET.ParseError as e:
-        line = e.position[0] if getattr(e, "position", None) else "?"
-        raise TreeError(f"{source}:{line}: invalid XML: {e}") from None
-    if root.tag != "graphs":
-        raise TreeError(f"{source}: root element expected <graphs>, got <{root.tag}>")
+        data = parse_graph_xml(text, source=source)
+    except TopologyError as e:
+        raise TreeError(str(e)) from None
     out = []
-    for gi, g in enumerate(root.findall("graph")):
+    for gi, g in enumerate(data["graphs"]):
         where = f"{source}: graphs/graph[{gi}]"
-        try:
-            gid = int(g.get("id", gi))
-            pattern = int(g.get("pattern", "0"))
-        except ValueError:
-            raise TreeError(f"{where}: id and pattern expected integers, got {g.get('id')!r}, "
-                            f"{g.get('pattern')!r}") from None
         channels = []
-        for ci, ch in enumerate(g.findall("channel")):
-            ranks = []
-            for gpu in ch.findall("gpu"):
-                v = gpu.get("rank", gpu.get("dev"))
-                try:
-                    ranks.append(int(v))
-                except (TypeError, ValueError):
-                    raise TreeError(f"{where}/channel[{ci}]: gpu expected an integer dev or rank, got {v!r}") from None
+        for ci, ch in enumerate(g["channels"]):
+            ranks = tuple(r if r is not None else d for r, d in zip(ch["ranks"], ch["gpus"]))
             if not ranks:
                 raise TreeError(f"{where}/channel[{ci}]: expected at least one <gpu>")
-            channels.append(tuple(ranks))
+            channels.append(ranks)
         if not channels:
             raise TreeError(f"{where}: expected at least one <channel>")
         n = len(channels[0])
         for ci, ch in enumerate(channels):
             if sorted(ch) != list(range(n)):
                 raise TreeError(f"{where}/channel[{ci}]: expected ranks 0..{n - 1} each once, got {list(ch)}")
-        out.append(NcclGraph(gid, pattern, NCCL_PATTERNS.get(pattern, f"pattern{pattern}"), tuple(channels),
-                             dict(g.attrib)))
+        attrs = {k: v for k, v in g.items() if k not in ("channels",)}
+        out.append(NcclGraph(g["id"], g["pattern"], g["pattern_name"], tuple(channels), attrs))
     if not out:
         raise TreeError(f"{source}: expected at least one <graph>")
     return tuple(out)

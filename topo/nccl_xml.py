@@ -478,8 +478,8 @@ def _export_gpu(g: nx.DiGraph, v: str, pel: ET.Element) -> None:
 
 
 # ---------------------------------------------------------------------------------------- graphs
-def parse_graph_xml(src: str | os.PathLike) -> dict[str, Any]:
-    """An ``NCCL_GRAPH_FILE`` (path or text) as plain data.
+def parse_graph_xml(src: str | os.PathLike, *, source: str | None = None) -> dict[str, Any]:
+    """An ``NCCL_GRAPH_FILE`` (path or text) as plain data; ``source`` names text in errors.
 
     Returns ``{"version": 1, "graphs": [graph, ...]}`` where each graph is
     ``{"id": int, "pattern": int, "pattern_name": "ring" | "tree" | "balanced_tree" |
@@ -492,6 +492,7 @@ def parse_graph_xml(src: str | os.PathLike) -> dict[str, Any]:
     the tree root down the chain (NCCL's intra-node tree is a chain).
     """
     where, text = _read(src)
+    where = source or where
     root = _parse(where, text)
     if root.tag != "graphs":
         raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag}>")
