@@ -301,18 +301,20 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`
 RING_ALGOS = ("ring",)
 #: largest chunk count chosen automatically for tree schedules (engine cost grows with chunks × edges)
-MAX_AUTO_CHUNKS = 16
+MAX_AUTO_CHUNKS = 32
+#: smallest chunk :func:`auto_chunks` makes, bytes (NCCL pipelines trees in steps of this order)
+MIN_AUTO_CHUNK = 512 << 10
 
 
 def auto_chunks(nbytes: int, nranks: int) -> int:
-    """Pipeline chunks for a tree schedule: one per MiB, 1..16, at most 2 beyond 1024 ranks.
+    """Pipeline chunks for a tree schedule: chunks of >= 512 KiB, at most 32, and at most 8192 / P.
 
-    NCCL pipelines trees in chunks of a few hundred KiB per channel; 1 MiB
-    per chunk keeps the pipeline fill small for large messages while the
-    event count (chunks × tree edges) stays affordable at scale.
+    A pipeline of depth D with K chunks runs at about K / (K + D) of its
+    bottleneck bandwidth, so deep trees (chains inside hosts) want many
+    chunks; the event count grows with chunks × tree edges, hence the cap
+    that shrinks with the rank count (1 chunk from 8192 ranks on).
     """
-    k = int(min(MAX_AUTO_CHUNKS, max(1, nbytes >> 20)))
-    return min(k, 2) if nranks > 1024 else k
+    return int(max(1, min(MAX_AUTO_CHUNKS, nbytes // MIN_AUTO_CHUNK, 8192 // max(nranks, 1))))
 
 
 #: above this many bytes "auto" skips the LL protocol (half bandwidth; NCCL's tuner never picks it there)
@@ -350,8 +352,37 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
         "auto", "two_level") else builders.build(algo, topology, list(gpus), **opts)
     k = nchunks or auto_chunks(nbytes, len(gpus))
-    sched = compile_.compile_plan(tree, collective, k, root=root if collective in ("reduce", "broadcast") else None)
+    want = max(1, nbytes // MIN_AUTO_CHUNK)
+    rt = root if collective in ("reduce", "broadcast") else None
+    sched = compile_.compile_plan(tree, collective, k, root=rt)
+    half = compile_.compile_plan(tree, collective, k // 2, root=rt) if nchunks is None and want > k >= 4 else None
     for p in profs:
         r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top)
+        if half is not None:
+            r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top),
+                             k, want)
         best = r if best is None or r.time < best.time else best
     return best
+
+
+def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResult:
+    """Pipeline extrapolation to ``want`` chunks from runs with ``k`` and ``k // 2`` chunks.
+
+    A pipelined tree takes ``T(K) ≈ a + b / K`` (``a``: latency and the
+    bottleneck's share of the bytes, ``b / K``: filling the pipeline with
+    chunks of ``1/K`` of the message); two runs fix ``a`` and ``b``. Used when
+    the 512 KiB chunks NCCL-like pipelining wants are more than the engine
+    simulates. Times shrink by the same amount for every rank; bytes per
+    link do not depend on K.
+    """
+    import dataclasses
+    k2 = k // 2
+    b = (r_half.time - r.time) / (1.0 / k2 - 1.0 / k)
+    if b <= 0:
+        return r
+    cut = b * (1.0 / k - 1.0 / want)
+    t = r.time - cut
+    alg, bus = bandwidths(r.collective, r.nbytes, r.nranks, t)
+    stats = dict(r.stats, extrapolated_from_chunks=[k2, k], chunks=want)
+    return dataclasses.replace(r, time=t, finish=tuple(max(f - cut, 0.0) for f in r.finish), algbw=alg,
+                               busbw=bus, stats=stats)

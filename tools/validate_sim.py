@@ -241,6 +241,15 @@ def predict(topology, tab: Table, size: int, profile) -> tuple[float, str]:
     return best if best else (0.0, "-")
 
 
+def nccl_model_time(topology, tab: Table, size: int) -> float | None:
+    """NCCL's own analytical prediction (collectives.nccl_model, allreduce only), seconds."""
+    if tab.collective != "allreduce" or tab.nranks < 2:
+        return None
+    from collectives.nccl_model import nccl_predict
+    algos, _ = algorithms(tab)
+    return min(nccl_predict(topology, None, size, algo=a)["time"] for a in algos)
+
+
 def geo_error(pairs) -> float | None:
     """exp(mean |ln(pred/meas)|) − 1 over (pred, meas) pairs, or None."""
     logs = [abs(math.log(p / m)) for p, m in pairs if p > 0 and m > 0]
@@ -272,18 +281,28 @@ def validate(paths, profile=None) -> dict:
             pred, label = predict(topo, tab, size, profile)
             meas_bus = size / (t_us * 1e-6) / 1e9 * f
             pred_bus = size / pred / 1e9 * f if pred > 0 else 0.0
+            nm = nccl_model_time(topo, tab, size) if profile is None else None
             rows.append({"size": size, "meas_us": t_us, "meas_busbw": meas_bus, "pred_us": pred * 1e6,
                          "pred_busbw": pred_bus, "algo": label,
+                         "nccl_model_busbw": size / nm / 1e9 * f if nm else None,
                          "err": (pred_bus - meas_bus) / meas_bus if meas_bus > 0 else None})
         entry["rows"] = rows
         entry["large_err"] = geo_error([(r["pred_busbw"], r["meas_busbw"]) for r in rows if r["size"] >= LARGE])
         entry["small_err"] = geo_error([(r["pred_busbw"], r["meas_busbw"]) for r in rows if r["size"] <= SMALL])
+        entry["nccl_model_large_err"] = geo_error([(r["nccl_model_busbw"], r["meas_busbw"]) for r in rows
+                                                   if r["size"] >= LARGE and r["nccl_model_busbw"]])
+        entry["nccl_model_small_err"] = geo_error([(r["nccl_model_busbw"], r["meas_busbw"]) for r in rows
+                                                   if r["size"] <= SMALL and r["nccl_model_busbw"]])
         out["files"].append(entry)
     done = [e for e in out["files"] if "rows" in e]
     out["large_err"] = geo_error([(r["pred_busbw"], r["meas_busbw"]) for e in done for r in e["rows"]
                                   if r["size"] >= LARGE])
     out["small_err"] = geo_error([(r["pred_busbw"], r["meas_busbw"]) for e in done for r in e["rows"]
                                   if r["size"] <= SMALL])
+    out["nccl_model_large_err"] = geo_error([(r["nccl_model_busbw"], r["meas_busbw"]) for e in done
+                                             for r in e["rows"] if r["size"] >= LARGE and r["nccl_model_busbw"]])
+    out["nccl_model_small_err"] = geo_error([(r["nccl_model_busbw"], r["meas_busbw"]) for e in done
+                                             for r in e["rows"] if r["size"] <= SMALL and r["nccl_model_busbw"]])
     return out
 
 
@@ -301,15 +320,18 @@ def render(d: dict) -> str:
             continue
         lines.append(head + f", template {e['template']}")
         lines.append(f"{'size':>12} {'meas us':>10} {'meas busbw':>10} {'pred us':>10} {'pred busbw':>10} "
-                     f"{'error':>7}  algo")
+                     f"{'error':>7}  {'algo':<18} {'nccl model':>10}")
         for r in e["rows"]:
+            nm = "-" if r.get("nccl_model_busbw") is None else f"{r['nccl_model_busbw']:.2f}"
             lines.append(f"{r['size']:>12} {r['meas_us']:>10.1f} {r['meas_busbw']:>10.2f} {r['pred_us']:>10.1f} "
-                         f"{r['pred_busbw']:>10.2f} {_pct(r['err']):>7}  {r['algo']}")
+                         f"{r['pred_busbw']:>10.2f} {_pct(r['err']):>7}  {r['algo']:<18} {nm:>10}")
         lines.append(f"   geomean error: large (>= 64 MiB) {_pct(e['large_err'])}, small (<= 64 KiB) "
-                     f"{_pct(e['small_err'])}")
+                     f"{_pct(e['small_err'])}; NCCL's model: large {_pct(e.get('nccl_model_large_err'))}, "
+                     f"small {_pct(e.get('nccl_model_small_err'))}")
     lines.append("")
     lines.append(f"ALL FILES geomean error: large {_pct(d['large_err'])} (target 15%), small "
-                 f"{_pct(d['small_err'])} (target 30%)")
+                 f"{_pct(d['small_err'])} (target 30%); NCCL's own model (allreduce files): large "
+                 f"{_pct(d.get('nccl_model_large_err'))}, small {_pct(d.get('nccl_model_small_err'))}")
     return "\n".join(lines)
 
 
