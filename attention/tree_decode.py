@@ -9,13 +9,11 @@ Every rank of a process group holds a slice of each sequence's keys and values
 2. The state is packed into ONE contiguous float32 buffer
    (:func:`attention.pack_state`: ``batch*q_heads*(head_dim+1)`` elements) and
    reduced up a :class:`collectives.Tree` with :class:`attention.MergeOp` (the
-   associative, commutative attention merge, in float32): one message per tree
-   edge, whatever the context length.
-3. The root's merged state is broadcast down the same tree, so every rank
-   returns the same output.  Steps 2 and 3 run as one compiled schedule
-   (:func:`collectives.allreduce` with ``algo="tree"`` over the tree: reduce to
-   the tree's root, then broadcast from it), which saves a dispatch over
-   :func:`collectives.reduce` followed by :func:`collectives.broadcast`.  With
+   associative, commutative attention merge, in float32) through
+   :func:`collectives.reduce`: one message per tree edge, whatever the context
+   length.
+3. The root's merged state is broadcast down the same tree
+   (:func:`collectives.broadcast`), so every rank returns the same output.  With
    ``root_only=True`` the broadcast is skipped: only the tree root's return
    value is the attention output; the other ranks return their partially
    merged subtree state (meaningless to callers).  :func:`tree_root` tells which
@@ -176,12 +174,12 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     (natural log).  Returns the merged ``(out, lse)`` (float32, same shapes) on
     every rank, or only on the tree root with ``root_only``.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
-    ``bcast``: how the result goes back down: ``"tree"`` (the default: down the
-    same tree; the reduction and the broadcast run as ONE compiled schedule,
-    ``collectives.allreduce(algo="tree")`` over ``tree``, which is exactly
-    reduce-to-root then broadcast-from-root) or ``"native"``
-    (``collectives.reduce``, then ``torch.distributed.broadcast`` from the root:
-    the backend's own algorithm).  ``root_only`` runs ``collectives.reduce`` alone.
+    ``bcast``: how the result goes back down after ``collectives.reduce``:
+    ``"tree"`` (the default: ``collectives.broadcast`` down the same tree) or
+    ``"native"`` (``torch.distributed.broadcast`` from the root: the backend's own
+    algorithm).  ``root_only`` skips it.  (Running reduce + broadcast as one
+    compiled schedule, ``collectives.allreduce(algo="tree")``, was measured too
+    and was not faster with the current executor: docs/benchmarks.md.)
     """
     if bcast not in ("tree", "native"):
         raise AttentionError(f"bcast: expected 'tree' or 'native', got {bcast!r}")
@@ -194,20 +192,17 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
 
     buf = pack_state(out, lse)
     op = _merge_op(batch, heads, head_dim)
-    # in place on the packed buffer
-    if root_only or bcast == "native":
-        # the root ends with the merged state, the others with their subtree's partial state
-        collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
-        if not root_only:
-            import torch.distributed as dist
+    # in place on the packed buffer: the root ends with the merged state, the
+    # other ranks with their subtree's partial state (overwritten by the broadcast)
+    collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
+    if not root_only and bcast == "native":
+        import torch.distributed as dist
 
-            from attention.dist import to_global
+        from attention.dist import to_global
 
-            dist.broadcast(buf, to_global(group, t.root), group=group)
-    else:
-        # reduce up the tree to its root, then broadcast down the same tree, compiled
-        # as one schedule (collectives' tree allreduce: one dispatch instead of two)
-        collectives.allreduce(buf, op=op, tree=t, algo="tree", group=group, out=buf)
+        dist.broadcast(buf, to_global(group, t.root), group=group)
+    elif not root_only:
+        collectives.broadcast(buf, root=t.root, tree=t, group=group, out=buf)
     return unpack_state(buf, batch, heads, head_dim)
 
 

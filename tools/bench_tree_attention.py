@@ -12,9 +12,10 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
     allocated during one step, torch profiler memory events);
 (b) the combine alone, states already computed: ``tree`` = our one tree
     reduction of the packed state plus the broadcast down the same tree (every
-    rank gets the result, like an all-reduce; one compiled schedule, as
-    :func:`attention.tree_combine` runs it), ``tree_two_calls`` (the same as a
-    ``collectives.reduce`` then a ``collectives.broadcast``),
+    rank gets the result, like an all-reduce): ``collectives.reduce`` then
+    ``collectives.broadcast``, as :func:`attention.tree_combine` runs it;
+    ``tree_one_schedule`` (the same compiled as one schedule,
+    ``collectives.allreduce(algo="tree")`` over the tree),
     ``tree_root_only`` (the reduction alone), ``tree_native_bcast`` (the tree reduction, then the backend's own
     ``torch.distributed.broadcast``), ``allreduce3`` (max, numerator, denominator all-reduces), and
     ``floor`` = one ``torch.distributed.all_reduce`` (SUM) of the same packed
@@ -42,7 +43,7 @@ import time
 from pathlib import Path
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
-COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_two_calls", "allreduce3", "floor")
+COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_one_schedule", "allreduce3", "floor")
 
 
 def _ints(s: str) -> list[int]:
@@ -67,17 +68,16 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
         buf = packed.clone()
         dist.all_reduce(buf)
 
-    def reduce_then_broadcast():  # the same tree as two collectives calls
+    def one_schedule():  # reduce + broadcast over the same tree, compiled as one allreduce schedule
         import collectives
 
         buf = pack_state(out, lse)
-        collectives.reduce(buf, root=t.root, op=_merge_op(batch, HEADS, HEAD_DIM), tree=t, out=buf)
-        collectives.broadcast(buf, root=t.root, tree=t, out=buf)
+        collectives.allreduce(buf, op=_merge_op(batch, HEADS, HEAD_DIM), tree=t, algo="tree", out=buf)
 
     fns = {"tree": lambda: tree_combine(out, lse, tree=t),
            "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
            "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
-           "tree_two_calls": reduce_then_broadcast,
+           "tree_one_schedule": one_schedule,
            "allreduce3": lambda: allreduce3_combine(out, lse),
            "floor": floor}
     for _ in range(10):
