@@ -14,6 +14,8 @@ tensors with ``backend='torch'`` (a fallback; the Triton kernels are the CUDA pa
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -98,6 +100,22 @@ def _attend_range(qg, fetch, start: int, end: int, block: int, work: dict):
     return acc, m, l
 
 
+_POOL: dict = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _thread_pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads, each running torch ops on one
+    thread (``torch.set_num_threads(1)`` is per thread: the caller's is unchanged)."""
+    with _POOL_LOCK:
+        if workers not in _POOL:
+            _POOL[workers] = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="treecoll-decode",
+                initializer=torch.set_num_threads, initargs=(1,),
+            )
+        return _POOL[workers]
+
+
 def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_size=None,
                  block_table=None):
     """Partial decode attention with torch ops (validated inputs; see
@@ -107,7 +125,10 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
     (or paged ``[num_pages, page_size, kv_heads, head_dim]`` with ``block_table``
     int [batch, max_pages]; the block size is then rounded to whole pages),
     ``lengths`` int [batch], ``num_splits`` contiguous chunks per sequence merged with
-    :func:`attention.merge_states` (1 on CPU: the matmuls are already multi-threaded).
+    :func:`attention.merge_states`.  On CPU with ``torch.get_num_threads() = T > 1``
+    and sequences of at least two blocks, at least ``T`` splits run on ``T`` worker
+    threads whose torch ops are single-threaded: no OpenMP barrier per small op
+    (those stall whenever a core is busy elsewhere).
     Writes and returns ``(out, lse)``: float32 [batch, q_heads, head_dim] and
     float32 [batch, q_heads], natural log.
     """
@@ -126,17 +147,32 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
         )
     out_buf, lse_buf = out
     qs = (q.float() * scale).view(batch, kv_heads, group, head_dim)
-    work: dict = {}
-    for b, length in enumerate(lengths.tolist()):
-        fetch = _contiguous_fetch(k[b], v[b]) if block_table is None else \
-            _paged_fetch(k, v, block_table[b].long(), block)
-        parts = [_attend_range(qs[b], fetch, s0, s1, block, work) for s0, s1 in _split_bounds(length, num_splits)]
+    lens = lengths.tolist()
+    fetches = [
+        _contiguous_fetch(k[b], v[b]) if block_table is None else _paged_fetch(k, v, block_table[b].long(), block)
+        for b in range(batch)
+    ]
+    workers = torch.get_num_threads() if q.device.type == "cpu" else 1
+    if workers > 1 and max(lens, default=0) >= 2 * block:
+        num_splits = max(num_splits, workers)
+    tasks = [(b, s0, s1) for b in range(batch) for s0, s1 in _split_bounds(lens[b], num_splits)]
+
+    def run(task):
+        b, s0, s1 = task
+        return _attend_range(qs[b], fetches[b], s0, s1, block, {})
+
+    if workers > 1 and num_splits > 1:
+        results = list(_thread_pool(workers).map(run, tasks))
+    else:
+        work: dict = {}
+        results = [_attend_range(qs[b], fetches[b], s0, s1, block, work) for b, s0, s1 in tasks]
+    for b in range(batch):
         outs, lses = [], []
-        for acc, m, l in parts:
+        for acc, m, l in results[b * num_splits:(b + 1) * num_splits]:
             nonempty = l > 0
             outs.append(acc / torch.where(nonempty, l, torch.ones_like(l)))
             lses.append(torch.where(nonempty, m + torch.log(l), torch.full_like(l, -math.inf)).squeeze(-1))
-        if len(parts) == 1:
+        if num_splits == 1:
             o, s = outs[0], lses[0]
         else:
             o, s = merge_states(outs, lses, 0, check=False, backend="torch")
