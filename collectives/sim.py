@@ -10,7 +10,8 @@ Two entry points, one result type:
 * :func:`simulate_ring` is NCCL's ring (allreduce = reduce-scatter +
   all-gather, or either half) in a per-step aggregated model: every step of a
   lockstep ring moves the same set of P transfers, so one max-min allocation
-  per ring gives the step time and the run costs ``nsteps`` steps; this is
+  gives each step's bandwidth time, and latency adds up along the chain of
+  hops a chunk travels; this is
   what lets 8192-rank rings run in seconds (a ring Schedule of P ranks has
   P·2(P−1) steps). On a uniform ring both give the same time.
 
