@@ -310,7 +310,6 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
     fl = _Flows()
     x_pending: list[int] = []     # subflows left per transfer
     x_info: list[tuple] = []      # (src rank, step idx, key, lat)
-    link_bytes = np.zeros(0)
     heap: list = []
     seq = 0
     changed = False
@@ -341,7 +340,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             advance(w[0], t)
 
     def start_send(r, i, s, t):
-        nonlocal changed, link_bytes
+        nonlocal changed
         key0 = (r, s.peer, s.chunk)
         k = send_count.get(key0, 0)
         send_count[key0] = k + 1
@@ -357,9 +356,6 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                     continue
                 fl.add(ids, n * share, xi)
                 dirty.append(ids)
-                if len(link_bytes) < len(net.ends):
-                    link_bytes = np.concatenate([link_bytes, np.zeros(len(net.ends) - len(link_bytes))])
-                np.add.at(link_bytes, ids, n * share)
                 cnt += 1
         x_pending.append(cnt)
         if cnt == 0:
@@ -470,6 +466,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             cur += b
             peak = max(peak, cur)
         peaks.append(peak)
-    if len(link_bytes) < len(net.ends):
-        link_bytes = np.concatenate([link_bytes, np.zeros(len(net.ends) - len(link_bytes))])
+    link_bytes = np.zeros(len(net.ends))
+    if fl.n:
+        np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[:fl.n], fl.nl[:fl.n]))
     return RawRun(max(finish, default=0.0), finish, link_bytes, peaks, len(x_info), fl.n, recomputes)
