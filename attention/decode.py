@@ -46,7 +46,9 @@ def decode_partial(
     num_splits : int, optional
         Contiguous key chunks per sequence computed independently and merged
         (flash-decoding).  Default: from the length and the SM count on CUDA
-        (:func:`attention.decode_triton.choose_num_splits`), 1 for 'torch'.
+        (:func:`attention.decode_triton.choose_num_splits`); for 'torch' on CPU
+        at least ``torch.get_num_threads()`` for sequences of two blocks or more
+        (one split per worker thread), else 1.
     backend : {'auto', 'torch', 'triton'}
         'auto' takes 'triton' for CUDA tensors and 'torch' otherwise; 'triton'
         on CPU tensors needs ``TRITON_INTERPRET=1`` before the kernels are imported.

@@ -8,12 +8,15 @@ strided views of the cache (``k[b, s:e].permute(1, 2, 0)`` is
 ``[kv_heads, head_dim, block]``), so each K/V element is read from memory once
 for the whole group.  fp16/bf16 blocks are converted to float32 one block at a
 time (the block stays in cache), because the CPU matmuls on half types either
-round the scores to the input dtype or are slow.  The same code runs on CUDA
+round the scores to the input dtype or are slow.  Long sequences are split
+over ``torch.get_num_threads()`` worker threads, each running single-threaded
+torch ops, and the splits are merged with :func:`attention.merge_states`.  The same code runs on CUDA
 tensors with ``backend='torch'`` (a fallback; the Triton kernels are the CUDA path).
 """
 from __future__ import annotations
 
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,13 +110,14 @@ _POOL_LOCK = threading.Lock()
 def _thread_pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads, each running torch ops on one
     thread (``torch.set_num_threads(1)`` is per thread: the caller's is unchanged)."""
+    key = (os.getpid(), workers)  # a forked child has the dict but not the threads
     with _POOL_LOCK:
-        if workers not in _POOL:
-            _POOL[workers] = ThreadPoolExecutor(
+        if key not in _POOL:
+            _POOL[key] = ThreadPoolExecutor(
                 max_workers=workers, thread_name_prefix="treecoll-decode",
                 initializer=torch.set_num_threads, initargs=(1,),
             )
-        return _POOL[workers]
+        return _POOL[key]
 
 
 def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_size=None,

@@ -46,3 +46,16 @@ def test_strided_cache_views_without_copy(make_inputs, check_state):
     assert not k.is_contiguous()
     out, lse = decode_partial(q, k, v, kv_len=torch.tensor([200, 150]))
     check_state(out, lse, *reference(q, k, v, kv_len=[200, 150]), 1e-2)
+
+
+def test_worker_threads_do_not_change_the_callers_thread_count(make_inputs, check_state):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        q, k, v = make_inputs(2, 8, 2, 32, 3 * DEFAULT_BLOCK_SIZE, torch.float32, seed=9)
+        lengths = [3 * DEFAULT_BLOCK_SIZE, 2 * DEFAULT_BLOCK_SIZE + 5]  # long enough for the worker threads
+        out, lse = decode_partial(q, k, v, kv_len=lengths)
+        check_state(out, lse, *reference(q, k, v, kv_len=lengths), 1e-5)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
