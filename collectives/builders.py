@@ -224,10 +224,18 @@ def _parse_kind(spec: str, allowed: Sequence[str], what: str) -> tuple[str, int 
     return kind, k
 
 
-def _intra(topology, gpus, members: list[int], leader: int, spec: str) -> dict[int, int]:
+def _intra(topology, gpus, members: list[int], leader: int, spec: str, switched: dict | None = None) -> dict[int, int]:
+    """Intra-host tree under ``leader``; ``switched`` caches :func:`_host_is_switched` per
+    member tuple across the rails of one :func:`two_level` call."""
     kind, k = _parse_kind(spec, INTRA_KINDS, "intra")
     if kind == "auto":
-        kind = "star" if len(members) > 1 and _host_is_switched(topology, gpus, members) else "links"
+        key = tuple(members)
+        if switched is None or key not in switched:
+            sw = len(members) > 1 and _host_is_switched(topology, gpus, members)
+            if switched is None:
+                switched = {}
+            switched[key] = sw
+        kind = "star" if switched[key] else "links"
     if kind == "links":
         return _links_tree(topology, gpus, members, leader)
     order = [leader] + [r for r in members if r != leader]
@@ -243,11 +251,11 @@ def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict[str, list[int]
 
 
 def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[str, int], root_host: str,
-                   intra: str, inter: str, name: str) -> Tree:
+                   intra: str, inter: str, name: str, switched: dict | None = None) -> Tree:
     n = len(gpus)
     parents = [-1] * n
     for h, members in hosts.items():
-        for r, p in _intra(topology, gpus, members, leaders[h], intra).items():
+        for r, p in _intra(topology, gpus, members, leaders[h], intra, switched).items():
             parents[r] = p
     # inter-host: groups of hosts under the same leaf switches stay together
     groups = []
@@ -298,13 +306,14 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     if rails == "auto":
         rails = (nbytes is not None and nbytes >= rail_bytes and len(hosts) > 1 and min(nic_counts) > 1)
     label = f"two_level(intra={intra},inter={inter}"
+    switched: dict = {}   # host members -> NVSwitch-connected (computed once for all rails)
     if not rails:
         leaders = {h: leader_of(topology, gpus, m) for h, m in hosts.items()}
         if root is not None:
             leaders[root_host] = root
         elif len(hosts) == 1:
             leaders[root_host] = hosts[root_host][0]
-        return _one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter, label + ")")
+        return _one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter, label + ")", switched)
     nrails = min(nic_counts)
     if nrails < 1:
         raise TreeError("two_level: rails=True needs NICs on every host; a host has none")
@@ -312,7 +321,7 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     for k in range(nrails):
         leaders = {h: leader_of(topology, gpus, m, topology.nics(h)[k]) for h, m in hosts.items()}
         trees.append(_one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter,
-                                    f"{label},rail={k})"))
+                                    f"{label},rail={k})", switched))
         bws.append(min(float(topology.node(topology.nics(h)[k]).get("bw") or 1.0) for h in hosts))
     if len(trees) == 1:
         return trees[0]

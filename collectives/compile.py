@@ -64,10 +64,13 @@ class _Prog:
 
     def add(self, r: int, kind: str, chunk: int, peer: int = -1, slot: int = 0, deps=(), right=True) -> int:
         deps = [d for d in deps if d is not None]
-        if kind == "recv" and slot == 0 and (r, chunk) in self.last_send:
-            deps.append(self.last_send[(r, chunk)])
-        self.steps[r].append(Step(kind, chunk, peer=peer, slot=slot, deps=tuple(sorted(set(deps))), right=right))
-        i = len(self.steps[r]) - 1
+        if kind == "recv" and slot == 0:
+            last = self.last_send.get((r, chunk))
+            if last is not None:
+                deps.append(last)
+        lst = self.steps[r]
+        lst.append(Step(kind, chunk, peer, slot, tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps), right))
+        i = len(lst) - 1
         if kind == "send":
             self.last_send[(r, chunk)] = i
         return i
@@ -94,19 +97,33 @@ def _subheight(t: Tree) -> list[int]:
     return h
 
 
+def _depths(t: Tree) -> list[int]:
+    """Depth of every rank in one pass from the root (O(P))."""
+    depth = [0] * t.size
+    stack = [t.root]
+    while stack:
+        u = stack.pop()
+        for c in t.children[u]:
+            depth[c] = depth[u] + 1
+            stack.append(c)
+    return depth
+
+
 def _events(multi: MultiTree, k: int, phases: tuple[str, ...]):
     """Per rank, sorted (time, order, tree, chunk, phase) events."""
     ev = [[] for _ in range(multi.size)]
+    up, down = "up" in phases, "down" in phases
     for ti, t in enumerate(multi.trees):
         sub = _subheight(t)
-        depth = [t.depth(r) for r in range(t.size)]
+        depth = _depths(t)
+        height = max(depth)
         for j in range(k):
             c = ti * k + j
             for r in range(t.size):
-                if "up" in phases:
+                if up:
                     ev[r].append((j + sub[r], 0, ti, c, "up"))
-                if "down" in phases:
-                    ev[r].append((j + t.height + depth[r], 1, ti, c, "down"))
+                if down:
+                    ev[r].append((j + height + depth[r], 1, ti, c, "down"))
     for lst in ev:
         lst.sort(key=lambda e: (e[0], e[1], e[3]))
     return ev

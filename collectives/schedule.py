@@ -121,25 +121,27 @@ class Schedule:
     def _check_steps(self, what: str) -> None:
         sends: dict[tuple[int, int, int], int] = defaultdict(int)
         recvs: dict[tuple[int, int, int], list[tuple[int, int]]] = defaultdict(list)
+        nchunks, nranks = self.nchunks, self.nranks
         for r, lst in enumerate(self.steps):
             for i, s in enumerate(lst):
-                where = f"{what}: rank {r} step {i}"
-                if not 0 <= s.chunk < self.nchunks:
-                    raise ScheduleError(f"{where}: chunk expected 0..{self.nchunks - 1}, got {s.chunk}")
+                if not 0 <= s.chunk < nchunks:
+                    raise ScheduleError(f"{what}: rank {r} step {i}: chunk expected 0..{nchunks - 1}, got {s.chunk}")
                 for d in s.deps:
                     if not 0 <= d < i:
-                        raise ScheduleError(f"{where}: dependency {d} must be an earlier step (0..{i - 1})")
-                if s.kind in ("send", "recv"):
-                    if not 0 <= s.peer < self.nranks or s.peer == r:
-                        raise ScheduleError(f"{where}: peer expected another rank in 0..{self.nranks - 1}, "
-                                            f"got {s.peer}")
-                    if s.kind == "send":
+                        raise ScheduleError(f"{what}: rank {r} step {i}: dependency {d} must be an earlier step "
+                                            f"(0..{i - 1})")
+                kind = s.kind
+                if kind != "reduce":
+                    if not 0 <= s.peer < nranks or s.peer == r:
+                        raise ScheduleError(f"{what}: rank {r} step {i}: peer expected another rank in "
+                                            f"0..{nranks - 1}, got {s.peer}")
+                    if kind == "send":
                         sends[(r, s.peer, s.chunk)] += 1
                     else:
                         recvs[(s.peer, r, s.chunk)].append((r, i))
-                if s.slot < 0 or (s.kind == "reduce" and s.slot == 0):
-                    raise ScheduleError(f"{where}: a {s.kind} slot must be {'>= 1' if s.kind == 'reduce' else '>= 0'},"
-                                        f" got {s.slot}")
+                if s.slot < 0 or (kind == "reduce" and s.slot == 0):
+                    raise ScheduleError(f"{what}: rank {r} step {i}: a {kind} slot must be "
+                                        f"{'>= 1' if kind == 'reduce' else '>= 0'}, got {s.slot}")
         for key, lst in recvs.items():
             if len(lst) > sends.get(key, 0):
                 r, i = lst[sends.get(key, 0)]
@@ -174,20 +176,34 @@ class Schedule:
             s = self.steps[r][i]
             return s.kind != "recv" or issued[(s.peer, r, s.chunk)] > ordinal[r][i]
 
-        progress = True
-        while progress:
-            progress = False
-            for r in range(self.nranks):
-                lst = self.steps[r]
-                while started[r] < len(lst):
-                    i = started[r]
-                    s = lst[i]
-                    if not all(complete(r, d) for d in s.deps):
+        # worklist: a rank runs until a dependency is an incomplete recv, then waits on that
+        # (peer, rank, chunk) key until the peer issues a send of it (linear in the steps)
+        waiters: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+        todo = list(range(self.nranks - 1, -1, -1))
+        while todo:
+            r = todo.pop()
+            lst = self.steps[r]
+            o = ordinal[r]
+            i = started[r]
+            while i < len(lst):
+                s = lst[i]
+                blocked = None
+                for d in s.deps:
+                    sd = lst[d]
+                    if sd.kind == "recv" and issued[(sd.peer, r, sd.chunk)] <= o[d]:
+                        blocked = (sd.peer, r, sd.chunk)
                         break
-                    if s.kind == "send":
-                        issued[(r, s.peer, s.chunk)] += 1
-                    started[r] += 1
-                    progress = True
+                if blocked is not None:
+                    waiters[blocked].append(r)
+                    break
+                if s.kind == "send":
+                    key = (r, s.peer, s.chunk)
+                    issued[key] += 1
+                    w = waiters.pop(key, None)
+                    if w:
+                        todo.extend(w)
+                i += 1
+            started[r] = i
         waiting = [(r, i) for r in range(self.nranks) for i in range(len(self.steps[r]))
                    if i >= started[r] or not complete(r, i)]
         if waiting:

@@ -1,0 +1,138 @@
+"""Schedule validation: the linear-time deadlock check against a plain round-robin reference,
+and compiled schedules against a step-by-step reference of the event order."""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from collectives import compile as compile_
+from collectives.builders import build
+from collectives.schedule import Schedule, Step
+from collectives.tree import Tree
+from topo.errors import ScheduleError
+
+
+def _reference_deadlock(steps, what: str):
+    """The round-robin fixpoint (rescan every rank until nothing starts): the error message or None."""
+    n = len(steps)
+    ordinal, count = [], defaultdict(int)
+    for r, lst in enumerate(steps):
+        o = []
+        for s in lst:
+            if s.kind == "reduce":
+                o.append(-1)
+                continue
+            key = (s.kind, r, s.peer, s.chunk) if s.kind == "send" else (s.kind, s.peer, r, s.chunk)
+            o.append(count[key])
+            count[key] += 1
+        ordinal.append(o)
+    started, issued = [0] * n, defaultdict(int)
+
+    def complete(r, i):
+        s = steps[r][i]
+        return s.kind != "recv" or issued[(s.peer, r, s.chunk)] > ordinal[r][i]
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(n):
+            while started[r] < len(steps[r]) and all(complete(r, d) for d in steps[r][started[r]].deps):
+                s = steps[r][started[r]]
+                if s.kind == "send":
+                    issued[(r, s.peer, s.chunk)] += 1
+                started[r] += 1
+                progress = True
+    for r in range(n):
+        for i in range(len(steps[r])):
+            if i >= started[r] or not complete(r, i):
+                s = steps[r][i]
+                i2 = i if i < started[r] else next(d for d in s.deps if not complete(r, d))
+                s2 = steps[r][i2]
+                return (f"{what}: deadlock: rank {r} waits forever at step {i2} "
+                        f"({s2.kind} chunk {s2.chunk} from rank {s2.peer})")
+    return None
+
+
+def _random_steps(rng: random.Random, n: int, msgs: int):
+    """Matched sends/recvs in random per-rank order; a send may wait for the sender's last reduce."""
+    steps = [[] for _ in range(n)]
+    last_reduce = [None] * n
+    for _ in range(msgs):
+        src, dst = rng.sample(range(n), 2)
+        chunk = rng.randrange(2)
+        deps = (last_reduce[src],) if last_reduce[src] is not None and rng.random() < 0.7 else ()
+        steps[src].append(Step("send", chunk, peer=dst, deps=deps))
+        steps[dst].append(Step("recv", chunk, peer=src, slot=1))
+        steps[dst].append(Step("reduce", chunk, slot=1, deps=(len(steps[dst]) - 1,)))
+        last_reduce[dst] = len(steps[dst]) - 1
+    return tuple(tuple(lst) for lst in steps)
+
+
+def _reorder(rng: random.Random, steps):
+    """Move one rank's send earlier or later (deps remapped), which may create a circular wait."""
+    r = rng.randrange(len(steps))
+    lst = list(steps[r])
+    sends = [i for i, s in enumerate(lst) if s.kind == "send" and not s.deps]
+    if not sends:
+        return steps
+    i = rng.choice(sends)
+    j = rng.randrange(len(lst))
+    order = list(range(len(lst)))
+    order.insert(j, order.pop(i))
+    pos = {old: new for new, old in enumerate(order)}
+    new = []
+    for old in order:
+        s = lst[old]
+        deps = tuple(pos[d] for d in s.deps)
+        if any(d >= len(new) for d in deps):
+            return steps
+        new.append(Step(s.kind, s.chunk, peer=s.peer, slot=s.slot, deps=deps, right=s.right))
+    return tuple(tuple(new) if k == r else steps[k] for k in range(len(steps)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_deadlock_check_matches_round_robin_reference(seed):
+    rng = random.Random(seed)
+    steps = _random_steps(rng, rng.randrange(2, 5), rng.randrange(1, 9))
+    for _ in range(rng.randrange(0, 3)):
+        steps = _reorder(rng, steps)
+    expected = _reference_deadlock(steps, "schedule 'allreduce'")
+    if expected is None:
+        assert Schedule("allreduce", len(steps), 2, steps).nranks == len(steps)
+    else:
+        with pytest.raises(ScheduleError, match="deadlock") as e:
+            Schedule("allreduce", len(steps), 2, steps)
+        assert str(e.value) == expected
+
+
+def test_random_cases_include_deadlocks_and_valid_schedules():
+    outcomes = set()
+    for seed in range(40):
+        rng = random.Random(seed)
+        steps = _random_steps(rng, rng.randrange(2, 5), rng.randrange(1, 9))
+        for _ in range(rng.randrange(0, 3)):
+            steps = _reorder(rng, steps)
+        outcomes.add(_reference_deadlock(steps, "s") is None)
+    assert outcomes == {True, False}
+
+
+def _reference_event_order(t: Tree, k: int):
+    """Per rank, (time, phase, chunk) of a single-tree allreduce using Tree.depth/height directly."""
+    sub = {}
+    for r in t.postorder():
+        sub[r] = max((sub[c] + 1 for c in t.children[r]), default=0)
+    ev = [[] for _ in range(t.size)]
+    for j in range(k):
+        for r in range(t.size):
+            ev[r].append((j + sub[r], 0, j, "up"))
+            ev[r].append((j + t.height + t.depth(r), 1, j, "down"))
+    return [[(e[3], e[2]) for e in sorted(lst, key=lambda e: (e[0], e[1], e[2]))] for lst in ev]
+
+
+@pytest.mark.parametrize("name,n,k", [("chain", 6, 3), ("binomial", 13, 4), ("kary:3", 10, 2), ("star", 5, 5)])
+def test_events_follow_tree_depth_and_height(name, n, k):
+    t = build(name, nranks=n)
+    ev = compile_._events(compile_.as_multi(t), k, ("up", "down"))
+    assert [[(e[4], e[3]) for e in lst] for lst in ev] == _reference_event_order(t, k)
