@@ -158,16 +158,17 @@ class Schedule:
         sends and reduces complete when started (eager sends); the k-th recv of a
         chunk from a peer completes once the peer has started its k-th send of it."""
         ordinal: list[list[int]] = []
-        count: dict[tuple[int, int, int], int] = defaultdict(int)
+        nsend: dict[tuple[int, int, int], int] = defaultdict(int)
+        nrecv: dict[tuple[int, int, int], int] = defaultdict(int)
         for r, lst in enumerate(self.steps):
             o = []
             for s in lst:
-                key = (r, s.peer, s.chunk) if s.kind == "send" else (s.peer, r, s.chunk)
                 if s.kind == "reduce":
                     o.append(-1)
                     continue
-                o.append(count[(s.kind,) + key])
-                count[(s.kind,) + key] += 1
+                count, key = (nsend, (r, s.peer, s.chunk)) if s.kind == "send" else (nrecv, (s.peer, r, s.chunk))
+                o.append(count[key])
+                count[key] += 1
             ordinal.append(o)
         started = [0] * self.nranks
         issued: dict[tuple[int, int, int], int] = defaultdict(int)
