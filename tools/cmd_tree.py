@@ -12,8 +12,10 @@
 * ``tree check FILE --topology F``: the tree fits the topology (rank count,
   host labels), and how it compares with ``auto`` and the lower bound; exit
   code 1 when it does not fit.
-* ``tree draw FILE [--topology F] -o tree.png``: a picture, ranks by depth,
-  edges coloured by link class (needs matplotlib).
+* ``tree draw FILE [--topology F] -o tree.png``: with ``--topology``, the tree
+  over the topology picture (one arrow per edge, child GPU to parent GPU,
+  coloured by link class; one colour per tree for several trees); without it,
+  the tree alone, ranks by depth (needs matplotlib).
 
 Every command builds a plain dict first (``--json`` prints it).
 """
@@ -67,6 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         q.add_argument("--bytes", default="1MiB", help="message size for predictions (default 1MiB)")
         if name == "draw":
             q.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+            q.add_argument("--max-hosts", type=int, default=4,
+                           help="with --topology: hosts drawn (default 4; edges to others are left out)")
     return p
 
 
@@ -293,6 +297,17 @@ def _draw(args) -> dict:
     colors = {"NVL": "tab:green", "NVB": "tab:olive", "PIX": "tab:blue", "PXB": "tab:blue", "PHB": "tab:purple",
               "SYS": "tab:red", "NET": "tab:orange", "C2C": "tab:cyan"}
     ntrees = len(data["trees"])
+    if topology is not None:
+        # the tree over the topology picture: one arrow per edge, child GPU -> parent GPU
+        from topo.render import draw
+        palette = ["crimson", "darkorange", "gold", "teal", "navy", "purple", "brown", "magenta"]
+        overlay = [(e["child_gpu"], e["parent_gpu"], palette[ti % len(palette)] if ntrees > 1 else
+                    ("tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")))
+                   for ti, t in enumerate(data["trees"]) for e in t["edges"]]
+        out = draw(topology, args.output, overlay=overlay, max_hosts=args.max_hosts,
+                   title=f"{data['name']} over {topology.name} ({ntrees} tree(s), child -> parent)")
+        return {"output": args.output, "ranks": data["ranks"], "trees": ntrees, "over_topology": True,
+                "edges_drawn": out["overlay"], "hosts_drawn": out["hosts_drawn"]}
     fig, axes = plt.subplots(1, ntrees, figsize=(max(6, min(0.25 * data["ranks"], 30)), 5), squeeze=False)
     for ax, t in zip(axes[0], data["trees"]):
         depth = {t["root"]: 0}

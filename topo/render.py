@@ -68,10 +68,14 @@ def to_dot(topo: "Topology") -> str:
     return "\n".join(out) + "\n"
 
 
-def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120) -> dict:
+def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120,
+         overlay: list[tuple[str, str, str]] | None = None, title: str | None = None) -> dict:
     """Draw the first ``max_hosts`` hosts and the switches they reach into ``path`` (PNG, SVG, PDF).
 
-    Returns plain data: ``{"output", "hosts_drawn", "hosts_total", "nodes", "links"}``.
+    ``overlay``: extra directed edges ``(node_a, node_b, color)`` drawn as thick
+    arrows over the topology (``treecoll tree draw`` puts a tree's edges there,
+    child to parent); edges with an endpoint outside the drawn hosts are skipped.
+    Returns plain data: ``{"output", "hosts_drawn", "hosts_total", "nodes", "links", "overlay"}``.
     """
     try:
         import matplotlib
@@ -116,6 +120,15 @@ def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120) -> 
             (xa, ya), (xb, yb) = pos[a], pos[b]
             ax.plot([xa, xb], [ya, yb], color=_EDGE_COLOR.get(d["kind"], "black"), lw=0.6, alpha=0.6, zorder=1)
             nlinks += 1
+    drawn_overlay = 0
+    for a, b, color in overlay or ():
+        if a in pos and b in pos:
+            (xa, ya), (xb, yb) = pos[a], pos[b]
+            bend = 0.25 if ya == yb else 0.0   # same-row edges (GPU to GPU) arc above the row
+            ax.annotate("", xy=(xb, yb), xytext=(xa, ya), zorder=3,
+                        arrowprops=dict(arrowstyle="-|>", color=color, lw=1.8, alpha=0.9,
+                                        connectionstyle=f"arc3,rad={-bend}"))
+            drawn_overlay += 1
     for n, (x, y) in pos.items():
         ax.scatter([x], [y], s=60, color=NODE_STYLE[g.nodes[n]["kind"]][1], edgecolors="black",
                    linewidths=0.4, zorder=2)
@@ -128,10 +141,10 @@ def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120) -> 
                for k in kinds]
     handles += [Line2D([], [], color=c, label=k) for k, c in _EDGE_COLOR.items() if k in drawn_kinds]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-    ax.set_title(f"{topo.name}: {len(hosts)} of {len(topo.hosts())} hosts")
+    ax.set_title(title or f"{topo.name}: {len(hosts)} of {len(topo.hosts())} hosts")
     ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return {"output": str(path), "hosts_drawn": len(hosts), "hosts_total": len(topo.hosts()),
-            "nodes": len(pos), "links": nlinks}
+            "nodes": len(pos), "links": nlinks, "overlay": drawn_overlay}

@@ -103,8 +103,19 @@ def test_cli_show_check_draw(capsys, tmp_path):
     assert "file says host 'x'" in capsys.readouterr().out
     pytest.importorskip("matplotlib")
     png = tmp_path / "t.png"
-    assert main(["tree", "draw", str(f), "--topology", "dgx-h100", "-o", str(png)]) == 0
+    assert main(["tree", "draw", str(f), "--topology", "dgx-h100", "-o", str(png), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["over_topology"] and d["edges_drawn"] == 3      # every edge of the 4-rank chain, over the host
     assert png.stat().st_size > 1000
+    alone = tmp_path / "alone.png"
+    assert main(["tree", "draw", str(f), "-o", str(alone), "--json"]) == 0
+    assert "over_topology" not in json.loads(capsys.readouterr().out) and alone.stat().st_size > 1000
+    # two hosts drawn: the two_level tree's inter-host edge is drawn too
+    two = tmp_path / "two.yaml"
+    assert main(["tree", "build", "--topology", "dgx-h100-x2", "--builder", "two_level", "-o", str(two)]) == 0
+    capsys.readouterr()
+    assert main(["tree", "draw", str(two), "--topology", "dgx-h100-x2", "-o", str(png), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["edges_drawn"] == 15
 
 
 def test_cli_errors(capsys):
