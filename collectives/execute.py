@@ -23,8 +23,10 @@ given). ``algo`` (allreduce): ``"tree"``, ``"ring"`` (reduce-scatter +
 all-gather on a ring, commutative operators), ``"rsag"`` (direct
 reduce-scatter + all-gather: every rank sends and receives ``2 (P-1)/P`` of
 the message, bandwidth optimal, for large messages), or ``"auto"`` (default):
-the tree when one is given or the message is below :data:`AUTO_RSAG_BYTES`,
-else ``rsag``. Plans and compiled schedules
+the tree when one is given; else ``"direct"`` for two ranks (one exchange,
+both fold in rank order), the tree below :data:`AUTO_RSAG_BYTES` and
+``rsag`` from there (also ``"direct"``: every rank sends its whole value to
+every other, one round). Plans and compiled schedules
 are cached per (tree, sizes), so a repeated call costs the transfers only.
 
 Non-commutative operators keep rank order (``x_0 op x_1 op ... op x_{P-1}``):
@@ -358,7 +360,10 @@ def _prepare(collective: str, x, *, op, tree, algo, root, nchunks, topology, ran
     nbytes = _nbytes(x)
     if algo == "auto":
         explicit = tree is not None and tree != "auto"
-        algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
+        if collective == "allreduce" and not explicit and n == 2:
+            algo = "direct"    # two ranks: one exchange, both fold in rank order (one round, n bytes each way)
+        else:
+            algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
     if algo not in ("tree", "ring", "rsag", "direct"):
         raise CollectiveError(f"{what}: algo expected one of ['auto', 'tree', 'ring', 'rsag', 'direct'], "
                               f"got {algo!r}")
