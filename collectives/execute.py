@@ -75,7 +75,8 @@ from .ops import Op, resolve_op
 from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 
-__all__ = ["reduce", "broadcast", "allreduce", "run_schedule", "plan_for", "default_nchunks", "AUTO_RSAG_BYTES",
+__all__ = ["reduce", "broadcast", "allreduce", "run_schedule", "plan_for", "default_nchunks", "nchunks_for",
+           "AUTO_RSAG_BYTES",
            "CHUNK_BYTES", "MAX_CHUNKS", "FINGERPRINT_BYTES"]
 
 #: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
@@ -104,6 +105,31 @@ def default_nchunks(nbytes: int) -> int:
     :data:`CHUNK_BYTES` each (pipelining through the tree's levels), at most
     :data:`MAX_CHUNKS`. Ring and rsag use one chunk per segment (P chunks)."""
     return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
+
+
+_NCHUNKS: dict = {}
+#: smallest chunk :func:`nchunks_for` picks from the cost model: below it the
+#: per-message cost of the transport (tens of µs with gloo, not in the model)
+#: outweighs pipelining (NCCL's own tree chunks are of this order)
+MIN_MODEL_CHUNK = 256 << 10
+
+
+def nchunks_for(plan, collective: str, nbytes: int, *, topology=None, ranks=None) -> int:
+    """Chunks for a tree collective when the caller gives none. With a topology:
+    the count with the least time under the cost model
+    (:meth:`collectives.cost.CostModel.best_nchunks`: slow links want small
+    chunks so that the pipeline fills fast, fast links fewer messages), cached
+    per (plan, size, topology); without one, :func:`default_nchunks`."""
+    if topology is None:
+        return default_nchunks(nbytes)
+    key = (plan.fingerprint(), collective, nbytes, topology.fingerprint(), tuple(ranks or ()))
+    k = _NCHUNKS.get(key)
+    if k is None:
+        from .cost import CostModel
+        gpus = list(ranks) if ranks else list(topology.rank_gpus())[:as_multi(plan).size]
+        k = CostModel(topology, gpus).best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_MODEL_CHUNK)[0]
+        _NCHUNKS[key] = k
+    return k
 
 
 # ---------------------------------------------------------------------- the executor
@@ -384,7 +410,7 @@ def _prepare(collective: str, x, *, op, tree, algo, root, nchunks, topology, ran
     elif plan is None:   # ring / rsag: one chunk per segment (more messages only add overhead there)
         k = n
     else:
-        k = default_nchunks(nbytes)
+        k = nchunks_for(plan, collective, nbytes, topology=topology, ranks=ranks)
     ntrees = len(as_multi(plan)) if plan is not None else (1 if algo == "direct" else n)
     probe = Layout.of(x, opx, [1.0])
     per = max(1, min(k, probe.max_chunks // max(ntrees, 1)))

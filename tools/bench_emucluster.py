@@ -86,14 +86,14 @@ def schedule_for(method: str, topology, nranks: int, nbytes: int):
     is a reduce-scatter + all-gather ring in rank order, like ours.
     """
     from collectives import as_multi, compile_plan
-    from collectives.execute import default_nchunks, plan_for
+    from collectives.execute import default_nchunks, nchunks_for, plan_for
     from collectives.ops import resolve_op
 
-    k = default_nchunks(nbytes)
     if method in ("gloo", "ring"):
-        return compile_plan(None, "allreduce", k, algo="ring", nranks=nranks)
+        return compile_plan(None, "allreduce", default_nchunks(nbytes), algo="ring", nranks=nranks)
     plan = plan_for(method, collective="allreduce", nbytes=nbytes, nranks=nranks, op=resolve_op("sum"),
                     topology=topology)
+    k = nchunks_for(plan, "allreduce", nbytes, topology=topology)
     # as the executor: chunks per tree, at most one element (float32) per chunk
     per = max(1, min(k, (nbytes // 4) // max(len(as_multi(plan)), 1)))
     return compile_plan(plan, "allreduce", per)
