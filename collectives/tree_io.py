@@ -176,14 +176,18 @@ def loads_tree(text: str, source: str = "<string>") -> TreeFile:
     return TreeFile(plan, hosts, name)
 
 
-def load_tree(path: str | os.PathLike) -> TreeFile:
-    """Read a tree file (YAML or JSON)."""
+def _read_text(path: str | os.PathLike, what: str) -> tuple[str, str]:
+    """(text, name) of a file, or a one-line TreeError naming it."""
     p = FsPath(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8"), str(p)
     except OSError as e:
-        raise TreeError(f"{p}: cannot read tree file: {e.strerror or e}") from None
-    return loads_tree(text, str(p))
+        raise TreeError(f"{p}: cannot read {what}: {e.strerror or e}") from None
+
+
+def load_tree(path: str | os.PathLike) -> TreeFile:
+    """Read a tree file (YAML or JSON)."""
+    return loads_tree(*_read_text(path, "tree file"))
 
 
 def _tree_dict(t: Tree) -> dict:
@@ -282,9 +286,4 @@ def loads_nccl_graph(text: str, source: str = "<string>") -> tuple[NcclGraph, ..
 
 def load_nccl_graph(path: str | os.PathLike) -> tuple[NcclGraph, ...]:
     """Read an NCCL_GRAPH_FILE."""
-    p = FsPath(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TreeError(f"{p}: cannot read NCCL graph file: {e.strerror or e}") from None
-    return loads_nccl_graph(text, str(p))
+    return loads_nccl_graph(*_read_text(path, "NCCL graph file"))
