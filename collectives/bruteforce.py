@@ -5,14 +5,15 @@
 ``P`` roots); :func:`shapes` enumerates one rooted tree per isomorphism class
 (networkx's non-isomorphic free trees times every root), which is complete up
 to relabeling and therefore exhaustive on topologies where every rank is
-equivalent (one NVSwitch fabric). Children are in ascending rank order (the
-cost model does not depend on their order).
+equivalent (one NVSwitch fabric). Children are in ascending rank order; :func:`brute_force` scores each
+at its best child order (:meth:`CostModel.best_ordered`), so the search covers
+every child order too.
 
 :func:`brute_force` returns the least predicted time over a set of trees under
 a :class:`~collectives.cost.CostModel` (each tree at its best chunk count),
 the same score ``auto`` minimises.
 
-    python -m collectives.bruteforce --topology pcie-8gpu --ranks 6 --bytes 16777216
+    python -m collectives.bruteforce --topology pcie-8gpu --bytes 8 16777216
 
 >>> sum(1 for _ in rooted_trees(4))   # 4^2 labeled trees x 4 roots
 64
@@ -28,7 +29,8 @@ from typing import Iterator
 from .cost import CostModel
 from .tree import Tree
 
-__all__ = ["prufer_edges", "rooted_trees", "shapes", "brute_force", "is_symmetric"]
+__all__ = ["prufer_edges", "rooted_trees", "shapes", "brute_force", "is_symmetric",
+           "rank_automorphisms", "trees_up_to_symmetry"]
 
 
 def prufer_edges(seq: tuple[int, ...], n: int) -> list[tuple[int, int]]:
@@ -108,13 +110,83 @@ def is_symmetric(model: CostModel) -> bool:
     return len(sig) == 1
 
 
+_NODE_KEYS = ("kind", "model", "mem_bw", "sm")
+_EDGE_KEYS = ("kind", "bw", "lat", "count")
+
+
+def rank_automorphisms(model: CostModel) -> list[tuple[int, ...]]:
+    """Rank permutations induced by automorphisms of the topology graph.
+
+    An automorphism maps GPUs to GPUs, switches to switches and links to links
+    of the same kind, bandwidth and latency, so it maps every path (and every
+    shared link) onto an equal one: relabeling a tree's ranks by ``perm``
+    (rank ``r`` becomes ``perm[r]``) never changes its cost. Only permutations
+    that map the group's GPUs onto themselves are kept. The identity is first.
+    """
+    from networkx.algorithms.isomorphism import DiGraphMatcher
+    g = model.topology.graph
+    index = {gpu: r for r, gpu in enumerate(model.gpus)}
+
+    def node_match(a, b):
+        return all(a.get(k) == b.get(k) for k in _NODE_KEYS)
+
+    def edge_match(a, b):
+        return all(a.get(k) == b.get(k) for k in _EDGE_KEYS)
+
+    perms = {tuple(range(model.nranks))}
+    for iso in DiGraphMatcher(g, g, node_match=node_match, edge_match=edge_match).isomorphisms_iter():
+        if all(iso[gpu] in index for gpu in model.gpus):
+            perms.add(tuple(index[iso[gpu]] for gpu in model.gpus))
+    ident = tuple(range(model.nranks))
+    return [ident] + sorted(perms - {ident})
+
+
+def _relabel_parents(parents: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, ...]:
+    out = [0] * len(parents)
+    for v, p in enumerate(parents):
+        out[perm[v]] = -1 if p < 0 else perm[p]
+    return tuple(out)
+
+
+def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
+    """Every rooted spanning tree up to the topology's symmetry (see :func:`rank_automorphisms`).
+
+    Roots are taken one per orbit of the automorphism group; for each root,
+    a labeled tree is kept only when its parent tuple is the least among its
+    images under the root's stabiliser. Every rooted tree is the image of a
+    kept one under some automorphism, so the least cost over these trees is
+    the least cost over all ``P^(P-1)`` of them.
+    """
+    n = model.nranks
+    perms = rank_automorphisms(model)
+    roots, covered = [], set()
+    for r in range(n):
+        if r not in covered:
+            roots.append(r)
+            covered.update(p[r] for p in perms)
+    if n <= 2:
+        yield from (t for t in rooted_trees(n) if t.root in roots)
+        return
+    for root in roots:
+        stab = [p for p in perms[1:] if p[root] == root]
+        for seq in itertools.product(range(n), repeat=n - 2):
+            adj: list[list[int]] = [[] for _ in range(n)]
+            for a, b in prufer_edges(seq, n):
+                adj[a].append(b)
+                adj[b].append(a)
+            t = _orient(adj, root)
+            if all(t.parents <= _relabel_parents(t.parents, p) for p in stab):
+                yield t
+
+
 def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce", trees=None) -> tuple[float, Tree]:
-    """(least predicted seconds, a tree reaching it) over ``trees`` (default: every rooted tree)."""
+    """(least predicted seconds, a tree reaching it) over ``trees`` (default: every rooted
+    tree), each at its best child order and chunk count (:meth:`CostModel.best_ordered`)."""
     best_t, best = None, None
     for t in (rooted_trees(model.nranks) if trees is None else trees):
-        s = model.best_nchunks(t, nbytes, collective)[1]
+        ordered, _, s = model.best_ordered(t, nbytes, collective)
         if best_t is None or s < best_t:
-            best_t, best = s, t
+            best_t, best = s, ordered
     return best_t, best
 
 
@@ -129,18 +201,20 @@ def main(argv=None) -> int:  # pragma: no cover - a measurement tool
     ap.add_argument("--ranks", type=int, default=None)
     ap.add_argument("--bytes", type=int, nargs="+", default=[8, 1 << 20, 16 << 20])
     ap.add_argument("--shapes", action="store_true", help="enumerate shapes only (symmetric topologies)")
+    ap.add_argument("--all", action="store_true", help="enumerate every rooted tree (no symmetry reduction)")
     args = ap.parse_args(argv)
     t = topo.resolve(args.topology)
     gpus = t.rank_gpus()[: args.ranks] if args.ranks else t.rank_gpus()
     model = CostModel(t, gpus)
     for nb in args.bytes:
         t0 = time.time()
-        trees = shapes(len(gpus)) if args.shapes else None
+        trees = shapes(len(gpus)) if args.shapes else None if args.all else trees_up_to_symmetry(model)
         best_t, best = brute_force(model, nb, trees=trees)
         a = build("auto", t, gpus, nbytes=nb, model=model)
         a_t = model.best_nchunks(a, nb)[1]
         print(f"{t.name} P={len(gpus)} {nb} B: brute force {best_t * 1e6:.3f} us {best.parents}; "
-              f"auto {a_t * 1e6:.3f} us ({a.name}); ratio {a_t / best_t:.4f}; {time.time() - t0:.0f} s")
+              f"auto {a_t * 1e6:.3f} us ({a.name}); auto - min {(a_t - best_t) * 1e9:+.4f} ns; "
+              f"{time.time() - t0:.0f} s")
     return 0
 
 

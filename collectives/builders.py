@@ -380,7 +380,9 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
     search, seeded: deterministic). A multitree candidate stays when no single
     tree beats it. A non-commutative ``op``
     (``op.commutative`` False, or a plain callable) restricts the search to
-    order-preserving trees rooted at 0. Ties keep the earlier candidate, so the
+    order-preserving trees rooted at 0. With a commutative operator every tree is
+    scored, and returned, with its children in their best broadcast order
+    (:meth:`CostModel.best_ordered`). Ties keep the earlier candidate, so the
     result is deterministic.
     """
     from .ops import resolve_op
@@ -395,8 +397,16 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
     def score(t) -> float:
         key = (t.parents, t.children) if isinstance(t, Tree) else t.fingerprint()
         if key not in memo:
-            memo[key] = model.best_nchunks(t, nbytes, collective)[1]
+            memo[key] = (model.best_ordered(t, nbytes, collective)[2] if commutative
+                         else model.best_nchunks(t, nbytes, collective)[1])
         return memo[key]
+
+    def finish(t):
+        """The chosen plan, children in their best broadcast order (commutative ops only)."""
+        if not commutative:
+            return t
+        ordered = model.best_ordered(t, nbytes, collective)[0]
+        return ordered if isinstance(ordered, MultiTree) else Tree(ordered.parents, ordered.children, name=t.name)
 
     cands = _candidates(topology, gpus, nranks, nbytes, root)
     if not commutative:
@@ -407,7 +417,7 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
         if best is None or s < best_t * (1 - 1e-12):
             best, best_t = c, s
     if not search or nranks > search_limit or nranks < 3:
-        return best
+        return finish(best)
     singles = sorted((c for c in cands if isinstance(c, Tree)), key=score)[:starts]
     if isinstance(best, MultiTree):
         singles.append(min(best.trees, key=score))
@@ -435,7 +445,7 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
                 cur, cur_t = c, c_t
     if cur_t < best_t * (1 - 1e-9):
         best, best_t = Tree(cur.parents, cur.children, name="auto"), cur_t
-    return best
+    return finish(best)
 
 
 def _random_move(t: Tree, rng: "random.Random", root: int | None) -> Tree:

@@ -148,6 +148,7 @@ class CostModel:
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
         self._pairs: dict[tuple[int, int], tuple] = {}
+        self._rate_memo: dict = {}
         g = self.topology.graph
         self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or DEFAULT_MEM_BW) for x in self.gpus)
 
@@ -214,14 +215,7 @@ class CostModel:
         if any(k < 1 for k in chunk_counts):
             raise TreeError(f"cost: nchunks expected >= 1, got {list(chunk_counts)}")
         up, down = "up" in phases, "down" in phases
-        flows = []
-        for t in multi.trees:
-            for c, p in t.edges():
-                if up:
-                    flows.append((c, p))
-                if down:
-                    flows.append((p, c))
-        rate = self.rates(flows)
+        rate = self._tree_rates(multi, up, down)
         o = self.msg_overhead
         prepared = []
         for t, share in zip(multi.trees, multi.shares):
@@ -267,12 +261,85 @@ class CostModel:
             out.append(worst)
         return out
 
+    def _tree_rates(self, multi: MultiTree, up: bool, down: bool) -> dict[tuple[int, int], float]:
+        key = (tuple(t.parents for t in multi.trees), up, down)   # rates depend on edges only
+        hit = self._rate_memo.get(key)
+        if hit is not None:
+            return hit
+        if len(self._rate_memo) > 256:
+            self._rate_memo.clear()
+        flows = []
+        for t in multi.trees:
+            for c, p in t.edges():
+                if up:
+                    flows.append((c, p))
+                if down:
+                    flows.append((p, c))
+        self._rate_memo[key] = rate = self.rates(flows)
+        return rate
+
+    def order_children(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
+                       nchunks: int | None = None) -> Tree | MultiTree:
+        """``plan`` with every rank's children reordered so its broadcast phase ends first.
+
+        A rank forwards a chunk to its children one after another (each send costs
+        it the overhead ``o``), so the i-th child (from 0) holds it after
+        ``(i + 1) o + lat + m / rate`` and its subtree ``tail`` later. Sending to the
+        child with the longest ``lat + m / rate + tail`` first minimises the last
+        arrival (Jackson's rule; exact here because every send costs the same ``o``).
+        Ties keep the given order. The reduce phase does not depend on child order
+        under this model, but a non-commutative reduction does: reorder only trees
+        reduced with a commutative operator. ``nchunks`` defaults to the best count.
+
+        >>> cm = CostModel(nranks=4)
+        >>> t = Tree.from_children([[1, 2], [], [3], []])
+        >>> cm.order_children(t, 8).children[0]       # the deeper subtree first
+        (2, 1)
+        """
+        multi = as_multi(plan)
+        if "down" not in COLLECTIVE_PHASES.get(collective, ()):
+            return plan
+        k = nchunks or self.best_nchunks(plan, nbytes, collective)[0]
+        rate = self._tree_rates(multi, "up" in COLLECTIVE_PHASES[collective], True)
+        o = self.msg_overhead
+        trees = []
+        for t, share in zip(multi.trees, multi.shares):
+            m = nbytes * share / k
+            tail = [0.0] * t.size
+            kids: list[tuple[int, ...]] = [()] * t.size
+            for r in t.postorder():
+                lead = {c: self._pair(r, c)[0] + m / rate[(r, c)] + tail[c] for c in t.children[r]}
+                kids[r] = tuple(sorted(t.children[r], key=lambda c: -lead[c]))
+                tail[r] = max(((i + 1) * o + lead[c] for i, c in enumerate(kids[r])), default=0.0)
+            trees.append(Tree(t.parents, tuple(kids), name=t.name))
+        if isinstance(plan, Tree):
+            return trees[0]
+        return MultiTree(tuple(trees), multi.shares, name=plan.name)
+
+    def best_ordered(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
+                     ) -> tuple[Tree | MultiTree, int, float]:
+        """(plan with its best child order, nchunks, seconds): for every candidate chunk
+        count, the children ordered by :meth:`order_children` for that count; the least
+        time wins (ties: fewer chunks). The least predicted time of ``plan``'s edges
+        over every child order and chunk count."""
+        best = None
+        for k in self._chunk_counts(nbytes):
+            ordered = self.order_children(plan, nbytes, collective, k)
+            secs = self.tree_times(ordered, nbytes, collective, (k,))[0]
+            if best is None or secs < best[2]:
+                best = (ordered, k, secs)
+        return best
+
+    def _chunk_counts(self, nbytes: float, candidates: Sequence[int] | None = None,
+                      min_chunk_bytes: int = 4096) -> list[int]:
+        ks = [k for k in (self.chunk_candidates if candidates is None else candidates)
+              if k == 1 or nbytes / k >= min_chunk_bytes]
+        return ks or [1]
+
     def best_nchunks(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", *,
                      candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096) -> tuple[int, float]:
         """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
-        ks = [k for k in (self.chunk_candidates if candidates is None else candidates)
-              if k == 1 or nbytes / k >= min_chunk_bytes]
-        ks = ks or [1]
+        ks = self._chunk_counts(nbytes, candidates, min_chunk_bytes)
         times = self.tree_times(plan, nbytes, collective, ks)
         i = min(range(len(ks)), key=lambda j: (times[j], j))
         return ks[i], times[i]

@@ -195,3 +195,57 @@ def test_auto_gap_to_lower_bound_on_large_groups(topo_name):
     lb = model.lower_bound(64 << 20)
     assert lb <= secs <= 6 * lb
     assert secs <= model.best_nchunks(build("two_level", t, nbytes=64 << 20), 64 << 20)[1] * (1 + 1e-9)
+
+
+# ---------------------------------------------------------------------- symmetry-reduced exhaustive search
+def test_automorphisms_keep_every_cost():
+    """Relabeling a tree by a topology automorphism never changes its best cost."""
+    import random
+    from collectives.bruteforce import _relabel_parents, rank_automorphisms
+    t = shipped("pcie-8gpu")
+    model = CostModel(t, chunk_candidates=FAST)
+    perms = rank_automorphisms(model)
+    assert len(perms) == 128            # 4 switches x 2 GPUs, 2 switches per socket, 2 sockets
+    assert perms[0] == tuple(range(8))
+    rng = random.Random(7)
+    for _ in range(40):
+        tree = Tree.from_parents([-1] + [rng.randrange(v) for v in range(1, 8)]).relabel(rng.sample(range(8), 8))
+        image = Tree.from_parents(_relabel_parents(tree.parents, perms[rng.randrange(1, len(perms))]))
+        for nbytes in (8, 1 << 20):
+            assert model.best_ordered(tree, nbytes)[2] == pytest.approx(model.best_ordered(image, nbytes)[2], rel=1e-12)
+
+
+@pytest.mark.parametrize("nbytes", [8, 16 << 20])
+def test_symmetry_reduction_finds_the_full_minimum(nbytes):
+    from collectives.bruteforce import trees_up_to_symmetry
+    t = shipped("pcie-8gpu")
+    model = CostModel(t, t.rank_gpus()[:5], chunk_candidates=FAST)
+    kept = list(trees_up_to_symmetry(model))
+    assert len(kept) < 5 ** 4
+    assert brute_force(model, nbytes, trees=kept)[0] == pytest.approx(brute_force(model, nbytes)[0], rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def pcie8_trees():
+    from collectives.bruteforce import trees_up_to_symmetry
+    return list(trees_up_to_symmetry(CostModel(shipped("pcie-8gpu"))))
+
+
+@pytest.mark.parametrize("nbytes", [8, 64 << 10, 16 << 20])
+def test_auto_reaches_the_minimum_on_eight_pcie_ranks(nbytes, pcie8_trees):
+    """8 ranks of pcie-8gpu (not symmetric): every rooted tree up to the host's 128
+    automorphisms, each at its best child order and chunk count."""
+    t = shipped("pcie-8gpu")
+    model = CostModel(t, chunk_candidates=FAST)
+    best_t, best = brute_force(model, nbytes, trees=pcie8_trees)
+    plan = build("auto", t, nbytes=nbytes, model=model)
+    assert model.best_nchunks(plan, nbytes)[1] <= best_t * (1 + 1e-9), (plan, best)
+
+
+def test_order_children_sends_to_the_deepest_subtree_first():
+    model = CostModel(nranks=6)
+    tree = Tree.from_children([[1, 2, 3], [], [4], [], [5], []])    # 2 -> 4 -> 5 is the long branch
+    ordered = model.order_children(tree, 8)
+    assert ordered.children[0][0] == 2 and ordered.parents == tree.parents
+    assert model.tree_time(ordered, 8, "broadcast") < model.tree_time(tree, 8, "broadcast")
+    assert model.order_children(tree, 8, "reduce") is tree          # no broadcast phase: unchanged
