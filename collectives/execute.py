@@ -23,9 +23,10 @@ given). ``algo`` (allreduce): ``"tree"``, ``"ring"`` (reduce-scatter +
 all-gather on a ring, commutative operators), ``"rsag"`` (direct
 reduce-scatter + all-gather: every rank sends and receives ``2 (P-1)/P`` of
 the message, bandwidth optimal, for large messages), or ``"auto"`` (default):
-the tree when one is given; else ``"direct"`` for two ranks (one exchange,
-both fold in rank order), the tree below :data:`AUTO_RSAG_BYTES` and
-``rsag`` from there (also ``"direct"``: every rank sends its whole value to
+the tree when one is given; else, for two ranks, ``"direct"`` (one
+exchange, both fold in rank order) below :data:`AUTO_P2_RSAG_BYTES` and
+``rsag`` from there (each rank then folds half the bytes); for more ranks
+the tree below :data:`AUTO_RSAG_BYTES` and ``rsag`` from there (also ``"direct"``: every rank sends its whole value to
 every other, one round). Plans and compiled schedules
 are cached per (tree, sizes), so a repeated call costs the transfers only.
 
@@ -76,11 +77,14 @@ from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["reduce", "broadcast", "allreduce", "run_schedule", "plan_for", "default_nchunks", "nchunks_for",
-           "AUTO_RSAG_BYTES",
+           "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES",
            "CHUNK_BYTES", "MAX_CHUNKS", "FINGERPRINT_BYTES"]
 
 #: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
 AUTO_RSAG_BYTES = 256 << 10
+#: two ranks: ``direct`` below this many bytes, ``rsag`` from here (measured on gloo,
+#: docs/benchmarks.md "Collectives": at 16-64 MiB rsag 0.94-0.98x gloo, direct 1.13-1.30x).
+AUTO_P2_RSAG_BYTES = 4 << 20
 #: target bytes per chunk when ``nchunks`` is not given
 CHUNK_BYTES = 1 << 20
 #: most chunks used when ``nchunks`` is not given
@@ -386,7 +390,7 @@ def _prepare(collective: str, x, *, op, tree, algo, root, nchunks, topology, ran
     nbytes = _nbytes(x)
     if algo == "auto":
         explicit = tree is not None and tree != "auto"
-        if collective == "allreduce" and not explicit and n == 2:
+        if collective == "allreduce" and not explicit and n == 2 and nbytes < AUTO_P2_RSAG_BYTES:
             algo = "direct"    # two ranks: one exchange, both fold in rank order (one round, n bytes each way)
         else:
             algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
