@@ -44,22 +44,10 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools.units import fmt_bytes, parse_sizes  # noqa: E402
+
 METHODS = ("gloo", "ring", "binomial", "two_level")
 DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
-
-
-def parse_size(text: str) -> int:
-    """``"4K"`` -> 4096, ``"64M"`` -> 67108864 (binary units), ``"100"`` -> 100."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(float(t[:-1] if mult > 1 else t) * mult)
-
-
-def fmt_size(n: int) -> str:
-    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f} {unit}"
-    return f"{n} B"
 
 
 # ----------------------------------------------------------------------------- hooks into collectives
@@ -241,7 +229,7 @@ def print_table(cases: list[dict]) -> None:
         for r in c["rows"]:
             pred = f"{r['predicted'] * 1e6:10.0f}" if r["predicted"] is not None else f"{'-':>10}"
             err = f"{r['error'] * 100:+5.0f}%" if r["error"] is not None else f"{'-':>6}"
-            print(f"{c['shape']:>5} {c['rate']:>6} {r['method']:>9} {fmt_size(r['bytes']):>8} "
+            print(f"{c['shape']:>5} {c['rate']:>6} {r['method']:>9} {fmt_bytes(r['bytes']):>8} "
                   f"{r['time'] * 1e6:10.0f} {r['algbw_gbs']:7.3f} {r['busbw_gbs']:7.3f} "
                   f"{r['uplink_gbit_s']:6.3f}Gb {pred} {err}" + ("" if r["correct"] else "  WRONG RESULT"))
         for m, why in c["skipped"].items():
@@ -332,7 +320,7 @@ def main(argv=None) -> int:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
-    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    args.sizes = parse_sizes(args.sizes, what="--sizes")
     if args.worker:
         return worker(args)
     if args.from_json:

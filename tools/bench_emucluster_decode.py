@@ -40,7 +40,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.bench_emucluster import _load_topology, parse_size  # noqa: E402
+from tools.bench_emucluster import _load_topology  # noqa: E402
+from tools.units import parse_count  # noqa: E402
 
 METHODS = ("tree", "ring", "allreduce3")
 Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (../shared/reference/attention.md)
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
-    args.tokens = [parse_size(t) for t in args.tokens.split(",") if t]
+    args.tokens = [parse_count(t, what="--tokens", binary=True) for t in args.tokens.split(",") if t]
     if args.worker:
         return worker(args)
     from tools.emucluster import netns

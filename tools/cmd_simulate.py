@@ -21,38 +21,16 @@ Sweeps show a progress bar on stderr when it is a terminal.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
 from topo.errors import CollectiveError
 
-_BIN = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-        "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
-_DEC = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
-
-
-def parse_size(s: str, units=None) -> int:
-    """``"8B"`` -> 8, ``"1GiB"`` -> 2**30 (``units`` = decimal table for token counts)."""
-    units = units or _BIN
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(s))
-    if not m or m.group(2).lower() not in units:
-        raise CollectiveError(f"size {s!r}: expected a number with an optional unit {sorted(set(units) - {''})}")
-    return int(round(float(m.group(1)) * units[m.group(2).lower()]))
-
+from . import units
 
 def parse_sizes(spec: str) -> list[int]:
-    """``"8B:1GiB"`` (doubling) or ``"1K,1M"``."""
-    if ":" in spec:
-        a, b = (parse_size(x) for x in spec.split(":", 1))
-        if a < 1 or b < a:
-            raise CollectiveError(f"sizes {spec!r}: expected A:B with 1 <= A <= B")
-        out = []
-        while a <= b:
-            out.append(a)
-            a *= 2
-        return out
-    return [parse_size(x) for x in spec.split(",") if x.strip()]
+    """``"8B:1GiB"`` (doubling) or ``"1K,1MiB"`` (units: :mod:`tools.units`)."""
+    return units.parse_sizes(spec, what="--sizes", error=CollectiveError)
 
 
 def _progress(i: int, n: int, what: str) -> None:
@@ -113,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         return emit(args, data, render_allreduce)
     if args.sim_command == "decode":
         from collectives.sim_decode import DecodeShape
-        seqs = [parse_size(s, _DEC) for s in args.seq_len.split(",") if s.strip()]
+        seqs = [units.parse_count(s, what="--seq-len", error=CollectiveError)
+                for s in args.seq_len.split(",") if s.strip()]
         data = decode_data(topology, [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim,
                                                   kv_heads=args.kv_heads, batch=args.batch, dtype=args.dtype)
                                       for n in seqs], args.ranks, args.tree, args.profile)
@@ -121,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             plot_decode(data, args.plot)
             data["plot"] = args.plot
         return emit(args, data, render_decode)
-    data = links_data(topology, args.algo, parse_size(args.size), args.ranks, args.profile, args.top)
+    data = links_data(topology, args.algo, units.parse_bytes(args.size, what="--size", error=CollectiveError), args.ranks, args.profile, args.top)
     return emit(args, data, render_links)
 
 

@@ -22,27 +22,20 @@ Every command builds a plain dict first (``--json`` prints it).
 from __future__ import annotations
 
 import argparse
-import re
 from collections import Counter
 from pathlib import Path as FsPath
 from typing import Any
 
 from topo.errors import MissingDependency, TreeError
 
+from . import units
 from .cli import common_options, emit
 
 __all__ = ["add_parser", "run", "parse_bytes", "tree_data", "render_tree"]
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
-          "g": 10**9, "gb": 10**9, "gib": 1 << 30}
-
-
 def parse_bytes(text: str) -> int:
-    """``"64MiB"`` -> 67108864; plain integers are bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise TreeError(f"--bytes: expected a size like 4096, 64KiB, 1MiB, 2GB, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    """``--bytes``: ``"64MiB"`` -> 67108864 (units: :mod:`tools.units`)."""
+    return units.parse_bytes(text, what="--bytes", error=TreeError)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

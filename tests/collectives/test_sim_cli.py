@@ -8,6 +8,7 @@ import pytest
 
 from tools.cli import main
 from tools import cmd_simulate, validate_sim
+from topo.errors import CollectiveError
 
 FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nccl-tests"
 
@@ -15,9 +16,14 @@ FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / 
 def test_parse_sizes_and_tokens():
     assert cmd_simulate.parse_sizes("8B:64") == [8, 16, 32, 64]
     assert cmd_simulate.parse_sizes("1K,1MiB") == [1024, 1 << 20]
-    assert cmd_simulate.parse_size("5.12M", cmd_simulate._DEC) == 5_120_000
-    with pytest.raises(Exception, match="size '3 parsecs'"):
-        cmd_simulate.parse_size("3 parsecs")
+    with pytest.raises(CollectiveError, match="--sizes: expected a size like .* got '3 parsecs'"):
+        cmd_simulate.parse_sizes("3 parsecs")
+
+
+def test_bad_seq_len_is_one_line(capsys):
+    assert main(["simulate", "decode", "--topology", "dgx-h100", "--seq-len", "12 parsecs"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--seq-len: expected a count like 32768, 128k or 5.12M, got '12 parsecs'" in err and "\n" not in err
 
 
 def test_simulate_allreduce_json(capsys):
@@ -46,7 +52,7 @@ def test_simulate_decode_and_links_text(capsys):
 def test_simulate_user_error_is_one_line(capsys):
     assert main(["simulate", "allreduce", "--topology", "dgx-h100", "--sizes", "8X"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("treecoll: error: size '8X'") and err.count("\n") == 1
+    assert err.startswith("treecoll: error: --sizes: expected a size like 4096") and "got '8X'" in err and err.count("\n") == 1
 
 
 def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
