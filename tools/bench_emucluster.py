@@ -44,6 +44,7 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from topo.errors import TreecollError  # noqa: E402
 from tools.units import fmt_bytes, parse_sizes  # noqa: E402
 
 METHODS = ("gloo", "ring", "binomial", "two_level")
@@ -109,6 +110,40 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
         raise Unavailable(f"collectives.sim not importable: {e}")
     topology = _load_topology(topology_path)
     return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile).time)
+
+
+def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: int = 1 << 20) -> dict | None:
+    """Fit :mod:`tools.emucluster.machine` on ``calibrate``'s rows (>= ``min_bytes``) at the
+    fastest rate of the run, then add ``predicted_machine`` / ``error_machine`` (the roofline
+    of the simulator and the machine's cores) and ``calibration`` (True for fitted rows) to
+    every row. Returns the fitted model as a dict, or None (with the reason) when it cannot fit."""
+    from collectives.sim import simulate  # noqa: F401  (the simulator must exist)
+    from topo import yaml_io
+    from tools.emucluster.machine import fit, schedule_work
+    if not cases:
+        return None
+    fastest = max(c["rate_bps"] for c in cases)
+    samples, works = [], {}
+    for ci, c in enumerate(cases):
+        topology = yaml_io.loads(c["topology"])
+        for ri, r in enumerate(c["rows"]):
+            if r.get("predicted") is None:
+                continue
+            works[ci, ri] = schedule_work(schedule_for(r["method"], topology, c["world"], r["bytes"]), r["bytes"])
+            if r["method"] == calibrate and c["rate_bps"] == fastest and r["bytes"] >= min_bytes:
+                samples.append(works[ci, ri] + (r["time"],))
+    label = f"{calibrate} >= {fmt_bytes(min_bytes)} at {fastest / 1e9:g} Gbit/s ({len(samples)} rows)"
+    try:
+        model = fit(samples, label)
+    except TreecollError as e:
+        return {"unavailable": str(e)}
+    for (ci, ri), (total, msgs) in works.items():
+        c, r = cases[ci], cases[ci]["rows"][ri]
+        r["work"] = {"bytes": total, "messages": msgs}
+        r["predicted_machine"] = model.predict(r["predicted"], total, msgs)
+        r["error_machine"] = r["predicted_machine"] / r["time"] - 1
+        r["calibration"] = r["method"] == calibrate and c["rate_bps"] == fastest and r["bytes"] >= min_bytes
+    return model.as_dict()
 
 
 # ----------------------------------------------------------------------------- worker (one rank)
@@ -223,18 +258,24 @@ def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
 
 def print_table(cases: list[dict]) -> None:
     hdr = (f"{'shape':>5} {'rate':>6} {'method':>9} {'size':>8} {'time us':>10} {'algbw':>7} "
-           f"{'busbw':>7} {'uplink':>8} {'pred us':>10} {'err':>6}")
+           f"{'busbw':>7} {'uplink':>8} {'pred us':>10} {'err':>6} {'+cores us':>10} {'err':>6}")
     print(hdr + "\n" + "-" * len(hdr))
     for c in cases:
         for r in c["rows"]:
             pred = f"{r['predicted'] * 1e6:10.0f}" if r["predicted"] is not None else f"{'-':>10}"
             err = f"{r['error'] * 100:+5.0f}%" if r["error"] is not None else f"{'-':>6}"
+            if r.get("predicted_machine") is not None:
+                mach = (f" {r['predicted_machine'] * 1e6:10.0f} {r['error_machine'] * 100:+5.0f}%"
+                        + ("*" if r.get("calibration") else ""))
+            else:
+                mach = f" {'-':>10} {'-':>6}"
             print(f"{c['shape']:>5} {c['rate']:>6} {r['method']:>9} {fmt_bytes(r['bytes']):>8} "
                   f"{r['time'] * 1e6:10.0f} {r['algbw_gbs']:7.3f} {r['busbw_gbs']:7.3f} "
-                  f"{r['uplink_gbit_s']:6.3f}Gb {pred} {err}" + ("" if r["correct"] else "  WRONG RESULT"))
+                  f"{r['uplink_gbit_s']:6.3f}Gb {pred} {err}{mach}" + ("" if r["correct"] else "  WRONG RESULT"))
         for m, why in c["skipped"].items():
             print(f"{c['shape']:>5} {c['rate']:>6} {m:>9} skipped: {why}")
-    print("algbw, busbw in GB/s; uplink = Gbit/s on host uplinks while the collective ran (wire bytes)")
+    print("algbw, busbw in GB/s; uplink = Gbit/s on host uplinks while the collective ran (wire bytes); "
+          "pred = link-only simulator; +cores = max(simulator, the machine's cores), * = calibration row")
 
 
 def summarize(cases: list[dict], target_bytes: int = 16 << 20, min_bytes: int = 1 << 20) -> list[dict]:
@@ -244,11 +285,16 @@ def summarize(cases: list[dict], target_bytes: int = 16 << 20, min_bytes: int = 
     for c in cases:
         t = {(r["method"], r["bytes"]): r["time"] for r in c["rows"]}
         errs = [abs(r["error"]) for r in c["rows"] if r["error"] is not None and r["bytes"] >= min_bytes]
+        held = [abs(r["error_machine"]) for r in c["rows"] if r.get("error_machine") is not None
+                and r["bytes"] >= min_bytes and not r.get("calibration")]
         g, tl = t.get(("gloo", target_bytes)), t.get(("two_level", target_bytes))
         out.append({"shape": c["shape"], "rate": c["rate"],
                     "two_level_speedup_vs_gloo": (g / tl) if g and tl else None,
                     "sim_abs_error_max": max(errs) if errs else None,
-                    "sim_abs_error_median": statistics.median(errs) if errs else None})
+                    "sim_abs_error_median": statistics.median(errs) if errs else None,
+                    "cores_abs_error_max": max(held) if held else None,
+                    "cores_abs_error_median": statistics.median(held) if held else None,
+                    "cores_rows_within_25pct": f"{sum(e <= 0.25 for e in held)}/{len(held)}" if held else None})
     return out
 
 
@@ -258,7 +304,10 @@ def print_summary(summary: list[dict]) -> None:
         em, ed = s["sim_abs_error_max"], s["sim_abs_error_median"]
         print(f"{s['shape']} {s['rate']}: two_level vs gloo at 16 MiB "
               + (f"{sp:.2f}x" if sp else "-") + " (target >= 2x at 1gbit); simulator |error| from 1 MiB: "
-              + (f"median {ed * 100:.0f}%, max {em * 100:.0f}%" if em is not None else "-") + " (target <= 25%)")
+              + (f"median {ed * 100:.0f}%, max {em * 100:.0f}%" if em is not None else "-") + " (target <= 25%)"
+              + (f"; with the machine's cores (held-out rows): median {s['cores_abs_error_median'] * 100:.0f}%, "
+                 f"max {s['cores_abs_error_max'] * 100:.0f}%, {s['cores_rows_within_25pct']} within 25%"
+                 if s.get("cores_abs_error_max") is not None else ""))
 
 
 def plot(cases: list[dict], path: Path) -> str | None:
@@ -325,6 +374,8 @@ def main(argv=None) -> int:
         return worker(args)
     if args.from_json:
         cases = json.loads(Path(args.from_json).read_text())["cases"]
+        machine = apply_machine_model(cases)
+        print(f"machine model: {machine}")
         print_table(cases)
         print_summary(summarize(cases))
         why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
@@ -343,11 +394,13 @@ def main(argv=None) -> int:
             for rate in args.rates.split(","):
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
+    machine = apply_machine_model(cases)
+    print(f"machine model: {machine}")
     print_table(cases)
     summary = summarize(cases)
     print_summary(summary)
     result = {"benchmark": "bench_emucluster", "command": " ".join(sys.argv), "seconds": time.time() - t0,
-              "summary": summary, "cases": cases}
+              "machine_model": machine, "summary": summary, "cases": cases}
     Path(args.json_out).write_text(json.dumps(result, indent=1))
     why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
     print(f"wrote {args.json_out}" + (f", {args.plot}" if not why else f" (no plot: {why})"))

@@ -1,0 +1,39 @@
+"""tools.emucluster.machine: the emulating machine's cores as a roofline next to the simulator."""
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from collectives import compile_plan
+from tools.emucluster import machine
+from topo.errors import TreecollError
+
+
+def test_doctests():
+    assert doctest.testmod(machine).failed == 0
+
+
+def test_fit_recovers_rate_and_message_cost():
+    truth = machine.MachineModel(1.5e9, 80e-6)
+    samples = [(b, m, truth.time(b, m)) for b, m in [(4e6, 24, ), (64e6, 24), (16e6, 200), (1e6, 60)]]
+    got = machine.fit(samples, "synthetic")
+    assert got.copy_rate == pytest.approx(1.5e9, rel=1e-9)
+    assert got.msg_cost == pytest.approx(80e-6, rel=1e-9)
+    assert got.predict(1.0, 4e6, 24) == 1.0                  # the link binds: simulator's time
+    assert got.predict(1e-3, 4e6, 24) == pytest.approx(truth.time(4e6, 24))
+
+
+def test_fit_refuses_what_it_cannot_tell_apart():
+    with pytest.raises(TreecollError, match="expected >= 2 calibration samples with different bytes per message"):
+        machine.fit([(1e6, 10, 0.01), (2e6, 20, 0.02)])
+    with pytest.raises(TreecollError, match="non-positive cost per byte"):
+        machine.fit([(1e6, 10, 0.02), (100e6, 10, 0.01)], "shrinking")   # more bytes, less time
+
+
+def test_schedule_work_counts_every_send():
+    n, p = 1 << 20, 4
+    ring = compile_plan(None, "allreduce", p, algo="ring", nranks=p)
+    total, msgs = machine.schedule_work(ring, n)
+    assert total == pytest.approx(2 * (p - 1) * n, rel=1e-3)        # 2(P-1)/P of n per rank, P ranks
+    assert msgs == sum(1 for steps in ring.steps for s in steps if s.kind == "send") > 0

@@ -1,0 +1,86 @@
+"""The emulating machine's cores as a resource: a roofline next to the link-only simulator.
+
+On an emulated cluster every byte a rank sends is copied by the machine's few
+cores (gloo's buffers, TCP over loopback and veth, the reduction) and every
+message costs them a fixed amount of work (the executor's Python, system
+calls, waking oversubscribed processes). When the shaped links are fast
+(10 Gbit/s on a 2-core machine) those cores, not the links, bound a
+collective. The machine's time for a schedule is
+
+    t_machine = B / C + M * o
+
+with ``B`` the bytes sent by all ranks and ``M`` the messages they send (both
+from the schedule the executor runs), ``C`` the machine's aggregate copy
+rate (bytes/s) and ``o`` its cost per message (seconds). ``C`` and ``o`` are
+properties of the machine, not of an algorithm: :func:`fit` finds them by
+least squares on the relative error of calibration measurements (the
+benchmark uses gloo's built-in all_reduce at the fastest rate), and every
+other measurement is a held-out check. The prediction is the roofline
+``max(simulator time, t_machine)``: whichever resource binds.
+
+>>> m = fit([(8e6, 24, 0.0064), (32e6, 24, 0.0184), (96e6, 96, 0.0576)], "example")  # C = 2 GB/s, o = 100 us
+>>> round(m.copy_rate / 1e9, 3), round(m.msg_cost * 1e6, 1)
+(2.0, 100.0)
+>>> round(m.predict(0.003, 8e6, 24), 6)        # the cores bind, not the link
+0.0064
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from topo.errors import TreecollError
+
+__all__ = ["MachineModel", "fit", "schedule_work"]
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """``copy_rate``: bytes/s of the whole machine; ``msg_cost``: seconds per message;
+    ``fitted_on``: what the calibration measured (free text)."""
+
+    copy_rate: float
+    msg_cost: float
+    fitted_on: str = ""
+
+    def __post_init__(self):
+        if not self.copy_rate > 0 or not self.msg_cost >= 0:
+            raise TreecollError(f"machine model: expected copy_rate > 0 and msg_cost >= 0, got "
+                                f"{self.copy_rate!r} B/s and {self.msg_cost!r} s; the calibration "
+                                f"({self.fitted_on or 'no label'}) is not bound by the machine")
+
+    def time(self, total_bytes: float, messages: int) -> float:
+        """Seconds the machine's cores need for ``total_bytes`` in ``messages`` messages."""
+        return total_bytes / self.copy_rate + messages * self.msg_cost
+
+    def predict(self, sim_time: float, total_bytes: float, messages: int) -> float:
+        """The roofline: the link-only simulator's time or the machine's, whichever is longer."""
+        return max(sim_time, self.time(total_bytes, messages))
+
+    def as_dict(self) -> dict:
+        return {"copy_rate_GBps": self.copy_rate / 1e9, "msg_cost_us": self.msg_cost * 1e6,
+                "fitted_on": self.fitted_on}
+
+
+def fit(samples: Sequence[tuple[float, int, float]], fitted_on: str = "") -> MachineModel:
+    """Least squares on relative error: ``samples`` are (total bytes, messages, measured seconds).
+
+    Needs two samples or more whose bytes-per-message differ (else ``C`` and ``o``
+    cannot be told apart)."""
+    import numpy as np
+    if len(samples) < 2 or len({round(b / max(m, 1)) for b, m, _ in samples}) < 2:
+        raise TreecollError(f"machine model: expected >= 2 calibration samples with different bytes per "
+                            f"message, got {len(samples)}; measure more sizes")
+    a = np.array([[b / t, m / t] for b, m, t in samples], dtype=float)
+    (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(samples)), rcond=None)
+    if not inv_rate > 0:
+        raise TreecollError(f"machine model: calibration gives a non-positive cost per byte ({inv_rate:.3g} s/B) "
+                            f"on {fitted_on or 'the samples'}: the machine does not bind there")
+    return MachineModel(1.0 / float(inv_rate), max(float(cost), 0.0), fitted_on)
+
+
+def schedule_work(schedule, nbytes: int) -> tuple[int, int]:
+    """(bytes sent by all ranks, messages sent by all ranks) of ``schedule`` on ``nbytes``."""
+    total = sum(schedule.bytes_sent(r, nbytes) for r in range(schedule.nranks))
+    messages = sum(1 for steps in schedule.steps for s in steps if s.kind == "send")
+    return total, messages
