@@ -8,12 +8,14 @@ Enabling it (every rank of a ``torch.distributed`` group runs the same lines)::
     tokens = hf.generate(model, input_ids, 32)                # int64 [batch, 32], the same on every rank
 
 :func:`register` adds the attention implementation named :data:`NAME`
-(``"tree_decode"``) to ``transformers.AttentionInterface`` (transformers >= 4.48;
-tested with 5.23).  After it, ``from_pretrained(..., attn_implementation="tree_decode")``
-and ``model.set_attn_implementation("tree_decode")`` accept the name; the attention
-function only works inside :func:`generate`, which owns the sharded KV cache
-(it switches the model to ``"tree_decode"`` itself and restores the previous
-implementation afterwards, so a model built with ``"sdpa"`` or ``"eager"`` works too).
+(``"tree_decode"``) to ``transformers.AttentionInterface`` (written for the
+transformers >= 4.49 API: ``AttentionInterface``, ``logits_to_keep``; tested
+with 5.23.0 only).  After it, ``from_pretrained(..., attn_implementation=
+"tree_decode")`` and ``model.set_attn_implementation("tree_decode")`` accept the
+name; the attention function only works inside :func:`generate`, which owns the
+sharded KV cache (it switches the model to ``"tree_decode"`` itself and restores
+the previous implementation afterwards, so a model built with ``"sdpa"`` or
+``"eager"`` works too).
 
 Cache layout: transformers keeps no cache (the model is called with
 ``use_cache=False`` and explicit ``position_ids``); each rank holds an
@@ -40,16 +42,21 @@ What runs on each rank:
   (``method="ring"`` / ``"allreduce3"``).  Every rank gets the same logits and
   picks the same greedy token, so the ranks stay in lock step.
 
-Limits (each a clear :class:`~topo.errors.AttentionError`, never a wrong answer):
-greedy decoding only; a batch of prompts is right-padded ``input_ids`` with
-``lengths`` (no ``attention_mask``: a model called with a mask under
-``"tree_decode"`` raises); sliding-window attention shorter than the sequence,
-attention logit soft-capping, attention sinks, attention dropout and
-non-causal attention modules are rejected; the model must be a decoder whose
-attention layers go through ``AttentionInterface`` with a ``layer_idx`` (Llama,
-Mistral, Qwen2, ...).  Every rank must load the same weights (not checked); the
-prompts, lengths and sizes are checked to agree across ranks first (one small
-all-gather), so ranks that disagree raise instead of hanging.
+Limits.  Greedy decoding only (no sampling, no stop on EOS).  Prompts of
+different lengths are right-padded ``input_ids`` with ``lengths=``; there is no
+``attention_mask`` (one that reaches the attention function raises).  These
+raise a clear :class:`~topo.errors.AttentionError` instead of giving a wrong
+answer: a sliding window shorter than prompt + new tokens, attention logit
+soft-capping, attention sinks, attention dropout (a model in training mode with
+``attention_dropout > 0``), non-causal attention modules, a second token per
+step.  The model must be a decoder whose attention layers go through
+``AttentionInterface`` with a ``layer_idx`` (tested: Llama, and Mistral with a
+window longer than the sequence).  Prefill materialises the whole prompt's K/V
+and attention on every rank (as the replicated model does anyway); only the
+cache that grows during decoding is sharded.  Every rank must load the same
+weights (not checked); prompts, lengths and sizes are checked to agree across
+ranks first (one small all-gather), so ranks that disagree raise instead of
+hanging or diverging.
 """
 from __future__ import annotations
 
@@ -161,7 +168,7 @@ def register() -> str:
     tf = _transformers()
     iface = getattr(tf, "AttentionInterface", None)
     if iface is None:
-        raise MissingDependency("transformers>=4.48", "attention.hf (transformers.AttentionInterface)", extra="hf")
+        raise MissingDependency("transformers>=4.49", "attention.hf (transformers.AttentionInterface)", extra="hf")
     iface.register(NAME, tree_attention_forward)
     return NAME
 
@@ -232,7 +239,8 @@ def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, g
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point() \
             or input_ids.shape[1] == 0:
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise AttentionError(f"{NAME} generate: input_ids: expected an int tensor [batch, seq] with seq >= 1, got {got}")
+        raise AttentionError(f"{NAME} generate: input_ids: expected an int tensor [batch, seq] with seq >= 1, "
+                             f"got {got}")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
         raise AttentionError(f"{NAME} generate: new_tokens: expected an int >= 0, got {new_tokens!r}")
     batch, seq = input_ids.shape
@@ -263,8 +271,9 @@ def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, g
         with _session(_Session(cache, group, tree, topology, attend, lengths)) as s:
             keep, where = torch.unique(lengths - 1, return_inverse=True)  # logits at each last prompt token only
             pos = torch.arange(seq).unsqueeze(0).expand(batch, seq)
-            logits = model(input_ids=input_ids, position_ids=pos, use_cache=False,
-                           logits_to_keep=keep).logits[rows, where].float()
+            logits = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits
+            # a model that ignores logits_to_keep returns every position
+            logits = logits[rows, where if logits.shape[1] == keep.numel() else lengths - 1].float()
             s.prefill = False
             for step in range(new_tokens):
                 nxt = logits.argmax(-1)
