@@ -186,7 +186,7 @@ class ShardedKVCache:
         shape = (self.batch, seq, self.kv_heads, self.head_dim)
         self._check_kv("prefill", k, shape)
         self._check_kv("prefill", v, shape)
-        lengths = self._check_lengths("prefill", seq if lengths is None else lengths)
+        lengths = self._check_lengths("prefill", [seq] * self.batch if lengths is None else lengths)
         if int(lengths.max()) > seq:
             raise AttentionError(f"ShardedKVCache.prefill: lengths: expected values <= seq={seq}, "
                                  f"got {lengths.tolist()}")

@@ -115,3 +115,17 @@ def test_truncate_then_append_overwrites():
     c.append(0, torch.full((1, 1, 1), 9.0), torch.full((1, 1, 1), 9.0))
     k, _, kv_len = c.shard(0)
     assert kv_len.tolist() == [4] and k[0, :4, 0, 0].tolist() == [0.0, 1.0, 2.0, 9.0]
+
+
+def test_prefill_without_lengths_takes_the_whole_prompt_of_every_sequence():
+    """A batch of equal-length prompts needs no ``lengths`` (used to fail for batch > 1)."""
+    world, batch, seq = 2, 3, 10
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(batch, seq, 2, 4, generator=g)
+    v = torch.randn(batch, seq, 2, 4, generator=g)
+    for c in _caches(world, layers=1, batch=batch, kv_heads=2, head_dim=4, max_seq_len=16, block_size=3,
+                     dtype=torch.float32):
+        c.prefill(0, k, v)
+        assert c.lengths(0).tolist() == [seq] * batch
+        n = c.local_count(seq)
+        assert torch.equal(c.k[0][:, :n], k[:, c.owned_positions(seq)])
