@@ -99,21 +99,22 @@ def route(topo: "Topology", a: str, b: str) -> Path:
 
 
 def _route(topo: "Topology", a: str, b: str) -> Path:
-    g = topo.graph
+    table = _node_table(topo)
     for n in (a, b):
-        kind = topo.node(n)["kind"]
+        if n not in table:
+            topo.node(n)   # raises the "no such node" error
+        kind = table[n][0]
         if kind not in ("gpu", "nic", "cpu"):
             raise TopologyError(f"path endpoint {n!r}: expected a gpu, nic or cpu, got a {kind}")
     if a == b:
         return Path(a, b, (a,), (), LOC_BW, 0.0, "LOC", "X", (((a,), 1.0),))
-    ka, kb = g.nodes[a]["kind"], g.nodes[b]["kind"]
-    if ka == "gpu" and kb == "gpu":
+    (ka, ha), (kb, hb) = table[a], table[b]
+    if ka == "gpu" and kb == "gpu":   # NVLink may cross hosts (GB200 trays of one NVL72 domain)
         nv = _nvlink_route(topo, a, b)
         if nv is not None and nv.nccl == "NVL":
             return nv
     else:
         nv = None
-    ha, hb = g.nodes[a].get("host"), g.nodes[b].get("host")
     if ha == hb:
         pci = _pci_route(topo, a, b)
         if nv is not None:  # NVB: NCCL takes it; nvidia-smi still shows the PCIe class
@@ -124,39 +125,46 @@ def _route(topo: "Topology", a: str, b: str) -> Path:
     return _net_route(topo, a, b)
 
 
-def _edge(g, u, v):
-    return g.edges[u, v]
-
-
 def _chain(g, nodes: tuple[str, ...]) -> tuple[tuple[str, ...], float, float]:
-    kinds = tuple(_edge(g, u, v)["kind"] for u, v in zip(nodes, nodes[1:]))
-    bw = min(_edge(g, u, v)["bw"] for u, v in zip(nodes, nodes[1:]))
-    lat = sum(_edge(g, u, v).get("lat", 0.0) for u, v in zip(nodes, nodes[1:]))
-    return kinds, bw, lat
+    succ = g._succ  # the frozen graph's adjacency dicts: attribute lookups without view objects
+    attrs = [succ[u][v] for u, v in zip(nodes, nodes[1:])]
+    return tuple(d["kind"] for d in attrs), min(d["bw"] for d in attrs), sum(d.get("lat", 0.0) for d in attrs)
+
+
+def _node_table(topo: "Topology") -> dict[str, tuple[str, str | None]]:
+    """``{node: (kind, host)}`` for every node (cached per topology): route searches
+    test these for every node they visit."""
+    table = topo.__dict__.get("_node_table")
+    if table is None:
+        table = {n: (d["kind"], d.get("host")) for n, d in topo.graph.nodes(data=True)}
+        topo.__dict__["_node_table"] = table
+    return table
 
 
 def _nvlink_route(topo: "Topology", a: str, b: str) -> Path | None:
     g = topo.graph
-    if g.has_edge(a, b) and g.edges[a, b]["kind"] == "nvlink":
-        d = g.edges[a, b]
+    succ, table = g._succ, _node_table(topo)
+    d = succ[a].get(b)
+    if d is not None and d["kind"] == "nvlink":
         nodes = (a, b)
         return Path(a, b, nodes, ("nvlink",), d["bw"], d.get("lat", 0.0), "NVL", f"NV{d.get('count', 1)}",
                     ((nodes, 1.0),))
     # parallel one-switch routes: a -> s -> b for every NVSwitch s adjacent to both
-    sw = [s for s in g.successors(a)
-          if g.nodes[s]["kind"] == "nvswitch" and g.edges[a, s]["kind"] == "nvlink" and g.has_edge(s, b)
-          and g.edges[s, b]["kind"] == "nvlink"]
-    if sw:
-        caps = [min(g.edges[a, s]["bw"], g.edges[s, b]["bw"]) for s in sw]
+    hops = [(s, up, succ[s][b]) for s, up in succ[a].items()
+            if table[s][0] == "nvswitch" and up["kind"] == "nvlink" and b in succ[s]
+            and succ[s][b]["kind"] == "nvlink"]
+    if hops:
+        sw = [s for s, _, _ in hops]
+        caps = [min(up["bw"], down["bw"]) for _, up, down in hops]
         total = sum(caps)
         routes = tuple(((a, s, b), c / total) for s, c in zip(sw, caps))
         best = max(range(len(sw)), key=lambda i: caps[i])
         nodes = (a, sw[best], b)
-        lat = max(g.edges[a, s].get("lat", 0.0) + g.edges[s, b].get("lat", 0.0) for s in sw)
-        links = sum(g.edges[a, s].get("count", 1) for s in sw)
+        lat = max(up.get("lat", 0.0) + down.get("lat", 0.0) for _, up, down in hops)
+        links = sum(up.get("count", 1) for _, up, _ in hops)
         return Path(a, b, nodes, ("nvlink", "nvlink"), total, lat, "NVL", f"NV{links}", routes)
     # multi-hop NVLink (switch-to-switch fabrics, or through other GPUs: NVB)
-    nodes = _bfs(g, a, b, lambda n: g.nodes[n]["kind"] in ("nvswitch", "gpu"), frozenset({"nvlink"}))
+    nodes = _bfs(g, a, b, lambda n: table[n][0] in ("nvswitch", "gpu"), frozenset({"nvlink"}))
     if nodes is None:
         return None
     kinds, bw, lat = _chain(g, nodes)
@@ -168,12 +176,13 @@ def _nvlink_route(topo: "Topology", a: str, b: str) -> Path | None:
 
 def _bfs(g, a: str, b: str, node_ok, link_kinds) -> tuple[str, ...] | None:
     """Fewest-hop route a -> b whose intermediate nodes satisfy node_ok; deterministic."""
+    succ = g._succ
     prev = {a: None}
     q = deque([a])
     while q:
         u = q.popleft()
-        for v in g.successors(u):
-            if v in prev or g.edges[u, v]["kind"] not in link_kinds:
+        for v, d in succ[u].items():
+            if v in prev or d["kind"] not in link_kinds:
                 continue
             if v != b and not node_ok(v):
                 continue
@@ -188,10 +197,25 @@ def _bfs(g, a: str, b: str, node_ok, link_kinds) -> tuple[str, ...] | None:
 
 
 def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
+    """The PCIe/SMP/C2C route inside one host (cached per topology: the route of a GPU
+    to its NIC serves :func:`nearest_nic` and every network route of that GPU)."""
+    cache = topo.__dict__.setdefault("_pci_cache", {})
+    key = (a, b)
+    if key not in cache:
+        cache[key] = _pci_search(topo, a, b)
+    return cache[key]
+
+
+def _pci_search(topo: "Topology", a: str, b: str) -> Path | None:
     g = topo.graph
-    host = g.nodes[a].get("host")
-    nodes = _bfs(g, a, b, lambda n: g.nodes[n]["kind"] in _PCI_NODE_KINDS and g.nodes[n].get("host") == host,
-                 _PCI_LINK_KINDS)
+    table = _node_table(topo)
+    host = table[a][1]
+
+    def inside(n: str) -> bool:
+        kind, h = table[n]
+        return kind in _PCI_NODE_KINDS and h == host
+
+    nodes = _bfs(g, a, b, inside, _PCI_LINK_KINDS)
     if nodes is None:
         return None
     kinds, bw, lat = _chain(g, nodes)
@@ -315,15 +339,16 @@ def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
     (an 8192-GPU fabric has a few hundred switches), so a route costs its hops.
     """
     g = topo.graph
+    succ, table = g._succ, _node_table(topo)
     dist: dict[str, int] = {nb: 0}
-    for s in g.predecessors(nb):
-        if g.nodes[s]["kind"] == "net_switch" and g.edges[s, nb]["kind"] == "net":
-            for v, d in _dist_to_switch(topo, s).items():
-                if d + 1 < dist.get(v, 1 << 30):
-                    dist[v] = d + 1
+    for s, d in g._pred[nb].items():
+        if table[s][0] == "net_switch" and d["kind"] == "net":
+            for v, hops in _dist_to_switch(topo, s).items():
+                if hops + 1 < dist.get(v, 1 << 30):
+                    dist[v] = hops + 1
     best = None
-    for v in g.successors(na):
-        if g.edges[na, v]["kind"] == "net" and v in dist and (v == nb or g.nodes[v]["kind"] == "net_switch"):
+    for v, d in succ[na].items():
+        if d["kind"] == "net" and v in dist and (v == nb or table[v][0] == "net_switch"):
             best = dist[v] + 1 if best is None else min(best, dist[v] + 1)
     if best is None:
         return None
@@ -332,8 +357,8 @@ def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
     out = [na]
     while out[-1] != nb:
         u = out[-1]
-        nxt = [v for v in g.successors(u) if dist.get(v, -1) == dist[u] - 1 and g.edges[u, v]["kind"] == "net"
-               and (v == nb or g.nodes[v]["kind"] == "net_switch")]
+        nxt = [v for v, d in succ[u].items() if dist.get(v, -1) == dist[u] - 1 and d["kind"] == "net"
+               and (v == nb or table[v][0] == "net_switch")]
         out.append(nxt[h % len(nxt)])
         h //= max(len(nxt), 1)
         h = h or zlib.crc32(f"{u}|{nb}".encode())
