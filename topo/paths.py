@@ -206,6 +206,42 @@ def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
     return cache[key]
 
 
+def _pci_routes_from(topo: "Topology", a: str, targets) -> None:
+    """Fill the PCIe route cache from ``a`` to every node of ``targets`` with ONE breadth-first
+    search (the routes equal :func:`_bfs`'s one-target searches: same visiting order; a
+    target that is a switch or CPU of the host is still crossed on the way to others)."""
+    cache = topo.__dict__.setdefault("_pci_cache", {})
+    want = {t for t in targets if (a, t) not in cache and t != a}
+    if not want:
+        return
+    g, table = topo.graph, _node_table(topo)
+    succ, host = g._succ, table[a][1]
+    prev = {a: None}
+    q = deque([a])
+    while q:
+        u = q.popleft()
+        for v, d in succ[u].items():
+            if v in prev or d["kind"] not in _PCI_LINK_KINDS:
+                continue
+            kind, h = table[v]
+            passable = kind in _PCI_NODE_KINDS and h == host
+            if v in want or passable:
+                prev[v] = u
+            if passable:             # a target CPU is still crossed on the way to other targets
+                q.append(v)
+    for t in want:
+        if t not in prev:
+            cache[(a, t)] = None
+            continue
+        out = [t]
+        while prev[out[-1]] is not None:
+            out.append(prev[out[-1]])
+        nodes = tuple(reversed(out))
+        kinds, bw, lat = _chain(g, nodes)
+        nccl, smi = _classify_pci(g, nodes, kinds)
+        cache[(a, t)] = Path(a, t, nodes, kinds, bw, lat, nccl, smi, ((nodes, 1.0),))
+
+
 def _pci_search(topo: "Topology", a: str, b: str) -> Path | None:
     g = topo.graph
     table = _node_table(topo)
@@ -258,6 +294,7 @@ def nearest_nic(topo: "Topology", gpu: str) -> str | None:
         host = topo.host_of(gpu)
         best: list[str] = []
         best_key = None
+        _pci_routes_from(topo, gpu, topo.nics(host))
         for nic in topo.nics(host):
             p = _pci_route(topo, gpu, nic)
             if p is None:

@@ -149,3 +149,18 @@ def test_network_routes_are_shortest_and_deterministic(network, hosts):
             assert p.hops == shortest and all(k == "net" for k in p.kinds)
             used.update(p.nodes[1:-1])
     assert len(used) > 1  # equal-cost choices are spread, not all on one switch
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "hgx-b200", "pcie-8gpu", "gb200-nvl72", "dgx-h100-x2"])
+def test_one_search_per_gpu_gives_the_one_target_routes(name):
+    """nearest_nic fills the PCIe route cache with one BFS per GPU; every route must equal
+    the one-target search (nodes, kinds, classes, bandwidth, latency)."""
+    from topo import paths
+    t = shipped(name)
+    fresh = shipped(name)
+    for gpu in t.gpus():
+        host = t.host_of(gpu)
+        targets = t.nics(host) + t.nodes(kind="cpu", host=host)
+        paths._pci_routes_from(t, gpu, targets)
+        for nic in targets:
+            assert t.__dict__["_pci_cache"][(gpu, nic)] == paths._pci_search(fresh, gpu, nic)
