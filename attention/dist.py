@@ -264,8 +264,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, nproc, port, fn, args, queue, timeout, threads):
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel kill this rank when the process that spawned it dies, so a
+    run killed from outside (Ctrl-C twice, a job timeout, SIGKILL) leaves no ranks
+    behind waiting for peers; elsewhere a no-op."""
+    import sys
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:   # the parent died before the request took effect
+        os._exit(1)
+
+
+def _entry(rank, nproc, port, fn, args, queue, timeout, threads, parent=None):
     import torch.distributed as dist
+
+    if parent is not None:
+        _die_with_parent(parent)
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -301,7 +321,8 @@ def run_group(fn, nproc: int, *args, timeout: float = 60.0, threads: int = 1):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, nproc, port, fn, args, q, timeout, threads), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, nproc, port, fn, args, q, timeout, threads, os.getpid()),
+                         daemon=True)
              for r in range(nproc)]
     for p in procs:
         p.start()
