@@ -36,6 +36,7 @@ topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path as FsPath
@@ -181,8 +182,13 @@ def _read_text(path: str | os.PathLike, what: str) -> tuple[str, str]:
     p = FsPath(path)
     try:
         return p.read_text(encoding="utf-8"), str(p)
+    except IsADirectoryError:
+        raise TreeError(f"{p}: cannot read {what}: expected a file, got a directory") from None
     except OSError as e:
         raise TreeError(f"{p}: cannot read {what}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TreeError(f"{p}: cannot read {what}: expected UTF-8 text, got byte 0x{e.object[e.start]:02x} "
+                        f"at offset {e.start}; save the file as UTF-8") from None
 
 
 def load_tree(path: str | os.PathLike) -> TreeFile:
@@ -197,8 +203,11 @@ def _tree_dict(t: Tree) -> dict:
     return d
 
 
-def dumps_tree(plan: Tree | MultiTree, *, hosts: Sequence[str] | None = None, name: str | None = None) -> str:
-    """YAML text of a tree file (flow-style lists, one key per line)."""
+def dumps_tree(plan: Tree | MultiTree, *, hosts: Sequence[str] | None = None, name: str | None = None,
+               fmt: str = "yaml") -> str:
+    """Text of a tree file: ``fmt="yaml"`` (flow-style lists, one key per line) or ``"json"``."""
+    if fmt not in ("yaml", "json"):
+        raise TreeError(f"tree file format: expected 'yaml' or 'json', got {fmt!r}")
     out: dict[str, Any] = {}
     nm = name if name is not None else plan.name
     if nm:
@@ -212,12 +221,19 @@ def dumps_tree(plan: Tree | MultiTree, *, hosts: Sequence[str] | None = None, na
         out["trees"] = [{**_tree_dict(t), "share": s} for t, s in zip(plan.trees, plan.shares)]
     else:
         out.update(_tree_dict(plan))
+    if fmt == "json":
+        return json.dumps(out, indent=1) + "\n"
     return yaml.safe_dump(out, sort_keys=False, default_flow_style=None, width=1 << 16)
 
 
+def tree_format(path: str | os.PathLike) -> str:
+    """``"json"`` for a ``.json`` path, else ``"yaml"``."""
+    return "json" if FsPath(path).suffix.lower() == ".json" else "yaml"
+
+
 def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts=None, name=None) -> None:
-    """Write :func:`dumps_tree` to ``path``."""
-    FsPath(path).write_text(dumps_tree(plan, hosts=hosts, name=name), encoding="utf-8")
+    """Write :func:`dumps_tree` to ``path`` (JSON for a ``.json`` path, else YAML)."""
+    FsPath(path).write_text(dumps_tree(plan, hosts=hosts, name=name, fmt=tree_format(path)), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------- NCCL graph XML

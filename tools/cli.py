@@ -22,7 +22,15 @@ heavy imports (torch, triton, matplotlib) happen inside ``run``, never at
 module import, since every command module is imported to build the parser
 (``treecoll topo ...`` must stay fast and work without torch; a test checks).
 Command-line syntax errors (unknown option, missing argument) are user errors
-too: one line, exit code 1. ``main(argv)`` is what tests call.
+too: one line, exit code 1. Ctrl-C is one line and exit code 130. ``main(argv)``
+is what tests call.
+
+Files the user asks a command to write (``-o``, ``--plot``, ``--xml``) go
+through :func:`output_path` before any work (its directory exists, it is not a
+directory, not one of the command's input files, an image has an image suffix)
+and :func:`write_output` (written whole or not at all). An existing output file
+is replaced; every such option says "(replaced if it exists)" in ``--help``
+(:data:`REPLACES`).
 
 >>> main(["topo", "path", "default", "h0/gpu0", "h0/gpu1", "--json"])  # doctest: +ELLIPSIS
 {...NV18...}
@@ -31,15 +39,22 @@ too: one line, exit code 1. ``main(argv)`` is what tests call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import yaml
 
 from topo.errors import TreecollError
 
-__all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMMANDS"]
+__all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMMANDS", "output_path",
+           "write_output", "atomic_output", "positive", "REPLACES", "IMAGE_SUFFIXES"]
 
 #: subcommand modules, in the order ``--help`` lists them (one line per module)
 COMMANDS = [
@@ -79,6 +94,97 @@ def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], str] | Non
     return 0
 
 
+#: appended to the help of every option naming a file to write
+REPLACES = "(replaced if it exists)"
+#: image formats matplotlib's Agg backend writes (``savefig`` infers the format from the suffix)
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def positive(option: str, value, *, minimum: int = 1, maximum: int | None = None) -> None:
+    """Raise :class:`UsageError` unless ``minimum <= value <= maximum``:
+    ``"--ranks: expected a positive integer, got 0"``."""
+    if value < minimum:
+        want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise UsageError(f"{option}: expected {want}, got {value}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{option}: expected at most {maximum}, got {value}")
+
+
+def output_path(path: str, option: str = "-o", *, inputs: Sequence[str | None] = (),
+                suffixes: Sequence[str] | None = None) -> str:
+    """Check a file the user asked a command to write, before the command does any work.
+
+    Raises :class:`UsageError` (one line naming ``option``) when the path is a
+    directory, its directory does not exist or is not writable, it is the same
+    file as one of ``inputs`` (writing would destroy what the user gave), or its
+    suffix is not in ``suffixes``. Returns ``path``; an existing file is replaced.
+    """
+    p = Path(path)
+    where = f"{option} {path}"
+    if not str(path).strip():
+        raise UsageError(f"{option}: expected a file name, got an empty string")
+    if p.is_dir():
+        raise UsageError(f"{where}: expected a file name, got a directory; name a file inside it, "
+                         f"e.g. {p / ('out' + (suffixes[0] if suffixes else ''))}")
+    if suffixes is not None and p.suffix.lower() not in suffixes:
+        raise UsageError(f"{where}: expected a file name ending in {', '.join(suffixes)}, got "
+                         f"{repr(p.suffix) if p.suffix else 'no suffix'}")
+    parent = p.parent
+    if not parent.exists():
+        raise UsageError(f"{where}: expected an existing directory, got {str(parent)!r} which does not exist; "
+                         f"create it first (mkdir -p {parent})")
+    if not parent.is_dir():
+        raise UsageError(f"{where}: expected {str(parent)!r} to be a directory, got a file")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{where}: expected a writable location, got permission denied")
+    for inp in inputs:
+        if inp is not None and p.exists() and Path(inp).exists():
+            with contextlib.suppress(OSError):
+                if os.path.samefile(p, inp):
+                    raise UsageError(f"{where}: expected a new file, got the input file {inp} itself "
+                                     f"(writing would destroy it); choose another name")
+    return str(path)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str, option: str = "-o"):
+    """Yield a temporary path beside ``path`` (same suffix); when the block succeeds it
+    replaces ``path``, else it is removed: a failed write never leaves ``path`` half written."""
+    p = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=p.parent)
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot write: {e.strerror or e}") from None
+    os.close(fd)
+    try:
+        yield tmp
+        try:
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, p)
+        except OSError as e:
+            raise UsageError(f"{option} {path}: cannot write: {e.strerror or e}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_output(path: str, text: str, option: str = "-o") -> int:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all; returns the bytes written."""
+    data = text.encode("utf-8")
+    with atomic_output(path, option) as tmp:
+        try:
+            Path(tmp).write_bytes(data)
+        except OSError as e:
+            raise UsageError(f"{option} {path}: cannot write: {e.strerror or e}") from None
+    return len(data)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: global options plus every module of :data:`COMMANDS`."""
     parser = _Parser(prog="treecoll", description="Topology-aware collectives and Tree Attention decoding.")
@@ -111,9 +217,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"treecoll: error: {msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("treecoll: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `treecoll ... | head`
         return 0
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        # a file the user named that a reader without its own check could not read or write
+        if isinstance(e, OSError) and not e.filename:
+            raise  # not about a file: a bug or the network, keep the traceback
+        if debug:
+            traceback.print_exc()
+        print(f"treecoll: error: {_io_message(e)}", file=sys.stderr)
+        return 1
+
+
+def _io_message(e: OSError | UnicodeDecodeError | yaml.YAMLError) -> str:
+    """One line for an I/O error that escaped a command: names the file where Python knows it."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        m = e.problem_mark
+        return f"{m.name}:{m.line + 1}: invalid YAML: {e.problem}; fix the syntax at column {m.column + 1}"
+    if isinstance(e, yaml.YAMLError):
+        return "invalid YAML: " + " ".join(str(e).split())
+    if isinstance(e, UnicodeDecodeError):
+        return (f"input file: expected UTF-8 text, got byte 0x{e.object[e.start]:02x} at offset {e.start}; "
+                f"save the file as UTF-8")
+    name = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return f"{name}cannot read or write: {e.strerror or e}"
 
 
 if __name__ == "__main__":  # pragma: no cover

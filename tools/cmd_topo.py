@@ -23,13 +23,12 @@ import argparse
 import importlib
 import json
 from collections import Counter
-from pathlib import Path as FsPath
 from typing import Any
 
 import topo
 from topo.errors import TopologyError
 
-from .cli import common_options, emit
+from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, positive, write_output
 
 __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render_show", "render_matrix",
            "render_path", "endpoint", "SUBMODULES"]
@@ -68,9 +67,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     q.add_argument("b", metavar="B")
     q = cmd("export", "write the topology as YAML (explicit form), JSON or DOT")
     q.add_argument("--format", choices=("yaml", "json", "dot"), required=True)
-    q.add_argument("-o", "--output", help="file to write (default: standard output)")
+    q.add_argument("-o", "--output", help=f"file to write {REPLACES} (default: standard output)")
     q = cmd("draw", "draw hosts, switches and links to an image (needs matplotlib)")
-    q.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+    q.add_argument("-o", "--output", required=True, help=f"image file (.png, .svg, .pdf) {REPLACES}")
     q.add_argument("--max-hosts", type=int, default=8, help="hosts to draw (default 8)")
     for name in SUBMODULES:
         mod = importlib.import_module(name)
@@ -82,8 +81,12 @@ def run(args: argparse.Namespace) -> int:
     mod = getattr(args, "_topo_module", None)
     if mod is not None:
         return mod.run(args)
-    t = topo.resolve(args.file)
     c = args.topo_cmd
+    if c in ("export", "draw") and args.output:
+        output_path(args.output, inputs=[args.file], suffixes=IMAGE_SUFFIXES if c == "draw" else None)
+    if c == "draw":
+        positive("--max-hosts", args.max_hosts)
+    t = topo.resolve(args.file)
     if c == "show":
         return emit(args, show_data(t, args.file), render_show)
     if c == "matrix":
@@ -92,10 +95,9 @@ def run(args: argparse.Namespace) -> int:
         return emit(args, path_data(t, args.a, args.b), render_path)
     if c == "export":
         return _export(args, t)
-    if args.max_hosts < 1:
-        raise TopologyError(f"--max-hosts: expected a positive integer, got {args.max_hosts}")
     from topo.render import draw
-    data = draw(t, args.output, max_hosts=args.max_hosts)
+    with atomic_output(args.output) as tmp:
+        data = dict(draw(t, tmp, max_hosts=args.max_hosts), output=args.output)
     return emit(args, data, lambda d: f"wrote {d['output']} ({d['hosts_drawn']} of {d['hosts_total']} hosts, "
                                       f"{d['nodes']} nodes, {d['links']} links)")
 
@@ -254,11 +256,8 @@ def _export(args: argparse.Namespace, t: topo.Topology) -> int:
         from topo.render import to_dot
         text = to_dot(t)
     if args.output:
-        try:
-            FsPath(args.output).write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise TopologyError(f"-o {args.output}: cannot write: {e.strerror or e}") from None
-        data = {"format": args.format, "output": args.output, "bytes": len(text.encode()),
+        nbytes = write_output(args.output, text)
+        data = {"format": args.format, "output": args.output, "bytes": nbytes,
                 "nodes": t.graph.number_of_nodes(), "links": t.graph.number_of_edges()}
         return emit(args, data, lambda d: f"wrote {d['output']} ({d['format']}, {d['nodes']} nodes, "
                                           f"{d['links']} directed links)")

@@ -29,9 +29,14 @@ from typing import Any
 from topo.errors import MissingDependency, TreeError
 
 from . import units
-from .cli import common_options, emit
+from .cli import (IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, positive,
+                  write_output)
 
 __all__ = ["add_parser", "run", "parse_bytes", "tree_data", "render_tree"]
+
+#: suffixes of tree files (:mod:`collectives.tree_io` reads YAML and JSON)
+TREE_SUFFIXES = (".yaml", ".yml", ".json")
+
 
 def parse_bytes(text: str) -> int:
     """``--bytes``: ``"64MiB"`` -> 67108864 (units: :mod:`tools.units`)."""
@@ -52,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--intra", help="two_level: intra-host shape (auto, star, chain, binomial, kary:K, links)")
     b.add_argument("--inter", help="two_level: inter-host shape (binomial, chain, star, kary:K)")
     b.add_argument("--rails", choices=("auto", "yes", "no"), help="two_level: one tree per NIC rail")
-    b.add_argument("-o", "--output", help="tree file to write (.yaml or .json)")
+    b.add_argument("-o", "--output", help=f"tree file to write (.yaml, .yml or .json) {REPLACES}")
     for name, help_ in (("show", "ASCII drawing with link kinds and predicted times"),
                         ("check", "check a tree file against a topology"),
                         ("draw", "draw a tree to an image (needs matplotlib)")):
@@ -61,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         q.add_argument("--topology", required=name == "check", help="topology YAML or shipped name")
         q.add_argument("--bytes", default="1MiB", help="message size for predictions (default 1MiB)")
         if name == "draw":
-            q.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+            q.add_argument("-o", "--output", required=True, help=f"image file (.png, .svg, .pdf) {REPLACES}")
             q.add_argument("--max-hosts", type=int, default=4,
                            help="with --topology: hosts drawn (default 4; edges to others are left out)")
     return p
@@ -192,7 +197,11 @@ def render_tree(data: dict) -> str:
 # ---------------------------------------------------------------------- commands
 def _build(args) -> dict:
     from collectives.builders import build
-    from collectives.tree_io import save_tree
+    from collectives.tree_io import dumps_tree, tree_format
+    if args.output:
+        output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
+    if args.ranks is not None:
+        positive("--ranks", args.ranks)
     topology = _topology(args.topology)
     nbytes = parse_bytes(args.bytes)
     opts: dict[str, Any] = {}
@@ -214,7 +223,7 @@ def _build(args) -> dict:
     data["builder"] = args.builder
     if args.output:
         hosts = [topology.host_of(g) for g in data["gpus"]]
-        save_tree(plan, args.output, hosts=hosts)
+        write_output(args.output, dumps_tree(plan, hosts=hosts, fmt=tree_format(args.output)))
         data["output"] = args.output
     return data
 
@@ -278,6 +287,8 @@ def _render_check(d: dict) -> str:
 
 
 def _draw(args) -> dict:
+    output_path(args.output, inputs=[args.file, args.topology], suffixes=IMAGE_SUFFIXES)
+    positive("--max-hosts", args.max_hosts)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -297,8 +308,9 @@ def _draw(args) -> dict:
         overlay = [(e["child_gpu"], e["parent_gpu"], palette[ti % len(palette)] if ntrees > 1 else
                     ("tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")))
                    for ti, t in enumerate(data["trees"]) for e in t["edges"]]
-        out = draw(topology, args.output, overlay=overlay, max_hosts=args.max_hosts,
-                   title=f"{data['name']} over {topology.name} ({ntrees} tree(s), child -> parent)")
+        with atomic_output(args.output) as tmp:
+            out = draw(topology, tmp, overlay=overlay, max_hosts=args.max_hosts,
+                       title=f"{data['name']} over {topology.name} ({ntrees} tree(s), child -> parent)")
         return {"output": args.output, "ranks": data["ranks"], "trees": ntrees, "over_topology": True,
                 "edges_drawn": out["overlay"], "hosts_drawn": out["hosts_drawn"]}
     fig, axes = plt.subplots(1, ntrees, figsize=(max(6, min(0.25 * data["ranks"], 30)), 5), squeeze=False)
@@ -334,7 +346,8 @@ def _draw(args) -> dict:
         ax.set_title(f"{t['name'] or data['name']} (share {t['share']:.2g})", fontsize=8)
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(args.output, dpi=120)
+    with atomic_output(args.output) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return {"output": args.output, "ranks": data["ranks"], "trees": ntrees}
 
