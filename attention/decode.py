@@ -15,14 +15,30 @@ def _torch_backend(q, k, v, lengths, scale, num_splits, out, block_table):
     return decode_torch(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
 
 
+def _native_backend(q, k, v, lengths, scale, num_splits, out, block_table):
+    from attention.decode_native import decode_native
+
+    return decode_native(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
+
+
+def _auto_cpu_backend(q, k, v, block_table) -> str:
+    """'native' when the C kernel is built (or can be) and reads these inputs in place, else 'torch'."""
+    from attention.decode_native import native_status, supports
+
+    if supports(q, k, v, block_table) and native_status()["available"]:
+        return "native"
+    return "torch"
+
+
 def _triton_backend(q, k, v, lengths, scale, num_splits, out, block_table):
     from attention.decode_triton import decode_triton
 
     return decode_triton(q, k, v, lengths, scale, num_splits=num_splits, out=out, block_table=block_table)
 
 
-#: Named decode backends; 'auto' picks 'triton' for CUDA tensors, 'torch' otherwise.
-DECODE_BACKENDS = {"torch": _torch_backend, "triton": _triton_backend}
+#: Named decode backends; 'auto' picks 'triton' for CUDA tensors, on CPU 'native' when
+#: its C kernel can be built and read the inputs, else 'torch'.
+DECODE_BACKENDS = {"native": _native_backend, "torch": _torch_backend, "triton": _triton_backend}
 
 
 def decode_partial(
@@ -49,9 +65,12 @@ def decode_partial(
         (:func:`attention.decode_triton.choose_num_splits`); for 'torch' on CPU
         at least ``torch.get_num_threads()`` for sequences of two blocks or more
         (one split per worker thread), else 1.
-    backend : {'auto', 'torch', 'triton'}
-        'auto' takes 'triton' for CUDA tensors and 'torch' otherwise; 'triton'
-        on CPU tensors needs ``TRITON_INTERPRET=1`` before the kernels are imported.
+    backend : {'auto', 'native', 'torch', 'triton'}
+        'auto' takes 'triton' for CUDA tensors; on CPU 'native' (the fused C kernel
+        of :mod:`attention.decode_native`, built on first use with the system C
+        compiler) when it is available and ``head_dim`` has stride 1, else 'torch'
+        (block-wise float32 matmuls).  'triton' on CPU tensors needs
+        ``TRITON_INTERPRET=1`` before the kernels are imported.
     block_table : integer Tensor [batch, max_pages], optional
         Paged cache: token ``n`` of sequence ``b`` is
         ``k[block_table[b, n // page_size], n % page_size]``; ``seq`` is then
@@ -81,7 +100,7 @@ def decode_partial(
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise AttentionError(f"decode_partial: num_splits: expected a positive int or None, got {num_splits!r}")
     if backend == "auto":
-        backend = "triton" if q.is_cuda else "torch"
+        backend = "triton" if q.is_cuda else _auto_cpu_backend(q, k, v, block_table)
     if backend not in DECODE_BACKENDS:
         raise AttentionError(
             f"decode_partial: unknown backend {backend!r}; valid: {['auto'] + sorted(DECODE_BACKENDS)}"

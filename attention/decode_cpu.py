@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["decode_torch", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["decode_torch", "run_splits", "DEFAULT_BLOCK_SIZE"]
 
 #: Tokens per block.  Measured with tools/bench_decode.py on the 2-core Sapphire
 #: Rapids VM (Llama-3.1-8B shapes, 128k tokens): 256..4096 are within noise of
@@ -136,14 +136,38 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
     Writes and returns ``(out, lse)``: float32 [batch, q_heads, head_dim] and
     float32 [batch, q_heads], natural log.
     """
-    from attention.state import merge_states
-
-    batch, q_heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    group = q_heads // kv_heads
     block = int(block_size or DEFAULT_BLOCK_SIZE)
     if block_table is not None:
         block = max(1, block // k.shape[1]) * k.shape[1]
+    fetches = [
+        _contiguous_fetch(k[b], v[b]) if block_table is None else _paged_fetch(k, v, block_table[b].long(), block)
+        for b in range(k.shape[0] if block_table is None else block_table.shape[0])
+    ]
+
+    def attend(qg, b, s0, s1, work):
+        return _attend_range(qg, fetches[b], s0, s1, block, work)
+
+    return run_splits(q, k.shape[2], lengths, scale, attend, num_splits=num_splits, out=out,
+                      min_split_tokens=2 * block)
+
+
+def run_splits(q, kv_heads: int, lengths, scale: float, attend, *, num_splits: int = 1, out=None,
+               min_split_tokens: int = 2 * DEFAULT_BLOCK_SIZE):
+    """Split-KV driver shared by the CPU backends: scales and groups ``q``, cuts every
+    sequence into ``num_splits`` contiguous ranges (at least ``torch.get_num_threads()``
+    when a sequence has ``min_split_tokens`` or more, run on that many worker threads),
+    calls ``attend(qg, b, start, end, work)`` per range and merges the ranges.
+
+    ``attend`` gets ``qg`` float32 [kv_heads, group, head_dim] (scaled) and a dict it
+    may cache buffers in (one per thread when single-threaded), and returns
+    ``(acc, m, l)``: float32 [kv_heads, group, head_dim] unnormalised output and
+    [kv_heads, group, 1] running max and sum (``m = -inf``, ``l = 0`` when empty).
+    Writes and returns ``(out, lse)`` as :func:`decode_torch`.
+    """
+    from attention.state import merge_states
+
+    batch, q_heads, head_dim = q.shape
+    group = q_heads // kv_heads
     if out is None:
         out = (
             torch.empty(batch, q_heads, head_dim, dtype=torch.float32, device=q.device),
@@ -152,24 +176,20 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
     out_buf, lse_buf = out
     qs = (q.float() * scale).view(batch, kv_heads, group, head_dim)
     lens = lengths.tolist()
-    fetches = [
-        _contiguous_fetch(k[b], v[b]) if block_table is None else _paged_fetch(k, v, block_table[b].long(), block)
-        for b in range(batch)
-    ]
     workers = torch.get_num_threads() if q.device.type == "cpu" else 1
-    if workers > 1 and max(lens, default=0) >= 2 * block:
+    if workers > 1 and max(lens, default=0) >= min_split_tokens:
         num_splits = max(num_splits, workers)
     tasks = [(b, s0, s1) for b in range(batch) for s0, s1 in _split_bounds(lens[b], num_splits)]
 
     def run(task):
         b, s0, s1 = task
-        return _attend_range(qs[b], fetches[b], s0, s1, block, {})
+        return attend(qs[b], b, s0, s1, {})
 
     if workers > 1 and num_splits > 1:
         results = list(_thread_pool(workers).map(run, tasks))
     else:
         work: dict = {}
-        results = [_attend_range(qs[b], fetches[b], s0, s1, block, work) for b, s0, s1 in tasks]
+        results = [attend(qs[b], b, s0, s1, work) for b, s0, s1 in tasks]
     for b in range(batch):
         outs, lses = [], []
         for acc, m, l in results[b * num_splits:(b + 1) * num_splits]:

@@ -14,9 +14,11 @@ KV cache is read from memory, not from a cache.  Times are the best of
 ``--repeats`` runs.  The machine is shared, so each row records the 1-minute
 load average.
 
-On CPU the torch backend runs, and as an anchor torch's own fused CPU
-flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``,
-query heads of a group as rows, full length) on the same cache.  On CUDA the
+On CPU the backends of ``--backends`` run side by side (default: ``native``, the
+fused C kernel, and ``torch``, block-wise float32 matmuls), and as an anchor
+torch's own fused CPU flash-attention kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``, query heads of a group as
+rows, full length) on the same cache.  On CUDA the
 Triton kernels run and the fraction is of the device copy rate (HBM).
 
     python -m tools.bench_decode                       # full sweep, writes out/bench_decode.json
@@ -88,7 +90,7 @@ def run(args) -> dict:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    backend = "triton" if device.type == "cuda" else "torch"
+    backends = ["triton"] if device.type == "cuda" else args.backends
     # Written before every timed run so that no KV bytes are served from a cache
     # (this VM reports a 480 MiB L3); larger than any last-level cache we know of.
     scratch = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
@@ -114,20 +116,21 @@ def run(args) -> dict:
                 _wait_for_quiet(args.wait_load, args.wait_max)
                 bw = measure_bandwidth(device, repeats=args.repeats)
                 kv_len = torch.full((batch,), n, dtype=torch.int32, device=device)
-                t = _best_time(lambda: attention.decode_partial(q, k, v, kv_len=kv_len, backend=backend),
-                               device, args.repeats, flush)
                 kv_bytes = n * per_token
-                row = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": kv_bytes, "backend": backend,
-                       "time_s": t, "kv_gbps": kv_bytes / t / 1e9, **bw}
-                row["loadavg_1min"] = os.getloadavg()[0]  # the machine is shared: note how busy it was
-                row["frac_copy"] = row["kv_gbps"] / bw["copy_gbps"]
-                row["frac_read"] = row["kv_gbps"] / bw["read_gbps"]
+                anchor = {}
                 if device.type == "cpu" and not args.no_anchor:
                     t_a = _best_time(_sdpa_anchor(q, k, v, n), device, args.repeats, flush)
-                    row["sdpa_cpu_time_s"] = t_a
-                    row["sdpa_cpu_gbps"] = kv_bytes / t_a / 1e9
-                rows.append(row)
-                print(_format_row(row), flush=True)
+                    anchor = {"sdpa_cpu_time_s": t_a, "sdpa_cpu_gbps": kv_bytes / t_a / 1e9}
+                for backend in backends:
+                    t = _best_time(lambda: attention.decode_partial(q, k, v, kv_len=kv_len, backend=backend),
+                                   device, args.repeats, flush)
+                    row = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": kv_bytes, "backend": backend,
+                           "time_s": t, "kv_gbps": kv_bytes / t / 1e9, **bw, **anchor}
+                    row["loadavg_1min"] = os.getloadavg()[0]  # the machine is shared: note how busy it was
+                    row["frac_copy"] = row["kv_gbps"] / bw["copy_gbps"]
+                    row["frac_read"] = row["kv_gbps"] / bw["read_gbps"]
+                    rows.append(row)
+                    print(_format_row(row), flush=True)
             del k, v, q
     return {
         "benchmark": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
@@ -161,15 +164,15 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-HEADER = (f"{'dtype':5} {'B':>2} {'tokens':>7} {'KV MiB':>7} {'time ms':>8} {'KV GB/s':>8} "
+HEADER = (f"{'backend':7} {'dtype':5} {'B':>2} {'tokens':>7} {'KV MiB':>7} {'time ms':>8} {'KV GB/s':>8} "
           f"{'copy GB/s':>9} {'%copy':>6} {'read GB/s':>9} {'%read':>6} {'sdpa GB/s':>9} {'load':>5}")
 
 
 def _format_row(r: dict) -> str:
     if "skipped" in r:
-        return f"{r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} skipped: {r['skipped']}"
+        return f"{'':7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} skipped: {r['skipped']}"
     anchor = f"{r['sdpa_cpu_gbps']:9.2f}" if "sdpa_cpu_gbps" in r else f"{'-':>9}"
-    return (f"{r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} {r['kv_bytes'] / 2**20:7.0f} {r['time_s'] * 1e3:8.2f} "
+    return (f"{r['backend']:7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} {r['kv_bytes'] / 2**20:7.0f} {r['time_s'] * 1e3:8.2f} "
             f"{r['kv_gbps']:8.2f} {r['copy_gbps']:9.2f} {100 * r['frac_copy']:5.0f}% {r['read_gbps']:9.2f} "
             f"{100 * r['frac_read']:5.0f}% {anchor} {r['loadavg_1min']:5.1f}")
 
@@ -183,6 +186,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=_ints, default=[4096, 8192, 16384, 32768, 65536, 131072, 262144])
     p.add_argument("--batch", type=_ints, default=[1, 8])
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp32"])
+    p.add_argument("--backends", type=lambda s: s.split(","), default=["native", "torch"],
+                   help="CPU decode backends, side by side (default native,torch)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=int, default=3)
@@ -198,6 +203,18 @@ def main(argv=None) -> int:
     if bad:
         print(f"ERROR: --dtypes: expected names in {sorted(DTYPES)}, got {bad}", file=sys.stderr)
         return 1
+    bad = [b for b in args.backends if b not in attention.DECODE_BACKENDS]
+    if bad:
+        print(f"ERROR: --backends: expected names in {sorted(attention.DECODE_BACKENDS)}, got {bad}", file=sys.stderr)
+        return 1
+    if "native" in args.backends and args.device == "cpu":
+        from attention.decode_native import native_status
+
+        status = native_status()
+        if not status["available"]:
+            print(f"ERROR: --backends native: {status['reason']}", file=sys.stderr)
+            return 1
+        print(f"native kernel: {status['isa']} ({status['library']})")
     print(f"device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
     print(HEADER, flush=True)
     result = run(args)

@@ -24,11 +24,20 @@ def test_import_is_light():
     assert res.stdout.strip() == "False"
 
 
-def test_auto_backend_on_cpu_is_torch(monkeypatch, make_inputs):
+@pytest.mark.parametrize("native_ok", [True, False])
+def test_auto_backend_on_cpu_is_native_when_available_else_torch(native_ok, monkeypatch, make_inputs):
+    from attention import decode_native
+
     calls = []
-    monkeypatch.setitem(decode_mod.DECODE_BACKENDS, "torch", lambda *a: calls.append(a) or "torch-result")
+    for name in ("torch", "native"):
+        monkeypatch.setitem(decode_mod.DECODE_BACKENDS, name, lambda *a, name=name: calls.append(name) or name)
+    monkeypatch.setattr(decode_native, "native_status", lambda: {"available": native_ok})
     q, k, v = make_inputs(1, 2, 1, 8, 4, torch.float32)
-    assert decode_partial(q, k, v) == "torch-result" and len(calls) == 1
+    expected = "native" if native_ok else "torch"
+    assert decode_partial(q, k, v) == expected and calls == [expected]
+    kt = torch.randn(1, 8, 4, 1).permute(0, 2, 3, 1)  # [1, 4, 1, 8] with head_dim stride 4
+    assert kt.stride(-1) != 1
+    assert decode_partial(q, kt, kt) == "torch"  # the C kernel reads head_dim with stride 1 only
 
 
 @settings(max_examples=25, deadline=None)
@@ -68,7 +77,7 @@ def test_split_anywhere_and_merge_equals_whole(length, cuts, seed):
         (dict(kv_len=torch.zeros(2)), r"kv_len: expected integers of shape \[batch=2\], got torch.float32"),
         (dict(scale=float("nan")), r"scale: expected a finite float, got nan"),
         (dict(num_splits=0), r"num_splits: expected a positive int or None, got 0"),
-        (dict(backend="cuda"), r"unknown backend 'cuda'; valid: \['auto', 'torch', 'triton'\]"),
+        (dict(backend="cuda"), r"unknown backend 'cuda'; valid: \['auto', 'native', 'torch', 'triton'\]"),
         (dict(out=(torch.zeros(2, 4, 8), torch.zeros(2, 5))), r"out: expected float32 tensors of shapes"),
     ],
 )
@@ -109,11 +118,16 @@ def to_paged(k, v, lengths, page_size, *, seed=0):
     return kp, vp, table
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "native", "triton"])
 @pytest.mark.parametrize("page_size", [1, 5, 16])
 def test_paged_cache_equals_contiguous(backend, page_size, make_inputs, check_state):
     if backend == "triton":
         pytest.importorskip("triton")
+    if backend == "native":
+        from attention.decode_native import native_status
+
+        if not native_status()["available"]:
+            pytest.skip(native_status()["reason"])
     lengths = [0, 1, 37, 70]
     q, k, v = make_inputs(4, 8, 2, 16, 70, torch.bfloat16, seed=page_size)
     kp, vp, table = to_paged(k, v, lengths, page_size, seed=page_size)
