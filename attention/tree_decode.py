@@ -12,8 +12,9 @@ Every rank of a process group holds a slice of each sequence's keys and values
    associative, commutative attention merge, in float32) through
    :func:`collectives.reduce`: one message per tree edge, whatever the context
    length.
-3. The root's merged state is broadcast down the same tree
-   (:func:`collectives.broadcast`), so every rank returns the same output.  With
+3. The root's merged state is broadcast down the same tree (the reduction and
+   the broadcast run as one compiled schedule, ``collectives.allreduce(algo="tree")``),
+   so every rank returns the same output.  With
    ``root_only=True`` the broadcast is skipped: only the tree root's return
    value is the attention output; the other ranks return their partially
    merged subtree state (meaningless to callers).  :func:`tree_root` tells which
@@ -47,6 +48,8 @@ from topo.errors import AttentionError
 
 __all__ = ["tree_decode", "tree_combine", "resolve_tree", "tree_root", "group_topology"]
 
+#: how :func:`tree_combine` returns the merged state to every rank
+BCAST_MODES = ("tree", "separate", "native")
 _TREE_CACHE: dict = {}
 _TOPO_CACHE: dict = {}
 
@@ -174,15 +177,18 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     (natural log).  Returns the merged ``(out, lse)`` (float32, same shapes) on
     every rank, or only on the tree root with ``root_only``.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
-    ``bcast``: how the result goes back down after ``collectives.reduce``:
-    ``"tree"`` (the default: ``collectives.broadcast`` down the same tree) or
-    ``"native"`` (``torch.distributed.broadcast`` from the root: the backend's own
-    algorithm).  ``root_only`` skips it.  (Running reduce + broadcast as one
-    compiled schedule, ``collectives.allreduce(algo="tree")``, was measured too
-    and was not faster with the current executor: docs/benchmarks.md.)
+    ``bcast``: how the result goes back down the tree: ``"tree"`` (the default:
+    the reduction and the broadcast down the same tree compiled as ONE schedule,
+    ``collectives.allreduce(algo="tree")``, so a rank forwards the merged state
+    to its children as soon as it has it, without a second collective call),
+    ``"separate"`` (``collectives.reduce`` then ``collectives.broadcast``: the
+    same messages in two calls) or ``"native"`` (``collectives.reduce``, then
+    ``torch.distributed.broadcast`` from the root: the backend's own
+    algorithm).  ``root_only`` runs the reduction alone.  The three were
+    measured side by side: docs/benchmarks.md "Tree attention".
     """
-    if bcast not in ("tree", "native"):
-        raise AttentionError(f"bcast: expected 'tree' or 'native', got {bcast!r}")
+    if bcast not in BCAST_MODES:
+        raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
     batch, heads, head_dim = out.shape
     _, size = group_info(group)
     if size == 1:
@@ -192,6 +198,9 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
 
     buf = pack_state(out, lse)
     op = _merge_op(batch, heads, head_dim)
+    if not root_only and bcast == "tree":
+        collectives.allreduce(buf, op=op, tree=t, algo="tree", group=group, out=buf)
+        return unpack_state(buf, batch, heads, head_dim)
     # in place on the packed buffer: the root ends with the merged state, the
     # other ranks with their subtree's partial state (overwritten by the broadcast)
     collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
@@ -230,7 +239,7 @@ def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
         :class:`~topo.errors.AttentionError` instead of hanging; one extra tiny
         collective, so a decode loop checks its first step and then passes False.
     return_lse : also return the merged LSE float32 [batch, q_heads].
-    bcast : ``"tree"`` (default) or ``"native"``: see :func:`tree_combine`.
+    bcast : ``"tree"`` (default), ``"separate"`` or ``"native"``: see :func:`tree_combine`.
 
     Returns
     -------

@@ -12,10 +12,10 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
     allocated during one step, torch profiler memory events);
 (b) the combine alone, states already computed: ``tree`` = our one tree
     reduction of the packed state plus the broadcast down the same tree (every
-    rank gets the result, like an all-reduce): ``collectives.reduce`` then
-    ``collectives.broadcast``, as :func:`attention.tree_combine` runs it;
-    ``tree_one_schedule`` (the same compiled as one schedule,
-    ``collectives.allreduce(algo="tree")`` over the tree),
+    rank gets the result, like an all-reduce), compiled as one schedule
+    (``collectives.allreduce(algo="tree")``), as :func:`attention.tree_combine`
+    runs it; ``tree_separate`` (the same messages as two calls,
+    ``collectives.reduce`` then ``collectives.broadcast``),
     ``tree_root_only`` (the reduction alone), ``tree_native_bcast`` (the tree reduction, then the backend's own
     ``torch.distributed.broadcast``), ``allreduce3`` (max, numerator, denominator all-reduces), and
     ``floor`` = one ``torch.distributed.all_reduce`` (SUM) of the same packed
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
-COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_one_schedule", "allreduce3", "floor")
+COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_separate", "allreduce3", "floor")
 
 
 def _ints(s: str) -> list[int]:
@@ -56,7 +56,7 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
 
     from attention.baselines import allreduce3_combine
     from attention.state import pack_state
-    from attention.tree_decode import _merge_op, resolve_tree, tree_combine
+    from attention.tree_decode import resolve_tree, tree_combine
 
     g = torch.Generator().manual_seed(rank)
     out = torch.randn(batch, HEADS, HEAD_DIM, generator=g)
@@ -68,16 +68,10 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
         buf = packed.clone()
         dist.all_reduce(buf)
 
-    def one_schedule():  # reduce + broadcast over the same tree, compiled as one allreduce schedule
-        import collectives
-
-        buf = pack_state(out, lse)
-        collectives.allreduce(buf, op=_merge_op(batch, HEADS, HEAD_DIM), tree=t, algo="tree", out=buf)
-
     fns = {"tree": lambda: tree_combine(out, lse, tree=t),
            "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
            "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
-           "tree_one_schedule": one_schedule,
+           "tree_separate": lambda: tree_combine(out, lse, tree=t, bcast="separate"),
            "allreduce3": lambda: allreduce3_combine(out, lse),
            "floor": floor}
     for _ in range(10):

@@ -59,7 +59,8 @@ def _worker(rank, nproc):
         ref_out, _ = reference(q, k, v, kv_len=lengths)
         ks, vs, local = _shard(k, v, lengths, bounds, rank)
         case = {}
-        for mname, fn in dict(methods, tree_native=partial(tree_decode, bcast="native")).items():
+        for mname, fn in dict(methods, tree_native=partial(tree_decode, bcast="native"),
+                              tree_separate=partial(tree_decode, bcast="separate")).items():
             out = fn(q, ks, vs, kv_len=local, tree=tree)
             case[mname] = {"err": _rel_err(out, ref_out), "dtype": str(out.dtype), "nan": bool(out.isnan().any()),
                            "tol": TOL[dtype]}
@@ -104,7 +105,7 @@ def group_results():
     return run_group(_worker, P, timeout=90)
 
 
-@pytest.mark.parametrize("method", ["tree", "tree_native", "ring", "allreduce3"])
+@pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3"])
 @pytest.mark.parametrize("case", [c[0] for c in _cases()])
 def test_matches_reference(group_results, method, case):
     for rank, res in enumerate(group_results):
