@@ -12,10 +12,13 @@ For P = 2, 4, 8 gloo processes (spawned on 127.0.0.1) and sizes 8 B .. 64 MiB:
   all-reduces (max of lse, sum of weighted out, sum of weights; the Tree
   Attention paper's baseline), checked equal once.
 
-Times are the median over repetitions of the slowest rank (after a warm-up
-call; the variants' repetitions interleaved so that load from other processes
-hits both alike); the table prints microseconds and ratios (ours / theirs:
-< 1 is faster), and ``--json`` writes everything (minimums too).
+A repetition's time is that of the slowest rank; the table prints the median
+over repetitions (after a warm-up call) in microseconds, and the ratio ours /
+theirs (< 1 is faster) as the median over repetitions of the paired ratio:
+the two variants' repetitions are interleaved (ours, theirs, ours, ...), so
+each pair saw the same machine load.  ``--json`` writes everything (the ratio
+of the medians and the minimums too).  At least :data:`MIN_REPS` repetitions
+per size.
 
     python -m tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
 """
@@ -41,23 +44,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: fewest repetitions at any size: with 3 (the earlier floor, at 1 MiB and up) one
+#: descheduled repetition moved a median by 2x on this 2-core machine
+MIN_REPS = 11
+
+
 def _reps(nbytes: int, base: int) -> int:
-    return max(3, min(base, int(base * (1 << 16) / max(nbytes, 1))))
+    """``base`` repetitions up to 64 KiB, fewer for larger messages (about
+    ``base * 64 KiB`` bytes per variant), never fewer than :data:`MIN_REPS`."""
+    return max(MIN_REPS, min(base, int(base * (1 << 16) / max(nbytes, 1))))
 
 
-def _time(fns, reps: int, dist) -> list[tuple[float, float]]:
-    """(median, min) seconds of each function, repetitions interleaved (fn0, fn1, ..., fn0, ...)
-    so that load from other processes on the machine hits every variant alike."""
+def _time(fns, reps: int, dist) -> dict:
+    """Time each function ``reps`` times, repetitions interleaved (fn0, fn1, fn0, ...,
+    each after a barrier) so that load from other processes hits every variant
+    alike.  A repetition's time is the slowest rank's.  Returns ``median`` and
+    ``min`` seconds per function and ``paired``: the median over repetitions of
+    ``t_0 / t_1`` (fn0 against fn1 measured next to each other, which cancels the
+    drift of the machine's load between repetitions)."""
+    import torch
     for fn in fns:
         fn()  # warm-up (plans, schedules, fingerprints, connections)
-    ts: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
+    ts = torch.zeros(len(fns), reps, dtype=torch.float64)
+    for k in range(reps):
         for i, fn in enumerate(fns):
             dist.barrier()
             t0 = time.perf_counter()
             fn()
-            ts[i].append(time.perf_counter() - t0)
-    return [(statistics.median(t), min(t)) for t in ts]
+            ts[i, k] = time.perf_counter() - t0
+    dist.all_reduce(ts, op=dist.ReduceOp.MAX)  # the slowest rank of each repetition
+    rows = ts.tolist()
+    return {"median": [statistics.median(t) for t in rows], "min": [min(t) for t in rows],
+            "paired": statistics.median(a / b for a, b in zip(rows[0], rows[1]))}
 
 
 def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str,
@@ -98,7 +116,7 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
             buf.copy_(x)
             dist.all_reduce(buf)
 
-        (t_ours, m_ours), (t_torch, m_torch) = _time([ours, theirs], reps, dist)
+        sum_t = _time([ours, theirs], reps, dist)
         # tuple-valued operator: attention-state merge over N rows of (out [128], lse)
         rows = max(1, nbytes // (4 * (HEAD_DIM + 1)))
         g = torch.Generator().manual_seed(100 + rank)
@@ -117,18 +135,18 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
             dist.all_reduce(w)
             return num / w[:, None], m + torch.log(w)
 
-        (t_merge, m_merge), (t_three, m_three) = _time([tree_merge, three], reps, dist)
+        merge_t = _time([tree_merge, three], reps, dist)
         if nbytes == sizes[0]:   # correctness of the merge path, once
             a, b = tree_merge(), three()
             assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
-        times = torch.tensor([t_ours, t_torch, t_merge, t_three, m_ours, m_torch, m_merge, m_three],
-                             dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)   # the slowest rank's median (and min)
-        t_ours, t_torch, t_merge, t_three, m_ours, m_torch, m_merge, m_three = times.tolist()
+        (t_ours, t_torch), (m_ours, m_torch) = sum_t["median"], sum_t["min"]
+        (t_merge, t_three), (m_merge, m_three) = merge_t["median"], merge_t["min"]
         rows_out.append({"procs": world, "bytes": nbytes, "reps": reps, "ours_us": t_ours * 1e6,
-                         "torch_us": t_torch * 1e6, "ratio": t_ours / t_torch,
+                         "torch_us": t_torch * 1e6, "ratio": sum_t["paired"],
+                         "ratio_of_medians": t_ours / t_torch,
                          "merge_bytes": rows * 4 * (HEAD_DIM + 1), "tree_merge_us": t_merge * 1e6,
-                         "three_allreduce_us": t_three * 1e6, "merge_ratio": t_merge / t_three,
+                         "three_allreduce_us": t_three * 1e6, "merge_ratio": merge_t["paired"],
+                         "merge_ratio_of_medians": t_merge / t_three,
                          "min_us": {"ours": m_ours * 1e6, "torch": m_torch * 1e6, "tree_merge": m_merge * 1e6,
                                     "three_allreduce": m_three * 1e6}})
     if rank == 0:
