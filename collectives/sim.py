@@ -180,12 +180,15 @@ def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_by
 
 
 def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
-             profile: "Profile | str | None" = None, top: int = 10) -> SimResult:
+             profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
 
     ``ranks``: rank → GPU mapping (a sequence of GPU ids), default
     ``topology.rank_gpus()``. ``profile``: a :class:`Profile` or its name
-    (default ``ideal``). Deterministic: the same input gives the same result.
+    (default ``ideal``). ``ordered_pairs``: the messages of one rank to another
+    travel in order over one connection (gloo over TCP: one socket per pair of
+    ranks), instead of sharing the links fairly with each other (NCCL: several
+    channels per pair). Deterministic: the same input gives the same result.
     """
     _check_size(nbytes, dtype)
     prof = get_profile(profile)
@@ -193,7 +196,7 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     net = Network(topology, prof)
     t0 = _time.perf_counter()
     raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                       reduce_cost=prof.reduce_cost)
+                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs)
     stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
              "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
     return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,

@@ -16,9 +16,17 @@ Model
   latency of the route, floored by the profile's per-step latency of the
   route class (``nvlink``, ``pci``, ``net``). One transfer alone over one link
   therefore takes ``lat + n / bw``.
+* With ``ordered_pairs`` (gloo over TCP: one socket per pair of ranks), the
+  messages from one rank to another travel in order over one connection: a
+  send to a peer whose previous message is still draining waits for it, so
+  the chunks of a pipelined tree arrive one after another, the first early,
+  instead of all together at the end of a fair share. Without it (NCCL: a
+  message's chunks spread over several channels per pair) concurrent
+  messages share the links max-min fairly like any other flows.
 * Schedules run with the semantics of :mod:`collectives.schedule`: steps of a
   rank start in list order once their ``deps`` are complete; a send starts a
-  transfer and completes when it drains (the send buffer is free); a recv
+  transfer (with ``ordered_pairs``: after the pair's earlier messages) and
+  completes when it drains (the send buffer is free); a recv
   completes when it is posted and its matching send's data has arrived; a
   reduce occupies the rank's GPU for ``3 × chunk_bytes / mem_bw`` seconds
   (read two operands, write one; reduces of one rank run one at a time).
@@ -32,6 +40,7 @@ Everything is deterministic: ties are broken by insertion order.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -279,8 +288,10 @@ class _Flows:
         self.inc_l[:self.ninc] = l_
 
 
-def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True) -> RawRun:
-    """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces)."""
+def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True,
+                 ordered_pairs: bool = False) -> RawRun:
+    """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces);
+    ``ordered_pairs``: one in-order connection per (sender, receiver) pair (module docstring)."""
     P = schedule.nranks
     steps = schedule.steps
     if len(rank_gpus) < P:
@@ -303,6 +314,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                 ks.append(-1)
         recv_k.append(ks)
     send_count: dict = {}
+    pair_queue: dict = {}   # (src, dst) -> sends waiting for the connection (present while one drains)
     arrived: dict = {}      # (src, dst, chunk, k) -> arrival time
     waiting: dict = {}      # (src, dst, chunk, k) -> (rank, step)
     scratch_ev: list[list[tuple[float, float]]] = [[] for _ in range(P)]
@@ -340,11 +352,20 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             advance(w[0], t)
 
     def start_send(r, i, s, t):
-        nonlocal changed
         key0 = (r, s.peer, s.chunk)
         k = send_count.get(key0, 0)
         send_count[key0] = k + 1
         key = (r, s.peer, s.chunk, k)
+        if ordered_pairs and float(chunk_bytes[s.chunk]) > 0:
+            q = pair_queue.get((r, s.peer))
+            if q is not None:       # the connection is busy: go after its earlier messages
+                q.append((i, s, key))
+                return
+            pair_queue[(r, s.peer)] = deque()
+        transmit(r, i, s, key, t)
+
+    def transmit(r, i, s, key, t):
+        nonlocal changed
         route = net.route(rank_gpus[r], rank_gpus[s.peer])
         n = float(chunk_bytes[s.chunk])
         xi = len(x_info)
@@ -361,8 +382,17 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
         if cnt == 0:
             complete(r, i, t)
             push(t + route.lat, 0, xi)
+            release(r, s.peer, t)
         else:
             changed = True
+
+    def release(r, peer, t):
+        """The connection r -> peer is free: start its next waiting message, if any."""
+        q = pair_queue.get((r, peer))
+        if q:
+            transmit(r, *q.popleft(), t)
+        elif q is not None:
+            del pair_queue[(r, peer)]
 
     def advance(r, t):
         lst = steps[r]
@@ -442,6 +472,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                         r, i, key, lat = x_info[xi]
                         complete(r, i, now)
                         push(now + lat, 0, xi)
+                        release(r, key[1], now)
                         advance(r, now)
         tol_t = now * _REL_EPS + 1e-15
         while heap and heap[0][0] <= now + tol_t:

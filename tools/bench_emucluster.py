@@ -109,7 +109,9 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
     except ImportError as e:
         raise Unavailable(f"collectives.sim not importable: {e}")
     topology = _load_topology(topology_path)
-    return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile).time)
+    # gloo over TCP: one socket per pair of ranks, so a rank's messages to a peer go in order
+    return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile,
+                          ordered_pairs=True).time)
 
 
 def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: int = 1 << 20) -> dict | None:
@@ -256,6 +258,20 @@ def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
     return case
 
 
+def repredict(cases: list[dict]) -> None:
+    """Replace each row's link-only prediction (``predicted``, ``error``) with the
+    current simulator's, on the topology recorded with the case."""
+    for case in cases:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(case["topology"])
+        try:
+            for row in case["rows"]:
+                row["predicted"] = predict(row["method"], f.name, case["world"], row["bytes"])
+                row["error"] = row["predicted"] / row["time"] - 1
+        finally:
+            os.unlink(f.name)
+
+
 def print_table(cases: list[dict]) -> None:
     hdr = (f"{'shape':>5} {'rate':>6} {'method':>9} {'size':>8} {'time us':>10} {'algbw':>7} "
            f"{'busbw':>7} {'uplink':>8} {'pred us':>10} {'err':>6} {'+cores us':>10} {'err':>6}")
@@ -362,6 +378,9 @@ def main(argv=None) -> int:
     p.add_argument("--json-out", default="bench_emucluster.json")
     p.add_argument("--plot", default="bench_emucluster.png")
     p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
+    p.add_argument("--repredict", action="store_true",
+                   help="with --from-json: simulate every row again with the current simulator "
+                        "(the measurements stay as recorded)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -374,6 +393,8 @@ def main(argv=None) -> int:
         return worker(args)
     if args.from_json:
         cases = json.loads(Path(args.from_json).read_text())["cases"]
+        if args.repredict:
+            repredict(cases)
         machine = apply_machine_model(cases)
         print(f"machine model: {machine}")
         print_table(cases)

@@ -64,6 +64,34 @@ def test_two_flows_on_one_link_take_twice_as_long():
     assert apart.time == pytest.approx(one.time, rel=1e-12)
 
 
+def _chain_broadcast(K: int):
+    """0 -> 1 -> 2, K chunks, rank 1 forwards each chunk as soon as it has it."""
+    from collectives.schedule import Schedule, Step
+
+    steps = [[Step("send", c, peer=1) for c in range(K)], [], [Step("recv", c, peer=1) for c in range(K)]]
+    for c in range(K):
+        steps[1] += [Step("recv", c, peer=0), Step("send", c, peer=2, deps=(2 * c,))]
+    return Schedule("broadcast", 3, K, steps, root=0, name="chain")
+
+
+@pytest.mark.parametrize("K", [1, 4, 16])
+def test_ordered_pairs_pipeline_chunks_in_order(K):
+    """One in-order connection per pair (gloo over TCP): chunk k of a chain arrives
+    at rank 1 after (k+1)/K of the transfer, so forwarding overlaps receiving and
+    the chain takes (K+1)/K * n/bw.  Without it the K messages share the link
+    fairly, all arrive at n/bw, and the forwards share the next link: 2 n/bw."""
+    topo = ring_topology(3, bw=10.0, lat=0.0)
+    n = 4 * 10**8
+    t = n / 10e9
+    ordered = simulate(topo, _chain_broadcast(K), n, ordered_pairs=True)
+    fair = simulate(topo, _chain_broadcast(K), n)
+    assert ordered.time == pytest.approx((K + 1) / K * t, rel=1e-9)
+    assert fair.time == pytest.approx(2 * t, rel=1e-9)
+    assert ordered.link_bytes == fair.link_bytes  # the same bytes on the same links
+    # a zero-byte message never holds the connection
+    assert simulate(topo, _chain_broadcast(K), 0, ordered_pairs=True).time == pytest.approx(0.0, abs=1e-12)
+
+
 def test_rates_are_max_min_fair():
     # classic example: flow 0 on links a,b; flow 1 on a; flow 2 on b; cap a = 1, b = 2
     uf, rate = maxmin_rates(np.array([0, 0, 1, 2]), np.array([0, 1, 0, 1]), np.array([1.0, 2.0]))
