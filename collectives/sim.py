@@ -180,7 +180,8 @@ def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_by
 
 
 def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
-             profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False) -> SimResult:
+             profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False,
+             rendezvous: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
 
     ``ranks``: rank → GPU mapping (a sequence of GPU ids), default
@@ -188,7 +189,8 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     (default ``ideal``). ``ordered_pairs``: the messages of one rank to another
     travel in order over one connection (gloo over TCP: one socket per pair of
     ranks), instead of sharing the links fairly with each other (NCCL: several
-    channels per pair). Deterministic: the same input gives the same result.
+    channels per pair). ``rendezvous``: a message moves only once its receiver
+    has posted the matching recv. Deterministic: the same input gives the same result.
     """
     _check_size(nbytes, dtype)
     prof = get_profile(profile)
@@ -196,7 +198,7 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     net = Network(topology, prof)
     t0 = _time.perf_counter()
     raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs)
+                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous)
     stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
              "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
     return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,

@@ -23,6 +23,12 @@ Model
   instead of all together at the end of a fair share. Without it (NCCL: a
   message's chunks spread over several channels per pair) concurrent
   messages share the links max-min fairly like any other flows.
+* With ``rendezvous``, a message's data moves only once the receiver has
+  posted the matching recv (gloo's pairs and NCCL's p2p wait for the
+  receiver's buffer; a receiver that posts its recvs late throttles its
+  senders). With ``ordered_pairs`` too, such a message holds up the ones
+  behind it on the connection. Without it, data flows as soon as it is sent
+  and waits at the receiver.
 * Schedules run with the semantics of :mod:`collectives.schedule`: steps of a
   rank start in list order once their ``deps`` are complete; a send starts a
   transfer (with ``ordered_pairs``: after the pair's earlier messages) and
@@ -289,9 +295,10 @@ class _Flows:
 
 
 def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True,
-                 ordered_pairs: bool = False) -> RawRun:
+                 ordered_pairs: bool = False, rendezvous: bool = False) -> RawRun:
     """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces);
-    ``ordered_pairs``: one in-order connection per (sender, receiver) pair (module docstring)."""
+    ``ordered_pairs``: one in-order connection per (sender, receiver) pair; ``rendezvous``: a message
+    moves once its receiver has posted the matching recv (module docstring)."""
     P = schedule.nranks
     steps = schedule.steps
     if len(rank_gpus) < P:
@@ -315,6 +322,8 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
         recv_k.append(ks)
     send_count: dict = {}
     pair_queue: dict = {}   # (src, dst) -> sends waiting for the connection (present while one drains)
+    posted: set = set()     # recv keys posted so far (rendezvous)
+    held: dict = {}         # recv key -> (rank, step, Step) of a send waiting for that recv (rendezvous)
     arrived: dict = {}      # (src, dst, chunk, k) -> arrival time
     waiting: dict = {}      # (src, dst, chunk, k) -> (rank, step)
     scratch_ev: list[list[tuple[float, float]]] = [[] for _ in range(P)]
@@ -362,6 +371,13 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                 q.append((i, s, key))
                 return
             pair_queue[(r, s.peer)] = deque()
+        send_when_posted(r, i, s, key, t)
+
+    def send_when_posted(r, i, s, key, t):
+        """With ``rendezvous``, data moves only once the receiver has posted the matching recv."""
+        if rendezvous and key not in posted and float(chunk_bytes[s.chunk]) > 0:
+            held[key] = (r, i, s)
+            return
         transmit(r, i, s, key, t)
 
     def transmit(r, i, s, key, t):
@@ -390,7 +406,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
         """The connection r -> peer is free: start its next waiting message, if any."""
         q = pair_queue.get((r, peer))
         if q:
-            transmit(r, *q.popleft(), t)
+            send_when_posted(r, *q.popleft(), t)
         elif q is not None:
             del pair_queue[(r, peer)]
 
@@ -411,6 +427,11 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                     scratch_ev[r].append((t, b))
                     open_slot[r][(s.chunk, s.slot)] = open_slot[r].get((s.chunk, s.slot), 0.0) + b
                 key = (s.peer, r, s.chunk, recv_k[r][i])
+                if rendezvous:
+                    posted.add(key)
+                    h = held.pop(key, None)
+                    if h is not None:
+                        transmit(h[0], h[1], h[2], key, t)
                 if key in arrived:
                     complete(r, i, max(t, arrived.pop(key)))
                 else:

@@ -109,9 +109,10 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
     except ImportError as e:
         raise Unavailable(f"collectives.sim not importable: {e}")
     topology = _load_topology(topology_path)
-    # gloo over TCP: one socket per pair of ranks, so a rank's messages to a peer go in order
+    # gloo over TCP: one socket per pair of ranks, so a rank's messages to a peer go in order,
+    # and a message moves once the receiver has posted its recv
     return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile,
-                          ordered_pairs=True).time)
+                          ordered_pairs=True, rendezvous=True).time)
 
 
 def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: int = 1 << 20) -> dict | None:
@@ -380,7 +381,7 @@ def main(argv=None) -> int:
     p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-json: simulate every row again with the current simulator "
-                        "(the measurements stay as recorded)")
+                        "(the measurements stay as recorded) and write the result to --json-out")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -398,7 +399,16 @@ def main(argv=None) -> int:
         machine = apply_machine_model(cases)
         print(f"machine model: {machine}")
         print_table(cases)
-        print_summary(summarize(cases))
+        summary = summarize(cases)
+        print_summary(summary)
+        if args.repredict:
+            earlier = json.loads(Path(args.from_json).read_text())
+            if Path(args.json_out).resolve() == Path(args.from_json).resolve():
+                p.error("--json-out: expected a file other than --from-json (the measurements are kept)")
+            Path(args.json_out).write_text(json.dumps(
+                {**earlier, "repredicted_by": " ".join(sys.argv), "machine_model": machine, "summary": summary,
+                 "cases": cases}, indent=1))
+            print(f"wrote {args.json_out}")
         why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
         print(f"plot: {args.plot}" if not why else f"no plot: {why}")
         return 0

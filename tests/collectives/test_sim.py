@@ -92,6 +92,26 @@ def test_ordered_pairs_pipeline_chunks_in_order(K):
     assert simulate(topo, _chain_broadcast(K), 0, ordered_pairs=True).time == pytest.approx(0.0, abs=1e-12)
 
 
+def test_rendezvous_waits_for_the_posted_recv():
+    """Rank 1 posts its recv from rank 0 only after its recv from rank 2 completed:
+    without rendezvous rank 0's data moves at once (both halves arrive at t = n/2/bw);
+    with it, rank 0's transfer starts when the recv is posted and ends at n/bw."""
+    from collectives.schedule import Schedule, Step
+
+    topo = ring_topology(3, bw=10.0, lat=0.0)
+    steps = [[Step("send", 1, peer=1)], [Step("recv", 0, peer=2), Step("recv", 1, peer=0, deps=(0,))],
+             [Step("send", 0, peer=1)]]
+    sched = Schedule("broadcast", 3, 2, steps, root=0, name="late-recv")
+    n = 2 * 10**9
+    half = n / 2 / 10e9
+    assert simulate(topo, sched, n).time == pytest.approx(half, rel=1e-9)
+    late = simulate(topo, sched, n, rendezvous=True)
+    assert late.time == pytest.approx(2 * half, rel=1e-9)
+    assert late.finish[0] == pytest.approx(2 * half, rel=1e-9)  # the send drained only then
+    both = simulate(topo, sched, n, rendezvous=True, ordered_pairs=True)
+    assert both.time == pytest.approx(2 * half, rel=1e-9)
+
+
 def test_rates_are_max_min_fair():
     # classic example: flow 0 on links a,b; flow 1 on a; flow 2 on b; cap a = 1, b = 2
     uf, rate = maxmin_rates(np.array([0, 0, 1, 2]), np.array([0, 1, 0, 1]), np.array([1.0, 2.0]))
