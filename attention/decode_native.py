@@ -105,7 +105,9 @@ def _load():
                 try:
                     try:
                         path = _compile(cc, _cache_dir())
-                    except PermissionError:
+                    except (PermissionError, FileNotFoundError) as exc:  # unwritable cache: a private temp dir
+                        if exc.filename and str(exc.filename).endswith(".c"):
+                            raise
                         path = _compile(cc, Path(tempfile.gettempdir()) / f"treecoll-{os.getuid()}")
                     lib = ctypes.CDLL(str(path))
                     i64, ptr = ctypes.c_int64, ctypes.c_void_p
