@@ -21,11 +21,11 @@ def _native_backend(q, k, v, lengths, scale, num_splits, out, block_table):
     return decode_native(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
 
 
-def _auto_cpu_backend(q, k, v, block_table) -> str:
+def _auto_cpu_backend(q, k, v) -> str:
     """'native' when the C kernel is built (or can be) and reads these inputs in place, else 'torch'."""
     from attention.decode_native import native_status, supports
 
-    if supports(q, k, v, block_table) and native_status()["available"]:
+    if supports(q, k, v) and native_status()["available"]:
         return "native"
     return "torch"
 
@@ -100,7 +100,7 @@ def decode_partial(
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise AttentionError(f"decode_partial: num_splits: expected a positive int or None, got {num_splits!r}")
     if backend == "auto":
-        backend = "triton" if q.is_cuda else _auto_cpu_backend(q, k, v, block_table)
+        backend = "triton" if q.is_cuda else _auto_cpu_backend(q, k, v)
     if backend not in DECODE_BACKENDS:
         raise AttentionError(
             f"decode_partial: unknown backend {backend!r}; valid: {['auto'] + sorted(DECODE_BACKENDS)}"

@@ -67,11 +67,11 @@ def _cpu_flags() -> str:
 def _compile(cc: str, out_dir: Path) -> Path:
     source = SOURCE.read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    machine = [version.encode(), _cpu_flags().encode(), platform.machine().encode()]
     errors = []
     for flags in _FLAG_SETS:
         cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC"]
-        key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), version.encode(),
-                                          _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:16]
+        key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), *machine])).hexdigest()[:16]
         lib = out_dir / f"decode_cpu-{key}.so"
         if lib.exists():
             return lib
@@ -134,7 +134,7 @@ def native_status() -> dict:
             "reason": ""}
 
 
-def supports(q, k, v, block_table=None) -> bool:
+def supports(q, k, v) -> bool:
     """Whether the kernel can read these inputs in place (CPU, a known dtype,
     ``head_dim`` of stride 1); otherwise the caller uses the torch path."""
     return (
@@ -158,7 +158,7 @@ def decode_native(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=No
     from attention.decode_cpu import run_splits
 
     lib = _load()
-    if not supports(q, k, v, block_table):
+    if not supports(q, k, v):
         raise AttentionError(
             f"decode backend 'native': expected CPU float32/bfloat16/float16 K and V with head_dim stride 1, "
             f"got {k.device} {k.dtype}/{v.dtype} with strides {tuple(k.stride())}/{tuple(v.stride())}; "

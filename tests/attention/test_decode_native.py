@@ -128,4 +128,3 @@ def test_half_precision_conversion_edge_values():
     for portable in (False, True):
         out, lse = _native(q, k, v, [8], portable=portable)
         torch.testing.assert_close(out[0, 0], vals.float() / 8, rtol=0, atol=0)
-

@@ -15,6 +15,7 @@ from sim_helpers import (binomial_reduce_schedule, ring_allreduce_schedule, ring
                          send_schedule, star_topology)
 
 from collectives import sim, sim_engine, sim_profiles  # noqa: E402
+from collectives.schedule import Schedule, Step  # noqa: E402
 from collectives.sim import bandwidths, bus_factor, simulate, simulate_ring  # noqa: E402
 from collectives.sim_engine import maxmin_rates  # noqa: E402
 from topo.errors import CollectiveError  # noqa: E402
@@ -66,8 +67,6 @@ def test_two_flows_on_one_link_take_twice_as_long():
 
 def _chain_broadcast(K: int):
     """0 -> 1 -> 2, K chunks, rank 1 forwards each chunk as soon as it has it."""
-    from collectives.schedule import Schedule, Step
-
     steps = [[Step("send", c, peer=1) for c in range(K)], [], [Step("recv", c, peer=1) for c in range(K)]]
     for c in range(K):
         steps[1] += [Step("recv", c, peer=0), Step("send", c, peer=2, deps=(2 * c,))]
@@ -96,8 +95,6 @@ def test_rendezvous_waits_for_the_posted_recv():
     """Rank 1 posts its recv from rank 0 only after its recv from rank 2 completed:
     without rendezvous rank 0's data moves at once (both halves arrive at t = n/2/bw);
     with it, rank 0's transfer starts when the recv is posted and ends at n/bw."""
-    from collectives.schedule import Schedule, Step
-
     topo = ring_topology(3, bw=10.0, lat=0.0)
     steps = [[Step("send", 1, peer=1)], [Step("recv", 0, peer=2), Step("recv", 1, peer=0, deps=(0,))],
              [Step("send", 0, peer=1)]]
