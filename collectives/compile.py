@@ -29,7 +29,8 @@ Step order (what an in-order executor issues): a rank posts receives a few
 chunks ahead (``LOOKAHEAD``), then per chunk reduces and sends; in an
 allreduce, rank r's broadcast of chunk c is placed at pipeline time
 ``c + height + depth(r)`` between its reduce steps (time ``c + subtree
-height``), so both phases stream. A receive into the buffer (slot 0) of a
+height``), so both phases stream; an inner rank posts that chunk's receive
+there and forwards it to its children ``FORWARD_LAG`` steps later. A receive into the buffer (slot 0) of a
 chunk this rank sent earlier depends on that send (no overwrite in flight).
 
 >>> from collectives.tree import Tree
@@ -48,10 +49,16 @@ from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["compile_reduce", "compile_broadcast", "compile_allreduce", "compile_ring_allreduce",
            "compile_rsag_allreduce", "compile_direct_allreduce", "compile_reduce_scatter", "compile_allgather", "compile_plan",
-           "merge_schedules", "LOOKAHEAD", "ALGOS"]
+           "merge_schedules", "LOOKAHEAD", "FORWARD_LAG", "ALGOS"]
 
 #: chunks whose receives a rank posts ahead of the one it is reducing
 LOOKAHEAD = 4
+#: pipeline steps between an inner rank's posting of a broadcast receive and its forwarding
+#: of that chunk to its children: an in-order executor blocks on the forward, so the chunk
+#: gets the time of a round trip to arrive (on gloo the receive's request and the data
+#: share TCP connections with the other direction's traffic; measured on an emulated
+#: 1 Gbit/s cluster: two_level 64 MiB 990 -> 590 ms, docs/benchmarks.md)
+FORWARD_LAG = 2
 ALGOS = ("tree", "ring", "rsag", "direct")
 
 
@@ -123,7 +130,11 @@ def _events(multi: MultiTree, k: int, phases: tuple[str, ...]):
                 if up:
                     ev[r].append((j + sub[r], 0, ti, c, "up"))
                 if down:
-                    ev[r].append((j + height + depth[r], 1, ti, c, "down"))
+                    at = j + height + depth[r]
+                    if t.parents[r] != -1 and t.children[r]:
+                        ev[r].append((at, 1, ti, c, "fetch"))
+                        at += FORWARD_LAG
+                    ev[r].append((at, 1, ti, c, "down"))
     for lst in ev:
         lst.sort(key=lambda e: (e[0], e[1], e[3]))
     return ev
@@ -161,14 +172,20 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
 
     for r in range(n):
         lst = ev[r]
-        for idx, (_, _, ti, c, phase) in enumerate(lst):
+        steps_ahead = [e for e in lst if e[4] != "fetch"]
+        idx = 0
+        for (_, _, ti, c, phase) in lst:
+            if phase == "fetch":   # the broadcast's receive, posted FORWARD_LAG steps before its use
+                post(r, ti, c, "down")
+                continue
             # post receives of the next LOOKAHEAD events (same phase kind) ahead of time
             if phase == "up":
-                for (_, _, tj, cj, ph) in lst[idx: idx + LOOKAHEAD]:
+                for (_, _, tj, cj, ph) in steps_ahead[idx: idx + LOOKAHEAD]:
                     if ph == "up":
                         post(r, tj, cj, ph)
             else:
                 post(r, ti, c, phase)
+            idx += 1
             t = multi.trees[ti]
             if phase == "up":
                 prev = None

@@ -119,7 +119,8 @@ def test_random_cases_include_deadlocks_and_valid_schedules():
 
 
 def _reference_event_order(t: Tree, k: int):
-    """Per rank, (time, phase, chunk) of a single-tree allreduce using Tree.depth/height directly."""
+    """Per rank, (time, phase, chunk) of a single-tree allreduce using Tree.depth/height directly;
+    an inner rank fetches chunk j at its broadcast time and forwards it FORWARD_LAG later."""
     sub = {}
     for r in t.postorder():
         sub[r] = max((sub[c] + 1 for c in t.children[r]), default=0)
@@ -127,7 +128,11 @@ def _reference_event_order(t: Tree, k: int):
     for j in range(k):
         for r in range(t.size):
             ev[r].append((j + sub[r], 0, j, "up"))
-            ev[r].append((j + t.height + t.depth(r), 1, j, "down"))
+            at = j + t.height + t.depth(r)
+            inner = t.parents[r] != -1 and t.children[r]
+            if inner:
+                ev[r].append((at, 1, j, "fetch"))
+            ev[r].append((at + (compile_.FORWARD_LAG if inner else 0), 1, j, "down"))
     return [[(e[3], e[2]) for e in sorted(lst, key=lambda e: (e[0], e[1], e[2]))] for lst in ev]
 
 
