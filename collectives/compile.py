@@ -116,7 +116,7 @@ def _depths(t: Tree) -> list[int]:
     return depth
 
 
-def _events(multi: MultiTree, k: int, phases: tuple[str, ...]):
+def _events(multi: MultiTree, k: int, phases: tuple[str, ...], forward_lag: int = FORWARD_LAG):
     """Per rank, sorted (time, order, tree, chunk, phase) events."""
     ev = [[] for _ in range(multi.size)]
     up, down = "up" in phases, "down" in phases
@@ -133,21 +133,24 @@ def _events(multi: MultiTree, k: int, phases: tuple[str, ...]):
                     at = j + height + depth[r]
                     if t.parents[r] != -1 and t.children[r]:
                         ev[r].append((at, 1, ti, c, "fetch"))
-                        at += FORWARD_LAG
+                        at += forward_lag
                     ev[r].append((at, 1, ti, c, "down"))
     for lst in ev:
         lst.sort(key=lambda e: (e[0], e[1], e[3]))
     return ev
 
 
-def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, name: str, collective: str) -> Schedule:
+def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, name: str, collective: str,
+          forward_lag: int = FORWARD_LAG) -> Schedule:
     n = multi.size
     if root is not None and not 0 <= root < n:
         raise ScheduleError(f"compile {collective}: root expected a rank in 0..{n - 1}, got {root}")
     if collective in ("reduce", "broadcast") and root is None and len(set(multi.roots)) > 1:
         raise ScheduleError(f"compile {collective}: the trees have different roots {list(multi.roots)}; pass root=")
     prog = _Prog(n)
-    ev = _events(multi, k, phases)
+    if not (isinstance(forward_lag, int) and forward_lag >= 0):
+        raise ScheduleError(f"compile {collective}: forward_lag expected an integer >= 0, got {forward_lag!r}")
+    ev = _events(multi, k, phases, forward_lag)
     posted: dict[tuple[int, int, str], list[int]] = {}   # (rank, chunk, phase) -> recv indices
     last: dict[tuple[int, int], int] = {}                 # (rank, chunk) -> index of the step completing it
 
@@ -227,17 +230,19 @@ def compile_reduce(plan: Tree | MultiTree, nchunks: int = 1, *, root: int | None
     return _emit(multi, nchunks, ("up",), root, _name(multi, "reduce"), "reduce")
 
 
-def compile_broadcast(plan: Tree | MultiTree, nchunks: int = 1, *, root: int | None = None) -> Schedule:
+def compile_broadcast(plan: Tree | MultiTree, nchunks: int = 1, *, root: int | None = None,
+                      forward_lag: int = FORWARD_LAG) -> Schedule:
     """Tree broadcast from ``root`` (default the tree's root), chunks pipelined root to leaves."""
     multi = _check(plan, nchunks)
-    return _emit(multi, nchunks, ("down",), root, _name(multi, "broadcast"), "broadcast")
+    return _emit(multi, nchunks, ("down",), root, _name(multi, "broadcast"), "broadcast", forward_lag)
 
 
-def compile_allreduce(plan: Tree | MultiTree, nchunks: int = 1) -> Schedule:
+def compile_allreduce(plan: Tree | MultiTree, nchunks: int = 1, *, forward_lag: int = FORWARD_LAG) -> Schedule:
     """Tree allreduce: reduce to the tree's root then broadcast, both pipelined by chunks;
-    several trees run concurrently on their shares of the message."""
+    several trees run concurrently on their shares of the message. ``forward_lag``: see
+    :data:`FORWARD_LAG` (0: forward each chunk at once, as NCCL's tree kernels do)."""
     multi = _check(plan, nchunks)
-    return _emit(multi, nchunks, ("up", "down"), None, _name(multi, "allreduce"), "allreduce")
+    return _emit(multi, nchunks, ("up", "down"), None, _name(multi, "allreduce"), "allreduce", forward_lag)
 
 
 def _seg_chunks(nranks: int, nchunks: int | None, what: str) -> int:
@@ -383,10 +388,11 @@ def compile_allgather(nranks: int, nchunks: int | None = None) -> Schedule:
 
 
 def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 1, *, root: int | None = None,
-                 algo: str = "tree", nranks: int | None = None) -> Schedule:
+                 algo: str = "tree", nranks: int | None = None, forward_lag: int = FORWARD_LAG) -> Schedule:
     """Dispatch: ``algo="tree"`` compiles ``plan`` for ``collective``; ``"ring"`` and
     ``"rsag"`` (allreduce only) need ``nranks`` (or a plan to take it from) and round
-    ``nchunks`` up to a multiple of P."""
+    ``nchunks`` up to a multiple of P. ``forward_lag`` applies to tree broadcasts and
+    allreduces."""
     if algo not in ALGOS:
         raise ScheduleError(f"compile: algo expected one of {list(ALGOS)}, got {algo!r}")
     if algo == "tree":
@@ -395,9 +401,9 @@ def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 
         if collective == "reduce":
             return compile_reduce(plan, nchunks, root=root)
         if collective == "broadcast":
-            return compile_broadcast(plan, nchunks, root=root)
+            return compile_broadcast(plan, nchunks, root=root, forward_lag=forward_lag)
         if collective == "allreduce":
-            return compile_allreduce(plan, nchunks)
+            return compile_allreduce(plan, nchunks, forward_lag=forward_lag)
         raise ScheduleError(f"compile: collective expected reduce, broadcast or allreduce, got {collective!r}")
     if collective != "allreduce":
         raise ScheduleError(f"compile: algo {algo!r} implements allreduce only, got {collective!r}")

@@ -336,7 +336,7 @@ def _profiles(profile, nbytes: int = 0) -> list[Profile]:
 
 def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
                        profile: "Profile | str | None" = "auto", nchunks: int | None = None, dtype: str = "float32",
-                       root: int = 0, top: int = 10, **opts) -> SimResult:
+                       root: int = 0, top: int = 10, forward_lag: int = 0, **opts) -> SimResult:
     """Simulate one named algorithm: ``ring`` or any tree builder name (``two_level``, ``kary:4``, ...).
 
     Trees are built for ``nbytes`` by :func:`collectives.builders.build` and
@@ -344,7 +344,10 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     pipeline chunks per tree (default :func:`auto_chunks`). ``profile="auto"``
     simulates each NCCL protocol profile and keeps the fastest (what NCCL's
     tuner aims for; LL only up to :data:`LL_MAX_BYTES`); ``opts`` go to the
-    builder.
+    builder. ``forward_lag`` 0: an inner rank forwards each broadcast chunk as it
+    arrives, as NCCL's tree kernels do (treecoll's executor on gloo runs schedules
+    compiled with :data:`collectives.compile.FORWARD_LAG`; simulate those with
+    :func:`simulate`).
     """
     profs = _profiles(profile, nbytes)
     gpus = rank_gpus_of(topology, ranks)
@@ -360,8 +363,9 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     k = nchunks or auto_chunks(nbytes, len(gpus))
     want = max(1, nbytes // MIN_AUTO_CHUNK)
     rt = root if collective in ("reduce", "broadcast") else None
-    sched = compile_.compile_plan(tree, collective, k, root=rt)
-    half = compile_.compile_plan(tree, collective, k // 2, root=rt) if nchunks is None and want > k >= 4 else None
+    sched = compile_.compile_plan(tree, collective, k, root=rt, forward_lag=forward_lag)
+    half = (compile_.compile_plan(tree, collective, k // 2, root=rt, forward_lag=forward_lag)
+            if nchunks is None and want > k >= 4 else None)
     for p in profs:
         r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top)
         if half is not None:

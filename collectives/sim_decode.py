@@ -140,7 +140,7 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
             from . import builders, compile as compile_
             plan = builders.build(tree, topology, list(gpus), nbytes=state_bytes) if tree in (
                 "auto", "two_level") else builders.build(tree, topology, list(gpus))
-            sched = compile_.compile_allreduce(plan, nchunks)
+            sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
             best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p)
                         for p in _profiles(profile, state_bytes)), key=lambda r: r.time)
             comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \

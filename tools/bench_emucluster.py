@@ -122,28 +122,33 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
     every row. Returns the fitted model as a dict, or None (with the reason) when it cannot fit."""
     from collectives.sim import simulate  # noqa: F401  (the simulator must exist)
     from topo import yaml_io
-    from tools.emucluster.machine import fit, schedule_work
+    from tools.emucluster.machine import fit, local_bytes, schedule_work
     if not cases:
         return None
     fastest = max(c["rate_bps"] for c in cases)
-    samples, works = [], {}
+    samples, works, loopback = [], {}, set()
     for ci, c in enumerate(cases):
         topology = yaml_io.loads(c["topology"])
+        gpus = topology.rank_gpus()
+        hosts = [topology.host_of(g) for g in gpus]
+        # the rank -> cpu link is loopback TCP, its bw measured by the link check (GB/s)
+        loopback.add(float(topology.link(gpus[0], f"{hosts[0]}/cpu0")["bw"]) * 1e9)
         for ri, r in enumerate(c["rows"]):
             if r.get("predicted") is None:
                 continue
-            works[ci, ri] = schedule_work(schedule_for(r["method"], topology, c["world"], r["bytes"]), r["bytes"])
+            sched = schedule_for(r["method"], topology, c["world"], r["bytes"])
+            works[ci, ri] = schedule_work(sched, r["bytes"]) + (local_bytes(sched, r["bytes"], hosts),)
             if r["method"] == calibrate and c["rate_bps"] == fastest and r["bytes"] >= min_bytes:
-                samples.append(works[ci, ri] + (r["time"],))
+                samples.append(works[ci, ri][:2] + (r["time"],))
     label = f"{calibrate} >= {fmt_bytes(min_bytes)} at {fastest / 1e9:g} Gbit/s ({len(samples)} rows)"
     try:
-        model = fit(samples, label)
+        model = fit(samples, label).with_local_rate(min(loopback))
     except TreecollError as e:
         return {"unavailable": str(e)}
-    for (ci, ri), (total, msgs) in works.items():
+    for (ci, ri), (total, msgs, local) in works.items():
         c, r = cases[ci], cases[ci]["rows"][ri]
-        r["work"] = {"bytes": total, "messages": msgs}
-        r["predicted_machine"] = model.predict(r["predicted"], total, msgs)
+        r["work"] = {"bytes": total, "messages": msgs, "local_bytes": local}
+        r["predicted_machine"] = model.predict(r["predicted"], total, msgs, local)
         r["error_machine"] = r["predicted_machine"] / r["time"] - 1
         r["calibration"] = r["method"] == calibrate and c["rate_bps"] == fastest and r["bytes"] >= min_bytes
     return model.as_dict()

@@ -118,9 +118,9 @@ def test_random_cases_include_deadlocks_and_valid_schedules():
     assert outcomes == {True, False}
 
 
-def _reference_event_order(t: Tree, k: int):
+def _reference_event_order(t: Tree, k: int, lag: int):
     """Per rank, (time, phase, chunk) of a single-tree allreduce using Tree.depth/height directly;
-    an inner rank fetches chunk j at its broadcast time and forwards it FORWARD_LAG later."""
+    an inner rank fetches chunk j at its broadcast time and forwards it ``lag`` steps later."""
     sub = {}
     for r in t.postorder():
         sub[r] = max((sub[c] + 1 for c in t.children[r]), default=0)
@@ -132,12 +132,30 @@ def _reference_event_order(t: Tree, k: int):
             inner = t.parents[r] != -1 and t.children[r]
             if inner:
                 ev[r].append((at, 1, j, "fetch"))
-            ev[r].append((at + (compile_.FORWARD_LAG if inner else 0), 1, j, "down"))
+            ev[r].append((at + (lag if inner else 0), 1, j, "down"))
     return [[(e[3], e[2]) for e in sorted(lst, key=lambda e: (e[0], e[1], e[2]))] for lst in ev]
 
 
+@pytest.mark.parametrize("lag", [0, compile_.FORWARD_LAG])
 @pytest.mark.parametrize("name,n,k", [("chain", 6, 3), ("binomial", 13, 4), ("kary:3", 10, 2), ("star", 5, 5)])
-def test_events_follow_tree_depth_and_height(name, n, k):
+def test_events_follow_tree_depth_and_height(name, n, k, lag):
     t = build(name, nranks=n)
-    ev = compile_._events(compile_.as_multi(t), k, ("up", "down"))
-    assert [[(e[4], e[3]) for e in lst] for lst in ev] == _reference_event_order(t, k)
+    ev = compile_._events(compile_.as_multi(t), k, ("up", "down"), lag)
+    assert [[(e[4], e[3]) for e in lst] for lst in ev] == _reference_event_order(t, k, lag)
+
+
+def test_forward_lag_moves_only_an_inner_ranks_forwarding():
+    t = build("chain", nranks=3)                      # 0 <- 1 <- 2: rank 1 is the only inner rank
+    now, late = (compile_.compile_allreduce(t, 6, forward_lag=g) for g in (0, 3))
+    assert now.steps[0] == late.steps[0] and now.steps[2] == late.steps[2]
+
+    def ups_before_first_forward(sched):
+        steps = sched.steps[1]
+        first = next(i for i, s in enumerate(steps) if s.kind == "send" and s.peer == 2)
+        return sum(1 for s in steps[:first] if s.kind == "send" and s.peer == 0)
+    assert ups_before_first_forward(late) == ups_before_first_forward(now) + 3
+    fwd = [i for i, s in enumerate(late.steps[1]) if s.kind == "send" and s.peer == 2]
+    got = [i for i, s in enumerate(late.steps[1]) if s.kind == "recv" and s.peer == 0]
+    assert all(f > g for f, g in zip(fwd, got))      # each chunk received before it is forwarded
+    with pytest.raises(ScheduleError, match="forward_lag expected an integer >= 0, got -1"):
+        compile_.compile_allreduce(t, 2, forward_lag=-1)

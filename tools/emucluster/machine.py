@@ -7,16 +7,20 @@ calls, waking oversubscribed processes). When the shaped links are fast
 (10 Gbit/s on a 2-core machine) those cores, not the links, bound a
 collective. The machine's time for a schedule is
 
-    t_machine = B / C + M * o
+    t_machine = (B - L) / C + L / C_loop + M * o
 
-with ``B`` the bytes sent by all ranks and ``M`` the messages they send (both
-from the schedule the executor runs), ``C`` the machine's aggregate copy
-rate (bytes/s) and ``o`` its cost per message (seconds). ``C`` and ``o`` are
-properties of the machine, not of an algorithm: :func:`fit` finds them by
-least squares on the relative error of calibration measurements (the
-benchmark uses gloo's built-in all_reduce at the fastest rate), and every
-other measurement is a held-out check. The prediction is the roofline
-``max(simulator time, t_machine)``: whichever resource binds.
+with ``B`` the bytes sent by all ranks, ``L`` the part of them sent between
+ranks of one host and ``M`` the messages (all from the schedule the executor
+runs), ``C`` the machine's aggregate copy rate between hosts (bytes/s:
+TCP through veth, bridge and tbf), ``C_loop`` its rate inside a host (TCP
+over loopback, measured by the link check, not fitted; default ``C``) and
+``o`` its cost per message (seconds). ``C`` and ``o`` are properties of the
+machine, not of an algorithm: :func:`fit` finds them by least squares on the
+relative error of calibration measurements (the benchmark uses gloo's
+built-in all_reduce at the fastest rate, whose ring crosses hosts at every
+hop under interleaved placement), and every other measurement is a held-out
+check. The prediction is the roofline ``max(simulator time, t_machine)``:
+whichever resource binds.
 
 >>> m = fit([(8e6, 24, 0.0064), (32e6, 24, 0.0184), (96e6, 96, 0.0576)], "example")  # C = 2 GB/s, o = 100 us
 >>> round(m.copy_rate / 1e9, 3), round(m.msg_cost * 1e6, 1)
@@ -31,34 +35,44 @@ from typing import Sequence
 
 from topo.errors import TreecollError
 
-__all__ = ["MachineModel", "fit", "schedule_work"]
+__all__ = ["MachineModel", "fit", "schedule_work", "local_bytes"]
 
 
 @dataclass(frozen=True)
 class MachineModel:
-    """``copy_rate``: bytes/s of the whole machine; ``msg_cost``: seconds per message;
-    ``fitted_on``: what the calibration measured (free text)."""
+    """``copy_rate``: bytes/s of the whole machine between hosts; ``msg_cost``: seconds per
+    message; ``fitted_on``: what the calibration measured (free text); ``local_rate``:
+    bytes/s between ranks of one host (None: ``copy_rate``)."""
 
     copy_rate: float
     msg_cost: float
     fitted_on: str = ""
+    local_rate: float | None = None
 
     def __post_init__(self):
         if not self.copy_rate > 0 or not self.msg_cost >= 0:
             raise TreecollError(f"machine model: expected copy_rate > 0 and msg_cost >= 0, got "
                                 f"{self.copy_rate!r} B/s and {self.msg_cost!r} s; the calibration "
                                 f"({self.fitted_on or 'no label'}) is not bound by the machine")
+        if self.local_rate is not None and not self.local_rate > 0:
+            raise TreecollError(f"machine model: expected local_rate > 0 B/s or None, got {self.local_rate!r}")
 
-    def time(self, total_bytes: float, messages: int) -> float:
-        """Seconds the machine's cores need for ``total_bytes`` in ``messages`` messages."""
-        return total_bytes / self.copy_rate + messages * self.msg_cost
+    def time(self, total_bytes: float, messages: int, local_bytes: float = 0.0) -> float:
+        """Seconds the machine's cores need for ``total_bytes`` (``local_bytes`` of them
+        between ranks of one host) in ``messages`` messages."""
+        local = local_bytes / (self.local_rate or self.copy_rate)
+        return (total_bytes - local_bytes) / self.copy_rate + local + messages * self.msg_cost
 
-    def predict(self, sim_time: float, total_bytes: float, messages: int) -> float:
+    def predict(self, sim_time: float, total_bytes: float, messages: int, local_bytes: float = 0.0) -> float:
         """The roofline: the link-only simulator's time or the machine's, whichever is longer."""
-        return max(sim_time, self.time(total_bytes, messages))
+        return max(sim_time, self.time(total_bytes, messages, local_bytes))
+
+    def with_local_rate(self, local_rate: float | None) -> "MachineModel":
+        return MachineModel(self.copy_rate, self.msg_cost, self.fitted_on, local_rate)
 
     def as_dict(self) -> dict:
         return {"copy_rate_GBps": self.copy_rate / 1e9, "msg_cost_us": self.msg_cost * 1e6,
+                "local_rate_GBps": None if self.local_rate is None else self.local_rate / 1e9,
                 "fitted_on": self.fitted_on}
 
 
@@ -84,3 +98,10 @@ def schedule_work(schedule, nbytes: int) -> tuple[int, int]:
     total = sum(schedule.bytes_sent(r, nbytes) for r in range(schedule.nranks))
     messages = sum(1 for steps in schedule.steps for s in steps if s.kind == "send")
     return total, messages
+
+
+def local_bytes(schedule, nbytes: int, host_of: Sequence) -> int:
+    """Bytes of ``schedule`` on ``nbytes`` sent between ranks with the same ``host_of[rank]``."""
+    cb = schedule.chunk_bytes(nbytes)
+    return sum(cb[s.chunk] for r, steps in enumerate(schedule.steps) for s in steps
+               if s.kind == "send" and host_of[s.peer] == host_of[r])
