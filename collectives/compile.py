@@ -30,8 +30,9 @@ chunks ahead (``LOOKAHEAD``), then per chunk reduces and sends; in an
 allreduce, rank r's broadcast of chunk c is placed at pipeline time
 ``c + height + depth(r)`` between its reduce steps (time ``c + subtree
 height``), so both phases stream; an inner rank posts that chunk's receive
-there and forwards it to its children ``FORWARD_LAG`` steps later. A receive into the buffer (slot 0) of a
-chunk this rank sent earlier depends on that send (no overwrite in flight).
+there and forwards it to its children ``FORWARD_LAG`` steps later. A
+receive into the buffer (slot 0) of a chunk this rank sent earlier depends
+on that send (no overwrite in flight).
 
 >>> from collectives.tree import Tree
 >>> s = compile_allreduce(Tree.from_parents([-1, 0, 0]), nchunks=2)
@@ -178,7 +179,7 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
         steps_ahead = [e for e in lst if e[4] != "fetch"]
         idx = 0
         for (_, _, ti, c, phase) in lst:
-            if phase == "fetch":   # the broadcast's receive, posted FORWARD_LAG steps before its use
+            if phase == "fetch":   # the broadcast's receive, forward_lag steps before its use
                 post(r, ti, c, "down")
                 continue
             # post receives of the next LOOKAHEAD events (same phase kind) ahead of time
