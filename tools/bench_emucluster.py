@@ -139,10 +139,11 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
             sched = schedule_for(r["method"], topology, c["world"], r["bytes"])
             works[ci, ri] = schedule_work(sched, r["bytes"]) + (local_bytes(sched, r["bytes"], hosts),)
             if r["method"] == calibrate and c["rate_bps"] == fastest and r["bytes"] >= min_bytes:
-                samples.append(works[ci, ri][:2] + (r["time"],))
+                total, msgs, local = works[ci, ri]
+                samples.append((total, msgs, r["time"], local))
     label = f"{calibrate} >= {fmt_bytes(min_bytes)} at {fastest / 1e9:g} Gbit/s ({len(samples)} rows)"
     try:
-        model = fit(samples, label).with_local_rate(min(loopback))
+        model = fit(samples, label, local_rate=min(loopback))
     except TreecollError as e:
         return {"unavailable": str(e)}
     for (ci, ri), (total, msgs, local) in works.items():

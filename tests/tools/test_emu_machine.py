@@ -48,6 +48,13 @@ def test_local_bytes_split_by_host_and_charged_at_the_loopback_rate():
     assert blocked == pytest.approx(total / 2, rel=1e-3)
     m = machine.MachineModel(1e9, 0.0, "t", local_rate=4e9)
     assert m.time(total, msgs, blocked) == pytest.approx(total / 2 / 1e9 + total / 2 / 4e9)
-    assert m.with_local_rate(None).time(total, msgs, blocked) == pytest.approx(total / 1e9)
+    assert machine.MachineModel(1e9, 0.0).time(total, msgs, blocked) == pytest.approx(total / 1e9)
+    # calibration samples with local bytes: their loopback time is taken off before the fit
+    truth = machine.MachineModel(1.5e9, 80e-6, local_rate=4e9)
+    samples = [(b, k, truth.time(b, k, b / 2), b / 2) for b, k in [(4e6, 24), (64e6, 24), (16e6, 200)]]
+    got = machine.fit(samples, "blocked", local_rate=4e9)
+    assert (got.copy_rate, got.msg_cost, got.local_rate) == pytest.approx((1.5e9, 80e-6, 4e9), rel=1e-9)
+    with pytest.raises(TreecollError, match="need local_rate"):
+        machine.fit(samples, "blocked")
     with pytest.raises(TreecollError, match="local_rate > 0"):
         machine.MachineModel(1e9, 0.0, local_rate=0.0)

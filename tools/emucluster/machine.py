@@ -67,30 +67,35 @@ class MachineModel:
         """The roofline: the link-only simulator's time or the machine's, whichever is longer."""
         return max(sim_time, self.time(total_bytes, messages, local_bytes))
 
-    def with_local_rate(self, local_rate: float | None) -> "MachineModel":
-        return MachineModel(self.copy_rate, self.msg_cost, self.fitted_on, local_rate)
-
     def as_dict(self) -> dict:
         return {"copy_rate_GBps": self.copy_rate / 1e9, "msg_cost_us": self.msg_cost * 1e6,
                 "local_rate_GBps": None if self.local_rate is None else self.local_rate / 1e9,
                 "fitted_on": self.fitted_on}
 
 
-def fit(samples: Sequence[tuple[float, int, float]], fitted_on: str = "") -> MachineModel:
-    """Least squares on relative error: ``samples`` are (total bytes, messages, measured seconds).
+def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None = None) -> MachineModel:
+    """Least squares on relative error: ``samples`` are (total bytes, messages, measured
+    seconds) or (total bytes, messages, measured seconds, local bytes); with ``local_rate``
+    (bytes/s, known) the local bytes' time is taken off before fitting ``C`` and ``o``.
 
     Needs two samples or more whose bytes-per-message differ (else ``C`` and ``o``
     cannot be told apart)."""
     import numpy as np
-    if len(samples) < 2 or len({round(b / max(m, 1)) for b, m, _ in samples}) < 2:
+    rows = []
+    for b, m, t, *rest in samples:
+        local = rest[0] if rest else 0.0
+        if local and local_rate is None:
+            raise TreecollError("machine model: samples with local bytes need local_rate (bytes/s)")
+        rows.append((b - local, m, t - (local / local_rate if local else 0.0)))
+    if len(rows) < 2 or len({round(b / max(m, 1)) for b, m, _ in rows}) < 2:
         raise TreecollError(f"machine model: expected >= 2 calibration samples with different bytes per "
-                            f"message, got {len(samples)}; measure more sizes")
-    a = np.array([[b / t, m / t] for b, m, t in samples], dtype=float)
-    (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(samples)), rcond=None)
+                            f"message, got {len(rows)}; measure more sizes")
+    a = np.array([[b / t, m / t] for b, m, t in rows], dtype=float)
+    (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
     if not inv_rate > 0:
         raise TreecollError(f"machine model: calibration gives a non-positive cost per byte ({inv_rate:.3g} s/B) "
                             f"on {fitted_on or 'the samples'}: the machine does not bind there")
-    return MachineModel(1.0 / float(inv_rate), max(float(cost), 0.0), fitted_on)
+    return MachineModel(1.0 / float(inv_rate), max(float(cost), 0.0), fitted_on, local_rate)
 
 
 def schedule_work(schedule, nbytes: int) -> tuple[int, int]:
