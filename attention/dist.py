@@ -37,6 +37,7 @@ __all__ = [
     "count_traffic",
     "peak_tensor_bytes",
     "free_port",
+    "die_with_parent",
     "run_group",
 ]
 
@@ -264,7 +265,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Linux: have the kernel kill this rank when the process that spawned it dies, so a
     run killed from outside (Ctrl-C twice, a job timeout, SIGKILL) leaves no ranks
     behind waiting for peers; elsewhere a no-op."""
@@ -285,7 +286,7 @@ def _entry(rank, nproc, port, fn, args, queue, timeout, threads, parent=None):
     import torch.distributed as dist
 
     if parent is not None:
-        _die_with_parent(parent)
+        die_with_parent(parent)
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)

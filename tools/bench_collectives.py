@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,12 +35,6 @@ import time
 
 HEAD_DIM = 128
 SIZES = [8, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 #: fewest repetitions at any size: with 3 (the earlier floor, at 1 MiB and up) one
@@ -79,8 +72,11 @@ def _time(fns, reps: int, dist) -> dict:
 
 
 def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str,
-            nchunks=None) -> None:
+            nchunks=None, parent: int | None = None) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if parent is not None:
+        from attention.dist import die_with_parent
+        die_with_parent(parent)      # a killed benchmark leaves no ranks behind
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -174,13 +170,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     import torch.multiprocessing as mp
+
+    from attention.dist import free_port
     sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
     results = []
     for p in args.procs:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             path = f.name
         t0 = time.time()
-        mp.spawn(_worker, args=(p, _free_port(), sizes, args.reps, args.algo, path, args.nchunks), nprocs=p, join=True)
+        mp.spawn(_worker, args=(p, free_port(), sizes, args.reps, args.algo, path, args.nchunks, os.getpid()),
+                 nprocs=p, join=True)
         with open(path) as f:
             rows = json.load(f)
         os.unlink(path)

@@ -27,8 +27,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, pg_timeout: float, inq, outq) -> None:
+def _worker(rank: int, world: int, port: int, pg_timeout: float, inq, outq, parent: int) -> None:
     sys.path[:0] = [str(ROOT), str(HERE)]
+    from attention.dist import die_with_parent
+    die_with_parent(parent)          # a killed test run leaves no ranks waiting on their queues
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import datetime
 
@@ -62,7 +64,7 @@ class GlooPool:
         self.inqs = [ctx.Queue() for _ in range(world)]
         self.outq = ctx.Queue()
         port = free_port()
-        self.procs = [ctx.Process(target=_worker, args=(r, world, port, pg_timeout, self.inqs[r], self.outq),
+        self.procs = [ctx.Process(target=_worker, args=(r, world, port, pg_timeout, self.inqs[r], self.outq, os.getpid()),
                                   daemon=True) for r in range(world)]
         for p in self.procs:
             p.start()
