@@ -10,26 +10,20 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import sys
 import time
 from pathlib import Path
 
 import torch.multiprocessing as mp
 
+from attention.dist import die_with_parent, free_port
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, pg_timeout: float, inq, outq, parent: int) -> None:
     sys.path[:0] = [str(ROOT), str(HERE)]
-    from attention.dist import die_with_parent
     die_with_parent(parent)          # a killed test run leaves no ranks waiting on their queues
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import datetime

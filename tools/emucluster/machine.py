@@ -86,7 +86,7 @@ def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None 
         local = rest[0] if rest else 0.0
         if local and local_rate is None:
             raise TreecollError("machine model: samples with local bytes need local_rate (bytes/s)")
-        rows.append((b - local, m, t - (local / local_rate if local else 0.0)))
+        rows.append((b - local, m, t - local / local_rate if local else t))
     if len(rows) < 2 or len({round(b / max(m, 1)) for b, m, _ in rows}) < 2:
         raise TreecollError(f"machine model: expected >= 2 calibration samples with different bytes per "
                             f"message, got {len(rows)}; measure more sizes")
