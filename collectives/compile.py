@@ -70,14 +70,16 @@ class _Prog:
         self.steps: list[list[Step]] = [[] for _ in range(n)]
         self.last_send: dict[tuple[int, int], int] = {}   # (rank, chunk) -> index of its last send
 
-    def add(self, r: int, kind: str, chunk: int, peer: int = -1, slot: int = 0, deps=(), right=True) -> int:
+    def add(self, r: int, kind: str, chunk: int, peer: int = -1, slot: int = 0, deps=(), right=True,
+            lane: int = 0) -> int:
         deps = [d for d in deps if d is not None]
         if kind == "recv" and slot == 0:
             last = self.last_send.get((r, chunk))
             if last is not None:
                 deps.append(last)
         lst = self.steps[r]
-        lst.append(Step(kind, chunk, peer, slot, tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps), right))
+        lst.append(Step(kind, chunk, peer, slot, tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps), right,
+                        lane))
         i = len(lst) - 1
         if kind == "send":
             self.last_send[(r, chunk)] = i
@@ -152,6 +154,12 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
     if not (isinstance(forward_lag, int) and forward_lag >= 0):
         raise ScheduleError(f"compile {collective}: forward_lag expected an integer >= 0, got {forward_lag!r}")
     ev = _events(multi, k, phases, forward_lag)
+    nph = len(phases)
+
+    def lane(ti: int, phase: str) -> int:
+        """One in-order stream per (tree, phase): NCCL runs each tree on its own channels and a tree
+        allreduce's reduce-up and broadcast-down in separate thread groups (collectives.schedule)."""
+        return ti * nph + (1 if nph == 2 and phase == "down" else 0)
     posted: dict[tuple[int, int, str], list[int]] = {}   # (rank, chunk, phase) -> recv indices
     last: dict[tuple[int, int], int] = {}                 # (rank, chunk) -> index of the step completing it
 
@@ -161,18 +169,19 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
         if key in posted:
             return
         if phase == "up":
-            posted[key] = [prog.add(r, "recv", c, peer=ch, slot=i + 1) for i, ch in enumerate(t.children[r])]
+            posted[key] = [prog.add(r, "recv", c, peer=ch, slot=i + 1, lane=lane(ti, "up"))
+                           for i, ch in enumerate(t.children[r])]
         else:
             src = t.parents[r]
             if phase == "down" and root is not None and collective == "broadcast" and r == root:
                 posted[key] = []
             elif src == -1:
                 if root is not None and root != r and collective == "broadcast":
-                    posted[key] = [prog.add(r, "recv", c, peer=root)]
+                    posted[key] = [prog.add(r, "recv", c, peer=root, lane=lane(ti, "down"))]
                 else:
                     posted[key] = []
             else:
-                posted[key] = [prog.add(r, "recv", c, peer=src)]
+                posted[key] = [prog.add(r, "recv", c, peer=src, lane=lane(ti, "down"))]
 
     for r in range(n):
         lst = ev[r]
@@ -194,27 +203,27 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
             if phase == "up":
                 prev = None
                 for i, (ch, rv) in enumerate(zip(t.children[r], posted[(r, c, "up")])):
-                    prev = prog.add(r, "reduce", c, slot=i + 1, deps=(rv, prev))
+                    prev = prog.add(r, "reduce", c, slot=i + 1, deps=(rv, prev), lane=lane(ti, "up"))
                 last[(r, c)] = prev
                 if t.parents[r] != -1:
-                    prog.add(r, "send", c, peer=t.parents[r], deps=(prev,))
+                    prog.add(r, "send", c, peer=t.parents[r], deps=(prev,), lane=lane(ti, "up"))
                 elif collective == "reduce" and root is not None and root != r:
-                    prog.add(r, "send", c, peer=root, deps=(prev,))
+                    prog.add(r, "send", c, peer=root, deps=(prev,), lane=lane(ti, "up"))
             else:
                 rv = posted[(r, c, "down")]
                 dep = rv[0] if rv else last.get((r, c))
                 if collective == "broadcast" and root is not None and r == root and t.root != root:
-                    prog.add(r, "send", c, peer=t.root)
+                    prog.add(r, "send", c, peer=t.root, lane=lane(ti, "down"))
                 for ch in t.children[r]:
                     if collective == "broadcast" and root is not None and ch == root:
                         continue
-                    prog.add(r, "send", c, peer=ch, deps=(dep,))
+                    prog.add(r, "send", c, peer=ch, deps=(dep,), lane=lane(ti, "down"))
         if collective == "reduce" and root is not None:
             for ti, t in enumerate(multi.trees):
                 if r == root and t.root != root:
                     for j in range(k):
                         c = ti * k + j
-                        prog.add(r, "recv", c, peer=t.root)
+                        prog.add(r, "recv", c, peer=t.root, lane=lane(ti, "up"))
     sched_root = root if root is not None else multi.trees[0].root
     return Schedule(collective, n, k * len(multi.trees), tuple(tuple(s) for s in prog.steps),
                     root=sched_root if collective != "allreduce" else -1, shares=_shares(multi, k),
@@ -448,7 +457,7 @@ def merge_schedules(schedules, shares=None, *, name: str = "") -> Schedule:
                     st = lst[j]
                     index[(si, j)] = len(out)
                     out.append(Step(st.kind, st.chunk + offsets[si], peer=st.peer, slot=st.slot,
-                                    deps=tuple(index[(si, d)] for d in st.deps), right=st.right))
+                                    deps=tuple(index[(si, d)] for d in st.deps), right=st.right, lane=st.lane))
         steps.append(tuple(out))
     owners = tuple(o for s in schedules for o in s.owners)
     return Schedule(first.collective, first.nranks, off, tuple(steps), root=first.root, shares=tuple(all_shares),

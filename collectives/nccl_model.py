@@ -21,8 +21,11 @@ Inputs NCCL gets from its topology search are derived from the
 * ``nChannels``: given, else that total over one link's bandwidth (NVLink:
   the bandwidth of one link of the GPU-to-switch bond; PCI: 2 channels),
   clamped to 1..32;
-* ``latencyInter`` = 0 (graph dependent in NCCL); net overhead 1.0 µs (Intel
-  x86; ×3 for Simple), a floor on the ring's intra-node hop latency across nodes.
+* ``latencyInter`` = the largest ``lat`` of the hosts' NICs (what the net
+  plugin reports as ``ncclNetProperties.latency``; NCCL copies the graph's
+  NIC's value, search.cc, and adds it to every inter-node step, twice with
+  Simple, tuning.cc); net overhead 1.0 µs (Intel x86; ×3 for Simple), a floor
+  on the ring's intra-node hop latency across nodes.
 
 >>> import topo
 >>> from collectives.cost import uniform_topology
@@ -113,7 +116,9 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
         else:
             nchannels = 2
     nchannels = max(1, min(MAX_CHANNELS, int(nchannels)))
-    return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels
+    lat_inter = max((float(topology.node(n).get("lat") or 0.0) for h in hosts for n in topology.nics(h)),
+                    default=0.0) if n_nodes > 1 else 0.0
+    return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels, lat_inter
 
 
 def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int, algo: str = "ring",
@@ -131,7 +136,7 @@ def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int,
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
     topology, gpus = resolve_ranks(topology, ranks, nranks)
     n = len(gpus)
-    n_nodes, gen, intra_kind, total, nch = _inputs(topology, gpus, nchannels)
+    n_nodes, gen, intra_kind, total, nch, lat_inter = _inputs(topology, gpus, nchannels)
     col = 0 if n_nodes == 1 else 1 if n_nodes == 2 else 2
     bw_ch = total / nch
     nsteps = 2 * (n - 1)
@@ -162,9 +167,10 @@ def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int,
             intra = max(intra, NET_OVERHEAD * (3 if pr == "Simple" else 1))
         base = BASE_LAT[algo][pi]
         ppn = n / n_nodes
+        if algo == "ring" and ppn == 1 and n_nodes > 1:
+            inter = HW_LAT["NET"]["tree"][pi]
+        inter += lat_inter * (2 if pr == "Simple" else 1)
         if algo == "ring":
-            if ppn == 1 and n_nodes > 1:
-                inter = HW_LAT["NET"]["tree"][pi]
             n_inter = 2 * (n_nodes - 1)
             lat = base + (nsteps - n_inter) * intra + n_inter * inter
             if n_nodes > 1 and pr == "Simple" and nbytes / (nch * n) >= 64:

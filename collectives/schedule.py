@@ -29,7 +29,12 @@ before the step starts. Sends are non-blocking and a recv completes once the
 matching send has been issued: the k-th send from r to p of chunk c matches
 the k-th recv at p from r of chunk c. Steps of one rank start in list order
 as soon as their dependencies allow (an executor may overlap independent
-steps, never reorder dependent ones).
+steps, never reorder dependent ones). ``lane`` splits a rank's steps into
+independent in-order streams: a tree allreduce puts its broadcast (down)
+steps in lane 1, as NCCL's tree kernels run the reduce-up and the
+broadcast-down in separate thread groups (``runTreeSplit``,
+src/device/all_reduce.h). treecoll's executor runs all lanes in list order
+(one valid interleaving); the simulator can run lanes concurrently.
 
 >>> s = Schedule("reduce", 2, 1, ((Step("recv", 0, peer=1, slot=1), Step("reduce", 0, slot=1, deps=(0,))),
 ...                              (Step("send", 0, peer=0),)), root=0)
@@ -63,10 +68,13 @@ class Step:
     slot: int = 0
     deps: tuple[int, ...] = ()
     right: bool = True
+    lane: int = 0
 
     def __post_init__(self):
         if self.kind not in STEP_KINDS:
             raise ScheduleError(f"step kind: expected one of {list(STEP_KINDS)}, got {self.kind!r}")
+        if isinstance(self.lane, bool) or not isinstance(self.lane, int) or self.lane < 0:
+            raise ScheduleError(f"step lane: expected an integer >= 0, got {self.lane!r}")
         object.__setattr__(self, "deps", tuple(self.deps))
 
 
@@ -245,4 +253,4 @@ class Schedule:
                 "nchunks": self.nchunks, "root": self.root, "shares": list(self.shares),
                 "owners": list(self.owners),
                 "steps": [[{"kind": s.kind, "chunk": s.chunk, "peer": s.peer, "slot": s.slot,
-                            "deps": list(s.deps), "right": s.right} for s in lst] for lst in self.steps]}
+                            "deps": list(s.deps), "right": s.right, "lane": s.lane} for s in lst] for lst in self.steps]}

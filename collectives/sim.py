@@ -181,7 +181,7 @@ def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_by
 
 def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
              profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False,
-             rendezvous: bool = False) -> SimResult:
+             rendezvous: bool = False, lanes: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
 
     ``ranks``: rank → GPU mapping (a sequence of GPU ids), default
@@ -190,7 +190,10 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     travel in order over one connection (gloo over TCP: one socket per pair of
     ranks), instead of sharing the links fairly with each other (NCCL: several
     channels per pair). ``rendezvous``: a message moves only once its receiver
-    has posted the matching recv. Deterministic: the same input gives the same result.
+    has posted the matching recv. ``lanes``: a rank's step lanes (a tree allreduce's
+    reduce-up and broadcast-down) issue independently, as NCCL's split tree
+    kernels run them; default: every rank issues in list order, as treecoll's
+    executor does. Deterministic: the same input gives the same result.
     """
     _check_size(nbytes, dtype)
     prof = get_profile(profile)
@@ -198,7 +201,8 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     net = Network(topology, prof)
     t0 = _time.perf_counter()
     raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous)
+                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
+                       lanes=lanes)
     stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
              "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
     return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
@@ -327,6 +331,11 @@ def auto_chunks(nbytes: int, nranks: int) -> int:
 LL_MAX_BYTES = 8 << 20
 
 
+#: how NCCL's tree kernels run a compiled schedule: each (tree, phase) lane in its own thread
+#: group, the chunks of a lane in order over its connection (see :func:`simulate`)
+NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
+
+
 def _profiles(profile, nbytes: int = 0) -> list[Profile]:
     from .sim_profiles import NCCL_PROTOCOLS
     if profile == "auto":
@@ -347,7 +356,8 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     builder. ``forward_lag`` 0: an inner rank forwards each broadcast chunk as it
     arrives, as NCCL's tree kernels do (treecoll's executor on gloo runs schedules
     compiled with :data:`collectives.compile.FORWARD_LAG`; simulate those with
-    :func:`simulate`).
+    :func:`simulate`), and its reduce-up and broadcast-down run concurrently
+    (``lanes``; NCCL's ``runTreeSplit``).
     """
     profs = _profiles(profile, nbytes)
     gpus = rank_gpus_of(topology, ranks)
@@ -366,11 +376,13 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     sched = compile_.compile_plan(tree, collective, k, root=rt, forward_lag=forward_lag)
     half = (compile_.compile_plan(tree, collective, k // 2, root=rt, forward_lag=forward_lag)
             if nchunks is None and want > k >= 4 else None)
+    if collective == "allreduce":
+        profs = [p.for_tree_allreduce() for p in profs]
     for p in profs:
-        r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top)
+        r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top, **NCCL_TREE_RUN)
         if half is not None:
-            r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top),
-                             k, want)
+            r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top,
+                                         **NCCL_TREE_RUN), k, want)
         best = r if best is None or r.time < best.time else best
     return best
 

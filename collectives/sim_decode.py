@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 
 from topo.errors import CollectiveError
 
-from .sim import DTYPE_SIZES, rank_gpus_of, simulate, simulate_algorithm
+from .sim import DTYPE_SIZES, NCCL_TREE_RUN, rank_gpus_of, simulate, simulate_algorithm
 from .sim_engine import Network, concurrent_times
 
 __all__ = ["DecodeShape", "decode_step", "paper_volumes", "paper_memory", "PAPER_SEQ_LENS", "PAPER_HOSTS",
@@ -141,8 +141,8 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
             plan = builders.build(tree, topology, list(gpus), nbytes=state_bytes) if tree in (
                 "auto", "two_level") else builders.build(tree, topology, list(gpus))
             sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
-            best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p)
-                        for p in _profiles(profile, state_bytes)), key=lambda r: r.time)
+            best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p.for_tree_allreduce(),
+                                 **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes)), key=lambda r: r.time)
             comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \
                 max(best.peak_scratch)
             total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))

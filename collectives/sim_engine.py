@@ -14,8 +14,10 @@ Model
 * A transfer started at ``t0`` drains at ``t1`` (all its subflows done); its
   data has fully arrived at ``t1 + lat``, where ``lat`` is the summed link
   latency of the route, floored by the profile's per-step latency of the
-  route class (``nvlink``, ``pci``, ``net``). One transfer alone over one link
-  therefore takes ``lat + n / bw``.
+  route class (``nvlink``, ``pci``, ``net``), plus the ``lat`` of the route's
+  sending NIC (the transport's own latency; times the profile's
+  ``nic_lat_mult``). One transfer alone over one link therefore takes
+  ``lat + n / bw``.
 * With ``ordered_pairs`` (gloo over TCP: one socket per pair of ranks), the
   messages from one rank to another travel in order over one connection: a
   send to a peer whose previous message is still draining waits for it, so
@@ -30,7 +32,10 @@ Model
   behind it on the connection. Without it, data flows as soon as it is sent
   and waits at the receiver.
 * Schedules run with the semantics of :mod:`collectives.schedule`: steps of a
-  rank start in list order once their ``deps`` are complete; a send starts a
+  rank start in list order once their ``deps`` are complete (with ``lanes``:
+  in list order within each of the rank's lanes, the lanes independent of
+  each other, as NCCL's split tree kernels run a tree's up and down phases;
+  ``ordered_pairs`` then keeps one connection per lane, as NCCL channels); a send starts a
   transfer (with ``ordered_pairs``: after the pair's earlier messages) and
   completes when it drains (the send buffer is free); a recv
   completes when it is posted and its matching send's data has arrived; a
@@ -125,6 +130,14 @@ class Network:
             np.add.at(out, np.concatenate(ids), np.concatenate(w))
         return out
 
+    def _nic_lat(self, nodes) -> float:
+        """Seconds the sending NIC's transport adds to a route (its ``lat`` × the profile's ``nic_lat_mult``)."""
+        g = self.topology.graph.nodes
+        for n in nodes:
+            if g[n].get("kind") == "nic":
+                return float(g[n].get("lat", 0.0)) * 1e-6 * self.profile.nic_lat_mult
+        return 0.0
+
     def route(self, a: str, b: str) -> Route:
         """The route between GPUs ``a`` and ``b`` (cached)."""
         r = self._routes.get((a, b))
@@ -135,7 +148,7 @@ class Network:
                 ids = np.fromiter((self.link_id(u, v) for u, v in zip(nodes, nodes[1:])), dtype=np.int64)
                 subs.append((ids, float(share)))
             cls = route_class(p.nccl)
-            lat = max(p.lat * 1e-6, self.profile.step_lat(cls))
+            lat = max(p.lat * 1e-6, self.profile.step_lat(cls)) + self._nic_lat(p.nodes)
             r = Route(tuple(subs), lat, cls, p.nccl)
             self._routes[(a, b)] = r
         return r
@@ -295,17 +308,21 @@ class _Flows:
 
 
 def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True,
-                 ordered_pairs: bool = False, rendezvous: bool = False) -> RawRun:
+                 ordered_pairs: bool = False, rendezvous: bool = False, lanes: bool = False) -> RawRun:
     """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces);
     ``ordered_pairs``: one in-order connection per (sender, receiver) pair; ``rendezvous``: a message
-    moves once its receiver has posted the matching recv (module docstring)."""
+    moves once its receiver has posted the matching recv; ``lanes``: each step lane of a rank issues
+    in order on its own, not after the other lanes' earlier steps (module docstring)."""
     P = schedule.nranks
     steps = schedule.steps
     if len(rank_gpus) < P:
         raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
     nsteps = [len(s) for s in steps]
     done_t = [[None] * n for n in nsteps]
-    nxt = [0] * P
+    # in-order streams per rank: one, or one per lane (NCCL's split tree: up and down run concurrently)
+    queues = [[[i for i, s in enumerate(steps[r]) if s.lane == ln] for ln in sorted({s.lane for s in steps[r]})]
+              if lanes else [range(nsteps[r])] for r in range(P)]
+    pos = [[0] * len(q) for q in queues]
     compute_free = [0.0] * P
     # static k-index of every recv (k-th recv at p from r of chunk c)
     recv_k: list[list[int]] = []
@@ -321,7 +338,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                 ks.append(-1)
         recv_k.append(ks)
     send_count: dict = {}
-    pair_queue: dict = {}   # (src, dst) -> sends waiting for the connection (present while one drains)
+    pair_queue: dict = {}   # connection (conn_of) -> sends waiting for the connection (present while one drains)
     posted: set = set()     # recv keys posted so far (rendezvous)
     held: dict = {}         # recv key -> (rank, step, Step) of a send waiting for that recv (rendezvous)
     arrived: dict = {}      # (src, dst, chunk, k) -> arrival time
@@ -360,17 +377,22 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             complete(w[0], w[1], t)
             advance(w[0], t)
 
+    def conn_of(r, s):
+        """The connection a send goes over: one per (sender, receiver), per lane with ``lanes`` (NCCL channels)."""
+        return (r, s.peer, s.lane if lanes else 0)
+
     def start_send(r, i, s, t):
         key0 = (r, s.peer, s.chunk)
         k = send_count.get(key0, 0)
         send_count[key0] = k + 1
         key = (r, s.peer, s.chunk, k)
         if ordered_pairs and float(chunk_bytes[s.chunk]) > 0:
-            q = pair_queue.get((r, s.peer))
+            conn = conn_of(r, s)
+            q = pair_queue.get(conn)
             if q is not None:       # the connection is busy: go after its earlier messages
                 q.append((i, s, key))
                 return
-            pair_queue[(r, s.peer)] = deque()
+            pair_queue[conn] = deque()
         send_when_posted(r, i, s, key, t)
 
     def send_when_posted(r, i, s, key, t):
@@ -398,52 +420,59 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
         if cnt == 0:
             complete(r, i, t)
             push(t + route.lat, 0, xi)
-            release(r, s.peer, t)
+            release(conn_of(r, s), t)
         else:
             changed = True
 
-    def release(r, peer, t):
-        """The connection r -> peer is free: start its next waiting message, if any."""
-        q = pair_queue.get((r, peer))
+    def release(conn, t):
+        """The connection ``conn`` is free: start its next waiting message, if any."""
+        q = pair_queue.get(conn)
         if q:
-            send_when_posted(r, *q.popleft(), t)
+            send_when_posted(conn[0], *q.popleft(), t)
         elif q is not None:
-            del pair_queue[(r, peer)]
+            del pair_queue[conn]
 
     def advance(r, t):
-        lst = steps[r]
-        while nxt[r] < nsteps[r]:
-            i = nxt[r]
-            s = lst[i]
-            dt = done_t[r]
-            if any(dt[d] is None for d in s.deps):
-                return
-            nxt[r] = i + 1
-            if s.kind == "send":
-                start_send(r, i, s, t)
-            elif s.kind == "recv":
-                if s.slot > 0:
-                    b = float(chunk_bytes[s.chunk])
-                    scratch_ev[r].append((t, b))
-                    open_slot[r][(s.chunk, s.slot)] = open_slot[r].get((s.chunk, s.slot), 0.0) + b
-                key = (s.peer, r, s.chunk, recv_k[r][i])
-                if rendezvous:
-                    posted.add(key)
-                    h = held.pop(key, None)
-                    if h is not None:
-                        transmit(h[0], h[1], h[2], key, t)
-                if key in arrived:
-                    complete(r, i, max(t, arrived.pop(key)))
-                else:
-                    waiting[key] = (r, i)
+        lst, dt, several = steps[r], done_t[r], len(queues[r]) > 1
+        moved = True
+        while moved:    # a step issued in one lane can complete at once and unblock another lane
+            moved = False
+            for qi, q in enumerate(queues[r]):
+                while pos[r][qi] < len(q):
+                    i = q[pos[r][qi]]
+                    s = lst[i]
+                    if any(dt[d] is None for d in s.deps):
+                        break
+                    pos[r][qi] += 1
+                    moved = several
+                    issue(r, i, s, t)
+
+    def issue(r, i, s, t):
+        if s.kind == "send":
+            start_send(r, i, s, t)
+        elif s.kind == "recv":
+            if s.slot > 0:
+                b = float(chunk_bytes[s.chunk])
+                scratch_ev[r].append((t, b))
+                open_slot[r][(s.chunk, s.slot)] = open_slot[r].get((s.chunk, s.slot), 0.0) + b
+            key = (s.peer, r, s.chunk, recv_k[r][i])
+            if rendezvous:
+                posted.add(key)
+                h = held.pop(key, None)
+                if h is not None:
+                    transmit(h[0], h[1], h[2], key, t)
+            if key in arrived:
+                complete(r, i, max(t, arrived.pop(key)))
             else:
-                dur = 3.0 * chunk_bytes[s.chunk] / mem_bw[r] if (reduce_cost and mem_bw[r] > 0) else 0.0
-                begin = max(t, compute_free[r])
-                if dur == 0.0 and begin <= t:
-                    complete(r, i, t)
-                else:
-                    compute_free[r] = begin + dur
-                    push(begin + dur, 1, r, i)
+                waiting[key] = (r, i)
+        else:
+            dur = 3.0 * chunk_bytes[s.chunk] / mem_bw[r] if (reduce_cost and mem_bw[r] > 0) else 0.0
+            begin = max(t, compute_free[r])
+            if dur == 0.0 and begin <= t:
+                complete(r, i, t)
+            else:
+                compute_free[r] = begin + dur
+                push(begin + dur, 1, r, i)
 
     for r in range(P):
         advance(r, 0.0)
@@ -493,7 +522,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                         r, i, key, lat = x_info[xi]
                         complete(r, i, now)
                         push(now + lat, 0, xi)
-                        release(r, key[1], now)
+                        release(conn_of(r, steps[r][i]), now)
                         advance(r, now)
         tol_t = now * _REL_EPS + 1e-15
         while heap and heap[0][0] <= now + tol_t:

@@ -10,6 +10,13 @@ what a communication library achieves on it:
 * ``bw_eff``: fraction of each link kind's bandwidth the protocol delivers
   as payload (link kinds ``nvlink``, ``c2c``, ``pcie``, ``smp``, ``net``).
 * ``reduce_cost``: whether reduce steps cost ``3 × bytes / mem_bw``.
+* ``nic_lat_mult``: how many times a route adds its sending NIC's ``lat``
+  (the transport's own latency, what an NCCL net plugin reports as
+  ``ncclNetProperties.latency``; NCCL adds it to every inter-node step, and
+  twice with the Simple protocol for the receiver's flush: tuning.cc).
+* ``tree_eff``: fraction of ``bw_eff`` a tree allreduce achieves (NCCL's
+  tuner models tree allreduce at ``busBw × 0.92``, tuning.cc); applied by
+  :meth:`Profile.for_tree_allreduce`.
 
 Built-in profiles (:data:`PROFILES`): ``ideal`` (the topology as written,
 no overheads: closed forms hold exactly) and NCCL's three protocols with
@@ -58,6 +65,8 @@ class Profile:
     bw_eff: Mapping[str, float] = field(default_factory=dict)
     reduce_cost: bool = True
     source: str = ""
+    nic_lat_mult: float = 1.0
+    tree_eff: float = 1.0
 
     def __post_init__(self):
         what = f"profile {self.name!r}"
@@ -71,8 +80,22 @@ class Profile:
             if k not in LINK_KINDS or not isinstance(v, (int, float)) or not 0 < v <= 1:
                 raise CollectiveError(f"{what}: bw_eff.{k} expected a link kind in {list(LINK_KINDS)} "
                                       f"with a value in (0, 1], got {v!r}")
+        if isinstance(self.nic_lat_mult, bool) or not isinstance(self.nic_lat_mult, (int, float)) \
+                or not self.nic_lat_mult >= 0:
+            raise CollectiveError(f"{what}: nic_lat_mult expected a non-negative number, got {self.nic_lat_mult!r}")
+        if isinstance(self.tree_eff, bool) or not isinstance(self.tree_eff, (int, float)) \
+                or not 0 < self.tree_eff <= 1:
+            raise CollectiveError(f"{what}: tree_eff expected a value in (0, 1], got {self.tree_eff!r}")
         object.__setattr__(self, "lat_floor_us", dict(self.lat_floor_us))
         object.__setattr__(self, "bw_eff", dict(self.bw_eff))
+
+    def for_tree_allreduce(self) -> "Profile":
+        """This profile with every ``bw_eff`` scaled by ``tree_eff`` (and ``tree_eff`` 1)."""
+        if self.tree_eff == 1.0:
+            return self
+        import dataclasses
+        return dataclasses.replace(self, bw_eff={k: self.efficiency(k) * self.tree_eff for k in LINK_KINDS},
+                                   tree_eff=1.0)
 
     def step_lat(self, cls: str) -> float:
         """Latency floor of one transfer on a route of class ``cls``, seconds."""
@@ -89,23 +112,29 @@ class Profile:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "base_lat_us": self.base_lat_us, "lat_floor_us": dict(self.lat_floor_us),
-                "bw_eff": dict(self.bw_eff), "reduce_cost": self.reduce_cost, "source": self.source}
+                "bw_eff": dict(self.bw_eff), "reduce_cost": self.reduce_cost, "source": self.source,
+                "nic_lat_mult": self.nic_lat_mult, "tree_eff": self.tree_eff}
 
 
 def _uniform(e: float) -> dict[str, float]:
     return {k: e for k in LINK_KINDS}
 
 
-_TUNING = "NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (ring baseLat, hwLat NVLINK/PCI/NET)"
+_TUNING = ("NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (ring baseLat, hwLat NVLINK/PCI/NET); "
+           "tree allreduce busBw x 0.92 (ncclTopoTuneModel)")
+#: NCCL's tree allreduce bandwidth factor (tuning.cc: busBw * .92)
+NCCL_TREE_EFF = 0.92
 PROFILES: dict[str, Profile] = {
     "ideal": Profile("ideal", source="the topology's link bw and lat, no protocol overhead"),
     # LL: 8-byte stores of 4 data bytes + 4 flag bytes -> half the bandwidth (NCCL: ring LL busBw * 0.5)
-    "nccl-ll": Profile("nccl-ll", 6.6, {"nvlink": 0.6, "pci": 1.0, "net": 2.7}, _uniform(0.5), source=_TUNING),
+    "nccl-ll": Profile("nccl-ll", 6.6, {"nvlink": 0.6, "pci": 1.0, "net": 2.7}, _uniform(0.5), source=_TUNING,
+                       tree_eff=NCCL_TREE_EFF),
     # LL128: NCCL models ring LL128 busBw * 0.92
     "nccl-ll128": Profile("nccl-ll128", 14.0, {"nvlink": 1.9, "pci": 2.5, "net": 4.0}, _uniform(0.92),
-                          source=_TUNING),
+                          source=_TUNING, tree_eff=NCCL_TREE_EFF),
+    # Simple: NCCL adds the net plugin's latency twice ("Also add the flush extra latency", tuning.cc)
     "nccl-simple": Profile("nccl-simple", 8.4, {"nvlink": 3.4, "pci": 5.7, "net": 14.0}, _uniform(1.0),
-                           source=_TUNING),
+                           source=_TUNING, nic_lat_mult=2.0, tree_eff=NCCL_TREE_EFF),
 }
 #: the protocols NCCL chooses among; "auto" in the simulator takes the fastest of these per size
 NCCL_PROTOCOLS = ("nccl-ll", "nccl-ll128", "nccl-simple")
@@ -135,7 +164,7 @@ def load_profile(path: "str | os.PathLike") -> Profile:
         raise CollectiveError(f"profile file {str(path)!r}: cannot read it ({e.strerror})") from None
     if not isinstance(data, dict):
         raise CollectiveError(f"profile file {str(path)!r}: expected a mapping, got {type(data).__name__}")
-    keys = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source")
+    keys = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source", "nic_lat_mult", "tree_eff")
     extra = sorted(set(data) - set(keys) - {"fit"})
     if extra:
         raise CollectiveError(f"profile file {str(path)!r}: unknown keys {extra}; expected some of {list(keys)}")

@@ -53,7 +53,9 @@ LARGE, SMALL = 64 << 20, 64 << 10
 #  RTX 5090 1792, V100 PCIe 900.
 _NV_SWITCHED = "{count: 1, links: %d, link_bw: %s}"
 MACHINES = {
-    # AWS p4de.24xlarge: 8x A100 80GB on NVSwitch (as DGX A100: 12 links x 20 GB/s), 4x 100 Gb/s EFA (AWS spec)
+    # AWS p4de.24xlarge: 8x A100 80GB on NVSwitch (as DGX A100: 12 links x 20 GB/s), 4x 100 Gb/s EFA (AWS spec);
+    # NIC lat 75 us: what the aws-ofi-nccl plugin reports to NCCL as the net latency of p4d/p4de.24xlarge
+    # (aws/aws-ofi-nccl src/platform-aws.cpp, platform table `.latency = 75.0`; NCCL adds it per inter-node step)
     "aws-p4de": """
     gpus: {count: 8, model: A100-SXM4-80GB, mem_bw: 2039.0, sm: 80}
     nvswitch: {count: 6, links: 2, link_bw: 20.0}
@@ -61,7 +63,7 @@ MACHINES = {
     smp: {bw: 16.0}
     pcie: {bw: 24.0, switches: [{cpu: 0, gpus: [0, 1], nics: [0]}, {cpu: 0, gpus: [2, 3], nics: [1]},
                                 {cpu: 1, gpus: [4, 5], nics: [2]}, {cpu: 1, gpus: [6, 7], nics: [3]}]}
-    nics: {count: 4, bw: 12.5}
+    nics: {count: 4, bw: 12.5, lat: 75.0}
     """,
     # HGX A100 4-GPU: 12 NVLinks per GPU, 4 to each peer (fully connected); modelled as one switch with
     # 12 links per GPU (the aggregate NCCL's rings reach by using every link)

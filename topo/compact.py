@@ -44,7 +44,7 @@ NVSWITCH_KEYS = ("count", "links", "link_bw", "lat", "scope", "domain_hosts", "p
 CPU_KEYS = ("numa", "socket", "affinity", "model")
 PCIE_KEYS = ("bw", "lat", "switches")
 SWITCH_KEYS = ("cpu", "parent", "gpus", "nics", "host_bridge", "bw")
-NIC_KEYS = ("count", "bw", "names", "rails", "numa", "pci", "link_layer")
+NIC_KEYS = ("count", "bw", "names", "rails", "numa", "pci", "link_layer", "lat")
 LINK_KEYS = ("bw", "lat")
 
 
@@ -169,6 +169,11 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         if "pci" in nd:
             for k, v in enumerate(doc.seq(nd["pci"], (*np_, "pci"), length=nnic, what="PCI bus ids (one per NIC)")):
                 nics[k]["pci"] = doc.string(v, (*np_, "pci", k)).lower()
+        if "lat" in nd:   # the transport's own latency per message (an NCCL net plugin's `latency`)
+            lats = doc.per_item(nd["lat"], (*np_, "lat"), nnic,
+                                lambda v, p: doc.number(v, p, positive=False, unit="µs"), what="latencies (one per NIC)")
+            for k, v in enumerate(lats):
+                nics[k]["lat"] = v
         if "link_layer" in nd:
             ll = doc.string(nd["link_layer"], (*np_, "link_layer"))
             for a in nics:

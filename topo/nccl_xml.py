@@ -242,8 +242,17 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
             xml["nic"] = dict(nic_el.attrib)
         rail = net.get("rail")  # NCCL 2.30 net attribute (kept in x_nccl as well)
         rail = int(rail) if rail is not None and rail.isdigit() else None
+        extra = {}
+        lat = net.get("latency")   # what the net plugin reports (µs); NCCL adds it per inter-node step
+        if lat is not None:
+            try:
+                if float(lat) > 0:
+                    extra["lat"] = float(lat)
+            except ValueError:
+                raise TopologyError(f"{where}: <net name={name!r}> latency: expected a number (µs), "
+                                    f"got {lat!r}") from None
         k = b.add(("nic", pci, name), "nic", pci=pci, name=name, rail=rail,
-                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), x_nccl=xml)
+                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), x_nccl=xml, **extra)
         keys.append(k)
     return keys
 
@@ -433,6 +442,8 @@ def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> N
                 continue  # a NIC element without <net> in the source
             attrs = {"name": d.get("name") or n.split("/")[-1], **(x.get("net") or {"dev": str(i)})}
             attrs["speed"] = str(int(round(d.get("bw", 1.25) * 8000)))
+            if d.get("lat"):
+                attrs["latency"] = f"{float(d['lat']):.6f}"
             ET.SubElement(nel, "net", attrs)
 
 

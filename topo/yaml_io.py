@@ -61,11 +61,12 @@ NODE_ATTRS = {
     "nvswitch": ("pci", "assumed", "index", "name"),
     "pcie_switch": ("host_bridge", "pci", "name", "vendor", "device", "link_speed", "link_width"),
     "cpu": ("numa", "socket", "affinity", "model", "arch", "vendor", "familyid", "modelid"),
-    "nic": ("name", "bw", "pci", "rail", "link_layer", "port", "guid", "numa", "dev", "speed"),
+    "nic": ("name", "bw", "pci", "rail", "link_layer", "port", "guid", "numa", "dev", "speed", "lat"),
     "net_switch": ("tier", "rail", "coord", "name"),
 }
 _INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev"})
 _POS_ATTRS = frozenset({"mem_bw", "bw"})
+_NONNEG_ATTRS = {"lat": "µs"}
 
 
 class _Loader(YAML_LOADER):  # type: ignore[misc, valid-type]
@@ -420,6 +421,8 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
                 doc.integer(v, (*p, k), minimum=0)
             elif k in _POS_ATTRS:
                 doc.number(v, (*p, k), unit="GB/s")
+            elif k in _NONNEG_ATTRS:
+                doc.number(v, (*p, k), positive=False, unit=_NONNEG_ATTRS[k])
         attrs = {k: v for k, v in nd.items() if k != "id"}
         g.add_node(nid, **attrs)
     pairs: set[tuple[str, str]] = set()

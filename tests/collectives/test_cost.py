@@ -101,8 +101,9 @@ def test_uniform_topology_defaults():
 
 
 # ---------------------------------------------------------------------- NCCL model
-def _switch_host(nodes: int, gpus: int, sm: int = 90):
-    """``nodes`` hosts of ``gpus`` H100s on NVSwitch (one link bw 20.6), one 50 GB/s NIC per GPU."""
+def _switch_host(nodes: int, gpus: int, sm: int = 90, nic_lat: float = 0.0):
+    """``nodes`` hosts of ``gpus`` H100s on NVSwitch (one link bw 20.6), one 50 GB/s NIC per GPU
+    (``nic_lat``: the NIC's transport latency in µs, omitted when 0)."""
     g = nx.DiGraph()
 
     def bi(a, b, **d):
@@ -118,7 +119,7 @@ def _switch_host(nodes: int, gpus: int, sm: int = 90):
             g.add_node(gid, kind="gpu", host=f"h{h}", index=i, sm=sm, mem_bw=3350.0)
             bi(gid, sw, kind="nvlink", bw=18 * 20.6, lat=0.3, count=18)
             nic = f"h{h}/nic{i}"
-            g.add_node(nic, kind="nic", host=f"h{h}", bw=50.0)
+            g.add_node(nic, kind="nic", host=f"h{h}", bw=50.0, **({"lat": nic_lat} if nic_lat else {}))
             bi(gid, nic, kind="pcie", bw=48.0, lat=0.5, count=1)
             bi(nic, "leaf0", kind="net", bw=50.0, lat=1.0, count=1)
     return Topology(g, name=f"{nodes}x{gpus}")
@@ -137,6 +138,18 @@ def test_nccl_latencies_match_the_reference_examples():
     assert nccl_predict(big, None, 8, "ring", "Simple")["lat_us"] == pytest.approx(1190.0)
     assert nccl_predict(big, None, 8, "tree", "LL")["lat_us"] == pytest.approx(55.2)
     assert nccl_predict(big, None, 8, "tree", "Simple")["lat_us"] == pytest.approx(176.4)
+
+
+@pytest.mark.parametrize("algo, inter_steps", [("ring", 2 * (4 - 1)), ("tree", 2 * 2)])
+def test_nccl_model_adds_the_nics_latency_per_inter_node_step(algo, inter_steps):
+    """NCCL adds the net plugin's latency (a NIC's ``lat``) to every inter-node step, twice
+    with Simple (the flush): ring allreduce 2 (nNodes - 1) steps, tree 2 log2(nNodes)."""
+    plain, efa = _switch_host(4, 8), _switch_host(4, 8, nic_lat=75.0)
+    for proto, times in (("LL", 1), ("LL128", 1), ("Simple", 2)):
+        d = nccl_predict(efa, None, 8, algo, proto)["lat_us"] - nccl_predict(plain, None, 8, algo, proto)["lat_us"]
+        assert d == pytest.approx(inter_steps * times * 75.0)
+    one = _switch_host(1, 8, nic_lat=75.0)   # one host: no network step, no plugin latency
+    assert nccl_predict(one, None, 8, algo)["lat_us"] == nccl_predict(_switch_host(1, 8), None, 8, algo)["lat_us"]
 
 
 def test_nccl_protocol_choice_and_bandwidth():

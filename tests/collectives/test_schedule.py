@@ -159,3 +159,26 @@ def test_forward_lag_moves_only_an_inner_ranks_forwarding():
     assert all(f > g for f, g in zip(fwd, got))      # each chunk received before it is forwarded
     with pytest.raises(ScheduleError, match="forward_lag expected an integer >= 0, got -1"):
         compile_.compile_allreduce(t, 2, forward_lag=-1)
+
+
+def test_lanes_are_one_stream_per_tree_and_phase():
+    """Lane of every step: tree ti's reduce-up in lane 2 ti and its broadcast-down in 2 ti + 1 (a
+    single-phase collective: lane ti), as NCCL runs each tree on its own channels, up and down in
+    separate thread groups; the executor ignores lanes (list order stays valid)."""
+    from collectives import MultiTree
+    a = build("chain", nranks=4)
+    multi = MultiTree((a, a.relabel([3, 2, 1, 0])))
+    k = 3
+    s = compile_.compile_allreduce(multi, k, forward_lag=0)
+    for r, lst in enumerate(s.steps):
+        for st in lst:
+            ti = st.chunk // k
+            t = multi.trees[ti]
+            down = (st.kind == "recv" and st.slot == 0) or (st.kind == "send" and st.peer in t.children[r])
+            assert st.lane == 2 * ti + down, (r, st)
+    b = compile_.compile_broadcast(multi, k, root=0)
+    assert {(st.chunk // k, st.lane) for lst in b.steps for st in lst} <= {(0, 0), (1, 1)}
+    assert {st.lane for lst in compile_.compile_ring_allreduce(4).steps for st in lst} == {0}
+    assert s.as_dict()["steps"][0][0]["lane"] == s.steps[0][0].lane
+    with pytest.raises(ScheduleError, match="step lane: expected an integer >= 0, got -1"):
+        Step("send", 0, peer=1, lane=-1)

@@ -214,8 +214,74 @@ def test_user_errors_are_collective_errors():
         simulate_ring(topo, 8, collective="broadcast")
 
 
+TWO_BOXES = """
+templates:
+  box:
+    gpus: {count: 1, mem_bw: 1000.0}
+    cpus: [{numa: 0}]
+    pcie: {bw: 24.0, switches: [{cpu: 0, gpus: [0], nics: [0]}]}
+    nics: {count: 1, bw: 10.0, lat: 75.0}
+hosts: [{template: box, count: 2}]
+network: {type: single_switch, link: {bw: 10.0, lat: 1.0}}
+"""
+
+
+def test_a_nics_lat_adds_to_every_message_it_sends():
+    """A NIC's ``lat`` (the transport's own latency, e.g. 75 µs that aws-ofi-nccl reports for EFA)
+    adds once per route leaving through it: time = route lat + NIC lat + n / bw; NCCL's Simple
+    protocol adds it twice (the flush)."""
+    import topo
+    t = topo.loads(TWO_BOXES)
+    a, b = t.rank_gpus()
+    route = t.path(a, b).lat * 1e-6
+    n = 10**8
+    send = send_schedule(2, [(0, 1)])
+    assert simulate(t, send, n).time == pytest.approx(route + 75e-6 + n / 10e9, rel=1e-12)
+    simple = sim_profiles.get_profile("nccl-simple")
+    assert simulate(t, send, n, profile=simple).time == pytest.approx(
+        max(route, 14e-6) + 2 * 75e-6 + n / 10e9 + simple.base_lat, rel=1e-12)
+    plain = topo.loads(TWO_BOXES.replace(", lat: 75.0}", "}"))
+    assert simulate(plain, send, n).time == pytest.approx(route + n / 10e9, rel=1e-12)
+
+
+@pytest.mark.parametrize("K", [1, 4, 16])
+def test_lanes_let_a_tree_broadcast_overlap_its_reduce(K):
+    """Chain 0 <- 1 <- 2, tree allreduce, K chunks, L per hop: with the broadcast in its own lane
+    (NCCL's split tree kernels) the pipeline costs 4 L + (K + 3) / K * n / bw; issuing every step of
+    a rank in one order makes the inner rank wait for each chunk's round trip before sending the
+    next one up, so its time grows with K."""
+    compile_ = pytest.importorskip("collectives.compile")
+    from collectives.tree import Tree
+    L, bw, n = 50e-6, 100e9, 3 * 2**20
+    topo_ = ring_topology(3, bw=bw / 1e9, lat=L * 1e6)
+    s = compile_.compile_allreduce(Tree((-1, 0, 1)), K, forward_lag=0)
+    assert {st.lane for st in s.steps[1] if st.kind == "send" and st.peer == 0} == {0}
+    down = [st for st in s.steps[1] if (st.kind, st.peer) == ("send", 2) or (st.kind, st.slot) == ("recv", 0)]
+    assert len(down) == 2 * K and {st.lane for st in down} == {1}
+    split = simulate(topo_, s, n, ordered_pairs=True, lanes=True)
+    assert split.time == pytest.approx(4 * L + (K + 3) / K * n / bw, rel=1e-9)
+    one = simulate(topo_, s, n, ordered_pairs=True)
+    assert one.time >= split.time * (1 - 1e-12)
+    if K == 16:
+        assert one.time > 2.5 * split.time
+    assert one.link_bytes == split.link_bytes
+
+
+def test_tree_allreduce_profile_scales_bandwidth_by_tree_eff():
+    p = sim_profiles.get_profile("nccl-simple")
+    assert p.tree_eff == pytest.approx(0.92)
+    t = p.for_tree_allreduce()
+    assert t.efficiency("net") == pytest.approx(0.92) and t.tree_eff == 1.0 and t.for_tree_allreduce() is t
+    assert sim_profiles.get_profile("ideal").for_tree_allreduce() is sim_profiles.get_profile("ideal")
+    with pytest.raises(CollectiveError, match=r"tree_eff expected a value in \(0, 1\], got 0"):
+        sim_profiles.Profile("x", tree_eff=0)
+    with pytest.raises(CollectiveError, match=r"nic_lat_mult expected a non-negative number, got -1"):
+        sim_profiles.Profile("x", nic_lat_mult=-1)
+
+
 def test_profile_yaml_round_trip(tmp_path):
-    p = sim_profiles.Profile("mine", 3.0, {"net": 5.0}, {"net": 0.8}, source="fit")
+    p = sim_profiles.Profile("mine", 3.0, {"net": 5.0}, {"net": 0.8}, source="fit", nic_lat_mult=2.0,
+                             tree_eff=0.9)
     sim_profiles.save_profile(p, tmp_path / "mine.yaml", fit={"tables": 2})
     assert sim_profiles.get_profile(str(tmp_path / "mine.yaml")) == p
     (tmp_path / "bad.yaml").write_text("name: x\nbw_eff: {net: 1.5}\n")

@@ -123,6 +123,20 @@ def test_full_dump_switches_c2c_unknown_attrs_and_multi_host():
     assert import_xml(t0, host="n-0") == import_xml(export_xml(import_xml(t0, host="n-0")), host="n-0")
 
 
+def test_a_net_plugins_latency_becomes_the_nics_lat():
+    """<net latency="..."> (µs; NCCL adds it per inter-node step) is the NIC's ``lat``; 0 means none."""
+    assert "lat" not in import_xml(FULL, host="n").node("n-0/nic0")
+    t = import_xml(FULL.replace('latency="0.000000"', 'latency="75.000000"'), host="n")
+    assert t.node("n-0/nic0")["lat"] == 75.0
+    assert import_xml(export_xml(t, host="n-0"), host="n-0").node("n-0/nic0")["lat"] == 75.0
+    plain = topo.load(Path(__file__).resolve().parents[2] / "topologies" / "dgx-h100.yaml")
+    g = plain.graph.copy()
+    g.nodes["h0/nic0"]["lat"] = 35.0
+    assert 'latency="35.000000"' in export_xml(topo.Topology(g, name="x"))
+    with pytest.raises(topo.TopologyError, match=r"<net name='mlx5_0'> latency: expected a number \(µs\), got 'fast'"):
+        import_xml(FULL.replace('latency="0.000000"', 'latency="fast"'), host="n")
+
+
 def test_export_of_a_yaml_topology_is_readable_again():
     t = topo.load(Path(__file__).resolve().parents[2] / "topologies" / "dgx-h100.yaml")
     text = export_xml(t)

@@ -134,6 +134,16 @@ def test_torus(dims, hops):
     assert len(routers) == hops + 1
 
 
+def test_a_nics_transport_latency_is_kept_through_the_explicit_form():
+    """``nics.lat`` (µs, what an NCCL net plugin reports as its latency): one value or one per NIC."""
+    t = topo.loads(edit("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 25.0, lat: [75.0, 0]}"))
+    assert t.node("h0/nic0")["lat"] == 75.0 and t.node("h1/nic1")["lat"] == 0.0
+    assert topo.loads(topo.dumps(t)) == t and topo.loads(topo.dumps(t)).node("h1/nic0")["lat"] == 75.0
+    assert "lat" not in topo.loads(BOX).node("h0/nic0")
+    with pytest.raises(TopologyError, match=r"nodes\[\d+\]\.lat: expected a non-negative number \(µs\), got -1"):
+        topo.loads(topo.dumps(t).replace('"lat": 75.0', '"lat": -1', 1))
+
+
 def test_explicit_and_compact_mixed():
     text = BOX + textwrap.dedent("""\
         nodes:
@@ -155,6 +165,8 @@ ERRORS = [
     ("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 0}",
      r"^<string>:15: templates\.box\.nics\.bw: expected a positive number \(GB/s\), got 0"),
     ("smp: {bw: 8.0}", "smp: {bw: -1}", r"^<string>:9: templates\.box\.smp\.bw: expected a positive number"),
+    ("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 25.0, lat: [1.0, -2]}",
+     r"^<string>:15: templates\.box\.nics\.lat\[1\]: expected a non-negative number \(µs\), got -2"),
     ("links: [3, 3]", "links: [3, 3, 3]",
      r"^<string>:5: templates\.box\.nvswitch\.links: expected 2 integers \(NVLinks from each GPU"),
     ("gpus: {count: 4, model: X,", "gpus: {count: 4, pci: [a, b], model: X,",
