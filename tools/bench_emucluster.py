@@ -155,6 +155,30 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
     return model.as_dict()
 
 
+def machine_model_bound(cases: list[dict], min_bytes: int = 1 << 20) -> dict | None:
+    """The best any machine model of the form ``(B - L)/C + L/C_loop + M o`` can do: ``C``,
+    ``C_loop`` and ``o`` fitted by least squares (relative error) on *every* row from
+    ``min_bytes`` at the fastest rate (no held-out rows: an in-sample upper bound on the
+    roofline's accuracy, not a prediction). Needs :func:`apply_machine_model` first (``work``)."""
+    import numpy as np
+    fastest = max((c["rate_bps"] for c in cases), default=None)
+    rows = [dict(r, shape=c.get("shape", "?")) for c in cases if c["rate_bps"] == fastest for r in c["rows"]
+            if r.get("work") and r.get("predicted") is not None and r["bytes"] >= min_bytes]
+    if len(rows) < 3:
+        return None
+    x = np.array([[r["work"]["bytes"] - r["work"]["local_bytes"], r["work"]["local_bytes"], r["work"]["messages"]]
+                  for r in rows], dtype=float)
+    t = np.array([r["time"] for r in rows])
+    coef, *_ = np.linalg.lstsq(x / t[:, None], np.ones(len(rows)), rcond=None)
+    pred = np.maximum([r["predicted"] for r in rows], x @ coef)
+    err = pred / t - 1
+    worst = sorted(zip(err.tolist(), rows), key=lambda e: -abs(e[0]))[:5]
+    return {"rows": len(rows), "within_25pct": int(np.sum(np.abs(err) <= 0.25)),
+            "s_per_cross_byte": float(coef[0]), "s_per_local_byte": float(coef[1]), "s_per_message": float(coef[2]),
+            "worst": [{"shape": r["shape"], "method": r["method"], "bytes": r["bytes"], "error": float(e)}
+                      for e, r in worst]}
+
+
 # ----------------------------------------------------------------------------- worker (one rank)
 def _uplink_tx() -> int | None:
     try:
@@ -333,6 +357,14 @@ def print_summary(summary: list[dict]) -> None:
                  if s.get("cores_abs_error_max") is not None else ""))
 
 
+def print_bound(bound: dict | None) -> None:
+    if bound:
+        print(f"best in-sample machine model at the fastest rate (every row from 1 MiB fitted, an upper bound): "
+              f"{bound['within_25pct']}/{bound['rows']} within 25%; worst: "
+              + ", ".join(f"{w['shape']} {w['method']} {fmt_bytes(w['bytes'])} {w['error'] * 100:+.0f}%"
+                          for w in bound["worst"]))
+
+
 def plot(cases: list[dict], path: Path) -> str | None:
     try:
         import matplotlib
@@ -407,13 +439,14 @@ def main(argv=None) -> int:
         print_table(cases)
         summary = summarize(cases)
         print_summary(summary)
+        print_bound(bound := machine_model_bound(cases))
         if args.repredict:
             earlier = json.loads(Path(args.from_json).read_text())
             if Path(args.json_out).resolve() == Path(args.from_json).resolve():
                 p.error("--json-out: expected a file other than --from-json (the measurements are kept)")
             Path(args.json_out).write_text(json.dumps(
                 {**earlier, "repredicted_by": " ".join(sys.argv), "machine_model": machine, "summary": summary,
-                 "cases": cases}, indent=1))
+                 "machine_model_bound": bound, "cases": cases}, indent=1))
             print(f"wrote {args.json_out}")
         why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
         print(f"plot: {args.plot}" if not why else f"no plot: {why}")
@@ -436,8 +469,9 @@ def main(argv=None) -> int:
     print_table(cases)
     summary = summarize(cases)
     print_summary(summary)
+    print_bound(bound := machine_model_bound(cases))
     result = {"benchmark": "bench_emucluster", "command": " ".join(sys.argv), "seconds": time.time() - t0,
-              "machine_model": machine, "summary": summary, "cases": cases}
+              "machine_model": machine, "summary": summary, "machine_model_bound": bound, "cases": cases}
     Path(args.json_out).write_text(json.dumps(result, indent=1))
     why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
     print(f"wrote {args.json_out}" + (f", {args.plot}" if not why else f" (no plot: {why})"))

@@ -58,3 +58,26 @@ def test_local_bytes_split_by_host_and_charged_at_the_loopback_rate():
         machine.fit(samples, "blocked")
     with pytest.raises(TreecollError, match="local_rate > 0"):
         machine.MachineModel(1e9, 0.0, local_rate=0.0)
+
+
+def test_machine_model_bound_fits_every_row_of_the_fastest_rate():
+    """An in-sample bound: rows made by a known (C, C_loop, o) are recovered exactly and all fit;
+    a row the form cannot follow is reported among the worst; slower rates are ignored."""
+    from tools.bench_emucluster import machine_model_bound
+    c, cl, o = 2e9, 4e9, 100e-6
+
+    def row(method, b, local, m, sim=0.0, scale=1.0):
+        t = ((b - local) / c + local / cl + m * o) * scale
+        return {"method": method, "bytes": b, "time": t, "predicted": sim,
+                "work": {"bytes": b, "local_bytes": local, "messages": m}}
+    rows = [row("gloo", 8 << 20, 0, 24), row("ring", 32 << 20, 0, 96), row("two_level", 16 << 20, 8 << 20, 320),
+            row("binomial", 4 << 20, 1 << 20, 40), row("tiny", 1 << 10, 0, 4)]
+    fast = {"rate_bps": 10e9, "rows": rows}
+    slow = {"rate_bps": 1e9, "rows": [row("gloo", 8 << 20, 0, 24, scale=5.0)]}
+    b = machine_model_bound([fast, slow])
+    assert b["rows"] == 4 and b["within_25pct"] == 4          # 1 KiB row below min_bytes, slow case ignored
+    assert b["s_per_cross_byte"] == pytest.approx(1 / c) and b["s_per_message"] == pytest.approx(o)
+    rows.append(row("odd", 8 << 20, 0, 24, scale=3.0))   # the work of the gloo row, 3x its time
+    b = machine_model_bound([fast])
+    assert "odd" in [w["method"] for w in b["worst"]] and b["within_25pct"] < b["rows"] == 5
+    assert machine_model_bound([{"rate_bps": 1.0, "rows": rows[:2]}]) is None
