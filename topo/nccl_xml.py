@@ -242,19 +242,25 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
             xml["nic"] = dict(nic_el.attrib)
         rail = net.get("rail")  # NCCL 2.30 net attribute (kept in x_nccl as well)
         rail = int(rail) if rail is not None and rail.isdigit() else None
-        extra = {}
-        lat = net.get("latency")   # what the net plugin reports (µs); NCCL adds it per inter-node step
-        if lat is not None:
-            try:
-                if float(lat) > 0:
-                    extra["lat"] = float(lat)
-            except ValueError:
-                raise TopologyError(f"{where}: <net name={name!r}> latency: expected a number (µs), "
-                                    f"got {lat!r}") from None
         k = b.add(("nic", pci, name), "nic", pci=pci, name=name, rail=rail,
-                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0), x_nccl=xml, **extra)
+                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0),
+                  lat=_net_latency(net, name, where), x_nccl=xml)
         keys.append(k)
     return keys
+
+
+def _net_latency(net: ET.Element, name: str, where: str) -> float | None:
+    """A ``<net latency>`` above 0 (µs: what the net plugin reports; NCCL adds it per inter-node step), else None."""
+    text = net.get("latency")
+    if text is None:
+        return None
+    try:
+        lat = float(text)
+    except ValueError:
+        lat = float("nan")
+    if not (lat >= 0 and lat != float("inf")):
+        raise TopologyError(f"{where}: <net name={name!r}> latency: expected a number >= 0 (µs), got {text!r}")
+    return lat or None
 
 
 def _number_gpus(b: HostBuilder) -> None:

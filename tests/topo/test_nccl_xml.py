@@ -133,8 +133,10 @@ def test_a_net_plugins_latency_becomes_the_nics_lat():
     g = plain.graph.copy()
     g.nodes["h0/nic0"]["lat"] = 35.0
     assert 'latency="35.000000"' in export_xml(topo.Topology(g, name="x"))
-    with pytest.raises(topo.TopologyError, match=r"<net name='mlx5_0'> latency: expected a number \(µs\), got 'fast'"):
-        import_xml(FULL.replace('latency="0.000000"', 'latency="fast"'), host="n")
+    for bad in ("fast", "-1", "inf"):
+        with pytest.raises(topo.TopologyError, match=rf"<net name='mlx5_0'> latency: expected a number >= 0 \(µs\), "
+                                                     rf"got '{bad}'"):
+            import_xml(FULL.replace('latency="0.000000"', f'latency="{bad}"'), host="n")
 
 
 def test_export_of_a_yaml_topology_is_readable_again():
