@@ -323,6 +323,8 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
     queues = [[[i for i, s in enumerate(steps[r]) if s.lane == ln] for ln in sorted({s.lane for s in steps[r]})]
               if lanes else [range(nsteps[r])] for r in range(P)]
     pos = [[0] * len(q) for q in queues]
+    ready = [set(range(len(q))) for q in queues]   # lanes of a rank whose head may start now
+    blocked_on: dict = {}   # (rank, step) -> lanes whose head waits for that step to complete
     compute_free = [0.0] * P
     # static k-index of every recv (k-th recv at p from r of chunk c)
     recv_k: list[list[int]] = []
@@ -362,6 +364,9 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
 
     def complete(r, i, t):
         done_t[r][i] = t
+        lanes_ = blocked_on.pop((r, i), None)
+        if lanes_:
+            ready[r].update(lanes_)
         s = steps[r][i]
         if s.kind == "reduce":
             key = (s.chunk, s.slot)
@@ -433,19 +438,22 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             del pair_queue[conn]
 
     def advance(r, t):
-        lst, dt, several = steps[r], done_t[r], len(queues[r]) > 1
-        moved = True
-        while moved:    # a step issued in one lane can complete at once and unblock another lane
-            moved = False
-            for qi, q in enumerate(queues[r]):
-                while pos[r][qi] < len(q):
-                    i = q[pos[r][qi]]
-                    s = lst[i]
-                    if any(dt[d] is None for d in s.deps):
-                        break
-                    pos[r][qi] += 1
-                    moved = several
-                    issue(r, i, s, t)
+        """Start every step of rank ``r`` that can start at ``t``: each ready lane issues in order
+        until its head waits for a dependency (the lane is ready again when that completes)."""
+        lst, dt, rd, ps = steps[r], done_t[r], ready[r], pos[r]
+        while rd:
+            qi = min(rd)   # lowest lane first: deterministic
+            rd.discard(qi)
+            q = queues[r][qi]
+            while ps[qi] < len(q):
+                i = q[ps[qi]]
+                s = lst[i]
+                wait = next((d for d in s.deps if dt[d] is None), None)
+                if wait is not None:
+                    blocked_on.setdefault((r, wait), []).append(qi)
+                    break
+                ps[qi] += 1
+                issue(r, i, s, t)
 
     def issue(r, i, s, t):
         if s.kind == "send":
