@@ -30,10 +30,10 @@ matching send has been issued: the k-th send from r to p of chunk c matches
 the k-th recv at p from r of chunk c. Steps of one rank start in list order
 as soon as their dependencies allow (an executor may overlap independent
 steps, never reorder dependent ones). ``lane`` splits a rank's steps into
-independent in-order streams: a tree allreduce puts its broadcast (down)
-steps in lane 1, as NCCL's tree kernels run the reduce-up and the
-broadcast-down in separate thread groups (``runTreeSplit``,
-src/device/all_reduce.h). treecoll's executor runs all lanes in list order
+independent in-order streams: a compiled tree allreduce puts tree ``t``'s
+reduce-up in lane ``2 t`` and its broadcast-down in lane ``2 t + 1``, as
+NCCL runs each tree on its own channels and the two phases in separate
+thread groups (``runTreeSplit``, src/device/all_reduce.h). treecoll's executor runs all lanes in list order
 (one valid interleaving); the simulator can run lanes concurrently.
 
 >>> s = Schedule("reduce", 2, 1, ((Step("recv", 0, peer=1, slot=1), Step("reduce", 0, slot=1, deps=(0,))),

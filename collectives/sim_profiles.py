@@ -80,11 +80,9 @@ class Profile:
             if k not in LINK_KINDS or not isinstance(v, (int, float)) or not 0 < v <= 1:
                 raise CollectiveError(f"{what}: bw_eff.{k} expected a link kind in {list(LINK_KINDS)} "
                                       f"with a value in (0, 1], got {v!r}")
-        if isinstance(self.nic_lat_mult, bool) or not isinstance(self.nic_lat_mult, (int, float)) \
-                or not self.nic_lat_mult >= 0:
+        if not (_number(self.nic_lat_mult) and self.nic_lat_mult >= 0):
             raise CollectiveError(f"{what}: nic_lat_mult expected a non-negative number, got {self.nic_lat_mult!r}")
-        if isinstance(self.tree_eff, bool) or not isinstance(self.tree_eff, (int, float)) \
-                or not 0 < self.tree_eff <= 1:
+        if not (_number(self.tree_eff) and 0 < self.tree_eff <= 1):
             raise CollectiveError(f"{what}: tree_eff expected a value in (0, 1], got {self.tree_eff!r}")
         object.__setattr__(self, "lat_floor_us", dict(self.lat_floor_us))
         object.__setattr__(self, "bw_eff", dict(self.bw_eff))
@@ -114,6 +112,10 @@ class Profile:
         return {"name": self.name, "base_lat_us": self.base_lat_us, "lat_floor_us": dict(self.lat_floor_us),
                 "bw_eff": dict(self.bw_eff), "reduce_cost": self.reduce_cost, "source": self.source,
                 "nic_lat_mult": self.nic_lat_mult, "tree_eff": self.tree_eff}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _uniform(e: float) -> dict[str, float]:
