@@ -120,6 +120,7 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
     tiers = Counter(d.get("tier", 0) for _, d in g.nodes(data=True) if d["kind"] == "net_switch")
     groups = t.leaf_groups() if t.nics() else ()
     hosts = t.hosts()
+    nic_lat = [float(g.nodes[n]["lat"]) for n in t.nics() if "lat" in g.nodes[n]]
     return {
         "name": t.name, "source": str(source), "fingerprint": t.fingerprint(),
         "hosts": len(hosts), "host_names": [hosts[0], hosts[-1]] if hosts else [],
@@ -131,6 +132,7 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
                   for k, v in sorted(links.items(), key=lambda kv: topo.LINK_KINDS.index(kv[0]))},
         "network": {"switches_by_tier": {str(k): v for k, v in sorted(tiers.items())},
                     "leaf_groups": len(groups), "largest_leaf_group": max((len(x) for x in groups), default=0)},
+        **({"nic_lat_us": _range(nic_lat)} if nic_lat else {}),
     }
 
 
@@ -160,6 +162,9 @@ def render_show(d: dict[str, Any]) -> str:
                    f"one switch hop apart on every rail")
     else:
         out.append("network  none")
+    if d.get("nic_lat_us"):
+        out.append(f"nic lat  {rng(d['nic_lat_us'])} us per message (the transport's own latency, as an NCCL net "
+                   f"plugin reports it)")
     return "\n".join(out) + "\n"
 
 

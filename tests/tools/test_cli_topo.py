@@ -78,6 +78,19 @@ def test_export_yaml_and_json_round_trip(tmp_path, capsys):
     assert rc == 0 and topo.loads(out) == topo.resolve("cpu-local")
 
 
+def test_show_lists_the_nics_transport_latency_when_given(tmp_path, capsys):
+    text = (ROOT / "topologies" / "dgx-h100.yaml").read_text()
+    f = tmp_path / "efa.yaml"
+    f.write_text(text.replace("      bw: 50.0\n", "      bw: 50.0\n      lat: 35.0\n", 1))
+    assert f.read_text() != text
+    rc, out, _ = run(capsys, "topo", "show", str(f))
+    assert rc == 0 and "nic lat  35 us per message" in out
+    rc, out, _ = run(capsys, "topo", "show", str(f), "--json")
+    assert json.loads(out)["nic_lat_us"] == [35.0, 35.0]
+    rc, out, _ = run(capsys, "topo", "show", "dgx-h100", "--json")
+    assert "nic_lat_us" not in json.loads(out)
+
+
 def test_dot_groups_each_host_as_a_cluster(capsys):
     _, out, _ = run(capsys, "topo", "export", "dgx-h100-x2", "--format", "dot")
     assert out.count('subgraph "cluster_') == 2
