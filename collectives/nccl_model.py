@@ -39,11 +39,12 @@ import math
 from typing import Sequence
 
 from topo import Topology
+from topo.paths import NCCL_CLASSES
 from topo.errors import TreeError
 
 from .cost import resolve_ranks
 
-__all__ = ["nccl_predict", "PROTOS", "BASE_LAT", "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW",
+__all__ = ["nccl_predict", "ll128_enabled", "PROTOS", "BASE_LAT", "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW",
            "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW", "TREE_CORRECTION"]
 
 PROTOS = ("LL", "LL128", "Simple")
@@ -121,6 +122,32 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
     return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels, lat_inter
 
 
+def ll128_enabled(topology, gpus: Sequence[str]) -> bool:
+    """Whether NCCL enables its LL128 protocol by default for these GPUs (NCCL 2.30 tuning.cc):
+    the GPUs of each host talk over NVLink (path NVL or NVB); across hosts every GPU reaches its
+    nearest NIC through PCIe switches only (PIX, PXB; Hopper and later also C2C, P2C and PXN);
+    all GPUs have one compute capability (or all are Hopper or later) and none is older than
+    Volta. GPUs without ``sm`` count as Hopper. PCIe-only hosts (GeForce, V100 PCIe) get LL and
+    Simple only."""
+    sms = {int(topology.graph.nodes[g].get("sm") or 90) for g in gpus}
+    if min(sms) < 70 or (len(sms) > 1 and min(sms) < 90):
+        return False
+    by_host: dict = {}
+    for g in gpus:
+        by_host.setdefault(topology.host_of(g), []).append(g)
+    for members in by_host.values():
+        for a, b in zip(members, members[1:]):
+            if topology.path(a, b).nccl not in ("LOC", "NVL", "NVB"):
+                return False
+    if len(by_host) > 1:
+        limit = NCCL_CLASSES.index("PXN" if min(sms) >= 90 else "PXB")
+        for g in gpus:
+            nic = topology.nearest_nic(g)
+            if nic is None or NCCL_CLASSES.index(topology.path(g, nic).nccl) > limit:
+                return False
+    return True
+
+
 def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int, algo: str = "ring",
                  proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None) -> dict:
     """NCCL's predicted allreduce time for ``algo`` ("ring" or "tree") on ``nbytes``.
@@ -184,7 +211,8 @@ def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int,
         t_us = lat + nbytes / (1000.0 * alg)
         times[pr] = t_us
         detail[pr] = (lat, alg)
-    chosen = proto or min(PROTOS, key=lambda p: (times[p], PROTOS.index(p)))
+    allowed = [p for p in PROTOS if p != "LL128" or ll128_enabled(topology, gpus)]
+    chosen = proto or min(allowed, key=lambda p: (times[p], PROTOS.index(p)))
     lat, alg = detail[chosen]
     t_us = times[chosen]
     algbw = nbytes / (t_us * 1e3) if t_us > 0 else math.inf

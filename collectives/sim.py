@@ -336,10 +336,15 @@ LL_MAX_BYTES = 8 << 20
 NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 
-def _profiles(profile, nbytes: int = 0) -> list[Profile]:
+def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ()) -> list[Profile]:
+    """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
+    :func:`collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
+    from .nccl_model import ll128_enabled
     from .sim_profiles import NCCL_PROTOCOLS
     if profile == "auto":
-        return [get_profile(p) for p in NCCL_PROTOCOLS if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES)]
+        ll128 = topology is None or ll128_enabled(topology, gpus)
+        return [get_profile(p) for p in NCCL_PROTOCOLS
+                if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) and (ll128 or p != "nccl-ll128")]
     return [get_profile(profile)]
 
 
@@ -359,8 +364,8 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     :func:`simulate`), and its reduce-up and broadcast-down run concurrently
     (``lanes``; NCCL's ``runTreeSplit``).
     """
-    profs = _profiles(profile, nbytes)
     gpus = rank_gpus_of(topology, ranks)
+    profs = _profiles(profile, nbytes, topology, gpus)
     best = None
     if algo in RING_ALGOS:
         for p in profs:

@@ -142,7 +142,8 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
                 "auto", "two_level") else builders.build(tree, topology, list(gpus))
             sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
             best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p.for_tree_allreduce(),
-                                 **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes)), key=lambda r: r.time)
+                                 **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes, topology, gpus)),
+                       key=lambda r: r.time)
             comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \
                 max(best.peak_scratch)
             total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))
@@ -180,9 +181,9 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
     return out
 
 
-def _profiles(profile, nbytes: int):
+def _profiles(profile, nbytes: int, topology=None, gpus=()):
     from .sim import _profiles as sp
-    return sp(profile, nbytes)
+    return sp(profile, nbytes, topology, gpus)
 
 
 def _method(local, comm, sent, total, peak, vol_elems, mem_elems, how) -> dict:

@@ -9,7 +9,7 @@ import pytest
 from _coll_helpers import shipped
 from collectives import MultiTree, Tree, build
 from collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
-from collectives.nccl_model import nccl_predict
+from collectives.nccl_model import ll128_enabled, nccl_predict
 from topo import Topology
 from topo.errors import TreeError
 
@@ -150,6 +150,25 @@ def test_nccl_model_adds_the_nics_latency_per_inter_node_step(algo, inter_steps)
         assert d == pytest.approx(inter_steps * times * 75.0)
     one = _switch_host(1, 8, nic_lat=75.0)   # one host: no network step, no plugin latency
     assert nccl_predict(one, None, 8, algo)["lat_us"] == nccl_predict(_switch_host(1, 8), None, 8, algo)["lat_us"]
+
+
+def test_ll128_only_where_nccl_enables_it():
+    """NCCL 2.30 enables LL128 by default only over NVLink inside hosts, PCIe-switch-close NICs
+    across hosts and one compute capability (tuning.cc); a PCIe-only box gets LL and Simple."""
+    from collectives.sim import _profiles
+    nv, pcie = _switch_host(2, 8), _pcie_pair_topology()
+    assert ll128_enabled(nv, nv.rank_gpus()) and not ll128_enabled(pcie, pcie.rank_gpus())
+    assert not ll128_enabled(_switch_host(1, 4, sm=60), _switch_host(1, 4, sm=60).rank_gpus())
+    mixed = _switch_host(1, 2, sm=80)
+    g = mixed.graph.copy()
+    g.nodes["h0/gpu1"]["sm"] = 86
+    assert not ll128_enabled(Topology(g), ["h0/gpu0", "h0/gpu1"])
+    names = [p.name for p in _profiles("auto", 1 << 20, pcie, pcie.rank_gpus())]
+    assert names == ["nccl-ll", "nccl-simple"]
+    assert [p.name for p in _profiles("auto", 1 << 20, nv, nv.rank_gpus())] == ["nccl-ll", "nccl-ll128", "nccl-simple"]
+    for size in (8, 1 << 16, 1 << 20, 1 << 24, 1 << 30):
+        assert nccl_predict(pcie, None, size, "ring")["proto"] != "LL128"
+    assert nccl_predict(nv, None, 1 << 22, "ring")["proto"] == "LL128"   # enabled, and the fastest here
 
 
 def test_nccl_protocol_choice_and_bandwidth():
