@@ -13,8 +13,9 @@ sizes and prints measured versus predicted busbw per size with the error.
 Prediction: what NCCL would run, as the simulator sees it: the faster of the
 ring (:func:`collectives.sim.simulate_ring`) and an NCCL-like tree (a chain
 inside each host under a binomial tree over hosts, one per NIC rail for large
-messages: ``two_level`` with ``intra="chain"``), each over NCCL's three
-protocol profiles (:mod:`collectives.sim_profiles`); ``NCCL_ALGO`` /
+messages: ``two_level`` with ``intra="chain"``, run as NCCL's split tree
+kernels run it), each over NCCL's protocol profiles
+(:mod:`collectives.sim_profiles`; LL128 only where NCCL enables it); ``NCCL_ALGO`` /
 ``NCCL_PROTO`` in a file's ``# env:`` line restrict the choice as they
 restrict NCCL. Nothing is fitted to the tables unless ``--profile`` names a
 calibrated profile.
