@@ -363,7 +363,8 @@ def calibrate(fit_paths, test_paths, name: str):
         eff = {"net": pr["eff_net"], "nvlink": pr["eff_nvlink"], "c2c": pr["eff_nvlink"], "pcie": pr["eff_pcie"],
                "smp": pr["eff_pcie"]}
         return Profile(name, pr["base"], {"nvlink": pr["lat_nvlink"], "pci": pr["lat_pci"], "net": pr["lat_net"]},
-                       eff, source="tools/validate_sim.py --calibrate on " + ", ".join(p.name for p in fit_paths))
+                       eff, source="tools/validate_sim.py --calibrate on " + ", ".join(p.name for p in fit_paths),
+                       nic_lat_mult=base.nic_lat_mult, tree_eff=base.tree_eff)
 
     def score(pr):
         d = validate(fit_paths, make(pr))

@@ -66,3 +66,18 @@ def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
     odd.write_text("# machine: a toaster\n        8     2   float  sum  -1  1.0  0.0  0.0  0  1.0  0.0  0.0  0\n")
     d = validate_sim.validate([odd])
     assert "no 'Using devices' block" in d["files"][0]["skipped"]
+
+
+def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(tmp_path):
+    """--calibrate on the V100 table: the fitted profile lowers that table's error, keeps the
+    Simple protocol's NIC-latency count and tree factor, and loads back from its YAML."""
+    if not FIXTURES.is_dir():
+        pytest.skip(f"fixtures not found at {FIXTURES}")
+    from collectives import sim_profiles
+    v100 = FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt"
+    before = validate_sim.validate([v100], sim_profiles.get_profile("nccl-simple"))
+    prof, fit, _ = validate_sim.calibrate([v100], [], "v100-fit")
+    assert fit["large_err"] + fit["small_err"] < before["large_err"] + before["small_err"]
+    assert prof.nic_lat_mult == 2.0 and prof.tree_eff == sim_profiles.NCCL_TREE_EFF
+    sim_profiles.save_profile(prof, tmp_path / "v100-fit.yaml", fit={"tables": 1})
+    assert sim_profiles.get_profile(str(tmp_path / "v100-fit.yaml")) == prof
