@@ -365,6 +365,19 @@ def print_bound(bound: dict | None) -> None:
                           for w in bound["worst"]))
 
 
+def report(cases: list[dict]) -> tuple:
+    """Fit the machine model, print the table, the summary and the in-sample bound;
+    returns (machine model dict, summary, bound)."""
+    machine = apply_machine_model(cases)
+    print(f"machine model: {machine}")
+    print_table(cases)
+    summary = summarize(cases)
+    print_summary(summary)
+    bound = machine_model_bound(cases)
+    print_bound(bound)
+    return machine, summary, bound
+
+
 def plot(cases: list[dict], path: Path) -> str | None:
     try:
         import matplotlib
@@ -434,12 +447,7 @@ def main(argv=None) -> int:
         cases = json.loads(Path(args.from_json).read_text())["cases"]
         if args.repredict:
             repredict(cases)
-        machine = apply_machine_model(cases)
-        print(f"machine model: {machine}")
-        print_table(cases)
-        summary = summarize(cases)
-        print_summary(summary)
-        print_bound(bound := machine_model_bound(cases))
+        machine, summary, bound = report(cases)
         if args.repredict:
             earlier = json.loads(Path(args.from_json).read_text())
             if Path(args.json_out).resolve() == Path(args.from_json).resolve():
@@ -464,12 +472,7 @@ def main(argv=None) -> int:
             for rate in args.rates.split(","):
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
-    machine = apply_machine_model(cases)
-    print(f"machine model: {machine}")
-    print_table(cases)
-    summary = summarize(cases)
-    print_summary(summary)
-    print_bound(bound := machine_model_bound(cases))
+    machine, summary, bound = report(cases)
     result = {"benchmark": "bench_emucluster", "command": " ".join(sys.argv), "seconds": time.time() - t0,
               "machine_model": machine, "summary": summary, "machine_model_bound": bound, "cases": cases}
     Path(args.json_out).write_text(json.dumps(result, indent=1))
