@@ -156,10 +156,10 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
 
 
 def machine_model_bound(cases: list[dict], min_bytes: int = 1 << 20) -> dict | None:
-    """The best any machine model of the form ``(B - L)/C + L/C_loop + M o`` can do: ``C``,
-    ``C_loop`` and ``o`` fitted by least squares (relative error) on *every* row from
-    ``min_bytes`` at the fastest rate (no held-out rows: an in-sample upper bound on the
-    roofline's accuracy, not a prediction). Needs :func:`apply_machine_model` first (``work``)."""
+    """How well a machine model of the form ``(B - L)/C + L/C_loop + M o`` can follow the rows
+    it is fitted on: ``C``, ``C_loop`` and ``o`` fitted by least squares (relative error) on
+    *every* row from ``min_bytes`` at the fastest rate (no held-out rows: an in-sample check of
+    the roofline's form, not a prediction). Needs :func:`apply_machine_model` first (``work``)."""
     import numpy as np
     fastest = max((c["rate_bps"] for c in cases), default=None)
     rows = [dict(r, shape=c.get("shape", "?")) for c in cases if c["rate_bps"] == fastest for r in c["rows"]
@@ -359,7 +359,7 @@ def print_summary(summary: list[dict]) -> None:
 
 def print_bound(bound: dict | None) -> None:
     if bound:
-        print(f"best in-sample machine model at the fastest rate (every row from 1 MiB fitted, an upper bound): "
+        print(f"in-sample machine model at the fastest rate (least squares on every row from 1 MiB, no held-out rows): "
               f"{bound['within_25pct']}/{bound['rows']} within 25%; worst: "
               + ", ".join(f"{w['shape']} {w['method']} {fmt_bytes(w['bytes'])} {w['error'] * 100:+.0f}%"
                           for w in bound["worst"]))
