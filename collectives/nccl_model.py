@@ -83,10 +83,15 @@ def _log2i(x: float) -> int:
     return int(math.floor(math.log2(x))) if x >= 1 else 0
 
 
-def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
+def _by_host(topology: Topology, gpus: Sequence[str]) -> dict[str, list[str]]:
     hosts: dict[str, list[str]] = {}
     for x in gpus:
         hosts.setdefault(topology.host_of(x), []).append(x)
+    return hosts
+
+
+def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
+    hosts = _by_host(topology, gpus)
     n_nodes = len(hosts)
     g = topology.graph
     sms = {g.nodes[x].get("sm") for x in gpus} - {None}
@@ -132,9 +137,7 @@ def ll128_enabled(topology, gpus: Sequence[str]) -> bool:
     sms = {int(topology.graph.nodes[g].get("sm") or 90) for g in gpus}
     if min(sms) < 70 or (len(sms) > 1 and min(sms) < 90):
         return False
-    by_host: dict = {}
-    for g in gpus:
-        by_host.setdefault(topology.host_of(g), []).append(g)
+    by_host = _by_host(topology, gpus)
     for members in by_host.values():
         for a, b in zip(members, members[1:]):
             if topology.path(a, b).nccl not in ("LOC", "NVL", "NVB"):

@@ -307,6 +307,14 @@ class _Flows:
         self.inc_l[:self.ninc] = l_
 
 
+def _lane_queues(steps) -> list[list[int]]:
+    """Step indices of one rank per lane, lanes in ascending order, each in list order."""
+    by_lane: dict[int, list[int]] = {}
+    for i, s in enumerate(steps):
+        by_lane.setdefault(s.lane, []).append(i)
+    return [by_lane[ln] for ln in sorted(by_lane)]
+
+
 def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True,
                  ordered_pairs: bool = False, rendezvous: bool = False, lanes: bool = False) -> RawRun:
     """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces);
@@ -320,8 +328,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
     nsteps = [len(s) for s in steps]
     done_t = [[None] * n for n in nsteps]
     # in-order streams per rank: one, or one per lane (NCCL's split tree: up and down run concurrently)
-    queues = [[[i for i, s in enumerate(steps[r]) if s.lane == ln] for ln in sorted({s.lane for s in steps[r]})]
-              if lanes else [range(nsteps[r])] for r in range(P)]
+    queues = [_lane_queues(steps[r]) if lanes else [range(nsteps[r])] for r in range(P)]
     pos = [[0] * len(q) for q in queues]
     ready = [set(range(len(q))) for q in queues]   # lanes of a rank whose head may start now
     blocked_on: dict = {}   # (rank, step) -> lanes whose head waits for that step to complete
@@ -364,9 +371,9 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
 
     def complete(r, i, t):
         done_t[r][i] = t
-        lanes_ = blocked_on.pop((r, i), None)
-        if lanes_:
-            ready[r].update(lanes_)
+        unblocked = blocked_on.pop((r, i), None)
+        if unblocked:
+            ready[r].update(unblocked)
         s = steps[r][i]
         if s.kind == "reduce":
             key = (s.chunk, s.slot)

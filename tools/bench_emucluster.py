@@ -166,10 +166,11 @@ def machine_model_bound(cases: list[dict], min_bytes: int = 1 << 20) -> dict | N
             if r.get("work") and r.get("predicted") is not None and r["bytes"] >= min_bytes]
     if len(rows) < 3:
         return None
+    from tools.emucluster.machine import relative_lstsq
     x = np.array([[r["work"]["bytes"] - r["work"]["local_bytes"], r["work"]["local_bytes"], r["work"]["messages"]]
                   for r in rows], dtype=float)
     t = np.array([r["time"] for r in rows])
-    coef, *_ = np.linalg.lstsq(x / t[:, None], np.ones(len(rows)), rcond=None)
+    coef = relative_lstsq(x, t)
     pred = np.maximum([r["predicted"] for r in rows], x @ coef)
     err = pred / t - 1
     worst = sorted(zip(err.tolist(), rows), key=lambda e: -abs(e[0]))[:5]
@@ -444,12 +445,12 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
     if args.from_json:
-        cases = json.loads(Path(args.from_json).read_text())["cases"]
+        earlier = json.loads(Path(args.from_json).read_text())
+        cases = earlier["cases"]
         if args.repredict:
             repredict(cases)
         machine, summary, bound = report(cases)
         if args.repredict:
-            earlier = json.loads(Path(args.from_json).read_text())
             if Path(args.json_out).resolve() == Path(args.from_json).resolve():
                 p.error("--json-out: expected a file other than --from-json (the measurements are kept)")
             Path(args.json_out).write_text(json.dumps(

@@ -35,7 +35,7 @@ from typing import Sequence
 
 from topo.errors import TreecollError
 
-__all__ = ["MachineModel", "fit", "schedule_work", "local_bytes"]
+__all__ = ["MachineModel", "fit", "relative_lstsq", "schedule_work", "local_bytes"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,14 @@ class MachineModel:
                 "fitted_on": self.fitted_on}
 
 
+def relative_lstsq(x: Sequence[Sequence[float]], t: Sequence[float]) -> list[float]:
+    """Coefficients ``k`` minimising the squared relative error of ``x @ k`` against ``t``
+    (rows of ``x``: the work terms of one measurement; ``t``: its seconds)."""
+    import numpy as np
+    a = np.asarray(x, dtype=float) / np.asarray(t, dtype=float)[:, None]
+    return [float(v) for v in np.linalg.lstsq(a, np.ones(len(a)), rcond=None)[0]]
+
+
 def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None = None) -> MachineModel:
     """Least squares on relative error: ``samples`` are (total bytes, messages, measured
     seconds) or (total bytes, messages, measured seconds, local bytes); with ``local_rate``
@@ -80,7 +88,6 @@ def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None 
 
     Needs two samples or more whose bytes-per-message differ (else ``C`` and ``o``
     cannot be told apart)."""
-    import numpy as np
     rows = []
     for b, m, t, *rest in samples:
         local = rest[0] if rest else 0.0
@@ -90,8 +97,7 @@ def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None 
     if len(rows) < 2 or len({round(b / max(m, 1)) for b, m, _ in rows}) < 2:
         raise TreecollError(f"machine model: expected >= 2 calibration samples with different bytes per "
                             f"message, got {len(rows)}; measure more sizes")
-    a = np.array([[b / t, m / t] for b, m, t in rows], dtype=float)
-    (inv_rate, cost), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    inv_rate, cost = relative_lstsq([(b, m) for b, m, _ in rows], [t for _, _, t in rows])
     if not inv_rate > 0:
         raise TreecollError(f"machine model: calibration gives a non-positive cost per byte ({inv_rate:.3g} s/B) "
                             f"on {fitted_on or 'the samples'}: the machine does not bind there")
