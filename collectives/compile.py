@@ -290,7 +290,7 @@ def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order=Non
                 for t in range(n - 1):            # all-gather
                     prog.add(r, "send", ch(i + 1 - t), peer=nxt, deps=(dep,))
                     dep = prog.add(r, "recv", ch(i - t), peer=prv)
-    return Schedule("allreduce", n, n * k, tuple(tuple(s) for s in prog.steps), name=f"ring/allreduce")
+    return Schedule("allreduce", n, n * k, tuple(tuple(s) for s in prog.steps), name="ring/allreduce")
 
 
 def _slot(q: int, r: int) -> int:

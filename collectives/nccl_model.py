@@ -1,4 +1,4 @@
-"""What NCCL would predict: its tuning model for ring and tree allreduce.
+"""What NCCL would predict: its tuning model for ring, tree and NVLS allreduce.
 
 Reproduces ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime`` of NCCL 2.30
 (src/graph/tuning.cc, read in ../shared/reference/collectives.md §1.2-1.3):
@@ -44,7 +44,7 @@ from topo.errors import TreeError
 
 from .cost import resolve_ranks
 
-__all__ = ["nccl_predict", "ll128_enabled", "PROTOS", "BASE_LAT", "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW",
+__all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "PROTOS", "BASE_LAT", "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW",
            "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW", "TREE_CORRECTION"]
 
 PROTOS = ("LL", "LL128", "Simple")
@@ -67,6 +67,20 @@ TREE_CORRECTION = {
     "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
     "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 }
+#: NVLS (NVLink SHARP) constants, tuning.cc: nvlsEfficiency (Hopper, Blackwell), hwLatencies NVLINK and NET of
+#: NVLS/NVLSTree with Simple (µs; baseLatencies of both are 0), perChMaxNVLSTreeBws (GB/s, nNodes 1, 2, >=3)
+NVLS_EFFICIENCY = {2: 0.85, 3: 0.74}
+NVLS_LAT = 25.0
+NVLS_TREE_NET_LAT = 20.9
+PER_CH_MAX_NVLS_TREE_BW = {2: (0.0, 57.7, 45.5), 3: (0.0, 96.0, 80.0)}
+#: NCCL_MAX_NVLS_ARITY (device.h): NVLS heads (channels) per NVLink domain
+MAX_NVLS_ARITY = 32
+#: the NVLS search's per-channel speeds, GB/s (search.cc sm90/sm100 SpeedArrayIntra and SpeedArrayInter)
+NVLS_SPEEDS_INTRA = {2: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+                     3: (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)}
+NVLS_SPEEDS_INTER = {2: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
+                     3: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
+                         3.0, 2.4, 1.2)}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -151,20 +165,123 @@ def ll128_enabled(topology, gpus: Sequence[str]) -> bool:
     return True
 
 
+def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
+    """The GPUs grouped by NVLink domain (GPUs on the same NVSwitches), in rank order, where NCCL runs NVLS.
+
+    NCCL offers NVLS (NVLink SHARP: the NVSwitches reduce and multicast) when the
+    GPUs reach NVSwitch nodes (search.cc), all have compute capability 9.0 or
+    later (GPUs without ``sm`` count as Hopper) and CUDA reports multicast
+    support (nvls.cc; a switch with ``multicast: false``, such as one standing
+    in for direct NVLinks, has none), with at least 2 GPUs per domain (nvls.cc).
+    A domain is a host, or a rack-level NVLink domain (NVL72: NCCL's MNNVL
+    clique is one node). Raises :class:`~topo.errors.TreeError` saying why NVLS
+    cannot run; domains of unequal size are refused too.
+    """
+    g = topology.graph
+    sms = [int(g.nodes[x].get("sm") or 90) for x in gpus]
+    if min(sms) < 90:
+        raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {min(sms)}")
+    domains: dict[frozenset, list[str]] = {}
+    for x in gpus:
+        sw = frozenset(v for v in g.successors(x) if g.nodes[v].get("kind") == "nvswitch")
+        if not sw:
+            raise TreeError(f"NVLS: GPU {x!r} has no NVSwitch (NVLS needs GPUs on NVSwitches)")
+        if any(g.nodes[v].get("multicast") is False for v in sw):
+            raise TreeError(f"NVLS: the NVSwitches of GPU {x!r} have multicast: false")
+        domains.setdefault(sw, []).append(x)
+    sizes = sorted({len(d) for d in domains.values()})
+    if sizes[0] < 2:
+        raise TreeError("NVLS: needs at least 2 GPUs per NVLink domain, got a domain with 1")
+    if len(sizes) > 1:
+        raise TreeError(f"NVLS: NVLink domains with different GPU counts {sizes}; give the same number per domain")
+    return list(domains.values())
+
+
+def nccl_algos(topology: Topology, gpus: Sequence[str]) -> tuple[str, ...]:
+    """The allreduce algorithms NCCL offers on these GPUs: ``ring``, ``tree``, and ``nvls`` (NVLS on one
+    NVLink domain, NVLSTree across several) where :func:`nvls_domains` allows it."""
+    try:
+        nvls_domains(topology, gpus)
+    except TreeError:
+        return ("ring", "tree")
+    return ("ring", "tree", "nvls")
+
+
+def _quantize(x: float, speeds: Sequence[float]) -> float:
+    """The largest of NCCL's search speeds that is <= ``x`` (the smallest one if none is)."""
+    return next((s for s in speeds if s <= x + 1e-9), speeds[-1])
+
+
+def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
+    """NCCL's NVLS / NVLSTree allreduce time (Simple protocol only), as tuning.cc computes it.
+
+    The NVLS graph NCCL's search finds is derived (approximation): one channel
+    per GPU of a domain (heads, at most 32); per channel ``bwIntra``, the largest
+    search speed with ``(n + 1) × bwIntra`` within a GPU's NVLink bandwidth to
+    its switches (each channel pulls ``bwIntra`` from every GPU and twice from
+    its head, search.cc ``ncclTopoSearchTryNvls``); ``bwInter``, the largest
+    speed within every GPU's path to its nearest NIC.
+    """
+    domains = nvls_domains(topology, gpus)
+    g = topology.graph
+    n, n_nodes, nranks = len(domains[0]), len(domains), len(gpus)
+    gen = 3 if min(int(g.nodes[x].get("sm") or 90) for x in gpus) >= 100 else 2
+    nch = min(MAX_NVLS_ARITY, n)
+    nvl = min(sum(float(d["bw"]) for v, d in g[x].items() if g.nodes[v].get("kind") == "nvswitch") for x in gpus)
+    bw_intra = _quantize(nvl / (n + 1), NVLS_SPEEDS_INTRA[gen])
+    intra = bw_intra * NVLS_EFFICIENCY[gen] * (nch - 1) / nch * 2.0
+    bw = intra
+    lat = NVLS_LAT
+    if n_nodes > 1:
+        nics = [topology.nearest_nic(x) for x in gpus]
+        if None in nics:
+            raise TreeError(f"nccl model: NVLSTree across NVLink domains but GPU {gpus[nics.index(None)]!r} "
+                            f"has no NIC")
+        path_bw = min(min(topology.path(x, c).bw, float(topology.node(c).get("bw") or 0.0))
+                      for x, c in zip(gpus, nics))
+        inter = _quantize(path_bw, NVLS_SPEEDS_INTER[gen]) * (2 if n_nodes <= 2 else 1)
+        bw = min(intra, inter, PER_CH_MAX_NVLS_TREE_BW[gen][1 if n_nodes == 2 else 2])
+        lat_inter = max(float(topology.node(c).get("lat") or 0.0) for c in nics)
+        lat += 2 * _log2i(n_nodes) * (NVLS_TREE_NET_LAT + 2 * lat_inter)
+    alg = nch * bw * nranks / (2 * (nranks - 1))
+    if n_nodes > 1 and gen >= 3 and not _grace(topology):
+        idx = _log2i(max(nbytes, 1) / 64)
+        if 0 <= idx < 24:
+            alg *= TREE_CORRECTION["Simple"][idx]
+    t_us = lat + nbytes / (1000.0 * alg)
+    algbw = nbytes / (t_us * 1e3)
+    return {"algo": "nvls_tree" if n_nodes > 1 else "nvls", "proto": "Simple", "time": t_us * 1e-6,
+            "time_us": t_us, "lat_us": lat, "model_algbw": alg, "algbw": algbw,
+            "busbw": algbw * 2 * (nranks - 1) / nranks, "nchannels": nch, "nnodes": n_nodes, "nranks": nranks,
+            "protocols": {"Simple": t_us}}
+
+
+def _grace(topology: Topology) -> bool:
+    """Whether the CPUs are Arm (NVIDIA Grace): NCCL's x86-only NVLSTree correction then does not apply."""
+    return any("grace" in str(topology.node(c).get("model", "")).lower() or
+               str(topology.node(c).get("arch", "")).lower() in ("arm", "arm64", "aarch64")
+               for c in topology.nodes("cpu"))
+
+
 def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int, algo: str = "ring",
                  proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None) -> dict:
-    """NCCL's predicted allreduce time for ``algo`` ("ring" or "tree") on ``nbytes``.
+    """NCCL's predicted allreduce time for ``algo`` ("ring", "tree" or "nvls") on ``nbytes``.
 
     ``proto`` None lets the model choose (least time over LL, LL128, Simple,
-    like NCCL). Returns ``{algo, proto, time (s), time_us, lat_us, algbw,
+    like NCCL). ``nvls`` is NCCL's NVLS on one NVLink domain and NVLSTree
+    across several (Simple only; :func:`nvls_domains` says where it runs). Returns ``{algo, proto, time (s), time_us, lat_us, algbw,
     busbw (GB/s, nccl-tests definitions), nchannels, nnodes, nranks,
     protocols: {proto: time_us}}``.
     """
-    if algo not in BASE_LAT:
-        raise TreeError(f"nccl model: algo expected 'ring' or 'tree', got {algo!r}")
+    if algo not in (*BASE_LAT, "nvls"):
+        raise TreeError(f"nccl model: algo expected 'ring', 'tree' or 'nvls', got {algo!r}")
     if proto is not None and proto not in PROTOS:
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
     topology, gpus = resolve_ranks(topology, ranks, nranks)
+    if algo == "nvls":
+        if proto not in (None, "Simple"):
+            raise TreeError(f"nccl model: NVLS runs the Simple protocol only, got proto {proto!r}")
+        return _nvls_predict(topology, gpus, nbytes)
     n = len(gpus)
     n_nodes, gen, intra_kind, total, nch, lat_inter = _inputs(topology, gpus, nchannels)
     col = 0 if n_nodes == 1 else 1 if n_nodes == 2 else 2

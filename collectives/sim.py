@@ -47,7 +47,7 @@ from topo.errors import CollectiveError
 from .sim_engine import Network, concurrent_times, run_schedule
 from .sim_profiles import Profile, get_profile
 
-__all__ = ["SimResult", "simulate", "simulate_ring", "bus_factor", "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
+__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor", "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
 
 #: bytes per element of the dtypes the simulator accepts
 DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
@@ -308,8 +308,10 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
                    dtype, stats, top)
 
 
-#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`
+#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`:
+#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`collectives.sim_nvls`)
 RING_ALGOS = ("ring",)
+NVLS_ALGOS = ("nvls",)
 #: largest chunk count chosen automatically for tree schedules (engine cost grows with chunks × edges)
 MAX_AUTO_CHUNKS = 32
 #: smallest chunk :func:`auto_chunks` makes, bytes (NCCL pipelines trees in steps of this order)
@@ -351,7 +353,8 @@ def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ())
 def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
                        profile: "Profile | str | None" = "auto", nchunks: int | None = None, dtype: str = "float32",
                        root: int = 0, top: int = 10, forward_lag: int = 0, **opts) -> SimResult:
-    """Simulate one named algorithm: ``ring`` or any tree builder name (``two_level``, ``kary:4``, ...).
+    """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
+    (``two_level``, ``kary:4``, ...).
 
     Trees are built for ``nbytes`` by :func:`collectives.builders.build` and
     compiled by :func:`collectives.compile.compile_plan` with ``nchunks``
@@ -365,6 +368,11 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     (``lanes``; NCCL's ``runTreeSplit``).
     """
     gpus = rank_gpus_of(topology, ranks)
+    if algo in NVLS_ALGOS:
+        if collective != "allreduce":
+            raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
+        from .sim_nvls import simulate_nvls
+        return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
     best = None
     if algo in RING_ALGOS:
@@ -389,6 +397,38 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
             r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top,
                                          **NCCL_TREE_RUN), k, want)
         best = r if best is None or r.time < best.time else best
+    return best
+
+
+#: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
+#: NCCL's tree is a chain inside each host under a tree over hosts, one per NIC rail for large messages
+NCCL_ALLREDUCE = {"ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
+
+
+def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Profile | str | None" = "auto",
+                            algos: Sequence[str] | None = None, **kw) -> tuple[str, SimResult]:
+    """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
+
+    ``algos``: NCCL names to choose among (default all NCCL offers on these
+    GPUs, :func:`collectives.nccl_model.nccl_algos`: ring, tree, and nvls on
+    Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
+    names the LL or LL128 protocol (NVLS runs Simple only).
+    """
+    from .nccl_model import nccl_algos
+    gpus = rank_gpus_of(topology, ranks)
+    offered = nccl_algos(topology, gpus)
+    names = [a for a in (algos or offered) if a in offered]
+    if profile in ("nccl-ll", "nccl-ll128"):
+        names = [a for a in names if a != "nvls"]
+    if not names:
+        raise CollectiveError(f"NCCL allreduce: none of {list(algos or ())} is offered here; "
+                              f"expected some of {list(offered)}")
+    best = None
+    for a in names:
+        name, opts = NCCL_ALLREDUCE[a]
+        r = simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
+        if best is None or r.time < best[1].time:
+            best = (a, r)
     return best
 
 

@@ -14,8 +14,9 @@ the output are negligible at long context). Then the partial results combine:
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
-  as NCCL would run it (the faster of the ring and an NCCL-like tree, chain
-  inside a host, over the fastest protocol: :func:`collectives.sim.simulate_algorithm`).
+  as NCCL would run it (the fastest of the ring, an NCCL-like tree, chain
+  inside a host, and NVLS where NCCL offers it, over the fastest protocol:
+  :func:`collectives.sim.simulate_nccl_allreduce`).
 * ``ring`` (Ring Attention as in the paper's baseline): ``P − 1`` steps, in
   each every GPU passes its current K/V block (``2 · b · t · n_kv · d_h``
   elements) to its ring successor while it computes on the block it has;
@@ -45,7 +46,7 @@ from dataclasses import asdict, dataclass
 
 from topo.errors import CollectiveError
 
-from .sim import DTYPE_SIZES, NCCL_TREE_RUN, rank_gpus_of, simulate, simulate_algorithm
+from .sim import DTYPE_SIZES, NCCL_TREE_RUN, rank_gpus_of, simulate, simulate_nccl_allreduce
 from .sim_engine import Network, concurrent_times
 
 __all__ = ["DecodeShape", "decode_step", "paper_volumes", "paper_memory", "PAPER_SEQ_LENS", "PAPER_HOSTS",
@@ -155,15 +156,14 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
         comm, sent, peak = 0.0, 0.0, 0.0
         for nbytes in (4 * b * H, 4 * b * H, 4 * b * H * D):
             if P > 1:
-                r = min((simulate_algorithm(topology, a, nbytes, ranks=gpus, profile=profile, **o)
-                         for a, o in (("ring", {}), ("two_level", {"intra": "chain"}))), key=lambda x: x.time)
+                r = simulate_nccl_allreduce(topology, nbytes, ranks=gpus, profile=profile)[1]
                 comm += r.time
                 sent += 2 * (P - 1) / P * nbytes
                 peak = max(peak, max(r.peak_scratch))
         bufs = 4 * b * H * (D + 2)   # numerator, denominator, max in fp32
         out["methods"]["allreduce3"] = _method(local, comm, sent, sent * P, kv_bytes + q_bytes + bufs + peak,
                                                vol["allreduce3"], mem["allreduce3"],
-                                               "max(lse), sum(den), sum(num): NCCL-like ring or tree each")
+                                               "max(lse), sum(den), sum(num): NCCL's ring, tree or NVLS each")
     if "ring" in methods:
         step = 0.0
         if P > 1:

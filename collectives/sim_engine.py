@@ -58,7 +58,7 @@ import numpy as np
 
 from topo.errors import CollectiveError
 
-__all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "RawRun", "route_class"]
+__all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun", "route_class"]
 
 _REL_EPS = 1e-9
 
@@ -214,6 +214,21 @@ def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: 
         lm[inc_l[sel]] = True
 
 
+def drain_times(net: Network, links, sizes) -> np.ndarray:
+    """Seconds each subflow takes to drain when all start together, rates from one max-min allocation.
+
+    ``links[i]``: the link ids (array) subflow ``i`` crosses; ``sizes[i]``: its bytes.
+    """
+    drain = np.zeros(len(sizes))
+    if not len(sizes):
+        return drain
+    flows = np.concatenate([np.full(len(ids), i, dtype=np.int64) for i, ids in enumerate(links)])
+    uf, rate = maxmin_rates(flows, np.concatenate(links), net.cap)
+    sz = np.asarray(sizes, dtype=np.float64)[uf]
+    drain[uf] = np.where(sz > 0, sz / np.maximum(rate, 1e-300), 0.0)
+    return drain
+
+
 def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
     """``(latency, drain)`` in seconds of transfers that all start together, rates from one max-min allocation.
 
@@ -222,27 +237,18 @@ def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
     route latency; the transfer completes after their sum. Used for lockstep
     phases (every step of a uniform ring moves the same set of transfers).
     """
-    flows, links, sizes, owner, lats = [], [], [], [], []
-    k = 0
+    links, sizes, owner, lats = [], [], [], []
     tlist = list(transfers)
     for t_i, (a, b, n) in enumerate(tlist):
         r = net.route(a, b)
         lats.append(r.lat)
         for ids, share in r.subroutes:
-            flows.append(np.full(len(ids), k, dtype=np.int64))
             links.append(ids)
             sizes.append(n * share)
             owner.append(t_i)
-            k += 1
-    lat = np.asarray(lats, dtype=np.float64)
     drain = np.zeros(len(tlist))
-    if k == 0:
-        return lat, drain
-    uf, rate = maxmin_rates(np.concatenate(flows), np.concatenate(links), net.cap)
-    sizes_a = np.asarray(sizes)[uf]
-    dur = np.where(sizes_a > 0, sizes_a / np.maximum(rate, 1e-300), 0.0)
-    np.maximum.at(drain, np.asarray(owner)[uf], dur)
-    return lat, drain
+    np.maximum.at(drain, np.asarray(owner, dtype=np.int64), drain_times(net, links, sizes))
+    return np.asarray(lats, dtype=np.float64), drain
 
 
 @dataclass

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import yaml
 
 from topo._schema import YAML_LOADER, Doc
-from topo.errors import TopologyError, TreeError, TreecollError
+from topo.errors import TopologyError, TreeError
 
 from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
 from .schedule import Schedule
@@ -96,7 +96,6 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
                 lists.append([_rank(doc, x, (*fp, i, j), len(cs)) for j, x in enumerate(c)])
             return Tree.from_children(lists, name=name)
         # nested
-        edges: list[tuple[int, int]] = []
         order: dict[int, list[int]] = {}
         seen: list[int] = []
 

@@ -7,10 +7,13 @@
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
 
 ``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's double
-binary tree, :func:`collectives.builders.double_binary`), any builder name of
-:mod:`collectives.builders` (``two_level``, ``auto``, ``binomial``,
+binary tree, :func:`collectives.builders.double_binary`), ``nvls`` (NCCL's
+NVLink SHARP reduction in the NVSwitches, NVLSTree across hosts:
+:mod:`collectives.sim_nvls`; Hopper and later NVSwitch systems), any builder
+name of :mod:`collectives.builders` (``two_level``, ``auto``, ``binomial``,
 ``kary:4``, ...), and ``nccl``: NCCL's own analytical model
-(:func:`collectives.nccl_model.nccl_predict`, the faster of its ring and tree),
+(:func:`collectives.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
+offers there: ring, tree and where it runs NVLS),
 a separate line for comparison. Simulated algorithms use the fastest NCCL
 protocol profile per size unless ``--profile`` names one (``ideal``,
 ``nccl-simple``, a calibrated YAML...). Sizes: ``A:B`` doubles from A to B,
@@ -108,9 +111,9 @@ def _one(topology, algo: str, size: int, ranks, profile):
     """(time s, busbw, algbw, label) of one algorithm at one size."""
     from collectives.sim import bandwidths, rank_gpus_of, simulate_algorithm
     if algo == "nccl":
-        from collectives.nccl_model import nccl_predict
+        from collectives.nccl_model import nccl_algos, nccl_predict
         gpus = rank_gpus_of(topology, ranks)
-        best = min((nccl_predict(topology, list(gpus), size, algo=a) for a in ("ring", "tree")),
+        best = min((nccl_predict(topology, list(gpus), size, algo=a) for a in nccl_algos(topology, gpus)),
                    key=lambda r: r["time"])
         alg, bus = bandwidths("allreduce", size, len(gpus), best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"

@@ -10,12 +10,14 @@ lines (GPU model and count per host from the ``Using devices`` block or the
 templates of :data:`MACHINES` (every figure cited there), simulates the same
 sizes and prints measured versus predicted busbw per size with the error.
 
-Prediction: what NCCL would run, as the simulator sees it: the faster of the
-ring (:func:`collectives.sim.simulate_ring`) and an NCCL-like tree (a chain
+Prediction: what NCCL would run, as the simulator sees it
+(:func:`collectives.sim.simulate_nccl_allreduce`): the fastest of the ring (:func:`collectives.sim.simulate_ring`) and an NCCL-like tree (a chain
 inside each host under a binomial tree over hosts, one per NIC rail for large
 messages: ``two_level`` with ``intra="chain"``, run as NCCL's split tree
 kernels run it), each over NCCL's protocol profiles
-(:mod:`collectives.sim_profiles`; LL128 only where NCCL enables it); ``NCCL_ALGO`` /
+(:mod:`collectives.sim_profiles`; LL128 only where NCCL enables it), and on
+NVSwitch systems of compute capability 9.0 and later NCCL's NVLS / NVLSTree
+(:mod:`collectives.sim_nvls`); ``NCCL_ALGO`` /
 ``NCCL_PROTO`` in a file's ``# env:`` line restrict the choice as they
 restrict NCCL. Nothing is fitted to the tables unless ``--profile`` names a
 calibrated profile.
@@ -52,7 +54,8 @@ LARGE, SMALL = 64 << 20, 64 << 10
 #  Gen4 24, Gen5 48 GB/s; NET bw = speed(Mb/s)/8000; unknown NIC speed -> NET_BW 12.0 ("100Gbit").
 #  mem_bw from NVIDIA datasheets: A100 80GB SXM 2039 GB/s, GH200 (96 GB HBM3) 4000, H200 4800, L40S 864,
 #  RTX 5090 1792, V100 PCIe 900.
-_NV_SWITCHED = "{count: 1, links: %d, link_bw: %s}"
+# direct NVLinks between all GPUs stood in for by one switch: no NVSwitch, so no NVLS multicast
+_NV_SWITCHED = "{count: 1, links: %d, link_bw: %s, multicast: false}"
 MACHINES = {
     # AWS p4de.24xlarge: 8x A100 80GB on NVSwitch (as DGX A100: 12 links x 20 GB/s), 4x 100 Gb/s EFA (AWS spec);
     # NIC lat 75 us: what the aws-ofi-nccl plugin reports to NCCL as the net latency of p4d/p4de.24xlarge
@@ -211,37 +214,41 @@ def topology_for(tab: Table):
     return yaml_io.loads(text, source=f"<{tab.path.name}>"), name + ("" if shipped else " (inline)")
 
 
-def algorithms(tab: Table) -> tuple[list, str]:
-    """(algorithm names, profile) allowed by the file's NCCL_ALGO / NCCL_PROTO."""
+def algorithms(tab: Table, topology=None) -> tuple[list, str]:
+    """(algorithm names, profile) NCCL would choose among, as allowed by the file's NCCL_ALGO / NCCL_PROTO:
+    ring, tree, and for allreduce on NVLS-capable GPUs (:func:`collectives.nccl_model.nccl_algos`) nvls."""
     algo = re.search(r"NCCL_ALGO=(\w+)", tab.env)
     proto = re.search(r"NCCL_PROTO=(\w+)", tab.env)
-    algos = ["ring", "tree"]
-    if tab.collective != "allreduce":
-        algos = ["ring"]
+    algos = ["ring"]
+    if tab.collective == "allreduce":
+        algos = ["ring", "tree"]
+        if topology is not None and tab.nranks > 1:
+            from collectives.nccl_model import nccl_algos
+            algos = list(nccl_algos(topology, topology.rank_gpus()))
     if algo:
-        a = algo.group(1).lower()
+        a = {"nvlstree": "nvls"}.get(algo.group(1).lower(), algo.group(1).lower())
         algos = [x for x in algos if x == a] or algos
     prof = "auto"
     if proto:
         prof = {"ll": "nccl-ll", "ll128": "nccl-ll128", "simple": "nccl-simple"}.get(proto.group(1).lower(), "auto")
+    if prof in ("nccl-ll", "nccl-ll128") and len(algos) > 1:
+        algos = [a for a in algos if a != "nvls"]     # NVLS runs Simple only
     return algos, prof
 
 
 def predict(topology, tab: Table, size: int, profile) -> tuple[float, str]:
     """Predicted time (s) and label for one size."""
-    from collectives.sim import simulate_algorithm
-    algos, prof = algorithms(tab)
+    from collectives.sim import simulate_algorithm, simulate_nccl_allreduce
+    if tab.nranks == 1:
+        return 0.0, "-"
+    algos, prof = algorithms(tab, topology)
     if profile is not None:
         prof = profile
-    best = None
-    for a in algos:
-        name, opts = ("ring", {}) if a == "ring" else ("two_level", {"intra": "chain"})
-        if tab.nranks == 1:
-            continue
-        r = simulate_algorithm(topology, name, size, collective=tab.collective, profile=prof, **opts)
-        if best is None or r.time < best[0]:
-            best = (r.time, f"{a}/{r.profile}")
-    return best if best else (0.0, "-")
+    if tab.collective == "allreduce":
+        a, r = simulate_nccl_allreduce(topology, size, profile=prof, algos=algos)
+    else:
+        a, r = "ring", simulate_algorithm(topology, "ring", size, collective=tab.collective, profile=prof)
+    return r.time, f"{r.algorithm if a == 'nvls' else a}/{r.profile}"
 
 
 def nccl_model_time(topology, tab: Table, size: int) -> float | None:
@@ -249,7 +256,7 @@ def nccl_model_time(topology, tab: Table, size: int) -> float | None:
     if tab.collective != "allreduce" or tab.nranks < 2:
         return None
     from collectives.nccl_model import nccl_predict
-    algos, _ = algorithms(tab)
+    algos, _ = algorithms(tab, topology)
     return min(nccl_predict(topology, None, size, algo=a)["time"] for a in algos)
 
 

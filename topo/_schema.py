@@ -137,6 +137,12 @@ class Doc:
             self.fail(path, f"expected an integer >= {minimum}, got {v}")
         return v
 
+    def boolean(self, v: Any, path: Sequence[Any]) -> bool:
+        """``true`` or ``false``."""
+        if not isinstance(v, bool):
+            self.fail(path, f"expected true or false, got {_show(v)}")
+        return v
+
     def string(self, v: Any, path: Sequence[Any]) -> str:
         """A non-empty string."""
         if not isinstance(v, str) or not v:

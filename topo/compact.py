@@ -40,7 +40,7 @@ PCIE_HOP_LAT = 0.5
 
 TEMPLATE_KEYS = ("description", "gpus", "nvswitch", "cpus", "smp", "pcie", "nics")
 GPU_KEYS = ("count", "model", "mem_bw", "sm", "pci", "numa", "c2c")
-NVSWITCH_KEYS = ("count", "links", "link_bw", "lat", "scope", "domain_hosts", "pci")
+NVSWITCH_KEYS = ("count", "links", "link_bw", "lat", "scope", "domain_hosts", "pci", "multicast")
 CPU_KEYS = ("numa", "socket", "affinity", "model")
 PCIE_KEYS = ("bw", "lat", "switches")
 SWITCH_KEYS = ("cpu", "parent", "gpus", "nics", "host_bridge", "bw")
@@ -276,6 +276,7 @@ def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int) ->
                          what="integers (NVLinks from each GPU to each switch)")
     link_bw = doc.number(sd["link_bw"], (*sp, "link_bw"), unit="GB/s per NVLink per direction")
     lat = doc.number(sd["lat"], (*sp, "lat"), positive=False, unit="µs") if "lat" in sd else NVLINK_HOP_LAT
+    multicast = doc.boolean(sd["multicast"], (*sp, "multicast")) if "multicast" in sd else True
     scope = sd.get("scope", "host")
     if scope not in ("host", "rack"):
         doc.fail((*sp, "scope"), f"expected 'host' or 'rack', got {scope!r}")
@@ -288,12 +289,16 @@ def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int) ->
     if scope == "rack":
         if pci is not None:
             doc.fail((*sp, "pci"), "rack-level NVLink switches have no PCI address in a host")
+        if not multicast:
+            doc.fail((*sp, "multicast"), "only valid with scope: host (rack-level NVLink switches multicast)")
         ht.rack_switches = nsw
         for i in range(ngpu):
             ht.rack_links.extend((f"gpu{i}", k, _link("nvlink", n * link_bw, lat, n)) for k, n in enumerate(links))
         return
     for k in range(nsw):
         a = {"kind": "nvswitch"}
+        if not multicast:
+            a["multicast"] = False
         if pci is not None:
             a["pci"] = doc.string(pci[k], (*sp, "pci", k)).lower()
         ht.nodes.append((f"nvswitch{k}", a))

@@ -33,7 +33,6 @@ import os
 import re
 from typing import Any
 
-import networkx as nx
 
 from .errors import TopologyError
 from .hostgraph import HostBuilder

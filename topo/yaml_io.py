@@ -32,7 +32,6 @@ True
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path as FsPath
@@ -58,7 +57,7 @@ LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
 #: keys starting with ``x_`` are free-form extensions kept as they are.
 NODE_ATTRS = {
     "gpu": ("index", "pci", "uuid", "model", "mem_bw", "numa", "sm", "rank", "name", "serial"),
-    "nvswitch": ("pci", "assumed", "index", "name"),
+    "nvswitch": ("pci", "assumed", "index", "name", "multicast"),
     "pcie_switch": ("host_bridge", "pci", "name", "vendor", "device", "link_speed", "link_width"),
     "cpu": ("numa", "socket", "affinity", "model", "arch", "vendor", "familyid", "modelid"),
     "nic": ("name", "bw", "pci", "rail", "link_layer", "port", "guid", "numa", "dev", "speed", "lat"),
@@ -67,6 +66,7 @@ NODE_ATTRS = {
 _INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev"})
 _POS_ATTRS = frozenset({"mem_bw", "bw"})
 _NONNEG_ATTRS = {"lat": "µs"}
+_BOOL_ATTRS = frozenset({"multicast"})
 
 
 class _Loader(YAML_LOADER):  # type: ignore[misc, valid-type]
@@ -423,6 +423,8 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
                 doc.number(v, (*p, k), unit="GB/s")
             elif k in _NONNEG_ATTRS:
                 doc.number(v, (*p, k), positive=False, unit=_NONNEG_ATTRS[k])
+            elif k in _BOOL_ATTRS:
+                doc.boolean(v, (*p, k))
         attrs = {k: v for k, v in nd.items() if k != "id"}
         g.add_node(nid, **attrs)
     pairs: set[tuple[str, str]] = set()

@@ -184,8 +184,8 @@ def test_nccl_protocol_choice_and_bandwidth():
     # tree Simple: min(busBw * 0.92, nCh * perChMaxTreeBw[Hopper][N1] = 38.7) * 0.5, x correction 0.9
     assert tree["model_algbw"] == pytest.approx(min(18 * 20.6 * 0.92, 18 * 38.7) * 0.5 * 0.9)
     assert set(small["protocols"]) == {"LL", "LL128", "Simple"}
-    with pytest.raises(TreeError, match="algo expected 'ring' or 'tree'"):
-        nccl_predict(t, None, 8, "nvls")
+    with pytest.raises(TreeError, match="algo expected 'ring', 'tree' or 'nvls', got 'collnet'"):
+        nccl_predict(t, None, 8, "collnet")
     with pytest.raises(TreeError, match="proto expected one of"):
         nccl_predict(t, None, 8, "ring", "LL64")
 

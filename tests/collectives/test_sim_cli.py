@@ -81,3 +81,20 @@ def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(
     assert prof.nic_lat_mult == 2.0 and prof.tree_eff == sim_profiles.NCCL_TREE_EFF
     sim_profiles.save_profile(prof, tmp_path / "v100-fit.yaml", fit={"tables": 1})
     assert sim_profiles.get_profile(str(tmp_path / "v100-fit.yaml")) == prof
+
+
+def test_validation_offers_nvls_where_nccl_does():
+    """DGX H100 (NVSwitch, sm 90): NVLSTree wins at 1 GiB, as NCCL's tuner picks it; the GH200 quad's
+    direct NVLinks (a stand-in switch with multicast: false) and NCCL_ALGO=Ring leave it out."""
+    if not FIXTURES.is_dir():
+        pytest.skip(f"fixtures not found at {FIXTURES}")
+    h100 = validate_sim.parse(FIXTURES / "h100-16gpu-2node-allreduce.txt")
+    topo, _ = validate_sim.topology_for(h100)
+    assert validate_sim.algorithms(h100, topo)[0] == ["ring", "tree", "nvls"]
+    t, label = validate_sim.predict(topo, h100, 1 << 30, None)
+    assert label == "nvls_tree/nccl-nvls" and (1 << 30) / t / 1e9 * 30 / 16 > 440
+    assert validate_sim.nccl_model_time(topo, h100, 1 << 30) == pytest.approx(t, rel=0.01)
+    ring = validate_sim.parse(FIXTURES / "h100-16gpu-2node-allreduce-ring.txt")
+    assert validate_sim.algorithms(ring, validate_sim.topology_for(ring)[0])[0] == ["ring"]
+    gh = validate_sim.parse(FIXTURES / "gh200-8gpu-2node-allreduce-slingshot.txt")
+    assert validate_sim.algorithms(gh, validate_sim.topology_for(gh)[0])[0] == ["ring", "tree"]

@@ -7,7 +7,7 @@ import pytest
 
 from _coll_helpers import FIXTURES, ROOT
 from collectives import MultiTree, Tree, build
-from collectives.tree_io import dumps_tree, load_nccl_graph, load_tree, loads_nccl_graph, loads_tree, save_tree
+from collectives.tree_io import load_nccl_graph, load_tree, loads_nccl_graph, loads_tree, save_tree
 from topo.errors import TreeError
 from tools.cli import main
 

@@ -131,7 +131,7 @@ def test_network_routes_are_shortest_and_deterministic(network, hosts):
     import networkx as nx
 
     import topo
-    from test_yaml_io import BOX, edit
+    from test_yaml_io import edit
     text = edit("count: 2}", f"count: {hosts}}}").replace("{type: single_switch}", network)
     t, again = topo.loads(text), topo.loads(text)
     g = t.graph

@@ -8,7 +8,7 @@ import pytest
 
 import topo
 from topo import TopologyError
-from _shipped import ROOT, SHIPPED, shipped
+from _shipped import SHIPPED, shipped
 
 BOX = textwrap.dedent("""\
     name: t
