@@ -12,7 +12,8 @@ topology-oblivious launcher often gets):
   torch.distributed point-to-point (see :func:`make_ours`).
 
 Time per size is the median over repetitions of the slowest rank's time
-(barrier, then the collective). Rank 0 of each host also reads its uplink's
+(barrier, then the collective); ``--budget`` repeats short collectives more
+(:func:`repetitions`). Rank 0 of each host also reads its uplink's
 transmit counter, so the table shows the rate the shaped link really
 carried (bytes on the wire incl. headers). The driver adds the simulator's
 prediction for the same YAML (:func:`predict`) and the relative error, prints
@@ -219,10 +220,14 @@ def worker(args) -> int:
     for m, fn in fns.items():
         for nbytes in args.sizes:
             x = torch.empty(nbytes // 4, dtype=torch.float32)
-            reps = args.reps if nbytes >= (1 << 20) else max(args.reps, 10)
             times, ok = [], True
             x.fill_(rank + 1)
+            dist.barrier()
+            t0 = time.perf_counter()
             fn(x)  # warm-up (connections, buffers), checked
+            warm = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(warm, op=dist.ReduceOp.MAX)      # every rank runs the same repetitions
+            reps = repetitions(nbytes, float(warm), args.reps, args.budget)
             ok &= bool(torch.all(x == expected))
             tx0, t_all = _uplink_tx(), 0.0
             for _ in range(reps):
@@ -254,6 +259,25 @@ def worker(args) -> int:
     return 0
 
 
+#: most repetitions :func:`repetitions` asks for (short collectives on a quiet link)
+MAX_REPS = 40
+
+
+def repetitions(nbytes: int, warmup_s: float, reps: int, budget_s: float) -> int:
+    """Repetitions for one (method, size): at least ``reps`` (10 below 1 MiB), more for short
+    collectives so that each runs about ``budget_s`` seconds in all (from its warm-up time), at most
+    :data:`MAX_REPS`: a 1 MiB allreduce takes milliseconds and its spread on two shared cores is
+    tens of percent, so its median needs more samples than a 64 MiB one.
+
+    >>> repetitions(64 << 20, 0.5, 7, 1.0), repetitions(1 << 20, 0.02, 7, 1.0), repetitions(4096, 1e-4, 7, 1.0)
+    (7, 40, 40)
+    """
+    base = reps if nbytes >= (1 << 20) else max(reps, 10)
+    if budget_s <= 0 or warmup_s <= 0:
+        return base
+    return max(base, min(MAX_REPS, int(budget_s / warmup_s)))
+
+
 # ----------------------------------------------------------------------------- driver
 def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
     from tools.emucluster import netns, runner
@@ -263,7 +287,7 @@ def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
     out = workdir / f"raw-{tag}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out),
            "--methods", ",".join(args.methods), "--sizes", ",".join(map(str, args.sizes)),
-           "--reps", str(args.reps), "--op-timeout", str(args.op_timeout)]
+           "--reps", str(args.reps), "--budget", str(args.budget), "--op-timeout", str(args.op_timeout)]
     res = runner.run(cmd, hosts=hosts, ranks_per_host=rph, placement_mode=args.placement,
                      rate_bps=netns.parse_rate(rate), timeout=args.timeout, topology_out=str(topo_path),
                      tag_output=True)
@@ -425,7 +449,10 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes (4K, 64M accepted)")
     p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"))
-    p.add_argument("--reps", type=int, default=3, help="repetitions for sizes >= 1 MiB (10 below)")
+    p.add_argument("--reps", type=int, default=3, help="least repetitions for sizes >= 1 MiB (10 below)")
+    p.add_argument("--budget", type=float, default=0.0,
+                   help="seconds of repetitions per method and size: short collectives repeat up to "
+                        f"{MAX_REPS} times to fill it (0: exactly --reps)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per case before all ranks are killed")
     p.add_argument("--op-timeout", type=float, default=300, help="torch.distributed timeout in the ranks")
     p.add_argument("--json-out", default="bench_emucluster.json")

@@ -81,3 +81,12 @@ def test_machine_model_bound_fits_every_row_of_the_fastest_rate():
     b = machine_model_bound([fast])
     assert "odd" in [w["method"] for w in b["worst"]] and b["within_25pct"] < b["rows"] == 5
     assert machine_model_bound([{"rate_bps": 1.0, "rows": rows[:2]}]) is None
+
+
+def test_repetitions_fill_the_budget_for_short_collectives():
+    from tools.bench_emucluster import MAX_REPS, repetitions
+    assert repetitions(64 << 20, 0.8, 7, 1.0) == 7                # long: the floor
+    assert repetitions(1 << 20, 0.05, 7, 1.0) == 20               # 1 s / 50 ms
+    assert repetitions(1 << 20, 0.001, 7, 1.0) == MAX_REPS        # capped
+    assert repetitions(4096, 0.5, 3, 1.0) == 10                   # below 1 MiB at least 10
+    assert repetitions(1 << 20, 0.001, 7, 0.0) == 7               # no budget: exactly --reps
