@@ -122,8 +122,22 @@ def _one(topology, algo: str, size: int, ranks, profile):
     return r.time, r.busbw, r.algbw, r.profile
 
 
+#: --algo names besides the tree builders of collectives.builders
+SIM_ALGOS = ("ring", "tree", "nvls", "nccl")
+
+
+def check_algos(algos) -> None:
+    """Refuse an unknown --algo name before any work, listing every valid one."""
+    from collectives.builders import BUILDERS
+    for a in algos:
+        if a not in SIM_ALGOS and a.partition(":")[0] not in BUILDERS:
+            raise CollectiveError(f"--algo {a!r}: unknown; expected one of {list(SIM_ALGOS)} or a tree builder "
+                                  f"{sorted(BUILDERS)} (e.g. kary:4)")
+
+
 def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
     from collectives.sim import rank_gpus_of
+    check_algos(algos)
     P = len(rank_gpus_of(topology, ranks))
     rows = []
     total = len(algos) * len(sizes)
@@ -236,10 +250,11 @@ def plot_decode(d: dict, path: str) -> None:
 
 def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: int = 10) -> dict[str, Any]:
     from collectives.sim import simulate_algorithm
+    check_algos([algo])
     name = "double_binary" if algo == "tree" else algo
     if name == "nccl":
         raise CollectiveError("simulate links: 'nccl' is an analytical model without links; "
-                              "pick ring, tree or a builder name")
+                              "pick ring, tree, nvls or a builder name")
     r = simulate_algorithm(topology, name, size, ranks=ranks, profile=profile or "auto", top=top)
     return {"topology": topology.name, "algo": algo, "nranks": r.nranks, "size": size, "time_us": r.time * 1e6,
             "busbw": r.busbw, "profile": r.profile, "kind_bytes": r.kind_bytes, "busiest": list(r.busiest),

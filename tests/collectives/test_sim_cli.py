@@ -55,6 +55,15 @@ def test_simulate_user_error_is_one_line(capsys):
     assert err.startswith("treecoll: error: --sizes: expected a size like 4096") and "got '8X'" in err and err.count("\n") == 1
 
 
+def test_unknown_algo_lists_every_valid_name(capsys):
+    assert main(["simulate", "allreduce", "--topology", "dgx-h100", "--algo", "ring,bogus", "--sizes", "1K"]) == 1
+    err = capsys.readouterr().err
+    assert "--algo 'bogus': unknown; expected one of ['ring', 'tree', 'nvls', 'nccl'] or a tree builder" in err
+    assert "'two_level'" in err and err.count("\n") == 1
+    assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "nvls", "--size", "1MiB"]) == 0
+    assert "nvls allreduce" in capsys.readouterr().out
+
+
 def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
     if not FIXTURES.is_dir():
         pytest.skip(f"fixtures not found at {FIXTURES}")
