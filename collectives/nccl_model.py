@@ -44,8 +44,9 @@ from topo.errors import TreeError
 
 from .cost import resolve_ranks
 
-__all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "PROTOS", "BASE_LAT", "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW",
-           "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW", "TREE_CORRECTION"]
+__all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
+           "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
+           "TREE_CORRECTION"]
 
 PROTOS = ("LL", "LL128", "Simple")
 # NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (µs), protocol order (LL, LL128, Simple)
@@ -86,10 +87,14 @@ NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
 
 
-def _gen(sm) -> int:
-    if sm is None:
-        return 2
-    sm = int(sm)
+def _min_sm(topology: Topology, gpus: Sequence[str]) -> int:
+    """The smallest compute capability (``sm``) among the GPUs; GPUs without ``sm`` count as Hopper (90)."""
+    return min(int(topology.graph.nodes[x].get("sm") or 90) for x in gpus)
+
+
+def generation(topology: Topology, gpus: Sequence[str]) -> int:
+    """NCCL's GPU generation index of the oldest GPU: 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell (no ``sm``: Hopper)."""
+    sm = _min_sm(topology, gpus)
     return 0 if sm < 80 else 1 if sm < 90 else 2 if sm < 100 else 3
 
 
@@ -108,8 +113,7 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
     hosts = _by_host(topology, gpus)
     n_nodes = len(hosts)
     g = topology.graph
-    sms = {g.nodes[x].get("sm") for x in gpus} - {None}
-    gen = _gen(min(sms) if sms else None)
+    gen = generation(topology, gpus)
     intra_bw, nvlink, link_bw = math.inf, True, math.inf
     for members in hosts.values():
         for a, b in zip(members, members[1:] + members[:1]):
@@ -178,9 +182,8 @@ def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
     cannot run; domains of unequal size are refused too.
     """
     g = topology.graph
-    sms = [int(g.nodes[x].get("sm") or 90) for x in gpus]
-    if min(sms) < 90:
-        raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {min(sms)}")
+    if _min_sm(topology, gpus) < 90:
+        raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {_min_sm(topology, gpus)}")
     domains: dict[frozenset, list[str]] = {}
     for x in gpus:
         sw = frozenset(v for v in g.successors(x) if g.nodes[v].get("kind") == "nvswitch")
@@ -225,7 +228,7 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
     domains = nvls_domains(topology, gpus)
     g = topology.graph
     n, n_nodes, nranks = len(domains[0]), len(domains), len(gpus)
-    gen = 3 if min(int(g.nodes[x].get("sm") or 90) for x in gpus) >= 100 else 2
+    gen = generation(topology, gpus)
     nch = min(MAX_NVLS_ARITY, n)
     nvl = min(sum(float(d["bw"]) for v, d in g[x].items() if g.nodes[v].get("kind") == "nvswitch") for x in gpus)
     bw_intra = _quantize(nvl / (n + 1), NVLS_SPEEDS_INTRA[gen])
@@ -244,7 +247,7 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
         lat_inter = max(float(topology.node(c).get("lat") or 0.0) for c in nics)
         lat += 2 * _log2i(n_nodes) * (NVLS_TREE_NET_LAT + 2 * lat_inter)
     alg = nch * bw * nranks / (2 * (nranks - 1))
-    if n_nodes > 1 and gen >= 3 and not _grace(topology):
+    if n_nodes > 1 and gen >= 3 and not _arm_hosts(topology):
         idx = _log2i(max(nbytes, 1) / 64)
         if 0 <= idx < 24:
             alg *= TREE_CORRECTION["Simple"][idx]
@@ -256,7 +259,7 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
             "protocols": {"Simple": t_us}}
 
 
-def _grace(topology: Topology) -> bool:
+def _arm_hosts(topology: Topology) -> bool:
     """Whether the CPUs are Arm (NVIDIA Grace): NCCL's x86-only NVLSTree correction then does not apply."""
     return any("grace" in str(topology.node(c).get("model", "")).lower() or
                str(topology.node(c).get("arch", "")).lower() in ("arm", "arm64", "aarch64")

@@ -88,7 +88,7 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     except TreeError as e:
         raise CollectiveError(str(e)) from None
     g = topology.graph
-    gen = 3 if min(int(g.nodes[x].get("sm") or 90) for x in gpus) >= 100 else 2
+    gen = nm.generation(topology, gpus)
     prof, nccl = _profile(profile, gen)
     t0 = _time.perf_counter()
     net = Network(topology, prof)

@@ -93,7 +93,7 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[st
     """Plain data for a tree (or multitree) on an optional topology: edges with their
     links, edge counts by class, predicted times."""
     from collectives.cost import CostModel
-    from collectives.nccl_model import nccl_predict
+    from collectives.nccl_model import nccl_algos, nccl_predict
     from collectives.tree import as_multi
     multi = as_multi(plan)
     n = multi.size
@@ -135,7 +135,7 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[st
         pred["lower_bound_allreduce_us"] = model.lower_bound(nbytes, "allreduce") * 1e6
         try:
             pred["nccl"] = {a: {k: v for k, v in nccl_predict(topology, gpus, nbytes, a).items()
-                                if k in ("proto", "time_us", "busbw")} for a in ("ring", "tree")}
+                                if k in ("proto", "time_us", "busbw")} for a in nccl_algos(topology, gpus)}
         except TreeError:
             pass
         data["predicted"] = pred
