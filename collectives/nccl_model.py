@@ -200,9 +200,12 @@ def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
     return list(domains.values())
 
 
-def nccl_algos(topology: Topology, gpus: Sequence[str]) -> tuple[str, ...]:
+def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None) -> tuple[str, ...]:
     """The allreduce algorithms NCCL offers on these GPUs: ``ring``, ``tree``, and ``nvls`` (NVLS on one
-    NVLink domain, NVLSTree across several) where :func:`nvls_domains` allows it."""
+    NVLink domain, NVLSTree across several) where :func:`nvls_domains` allows it and ``proto`` (a
+    protocol NCCL is restricted to, e.g. by NCCL_PROTO) is None or Simple: NVLS runs Simple only."""
+    if proto not in (None, "Simple"):
+        return ("ring", "tree")
     try:
         nvls_domains(topology, gpus)
     except TreeError:

@@ -47,7 +47,8 @@ from topo.errors import CollectiveError
 from .sim_engine import Network, concurrent_times, run_schedule
 from .sim_profiles import Profile, get_profile
 
-__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor", "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
+__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
+           "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
 
 #: bytes per element of the dtypes the simulator accepts
 DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
@@ -416,10 +417,9 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Prof
     """
     from .nccl_model import nccl_algos
     gpus = rank_gpus_of(topology, ranks)
-    offered = nccl_algos(topology, gpus)
+    offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
+                         if isinstance(profile, str) else None)
     names = [a for a in (algos or offered) if a in offered]
-    if profile in ("nccl-ll", "nccl-ll128"):
-        names = [a for a in names if a != "nvls"]
     if not names:
         raise CollectiveError(f"NCCL allreduce: none of {list(algos or ())} is offered here; "
                               f"expected some of {list(offered)}")

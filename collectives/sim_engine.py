@@ -58,7 +58,8 @@ import numpy as np
 
 from topo.errors import CollectiveError
 
-__all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun", "route_class"]
+__all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun",
+           "route_class"]
 
 _REL_EPS = 1e-9
 

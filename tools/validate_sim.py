@@ -219,20 +219,17 @@ def algorithms(tab: Table, topology=None) -> tuple[list, str]:
     ring, tree, and for allreduce on NVLS-capable GPUs (:func:`collectives.nccl_model.nccl_algos`) nvls."""
     algo = re.search(r"NCCL_ALGO=(\w+)", tab.env)
     proto = re.search(r"NCCL_PROTO=(\w+)", tab.env)
+    proto_name = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}.get(proto.group(1).lower()) if proto else None
     algos = ["ring"]
     if tab.collective == "allreduce":
         algos = ["ring", "tree"]
         if topology is not None and tab.nranks > 1:
             from collectives.nccl_model import nccl_algos
-            algos = list(nccl_algos(topology, topology.rank_gpus()))
+            algos = list(nccl_algos(topology, topology.rank_gpus(), proto_name))
     if algo:
         a = {"nvlstree": "nvls"}.get(algo.group(1).lower(), algo.group(1).lower())
         algos = [x for x in algos if x == a] or algos
-    prof = "auto"
-    if proto:
-        prof = {"ll": "nccl-ll", "ll128": "nccl-ll128", "simple": "nccl-simple"}.get(proto.group(1).lower(), "auto")
-    if prof in ("nccl-ll", "nccl-ll128") and len(algos) > 1:
-        algos = [a for a in algos if a != "nvls"]     # NVLS runs Simple only
+    prof = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}.get(proto_name, "auto")
     return algos, prof
 
 
