@@ -75,12 +75,32 @@ def route_class(nccl: str) -> str:
 
 @dataclass(frozen=True)
 class Route:
-    """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s."""
+    """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s.
+
+    For the event engine, the subroutes with a share > 0 as arrays: ``shares`` (float, one per
+    subflow), ``nlinks`` (links per subflow), ``all_links`` (their link ids, concatenated) and
+    ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
 
     subroutes: tuple
     lat: float
     cls: str
     nccl: str
+    shares: np.ndarray = None
+    nlinks: np.ndarray = None
+    all_links: np.ndarray = None
+    owner: np.ndarray = None
+
+    @classmethod
+    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str) -> "Route":
+        used = [(ids, share) for ids, share in subroutes if share > 0]
+        if len(used) == 1:   # most routes: one subflow over the whole message
+            ids, share = used[0]
+            return cls_(subroutes, lat, cls, nccl, np.array([share]), np.array([len(ids)]), ids,
+                        np.zeros(len(ids), dtype=np.int64))
+        nlinks = np.array([len(ids) for ids, _ in used], dtype=np.int64)
+        return cls_(subroutes, lat, cls, nccl, np.array([sh for _, sh in used], dtype=np.float64), nlinks,
+                    np.concatenate([ids for ids, _ in used]) if used else np.zeros(0, dtype=np.int64),
+                    np.repeat(np.arange(len(used), dtype=np.int64), nlinks))
 
 
 class Network:
@@ -96,28 +116,31 @@ class Network:
         self._ids: dict[tuple[str, str], int] = {}
         self.ends: list[tuple[str, str]] = []
         self.kinds: list[str] = []
-        self._cap: list[float] = []
+        self._cap = np.zeros(256)           # grown by doubling; the first len(ends) entries are used
+        self._eff: dict[str, float] = {}    # link kind -> the profile's efficiency
         self._routes: dict[tuple[str, str], Route] = {}
-        self._cap_arr: np.ndarray | None = None
 
     def link_id(self, a: str, b: str) -> int:
         i = self._ids.get((a, b))
         if i is None:
             d = self.topology.link(a, b)
+            kind = d["kind"]
+            eff = self._eff.get(kind)
+            if eff is None:
+                eff = self._eff[kind] = self.profile.efficiency(kind)
             i = len(self.ends)
             self._ids[(a, b)] = i
             self.ends.append((a, b))
-            self.kinds.append(d["kind"])
-            self._cap.append(float(d["bw"]) * 1e9 * self.profile.efficiency(d["kind"]))
-            self._cap_arr = None
+            self.kinds.append(kind)
+            if i == len(self._cap):
+                self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
+            self._cap[i] = float(d["bw"]) * 1e9 * eff
         return i
 
     @property
     def cap(self) -> np.ndarray:
-        """Capacity of each numbered link, bytes/s."""
-        if self._cap_arr is None or len(self._cap_arr) != len(self._cap):
-            self._cap_arr = np.asarray(self._cap, dtype=np.float64)
-        return self._cap_arr
+        """Capacity of each numbered link, bytes/s (a view: index it, do not keep it across new links)."""
+        return self._cap[:len(self.ends)]
 
     def link_load(self, transfers) -> np.ndarray:
         """Bytes each numbered link carries for ``transfers`` = ``[(src_gpu, dst_gpu, nbytes)]``."""
@@ -145,12 +168,13 @@ class Network:
         if r is None:
             p = self.topology.path(a, b)
             subs = []
+            link_id = self.link_id
             for nodes, share in p.routes:
-                ids = np.fromiter((self.link_id(u, v) for u, v in zip(nodes, nodes[1:])), dtype=np.int64)
+                ids = np.array([link_id(u, v) for u, v in zip(nodes, nodes[1:])], dtype=np.int64)
                 subs.append((ids, float(share)))
             cls = route_class(p.nccl)
             lat = max(p.lat * 1e-6, self.profile.step_lat(cls)) + self._nic_lat(p.nodes)
-            r = Route(tuple(subs), lat, cls, p.nccl)
+            r = Route.of(tuple(subs), lat, cls, p.nccl)
             self._routes[(a, b)] = r
         return r
 
@@ -288,9 +312,7 @@ class _Flows:
             for name in ("rem", "rate", "size", "xfer", "alive", "nl"):
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
-        self.rem[i] = nbytes
-        self.size[i] = nbytes
-        self.rate[i] = 0.0
+        self.rem[i] = self.size[i] = nbytes   # rate[i] is 0: subflow slots are never reused
         self.xfer[i] = xfer
         self.alive[i] = True
         m = len(links)
@@ -305,6 +327,31 @@ class _Flows:
         self.nalive_inc += m
         self.n += 1
         return i
+
+    def add_route(self, route: Route, nbytes: float, xfer: int) -> int:
+        """Add one subflow per used subroute of ``route`` carrying ``share × nbytes``; returns how many."""
+        k = len(route.shares)
+        i = self.n
+        while i + k > len(self.rem):
+            for name in ("rem", "rate", "size", "xfer", "alive", "nl"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        sl = slice(i, i + k)
+        self.rem[sl] = self.size[sl] = route.shares * nbytes   # rate is 0: subflow slots are never reused
+        self.xfer[sl] = xfer
+        self.alive[sl] = True
+        self.nl[sl] = route.nlinks
+        self.links.extend(ids for ids, share in route.subroutes if share > 0)
+        m = len(route.all_links)
+        while self.ninc + m > len(self.inc_f):
+            self.inc_f = np.concatenate([self.inc_f, np.zeros_like(self.inc_f)])
+            self.inc_l = np.concatenate([self.inc_l, np.zeros_like(self.inc_l)])
+        self.inc_f[self.ninc:self.ninc + m] = route.owner + i
+        self.inc_l[self.ninc:self.ninc + m] = route.all_links
+        self.ninc += m
+        self.nalive_inc += m
+        self.n += k
+        return k
 
     def compact(self) -> None:
         keep = self.alive[self.inc_f[:self.ninc]]
@@ -429,12 +476,9 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
         x_info.append((r, i, key, route.lat))
         cnt = 0
         if n > 0:
-            for ids, share in route.subroutes:
-                if share <= 0:
-                    continue
-                fl.add(ids, n * share, xi)
-                dirty.append(ids)
-                cnt += 1
+            cnt = fl.add_route(route, n, xi)
+            if cnt:
+                dirty.append(route.all_links)
         x_pending.append(cnt)
         if cnt == 0:
             complete(r, i, t)

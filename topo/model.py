@@ -147,7 +147,7 @@ class Topology:
     def link(self, a: str, b: str) -> Mapping[str, Any]:
         """The attributes of the directed link a -> b."""
         try:
-            return MappingProxyType(self._g.edges[a, b])
+            return MappingProxyType(self._g._adj[a][b])   # the edge's attribute dict (networkx adjacency)
         except KeyError:
             raise TopologyError(f"link {a!r} -> {b!r}: not in topology {self.name!r}") from None
 

@@ -369,6 +369,21 @@ def _dist_to_switch(topo: "Topology", target: str) -> dict[str, int]:
     return cache[target]
 
 
+def _dist_to_leaves(topo: "Topology", leaves: tuple[str, ...]) -> dict[str, int]:
+    """Hops from every network switch to a NIC whose switches into it are ``leaves`` (one more
+    than to the nearest of them); cached per tuple of leaves, which the NICs of a leaf share."""
+    cache = topo.__dict__.setdefault("_leaf_dist", {})
+    out = cache.get(leaves)
+    if out is None:
+        out = {}
+        for s in leaves:
+            for v, hops in _dist_to_switch(topo, s).items():
+                if hops + 1 < out.get(v, 1 << 30):
+                    out[v] = hops + 1
+        cache[leaves] = out
+    return out
+
+
 def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
     """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb).
 
@@ -377,12 +392,9 @@ def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
     """
     g = topo.graph
     succ, table = g._succ, _node_table(topo)
-    dist: dict[str, int] = {nb: 0}
-    for s, d in g._pred[nb].items():
-        if table[s][0] == "net_switch" and d["kind"] == "net":
-            for v, hops in _dist_to_switch(topo, s).items():
-                if hops + 1 < dist.get(v, 1 << 30):
-                    dist[v] = hops + 1
+    dist = dict(_dist_to_leaves(topo, tuple(s for s, d in g._pred[nb].items()
+                                            if table[s][0] == "net_switch" and d["kind"] == "net")))
+    dist[nb] = 0
     best = None
     for v, d in succ[na].items():
         if d["kind"] == "net" and v in dist and (v == nb or table[v][0] == "net_switch"):
