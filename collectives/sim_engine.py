@@ -77,14 +77,15 @@ def route_class(nccl: str) -> str:
 class Route:
     """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s.
 
-    For the event engine, the subroutes with a share > 0 as arrays: ``shares`` (float, one per
-    subflow), ``nlinks`` (links per subflow), ``all_links`` (their link ids, concatenated) and
-    ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
+    For the event engine, the subroutes with a share > 0: ``used`` (their link id arrays),
+    ``shares`` (float, one per subflow), ``nlinks`` (links per subflow), ``all_links`` (their
+    link ids, concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
 
     subroutes: tuple
     lat: float
     cls: str
     nccl: str
+    used: tuple = ()
     shares: np.ndarray = None
     nlinks: np.ndarray = None
     all_links: np.ndarray = None
@@ -93,14 +94,15 @@ class Route:
     @classmethod
     def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str) -> "Route":
         used = [(ids, share) for ids, share in subroutes if share > 0]
-        if len(used) == 1:   # most routes: one subflow over the whole message
-            ids, share = used[0]
-            return cls_(subroutes, lat, cls, nccl, np.array([share]), np.array([len(ids)]), ids,
-                        np.zeros(len(ids), dtype=np.int64))
-        nlinks = np.array([len(ids) for ids, _ in used], dtype=np.int64)
-        return cls_(subroutes, lat, cls, nccl, np.array([sh for _, sh in used], dtype=np.float64), nlinks,
-                    np.concatenate([ids for ids, _ in used]) if used else np.zeros(0, dtype=np.int64),
-                    np.repeat(np.arange(len(used), dtype=np.int64), nlinks))
+        links = tuple(ids for ids, _ in used)
+        nlinks = np.array([len(ids) for ids in links], dtype=np.int64)
+        if len(links) == 1:   # most routes: one subflow over the whole message
+            all_links, owner = links[0], np.zeros(len(links[0]), dtype=np.int64)
+        else:
+            all_links = np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
+            owner = np.repeat(np.arange(len(links), dtype=np.int64), nlinks)
+        return cls_(subroutes, lat, cls, nccl, links, np.array([sh for _, sh in used], dtype=np.float64), nlinks,
+                    all_links, owner)
 
 
 class Network:
@@ -305,53 +307,53 @@ class _Flows:
         self.ninc = 0
         self.nalive_inc = 0
         self.links: list = []
-
-    def add(self, links: np.ndarray, nbytes: float, xfer: int) -> int:
-        i = self.n
-        if i == len(self.rem):
-            for name in ("rem", "rate", "size", "xfer", "alive", "nl"):
-                a = getattr(self, name)
-                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
-        self.rem[i] = self.size[i] = nbytes   # rate[i] is 0: subflow slots are never reused
-        self.xfer[i] = xfer
-        self.alive[i] = True
-        m = len(links)
-        self.nl[i] = m
-        self.links.append(links)
-        while self.ninc + m > len(self.inc_f):
-            self.inc_f = np.concatenate([self.inc_f, np.zeros_like(self.inc_f)])
-            self.inc_l = np.concatenate([self.inc_l, np.zeros_like(self.inc_l)])
-        self.inc_f[self.ninc:self.ninc + m] = i
-        self.inc_l[self.ninc:self.ninc + m] = links
-        self.ninc += m
-        self.nalive_inc += m
-        self.n += 1
-        return i
+        self.pending: list = []   # (route, bytes, transfer) queued by add_route, not yet in the arrays
 
     def add_route(self, route: Route, nbytes: float, xfer: int) -> int:
-        """Add one subflow per used subroute of ``route`` carrying ``share × nbytes``; returns how many."""
-        k = len(route.shares)
-        i = self.n
-        while i + k > len(self.rem):
-            for name in ("rem", "rate", "size", "xfer", "alive", "nl"):
+        """Queue one subflow per used subroute of ``route`` carrying ``share × nbytes`` for transfer
+        ``xfer``; returns how many. They join the arrays at the next :meth:`flush` (in the order
+        queued), before anything reads them: adding thousands of transfers between two rate
+        updates then costs a few array operations, not a few per transfer."""
+        k = len(route.used)
+        if k:
+            self.pending.append((route, nbytes, xfer))
+        return k
+
+    def _grow(self, names: tuple, need: int) -> None:
+        while need > len(getattr(self, names[0])):
+            for name in names:
                 a = getattr(self, name)
                 setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+
+    def flush(self) -> None:
+        """Move the queued subflows into the arrays (subflow ids in queue order)."""
+        if not self.pending:
+            return
+        queued, self.pending = self.pending, []
+        routes = [q[0] for q in queued]
+        ks = np.fromiter((len(r.used) for r in routes), dtype=np.int64, count=len(routes))
+        k, i = int(ks.sum()), self.n
+        self._grow(("rem", "rate", "size", "xfer", "alive", "nl"), i + k)
         sl = slice(i, i + k)
-        self.rem[sl] = self.size[sl] = route.shares * nbytes   # rate is 0: subflow slots are never reused
-        self.xfer[sl] = xfer
+        # rate stays 0 until the next allocation: subflow slots are never reused
+        self.rem[sl] = self.size[sl] = (np.concatenate([r.shares for r in routes])
+                                        * np.repeat(np.fromiter((q[1] for q in queued), dtype=np.float64,
+                                                                count=len(queued)), ks))
+        self.xfer[sl] = np.repeat(np.fromiter((q[2] for q in queued), dtype=np.int64, count=len(queued)), ks)
         self.alive[sl] = True
-        self.nl[sl] = route.nlinks
-        self.links.extend(ids for ids, share in route.subroutes if share > 0)
-        m = len(route.all_links)
-        while self.ninc + m > len(self.inc_f):
-            self.inc_f = np.concatenate([self.inc_f, np.zeros_like(self.inc_f)])
-            self.inc_l = np.concatenate([self.inc_l, np.zeros_like(self.inc_l)])
-        self.inc_f[self.ninc:self.ninc + m] = route.owner + i
-        self.inc_l[self.ninc:self.ninc + m] = route.all_links
+        self.nl[sl] = np.concatenate([r.nlinks for r in routes])
+        for r in routes:
+            self.links.extend(r.used)
+        all_links = np.concatenate([r.all_links for r in routes])
+        m = len(all_links)
+        per_route = np.fromiter((len(r.all_links) for r in routes), dtype=np.int64, count=len(routes))
+        self._grow(("inc_f", "inc_l"), self.ninc + m)
+        self.inc_f[self.ninc:self.ninc + m] = (np.concatenate([r.owner for r in routes])
+                                               + np.repeat(i + np.cumsum(ks) - ks, per_route))
+        self.inc_l[self.ninc:self.ninc + m] = all_links
         self.ninc += m
         self.nalive_inc += m
         self.n += k
-        return k
 
     def compact(self) -> None:
         keep = self.alive[self.inc_f[:self.ninc]]
@@ -506,7 +508,11 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             while ps[qi] < len(q):
                 i = q[ps[qi]]
                 s = lst[i]
-                wait = next((d for d in s.deps if dt[d] is None), None)
+                wait = None
+                for d in s.deps:
+                    if dt[d] is None:
+                        wait = d
+                        break
                 if wait is not None:
                     blocked_on.setdefault((r, wait), []).append(qi)
                     break
@@ -545,6 +551,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
     active = np.zeros(0, dtype=np.int64)
     while True:
         if changed:
+            fl.flush()
             # only the flows connected to a link where a flow started or ended can change rate
             if fl.ninc > 2 * max(fl.nalive_inc, 1024):
                 fl.compact()
@@ -579,10 +586,10 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                 fl.rem[fin] = 0.0
                 active = active[fl.alive[active]]
                 changed = True
-                for f in fin.tolist():
-                    dirty.append(fl.links[f])
-                    xi = int(fl.xfer[f])
-                    fl.nalive_inc -= int(fl.nl[f])  # incidences are dropped lazily by compact()
+                fl.nalive_inc -= int(fl.nl[fin].sum())  # incidences are dropped lazily by compact()
+                links = fl.links
+                for f, xi in zip(fin.tolist(), fl.xfer[fin].tolist()):
+                    dirty.append(links[f])
                     x_pending[xi] -= 1
                     if x_pending[xi] == 0:
                         r, i, key, lat = x_info[xi]
@@ -614,6 +621,7 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
             peak = max(peak, cur)
         peaks.append(peak)
     link_bytes = np.zeros(len(net.ends))
+    fl.flush()
     if fl.n:
         np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[:fl.n], fl.nl[:fl.n]))
     return RawRun(max(finish, default=0.0), finish, link_bytes, peaks, len(x_info), fl.n, recomputes)
