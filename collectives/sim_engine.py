@@ -92,17 +92,25 @@ class Route:
     owner: np.ndarray = None
 
     @classmethod
-    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str) -> "Route":
+    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> "Route":
+        """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
+        when the caller has them (every subroute used)."""
         used = [(ids, share) for ids, share in subroutes if share > 0]
+        key = (tuple(len(ids) for ids, _ in used), tuple(share for _, share in used))
+        shape = _SHAPES.get(key)
+        if shape is None:   # routes come in few shapes (an H100's NVLink route: 4 subroutes, 5/5/4/4 links)
+            nlinks = np.array(key[0], dtype=np.int64)
+            shape = _SHAPES[key] = (np.array(key[1], dtype=np.float64), nlinks,
+                                    np.repeat(np.arange(len(used), dtype=np.int64), nlinks))
         links = tuple(ids for ids, _ in used)
-        nlinks = np.array([len(ids) for ids in links], dtype=np.int64)
-        if len(links) == 1:   # most routes: one subflow over the whole message
-            all_links, owner = links[0], np.zeros(len(links[0]), dtype=np.int64)
-        else:
-            all_links = np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-            owner = np.repeat(np.arange(len(links), dtype=np.int64), nlinks)
-        return cls_(subroutes, lat, cls, nccl, links, np.array([sh for _, sh in used], dtype=np.float64), nlinks,
-                    all_links, owner)
+        if all_links is None or len(used) != len(subroutes):
+            all_links = (links[0] if len(links) == 1 else np.concatenate(links) if links
+                         else np.zeros(0, dtype=np.int64))
+        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2])
+
+
+#: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
+_SHAPES: dict[tuple, tuple] = {}
 
 
 class Network:
@@ -169,14 +177,16 @@ class Network:
         r = self._routes.get((a, b))
         if r is None:
             p = self.topology.path(a, b)
-            subs = []
             link_id = self.link_id
-            for nodes, share in p.routes:
-                ids = np.array([link_id(u, v) for u, v in zip(nodes, nodes[1:])], dtype=np.int64)
-                subs.append((ids, float(share)))
+            flat = np.array([link_id(u, v) for nodes, _ in p.routes for u, v in zip(nodes, nodes[1:])],
+                            dtype=np.int64)
+            subs, o = [], 0
+            for nodes, share in p.routes:   # each subroute's ids: a view of the flat array
+                subs.append((flat[o:o + len(nodes) - 1], float(share)))
+                o += len(nodes) - 1
             cls = route_class(p.nccl)
             lat = max(p.lat * 1e-6, self.profile.step_lat(cls)) + self._nic_lat(p.nodes)
-            r = Route.of(tuple(subs), lat, cls, p.nccl)
+            r = Route.of(tuple(subs), lat, cls, p.nccl, flat)
             self._routes[(a, b)] = r
         return r
 
