@@ -50,8 +50,10 @@ Everything is deterministic: ties are broken by insertion order.
 """
 from __future__ import annotations
 
+import gc
 import heapq
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +61,7 @@ import numpy as np
 from topo.errors import CollectiveError
 
 __all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun",
-           "route_class"]
+           "route_class", "gc_paused"]
 
 _REL_EPS = 1e-9
 
@@ -379,6 +381,25 @@ def _lane_queues(steps) -> list[list[int]]:
     for i, s in enumerate(steps):
         by_lane.setdefault(s.lane, []).append(i)
     return [by_lane[ln] for ln in sorted(by_lane)]
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off inside the block, as it was after.
+
+    The simulations wrap their whole run in it (:func:`collectives.sim.simulate`,
+    :func:`collectives.sim.simulate_ring`): they make no reference cycles, so reference
+    counting frees everything they drop, while the collector's repeated passes over the
+    growing heap cost about a tenth of an 8192-GPU eight-rail tree simulation (what the run
+    leaves behind, such as the topology's path cache, is still examined once, after). The
+    block should hold the run's temporaries, so that they are gone before the collector is back."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True,

@@ -152,6 +152,34 @@ def test_bytes_sent_equal_bytes_received_and_link_accounting():
         assert r.kind_bytes == {"nvlink": 2 * sent}
 
 
+def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
+    """The simulations pause Python's cyclic collector while they run (sim_engine.gc_paused)."""
+    import gc
+    topo, P = ring_topology(4, 10.0, 1.0), 4
+    seen, engine, lockstep = [], sim.run_schedule, sim.concurrent_times
+
+    def record(real):
+        def wrapper(*a, **k):
+            seen.append(gc.isenabled())
+            return real(*a, **k)
+        return wrapper
+    monkeypatch.setattr(sim, "run_schedule", record(engine))
+    monkeypatch.setattr(sim, "concurrent_times", record(lockstep))
+
+    def both():
+        simulate(topo, ring_allreduce_schedule(P), 1 << 20)
+        simulate_ring(topo, 1 << 20)
+    assert gc.isenabled()
+    both()
+    assert gc.isenabled() and seen == [False, False]     # paused inside both engines, back on after
+    gc.disable()
+    try:
+        both()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_same_input_same_output():
     topo = star_topology(5, bw=20.0, lat=1.0, mem_bw=100.0)
     s = ring_allreduce_schedule(5)
