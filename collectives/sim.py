@@ -180,6 +180,7 @@ def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_by
                      lb, dict(sorted(kinds.items())), tuple(busiest), tuple(peaks), profile.name, dtype, stats)
 
 
+@gc_paused()
 def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
              profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False,
              rendezvous: bool = False, lanes: bool = False) -> SimResult:
@@ -199,17 +200,16 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     _check_size(nbytes, dtype)
     prof = get_profile(profile)
     gpus = rank_gpus_of(topology, ranks, schedule.nranks)
-    with gc_paused():
-        net = Network(topology, prof)
-        t0 = _time.perf_counter()
-        raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                           reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
-                           lanes=lanes)
-        stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
-                 "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
-        return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
-                       schedule.nranks, raw.makespan, raw.finish, raw.link_bytes, raw.peak_scratch, prof, dtype,
-                       stats, top)
+    net = Network(topology, prof)
+    t0 = _time.perf_counter()
+    raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
+                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
+                       lanes=lanes)
+    stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
+             "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
+    return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
+                   schedule.nranks, raw.makespan, raw.finish, raw.link_bytes, raw.peak_scratch, prof, dtype,
+                   stats, top)
 
 
 def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
@@ -263,6 +263,7 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
     return float((full * tot + windows.max(axis=1)).max())
 
 
+@gc_paused()
 def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
                   profile: "Profile | str | None" = None, channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
@@ -286,29 +287,28 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
     if C < 1:
         raise CollectiveError(f"channels: expected >= 1, got {C}")
     t0 = _time.perf_counter()
-    with gc_paused():
-        net = Network(topology, prof)
-        chunk = nbytes / (P * C)
-        rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
-        ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
-        link_bytes = np.zeros(0)
-        makespan = 0.0
-        if P > 1:
-            transfers, rings = [], ring_orders(topology, gpus, C)
-            for ring in rings:
-                transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
-            lat, drain = concurrent_times(net, transfers)
-            memb = _mem_bw(topology, gpus)
-            red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
-            step = float(drain.max())
-            makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
-                + ag_steps * step
-            link_bytes = net.link_load(transfers) * (rs_steps + ag_steps)
-        peaks = [chunk * C if rs_steps else 0.0] * P
-        stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
-                 "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
-        return _finish(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
-                       dtype, stats, top)
+    net = Network(topology, prof)
+    chunk = nbytes / (P * C)
+    rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
+    ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
+    link_bytes = np.zeros(0)
+    makespan = 0.0
+    if P > 1:
+        transfers, rings = [], ring_orders(topology, gpus, C)
+        for ring in rings:
+            transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
+        lat, drain = concurrent_times(net, transfers)
+        memb = _mem_bw(topology, gpus)
+        red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
+        step = float(drain.max())
+        makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
+            + ag_steps * step
+        link_bytes = net.link_load(transfers) * (rs_steps + ag_steps)
+    peaks = [chunk * C if rs_steps else 0.0] * P
+    stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
+             "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
+    return _finish(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
+                   dtype, stats, top)
 
 
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`:

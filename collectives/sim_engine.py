@@ -385,14 +385,22 @@ def _lane_queues(steps) -> list[list[int]]:
 
 @contextmanager
 def gc_paused():
-    """Python's cyclic garbage collector off inside the block, as it was after.
+    """Python's cyclic garbage collector off inside the block, restored to its state after.
 
-    The simulations wrap their whole run in it (:func:`collectives.sim.simulate`,
-    :func:`collectives.sim.simulate_ring`): they make no reference cycles, so reference
-    counting frees everything they drop, while the collector's repeated passes over the
-    growing heap cost about a tenth of an 8192-GPU eight-rail tree simulation (what the run
-    leaves behind, such as the topology's path cache, is still examined once, after). The
-    block should hold the run's temporaries, so that they are gone before the collector is back."""
+    Used as a decorator on the simulations (``@gc_paused()`` on :func:`collectives.sim.simulate`
+    and :func:`collectives.sim.simulate_ring`), so the whole run, temporaries included, is
+    inside. They make no reference cycles, so reference counting frees everything they drop,
+    while the collector's repeated passes over the growing heap cost about a tenth of an
+    8192-GPU eight-rail tree simulation (what the run leaves behind, such as the topology's
+    path cache, is still examined once, after).
+
+    >>> import gc
+    >>> with gc_paused():
+    ...     gc.isenabled()
+    False
+    >>> gc.isenabled()
+    True
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
