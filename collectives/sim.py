@@ -17,7 +17,7 @@ Two entry points, one result type:
 
 Both return a :class:`SimResult` with times in seconds, bytes per link and per
 link kind, the busiest links, peak scratch memory per rank and algbw/busbw
-exactly as nccl-tests defines them (../shared/reference/collectives.md §2):
+exactly as nccl-tests defines them (doc/PERFORMANCE.md of https://github.com/NVIDIA/nccl-tests):
 ``algbw = S / t`` (S = the per-rank buffer, for allgather and reduce_scatter
 the total size), ``busbw = algbw × 2(P−1)/P`` for allreduce, ``× (P−1)/P``
 for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.

@@ -85,14 +85,22 @@ def test_two_and_eight_processes():
             p.close()
 
 
-def test_rank_exiting_early_is_an_error_naming_the_peer():
+def test_rank_exiting_early_is_an_error_naming_the_peer_then_the_group_is_unusable():
     p = GlooPool(3)
     try:
         t0 = time.time()
         res = p.run("die_early", timeout=60, expect=2)
         assert res[1] is None
         for r in (0, 2):
-            assert res[r][0] == "ok" and "allreduce: rank" in res[r][1] and "rank 1" in res[r][1], res
+            assert res[r][0] == "ok", res
+            (t_first, first), (t_again, again), (t_other, other) = res[r][1]
+            assert "allreduce: rank" in first and "rank 1" in first, first
+            # later calls fail at once, say why (the first failure) and what to do
+            for t, msg, what in ((t_again, again, "allreduce"), (t_other, other, "broadcast(root=0)")):
+                assert t < 0.5, (t, msg)
+                assert msg.startswith(f"{what}: the process group is unusable: an earlier collective on it failed ("
+                                      + first.splitlines()[0][:60]), msg
+                assert "destroy it (torch.distributed.destroy_process_group(group)) and create a new one" in msg
         assert time.time() - t0 < 30
     finally:
         p.close()

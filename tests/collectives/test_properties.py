@@ -99,32 +99,59 @@ def _op(kind):
     return {"sum": "sum", "max": "max", "matmul": matmul2, "pair": pair}[kind]
 
 
+def _clone(v):
+    return tuple(x.clone() for x in v) if isinstance(v, tuple) else v.clone()
+
+
+def _identical(a, b) -> bool:
+    """Same object, or tuples of the same tensor objects."""
+    return a is b or (isinstance(a, tuple) and isinstance(b, tuple) and all(x is y for x, y in zip(a, b)))
+
+
 @SETTINGS
 @given(tree=trees(), k=st.integers(1, 5), rows=st.integers(1, 9), dtype=st.sampled_from(DTYPES),
-       kind=st.sampled_from(["sum", "max", "pair"]), data=st.data())
-def test_random_trees_commutative(tree, k, rows, dtype, kind, data):
+       kind=st.sampled_from(["sum", "max", "pair"]), use_out=st.booleans(), data=st.data())
+def test_random_trees_commutative(tree, k, rows, dtype, kind, use_out, data):
+    """In place by default (the result in x, x returned; reduce leaves non-roots' x as it was);
+    with out= the result goes there and x is left unmodified."""
     n = tree.size
     vals = _values(kind, n, rows, dtype, seed=rows * 31 + k)
     if kind == "sum" and dtype == torch.float16:
         vals = [v / n for v in vals]
     ref = _reference(kind, vals)
-    before = [tuple(x.clone() for x in v) if isinstance(v, tuple) else v.clone() for v in vals]
+    before = [_clone(v) for v in vals]
+    outs = [_clone(v) for v in vals] if use_out else [None] * n
+    if use_out:
+        for o in outs:
+            for part in (o if isinstance(o, tuple) else (o,)):
+                part.fill_(7)
     comm = True if kind == "pair" else None
     coll = data.draw(st.sampled_from(["allreduce", "reduce", "broadcast"]))
     root = data.draw(st.integers(0, n - 1))
     if coll == "allreduce":
         res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), tree=tree, nchunks=k, commutative=comm,
-                                                   transport=t, timeout=10))
-        assert all(_close(v, ref) for v in res)
+                                                   out=outs[r], transport=t, timeout=10))
+        expect = [ref] * n
     elif coll == "reduce":
         res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=_op(kind), tree=tree, nchunks=k,
-                                                commutative=comm, transport=t, timeout=10))
-        assert _close(res[root], ref) and all(v is None for r, v in enumerate(res) if r != root)
+                                                commutative=comm, out=outs[r], transport=t, timeout=10))
+        assert all(v is None for r, v in enumerate(res) if r != root)
+        expect = [ref if r == root else None for r in range(n)]
     else:
-        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, nchunks=k, transport=t, timeout=10))
-        assert all(_close(v, vals[root]) for v in res)
-    # inputs untouched (out of place by default)
-    assert all(_close(a, b) for a, b in zip(before, vals))
+        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, nchunks=k, out=outs[r],
+                                                   transport=t, timeout=10))
+        expect = [before[root]] * n
+    for r in range(n):
+        if expect[r] is None:          # a reduce's non-root: x (and out) as they were
+            assert _close(vals[r], before[r])
+            if use_out:
+                assert all(bool((p == 7).all()) for p in (outs[r] if isinstance(outs[r], tuple) else (outs[r],)))
+            continue
+        dest = outs[r] if use_out else vals[r]
+        assert _identical(res[r], dest), (r, use_out)
+        assert _close(dest, expect[r])
+        if use_out:
+            assert _close(vals[r], before[r])        # x unmodified
 
 
 @SETTINGS
@@ -134,9 +161,10 @@ def test_non_commutative_matrix_product_keeps_rank_order(tree, k, rows, data):
     vals = _values("matmul", n, rows, None, seed=n * 7 + rows)
     ref = _reference("matmul", vals)
     root = data.draw(st.integers(0, n - 1))
-    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=matmul2, tree=tree, nchunks=k, transport=t, timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(vals[r].clone(), op=matmul2, tree=tree, nchunks=k, transport=t,
+                                               timeout=10))
     assert all(_close(v, ref) for v in res)
-    res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=matmul2, tree=tree, nchunks=k, transport=t,
+    res = run_ranks(n, lambda r, t: reduce(vals[r].clone(), root=root, op=matmul2, tree=tree, nchunks=k, transport=t,
                                             timeout=10))
     assert _close(res[root], ref)
 
@@ -167,17 +195,37 @@ def test_multitrees(a, b, share, k, rows):
     assert all(_close(v, ref) for v in res)
 
 
-def test_in_place_and_out():
+def test_in_place_by_default_and_out():
     n = 4
     xs = [torch.full((5, 2), float(r)) for r in range(n)]
-    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="binomial", nchunks=2, transport=t, timeout=5))
-    assert all(v is x for v, x in zip(res, xs)) and all(float(x[0, 0]) == 6.0 for x in xs)
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], tree="binomial", nchunks=2, transport=t, timeout=5))
+    assert all(v is x for v, x in zip(res, xs)) and all(torch.equal(x, torch.full((5, 2), 6.0)) for x in xs)
+    # out=x is the same as the default
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="chain", transport=t, timeout=5))
+    assert all(v is x for v, x in zip(res, xs)) and all(torch.equal(x, torch.full((5, 2), 24.0)) for x in xs)
+    # a non-contiguous x: one copy in and out, the result still lands in x
+    ts = [torch.arange(6.0).view(2, 3).t() * (r + 1) for r in range(n)]
+    res = run_ranks(n, lambda r, t: allreduce(ts[r], tree="binomial", transport=t, timeout=5))
+    assert all(v is x and torch.equal(x, torch.arange(6.0).view(2, 3).t() * 10) for v, x in zip(res, ts))
     outs = [torch.empty(5, 2) for _ in range(n)]
     src = [torch.full((5, 2), float(r)) for r in range(n)]
     res = run_ranks(n, lambda r, t: broadcast(src[r], root=2, out=outs[r], transport=t, timeout=5))
-    assert all(torch.equal(o, src[2]) and v is o for v, o in zip(res, outs))
+    assert all(torch.equal(o, torch.full((5, 2), 2.0)) and v is o for v, o in zip(res, outs))
+    assert all(torch.equal(x, torch.full((5, 2), float(r))) for r, x in enumerate(src))     # x unmodified
     with pytest.raises(CollectiveError, match="out expected shape"):
         run_ranks(1, lambda r, t: allreduce(torch.ones(3), out=torch.ones(4), transport=t))
+    with pytest.raises(CollectiveError, match=r"x cannot take the result in place: elements share memory"):
+        run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), transport=t, timeout=5))
+    # ... while out= takes it
+    res = run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), out=torch.empty(4), transport=t, timeout=5))
+    assert all(torch.equal(v, torch.full((4,), 2.0)) for v in res)
+
+
+def test_in_place_on_tensors_that_require_grad():
+    """Collectives run under no_grad, as torch.distributed's do: a leaf parameter takes the result."""
+    ps = [torch.full((3,), float(r + 1), requires_grad=True) for r in range(3)]
+    res = run_ranks(3, lambda r, t: allreduce(ps[r], tree="chain", transport=t, timeout=5))
+    assert all(v is p and torch.equal(p.detach(), torch.full((3,), 6.0)) for v, p in zip(res, ps))
 
 
 def test_unchunkable_op_sees_whole_values():
@@ -225,10 +273,10 @@ def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     vals = _values("pair", n, 10, None, seed=3)
     ref = _reference("pair", vals)
     for tree, k in ((Tree.from_parents([-1, 0, 1, 0]), 3), (Tree.from_parents([2, 2, -1, 2]), 1)):
-        res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, tree=tree, nchunks=k,
+        res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=pair, commutative=True, tree=tree, nchunks=k,
                                                    transport=t, timeout=10))
         assert all(_close(v, ref) for v in res)
-    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, algo="rsag", transport=t,
+    res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=pair, commutative=True, algo="rsag", transport=t,
                                                timeout=10))
     assert all(_close(v, ref) for v in res)
     ins = [tuple(x.clone() for x in v) for v in vals]
