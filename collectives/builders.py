@@ -309,12 +309,12 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
         if nbytes is None or root is not None or len(hosts) < 2 or min(nic_counts) < 2:
             rails = False
         else:
-            kw = dict(intra=intra, inter=inter, nbytes=nbytes, collective=collective)
+            kw = {"intra": intra, "inter": inter, "nbytes": nbytes, "collective": collective}
             one = two_level(topology, gpus, nranks, rails=False, **kw)
             per_rail = two_level(topology, gpus, nranks, rails=True, **kw)
             model = model or CostModel(topology, gpus)
-            faster = model.best_nchunks(per_rail, nbytes, collective)[1] < model.best_nchunks(one, nbytes, collective)[1]
-            return per_rail if faster else one
+            t_rails = model.best_nchunks(per_rail, nbytes, collective)[1]
+            return per_rail if t_rails < model.best_nchunks(one, nbytes, collective)[1] else one
     if rails not in (True, False):
         raise TreeError(f"two_level: rails expected True, False or 'auto', got {rails!r}")
     label = f"two_level(intra={intra},inter={inter}"

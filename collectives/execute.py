@@ -5,7 +5,7 @@ Public API::
     reduce(x, *, root=0, op="sum", tree=None, group=None, out=None, nchunks=None, ...) -> value | None
     broadcast(x, *, root=0, tree=None, group=None, out=None, nchunks=None, ...) -> value
     allreduce(x, *, op="sum", tree=None, algo="auto", group=None, out=None, nchunks=None, ...) -> value
-    run_schedule(schedule, layout, buf, op, transport, *, timeout, what) -> None
+    run_schedule(schedule, layout, buf, op, transport, *, timeout, what, tag_base) -> None
 
 ``x`` is a tensor of any dtype and shape or a tuple of tensors (one device);
 the result has the same structure. **In place by default**, as
@@ -77,7 +77,7 @@ kept between calls with the same layout (at most :data:`MAX_SCRATCH`), so a
 repeated collective allocates nothing. Steps start in list order; a step first waits for its
 dependencies (and for any send still reading, or receive still writing, the
 chunk it touches); sends and receives are non-blocking ``isend``/``irecv``
-with ``tag = chunk``. Reductions run in place on whole chunks (one call per
+with ``tag = tag base + chunk`` (the base: a hash of the call's fingerprint). Reductions run in place on whole chunks (one call per
 chunk: no per-element Python work).
 
 In place, or into ``out=`` (three in-process ranks, :mod:`collectives.local`):
@@ -112,6 +112,7 @@ from topo.errors import CollectiveError, TreecollError, TreeError
 
 from .builders import build
 from .compile import compile_plan
+from .group import DEFAULT_TIMEOUT, TorchTransport, check_usable, group_info, mark_broken
 from .layout import Layout
 from .ops import Op, resolve_op
 from .schedule import Schedule
@@ -377,7 +378,6 @@ def _agree(transport, text: str, what: str, timeout: float, *, cached: bool = Tr
     try:
         got = transport.all_gather_bytes(payload, FINGERPRINT_BYTES, timeout)
     except Exception as e:  # noqa: BLE001
-        from .group import mark_broken
         elapsed = time.monotonic() - t0
         when = f"within {timeout:g} s" if elapsed >= 0.9 * timeout else f"after {elapsed:.2g} s"
         err = CollectiveError(f"{what}: fingerprint exchange failed {when}: {_brief(e)}; a rank may have died, "
@@ -413,7 +413,6 @@ def _value_sig(x) -> tuple:
 
 def _check_args(collective: str, root, nchunks, timeout, check) -> float:
     """Validate the plain arguments (before any cache); the timeout in seconds."""
-    from .group import DEFAULT_TIMEOUT
     what = collective if root is None else f"{collective}(root={root!r})"
     if root is not None and (isinstance(root, bool) or not isinstance(root, int)):
         raise CollectiveError(f"{what}: root expected an integer group rank, got {type(root).__name__} {root!r}")
@@ -429,7 +428,6 @@ def _check_args(collective: str, root, nchunks, timeout, check) -> float:
 
 def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, out, nchunks, topology, ranks,
          commutative, chunkable, timeout, check, transport):
-    from .group import TorchTransport, check_usable, group_info, mark_broken
     timeout = _check_args(collective, root, nchunks, timeout, check)
     if transport is None:
         info = group_info(group)
@@ -437,7 +435,8 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
         transport.group_key = info.key
     gkey = getattr(transport, "group_key", None)
     check_usable(gkey, collective if root is None else f"{collective}(root={root})")
-    tree = resolve_tree_arg(tree)     # a path: read again only when the file changed
+    if not (tree is None or isinstance(tree, (Tree, MultiTree))):
+        tree = resolve_tree_arg(tree)     # a path: read again only when the file changed
     # fast path: the same call shape again (a decode loop) skips planning, layout and probing
     fkey = (collective, algo, root, nchunks, op if isinstance(op, str) else id(op), commutative, chunkable,
             tree if isinstance(tree, str) else id(tree), id(topology), tuple(ranks) if ranks is not None else None,
@@ -484,7 +483,7 @@ def _writes_own(sched: Schedule, rank: int) -> bool:
 
 def _check_writable(x, what: str) -> None:
     for i, p in enumerate(Layout.parts_of(x)[1]):
-        if any(st == 0 and n > 1 for st, n in zip(p.stride(), p.shape)):
+        if not p.is_contiguous() and any(st == 0 and n > 1 for st, n in zip(p.stride(), p.shape)):
             where = f"x[{i}]" if isinstance(x, (tuple, list)) else "x"
             raise CollectiveError(f"{what}: {where} cannot take the result in place: elements share memory "
                                   f"(shape {tuple(p.shape)}, stride {tuple(p.stride())}, e.g. from expand()); "
@@ -661,7 +660,7 @@ def allreduce(x, *, op="sum", tree=None, algo: str = "auto", group=None, out=Non
 def reduce(x, *, root: int = 0, op="sum", tree=None, group=None, out=None, nchunks: int | None = None,
            topology=None, ranks=None, commutative: bool | None = None, chunkable: bool | None = None,
            timeout: float | None = None, check: bool | str = True, transport=None):
-    """Group rank ``root`` gets ``x_0 op ... op x_{P-1}``: writes the result into `x` in place and returns it on ``root``.
+    """Rank ``root`` gets ``x_0 op ... op x_{P-1}``: writes the result into `x` in place and returns it (on ``root``).
 
     Other ranks return None and their ``x`` is left unmodified. ``out=``: the result goes
     there on ``root`` and ``x`` is left unmodified. See the module docstring.

@@ -139,8 +139,10 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
     if "tree" in methods:
         if P > 1:
             from . import builders, compile as compile_
-            plan = builders.build(tree, topology, list(gpus), nbytes=state_bytes) if tree in (
-                "auto", "two_level") else builders.build(tree, topology, list(gpus))
+            # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
+            opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
+                {"nbytes": state_bytes} if tree == "auto" else {})
+            plan = builders.build(tree, topology, list(gpus), **opts)
             sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
             best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p.for_tree_allreduce(),
                                  **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes, topology, gpus)),

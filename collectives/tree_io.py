@@ -53,6 +53,7 @@ import yaml
 from topo._schema import Doc, _show
 from topo.errors import TopologyError, TreeError
 
+from .builders import BUILDERS
 from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
 from .schedule import Schedule
 from .tree import MultiTree, Tree
@@ -94,17 +95,17 @@ class TreeFile:
         for r, (label, gpu) in enumerate(zip(self.hosts, gpus)):
             host = topology.host_of(gpu)
             first, first_host = by_label.setdefault(label, (r, host))
-            if first_host != host:
-                raise TreeError(f"{where}: hosts: ranks {first} and {r} are both labelled {label!r}, but topology "
-                                f"{topology.name!r} puts them on hosts {first_host!r} and {host!r}; the file was "
-                                f"made for another rank -> GPU mapping: rebuild it (treecoll tree build) or pass "
-                                f"the ranks= it was made for")
             other, other_label = by_host.setdefault(host, (r, label))
-            if other_label != label:
-                raise TreeError(f"{where}: hosts: ranks {other} and {r} are labelled {other_label!r} and {label!r}, "
-                                f"but topology {topology.name!r} puts both on host {host!r}; the file was made for "
-                                f"another rank -> GPU mapping: rebuild it (treecoll tree build) or pass the ranks= "
-                                f"it was made for")
+            if first_host != host:
+                problem = (f"ranks {first} and {r} are both labelled {label!r}, but topology {topology.name!r} "
+                           f"puts them on hosts {first_host!r} and {host!r}")
+            elif other_label != label:
+                problem = (f"ranks {other} and {r} are labelled {other_label!r} and {label!r}, but topology "
+                           f"{topology.name!r} puts both on host {host!r}")
+            else:
+                continue
+            raise TreeError(f"{where}: hosts: {problem}; the file was made for another rank -> GPU mapping: "
+                            f"rebuild it (treecoll tree build) or pass the ranks= it was made for")
 
 
 def _rank(doc: _Doc, v: Any, path, n: int, allow_root: bool = False) -> int:
@@ -168,7 +169,8 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
 
 def loads_tree(text: str, source: str = "<string>") -> TreeFile:
     """Parse a tree file's text (YAML or JSON); ``source`` names it in errors."""
-    from topo.yaml_io import _parse      # the one YAML reader: one-line errors naming file and line
+    from topo.yaml_io import _parse  # the one YAML reader: one-line errors naming file and line
+
     try:
         data = _parse(text, source)
     except TopologyError as e:
@@ -278,7 +280,7 @@ def resolve_tree_arg(tree):
     >>> resolve_tree_arg("my/tree.yaml")
     Traceback (most recent call last):
     ...
-    topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (valid builder names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level'])
+    topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (valid builder names ...)
     """
     if tree is None or isinstance(tree, (Tree, MultiTree, TreeFile)):
         return tree
@@ -287,7 +289,6 @@ def resolve_tree_arg(tree):
     if not isinstance(tree, str):
         raise TreeError(f"tree: expected a Tree, MultiTree, loaded tree file (TreeFile), tree file path or builder "
                         f"name, got {type(tree).__name__}")
-    from .builders import BUILDERS
     if tree.partition(":")[0] in BUILDERS:
         return tree
     if os.path.isfile(tree) or (FsPath(tree).suffix.lower() in TREE_SUFFIXES and os.path.exists(tree)):

@@ -172,3 +172,38 @@ def subgroup(rank: int, world: int) -> list:
         ref = ref @ (torch.eye(2)[None] * (i + 1))
     out.append(bool(torch.equal(m, ref)))
     return out
+
+
+def shapes_differ_after_agreement(rank: int, world: int) -> tuple:
+    """On a fresh group of every rank: all agree on shapes [8] and [9]; then rank 1 calls [9]
+    while the others call [8] (each skips the exchange it already made). Returns the
+    (seconds, message) of that call and of the next one, and the sum of an allreduce on the
+    default group afterwards (other groups stay usable)."""
+    import time
+
+    import torch.distributed as dist
+    g = dist.new_group(list(range(world)))
+    for n in (8, 9):
+        allreduce(torch.ones(n), tree="chain", group=g, timeout=10)
+    out = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        try:
+            allreduce(torch.ones(9 if rank == 1 else 8), tree="chain", group=g, timeout=2)
+            out.append((time.monotonic() - t0, "no error"))
+        except CollectiveError as e:
+            out.append((time.monotonic() - t0, str(e)))
+    dist.barrier()
+    return out, float(allreduce(torch.ones(1), tree="binomial", timeout=10)[0])
+
+
+def readme_snippet(rank: int, world: int, source: str, cwd: str, func: str = "work"):
+    """Run ``func(rank, world)`` of a README Python snippet (its ``__main__`` block is not run) in ``cwd``."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        namespace = {"__name__": "readme_snippet"}
+        exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+        return namespace[func](rank, world)
+    finally:
+        os.chdir(old)

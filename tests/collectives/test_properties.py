@@ -6,6 +6,8 @@ tuple-valued operator), collectives and roots.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -273,8 +275,8 @@ def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     vals = _values("pair", n, 10, None, seed=3)
     ref = _reference("pair", vals)
     for tree, k in ((Tree.from_parents([-1, 0, 1, 0]), 3), (Tree.from_parents([2, 2, -1, 2]), 1)):
-        res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=pair, commutative=True, tree=tree, nchunks=k,
-                                                   transport=t, timeout=10))
+        res = run_ranks(n, lambda r, t, tree=tree, k=k: allreduce(_clone(vals[r]), op=pair, commutative=True,
+                                                                  tree=tree, nchunks=k, transport=t, timeout=10))
         assert all(_close(v, ref) for v in res)
     res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=pair, commutative=True, algo="rsag", transport=t,
                                                timeout=10))
@@ -283,3 +285,128 @@ def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     res = run_ranks(n, lambda r, t: allreduce(ins[r], op=pair, commutative=True, out=ins[r], transport=t, timeout=10))
     assert all(_close(v, ref) and _close(i, ref) for v, i in zip(res, ins))
     assert Layout.of(vals[0], resolve_op(pair), [1.0]).mode == ("packed" if pack_bytes else "rows")
+
+
+# ---------------------------------------------------------------------- what a careful user tries
+def test_bad_arguments_are_one_line_errors():
+    def one(fn, n=2):
+        return run_ranks(n, lambda r, t: fn(r, t))
+
+    with pytest.raises(CollectiveError, match=r"^op 'avg': unknown; valid names are \['max', 'min', 'prod', 'sum'\]"):
+        one(lambda r, t: allreduce(torch.ones(2), op="avg", transport=t, timeout=5))
+    for root, got in ((5, "got 5"), (-1, "got -1")):
+        with pytest.raises(CollectiveError,
+                           match=rf"^reduce\(root={root}\): root expected a group rank in 0..1, {got}$"):
+            one(lambda r, t, root=root: reduce(torch.ones(2), root=root, transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"root expected an integer group rank, got bool True"):
+        one(lambda r, t: reduce(torch.ones(2), root=True, transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"root expected an integer group rank, got float 1.0"):
+        one(lambda r, t: broadcast(torch.ones(2), root=1.0, transport=t, timeout=5))
+    for k in (0, -1, True):
+        with pytest.raises(CollectiveError,
+                           match=rf"^allreduce: nchunks expected a positive integer or None .*, got {k}$"):
+            one(lambda r, t, k=k: allreduce(torch.ones(4), nchunks=k, transport=t, timeout=5))
+    for s in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(CollectiveError, match=r"^allreduce: timeout expected a positive number of seconds"):
+            one(lambda r, t, s=s: allreduce(torch.ones(4), timeout=s, transport=t))
+    with pytest.raises(CollectiveError, match=r"^allreduce: check expected True, False or 'always', got 'yes'$"):
+        one(lambda r, t: allreduce(torch.ones(4), check="yes", transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"^value: expected tensors holding data, got tensors on device 'meta'$"):
+        one(lambda r, t: allreduce(torch.ones(2, device="meta"), transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"^value: expected a tensor or a non-empty tuple of tensors, got list$"):
+        one(lambda r, t: allreduce([1.0, 2.0], transport=t, timeout=5))
+
+
+def test_empty_and_zero_dimensional_values():
+    res = run_ranks(3, lambda r, t: allreduce(torch.ones(0, 4), transport=t, timeout=5))
+    assert all(v.shape == (0, 4) for v in res)
+    res = run_ranks(3, lambda r, t: allreduce((torch.ones(0, 3), torch.ones(0)), op=pair, commutative=True,
+                                              transport=t, timeout=5))
+    assert all(v[0].shape == (0, 3) and v[1].shape == (0,) for v in res)
+    xs = [torch.tensor(float(r)) for r in range(3)]
+    res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", transport=t, timeout=5))
+    assert all(v is x and float(x) == 3.0 for v, x in zip(res, xs))
+
+
+def test_non_associative_operators_are_refused():
+    def avg(a, b):
+        return (a + b) / 2
+
+    with pytest.raises(CollectiveError, match=r"^allreduce: op '.*avg' is not associative: \(a op b\) op c and "
+                                              r"a op \(b op c\) differ by .* so the result would depend on the tree"):
+        run_ranks(4, lambda r, t: allreduce(torch.ones(3), op=avg, commutative=True, transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match="is not associative"):
+        run_ranks(3, lambda r, t: reduce(torch.ones(2, 2), op=lambda a, b: a - b, transport=t, timeout=5))
+    # declared associative: not probed (the caller takes responsibility)
+    avg.associative = True
+    res = run_ranks(2, lambda r, t: allreduce(torch.full((3,), float(r)), op=avg, commutative=True, tree="chain",
+                                              transport=t, timeout=5))
+    assert all(v.tolist() == [0.5] * 3 for v in res)
+    # associative operators pass, up to their dtype's rounding (fp16 matrix products too)
+    res = run_ranks(3, lambda r, t: allreduce(torch.eye(2, dtype=torch.float16)[None].repeat(4, 1, 1), op=matmul2,
+                                              transport=t, timeout=5))
+    assert all(torch.equal(v, torch.eye(2, dtype=torch.float16)[None].repeat(4, 1, 1)) for v in res)
+    # without check the probe is skipped, and the result depends on the tree: what the probe prevents
+    for tree, want in (("chain", 0 - (1 - 2)), ("binomial", (0 - 1) - 2)):
+        res = run_ranks(3, lambda r, t, tree=tree: allreduce(torch.tensor([float(r)]), op=lambda a, b: a - b,
+                                                             tree=tree, check=False, transport=t, timeout=5))
+        assert [float(v) for v in res] == [want] * 3
+
+
+def test_operator_errors_name_the_op_and_leave_the_group_unusable():
+    from collectives.local import LocalFabric
+
+    def boom(a, b):
+        raise ZeroDivisionError("division by zero")
+
+    fabric = LocalFabric(2)
+    errors = [None, None]
+
+    def body(r):
+        try:
+            allreduce(torch.ones(2), op=boom, commutative=True, check=False, transport=fabric.transport(r), timeout=1)
+        except CollectiveError as e:
+            errors[r] = str(e)
+
+    import threading
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert any(e and re.match(r"allreduce: op '.*boom' raised ZeroDivisionError on rank \d \(chunk 0\): division by "
+                              r"zero$", e) for e in errors), errors
+    with pytest.raises(CollectiveError, match=r"^broadcast\(root=0\): the process group is unusable: an earlier "
+                                              r"collective on it failed \(allreduce: "):
+        broadcast(torch.ones(2), transport=fabric.transport(0), timeout=1)
+
+
+def test_call_shapes_that_differ_after_agreement():
+    """Both ranks agreed on shapes [2] and [3] before; then they call with different ones. The
+    messages carry a tag from the call's fingerprint, so they never match: a timeout naming the
+    peer (never mixed data); check="always" compares every call and fails at once."""
+    fabric_calls = [(2, 2), (3, 3)]
+
+    def body(r, t):
+        for a, b in fabric_calls:
+            allreduce(torch.ones(a if r == 0 else b), tree="chain", transport=t, timeout=5)
+        try:
+            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", transport=t, timeout=0.5)
+        except CollectiveError as e:
+            return str(e)
+        return "no error"
+
+    res = run_ranks(2, body)
+    assert all("within 0.5 s" in m and "elements" not in m for m in res), res
+
+    def always(r, t):
+        for a in (2, 3):
+            allreduce(torch.ones(a), tree="chain", transport=t, timeout=5)
+        try:
+            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", check="always", transport=t, timeout=5)
+        except CollectiveError as e:
+            return str(e)
+        return "no error"
+
+    res = run_ranks(2, always)
+    assert all("ranks disagree on the collective" in m and "float32[2]" in m and "float32[3]" in m for m in res), res

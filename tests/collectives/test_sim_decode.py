@@ -26,13 +26,13 @@ from topo.errors import CollectiveError  # noqa: E402
 PAPER_CASES = [
     # (shape, p, V_tree, V_ring, Mem_ring, Mem_tree)
     # the paper's block, MHA: d = 2048, t = 10,000: 2*7/8*(2048+32); 2*10,000*2048*8; 4*10,000*2048 + 4096; ...
-    (dict(seq_len=80_000, heads=16, head_dim=128), 8, 3640, 327_680_000, 81_924_096, 40_964_128),
+    ({"seq_len": 80_000, "heads": 16, "head_dim": 128}, 8, 3640, 327_680_000, 81_924_096, 40_964_128),
     # Llama-3.1-8B, GQA 32/8: d = 4096, d_kv = 1024, t = 4096: 2*7/8*(4096+64); 2*4096*1024*8;
     # 4*4096*1024 + 8192; 2*4096*1024 + 8192 + 64
-    (dict(seq_len=32_768, heads=32, head_dim=128, kv_heads=8), 8, 7280, 67_108_864, 16_785_408, 8_396_864),
+    ({"seq_len": 32_768, "heads": 32, "head_dim": 128, "kv_heads": 8}, 8, 7280, 67_108_864, 16_785_408, 8_396_864),
     # MQA, batch 2: d = 512, d_kv = 64, t = 250: 2*3/4*(1024+32); 2*2*250*64*4; 4*2*250*64 + 2048;
     # 2*2*250*64 + 2048 + 32
-    (dict(seq_len=1000, heads=8, head_dim=64, kv_heads=1, batch=2), 4, 1584, 256_000, 130_048, 66_080),
+    ({"seq_len": 1000, "heads": 8, "head_dim": 64, "kv_heads": 1, "batch": 2}, 4, 1584, 256_000, 130_048, 66_080),
 ]
 
 
@@ -87,7 +87,8 @@ def test_gqa_shrinks_ring_traffic_not_the_state():
     topo = star_topology(8, mem_bw=3350.0)
     mha = decode_step(topo, DecodeShape(seq_len=32_768, heads=32, head_dim=128), profile="ideal")
     gqa = decode_step(topo, LLAMA31_8B, profile="ideal")
-    assert gqa["methods"]["ring"]["sent_bytes_per_gpu"] * 4 == pytest.approx(mha["methods"]["ring"]["sent_bytes_per_gpu"])
+    assert gqa["methods"]["ring"]["sent_bytes_per_gpu"] * 4 == pytest.approx(
+        mha["methods"]["ring"]["sent_bytes_per_gpu"])
     assert gqa["methods"]["tree"]["sent_bytes_total"] == mha["methods"]["tree"]["sent_bytes_total"]
     assert gqa["kv_bytes_per_rank"] * 4 == mha["kv_bytes_per_rank"]
 

@@ -44,8 +44,8 @@ def test_forms():
     ("trees:\n  - {parents: [-1, 0], share: 0.5}\n  - {parents: [-1, 0], share: 0.2}\n",
      r"t.yaml:1: trees: expected shares summing to 1, got 0.7"),
     ("nested: {rank: 0, children: [{rank: 0}]}\n", r"t.yaml:1: nested.children\[0\].rank: rank 0 appears twice"),
-    ("parents: [-1, 0\n", r"^t.yaml:2: invalid YAML: did not find expected ',' or '\]' \(while parsing a flow "
-                           r"sequence started on line 1\)$"),
+    ("parents: [-1, 0\n", (r"^t.yaml:2: invalid YAML: did not find expected ',' or '\]' \(while parsing a flow "
+                            r"sequence started on line 1\)$")),
     ("parents: [-1]\nparents: [-1, 0]\n", r"^t.yaml:2: duplicate key 'parents': each key may appear once"),
     ("parents: [-1, \x07]\n", r"^t.yaml:1: invalid YAML: .*'\\x07'"),
     ("parents: [-1, [[[0]]]]\n", r"^t.yaml:1: parents\[1\]: expected a rank in 0..1 or -1, got a list"),
@@ -80,8 +80,8 @@ def test_nccl_graph_errors():
 # ---------------------------------------------------------------------- CLI
 def test_cli_build_two_level_on_dgx_h100_x16(capsys, tmp_path):
     out = tmp_path / "tree.yaml"
-    assert main(["tree", "build", "--topology", str(ROOT / "topologies" / "dgx-h100-x16.yaml"), "--builder", "two_level",
-                 "--rails", "no", "-o", str(out)]) == 0
+    assert main(["tree", "build", "--topology", str(ROOT / "topologies" / "dgx-h100-x16.yaml"),
+                 "--builder", "two_level", "--rails", "no", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "edges: 15 NET, 112 NVL; inter-host edges: 15" in text
     assert "├── r8 h1/gpu0  [NET" in text and "r1 h0/gpu1  [NVL nvlink" in text
@@ -192,7 +192,7 @@ def test_executor_tree_argument_errors(tmp_path, monkeypatch):
     with pytest.raises(TreeError, match=rf"^tree 'mytree.yaml': no such tree file, and not a builder name "
                                         rf"\(valid builder names are {names}\)$"):
         _allreduce_ranks(2, "mytree.yaml")
-    with pytest.raises(TreeError, match=rf"^tree 'trees/mine': no such tree file, and not a builder name"):
+    with pytest.raises(TreeError, match=r"^tree 'trees/mine': no such tree file, and not a builder name"):
         resolve_tree_arg("trees/mine")
     with pytest.raises(TreeError, match=rf"^builder 'binomal': unknown; valid names are {names}$"):
         _allreduce_ranks(2, "binomal")

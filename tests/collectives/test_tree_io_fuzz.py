@@ -88,9 +88,9 @@ def test_mutated_real_files(data):
 @pytest.mark.parametrize("text, match", [
     ("parents: " + "[" * 5000 + "]" * 5000 + "\n", r"t.yaml"),
     ("nested: " + "{rank: 0, children: [" * 600 + "]}" * 600 + "\n", r"t.yaml"),
-    ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nparents: [-1]\n", r"t.yaml"),
+    (("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+      "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nparents: [-1]\n"), r"t.yaml"),
 ])
 def test_deep_and_aliased_files_end_in_one_error(text, match, tmp_path):
     p = tmp_path / "t.yaml"
