@@ -77,8 +77,9 @@ kept between calls with the same layout (at most :data:`MAX_SCRATCH`), so a
 repeated collective allocates nothing. Steps start in list order; a step first waits for its
 dependencies (and for any send still reading, or receive still writing, the
 chunk it touches); sends and receives are non-blocking ``isend``/``irecv``
-with ``tag = tag base + chunk`` (the base: a hash of the call's fingerprint). Reductions run in place on whole chunks (one call per
-chunk: no per-element Python work).
+with ``tag = tag base + chunk`` (the base: a hash of the call's fingerprint).
+Reductions run in place on whole chunks (one call per chunk: no per-element
+Python work).
 
 In place, or into ``out=`` (three in-process ranks, :mod:`collectives.local`):
 
@@ -290,7 +291,7 @@ def _reduce_chunk(layout: Layout, buf, other, c: int, right: bool, op: Op, reduc
             _store(a, res, what, op)
     except TreecollError:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's operator may raise anything
+    except Exception as e:  # the user's operator may raise anything
         raise CollectiveError(f"{what}: op {op.name!r} raised {type(e).__name__} on rank {r} (chunk {c}): "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from e
 

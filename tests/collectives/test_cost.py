@@ -245,7 +245,21 @@ def test_nccl_protocol_choice_and_bandwidth():
         nccl_predict(t, None, 8, "ring", "LL64")
 
 
-def test_nccl_model_on_shipped_topologies():
-    for name in ("dgx-h100", "dgx-a100", "pcie-8gpu", "dgx-h100-x2"):
+@pytest.mark.parametrize("name, links, link_bw", [("dgx-h100", 18, 20.6), ("dgx-a100", 12, 20.0)])
+def test_nccl_model_on_shipped_topologies(name, links, link_bw):
+    """Ring Simple on one NVSwitch host of 8 GPUs, 64 MiB, by NCCL's formulas: one channel per NVLink
+    (SM90 20.6 GB/s, SM80 20.0 GB/s each, topo.h), busBw = nCh x bw, algBw = busBw x 8 / 14,
+    latency baseLat 8.4 + 14 steps x 3.4 us (NVLink Simple), time = lat + bytes / (1000 algBw) us."""
+    r = nccl_predict(shipped(name), None, 1 << 26, "ring", "Simple")
+    algbw = links * link_bw * 8 / 14
+    assert r["nchannels"] == links and r["lat_us"] == pytest.approx(8.4 + 14 * 3.4)
+    assert r["time_us"] == pytest.approx(8.4 + 14 * 3.4 + (1 << 26) / (1000 * algbw), rel=1e-12)
+
+
+def test_nccl_model_is_finite_on_other_shipped_topologies():
+    for name in ("pcie-8gpu", "dgx-h100-x2", "gb200-nvl72"):
         r = nccl_predict(shipped(name), None, 1 << 26, "ring")
         assert math.isfinite(r["time"]) and r["time"] > 0 and r["busbw"] > 0
+    with pytest.raises(TreeError, match=r"nccl model: rank slot 'h0/gpu0' is a CPU process \(model 'cpu-process'\); "
+                                        r"NCCL and its tuning model apply to NVIDIA GPUs only"):
+        nccl_predict(shipped("cpu-local"), None, 8, "ring")

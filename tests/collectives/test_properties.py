@@ -181,7 +181,7 @@ def test_ring_rsag_and_auto(n, k, rows, kind, algo):
     ref = _reference(kind, vals)
     res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), algo=algo, nchunks=k * n,
                                                commutative=True if kind == "pair" else None, transport=t, timeout=10))
-    assert all(_close(v, ref) for v in res)
+    assert all(_close(v, ref) and _identical(v, x) for v, x in zip(res, vals))     # in place: x returned
 
 
 @SETTINGS
