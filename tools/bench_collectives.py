@@ -33,7 +33,12 @@ import sys
 import tempfile
 import time
 
+from tools import units
+from tools.cli import script_main
+from tools.resources import OVERSUBSCRIBE_HELP, check_processes
+
 HEAD_DIM = 128
+
 SIZES = [8, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
@@ -161,18 +166,27 @@ def _size(n: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
-    ap.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes (default 8 B .. 64 MiB)")
-    ap.add_argument("--reps", type=int, default=20, help="repetitions for small sizes (fewer for large)")
-    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"))
-    ap.add_argument("--nchunks", type=int, help="chunks per message (default: the executor's rule)")
+    ap.add_argument("--procs", type=units.int_arg("--procs"), nargs="+", default=[2, 4, 8],
+                    help="process counts, one group each (default 2 4 8)")
+    ap.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    ap.add_argument("--max-bytes", type=units.size_arg("--max-bytes"), default=64 << 20,
+                    help="largest default message size (default 64MiB)")
+    ap.add_argument("--sizes", type=units.size_arg("--sizes"), nargs="+",
+                    help="message sizes (default 8 B .. --max-bytes)")
+    ap.add_argument("--reps", type=units.int_arg("--reps"), default=20,
+                    help="repetitions for small sizes (fewer for large)")
+    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"),
+                    help="treecoll's allreduce algorithm (default auto)")
+    ap.add_argument("--nchunks", type=units.int_arg("--nchunks"),
+                    help="chunks per message (default: the executor's rule)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
+    sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
+    for p in args.procs:  # a rank holds the tensor, its copy for torch's all_reduce and a received chunk
+        check_processes(p, option=f"--procs {p}", per_process_bytes=3 * max(sizes), oversubscribe=args.oversubscribe)
     import torch.multiprocessing as mp
 
     from attention.dist import free_port
-    sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
     results = []
     for p in args.procs:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -200,4 +214,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 
 import attention
+from tools import units
+from tools.cli import script_main
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (see ../shared/reference/attention.md §6)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -73,7 +75,7 @@ def measure_bandwidth(device: torch.device, nbytes: int = GIB, repeats: int = 3)
     dst = torch.zeros_like(src)
     t_copy = _best_time(lambda: dst.copy_(src), device, repeats)
     t_read = _best_time(lambda: src.sum(), device, repeats)
-    del src, dst
+    src = dst = None  # free both before the result is built
     return {"copy_gbps": nbytes / t_copy / 1e9, "copy_traffic_gbps": 2 * nbytes / t_copy / 1e9,
             "read_gbps": nbytes / t_read / 1e9}
 
@@ -131,7 +133,7 @@ def run(args) -> dict:
                     row["frac_read"] = row["kv_gbps"] / bw["read_gbps"]
                     rows.append(row)
                     print(_format_row(row), flush=True)
-            del k, v, q
+            k = v = q = None  # free this size's cache before the next one
     return {
         "benchmark": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
         "command": "python -m tools.bench_decode " + " ".join(sys.argv[1:]),
@@ -172,32 +174,38 @@ def _format_row(r: dict) -> str:
     if "skipped" in r:
         return f"{'':7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} skipped: {r['skipped']}"
     anchor = f"{r['sdpa_cpu_gbps']:9.2f}" if "sdpa_cpu_gbps" in r else f"{'-':>9}"
-    return (f"{r['backend']:7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} {r['kv_bytes'] / 2**20:7.0f} {r['time_s'] * 1e3:8.2f} "
+    return (f"{r['backend']:7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} {r['kv_bytes'] / 2**20:7.0f} "
+            f"{r['time_s'] * 1e3:8.2f} "
             f"{r['kv_gbps']:8.2f} {r['copy_gbps']:9.2f} {100 * r['frac_copy']:5.0f}% {r['read_gbps']:9.2f} "
             f"{100 * r['frac_read']:5.0f}% {anchor} {r['loadavg_1min']:5.1f}")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=_ints, default=[4096, 8192, 16384, 32768, 65536, 131072, 262144])
-    p.add_argument("--batch", type=_ints, default=[1, 8])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp32"])
-    p.add_argument("--backends", type=lambda s: s.split(","), default=["native", "torch"],
-                   help="CPU decode backends, side by side (default native,torch)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tokens", type=units.counts_arg("--tokens"),
+                   default=[4096, 8192, 16384, 32768, 65536, 131072, 262144],
+                   help="context lengths, comma-separated; k = 1e3 (default 4096 .. 262144, doubling)")
+    p.add_argument("--batch", type=units.ints_arg("--batch"), default=[1, 8], help="batch sizes (default 1,8)")
+    p.add_argument("--dtypes", type=lambda s: units.parse_list(s, what="--dtypes", error=units.UsageError),
+                   default=["bf16", "fp32"], help=f"comma list of {', '.join(sorted(DTYPES))} (default bf16,fp32)")
+    p.add_argument("--backends", type=lambda s: units.parse_list(s, what="--backends", error=units.UsageError),
+                   default=["native", "torch"],
+                   help=f"CPU decode backends, side by side: {', '.join(sorted(attention.DECODE_BACKENDS))} "
+                        f"(default native,torch)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default cuda when available, else cpu)")
+    p.add_argument("--threads", type=units.int_arg("--threads", minimum=0), default=0,
+                   help="torch threads (default: torch's choice)")
+    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=3, help="timed runs per row (default 3)")
     p.add_argument("--max-gib", type=float, default=4.0, help="largest KV cache (K+V) to allocate, GiB")
-    p.add_argument("--flush-mib", type=int, default=1024, help="cache-flush buffer written before each run")
+    p.add_argument("--flush-mib", type=units.int_arg("--flush-mib", minimum=0), default=1024,
+                   help="cache-flush buffer written before each run")
     p.add_argument("--wait-load", type=float, default=0.0,
                    help="before each row, wait until the 1-min load average is below this (0: don't wait)")
-    p.add_argument("--wait-max", type=float, default=300.0, help="longest wait per row, seconds")
+    p.add_argument("--wait-max", type=units.seconds_arg("--wait-max"), default=300.0,
+                   help="longest wait per row, seconds")
     p.add_argument("--no-anchor", action="store_true", help="skip torch's fused CPU SDPA anchor")
-    p.add_argument("--json", default="out/bench_decode.json")
+    p.add_argument("--json", default="out/bench_decode.json", help="where to write the JSON results")
     args = p.parse_args(argv)
     bad = [d for d in args.dtypes if d not in DTYPES]
     if bad:
@@ -226,4 +234,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -45,8 +45,11 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools import units  # noqa: E402
+from tools.cli import script_main  # noqa: E402
+from tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
+from tools.units import fmt_bytes  # noqa: E402
 from topo.errors import TreecollError  # noqa: E402
-from tools.units import fmt_bytes, parse_sizes  # noqa: E402
 
 METHODS = ("gloo", "ring", "binomial", "two_level")
 DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
@@ -65,6 +68,7 @@ def _load_topology(path: str | None):
         return yaml_io.load(path)
     except (ImportError, AttributeError):
         import yaml
+
         from topo.model import Topology
         return Topology.from_dict(yaml.safe_load(Path(path).read_text()))
 
@@ -122,8 +126,8 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
     of the simulator and the machine's cores) and ``calibration`` (True for fitted rows) to
     every row. Returns the fitted model as a dict, or None (with the reason) when it cannot fit."""
     from collectives.sim import simulate  # noqa: F401  (the simulator must exist)
-    from topo import yaml_io
     from tools.emucluster.machine import fit, local_bytes, schedule_work
+    from topo import yaml_io
     if not cases:
         return None
     fastest = max(c["rate_bps"] for c in cases)
@@ -444,19 +448,26 @@ def plot(cases: list[dict], path: Path) -> str | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="2x2,2x3", help="hosts x ranks per host, comma-separated")
-    p.add_argument("--rates", default="1gbit,10gbit")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes (4K, 64M accepted)")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"))
-    p.add_argument("--reps", type=int, default=3, help="least repetitions for sizes >= 1 MiB (10 below)")
+    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
+                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
+    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    p.add_argument("--rates", default="1gbit,10gbit", help="uplink rates, comma-separated (tc units)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), type=units.sizes_arg("--sizes"),
+                   help="message sizes, comma-separated or A:B (4K, 64M accepted)")
+    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
+                   help="rank placement on the hosts (default interleaved)")
+    p.add_argument("--reps", type=units.int_arg("--reps"), default=3,
+                   help="least repetitions for sizes >= 1 MiB (10 below)")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of repetitions per method and size: short collectives repeat up to "
                         f"{MAX_REPS} times to fill it (0: exactly --reps)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per case before all ranks are killed")
-    p.add_argument("--op-timeout", type=float, default=300, help="torch.distributed timeout in the ranks")
-    p.add_argument("--json-out", default="bench_emucluster.json")
-    p.add_argument("--plot", default="bench_emucluster.png")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=900,
+                   help="seconds per case before all ranks are killed")
+    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=300,
+                   help="torch.distributed timeout in the ranks")
+    p.add_argument("--json-out", default="bench_emucluster.json", help="where to write the JSON results")
+    p.add_argument("--plot", default="bench_emucluster.png", help="where to write the plot ('' for none)")
     p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-json: simulate every row again with the current simulator "
@@ -468,7 +479,6 @@ def main(argv=None) -> int:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
-    args.sizes = parse_sizes(args.sizes, what="--sizes")
     if args.worker:
         return worker(args)
     if args.from_json:
@@ -487,6 +497,9 @@ def main(argv=None) -> int:
         why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
         print(f"plot: {args.plot}" if not why else f"no plot: {why}")
         return 0
+    for hosts, rph in args.shapes:  # a rank holds its buffer, the received chunk and the reduction's output
+        check_processes(hosts * rph, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
+                        per_process_bytes=4 * max(args.sizes))
     from tools.emucluster import netns
     ok, why = netns.namespaces_available()
     if not ok:
@@ -495,8 +508,8 @@ def main(argv=None) -> int:
     cases = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-emu-") as d:
-        for shape in args.shapes.split(","):
-            hosts, rph = (int(x) for x in shape.lower().split("x"))
+        for hosts, rph in args.shapes:
+            shape = f"{hosts}x{rph}"
             for rate in args.rates.split(","):
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
@@ -510,4 +523,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

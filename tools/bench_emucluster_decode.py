@@ -22,7 +22,7 @@ step ``max(compute of one shard, all ranks sending their K/V shard to the next
 rank at once)`` (flow-level max-min sharing, ``sim_engine.concurrent_times``).
 
     python tools/bench_emucluster_decode.py                     # 2x2 and 2x3 at 1 Gbit/s
-    python tools/bench_emucluster_decode.py --shapes 2x2 --tokens 16k
+    python tools/bench_emucluster_decode.py --shapes 2x2 --tokens 16384
 
 Units: seconds in JSON, ms in the table. Not a test.
 """
@@ -40,8 +40,10 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools import units  # noqa: E402
 from tools.bench_emucluster import _load_topology  # noqa: E402
-from tools.units import parse_count  # noqa: E402
+from tools.cli import script_main  # noqa: E402
+from tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
 
 METHODS = ("tree", "ring", "allreduce3")
 Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (../shared/reference/attention.md)
@@ -101,7 +103,7 @@ def worker(args) -> int:
         for r in rows:
             if r["tokens"] == tokens:
                 r["max_abs_diff_vs_" + methods[0]] = float(diff)
-        del k, v
+        k = v = None  # free this size's shard before the next one
     if rank == 0:
         Path(args.out).write_text(json.dumps({"world": world, "rows": rows}))
     dist.barrier()
@@ -183,15 +185,21 @@ def print_table(cases: list[dict]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="2x2,2x3")
-    p.add_argument("--rates", default="1gbit")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--tokens", default="16K,32K,64K,128K", help="KV length (16K = 16384)")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"))
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=1200)
-    p.add_argument("--op-timeout", type=float, default=600)
-    p.add_argument("--json-out", default="bench_emucluster_decode.json")
+    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
+                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
+    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    p.add_argument("--rates", default="1gbit", help="uplink rates, comma-separated (tc units; default 1gbit)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    p.add_argument("--tokens", default="16384,32768,65536,131072", type=units.counts_arg("--tokens"),
+                   help="KV lengths, comma-separated; k = 1e3 (default 16384,32768,65536,131072)")
+    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
+                   help="rank placement on the hosts (default interleaved)")
+    p.add_argument("--reps", type=units.int_arg("--reps"), default=2, help="repetitions per method (default 2)")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1200,
+                   help="seconds per case before all ranks are killed (default 1200)")
+    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=600,
+                   help="torch.distributed timeout in the ranks (default 600)")
+    p.add_argument("--json-out", default="bench_emucluster_decode.json", help="where to write the JSON results")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -199,9 +207,13 @@ def main(argv=None) -> int:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
-    args.tokens = [parse_count(t, what="--tokens", binary=True) for t in args.tokens.split(",") if t]
     if args.worker:
         return worker(args)
+    for hosts, rph in args.shapes:  # the rank's K/V shard, its float32 draw and ring's received shard
+        world = hosts * rph
+        shard = -(-max(args.tokens) // world) * KV_HEADS * HEAD_DIM * BATCH
+        check_processes(world, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
+                        per_process_bytes=shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE))
     from tools.emucluster import netns
     ok, why = netns.namespaces_available()
     if not ok:
@@ -209,8 +221,8 @@ def main(argv=None) -> int:
         return 1
     cases, t0 = [], time.time()
     with tempfile.TemporaryDirectory(prefix="bench-emu-decode-") as d:
-        for shape in args.shapes.split(","):
-            hosts, rph = (int(x) for x in shape.lower().split("x"))
+        for hosts, rph in args.shapes:
+            shape = f"{hosts}x{rph}"
             for rate in args.rates.split(","):
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
@@ -222,4 +234,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -41,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     common_options(p).set_defaults(_topo_module=me, _discover_cmd="discover")
     q = sub.add_parser("import", help="import an NCCL topology XML or nvidia-smi topo -m text",
                        description="import an NCCL topology XML or 'nvidia-smi topo -m' output (detected by content)")
-    q.add_argument("file", metavar="FILE")
+    q.add_argument("file", metavar="FILE", help="NCCL topology XML or saved 'nvidia-smi topo -m' output")
     out = q.add_mutually_exclusive_group()
     out.add_argument("-o", "--output", metavar="FILE.yaml", help="write the explicit YAML form")
     out.add_argument("--xml", metavar="FILE.xml", help="write an NCCL topology XML")

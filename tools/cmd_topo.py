@@ -28,7 +28,8 @@ from typing import Any
 import topo
 from topo.errors import TopologyError
 
-from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, positive, write_output
+from . import units
+from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
 
 __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render_show", "render_matrix",
            "render_path", "endpoint", "SUBMODULES"]
@@ -48,8 +49,9 @@ SMI_LEGEND = [
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("topo", help="inspect cluster topologies (show, matrix, path, export, draw)",
-                              description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser("topo", help="inspect, discover and import cluster topologies",
+                              description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
+                                          "a shipped name (topologies/<name>.yaml) or 'default'.")
     common_options(p)
     sub = p.add_subparsers(dest="topo_cmd", metavar="SUBCOMMAND")
     sub.required = True
@@ -63,14 +65,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     q = cmd("matrix", "nvidia-smi topo -m view of one host")
     q.add_argument("--host", help="host name (default: the first host)")
     q = cmd("path", "route between two GPUs/NICs (ids like h0/gpu3, or ranks like r3)")
-    q.add_argument("a", metavar="A")
-    q.add_argument("b", metavar="B")
+    q.add_argument("a", metavar="A", help="first endpoint: a node id (h0/gpu3, h1/nic0) or a rank (r3)")
+    q.add_argument("b", metavar="B", help="second endpoint, as A")
     q = cmd("export", "write the topology as YAML (explicit form), JSON or DOT")
-    q.add_argument("--format", choices=("yaml", "json", "dot"), required=True)
-    q.add_argument("-o", "--output", help=f"file to write {REPLACES} (default: standard output)")
+    q.add_argument("--format", choices=("yaml", "json", "dot"), required=True,
+                   help="yaml (the explicit form), json (Topology.to_dict) or dot (Graphviz, a cluster per host)")
+    q.add_argument("-o", "--output", metavar="FILE", help=f"file to write {REPLACES} (default: standard output)")
     q = cmd("draw", "draw hosts, switches and links to an image (needs matplotlib)")
-    q.add_argument("-o", "--output", required=True, help=f"image file (.png, .svg, .pdf) {REPLACES}")
-    q.add_argument("--max-hosts", type=int, default=8, help="hosts to draw (default 8)")
+    q.add_argument("-o", "--output", required=True, metavar="FILE", help=f"image file (.png, .svg, .pdf) {REPLACES}")
+    q.add_argument("--max-hosts", type=units.int_arg("--max-hosts"), default=8, metavar="N",
+                   help="hosts to draw (default 8)")
     for name in SUBMODULES:
         mod = importlib.import_module(name)
         mod.add_parser(sub).set_defaults(_topo_module=mod)
@@ -84,8 +88,6 @@ def run(args: argparse.Namespace) -> int:
     c = args.topo_cmd
     if c in ("export", "draw") and args.output:
         output_path(args.output, inputs=[args.file], suffixes=IMAGE_SUFFIXES if c == "draw" else None)
-    if c == "draw":
-        positive("--max-hosts", args.max_hosts)
     t = topo.resolve(args.file)
     if c == "show":
         return emit(args, show_data(t, args.file), render_show)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _coll_helpers import FIXTURES, ROOT
+
 from collectives import MultiTree, Tree, build
 from collectives.tree_io import load_nccl_graph, load_tree, loads_nccl_graph, loads_tree, save_tree
-from topo.errors import TreeError
 from tools.cli import main
+from topo.errors import TreeError
 
 GRAPH_XML = FIXTURES / "nccl-topo" / "azure-ncv4-graph.xml"
 
@@ -98,12 +98,12 @@ def test_cli_show_check_draw(capsys, tmp_path):
     save_tree(build("chain", nranks=4), f)
     assert main(["tree", "show", str(f)]) == 0
     assert "└── r1" in capsys.readouterr().out
-    assert main(["tree", "check", str(f), "--topology", "dgx-h100", "--json"]) == 0
+    assert main(["tree", "check", str(f), "--topology", "dgx-h100", "--ranks", "4", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ok"] and d["ratio_to_auto"] >= 1.0 - 1e-9
     bad = tmp_path / "bad.yaml"
     save_tree(build("chain", nranks=4), bad, hosts=["x", "x", "x", "x"])
-    assert main(["tree", "check", str(bad), "--topology", "dgx-h100"]) == 1
+    assert main(["tree", "check", str(bad), "--topology", "dgx-h100", "--ranks", "4"]) == 1
     assert "file says host 'x'" in capsys.readouterr().out
     pytest.importorskip("matplotlib")
     png = tmp_path / "t.png"
