@@ -25,8 +25,9 @@ Builders
 ``two_level``  per host an intra-host tree over its fast links, rooted at a
                leader near a NIC; an inter-host tree over the leaders keeping
                hosts under the same leaf switches together (see
-               :func:`two_level`); per NIC rail one such tree when the message is
-               large (a :class:`MultiTree`).
+               :func:`two_level`); per NIC rail one such tree (a
+               :class:`MultiTree`) when the cost model predicts it faster for the
+               message size.
 ``auto``       the candidate with the least predicted time under
                :class:`~collectives.cost.CostModel` for ``nbytes``, refined by
                local search for small groups (see :func:`auto`).
@@ -52,10 +53,8 @@ from .cost import CostModel, resolve_ranks
 from .tree import MultiTree, Tree
 
 __all__ = ["BUILDERS", "build", "chain", "binomial", "kary", "star", "double_binary", "two_level", "auto",
-           "leader_of", "nccl_btree_parents", "RAIL_BYTES", "INTRA_KINDS", "INTER_KINDS"]
+           "leader_of", "nccl_btree_parents", "INTRA_KINDS", "INTER_KINDS"]
 
-#: message size (bytes) from which ``two_level`` builds one tree per NIC rail ("rails='auto'")
-RAIL_BYTES = 4 << 20
 INTRA_KINDS = ("auto", "star", "chain", "binomial", "kary", "links")
 INTER_KINDS = ("binomial", "chain", "kary", "star")
 
@@ -281,7 +280,7 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
 
 def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "auto", inter: str = "binomial",
               rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
-              rail_bytes: int = RAIL_BYTES) -> Tree | MultiTree:
+              collective: str = "allreduce", model: CostModel | None = None) -> Tree | MultiTree:
     """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
 
     * ``intra``: ``auto`` (NVSwitch hosts: ``star``, shallow and wide; other
@@ -295,8 +294,11 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
       by its GPU nearest a NIC (path class, bandwidth, hops).
     * ``rails``: True builds one tree per NIC rail k (leader = the GPU nearest
       NIC k of its host; shares proportional to NIC bandwidth) so every NIC
-      carries a share; ``"auto"``: when ``nbytes >= rail_bytes``, several hosts
-      and every host has more than one NIC.
+      carries a share; ``"auto"``: with several hosts, more than one NIC on
+      every host, ``nbytes`` given and no ``root``, whichever of the two the
+      cost model (``model``, default :class:`CostModel` on ``gpus``) predicts
+      faster for ``collective`` on ``nbytes`` bytes, each at its best chunk
+      count (ties: one tree); else one tree.
     """
     if topology is None:
         raise TreeError("two_level: needs a topology (hosts, links and NICs); got none")
@@ -304,7 +306,17 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     root_host = topology.host_of(gpus[root if root is not None else 0])
     nic_counts = [len(topology.nics(h)) for h in hosts]
     if rails == "auto":
-        rails = (nbytes is not None and nbytes >= rail_bytes and len(hosts) > 1 and min(nic_counts) > 1)
+        if nbytes is None or root is not None or len(hosts) < 2 or min(nic_counts) < 2:
+            rails = False
+        else:
+            kw = {"intra": intra, "inter": inter, "nbytes": nbytes, "collective": collective}
+            one = two_level(topology, gpus, nranks, rails=False, **kw)
+            per_rail = two_level(topology, gpus, nranks, rails=True, **kw)
+            model = model or CostModel(topology, gpus)
+            t_rails = model.best_nchunks(per_rail, nbytes, collective)[1]
+            return per_rail if t_rails < model.best_nchunks(one, nbytes, collective)[1] else one
+    if rails not in (True, False):
+        raise TreeError(f"two_level: rails expected True, False or 'auto', got {rails!r}")
     label = f"two_level(intra={intra},inter={inter}"
     switched: dict = {}   # host members -> NVSwitch-connected (computed once for all rails)
     if not rails:

@@ -98,6 +98,8 @@ class Layout:
         devs = {p.device for p in parts}
         if len(devs) != 1:
             raise CollectiveError(f"value: expected every part on one device, got {sorted(map(str, devs))}")
+        if next(iter(devs)).type == "meta":
+            raise CollectiveError("value: expected tensors holding data, got tensors on device 'meta'")
         dtypes = tuple(p.dtype for p in parts)
         shapes = tuple(tuple(p.shape) for p in parts)
         if op.elementwise and len(set(dtypes)) == 1:

@@ -16,6 +16,7 @@ the results (re-raising the first error).
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from typing import Any, Callable
@@ -37,6 +38,10 @@ class _Done:
         return self._done
 
 
+#: fabric identities: never reused, unlike id() of a collected fabric (group state is keyed by them)
+_FABRIC_IDS = itertools.count()
+
+
 class LocalFabric:
     """Mailboxes shared by the P in-process ranks."""
 
@@ -47,7 +52,7 @@ class LocalFabric:
         self._gather: dict[int, list] = {}
         self._gather_cv = threading.Condition()
         self._gather_round = [0] * size
-        self.key = ("local", id(self))
+        self.key = ("local", next(_FABRIC_IDS))
 
     def box(self, src: int, dst: int, tag: int) -> queue.Queue:
         with self._lock:

@@ -17,7 +17,7 @@ Two entry points, one result type:
 
 Both return a :class:`SimResult` with times in seconds, bytes per link and per
 link kind, the busiest links, peak scratch memory per rank and algbw/busbw
-exactly as nccl-tests defines them (../shared/reference/collectives.md §2):
+exactly as nccl-tests defines them (doc/PERFORMANCE.md of https://github.com/NVIDIA/nccl-tests):
 ``algbw = S / t`` (S = the per-rank buffer, for allgather and reduce_scatter
 the total size), ``busbw = algbw × 2(P−1)/P`` for allreduce, ``× (P−1)/P``
 for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
@@ -406,6 +406,10 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
 #: NCCL's tree is a chain inside each host under a tree over hosts, one per NIC rail for large messages
 NCCL_ALLREDUCE = {"ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
+#: message size from which the simulated NCCL tree runs one tree per NIC rail: NCCL spreads a
+#: message over fewer channels (so fewer NICs) the smaller it is (enqueue.cc); this size stands in
+#: for that rule (an approximation: NCCL's count depends on threads and protocol)
+NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
 def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Profile | str | None" = "auto",
@@ -428,6 +432,8 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Prof
     best = None
     for a in names:
         name, opts = NCCL_ALLREDUCE[a]
+        if a == "tree":
+            opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES}
         r = simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
         if best is None or r.time < best[1].time:
             best = (a, r)

@@ -27,8 +27,8 @@ the output are negligible at long context). Then the partial results combine:
 Reported per method: time (s) split into local and combine, communication
 volume (bytes sent per GPU, measured on the simulated schedule, and the
 paper's formula in elements), peak memory per GPU (bytes; and the paper's
-formula in elements). Paper formulas (arXiv 2408.04093 §6.2-6.3,
-../shared/reference/paper.md §1.3-1.4), with ``d = n_h · d_h``:
+formula in elements). Paper formulas (arXiv 2408.04093 §6.2, eqs. 8-9, and §6.3,
+eqs. 10-14), with ``d = n_h · d_h``:
 ``V_ring = 2btd · p``, ``V_tree = 2 (p − 1)/p · (bd + 2 b n_h)``,
 ``Mem_ring = 4btd + 2bd``, ``Mem_tree = 2btd + 2bd + 2 b n_h``. With GQA the
 K/V width is ``n_kv · d_h``; the formulas then use it for the K/V terms.
@@ -139,8 +139,10 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
     if "tree" in methods:
         if P > 1:
             from . import builders, compile as compile_
-            plan = builders.build(tree, topology, list(gpus), nbytes=state_bytes) if tree in (
-                "auto", "two_level") else builders.build(tree, topology, list(gpus))
+            # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
+            opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
+                {"nbytes": state_bytes} if tree == "auto" else {})
+            plan = builders.build(tree, topology, list(gpus), **opts)
             sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
             best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p.for_tree_allreduce(),
                                  **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes, topology, gpus)),

@@ -36,7 +36,13 @@ Hopper, 0.74 Blackwell) on NVLink, and NVLSTree's per-channel busbw cap
 Blackwell 96 / 80) over ``min(n, 32)`` channels. Any other profile (``ideal``,
 a calibrated YAML) is used as it is, without those: with ``ideal`` on one
 domain the time is ``lat + S (n + 1) / n / B`` exactly, ``B`` a GPU's NVLink
-bandwidth to its switches.
+bandwidth to its switches:
+
+>>> import topo
+>>> t = topo.resolve("dgx-h100")          # 8 GPUs, 370.8 GB/s to the switches, 0.3 us per link
+>>> r = simulate_nvls(t, 1 << 30, profile="ideal")
+>>> abs(r.time - (0.6e-6 + (1 << 30) * 9 / 8 / 370.8e9)) < 1e-12
+True
 
 No GPU reduces and no scratch memory is counted (NCCL's NVLS buffers are
 set up once, at communicator creation).

@@ -21,7 +21,7 @@ what a communication library achieves on it:
 Built-in profiles (:data:`PROFILES`): ``ideal`` (the topology as written,
 no overheads: closed forms hold exactly) and NCCL's three protocols with
 NCCL 2.30's own constants (src/graph/tuning.cc ``ncclTunerConstantsDefaults``,
-../shared/reference/collectives.md §1.2-1.3):
+https://github.com/NVIDIA/nccl):
 
 ==============  ==========  ==========================  ============================
 profile         base (µs)   floor nvlink/pci/net (µs)   bandwidth efficiency

@@ -9,7 +9,7 @@ run: wall time cold (first simulation on a freshly loaded topology, route
 queries included) and warm (routes cached), peak RSS of the process, and the
 engine's counters. Ring: the lockstep model (NCCL profiles); tree: the
 ``two_level`` builder compiled to a schedule (1 chunk per tree; one tree per
-NIC rail from ``collectives.builders.RAIL_BYTES``) run through the event
+NIC rail from ``collectives.sim.NCCL_TREE_RAIL_BYTES``, as the simulated NCCL tree) run through the event
 engine as ``simulate_algorithm`` runs NCCL-style trees (``NCCL_TREE_RUN``,
 NCCL's tree factor). Prints a table and
 writes JSON (default ``bench_sim_scale.json`` in the current directory).
@@ -37,7 +37,7 @@ def _topology(hosts: int):
 
 def run(hosts_list, sizes, tree: bool) -> list[dict]:
     from collectives import builders, compile as compile_
-    from collectives.sim import NCCL_TREE_RUN, simulate, simulate_ring
+    from collectives.sim import NCCL_TREE_RAIL_BYTES, NCCL_TREE_RUN, simulate, simulate_ring
     from collectives.sim_profiles import get_profile
     tree_profile = get_profile("nccl-simple").for_tree_allreduce()
     rows = []
@@ -54,8 +54,8 @@ def run(hosts_list, sizes, tree: bool) -> list[dict]:
                     build = 0.0
                     if algo != "ring":
                         tb = time.perf_counter()
-                        sched = compile_.compile_allreduce(builders.build("two_level", topo, nbytes=size), 1,
-                                                           forward_lag=0)
+                        plan = builders.build("two_level", topo, nbytes=size, rails=size >= NCCL_TREE_RAIL_BYTES)
+                        sched = compile_.compile_allreduce(plan, 1, forward_lag=0)
                         build = time.perf_counter() - tb
                     builds.append(build)
                     t0 = time.perf_counter()   # the simulation alone; build + compile reported apart
