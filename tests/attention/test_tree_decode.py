@@ -97,7 +97,83 @@ def _worker(rank, nproc):
         except AttentionError as e:
             errors[mname + "_invalid"] = str(e)
     res["errors"] = errors
+    res["policy"] = {"bad_shard": _bad_shard(rank, methods), "bad_state": _bad_state(rank)}
     return res
+
+
+#: the global token of sequence 0 whose key holds NaN (rank 2's shard), KV head 0 = query heads 0, 1
+BAD_TOKEN, BAD_ROWS = 12, [0, 1]
+
+
+def _rows_report(out, lse, ref_out, ref_lse, good):
+    """NaN rows of out and lse, and the relative error of the other rows against the reference."""
+    return {"nan_out_rows": torch.isnan(out[0]).all(-1).nonzero().flatten().tolist(),
+            "any_nan_in_good": bool(torch.isnan(out[0, good]).any() or torch.isnan(lse[0, good]).any()),
+            "nan_lse_rows": torch.isnan(lse[0]).nonzero().flatten().tolist(),
+            "err": _rel_err(out[0, good], ref_out[0, good]),
+            "lse_err": (lse[0, good].double() - ref_lse[0, good]).abs().max().item()}
+
+
+def _bad_shard(rank, methods):
+    """One rank's K shard holds NaN: the rows reading it are NaN on every rank (the NaN/inf
+    policy), every other row equals the float64 reference over all shards."""
+    from attention import reference
+
+    g = torch.Generator().manual_seed(77)
+    q = torch.randn(1, 4, 8, generator=g)
+    k, v = torch.randn(1, 20, 2, 8, generator=g), torch.randn(1, 20, 2, 8, generator=g)
+    k[0, BAD_TOKEN, 0, 3] = float("nan")
+    ref_out, ref_lse = reference(q, k, v)
+    ks, vs, local = _shard(k, v, [20], [0, 5, 10, 15, 20], rank)
+    good = [h for h in range(4) if h not in BAD_ROWS]
+    report = {}
+    for mname, fn in dict(methods, tree_native=partial(methods["tree"], bcast="native"),
+                          tree_separate=partial(methods["tree"], bcast="separate")).items():
+        out, lse = fn(q, ks, vs, kv_len=local, return_lse=True)
+        report[mname] = _rows_report(out, lse, ref_out, ref_lse, good)
+    return report
+
+
+#: rows of the bad-state case: rank 1's lse of row 1 is +inf, rank 3's of row 2 NaN, rank 0's
+#: row 3 is empty (0, -inf), row 0 is valid everywhere
+INF_ROW, NAN_ROW, EMPTY_ROW = 1, 2, 3
+
+
+def _rank_state(r):
+    g = torch.Generator().manual_seed(500 + r)
+    out, lse = torch.randn(1, 4, 6, generator=g), torch.randn(1, 4, generator=g) * 3
+    if r == 1:
+        lse[0, INF_ROW] = float("inf")
+    if r == 3:
+        lse[0, NAN_ROW] = float("nan")
+    if r == 0:
+        out[0, EMPTY_ROW], lse[0, EMPTY_ROW] = 0.0, float("-inf")
+    return out, lse
+
+
+def _bad_state(rank):
+    """tree_combine (every bcast mode) and the three all-reduces with one rank's lse +inf and
+    another's NaN: those rows NaN on every rank, the others the float64 merge of all ranks."""
+    from attention.baselines import allreduce3_combine
+    from attention.tree_decode import tree_combine, tree_root
+
+    states = [_rank_state(r) for r in range(P)]
+    lses = torch.stack([s[1] for s in states]).double()  # [P, 1, 4]
+    good = [0, EMPTY_ROW]
+    w = torch.softmax(lses[:, 0, good], 0)  # valid rows only (rank 0's empty row gets weight 0)
+    ref_out = torch.zeros(1, 4, 6, dtype=torch.float64)
+    ref_lse = torch.zeros(1, 4, dtype=torch.float64)
+    ref_out[0, good] = (torch.stack([s[0][0, good].double() for s in states]) * w[..., None]).sum(0)
+    ref_lse[0, good] = lses[:, 0, good].logsumexp(0)
+    report = {}
+    for name, fn in {"tree": partial(tree_combine, bcast="tree"), "separate": partial(tree_combine, bcast="separate"),
+                     "native": partial(tree_combine, bcast="native"), "allreduce3": allreduce3_combine}.items():
+        out, lse = fn(*[t.clone() for t in states[rank]])
+        report[name] = _rows_report(out, lse, ref_out, ref_lse, good)
+    out, lse = tree_combine(*[t.clone() for t in states[rank]], root_only=True)
+    if rank == tree_root():
+        report["root_only"] = _rows_report(out, lse, ref_out, ref_lse, good)
+    return report
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +194,29 @@ def test_matches_reference(group_results, method, case):
 def test_root_only_valid_on_root(group_results, case):
     root = group_results[0]["cases"][case]["root_only"]["root"]
     assert group_results[root]["cases"][case]["root_only"]["err"] <= 1e-2
+
+
+@pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3"])
+def test_nan_in_one_ranks_shard_reaches_every_rank(group_results, method):
+    """The NaN/inf policy across processes: the rows that read rank 2's NaN key are NaN
+    (out and lse) on every rank; the other rows keep every rank's keys."""
+    for rank, res in enumerate(group_results):
+        r = res["policy"]["bad_shard"][method]
+        assert r["nan_out_rows"] == BAD_ROWS and r["nan_lse_rows"] == BAD_ROWS, (rank, r)
+        assert not r["any_nan_in_good"] and r["err"] <= 1e-5 and r["lse_err"] <= 1e-5, (rank, r)
+
+
+@pytest.mark.parametrize("mode", ["tree", "separate", "native", "allreduce3", "root_only"])
+def test_bad_state_of_one_rank_reaches_every_rank(group_results, mode):
+    """A rank's +inf or NaN lse makes that row NaN everywhere (not the empty state, and
+    not dropped); the valid rows are the float64 merge of every rank's state."""
+    reports = [res["policy"]["bad_state"].get(mode) for res in group_results]
+    assert sum(r is not None for r in reports) == (1 if mode == "root_only" else P)
+    for rank, r in enumerate(reports):
+        if r is None:
+            continue
+        assert r["nan_out_rows"] == [INF_ROW, NAN_ROW] and r["nan_lse_rows"] == [INF_ROW, NAN_ROW], (rank, r)
+        assert not r["any_nan_in_good"] and r["err"] <= 1e-5 and r["lse_err"] <= 1e-5, (rank, r)
 
 
 def test_tree_sends_one_state_per_edge(group_results):
