@@ -8,8 +8,9 @@ Numerics contract (every function in this package follows it):
   the Triton tutorial) are converted at the boundary with :func:`to_natural_log`
   and :func:`to_base2`.
 * A shard with no keys is ``(0, -inf)``; it is the identity of :func:`merge`, and
-  no mix of empty states produces NaN.  An LSE of ``+inf`` or NaN is rejected
-  with :class:`~topo.errors.AttentionError` naming the input.
+  no mix of empty states produces NaN.  NaN and inf in inputs and states follow
+  ONE policy on every backend and in every merge, torch's SDPA arithmetic: see
+  "NaN/inf policy" in :mod:`attention.state`.
 * Kernels read fp16 / bf16 / fp32 inputs and accumulate in float32; the merge
   runs in float32 whatever the input dtype.  Tests check every kernel against
   the float64 :func:`reference` (relative error <= 1e-5 for fp32 inputs,
@@ -25,11 +26,11 @@ from attention.state import (
     LN2,
     LOG2E,
     MergeOp,
-    check_lse,
     empty_state,
     merge,
     merge_packed,
     merge_states,
+    online_to_state,
     pack_state,
     to_base2,
     to_natural_log,
@@ -41,12 +42,12 @@ __all__ = [
     "LN2",
     "LOG2E",
     "MergeOp",
-    "check_lse",
     "decode_partial",
     "empty_state",
     "merge",
     "merge_packed",
     "merge_states",
+    "online_to_state",
     "pack_state",
     "reference",
     "to_base2",

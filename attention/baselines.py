@@ -18,8 +18,8 @@ Both are implemented as their authors run them, so that comparisons are fair:
   all_reduce(lse, MAX)``, then ``all_reduce(out * exp(lse - m), SUM)`` (the
   numerator), then ``all_reduce(exp(lse - m), SUM)`` (the denominator), out =
   numerator / denominator.  In float32 (the reference code uses the input
-  dtype), with the ``-inf`` guards of :mod:`attention.state` so that empty
-  shards are exact identities.
+  dtype), with the ``-inf`` guards and the NaN/inf policy of
+  :mod:`attention.state` (empty shards are exact identities).
 
 ``tree``, ``topology`` and ``root_only`` are accepted for signature
 compatibility and ignored (both baselines give every rank the output).
@@ -30,11 +30,11 @@ import torch
 
 from attention.decode import decode_partial
 from attention.dist import agree_on_inputs, group_info, to_global
-from attention.state import empty_state, merge
+from attention.state import empty_state, merge, online_to_state
 from attention.validate import check_decode_inputs
 from topo.errors import AttentionError
 
-__all__ = ["ring_decode", "allreduce3_decode", "allreduce3_combine", "METHODS", "method"]
+__all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
 
 
 def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
@@ -96,7 +96,7 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
                 reqs.append(dist.irecv(v_in, prv, group=group, tag=1))
         if prefixes[src] > 0:
             part = decode_partial(q, k_cur, v_cur, kv_len=len_cur, scale=scale)
-            state = merge(state, part, check=False)
+            state = merge(state, part)
         for r in reqs:
             r.wait()
         if s < size - 1:
@@ -126,18 +126,17 @@ def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None):
     (natural log) -> the merged ``(out, lse)`` on every rank."""
     import torch.distributed as dist
 
-    m = lse.clone()
+    # NaN as +inf for the MAX (gloo's max of NaN depends on the order): the shift is
+    # then +inf, a NaN or +inf lse gets the weight exp(NaN) = NaN and the finite ones
+    # exp(-inf) = 0, so the row is NaN on every rank (the policy of attention.state).
+    m = torch.where(torch.isnan(lse), float("inf"), lse)
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
     shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     den = torch.exp(lse - shift)  # 0 for an empty shard
-    num = torch.where(den.unsqueeze(-1) > 0, out * den.unsqueeze(-1), torch.zeros((), dtype=torch.float32))
+    num = out * den.unsqueeze(-1)
     dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
     dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
-    nonempty = den > 0
-    safe = torch.where(nonempty, den, torch.ones_like(den))
-    out = num / safe.unsqueeze(-1)
-    lse = torch.where(nonempty, shift + torch.log(safe), torch.full_like(den, float("-inf")))
-    return out, lse
+    return online_to_state(num, m, den)
 
 
 def _methods():

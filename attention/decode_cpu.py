@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["decode_torch", "run_splits", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "decode_torch", "run_splits"]
 
 #: Tokens per block.  Measured with tools/bench_decode.py on the 2-core Sapphire
 #: Rapids VM (Llama-3.1-8B shapes, 128k tokens): 256..4096 are within noise of
@@ -73,9 +73,9 @@ def _attend_range(qg, fetch, start: int, end: int, block: int, work: dict):
     output, running max and running sum ``[kv_heads, group, 1]``.
     """
     kv_heads, group, head_dim = qg.shape
-    f32 = dict(dtype=torch.float32, device=qg.device)
+    f32 = {"dtype": torch.float32, "device": qg.device}
     m = torch.full((kv_heads, group, 1), -math.inf, **f32)
-    l = torch.zeros((kv_heads, group, 1), **f32)
+    l_sum = torch.zeros((kv_heads, group, 1), **f32)
     acc = torch.zeros((kv_heads, group, head_dim), **f32)
     for s in range(start, end, block):
         e = min(s + block, end)
@@ -94,13 +94,14 @@ def _attend_range(qg, fetch, start: int, end: int, block: int, work: dict):
             torch.bmm(qg, kk.permute(1, 2, 0), out=scores)  # [kv_heads, group, n]
         else:
             scores = torch.bmm(qg, kk.permute(1, 2, 0))
-        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))  # finite: block not empty
-        p = scores.sub_(m_new).exp_()
-        alpha = torch.exp(m - m_new)  # 0 on the first block (m = -inf)
-        l.mul_(alpha).add_(p.sum(-1, keepdim=True))
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))  # NaN and +inf propagate
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)  # all -inf so far: no -inf - -inf
+        p = scores.sub_(shift).exp_()
+        alpha = torch.exp(m - shift)  # 0 on the first block (m = -inf)
+        l_sum.mul_(alpha).add_(p.sum(-1, keepdim=True))
         acc.mul_(alpha).baddbmm_(p, vv.transpose(0, 1))  # [kv_heads, n, head_dim] view
         m = m_new
-    return acc, m, l
+    return acc, m, l_sum
 
 
 _POOL: dict = {}
@@ -161,10 +162,11 @@ def run_splits(q, kv_heads: int, lengths, scale: float, attend, *, num_splits: i
     ``attend`` gets ``qg`` float32 [kv_heads, group, head_dim] (scaled) and a dict it
     may cache buffers in (one per thread when single-threaded), and returns
     ``(acc, m, l)``: float32 [kv_heads, group, head_dim] unnormalised output and
-    [kv_heads, group, 1] running max and sum (``m = -inf``, ``l = 0`` when empty).
+    [kv_heads, group, 1] running max and sum, as :func:`attention.state.online_to_state`
+    reads them (``m = -inf``, ``l = 0`` when empty).
     Writes and returns ``(out, lse)`` as :func:`decode_torch`.
     """
-    from attention.state import merge_states
+    from attention.state import merge_states, online_to_state
 
     batch, q_heads, head_dim = q.shape
     group = q_heads // kv_heads
@@ -192,14 +194,14 @@ def run_splits(q, kv_heads: int, lengths, scale: float, attend, *, num_splits: i
         results = [attend(qs[b], b, s0, s1, work) for b, s0, s1 in tasks]
     for b in range(batch):
         outs, lses = [], []
-        for acc, m, l in results[b * num_splits:(b + 1) * num_splits]:
-            nonempty = l > 0
-            outs.append(acc / torch.where(nonempty, l, torch.ones_like(l)))
-            lses.append(torch.where(nonempty, m + torch.log(l), torch.full_like(l, -math.inf)).squeeze(-1))
+        for acc, m, l_sum in results[b * num_splits:(b + 1) * num_splits]:
+            o, s = online_to_state(acc, m.squeeze(-1), l_sum.squeeze(-1))
+            outs.append(o)
+            lses.append(s)
         if num_splits == 1:
             o, s = outs[0], lses[0]
         else:
-            o, s = merge_states(outs, lses, 0, check=False, backend="torch")
+            o, s = merge_states(outs, lses, 0, backend="torch")
         out_buf[b].copy_(o.reshape(q_heads, head_dim))
         lse_buf[b].copy_(s.reshape(q_heads))
     return out_buf, lse_buf

@@ -14,15 +14,20 @@ Two kernels:
   ``(rows,)``: merges ``S`` states per row with the guarded max shift (see
   :mod:`attention.state`).  Stage 2 is skipped when there is one split.
 
+Both follow the NaN/inf policy of :mod:`attention.state` (IEEE softmax, as
+torch's SDPA math path): the running max keeps NaN (:func:`_max_keep_nan`),
+the shift is 0 while it is ``-inf``, and no weight is masked after the fact.
+
 Pseudo-code of stage 1 for program ``(b, h, s)``::
 
     L = clamp(kv_len[b], 0, seq); chunk = ceil(ceil(L / S) / BLOCK_N) * BLOCK_N
     m = -inf; l = 0; acc = 0                    # per query head of the group
     for n in [s*chunk, min((s+1)*chunk, L)) step BLOCK_N:
         x = (q @ K[n:n+BLOCK_N].T) * scale*log2e   # masked columns -> -inf
-        m' = max(m, rowmax(x)); p = exp2(x - m'); a = exp2(m - m')
+        m' = max(m, rowmax(x)) (NaN kept); c = 0 if m' == -inf else m'
+        p = exp2(x - c); a = exp2(m - c)
         l = a*l + rowsum(p); acc = a*acc + p @ V[n:n+BLOCK_N]; m = m'
-    out = acc / l (0 if l == 0); lse = (m + log2(l)) * ln2 (-inf if l == 0)
+    out = acc / l (acc if l == 0); lse = (c + log2(l)) * ln2 (-inf if l == 0)
 
 A paged cache (``[num_pages, page_size, kv_heads, head_dim]`` plus a block
 table ``[batch, max_pages]``, any page size) is read through the table per
@@ -52,10 +57,10 @@ except ImportError as err:  # pragma: no cover - triton is a dev dependency
     raise MissingDependency("triton", "attention Triton kernels", "triton") from err
 
 __all__ = [
-    "decode_triton",
-    "decode_stage1",
-    "merge_states_triton",
     "choose_num_splits",
+    "decode_stage1",
+    "decode_triton",
+    "merge_states_triton",
     "num_sms",
 ]
 
@@ -69,6 +74,17 @@ MAX_SPLITS = 128
 #: fp32 K/V take 143 KiB of shared memory at 3 stages, 76 KiB at 2 (fits every
 #: GPU from sm_80 on, including 100 KiB consumer parts); bf16/fp16 take 22 KiB at 3.
 STAGES_FP32, STAGES_HALF = 2, 3
+
+
+# %%
+# The NaN/inf policy of attention.state: a NaN score or LSE makes the running max
+# NaN (tl.max and tl.maximum drop NaN on GPUs by default), +inf stays +inf.
+@triton.jit
+def _max_keep_nan(m, x):
+    """max(m, row max of x [rows, cols]) per row, NaN if any operand is NaN."""
+    row_nan = tl.max((x != x).to(tl.int32), 1) > 0  # noqa: PLR0124 (the NaN test)
+    m_x = tl.where(row_nan, float("nan"), tl.max(x, 1))
+    return tl.maximum(m, m_x, propagate_nan=tl.PropagateNan.ALL)
 
 
 # %%
@@ -142,9 +158,10 @@ def _decode_split_kernel(
         else:
             x = tl.dot(q, tl.trans(k))
         x = tl.where(mask_n[None, :], x * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(x, 1))  # finite: the block has a valid column
-        p = tl.exp2(x - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_new = _max_keep_nan(m_i, x)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf while all scores are -inf
+        p = tl.exp2(x - shift[:, None])
+        alpha = tl.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         if UPCAST:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
@@ -153,10 +170,10 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    # ---- epilogue: normalised out, natural-log LSE; empty chunk -> (0, -inf)
-    nonempty = l_i > 0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
-    lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    # ---- epilogue: normalised out, natural-log LSE; empty chunk -> (0, -inf), NaN kept
+    empty = l_i == 0  # (NaN is not 0: it reaches out and lse)
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
     heads = kv_head * GROUP + offs_g
     o_ptrs = OUT + split * stride_os + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out, mask=mask_g[:, None] & mask_d[None, :])
@@ -178,17 +195,17 @@ def _merge_states_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
-    # ---- pass 1: the max LSE of the row (-inf if every state is empty)
-    m = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)  # an fp32 scalar, loop-carried
+    # ---- pass 1: the max LSE of the row (-inf if every state is empty, NaN kept)
+    m = tl.full([1], float("-inf"), tl.float32)  # loop-carried
     for s0 in range(0, num_states, BLOCK_S):
         rows_s = s0 + offs_s
         lse = tl.load(LSE_IN + rows_s * stride_ls + row * stride_lr, mask=rows_s < num_states, other=float("-inf"))
-        m = tl.maximum(m, tl.max(lse, 0))
+        m = _max_keep_nan(m, lse[None, :])
     shift = tl.where(m == float("-inf"), 0.0, m)
 
-    # ---- pass 2: weights exp(lse - shift), exactly 0 for empty states
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    den = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+    # ---- pass 2: weights exp(lse - shift): 0 for empty states, NaN for NaN / +inf
+    acc = tl.zeros([1, BLOCK_D], tl.float32)
+    den = tl.zeros([1], tl.float32)
     for s0 in range(0, num_states, BLOCK_S):
         rows_s = s0 + offs_s
         mask_s = rows_s < num_states
@@ -198,15 +215,14 @@ def _merge_states_kernel(
             OUT_IN + rows_s[:, None] * stride_os + row * stride_or + offs_d[None, :],
             mask=mask_s[:, None] & mask_d[None, :], other=0.0,
         ).to(tl.float32)
-        o = tl.where(w[:, None] > 0, o * w[:, None], 0.0)
-        acc += tl.sum(o, 0)
+        acc += tl.sum(o * w[:, None], 0)[None, :]
         den += tl.sum(w, 0)
 
-    nonempty = den > 0
-    out = acc / tl.where(nonempty, den, 1.0)
-    lse_out = tl.where(nonempty, shift + tl.log(tl.where(nonempty, den, 1.0)), float("-inf"))
+    empty = den == 0
+    out = tl.reshape(acc / tl.where(empty, 1.0, den)[:, None], [BLOCK_D])
+    lse_out = tl.where(empty, float("-inf"), shift + tl.log(tl.where(empty, 1.0, den)))
     tl.store(OUT + row * stride_out_r + offs_d, out, mask=mask_d)
-    tl.store(LSE + row * stride_lse_r, lse_out)
+    tl.store(LSE + row * stride_lse_r + tl.arange(0, 1), lse_out)
 
 
 # %%

@@ -23,17 +23,24 @@ def reference(q, k, v, *, kv_len=None, scale=None):
     ``seq``), ``scale`` default ``1/sqrt(head_dim)``.
     Returns ``(out, lse)``: float64 ``[batch, q_heads, head_dim]`` and float64
     ``[batch, q_heads]`` natural log; a sequence without keys gives ``(0, -inf)``.
+    NaN and inf follow the policy of :mod:`attention.state` (plain IEEE softmax, as
+    torch's SDPA math path); positions past ``kv_len`` are masked out, never read
+    into the result.
     """
     lengths, scale = check_decode_inputs(q, k, v, kv_len, scale, "reference")
-    batch, q_heads, head_dim = q.shape
+    batch, q_heads, _ = q.shape
     group = q_heads // k.shape[2]
-    k64 = k.double().repeat_interleave(group, dim=2)  # [B, N, Hq, D]
-    v64 = v.double().repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhd,bnhd->bhn", q.double(), k64) * scale  # [B, Hq, N]
     positions = torch.arange(k.shape[1], device=k.device)
-    valid = positions[None, None, :] < lengths.to(k.device)[:, None, None]
-    scores = scores.masked_fill(~valid, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)  # -inf where no keys
-    p = torch.exp(scores - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
-    out = torch.einsum("bhn,bnhd->bhd", p, v64)
-    return out, lse
+    valid = positions[None, :] < lengths.to(k.device)[:, None]  # [B, N]
+    mask = valid[:, :, None, None]
+    k64 = k.double().masked_fill(~mask, 0.0).repeat_interleave(group, dim=2)  # [B, N, Hq, D]
+    v64 = v.double().masked_fill(~mask, 0.0).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,bnhd->bhn", q.double(), k64) * scale  # [B, Hq, N]
+    scores = scores.masked_fill(~valid[:, None, :], -math.inf)
+    m = scores.amax(-1, keepdim=True) if scores.shape[-1] else torch.full((batch, q_heads, 1), -math.inf,
+                                                                           dtype=torch.float64, device=k.device)
+    shift = torch.where(m == -math.inf, 0.0, m)  # amax keeps NaN and +inf
+    p = torch.exp(scores - shift)
+    den = p.sum(-1)
+    out = torch.einsum("bhn,bnhd->bhd", p, v64) / torch.where(den == 0, 1.0, den)[..., None]
+    return out, shift.squeeze(-1) + torch.log(den)

@@ -1,4 +1,4 @@
-"""Attention states and the operator that merges them.
+"""Attention states, the operator that merges them, and the NaN/inf policy.
 
 An *attention state* is the pair ``(out, lse)`` computed by softmax attention of
 one query against one set of keys ``I``:
@@ -13,17 +13,56 @@ The merge ``a (+) b`` is the state of ``I_a u I_b`` (``I_a``, ``I_b`` disjoint):
     lse = log(exp(lse_a) + exp(lse_b))
     out = (exp(lse_a) * out_a + exp(lse_b) * out_b) / exp(lse)
 
-It is computed shifted by ``m = max(lse_a, lse_b)`` with two guards, so that
-the empty state ``(0, -inf)`` is an exact identity and nothing produces NaN
-(the numerics contract is in the :mod:`attention` package docstring):
+computed shifted by ``m = max(lse_a, lse_b)`` (the shift is ``0`` when
+``m == -inf``, so no ``-inf - -inf`` arises).  Commutative (bit-exact) and
+associative (within float32 rounding).
 
-* the shift is ``0`` when ``m == -inf`` (no ``-inf - -inf``);
-* a state whose weight ``exp(lse - m)`` is ``0`` contributes exactly ``0``
-  (whatever its ``out`` holds), and an all-empty merge gives ``(0, -inf)``.
+NaN/inf policy
+--------------
+Every decode backend (``torch``, ``native``, ``triton``), the float64
+:func:`attention.reference` and every merge (:func:`merge`,
+:func:`merge_states`, :class:`MergeOp`, and so :func:`attention.tree_decode`,
+:func:`attention.tree_combine` and the baselines) follow ONE policy: IEEE
+arithmetic of plain softmax attention, as torch's
+``scaled_dot_product_attention`` computes it (its math path; torch 2.13)::
 
-Commutative (bit-exact) and associative (within float32 rounding).
-``+inf``/NaN LSEs raise; FlashAttention-2's ``+inf`` for rows without keys must
-be mapped to ``-inf`` by the caller.
+    s_i = scale * q . k_i                      (NaN if q or k_i holds NaN, or 0 * inf)
+    m = max_i s_i;  shift = 0 if m == -inf else m
+    p_i = exp(s_i - shift);  l = sum_i p_i
+    out = sum_i p_i * v_i / l   (sum_i p_i * v_i when l == 0);  lse = shift + log(l)
+
+What that gives for one (batch, query head), by where a bad value sits among
+the valid keys (positions past ``kv_len`` are never read):
+
+* NaN in ``q`` or in a key row: ``out`` and ``lse`` NaN (the whole row).
+* ``+-inf`` in ``q`` or in a key row giving a score of ``+inf`` or NaN
+  (``0 * inf``, ``inf - inf``): ``out`` and ``lse`` NaN.
+* ``+-inf`` giving a score of ``-inf``: that token's weight is exactly 0 (a
+  mask, as in SDPA); ``out`` stays finite if that token's ``v`` is finite.
+* NaN in ``v`` at column ``d``: ``out[..., d]`` NaN, other columns and ``lse``
+  as without the NaN (also for a token of weight 0: ``0 * NaN`` is NaN).
+* ``+-inf`` in ``v`` at column ``d``: ``out[..., d]`` is ``+-inf`` (NaN where
+  both signs meet, or for a token of weight 0); ``lse`` finite.
+* No keys, or every score ``-inf``: ``(0, -inf)`` (``out`` is ``sum_i 0 * v_i``:
+  NaN in a column where some ``v_i`` is NaN or inf).
+
+A score of ``-inf`` is a weight of exactly ``0``: that token contributes
+``0 * v``, as in SDPA, so the answer is finite only when its ``v`` is.  A NaN
+or ``+inf`` anywhere in a key row therefore never gives a finite answer that
+left that token out.  (torch's fused CPU flash kernel returns 0 instead of NaN
+for a NaN query; the policy follows the math path.)
+
+Merges apply the same arithmetic to states: a ``-inf`` lse is the identity
+(weight exactly 0, never NaN from ``-inf`` alone: ``(0, -inf) (+) x == x``
+bit-exact, and all-empty gives ``(0, -inf)``); a NaN or ``+inf`` lse in any
+input makes that row's ``out`` and ``lse`` NaN; NaN or ``inf`` in an input's
+``out`` reaches the same columns of the result (``0 * NaN`` is NaN, so this
+holds for an input whose weight is 0, empty states included: an empty state
+is ``(0, -inf)``, not ``(anything, -inf)``).  So merging the states of any
+partition of the keys gives the state of the whole, NaN where the whole is NaN.
+
+FlashAttention-2 returns ``+inf`` as the lse of rows without keys; such states
+must be mapped to ``(0, -inf)`` before merging, else they read as NaN.
 
 For the wire, :func:`pack_state` lays a state out as ONE contiguous float32
 buffer (``out`` flattened, then ``lse`` flattened); :class:`MergeOp` is the
@@ -38,31 +77,32 @@ tree reduction carries.
 True
 >>> merge(empty, empty)[1].tolist()
 [[-inf, -inf]]
+>>> bad = (torch.ones(1, 2, 4), torch.tensor([[0.0, float("nan")]]))
+>>> merge(a, bad)[1].tolist()
+[[0.6931471824645996, nan]]
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Tuple
 
 import torch
 
 from topo.errors import AttentionError
 
 __all__ = [
-    "LOG2E",
     "LN2",
+    "LOG2E",
+    "MergeOp",
     "State",
-    "check_lse",
     "empty_state",
     "merge",
-    "merge_states",
-    "pack_state",
-    "unpack_state",
     "merge_packed",
-    "MergeOp",
-    "to_natural_log",
+    "merge_states",
+    "online_to_state",
+    "pack_state",
     "to_base2",
+    "to_natural_log",
+    "unpack_state",
 ]
 
 #: log2(e): multiply a natural-log quantity by this to get base 2.
@@ -70,24 +110,9 @@ LOG2E = 1.4426950408889634
 #: ln(2): multiply a base-2 quantity by this to get natural log.
 LN2 = 0.6931471805599453
 
-State = Tuple[torch.Tensor, torch.Tensor]
+State = tuple[torch.Tensor, torch.Tensor]
 _NEG_INF = float("-inf")
 _MERGE_BACKENDS = ("auto", "torch", "triton")
-
-
-def check_lse(lse: torch.Tensor, name: str) -> None:
-    """Raise :class:`AttentionError` if ``lse`` holds ``+inf`` or NaN.
-
-    ``lse``: any shape, any floating dtype, natural log; ``-inf`` (empty) is valid.
-    ``name`` names the input in the message.
-    """
-    bad = torch.isnan(lse) | (lse == math.inf)
-    if bool(bad.any()):
-        raise AttentionError(
-            f"{name}: expected finite log-sum-exp values or -inf (empty state), "
-            f"got {int(bad.sum())} entries that are +inf or NaN; map a library's "
-            f"+inf for rows without keys (FlashAttention-2) to -inf before merging"
-        )
 
 
 def _check_pair(out: torch.Tensor, lse: torch.Tensor, name: str) -> None:
@@ -123,14 +148,14 @@ def empty_state(batch: int, heads: int, head_dim: int, *, device=None) -> State:
     )
 
 
-def merge(a: State, b: State, *, check: bool = True) -> State:
+def merge(a: State, b: State) -> State:
     """Merge two attention states: ``a (+) b``.
 
     ``a``, ``b``: tuples ``(out, lse)``, ``out`` ``[..., head_dim]`` and ``lse``
     ``[...]`` (same leading shape in both states), any float dtype, natural-log LSE.
     Returns ``(out, lse)`` in float32 with the same shapes.  ``(0, -inf)`` is the
-    identity; all-empty gives ``(0, -inf)``; never NaN.  ``check=False`` skips the
-    +inf/NaN scan of the LSEs (one device sync each on CUDA).
+    identity; all-empty gives ``(0, -inf)``; NaN and inf follow the module's
+    NaN/inf policy (never NaN from ``-inf`` alone).
     """
     out_a, lse_a = _as_state(a, "merge: state a")
     out_b, lse_b = _as_state(b, "merge: state b")
@@ -139,37 +164,47 @@ def merge(a: State, b: State, *, check: bool = True) -> State:
             f"merge: expected states of the same shape, got out {tuple(out_a.shape)} "
             f"for a and {tuple(out_b.shape)} for b"
         )
-    if check:
-        check_lse(lse_a, "merge: lse of state a")
-        check_lse(lse_b, "merge: lse of state b")
     lse_a = lse_a.float()
     lse_b = lse_b.float()
-    m = torch.maximum(lse_a, lse_b)
-    shift = torch.where(m == _NEG_INF, torch.zeros_like(m), m)
+    shift = _shift(torch.maximum(lse_a, lse_b))  # torch.maximum propagates NaN
     w_a = torch.exp(lse_a - shift)
     w_b = torch.exp(lse_b - shift)
-    den = w_a + w_b
-    num = _weighted(out_a, w_a) + _weighted(out_b, w_b)
-    nonempty = den > 0
-    out = num / torch.where(nonempty, den, torch.ones_like(den)).unsqueeze(-1)
-    lse = torch.where(nonempty, shift + torch.log(den), torch.full_like(den, _NEG_INF))
-    return out, lse
+    return _normalise(out_a.float() * w_a.unsqueeze(-1) + out_b.float() * w_b.unsqueeze(-1), shift, w_a + w_b)
 
 
-def _weighted(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``out * w`` in float32, exactly 0 where the weight is 0 (even if out is NaN)."""
-    w = w.unsqueeze(-1)
-    return torch.where(w > 0, out.float() * w, torch.zeros((), dtype=torch.float32, device=out.device))
+def _shift(m: torch.Tensor) -> torch.Tensor:
+    """The max-shift of the policy: ``m``, or ``0`` where ``m == -inf`` (NaN and +inf kept)."""
+    return torch.where(m == _NEG_INF, torch.zeros_like(m), m)
 
 
-def merge_states(outs, lses, dim: int = 0, *, check: bool = True, backend: str = "auto") -> State:
+def _normalise(num: torch.Tensor, shift: torch.Tensor, den: torch.Tensor) -> State:
+    """``(num / den, shift + log(den))``, ``num`` kept where ``den == 0`` (all weights 0):
+    ``(0, -inf)`` for empty rows, NaN wherever ``num`` or ``den`` carries it."""
+    out = num / torch.where(den == 0, torch.ones_like(den), den).unsqueeze(-1)
+    return out, shift + torch.log(den)
+
+
+def online_to_state(acc: torch.Tensor, m: torch.Tensor, l_sum: torch.Tensor) -> State:
+    """The state of a key range from online-softmax accumulators (the kernels' epilogue).
+
+    ``acc`` float32 ``[..., head_dim]``: ``sum_i exp(s_i - shift) * v_i``; ``m`` and
+    ``l_sum`` float32 ``[...]``: the running max of the scores and
+    ``sum_i exp(s_i - shift)``, where ``shift`` is ``m``, or ``0`` where ``m == -inf``.
+    Returns float32 ``(out, lse)`` by the module's NaN/inf policy (``(0, -inf)``
+    for an empty range).
+    """
+    return _normalise(acc, _shift(m), l_sum)
+
+
+def merge_states(outs, lses, dim: int = 0, *, backend: str = "auto") -> State:
     """Merge many attention states along one dimension.
 
     ``outs``: float ``[..., S, ..., head_dim]`` with the S states at ``dim`` (or a
     sequence of S tensors ``[..., head_dim]``, stacked at ``dim``); ``lses``: the
     matching ``[..., S, ...]`` (natural log).  ``dim`` indexes the LSE dims
     (negative values count from the end of ``lses``).  Returns ``(out, lse)``
-    float32 without the state dim.  ``S == 0`` gives ``(0, -inf)``.
+    float32 without the state dim.  ``S == 0`` gives ``(0, -inf)``; NaN and inf
+    follow the module's NaN/inf policy.
     ``backend``: ``'auto'`` (Triton kernel for CUDA tensors when triton is
     installed, torch otherwise), ``'torch'`` or ``'triton'``.
     """
@@ -195,22 +230,15 @@ def merge_states(outs, lses, dim: int = 0, *, check: bool = True, backend: str =
     dim = dim % lses.dim()
     if backend not in _MERGE_BACKENDS:
         raise AttentionError(f"merge_states: unknown backend {backend!r}; valid: {list(_MERGE_BACKENDS)}")
-    if check:
-        check_lse(lses, "merge_states: lses")
     if backend == "triton" or (backend == "auto" and outs.is_cuda and _triton_available()):
         from attention.decode_triton import merge_states_triton
 
         return merge_states_triton(outs, lses, dim)
     lses = lses.float()
     m = lses.amax(dim, keepdim=True) if lses.shape[dim] else torch.full_like(lses.sum(dim, keepdim=True), _NEG_INF)
-    shift = torch.where(m == _NEG_INF, torch.zeros_like(m), m)
+    shift = _shift(m)  # amax propagates NaN
     w = torch.exp(lses - shift)
-    den = w.sum(dim)
-    num = _weighted(outs, w).sum(dim)
-    nonempty = den > 0
-    out = num / torch.where(nonempty, den, torch.ones_like(den)).unsqueeze(-1)
-    lse = torch.where(nonempty, shift.squeeze(dim) + torch.log(den), torch.full_like(den, _NEG_INF))
-    return out, lse
+    return _normalise((outs.float() * w.unsqueeze(-1)).sum(dim), shift.squeeze(dim), w.sum(dim))
 
 
 def _triton_available() -> bool:
@@ -247,14 +275,12 @@ def unpack_state(buf: torch.Tensor, batch: int, heads: int, head_dim: int) -> St
     return buf[:n_out].view(batch, heads, head_dim), buf[n_out:].view(batch, heads)
 
 
-def merge_packed(
-    a: torch.Tensor, b: torch.Tensor, *, batch: int, heads: int, head_dim: int, check: bool = True
-) -> torch.Tensor:
+def merge_packed(a: torch.Tensor, b: torch.Tensor, *, batch: int, heads: int, head_dim: int) -> torch.Tensor:
     """:func:`merge` on two packed buffers (see :func:`pack_state`); returns a new
     packed float32 buffer."""
     sa = unpack_state(a, batch, heads, head_dim)
     sb = unpack_state(b, batch, heads, head_dim)
-    return pack_state(*merge(sa, sb, check=check))
+    return pack_state(*merge(sa, sb))
 
 
 @dataclass(frozen=True)
@@ -263,7 +289,8 @@ class MergeOp:
 
     Works on packed float32 buffers ``[batch*heads*(head_dim+1)]`` (returns a
     packed buffer) and on ``(out, lse)`` tuples (returns a tuple).
-    Commutative; identity :meth:`identity` (``out`` 0, ``lse`` -inf).
+    Commutative; identity :meth:`identity` (``out`` 0, ``lse`` -inf); NaN and
+    inf follow the module's NaN/inf policy.
 
     >>> import torch
     >>> op = MergeOp(batch=1, heads=2, head_dim=3)
@@ -275,7 +302,6 @@ class MergeOp:
     batch: int
     heads: int
     head_dim: int
-    check: bool = True
     name = "attention_merge"
     commutative = True
 
@@ -296,10 +322,8 @@ class MergeOp:
 
     def __call__(self, a, b):
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            return merge_packed(
-                a, b, batch=self.batch, heads=self.heads, head_dim=self.head_dim, check=self.check
-            )
-        return merge(a, b, check=self.check)
+            return merge_packed(a, b, batch=self.batch, heads=self.heads, head_dim=self.head_dim)
+        return merge(a, b)
 
 
 def to_natural_log(lse_base2: torch.Tensor) -> torch.Tensor:

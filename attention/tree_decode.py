@@ -46,7 +46,7 @@ from attention.dist import agree_on_inputs, group_info
 from attention.state import MergeOp, pack_state, unpack_state
 from topo.errors import AttentionError
 
-__all__ = ["tree_decode", "tree_combine", "resolve_tree", "tree_root", "group_topology"]
+__all__ = ["group_topology", "resolve_tree", "tree_combine", "tree_decode", "tree_root"]
 
 #: how :func:`tree_combine` returns the merged state to every rank
 BCAST_MODES = ("tree", "separate", "native")
@@ -164,7 +164,7 @@ def _merge_op(batch: int, heads: int, head_dim: int):
     not a state)."""
     from collectives.ops import resolve_op
 
-    return resolve_op(MergeOp(batch=batch, heads=heads, head_dim=head_dim, check=False),
+    return resolve_op(MergeOp(batch=batch, heads=heads, head_dim=head_dim),
                       commutative=True, chunkable=False)
 
 
@@ -175,7 +175,9 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
 
     ``out`` float32 ``[batch, heads, head_dim]``, ``lse`` float32 ``[batch, heads]``
     (natural log).  Returns the merged ``(out, lse)`` (float32, same shapes) on
-    every rank, or only on the tree root with ``root_only``.  The callers check
+    every rank, or only on the tree root with ``root_only``.  NaN and inf follow
+    the policy of :mod:`attention.state`: a rank's NaN or ``+inf`` lse makes that
+    row NaN on every rank; the other rows keep every rank's contribution.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
     ``bcast``: how the result goes back down the tree: ``"tree"`` (the default:
     the reduction and the broadcast down the same tree compiled as ONE schedule,

@@ -112,11 +112,14 @@ static void range_portable(int dt, const float *q, int64_t H, int64_t G, int64_t
 #define HAVE_AVX512 1
 
 /* exp(x) for float32 lanes: x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor
- * polynomial (truncation < 6e-9 relative), scaled by 2^n.  Clamped to
- * [-87.3, 88.7]: below, the result is ~1e-38 instead of 0 (never used for
- * a masked-out lane; scores are finite). */
+ * polynomial (truncation < 6e-9 relative), scaled by 2^n (gradual underflow
+ * down to x = -103.9; exactly 0 below, -inf included).  NaN stays NaN: maxps
+ * and minps return their second operand when either is NaN.  Arguments are
+ * s - shift <= 0 (or NaN), so the upper clamp never bites. */
 static inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    const __m512 lo = _mm512_set1_ps(-103.9f);
+    const __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x >= lo or NaN */
+    x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(lo, x));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -129,7 +132,7 @@ static inline __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(live, p, n);
 }
 
 /* 16 elements (fewer under mask mk) of a K/V row as float32 lanes. */
@@ -246,19 +249,22 @@ static inline __attribute__((always_inline)) void range_avx512_dt(
 #endif
 
 /* Online-softmax step for one query over a tile of n scores sg[0..n): turns the
- * scores into p = exp(s - m_new) in place, rescales l and the accumulator. */
+ * scores into p = exp(s - shift) in place (shift = the new running max, or 0
+ * while it is -inf), rescales l and the accumulator.  NaN and +inf scores
+ * propagate into m, l and acc (the NaN/inf policy of attention/state.py). */
 static void update_softmax(float *sg, int64_t n, float *m, float *l, float *ag, int64_t D, int vector_exp) {
     float mx = sg[0];
-    for (int64_t i = 1; i < n; i++) mx = sg[i] > mx ? sg[i] : mx;
-    const float m_new = mx > *m ? mx : *m;
-    const float alpha = expf(*m - m_new); /* 0 when *m = -inf */
+    for (int64_t i = 1; i < n; i++) mx = (sg[i] > mx || sg[i] != sg[i]) ? sg[i] : mx; /* NaN sticks */
+    const float m_new = (mx > *m || mx != mx) ? mx : *m;
+    const float shift = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = expf(*m - shift); /* 0 when *m = -inf */
     float sum = 0.0f;
 #ifdef HAVE_AVX512
     if (vector_exp) {
         __m512 vs = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
-            const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + i), _mm512_set1_ps(m_new)));
+            const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + i), _mm512_set1_ps(shift)));
             _mm512_mask_storeu_ps(sg + i, mk, p);
             vs = _mm512_mask_add_ps(vs, mk, vs, p);
         }
@@ -267,7 +273,7 @@ static void update_softmax(float *sg, int64_t n, float *m, float *l, float *ag, 
 #endif
     {
         (void)vector_exp;
-        for (int64_t i = 0; i < n; i++) { sg[i] = expf(sg[i] - m_new); sum += sg[i]; }
+        for (int64_t i = 0; i < n; i++) { sg[i] = expf(sg[i] - shift); sum += sg[i]; }
     }
     if (alpha != 1.0f)
         for (int64_t d = 0; d < D; d++) ag[d] *= alpha;

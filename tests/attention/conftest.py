@@ -47,6 +47,24 @@ def check_state():
     return _check_state
 
 
+def _check_policy(x, ref, tol, what):
+    """``x`` equals ``ref`` under the NaN/inf policy: NaN exactly where ``ref`` is
+    NaN, the same infinities (with signs), finite values within ``tol`` (relative
+    to the largest finite ``|ref|``)."""
+    x, ref = x.double(), ref.double()
+    assert torch.equal(torch.isnan(x), torch.isnan(ref)), (what, x, ref)
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(x), inf) and torch.equal(x[inf], ref[inf]), (what, x, ref)
+    finite = torch.isfinite(ref)
+    if finite.any():
+        assert _rel_err(x[finite], ref[finite]) <= tol, (what, _rel_err(x[finite], ref[finite]))
+
+
+@pytest.fixture
+def check_policy():
+    return _check_policy
+
+
 @pytest.fixture
 def rel_err():
     return _rel_err
