@@ -92,8 +92,11 @@ def test_import_file_detects_the_format(tmp_path):
     f.write_text(ANSI)
     assert topo.import_file(f).meta["source"].startswith("nvidia-smi:")
     x = tmp_path / "t.xml"
+    x.write_text('<system version="1"><cpu numaid="0"><pci busid="0000:01:00.0" class="0x030200"/></cpu></system>')
+    assert topo.import_file(x).meta["source"] == f"nccl-xml:{x}"
     x.write_text('<system version="1"><cpu numaid="0"/></system>')
-    assert topo.import_file(x).meta["source"].startswith("nccl-xml:")
+    with pytest.raises(topo.TopologyError, match=rf"^{x}: expected at least one GPU"):
+        topo.import_file(x)
     y = tmp_path / "junk.txt"
     y.write_text("nothing here")
     with pytest.raises(topo.TopologyError, match="expected an NCCL topology XML"):
