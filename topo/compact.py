@@ -79,6 +79,14 @@ class HostTemplate:
         return [(n, d) for n, d in self.nodes if d["kind"] == "nic"]
 
 
+def check_cpulist(doc: Doc, text: str, path: tuple) -> None:
+    """A Linux CPU list (``"0-55,112-167"``): ascending ranges of CPU ids below sysfs.MAX_CPU_ID."""
+    from .sysfs import MAX_CPU_ID, parse_cpulist
+    if not parse_cpulist(text):
+        doc.fail(path, f"expected a CPU list like '0-55,112-167' (ascending ranges, ids below {MAX_CPU_ID}), "
+                       f"got {text[:40]!r}")
+
+
 def _link(kind: str, bw: float, lat: float, count: int = 1) -> dict:
     return {"kind": kind, "bw": float(bw), "lat": float(lat), "count": int(count)}
 
@@ -126,6 +134,8 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         for k in ("affinity", "model"):
             if k in c:
                 attrs[k] = doc.string(str(c[k]) if isinstance(c[k], int) else c[k], (*cp, k))
+        if "affinity" in attrs:
+            check_cpulist(doc, attrs["affinity"], (*cp, "affinity"))
         cpus[numa] = f"cpu{numa}"
         ht.nodes.append((f"cpu{numa}", attrs))
     if len(cpus) > 1:

@@ -182,7 +182,7 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
     lim = make_limits(max_nodes, max_links)
     root, where = _parse(where, text)
     if root.tag != "system":
-        raise TopologyError(f"{where.at(root)}: root element expected <system>, got <{root.tag[:40]}>")
+        raise TopologyError(f"{where}: root element expected <system>, got <{root.tag[:40]}>")
     if root.get("version", "1") != "1":
         raise TopologyError(f"{where.at(root)}: <system version> expected \"1\" (NCCL_TOPO_XML_VERSION), got "
                             f"{root.get('version')[:40]!r}")
@@ -420,7 +420,7 @@ def mask_to_cpulist(mask: str | None) -> str | None:
         v = int(mask.replace(",", ""), 16)
     except ValueError:
         return None
-    cpus = [i for i in range(v.bit_length()) if v >> i & 1]
+    cpus = [i for i, bit in enumerate(bin(v)[:1:-1]) if bit == "1"]  # linear in the mask's length
     if not cpus:
         return None
     runs, start = [], cpus[0]
@@ -434,7 +434,9 @@ def mask_to_cpulist(mask: str | None) -> str | None:
 def cpulist_to_mask(cpulist: str) -> str:
     """Inverse of :func:`mask_to_cpulist` (at least one 32-bit word)."""
     from .sysfs import parse_cpulist
-    v = sum(1 << c for c in set(parse_cpulist(cpulist)))
+    cpus = set(parse_cpulist(cpulist))
+    bits = "".join("1" if c in cpus else "0" for c in range(max(cpus, default=0), -1, -1))
+    v = int(bits, 2)  # linear in the number of CPUs
     words = max(1, (v.bit_length() + 31) // 32)
     return ",".join(f"{v >> (32 * i) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
@@ -613,7 +615,7 @@ def parse_graph_xml(src: str | os.PathLike, *, source: str | None = None) -> dic
     where, text = _read(src, source, "the NCCL graph file")
     root, where = _parse(where, text)
     if root.tag != "graphs":
-        raise TopologyError(f"{where.at(root)}: root element expected <graphs>, got <{root.tag[:40]}>")
+        raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag[:40]}>")
     out: dict[str, Any] = {"version": _int(root.get("version", "1"), where, "<graphs> version"), "graphs": []}
     for gi, gel in enumerate(root.findall("graph")):
         def num(k, conv=int, default="0"):

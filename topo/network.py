@@ -118,7 +118,7 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
     ratio = size / over  # uplink ports per leaf
     if not ratio <= doc.limits.max_links:
         doc.fail((*path, "oversubscription"), f"{size} ports per leaf / oversubscription {over:g} ask for "
-                                              f"{ratio:,.0f} uplink ports per leaf: expected at most "
+                                              f"{ratio:.3g} uplink ports per leaf: expected at most "
                                               f"{doc.limits.max_links:,} (the links cap)")
     uplinks = max(1, math.ceil(ratio))
     spines = doc.integer(d["spines"], (*path, "spines"), minimum=1) if "spines" in d else uplinks

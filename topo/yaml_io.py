@@ -46,7 +46,7 @@ import networkx as nx
 import yaml
 
 from ._schema import YAML_LOADER, Doc
-from .compact import HostTemplate, expand, parse_template
+from .compact import HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
 from .limits import limits as make_limits
@@ -334,6 +334,10 @@ def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
         doc.fail(("network" if "network" in d else "templates",), "only valid with 'hosts' (compact form)")
     if "nodes" in d or "links" in d:
         _explicit(doc, d, g)
+    if not any(kind == "gpu" for _, kind in g.nodes(data="kind")):
+        doc.fail(("nodes",) if "nodes" in d else ("hosts",),
+                 "expected at least one node of kind gpu, got none: a topology without GPUs has no ranks "
+                 "(a CPU-only host has one gpu-kind rank slot per process, see topologies/cpu-local.yaml)")
     try:
         return Topology._adopt(g, name=name, meta=meta)
     except TopologyError as e:
@@ -349,6 +353,7 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
     cache: dict[str, HostTemplate] = {}
     host_nics = []
     seen_hosts: set[str] = set()
+    made = (0, 0)  # nodes and directed links the groups so far make (networkx counts edges in O(nodes))
     hi = 0
     for gi, grp in enumerate(doc.seq(d["hosts"], ("hosts",), what="host groups")):
         gp = ("hosts", gi)
@@ -358,7 +363,7 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
             cache[ref] = _template(doc, local, ref, (*gp, "template"), base, visiting)
         ht = cache[ref]
         count = doc.integer(grp.get("count", 1), (*gp, "count"), minimum=1)
-        _host_budget(doc, (*gp, "count"), g, ht, count)
+        made = _host_budget(doc, (*gp, "count"), made, ht, count)
         pattern = doc.string(grp.get("names", "h{i}"), (*gp, "names"))
         if "{i}" not in pattern and "{j}" not in pattern and count > 1:
             doc.fail((*gp, "names"), f"expected a pattern with {{i}} (cluster index) or {{j}} (index in the group) "
@@ -384,14 +389,16 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
                              f"rail_optimized, torus)")
 
 
-def _host_budget(doc: Doc, path: tuple, g: nx.DiGraph, ht: HostTemplate, count: int) -> None:
-    """Refuse ``count`` more hosts of ``ht`` when the graph would outgrow the caps (before building them)."""
+def _host_budget(doc: Doc, path: tuple, made: tuple[int, int], ht: HostTemplate, count: int) -> tuple[int, int]:
+    """Refuse ``count`` more hosts of ``ht`` when the graph would outgrow the caps (before building them);
+    ``made``: the nodes and links of the groups before; returns the totals with these hosts."""
     per_nodes, per_links = len(ht.nodes), 2 * (len(ht.links) + len(ht.rack_links))
     domains = 1 if ht.domain_hosts is None else -(-count // ht.domain_hosts)
-    nodes = g.number_of_nodes() + count * per_nodes + ht.rack_switches * domains
-    links = g.number_of_edges() + count * per_links
+    nodes = made[0] + count * per_nodes + ht.rack_switches * domains
+    links = made[1] + count * per_links
     doc.budget(path, nodes, links, f"{count:,} hosts of template {ht.name!r} ({per_nodes} nodes and {per_links} "
                                    f"directed links each, with the hosts before them)")
+    return nodes, links
 
 
 def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiting: set) -> HostTemplate:
@@ -449,6 +456,8 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
             doc.fail(p, f"missing key 'host': a {kind} belongs to a host")
         if "host" in nd:
             doc.string(nd["host"], (*p, "host"))
+        if nd.get("affinity") is not None:
+            check_cpulist(doc, doc.string(nd["affinity"], (*p, "affinity")), (*p, "affinity"))
         for k, v in nd.items():
             if k in _INT_ATTRS:
                 doc.integer(v, (*p, k), minimum=0)
