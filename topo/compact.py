@@ -24,6 +24,21 @@ Default latencies (µs per link) split NCCL's per-step hardware latencies
 ../shared/reference/topo.md §1.5) evenly over the links of the usual route:
 GPU -> NVSwitch -> GPU is 2 links of 0.3, GPU -> PCIe switch -> NIC 2 links of 0.5.
 NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
+
+>>> import networkx as nx
+>>> from topo._schema import Doc
+>>> box = {"gpus": {"count": 2, "numa": 0}, "cpus": [{"numa": 0}], "pcie": {"bw": 24.0}}
+>>> ht = parse_template(Doc("x.yaml", "", None), box, ("templates", "box"), "box")
+>>> [n for n, _ in ht.nodes], [(a, b, d["bw"]) for a, b, d in ht.links]
+(['gpu0', 'gpu1', 'cpu0'], [('gpu0', 'cpu0', 24.0), ('gpu1', 'cpu0', 24.0)])
+>>> g = nx.DiGraph()
+>>> expand(g, ht, ["a", "b"])
+>>> sorted(g.nodes), g.number_of_edges()
+(['a/cpu0', 'a/gpu0', 'a/gpu1', 'b/cpu0', 'b/gpu0', 'b/gpu1'], 8)
+>>> parse_template(Doc("x.yaml", "", None), {**box, "gpus": {"count": 10**9, "numa": 0}}, ("t",), "big")
+Traceback (most recent call last):
+...
+topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and 2,000,000,000 directed links: expected at most 1,000,000 nodes and 4,000,000 links (the caps); to load it anyway raise the caps: topo.load(..., max_nodes=N, max_links=M) or the environment variables TREECOLL_MAX_NODES / TREECOLL_MAX_LINKS
 """
 from __future__ import annotations
 

@@ -22,6 +22,10 @@ The environment hints (:mod:`topo.env`) applied here: NCCL_IB_HCA,
 NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE filter NICs; CUDA_VISIBLE_DEVICES and
 CUDA_DEVICE_ORDER give each visible GPU its ``cuda`` ordinal; the others are
 kept in ``meta["hints"]`` for tree building.
+
+>>> t = discover(nvml=False, sysfs_root="/nonexistent", env={}, host="box")  # no driver, no sysfs
+>>> t.gpus(), t.node("box/gpu0")["model"], t.nodes("cpu")
+(('box/gpu0',), 'cpu-process', ('box/cpu0',))
 """
 from __future__ import annotations
 

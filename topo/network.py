@@ -31,6 +31,14 @@ Default latencies (µs per link): NIC <-> leaf 1.35, half of NCCL's NET step
 latency 2.7 µs (tuning.cc hwLatencies, LL) so NIC -> leaf -> NIC is 2.7;
 leaf <-> spine 0.5 (a leaf-spine detour adds ~1 µs: 3rd-party figure,
 UNCERTAIN, ../shared/reference/topo.md §6.1).
+
+>>> import topo
+>>> t = topo.loads("hosts: [{template: dgx-h100, count: 4}]\\n"
+...                "network: {type: fat_tree, leaf_size: 16, oversubscription: 2}\\n")
+>>> sorted(t.nodes("net_switch"))  # 32 NICs fill two leaves of 16 ports; 16 / 2 = 8 uplinks: 8 spines
+['leaf0', 'leaf1', 'spine0', 'spine1', 'spine2', 'spine3', 'spine4', 'spine5', 'spine6', 'spine7']
+>>> t.link("leaf0", "spine0")["bw"]    # one 50 GB/s port to each spine (the NICs' speed)
+50.0
 """
 from __future__ import annotations
 

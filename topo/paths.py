@@ -42,6 +42,18 @@ each carries (proportional to its bottleneck bandwidth), and :attr:`Path.bw`
 is their sum. Between hosts, a GPU uses its nearest NIC (NCCL's default) and
 the network route is a shortest route through the switches, with ties between
 equal-cost switches broken by a hash of the two NICs (deterministic ECMP).
+
+>>> import topo
+>>> t = topo.default()                      # two DGX H100 on a rail-optimized fabric
+>>> p = t.path("h0/gpu0", "h0/nic0")        # the NIC behind the GPU's own PCIe switch
+>>> p.nodes, p.nccl, p.smi
+(('h0/gpu0', 'h0/pcisw0', 'h0/nic0'), 'PIX', 'PIX')
+>>> p = t.path("h0/gpu0", "h0/gpu1")        # 5 + 5 + 4 + 4 NVLinks of 20.6 GB/s over four NVSwitches
+>>> p.smi, len(p.routes), round(p.bw, 1)
+('NV18', 4, 370.8)
+>>> q = t.path("h0/gpu0", "h1/gpu0")
+>>> q.nccl, q.smi, q.nodes[3], t.nearest_nic("h0/gpu3")
+('NET', None, 'rail0/leaf0', 'h0/nic3')
 """
 from __future__ import annotations
 
