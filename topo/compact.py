@@ -36,9 +36,10 @@ NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
 >>> sorted(g.nodes), g.number_of_edges()
 (['a/cpu0', 'a/gpu0', 'a/gpu1', 'b/cpu0', 'b/gpu0', 'b/gpu1'], 8)
 >>> parse_template(Doc("x.yaml", "", None), {**box, "gpus": {"count": 10**9, "numa": 0}}, ("t",), "big")
+... # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and 2,000,000,000 directed links: expected at most 1,000,000 nodes and 4,000,000 links (the caps); to load it anyway raise the caps: topo.load(..., max_nodes=N, max_links=M) or the environment variables TREECOLL_MAX_NODES / TREECOLL_MAX_LINKS
+topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and ...
 """
 from __future__ import annotations
 
@@ -217,7 +218,8 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
                 nics[k]["pci"] = doc.string(v, (*np_, "pci", k)).lower()
         if "lat" in nd:   # the transport's own latency per message (an NCCL net plugin's `latency`)
             lats = doc.per_item(nd["lat"], (*np_, "lat"), nnic,
-                                lambda v, p: doc.number(v, p, positive=False, unit="µs"), what="latencies (one per NIC)")
+                                lambda v, p: doc.number(v, p, positive=False, unit="µs"),
+                                what="latencies (one per NIC)")
             for k, v in enumerate(lats):
                 nics[k]["lat"] = v
         if "link_layer" in nd:

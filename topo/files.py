@@ -12,37 +12,36 @@ is dropped. ``error`` lets other packages raise their own
 Traceback (most recent call last):
 ...
 topo.errors.TopologyError: /nonexistent/x.yaml: cannot read topology file: no such file
->>> read_text("/dev/null", "topology file")
+>>> read_text("/dev/null", "topology file")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: /dev/null: cannot read topology file: not a regular file (a character device); expected a file
->>> decode_text(b"a: 1\\nb: \\xff\\n", "x.yaml", "topology file")
+topo.errors.TopologyError: /dev/null: cannot read topology file: not a regular file (a character device); ...
+>>> decode_text(b"a: 1\\nb: \\xff\\n", "x.yaml", "topology file")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: x.yaml:2: cannot read topology file: not UTF-8 text (byte 0xff at offset 8); save the file as UTF-8
+topo.errors.TopologyError: x.yaml:2: cannot read topology file: not UTF-8 text (byte 0xff at offset 8); save ...
 """
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
-from typing import Type
 
 from .errors import TopologyError, TreecollError
 
-__all__ = ["read_text", "decode_text"]
+__all__ = ["decode_text", "read_text"]
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"))
 
 
-def _fail(error: Type[TreecollError], where: str, message: str):
+def _fail(error: type[TreecollError], where: str, message: str):
     if issubclass(error, TopologyError):
         raise error(message, where=where)
     raise error(f"{where}: {message}")
 
 
-def read_text(path: str | os.PathLike, what: str, *, error: Type[TreecollError] = TopologyError,
+def read_text(path: str | os.PathLike, what: str, *, error: type[TreecollError] = TopologyError,
               hint: str = "") -> str:
     """The UTF-8 text of the regular file ``path``; ``what`` names the file in messages
     ("topology file"), ``hint`` is appended to the "no such file" message."""
@@ -74,7 +73,7 @@ def read_text(path: str | os.PathLike, what: str, *, error: Type[TreecollError] 
     return decode_text(data, where, what, error=error)
 
 
-def decode_text(data: bytes, where: str, what: str, *, error: Type[TreecollError] = TopologyError) -> str:
+def decode_text(data: bytes, where: str, what: str, *, error: type[TreecollError] = TopologyError) -> str:
     """``data`` decoded as UTF-8 (a byte order mark dropped), or a one-line error with line and offset."""
     data = bytes(data)
     skip = 3 if data.startswith(b"\xef\xbb\xbf") else 0

@@ -31,12 +31,12 @@ True
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .errors import TopologyError
 
-__all__ = ["Limits", "limits", "DEFAULT_MAX_NODES", "DEFAULT_MAX_LINKS", "ENV_MAX_NODES", "ENV_MAX_LINKS"]
+__all__ = ["DEFAULT_MAX_LINKS", "DEFAULT_MAX_NODES", "ENV_MAX_LINKS", "ENV_MAX_NODES", "Limits", "limits"]
 
 #: default cap on the nodes of one topology
 DEFAULT_MAX_NODES = 1_000_000

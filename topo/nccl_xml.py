@@ -214,8 +214,8 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
             avoid = taken | declared[cpu.get("host_hash", "")]
             numa = next(k for k in range(len(avoid) + 1) if k not in avoid)
         elif numa in taken:
-            raise TopologyError(f"{where.at(cpu)}: <cpu> #{ci}: numaid {numa} appears twice in host {h!r}: expected one "
-                                f"<cpu> per NUMA node")
+            raise TopologyError(f"{where.at(cpu)}: <cpu> #{ci}: numaid {numa} appears twice in host {h!r}: "
+                                f"expected one <cpu> per NUMA node")
         ck = ("cpu", numa)
         b.add(ck, "cpu", numa=numa, affinity=mask_to_cpulist(cpu.get("affinity")), x_nccl={"cpu": xcpu})
         for child in cpu:
@@ -246,8 +246,8 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
 def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpus_by_pci: dict,
           pending: list, h: str, seen: set, depth: int = 1) -> None:
     if depth > MAX_PCI_DEPTH:
-        raise TopologyError(f"{where.at(el)}: <pci busid={el.get('busid')!r}>: nested deeper than {MAX_PCI_DEPTH} levels of "
-                            f"<pci>: expected a PCIe tree a few switches deep")
+        raise TopologyError(f"{where.at(el)}: <pci busid={el.get('busid')!r}>: nested deeper than {MAX_PCI_DEPTH} "
+                            f"levels of <pci>: expected a PCIe tree a few switches deep")
     if el.tag == "nic":  # NIC not on PCI: directly under the CPU
         for k in _nic(b, el, None, where):
             b.link(k, parent, "pcie", pcie_bw(None, None))
@@ -262,13 +262,14 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
                             f"is required")
     pci = norm_busid(busid) or busid.lower()
     if (h, pci) in seen:
-        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}>: bus id appears twice in host {h!r}: expected each PCI "
-                            f"device once")
+        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}>: bus id appears twice in host {h!r}: "
+                            f"expected each PCI device once")
     seen.add((h, pci))
     cls = _cls(el)
     width = _int(el.get("link_width") or 0, where.at(el), f"<pci busid={busid!r}> link_width")
     if not 0 <= width <= 64:
-        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}> link_width: expected 1..64 lanes (0: unknown), got {width}")
+        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}> link_width: expected 1..64 lanes (0: unknown), "
+                            f"got {width}")
     bw = pcie_bw(el.get("link_speed"), width)
     gpu_el = el.find("gpu")
     nic_el = el.find("nic")

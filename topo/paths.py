@@ -27,8 +27,9 @@ hops. Classes:
   a one-socket Skylake host). AMD EPYC 7002/7003 packages are divided into four
   I/O-die quadrants, and in the default NPS1 mode the whole socket is one NUMA
   domain (Dell, "NUMA Configuration settings on AMD EPYC 2nd Generation",
-  https://infohub.delltechnologies.com/en-us/p/numa-configuration-settings-on-amd-epyc-2nd-generation/):
-  a Dell PowerEdge R7525 with both GPUs on NUMA 1 shows them SYS apart. The
+  https://infohub.delltechnologies.com/en-us/p/numa-configuration-settings-on-amd-epyc-2nd-generation/).
+  Real matrices show it: the four GPUs of each NUMA node of an 8x RTX 4090 box
+  are all SYS apart (https://github.com/NVIDIA/go-gpuallocator/issues/17). The
   model says which root complexes are apart with the ``quadrant`` of the top
   PCIe switches (host bridges): two branches that meet at a CPU through
   different quadrants are ``SYS`` (NCCL, which only knows NUMA domains, still

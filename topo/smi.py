@@ -134,7 +134,8 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
     for li, tok in rows:
         name, vals, rest = tok[0], tok[1:1 + n], tok[1 + n:]
         if name not in devices:
-            raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected one of the header's devices {devices[:6]}...")
+            raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected one of the header's devices "
+                                f"{devices[:6]}...")
         if name in seen:
             raise TopologyError(f"{where}:{li + 1}: row {name!r} appears twice: expected one row per device")
         seen.add(name)

@@ -6,21 +6,13 @@ import re
 import time
 
 import pytest
+from _shipped import BOX
 
 import topo
 from topo import TopologyError
 from topo.nccl_xml import import_xml
 from topo.smi import import_smi
 
-BOX = """templates:
-  box:
-    gpus: {count: 2, numa: 0, model: G}
-    cpus: [{numa: 0}]
-    pcie: {bw: 24.0}
-    nics: {count: 1, bw: 25.0, numa: 0}
-hosts: [{template: box, count: 2}]
-network: {type: single_switch}
-"""
 EXPLICIT = """nodes:
 - {id: h0/cpu0, kind: cpu, host: h0, numa: 0}
 - {id: h0/gpu0, kind: gpu, host: h0, index: 0}
@@ -30,7 +22,8 @@ links:
 - {a: h0/gpu1, b: h0/cpu0, kind: pcie, bw: 24.0, lat: 0.5}
 """
 SMI = "\tGPU0\tGPU1\tNUMA Affinity\nGPU0\t X \tPIX\t0\nGPU1\tPIX\t X \t0\n"
-XML = '<system version="1">\n  <cpu numaid="0">\n    <pci busid="0000:01:00.0" class="0x030200"/>\n  </cpu>\n</system>\n'
+XML = ('<system version="1">\n  <cpu numaid="0">\n    <pci busid="0000:01:00.0" class="0x030200"/>\n  </cpu>\n'
+       '</system>\n')
 
 
 def bomb(levels: int = 9) -> str:
@@ -51,15 +44,15 @@ BAD_YAML = [  # (base, old, new, message regex after "<file>:")
     (BOX, "count: 2, numa", "count: 2.5, numa", r"3: templates\.box\.gpus\.count: expected an integer, got 2\.5$"),
     (BOX, "count: 2, numa", "count: true, numa", r"3: templates\.box\.gpus\.count: expected an integer, got True$"),
     (BOX, "count: 2}]", "count: " + "9" * 5000 + "}]",
-     r"7: invalid YAML: cannot read the integer '9{40}': Exceeds the limit \(4300 digits\) for integer string "
-     r"conversion: value has 5000 digits$"),
+     (r"7: invalid YAML: cannot read the integer '9{40}': Exceeds the limit \(4300 digits\) for integer string "
+     r"conversion: value has 5000 digits$")),
     (BOX, "model: G}", "model: G, model: H}", r"3: duplicate key 'model': each key may appear once in a mapping$"),
     (BOX, "model: G", "model: 'G\x00'", r"3: invalid YAML: control characters are not allowed: '\\x00'$"),
     (BOX, "  box:", "\tbox:", r"2: invalid YAML: found character that cannot start any token"),
     (BOX, "hosts:", "meta: {made: 2024-13-45}\nhosts:",
      r"7: invalid YAML: cannot read the date/time '2024-13-45': month must be in 1\.\.12$"),
-    (BOX, "hosts:", "meta: &m {a: *m}\nhosts:", r"7: invalid YAML: recursive alias \(a node that contains itself\): "
-                                                r"expected plain data$"),
+    (BOX, "hosts:", "meta: &m {a: *m}\nhosts:", (r"7: invalid YAML: recursive alias \(a node that contains itself\): "
+                                                r"expected plain data$")),
     (BOX, "hosts:", "meta: " + "[" * 100_000 + "]" * 100_000 + "\nhosts:",
      r"7: invalid YAML: nested deeper than 100 levels of mappings and lists: expected a topology document"),
     (BOX, "hosts:", "meta:\n" + "".join(" " * i + "- \n" for i in range(1, 200)) + "hosts:",
@@ -67,16 +60,16 @@ BAD_YAML = [  # (base, old, new, message regex after "<file>:")
     (BOX, "{type: single_switch}", "{type: fat_tree, leaf_size: 0}",
      r"8: network\.leaf_size: expected an integer >= 1, got 0$"),
     (BOX, "{type: single_switch}", "{type: torus, dims: [1000000000, 1000000000]}",
-     r"8: network\.dims: expected dimensions whose product is the host count 2, got \[1000000000, 1000000000\] "
-     r"\(product 1000000000000000000\)$"),
+     (r"8: network\.dims: expected dimensions whose product is the host count 2, got \[1000000000, 1000000000\] "
+     r"\(product 1000000000000000000\)$")),
     (BOX, "count: 2}]", "count: 2, names: 'x{i}" + "y" * 300 + "'}]",
      r"7: hosts\[0\]\.names: host name of 302 characters: expected at most 253$"),
     (BOX, "    pcie:", "    nvswitch: {count: 1, links: 1000000, link_bw: 1.0e+308}\n    pcie:",
      r"5: templates\.box\.nvswitch\.link_bw: 1000000 links x 1e\+308 GB/s overflows: expected a bandwidth in GB/s$"),
     (BOX, "template: box", "template: nope", r"7: hosts\[0\]\.template: unknown template 'nope'"),
     (BOX, "{numa: 0}]", "{numa: 0, affinity: '0-1000000000'}]",
-     r"4: templates\.box\.cpus\[0\]\.affinity: expected a CPU list like '0-55,112-167' \(ascending ranges, ids "
-     r"below 65536\), got '0-1000000000'$"),
+     (r"4: templates\.box\.cpus\[0\]\.affinity: expected a CPU list like '0-55,112-167' \(ascending ranges, ids "
+     r"below 65536\), got '0-1000000000'$")),
     (BOX, "{numa: 0}]", "{numa: 0, affinity: all}]", r"4: templates\.box\.cpus\[0\]\.affinity: expected a CPU list"),
     (BOX, "network: {type: single_switch}\n", "",
      r"7: hosts: 2 hosts need a 'network' \(one of single_switch, fat_tree, rail_optimized, torus\)$"),
@@ -196,8 +189,8 @@ def test_importers_name_the_file_not_a_placeholder(tmp_path):
 
 
 @pytest.mark.parametrize("text, pattern", [
-    ('<system version="1"/>', r"expected at least one GPU \(a <gpu> element, or a <pci> of class 0x03\.\.\.\.\), got "
-                              r"none: a topology without GPUs has no ranks"),
+    ('<system version="1"/>', (r"expected at least one GPU \(a <gpu> element, or a <pci> of class 0x03\.\.\.\.\), got "
+                              r"none: a topology without GPUs has no ranks")),
     (XML.replace("</cpu>", '<pci busid="0000:01:00.0" class="0x030200"/>\n  </cpu>'),
      r":4: <pci busid='0000:01:00\.0'>: bus id appears twice in host 'host0': expected each PCI device once$"),
     (XML.replace("</system>", '<cpu numaid="0"/>\n</system>'),
