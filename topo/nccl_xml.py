@@ -87,7 +87,7 @@ def _read(src: str | bytes | os.PathLike, source: str | None, what: str) -> tupl
     if isinstance(src, (bytes, bytearray)):
         where = source or "<string>"
         return where, decode_text(bytes(src), where, what)
-    if isinstance(src, str) and src.lstrip().startswith("<"):
+    if isinstance(src, str) and src.lstrip("\ufeff \t\r\n").startswith("<"):
         return source or "<string>", src
     if isinstance(src, str) and not src.strip():
         raise TopologyError(f"{source or '<string>'}: expected XML text or a file name, got an empty string")

@@ -147,6 +147,8 @@ def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | Non
         text = decode_text(bytes(text), source, "topology")
     if not isinstance(text, str):
         raise TopologyError(f"expected YAML text, got {type(text).__name__}", where=source)
+    if "\r\n" in text:  # CRLF: same lines, and the fast reader of saved files applies
+        text = text.replace("\r\n", "\n")
     try:
         fast = _fast_explicit(text)
         if fast is not None:
@@ -277,7 +279,7 @@ def resolve(spec: str | os.PathLike, *, max_nodes: int | None = None, max_links:
     if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):
         from .discover import import_file
         return import_file(p, **caps, yaml_fallback=True)
-    if not p.exists() and "/" not in s and os.sep not in s \
+    if not p.is_file() and "/" not in s and os.sep not in s \
             and (SHIPPED_DIR / f"{s.removesuffix('.yaml')}.yaml").is_file():
         return load(shipped(s), **caps)
     return load(p, **caps)  # a YAML file, or the one-line error saying why the path cannot be read
