@@ -20,7 +20,7 @@ from topo.smi import import_smi, render_smi
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-FUZZ = settings(max_examples=150, deadline=timedelta(seconds=2), derandomize=True, database=None,
+FUZZ = settings(max_examples=400, deadline=timedelta(seconds=2), derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 BOX = b"""templates:
   box:
