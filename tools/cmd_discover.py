@@ -113,8 +113,6 @@ def run(args: argparse.Namespace) -> int:
         t = topo.discover(sysfs_root=args.sysfs_root, host=args.host)
         src = "discovered"
     else:
-        if not FsPath(args.file).is_file():
-            raise TopologyError(f"{args.file}: no such file")
-        t = topo.import_file(args.file, host=args.host)
+        t = topo.import_file(args.file, host=args.host)  # names the file in every error
         src = args.file
     return emit(args, discover_data(t, src, _write(t, args)), render_discover)

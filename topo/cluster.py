@@ -34,6 +34,9 @@ The network between hosts, first that applies:
 
 A host without a NIC gets one ``assumed`` socket NIC (NCCL's default 10 Gb/s)
 so that it is reachable.
+
+>>> host_identity({"TREECOLL_HOST_ID": "a", "NCCL_HOSTID": "b"}), host_identity({"NCCL_HOSTID": "b"})
+('a', 'b')
 """
 from __future__ import annotations
 

@@ -22,6 +22,10 @@ The environment hints (:mod:`topo.env`) applied here: NCCL_IB_HCA,
 NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE filter NICs; CUDA_VISIBLE_DEVICES and
 CUDA_DEVICE_ORDER give each visible GPU its ``cuda`` ordinal; the others are
 kept in ``meta["hints"]`` for tree building.
+
+>>> t = discover(nvml=False, sysfs_root="/nonexistent", env={}, host="box")  # no driver, no sysfs
+>>> t.gpus(), t.node("box/gpu0")["model"], t.nodes("cpu")
+(('box/gpu0',), 'cpu-process', ('box/cpu0',))
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from . import sysfs
 from .env import Hints, hints as parse_hints
 from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .errors import TopologyError
+from .files import read_text
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 
@@ -278,7 +283,7 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
     try:
         if h.topo_file:
             from .nccl_xml import import_xml
-            g = nx.DiGraph(import_xml(h.topo_file, host=host).graph)
+            g = nx.DiGraph(import_xml(h.topo_file, host=host, require_gpus=False).graph)  # may be partial
             if nv is not None:
                 _add_nvml_nvlinks(g, host, nv, notes)
             notes.insert(0, f"NCCL_TOPO_FILE={h.topo_file}: PCIe tree, GPUs and NICs from the file")
@@ -376,21 +381,27 @@ def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
                 g.add_edge(peer, node, **dict(d))
 
 
-def import_file(path: str | os.PathLike, *, host: str = "host0") -> Topology:
-    """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content."""
+def import_file(path: str | os.PathLike, *, host: str = "host0", max_nodes: int | None = None,
+                max_links: int | None = None, yaml_fallback: bool = False) -> Topology:
+    """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content.
+
+    Errors name the file (and the line where there is one); a path that is a
+    directory, a device or an empty file gets its own message; an import that
+    yields no GPU is an error. ``max_nodes`` / ``max_links``: the caps of
+    :mod:`topo.limits`. With ``yaml_fallback`` a file that is neither is read as
+    a YAML topology (what :func:`topo.resolve` does for any file name).
+    """
     from .nccl_xml import import_xml, looks_like_nccl_xml
     from .smi import import_smi, looks_like_smi
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise TopologyError(f"{path}: cannot read ({e.strerror})") from None
+    where = os.fspath(path)
+    text = read_text(where, "topology file")
+    caps = {"max_nodes": max_nodes, "max_links": max_links}
     if looks_like_nccl_xml(text):
-        return _renamed(import_xml(text, host=host, name=Path(path).stem), f"nccl-xml:{path}")
+        return import_xml(text, host=host, name=Path(where).stem, source=where, **caps)
     if looks_like_smi(text):
-        return _renamed(import_smi(text, host=host, name=Path(path).stem), f"nvidia-smi:{path}")
-    raise TopologyError(f"{path}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
+        return import_smi(text, host=host, name=Path(where).stem, source=where, **caps)
+    if yaml_fallback:
+        from .yaml_io import loads
+        return loads(text, source=where, base_dir=Path(where).resolve().parent, **caps)
+    raise TopologyError(f"{where}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
                         "got neither")
-
-
-def _renamed(t: Topology, source: str) -> Topology:
-    return Topology(t.graph, name=t.name, meta=dict(t.meta, source=source))

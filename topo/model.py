@@ -16,7 +16,10 @@ kind            meaning and attributes
 ``pcie_switch`` a PCIe switch/bridge; optional ``host_bridge`` (an id): two
                 branches that meet at a CPU through different host bridges
                 are ``NODE`` in nvidia-smi's legend, through the same one
-                (or none given) ``PHB``.
+                (or none given) ``PHB``; optional ``quadrant`` (an integer):
+                the group of root complexes the host bridge belongs to (an
+                AMD EPYC I/O-die quadrant): branches of one NUMA domain in
+                different quadrants are ``SYS`` to nvidia-smi (NCCL: PHB).
 ``cpu``         a NUMA domain; ``numa`` (its id), optional ``affinity``.
 ``nic``         a network adapter port; ``bw`` (GB/s), optional ``name``, ``rail``.
 ``net_switch``  a network switch; ``tier`` (0 = leaf, 1 = spine, ...).
@@ -24,8 +27,8 @@ kind            meaning and attributes
 
 Edges are directed with both directions present; attributes ``kind`` in
 ``nvlink``, ``c2c``, ``pcie``, ``smp``, ``net``; ``bw`` in GB/s per direction
-(effective, 1 GB = 1e9 B, already multiplied by ``count``); ``lat`` in
-microseconds; ``count`` bonded links (>= 1).
+(effective, 1 GB = 1e9 B, already multiplied by ``count``; finite and > 0);
+``lat`` in microseconds (finite, >= 0); ``count`` bonded links (>= 1).
 
 Ranks are group-local integers ``0..P-1``. A topology may carry explicit
 ``rank`` attributes on its GPUs; otherwise :meth:`Topology.rank_gpus` numbers
@@ -49,6 +52,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
@@ -366,7 +370,7 @@ def _validate(g: nx.DiGraph) -> None:
             raise TopologyError(f"link {a!r} -> {b!r}: kind expected one of {list(LINK_KINDS)}, got {kind!r}")
         _positive(d.get("bw"), f"link {a!r} -> {b!r}: bw")
         lat = d.get("lat", 0.0)
-        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or lat < 0:
+        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or not 0 <= lat < math.inf:
             raise TopologyError(f"link {a!r} -> {b!r}: lat expected a non-negative number of µs, got {lat!r}")
         c = d.get("count", 1)
         if not isinstance(c, int) or isinstance(c, bool) or c < 1:
@@ -376,5 +380,5 @@ def _validate(g: nx.DiGraph) -> None:
 
 
 def _positive(v: Any, what: str) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
         raise TopologyError(f"{what}: expected a positive number (GB/s), got {v!r}")

@@ -14,7 +14,26 @@ hops. Classes:
 * nvidia-smi code (``nvidia-smi topo -m``): ``X``, ``NV#`` (direct bonded
   NVLinks or through NVSwitches, # = the links of the source GPU on that
   route), ``PIX``, ``PXB``, ``PHB``, ``NODE`` (through two host bridges of one
-  NUMA domain), ``SYS``; ``None`` between hosts (nvidia-smi shows one host).
+  NUMA domain), ``SYS`` (across the SMP interconnect, or between two
+  ``quadrant`` s of one NUMA domain, see below); ``None`` between hosts
+  (nvidia-smi shows one host).
+
+  nvidia-smi also says ``SYS`` between devices of one NUMA domain whose PCIe
+  root complexes are far apart inside the processor: with several root
+  complexes in one socket, "connections between devices may effectively flow
+  over a 'SMP' connection, which is the tool's way of saying that it is flowing
+  from one root complex to another root complex" (NVIDIA's answer on
+  https://forums.developer.nvidia.com/t/strange-output-by-nvidia-smi-topo/68452,
+  a one-socket Skylake host). AMD EPYC 7002/7003 packages are divided into four
+  I/O-die quadrants, and in the default NPS1 mode the whole socket is one NUMA
+  domain (Dell, "NUMA Configuration settings on AMD EPYC 2nd Generation",
+  https://infohub.delltechnologies.com/en-us/p/numa-configuration-settings-on-amd-epyc-2nd-generation/).
+  Real matrices show it: the four GPUs of each NUMA node of an 8x RTX 4090 box
+  are all SYS apart (https://github.com/NVIDIA/go-gpuallocator/issues/17). The
+  model says which root complexes are apart with the ``quadrant`` of the top
+  PCIe switches (host bridges): two branches that meet at a CPU through
+  different quadrants are ``SYS`` (NCCL, which only knows NUMA domains, still
+  says ``PHB``).
   Unlike NCCL, nvidia-smi never reports NVB: it shows the PCIe class instead.
 
 NVSwitch fabrics keep each switch as a node (an H100 reaches its 4 switches
@@ -24,6 +43,18 @@ each carries (proportional to its bottleneck bandwidth), and :attr:`Path.bw`
 is their sum. Between hosts, a GPU uses its nearest NIC (NCCL's default) and
 the network route is a shortest route through the switches, with ties between
 equal-cost switches broken by a hash of the two NICs (deterministic ECMP).
+
+>>> import topo
+>>> t = topo.default()                      # two DGX H100 on a rail-optimized fabric
+>>> p = t.path("h0/gpu0", "h0/nic0")        # the NIC behind the GPU's own PCIe switch
+>>> p.nodes, p.nccl, p.smi
+(('h0/gpu0', 'h0/pcisw0', 'h0/nic0'), 'PIX', 'PIX')
+>>> p = t.path("h0/gpu0", "h0/gpu1")        # 5 + 5 + 4 + 4 NVLinks of 20.6 GB/s over four NVSwitches
+>>> p.smi, len(p.routes), round(p.bw, 1)
+('NV18', 4, 370.8)
+>>> q = t.path("h0/gpu0", "h1/gpu0")
+>>> q.nccl, q.smi, q.nodes[3], t.nearest_nic("h0/gpu3")
+('NET', None, 'rail0/leaf0', 'h0/nic3')
 """
 from __future__ import annotations
 
@@ -270,15 +301,13 @@ def _classify_pci(g, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[st
         return ("P2C", "SYS") if "pcie" in kinds else ("C2C", "SYS")
     if cpus:
         i = cpus[0]
-        hb_in = _host_bridge(g, nodes[i - 1])
-        hb_out = _host_bridge(g, nodes[i + 1])
-        return "PHB", ("PHB" if hb_in == hb_out else "NODE")
+        below, above = g.nodes[nodes[i - 1]], g.nodes[nodes[i + 1]]
+        q_in, q_out = below.get("quadrant"), above.get("quadrant")
+        if q_in is not None and q_out is not None and q_in != q_out:
+            return "PHB", "SYS"  # two root-complex groups of one NUMA domain (see the module doc)
+        return "PHB", ("PHB" if below.get("host_bridge") == above.get("host_bridge") else "NODE")
     switches = sum(1 for n in mids if g.nodes[n]["kind"] == "pcie_switch")
     return ("PIX", "PIX") if switches <= 1 else ("PXB", "PXB")
-
-
-def _host_bridge(g, n: str):
-    return g.nodes[n].get("host_bridge")
 
 
 def nearest_nic(topo: "Topology", gpu: str) -> str | None:

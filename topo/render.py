@@ -6,6 +6,11 @@ sit outside, and each bidirectional link appears once labelled
 ``<kind> <bw> GB/s``. :func:`draw` lays hosts out side by side (GPUs on a row,
 NVSwitches above, CPUs and NICs below) with the network switches in rows
 above them by tier; matplotlib is optional (``pip install 'treecoll[plot]'``).
+
+>>> import topo
+>>> dot = to_dot(topo.load(topo.shipped("cpu-local")))
+>>> dot.splitlines()[0], dot.splitlines()[4]
+('graph "cpu-local" {', '  subgraph "cluster_h0" {')
 """
 from __future__ import annotations
 

@@ -165,3 +165,51 @@ def test_building_the_parser_imports_no_heavy_dependency():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_unbounded_and_malicious_files_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("templates:\n  box: {gpus: {count: 1000000000, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 24.0}}\n"
+                    "hosts: [{template: box, count: 1}]\n")
+    rc, out, err = run(capsys, "topo", "show", str(huge))
+    assert (rc, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith(f"treecoll: error: {huge}:2: templates.box.gpus.count: one host of template 'box' would "
+                          f"make 1,000,000,001 nodes and 2,000,000,000 directed links: expected at most 1,000,000 "
+                          f"nodes and 4,000,000 links (the caps)")
+    bomb = tmp_path / "bomb.yaml"
+    levels = "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
+    bomb.write_text("meta:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + levels +
+                    "hosts: [{template: dgx-h100, count: 1}]\n")
+    rc, out, err = run(capsys, "topo", "export", str(bomb), "--format", "json")
+    assert (rc, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith(f"treecoll: error: {bomb}:7: invalid YAML: aliases expand the document to ")
+    monkeypatch.setenv("TREECOLL_MAX_NODES", "30")
+    rc, _, err = run(capsys, "topo", "show", "dgx-h100-x2")
+    assert rc == 1 and "hosts[0].count: 2 hosts of template 'dgx-h100'" in err and "at most 30 nodes" in err
+    monkeypatch.setenv("TREECOLL_MAX_NODES", "83")  # 2 hosts x 30 nodes + 8 rail leaves + 16 spines = 84
+    rc, out, err = run(capsys, "topo", "show", "dgx-h100-x2")
+    assert rc == 1 and "8 leaves x 16 spines make 84 nodes and 516 directed links" in err
+    monkeypatch.setenv("TREECOLL_MAX_NODES", "84")
+    rc, out, _ = run(capsys, "topo", "show", "dgx-h100-x2")
+    assert rc == 0 and out.startswith("dgx-h100-x2")
+
+
+@pytest.mark.parametrize("what, make, message", [
+    ("directory", lambda p: p.mkdir(), "cannot read topology file: it is a directory; expected a file"),
+    ("device", None, r"cannot read topology file: not a regular file \(a character device\); expected a file"),
+    ("empty", lambda p: p.write_text(""), r"cannot read topology file: the file is empty \(0 bytes\)"),
+    ("no GPU", lambda p: p.write_text('<system version="1"><cpu numaid="0"/></system>\n'),
+     r"expected at least one GPU \(a <gpu> element, or a <pci> of class 0x03\.\.\.\.\), got none"),
+    ("bad XML", lambda p: p.write_text('<system version="1">\n<cpu numaid="x"/></system>\n'),
+     r":2: <cpu> #0 numaid expected an integer, got 'x'"),
+])
+def test_topo_import_names_the_file_and_what_is_wrong(what, make, message, tmp_path, capsys):
+    p = tmp_path / "in.xml"
+    if make is None:
+        p = "/dev/null"
+    else:
+        make(p)
+    rc, out, err = run(capsys, "topo", "import", str(p))
+    assert (rc, out) == (1, "") and err.count("\n") == 1
+    assert re.match(rf"treecoll: error: {p}:?\S*:? ?{message}", err) or re.match(rf"treecoll: error: {p}{message}",
+                                                                              err), err

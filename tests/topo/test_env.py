@@ -100,6 +100,10 @@ def test_hints_report_lists_set_variables_with_effects():
     assert r["set"][0]["effect"] == EFFECTS["NCCL_P2P_LEVEL"] and "host memory" in r["set"][0]["effect"]
     assert r["parsed"]["p2p_level"] == "PIX" and "NCCL_IB_HCA" in r["unset"]
     assert all(EFFECTS[k] for k in EFFECTS)
+    r = hints_report({"TREECOLL_MAX_NODES": "2000000"})
+    assert r["set"] == [{"variable": "TREECOLL_MAX_NODES", "value": "2000000", "effect": EFFECTS["TREECOLL_MAX_NODES"]}]
+    with pytest.raises(topo.TopologyError, match=r"^TREECOLL_MAX_LINKS='-5': expected a positive integer, got -5$"):
+        hints_report({"TREECOLL_MAX_LINKS": "-5"})
 
 
 def test_transport_and_gdr_follow_the_levels():

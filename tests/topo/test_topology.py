@@ -4,6 +4,7 @@ from __future__ import annotations
 import doctest
 import itertools
 
+import networkx as nx
 import pytest
 
 import topo
@@ -48,8 +49,9 @@ def test_queries_on_shipped(name):
     if hosts > 1:
         last = t.hosts()[-1]
         p = t.path(t.gpus(h0)[0], t.gpus(last)[0])
-        assert p.nccl in ("NET", "NVL")  # NVL72 trays share one NVLink domain
-        assert p.smi is None or p.nccl == "NVL"
+        # NVL72 trays share one NVLink domain (18 NVLinks per GPU); elsewhere hosts meet over the network,
+        # where nvidia-smi (one host's view) has no code
+        assert (p.nccl, p.smi) == (("NVL", "NV18") if name == "gb200-nvl72" else ("NET", None))
         assert sum(len(g) for g in t.leaf_groups()) == hosts
 
 
@@ -62,7 +64,7 @@ def test_leaf_groups_of_clusters():
 
 def test_topology_is_immutable_and_ranks_remap():
     t = shipped("cpu-local")
-    with pytest.raises(Exception):
+    with pytest.raises(nx.NetworkXError, match="Frozen graph can't be modified"):
         t.graph.add_node("x")
     with pytest.raises(TypeError):
         t.node("h0/gpu0")["index"] = 5
@@ -89,4 +91,4 @@ def test_doctests_of_model_and_paths():
     import topo.paths
     for m in (topo.model, topo.paths):
         r = doctest.testmod(m)
-        assert r.failed == 0, m.__name__
+        assert r.failed == 0 and r.attempted > 0, (m.__name__, r)

@@ -266,7 +266,8 @@ def test_errors_in_saved_files_name_the_line(tmp_path):
     ("a: [unclosed\n", r"^<string>:2: invalid YAML"),
     ("a: !!python/object:os.system x\n", r"^<string>:1: invalid YAML"),
     ("name: x\nhosts: [\x00]\n", r"^<string>:2: invalid YAML: control characters are not allowed: '\\x00'$"),
-    (b"name: \xff\n", r"^<string>: cannot read topology: not UTF-8 text \(invalid start byte at byte 6\)"),
+    (b"name: \xff\n", r"^<string>:1: cannot read topology: not UTF-8 text \(byte 0xff at offset 6\); save the "
+                     r"file as UTF-8$"),
     (b"hosts: [{template: dgx-h100}]\n", None),
 ])
 def test_malformed_documents(text, pattern):
