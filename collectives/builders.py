@@ -306,7 +306,7 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     root_host = topology.host_of(gpus[root if root is not None else 0])
     nic_counts = [len(topology.nics(h)) for h in hosts]
     if rails == "auto":
-        if nbytes is None or root is not None or len(hosts) < 2 or min(nic_counts) < 2:
+        if nbytes is None or root is not None or not rails_possible(topology, gpus):
             rails = False
         else:
             kw = {"intra": intra, "inter": inter, "nbytes": nbytes, "collective": collective}
@@ -338,6 +338,12 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     if len(trees) == 1:
         return trees[0]
     return MultiTree(tuple(trees), tuple(b / sum(bws) for b in bws), name=label + ",rails)")
+
+
+def rails_possible(topology: Topology, gpus: Sequence[str]) -> bool:
+    """Whether per-rail trees differ from one tree: two hosts or more, each with two NICs or more."""
+    hosts = _host_groups(topology, gpus)
+    return len(hosts) >= 2 and min(len(topology.nics(h)) for h in hosts) >= 2
 
 
 # ---------------------------------------------------------------------- auto

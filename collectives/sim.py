@@ -421,6 +421,7 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Prof
     Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
     names the LL or LL128 protocol (NVLS runs Simple only).
     """
+    from . import builders
     from .nccl_model import nccl_algos
     gpus = rank_gpus_of(topology, ranks)
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
@@ -433,7 +434,7 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Prof
     for a in names:
         name, opts = NCCL_ALLREDUCE[a]
         if a == "tree":
-            opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES}
+            opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
         r = simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
         if best is None or r.time < best[1].time:
             best = (a, r)
