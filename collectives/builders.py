@@ -220,6 +220,8 @@ def _parse_kind(spec: str, allowed: Sequence[str], what: str) -> tuple[str, int 
             k = int(arg)
         except ValueError:
             raise TreeError(f"two_level: {what} fan-out expected an integer after ':', got {spec!r}") from None
+        if kind != "kary" or k < 1:
+            raise TreeError(f"two_level: {what} expected kary:K with a fan-out K >= 1, got {spec!r}")
     return kind, k
 
 

@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path as FsPath
 from typing import Any
 
-from topo.errors import TopologyError
 
-from .cli import common_options, emit
+from .cli import common_options, emit, output_path, write_output
 
 __all__ = ["add_parser", "run", "discover_data", "hints_data", "render_discover", "render_hints"]
 
@@ -52,17 +50,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return common_options(h).set_defaults(_topo_module=me, _discover_cmd="hints") or h
 
 
+def _outputs(args) -> None:
+    """Check -o / --xml before discovery or import does any work."""
+    inputs = [getattr(args, "file", None)]
+    if getattr(args, "output", None) is not None:
+        output_path(args.output, "-o", inputs=inputs)
+    if getattr(args, "xml", None) is not None:
+        output_path(args.xml, "--xml", inputs=inputs)
+
+
 def _write(t, args) -> str | None:
+    """Write the explicit YAML (-o) or NCCL XML (--xml), whole or not at all."""
+    import topo
+    from topo.nccl_xml import export_xml
+
     if getattr(args, "output", None):
-        import topo
-        topo.save(t, args.output)
+        write_output(args.output, topo.dumps(t), "-o")
         return args.output
     if getattr(args, "xml", None):
-        from topo.nccl_xml import export_xml
-        try:
-            FsPath(args.xml).write_text(export_xml(t), encoding="utf-8")
-        except OSError as e:
-            raise TopologyError(f"--xml {args.xml}: cannot write ({e.strerror})") from None
+        write_output(args.xml, export_xml(t), "--xml")
         return args.xml
     return None
 
@@ -109,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if c == "hints":
         return emit(args, hints_data(), render_hints)
     import topo
+    _outputs(args)
     if c == "discover":
         t = topo.discover(sysfs_root=args.sysfs_root, host=args.host)
         src = "discovered"

@@ -23,7 +23,9 @@ NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE filter NICs; CUDA_VISIBLE_DEVICES and
 CUDA_DEVICE_ORDER give each visible GPU its ``cuda`` ordinal; the others are
 kept in ``meta["hints"]`` for tree building.
 
->>> t = discover(nvml=False, sysfs_root="/nonexistent", env={}, host="box")  # no driver, no sysfs
+>>> import tempfile
+>>> empty = tempfile.mkdtemp()   # a root without sys/: no NUMA or CPU facts
+>>> t = discover(nvml=False, sysfs_root=empty, env={}, host="box")  # no driver
 >>> t.gpus(), t.node("box/gpu0")["model"], t.nodes("cpu")
 (('box/gpu0',), 'cpu-process', ('box/cpu0',))
 """
@@ -267,6 +269,9 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
     :class:`~topo.errors.TopologyError` for an invalid hint variable or an
     unreadable NCCL_TOPO_FILE.
     """
+    if not os.path.isdir(sysfs_root):
+        raise TopologyError(f"sysfs root {sysfs_root}: expected a directory holding sys/ (as / does), "
+                            f"got {'a file' if os.path.exists(sysfs_root) else 'no such directory'}")
     env = dict(os.environ if env is None else env)
     h = parse_hints(env)
     host = host or socket.gethostname() or "localhost"

@@ -288,3 +288,10 @@ def test_order_children_sends_to_the_deepest_subtree_first():
     assert ordered.children[0][0] == 2 and ordered.parents == tree.parents
     assert model.tree_time(ordered, 8, "broadcast") < model.tree_time(tree, 8, "broadcast")
     assert model.order_children(tree, 8, "reduce") is tree          # no broadcast phase: unchanged
+
+
+@pytest.mark.parametrize("spec", ["kary:0", "kary:-2", "chain:3"])
+def test_two_level_refuses_bad_fan_out(spec):
+    t = shipped("dgx-h100-x2")
+    with pytest.raises(TreeError, match=rf"inter expected kary:K with a fan-out K >= 1, got '{spec}'"):
+        build("two_level", t, inter=spec)

@@ -55,3 +55,18 @@ def test_hints(capsys, monkeypatch):
 def test_import_missing_file(capsys):
     assert main(["topo", "import", "/nonexistent.xml"]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_discover_refuses_a_directory_output_before_discovering(capsys, tmp_path, monkeypatch):
+    called = []
+    monkeypatch.setattr(topo, "discover", lambda **kw: called.append(kw))
+    assert main(["topo", "discover", "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"-o {tmp_path}: expected a file name, got a directory" in err
+    assert called == []   # refused before any work
+
+
+def test_discover_refuses_a_missing_sysfs_root(capsys, tmp_path):
+    assert main(["topo", "discover", "--sysfs-root", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert f"sysfs root {tmp_path / 'nope'}: expected a directory holding sys/" in err and "no such directory" in err
