@@ -7,7 +7,7 @@ K/V element is read from memory once and nothing is materialised, which the torc
 path cannot do for half types (it converts each block into a float32 buffer, then
 runs float32 matmuls, so bf16 runs at about the float32 *element* rate).  The
 splitting over worker threads and the merge are shared with the torch path
-(:func:`attention.decode_cpu.run_splits`); ``ctypes`` releases the GIL during the
+(:func:`treecoll.attention.decode_cpu.run_splits`); ``ctypes`` releases the GIL during the
 kernel, so the worker threads run it in parallel.
 
 Build: the system C compiler (``$CC``, else ``cc``) with ``-O3 -march=native``,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["decode_native", "native_status", "NATIVE_DTYPES"]
 
@@ -155,7 +155,7 @@ def decode_native(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=No
     compiled in (for tests).  Returns ``(out, lse)``: float32 [batch, q_heads,
     head_dim] and float32 [batch, q_heads], natural log; ``(0, -inf)`` for no keys.
     """
-    from attention.decode_cpu import run_splits
+    from treecoll.attention.decode_cpu import run_splits
 
     lib = _load()
     if not supports(q, k, v):

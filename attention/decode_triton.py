@@ -12,9 +12,9 @@ Two kernels:
   chunk (length 0, or a split past the end) writes ``(0, -inf)``.
 * ``_merge_states_kernel`` (stage 2, also :func:`merge_states_triton`), grid
   ``(rows,)``: merges ``S`` states per row with the guarded max shift (see
-  :mod:`attention.state`).  Stage 2 is skipped when there is one split.
+  :mod:`treecoll.attention.state`).  Stage 2 is skipped when there is one split.
 
-Both follow the NaN/inf policy of :mod:`attention.state` (IEEE softmax, as
+Both follow the NaN/inf policy of :mod:`treecoll.attention.state` (IEEE softmax, as
 torch's SDPA math path): the running max keeps NaN (:func:`_max_keep_nan`),
 the shift is 0 while it is ``-inf``, and no weight is masked after the fact.
 
@@ -47,8 +47,8 @@ import os
 
 import torch
 
-from attention.state import LOG2E
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.state import LOG2E
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 try:
     import triton

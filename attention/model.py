@@ -15,7 +15,7 @@ Distribution (context parallel for attention only):
   share of every layer's K/V in its :class:`~attention.kv_cache.ShardedKVCache`
   (round-robin blocks).  Simple and exactly equal on every rank;
 * **decode**: the new token's K/V are appended on the rank that owns the tail
-  position; attention runs through :func:`attention.tree_decode` (or a baseline
+  position; attention runs through :func:`treecoll.attention.tree_decode` (or a baseline
   with the same signature: ``method="ring"`` / ``"allreduce3"``) over the local
   shards, and every rank gets the same output, so the ranks stay in lock step.
 
@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 __all__ = ["LlamaConfig", "LlamaModel", "save_checkpoint"]
 
@@ -283,7 +283,7 @@ class LlamaModel:
                     topology=None, method: str = "tree", check: bool = False) -> torch.Tensor:
         """One token per sequence: ``tokens`` int [batch]; appends to ``cache`` and
         returns float32 logits [batch, vocab] (the same on every rank)."""
-        from attention.baselines import method as decode_method
+        from treecoll.attention.baselines import method as decode_method
 
         attend = decode_method(method)
         c, w = self.config, self.w
@@ -309,7 +309,7 @@ class LlamaModel:
         ``group`` (every rank of the group calls this with the same arguments and
         gets the same tokens; without a group: one process, the whole cache).
         """
-        from attention.dist import group_info
+        from treecoll.attention.dist import group_info
 
         rank, world = group_info(group)
         batch, seq = tokens.shape

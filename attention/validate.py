@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["KV_DTYPES", "check_decode_inputs"]
 

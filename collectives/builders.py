@@ -39,15 +39,15 @@ Builders
 >>> build("nope", nranks=2)
 Traceback (most recent call last):
 ...
-topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level']
+treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level']
 """
 from __future__ import annotations
 
 import random
 from typing import Callable, Sequence
 
-from topo import NCCL_CLASSES, Topology
-from topo.errors import TreeError
+from treecoll.topo import NCCL_CLASSES, Topology
+from treecoll.topo.errors import TreeError
 
 from .cost import CostModel, resolve_ranks
 from .tree import MultiTree, Tree

@@ -31,7 +31,7 @@ Without a topology, :func:`uniform_topology` stands in: P GPUs on one switch
 (one port per rank), so fan-in still costs bandwidth.
 
 >>> cm = CostModel(nranks=4)
->>> from collectives.tree import Tree
+>>> from treecoll.collectives.tree import Tree
 >>> chain, star = Tree.from_parents([-1, 0, 1, 2]), Tree.from_parents([-1, 0, 0, 0])
 >>> cm.tree_time(star, 8, "reduce") < cm.tree_time(chain, 8, "reduce")      # latency bound: shallow wins
 True
@@ -46,8 +46,8 @@ from typing import Iterable, Sequence
 
 import networkx as nx
 
-from topo import Topology
-from topo.errors import TreeError
+from treecoll.topo import Topology
+from treecoll.topo.errors import TreeError
 
 from .tree import MultiTree, Tree, as_multi
 
@@ -373,7 +373,7 @@ class CostModel:
     # ------------------------------------------------------------------ bounds
     def in_network_reduction(self) -> bool:
         """True when the switches can reduce for these GPUs: NVLink SHARP, where NCCL offers
-        its NVLS algorithm (:func:`collectives.nccl_model.nvls_domains`)."""
+        its NVLS algorithm (:func:`treecoll.collectives.nccl_model.nvls_domains`)."""
         from .nccl_model import nvls_domains
         try:
             nvls_domains(self.topology, self.gpus)

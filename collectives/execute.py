@@ -15,15 +15,15 @@ tensor; a non-contiguous ``x`` gets one copy in and out; an ``x`` whose
 elements share memory, e.g. ``expand()``, is refused). ``out=`` writes the
 result there instead and leaves ``x`` unmodified. ``reduce`` returns the result
 on ``root`` and None elsewhere, where ``x`` (and ``out``) are left unmodified.
-``op``: a name in :data:`collectives.ops.OPS`
+``op``: a name in :data:`treecoll.collectives.ops.OPS`
 or a callable ``op(a, b)`` (associative; ``commutative=`` declares more, see
-:mod:`collectives.ops`). Collectives run under ``torch.no_grad()``.
+:mod:`treecoll.collectives.ops`). Collectives run under ``torch.no_grad()``.
 
 ``tree``: a :class:`Tree` / :class:`MultiTree`, a loaded tree file
 (:class:`~collectives.tree_io.TreeFile`, one tree or several with shares), a
 tree file path (``"tree.yaml"``, ``pathlib.Path``; read again when the file
 changes), a builder name (``"binomial"``, ``"kary:4"``, ``"two_level"``, ...;
-:func:`collectives.tree_io.resolve_tree_arg` tells names from paths) or None /
+:func:`treecoll.collectives.tree_io.resolve_tree_arg` tells names from paths) or None /
 ``"auto"`` (least predicted
 time for this size on ``topology``, or on a uniform switch when no topology is
 given). ``algo`` (allreduce): ``"tree"``, ``"ring"`` (reduce-scatter +
@@ -63,7 +63,7 @@ A group in which a collective failed (a peer died or timed out, an operator
 raised) is unusable: transfers of the failed call may still be posted and
 would match later ones. Every later call on it raises at once a
 :class:`CollectiveError` saying so, with the first failure; destroy the
-process group and create a new one (see :mod:`collectives.group`).
+process group and create a new one (see :mod:`treecoll.collectives.group`).
 
 A user operator is probed once per (operator, value layout) when ``check``
 is on: ``(a op b) op c`` against ``a op (b op c)`` on three small random
@@ -81,10 +81,10 @@ with ``tag = tag base + chunk`` (the base: a hash of the call's fingerprint).
 Reductions run in place on whole chunks (one call per chunk: no per-element
 Python work).
 
-In place, or into ``out=`` (three in-process ranks, :mod:`collectives.local`):
+In place, or into ``out=`` (three in-process ranks, :mod:`treecoll.collectives.local`):
 
 >>> import torch
->>> from collectives.local import run_ranks
+>>> from treecoll.collectives.local import run_ranks
 >>> xs = [torch.tensor([1.0, 2.0]) * (r + 1) for r in range(3)]
 >>> res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", transport=t))
 >>> xs[2].tolist(), res[2] is xs[2]
@@ -109,7 +109,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from topo.errors import CollectiveError, TreecollError, TreeError
+from treecoll.topo.errors import CollectiveError, TreecollError, TreeError
 
 from .builders import build
 from .compile import compile_plan
@@ -165,7 +165,7 @@ MIN_MODEL_CHUNK = 256 << 10
 def nchunks_for(plan, collective: str, nbytes: int, *, topology=None, ranks=None) -> int:
     """Chunks for a tree collective when the caller gives none. With a topology:
     the count with the least time under the cost model
-    (:meth:`collectives.cost.CostModel.best_nchunks`: slow links want small
+    (:meth:`treecoll.collectives.cost.CostModel.best_nchunks`: slow links want small
     chunks so that the pipeline fills fast, fast links fewer messages), cached
     per (plan, size, topology); without one, :func:`default_nchunks`."""
     if topology is None:

@@ -16,13 +16,13 @@ once on every later call, saying what to do:
 >>> check_usable(("doc", 1), "reduce(root=0)")
 Traceback (most recent call last):
 ...
-topo.errors.CollectiveError: reduce(root=0): the process group is unusable: ... failed (allreduce: ...); destroy it ...
+treecoll.topo.errors.CollectiveError: reduce(root=0): the process group is unusable: ... failed (allreduce: ...); destroy it ...
 >>> check_usable(("doc", 2), "reduce(root=0)")    # another group: fine
 
 A :class:`Transport` moves chunk tensors between group ranks: the real one
 is :class:`TorchTransport` (``torch.distributed.isend``/``irecv``: gloo,
 NCCL, any backend); tests use an in-process one (see
-:mod:`collectives.local`) with the same interface.
+:mod:`treecoll.collectives.local`) with the same interface.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from topo.errors import CollectiveError, MissingDependency
+from treecoll.topo.errors import CollectiveError, MissingDependency
 
 __all__ = ["GroupInfo", "group_info", "TorchTransport", "DEFAULT_TIMEOUT", "mark_broken", "check_usable"]
 

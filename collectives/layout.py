@@ -1,6 +1,6 @@
 """How a collective's value (a tensor or a tuple of tensors) becomes one buffer split into chunks.
 
-Two layouts, chosen from the operator (see :mod:`collectives.ops`):
+Two layouts, chosen from the operator (see :mod:`treecoll.collectives.ops`):
 
 ``flat``  element-wise operator (sum, max, min, prod) and every part of one
           dtype: the buffer is the 1-D concatenation of the parts (the tensor
@@ -25,7 +25,7 @@ rounded; a chunk may be empty (it is then neither sent nor reduced, the same
 way on every rank since layouts agree).
 
 >>> import torch
->>> from collectives.ops import resolve_op
+>>> from treecoll.collectives.ops import resolve_op
 >>> lay = Layout.of(torch.zeros(10), resolve_op("sum"), (0.5, 0.5))
 >>> lay.mode, lay.bounds
 ('flat', (0, 5, 10))
@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 from .ops import Op
 

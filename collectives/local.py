@@ -2,14 +2,14 @@
 
 :class:`LocalFabric` holds FIFO mailboxes per (source, destination, tag);
 ``fabric.transport(r)`` is rank r's endpoint with the interface of
-:class:`collectives.group.TorchTransport`. Sends copy eagerly (like a
+:class:`treecoll.collectives.group.TorchTransport`. Sends copy eagerly (like a
 buffered send), receives block until the matching message arrives or the
 timeout passes (then ``TimeoutError`` naming the peer). :func:`run_ranks`
 calls ``fn(rank, transport)`` on every rank in its own thread and returns
 the results (re-raising the first error).
 
 >>> import torch
->>> from collectives.execute import allreduce
+>>> from treecoll.collectives.execute import allreduce
 >>> res = run_ranks(3, lambda r, t: allreduce(torch.tensor([float(r + 1)]), tree="chain", transport=t))
 >>> [float(v) for v in res]
 [6.0, 6.0, 6.0]

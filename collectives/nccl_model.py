@@ -27,8 +27,8 @@ Inputs NCCL gets from its topology search are derived from the
   Simple, tuning.cc); net overhead 1.0 µs (Intel x86; ×3 for Simple), a floor
   on the ring's intra-node hop latency across nodes.
 
->>> import topo
->>> from collectives.cost import uniform_topology
+>>> from treecoll import topo
+>>> from treecoll.collectives.cost import uniform_topology
 >>> r = nccl_predict(uniform_topology(8), None, 8, algo="ring")
 >>> r["proto"], round(r["lat_us"], 1)
 ('LL', 15.0)
@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from topo import Topology
-from topo.paths import NCCL_CLASSES
-from topo.errors import TreeError
+from treecoll.topo import Topology
+from treecoll.topo.paths import NCCL_CLASSES
+from treecoll.topo.errors import TreeError
 
 from .cost import resolve_ranks
 
@@ -90,7 +90,7 @@ MAX_CHANNELS = 32
 def _check_nvidia(topology: Topology, gpus: Sequence[str]) -> None:
     """Raise :class:`TreeError` when a rank is a CPU process slot: NCCL runs on NVIDIA GPUs
     only, and its tuning constants (link latencies, bandwidths) say nothing about CPUs."""
-    from topo.discover import CPU_SLOT_MODEL
+    from treecoll.topo.discover import CPU_SLOT_MODEL
     for x in gpus:
         if topology.graph.nodes[x].get("model") == CPU_SLOT_MODEL:
             raise TreeError(f"nccl model: rank slot {x!r} is a CPU process (model {CPU_SLOT_MODEL!r}); NCCL and its "

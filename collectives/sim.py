@@ -5,7 +5,7 @@ Two entry points, one result type:
 * :func:`simulate` runs a :class:`~collectives.schedule.Schedule` (what the
   executor runs: any tree builder's reduce, broadcast or allreduce, an
   imported algorithm, a ring for small P) through the event-driven engine of
-  :mod:`collectives.sim_engine` (max-min fair link sharing, per-hop latency,
+  :mod:`treecoll.collectives.sim_engine` (max-min fair link sharing, per-hop latency,
   reduce compute, chunk pipelining, scratch memory).
 * :func:`simulate_ring` is NCCL's ring (allreduce = reduce-scatter +
   all-gather, or either half) in a per-step aggregated model: every step of a
@@ -23,8 +23,8 @@ the total size), ``busbw = algbw × 2(P−1)/P`` for allreduce, ``× (P−1)/P``
 for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 
 >>> import networkx as nx
->>> from topo import Topology
->>> from collectives.schedule import Schedule, Step
+>>> from treecoll.topo import Topology
+>>> from treecoll.collectives.schedule import Schedule, Step
 >>> g = nx.DiGraph()
 >>> for i in range(2): g.add_node(f"h/gpu{i}", kind="gpu", host="h", index=i)
 >>> g.add_edge("h/gpu0", "h/gpu1", kind="nvlink", bw=100.0, lat=1.0)
@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 from .sim_engine import Network, concurrent_times, gc_paused, run_schedule
 from .sim_profiles import Profile, get_profile
@@ -311,8 +311,8 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
                    dtype, stats, top)
 
 
-#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`:
-#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`collectives.sim_nvls`)
+#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
+#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`treecoll.collectives.sim_nvls`)
 RING_ALGOS = ("ring",)
 NVLS_ALGOS = ("nvls",)
 #: largest chunk count chosen automatically for tree schedules (engine cost grows with chunks × edges)
@@ -343,7 +343,7 @@ NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ()) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
+    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
     from .nccl_model import ll128_enabled
     from .sim_profiles import NCCL_PROTOCOLS
     if profile == "auto":
@@ -359,14 +359,14 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
     (``two_level``, ``kary:4``, ...).
 
-    Trees are built for ``nbytes`` by :func:`collectives.builders.build` and
-    compiled by :func:`collectives.compile.compile_plan` with ``nchunks``
+    Trees are built for ``nbytes`` by :func:`treecoll.collectives.builders.build` and
+    compiled by :func:`treecoll.collectives.compile.compile_plan` with ``nchunks``
     pipeline chunks per tree (default :func:`auto_chunks`). ``profile="auto"``
     simulates each NCCL protocol profile and keeps the fastest (what NCCL's
     tuner aims for; LL only up to :data:`LL_MAX_BYTES`); ``opts`` go to the
     builder. ``forward_lag`` 0: an inner rank forwards each broadcast chunk as it
     arrives, as NCCL's tree kernels do (treecoll's executor on gloo runs schedules
-    compiled with :data:`collectives.compile.FORWARD_LAG`; simulate those with
+    compiled with :data:`treecoll.collectives.compile.FORWARD_LAG`; simulate those with
     :func:`simulate`), and its reduce-up and broadcast-down run concurrently
     (``lanes``; NCCL's ``runTreeSplit``).
     """
@@ -417,7 +417,7 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Prof
     """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
-    GPUs, :func:`collectives.nccl_model.nccl_algos`: ring, tree, and nvls on
+    GPUs, :func:`treecoll.collectives.nccl_model.nccl_algos`: ring, tree, and nvls on
     Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
     names the LL or LL128 protocol (NVLS runs Simple only).
     """

@@ -9,14 +9,14 @@ the output are negligible at long context). Then the partial results combine:
 * ``tree`` (treecoll, Tree Attention): one reduction of the packed attention
   state (``out`` fp32 [B, H, D] + ``lse`` fp32 [B, H], merged in fp32) over the
   chosen tree, then a broadcast of the result: the tree's allreduce schedule
-  (:func:`collectives.compile.compile_allreduce`) simulated on the topology,
+  (:func:`treecoll.collectives.compile.compile_allreduce`) simulated on the topology,
   merges costing ``3 × state bytes / mem_bw``.
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
   as NCCL would run it (the fastest of the ring, an NCCL-like tree, chain
   inside a host, and NVLS where NCCL offers it, over the fastest protocol:
-  :func:`collectives.sim.simulate_nccl_allreduce`).
+  :func:`treecoll.collectives.sim.simulate_nccl_allreduce`).
 * ``ring`` (Ring Attention as in the paper's baseline): ``P − 1`` steps, in
   each every GPU passes its current K/V block (``2 · b · t · n_kv · d_h``
   elements) to its ring successor while it computes on the block it has;
@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 from .sim import DTYPE_SIZES, NCCL_TREE_RUN, rank_gpus_of, simulate, simulate_nccl_allreduce
 from .sim_engine import Network, concurrent_times

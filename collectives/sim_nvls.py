@@ -3,7 +3,7 @@
 On Hopper and Blackwell NVSwitch systems NCCL's default large allreduce is
 NVLS (NVLink SHARP): the switches add up what the GPUs send and multicast the
 sum, so no GPU reduces and each NVLink carries less than a ring puts on it.
-Where it runs is :func:`collectives.nccl_model.nvls_domains` (GPUs on
+Where it runs is :func:`treecoll.collectives.nccl_model.nvls_domains` (GPUs on
 multicast-capable NVSwitches, compute capability 9.0 or later); across
 several NVLink domains (hosts) NCCL runs NVLSTree: NVLS inside each domain,
 trees between domains.
@@ -38,7 +38,7 @@ a calibrated YAML) is used as it is, without those: with ``ideal`` on one
 domain the time is ``lat + S (n + 1) / n / B`` exactly, ``B`` a GPU's NVLink
 bandwidth to its switches:
 
->>> import topo
+>>> from treecoll import topo
 >>> t = topo.resolve("dgx-h100")          # 8 GPUs, 370.8 GB/s to the switches, 0.3 us per link
 >>> r = simulate_nvls(t, 1 << 30, profile="ideal")
 >>> abs(r.time - (0.6e-6 + (1 << 30) * 9 / 8 / 370.8e9)) < 1e-12
@@ -54,7 +54,7 @@ import time as _time
 
 import numpy as np
 
-from topo.errors import CollectiveError, TreeError
+from treecoll.topo.errors import CollectiveError, TreeError
 
 from . import nccl_model as nm
 from .sim import SimResult, _check_size, _finish, rank_gpus_of
@@ -85,7 +85,7 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     """Simulate NCCL's NVLS allreduce (NVLSTree across NVLink domains) of ``nbytes`` per rank.
 
     Raises :class:`~topo.errors.CollectiveError` saying why when NVLS cannot
-    run on these ranks (see :func:`collectives.nccl_model.nvls_domains`).
+    run on these ranks (see :func:`treecoll.collectives.nccl_model.nvls_domains`).
     """
     _check_size(nbytes, dtype)
     gpus = rank_gpus_of(topology, ranks)

@@ -39,7 +39,7 @@ read them as YAML (what the calibration command produces).
 >>> get_profile("fast")
 Traceback (most recent call last):
 ...
-topo.errors.CollectiveError: profile 'fast': expected one of ['ideal', 'nccl-ll', 'nccl-ll128', 'nccl-simple'], got an unknown name; or give a YAML file
+treecoll.topo.errors.CollectiveError: profile 'fast': expected one of ['ideal', 'nccl-ll', 'nccl-ll128', 'nccl-simple'], got an unknown name; or give a YAML file
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 __all__ = ["Profile", "PROFILES", "NCCL_PROTOCOLS", "get_profile", "load_profile", "save_profile", "ROUTE_CLASSES"]
 

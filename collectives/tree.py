@@ -17,7 +17,7 @@ True
 >>> Tree.from_parents([-1, 2, 1])
 Traceback (most recent call last):
 ...
-topo.errors.TreeError: tree: ranks [1, 2] are not connected to the root 0 (a cycle through rank 1)
+treecoll.topo.errors.TreeError: tree: ranks [1, 2] are not connected to the root 0 (a cycle through rank 1)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from topo.errors import TreeError
+from treecoll.topo.errors import TreeError
 
 __all__ = ["Tree", "MultiTree", "as_multi"]
 
@@ -214,7 +214,7 @@ class MultiTree:
     >>> MultiTree((Tree.from_parents([-1, 0]),), (0.7,))
     Traceback (most recent call last):
     ...
-    topo.errors.TreeError: multitree: shares expected 1 positive fractions summing to 1, got [0.7]
+    treecoll.topo.errors.TreeError: multitree: shares expected 1 positive fractions summing to 1, got [0.7]
     """
 
     trees: tuple[Tree, ...]

@@ -29,7 +29,7 @@ intra-node chains (``treeIntra``: up = previous GPU, down = next), so a tree
 channel becomes a chain :class:`Tree` and the channels of a graph a
 :class:`MultiTree` with equal shares. GPU ``rank`` attributes give the rank,
 else the device index does (one host). topo does not provide a graph-XML
-parser (``topo.nccl_xml`` reads NCCL_TOPO_FILE system XML), so the small
+parser (``treecoll.topo.nccl_xml`` reads NCCL_TOPO_FILE system XML), so the small
 parser lives here.
 
 >>> f = loads_tree("parents: [-1, 0, 0, 2]\\nhosts: [a, a, b, b]\\n")
@@ -38,7 +38,7 @@ parser lives here.
 >>> loads_tree("parents: [-1, 0, 5]", "t.yaml")
 Traceback (most recent call last):
 ...
-topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 5
+treecoll.topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 5
 """
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from topo._schema import Doc, _show
-from topo.errors import TopologyError, TreeError
+from treecoll.topo._schema import Doc, _show
+from treecoll.topo.errors import TopologyError, TreeError
 
 from .builders import BUILDERS
 from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
@@ -169,7 +169,7 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
 
 def loads_tree(text: str, source: str = "<string>") -> TreeFile:
     """Parse a tree file's text (YAML or JSON); ``source`` names it in errors."""
-    from topo.yaml_io import _parse  # the one YAML reader: one-line errors naming file and line
+    from treecoll.topo.yaml_io import _parse  # the one YAML reader: one-line errors naming file and line
 
     try:
         data = _parse(text, source)
@@ -280,7 +280,7 @@ def resolve_tree_arg(tree):
     >>> resolve_tree_arg("my/tree.yaml")
     Traceback (most recent call last):
     ...
-    topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (valid builder names ...)
+    treecoll.topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (valid builder names ...)
     """
     if tree is None or isinstance(tree, (Tree, MultiTree, TreeFile)):
         return tree
@@ -375,8 +375,8 @@ class NcclGraph:
 
 def loads_nccl_graph(text: str, source: str = "<string>") -> tuple[NcclGraph, ...]:
     """Parse NCCL_GRAPH_FILE XML text into its graphs (parsing by
-    :func:`topo.nccl_xml.parse_graph_xml`; this adds the checks a plan needs)."""
-    from topo.nccl_xml import parse_graph_xml
+    :func:`treecoll.topo.nccl_xml.parse_graph_xml`; this adds the checks a plan needs)."""
+    from treecoll.topo.nccl_xml import parse_graph_xml
     try:
         data = parse_graph_xml(text, source=source)
     except TopologyError as e:

@@ -20,7 +20,7 @@ each pair saw the same machine load.  ``--json`` writes everything (the ratio
 of the medians and the minimums too).  At least :data:`MIN_REPS` repetitions
 per size.
 
-    python -m tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
+    python -m treecoll.tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ import sys
 import tempfile
 import time
 
-from tools import units
-from tools.cli import script_main
-from tools.resources import OVERSUBSCRIBE_HELP, check_processes
+from treecoll.tools import units
+from treecoll.tools.cli import script_main
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
 
 HEAD_DIM = 128
 
@@ -80,14 +80,14 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
             nchunks=None, parent: int | None = None) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if parent is not None:
-        from attention.dist import die_with_parent
+        from treecoll.attention.dist import die_with_parent
         die_with_parent(parent)      # a killed benchmark leaves no ranks behind
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
-    import collectives.execute as ex
+    import treecoll.collectives.execute as ex
 
     def merge_op(a, b):
         """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         check_processes(p, option=f"--procs {p}", per_process_bytes=3 * max(sizes), oversubscribe=args.oversubscribe)
     import torch.multiprocessing as mp
 
-    from attention.dist import free_port
+    from treecoll.attention.dist import free_port
     results = []
     for p in args.procs:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:

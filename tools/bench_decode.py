@@ -21,8 +21,8 @@ torch's own fused CPU flash-attention kernel
 rows, full length) on the same cache.  On CUDA the
 Triton kernels run and the fraction is of the device copy rate (HBM).
 
-    python -m tools.bench_decode                       # full sweep, writes out/bench_decode.json
-    python -m tools.bench_decode --tokens 4096 --batch 1 --dtypes fp32 --repeats 2
+    python -m treecoll.tools.bench_decode                       # full sweep, writes out/bench_decode.json
+    python -m treecoll.tools.bench_decode --tokens 4096 --batch 1 --dtypes fp32 --repeats 2
 
 Not a test: it prints a table and writes JSON.
 """
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-import attention
-from tools import units
-from tools.cli import script_main
+from treecoll import attention
+from treecoll.tools import units
+from treecoll.tools.cli import script_main
 
-Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (see ../shared/reference/attention.md §6)
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GIB = 1 << 30
 
@@ -136,7 +136,7 @@ def run(args) -> dict:
             k = v = q = None  # free this size's cache before the next one
     return {
         "benchmark": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
-        "command": "python -m tools.bench_decode " + " ".join(sys.argv[1:]),
+        "command": "python -m treecoll.tools.bench_decode " + " ".join(sys.argv[1:]),
         "device": str(device),
         "machine": {"cpu": _cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "python": platform.python_version()},
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         print(f"ERROR: --backends: expected names in {sorted(attention.DECODE_BACKENDS)}, got {bad}", file=sys.stderr)
         return 1
     if "native" in args.backends and args.device == "cpu":
-        from attention.decode_native import native_status
+        from treecoll.attention.decode_native import native_status
 
         status = native_status()
         if not status["available"]:

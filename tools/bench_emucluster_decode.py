@@ -3,9 +3,9 @@
 One decode step of Llama-3.1-8B's attention shape (32 query heads, 8 KV
 heads, head_dim 128, batch 1, bf16 KV cache) over a KV cache of 16k to 128k
 tokens sharded along the sequence over the ranks of an emulated cluster
-(:mod:`tools.emucluster`, needs root), interleaved placement:
+(:mod:`treecoll.tools.emucluster`, needs root), interleaved placement:
 
-* ``tree``: :func:`attention.tree_decode` (local partial attention, then one
+* ``tree``: :func:`treecoll.attention.tree_decode` (local partial attention, then one
   tree allreduce of the packed (out, lse) state over the topology's tree);
 * ``ring``: :func:`attention.ring_decode` (K/V shards travel around a ring, overlapped
   with the partial attention of the shard in hand);
@@ -16,7 +16,7 @@ Time per (method, tokens) = median over repetitions of the slowest rank's
 time; ``compute`` is the slowest rank's :func:`attention.decode_partial` on its
 own shard, all ranks at once (what every method pays at least). Prediction:
 ``compute`` (measured) plus the simulator's communication time on the same
-YAML (``collectives.sim``, profile ``ideal``): the tree's allreduce of the
+YAML (``treecoll.collectives.sim``, profile ``ideal``): the tree's allreduce of the
 16.5 KB state; three rank-order ring allreduces for allreduce3; for ring, per
 step ``max(compute of one shard, all ranks sending their K/V shard to the next
 rank at once)`` (flow-level max-min sharing, ``sim_engine.concurrent_times``).
@@ -40,13 +40,13 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools import units  # noqa: E402
-from tools.bench_emucluster import _load_topology  # noqa: E402
-from tools.cli import script_main  # noqa: E402
-from tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
+from treecoll.tools import units  # noqa: E402
+from treecoll.tools.bench_emucluster import _load_topology  # noqa: E402
+from treecoll.tools.cli import script_main  # noqa: E402
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
 
 METHODS = ("tree", "ring", "allreduce3")
-Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (../shared/reference/attention.md)
+Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 KV_ITEMSIZE = 2  # bf16
 
 
@@ -62,7 +62,7 @@ def worker(args) -> int:
     import torch
     import torch.distributed as dist
 
-    import attention
+    from treecoll import attention
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.op_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -114,10 +114,10 @@ def worker(args) -> int:
 # ----------------------------------------------------------------------------- predictions
 def predict(method: str, topology, world: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds)."""
-    from collectives import builders, compile_plan
-    from collectives.sim import simulate
-    from collectives.sim_engine import Network, concurrent_times
-    from collectives.sim_profiles import get_profile
+    from treecoll.collectives import builders, compile_plan
+    from treecoll.collectives.sim import simulate
+    from treecoll.collectives.sim_engine import Network, concurrent_times
+    from treecoll.collectives.sim_profiles import get_profile
 
     state_bytes = BATCH * Q_HEADS * (HEAD_DIM + 1) * 4  # packed fp32 (out, lse)
     if method == "tree":  # attention.resolve_tree("auto"): two_level without rails
@@ -143,7 +143,7 @@ def predict(method: str, topology, world: int, tokens: int, compute: float) -> f
 
 # ----------------------------------------------------------------------------- driver
 def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
-    from tools.emucluster import netns, runner
+    from treecoll.tools.emucluster import netns, runner
 
     tag = f"{hosts}x{rph}-{rate}"
     topo_path, out = workdir / f"emu-{tag}.yaml", workdir / f"decode-{tag}.json"
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         shard = -(-max(args.tokens) // world) * KV_HEADS * HEAD_DIM * BATCH
         check_processes(world, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
                         per_process_bytes=shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE))
-    from tools.emucluster import netns
+    from treecoll.tools.emucluster import netns
     ok, why = netns.namespaces_available()
     if not ok:
         print(f"error: {why}", file=sys.stderr)

@@ -6,7 +6,7 @@ attention layer, batch 1 and 4, total context 16k..256k tokens split over the
 ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 
 (a) the whole decode step (append the new token, local attention, combine),
-    via :func:`tools.cmd_decode.worker`: median over steps 2..n of the max
+    via :func:`treecoll.tools.cmd_decode.worker`: median over steps 2..n of the max
     over ranks; bytes sent per rank (bytes handed to torch.distributed in one
     step); peak memory per rank (KV cache bytes + peak of live tensor bytes
     allocated during one step, torch profiler memory events);
@@ -25,9 +25,9 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 
 Usage::
 
-    python -m tools.bench_tree_attention                      # full sweep
-    python -m tools.bench_tree_attention --quick              # small smoke run
-    python -m tools.bench_tree_attention --nprocs 4 --tokens 65536 --batch 1
+    python -m treecoll.tools.bench_tree_attention                      # full sweep
+    python -m treecoll.tools.bench_tree_attention --quick              # small smoke run
+    python -m treecoll.tools.bench_tree_attention --nprocs 4 --tokens 65536 --batch 1
 
 Writes JSON (``--json``, default out/bench_tree_attention.json) and a plot
 (``--plot``, default out/bench_tree_attention.png; needs matplotlib) and prints
@@ -42,10 +42,10 @@ import statistics
 import time
 from pathlib import Path
 
-from tools import units
-from tools.cli import script_main
-from tools.cmd_decode import check_start
-from tools.resources import OVERSUBSCRIBE_HELP
+from treecoll.tools import units
+from treecoll.tools.cli import script_main
+from treecoll.tools.cmd_decode import check_start
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
 COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_separate", "allreduce3", "floor")
@@ -55,9 +55,9 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from attention.baselines import allreduce3_combine
-    from attention.state import pack_state
-    from attention.tree_decode import resolve_tree, tree_combine
+    from treecoll.attention.baselines import allreduce3_combine
+    from treecoll.attention.state import pack_state
+    from treecoll.attention.tree_decode import resolve_tree, tree_combine
 
     g = torch.Generator().manual_seed(rank)
     out = torch.randn(batch, HEADS, HEAD_DIM, generator=g)
@@ -92,7 +92,7 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
 def _group_worker(rank: int, world: int, plan: dict) -> dict:
     import gc
 
-    from tools.cmd_decode import worker
+    from treecoll.tools.cmd_decode import worker
 
     res = {"steps": [], "combine": []}
     for cfg in plan["steps"]:
@@ -122,8 +122,8 @@ def _steps(args) -> list[dict]:
 
 
 def run(args) -> dict:
-    from attention.dist import run_group
-    from tools.cmd_decode import summarize
+    from treecoll.attention.dist import run_group
+    from treecoll.tools.cmd_decode import summarize
 
     result = {"machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}, "runs": [],
               "combine": [], "args": vars(args)}

@@ -14,7 +14,7 @@ Write a module exposing two functions and add ONE line to :data:`COMMANDS`::
         data = {...}                          # 1. build a plain dict (JSON-serialisable)
         return emit(args, data, render_text)  # 2. --json prints it, else render_text(data) -> str
 
-Rules every command follows: user errors raise a :class:`topo.errors.TreecollError`
+Rules every command follows: user errors raise a :class:`treecoll.topo.errors.TreecollError`
 subclass (the dispatcher prints ONE line on stderr and returns 1; ``--debug``
 adds the traceback); ``run`` returns an exit code and never calls ``sys.exit``;
 no output other than through ``emit`` (or a file the user asked for);
@@ -51,8 +51,8 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from tools.units import UsageError, positive
-from topo.errors import TreecollError
+from treecoll.tools.units import UsageError, positive
+from treecoll.topo.errors import TreecollError
 
 __all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMMANDS", "output_path", "walk",
            "subcommands", "refuse_empty_values", "guarded", "script_main", "write_output", "atomic_output",
@@ -60,11 +60,11 @@ __all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMM
 
 #: subcommand modules, in the order ``--help`` lists them (one line per module)
 COMMANDS = [
-    "tools.cmd_topo",
-    "tools.cmd_decode",
-    "tools.cmd_tree",
-    "tools.cmd_simulate",
-    "tools.emucluster.cli",
+    "treecoll.tools.cmd_topo",
+    "treecoll.tools.cmd_decode",
+    "treecoll.tools.cmd_tree",
+    "treecoll.tools.cmd_simulate",
+    "treecoll.tools.emucluster.cli",
 ]
 
 
@@ -215,9 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
     """Give every text option and positional of ``parser`` (and its subcommands) that has no parser
-    of its own :func:`tools.units.text_arg`: an empty ``--topology ""`` or ``--id ""`` is an error,
+    of its own :func:`treecoll.tools.units.text_arg`: an empty ``--topology ""`` or ``--id ""`` is an error,
     never a silent default (or every cluster)."""
-    from tools.units import text_arg
+    from treecoll.tools.units import text_arg
     for _, p in walk(parser):
         for a in p._actions:
             if (isinstance(a, argparse._StoreAction) and a.type is None and a.choices is None

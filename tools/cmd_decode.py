@@ -5,7 +5,7 @@ tokens per sequence (random K/V from ``--seed``, cache dtype ``--dtype``),
 sharded over the group with :class:`attention.ShardedKVCache` (round-robin
 blocks of ``--block-size`` tokens; each rank generates only its own blocks).
 Each decode step appends one random token's K/V to every layer and decodes a
-random query per layer with each method: ``tree`` (:func:`attention.tree_decode`)
+random query per layer with each method: ``tree`` (:func:`treecoll.attention.tree_decode`)
 and the baselines of ``--compare`` (``ring``, ``allreduce3``).  The same steps
 are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
 every method's outputs are compared with that reference.
@@ -25,13 +25,13 @@ Measurements, per method and rank:
   steps 2..n is reported (the first step checks shapes and builds the tree);
 * bytes sent: bytes this rank's code passes to torch.distributed during one
   step (point-to-point sends plus the buffers given to all_reduce /
-  all_gather; :func:`attention.dist.count_traffic`), measured in one extra
+  all_gather; :func:`treecoll.attention.dist.count_traffic`), measured in one extra
   untimed step; the JSON also has ``wire_bytes_estimate_per_rank``: the same
   with each collective counted as its bandwidth-optimal ring algorithm sends
-  (all_reduce 2(P-1)/P of the buffer: :meth:`attention.dist.Traffic.wire_estimate`);
+  (all_reduce 2(P-1)/P of the buffer: :meth:`treecoll.attention.dist.Traffic.wire_estimate`);
 * peak memory: the rank's KV cache bytes (allocated, all layers) plus the peak
   of tensor bytes allocated and alive at once during one step (torch profiler
-  memory events: :func:`attention.dist.peak_tensor_bytes`), in one extra untimed step.
+  memory events: :func:`treecoll.attention.dist.peak_tensor_bytes`), in one extra untimed step.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import statistics
 import time
 from typing import Any
 
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["add_parser", "run", "decode_data", "render"]
 
@@ -50,9 +50,9 @@ METHOD_ORDER = ("tree", "ring", "allreduce3")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from tools import units
-    from tools.cli import common_options
-    from tools.resources import OVERSUBSCRIBE_HELP
+    from treecoll.tools import units
+    from treecoll.tools.cli import common_options
+    from treecoll.tools.resources import OVERSUBSCRIBE_HELP
 
     p = subparsers.add_parser("decode", help="sharded tree-attention decoding vs ring and three all-reduces",
                               description="Sharded decoding of a random context over gloo processes (or the "
@@ -92,7 +92,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _methods(compare: str) -> list[str]:
-    from tools import units
+    from treecoll.tools import units
 
     names = [] if compare.strip() == "none" else units.parse_list(compare, what="--compare", kind="methods",
                                                                    error=AttentionError)
@@ -107,7 +107,7 @@ def _config(args) -> dict:
         raise AttentionError(f"--heads: expected a multiple of --kv-heads={args.kv_heads}, got {args.heads}")
     topology = None
     if args.topology:
-        import topo
+        from treecoll import topo
 
         topology = topo.resolve(args.topology).to_dict()  # plain data crosses the process boundary
     return {"seq_len": args.seq_len, "batch": args.batch, "layers": args.layers, "heads": args.heads,
@@ -120,7 +120,7 @@ _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: peak RSS of one rank of this command before its cache (bytes): 394-396 MiB measured (VmHWM; 237 MiB
 #: private, 156 MiB shared library pages) on Linux x86-64, torch 2.13 CPU, a 40-token cache, 2 to 4 ranks,
 #: rounded up by about a tenth for other machines' libraries and thread counts. More than torch + gloo
-#: alone (:data:`tools.resources.PROCESS_BASELINE_BYTES`): a rank also loads attention, its native kernel
+#: alone (:data:`treecoll.tools.resources.PROCESS_BASELINE_BYTES`): a rank also loads attention, its native kernel
 #: and torch's profiler. tests/tools/test_cmd_decode.py checks every run's measured peaks against
 #: :func:`memory_estimate` with this baseline.
 RANK_BASELINE_BYTES = 448 << 20
@@ -189,7 +189,7 @@ def build_cache(cfg, rank: int, world: int, device=None):
     """This rank's :class:`ShardedKVCache` with the random context (only its own blocks generated)."""
     import torch
 
-    from attention.kv_cache import ShardedKVCache
+    from treecoll.attention.kv_cache import ShardedKVCache
 
     n, bs = cfg["seq_len"], cfg["block_size"]
     cache = ShardedKVCache(layers=cfg["layers"], batch=cfg["batch"], kv_heads=cfg["kv_heads"],
@@ -238,13 +238,13 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     import torch
     import torch.distributed as dist
 
-    from attention.baselines import method
-    from attention.dist import count_traffic, peak_tensor_bytes
-    from attention.tree_decode import resolve_tree
+    from treecoll.attention.baselines import method
+    from treecoll.attention.dist import count_traffic, peak_tensor_bytes
+    from treecoll.attention.tree_decode import resolve_tree
 
     topology = None
     if cfg["topology"] is not None:
-        from topo import Topology
+        from treecoll.topo import Topology
 
         topology = Topology.from_dict(cfg["topology"])
     cache = build_cache(cfg, rank, world, device)
@@ -306,14 +306,14 @@ def _max_rss() -> int | None:
     """This process's peak resident memory in bytes (Linux ``VmHWM``: the peak of this program's
     own address space; ``ru_maxrss`` would carry over the parent's peak through fork and exec);
     None where /proc does not say."""
-    from tools.resources import proc_bytes
+    from treecoll.tools.resources import proc_bytes
 
     return proc_bytes("/proc/self/status", "VmHWM")
 
 
 def _reference(cfg) -> list:
     """The same steps in one process over the whole cache (world of one)."""
-    from attention import decode_partial
+    from treecoll.attention import decode_partial
 
     def local(q, k, v, *, kv_len, topology, check):
         return decode_partial(q, k, v, kv_len=kv_len)[0]
@@ -359,7 +359,7 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
 def decode_data(cfg: dict, nproc: int, timeout: float = 600.0) -> dict:
     """Spawn ``nproc`` gloo processes, run :func:`worker`, return :func:`summarize`'s dict
     (``nproc == 1``: in this process, no group)."""
-    from attention.dist import run_group
+    from treecoll.attention.dist import run_group
 
     if nproc == 1:
         return summarize(cfg, [worker(0, 1, cfg)], 1)
@@ -388,7 +388,7 @@ def _under_torchrun(cfg: dict, timeout: float):
 
 
 def run(args: argparse.Namespace) -> int:
-    from tools.cli import emit
+    from treecoll.tools.cli import emit
 
     cfg = _config(args)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -403,9 +403,9 @@ def run(args: argparse.Namespace) -> int:
 
 def check_start(cfg: dict, nproc: int, *, oversubscribe: bool = False, option: str = "--nproc") -> dict:
     """Refuse, before any process starts, ``nproc`` ranks that a ``--topology`` has no GPUs
-    for, or that exceed this machine's cores or memory (:func:`tools.resources.check_processes`,
+    for, or that exceed this machine's cores or memory (:func:`treecoll.tools.resources.check_processes`,
     with :func:`memory_estimate`); returns the numbers checked."""
-    from tools.resources import check_processes
+    from treecoll.tools.resources import check_processes
 
     if cfg["topology"] is not None:
         gpus = sum(1 for n in cfg["topology"]["nodes"] if n.get("kind") == "gpu")

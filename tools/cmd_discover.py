@@ -12,7 +12,7 @@
   parsed values and what each changes; an invalid value is a one-line error
   naming the variable.
 
-Hooked into ``treecoll topo`` through ``tools.cmd_topo.SUBMODULES``.
+Hooked into ``treecoll topo`` through ``treecoll.tools.cmd_topo.SUBMODULES``.
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def _outputs(args) -> None:
 
 def _write(t, args) -> str | None:
     """Write the explicit YAML (-o) or NCCL XML (--xml), whole or not at all."""
-    import topo
-    from topo.nccl_xml import export_xml
+    from treecoll import topo
+    from treecoll.topo.nccl_xml import export_xml
 
     if getattr(args, "output", None):
         write_output(args.output, topo.dumps(t), "-o")
@@ -99,7 +99,7 @@ def render_discover(d: dict[str, Any]) -> str:
 
 
 def hints_data(env=None) -> dict[str, Any]:
-    from topo.env import hints_report
+    from treecoll.topo.env import hints_report
     return hints_report(os.environ if env is None else env)
 
 
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     c = args._discover_cmd
     if c == "hints":
         return emit(args, hints_data(), render_hints)
-    import topo
+    from treecoll import topo
     _outputs(args)
     if c == "discover":
         t = topo.discover(sysfs_root=args.sysfs_root, host=args.host)

@@ -7,18 +7,18 @@
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
 
 ``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's double
-binary tree, :func:`collectives.builders.double_binary`), ``nvls`` (NCCL's
+binary tree, :func:`treecoll.collectives.builders.double_binary`), ``nvls`` (NCCL's
 NVLink SHARP reduction in the NVSwitches, NVLSTree across hosts:
-:mod:`collectives.sim_nvls`; Hopper and later NVSwitch systems), any builder
-name of :mod:`collectives.builders` (``two_level``, ``auto``, ``binomial``,
+:mod:`treecoll.collectives.sim_nvls`; Hopper and later NVSwitch systems), any builder
+name of :mod:`treecoll.collectives.builders` (``two_level``, ``auto``, ``binomial``,
 ``kary:4``, ...), and ``nccl``: NCCL's own analytical model
-(:func:`collectives.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
+(:func:`treecoll.collectives.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
 offers there: ring, tree and where it runs NVLS),
 a separate line for comparison. Simulated algorithms use the fastest NCCL
 protocol profile per size unless ``--profile`` names one (``ideal``,
 ``nccl-simple``, a calibrated YAML...). Sizes: ``A:B`` doubles from A to B,
 or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024), KB, MB, GB
-(powers of 1000), as :mod:`tools.units` reads them. Token counts
+(powers of 1000), as :mod:`treecoll.tools.units` reads them. Token counts
 (``--seq-len``) use k = 1e3, M = 1e6 like the paper (80k ... 5.12M).
 Sweeps show a progress bar on stderr when it is a terminal.
 """
@@ -28,13 +28,13 @@ import argparse
 import sys
 from typing import Any
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 from . import units
 
 
 def parse_sizes(spec: str) -> list[int]:
-    """``--sizes`` from Python: ``"8B:1GiB"`` (doubling) or ``"1K,1MiB"`` (:func:`tools.units.parse_sizes`)."""
+    """``--sizes`` from Python: ``"8B:1GiB"`` (doubling) or ``"1K,1MiB"`` (:func:`treecoll.tools.units.parse_sizes`)."""
     return units.parse_sizes(spec, what="--sizes", error=CollectiveError)
 
 
@@ -53,10 +53,10 @@ def _names(registry) -> str:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from collectives.builders import BUILDERS
-    from collectives.sim import DTYPE_SIZES
-    from collectives.sim_profiles import PROFILES
-    from tools.cli import REPLACES, common_options
+    from treecoll.collectives.builders import BUILDERS
+    from treecoll.collectives.sim import DTYPE_SIZES
+    from treecoll.collectives.sim_profiles import PROFILES
+    from treecoll.tools.cli import REPLACES, common_options
     p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology",
                               description="Predict collectives and decode steps on a topology you may not have "
                                           "(flow-level simulator, NCCL's model).")
@@ -119,7 +119,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _resolve(args):
     """The topology of ``--topology``, with ``--ranks`` checked against its GPUs."""
-    from topo.yaml_io import resolve
+    from treecoll.topo.yaml_io import resolve
     topology = resolve(args.topology)
     total = len(topology.rank_gpus())
     if args.ranks is not None and args.ranks > total:
@@ -129,7 +129,7 @@ def _resolve(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from tools.cli import IMAGE_SUFFIXES, emit, output_path
+    from treecoll.tools.cli import IMAGE_SUFFIXES, emit, output_path
     plot = getattr(args, "plot", None)
     _check_profile(args.profile)
     if plot:
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             data["plot"] = plot
         return emit(args, data, render_allreduce)
     if args.sim_command == "decode":
-        from collectives.sim_decode import DecodeShape
+        from treecoll.collectives.sim_decode import DecodeShape
         check_algos([args.tree], option="--tree", builders_only=True)
         topology = _resolve(args)
         shapes = [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
@@ -164,7 +164,7 @@ def _check_profile(profile: str | None) -> None:
     """Refuse an unknown ``--profile`` (or an unreadable profile file) before any work."""
     import os
 
-    from collectives.sim_profiles import PROFILES, get_profile
+    from treecoll.collectives.sim_profiles import PROFILES, get_profile
     if profile in (None, "auto") or profile in PROFILES:
         return
     if not (profile.endswith((".yaml", ".yml")) or os.path.exists(profile)):
@@ -175,9 +175,9 @@ def _check_profile(profile: str | None) -> None:
 
 def _one(topology, algo: str, size: int, ranks, profile):
     """(time s, busbw, algbw, label) of one algorithm at one size."""
-    from collectives.sim import bandwidths, rank_gpus_of, simulate_algorithm
+    from treecoll.collectives.sim import bandwidths, rank_gpus_of, simulate_algorithm
     if algo == "nccl":
-        from collectives.nccl_model import nccl_algos, nccl_predict
+        from treecoll.collectives.nccl_model import nccl_algos, nccl_predict
         gpus = rank_gpus_of(topology, ranks)
         best = min((nccl_predict(topology, list(gpus), size, algo=a) for a in nccl_algos(topology, gpus)),
                    key=lambda r: r["time"])
@@ -194,7 +194,7 @@ SIM_ALGOS = ("ring", "tree", "nvls", "nccl")
 
 def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -> None:
     """Refuse an unknown algorithm name before any work, listing every valid one."""
-    from collectives.builders import BUILDERS
+    from treecoll.collectives.builders import BUILDERS
     for a in algos:
         if (builders_only or a not in SIM_ALGOS) and a.partition(":")[0] not in BUILDERS:
             known = "" if builders_only else f"one of {list(SIM_ALGOS)} or "
@@ -203,7 +203,7 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
 
 
 def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
-    from collectives.sim import rank_gpus_of
+    from treecoll.collectives.sim import rank_gpus_of
     check_algos(algos)
     P = len(rank_gpus_of(topology, ranks))
     rows = []
@@ -240,7 +240,7 @@ def _plt():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from topo.errors import MissingDependency
+        from treecoll.topo.errors import MissingDependency
         raise MissingDependency("--plot needs matplotlib: pip install 'treecoll[plot]'") from None
     return plt
 
@@ -269,7 +269,7 @@ def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) 
 
 
 def decode_data(topology, shapes, ranks=None, tree="two_level", profile=None) -> dict[str, Any]:
-    from collectives.sim_decode import decode_step
+    from treecoll.collectives.sim_decode import decode_step
     runs = []
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
@@ -316,7 +316,7 @@ def plot_decode(d: dict, path: str) -> None:
 
 
 def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: int = 10) -> dict[str, Any]:
-    from collectives.sim import simulate_algorithm
+    from treecoll.collectives.sim import simulate_algorithm
     check_algos([algo])
     name = "double_binary" if algo == "tree" else algo
     if name == "nccl":

@@ -25,8 +25,8 @@ import json
 from collections import Counter
 from typing import Any
 
-import topo
-from topo.errors import TopologyError
+from treecoll import topo
+from treecoll.topo.errors import TopologyError
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
@@ -35,7 +35,7 @@ __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render
            "render_path", "endpoint", "SUBMODULES"]
 
 #: modules adding more ``treecoll topo`` subcommands (e.g. discovery); one line each
-SUBMODULES: list[str] = ["tools.cmd_discover"]
+SUBMODULES: list[str] = ["treecoll.tools.cmd_discover"]
 
 SMI_LEGEND = [
     ("X", "Self"),
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return emit(args, path_data(t, args.a, args.b), render_path)
     if c == "export":
         return _export(args, t)
-    from topo.render import draw
+    from treecoll.topo.render import draw
     with atomic_output(args.output) as tmp:
         data = dict(draw(t, tmp, max_hosts=args.max_hosts), output=args.output)
     return emit(args, data, lambda d: f"wrote {d['output']} ({d['hosts_drawn']} of {d['hosts_total']} hosts, "
@@ -173,7 +173,7 @@ def render_show(d: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------ matrix
 def matrix_data(t: topo.Topology, host: str | None = None) -> dict[str, Any]:
     """The ``nvidia-smi topo -m`` matrix of one host as plain data."""
-    from topo.smi import smi_matrix
+    from treecoll.topo.smi import smi_matrix
     if not t.hosts():
         raise TopologyError(f"topology {t.name!r}: has no hosts to show a matrix for")
     host = host or t.hosts()[0]
@@ -260,7 +260,7 @@ def _export(args: argparse.Namespace, t: topo.Topology) -> int:
     elif args.format == "json":
         text = json.dumps(t.to_dict(), indent=1, ensure_ascii=False, default=str) + "\n"
     else:
-        from topo.render import to_dot
+        from treecoll.topo.render import to_dot
         text = to_dot(t)
     if args.output:
         nbytes = write_output(args.output, text)

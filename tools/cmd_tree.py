@@ -4,7 +4,7 @@
   build a tree with a registered builder (``chain``, ``binomial``, ``kary:K``,
   ``star``, ``double_binary``, ``two_level``, ``auto``) over the first N ranks of
   topology F (a YAML path or a shipped name) and print it; ``-o`` writes the
-  tree file (see :mod:`collectives.tree_io`).
+  tree file (see :mod:`treecoll.collectives.tree_io`).
 * ``tree show FILE [--topology F] [--bytes S]``: an ASCII drawing, with each
   edge's link (NCCL path class, link kinds, bandwidth) and the predicted
   reduce/broadcast/allreduce times when a topology is given. FILE may also be
@@ -27,19 +27,19 @@ from collections import Counter
 from pathlib import Path as FsPath
 from typing import Any
 
-from topo.errors import MissingDependency, TreeError
+from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
 
 __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data"]
 
-#: suffixes of tree files (:mod:`collectives.tree_io` reads YAML and JSON)
+#: suffixes of tree files (:mod:`treecoll.collectives.tree_io` reads YAML and JSON)
 TREE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
+    from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
     p = subparsers.add_parser("tree", help="build, show, check and draw reduction trees",
                               description="Build, show, check and draw reduction trees.")
     common_options(p)
@@ -95,7 +95,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _topology(spec):
     if spec is None:
         return None
-    import topo
+    from treecoll import topo
     return topo.resolve(spec)
 
 
@@ -112,9 +112,9 @@ def _gpus(topology, n: int):
 def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[str, Any]:
     """Plain data for a tree (or multitree) on an optional topology: edges with their
     links, edge counts by class, predicted times."""
-    from collectives.cost import CostModel
-    from collectives.nccl_model import nccl_algos, nccl_predict
-    from collectives.tree import as_multi
+    from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.nccl_model import nccl_algos, nccl_predict
+    from treecoll.collectives.tree import as_multi
     multi = as_multi(plan)
     n = multi.size
     gpus = _gpus(topology, n)
@@ -221,7 +221,7 @@ def build_data(topology, builder: str, *, ranks: int | None = None, nbytes: int 
     """What ``tree build`` prints, as ``(plan, data)``: the tree of ``builder`` over the first
     ``ranks`` GPUs of ``topology`` (default all), built and predicted for ``nbytes``.
     ``rails`` is the command's ``auto`` / ``yes`` / ``no``."""
-    from collectives.builders import build
+    from treecoll.collectives.builders import build
     opts: dict[str, Any] = {}
     base = builder.partition(":")[0]
     if base in ("two_level", "auto"):
@@ -246,7 +246,7 @@ def build_data(topology, builder: str, *, ranks: int | None = None, nbytes: int 
 
 
 def _build(args) -> dict:
-    from collectives.tree_io import dumps_tree, tree_format
+    from treecoll.collectives.tree_io import dumps_tree, tree_format
     if args.output:
         output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
     topology = _topology(args.topology)
@@ -260,13 +260,13 @@ def _build(args) -> dict:
 
 
 def _load(args):
-    from collectives.tree_io import load_tree
+    from treecoll.collectives.tree_io import load_tree
     return load_tree(args.file)
 
 
 def _show(args) -> dict:
     if FsPath(args.file).suffix.lower() == ".xml":
-        from collectives.tree_io import load_nccl_graph
+        from treecoll.collectives.tree_io import load_nccl_graph
         graphs = load_nccl_graph(args.file)
         return {"nccl_graphs": [{"id": g.id, "pattern": g.pattern, "kind": g.kind,
                                  "channels": [list(c) for c in g.channels],
@@ -277,8 +277,8 @@ def _show(args) -> dict:
 
 
 def _check(args) -> dict:
-    from collectives.builders import build
-    from collectives.cost import CostModel
+    from treecoll.collectives.builders import build
+    from treecoll.collectives.cost import CostModel
     f = _load(args)
     topology = _topology(args.topology)
     nbytes = args.bytes
@@ -346,7 +346,7 @@ def _draw(args) -> dict:
     ntrees = len(data["trees"])
     if topology is not None:
         # the tree over the topology picture: one arrow per edge, child GPU -> parent GPU
-        from topo.render import draw
+        from treecoll.topo.render import draw
         palette = ["crimson", "darkorange", "gold", "teal", "navy", "purple", "brown", "magenta"]
         overlay = [(e["child_gpu"], e["parent_gpu"], palette[ti % len(palette)] if ntrees > 1 else
                     ("tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")))

@@ -1,4 +1,4 @@
-"""``python -m tools.demo`` (what ``make demo`` runs): the treecoll tour.
+"""``python -m treecoll.tools.demo`` (what ``make demo`` runs): the treecoll tour.
 
 The demo is a list of steps, :data:`STEPS`, each a ``(title, function)``; a
 function takes the shared ``state`` dict (steps may leave results there for
@@ -15,8 +15,8 @@ import sys
 import time
 from typing import Callable
 
-import topo
-from tools.cmd_topo import matrix_data, path_data, render_matrix, render_path, render_show, show_data
+from treecoll import topo
+from treecoll.tools.cmd_topo import matrix_data, path_data, render_matrix, render_path, render_show, show_data
 
 __all__ = ["STEPS", "main"]
 
@@ -47,7 +47,7 @@ STEPS: list[tuple[str, Callable[[dict], None]]] = [
 ]
 
 # --- tree attention (issue 7): the tree, simulated tree vs ring, a real checked decode ---
-from tools.demo_decode import STEPS as _DECODE_STEPS  # noqa: E402
+from treecoll.tools.demo_decode import STEPS as _DECODE_STEPS  # noqa: E402
 
 STEPS += _DECODE_STEPS
 

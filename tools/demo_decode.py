@@ -1,4 +1,4 @@
-"""Demo steps of tree-attention decoding (appended to :data:`tools.demo.STEPS`).
+"""Demo steps of tree-attention decoding (appended to :data:`treecoll.tools.demo.STEPS`).
 
 1. the two-level tree on the embedded default topology (two DGX H100), as
    ``treecoll tree build`` prints it (times from the alpha-beta cost model);
@@ -37,23 +37,23 @@ SIMULATE_ARGV = ["simulate", "decode", "--topology", "default", "--seq-len", ","
 
 def tree_case(topology) -> dict:
     """What ``treecoll`` :data:`TREE_ARGV` prints (``--json``): the tree tree attention reduces over."""
-    from tools.cmd_tree import build_data
+    from treecoll.tools.cmd_tree import build_data
 
     return build_data(topology, "two_level", nbytes=STATE_BYTES, rails="no")[1]
 
 
 def simulate_case(topology) -> dict:
     """What ``treecoll`` :data:`SIMULATE_ARGV` prints (``--json``): one decode step, modelled."""
-    from collectives.sim_decode import DecodeShape
-    from tools.cmd_simulate import decode_data
+    from treecoll.collectives.sim_decode import DecodeShape
+    from treecoll.tools.cmd_simulate import decode_data
 
     shapes = [DecodeShape(seq_len=n, heads=HEADS, head_dim=HEAD_DIM, kv_heads=KV_HEADS) for n in CONTEXTS]
     return decode_data(topology, shapes, None, "two_level", None)
 
 
 def step_tree(state: dict) -> None:
-    import topo
-    from tools.cmd_tree import render_tree
+    from treecoll import topo
+    from treecoll.tools.cmd_tree import render_tree
 
     t = state.get("topology") or topo.default()
     state["topology"] = t
@@ -78,7 +78,7 @@ def step_simulate(state: dict) -> None:
 
 
 def step_decode(state: dict) -> None:
-    from tools.cmd_decode import check_start, decode_data, render
+    from treecoll.tools.cmd_decode import check_start, decode_data, render
 
     check_start(DEMO_DECODE, 4)
     d = decode_data(dict(DEMO_DECODE), 4, timeout=300)

@@ -27,15 +27,15 @@ factories (:func:`size_arg`, :func:`sizes_arg`, :func:`count_arg`,
 >>> parse_bytes("3 parsecs", what="--bytes")
 Traceback (most recent call last):
 ...
-topo.errors.TreecollError: --bytes: expected a size like 4096, 64KiB, 1M (binary) or 2GB (decimal), got '3 parsecs'
+treecoll.topo.errors.TreecollError: --bytes: expected a size like 4096, 64KiB, 1M (binary) or 2GB (decimal), got '3 parsecs'
 >>> parse_sizes("0", what="--sizes")
 Traceback (most recent call last):
 ...
-topo.errors.TreecollError: --sizes: expected a size of at least 1 B, got '0'
+treecoll.topo.errors.TreecollError: --sizes: expected a size of at least 1 B, got '0'
 >>> int_arg("--nproc")("-2")
 Traceback (most recent call last):
 ...
-tools.units.UsageError: --nproc: expected a positive integer, got -2
+treecoll.tools.units.UsageError: --nproc: expected a positive integer, got -2
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import math
 import re
 from typing import Callable
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
 __all__ = ["parse_bytes", "parse_sizes", "parse_count", "parse_counts", "parse_int", "parse_seconds", "parse_list",
            "parse_shapes", "positive", "fmt_bytes", "size_arg", "sizes_arg", "count_arg", "counts_arg", "int_arg",

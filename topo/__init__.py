@@ -2,7 +2,7 @@
 
 Importing ``topo`` never imports torch, triton or pynvml.
 
->>> import topo
+>>> from treecoll import topo
 >>> t = topo.default()            # the embedded 2-host DGX H100 cluster
 >>> t.path("h0/gpu0", "h0/gpu5").smi, t.path("h0/gpu0", "h1/gpu0").nccl
 ('NV18', 'NET')

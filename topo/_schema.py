@@ -30,7 +30,7 @@ two guards, so that loading time and memory stay proportional to the text:
 >>> d.number(-1, ("a", "b"))
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: x.yaml:2: a.b: expected a positive number, got -1
+treecoll.topo.errors.TopologyError: x.yaml:2: a.b: expected a positive number, got -1
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Protocol (two ``all_gather_object`` calls, so every rank ends with the same data
 
 1. every rank sends ``(host identity, its GPU's UUID / CUDA ordinal or None)``;
    hosts are ordered by their lowest rank and named ``h0, h1, ...``;
-2. the lowest rank of each host (its elected prober) runs :func:`topo.discover`
+2. the lowest rank of each host (its elected prober) runs :func:`treecoll.topo.discover`
    once for the host (a CPU-only host gets one rank slot per process of the
    group on it) and sends the explicit form; the others send None.
 
@@ -26,7 +26,7 @@ host gets the host's k-th visible GPU (or rank slot).
 The network between hosts, first that applies:
 
 * ``network=``: a YAML network section (``{"type": "rail_optimized", ...}``,
-  :mod:`topo.network`); NICs without a rail get their host-local order as rail;
+  :mod:`treecoll.topo.network`); NICs without a rail get their host-local order as rail;
 * every host reported ``SLURM_TOPOLOGY_ADDR``: a tree of its switches (the
   last switch of a path is the host's leaf, tier 0; upper switches tier 1, 2...;
   each uplink carries the sum of the NIC bandwidth below it: non-blocking);
@@ -88,7 +88,7 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
     """The cluster of ``group`` (default: the world), identical on every rank.
 
     Collective: every rank of the group must call it. ``discover_kwargs`` go to
-    :func:`topo.discover` on the probing ranks (``sysfs_root``, ``nvml``).
+    :func:`treecoll.topo.discover` on the probing ranks (``sysfs_root``, ``nvml``).
     """
     try:
         import torch.distributed as dist

@@ -14,7 +14,7 @@ schema and examples)::
 key path) and turns it into a :class:`HostTemplate`: local node ids with their
 attributes and local links. Counts that multiply (``gpus.count``,
 ``nics.count``, ``nvswitch.count`` times the GPUs, the NUMA domains' full SMP
-mesh) are checked against the caps of :mod:`topo.limits` as soon as they are
+mesh) are checked against the caps of :mod:`treecoll.topo.limits` as soon as they are
 read, before the nodes and links they ask for are made. :func:`expand` then stamps the template onto a
 ``networkx.DiGraph`` for every host name, prefixing ids with ``"<host>/"``;
 this is the only per-host work, so 1024 hosts cost 1024 dict copies per node.
@@ -26,7 +26,7 @@ GPU -> NVSwitch -> GPU is 2 links of 0.3, GPU -> PCIe switch -> NIC 2 links of 0
 NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
 
 >>> import networkx as nx
->>> from topo._schema import Doc
+>>> from treecoll.topo._schema import Doc
 >>> box = {"gpus": {"count": 2, "numa": 0}, "cpus": [{"numa": 0}], "pcie": {"bw": 24.0}}
 >>> ht = parse_template(Doc("x.yaml", "", None), box, ("templates", "box"), "box")
 >>> [n for n, _ in ht.nodes], [(a, b, d["bw"]) for a, b, d in ht.links]
@@ -39,7 +39,7 @@ NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
 ... # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and ...
+treecoll.topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and ...
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""Local discovery: ``topo.discover()`` -> the :class:`~topo.model.Topology` of this host.
+"""Local discovery: ``treecoll.topo.discover()`` -> the :class:`~topo.model.Topology` of this host.
 
 Sources, combined like NCCL does (../shared/reference/topo.md §1.1):
 
 1. ``NCCL_TOPO_FILE`` (if set): the host's PCIe tree, CPUs, GPUs and NICs come
-   from that XML (:mod:`topo.nccl_xml`); NVML adds the NVLinks it lacks.
-2. NVML (:mod:`topo.nvml`): GPUs, NVLinks per link (each NVSwitch its own node,
+   from that XML (:mod:`treecoll.topo.nccl_xml`); NVML adds the NVLinks it lacks.
+2. NVML (:mod:`treecoll.topo.nvml`): GPUs, NVLinks per link (each NVSwitch its own node,
    invisible peers one ``assumed`` switch; with GPU fabric info a rack-level
    ``nvl/sw0``), C2C, P2P status, fabric membership.
-3. sysfs (:mod:`topo.sysfs`, root configurable): PCIe switches above each GPU
+3. sysfs (:mod:`treecoll.topo.sysfs`, root configurable): PCIe switches above each GPU
    and NIC, link speeds (downtrained links flagged), NICs, NUMA domains.
 
 Without NVML (no driver, as on CPU-only machines) the host is CPU-only: its
@@ -18,7 +18,7 @@ logged. Every partial failure (a query not supported, a device missing from
 sysfs, a NIC without PCI path) degrades that part only and adds a line to
 ``topology.meta["notes"]`` (also logged).
 
-The environment hints (:mod:`topo.env`) applied here: NCCL_IB_HCA,
+The environment hints (:mod:`treecoll.topo.env`) applied here: NCCL_IB_HCA,
 NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE filter NICs; CUDA_VISIBLE_DEVICES and
 CUDA_DEVICE_ORDER give each visible GPU its ``cuda`` ordinal; the others are
 kept in ``meta["hints"]`` for tree building.
@@ -393,7 +393,7 @@ def import_file(path: str | os.PathLike, *, host: str = "host0", max_nodes: int 
     Errors name the file (and the line where there is one); a path that is a
     directory, a device or an empty file gets its own message; an import that
     yields no GPU is an error. ``max_nodes`` / ``max_links``: the caps of
-    :mod:`topo.limits`. With ``yaml_fallback`` a file that is neither is read as
+    :mod:`treecoll.topo.limits`. With ``yaml_fallback`` a file that is neither is read as
     a YAML topology (what :func:`topo.resolve` does for any file name).
     """
     from .nccl_xml import import_xml, looks_like_nccl_xml

@@ -279,7 +279,7 @@ class Topology:
 
     # ------------------------------------------------------------------ paths
     def path(self, a: str, b: str):
-        """The route between two GPUs, or a GPU and a NIC: see :class:`topo.paths.Path`."""
+        """The route between two GPUs, or a GPU and a NIC: see :class:`treecoll.topo.paths.Path`."""
         from .paths import route
         return route(self, a, b)
 

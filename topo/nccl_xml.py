@@ -38,7 +38,7 @@ attributes are ``busid`` (-> ``pci``), ``numaid`` (-> ``numa``), ``dev`` (->
 
 A file that yields no GPU, names a NUMA node, a bus id or a GPU ``dev`` twice
 in one host, nests PCIe deeper than :data:`MAX_PCI_DEPTH` levels or asks for
-more nodes or links than the caps of :mod:`topo.limits` is refused with a
+more nodes or links than the caps of :mod:`treecoll.topo.limits` is refused with a
 :class:`~topo.errors.TopologyError` naming the file (``source=`` names text
 given directly) and the element.
 
@@ -173,7 +173,7 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
     ``host`` names the host (``"<host>/gpu0"``...); a multi-host dump gets
     ``"<host>-<i>"`` per distinct ``host_hash``. ``source`` names text in errors
     and ``meta["source"]`` (default: the path, or ``"<string>"``); ``max_nodes``
-    / ``max_links``: the caps of :mod:`topo.limits`. Malformed input raises
+    / ``max_links``: the caps of :mod:`treecoll.topo.limits`. Malformed input raises
     TopologyError naming the file, line and element; so does a file without
     GPUs unless ``require_gpus`` is False (discovery reads a partial
     NCCL_TOPO_FILE that way: vendors' files may list only the PCIe bridges).

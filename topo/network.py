@@ -24,7 +24,7 @@ NIC's own bw), ``uplink: {bw, lat}`` for one leaf <-> spine port (bw defaults
 to the fastest NIC). Only NICs with a ``rail`` (the host template's
 ``nics.rails``, default 0..n-1; null for e.g. storage NICs) are connected.
 The switches and links a network asks for (every leaf links to every spine)
-are counted and checked against the caps of :mod:`topo.limits` before any is
+are counted and checked against the caps of :mod:`treecoll.topo.limits` before any is
 made.
 
 Default latencies (µs per link): NIC <-> leaf 1.35, half of NCCL's NET step
@@ -32,7 +32,7 @@ latency 2.7 µs (tuning.cc hwLatencies, LL) so NIC -> leaf -> NIC is 2.7;
 leaf <-> spine 0.5 (a leaf-spine detour adds ~1 µs: 3rd-party figure,
 UNCERTAIN, ../shared/reference/topo.md §6.1).
 
->>> import topo
+>>> from treecoll import topo
 >>> t = topo.loads("hosts: [{template: dgx-h100, count: 4}]\\n"
 ...                "network: {type: fat_tree, leaf_size: 16, oversubscription: 2}\\n")
 >>> sorted(t.nodes("net_switch"))  # 32 NICs fill two leaves of 16 ports; 16 / 2 = 8 uplinks: 8 spines

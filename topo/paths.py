@@ -44,7 +44,7 @@ is their sum. Between hosts, a GPU uses its nearest NIC (NCCL's default) and
 the network route is a shortest route through the switches, with ties between
 equal-cost switches broken by a hash of the two NICs (deterministic ECMP).
 
->>> import topo
+>>> from treecoll import topo
 >>> t = topo.default()                      # two DGX H100 on a rail-optimized fabric
 >>> p = t.path("h0/gpu0", "h0/nic0")        # the NIC behind the GPU's own PCIe switch
 >>> p.nodes, p.nccl, p.smi

@@ -7,7 +7,7 @@ sit outside, and each bidirectional link appears once labelled
 NVSwitches above, CPUs and NICs below) with the network switches in rows
 above them by tier; matplotlib is optional (``pip install 'treecoll[plot]'``).
 
->>> import topo
+>>> from treecoll import topo
 >>> dot = to_dot(topo.load(topo.shipped("cpu-local")))
 >>> dot.splitlines()[0], dot.splitlines()[4]
 ('graph "cpu-local" {', '  subgraph "cluster_h0" {')

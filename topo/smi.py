@@ -19,7 +19,7 @@ reproduces every code of the matrix (the legend nvidia-smi prints under it):
   by single linkage at each level. ``SYS`` separates root-complex groups;
   groups that share a NUMA affinity (the GPU rows' column) are ``quadrant`` s
   of one CPU node (nvidia-smi says SYS between root complexes far apart in one
-  socket, e.g. the I/O-die quadrants of an AMD EPYC: see :mod:`topo.paths`),
+  socket, e.g. the I/O-die quadrants of an AMD EPYC: see :mod:`treecoll.topo.paths`),
   the others CPU (NUMA) nodes joined by ``smp`` links; ``NODE`` separates host
   bridges inside a quadrant (``host_bridge`` attributes, only when a NODE code
   occurs); ``PHB`` separates top PCIe switches under one host bridge; ``PXB``
@@ -230,7 +230,7 @@ def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
 
     ``source`` names the text in errors and in ``meta["source"]`` (default: the
     path, or ``"<text>"``); ``max_nodes`` / ``max_links``: the caps of
-    :mod:`topo.limits`.
+    :mod:`treecoll.topo.limits`.
     """
     where, text = _read(src, source)
     p = parse_smi(text, where)
@@ -288,7 +288,7 @@ def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
 def _numa_domains(groups: list[list[str]], numa_affinity: dict, devs: list[str]) -> list[tuple[int, list[list[str]]]]:
     """``[(numa id, [root-complex group, ...])]``: the groups that share a NUMA affinity form one NUMA
     domain (SYS between them is then the distance between root complexes of one socket, see
-    :mod:`topo.paths`); a group without any affinity (NICs only, or an output without the NUMA column)
+    :mod:`treecoll.topo.paths`); a group without any affinity (NICs only, or an output without the NUMA column)
     is a domain of its own with the first free id. Domains in the order of their first device."""
     numa_of = {d: numa_affinity.get(d) for d in devs}
     uf = _UF(range(len(groups)))

@@ -2,9 +2,9 @@
 
 Two forms (full schema with examples: docs/topology-yaml.md):
 
-* **compact**: ``templates`` (named host templates, :mod:`topo.compact`),
+* **compact**: ``templates`` (named host templates, :mod:`treecoll.topo.compact`),
   ``hosts`` (groups ``{template, count, names}``) and ``network`` (a network
-  template, :mod:`topo.network`); a template may also come from another file
+  template, :mod:`treecoll.topo.network`); a template may also come from another file
   (``template: dgx-h100`` finds ``dgx-h100.yaml`` beside the file or in the
   shipped ``topologies/``; ``template: ../x/box.yaml`` is a relative path).
 * **explicit**: ``nodes: [{id, kind, ...}]`` and ``links: [{a, b, kind, bw,
@@ -14,11 +14,11 @@ Two forms (full schema with examples: docs/topology-yaml.md):
 Every problem in a file is a :class:`~topo.errors.TopologyError` whose message
 starts with ``file:line: key.path:``; no traceback escapes for a bad file, and
 files are only ever read. The node and link counts a file asks for are checked
-against caps before anything is built (:mod:`topo.limits`; ``max_nodes`` /
+against caps before anything is built (:mod:`treecoll.topo.limits`; ``max_nodes`` /
 ``max_links`` on :func:`load`, :func:`loads` and :func:`resolve`, or the
 environment variables ``TREECOLL_MAX_NODES`` / ``TREECOLL_MAX_LINKS``), and the
 YAML itself may neither nest deeper than 100 levels nor expand through aliases
-beyond ten times its size (:data:`topo._schema.YAML_LOADER`).
+beyond ten times its size (:data:`treecoll.topo._schema.YAML_LOADER`).
 
 >>> t = loads('''
 ... templates:
@@ -28,7 +28,7 @@ beyond ten times its size (:data:`topo._schema.YAML_LOADER`).
 ... ''')
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics (with a rail), got none
+treecoll.topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics (with a rail), got none
 >>> t = loads("hosts: [{template: dgx-h100, count: 2}]\\nnetwork: {type: rail_optimized}\\n")
 >>> len(t.gpus()), t.path("h0/gpu0", "h1/gpu0").nccl
 (16, 'NET')
@@ -37,6 +37,7 @@ True
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path as FsPath
@@ -55,8 +56,8 @@ from .network import add_network
 
 __all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]
 
-#: the repository's shipped topologies (present in a source checkout / editable install)
-SHIPPED_DIR = FsPath(__file__).resolve().parent.parent / "topologies"
+#: the shipped topologies: the package data ``treecoll.topologies`` (``topologies/`` in a checkout)
+SHIPPED_DIR = FsPath(importlib.util.find_spec("treecoll.topologies").origin).parent
 TOP_KEYS = ("name", "meta", "templates", "hosts", "network", "nodes", "links")
 GROUP_KEYS = ("template", "count", "names")
 LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
@@ -124,7 +125,7 @@ def load(path_or_stream: str | os.PathLike | IO[str], *, max_nodes: int | None =
     """Read a topology from a YAML file path or an open text stream.
 
     ``max_nodes`` / ``max_links`` raise (or lower) the caps on the topology's
-    size for this call (:mod:`topo.limits`).
+    size for this call (:mod:`treecoll.topo.limits`).
     """
     if hasattr(path_or_stream, "read"):
         source = getattr(path_or_stream, "name", "<stream>")

@@ -1,15 +1,14 @@
 """Triton kernels against the float64 reference (under TRITON_INTERPRET=1 on CPU; small shapes)."""
-import doctest
 
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (pip install 'treecoll[triton]')")
 
-import attention.decode_triton as dt  # noqa: E402  (after conftest set TRITON_INTERPRET)
-from attention import decode_partial, merge_states, reference  # noqa: E402
-from attention.validate import check_decode_inputs  # noqa: E402
-from topo.errors import AttentionError  # noqa: E402
+import treecoll.attention.decode_triton as dt  # noqa: E402  (after conftest set TRITON_INTERPRET)
+from treecoll.attention import decode_partial, merge_states, reference  # noqa: E402
+from treecoll.attention.validate import check_decode_inputs  # noqa: E402
+from treecoll.topo.errors import AttentionError  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -89,8 +88,6 @@ def test_num_splits_heuristic():
     s = dt.choose_num_splits(1, 8, 1 << 17, 132)
     assert 8 * s >= 132 and s <= dt.MAX_SPLITS
     assert dt.choose_num_splits(1, 1, 1 << 30, 10_000) == dt.MAX_SPLITS
-    res = doctest.testmod(dt)
-    assert res.failed == 0 and res.attempted > 0
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch, make_inputs):
@@ -113,7 +110,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import attention.decode_triton as dt
+import treecoll.attention.decode_triton as dt
 
 def compile_kernel(fn, pointers, ints, floats, consts, arch, stages):
     sig = dict(pointers)

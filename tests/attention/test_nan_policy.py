@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attention import (
+from treecoll.attention import (
     MergeOp,
     decode_partial,
     merge,
@@ -24,7 +24,7 @@ from attention import (
     reference,
     unpack_state,
 )
-from attention.decode_native import native_status
+from treecoll.attention.decode_native import native_status
 
 NAN, INF = math.nan, math.inf
 B, HQ, HKV, D, N = 2, 4, 2, 8, 150
@@ -135,8 +135,8 @@ def _decode(backend, q, k, v, lengths, splits):
     if backend.startswith("native") and not native_status()["available"]:
         pytest.skip(native_status()["reason"])
     if backend == "native-portable":
-        from attention.decode_native import decode_native
-        from attention.validate import check_decode_inputs
+        from treecoll.attention.decode_native import decode_native
+        from treecoll.attention.validate import check_decode_inputs
 
         lens, scale = check_decode_inputs(q, k, v, lengths, None, "test")
         return decode_native(q, k, v, lens, scale, num_splits=splits, portable=True)

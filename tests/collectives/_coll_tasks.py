@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-import collectives
-from collectives.execute import allreduce, broadcast, reduce
-from topo.errors import CollectiveError
+from treecoll import collectives
+from treecoll.collectives.execute import allreduce, broadcast, reduce
+from treecoll.topo.errors import CollectiveError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def _close(a, b) -> bool:
 
 @lru_cache(maxsize=None)
 def _topology(name: str):
-    import topo
+    from treecoll import topo
     return topo.load(ROOT / "topologies" / f"{name}.yaml")
 
 

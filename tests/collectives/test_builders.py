@@ -6,12 +6,12 @@ import math
 import pytest
 
 from _coll_helpers import SHIPPED, shipped
-from collectives import MultiTree, Tree, build, compile_allreduce
-from collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
-from collectives.builders import BUILDERS, nccl_btree_parents
-from collectives.cost import CostModel
-from collectives.tree import as_multi
-from topo.errors import TreeError
+from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
+from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
+from treecoll.collectives.builders import BUILDERS, nccl_btree_parents
+from treecoll.collectives.cost import CostModel
+from treecoll.collectives.tree import as_multi
+from treecoll.topo.errors import TreeError
 
 
 def test_registry_names_and_errors():
@@ -125,7 +125,7 @@ def test_two_level_rails_give_one_tree_per_nic():
 def _slow_rail(name: str):
     """``name`` with the network links of every host's NIC 1 at 50 µs: its rail's tree is slow
     for small messages, while large ones still gain from the extra NIC."""
-    from topo import Topology
+    from treecoll.topo import Topology
     g = shipped(name).graph.copy()
     for u, v, d in g.edges(data=True):
         if d["kind"] == "net" and (u.endswith("/nic1") or v.endswith("/nic1")):
@@ -240,7 +240,7 @@ def test_auto_gap_to_lower_bound_on_large_groups(topo_name, factor):
 def test_automorphisms_keep_every_cost():
     """Relabeling a tree by a topology automorphism never changes its best cost."""
     import random
-    from collectives.bruteforce import _relabel_parents, rank_automorphisms
+    from treecoll.collectives.bruteforce import _relabel_parents, rank_automorphisms
     t = shipped("pcie-8gpu")
     model = CostModel(t, chunk_candidates=FAST)
     perms = rank_automorphisms(model)
@@ -256,7 +256,7 @@ def test_automorphisms_keep_every_cost():
 
 @pytest.mark.parametrize("nbytes", [8, 16 << 20])
 def test_symmetry_reduction_finds_the_full_minimum(nbytes):
-    from collectives.bruteforce import trees_up_to_symmetry
+    from treecoll.collectives.bruteforce import trees_up_to_symmetry
     t = shipped("pcie-8gpu")
     model = CostModel(t, t.rank_gpus()[:5], chunk_candidates=FAST)
     kept = list(trees_up_to_symmetry(model))
@@ -266,7 +266,7 @@ def test_symmetry_reduction_finds_the_full_minimum(nbytes):
 
 @pytest.fixture(scope="module")
 def pcie8_trees():
-    from collectives.bruteforce import trees_up_to_symmetry
+    from treecoll.collectives.bruteforce import trees_up_to_symmetry
     return list(trees_up_to_symmetry(CostModel(shipped("pcie-8gpu"))))
 
 

@@ -7,11 +7,11 @@ import networkx as nx
 import pytest
 
 from _coll_helpers import SHIPPED, shipped
-from collectives import MultiTree, Tree, build
-from collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
-from collectives.nccl_model import ll128_enabled, nccl_predict
-from topo import Topology
-from topo.errors import TreeError
+from treecoll.collectives import MultiTree, Tree, build
+from treecoll.collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
+from treecoll.collectives.nccl_model import ll128_enabled, nccl_predict
+from treecoll.topo import Topology
+from treecoll.topo.errors import TreeError
 
 
 def _pcie_pair_topology():
@@ -99,7 +99,7 @@ def _lb_gpus(t):
 def test_lower_bound_holds_for_every_algorithm_shown(name):
     """``tree build`` prints the lower bound next to the builders' predictions and NCCL's
     (ring, tree, nvls): it must bound every one of them, at every size."""
-    from collectives.nccl_model import nccl_algos
+    from treecoll.collectives.nccl_model import nccl_algos
     t = shipped(name)
     gpus = _lb_gpus(t)
     cm = CostModel(t, gpus)
@@ -210,7 +210,7 @@ def test_nccl_model_adds_the_nics_latency_per_inter_node_step(algo, inter_steps)
 def test_ll128_only_where_nccl_enables_it():
     """NCCL 2.30 enables LL128 by default only over NVLink inside hosts, PCIe-switch-close NICs
     across hosts and one compute capability (tuning.cc); a PCIe-only box gets LL and Simple."""
-    from collectives.sim import _profiles
+    from treecoll.collectives.sim import _profiles
     nv, pcie = _switch_host(2, 8), _pcie_pair_topology()
     assert ll128_enabled(nv, nv.rank_gpus()) and not ll128_enabled(pcie, pcie.rank_gpus())
     assert not ll128_enabled(_switch_host(1, 4, sm=60), _switch_host(1, 4, sm=60).rank_gpus())

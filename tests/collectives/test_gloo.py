@@ -127,8 +127,8 @@ def test_readme_tree_file_flow_four_processes(pool4, tmp_path, monkeypatch, caps
     import ast
     import shlex
 
-    from collectives.tree_io import loads_tree
-    from tools.cli import main
+    from treecoll.collectives.tree_io import loads_tree
+    from treecoll.tools.cli import main
     blocks = _readme_tree_files()
     yamls = [b for lang, b in blocks if lang == "yaml"]
     assert len(yamls) == 5

@@ -13,12 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectives import MultiTree, Tree
-from collectives.execute import allreduce, broadcast, reduce
-from collectives.layout import Layout
-from collectives.local import run_ranks
-from collectives.ops import resolve_op
-from topo.errors import CollectiveError, TreeError
+from treecoll.collectives import MultiTree, Tree
+from treecoll.collectives.execute import allreduce, broadcast, reduce
+from treecoll.collectives.layout import Layout
+from treecoll.collectives.local import run_ranks
+from treecoll.collectives.ops import resolve_op
+from treecoll.topo.errors import CollectiveError, TreeError
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16]
@@ -269,7 +269,7 @@ def test_local_mismatch_and_timeout():
 @pytest.mark.parametrize("pack_bytes", [0, 64 << 10], ids=["parts", "packed"])
 def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     """Tuples move as one packed message per chunk (small) or one message per part (large)."""
-    import collectives.layout as layout
+    import treecoll.collectives.layout as layout
     monkeypatch.setattr(layout, "PACK_BYTES", pack_bytes)
     n = 4
     vals = _values("pair", n, 10, None, seed=3)
@@ -354,7 +354,7 @@ def test_non_associative_operators_are_refused():
 
 
 def test_operator_errors_name_the_op_and_leave_the_group_unusable():
-    from collectives.local import LocalFabric
+    from treecoll.collectives.local import LocalFabric
 
     def boom(a, b):
         raise ZeroDivisionError("division by zero")

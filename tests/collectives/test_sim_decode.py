@@ -1,7 +1,6 @@
 """The decode-step model: the paper's volume and memory formulas, and the simulated volumes behind them."""
 from __future__ import annotations
 
-import doctest
 import sys
 from pathlib import Path
 
@@ -11,10 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_helpers import star_topology  # noqa: E402
 
-from collectives import sim_decode  # noqa: E402
-from collectives.sim_decode import (LLAMA31_8B, PAPER_HOSTS, PAPER_SEQ_LENS, DecodeShape, decode_step,  # noqa: E402
+from treecoll.collectives.sim_decode import (LLAMA31_8B, PAPER_HOSTS, PAPER_SEQ_LENS, DecodeShape, decode_step,  # noqa: E402
                                     paper_memory, paper_volumes)
-from topo.errors import CollectiveError  # noqa: E402
+from treecoll.topo.errors import CollectiveError  # noqa: E402
 
 
 # Hand-worked values of the paper's formulas (arXiv 2408.04093 §6.2-6.3), in elements, with
@@ -116,8 +114,3 @@ def test_shape_and_method_errors():
         decode_step(star_topology(2, mem_bw=1.0), DecodeShape(seq_len=8, heads=1, head_dim=1), methods=("flash",))
     with pytest.raises(CollectiveError, match="carry no mem_bw"):
         decode_step(star_topology(2), DecodeShape(seq_len=8, heads=1, head_dim=1))
-
-
-def test_doctests():
-    res = doctest.testmod(sim_decode)
-    assert res.attempted > 0 and res.failed == 0

@@ -10,11 +10,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_helpers import ring_topology, star_topology  # noqa: E402
 
-from collectives import nccl_model as nm  # noqa: E402
-from collectives.sim import simulate_algorithm  # noqa: E402
-from collectives.sim_nvls import simulate_nvls  # noqa: E402
-from topo import yaml_io  # noqa: E402
-from topo.errors import CollectiveError, TopologyError, TreeError  # noqa: E402
+from treecoll.collectives import nccl_model as nm  # noqa: E402
+from treecoll.collectives.sim import simulate_algorithm  # noqa: E402
+from treecoll.collectives.sim_nvls import simulate_nvls  # noqa: E402
+from treecoll.topo import yaml_io  # noqa: E402
+from treecoll.topo.errors import CollectiveError, TopologyError, TreeError  # noqa: E402
 
 GIB = 1 << 30
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectives import MultiTree, Tree, build
-from collectives.tree_io import TreeFile, dumps_tree, load_tree
-from topo.errors import TreecollError
+from treecoll.collectives import MultiTree, Tree, build
+from treecoll.collectives.tree_io import TreeFile, dumps_tree, load_tree
+from treecoll.topo.errors import TreecollError
 
 #: real tree files to mutate: every form the reader knows
 SEEDS = [

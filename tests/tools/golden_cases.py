@@ -28,7 +28,7 @@ CASES = {
 
 def regenerate() -> list[str]:
     """Run every case and write its output to its golden file; returns the files that changed."""
-    from tools.cli import main
+    from treecoll.tools.cli import main
     changed = []
     for name, argv in CASES.items():
         buf = io.StringIO()

@@ -1,7 +1,7 @@
 """Bad input on the command line: one line on stderr naming what is wrong and where, exit code 1
 (130 for Ctrl-C), never a traceback, and no file the user gave is lost or overwritten.
 
-In-process through ``tools.cli.main(argv)`` (fast); one subprocess test for Ctrl-C.
+In-process through ``treecoll.tools.cli.main(argv)`` (fast); one subprocess test for Ctrl-C.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import cli
-from tools.cli import main
+from treecoll.tools import cli
+from treecoll.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def test_numbers_out_of_range(capsys, files, argv, msg):
 
 # ------------------------------------------------------------------ Ctrl-C
 def test_keyboard_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
-    import tools.cmd_topo as cmd_topo
+    import treecoll.tools.cmd_topo as cmd_topo
 
     def interrupted(args):
         raise KeyboardInterrupt

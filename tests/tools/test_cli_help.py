@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from tools.cli import build_parser, main, subcommands, walk
+from treecoll.tools.cli import build_parser, main, subcommands, walk
 
 
 def _options(p: argparse.ArgumentParser):
@@ -48,10 +48,10 @@ def _help_of(*path_and_option: str) -> str:
 
 
 def test_enumerations_list_their_values_from_the_registries():
-    from collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
-    from collectives.sim import DTYPE_SIZES
-    from collectives.sim_profiles import PROFILES
-    from tools.cmd_simulate import SIM_ALGOS
+    from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
+    from treecoll.collectives.sim import DTYPE_SIZES
+    from treecoll.collectives.sim_profiles import PROFILES
+    from treecoll.tools.cmd_simulate import SIM_ALGOS
 
     for cmd in ("allreduce", "decode", "links"):
         assert all(name in _help_of("simulate", cmd, "--profile") for name in PROFILES), cmd

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from tools import cmd_decode
-from tools.cli import main
+from treecoll.tools import cmd_decode
+from treecoll.tools.cli import main
 
 SMALL = ["decode", "--nproc", "3", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
          "--new-tokens", "3", "--block-size", "8", "--batch", "2", "--json"]
@@ -110,7 +110,7 @@ def test_user_errors(capsys, argv, msg):
 
 def test_seq_len_reads_like_simulate():
     """The README: token counts are decimal, for every command."""
-    from tools.cli import build_parser
+    from treecoll.tools.cli import build_parser
     p = build_parser()
     assert p.parse_args(["decode", "--seq-len", "1M"]).seq_len == 10**6
     assert p.parse_args(["simulate", "decode", "--seq-len", "1M"]).seq_len == [10**6]

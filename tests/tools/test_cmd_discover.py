@@ -2,12 +2,11 @@
 import json
 from pathlib import Path
 
-import pytest
 
-import topo
-from tools.cli import main
+from treecoll import topo
+from treecoll.tools.cli import main
 
-FIX = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures"
+FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 
 
 def test_discover_on_this_machine_is_a_cpu_only_host(capsys, tmp_path):
@@ -28,7 +27,6 @@ def test_discover_json_and_xml(capsys, tmp_path):
     assert x.read_text().startswith("<system")
 
 
-@pytest.mark.skipif(not FIX.exists(), reason="fixtures absent")
 def test_import_detects_format(capsys, tmp_path):
     assert main(["topo", "import", str(FIX / "smi" / "dgx-a100.txt"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tools.cli import main
+from treecoll.tools.cli import main
 
 
 def run(capsys, *argv):

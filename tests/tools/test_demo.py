@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-import topo
-from tools import demo_decode
-from tools.cli import main
+from treecoll import topo
+from treecoll.tools import demo_decode
+from treecoll.tools.cli import main
 
 
 def _demo_and_cli(capsys, argv, case, step, topology) -> tuple[dict, str]:
@@ -50,7 +50,7 @@ def test_simulated_section_is_simulate_decode(capsys, default):
 
 def test_the_demo_decode_is_checked_like_the_command(monkeypatch):
     """The real decode of the demo passes the process and memory check of `treecoll decode` first."""
-    from tools import cmd_decode, resources
+    from treecoll.tools import cmd_decode, resources
     monkeypatch.setattr(resources, "usable_cores", lambda: 1)
     monkeypatch.setattr(resources, "available_memory", lambda: 1 << 30)
     monkeypatch.setattr(cmd_decode, "decode_data", lambda *a, **k: pytest.fail("processes were started"))

@@ -1,18 +1,12 @@
-"""tools.emucluster.machine: the emulating machine's cores as a roofline next to the simulator."""
+"""treecoll.tools.emucluster.machine: the emulating machine's cores as a roofline next to the simulator."""
 from __future__ import annotations
 
-import doctest
 
 import pytest
 
-from collectives import compile_plan
-from tools.emucluster import machine
-from topo.errors import TreecollError
-
-
-def test_doctests():
-    r = doctest.testmod(machine)
-    assert r.failed == 0 and r.attempted >= 3
+from treecoll.collectives import compile_plan
+from treecoll.tools.emucluster import machine
+from treecoll.topo.errors import TreecollError
 
 
 def test_fit_recovers_rate_and_message_cost():
@@ -64,7 +58,7 @@ def test_local_bytes_split_by_host_and_charged_at_the_loopback_rate():
 def test_machine_model_bound_fits_every_row_of_the_fastest_rate():
     """An in-sample bound: rows made by a known (C, C_loop, o) are recovered exactly and all fit;
     a row the form cannot follow is reported among the worst; slower rates are ignored."""
-    from tools.bench_emucluster import machine_model_bound
+    from treecoll.tools.bench_emucluster import machine_model_bound
     c, cl, o = 2e9, 4e9, 100e-6
 
     def row(method, b, local, m, sim=0.0, scale=1.0):
@@ -85,7 +79,7 @@ def test_machine_model_bound_fits_every_row_of_the_fastest_rate():
 
 
 def test_repetitions_fill_the_budget_for_short_collectives():
-    from tools.bench_emucluster import MAX_REPS, repetitions
+    from treecoll.tools.bench_emucluster import MAX_REPS, repetitions
     assert repetitions(64 << 20, 0.8, 7, 1.0) == 7                # long: the floor
     assert repetitions(1 << 20, 0.05, 7, 1.0) == 20               # 1 s / 50 ms
     assert repetitions(1 << 20, 0.001, 7, 1.0) == MAX_REPS        # capped

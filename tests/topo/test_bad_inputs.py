@@ -8,10 +8,10 @@ import time
 import pytest
 from _shipped import BOX
 
-import topo
-from topo import TopologyError
-from topo.nccl_xml import import_xml
-from topo.smi import import_smi
+from treecoll import topo
+from treecoll.topo import TopologyError
+from treecoll.topo.nccl_xml import import_xml
+from treecoll.topo.smi import import_smi
 
 EXPLICIT = """nodes:
 - {id: h0/cpu0, kind: cpu, host: h0, numa: 0}
@@ -256,7 +256,7 @@ def test_a_graph_with_infinite_or_nan_numbers_is_not_a_topology():
 
 
 def test_cpu_masks_convert_in_linear_time():
-    from topo.nccl_xml import cpulist_to_mask, mask_to_cpulist
+    from treecoll.topo.nccl_xml import cpulist_to_mask, mask_to_cpulist
     t0 = time.perf_counter()
     assert mask_to_cpulist("f" * 200_000) == "0-799999"  # was quadratic in the mask's bits
     assert mask_to_cpulist(cpulist_to_mask("0-65535")) == "0-65535"

@@ -1,8 +1,8 @@
 """Environment hints: valid values parse, invalid ones name the variable."""
 import pytest
 
-import topo
-from topo.env import EFFECTS, expand_hostlist, hints, hints_report
+from treecoll import topo
+from treecoll.topo.env import EFFECTS, expand_hostlist, hints, hints_report
 
 
 def test_empty_environment():
@@ -107,7 +107,7 @@ def test_hints_report_lists_set_variables_with_effects():
 
 
 def test_transport_and_gdr_follow_the_levels():
-    from topo.env import gdr, transport
+    from treecoll.topo.env import gdr, transport
     t = topo.load(__import__("pathlib").Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100.yaml")
     same_top = t.path("h0/gpu0", "h0/gpu1")  # PXB on PCIe, but NVLink wins
     assert transport(same_top.nccl) == "p2p"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from _shipped import BOX
 
-import topo
-from topo import TopologyError
-from topo.limits import DEFAULT_MAX_LINKS, DEFAULT_MAX_NODES, limits
+from treecoll import topo
+from treecoll.topo import TopologyError
+from treecoll.topo.limits import DEFAULT_MAX_LINKS, DEFAULT_MAX_NODES, limits
 
 ROOT = Path(__file__).resolve().parents[2]
 # a DGX H100 host (topologies/dgx-h100.yaml), counted by hand: 8 GPUs + 4 NVSwitches + 2 CPUs + 8 PCIe switches
@@ -115,8 +115,8 @@ def test_environment_variables_set_the_caps_and_keywords_win(monkeypatch):
 
 
 def test_importers_take_the_caps(tmp_path):
-    from topo.nccl_xml import export_xml, import_xml
-    from topo.smi import import_smi, render_smi
+    from treecoll.topo.nccl_xml import export_xml, import_xml
+    from treecoll.topo.smi import import_smi, render_smi
     t = topo.load(ROOT / "topologies" / "dgx-h100.yaml")
     with pytest.raises(TopologyError, match=r"^<string>: \d+ XML elements and 2 CPUs .*expected at most 10 nodes"):
         import_xml(export_xml(t), max_nodes=10)

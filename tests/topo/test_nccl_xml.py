@@ -4,16 +4,14 @@ from pathlib import Path
 
 import pytest
 
-import topo
-from topo.nccl_xml import cpulist_to_mask, export_xml, import_xml, mask_to_cpulist, parse_graph_xml
-from topo.smi import smi_matrix
+from treecoll import topo
+from treecoll.topo.nccl_xml import cpulist_to_mask, export_xml, import_xml, mask_to_cpulist, parse_graph_xml
+from treecoll.topo.smi import smi_matrix
 
-FIX = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nccl-topo"
-FILES = sorted(FIX.glob("*-topo.xml")) if FIX.exists() else []
-need = pytest.mark.skipif(not FILES, reason="../shared/fixtures/nccl-topo not present")
+FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nccl-topo"
+FILES = sorted(FIX.glob("*-topo.xml"))
 
 
-@need
 @pytest.mark.parametrize("f", FILES, ids=lambda p: p.name)
 def test_every_file_imports_and_round_trips(f):
     t = import_xml(f, require_gpus=False)  # aws-g5-48xl lists only PCIe bridges
@@ -40,7 +38,6 @@ def _codes(t):
     return {(a, b): m[i][j] for i, a in enumerate(ids) for j, b in enumerate(ids)}
 
 
-@need
 @pytest.mark.parametrize("name", ["aws-p4d-24xl-topo.xml", "aws-p4de-24xl-topo.xml"])
 def test_p4d_matrix(name):
     t = import_xml(FIX / name, host="p4d")
@@ -55,7 +52,6 @@ def test_p4d_matrix(name):
     assert t.node("p4d/cpu0")["affinity"] == "0-23,48-71"
 
 
-@need
 def test_azure_files_matrices():
     nd4 = import_xml(FIX / "azure-ndv4-topo.xml")
     c = _codes(nd4)
@@ -177,7 +173,6 @@ def test_missing_file():
         import_xml("/nonexistent/topo.xml")
 
 
-@pytest.mark.skipif(not (FIX / "azure-ncv4-graph.xml").exists(), reason="fixture absent")
 def test_graph_file_parses_to_plain_data():
     d = parse_graph_xml(FIX / "azure-ncv4-graph.xml")
     assert [g["pattern_name"] for g in d["graphs"]] == ["ring", "balanced_tree", "tree"]

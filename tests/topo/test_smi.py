@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-import topo
-from topo.smi import import_smi, parse_smi, render_smi
+from treecoll import topo
+from treecoll.topo.smi import import_smi, parse_smi, render_smi
 
-FIX = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "smi"
-FILES = sorted(FIX.glob("*.txt")) if FIX.exists() else []
+FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "smi"
+FILES = sorted(FIX.glob("*.txt"))
 
 
 def _check_round_trip(t, parsed):
@@ -17,7 +17,6 @@ def _check_round_trip(t, parsed):
         assert t.path(cols[a], cols[b]).smi == want, (a, b)
 
 
-@pytest.mark.skipif(not FILES, reason="../shared/fixtures/smi not present")
 @pytest.mark.parametrize("f", FILES, ids=lambda p: p.name)
 def test_every_fixture_prints_back_its_codes(f):
     text = f.read_text()
@@ -36,7 +35,6 @@ def test_every_fixture_prints_back_its_codes(f):
         {k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()}
 
 
-@pytest.mark.skipif(not FILES, reason="fixtures absent")
 def test_structures_are_the_expected_ones():
     b200 = import_smi(str(FIX / "b200-8-gke-a4.txt"))
     assert len(b200.nodes("nvswitch")) == 1 and b200.node(b200.nodes("nvswitch")[0])["assumed"]
@@ -105,7 +103,6 @@ def test_import_file_detects_the_format(tmp_path):
         topo.import_file(y)
 
 
-@pytest.mark.skipif(not FILES, reason="fixtures absent")
 def test_whitespace_collapsed_paste_still_parses():
     text = (FIX / "b200-8-gke-a4.txt").read_text()
     collapsed = "\n".join(" ".join(ln.split()) for ln in text.splitlines())

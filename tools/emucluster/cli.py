@@ -1,9 +1,9 @@
 """``treecoll emu up|down|run|status|measure``: an emulated multi-host cluster on one machine.
 
 Mount under the main CLI with ``add_parser(subparsers)`` (the module
-``tools.emucluster.cli`` in ``tools.cli.COMMANDS``; it also sets ``func=run``
+``treecoll.tools.emucluster.cli`` in ``treecoll.tools.cli.COMMANDS``; it also sets ``func=run``
 as the parser default), or run standalone:
-``python -m tools.emucluster up --hosts 2``.
+``python -m treecoll.tools.emucluster up --hosts 2``.
 
 Every command builds a plain dict; ``--json`` prints it, otherwise a short
 text view. User errors raise :class:`~tools.emucluster.netns.EmuClusterError`
@@ -17,7 +17,7 @@ prints as one line on stderr with exit code 1 (``--debug``: traceback);
 >>> build_parser().parse_args(["up", "--hosts", "65"])
 Traceback (most recent call last):
 ...
-tools.units.UsageError: --hosts: expected at most 64, got 65
+treecoll.tools.units.UsageError: --hosts: expected at most 64, got 65
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
 from .. import units
 from ..cli import REPLACES, output_path
@@ -116,7 +116,7 @@ def _fill(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..cli import refuse_empty_values
-    p = argparse.ArgumentParser(prog="python -m tools.emucluster", description=_DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m treecoll.tools.emucluster", description=_DESCRIPTION)
     _fill(p)
     refuse_empty_values(p)
     return p
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m tools.emucluster``): errors as one line on stderr, exit 1."""
+    """Standalone entry (``python -m treecoll.tools.emucluster``): errors as one line on stderr, exit 1."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)

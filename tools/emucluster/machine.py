@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
 __all__ = ["MachineModel", "fit", "relative_lstsq", "schedule_work", "local_bytes"]
 

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
 __all__ = [
     "EmuClusterError", "PREFIX", "UPLINK", "SUBNET", "ClusterSpec", "parse_rate", "format_rate",
