@@ -247,11 +247,13 @@ def save(topology: Topology, path_or_stream: str | os.PathLike | IO[str]) -> Non
         raise TopologyError(f"cannot write topology file: {e}", where=str(path_or_stream)) from None
 
 
+#: the shipped topology :func:`default` loads
+DEFAULT_NAME = "dgx-h100-x2"
+
+
 def default() -> Topology:
-    """The embedded default topology: a 2-host DGX H100 cluster (package data ``topo/default.yaml``)."""
-    from importlib.resources import files
-    text = files("topo").joinpath("default.yaml").read_text(encoding="utf-8")
-    return loads(text, source="topo/default.yaml")
+    """The default topology: two DGX H100 on a rail-optimized NDR fat tree (``topologies/dgx-h100-x2.yaml``)."""
+    return load(shipped(DEFAULT_NAME))
 
 
 def shipped(name: str) -> FsPath:
