@@ -27,7 +27,6 @@ compatibility and ignored (both baselines give every rank the output).
 from __future__ import annotations
 
 import torch
-
 from treecoll.attention.decode import decode_partial
 from treecoll.attention.dist import agree_on_inputs, group_info, to_global
 from treecoll.attention.state import empty_state, merge, online_to_state

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-
 from treecoll.attention.validate import KV_DTYPES, check_decode_inputs
 from treecoll.topo.errors import AttentionError
 

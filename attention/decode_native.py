@@ -30,7 +30,6 @@ import threading
 from pathlib import Path
 
 import torch
-
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["decode_native", "native_status", "NATIVE_DTYPES"]

@@ -46,7 +46,6 @@ import math
 import os
 
 import torch
-
 from treecoll.attention.state import LOG2E
 from treecoll.topo.errors import AttentionError, MissingDependency
 

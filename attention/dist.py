@@ -26,7 +26,6 @@ import traceback
 from dataclasses import dataclass, field
 
 import torch
-
 from treecoll.topo.errors import AttentionError, CollectiveError
 
 __all__ = [

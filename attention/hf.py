@@ -67,7 +67,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
 from treecoll.topo.errors import AttentionError, MissingDependency
 

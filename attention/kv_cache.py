@@ -34,7 +34,6 @@ attends, appends to layer 1, ...); ``lengths(layer)`` are the global lengths,
 from __future__ import annotations
 
 import torch
-
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["ShardedKVCache", "DEFAULT_BLOCK_SIZE"]

@@ -37,7 +37,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
 from treecoll.topo.errors import AttentionError, MissingDependency
 
@@ -78,7 +77,7 @@ class LlamaConfig:
                                  f"{self.rope_scaling!r}")
 
     @classmethod
-    def from_hf(cls, d: dict) -> "LlamaConfig":
+    def from_hf(cls, d: dict) -> LlamaConfig:
         """From a Hugging Face Llama ``config.json`` dict."""
         heads = int(d["num_attention_heads"])
         return cls(vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
@@ -176,7 +175,7 @@ class LlamaModel:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0, dtype=torch.float32) -> "LlamaModel":
+    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0, dtype=torch.float32) -> LlamaModel:
         """Random weights from ``seed`` (normal, std 1/sqrt(fan_in); norms 1):
         identical in every process that uses the same seed."""
         config = config or LlamaConfig()
@@ -190,7 +189,7 @@ class LlamaModel:
         return cls(config, weights, dtype=dtype)
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype=torch.float32) -> "LlamaModel":
+    def from_pretrained(cls, path, *, dtype=torch.float32) -> LlamaModel:
         """Load a local Hugging Face Llama directory: ``config.json`` plus
         ``*.safetensors`` (needs ``safetensors``) or ``*.bin`` / ``*.pt`` state dicts."""
         path = Path(path)

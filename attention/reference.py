@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from treecoll.attention.validate import check_decode_inputs
 
 __all__ = ["reference"]

@@ -86,7 +86,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from treecoll.topo.errors import AttentionError
 
 __all__ = [

@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 
 import torch
-
 from treecoll.attention.decode import decode_partial
 from treecoll.attention.dist import agree_on_inputs, group_info
 from treecoll.attention.state import MergeOp, pack_state, unpack_state
@@ -208,7 +207,6 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
     if not root_only and bcast == "native":
         import torch.distributed as dist
-
         from treecoll.attention.dist import to_global
 
         dist.broadcast(buf, to_global(group, t.root), group=group)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["KV_DTYPES", "check_decode_inputs"]

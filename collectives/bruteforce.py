@@ -24,7 +24,7 @@ import argparse
 import heapq
 import itertools
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from .cost import CostModel
 from .tree import Tree

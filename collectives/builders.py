@@ -44,7 +44,7 @@ treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto'
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from treecoll.topo import NCCL_CLASSES, Topology
 from treecoll.topo.errors import TreeError
@@ -468,7 +468,7 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
     return finish(best)
 
 
-def _random_move(t: Tree, rng: "random.Random", root: int | None) -> Tree:
+def _random_move(t: Tree, rng: random.Random, root: int | None) -> Tree:
     moves = list(_moves(t, root))
     return moves[rng.randrange(len(moves))] if moves else t
 

@@ -42,10 +42,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import networkx as nx
-
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
 

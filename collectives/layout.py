@@ -35,8 +35,9 @@ way on every rank since layouts agree).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from treecoll.topo.errors import CollectiveError
 
@@ -93,7 +94,7 @@ class Layout:
         raise CollectiveError(f"value: expected a tensor or a non-empty tuple of tensors, got {type(value).__name__}")
 
     @classmethod
-    def of(cls, value, op: Op, shares: Sequence[float]) -> "Layout":
+    def of(cls, value, op: Op, shares: Sequence[float]) -> Layout:
         is_tuple, parts = cls.parts_of(value)
         devs = {p.device for p in parts}
         if len(devs) != 1:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["LocalFabric", "LocalTransport", "run_ranks"]
 
@@ -58,7 +59,7 @@ class LocalFabric:
         with self._lock:
             return self._boxes.setdefault((src, dst, tag), queue.Queue())
 
-    def transport(self, rank: int) -> "LocalTransport":
+    def transport(self, rank: int) -> LocalTransport:
         return LocalTransport(self, rank)
 
 

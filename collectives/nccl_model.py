@@ -36,11 +36,11 @@ Inputs NCCL gets from its topology search are derived from the
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from treecoll.topo import Topology
-from treecoll.topo.paths import NCCL_CLASSES
 from treecoll.topo.errors import TreeError
+from treecoll.topo.paths import NCCL_CLASSES
 
 from .cost import resolve_ranks
 

@@ -34,8 +34,9 @@ treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max',
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from treecoll.topo.errors import CollectiveError
 

@@ -37,11 +37,11 @@ for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
-
 from treecoll.topo.errors import CollectiveError
 
 from .sim_engine import Network, concurrent_times, gc_paused, run_schedule
@@ -182,7 +182,7 @@ def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_by
 
 @gc_paused()
 def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
-             profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False,
+             profile: Profile | str | None = None, top: int = 10, ordered_pairs: bool = False,
              rendezvous: bool = False, lanes: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
 
@@ -265,7 +265,7 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
 
 @gc_paused()
 def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
-                  profile: "Profile | str | None" = None, channels: int | None = None, top: int = 10) -> SimResult:
+                  profile: Profile | str | None = None, channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
@@ -354,7 +354,7 @@ def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ())
 
 
 def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
-                       profile: "Profile | str | None" = "auto", nchunks: int | None = None, dtype: str = "float32",
+                       profile: Profile | str | None = "auto", nchunks: int | None = None, dtype: str = "float32",
                        root: int = 0, top: int = 10, forward_lag: int = 0, **opts) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
     (``two_level``, ``kary:4``, ...).
@@ -383,7 +383,8 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
             r = simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p, top=top)
             best = r if best is None or r.time < best.time else best
         return best
-    from . import builders, compile as compile_
+    from . import builders
+    from . import compile as compile_
     tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
         "auto", "two_level") else builders.build(algo, topology, list(gpus), **opts)
     k = nchunks or auto_chunks(nbytes, len(gpus))
@@ -412,7 +413,7 @@ NCCL_ALLREDUCE = {"ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}
 NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
-def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Profile | str | None" = "auto",
+def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profile | str | None = "auto",
                             algos: Sequence[str] | None = None, **kw) -> tuple[str, SimResult]:
     """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
 

@@ -138,7 +138,8 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
            "tokens_per_rank": t, "kv_bytes_per_rank": kv_bytes, "local_s": local, "methods": {}}
     if "tree" in methods:
         if P > 1:
-            from . import builders, compile as compile_
+            from . import builders
+            from . import compile as compile_
             # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
             opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
                 {"nbytes": state_bytes} if tree == "auto" else {})

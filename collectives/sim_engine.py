@@ -57,7 +57,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-
 from treecoll.topo.errors import CollectiveError
 
 __all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun",
@@ -94,7 +93,7 @@ class Route:
     owner: np.ndarray = None
 
     @classmethod
-    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> "Route":
+    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> Route:
         """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
         when the caller has them (every subroute used)."""
         used = [(ids, share) for ids, share in subroutes if share > 0]

@@ -53,7 +53,6 @@ import dataclasses
 import time as _time
 
 import numpy as np
-
 from treecoll.topo.errors import CollectiveError, TreeError
 
 from . import nccl_model as nm
@@ -81,7 +80,7 @@ def _profile(profile, gen: int) -> tuple[Profile, bool]:
 
 
 def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
-                  profile: "Profile | str | None" = "auto", top: int = 10) -> SimResult:
+                  profile: Profile | str | None = "auto", top: int = 10) -> SimResult:
     """Simulate NCCL's NVLS allreduce (NVLSTree across NVLink domains) of ``nbytes`` per rank.
 
     Raises :class:`~topo.errors.CollectiveError` saying why when NVLS cannot

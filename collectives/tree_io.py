@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
-
 from treecoll.topo._schema import Doc, _show
 from treecoll.topo.errors import TopologyError, TreeError
 

@@ -185,7 +185,6 @@ def main(argv=None) -> int:
     for p in args.procs:  # a rank holds the tensor, its copy for torch's all_reduce and a received chunk
         check_processes(p, option=f"--procs {p}", per_process_bytes=3 * max(sizes), oversubscribe=args.oversubscribe)
     import torch.multiprocessing as mp
-
     from treecoll.attention.dist import free_port
     results = []
     for p in args.procs:

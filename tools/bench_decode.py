@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 
 import torch
-
-from treecoll import attention
 from treecoll.tools import units
 from treecoll.tools.cli import script_main
+
+from treecoll import attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -39,8 +39,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,7 +69,6 @@ def _load_topology(path: str | None):
         return yaml_io.load(path)
     except (ImportError, AttributeError):
         import yaml
-
         from treecoll.topo.model import Topology
         return Topology.from_dict(yaml.safe_load(Path(path).read_text()))
 

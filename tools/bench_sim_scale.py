@@ -36,7 +36,8 @@ def _topology(hosts: int):
 
 
 def run(hosts_list, sizes, tree: bool) -> list[dict]:
-    from treecoll.collectives import builders, compile as compile_
+    from treecoll.collectives import builders
+    from treecoll.collectives import compile as compile_
     from treecoll.collectives.sim import NCCL_TREE_RAIL_BYTES, NCCL_TREE_RUN, simulate, simulate_ring
     from treecoll.collectives.sim_profiles import get_profile
     tree_profile = get_profile("nccl-simple").for_tree_allreduce()

@@ -54,7 +54,6 @@ COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_separate", "allr
 def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
-
     from treecoll.attention.baselines import allreduce3_combine
     from treecoll.attention.state import pack_state
     from treecoll.attention.tree_decode import resolve_tree, tree_combine

@@ -46,11 +46,11 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
-
 from treecoll.tools.units import UsageError, positive
 from treecoll.topo.errors import TreecollError
 

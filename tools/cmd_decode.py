@@ -188,7 +188,6 @@ def _step_inputs(cfg, step: int, layer: int):
 def build_cache(cfg, rank: int, world: int, device=None):
     """This rank's :class:`ShardedKVCache` with the random context (only its own blocks generated)."""
     import torch
-
     from treecoll.attention.kv_cache import ShardedKVCache
 
     n, bs = cfg["seq_len"], cfg["block_size"]
@@ -237,7 +236,6 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     """
     import torch
     import torch.distributed as dist
-
     from treecoll.attention.baselines import method
     from treecoll.attention.dist import count_traffic, peak_tensor_bytes
     from treecoll.attention.tree_decode import resolve_tree

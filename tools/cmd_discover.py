@@ -21,7 +21,6 @@ import os
 import sys
 from typing import Any
 
-
 from .cli import common_options, emit, output_path, write_output
 
 __all__ = ["add_parser", "run", "discover_data", "hints_data", "render_discover", "render_hints"]
@@ -61,8 +60,9 @@ def _outputs(args) -> None:
 
 def _write(t, args) -> str | None:
     """Write the explicit YAML (-o) or NCCL XML (--xml), whole or not at all."""
-    from treecoll import topo
     from treecoll.topo.nccl_xml import export_xml
+
+    from treecoll import topo
 
     if getattr(args, "output", None):
         write_output(args.output, topo.dumps(t), "-o")

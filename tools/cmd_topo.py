@@ -25,8 +25,9 @@ import json
 from collections import Counter
 from typing import Any
 
-from treecoll import topo
 from treecoll.topo.errors import TopologyError
+
+from treecoll import topo
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output

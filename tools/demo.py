@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
+
+from treecoll.tools.cmd_topo import matrix_data, path_data, render_matrix, render_path, render_show, show_data
 
 from treecoll import topo
-from treecoll.tools.cmd_topo import matrix_data, path_data, render_matrix, render_path, render_show, show_data
 
 __all__ = ["STEPS", "main"]
 

@@ -14,7 +14,7 @@ number they show is the number the command prints.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["STEPS", "DEMO_DECODE", "TREE_ARGV", "SIMULATE_ARGV", "tree_case", "simulate_case"]
 
@@ -52,8 +52,9 @@ def simulate_case(topology) -> dict:
 
 
 def step_tree(state: dict) -> None:
-    from treecoll import topo
     from treecoll.tools.cmd_tree import render_tree
+
+    from treecoll import topo
 
     t = state.get("topology") or topo.default()
     state["topology"] = t

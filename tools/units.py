@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from treecoll.topo.errors import TreecollError
 

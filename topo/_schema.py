@@ -34,7 +34,8 @@ treecoll.topo.errors.TopologyError: x.yaml:2: a.b: expected a positive number, g
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import yaml
 

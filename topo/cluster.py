@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import networkx as nx
 
+from .env import HOST_ID_VAR
+from .env import hints as parse_hints
 from .errors import DiscoveryError, MissingDependency
-from .env import HOST_ID_VAR, hints as parse_hints
 from .hostgraph import LAT, net_bw
 from .model import Topology
 
@@ -167,6 +169,7 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
     addrs = [p.get("topology_addr") for p in probes]
     if network is not None:
         import yaml
+
         from ._schema import Doc
         from .network import add_network
         add_network(Doc("<network>", yaml.safe_dump(dict(network)), dict(network)), dict(network), ("network",),

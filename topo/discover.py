@@ -35,16 +35,18 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import networkx as nx
 
 from . import sysfs
-from .env import Hints, hints as parse_hints
-from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .env import Hints
+from .env import hints as parse_hints
 from .errors import TopologyError
 from .files import read_text
+from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import TopologyError
 

@@ -53,8 +53,9 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -95,7 +96,7 @@ class Topology:
         self.meta = dict(meta or {})
 
     @classmethod
-    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> "Topology":
+    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> Topology:
         """Like the constructor, but takes ownership of ``graph`` instead of copying it.
 
         For loaders that built the graph themselves and drop it afterwards
@@ -239,7 +240,7 @@ class Topology:
         """The host of a node (None for network and rack-level switches)."""
         return self.node(node_id).get("host")
 
-    def with_ranks(self, gpus: Iterable[str]) -> "Topology":
+    def with_ranks(self, gpus: Iterable[str]) -> Topology:
         """A new Topology where ``gpus[r]`` carries ``rank = r`` (others none)."""
         order = list(gpus)
         g = nx.DiGraph(self._g)
@@ -317,7 +318,7 @@ class Topology:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Topology":
+    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
         """Inverse of :meth:`to_dict` (no file context; YAML loading adds it)."""
         g = nx.DiGraph()
         for nd in data.get("nodes", []):

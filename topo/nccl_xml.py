@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from xml.parsers import expat
 from typing import Any
+from xml.parsers import expat
 
 import networkx as nx
 

@@ -120,7 +120,7 @@ class Path:
                 "smi": self.smi, "routes": [[list(n), s] for n, s in self.routes]}
 
 
-def route(topo: "Topology", a: str, b: str) -> Path:
+def route(topo: Topology, a: str, b: str) -> Path:
     """The route between endpoints ``a`` and ``b`` (GPUs, NICs or CPUs); cached per topology."""
     cache = topo.__dict__.setdefault("_route_cache", {})
     key = (a, b)
@@ -129,7 +129,7 @@ def route(topo: "Topology", a: str, b: str) -> Path:
     return cache[key]
 
 
-def _route(topo: "Topology", a: str, b: str) -> Path:
+def _route(topo: Topology, a: str, b: str) -> Path:
     table = _node_table(topo)
     for n in (a, b):
         if n not in table:
@@ -162,7 +162,7 @@ def _chain(g, nodes: tuple[str, ...]) -> tuple[tuple[str, ...], float, float]:
     return tuple(d["kind"] for d in attrs), min(d["bw"] for d in attrs), sum(d.get("lat", 0.0) for d in attrs)
 
 
-def _node_table(topo: "Topology") -> dict[str, tuple[str, str | None]]:
+def _node_table(topo: Topology) -> dict[str, tuple[str, str | None]]:
     """``{node: (kind, host)}`` for every node (cached per topology): route searches
     test these for every node they visit."""
     table = topo.__dict__.get("_node_table")
@@ -172,7 +172,7 @@ def _node_table(topo: "Topology") -> dict[str, tuple[str, str | None]]:
     return table
 
 
-def _nvlink_route(topo: "Topology", a: str, b: str) -> Path | None:
+def _nvlink_route(topo: Topology, a: str, b: str) -> Path | None:
     g = topo.graph
     succ, table = g._succ, _node_table(topo)
     d = succ[a].get(b)
@@ -227,7 +227,7 @@ def _bfs(g, a: str, b: str, node_ok, link_kinds) -> tuple[str, ...] | None:
     return None
 
 
-def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
+def _pci_route(topo: Topology, a: str, b: str) -> Path | None:
     """The PCIe/SMP/C2C route inside one host (cached per topology: the route of a GPU
     to its NIC serves :func:`nearest_nic` and every network route of that GPU)."""
     cache = topo.__dict__.setdefault("_pci_cache", {})
@@ -237,7 +237,7 @@ def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
     return cache[key]
 
 
-def _pci_routes_from(topo: "Topology", a: str, targets) -> None:
+def _pci_routes_from(topo: Topology, a: str, targets) -> None:
     """Fill the PCIe route cache from ``a`` to every node of ``targets`` with ONE breadth-first
     search (the routes equal :func:`_bfs`'s one-target searches: same visiting order; a
     target that is a switch or CPU of the host is still crossed on the way to others)."""
@@ -273,7 +273,7 @@ def _pci_routes_from(topo: "Topology", a: str, targets) -> None:
         cache[(a, t)] = Path(a, t, nodes, kinds, bw, lat, nccl, smi, ((nodes, 1.0),))
 
 
-def _pci_search(topo: "Topology", a: str, b: str) -> Path | None:
+def _pci_search(topo: Topology, a: str, b: str) -> Path | None:
     g = topo.graph
     table = _node_table(topo)
     host = table[a][1]
@@ -310,7 +310,7 @@ def _classify_pci(g, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[st
     return ("PIX", "PIX") if switches <= 1 else ("PXB", "PXB")
 
 
-def nearest_nic(topo: "Topology", gpu: str) -> str | None:
+def nearest_nic(topo: Topology, gpu: str) -> str | None:
     """The NIC of ``gpu``'s host with the best (class, bandwidth, hops); None if none.
 
     Ties (e.g. two NICs PXB to a GPU pair on a DGX A100, or PIX on an HGX B200)
@@ -353,7 +353,7 @@ def _mirror_bits(val: int, n: int) -> int:
     return out
 
 
-def _net_route(topo: "Topology", a: str, b: str) -> Path:
+def _net_route(topo: Topology, a: str, b: str) -> Path:
     g = topo.graph
     na = a if g.nodes[a]["kind"] == "nic" else nearest_nic(topo, a)
     nb = b if g.nodes[b]["kind"] == "nic" else nearest_nic(topo, b)
@@ -370,7 +370,7 @@ def _net_route(topo: "Topology", a: str, b: str) -> Path:
     return Path(a, b, nodes, kinds, bw, lat, "NET", None, ((nodes, 1.0),))
 
 
-def _switch_preds(topo: "Topology") -> dict[str, list[str]]:
+def _switch_preds(topo: Topology) -> dict[str, list[str]]:
     """Per network switch, the switches with a ``net`` link into it (cached per topology)."""
     sp = topo.__dict__.get("_switch_preds")
     if sp is None:
@@ -381,7 +381,7 @@ def _switch_preds(topo: "Topology") -> dict[str, list[str]]:
     return sp
 
 
-def _dist_to_switch(topo: "Topology", target: str) -> dict[str, int]:
+def _dist_to_switch(topo: Topology, target: str) -> dict[str, int]:
     """Hops from every network switch to ``target`` through switches only (BFS, cached per target)."""
     cache = topo.__dict__.setdefault("_switch_dist", {})
     if target not in cache:
@@ -398,7 +398,7 @@ def _dist_to_switch(topo: "Topology", target: str) -> dict[str, int]:
     return cache[target]
 
 
-def _dist_to_leaves(topo: "Topology", leaves: tuple[str, ...]) -> dict[str, int]:
+def _dist_to_leaves(topo: Topology, leaves: tuple[str, ...]) -> dict[str, int]:
     """Hops from every network switch to a NIC whose switches into it are ``leaves`` (one more
     than to the nearest of them); cached per tuple of leaves, which the NICs of a leaf share."""
     cache = topo.__dict__.setdefault("_leaf_dist", {})
@@ -413,7 +413,7 @@ def _dist_to_leaves(topo: "Topology", leaves: tuple[str, ...]) -> dict[str, int]
     return out
 
 
-def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
+def _ecmp_route(topo: Topology, na: str, nb: str) -> tuple[str, ...] | None:
     """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb).
 
     Distances to ``nb`` come from per-switch BFS tables shared by all routes

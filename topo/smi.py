@@ -43,7 +43,6 @@ import os
 import re
 from typing import Any
 
-
 from .errors import TopologyError
 from .files import decode_text, read_text
 from .hostgraph import HostBuilder

@@ -51,7 +51,7 @@ from .compact import HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
 from .limits import limits as make_limits
-from .model import LINK_KINDS, NODE_KINDS, HOSTED_KINDS, Topology
+from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
 from .network import add_network
 
 __all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]

@@ -4,10 +4,9 @@ import sys
 
 import pytest
 import torch
+import treecoll.attention.decode as decode_mod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import treecoll.attention.decode as decode_mod
 from treecoll.attention import decode_partial, merge, merge_states, reference
 from treecoll.topo.errors import AttentionError
 

@@ -1,7 +1,6 @@
 """The torch (CPU) decode path against the float64 reference, at larger shapes."""
 import pytest
 import torch
-
 from treecoll.attention import decode_partial, reference
 from treecoll.attention.decode_cpu import DEFAULT_BLOCK_SIZE, decode_torch
 from treecoll.attention.validate import check_decode_inputs

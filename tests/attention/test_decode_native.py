@@ -3,7 +3,6 @@ import re
 
 import pytest
 import torch
-
 from treecoll.attention import decode_native as native_mod
 from treecoll.attention import decode_partial, reference
 from treecoll.attention.validate import check_decode_inputs

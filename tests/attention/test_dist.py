@@ -3,7 +3,6 @@ import os
 
 import pytest
 import torch
-
 from treecoll.attention.dist import count_traffic, peak_tensor_bytes, run_group
 from treecoll.topo.errors import CollectiveError
 

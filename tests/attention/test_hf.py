@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from treecoll.attention.dist import run_group
 from treecoll.attention.kv_cache import ShardedKVCache
 from treecoll.topo.errors import AttentionError, MissingDependency
@@ -107,7 +106,6 @@ def test_single_process_equals_hf_generate(tf, model_dir, reference):
 
 def _sharded_worker(rank, nproc, model_dir):
     import transformers
-
     from treecoll.attention import hf
 
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir).eval()
@@ -147,7 +145,6 @@ def test_sharded_greedy_equals_hf_generate(tf, model_dir, reference, nproc):
 
 def _disagree_worker(rank, nproc):
     import transformers
-
     from treecoll.attention import hf
 
     torch.manual_seed(0)

@@ -5,7 +5,6 @@ use of the cache is tested through the model (test_model.py).
 """
 import pytest
 import torch
-
 from treecoll.attention import decode_partial, merge_states, reference
 from treecoll.attention.kv_cache import ShardedKVCache
 from treecoll.topo.errors import AttentionError

@@ -2,7 +2,6 @@
 process (real gloo processes, one group for every method), weight loading."""
 import pytest
 import torch
-
 from treecoll.attention.dist import run_group
 from treecoll.attention.model import LlamaConfig, LlamaModel, save_checkpoint
 from treecoll.topo.errors import AttentionError, MissingDependency

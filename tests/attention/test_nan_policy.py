@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
 from treecoll.attention import (
     MergeOp,
     decode_partial,

@@ -2,7 +2,6 @@
 import math
 
 import torch
-
 from treecoll.attention import reference
 
 

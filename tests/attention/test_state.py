@@ -5,8 +5,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from treecoll import attention
 from treecoll.attention import (
     MergeOp,
     empty_state,
@@ -19,6 +17,8 @@ from treecoll.attention import (
     unpack_state,
 )
 from treecoll.topo.errors import AttentionError
+
+from treecoll import attention
 
 NEG_INF = float("-inf")
 

@@ -7,7 +7,6 @@ from functools import partial
 
 import pytest
 import torch
-
 from treecoll.attention.dist import run_group
 
 P = 4

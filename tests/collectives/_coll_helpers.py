@@ -11,7 +11,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 SMALL = ("cpu-local", "dgx-a100", "dgx-h100", "hgx-b200", "pcie-8gpu")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shipped(name: str):
     from treecoll import topo
     return topo.load(ROOT / "topologies" / f"{name}.yaml")

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import torch.multiprocessing as mp
-
 from treecoll.attention.dist import die_with_parent, free_port
 
 HERE = Path(__file__).resolve().parent

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
-
-from treecoll import collectives
 from treecoll.collectives.execute import allreduce, broadcast, reduce
 from treecoll.topo.errors import CollectiveError
+
+from treecoll import collectives
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _topology(name: str):
     from treecoll import topo
     return topo.load(ROOT / "topologies" / f"{name}.yaml")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import networkx as nx
-
 from treecoll.collectives.schedule import Schedule, Step
 from treecoll.topo import Topology
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from _coll_helpers import SHIPPED, shipped
 from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
 from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
@@ -240,6 +239,7 @@ def test_auto_gap_to_lower_bound_on_large_groups(topo_name, factor):
 def test_automorphisms_keep_every_cost():
     """Relabeling a tree by a topology automorphism never changes its best cost."""
     import random
+
     from treecoll.collectives.bruteforce import _relabel_parents, rank_automorphisms
     t = shipped("pcie-8gpu")
     model = CostModel(t, chunk_candidates=FAST)

@@ -5,7 +5,6 @@ import math
 
 import networkx as nx
 import pytest
-
 from _coll_helpers import SHIPPED, shipped
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology

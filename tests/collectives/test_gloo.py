@@ -10,7 +10,6 @@ import re
 import time
 
 import pytest
-
 from _coll_helpers import ROOT
 from _coll_pool import GlooPool
 

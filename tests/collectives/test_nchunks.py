@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import networkx as nx
-
 from treecoll.collectives import build
 from treecoll.collectives.execute import MIN_MODEL_CHUNK, default_nchunks, nchunks_for
 from treecoll.topo import Topology

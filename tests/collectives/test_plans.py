@@ -1,12 +1,21 @@
 """Trees, multitrees, schedules and the schedule compiler (no processes)."""
 from __future__ import annotations
 
-
 import pytest
-
-from treecoll.collectives import (MultiTree, Schedule, Step, Tree, build, compile_allgather, compile_allreduce,
-                         compile_broadcast, compile_reduce, compile_reduce_scatter, compile_ring_allreduce,
-                         compile_rsag_allreduce)
+from treecoll.collectives import (
+    MultiTree,
+    Schedule,
+    Step,
+    Tree,
+    build,
+    compile_allgather,
+    compile_allreduce,
+    compile_broadcast,
+    compile_reduce,
+    compile_reduce_scatter,
+    compile_ring_allreduce,
+    compile_rsag_allreduce,
+)
 from treecoll.collectives.compile import compile_plan, merge_schedules
 from treecoll.topo.errors import ScheduleError, TreeError
 

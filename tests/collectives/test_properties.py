@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from treecoll.collectives import MultiTree, Tree
 from treecoll.collectives.execute import allreduce, broadcast, reduce
 from treecoll.collectives.layout import Layout

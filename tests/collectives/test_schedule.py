@@ -6,7 +6,6 @@ import random
 from collections import defaultdict
 
 import pytest
-
 from treecoll.collectives import compile as compile_
 from treecoll.collectives.builders import build
 from treecoll.collectives.schedule import Schedule, Step

@@ -5,9 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from treecoll.tools.cli import main
 from treecoll.tools import cmd_simulate, validate_sim
+from treecoll.tools.cli import main
 from treecoll.topo.errors import CollectiveError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nccl-tests"

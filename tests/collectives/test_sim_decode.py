@@ -9,11 +9,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_helpers import star_topology  # noqa: E402
-
-from treecoll.collectives.sim_decode import (LLAMA31_8B, PAPER_HOSTS, PAPER_SEQ_LENS, DecodeShape, decode_step,  # noqa: E402
-                                    paper_memory, paper_volumes)
+from treecoll.collectives.sim_decode import (  # noqa: E402
+    LLAMA31_8B,
+    PAPER_HOSTS,
+    PAPER_SEQ_LENS,
+    DecodeShape,
+    decode_step,
+    paper_memory,
+    paper_volumes,
+)
 from treecoll.topo.errors import CollectiveError  # noqa: E402
-
 
 # Hand-worked values of the paper's formulas (arXiv 2408.04093 §6.2-6.3), in elements, with
 # d = n_h d_h (queries, outputs) and, for GQA, the K/V width d_kv = n_kv d_h (the K/V terms):

@@ -9,7 +9,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_helpers import ring_topology, star_topology  # noqa: E402
-
 from treecoll.collectives import nccl_model as nm  # noqa: E402
 from treecoll.collectives.sim import simulate_algorithm  # noqa: E402
 from treecoll.collectives.sim_nvls import simulate_nvls  # noqa: E402

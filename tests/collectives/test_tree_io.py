@@ -5,7 +5,6 @@ import json
 
 import pytest
 from _coll_helpers import FIXTURES, ROOT
-
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.tree_io import load_nccl_graph, load_tree, loads_nccl_graph, loads_tree, save_tree
 from treecoll.tools.cli import main
@@ -139,7 +138,6 @@ def test_cli_show_nccl_graph(capsys):
 # ---------------------------------------------------------------------- tree files into the executor
 def _allreduce_ranks(n, tree, **kw):
     import torch
-
     from treecoll.collectives.execute import allreduce
     from treecoll.collectives.local import run_ranks
     xs = [torch.full((6,), float(r + 1)) for r in range(n)]

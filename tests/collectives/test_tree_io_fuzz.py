@@ -9,7 +9,6 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.tree_io import TreeFile, dumps_tree, load_tree
 from treecoll.topo.errors import TreecollError

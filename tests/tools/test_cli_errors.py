@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from treecoll.tools import cli
 from treecoll.tools.cli import main
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
 from treecoll.tools.cli import build_parser, main, subcommands, walk
 
 

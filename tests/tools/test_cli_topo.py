@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from golden_cases import CASES, GOLDEN
+from treecoll.tools.cli import main
 
 from treecoll import topo
-from treecoll.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-
 from treecoll.tools import cmd_decode
 from treecoll.tools.cli import main
 

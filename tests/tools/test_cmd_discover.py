@@ -2,9 +2,9 @@
 import json
 from pathlib import Path
 
+from treecoll.tools.cli import main
 
 from treecoll import topo
-from treecoll.tools.cli import main
 
 FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from treecoll import topo
 from treecoll.tools import demo_decode
 from treecoll.tools.cli import main
+
+from treecoll import topo
 
 
 def _demo_and_cli(capsys, argv, case, step, topology) -> tuple[dict, str]:

@@ -1,9 +1,7 @@
 """treecoll.tools.emucluster.machine: the emulating machine's cores as a roofline next to the simulator."""
 from __future__ import annotations
 
-
 import pytest
-
 from treecoll.collectives import compile_plan
 from treecoll.tools.emucluster import machine
 from treecoll.topo.errors import TreecollError

@@ -15,7 +15,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from treecoll.tools.emucluster import cli, measure, netns, runner, topology
 from treecoll.tools.emucluster.netns import EmuClusterError
 
@@ -84,7 +83,6 @@ def test_topology_yaml_roundtrip(tmp_path):
         back = yaml_io.load(p)
     except (ImportError, AttributeError):
         import yaml
-
         from treecoll.topo.model import Topology
         back = Topology.from_dict(yaml.safe_load(p.read_text()))
     assert back == t

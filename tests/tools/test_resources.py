@@ -1,9 +1,7 @@
 """Commands that start processes check them against this machine's cores and memory first."""
 from __future__ import annotations
 
-
 import pytest
-
 from treecoll.tools import cmd_decode, resources
 from treecoll.tools.cli import main
 from treecoll.tools.units import UsageError
@@ -39,6 +37,7 @@ def test_machine_readings_are_sane():
 def _no_processes(monkeypatch):
     """Fail the test if anything tries to start the ranks."""
     import treecoll.attention.dist  # noqa: F401
+
     from treecoll import attention
 
     def refuse(*a, **k):

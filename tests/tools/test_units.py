@@ -5,7 +5,6 @@ import argparse
 import json
 
 import pytest
-
 from treecoll.tools import units
 from treecoll.tools.cli import build_parser, main, walk
 from treecoll.topo.errors import TreecollError

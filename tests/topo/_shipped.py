@@ -11,7 +11,7 @@ SHIPPED = sorted(p.stem for p in (ROOT / "topologies").glob("*.yaml"))
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shipped(name: str) -> topo.Topology:
     return topo.load(ROOT / "topologies" / f"{name}.yaml")
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 from _shipped import BOX
-
-from treecoll import topo
 from treecoll.topo import TopologyError
 from treecoll.topo.nccl_xml import import_xml
 from treecoll.topo.smi import import_smi
+
+from treecoll import topo
 
 EXPLICIT = """nodes:
 - {id: h0/cpu0, kind: cpu, host: h0, numa: 0}

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from treecoll.topo import Topology
 from treecoll.topo.cluster import assemble, host_identity
 
@@ -97,8 +96,9 @@ def test_assemble_network_section_and_host_identity():
 
 
 def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
-    from treecoll import topo
     from topo_fakes import FakePynvml, build_sysfs, load
+
+    from treecoll import topo
     probes = []
     for i, clique in enumerate((7, 7, 9)):
         rec = load("gb200-tray")
@@ -116,8 +116,9 @@ def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
 
 
 def test_assemble_maps_ranks_by_gpu_uuid_then_cuda_ordinal(tmp_path):
-    from treecoll import topo
     from topo_fakes import FakePynvml, build_sysfs, load
+
+    from treecoll import topo
     rec = load("dgx-h100")
     root = build_sysfs(tmp_path, rec["sysfs"])
     t = topo.discover(sysfs_root=str(root), nvml=FakePynvml(rec), env={"CUDA_VISIBLE_DEVICES": "4,5,6,7",

@@ -3,11 +3,10 @@ import logging
 from pathlib import Path
 
 import pytest
-
-from treecoll import topo
+from topo_fakes import FakePynvml, build_sysfs, load
 from treecoll.topo.smi import import_smi, smi_matrix
 
-from topo_fakes import FakePynvml, build_sysfs, load
+from treecoll import topo
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -1,8 +1,8 @@
 """Environment hints: valid values parse, invalid ones name the variable."""
 import pytest
+from treecoll.topo.env import EFFECTS, expand_hostlist, hints, hints_report
 
 from treecoll import topo
-from treecoll.topo.env import EFFECTS, expand_hostlist, hints, hints_report
 
 
 def test_empty_environment():

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from treecoll import topo
 from treecoll.topo.nccl_xml import export_xml, import_xml
 from treecoll.topo.smi import import_smi, render_smi
+
+from treecoll import topo
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from _shipped import BOX
-
-from treecoll import topo
 from treecoll.topo import TopologyError
 from treecoll.topo.limits import DEFAULT_MAX_LINKS, DEFAULT_MAX_NODES, limits
+
+from treecoll import topo
 
 ROOT = Path(__file__).resolve().parents[2]
 # a DGX H100 host (topologies/dgx-h100.yaml), counted by hand: 8 GPUs + 4 NVSwitches + 2 CPUs + 8 PCIe switches

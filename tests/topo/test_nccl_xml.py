@@ -3,10 +3,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-from treecoll import topo
 from treecoll.topo.nccl_xml import cpulist_to_mask, export_xml, import_xml, mask_to_cpulist, parse_graph_xml
 from treecoll.topo.smi import smi_matrix
+
+from treecoll import topo
 
 FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nccl-topo"
 FILES = sorted(FIX.glob("*-topo.xml"))

@@ -2,9 +2,9 @@
 from pathlib import Path
 
 import pytest
+from treecoll.topo.smi import import_smi, parse_smi, render_smi
 
 from treecoll import topo
-from treecoll.topo.smi import import_smi, parse_smi, render_smi
 
 FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "smi"
 FILES = sorted(FIX.glob("*.txt"))

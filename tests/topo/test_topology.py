@@ -5,10 +5,10 @@ import itertools
 
 import networkx as nx
 import pytest
+from _shipped import SHIPPED, shipped
+from treecoll.topo import TopologyError
 
 from treecoll import topo
-from treecoll.topo import TopologyError
-from _shipped import SHIPPED, shipped
 
 EXPECTED = {  # name: (hosts, GPUs per host, NICs per host)
     "cpu-local": (2, 2, 1), "dgx-a100": (1, 8, 12), "dgx-h100": (1, 8, 8), "dgx-h100-x2": (2, 8, 8),

@@ -5,10 +5,10 @@ import io
 import textwrap
 
 import pytest
+from _shipped import SHIPPED, shipped
+from treecoll.topo import TopologyError
 
 from treecoll import topo
-from treecoll.topo import TopologyError
-from _shipped import SHIPPED, shipped
 
 BOX = textwrap.dedent("""\
     name: t

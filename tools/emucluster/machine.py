@@ -30,8 +30,8 @@ whichever resource binds.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from treecoll.topo.errors import TreecollError
 

@@ -34,7 +34,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import IO
 
 from . import netns
 from .netns import EmuClusterError

@@ -26,8 +26,9 @@ replaces these defaults with numbers measured on the spot.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .netns import EmuClusterError
 
