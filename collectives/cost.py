@@ -372,8 +372,8 @@ class CostModel:
     # ------------------------------------------------------------------ bounds
     def in_network_reduction(self) -> bool:
         """True when the switches can reduce for these GPUs: NVLink SHARP, where NCCL offers
-        its NVLS algorithm (:func:`treecoll.collectives.nccl_model.nvls_domains`)."""
-        from .nccl_model import nvls_domains
+        its NVLS algorithm (:func:`treecoll.collectives.sim.nccl_model.nvls_domains`)."""
+        from .sim.nccl_model import nvls_domains
         try:
             nvls_domains(self.topology, self.gpus)
         except TreeError:

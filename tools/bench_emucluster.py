@@ -110,7 +110,7 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
     """The simulator's time in seconds for ``method`` on the YAML's cluster (profile ``ideal``:
     the links as written in the YAML, no library overheads)."""
     try:
-        from treecoll.collectives.sim import simulate
+        from treecoll.collectives.sim.simulator import simulate
     except ImportError as e:
         raise Unavailable(f"treecoll.collectives.sim not importable: {e}")
     topology = _load_topology(topology_path)
@@ -125,7 +125,7 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
     fastest rate of the run, then add ``predicted_machine`` / ``error_machine`` (the roofline
     of the simulator and the machine's cores) and ``calibration`` (True for fitted rows) to
     every row. Returns the fitted model as a dict, or None (with the reason) when it cannot fit."""
-    from treecoll.collectives.sim import simulate  # noqa: F401  (the simulator must exist)
+    from treecoll.collectives.sim.simulator import simulate  # noqa: F401  (the simulator must exist)
     from treecoll.tools.emucluster.machine import fit, local_bytes, schedule_work
     from treecoll.topo import yaml_io
     if not cases:

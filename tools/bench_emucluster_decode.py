@@ -115,9 +115,9 @@ def worker(args) -> int:
 def predict(method: str, topology, world: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds)."""
     from treecoll.collectives import builders, compile_plan
-    from treecoll.collectives.sim import simulate
-    from treecoll.collectives.sim_engine import Network, concurrent_times
-    from treecoll.collectives.sim_profiles import get_profile
+    from treecoll.collectives.sim.engine import Network, concurrent_times
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import simulate
 
     state_bytes = BATCH * Q_HEADS * (HEAD_DIM + 1) * 4  # packed fp32 (out, lse)
     if method == "tree":  # attention.resolve_tree("auto"): two_level without rails

@@ -38,8 +38,8 @@ def _topology(hosts: int):
 def run(hosts_list, sizes, tree: bool) -> list[dict]:
     from treecoll.collectives import builders
     from treecoll.collectives import compile as compile_
-    from treecoll.collectives.sim import NCCL_TREE_RAIL_BYTES, NCCL_TREE_RUN, simulate, simulate_ring
-    from treecoll.collectives.sim_profiles import get_profile
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import NCCL_TREE_RAIL_BYTES, NCCL_TREE_RUN, simulate, simulate_ring
     tree_profile = get_profile("nccl-simple").for_tree_allreduce()
     rows = []
     for hosts in hosts_list:

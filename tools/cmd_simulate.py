@@ -9,10 +9,10 @@
 ``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's double
 binary tree, :func:`treecoll.collectives.builders.double_binary`), ``nvls`` (NCCL's
 NVLink SHARP reduction in the NVSwitches, NVLSTree across hosts:
-:mod:`treecoll.collectives.sim_nvls`; Hopper and later NVSwitch systems), any builder
+:mod:`treecoll.collectives.sim.nvls`; Hopper and later NVSwitch systems), any builder
 name of :mod:`treecoll.collectives.builders` (``two_level``, ``auto``, ``binomial``,
 ``kary:4``, ...), and ``nccl``: NCCL's own analytical model
-(:func:`treecoll.collectives.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
+(:func:`treecoll.collectives.sim.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
 offers there: ring, tree and where it runs NVLS),
 a separate line for comparison. Simulated algorithms use the fastest NCCL
 protocol profile per size unless ``--profile`` names one (``ideal``,
@@ -54,8 +54,8 @@ def _names(registry) -> str:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
-    from treecoll.collectives.sim import DTYPE_SIZES
-    from treecoll.collectives.sim_profiles import PROFILES
+    from treecoll.collectives.sim.profiles import PROFILES
+    from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
     p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology",
                               description="Predict collectives and decode steps on a topology you may not have "
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             data["plot"] = plot
         return emit(args, data, render_allreduce)
     if args.sim_command == "decode":
-        from treecoll.collectives.sim_decode import DecodeShape
+        from treecoll.attention.cost import DecodeShape
         check_algos([args.tree], option="--tree", builders_only=True)
         topology = _resolve(args)
         shapes = [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
@@ -164,7 +164,7 @@ def _check_profile(profile: str | None) -> None:
     """Refuse an unknown ``--profile`` (or an unreadable profile file) before any work."""
     import os
 
-    from treecoll.collectives.sim_profiles import PROFILES, get_profile
+    from treecoll.collectives.sim.profiles import PROFILES, get_profile
     if profile in (None, "auto") or profile in PROFILES:
         return
     if not (profile.endswith((".yaml", ".yml")) or os.path.exists(profile)):
@@ -175,9 +175,9 @@ def _check_profile(profile: str | None) -> None:
 
 def _one(topology, algo: str, size: int, ranks, profile):
     """(time s, busbw, algbw, label) of one algorithm at one size."""
-    from treecoll.collectives.sim import bandwidths, rank_gpus_of, simulate_algorithm
+    from treecoll.collectives.sim.simulator import bandwidths, rank_gpus_of, simulate_algorithm
     if algo == "nccl":
-        from treecoll.collectives.nccl_model import nccl_algos, nccl_predict
+        from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
         gpus = rank_gpus_of(topology, ranks)
         best = min((nccl_predict(topology, list(gpus), size, algo=a) for a in nccl_algos(topology, gpus)),
                    key=lambda r: r["time"])
@@ -203,7 +203,7 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
 
 
 def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
-    from treecoll.collectives.sim import rank_gpus_of
+    from treecoll.collectives.sim.simulator import rank_gpus_of
     check_algos(algos)
     P = len(rank_gpus_of(topology, ranks))
     rows = []
@@ -269,7 +269,7 @@ def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) 
 
 
 def decode_data(topology, shapes, ranks=None, tree="two_level", profile=None) -> dict[str, Any]:
-    from treecoll.collectives.sim_decode import decode_step
+    from treecoll.attention.cost import decode_step
     runs = []
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
@@ -316,7 +316,7 @@ def plot_decode(d: dict, path: str) -> None:
 
 
 def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: int = 10) -> dict[str, Any]:
-    from treecoll.collectives.sim import simulate_algorithm
+    from treecoll.collectives.sim.simulator import simulate_algorithm
     check_algos([algo])
     name = "double_binary" if algo == "tree" else algo
     if name == "nccl":

@@ -113,7 +113,7 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[st
     """Plain data for a tree (or multitree) on an optional topology: edges with their
     links, edge counts by class, predicted times."""
     from treecoll.collectives.cost import CostModel
-    from treecoll.collectives.nccl_model import nccl_algos, nccl_predict
+    from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
     from treecoll.collectives.tree import as_multi
     multi = as_multi(plan)
     n = multi.size

@@ -44,7 +44,7 @@ def tree_case(topology) -> dict:
 
 def simulate_case(topology) -> dict:
     """What ``treecoll`` :data:`SIMULATE_ARGV` prints (``--json``): one decode step, modelled."""
-    from treecoll.collectives.sim_decode import DecodeShape
+    from treecoll.attention.cost import DecodeShape
     from treecoll.tools.cmd_simulate import decode_data
 
     shapes = [DecodeShape(seq_len=n, heads=HEADS, head_dim=HEAD_DIM, kv_heads=KV_HEADS) for n in CONTEXTS]
@@ -66,7 +66,7 @@ def step_simulate(state: dict) -> None:
     t = state["topology"]
     d = simulate_case(t)
     print("$ treecoll " + " ".join(SIMULATE_ARGV))
-    print("(the decode model, collectives.sim_decode: each GPU reads its K/V shard at HBM bandwidth, and the flow "
+    print("(the decode model, attention.cost: each GPU reads its K/V shard at HBM bandwidth, and the flow "
           "simulator times the communication)")
     print(f"{'context':>9} {'tree step (us)':>15} {'tree combine (us)':>18} {'ring step (us)':>15} {'ring/tree':>10}")
     for r in d["runs"]:

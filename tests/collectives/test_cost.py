@@ -8,7 +8,7 @@ import pytest
 from _coll_helpers import SHIPPED, shipped
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
-from treecoll.collectives.nccl_model import ll128_enabled, nccl_predict
+from treecoll.collectives.sim.nccl_model import ll128_enabled, nccl_predict
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
 
@@ -98,7 +98,7 @@ def _lb_gpus(t):
 def test_lower_bound_holds_for_every_algorithm_shown(name):
     """``tree build`` prints the lower bound next to the builders' predictions and NCCL's
     (ring, tree, nvls): it must bound every one of them, at every size."""
-    from treecoll.collectives.nccl_model import nccl_algos
+    from treecoll.collectives.sim.nccl_model import nccl_algos
     t = shipped(name)
     gpus = _lb_gpus(t)
     cm = CostModel(t, gpus)
@@ -209,7 +209,7 @@ def test_nccl_model_adds_the_nics_latency_per_inter_node_step(algo, inter_steps)
 def test_ll128_only_where_nccl_enables_it():
     """NCCL 2.30 enables LL128 by default only over NVLink inside hosts, PCIe-switch-close NICs
     across hosts and one compute capability (tuning.cc); a PCIe-only box gets LL and Simple."""
-    from treecoll.collectives.sim import _profiles
+    from treecoll.collectives.sim.simulator import _profiles
     nv, pcie = _switch_host(2, 8), _pcie_pair_topology()
     assert ll128_enabled(nv, nv.rank_gpus()) and not ll128_enabled(pcie, pcie.rank_gpus())
     assert not ll128_enabled(_switch_host(1, 4, sm=60), _switch_host(1, 4, sm=60).rank_gpus())

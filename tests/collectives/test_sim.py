@@ -11,10 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_helpers import binomial_reduce_schedule, ring_allreduce_schedule, ring_topology, send_schedule, star_topology  # noqa: E402
-from treecoll.collectives import sim, sim_profiles  # noqa: E402
 from treecoll.collectives.schedule import Schedule, Step  # noqa: E402
-from treecoll.collectives.sim import bandwidths, bus_factor, simulate, simulate_ring  # noqa: E402
-from treecoll.collectives.sim_engine import maxmin_rates  # noqa: E402
+from treecoll.collectives.sim import profiles as sim_profiles  # noqa: E402
+from treecoll.collectives.sim import simulator as sim  # noqa: E402
+from treecoll.collectives.sim.engine import maxmin_rates  # noqa: E402
+from treecoll.collectives.sim.simulator import bandwidths, bus_factor, simulate, simulate_ring  # noqa: E402
 from treecoll.topo.errors import CollectiveError  # noqa: E402
 
 

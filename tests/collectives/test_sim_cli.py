@@ -77,7 +77,7 @@ def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
 def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(tmp_path):
     """--calibrate on the V100 table: the fitted profile lowers that table's error, keeps the
     Simple protocol's NIC-latency count and tree factor, and loads back from its YAML."""
-    from treecoll.collectives import sim_profiles
+    from treecoll.collectives.sim import profiles as sim_profiles
     v100 = FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt"
     before = validate_sim.validate([v100], sim_profiles.get_profile("nccl-simple"))
     prof, fit, _ = validate_sim.calibrate([v100], [], "v100-fit")

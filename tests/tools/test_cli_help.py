@@ -48,8 +48,8 @@ def _help_of(*path_and_option: str) -> str:
 
 def test_enumerations_list_their_values_from_the_registries():
     from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
-    from treecoll.collectives.sim import DTYPE_SIZES
-    from treecoll.collectives.sim_profiles import PROFILES
+    from treecoll.collectives.sim.profiles import PROFILES
+    from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cmd_simulate import SIM_ALGOS
 
     for cmd in ("allreduce", "decode", "links"):

@@ -56,9 +56,9 @@ import numpy as np
 from treecoll.topo.errors import CollectiveError, TreeError
 
 from . import nccl_model as nm
-from .sim import SimResult, _check_size, _finish, rank_gpus_of
-from .sim_engine import Network, drain_times
-from .sim_profiles import Profile, get_profile
+from .engine import Network, drain_times
+from .profiles import Profile, get_profile
+from .simulator import SimResult, _check_size, _finish, rank_gpus_of
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
 
@@ -113,7 +113,7 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     intra_lat = max(intra_lat * 1e-6, prof.step_lat("nvlink"))
     hop_lat, height = 0.0, 0
     if len(domains) > 1:
-        from .builders import double_binary
+        from ..builders import double_binary
         trees = double_binary(None, None, len(domains))
         height = trees.height
         for tree, w in zip(trees.trees, trees.shares):

@@ -386,7 +386,7 @@ def _lane_queues(steps) -> list[list[int]]:
 def gc_paused():
     """Python's cyclic garbage collector off inside the block, restored to its state after.
 
-    Used as a decorator on the simulations (``@gc_paused()`` on :func:`treecoll.collectives.sim.simulate`
+    Used as a decorator on the simulations (``@gc_paused()`` on :func:`treecoll.collectives.sim.simulator`
     and :func:`treecoll.collectives.sim.simulate_ring`), so the whole run, temporaries included, is
     inside. They make no reference cycles, so reference counting frees everything they drop,
     while the collector's repeated passes over the growing heap cost about a tenth of an

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from treecoll.topo.errors import CollectiveError
 
-from .sim_engine import Network, concurrent_times, gc_paused, run_schedule
-from .sim_profiles import Profile, get_profile
+from .engine import Network, concurrent_times, gc_paused, run_schedule
+from .profiles import Profile, get_profile
 
 __all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
            "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
@@ -345,7 +345,7 @@ def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ())
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
     :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
     from .nccl_model import ll128_enabled
-    from .sim_profiles import NCCL_PROTOCOLS
+    from .profiles import NCCL_PROTOCOLS
     if profile == "auto":
         ll128 = topology is None or ll128_enabled(topology, gpus)
         return [get_profile(p) for p in NCCL_PROTOCOLS
@@ -374,7 +374,7 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
-        from .sim_nvls import simulate_nvls
+        from .nvls import simulate_nvls
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
     best = None
@@ -383,8 +383,8 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
             r = simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p, top=top)
             best = r if best is None or r.time < best.time else best
         return best
-    from . import builders
-    from . import compile as compile_
+    from .. import builders
+    from .. import compile as compile_
     tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
         "auto", "two_level") else builders.build(algo, topology, list(gpus), **opts)
     k = nchunks or auto_chunks(nbytes, len(gpus))
@@ -422,7 +422,7 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profi
     Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
     names the LL or LL128 protocol (NVLS runs Simple only).
     """
-    from . import builders
+    from .. import builders
     from .nccl_model import nccl_algos
     gpus = rank_gpus_of(topology, ranks)
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)

@@ -1,4 +1,4 @@
-"""The decode-step model: the paper's volume and memory formulas, and the simulated volumes behind them."""
+"""treecoll.attention.cost, the decode-step model: the paper's volume and memory formulas, and the simulated volumes behind them."""
 from __future__ import annotations
 
 import sys
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectives"))
 
 from sim_helpers import star_topology  # noqa: E402
-from treecoll.collectives.sim_decode import (  # noqa: E402
+from treecoll.attention.cost import (  # noqa: E402
     LLAMA31_8B,
     PAPER_HOSTS,
     PAPER_SEQ_LENS,

@@ -44,10 +44,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from treecoll.collectives.sim.engine import Network, concurrent_times
+from treecoll.collectives.sim.simulator import (
+    DTYPE_SIZES,
+    NCCL_TREE_RUN,
+    rank_gpus_of,
+    simulate,
+    simulate_nccl_allreduce,
+)
 from treecoll.topo.errors import CollectiveError
-
-from .sim import DTYPE_SIZES, NCCL_TREE_RUN, rank_gpus_of, simulate, simulate_nccl_allreduce
-from .sim_engine import Network, concurrent_times
 
 __all__ = ["DecodeShape", "decode_step", "paper_volumes", "paper_memory", "PAPER_SEQ_LENS", "PAPER_HOSTS",
            "LLAMA31_8B", "PAPER_SHAPE", "METHODS"]
@@ -138,8 +143,8 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
            "tokens_per_rank": t, "kv_bytes_per_rank": kv_bytes, "local_s": local, "methods": {}}
     if "tree" in methods:
         if P > 1:
-            from . import builders
-            from . import compile as compile_
+            from treecoll.collectives import builders
+            from treecoll.collectives import compile as compile_
             # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
             opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
                 {"nbytes": state_bytes} if tree == "auto" else {})
@@ -185,7 +190,7 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
 
 
 def _profiles(profile, nbytes: int, topology=None, gpus=()):
-    from .sim import _profiles as sp
+    from treecoll.collectives.sim.simulator import _profiles as sp
     return sp(profile, nbytes, topology, gpus)
 
 

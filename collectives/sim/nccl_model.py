@@ -42,7 +42,7 @@ from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
 from treecoll.topo.paths import NCCL_CLASSES
 
-from .cost import resolve_ranks
+from ..cost import resolve_ranks
 
 __all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
