@@ -5,12 +5,13 @@ import math
 
 import networkx as nx
 import pytest
-from _coll_helpers import SHIPPED, shipped
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
 from treecoll.collectives.sim.nccl_model import ll128_enabled, nccl_predict
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
+
+from tests.helpers import SHIPPED, shipped
 
 
 def _pcie_pair_topology():

@@ -3,9 +3,9 @@ import logging
 from pathlib import Path
 
 import pytest
-from topo_fakes import FakePynvml, build_sysfs, load
 from treecoll.topo.smi import import_smi, smi_matrix
 
+from tests.topo.topo_fakes import FakePynvml, build_sysfs, load
 from treecoll import topo
 
 REPO = Path(__file__).resolve().parents[2]
