@@ -410,6 +410,7 @@ def join(fn: Callable[..., Any], *args, backend: str | None = None, timeout: flo
         dist.all_gather_object(gathered, outcome)
     finally:
         if created:
+            dist.barrier()  # every rank is done with the group before any tears it down (gloo aborts otherwise)
             dist.destroy_process_group()
     failed = [r for r, (ok, _) in enumerate(gathered) if not ok]
     if failed:
