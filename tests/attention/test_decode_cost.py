@@ -1,8 +1,15 @@
 """treecoll.attention.cost, the decode-step model: the paper's volume and memory formulas, and the simulated volumes behind them."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
-from treecoll.attention.cost import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectives"))
+
+from sim_helpers import star_topology  # noqa: E402
+from treecoll.attention.cost import (  # noqa: E402
     LLAMA31_8B,
     PAPER_HOSTS,
     PAPER_SEQ_LENS,
@@ -11,9 +18,7 @@ from treecoll.attention.cost import (
     paper_memory,
     paper_volumes,
 )
-from treecoll.topo.errors import CollectiveError
-
-from tests.collectives.sim_helpers import star_topology
+from treecoll.topo.errors import CollectiveError  # noqa: E402
 
 # Hand-worked values of the paper's formulas (arXiv 2408.04093 §6.2-6.3), in elements, with
 # d = n_h d_h (queries, outputs) and, for GQA, the K/V width d_kv = n_kv d_h (the K/V terms):

@@ -261,7 +261,8 @@ def test_single_process_is_local_decode():
     from treecoll.attention.tree_decode import tree_decode
 
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(2, 4, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g)
+    q = torch.randn(2, 4, 8, generator=g)
+    k, v = torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g)
     ref_out, ref_lse = reference(q, k, v, kv_len=[9, 4])
     for fn in (tree_decode, ring_decode, allreduce3_decode):
         out, lse = fn(q, k, v, kv_len=[9, 4], return_lse=True)

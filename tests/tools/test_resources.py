@@ -97,7 +97,8 @@ def test_emu_run_checks_its_ranks_before_creating_anything(capsys, monkeypatch):
 
 @pytest.mark.parametrize("module, argv, msg", [
     ("treecoll.tools.bench_collectives", ["--procs", "2", "9"], "--procs 9: expected at most 8 processes"),
-    ("treecoll.tools.bench_tree_attention", ["--nprocs", "9", "--tokens", "1k"], "--nprocs 9: expected at most 8 processes"),
+    ("treecoll.tools.bench_tree_attention", ["--nprocs", "9", "--tokens", "1k"],
+     "--nprocs 9: expected at most 8 processes"),
     ("treecoll.tools.bench_emucluster", ["--shapes", "3x3"], "--shapes 3x3: expected at most 8 processes"),
     ("treecoll.tools.bench_emucluster_decode", ["--shapes", "2x2,1x9"], "--shapes 1x9: expected at most 8 processes"),
 ])
