@@ -19,21 +19,15 @@ PACKAGES, installed_name = _layout.PACKAGES, _layout.installed_name
 
 MODULES = sorted(n for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")
                  if p.name != "__main__.py" and (n := installed_name(p)))
-BENCHMARK = "benchmark: a run prints a table and writes JSON (treecoll.tools.bench.harness has the examples)"
+BENCHMARK = "benchmark script: a run prints a table and writes JSON (docs/benchmarks.md)"
+COMMAND = "command-line module: its tests call main([...]) in tests/tools"
 #: modules whose examples would need a GPU, root or a process group; each says why
 NO_EXAMPLES = {
-    "treecoll.attention": "examples not written yet",
-    "treecoll.attention.baselines": "examples not written yet",
     "treecoll.attention.decode_cpu": "examples not written yet",
     "treecoll.attention.decode_native": "examples not written yet",
     "treecoll.attention.dist": "needs a process group or the torch profiler (tests/attention/test_dist.py)",
     "treecoll.attention.hf": "needs transformers and a model directory (tests/attention/test_hf.py)",
-    "treecoll.attention.kv_cache": "examples not written yet",
-    "treecoll.attention.model": "examples not written yet",
-    "treecoll.attention.reference": "examples not written yet",
     "treecoll.attention.tree_decode": "examples not written yet",
-    "treecoll.attention.validate": "examples not written yet",
-    "treecoll.collectives": "examples not written yet",
     "treecoll.tools": "package marker",
     "treecoll.tools.bench": "package marker; its modules carry the examples",
     "treecoll.tools.bench_collectives": BENCHMARK,
@@ -42,17 +36,21 @@ NO_EXAMPLES = {
     "treecoll.tools.bench_sim_scale": BENCHMARK,
     "treecoll.tools.bench_topo_load": BENCHMARK,
     "treecoll.tools.bench_tree_attention": BENCHMARK,
-    "treecoll.tools.cmd_decode": "command-line module: its tests call main([...]) in tests/tools",
-    "treecoll.tools.cmd_discover": "command-line module: its tests call main([...]) in tests/tools",
-    "treecoll.tools.cmd_simulate": "command-line module: its tests call main([...]) in tests/tools",
-    "treecoll.tools.cmd_topo": "command-line module: its tests call main([...]) in tests/tools",
-    "treecoll.tools.cmd_tree": "command-line module: its tests call main([...]) in tests/tools",
-    "treecoll.tools.demo": "command-line module: its tests call main([...]) in tests/tools",
-    "treecoll.tools.demo_decode": "command-line module: its tests call main([...]) in tests/tools",
+    "treecoll.tools.cmd_decode": COMMAND,
+    "treecoll.tools.cmd_discover": COMMAND,
+    "treecoll.tools.cmd_simulate": COMMAND,
+    "treecoll.tools.cmd_topo": COMMAND,
+    "treecoll.tools.cmd_tree": COMMAND,
+    "treecoll.tools.demo": COMMAND,
+    "treecoll.tools.demo_decode": COMMAND,
     "treecoll.tools.emucluster": "package marker; its modules carry the examples",
-    "treecoll.tools.validate_sim": "command-line module: its tests call main([...]) in tests/tools",
+    "treecoll.tools.validate_sim": COMMAND,
 }
 BARE = re.compile(r"^\s*(?:>>> )?(?:from|import) (?:topo|collectives|attention|tools)\b", re.M)
+#: text about how and when the work was done, issue numbers, or files outside the repository (the research
+#: notes and design card it was built from); "run A" / "run B" only in capitals ("run a command" is fine)
+HISTORY = re.compile(r"(?i:\bsession [0-9]|\bissue #?[0-9]|\.\./shared|shared/reference|shared/fixtures|refuted"
+                     r"|/work/|\bDESIGN\.md\b|\b(?:topo|collectives|attention|paper|style)\.md\b)|\brun [AB]\b")
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -103,6 +101,7 @@ SUBPROCESS_USES = {
     "tools/emucluster/measure.py": "an iperf-like server and client inside two namespaces",
     "tools/emucluster/runner.py": "asks for a free port inside a namespace",
     "tests/test_package.py": "git ls-files, and imports in a fresh interpreter",
+    "tests/test_docs.py": "the pages' example scripts, each as python name.py",
     "tests/attention/test_decode.py": "an import in a fresh interpreter",
     "tests/attention/test_decode_triton.py": "compiles a kernel in a fresh interpreter",
     "tests/tools/test_cli_topo.py": "the command line in a fresh interpreter",
@@ -126,7 +125,7 @@ BYTE_FORMATTING = re.compile(
     r"""["'](?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)["']|"""
     r"""\{[^{}]*/\s*\(?\s*(?:1\s*<<\s*\d+|1e\d+|1[0-9_]*\s*\*\*\s*\d+|2\s*\*\*\s*\d+|\d{4,}|[A-Z]{2}B|[A-Z]iB)\b"""
     r"""[^{}]*\}\s?(?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)(?![/\w])""")
-#: modules changed elsewhere at the same time: they print sizes their own way until ported to treecoll.topo.fmt
+#: modules that still print sizes their own way (remove each once it uses treecoll.topo.fmt)
 BYTE_FORMATTING_TO_PORT = {"tools/bench_decode.py", "tools/bench_tree_attention.py"}
 
 
@@ -141,8 +140,8 @@ def test_one_byte_formatter():
     assert BYTE_FORMATTING.search('f"{x / 1e6:8.3f} MB"') and not BYTE_FORMATTING.search('f"{x / 1e9:.2f} GB/s"')
 
 
-#: a module changed elsewhere at the same time: it imports tests/collectives/sim_helpers.py through sys.path
-#: until it imports ``tests.collectives.sim_helpers`` by name
+#: a test that still reaches tests/collectives/sim_helpers.py through sys.path (remove it once it imports
+#: ``tests.collectives.sim_helpers`` by name)
 SYS_PATH_TO_PORT = {"tests/attention/test_decode_cost.py"}
 
 
@@ -150,3 +149,20 @@ def test_no_module_edits_sys_path():
     """Modules, scripts and tests import treecoll and the test helpers by name (tests/ is a package tree)."""
     edits = re.compile(r"\bsys\.path\s*(?:\.(?:insert|append|extend)\(|\[[^\]]*\]\s*=|\+=|=)")
     assert _lines_matching([f for f in _tracked() if f not in SYS_PATH_TO_PORT], edits) == []
+
+
+def test_no_text_about_history_issues_or_files_outside_the_repository():
+    """Docs, docstrings, comments and data describe the software as it is and cite public sources
+    (URL, NCCL file and version, paper): no sessions, issue numbers, "run A/B", refuted ideas, or
+    paths outside the repository. tests/fixtures are verbatim third-party files; this file holds the pattern."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    bad = []
+    for f in files:
+        if f.startswith("tests/fixtures/") or f == "tests/test_package.py":
+            continue
+        try:
+            text = (ROOT / f).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError):  # binary files (plots); files deleted in the work tree
+            continue
+        bad += [f"{f}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}" for m in HISTORY.finditer(text)]
+    assert bad == []

@@ -2,7 +2,11 @@
 
 Sources of the semantics: NCCL's env.rst (2.30) and source, the CUDA
 Programming Guide (CUDA_VISIBLE_DEVICES), torchrun's, Slurm's and Open MPI's
-documented variables (../shared/reference/topo.md §4). Each variable's effect
+documented variables (NCCL: docs/userguide/source/env.rst, rendered at
+https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; CUDA:
+https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/environment-variables.html;
+torchrun: https://pytorch.org/docs/stable/elastic/run.html#environment-variables; Open MPI:
+https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html). Each variable's effect
 on a Topology or on later tree building is in :data:`EFFECTS` (what
 ``treecoll topo hints`` prints). An invalid value raises
 :class:`~topo.errors.TopologyError` naming the variable::
