@@ -105,6 +105,7 @@ SUBPROCESS_USES = {
     "tests/attention/test_decode.py": "an import in a fresh interpreter",
     "tests/attention/test_decode_triton.py": "compiles a kernel in a fresh interpreter",
     "tests/tools/test_cli_topo.py": "the command line in a fresh interpreter",
+    "tests/tools/test_bench_harness.py": "asks git for the commit the benchmark JSON must name",
     "tests/tools/test_emucluster.py": "the emu command as a user runs it, tc, a process that exits",
     "tests/collectives/test_launch.py": "parents of ranks, killed to check that their ranks die with them",
 }
