@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 import torch
-from treecoll.attention.dist import run_group
+from treecoll.collectives.launch import spawn
 
 P = 4
 #: Relative error against the float64 reference.  bf16 K/V convert exactly to float32 and the
@@ -182,7 +182,7 @@ def _bad_state(rank):
 
 @pytest.fixture(scope="module")
 def group_results():
-    return run_group(_worker, P, timeout=90)
+    return spawn(_worker, P, timeout=90)
 
 
 @pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3"])
@@ -261,7 +261,8 @@ def test_single_process_is_local_decode():
     from treecoll.attention.tree_decode import tree_decode
 
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(2, 4, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g)
+    q = torch.randn(2, 4, 8, generator=g)
+    k, v = torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g)
     ref_out, ref_lse = reference(q, k, v, kv_len=[9, 4])
     for fn in (tree_decode, ring_decode, allreduce3_decode):
         out, lse = fn(q, k, v, kv_len=[9, 4], return_lse=True)
