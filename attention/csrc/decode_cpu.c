@@ -434,6 +434,23 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
     }
 }
 
+/* One load per 4 KiB page spanned by heads [h0, h1) of the rows row[0..n): the page
+ * walks happen now, so that the software prefetches of these rows (which this CPU may
+ * drop on a TLB miss) reach memory.  (Measured: 5-8% faster for bf16 at 128k tokens.) */
+static volatile unsigned page_sink;
+static inline void touch_pages(const char *const *row, int64_t n, int64_t stride, int64_t h0, int64_t h1,
+                               int64_t bytes) {
+    uintptr_t last = 0;
+    unsigned acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *lo = row[i] + h0 * stride, *hi = row[i] + (h1 - 1) * stride + bytes - 1;
+        if ((uintptr_t)lo >> 12 != last) acc += *(volatile const unsigned char *)lo;
+        if ((uintptr_t)hi >> 12 != (uintptr_t)lo >> 12) acc += *(volatile const unsigned char *)hi;
+        last = (uintptr_t)hi >> 12;
+    }
+    page_sink += acc;
+}
+
 /* Query-group blocks: the largest of 8, 4, 2, 1 that fits the remaining queries. */
 static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1; }
 
@@ -455,7 +472,9 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
  * being prefetched stay well inside L2.  (Measured on a Zen 4 VM, one thread, 128k
  * tokens, Llama-3.1-8B shapes: without the prefetch bf16 ran 1.8x slower; with tiles
  * twice as long, fp32 ran 1.3x slower; prefetching a tile's rows in address order (all
- * heads at once), one head ahead, or with one task per head was slower.) */
+ * heads at once), one head ahead, or with one task per head was slower.  The cache in
+ * 2 MiB pages (transparent huge pages, e.g. torch's THP_MEM_ALLOC_ENABLE=1) ran about
+ * 1.2x faster: this order touches a new 4 KiB page every few rows.) */
 T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
                                   int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
@@ -478,6 +497,8 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
             krow[cur ^ 1][i] = token_row(a->k, b, s + n + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
             vrow[cur ^ 1][i] = token_row(a->v, b, s + n + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
         }
+        touch_pages(kn, pf, a->k_h, h0, h1, D * isz);
+        touch_pages(vn, pf, a->v_h, h0, h1, D * isz);
         for (int64_t h = h0; h < h1; h++) {
             const int64_t j = (h - h0) * G;
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
