@@ -62,7 +62,7 @@ def decode_partial(
     num_splits : int, optional
         Contiguous key chunks per sequence computed independently and merged
         (flash-decoding).  Default: from the length and the SM count on CUDA
-        (:func:`attention.decode_triton.choose_num_splits`); for 'torch' on CPU
+        (:func:`attention.decode_gpu.choose_num_splits`); for 'torch' on CPU
         at least ``torch.get_num_threads()`` for sequences of two blocks or more
         (one split per worker thread), else 1; for 'native' the kernel cuts the
         keys into blocks from the total length (``num_splits`` sets a minimum)
