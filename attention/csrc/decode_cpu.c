@@ -470,11 +470,10 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
  * at page boundaries) fall behind.  The tile is 32 tokens, or 16 when a token's K and V
  * rows (all heads of the slice) exceed 4 KiB, so that the tile being read and the one
  * being prefetched stay well inside L2.  (Measured on a Zen 4 VM, one thread, 128k
- * tokens, Llama-3.1-8B shapes: without the prefetch bf16 ran 1.8x slower; with tiles
- * twice as long, fp32 ran 1.3x slower; prefetching a tile's rows in address order (all
- * heads at once), one head ahead, or with one task per head was slower.  The cache in
- * 2 MiB pages (transparent huge pages, e.g. torch's THP_MEM_ALLOC_ENABLE=1) ran about
- * 1.2x faster: this order touches a new 4 KiB page every few rows.) */
+ * tokens, Llama-3.1-8B shapes: without the prefetch bf16 runs 1.8x slower; with tiles
+ * twice as long fp32 runs 1.3x slower.  A cache in 2 MiB pages (transparent huge pages,
+ * e.g. torch's THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new
+ * 4 KiB page every few rows.) */
 T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
                                   int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
