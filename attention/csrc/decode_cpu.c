@@ -470,7 +470,7 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
  * at page boundaries) fall behind.  The tile is 32 tokens, or 16 when a token's K and V
  * rows (all heads of the slice) exceed 4 KiB, so that the tile being read and the one
  * being prefetched stay well inside L2.  (Measured on a Zen 4 VM, one thread, 128k
- * tokens, Llama-3.1-8B shapes: without the prefetch bf16 runs 1.8x slower; with tiles
+ * tokens, Llama-3.1-8B shapes: without the prefetch bf16 runs about 2x slower; with tiles
  * twice as long fp32 runs 1.3x slower.  A cache in 2 MiB pages (transparent huge pages,
  * e.g. torch's THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new
  * 4 KiB page every few rows.) */
