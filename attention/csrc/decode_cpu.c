@@ -547,19 +547,21 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
 
 /* The AVX-512 tiers.  Both are compiled with the BF16 target because the score pass
  * may use vdpbf16ps; with DOT = 0 no BF16 instruction is executed (the code uses
- * none but that intrinsic), so the plain tier runs on AVX-512 CPUs without BF16. */
-#define TASK512(NAME, DOT)                                                                                         \
-    T512BF static void NAME(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,           \
-                            float *slot, float *scratch) {                                                         \
-        switch ((int)c->a->kv_dtype) {                                                                             \
-        case DT_BF16: task512_dt(DT_BF16, DOT, c, b, t0, t1, h0, h1, slot, scratch); break;                        \
-        case DT_F16: task512_dt(DT_F16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;                            \
-        default: task512_dt(DT_F32, 0, c, b, t0, t1, h0, h1, slot, scratch); break;                                \
-        }                                                                                                          \
+ * none but that intrinsic), so the plain tier runs on AVX-512 CPUs without BF16.
+ * The vdpbf16ps tier exists for bf16 caches only (pick_task). */
+T512BF static void task_avx512(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                               float *slot, float *scratch) {
+    switch ((int)c->a->kv_dtype) {
+    case DT_BF16: task512_dt(DT_BF16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    case DT_F16: task512_dt(DT_F16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    default: task512_dt(DT_F32, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
     }
-TASK512(task_avx512_dot, 1)
-TASK512(task_avx512, 0)
-#undef TASK512
+}
+
+T512BF static void task_avx512_dot(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                                   float *slot, float *scratch) {
+    task512_dt(DT_BF16, 1, c, b, t0, t1, h0, h1, slot, scratch);
+}
 #endif /* x86 */
 
 /* ------------------------------------------------------------ ISA choice */
