@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m tools.demo
+	$(PY) -m treecoll.tools.demo
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -10,7 +10,7 @@ Numerics contract (every function in this package follows it):
 * A shard with no keys is ``(0, -inf)``; it is the identity of :func:`merge`, and
   no mix of empty states produces NaN.  NaN and inf in inputs and states follow
   ONE policy on every backend and in every merge, torch's SDPA arithmetic: see
-  "NaN/inf policy" in :mod:`attention.state`.
+  "NaN/inf policy" in :mod:`treecoll.attention.state`.
 * Kernels read fp16 / bf16 / fp32 inputs and accumulate in float32; the merge
   runs in float32 whatever the input dtype.  Tests check every kernel against
   the float64 :func:`reference` (relative error <= 1e-5 for fp32 inputs,
@@ -20,9 +20,9 @@ Numerics contract (every function in this package follows it):
 
 ``import attention`` imports torch but not triton (loaded on first Triton use).
 """
-from attention.decode import DECODE_BACKENDS, decode_partial
-from attention.reference import reference
-from attention.state import (
+from treecoll.attention.decode import DECODE_BACKENDS, decode_partial
+from treecoll.attention.reference import reference
+from treecoll.attention.state import (
     LN2,
     LOG2E,
     MergeOp,
@@ -56,10 +56,10 @@ __all__ = [
 ]
 
 # --- distributed decoding (tree attention, baselines, sharded KV cache, model; issue 7) ---
-from attention.baselines import allreduce3_decode, ring_decode  # noqa: E402
-from attention.kv_cache import ShardedKVCache  # noqa: E402
-from attention.model import LlamaConfig, LlamaModel  # noqa: E402
-from attention.tree_decode import tree_combine, tree_decode  # noqa: E402
+from treecoll.attention.baselines import allreduce3_decode, ring_decode  # noqa: E402
+from treecoll.attention.kv_cache import ShardedKVCache  # noqa: E402
+from treecoll.attention.model import LlamaConfig, LlamaModel  # noqa: E402
+from treecoll.attention.tree_decode import tree_combine, tree_decode  # noqa: E402
 
 __all__ += ["tree_decode", "tree_combine", "ring_decode", "allreduce3_decode", "ShardedKVCache",
             "LlamaConfig", "LlamaModel"]

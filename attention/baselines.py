@@ -1,4 +1,4 @@
-"""Baselines for distributed decoding, with :func:`attention.tree_decode`'s signature.
+"""Baselines for distributed decoding, with :func:`treecoll.attention.tree_decode`'s signature.
 
 Both are implemented as their authors run them, so that comparisons are fair:
 
@@ -19,7 +19,7 @@ Both are implemented as their authors run them, so that comparisons are fair:
   numerator), then ``all_reduce(exp(lse - m), SUM)`` (the denominator), out =
   numerator / denominator.  In float32 (the reference code uses the input
   dtype), with the ``-inf`` guards and the NaN/inf policy of
-  :mod:`attention.state` (empty shards are exact identities).
+  :mod:`treecoll.attention.state` (empty shards are exact identities).
 
 ``tree``, ``topology`` and ``root_only`` are accepted for signature
 compatibility and ignored (both baselines give every rank the output).
@@ -27,19 +27,18 @@ compatibility and ignored (both baselines give every rank the output).
 from __future__ import annotations
 
 import torch
-
-from attention.decode import decode_partial
-from attention.dist import agree_on_inputs, group_info, to_global
-from attention.state import empty_state, merge, online_to_state
-from attention.validate import check_decode_inputs
-from topo.errors import AttentionError
+from treecoll.attention.decode import decode_partial
+from treecoll.attention.dist import agree_on_inputs, group_info, to_global
+from treecoll.attention.state import empty_state, merge, online_to_state
+from treecoll.attention.validate import check_decode_inputs
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
 
 
 def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
                 root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
-    """Ring Attention decoding; same parameters and result as :func:`attention.tree_decode`.
+    """Ring Attention decoding; same parameters and result as :func:`treecoll.attention.tree_decode`.
 
     ``check`` is accepted for symmetry: the ring always all-gathers every rank's
     shipped prefix length (it sizes the receive buffers with them), and that
@@ -108,7 +107,7 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
 def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
                       root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
     """The paper's three all-reduces (max, numerator, denominator); same
-    parameters and result as :func:`attention.tree_decode`."""
+    parameters and result as :func:`treecoll.attention.tree_decode`."""
     del tree, topology, root_only
     _, size = group_info(group)
     if check and size > 1:
@@ -140,7 +139,7 @@ def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None):
 
 
 def _methods():
-    from attention.tree_decode import tree_decode
+    from treecoll.attention.tree_decode import tree_decode
 
     return {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
 

@@ -2,28 +2,27 @@
 from __future__ import annotations
 
 import torch
-
-from attention.validate import KV_DTYPES, check_decode_inputs
-from topo.errors import AttentionError
+from treecoll.attention.validate import KV_DTYPES, check_decode_inputs
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["DECODE_BACKENDS", "decode_partial"]
 
 
 def _torch_backend(q, k, v, lengths, scale, num_splits, out, block_table):
-    from attention.decode_cpu import decode_torch
+    from treecoll.attention.decode_cpu import decode_torch
 
     return decode_torch(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
 
 
 def _native_backend(q, k, v, lengths, scale, num_splits, out, block_table):
-    from attention.decode_native import decode_native
+    from treecoll.attention.decode_native import decode_native
 
     return decode_native(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
 
 
 def _auto_cpu_backend(q, k, v) -> str:
     """'native' when the C kernel is built (or can be) and reads these inputs in place, else 'torch'."""
-    from attention.decode_native import native_status, supports
+    from treecoll.attention.decode_native import native_status, supports
 
     if supports(q, k, v) and native_status()["available"]:
         return "native"
@@ -31,7 +30,7 @@ def _auto_cpu_backend(q, k, v) -> str:
 
 
 def _triton_backend(q, k, v, lengths, scale, num_splits, out, block_table):
-    from attention.decode_triton import decode_triton
+    from treecoll.attention.decode_triton import decode_triton
 
     return decode_triton(q, k, v, lengths, scale, num_splits=num_splits, out=out, block_table=block_table)
 
@@ -62,14 +61,14 @@ def decode_partial(
     num_splits : int, optional
         Contiguous key chunks per sequence computed independently and merged
         (flash-decoding).  Default: from the length and the SM count on CUDA
-        (:func:`attention.decode_gpu.choose_num_splits`); for 'torch' on CPU
+        (:func:`treecoll.attention.decode_gpu.choose_num_splits`); for 'torch' on CPU
         at least ``torch.get_num_threads()`` for sequences of two blocks or more
         (one split per worker thread), else 1; for 'native' the kernel cuts the
         keys into blocks from the total length (``num_splits`` sets a minimum)
         and runs them on ``torch.get_num_threads()`` threads of its own.
     backend : {'auto', 'native', 'torch', 'triton'}
         'auto' takes 'triton' for CUDA tensors; on CPU 'native' (the fused C kernel
-        of :mod:`attention.decode_native`, built on first use with the system C
+        of :mod:`treecoll.attention.decode_native`, built on first use with the system C
         compiler, AVX-512 / AVX2 / portable chosen at run time) when it is
         available and ``head_dim`` has stride 1, else 'torch' (block-wise float32
         matmuls).  'triton' on CPU tensors needs

@@ -162,11 +162,11 @@ def run_splits(q, kv_heads: int, lengths, scale: float, attend, *, num_splits: i
     ``attend`` gets ``qg`` float32 [kv_heads, group, head_dim] (scaled) and a dict it
     may cache buffers in (one per thread when single-threaded), and returns
     ``(acc, m, l)``: float32 [kv_heads, group, head_dim] unnormalised output and
-    [kv_heads, group, 1] running max and sum, as :func:`attention.state.online_to_state`
+    [kv_heads, group, 1] running max and sum, as :func:`treecoll.attention.state.online_to_state`
     reads them (``m = -inf``, ``l = 0`` when empty).
     Writes and returns ``(out, lse)`` as :func:`decode_torch`.
     """
-    from attention.state import merge_states, online_to_state
+    from treecoll.attention.state import merge_states, online_to_state
 
     batch, q_heads, head_dim = q.shape
     group = q_heads // kv_heads

@@ -1,7 +1,7 @@
 """Planning of the GPU (Triton) decode without a GPU: splits, block sizes, bytes, an H100 estimate, self-check cases.
 
 Plain Python (no torch, no triton), so that plans and estimates can be printed
-anywhere.  :mod:`attention.decode_triton` takes its split count and block size
+anywhere.  :mod:`treecoll.attention.decode_triton` takes its split count and block size
 from here.
 
 Split count (flash-decoding).  Stage 1 runs one program per (sequence, KV head,
@@ -162,7 +162,7 @@ def selfcheck_cases(*, hbm_gbps: float = H100_SXM_HBM_GBPS, sms: int = H100_SXM_
     :func:`estimate` for ``hbm_gbps`` / ``sms`` (an H100 SXM by default): ``splits``,
     ``bytes`` (KV bytes read), ``estimate_s``.  The self-check measures the time and reports
     ``bytes / time`` against the device's HBM rate, and checks the result against
-    :func:`attention.reference` on a cut-down copy.
+    :func:`treecoll.attention.reference` on a cut-down copy.
 
     >>> [c["name"] for c in selfcheck_cases()][:2]
     ['llama8b-b1-8k', 'llama8b-b1-32k']

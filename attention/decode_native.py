@@ -38,8 +38,7 @@ import threading
 from pathlib import Path
 
 import torch
-
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["NATIVE_DTYPES", "NATIVE_ISAS", "decode_native", "native_status", "read_sum"]
 
@@ -160,7 +159,7 @@ class _Args(ctypes.Structure):
 def decode_native(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_table=None,
                   isa: str | None = None, q_bf16: bool = False, threads: int | None = None):
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
-    :func:`attention.decode_partial` for shapes and the contract).
+    :func:`treecoll.attention.decode_partial` for shapes and the contract).
 
     ``q`` [batch, q_heads, head_dim] (any strides); ``k``/``v`` [batch, seq, kv_heads,
     head_dim] with any strides but ``head_dim``'s = 1, or paged [num_pages, page_size,

@@ -4,7 +4,7 @@ Two kernels:
 
 * ``_decode_split_kernel`` (stage 1), grid ``(batch, kv_heads, num_splits)``.  One
   program owns one KV head of one sequence and one contiguous chunk of its keys
-  (the split count and the block size: :mod:`attention.decode_gpu`).
+  (the split count and the block size: :mod:`treecoll.attention.decode_gpu`).
   It loads each K/V block ONCE for all ``group = q_heads // kv_heads`` query
   heads (the group is the M dimension of ``tl.dot``, padded to 16), runs an
   online softmax in base 2 (``exp2`` with ``scale * log2(e)`` folded into the
@@ -13,9 +13,9 @@ Two kernels:
   chunk (length 0, or a split past the end) writes ``(0, -inf)``.
 * ``_merge_states_kernel`` (stage 2, also :func:`merge_states_triton`), grid
   ``(rows,)``: merges ``S`` states per row with the guarded max shift (see
-  :mod:`attention.state`).  Stage 2 is skipped when there is one split.
+  :mod:`treecoll.attention.state`).  Stage 2 is skipped when there is one split.
 
-Both follow the NaN/inf policy of :mod:`attention.state` (IEEE softmax, as
+Both follow the NaN/inf policy of :mod:`treecoll.attention.state` (IEEE softmax, as
 torch's SDPA math path): the running max keeps NaN (:func:`_max_keep_nan`),
 the shift is 0 while it is ``-inf``, and no weight is masked after the fact.
 
@@ -40,6 +40,12 @@ interpreter computes ``tl.dot`` on bfloat16 operands wrongly (errors ~1e10 on
 16x16 inputs), so under the interpreter, and for float32 inputs, the operands
 are upcast to float32 and multiplied with ``input_precision="ieee"``; on GPUs
 fp16/bf16 go to the tensor cores with float32 accumulation.
+
+The block size per head_dim and the split count (Llama-3.1-8B, one sequence of 128k
+tokens on an H100's 132 SMs):
+
+>>> BLOCK_N, block_n(256), choose_num_splits(1, 8, 131072, 132)
+(64, 32, 15)
 """
 from __future__ import annotations
 
@@ -47,10 +53,9 @@ import math
 import os
 
 import torch
-
-from attention.decode_gpu import MAX_SPLITS, block_n, choose_num_splits
-from attention.state import LOG2E
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.decode_gpu import MAX_SPLITS, block_n, choose_num_splits
+from treecoll.attention.state import LOG2E
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 try:
     import triton
@@ -69,7 +74,7 @@ __all__ = [
 ]
 
 #: Keys per block of stage 1 at head_dim 128 (the N dimension of both tl.dot calls); other
-#: head dims: :func:`attention.decode_gpu.block_n` (8192 elements per K/V block).
+#: head dims: :func:`treecoll.attention.decode_gpu.block_n` (8192 elements per K/V block).
 BLOCK_N = block_n(128)
 #: Software-pipeline stages of stage 1.  Compiled for sm_80 with head_dim 128:
 #: fp32 K/V take 143 KiB of shared memory at 3 stages, 76 KiB at 2 (fits every
@@ -297,7 +302,7 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse, block_tabl
 
 def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None, block_table=None):
     """Partial decode attention with the Triton kernels (validated inputs; see
-    :func:`attention.decode_partial`).  Returns ``(out, lse)`` float32
+    :func:`treecoll.attention.decode_partial`).  Returns ``(out, lse)`` float32
     [batch, q_heads, head_dim] and [batch, q_heads], natural log.
 
     No host synchronisation on CUDA: the lengths and the block table stay on the
@@ -352,7 +357,7 @@ def _launch_merge(outs, lses, out, lse) -> None:
 
 
 def merge_states_triton(outs: torch.Tensor, lses: torch.Tensor, dim: int):
-    """:func:`attention.merge_states` with the Triton kernel (validated inputs;
+    """:func:`treecoll.attention.merge_states` with the Triton kernel (validated inputs;
     ``dim`` non-negative).  Returns float32 ``(out, lse)`` without the state dim."""
     _check_launchable(outs, "merge_states")
     outs = outs.movedim(dim, 0)

@@ -26,8 +26,7 @@ import traceback
 from dataclasses import dataclass, field
 
 import torch
-
-from topo.errors import AttentionError, CollectiveError
+from treecoll.topo.errors import AttentionError, CollectiveError
 
 __all__ = [
     "group_info",
@@ -393,12 +392,12 @@ def agree_on_inputs(where: str, group, q, k, v, kv_len, scale, *, extra=(), extr
     """Validate a decode call locally and make every rank agree before any exchange.
 
     One all-gather of :func:`decode_signature` (plus ``extra``) and a flag saying
-    whether this rank's inputs passed :func:`attention.validate.check_decode_inputs`.
+    whether this rank's inputs passed :func:`treecoll.attention.validate.check_decode_inputs`.
     Every rank raises :class:`AttentionError` if any rank's inputs are invalid
     or the ranks disagree, so no rank is left waiting in a later exchange.
     Returns ``(lengths int32 [batch], scale, table int64 [P, n])``.
     """
-    from attention.validate import check_decode_inputs
+    from treecoll.attention.validate import check_decode_inputs
 
     err, lengths = None, None
     try:

@@ -2,7 +2,7 @@
 
 Enabling it (every rank of a ``torch.distributed`` group runs the same lines)::
 
-    import attention.hf as hf
+    import treecoll.attention.hf as hf
     hf.register()                        # adds "tree_decode" to transformers.AttentionInterface
     model = LlamaForCausalLM.from_pretrained(path).eval()     # the whole model on every rank
     tokens = hf.generate(model, input_ids, 32)                # int64 [batch, 32], the same on every rank
@@ -33,10 +33,10 @@ What runs on each rank:
   with the context);
 * prefill (the prompt, one forward): causal attention over the whole prompt,
   computed locally with ``scaled_dot_product_attention`` (no communication, the
-  same on every rank, like :meth:`attention.model.LlamaModel.prefill`); the rank
+  same on every rank, like :meth:`treecoll.attention.model.LlamaModel.prefill`); the rank
   then keeps only its share of every layer's K/V;
 * decode (one token per step): the token's K/V are appended on the rank that
-  owns the position; attention runs through :func:`attention.tree_decode` over
+  owns the position; attention runs through :func:`treecoll.attention.tree_decode` over
   the local shards (one tree reduction of the packed fp32 state per layer per
   step, then a broadcast), or a baseline with the same signature
   (``method="ring"`` / ``"allreduce3"``).  Every rank gets the same logits and
@@ -67,9 +67,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 __all__ = ["register", "generate", "tree_attention_forward", "NAME"]
 
@@ -96,7 +95,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise MissingDependency("transformers", "attention.hf (tree decoding for Hugging Face models)",
+        raise MissingDependency("transformers", "treecoll.attention.hf (tree decoding for Hugging Face models)",
                                 extra="hf") from None
     return transformers
 
@@ -131,8 +130,8 @@ def tree_attention_forward(module, query, key, value, attention_mask=None, scali
     """
     s = _SESSION.get()
     if s is None:
-        raise AttentionError(f"{NAME} attention: expected a call inside attention.hf.generate (it owns the sharded "
-                             f"KV cache), got a model call outside it; use attention.hf.generate(model, input_ids, "
+        raise AttentionError(f"{NAME} attention: expected a call inside treecoll.attention.hf.generate (it owns the sharded "
+                             f"KV cache), got a model call outside it; use treecoll.attention.hf.generate(model, input_ids, "
                              f"new_tokens)")
     layer = getattr(module, "layer_idx", None)
     if not isinstance(layer, int):
@@ -168,7 +167,7 @@ def register() -> str:
     tf = _transformers()
     iface = getattr(tf, "AttentionInterface", None)
     if iface is None:
-        raise MissingDependency("transformers>=4.49", "attention.hf (transformers.AttentionInterface)", extra="hf")
+        raise MissingDependency("transformers>=4.49", "treecoll.attention.hf (transformers.AttentionInterface)", extra="hf")
     iface.register(NAME, tree_attention_forward)
     return NAME
 
@@ -220,8 +219,8 @@ def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, g
     input_ids : int [batch, seq], right-padded prompts (the same on every rank).
     new_tokens : tokens to generate per sequence (>= 0; no stop on EOS).
     lengths : valid prompt tokens per sequence, [batch] ints in [1, seq] (default seq).
-    group, tree, topology : as :func:`attention.tree_decode` (no group: one process).
-    method : ``"tree"`` (:func:`attention.tree_decode`), ``"ring"`` or ``"allreduce3"``.
+    group, tree, topology : as :func:`treecoll.attention.tree_decode` (no group: one process).
+    method : ``"tree"`` (:func:`treecoll.attention.tree_decode`), ``"ring"`` or ``"allreduce3"``.
     block_size : positions per round-robin block of the cache.
     return_logits : also return the float32 logits [batch, new_tokens, vocab] that
         picked each token.
@@ -230,9 +229,9 @@ def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, g
     -------
     int64 [batch, new_tokens] (and the logits with ``return_logits``), equal on every rank.
     """
-    from attention.baselines import METHODS
-    from attention.baselines import method as decode_method
-    from attention.dist import check_same_signature, group_info
+    from treecoll.attention.baselines import METHODS
+    from treecoll.attention.baselines import method as decode_method
+    from treecoll.attention.dist import check_same_signature, group_info
 
     register()
     attend = decode_method(method)

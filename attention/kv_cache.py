@@ -34,8 +34,7 @@ attends, appends to layer 1, ...); ``lengths(layer)`` are the global lengths,
 from __future__ import annotations
 
 import torch
-
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["ShardedKVCache", "DEFAULT_BLOCK_SIZE"]
 
@@ -118,7 +117,7 @@ class ShardedKVCache:
         return torch.tensor([self.local_count(int(n)) for n in self._lengths[layer]], dtype=torch.int64)
 
     def shard(self, layer: int):
-        """``(k, v, kv_len)`` of ``layer`` for :func:`attention.tree_decode`:
+        """``(k, v, kv_len)`` of ``layer`` for :func:`treecoll.attention.tree_decode`:
         k/v ``[batch, capacity, kv_heads, head_dim]``, kv_len int64 ``[batch]``."""
         return self.k[layer], self.v[layer], self.kv_len(layer)
 

@@ -15,7 +15,7 @@ Distribution (context parallel for attention only):
   share of every layer's K/V in its :class:`~attention.kv_cache.ShardedKVCache`
   (round-robin blocks).  Simple and exactly equal on every rank;
 * **decode**: the new token's K/V are appended on the rank that owns the tail
-  position; attention runs through :func:`attention.tree_decode` (or a baseline
+  position; attention runs through :func:`treecoll.attention.tree_decode` (or a baseline
   with the same signature: ``method="ring"`` / ``"allreduce3"``) over the local
   shards, and every rank gets the same output, so the ranks stay in lock step.
 
@@ -37,9 +37,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 __all__ = ["LlamaConfig", "LlamaModel", "save_checkpoint"]
 
@@ -78,7 +77,7 @@ class LlamaConfig:
                                  f"{self.rope_scaling!r}")
 
     @classmethod
-    def from_hf(cls, d: dict) -> "LlamaConfig":
+    def from_hf(cls, d: dict) -> LlamaConfig:
         """From a Hugging Face Llama ``config.json`` dict."""
         heads = int(d["num_attention_heads"])
         return cls(vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
@@ -176,7 +175,7 @@ class LlamaModel:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0, dtype=torch.float32) -> "LlamaModel":
+    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0, dtype=torch.float32) -> LlamaModel:
         """Random weights from ``seed`` (normal, std 1/sqrt(fan_in); norms 1):
         identical in every process that uses the same seed."""
         config = config or LlamaConfig()
@@ -190,7 +189,7 @@ class LlamaModel:
         return cls(config, weights, dtype=dtype)
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype=torch.float32) -> "LlamaModel":
+    def from_pretrained(cls, path, *, dtype=torch.float32) -> LlamaModel:
         """Load a local Hugging Face Llama directory: ``config.json`` plus
         ``*.safetensors`` (needs ``safetensors``) or ``*.bin`` / ``*.pt`` state dicts."""
         path = Path(path)
@@ -283,7 +282,7 @@ class LlamaModel:
                     topology=None, method: str = "tree", check: bool = False) -> torch.Tensor:
         """One token per sequence: ``tokens`` int [batch]; appends to ``cache`` and
         returns float32 logits [batch, vocab] (the same on every rank)."""
-        from attention.baselines import method as decode_method
+        from treecoll.attention.baselines import method as decode_method
 
         attend = decode_method(method)
         c, w = self.config, self.w
@@ -309,7 +308,7 @@ class LlamaModel:
         ``group`` (every rank of the group calls this with the same arguments and
         gets the same tokens; without a group: one process, the whole cache).
         """
-        from attention.dist import group_info
+        from treecoll.attention.dist import group_info
 
         rank, world = group_info(group)
         batch, seq = tokens.shape

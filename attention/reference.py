@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-from attention.validate import check_decode_inputs
+from treecoll.attention.validate import check_decode_inputs
 
 __all__ = ["reference"]
 
@@ -23,7 +22,7 @@ def reference(q, k, v, *, kv_len=None, scale=None):
     ``seq``), ``scale`` default ``1/sqrt(head_dim)``.
     Returns ``(out, lse)``: float64 ``[batch, q_heads, head_dim]`` and float64
     ``[batch, q_heads]`` natural log; a sequence without keys gives ``(0, -inf)``.
-    NaN and inf follow the policy of :mod:`attention.state` (plain IEEE softmax, as
+    NaN and inf follow the policy of :mod:`treecoll.attention.state` (plain IEEE softmax, as
     torch's SDPA math path); positions past ``kv_len`` are masked out, never read
     into the result.
     """

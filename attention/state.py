@@ -20,8 +20,8 @@ associative (within float32 rounding).
 NaN/inf policy
 --------------
 Every decode backend (``torch``, ``native``, ``triton``), the float64
-:func:`attention.reference` and every merge (:func:`merge`,
-:func:`merge_states`, :class:`MergeOp`, and so :func:`attention.tree_decode`,
+:func:`treecoll.attention.reference` and every merge (:func:`merge`,
+:func:`merge_states`, :class:`MergeOp`, and so :func:`treecoll.attention.tree_decode`,
 :func:`attention.tree_combine` and the baselines) follow ONE policy: IEEE
 arithmetic of plain softmax attention, as torch's
 ``scaled_dot_product_attention`` computes it (its math path; torch 2.13)::
@@ -86,8 +86,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = [
     "LN2",
@@ -231,7 +230,7 @@ def merge_states(outs, lses, dim: int = 0, *, backend: str = "auto") -> State:
     if backend not in _MERGE_BACKENDS:
         raise AttentionError(f"merge_states: unknown backend {backend!r}; valid: {list(_MERGE_BACKENDS)}")
     if backend == "triton" or (backend == "auto" and outs.is_cuda and _triton_available()):
-        from attention.decode_triton import merge_states_triton
+        from treecoll.attention.decode_triton import merge_states_triton
 
         return merge_states_triton(outs, lses, dim)
     lses = lses.float()

@@ -20,18 +20,18 @@ Every rank of a process group holds a slice of each sequence's keys and values
    merged subtree state (meaningless to callers).  :func:`tree_root` tells which
    rank is the root.
 
-``tree="auto"`` builds the two-level tree (``collectives.builders.build
+``tree="auto"`` builds the two-level tree (``treecoll.collectives.builders.build
 ("two_level", topology, range(P), rails=False)``: one tree, since the packed
 state is merged whole, never split over rails) for the group's topology: ``topology`` if
 given; else :func:`topo.discover_cluster` over the group when that function
 exists; else a CPU-local topology of the group (one host, ``P`` rank slots:
-:func:`topo.discover.cpu_only_host`), which is what a gloo group on one machine
+:func:`treecoll.topo.discover.cpu_only_host`), which is what a gloo group on one machine
 is.  The tree is built once per (group, topology) and cached.  ``tree`` may also
 be a :class:`collectives.Tree` over ``P`` ranks (built, imported or hand-made)
-or another builder name of the ``collectives.builders`` registry.
+or another builder name of the ``treecoll.collectives.builders`` registry.
 
 Compared with the paper's Algorithm 3 (all-reduce max, then numerator, then
-denominator; :func:`attention.baselines.allreduce3_decode`) this sends one
+denominator; :func:`treecoll.attention.baselines.allreduce3_decode`) this sends one
 packed message per edge instead of three collectives, keeps the LSE exact (the
 merge is the float32 max-shifted log-sum-exp), and follows the topology.
 """
@@ -40,11 +40,10 @@ from __future__ import annotations
 import hashlib
 
 import torch
-
-from attention.decode import decode_partial
-from attention.dist import agree_on_inputs, group_info
-from attention.state import MergeOp, pack_state, unpack_state
-from topo.errors import AttentionError
+from treecoll.attention.decode import decode_partial
+from treecoll.attention.dist import agree_on_inputs, group_info
+from treecoll.attention.state import MergeOp, pack_state, unpack_state
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["group_topology", "resolve_tree", "tree_combine", "tree_decode", "tree_root"]
 
@@ -71,14 +70,14 @@ def group_topology(group=None, topology=None):
     ``topo.discover_cluster(group)`` if the topo package provides it (a collective:
     every rank calls it; cached per group, so it runs on the first call only); else a
     CPU-local topology: one host ``"local"`` with one NUMA domain and ``P`` rank
-    slots (kind ``gpu``, model ``"cpu"``), as :func:`topo.discover.cpu_only_host`
+    slots (kind ``gpu``, model ``"cpu"``), as :func:`treecoll.topo.discover.cpu_only_host`
     builds for a GPU-less machine.  The fallback is right for a gloo group on one
     machine; for a group spanning hosts pass ``topology`` (or use discovery).
     A given topology's rank ``r`` (:meth:`topo.Topology.rank_gpus`) is taken to be
     group rank ``r``: for a subgroup, pass a topology whose ranks are mapped so."""
     if topology is not None:
         return topology
-    import topo
+    from treecoll import topo
 
     key = _group_key(group)
     hit = _TOPO_CACHE.get(key)
@@ -89,12 +88,12 @@ def group_topology(group=None, topology=None):
         found = discover_cluster(group)
         _TOPO_CACHE[key] = (group if group is not None else _world(), found)
         return found
-    from topo import Topology
-    from topo.discover import cpu_only_host
+    from treecoll.topo import Topology
+    from treecoll.topo.discover import cpu_only_host
 
     size = group_info(group)[1]
     local = Topology(cpu_only_host("local", {0: ""}, size), name="local-cpu",
-                     meta={"source": "attention.tree_decode: CPU-local fallback, one host with "
+                     meta={"source": "treecoll.attention.tree_decode: CPU-local fallback, one host with "
                                      f"{size} rank slots"})
     _TOPO_CACHE[key] = (group if group is not None else _world(), local)
     return local
@@ -111,9 +110,9 @@ def resolve_tree(tree="auto", *, group=None, topology=None):
 
     ``tree``: a ``Tree`` (its size must equal the group's), ``"auto"`` (the
     two-level builder on :func:`group_topology`) or a builder name of
-    ``collectives.builders``.  Cached per (group, tree, topology fingerprint).
+    ``treecoll.collectives.builders``.  Cached per (group, tree, topology fingerprint).
     """
-    from collectives import Tree
+    from treecoll.collectives import Tree
 
     _, size = group_info(group)
     if isinstance(tree, Tree):
@@ -130,7 +129,7 @@ def resolve_tree(tree="auto", *, group=None, topology=None):
     hit = _TREE_CACHE.get(key)
     if hit is not None:
         return hit[1]
-    from collectives import builders
+    from treecoll.collectives import builders
 
     name = "two_level" if tree == "auto" else tree
     opts = {"rails": False} if name == "two_level" else {}
@@ -162,7 +161,7 @@ def _merge_op(batch: int, heads: int, head_dim: int):
     """:class:`attention.MergeOp` as a collectives operator: commutative, and never
     split into chunks (the packed buffer is ``out`` then ``lse``: a chunk of it is
     not a state)."""
-    from collectives.ops import resolve_op
+    from treecoll.collectives.ops import resolve_op
 
     return resolve_op(MergeOp(batch=batch, heads=heads, head_dim=head_dim),
                       commutative=True, chunkable=False)
@@ -176,7 +175,7 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     ``out`` float32 ``[batch, heads, head_dim]``, ``lse`` float32 ``[batch, heads]``
     (natural log).  Returns the merged ``(out, lse)`` (float32, same shapes) on
     every rank, or only on the tree root with ``root_only``.  NaN and inf follow
-    the policy of :mod:`attention.state`: a rank's NaN or ``+inf`` lse makes that
+    the policy of :mod:`treecoll.attention.state`: a rank's NaN or ``+inf`` lse makes that
     row NaN on every rank; the other rows keep every rank's contribution.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
     ``bcast``: how the result goes back down the tree: ``"tree"`` (the default:
@@ -196,7 +195,7 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     if size == 1:
         return out, lse
     t = resolve_tree(tree, group=group, topology=topology)
-    import collectives
+    from treecoll import collectives
 
     buf = pack_state(out, lse)
     op = _merge_op(batch, heads, head_dim)
@@ -208,8 +207,7 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
     if not root_only and bcast == "native":
         import torch.distributed as dist
-
-        from attention.dist import to_global
+        from treecoll.attention.dist import to_global
 
         dist.broadcast(buf, to_global(group, t.root), group=group)
     elif not root_only:

@@ -4,8 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["KV_DTYPES", "check_decode_inputs"]
 

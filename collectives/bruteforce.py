@@ -13,7 +13,7 @@ every child order too.
 a :class:`~collectives.cost.CostModel` (each tree at its best chunk count),
 the same score ``auto`` minimises.
 
-    python -m collectives.bruteforce --topology pcie-8gpu --bytes 8 16777216
+    python -m treecoll.collectives.bruteforce --topology pcie-8gpu --bytes 8 16777216
 
 >>> sum(1 for _ in rooted_trees(4))   # 4^2 labeled trees x 4 roots
 64
@@ -24,7 +24,7 @@ import argparse
 import heapq
 import itertools
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from .cost import CostModel
 from .tree import Tree
@@ -193,7 +193,7 @@ def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce", tr
 def main(argv=None) -> int:  # pragma: no cover - a measurement tool
     import time
 
-    import topo
+    from treecoll import topo
 
     from .builders import build
     ap = argparse.ArgumentParser(description="auto versus every spanning tree under the cost model")

@@ -25,8 +25,9 @@ Builders
 ``two_level``  per host an intra-host tree over its fast links, rooted at a
                leader near a NIC; an inter-host tree over the leaders keeping
                hosts under the same leaf switches together (see
-               :func:`two_level`); per NIC rail one such tree when the message is
-               large (a :class:`MultiTree`).
+               :func:`two_level`); per NIC rail one such tree (a
+               :class:`MultiTree`) when the cost model predicts it faster for the
+               message size.
 ``auto``       the candidate with the least predicted time under
                :class:`~collectives.cost.CostModel` for ``nbytes``, refined by
                local search for small groups (see :func:`auto`).
@@ -38,24 +39,22 @@ Builders
 >>> build("nope", nranks=2)
 Traceback (most recent call last):
 ...
-topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level']
+treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level']
 """
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from topo import NCCL_CLASSES, Topology
-from topo.errors import TreeError
+from treecoll.topo import NCCL_CLASSES, Topology
+from treecoll.topo.errors import TreeError
 
 from .cost import CostModel, resolve_ranks
 from .tree import MultiTree, Tree
 
 __all__ = ["BUILDERS", "build", "chain", "binomial", "kary", "star", "double_binary", "two_level", "auto",
-           "leader_of", "nccl_btree_parents", "RAIL_BYTES", "INTRA_KINDS", "INTER_KINDS"]
+           "leader_of", "nccl_btree_parents", "INTRA_KINDS", "INTER_KINDS"]
 
-#: message size (bytes) from which ``two_level`` builds one tree per NIC rail ("rails='auto'")
-RAIL_BYTES = 4 << 20
 INTRA_KINDS = ("auto", "star", "chain", "binomial", "kary", "links")
 INTER_KINDS = ("binomial", "chain", "kary", "star")
 
@@ -221,6 +220,8 @@ def _parse_kind(spec: str, allowed: Sequence[str], what: str) -> tuple[str, int 
             k = int(arg)
         except ValueError:
             raise TreeError(f"two_level: {what} fan-out expected an integer after ':', got {spec!r}") from None
+        if kind != "kary" or k < 1:
+            raise TreeError(f"two_level: {what} expected kary:K with a fan-out K >= 1, got {spec!r}")
     return kind, k
 
 
@@ -281,7 +282,7 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
 
 def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "auto", inter: str = "binomial",
               rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
-              rail_bytes: int = RAIL_BYTES) -> Tree | MultiTree:
+              collective: str = "allreduce", model: CostModel | None = None) -> Tree | MultiTree:
     """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
 
     * ``intra``: ``auto`` (NVSwitch hosts: ``star``, shallow and wide; other
@@ -295,8 +296,11 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
       by its GPU nearest a NIC (path class, bandwidth, hops).
     * ``rails``: True builds one tree per NIC rail k (leader = the GPU nearest
       NIC k of its host; shares proportional to NIC bandwidth) so every NIC
-      carries a share; ``"auto"``: when ``nbytes >= rail_bytes``, several hosts
-      and every host has more than one NIC.
+      carries a share; ``"auto"``: with several hosts, more than one NIC on
+      every host, ``nbytes`` given and no ``root``, whichever of the two the
+      cost model (``model``, default :class:`CostModel` on ``gpus``) predicts
+      faster for ``collective`` on ``nbytes`` bytes, each at its best chunk
+      count (ties: one tree); else one tree.
     """
     if topology is None:
         raise TreeError("two_level: needs a topology (hosts, links and NICs); got none")
@@ -304,7 +308,17 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     root_host = topology.host_of(gpus[root if root is not None else 0])
     nic_counts = [len(topology.nics(h)) for h in hosts]
     if rails == "auto":
-        rails = (nbytes is not None and nbytes >= rail_bytes and len(hosts) > 1 and min(nic_counts) > 1)
+        if nbytes is None or root is not None or not rails_possible(topology, gpus):
+            rails = False
+        else:
+            kw = {"intra": intra, "inter": inter, "nbytes": nbytes, "collective": collective}
+            one = two_level(topology, gpus, nranks, rails=False, **kw)
+            per_rail = two_level(topology, gpus, nranks, rails=True, **kw)
+            model = model or CostModel(topology, gpus)
+            t_rails = model.best_nchunks(per_rail, nbytes, collective)[1]
+            return per_rail if t_rails < model.best_nchunks(one, nbytes, collective)[1] else one
+    if rails not in (True, False):
+        raise TreeError(f"two_level: rails expected True, False or 'auto', got {rails!r}")
     label = f"two_level(intra={intra},inter={inter}"
     switched: dict = {}   # host members -> NVSwitch-connected (computed once for all rails)
     if not rails:
@@ -326,6 +340,12 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
     if len(trees) == 1:
         return trees[0]
     return MultiTree(tuple(trees), tuple(b / sum(bws) for b in bws), name=label + ",rails)")
+
+
+def rails_possible(topology: Topology, gpus: Sequence[str]) -> bool:
+    """Whether per-rail trees differ from one tree: two hosts or more, each with two NICs or more."""
+    hosts = _host_groups(topology, gpus)
+    return len(hosts) >= 2 and min(len(topology.nics(h)) for h in hosts) >= 2
 
 
 # ---------------------------------------------------------------------- auto
@@ -448,7 +468,7 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
     return finish(best)
 
 
-def _random_move(t: Tree, rng: "random.Random", root: int | None) -> Tree:
+def _random_move(t: Tree, rng: random.Random, root: int | None) -> Tree:
     moves = list(_moves(t, root))
     return moves[rng.randrange(len(moves))] if moves else t
 

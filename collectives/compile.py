@@ -34,7 +34,7 @@ there and forwards it to its children ``FORWARD_LAG`` steps later. A
 receive into the buffer (slot 0) of a chunk this rank sent earlier depends
 on that send (no overwrite in flight).
 
->>> from collectives.tree import Tree
+>>> from treecoll.collectives.tree import Tree
 >>> s = compile_allreduce(Tree.from_parents([-1, 0, 0]), nchunks=2)
 >>> [st.kind for st in s.steps[1]]
 ['send', 'send', 'recv', 'recv']
@@ -43,7 +43,7 @@ on that send (no overwrite in flight).
 """
 from __future__ import annotations
 
-from topo.errors import ScheduleError
+from treecoll.topo.errors import ScheduleError
 
 from .schedule import Schedule, Step
 from .tree import MultiTree, Tree, as_multi

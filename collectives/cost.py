@@ -31,7 +31,7 @@ Without a topology, :func:`uniform_topology` stands in: P GPUs on one switch
 (one port per rank), so fan-in still costs bandwidth.
 
 >>> cm = CostModel(nranks=4)
->>> from collectives.tree import Tree
+>>> from treecoll.collectives.tree import Tree
 >>> chain, star = Tree.from_parents([-1, 0, 1, 2]), Tree.from_parents([-1, 0, 0, 0])
 >>> cm.tree_time(star, 8, "reduce") < cm.tree_time(chain, 8, "reduce")      # latency bound: shallow wins
 True
@@ -42,12 +42,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import networkx as nx
-
-from topo import Topology
-from topo.errors import TreeError
+from treecoll.topo import Topology
+from treecoll.topo.errors import TreeError
 
 from .tree import MultiTree, Tree, as_multi
 
@@ -371,18 +370,51 @@ class CostModel:
         return 2 * step + red
 
     # ------------------------------------------------------------------ bounds
-    def lower_bound(self, nbytes: float, collective: str = "allreduce") -> float:
-        """A lower bound on any algorithm's time (seconds).
+    def in_network_reduction(self) -> bool:
+        """True when the switches can reduce for these GPUs: NVLink SHARP, where NCCL offers
+        its NVLS algorithm (:func:`treecoll.collectives.sim.nccl_model.nvls_domains`)."""
+        from .sim.nccl_model import nvls_domains
+        try:
+            nvls_domains(self.topology, self.gpus)
+        except TreeError:
+            return False
+        return True
 
-        Bandwidth: every rank but one must send its n bytes (reduce) or get
-        them (broadcast) through its own port; for allreduce each rank sends
-        and receives at least ``2 (P-1)/P n`` (Patarasuk & Yuan 2009) and each
-        host's traffic crosses its network cut at least once each way.
-        Latency: rank 0's data must reach every rank, so the largest
-        shortest-path latency (over the graph's links) from rank 0 plus one
-        message overhead; and, as every rank handles one message per overhead
-        ``o`` (so holds at most ``2^t`` combined values after ``t o``), at least
-        ``o * ceil(log2 P)``.
+    def lower_bound(self, nbytes: float, collective: str = "allreduce", *, in_network: bool | None = None) -> float:
+        """A lower bound (seconds) on the time of any algorithm for ``collective`` on
+        ``nbytes``: the largest of the bounds below, each valid for every algorithm
+        (point to point, trees, rings, and reductions inside the switches).
+
+        * GPU port (allreduce). With point-to-point transfers only, every rank
+          sends and receives at least ``2 (P-1)/P n`` bytes (Patarasuk & Yuan,
+          "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+          J. Parallel Distrib. Comput. 69(2), 2009), through its own links
+          (their summed bandwidth ``B``, the smaller direction): ``2 (P-1)/P n / B``.
+          When the switches reduce (:meth:`in_network_reduction`: NVLink SHARP,
+          NCCL's NVLS, NCCL 2.17+; SHARP in InfiniBand switches, Graham et al.,
+          "Scalable Hierarchical Aggregation Protocol (SHArP)", COMHPC 2016), a
+          GPU only has to send its ``n`` bytes once and receive the ``n``-byte
+          result once (NCCL's own count for CollNet: ``S`` per GPU across nodes,
+          NVIDIA/nccl issue #457): ``n / B``. Reduce and broadcast: the root
+          receives (sends) ``n`` bytes: ``n / B``. ``in_network`` False gives the
+          bound of point-to-point algorithms only (trees and rings, what the
+          executor runs) where the switches could reduce; None detects it.
+        * Host cut (several hosts): each host's inputs must leave it and the
+          result enter it, ``n`` bytes each way, however the network reduces,
+          through the links that cross the host's boundary (its NICs' network
+          links; NVLink to switches outside the host in a rack-scale NVLink
+          domain): ``n / (their summed bandwidth, the smaller direction)``.
+        * Latency: rank 0's data must reach every rank: the largest
+          shortest-path latency (over the graph's links) from rank 0, plus one
+          message overhead ``o``; and, as a rank handles one message per ``o``
+          (so holds at most ``2^t`` combined values after ``t o``),
+          ``o * ceil(log2 P)``.
+
+        >>> cm = CostModel(nranks=4)       # 4 ports of 12 GB/s on one (NVLS-capable) switch
+        >>> cm.in_network_reduction(), cm.lower_bound(12e9)      # seconds: n / 12 GB/s
+        (True, 1.0)
+        >>> cm.lower_bound(12e9, in_network=False)              # trees, rings: 2 (P-1)/P n / 12 GB/s
+        1.5
         """
         n = self.nranks
         if n == 1:
@@ -390,20 +422,26 @@ class CostModel:
         g = self.topology.graph
         out_bw = [sum(g.edges[e]["bw"] for e in g.out_edges(x)) for x in self.gpus]
         in_bw = [sum(g.edges[e]["bw"] for e in g.in_edges(x)) for x in self.gpus]
-        if collective == "allreduce":
+        if in_network is None:
+            in_network = self.in_network_reduction()
+        if collective == "allreduce" and not in_network:
             vol = 2 * (n - 1) / n * nbytes
-            bw_lb = max(vol / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
         else:
-            bw_lb = max(nbytes / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
-        hosts = defaultdict(list)
-        for i, x in enumerate(self.gpus):
-            hosts[self.topology.host_of(x)].append(i)
+            vol = nbytes
+        bw_lb = max(vol / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
+        hosts = {self.topology.host_of(x) for x in self.gpus}
         if len(hosts) > 1:
-            for h, members in hosts.items():
-                nic_bw = sum(self.topology.node(nic).get("bw") or min(g.edges[e]["bw"] for e in g.out_edges(nic))
-                             for nic in self.topology.nics(h))
-                if nic_bw:
-                    bw_lb = max(bw_lb, nbytes / (nic_bw * 1e9))
+            out_cut: dict = defaultdict(float)
+            in_cut: dict = defaultdict(float)
+            for u, v, d in g.edges(data=True):
+                hu, hv = g.nodes[u].get("host"), g.nodes[v].get("host")
+                if hu != hv:
+                    out_cut[hu] += d["bw"]
+                    in_cut[hv] += d["bw"]
+            for h in hosts:
+                cut = min(out_cut[h], in_cut[h])
+                if cut > 0:
+                    bw_lb = max(bw_lb, nbytes / (cut * 1e9))
         dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
         lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + self.msg_overhead
         # a rank merges at most one more message per overhead o: after t*o it holds <= 2^t values

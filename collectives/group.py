@@ -7,10 +7,22 @@ It also knows the timeout to apply to every wait (the ``timeout=`` of a
 collective call, else :data:`DEFAULT_TIMEOUT`, never longer than the
 process group's own).
 
+A group in which a collective failed is unusable (transfers of the failed
+call may still be posted and would match later ones): :func:`mark_broken`
+records the first failure per group and :func:`check_usable` raises it at
+once on every later call, saying what to do:
+
+>>> mark_broken(("doc", 1), "allreduce: rank 0 failed receiving chunk 0 from rank 1 after 0.01 s: closed")
+>>> check_usable(("doc", 1), "reduce(root=0)")
+Traceback (most recent call last):
+...
+treecoll.topo.errors.CollectiveError: reduce(root=0): the process group is unusable: ... failed (allreduce: ...); destroy it ...
+>>> check_usable(("doc", 2), "reduce(root=0)")    # another group: fine
+
 A :class:`Transport` moves chunk tensors between group ranks: the real one
 is :class:`TorchTransport` (``torch.distributed.isend``/``irecv``: gloo,
 NCCL, any backend); tests use an in-process one (see
-:mod:`collectives.local`) with the same interface.
+:mod:`treecoll.collectives.local`) with the same interface.
 """
 from __future__ import annotations
 
@@ -18,9 +30,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from topo.errors import CollectiveError, MissingDependency
+from treecoll.topo.errors import CollectiveError, MissingDependency
 
-__all__ = ["GroupInfo", "group_info", "TorchTransport", "DEFAULT_TIMEOUT"]
+__all__ = ["GroupInfo", "group_info", "TorchTransport", "DEFAULT_TIMEOUT", "mark_broken", "check_usable"]
 
 #: seconds any single wait may take when neither the call nor the group says otherwise
 DEFAULT_TIMEOUT = 300.0
@@ -52,6 +64,25 @@ class GroupInfo:
 
 
 _GROUPS: dict[int, tuple[Any, GroupInfo]] = {}
+#: group key -> the first failure of a collective on it (the group is unusable)
+_BROKEN: dict[Any, str] = {}
+
+
+def mark_broken(key, reason: str) -> None:
+    """Record that a collective failed on the group ``key`` (the first reason is kept).
+    ``key`` None (a transport without identity) records nothing."""
+    if key is not None:
+        _BROKEN.setdefault(key, reason)
+
+
+def check_usable(key, what: str) -> None:
+    """Raise :class:`CollectiveError` at once when a collective already failed on group ``key``."""
+    reason = _BROKEN.get(key) if key is not None else None
+    if reason is not None:
+        raise CollectiveError(f"{what}: the process group is unusable: an earlier collective on it failed "
+                              f"({reason}); destroy it (torch.distributed.destroy_process_group(group)) and create "
+                              f"a new one (init_process_group, or new_group for a subgroup) on every rank before "
+                              f"the next collective")
 
 
 def group_info(group=None) -> GroupInfo:

@@ -1,6 +1,6 @@
 """How a collective's value (a tensor or a tuple of tensors) becomes one buffer split into chunks.
 
-Two layouts, chosen from the operator (see :mod:`collectives.ops`):
+Two layouts, chosen from the operator (see :mod:`treecoll.collectives.ops`):
 
 ``flat``  element-wise operator (sum, max, min, prod) and every part of one
           dtype: the buffer is the 1-D concatenation of the parts (the tensor
@@ -25,7 +25,7 @@ rounded; a chunk may be empty (it is then neither sent nor reduced, the same
 way on every rank since layouts agree).
 
 >>> import torch
->>> from collectives.ops import resolve_op
+>>> from treecoll.collectives.ops import resolve_op
 >>> lay = Layout.of(torch.zeros(10), resolve_op("sum"), (0.5, 0.5))
 >>> lay.mode, lay.bounds
 ('flat', (0, 5, 10))
@@ -35,10 +35,11 @@ way on every rank since layouts agree).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 from .ops import Op
 
@@ -93,11 +94,13 @@ class Layout:
         raise CollectiveError(f"value: expected a tensor or a non-empty tuple of tensors, got {type(value).__name__}")
 
     @classmethod
-    def of(cls, value, op: Op, shares: Sequence[float]) -> "Layout":
+    def of(cls, value, op: Op, shares: Sequence[float]) -> Layout:
         is_tuple, parts = cls.parts_of(value)
         devs = {p.device for p in parts}
         if len(devs) != 1:
             raise CollectiveError(f"value: expected every part on one device, got {sorted(map(str, devs))}")
+        if next(iter(devs)).type == "meta":
+            raise CollectiveError("value: expected tensors holding data, got tensors on device 'meta'")
         dtypes = tuple(p.dtype for p in parts)
         shapes = tuple(tuple(p.shape) for p in parts)
         if op.elementwise and len(set(dtypes)) == 1:

@@ -2,23 +2,25 @@
 
 :class:`LocalFabric` holds FIFO mailboxes per (source, destination, tag);
 ``fabric.transport(r)`` is rank r's endpoint with the interface of
-:class:`collectives.group.TorchTransport`. Sends copy eagerly (like a
+:class:`treecoll.collectives.group.TorchTransport`. Sends copy eagerly (like a
 buffered send), receives block until the matching message arrives or the
 timeout passes (then ``TimeoutError`` naming the peer). :func:`run_ranks`
 calls ``fn(rank, transport)`` on every rank in its own thread and returns
 the results (re-raising the first error).
 
 >>> import torch
->>> from collectives.execute import allreduce
+>>> from treecoll.collectives.execute import allreduce
 >>> res = run_ranks(3, lambda r, t: allreduce(torch.tensor([float(r + 1)]), tree="chain", transport=t))
 >>> [float(v) for v in res]
 [6.0, 6.0, 6.0]
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["LocalFabric", "LocalTransport", "run_ranks"]
 
@@ -37,6 +39,10 @@ class _Done:
         return self._done
 
 
+#: fabric identities: never reused, unlike id() of a collected fabric (group state is keyed by them)
+_FABRIC_IDS = itertools.count()
+
+
 class LocalFabric:
     """Mailboxes shared by the P in-process ranks."""
 
@@ -47,13 +53,13 @@ class LocalFabric:
         self._gather: dict[int, list] = {}
         self._gather_cv = threading.Condition()
         self._gather_round = [0] * size
-        self.key = ("local", id(self))
+        self.key = ("local", next(_FABRIC_IDS))
 
     def box(self, src: int, dst: int, tag: int) -> queue.Queue:
         with self._lock:
             return self._boxes.setdefault((src, dst, tag), queue.Queue())
 
-    def transport(self, rank: int) -> "LocalTransport":
+    def transport(self, rank: int) -> LocalTransport:
         return LocalTransport(self, rank)
 
 

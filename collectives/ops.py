@@ -30,14 +30,15 @@ declaring ``chunkable=False`` (argument or attribute) is never split.
 >>> resolve_op("avg")
 Traceback (most recent call last):
 ...
-topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'], or pass a callable op(a, b)
+treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'], or pass a callable op(a, b)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 __all__ = ["Op", "OPS", "resolve_op", "register_op"]
 

@@ -1,8 +1,8 @@
 """Schedules: what a tree, a ring or an imported algorithm compiles to.
 
 A :class:`Schedule` lists, for every rank, an ordered tuple of :class:`Step`.
-The executor (:mod:`collectives.execute`) runs it over torch.distributed
-point-to-point operations and the simulator (:mod:`collectives.sim`) predicts
+The executor (:mod:`treecoll.collectives.execute`) runs it over torch.distributed
+point-to-point operations and the simulator (:mod:`treecoll.collectives.sim`) predicts
 it on a topology, so what is simulated is what runs.
 
 Data model
@@ -43,14 +43,14 @@ thread groups (``runTreeSplit``, src/device/all_reduce.h). treecoll's executor r
 >>> Schedule("reduce", 2, 1, ((Step("recv", 0, peer=1, slot=1),), ()), root=0)
 Traceback (most recent call last):
 ...
-topo.errors.ScheduleError: schedule 'reduce': rank 0 step 0 recv of chunk 0 from rank 1 has no matching send
+treecoll.topo.errors.ScheduleError: schedule 'reduce': rank 0 step 0 recv of chunk 0 from rank 1 has no matching send
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from topo.errors import ScheduleError
+from treecoll.topo.errors import ScheduleError
 
 __all__ = ["Step", "Schedule", "COLLECTIVES", "STEP_KINDS"]
 

@@ -17,15 +17,15 @@ True
 >>> Tree.from_parents([-1, 2, 1])
 Traceback (most recent call last):
 ...
-topo.errors.TreeError: tree: ranks [1, 2] are not connected to the root 0 (a cycle through rank 1)
+treecoll.topo.errors.TreeError: tree: ranks [1, 2] are not connected to the root 0 (a cycle through rank 1)
 """
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
-from topo.errors import TreeError
+from treecoll.topo.errors import TreeError
 
 __all__ = ["Tree", "MultiTree", "as_multi"]
 
@@ -92,12 +92,12 @@ class Tree:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_parents(cls, parents: Sequence[int], *, name: str = "") -> "Tree":
+    def from_parents(cls, parents: Sequence[int], *, name: str = "") -> Tree:
         """A tree from a parent list (``-1`` marks the root); children in ascending rank."""
         return cls(tuple(int(p) if not isinstance(p, bool) else p for p in parents), name=name)
 
     @classmethod
-    def from_children(cls, children: Sequence[Iterable[int]], *, name: str = "") -> "Tree":
+    def from_children(cls, children: Sequence[Iterable[int]], *, name: str = "") -> Tree:
         """A tree from ordered child lists; the root is the rank nobody lists."""
         n = len(children)
         parents = [-1] * n
@@ -180,7 +180,7 @@ class Tree:
         text = ",".join(map(str, self.parents)) + "|" + ";".join(",".join(map(str, c)) for c in self.children)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def relabel(self, order: Sequence[int]) -> "Tree":
+    def relabel(self, order: Sequence[int]) -> Tree:
         """The same shape on other ranks: node ``i`` of this tree becomes rank ``order[i]``."""
         n = self.size
         if sorted(order) != list(range(n)):
@@ -214,7 +214,7 @@ class MultiTree:
     >>> MultiTree((Tree.from_parents([-1, 0]),), (0.7,))
     Traceback (most recent call last):
     ...
-    topo.errors.TreeError: multitree: shares expected 1 positive fractions summing to 1, got [0.7]
+    treecoll.topo.errors.TreeError: multitree: shares expected 1 positive fractions summing to 1, got [0.7]
     """
 
     trees: tuple[Tree, ...]
@@ -267,7 +267,7 @@ class MultiTree:
         return {"name": self.name, "trees": [t.as_dict() for t in self.trees], "shares": list(self.shares)}
 
 
-def as_multi(plan: "Tree | MultiTree") -> MultiTree:
+def as_multi(plan: Tree | MultiTree) -> MultiTree:
     """A :class:`MultiTree` view of a tree (one tree, share 1) or a multitree (itself)."""
     if isinstance(plan, MultiTree):
         return plan

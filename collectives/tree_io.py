@@ -13,6 +13,12 @@ Tree file (YAML or JSON, one of ``parents``, ``children``, ``nested``, ``trees``
     #   - {nested: {...}, share: 0.5}
 
 Errors are :class:`TreeError` naming ``file:line: key.path``.
+
+The executor's ``tree=`` takes a :class:`Tree` / :class:`MultiTree`, a
+:class:`TreeFile`, a tree file path or a builder name:
+:func:`resolve_tree_arg` says which (a string naming a registered builder is
+that builder; else a string naming an existing file, or ending in ``.yaml``,
+``.yml`` or ``.json``, is a path).
 :func:`dumps_tree` writes ``parents`` (plus ``children`` when a rank's child
 order is not ascending), so a file round-trips exactly.
 
@@ -23,7 +29,7 @@ intra-node chains (``treeIntra``: up = previous GPU, down = next), so a tree
 channel becomes a chain :class:`Tree` and the channels of a graph a
 :class:`MultiTree` with equal shares. GPU ``rank`` attributes give the rank,
 else the device index does (one host). topo does not provide a graph-XML
-parser (``topo.nccl_xml`` reads NCCL_TOPO_FILE system XML), so the small
+parser (``treecoll.topo.nccl_xml`` reads NCCL_TOPO_FILE system XML), so the small
 parser lives here.
 
 >>> f = loads_tree("parents: [-1, 0, 0, 2]\\nhosts: [a, a, b, b]\\n")
@@ -32,29 +38,34 @@ parser lives here.
 >>> loads_tree("parents: [-1, 0, 5]", "t.yaml")
 Traceback (most recent call last):
 ...
-topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 5
+treecoll.topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 5
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path as FsPath
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
+from treecoll.topo._schema import Doc, _show
+from treecoll.topo.errors import TopologyError, TreeError
 
-from topo._schema import YAML_LOADER, Doc
-from topo.errors import TopologyError, TreeError
-
+from .builders import BUILDERS
 from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
 from .schedule import Schedule
 from .tree import MultiTree, Tree
 
 __all__ = ["TreeFile", "load_tree", "loads_tree", "dumps_tree", "save_tree", "NcclGraph", "load_nccl_graph",
-           "loads_nccl_graph"]
+           "loads_nccl_graph", "resolve_tree_arg", "TREE_SUFFIXES"]
 
 FORMS = ("parents", "children", "nested", "trees")
+#: file name suffixes of tree files (YAML or JSON)
+TREE_SUFFIXES = (".yaml", ".yml", ".json")
+#: deepest ``nested`` tree a file may hold (a deeper one is a chain better written as ``parents``)
+MAX_NESTED_DEPTH = 256
 
 
 class _Doc(Doc):
@@ -64,16 +75,42 @@ class _Doc(Doc):
 
 @dataclass(frozen=True)
 class TreeFile:
-    """A loaded tree file: the plan (Tree or MultiTree), optional host labels, name."""
+    """A loaded tree file: the plan (Tree or MultiTree), optional host labels, name, and
+    ``source`` (the file it was read from, for messages)."""
 
     plan: Tree | MultiTree
     hosts: tuple[str, ...] | None = None
     name: str = ""
+    source: str = field(default="", compare=False)
+
+    def check_hosts(self, topology, gpus: Sequence[str]) -> None:
+        """Raise :class:`TreeError` unless the host labels group the ranks as ``topology``
+        places ``gpus`` (GPU id per rank): ranks sharing a label share a host and the other
+        way round. Labels are names only (``[a, a, b, b]`` fits hosts ``h0, h0, h1, h1``)."""
+        if self.hosts is None:
+            return
+        where = self.source or "tree file"
+        by_label: dict[str, tuple[int, str]] = {}
+        by_host: dict[str, tuple[int, str]] = {}
+        for r, (label, gpu) in enumerate(zip(self.hosts, gpus)):
+            host = topology.host_of(gpu)
+            first, first_host = by_label.setdefault(label, (r, host))
+            other, other_label = by_host.setdefault(host, (r, label))
+            if first_host != host:
+                problem = (f"ranks {first} and {r} are both labelled {label!r}, but topology {topology.name!r} "
+                           f"puts them on hosts {first_host!r} and {host!r}")
+            elif other_label != label:
+                problem = (f"ranks {other} and {r} are labelled {other_label!r} and {label!r}, but topology "
+                           f"{topology.name!r} puts both on host {host!r}")
+            else:
+                continue
+            raise TreeError(f"{where}: hosts: {problem}; the file was made for another rank -> GPU mapping: "
+                            f"rebuild it (treecoll tree build) or pass the ranks= it was made for")
 
 
 def _rank(doc: _Doc, v: Any, path, n: int, allow_root: bool = False) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v < n or (allow_root and v == -1)):
-        doc.fail(path, f"expected a rank in 0..{n - 1}{' or -1' if allow_root else ''}, got {v!r}")
+        doc.fail(path, f"expected a rank in 0..{n - 1}{' or -1' if allow_root else ''}, got {_show(v)}")
     return v
 
 
@@ -100,10 +137,13 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
         seen: list[int] = []
 
         def walk(node, p, parent):
+            if len(p) > 2 * MAX_NESTED_DEPTH:
+                doc.fail(p, f"expected a nested tree at most {MAX_NESTED_DEPTH} levels deep; write deep trees "
+                            f"(chains) as 'parents' lists")
             doc.mapping(node, p, required=("rank",), optional=("children",))
             r = node["rank"]
             if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-                doc.fail((*p, "rank"), f"expected a non-negative integer rank, got {r!r}")
+                doc.fail((*p, "rank"), f"expected a non-negative integer rank, got {_show(r)}")
             if r in seen:
                 doc.fail((*p, "rank"), f"rank {r} appears twice in the nested tree")
             seen.append(r)
@@ -129,16 +169,17 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
 
 def loads_tree(text: str, source: str = "<string>") -> TreeFile:
     """Parse a tree file's text (YAML or JSON); ``source`` names it in errors."""
+    from treecoll.topo.yaml_io import _parse  # the one YAML reader: one-line errors naming file and line
+
     try:
-        data = yaml.load(text, Loader=YAML_LOADER)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        raise TreeError(f"{source}:{mark.line + 1 if mark else '?'}: invalid YAML/JSON: {e.problem}") from None
+        data = _parse(text, source)
+    except TopologyError as e:
+        raise TreeError(str(e)) from None
     doc = _Doc(source, text, data)
     doc.mapping(data, (), optional=("name", "ranks", "hosts", "description", *FORMS))
     name = data.get("name", "") or ""
     if not isinstance(name, str):
-        doc.fail(("name",), f"expected a string, got {name!r}")
+        doc.fail(("name",), f"expected a string, got {_show(name)}")
     if "trees" in data:
         others = [k for k in ("parents", "children", "nested") if k in data]
         if others:
@@ -192,7 +233,70 @@ def _read_text(path: str | os.PathLike, what: str) -> tuple[str, str]:
 
 def load_tree(path: str | os.PathLike) -> TreeFile:
     """Read a tree file (YAML or JSON)."""
-    return loads_tree(*_read_text(path, "tree file"))
+    text, source = _read_text(path, "tree file")
+    f = loads_tree(text, source)
+    return TreeFile(f.plan, f.hosts, f.name, source)
+
+
+#: tree files read through :func:`resolve_tree_arg`: (path, mtime, size, inode) -> TreeFile
+_LOADED: dict[tuple, TreeFile] = {}
+_MAX_LOADED = 16
+
+
+def _load_cached(path: str | os.PathLike) -> TreeFile:
+    """:func:`load_tree`, re-read only when the file changed (its mtime, size or inode)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return load_tree(path)      # the one-line error naming the file
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    hit = _LOADED.get(key)
+    if hit is None:
+        hit = load_tree(path)
+        if len(_LOADED) >= _MAX_LOADED:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = hit
+    return hit
+
+
+def _looks_like_path(text: str) -> bool:
+    return ("/" in text or os.sep in text or text.startswith(("~", "."))
+            or FsPath(text).suffix.lower() in TREE_SUFFIXES)
+
+
+def resolve_tree_arg(tree):
+    """What a ``tree=`` argument of the executor names: None, a :class:`Tree` /
+    :class:`MultiTree` or :class:`TreeFile` (returned as given), a builder name (a
+    ``str`` returned as given) or a tree file (a :class:`TreeFile`, read again when the
+    file changes).
+
+    A string is a builder name when its part before ``:`` is registered
+    (``"kary:4"``, ``"auto"``; a file of that name needs ``"./name"`` or a
+    ``pathlib.Path``); otherwise it is a path when it names an existing file or
+    ends in ``.yaml``, ``.yml`` or ``.json``. An ``os.PathLike`` is always a path.
+
+    >>> resolve_tree_arg("kary:4")
+    'kary:4'
+    >>> resolve_tree_arg("my/tree.yaml")
+    Traceback (most recent call last):
+    ...
+    treecoll.topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (valid builder names ...)
+    """
+    if tree is None or isinstance(tree, (Tree, MultiTree, TreeFile)):
+        return tree
+    if isinstance(tree, os.PathLike):
+        return _load_cached(tree)
+    if not isinstance(tree, str):
+        raise TreeError(f"tree: expected a Tree, MultiTree, loaded tree file (TreeFile), tree file path or builder "
+                        f"name, got {type(tree).__name__}")
+    if tree.partition(":")[0] in BUILDERS:
+        return tree
+    if os.path.isfile(tree) or (FsPath(tree).suffix.lower() in TREE_SUFFIXES and os.path.exists(tree)):
+        return _load_cached(tree)
+    if _looks_like_path(tree):
+        raise TreeError(f"tree {tree!r}: no such tree file, and not a builder name "
+                        f"(valid builder names are {sorted(BUILDERS)})")
+    return tree       # the builder registry names the valid builders
 
 
 def _tree_dict(t: Tree) -> dict:
@@ -271,8 +375,8 @@ class NcclGraph:
 
 def loads_nccl_graph(text: str, source: str = "<string>") -> tuple[NcclGraph, ...]:
     """Parse NCCL_GRAPH_FILE XML text into its graphs (parsing by
-    :func:`topo.nccl_xml.parse_graph_xml`; this adds the checks a plan needs)."""
-    from topo.nccl_xml import parse_graph_xml
+    :func:`treecoll.topo.nccl_xml.parse_graph_xml`; this adds the checks a plan needs)."""
+    from treecoll.topo.nccl_xml import parse_graph_xml
     try:
         data = parse_graph_xml(text, source=source)
     except TopologyError as e:

@@ -20,7 +20,7 @@ each pair saw the same machine load.  ``--json`` writes everything (the ratio
 of the medians and the minimums too).  At least :data:`MIN_REPS` repetitions
 per size.
 
-    python -m tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
+    python -m treecoll.tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
 """
 from __future__ import annotations
 
@@ -33,7 +33,12 @@ import sys
 import tempfile
 import time
 
+from treecoll.tools import units
+from treecoll.tools.cli import script_main
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
+
 HEAD_DIM = 128
+
 SIZES = [8, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
@@ -75,14 +80,14 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
             nchunks=None, parent: int | None = None) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if parent is not None:
-        from attention.dist import die_with_parent
+        from treecoll.attention.dist import die_with_parent
         die_with_parent(parent)      # a killed benchmark leaves no ranks behind
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
-    import collectives.execute as ex
+    import treecoll.collectives.execute as ex
 
     def merge_op(a, b):
         """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
@@ -161,18 +166,26 @@ def _size(n: int) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
-    ap.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes (default 8 B .. 64 MiB)")
-    ap.add_argument("--reps", type=int, default=20, help="repetitions for small sizes (fewer for large)")
-    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"))
-    ap.add_argument("--nchunks", type=int, help="chunks per message (default: the executor's rule)")
+    ap.add_argument("--procs", type=units.int_arg("--procs"), nargs="+", default=[2, 4, 8],
+                    help="process counts, one group each (default 2 4 8)")
+    ap.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    ap.add_argument("--max-bytes", type=units.size_arg("--max-bytes"), default=64 << 20,
+                    help="largest default message size (default 64MiB)")
+    ap.add_argument("--sizes", type=units.size_arg("--sizes"), nargs="+",
+                    help="message sizes (default 8 B .. --max-bytes)")
+    ap.add_argument("--reps", type=units.int_arg("--reps"), default=20,
+                    help="repetitions for small sizes (fewer for large)")
+    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"),
+                    help="treecoll's allreduce algorithm (default auto)")
+    ap.add_argument("--nchunks", type=units.int_arg("--nchunks"),
+                    help="chunks per message (default: the executor's rule)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
-    import torch.multiprocessing as mp
-
-    from attention.dist import free_port
     sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
+    for p in args.procs:  # a rank holds the tensor, its copy for torch's all_reduce and a received chunk
+        check_processes(p, option=f"--procs {p}", per_process_bytes=3 * max(sizes), oversubscribe=args.oversubscribe)
+    import torch.multiprocessing as mp
+    from treecoll.attention.dist import free_port
     results = []
     for p in args.procs:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -200,4 +213,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

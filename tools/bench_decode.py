@@ -29,8 +29,8 @@ fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for
 query heads of a group as rows, full length) on the same cache.  On CUDA the
 Triton kernels run and the rates are the device's.
 
-    python -m tools.bench_decode                       # full sweep, writes out/bench_decode.json
-    python -m tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
+    python -m treecoll.tools.bench_decode          # full sweep, writes out/bench_decode.json
+    python -m treecoll.tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
 
 Not a test: it prints a table and writes JSON.
 """
@@ -45,10 +45,12 @@ import time
 from pathlib import Path
 
 import torch
+from treecoll.tools import units
+from treecoll.tools.cli import script_main
 
-import attention
+from treecoll import attention
 
-Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (config.json of meta-llama/Llama-3.1-8B)
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GIB = 1 << 30
 
@@ -75,7 +77,7 @@ def _rate_fns(device: torch.device, nbytes: int = GIB) -> dict:
     dst = torch.zeros_like(src)
     fns = {"copy": lambda: dst.copy_(src), "read_torch": lambda: src.sum()}
     if device.type == "cpu":
-        from attention.decode_native import native_status, read_sum
+        from treecoll.attention.decode_native import native_status, read_sum
 
         if native_status()["available"]:
             fns["read_native"] = lambda: read_sum(src)
@@ -160,10 +162,10 @@ def run(args) -> dict:
                         row["vs_torch"] = best["torch"][0] / t
                     rows.append(row)
                     print(_format_row(row), flush=True)
-            del k, v, q
+            k = v = q = None  # free this size's cache before the next one
     return {
         "benchmark": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
-        "command": "python -m tools.bench_decode " + " ".join(sys.argv[1:]),
+        "command": "python -m treecoll.tools.bench_decode " + " ".join(sys.argv[1:]),
         "device": str(device),
         "machine": {"cpu": _cpu_model(), "threads": threads, "torch": torch.__version__,
                     "python": platform.python_version(), "native": _native_isa(device)},
@@ -176,7 +178,7 @@ def run(args) -> dict:
 def _native_isa(device) -> str | None:
     if device.type != "cpu":
         return None
-    from attention.decode_native import native_status
+    from treecoll.attention.decode_native import native_status
 
     return native_status()["isa"]
 
@@ -218,28 +220,33 @@ def _format_row(r: dict) -> str:
             f"{r['copy_gbps']:9.2f} {100 * r['frac_copy']:5.0f}% {vs} {anchor} {busy} {r['loadavg_1min']:5.1f}")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=_ints, default=[4096, 8192, 16384, 32768, 65536, 131072, 262144])
-    p.add_argument("--batch", type=_ints, default=[1, 8])
-    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp32"])
-    p.add_argument("--backends", type=lambda s: s.split(","), default=["native", "torch"],
-                   help="CPU decode backends, side by side (default native,torch)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--tokens", type=units.counts_arg("--tokens"),
+                   default=[4096, 8192, 16384, 32768, 65536, 131072, 262144],
+                   help="context lengths, comma-separated; k = 1e3 (default 4096 .. 262144, doubling)")
+    p.add_argument("--batch", type=units.ints_arg("--batch"), default=[1, 8], help="batch sizes (default 1,8)")
+    p.add_argument("--dtypes", type=lambda s: units.parse_list(s, what="--dtypes", error=units.UsageError),
+                   default=["bf16", "fp32"], help=f"comma list of {', '.join(sorted(DTYPES))} (default bf16,fp32)")
+    p.add_argument("--backends", type=lambda s: units.parse_list(s, what="--backends", error=units.UsageError),
+                   default=["native", "torch"],
+                   help=f"CPU decode backends, side by side: {', '.join(sorted(attention.DECODE_BACKENDS))} "
+                        f"(default native,torch)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (default cuda when available, else cpu)")
+    p.add_argument("--threads", type=units.int_arg("--threads", minimum=0), default=0,
                    help="torch threads, also the native kernel's (default: torch's choice)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per row (best of)")
+    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=3,
+                   help="interleaved rounds per row, the best of them (default 3)")
     p.add_argument("--max-gib", type=float, default=4.0, help="largest KV cache (K+V) to allocate, GiB")
-    p.add_argument("--flush-mib", type=int, default=1024, help="cache-flush buffer written before each run")
+    p.add_argument("--flush-mib", type=units.int_arg("--flush-mib", minimum=0), default=1024,
+                   help="cache-flush buffer written before each run")
     p.add_argument("--wait-load", type=float, default=0.0,
                    help="before each row, wait until the 1-min load average is below this (0: don't wait)")
-    p.add_argument("--wait-max", type=float, default=300.0, help="longest wait per row, seconds")
+    p.add_argument("--wait-max", type=units.seconds_arg("--wait-max"), default=300.0,
+                   help="longest wait per row, seconds")
     p.add_argument("--no-anchor", action="store_true", help="skip torch's fused CPU SDPA anchor")
-    p.add_argument("--json", default="out/bench_decode.json")
+    p.add_argument("--json", default="out/bench_decode.json", help="where to write the JSON results")
     args = p.parse_args(argv)
     bad = [d for d in args.dtypes if d not in DTYPES]
     if bad:
@@ -250,7 +257,7 @@ def main(argv=None) -> int:
         print(f"ERROR: --backends: expected names in {sorted(attention.DECODE_BACKENDS)}, got {bad}", file=sys.stderr)
         return 1
     if "native" in args.backends and args.device == "cpu":
-        from attention.decode_native import native_status
+        from treecoll.attention.decode_native import native_status
 
         status = native_status()
         if not status["available"]:
@@ -268,4 +275,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

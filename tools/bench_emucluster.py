@@ -1,7 +1,7 @@
 """Allreduce on an emulated cluster (issue 8): measured versus predicted.
 
 For each cluster shape (hosts x ranks per host) and inter-host rate, the
-driver brings up an emulated cluster (:mod:`tools.emucluster`, needs root),
+driver brings up an emulated cluster (:mod:`treecoll.tools.emucluster`, needs root),
 writes its Topology YAML, and runs this file as every rank (``--worker``).
 The workers time ``all_reduce(sum)`` of float32 tensors from 4 KiB to 64 MiB
 with each method, interleaved placement by default (the placement a
@@ -39,14 +39,18 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from topo.errors import TreecollError  # noqa: E402
-from tools.units import fmt_bytes, parse_sizes  # noqa: E402
+from treecoll.tools import units  # noqa: E402
+from treecoll.tools.cli import script_main  # noqa: E402
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
+from treecoll.tools.units import fmt_bytes  # noqa: E402
+from treecoll.topo.errors import TreecollError  # noqa: E402
 
 METHODS = ("gloo", "ring", "binomial", "two_level")
 DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
@@ -61,11 +65,11 @@ def _load_topology(path: str | None):
     if not path:
         raise Unavailable("no topology YAML (TREECOLL_EMU_TOPOLOGY unset)")
     try:
-        from topo import yaml_io
+        from treecoll.topo import yaml_io
         return yaml_io.load(path)
     except (ImportError, AttributeError):
         import yaml
-        from topo.model import Topology
+        from treecoll.topo.model import Topology
         return Topology.from_dict(yaml.safe_load(Path(path).read_text()))
 
 
@@ -75,9 +79,9 @@ def schedule_for(method: str, topology, nranks: int, nbytes: int):
     ``gloo`` is modelled by treecoll's ``ring`` schedule: gloo's CPU allreduce
     is a reduce-scatter + all-gather ring in rank order, like ours.
     """
-    from collectives import as_multi, compile_plan
-    from collectives.execute import default_nchunks, nchunks_for, plan_for
-    from collectives.ops import resolve_op
+    from treecoll.collectives import as_multi, compile_plan
+    from treecoll.collectives.execute import default_nchunks, nchunks_for, plan_for
+    from treecoll.collectives.ops import resolve_op
 
     if method in ("gloo", "ring"):
         return compile_plan(None, "allreduce", default_nchunks(nbytes), algo="ring", nranks=nranks)
@@ -93,9 +97,9 @@ def make_ours(method: str, topology_path: str | None, nranks: int) -> Callable[[
     """A callable ``fn(tensor)``: treecoll's in-place allreduce(sum) with ``method``
     (``ring``: ``algo="ring"``; tree builders: ``tree=method`` on the cluster's topology)."""
     try:
-        from collectives.execute import allreduce
+        from treecoll.collectives.execute import allreduce
     except ImportError as e:
-        raise Unavailable(f"collectives.execute not importable: {e}")
+        raise Unavailable(f"treecoll.collectives.execute not importable: {e}")
     if method == "ring":
         return lambda t: allreduce(t, algo="ring", out=t)
     topology = _load_topology(topology_path)
@@ -106,9 +110,9 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
     """The simulator's time in seconds for ``method`` on the YAML's cluster (profile ``ideal``:
     the links as written in the YAML, no library overheads)."""
     try:
-        from collectives.sim import simulate
+        from treecoll.collectives.sim.simulator import simulate
     except ImportError as e:
-        raise Unavailable(f"collectives.sim not importable: {e}")
+        raise Unavailable(f"treecoll.collectives.sim not importable: {e}")
     topology = _load_topology(topology_path)
     # gloo over TCP: one socket per pair of ranks, so a rank's messages to a peer go in order,
     # and a message moves once the receiver has posted its recv
@@ -117,13 +121,13 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
 
 
 def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: int = 1 << 20) -> dict | None:
-    """Fit :mod:`tools.emucluster.machine` on ``calibrate``'s rows (>= ``min_bytes``) at the
+    """Fit :mod:`treecoll.tools.emucluster.machine` on ``calibrate``'s rows (>= ``min_bytes``) at the
     fastest rate of the run, then add ``predicted_machine`` / ``error_machine`` (the roofline
     of the simulator and the machine's cores) and ``calibration`` (True for fitted rows) to
     every row. Returns the fitted model as a dict, or None (with the reason) when it cannot fit."""
-    from collectives.sim import simulate  # noqa: F401  (the simulator must exist)
-    from topo import yaml_io
-    from tools.emucluster.machine import fit, local_bytes, schedule_work
+    from treecoll.collectives.sim.simulator import simulate  # noqa: F401  (the simulator must exist)
+    from treecoll.tools.emucluster.machine import fit, local_bytes, schedule_work
+    from treecoll.topo import yaml_io
     if not cases:
         return None
     fastest = max(c["rate_bps"] for c in cases)
@@ -167,7 +171,7 @@ def machine_model_bound(cases: list[dict], min_bytes: int = 1 << 20) -> dict | N
             if r.get("work") and r.get("predicted") is not None and r["bytes"] >= min_bytes]
     if len(rows) < 3:
         return None
-    from tools.emucluster.machine import relative_lstsq
+    from treecoll.tools.emucluster.machine import relative_lstsq
     x = np.array([[r["work"]["bytes"] - r["work"]["local_bytes"], r["work"]["local_bytes"], r["work"]["messages"]]
                   for r in rows], dtype=float)
     t = np.array([r["time"] for r in rows])
@@ -280,7 +284,7 @@ def repetitions(nbytes: int, warmup_s: float, reps: int, budget_s: float) -> int
 
 # ----------------------------------------------------------------------------- driver
 def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
-    from tools.emucluster import netns, runner
+    from treecoll.tools.emucluster import netns, runner
 
     tag = f"{hosts}x{rph}-{rate}"
     topo_path = workdir / f"emu-{tag}.yaml"
@@ -444,19 +448,26 @@ def plot(cases: list[dict], path: Path) -> str | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="2x2,2x3", help="hosts x ranks per host, comma-separated")
-    p.add_argument("--rates", default="1gbit,10gbit")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes (4K, 64M accepted)")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"))
-    p.add_argument("--reps", type=int, default=3, help="least repetitions for sizes >= 1 MiB (10 below)")
+    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
+                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
+    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    p.add_argument("--rates", default="1gbit,10gbit", help="uplink rates, comma-separated (tc units)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), type=units.sizes_arg("--sizes"),
+                   help="message sizes, comma-separated or A:B (4K, 64M accepted)")
+    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
+                   help="rank placement on the hosts (default interleaved)")
+    p.add_argument("--reps", type=units.int_arg("--reps"), default=3,
+                   help="least repetitions for sizes >= 1 MiB (10 below)")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of repetitions per method and size: short collectives repeat up to "
                         f"{MAX_REPS} times to fill it (0: exactly --reps)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per case before all ranks are killed")
-    p.add_argument("--op-timeout", type=float, default=300, help="torch.distributed timeout in the ranks")
-    p.add_argument("--json-out", default="bench_emucluster.json")
-    p.add_argument("--plot", default="bench_emucluster.png")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=900,
+                   help="seconds per case before all ranks are killed")
+    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=300,
+                   help="torch.distributed timeout in the ranks")
+    p.add_argument("--json-out", default="bench_emucluster.json", help="where to write the JSON results")
+    p.add_argument("--plot", default="bench_emucluster.png", help="where to write the plot ('' for none)")
     p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-json: simulate every row again with the current simulator "
@@ -468,7 +479,6 @@ def main(argv=None) -> int:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
-    args.sizes = parse_sizes(args.sizes, what="--sizes")
     if args.worker:
         return worker(args)
     if args.from_json:
@@ -487,7 +497,10 @@ def main(argv=None) -> int:
         why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
         print(f"plot: {args.plot}" if not why else f"no plot: {why}")
         return 0
-    from tools.emucluster import netns
+    for hosts, rph in args.shapes:  # a rank holds its buffer, the received chunk and the reduction's output
+        check_processes(hosts * rph, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
+                        per_process_bytes=4 * max(args.sizes))
+    from treecoll.tools.emucluster import netns
     ok, why = netns.namespaces_available()
     if not ok:
         print(f"error: {why}", file=sys.stderr)
@@ -495,8 +508,8 @@ def main(argv=None) -> int:
     cases = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-emu-") as d:
-        for shape in args.shapes.split(","):
-            hosts, rph = (int(x) for x in shape.lower().split("x"))
+        for hosts, rph in args.shapes:
+            shape = f"{hosts}x{rph}"
             for rate in args.rates.split(","):
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
@@ -510,4 +523,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -3,9 +3,9 @@
 One decode step of Llama-3.1-8B's attention shape (32 query heads, 8 KV
 heads, head_dim 128, batch 1, bf16 KV cache) over a KV cache of 16k to 128k
 tokens sharded along the sequence over the ranks of an emulated cluster
-(:mod:`tools.emucluster`, needs root), interleaved placement:
+(:mod:`treecoll.tools.emucluster`, needs root), interleaved placement:
 
-* ``tree``: :func:`attention.tree_decode` (local partial attention, then one
+* ``tree``: :func:`treecoll.attention.tree_decode` (local partial attention, then one
   tree allreduce of the packed (out, lse) state over the topology's tree);
 * ``ring``: :func:`attention.ring_decode` (K/V shards travel around a ring, overlapped
   with the partial attention of the shard in hand);
@@ -16,13 +16,13 @@ Time per (method, tokens) = median over repetitions of the slowest rank's
 time; ``compute`` is the slowest rank's :func:`attention.decode_partial` on its
 own shard, all ranks at once (what every method pays at least). Prediction:
 ``compute`` (measured) plus the simulator's communication time on the same
-YAML (``collectives.sim``, profile ``ideal``): the tree's allreduce of the
+YAML (``treecoll.collectives.sim``, profile ``ideal``): the tree's allreduce of the
 16.5 KB state; three rank-order ring allreduces for allreduce3; for ring, per
 step ``max(compute of one shard, all ranks sending their K/V shard to the next
 rank at once)`` (flow-level max-min sharing, ``sim_engine.concurrent_times``).
 
     python tools/bench_emucluster_decode.py                     # 2x2 and 2x3 at 1 Gbit/s
-    python tools/bench_emucluster_decode.py --shapes 2x2 --tokens 16k
+    python tools/bench_emucluster_decode.py --shapes 2x2 --tokens 16384
 
 Units: seconds in JSON, ms in the table. Not a test.
 """
@@ -40,11 +40,13 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.bench_emucluster import _load_topology  # noqa: E402
-from tools.units import parse_count  # noqa: E402
+from treecoll.tools import units  # noqa: E402
+from treecoll.tools.bench_emucluster import _load_topology  # noqa: E402
+from treecoll.tools.cli import script_main  # noqa: E402
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
 
 METHODS = ("tree", "ring", "allreduce3")
-Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (../shared/reference/attention.md)
+Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 KV_ITEMSIZE = 2  # bf16
 
 
@@ -60,7 +62,7 @@ def worker(args) -> int:
     import torch
     import torch.distributed as dist
 
-    import attention
+    from treecoll import attention
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.op_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -101,7 +103,7 @@ def worker(args) -> int:
         for r in rows:
             if r["tokens"] == tokens:
                 r["max_abs_diff_vs_" + methods[0]] = float(diff)
-        del k, v
+        k = v = None  # free this size's shard before the next one
     if rank == 0:
         Path(args.out).write_text(json.dumps({"world": world, "rows": rows}))
     dist.barrier()
@@ -112,10 +114,10 @@ def worker(args) -> int:
 # ----------------------------------------------------------------------------- predictions
 def predict(method: str, topology, world: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds)."""
-    from collectives import builders, compile_plan
-    from collectives.sim import simulate
-    from collectives.sim_engine import Network, concurrent_times
-    from collectives.sim_profiles import get_profile
+    from treecoll.collectives import builders, compile_plan
+    from treecoll.collectives.sim.engine import Network, concurrent_times
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import simulate
 
     state_bytes = BATCH * Q_HEADS * (HEAD_DIM + 1) * 4  # packed fp32 (out, lse)
     if method == "tree":  # attention.resolve_tree("auto"): two_level without rails
@@ -141,7 +143,7 @@ def predict(method: str, topology, world: int, tokens: int, compute: float) -> f
 
 # ----------------------------------------------------------------------------- driver
 def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
-    from tools.emucluster import netns, runner
+    from treecoll.tools.emucluster import netns, runner
 
     tag = f"{hosts}x{rph}-{rate}"
     topo_path, out = workdir / f"emu-{tag}.yaml", workdir / f"decode-{tag}.json"
@@ -183,15 +185,21 @@ def print_table(cases: list[dict]) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="2x2,2x3")
-    p.add_argument("--rates", default="1gbit")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--tokens", default="16K,32K,64K,128K", help="KV length (16K = 16384)")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"))
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=1200)
-    p.add_argument("--op-timeout", type=float, default=600)
-    p.add_argument("--json-out", default="bench_emucluster_decode.json")
+    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
+                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
+    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    p.add_argument("--rates", default="1gbit", help="uplink rates, comma-separated (tc units; default 1gbit)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    p.add_argument("--tokens", default="16384,32768,65536,131072", type=units.counts_arg("--tokens"),
+                   help="KV lengths, comma-separated; k = 1e3 (default 16384,32768,65536,131072)")
+    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
+                   help="rank placement on the hosts (default interleaved)")
+    p.add_argument("--reps", type=units.int_arg("--reps"), default=2, help="repetitions per method (default 2)")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1200,
+                   help="seconds per case before all ranks are killed (default 1200)")
+    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=600,
+                   help="torch.distributed timeout in the ranks (default 600)")
+    p.add_argument("--json-out", default="bench_emucluster_decode.json", help="where to write the JSON results")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -199,18 +207,22 @@ def main(argv=None) -> int:
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
         p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
-    args.tokens = [parse_count(t, what="--tokens", binary=True) for t in args.tokens.split(",") if t]
     if args.worker:
         return worker(args)
-    from tools.emucluster import netns
+    for hosts, rph in args.shapes:  # the rank's K/V shard, its float32 draw and ring's received shard
+        world = hosts * rph
+        shard = -(-max(args.tokens) // world) * KV_HEADS * HEAD_DIM * BATCH
+        check_processes(world, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
+                        per_process_bytes=shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE))
+    from treecoll.tools.emucluster import netns
     ok, why = netns.namespaces_available()
     if not ok:
         print(f"error: {why}", file=sys.stderr)
         return 1
     cases, t0 = [], time.time()
     with tempfile.TemporaryDirectory(prefix="bench-emu-decode-") as d:
-        for shape in args.shapes.split(","):
-            hosts, rph = (int(x) for x in shape.lower().split("x"))
+        for hosts, rph in args.shapes:
+            shape = f"{hosts}x{rph}"
             for rate in args.rates.split(","):
                 print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
                 cases.append(run_case(hosts, rph, rate, args, Path(d)))
@@ -222,4 +234,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

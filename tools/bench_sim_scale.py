@@ -1,6 +1,6 @@
 """Scale benchmark of the simulator: allreduce on 8192 and 16,384 GPUs.
 
-    python -m tools.bench_sim_scale [--quick] [--json OUT] [--sizes 64KiB,1GiB] [--skip-tree]
+    python -m treecoll.tools.bench_sim_scale [--quick] [--json OUT] [--sizes 64KiB,1GiB] [--skip-tree]
 
 Targets (issue 5): an allreduce on topologies/dgx-h100-x1024.yaml (8192 GPUs)
 simulates in < 10 s, one on 16,384 GPUs (2048 DGX H100, built from the same
@@ -9,7 +9,7 @@ run: wall time cold (first simulation on a freshly loaded topology, route
 queries included) and warm (routes cached), peak RSS of the process, and the
 engine's counters. Ring: the lockstep model (NCCL profiles); tree: the
 ``two_level`` builder compiled to a schedule (1 chunk per tree; one tree per
-NIC rail from ``collectives.builders.RAIL_BYTES``) run through the event
+NIC rail from ``treecoll.collectives.sim.NCCL_TREE_RAIL_BYTES``, as the simulated NCCL tree) run through the event
 engine as ``simulate_algorithm`` runs NCCL-style trees (``NCCL_TREE_RUN``,
 NCCL's tree factor). Prints a table and
 writes JSON (default ``bench_sim_scale.json`` in the current directory).
@@ -28,7 +28,7 @@ def _rss_mb() -> float:
 
 
 def _topology(hosts: int):
-    from topo import yaml_io
+    from treecoll.topo import yaml_io
     if hosts == 1024:
         return yaml_io.resolve("dgx-h100-x1024")
     return yaml_io.loads(f"name: dgx-h100-x{hosts}\nhosts: [{{template: dgx-h100, count: {hosts}}}]\n"
@@ -36,9 +36,10 @@ def _topology(hosts: int):
 
 
 def run(hosts_list, sizes, tree: bool) -> list[dict]:
-    from collectives import builders, compile as compile_
-    from collectives.sim import NCCL_TREE_RUN, simulate, simulate_ring
-    from collectives.sim_profiles import get_profile
+    from treecoll.collectives import builders
+    from treecoll.collectives import compile as compile_
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import NCCL_TREE_RAIL_BYTES, NCCL_TREE_RUN, simulate, simulate_ring
     tree_profile = get_profile("nccl-simple").for_tree_allreduce()
     rows = []
     for hosts in hosts_list:
@@ -54,8 +55,8 @@ def run(hosts_list, sizes, tree: bool) -> list[dict]:
                     build = 0.0
                     if algo != "ring":
                         tb = time.perf_counter()
-                        sched = compile_.compile_allreduce(builders.build("two_level", topo, nbytes=size), 1,
-                                                           forward_lag=0)
+                        plan = builders.build("two_level", topo, nbytes=size, rails=size >= NCCL_TREE_RAIL_BYTES)
+                        sched = compile_.compile_allreduce(plan, 1, forward_lag=0)
                         build = time.perf_counter() - tb
                     builds.append(build)
                     t0 = time.perf_counter()   # the simulation alone; build + compile reported apart

@@ -1,6 +1,6 @@
 """Benchmark: loading shipped topologies (issue 2 target: the 8192-GPU file in < 5 s).
 
-    .venv/bin/python -m tools.bench_topo_load [--repeat 5] [--json out.json]
+    .venv/bin/python -m treecoll.tools.bench_topo_load [--repeat 5] [--json out.json]
 
 For each file: wall time of ``topo.load`` (compact YAML -> validated frozen
 Topology), and for the largest the explicit-form round trip (``dumps`` and
@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-import topo
+from treecoll import topo
 
 FILES = ["dgx-h100", "dgx-h100-x16", "gb200-nvl72", "dgx-h100-x1024"]
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         r["median_s"], r["min_s"] = statistics.median(r["times_s"]), min(r["times_s"])
         print(f"{r['case']:<48}{r['gpus']:>6}{r['nodes']:>8}{r['links']:>9}{r['median_s']:>10.5f}{r['min_s']:>10.5f}")
     meta = {"python": sys.version.split()[0], "machine": platform.machine(), "repeat": args.repeat,
-            "command": "python -m tools.bench_topo_load " + " ".join(argv or sys.argv[1:])}
+            "command": "python -m treecoll.tools.bench_topo_load " + " ".join(argv or sys.argv[1:])}
     with open(args.json, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"wrote {args.json}")

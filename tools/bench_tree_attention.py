@@ -6,7 +6,7 @@ attention layer, batch 1 and 4, total context 16k..256k tokens split over the
 ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 
 (a) the whole decode step (append the new token, local attention, combine),
-    via :func:`tools.cmd_decode.worker`: median over steps 2..n of the max
+    via :func:`treecoll.tools.cmd_decode.worker`: median over steps 2..n of the max
     over ranks; bytes sent per rank (bytes handed to torch.distributed in one
     step); peak memory per rank (KV cache bytes + peak of live tensor bytes
     allocated during one step, torch profiler memory events);
@@ -25,9 +25,9 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 
 Usage::
 
-    python -m tools.bench_tree_attention                      # full sweep
-    python -m tools.bench_tree_attention --quick              # small smoke run
-    python -m tools.bench_tree_attention --nprocs 4 --tokens 65536 --batch 1
+    python -m treecoll.tools.bench_tree_attention                      # full sweep
+    python -m treecoll.tools.bench_tree_attention --quick              # small smoke run
+    python -m treecoll.tools.bench_tree_attention --nprocs 4 --tokens 65536 --batch 1
 
 Writes JSON (``--json``, default out/bench_tree_attention.json) and a plot
 (``--plot``, default out/bench_tree_attention.png; needs matplotlib) and prints
@@ -42,21 +42,21 @@ import statistics
 import time
 from pathlib import Path
 
+from treecoll.tools import units
+from treecoll.tools.cli import script_main
+from treecoll.tools.cmd_decode import check_start
+from treecoll.tools.resources import OVERSUBSCRIBE_HELP
+
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
 COMBINE = ("tree", "tree_root_only", "tree_native_bcast", "tree_separate", "allreduce3", "floor")
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
 
 
 def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
-
-    from attention.baselines import allreduce3_combine
-    from attention.state import pack_state
-    from attention.tree_decode import resolve_tree, tree_combine
+    from treecoll.attention.baselines import allreduce3_combine
+    from treecoll.attention.state import pack_state
+    from treecoll.attention.tree_decode import resolve_tree, tree_combine
 
     g = torch.Generator().manual_seed(rank)
     out = torch.randn(batch, HEADS, HEAD_DIM, generator=g)
@@ -91,7 +91,7 @@ def _combine_bench(rank: int, world: int, batch: int, iters: int) -> dict:
 def _group_worker(rank: int, world: int, plan: dict) -> dict:
     import gc
 
-    from tools.cmd_decode import worker
+    from treecoll.tools.cmd_decode import worker
 
     res = {"steps": [], "combine": []}
     for cfg in plan["steps"]:
@@ -111,22 +111,23 @@ def _summarize_combine(ranks: list[dict], i: int) -> dict:
     return out
 
 
+def _steps(args) -> list[dict]:
+    """The decode configurations (``treecoll decode``'s) one process group runs in turn."""
+    return [{"seq_len": n, "batch": batch, "layers": 1, "heads": HEADS, "kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM, "new_tokens": args.steps, "dtype": "bfloat16",
+             "block_size": 256, "methods": ["tree", "ring", "allreduce3"], "seed": 0,
+             "topology": None, "check": n <= args.check_max_tokens}
+            for batch in args.batch for n in args.tokens if not (batch > 1 and n > args.batch_max_tokens)]
+
+
 def run(args) -> dict:
-    from attention.dist import run_group
-    from tools.cmd_decode import summarize
+    from treecoll.attention.dist import run_group
+    from treecoll.tools.cmd_decode import summarize
 
     result = {"machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}, "runs": [],
               "combine": [], "args": vars(args)}
     for P in args.nprocs:
-        steps = []
-        for batch in args.batch:
-            for n in args.tokens:
-                if batch > 1 and n > args.batch_max_tokens:
-                    continue
-                steps.append({"seq_len": n, "batch": batch, "layers": 1, "heads": HEADS, "kv_heads": KV_HEADS,
-                              "head_dim": HEAD_DIM, "new_tokens": args.steps, "dtype": "bfloat16",
-                              "block_size": 256, "methods": ["tree", "ring", "allreduce3"], "seed": 0,
-                              "topology": None, "check": n <= args.check_max_tokens})
+        steps = _steps(args)
         plan = {"steps": steps, "combine_batches": args.batch, "iters": args.iters}
         t0 = time.perf_counter()
         ranks = run_group(_group_worker, P, plan, timeout=args.timeout)
@@ -241,21 +242,31 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nprocs", type=_ints, default=[2, 4])
-    p.add_argument("--tokens", type=_ints, default=[16384, 65536, 262144], help="total context tokens")
-    p.add_argument("--batch", type=_ints, default=[1, 4])
-    p.add_argument("--batch-max-tokens", type=int, default=65536, help="largest context for batch > 1 (memory)")
-    p.add_argument("--check-max-tokens", type=int, default=16384,
+    p.add_argument("--nprocs", type=units.ints_arg("--nprocs"), default=[2, 4],
+                   help="process counts, comma-separated (default 2,4)")
+    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
+    p.add_argument("--tokens", type=units.counts_arg("--tokens"), default=[16384, 65536, 262144],
+                   help="total context tokens, comma-separated; k = 1e3 (default 16384,65536,262144)")
+    p.add_argument("--batch", type=units.ints_arg("--batch"), default=[1, 4],
+                   help="batch sizes, comma-separated (default 1,4)")
+    p.add_argument("--batch-max-tokens", type=units.count_arg("--batch-max-tokens"), default=65536,
+                   help="largest context for batch > 1 (memory)")
+    p.add_argument("--check-max-tokens", type=units.count_arg("--check-max-tokens"), default=16384,
                    help="check against one process up to this context (the check replays every step)")
-    p.add_argument("--steps", type=int, default=6, help="decode steps per method (the first is a warm-up)")
-    p.add_argument("--iters", type=int, default=200, help="combine iterations per method")
-    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--steps", type=units.int_arg("--steps", minimum=2), default=6,
+                   help="decode steps per method (the first is a warm-up)")
+    p.add_argument("--iters", type=units.int_arg("--iters"), default=200, help="combine iterations per method")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1800.0,
+                   help="seconds per process group before it is killed (default 1800)")
     p.add_argument("--quick", action="store_true", help="P=2,4, 16k tokens, batch 1, 3 steps, 50 iterations")
-    p.add_argument("--json", default="out/bench_tree_attention.json")
-    p.add_argument("--plot", default="out/bench_tree_attention.png")
+    p.add_argument("--json", default="out/bench_tree_attention.json", help="where to write the JSON results")
+    p.add_argument("--plot", default="out/bench_tree_attention.png", help="where to write the plot ('' for none)")
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.batch, args.steps, args.iters = [16384], [1], 3, 50
+    for P in args.nprocs:
+        for cfg in _steps(args):
+            check_start(cfg, P, oversubscribe=args.oversubscribe, option="--nprocs")
     result = run(args)
     print("\ntargets:")
     for t in result["targets"]:
@@ -270,4 +281,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main))

@@ -14,7 +14,7 @@ Write a module exposing two functions and add ONE line to :data:`COMMANDS`::
         data = {...}                          # 1. build a plain dict (JSON-serialisable)
         return emit(args, data, render_text)  # 2. --json prints it, else render_text(data) -> str
 
-Rules every command follows: user errors raise a :class:`topo.errors.TreecollError`
+Rules every command follows: user errors raise a :class:`treecoll.topo.errors.TreecollError`
 subclass (the dispatcher prints ONE line on stderr and returns 1; ``--debug``
 adds the traceback); ``run`` returns an exit code and never calls ``sys.exit``;
 no output other than through ``emit`` (or a file the user asked for);
@@ -46,33 +46,50 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
+from treecoll.tools.units import UsageError, positive
+from treecoll.topo.errors import TreecollError
 
-from topo.errors import TreecollError
-
-__all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMMANDS", "output_path",
-           "write_output", "atomic_output", "positive", "REPLACES", "IMAGE_SUFFIXES"]
+__all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMMANDS", "output_path", "walk",
+           "subcommands", "refuse_empty_values", "guarded", "script_main", "write_output", "atomic_output",
+           "positive", "REPLACES", "IMAGE_SUFFIXES"]
 
 #: subcommand modules, in the order ``--help`` lists them (one line per module)
 COMMANDS = [
-    "tools.cmd_topo",
-    "tools.cmd_decode",
-    "tools.cmd_tree",
-    "tools.cmd_simulate",
-    "tools.emucluster.cli",
+    "treecoll.tools.cmd_topo",
+    "treecoll.tools.cmd_decode",
+    "treecoll.tools.cmd_tree",
+    "treecoll.tools.cmd_simulate",
+    "treecoll.tools.emucluster.cli",
 ]
-
-
-class UsageError(TreecollError):
-    """A command-line syntax error (argparse's complaints, as one line)."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse would print usage and sys.exit(2)
-        raise UsageError(f"{self.prog}: {message}; see '{self.prog} --help'")
+        names = subcommands(self)
+        if names and message.startswith("the following arguments are required: "):
+            message = f"expected a command, one of {', '.join(names)}"
+        where = "" if self.prog == "treecoll" else f"{self.prog}: "
+        raise UsageError(f"{where}{message}; see '{self.prog} --help'")
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    """The subcommand names of ``parser``, in the order its help lists them."""
+    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+            for name in a.choices]
+
+
+def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every (sub)parser of ``parser`` with its command path: ``(("topo", "show"), parser)``, ..."""
+    yield path, parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from walk(sub, (*path, name))
 
 
 def common_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -98,16 +115,6 @@ def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], str] | Non
 REPLACES = "(replaced if it exists)"
 #: image formats matplotlib's Agg backend writes (``savefig`` infers the format from the suffix)
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
-
-
-def positive(option: str, value, *, minimum: int = 1, maximum: int | None = None) -> None:
-    """Raise :class:`UsageError` unless ``minimum <= value <= maximum``:
-    ``"--ranks: expected a positive integer, got 0"``."""
-    if value < minimum:
-        want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise UsageError(f"{option}: expected {want}, got {value}")
-    if maximum is not None and value > maximum:
-        raise UsageError(f"{option}: expected at most {maximum}, got {value}")
 
 
 def output_path(path: str, option: str = "-o", *, inputs: Sequence[str | None] = (),
@@ -196,30 +203,71 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(name)
         p = mod.add_parser(sub)
         p.set_defaults(_module=mod)
+    for listed in sub._choices_actions:  # the top-level help lists every subcommand of a command
+        names = subcommands(sub.choices[listed.dest])
+        if names:
+            listed.help = f"{listed.help}: {', '.join(names)}"
+    for _, p in walk(parser):
+        p.set_defaults(_prog=p.prog)  # the deepest parser's name, for errors found after parsing
+    refuse_empty_values(parser)
     return parser
+
+
+def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
+    """Give every text option and positional of ``parser`` (and its subcommands) that has no parser
+    of its own :func:`treecoll.tools.units.text_arg`: an empty ``--topology ""`` or ``--id ""`` is an error,
+    never a silent default (or every cluster)."""
+    from treecoll.tools.units import text_arg
+    for _, p in walk(parser):
+        for a in p._actions:
+            if (isinstance(a, argparse._StoreAction) and a.type is None and a.choices is None
+                    and a.nargs not in (argparse.REMAINDER, 0)):
+                name = "/".join(a.option_strings) or a.metavar or a.dest
+                a.type = text_arg(name, "a value")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``treecoll`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
+    return guarded(lambda: _dispatch(argv), debug=_wants_debug(argv))
+
+
+def script_main(main_fn: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
+    """Run a benchmark script's ``main_fn(argv)`` under the command line's error rules
+    (:func:`guarded`, the script's file name in the message); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded(lambda: main_fn(argv), debug=_wants_debug(argv), prog=Path(sys.argv[0]).name or "treecoll")
+
+
+def _wants_debug(argv: list[str]) -> bool:
+    return "--debug" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
+def _dispatch(argv: list[str]) -> int:
     try:
-        try:
-            args = build_parser().parse_args(argv)
-        except SystemExit as e:  # --help / --version
-            return int(e.code or 0) if not isinstance(e.code, str) else 1
-        debug = getattr(args, "debug", False)
-        return int(args._module.run(args) or 0)
+        args, extra = build_parser().parse_known_args(argv)
+    except SystemExit as e:  # --help / --version
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    if extra:
+        raise UsageError(f"{args._prog}: unrecognized arguments: {' '.join(extra)}; see '{args._prog} --help'")
+    return int(args._module.run(args) or 0)
+
+
+def guarded(fn: Callable[[], int], *, debug: bool = False, prog: str = "treecoll") -> int:
+    """``fn()``'s exit code; a user error (a :class:`TreecollError`, a file that cannot be read)
+    is one line on stderr and exit code 1, Ctrl-C one line and 130; ``debug`` adds the traceback."""
+    try:
+        return int(fn() or 0)
     except TreecollError as e:
         if debug:
             traceback.print_exc()
         msg = " ".join(str(e).split("\n"))
-        print(f"treecoll: error: {msg}", file=sys.stderr)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        print("treecoll: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `treecoll ... | head`
         return 0
@@ -229,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise  # not about a file: a bug or the network, keep the traceback
         if debug:
             traceback.print_exc()
-        print(f"treecoll: error: {_io_message(e)}", file=sys.stderr)
+        print(f"{prog}: error: {_io_message(e)}", file=sys.stderr)
         return 1
 
 

@@ -5,7 +5,7 @@ tokens per sequence (random K/V from ``--seed``, cache dtype ``--dtype``),
 sharded over the group with :class:`attention.ShardedKVCache` (round-robin
 blocks of ``--block-size`` tokens; each rank generates only its own blocks).
 Each decode step appends one random token's K/V to every layer and decodes a
-random query per layer with each method: ``tree`` (:func:`attention.tree_decode`)
+random query per layer with each method: ``tree`` (:func:`treecoll.attention.tree_decode`)
 and the baselines of ``--compare`` (``ring``, ``allreduce3``).  The same steps
 are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
 every method's outputs are compared with that reference.
@@ -25,13 +25,13 @@ Measurements, per method and rank:
   steps 2..n is reported (the first step checks shapes and builds the tree);
 * bytes sent: bytes this rank's code passes to torch.distributed during one
   step (point-to-point sends plus the buffers given to all_reduce /
-  all_gather; :func:`attention.dist.count_traffic`), measured in one extra
+  all_gather; :func:`treecoll.attention.dist.count_traffic`), measured in one extra
   untimed step; the JSON also has ``wire_bytes_estimate_per_rank``: the same
   with each collective counted as its bandwidth-optimal ring algorithm sends
-  (all_reduce 2(P-1)/P of the buffer: :meth:`attention.dist.Traffic.wire_estimate`);
+  (all_reduce 2(P-1)/P of the buffer: :meth:`treecoll.attention.dist.Traffic.wire_estimate`);
 * peak memory: the rank's KV cache bytes (allocated, all layers) plus the peak
   of tensor bytes allocated and alive at once during one step (torch profiler
-  memory events: :func:`attention.dist.peak_tensor_bytes`), in one extra untimed step.
+  memory events: :func:`treecoll.attention.dist.peak_tensor_bytes`), in one extra untimed step.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import statistics
 import time
 from typing import Any
 
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
 
 __all__ = ["add_parser", "run", "decode_data", "render"]
 
@@ -50,35 +50,52 @@ METHOD_ORDER = ("tree", "ring", "allreduce3")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from tools.cli import common_options
+    from treecoll.tools import units
+    from treecoll.tools.cli import common_options
+    from treecoll.tools.resources import OVERSUBSCRIBE_HELP
 
     p = subparsers.add_parser("decode", help="sharded tree-attention decoding vs ring and three all-reduces",
-                              description=__doc__.split("\n\n")[0])
+                              description="Sharded decoding of a random context over gloo processes (or the "
+                                          "torchrun group): tree attention beside ring attention and the paper's "
+                                          "three all-reduces, every method checked against one process.")
     common_options(p)
-    p.add_argument("--nproc", type=int, default=4, help="processes to spawn (ignored under torchrun; default 4)")
+    p.add_argument("--nproc", type=units.int_arg("--nproc"), default=4, metavar="P",
+                   help="processes to spawn (ignored under torchrun; default 4)")
+    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--topology", metavar="F", help="topology YAML / shipped name / 'default' for the tree")
+    src.add_argument("--topology", metavar="F",
+                     help="topology YAML file, shipped name or 'default' for the tree; rank r runs on its r-th GPU")
     src.add_argument("--discover", action="store_true",
                      help="discover the group's topology (topo.discover_cluster; the default)")
-    p.add_argument("--seq-len", type=int, default=32768, help="context tokens per sequence (default 32768)")
-    p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
-    p.add_argument("--layers", type=int, default=2, help="attention layers (default 2)")
-    p.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
-    p.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
-    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
-    p.add_argument("--new-tokens", type=int, default=16, help="decode steps (default 16)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="KV cache dtype (default bf16)")
-    p.add_argument("--block-size", type=int, default=256, help="round-robin block of the cache (default 256)")
-    p.add_argument("--compare", default="ring,allreduce3",
-                   help="baselines to run beside tree: comma list of ring, allreduce3, or 'none'")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the group gives up (default 600)")
+    p.add_argument("--seq-len", type=units.count_arg("--seq-len"), default=32768, metavar="N",
+                   help="context tokens per sequence; k = 1e3, M = 1e6 (default 32768)")
+    p.add_argument("--batch", type=units.int_arg("--batch"), default=1, help="sequences (default 1)")
+    p.add_argument("--layers", type=units.int_arg("--layers"), default=2, help="attention layers (default 2)")
+    p.add_argument("--heads", type=units.int_arg("--heads"), default=32, help="query heads (default 32)")
+    p.add_argument("--kv-heads", type=units.int_arg("--kv-heads"), default=8,
+                   help="K/V heads, dividing --heads (default 8)")
+    p.add_argument("--head-dim", type=units.int_arg("--head-dim"), default=128, help="head dimension (default 128)")
+    p.add_argument("--new-tokens", type=units.int_arg("--new-tokens", minimum=2), default=16,
+                   help="decode steps, at least 2: the first is a warm-up (default 16)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
+                   help=f"KV cache dtype: {', '.join(sorted(_DTYPES))} (default bf16)")
+    p.add_argument("--block-size", type=units.int_arg("--block-size"), default=256,
+                   help="tokens per round-robin block of the cache (default 256)")
+    p.add_argument("--compare", default="ring,allreduce3", metavar="M[,M...]",
+                   help="baselines to run beside tree: comma list of ring, allreduce3, or 'none' "
+                        "(default ring,allreduce3)")
+    p.add_argument("--seed", type=units.int_arg("--seed", minimum=0), default=0, help="random seed (default 0)")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=600.0,
+                   help="seconds before the group gives up (default 600)")
     p.add_argument("--no-check", action="store_true", help="skip the one-process reference check")
     return p
 
 
 def _methods(compare: str) -> list[str]:
-    names = [] if compare.strip() in ("", "none") else [m.strip() for m in compare.split(",")]
+    from treecoll.tools import units
+
+    names = [] if compare.strip() == "none" else units.parse_list(compare, what="--compare", kind="methods",
+                                                                   error=AttentionError)
     for m in names:
         if m not in ("ring", "allreduce3"):
             raise AttentionError(f"--compare: expected a comma list of ring, allreduce3 or 'none', got {m!r}")
@@ -86,24 +103,54 @@ def _methods(compare: str) -> list[str]:
 
 
 def _config(args) -> dict:
-    for name in ("nproc", "seq_len", "batch", "layers", "heads", "kv_heads", "head_dim", "new_tokens",
-                 "block_size"):
-        v = getattr(args, name)
-        if v < (0 if name == "new_tokens" else 1):
-            raise AttentionError(f"--{name.replace('_', '-')}: expected a positive integer, got {v}")
     if args.heads % args.kv_heads:
         raise AttentionError(f"--heads: expected a multiple of --kv-heads={args.kv_heads}, got {args.heads}")
-    if args.new_tokens < 2:
-        raise AttentionError(f"--new-tokens: expected at least 2 (the first step is a warm-up), got {args.new_tokens}")
     topology = None
     if args.topology:
-        import topo
+        from treecoll import topo
 
         topology = topo.resolve(args.topology).to_dict()  # plain data crosses the process boundary
     return {"seq_len": args.seq_len, "batch": args.batch, "layers": args.layers, "heads": args.heads,
             "kv_heads": args.kv_heads, "head_dim": args.head_dim, "new_tokens": args.new_tokens,
             "dtype": _DTYPES[args.dtype], "block_size": args.block_size, "methods": _methods(args.compare),
             "seed": args.seed, "topology": topology, "check": not args.no_check}
+
+
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: peak RSS of one rank of this command before its cache (bytes): 394-396 MiB measured (VmHWM; 237 MiB
+#: private, 156 MiB shared library pages) on Linux x86-64, torch 2.13 CPU, a 40-token cache, 2 to 4 ranks,
+#: rounded up by about a tenth for other machines' libraries and thread counts. More than torch + gloo
+#: alone (:data:`treecoll.tools.resources.PROCESS_BASELINE_BYTES`): a rank also loads attention, its native kernel
+#: and torch's profiler. tests/tools/test_cmd_decode.py checks every run's measured peaks against
+#: :func:`memory_estimate` with this baseline.
+RANK_BASELINE_BYTES = 448 << 20
+
+
+def memory_estimate(cfg: dict, world: int) -> dict[str, int]:
+    """Bytes one decode run allocates beyond each process's baseline (plain data).
+
+    ``cache_per_rank``: rank 0's :class:`ShardedKVCache` (it holds the most blocks),
+    K and V of every layer; ``transient_per_rank``: a step's temporaries: eight float32
+    buffers of a state's size (query, output, partial and merged states, the packed
+    buffer and its receive buffer), and with ``ring`` among the methods
+    two of one layer's K/V shards (ring attention holds the shard it receives beside
+    the one it sends on); ``reference``: rank 0's one-process check, the whole cache
+    and a step's float32 temporaries (0 with ``check`` off). Each process adds
+    :data:`RANK_BASELINE_BYTES`.
+    """
+    b, hkv, d, layers = cfg["batch"], cfg["kv_heads"], cfg["head_dim"], cfg["layers"]
+    item = _ITEMSIZE[cfg["dtype"]]
+    tokens = cfg["seq_len"] + cfg["new_tokens"] + 1
+    full, rest = divmod(tokens, cfg["block_size"] * world)
+    local = full * cfg["block_size"] + min(rest, cfg["block_size"])  # rank 0's slots
+    states = 8 * 4 * b * cfg["heads"] * (d + 2)  # eight float32 [B, H, D + 2] buffers
+
+    def cache(n: int) -> int:
+        return 2 * layers * b * n * hkv * d * item
+
+    ring = 2 * cache(local) // layers if "ring" in cfg["methods"] else 0
+    reference = cache(tokens) + states if cfg["check"] else 0
+    return {"cache_per_rank": cache(local), "transient_per_rank": ring + states, "reference": reference}
 
 
 # ------------------------------------------------------------------ the per-rank work
@@ -141,8 +188,7 @@ def _step_inputs(cfg, step: int, layer: int):
 def build_cache(cfg, rank: int, world: int, device=None):
     """This rank's :class:`ShardedKVCache` with the random context (only its own blocks generated)."""
     import torch
-
-    from attention.kv_cache import ShardedKVCache
+    from treecoll.attention.kv_cache import ShardedKVCache
 
     n, bs = cfg["seq_len"], cfg["block_size"]
     cache = ShardedKVCache(layers=cfg["layers"], batch=cfg["batch"], kv_heads=cfg["kv_heads"],
@@ -190,14 +236,13 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     """
     import torch
     import torch.distributed as dist
-
-    from attention.baselines import method
-    from attention.dist import count_traffic, peak_tensor_bytes
-    from attention.tree_decode import resolve_tree
+    from treecoll.attention.baselines import method
+    from treecoll.attention.dist import count_traffic, peak_tensor_bytes
+    from treecoll.attention.tree_decode import resolve_tree
 
     topology = None
     if cfg["topology"] is not None:
-        from topo import Topology
+        from treecoll.topo import Topology
 
         topology = Topology.from_dict(cfg["topology"])
     cache = build_cache(cfg, rank, world, device)
@@ -232,7 +277,9 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
         _, kn, vn = _step_inputs(cfg, cfg["new_tokens"], layer)
         cache.append(layer, kn.to(device), vn.to(device))
     res: dict[str, Any] = {"rank": rank, "cache_bytes": cache.nbytes(), "methods": {},
-                           "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name}}
+                           "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name},
+                           "gpus": None if topology is None else list(topology.rank_gpus()[:world]),
+                           "topology_gpus": None if topology is None else len(topology.gpus())}
     for name in names:
         if world > 1:
             dist.barrier()
@@ -249,12 +296,22 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
         reference = _reference(cfg)
         for name, m in res["methods"].items():
             m["max_abs_err"] = max(float((a - b).abs().max()) for a, b in zip(outputs[name], reference))
+    res["max_rss_bytes"] = _max_rss()
     return res
+
+
+def _max_rss() -> int | None:
+    """This process's peak resident memory in bytes (Linux ``VmHWM``: the peak of this program's
+    own address space; ``ru_maxrss`` would carry over the parent's peak through fork and exec);
+    None where /proc does not say."""
+    from treecoll.tools.resources import proc_bytes
+
+    return proc_bytes("/proc/self/status", "VmHWM")
 
 
 def _reference(cfg) -> list:
     """The same steps in one process over the whole cache (world of one)."""
-    from attention import decode_partial
+    from treecoll.attention import decode_partial
 
     def local(q, k, v, *, kv_len, topology, check):
         return decode_partial(q, k, v, kv_len=kv_len)[0]
@@ -287,7 +344,9 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
         }
     out = {"nproc": world, "config": {k: v for k, v in cfg.items() if k != "topology"},
            "topology": None if cfg["topology"] is None else cfg["topology"].get("name"),
+           "gpus": ranks[0].get("gpus"), "topology_gpus": ranks[0].get("topology_gpus"),
            "tree": ranks[0]["tree"], "cache_bytes_per_rank": [r["cache_bytes"] for r in ranks],
+           "max_rss_bytes_per_rank": [r.get("max_rss_bytes") for r in ranks],
            "methods": methods}
     if "tree" in methods:
         for name, m in methods.items():
@@ -298,7 +357,7 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
 def decode_data(cfg: dict, nproc: int, timeout: float = 600.0) -> dict:
     """Spawn ``nproc`` gloo processes, run :func:`worker`, return :func:`summarize`'s dict
     (``nproc == 1``: in this process, no group)."""
-    from attention.dist import run_group
+    from treecoll.attention.dist import run_group
 
     if nproc == 1:
         return summarize(cfg, [worker(0, 1, cfg)], 1)
@@ -327,7 +386,7 @@ def _under_torchrun(cfg: dict, timeout: float):
 
 
 def run(args: argparse.Namespace) -> int:
-    from tools.cli import emit
+    from treecoll.tools.cli import emit
 
     cfg = _config(args)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -335,8 +394,27 @@ def run(args: argparse.Namespace) -> int:
         if rank != 0:
             return 0
     else:
+        check_start(cfg, args.nproc, oversubscribe=args.oversubscribe)
         data = decode_data(cfg, args.nproc, args.timeout)
     return emit(args, data, render)
+
+
+def check_start(cfg: dict, nproc: int, *, oversubscribe: bool = False, option: str = "--nproc") -> dict:
+    """Refuse, before any process starts, ``nproc`` ranks that a ``--topology`` has no GPUs
+    for, or that exceed this machine's cores or memory (:func:`treecoll.tools.resources.check_processes`,
+    with :func:`memory_estimate`); returns the numbers checked."""
+    from treecoll.tools.resources import check_processes
+
+    if cfg["topology"] is not None:
+        gpus = sum(1 for n in cfg["topology"]["nodes"] if n.get("kind") == "gpu")
+        if nproc > gpus:
+            raise AttentionError(f"{option} {nproc}: expected at most {gpus} (the GPUs of topology "
+                                 f"{cfg['topology'].get('name')!r}), got {nproc}; give a larger topology")
+    mem = memory_estimate(cfg, nproc)
+    return check_processes(nproc, option=f"{option} {nproc}",
+                           per_process_bytes=mem["cache_per_rank"] + mem["transient_per_rank"],
+                           extra_bytes=mem["reference"], baseline_bytes=RANK_BASELINE_BYTES,
+                           oversubscribe=oversubscribe)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -346,13 +424,28 @@ def _fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _where(d: dict) -> str:
+    """``dgx-h100-x2, ranks 0..3 on h0/gpu0, h0/gpu1, h0/gpu2, h0/gpu3 (4 of its 16 GPUs)``."""
+    if not d["topology"]:
+        return "discovered (topo.discover_cluster)"
+    gpus = d.get("gpus")
+    if not gpus:
+        return d["topology"]
+    listed = ", ".join(gpus) if len(gpus) <= 8 else f"{gpus[0]}, {gpus[1]}, ..., {gpus[-1]}"
+    span = f"rank 0 on {listed}" if len(gpus) == 1 else f"ranks 0..{len(gpus) - 1} on {listed}"
+    share = "all its GPUs" if len(gpus) == d["topology_gpus"] else f"{len(gpus)} of its {d['topology_gpus']} GPUs"
+    return f"{d['topology']}, {span} ({share})"
+
+
 def render(d: dict) -> str:
     c = d["config"]
     lines = [f"decode: {d['nproc']} ranks, batch {c['batch']}, {c['seq_len']} context tokens, {c['layers']} layers, "
              f"{c['heads']}/{c['kv_heads']} heads x {c['head_dim']}, KV {c['dtype']}, {c['new_tokens']} steps",
-             f"topology: {d['topology'] or 'discovered (topo.discover_cluster)'}; tree parents: "
-             f"{d['tree']['parents'] if d['tree'] else '-'}",
-             f"KV cache per rank: {', '.join(_fmt_bytes(b) for b in d['cache_bytes_per_rank'])}", ""]
+             f"topology: {_where(d)}; tree parents: {d['tree']['parents'] if d['tree'] else '-'}",
+             f"KV cache per rank: {', '.join(_fmt_bytes(b) for b in d['cache_bytes_per_rank'])}"]
+    if all(d.get("max_rss_bytes_per_rank") or [None]):
+        lines.append(f"process peak RSS per rank: {', '.join(_fmt_bytes(b) for b in d['max_rss_bytes_per_rank'])}")
+    lines.append("")
     head = f"{'method':<11} {'step (us)':>11} {'vs tree':>8} {'max |err|':>10}  {'bytes sent/rank':<28} peak mem/rank"
     lines += [head, "-" * len(head)]
     for name, m in d["methods"].items():

@@ -12,19 +12,16 @@
   parsed values and what each changes; an invalid value is a one-line error
   naming the variable.
 
-Hooked into ``treecoll topo`` through ``tools.cmd_topo.SUBMODULES``.
+Hooked into ``treecoll topo`` through ``treecoll.tools.cmd_topo.SUBMODULES``.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from pathlib import Path as FsPath
 from typing import Any
 
-from topo.errors import TopologyError
-
-from .cli import common_options, emit
+from .cli import common_options, emit, output_path, write_output
 
 __all__ = ["add_parser", "run", "discover_data", "hints_data", "render_discover", "render_hints"]
 
@@ -41,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     common_options(p).set_defaults(_topo_module=me, _discover_cmd="discover")
     q = sub.add_parser("import", help="import an NCCL topology XML or nvidia-smi topo -m text",
                        description="import an NCCL topology XML or 'nvidia-smi topo -m' output (detected by content)")
-    q.add_argument("file", metavar="FILE")
+    q.add_argument("file", metavar="FILE", help="NCCL topology XML or saved 'nvidia-smi topo -m' output")
     out = q.add_mutually_exclusive_group()
     out.add_argument("-o", "--output", metavar="FILE.yaml", help="write the explicit YAML form")
     out.add_argument("--xml", metavar="FILE.xml", help="write an NCCL topology XML")
@@ -52,17 +49,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return common_options(h).set_defaults(_topo_module=me, _discover_cmd="hints") or h
 
 
+def _outputs(args) -> None:
+    """Check -o / --xml before discovery or import does any work."""
+    inputs = [getattr(args, "file", None)]
+    if getattr(args, "output", None) is not None:
+        output_path(args.output, "-o", inputs=inputs)
+    if getattr(args, "xml", None) is not None:
+        output_path(args.xml, "--xml", inputs=inputs)
+
+
 def _write(t, args) -> str | None:
+    """Write the explicit YAML (-o) or NCCL XML (--xml), whole or not at all."""
+    from treecoll.topo.nccl_xml import export_xml
+
+    from treecoll import topo
+
     if getattr(args, "output", None):
-        import topo
-        topo.save(t, args.output)
+        write_output(args.output, topo.dumps(t), "-o")
         return args.output
     if getattr(args, "xml", None):
-        from topo.nccl_xml import export_xml
-        try:
-            FsPath(args.xml).write_text(export_xml(t), encoding="utf-8")
-        except OSError as e:
-            raise TopologyError(f"--xml {args.xml}: cannot write ({e.strerror})") from None
+        write_output(args.xml, export_xml(t), "--xml")
         return args.xml
     return None
 
@@ -93,7 +99,7 @@ def render_discover(d: dict[str, Any]) -> str:
 
 
 def hints_data(env=None) -> dict[str, Any]:
-    from topo.env import hints_report
+    from treecoll.topo.env import hints_report
     return hints_report(os.environ if env is None else env)
 
 
@@ -108,13 +114,12 @@ def run(args: argparse.Namespace) -> int:
     c = args._discover_cmd
     if c == "hints":
         return emit(args, hints_data(), render_hints)
-    import topo
+    from treecoll import topo
+    _outputs(args)
     if c == "discover":
         t = topo.discover(sysfs_root=args.sysfs_root, host=args.host)
         src = "discovered"
     else:
-        if not FsPath(args.file).is_file():
-            raise TopologyError(f"{args.file}: no such file")
-        t = topo.import_file(args.file, host=args.host)
+        t = topo.import_file(args.file, host=args.host)  # names the file in every error
         src = args.file
     return emit(args, discover_data(t, src, _write(t, args)), render_discover)

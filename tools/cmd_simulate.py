@@ -7,17 +7,18 @@
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
 
 ``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's double
-binary tree, :func:`collectives.builders.double_binary`), ``nvls`` (NCCL's
+binary tree, :func:`treecoll.collectives.builders.double_binary`), ``nvls`` (NCCL's
 NVLink SHARP reduction in the NVSwitches, NVLSTree across hosts:
-:mod:`collectives.sim_nvls`; Hopper and later NVSwitch systems), any builder
-name of :mod:`collectives.builders` (``two_level``, ``auto``, ``binomial``,
+:mod:`treecoll.collectives.sim.nvls`; Hopper and later NVSwitch systems), any builder
+name of :mod:`treecoll.collectives.builders` (``two_level``, ``auto``, ``binomial``,
 ``kary:4``, ...), and ``nccl``: NCCL's own analytical model
-(:func:`collectives.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
+(:func:`treecoll.collectives.sim.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
 offers there: ring, tree and where it runs NVLS),
 a separate line for comparison. Simulated algorithms use the fastest NCCL
 protocol profile per size unless ``--profile`` names one (``ideal``,
 ``nccl-simple``, a calibrated YAML...). Sizes: ``A:B`` doubles from A to B,
-or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024). Token counts
+or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024), KB, MB, GB
+(powers of 1000), as :mod:`treecoll.tools.units` reads them. Token counts
 (``--seq-len``) use k = 1e3, M = 1e6 like the paper (80k ... 5.12M).
 Sweeps show a progress bar on stderr when it is a terminal.
 """
@@ -27,12 +28,13 @@ import argparse
 import sys
 from typing import Any
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 from . import units
 
+
 def parse_sizes(spec: str) -> list[int]:
-    """``"8B:1GiB"`` (doubling) or ``"1K,1MiB"`` (units: :mod:`tools.units`)."""
+    """``--sizes`` from Python: ``"8B:1GiB"`` (doubling) or ``"1K,1MiB"`` (:func:`treecoll.tools.units.parse_sizes`)."""
     return units.parse_sizes(spec, what="--sizes", error=CollectiveError)
 
 
@@ -46,72 +48,136 @@ def _progress(i: int, n: int, what: str) -> None:
         sys.stderr.flush()
 
 
+def _names(registry) -> str:
+    return ", ".join(sorted(registry))
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from tools.cli import common_options
-    p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology")
+    from treecoll.collectives.builders import BUILDERS
+    from treecoll.collectives.sim.profiles import PROFILES
+    from treecoll.collectives.sim.simulator import DTYPE_SIZES
+    from treecoll.tools.cli import REPLACES, common_options
+    p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology",
+                              description="Predict collectives and decode steps on a topology you may not have "
+                                          "(flow-level simulator, NCCL's model).")
     common_options(p)
     sub = p.add_subparsers(dest="sim_command", metavar="WHAT")
     sub.required = True
+    algos = f"{', '.join(SIM_ALGOS)}, or a tree builder ({_names(BUILDERS)}; kary:K)"
 
-    def base(name, help_):
-        q = sub.add_parser(name, help=help_)
+    def base(name, help_, description):
+        q = sub.add_parser(name, help=help_, description=description)
         common_options(q)
-        q.add_argument("--topology", default="default", help="YAML file, shipped name or 'default'")
-        q.add_argument("--ranks", type=int, default=None, help="use the first N ranks (default all GPUs)")
-        q.add_argument("--profile", default=None, help="simulator profile (default: fastest NCCL protocol)")
+        q.add_argument("--topology", default="default", metavar="F",
+                       help="topology YAML file, shipped name or 'default' (default: default)")
+        q.add_argument("--ranks", type=units.int_arg("--ranks"), default=None, metavar="N",
+                       help="use the GPUs of the first N ranks (default: every GPU)")
+        q.add_argument("--profile", default=None, metavar="P",
+                       help=f"simulator profile: auto (the fastest NCCL protocol per size, the default), "
+                            f"{_names(PROFILES)}, or a calibrated profile YAML file")
         return q
 
-    a = base("allreduce", "time, algbw and busbw per size and algorithm (nccl-tests style)")
-    a.add_argument("--algo", default="ring,tree,two_level,auto,nccl", help="comma list of algorithms")
-    a.add_argument("--sizes", default="8B:1GiB", help="A:B (doubling) or a comma list")
-    a.add_argument("--plot", default=None, help="write a log-log busbw plot (PNG)")
-    d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step")
-    d.add_argument("--seq-len", default="1M", help="tokens of KV cache (k = 1e3, M = 1e6), comma list allowed")
-    d.add_argument("--heads", type=int, default=16)
-    d.add_argument("--head-dim", type=int, default=128)
-    d.add_argument("--kv-heads", type=int, default=None)
-    d.add_argument("--batch", type=int, default=1)
-    d.add_argument("--dtype", default="bfloat16")
-    d.add_argument("--tree", default="two_level", help="tree builder for tree attention")
-    d.add_argument("--plot", default=None, help="write a log-log time vs sequence length plot (PNG)")
-    lk = base("links", "the busiest links of one run")
-    lk.add_argument("--algo", default="two_level")
-    lk.add_argument("--size", default="1GiB")
-    lk.add_argument("--top", type=int, default=10)
+    a = base("allreduce", "time, algbw and busbw per size and algorithm (nccl-tests style)",
+             "Simulate an allreduce of each size with each algorithm and print time, algbw and busbw "
+             "(nccl-tests' definitions).")
+    a.add_argument("--algo", default="ring,tree,two_level,auto,nccl", metavar="A[,A...]",
+                   help=f"comma list of algorithms: {algos} (default ring,tree,two_level,auto,nccl)")
+    a.add_argument("--sizes", default="8B:1GiB", type=units.sizes_arg("--sizes"), metavar="A:B|S[,S...]",
+                   help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 "
+                        "(default 8B:1GiB)")
+    a.add_argument("--plot", default=None, metavar="OUT.png",
+                   help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
+    d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
+             "Model one decode step's attention on the topology: tree attention (local attention + one "
+             "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
+             "(K/V passed around the ring).")
+    d.add_argument("--seq-len", default="1M", type=units.counts_arg("--seq-len"), metavar="N[,N...]",
+                   help="tokens of KV cache, comma list allowed; k = 1e3, M = 1e6 (default 1M)")
+    d.add_argument("--heads", type=units.int_arg("--heads"), default=16, help="query heads (default 16)")
+    d.add_argument("--head-dim", type=units.int_arg("--head-dim"), default=128,
+                   help="dimension of one head (default 128)")
+    d.add_argument("--kv-heads", type=units.int_arg("--kv-heads"), default=None,
+                   help="K/V heads, dividing --heads (default: --heads, no grouped-query attention)")
+    d.add_argument("--batch", type=units.int_arg("--batch"), default=1, help="sequences (default 1)")
+    d.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES), metavar="T",
+                   help=f"KV cache dtype: {_names(DTYPE_SIZES)} (default bfloat16)")
+    d.add_argument("--tree", default="two_level", metavar="B",
+                   help=f"tree builder for tree attention: {_names(BUILDERS)} or kary:K (default two_level)")
+    d.add_argument("--plot", default=None, metavar="OUT.png",
+                   help=f"write a log-log time vs sequence length plot (needs matplotlib) {REPLACES}")
+    lk = base("links", "the busiest links of one run",
+              "Simulate one allreduce and list the links that carry the most bytes, and the bytes per link kind.")
+    lk.add_argument("--algo", default="two_level", metavar="A",
+                    help=f"the algorithm: {', '.join(x for x in SIM_ALGOS if x != 'nccl')}, or a tree builder "
+                         f"({_names(BUILDERS)}; kary:K) (default two_level)")
+    lk.add_argument("--size", default="1GiB", type=units.size_arg("--size"), metavar="S",
+                    help="allreduce size (default 1GiB)")
+    lk.add_argument("--top", type=units.int_arg("--top"), default=10, metavar="N",
+                    help="how many of the busiest links to list (default 10)")
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    from tools.cli import emit
-    from topo.yaml_io import resolve
+def _resolve(args):
+    """The topology of ``--topology``, with ``--ranks`` checked against its GPUs."""
+    from treecoll.topo.yaml_io import resolve
     topology = resolve(args.topology)
+    total = len(topology.rank_gpus())
+    if args.ranks is not None and args.ranks > total:
+        raise CollectiveError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), "
+                              f"got {args.ranks}")
+    return topology
+
+
+def run(args: argparse.Namespace) -> int:
+    from treecoll.tools.cli import IMAGE_SUFFIXES, emit, output_path
+    plot = getattr(args, "plot", None)
+    _check_profile(args.profile)
+    if plot:
+        output_path(plot, "--plot", inputs=[args.topology, args.profile], suffixes=IMAGE_SUFFIXES)
     if args.sim_command == "allreduce":
-        data = allreduce_data(topology, [a.strip() for a in args.algo.split(",") if a.strip()],
-                              parse_sizes(args.sizes), args.ranks, args.profile)
-        if args.plot:
-            plot_allreduce(data, args.plot)
-            data["plot"] = args.plot
+        algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
+        check_algos(algos)
+        topology = _resolve(args)
+        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile)
+        if plot:
+            plot_allreduce(data, plot)
+            data["plot"] = plot
         return emit(args, data, render_allreduce)
     if args.sim_command == "decode":
-        from collectives.sim_decode import DecodeShape
-        seqs = [units.parse_count(s, what="--seq-len", error=CollectiveError)
-                for s in args.seq_len.split(",") if s.strip()]
-        data = decode_data(topology, [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim,
-                                                  kv_heads=args.kv_heads, batch=args.batch, dtype=args.dtype)
-                                      for n in seqs], args.ranks, args.tree, args.profile)
-        if args.plot:
-            plot_decode(data, args.plot)
-            data["plot"] = args.plot
+        from treecoll.attention.cost import DecodeShape
+        check_algos([args.tree], option="--tree", builders_only=True)
+        topology = _resolve(args)
+        shapes = [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
+                              batch=args.batch, dtype=args.dtype) for n in args.seq_len]
+        data = decode_data(topology, shapes, args.ranks, args.tree, args.profile)
+        if plot:
+            plot_decode(data, plot)
+            data["plot"] = plot
         return emit(args, data, render_decode)
-    data = links_data(topology, args.algo, units.parse_bytes(args.size, what="--size", error=CollectiveError), args.ranks, args.profile, args.top)
+    check_algos([args.algo])
+    topology = _resolve(args)
+    data = links_data(topology, args.algo, args.size, args.ranks, args.profile, args.top)
     return emit(args, data, render_links)
+
+
+def _check_profile(profile: str | None) -> None:
+    """Refuse an unknown ``--profile`` (or an unreadable profile file) before any work."""
+    import os
+
+    from treecoll.collectives.sim.profiles import PROFILES, get_profile
+    if profile in (None, "auto") or profile in PROFILES:
+        return
+    if not (profile.endswith((".yaml", ".yml")) or os.path.exists(profile)):
+        raise CollectiveError(f"--profile {profile!r}: expected auto, {_names(PROFILES)} or a profile YAML file, "
+                              f"got an unknown name")
+    get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
 def _one(topology, algo: str, size: int, ranks, profile):
     """(time s, busbw, algbw, label) of one algorithm at one size."""
-    from collectives.sim import bandwidths, rank_gpus_of, simulate_algorithm
+    from treecoll.collectives.sim.simulator import bandwidths, rank_gpus_of, simulate_algorithm
     if algo == "nccl":
-        from collectives.nccl_model import nccl_algos, nccl_predict
+        from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
         gpus = rank_gpus_of(topology, ranks)
         best = min((nccl_predict(topology, list(gpus), size, algo=a) for a in nccl_algos(topology, gpus)),
                    key=lambda r: r["time"])
@@ -126,17 +192,18 @@ def _one(topology, algo: str, size: int, ranks, profile):
 SIM_ALGOS = ("ring", "tree", "nvls", "nccl")
 
 
-def check_algos(algos) -> None:
-    """Refuse an unknown --algo name before any work, listing every valid one."""
-    from collectives.builders import BUILDERS
+def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -> None:
+    """Refuse an unknown algorithm name before any work, listing every valid one."""
+    from treecoll.collectives.builders import BUILDERS
     for a in algos:
-        if a not in SIM_ALGOS and a.partition(":")[0] not in BUILDERS:
-            raise CollectiveError(f"--algo {a!r}: unknown; expected one of {list(SIM_ALGOS)} or a tree builder "
+        if (builders_only or a not in SIM_ALGOS) and a.partition(":")[0] not in BUILDERS:
+            known = "" if builders_only else f"one of {list(SIM_ALGOS)} or "
+            raise CollectiveError(f"{option} {a!r}: unknown; expected {known}a tree builder "
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
 def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
-    from collectives.sim import rank_gpus_of
+    from treecoll.collectives.sim.simulator import rank_gpus_of
     check_algos(algos)
     P = len(rank_gpus_of(topology, ranks))
     rows = []
@@ -173,7 +240,7 @@ def _plt():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from topo.errors import MissingDependency
+        from treecoll.topo.errors import MissingDependency
         raise MissingDependency("--plot needs matplotlib: pip install 'treecoll[plot]'") from None
     return plt
 
@@ -202,7 +269,7 @@ def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) 
 
 
 def decode_data(topology, shapes, ranks=None, tree="two_level", profile=None) -> dict[str, Any]:
-    from collectives.sim_decode import decode_step
+    from treecoll.attention.cost import decode_step
     runs = []
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
@@ -249,7 +316,7 @@ def plot_decode(d: dict, path: str) -> None:
 
 
 def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: int = 10) -> dict[str, Any]:
-    from collectives.sim import simulate_algorithm
+    from treecoll.collectives.sim.simulator import simulate_algorithm
     check_algos([algo])
     name = "double_binary" if algo == "tree" else algo
     if name == "nccl":

@@ -25,16 +25,18 @@ import json
 from collections import Counter
 from typing import Any
 
-import topo
-from topo.errors import TopologyError
+from treecoll.topo.errors import TopologyError
 
-from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, positive, write_output
+from treecoll import topo
+
+from . import units
+from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
 
 __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render_show", "render_matrix",
            "render_path", "endpoint", "SUBMODULES"]
 
 #: modules adding more ``treecoll topo`` subcommands (e.g. discovery); one line each
-SUBMODULES: list[str] = ["tools.cmd_discover"]
+SUBMODULES: list[str] = ["treecoll.tools.cmd_discover"]
 
 SMI_LEGEND = [
     ("X", "Self"),
@@ -48,8 +50,9 @@ SMI_LEGEND = [
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("topo", help="inspect cluster topologies (show, matrix, path, export, draw)",
-                              description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser("topo", help="inspect, discover and import cluster topologies",
+                              description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
+                                          "a shipped name (topologies/<name>.yaml) or 'default'.")
     common_options(p)
     sub = p.add_subparsers(dest="topo_cmd", metavar="SUBCOMMAND")
     sub.required = True
@@ -63,14 +66,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     q = cmd("matrix", "nvidia-smi topo -m view of one host")
     q.add_argument("--host", help="host name (default: the first host)")
     q = cmd("path", "route between two GPUs/NICs (ids like h0/gpu3, or ranks like r3)")
-    q.add_argument("a", metavar="A")
-    q.add_argument("b", metavar="B")
+    q.add_argument("a", metavar="A", help="first endpoint: a node id (h0/gpu3, h1/nic0) or a rank (r3)")
+    q.add_argument("b", metavar="B", help="second endpoint, as A")
     q = cmd("export", "write the topology as YAML (explicit form), JSON or DOT")
-    q.add_argument("--format", choices=("yaml", "json", "dot"), required=True)
-    q.add_argument("-o", "--output", help=f"file to write {REPLACES} (default: standard output)")
+    q.add_argument("--format", choices=("yaml", "json", "dot"), required=True,
+                   help="yaml (the explicit form), json (Topology.to_dict) or dot (Graphviz, a cluster per host)")
+    q.add_argument("-o", "--output", metavar="FILE", help=f"file to write {REPLACES} (default: standard output)")
     q = cmd("draw", "draw hosts, switches and links to an image (needs matplotlib)")
-    q.add_argument("-o", "--output", required=True, help=f"image file (.png, .svg, .pdf) {REPLACES}")
-    q.add_argument("--max-hosts", type=int, default=8, help="hosts to draw (default 8)")
+    q.add_argument("-o", "--output", required=True, metavar="FILE", help=f"image file (.png, .svg, .pdf) {REPLACES}")
+    q.add_argument("--max-hosts", type=units.int_arg("--max-hosts"), default=8, metavar="N",
+                   help="hosts to draw (default 8)")
     for name in SUBMODULES:
         mod = importlib.import_module(name)
         mod.add_parser(sub).set_defaults(_topo_module=mod)
@@ -84,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
     c = args.topo_cmd
     if c in ("export", "draw") and args.output:
         output_path(args.output, inputs=[args.file], suffixes=IMAGE_SUFFIXES if c == "draw" else None)
-    if c == "draw":
-        positive("--max-hosts", args.max_hosts)
     t = topo.resolve(args.file)
     if c == "show":
         return emit(args, show_data(t, args.file), render_show)
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return emit(args, path_data(t, args.a, args.b), render_path)
     if c == "export":
         return _export(args, t)
-    from topo.render import draw
+    from treecoll.topo.render import draw
     with atomic_output(args.output) as tmp:
         data = dict(draw(t, tmp, max_hosts=args.max_hosts), output=args.output)
     return emit(args, data, lambda d: f"wrote {d['output']} ({d['hosts_drawn']} of {d['hosts_total']} hosts, "
@@ -171,7 +174,7 @@ def render_show(d: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------ matrix
 def matrix_data(t: topo.Topology, host: str | None = None) -> dict[str, Any]:
     """The ``nvidia-smi topo -m`` matrix of one host as plain data."""
-    from topo.smi import smi_matrix
+    from treecoll.topo.smi import smi_matrix
     if not t.hosts():
         raise TopologyError(f"topology {t.name!r}: has no hosts to show a matrix for")
     host = host or t.hosts()[0]
@@ -258,7 +261,7 @@ def _export(args: argparse.Namespace, t: topo.Topology) -> int:
     elif args.format == "json":
         text = json.dumps(t.to_dict(), indent=1, ensure_ascii=False, default=str) + "\n"
     else:
-        from topo.render import to_dot
+        from treecoll.topo.render import to_dot
         text = to_dot(t)
     if args.output:
         nbytes = write_output(args.output, text)

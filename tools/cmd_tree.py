@@ -4,14 +4,15 @@
   build a tree with a registered builder (``chain``, ``binomial``, ``kary:K``,
   ``star``, ``double_binary``, ``two_level``, ``auto``) over the first N ranks of
   topology F (a YAML path or a shipped name) and print it; ``-o`` writes the
-  tree file (see :mod:`collectives.tree_io`).
+  tree file (see :mod:`treecoll.collectives.tree_io`).
 * ``tree show FILE [--topology F] [--bytes S]``: an ASCII drawing, with each
   edge's link (NCCL path class, link kinds, bandwidth) and the predicted
   reduce/broadcast/allreduce times when a topology is given. FILE may also be
   an NCCL_GRAPH_FILE XML (its graphs and channels are listed).
-* ``tree check FILE --topology F``: the tree fits the topology (rank count,
-  host labels), and how it compares with ``auto`` and the lower bound; exit
-  code 1 when it does not fit.
+* ``tree check FILE --topology F [--ranks N]``: the tree fits the topology
+  (it covers every GPU, or the first N with ``--ranks N``; host labels), and
+  how it compares with ``auto`` and the lower bound; exit code 1 when it does
+  not fit.
 * ``tree draw FILE [--topology F] -o tree.png``: with ``--topology``, the tree
   over the topology picture (one arrow per edge, child GPU to parent GPU,
   coloured by link class; one colour per tree for several trees); without it,
@@ -26,48 +27,66 @@ from collections import Counter
 from pathlib import Path as FsPath
 from typing import Any
 
-from topo.errors import MissingDependency, TreeError
+from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
-from .cli import (IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, positive,
-                  write_output)
+from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
 
-__all__ = ["add_parser", "run", "parse_bytes", "tree_data", "render_tree"]
+__all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data"]
 
-#: suffixes of tree files (:mod:`collectives.tree_io` reads YAML and JSON)
+#: suffixes of tree files (:mod:`treecoll.collectives.tree_io` reads YAML and JSON)
 TREE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def parse_bytes(text: str) -> int:
-    """``--bytes``: ``"64MiB"`` -> 67108864 (units: :mod:`tools.units`)."""
-    return units.parse_bytes(text, what="--bytes", error=TreeError)
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
     p = subparsers.add_parser("tree", help="build, show, check and draw reduction trees",
-                              description=__doc__.split("\n\n")[0])
+                              description="Build, show, check and draw reduction trees.")
     common_options(p)
     sub = p.add_subparsers(dest="tree_cmd", metavar="SUBCOMMAND")
     sub.required = True
-    b = common_options(sub.add_parser("build", help="build a tree with a registered builder"))
-    b.add_argument("--topology", required=True, help="topology YAML or shipped name")
-    b.add_argument("--ranks", type=int, help="use the first N ranks (default: every GPU)")
-    b.add_argument("--builder", required=True, help="chain, binomial, kary:K, star, double_binary, two_level, auto")
-    b.add_argument("--bytes", default="1MiB", help="message size for auto/two_level and predictions (default 1MiB)")
-    b.add_argument("--intra", help="two_level: intra-host shape (auto, star, chain, binomial, kary:K, links)")
-    b.add_argument("--inter", help="two_level: inter-host shape (binomial, chain, star, kary:K)")
-    b.add_argument("--rails", choices=("auto", "yes", "no"), help="two_level: one tree per NIC rail")
-    b.add_argument("-o", "--output", help=f"tree file to write (.yaml, .yml or .json) {REPLACES}")
-    for name, help_ in (("show", "ASCII drawing with link kinds and predicted times"),
-                        ("check", "check a tree file against a topology"),
-                        ("draw", "draw a tree to an image (needs matplotlib)")):
-        q = common_options(sub.add_parser(name, help=help_, description=help_))
-        q.add_argument("file", metavar="FILE", help="tree file (YAML/JSON) or NCCL graph XML (show)")
-        q.add_argument("--topology", required=name == "check", help="topology YAML or shipped name")
-        q.add_argument("--bytes", default="1MiB", help="message size for predictions (default 1MiB)")
+    builders = f"{', '.join(sorted(BUILDERS))}; kary:K for fan-out K"
+    b = common_options(sub.add_parser(
+        "build", help="build a tree with a registered builder",
+        description="Build a tree with a registered builder over the first N ranks of a topology, print it with "
+                    "each edge's link and the predicted times, and optionally save it as a tree file."))
+    b.add_argument("--topology", required=True, metavar="F", help="topology YAML file, shipped name or 'default'")
+    b.add_argument("--ranks", type=units.int_arg("--ranks"), metavar="N",
+                   help="use the first N ranks (default: every GPU)")
+    b.add_argument("--builder", required=True, metavar="B", help=f"the builder: {builders}")
+    b.add_argument("--bytes", default=1 << 20, type=units.size_arg("--bytes"), metavar="S",
+                   help="message size for auto/two_level and the predictions (default 1MiB)")
+    b.add_argument("--intra", metavar="SHAPE",
+                   help=f"two_level: the tree inside a host: {', '.join(INTRA_KINDS)} (kary:K) (default auto)")
+    b.add_argument("--inter", metavar="SHAPE",
+                   help=f"two_level: the tree between hosts: {', '.join(INTER_KINDS)} (kary:K) (default binomial)")
+    b.add_argument("--rails", choices=("auto", "yes", "no"),
+                   help="two_level: one tree per NIC rail: auto, yes or no (default auto)")
+    b.add_argument("-o", "--output", metavar="FILE", help=f"tree file to write (.yaml, .yml or .json) {REPLACES}")
+    for name, help_, description in (
+            ("show", "ASCII drawing with link kinds and predicted times",
+             "Draw a tree file in ASCII; with --topology, each edge's link and the predicted times over the "
+             "first ranks of the topology. An NCCL_GRAPH_FILE XML lists its graphs and channels."),
+            ("check", "check a tree file against a topology",
+             "Check that a tree file fits a topology: it covers every GPU (or the --ranks N given), its host "
+             "labels match, and how it compares with the auto builder. Exit code 1 when it does not fit."),
+            ("draw", "draw a tree to an image (needs matplotlib)",
+             "Draw a tree file to an image: over the topology picture with --topology, else ranks by depth.")):
+        q = common_options(sub.add_parser(name, help=help_, description=description))
+        q.add_argument("file", metavar="FILE",
+                       help="tree file (YAML/JSON)" + (" or NCCL graph XML" if name == "show" else ""))
+        q.add_argument("--topology", required=name == "check", metavar="F",
+                       help="topology YAML file, shipped name or 'default'")
+        q.add_argument("--bytes", default=1 << 20, type=units.size_arg("--bytes"), metavar="S",
+                       help="message size for the predictions (default 1MiB)")
+        if name == "check":
+            q.add_argument("--ranks", type=units.int_arg("--ranks"), metavar="N",
+                           help="the tree is meant for the first N ranks of the topology (default: every GPU; "
+                                "a tree over fewer ranks fails without it)")
         if name == "draw":
-            q.add_argument("-o", "--output", required=True, help=f"image file (.png, .svg, .pdf) {REPLACES}")
-            q.add_argument("--max-hosts", type=int, default=4,
+            q.add_argument("-o", "--output", required=True, metavar="FILE",
+                           help=f"image file (.png, .svg, .pdf) {REPLACES}")
+            q.add_argument("--max-hosts", type=units.int_arg("--max-hosts"), default=4, metavar="N",
                            help="with --topology: hosts drawn (default 4; edges to others are left out)")
     return p
 
@@ -76,7 +95,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _topology(spec):
     if spec is None:
         return None
-    import topo
+    from treecoll import topo
     return topo.resolve(spec)
 
 
@@ -85,16 +104,17 @@ def _gpus(topology, n: int):
         return None
     all_gpus = topology.rank_gpus()
     if n > len(all_gpus):
-        raise TreeError(f"tree: {n} ranks but topology {topology.name!r} has {len(all_gpus)} GPUs")
+        raise TreeError(f"tree: expected at most {len(all_gpus)} ranks (the GPUs of topology {topology.name!r}), "
+                        f"got {n}")
     return all_gpus[:n]
 
 
 def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[str, Any]:
     """Plain data for a tree (or multitree) on an optional topology: edges with their
     links, edge counts by class, predicted times."""
-    from collectives.cost import CostModel
-    from collectives.nccl_model import nccl_algos, nccl_predict
-    from collectives.tree import as_multi
+    from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
+    from treecoll.collectives.tree import as_multi
     multi = as_multi(plan)
     n = multi.size
     gpus = _gpus(topology, n)
@@ -116,8 +136,9 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[st
         trees.append({"root": t.root, "height": t.height, "parents": list(t.parents),
                       "children": [list(x) for x in t.children], "edges": edges,
                       "share": multi.shares[ti], "name": t.name})
-    data: dict[str, Any] = {"name": multi.name, "ranks": n, "trees": trees, "order_preserving": plan.is_order_preserving(),
-                            "fingerprint": plan.fingerprint(), "bytes": nbytes}
+    data: dict[str, Any] = {"name": multi.name, "ranks": n, "trees": trees,
+                            "order_preserving": plan.is_order_preserving(), "fingerprint": plan.fingerprint(),
+                            "bytes": nbytes}
     if hosts is not None:
         data["hosts"] = list(hosts)
     if gpus is not None:
@@ -184,7 +205,7 @@ def render_tree(data: dict) -> str:
     if p:
         parts = [f"{k} {v['time_us']:.1f} us ({v['nchunks']} chunks)" for k, v in p.items()
                  if isinstance(v, dict) and "nchunks" in v]
-        out.append(f"predicted for {data['bytes']} B: " + ", ".join(parts))
+        out.append(f"predicted by the cost model (collectives.cost) for {data['bytes']} B: " + ", ".join(parts))
         out.append(f"allreduce lower bound {p['lower_bound_allreduce_us']:.1f} us")
         if "nccl" in p:
             out.append("NCCL model: " + ", ".join(f"{a} {v['proto']} {v['time_us']:.1f} us"
@@ -195,32 +216,42 @@ def render_tree(data: dict) -> str:
 
 
 # ---------------------------------------------------------------------- commands
-def _build(args) -> dict:
-    from collectives.builders import build
-    from collectives.tree_io import dumps_tree, tree_format
-    if args.output:
-        output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
-    if args.ranks is not None:
-        positive("--ranks", args.ranks)
-    topology = _topology(args.topology)
-    nbytes = parse_bytes(args.bytes)
+def build_data(topology, builder: str, *, ranks: int | None = None, nbytes: int = 1 << 20,
+               intra: str | None = None, inter: str | None = None, rails: str | None = None):
+    """What ``tree build`` prints, as ``(plan, data)``: the tree of ``builder`` over the first
+    ``ranks`` GPUs of ``topology`` (default all), built and predicted for ``nbytes``.
+    ``rails`` is the command's ``auto`` / ``yes`` / ``no``."""
+    from treecoll.collectives.builders import build
     opts: dict[str, Any] = {}
-    base = args.builder.partition(":")[0]
+    base = builder.partition(":")[0]
     if base in ("two_level", "auto"):
         opts["nbytes"] = nbytes
     if base == "two_level":
-        if args.intra:
-            opts["intra"] = args.intra
-        if args.inter:
-            opts["inter"] = args.inter
-        if args.rails:
-            opts["rails"] = {"auto": "auto", "yes": True, "no": False}[args.rails]
-    elif args.intra or args.inter or args.rails:
-        raise TreeError(f"tree build: --intra/--inter/--rails apply to --builder two_level, got {args.builder!r}")
-    n = args.ranks if args.ranks is not None else len(topology.rank_gpus())
-    plan = build(args.builder, topology, _gpus(topology, n), **opts)
+        if intra:
+            opts["intra"] = intra
+        if inter:
+            opts["inter"] = inter
+        if rails:
+            opts["rails"] = {"auto": "auto", "yes": True, "no": False}[rails]
+    elif intra or inter or rails:
+        raise TreeError(f"tree build: --intra/--inter/--rails apply to --builder two_level, got {builder!r}")
+    total = len(topology.rank_gpus())
+    if ranks is not None and ranks > total:
+        raise TreeError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), got {ranks}")
+    n = ranks if ranks is not None else total
+    plan = build(builder, topology, _gpus(topology, n), **opts)
     data = tree_data(plan, topology, nbytes)
-    data["builder"] = args.builder
+    data["builder"] = builder
+    return plan, data
+
+
+def _build(args) -> dict:
+    from treecoll.collectives.tree_io import dumps_tree, tree_format
+    if args.output:
+        output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
+    topology = _topology(args.topology)
+    plan, data = build_data(topology, args.builder, ranks=args.ranks, nbytes=args.bytes, intra=args.intra,
+                            inter=args.inter, rails=args.rails)
     if args.output:
         hosts = [topology.host_of(g) for g in data["gpus"]]
         write_output(args.output, dumps_tree(plan, hosts=hosts, fmt=tree_format(args.output)))
@@ -229,34 +260,47 @@ def _build(args) -> dict:
 
 
 def _load(args):
-    from collectives.tree_io import load_tree
+    from treecoll.collectives.tree_io import load_tree
     return load_tree(args.file)
 
 
 def _show(args) -> dict:
     if FsPath(args.file).suffix.lower() == ".xml":
-        from collectives.tree_io import load_nccl_graph
+        from treecoll.collectives.tree_io import load_nccl_graph
         graphs = load_nccl_graph(args.file)
         return {"nccl_graphs": [{"id": g.id, "pattern": g.pattern, "kind": g.kind,
                                  "channels": [list(c) for c in g.channels],
                                  "schedule": {"name": g.schedule().name, "nchunks": g.schedule().nchunks}}
                                 for g in graphs]}
     f = _load(args)
-    return tree_data(f.plan, _topology(args.topology), parse_bytes(args.bytes), hosts=f.hosts)
+    return tree_data(f.plan, _topology(args.topology), args.bytes, hosts=f.hosts)
 
 
 def _check(args) -> dict:
-    from collectives.builders import build
-    from collectives.cost import CostModel
+    from treecoll.collectives.builders import build
+    from treecoll.collectives.cost import CostModel
     f = _load(args)
     topology = _topology(args.topology)
-    nbytes = parse_bytes(args.bytes)
-    problems = []
+    nbytes = args.bytes
     n = f.plan.size
-    total = len(topology.rank_gpus())
+    all_gpus = topology.rank_gpus()
+    total = len(all_gpus)
+    if args.ranks is not None and args.ranks > total:
+        raise TreeError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), "
+                        f"got {args.ranks}")
+    want = total if args.ranks is None else args.ranks
+    problems = []
     if n > total:
         problems.append(f"the tree has {n} ranks, topology {topology.name!r} has {total} GPUs")
-        return {"file": args.file, "ok": False, "problems": problems}
+    elif n != want and args.ranks is None:
+        problems.append(f"the tree has {n} ranks, topology {topology.name!r} has {total} GPUs: ranks {n}..{total - 1} "
+                        f"({all_gpus[n]} .. {all_gpus[-1]}) would have no tree; pass --ranks {n} if the tree is "
+                        f"meant for the first {n} GPUs")
+    elif n != want:
+        problems.append(f"the tree has {n} ranks, --ranks says {want}")
+    if problems:
+        return {"file": args.file, "ok": False, "problems": problems, "ranks": n, "topology": topology.name,
+                "topology_gpus": total}
     gpus = _gpus(topology, n)
     if f.hosts is not None:
         for r, (h, g) in enumerate(zip(f.hosts, gpus)):
@@ -269,7 +313,7 @@ def _check(args) -> dict:
     best = build("auto", topology, gpus, nbytes=nbytes, search=n <= 8)
     mine = model.best_nchunks(f.plan, nbytes)[1]
     theirs = model.best_nchunks(best, nbytes)[1]
-    data.update({"file": args.file, "ok": not problems, "problems": problems,
+    data.update({"file": args.file, "ok": not problems, "problems": problems, "topology_gpus": total,
                  "auto": {"name": best.name, "allreduce_us": theirs * 1e6},
                  "ratio_to_auto": mine / theirs if theirs > 0 else 1.0})
     return data
@@ -288,7 +332,6 @@ def _render_check(d: dict) -> str:
 
 def _draw(args) -> dict:
     output_path(args.output, inputs=[args.file, args.topology], suffixes=IMAGE_SUFFIXES)
-    positive("--max-hosts", args.max_hosts)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -297,13 +340,13 @@ def _draw(args) -> dict:
         raise MissingDependency("matplotlib", "treecoll tree draw", extra="plot") from None
     f = _load(args)
     topology = _topology(args.topology)
-    data = tree_data(f.plan, topology, parse_bytes(args.bytes), hosts=f.hosts)
+    data = tree_data(f.plan, topology, args.bytes, hosts=f.hosts)
     colors = {"NVL": "tab:green", "NVB": "tab:olive", "PIX": "tab:blue", "PXB": "tab:blue", "PHB": "tab:purple",
               "SYS": "tab:red", "NET": "tab:orange", "C2C": "tab:cyan"}
     ntrees = len(data["trees"])
     if topology is not None:
         # the tree over the topology picture: one arrow per edge, child GPU -> parent GPU
-        from topo.render import draw
+        from treecoll.topo.render import draw
         palette = ["crimson", "darkorange", "gold", "teal", "navy", "purple", "brown", "magenta"]
         overlay = [(e["child_gpu"], e["parent_gpu"], palette[ti % len(palette)] if ntrees > 1 else
                     ("tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")))

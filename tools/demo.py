@@ -1,4 +1,4 @@
-"""``python -m tools.demo`` (what ``make demo`` runs): the treecoll tour.
+"""``python -m treecoll.tools.demo`` (what ``make demo`` runs): the treecoll tour.
 
 The demo is a list of steps, :data:`STEPS`, each a ``(title, function)``; a
 function takes the shared ``state`` dict (steps may leave results there for
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
-import topo
-from tools.cmd_topo import matrix_data, path_data, render_matrix, render_path, render_show, show_data
+from treecoll.tools.cmd_topo import matrix_data, path_data, render_matrix, render_path, render_show, show_data
+
+from treecoll import topo
 
 __all__ = ["STEPS", "main"]
 
@@ -47,7 +48,7 @@ STEPS: list[tuple[str, Callable[[dict], None]]] = [
 ]
 
 # --- tree attention (issue 7): the tree, simulated tree vs ring, a real checked decode ---
-from tools.demo_decode import STEPS as _DECODE_STEPS  # noqa: E402
+from treecoll.tools.demo_decode import STEPS as _DECODE_STEPS  # noqa: E402
 
 STEPS += _DECODE_STEPS
 

@@ -1,68 +1,87 @@
-"""Demo steps of tree-attention decoding (appended to :data:`tools.demo.STEPS`).
+"""Demo steps of tree-attention decoding (appended to :data:`treecoll.tools.demo.STEPS`).
 
-1. the two-level tree on the embedded default topology (two DGX H100);
-2. the simulator's prediction there for one decode step's communication:
-   tree attention's combine (reduce + broadcast of the packed state) versus
-   Ring Attention's K/V circulation (a ring all-gather of the whole KV cache);
+1. the two-level tree on the embedded default topology (two DGX H100), as
+   ``treecoll tree build`` prints it (times from the alpha-beta cost model);
+2. one decode step there as ``treecoll simulate decode`` models it: tree
+   attention (local attention plus the simulated allreduce of the packed
+   state) versus Ring Attention (K/V shards passed around the ring);
 3. a real decode on this machine: 4 gloo processes, a small random context,
    tree vs ring vs the paper's three all-reduces, checked against one process.
+
+Steps 1 and 2 call the functions the commands call, with the same arguments
+(:data:`TREE_ARGV`, :data:`SIMULATE_ARGV`), and print the command line: every
+number they show is the number the command prints.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-__all__ = ["STEPS", "DEMO_DECODE"]
+__all__ = ["STEPS", "DEMO_DECODE", "TREE_ARGV", "SIMULATE_ARGV", "tree_case", "simulate_case"]
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
+#: bytes of the packed attention state one decode step reduces (batch 1, fp32 out and lse)
+STATE_BYTES = HEADS * (HEAD_DIM + 1) * 4
+#: context lengths of the simulated comparison
+CONTEXTS = (32768, 131072, 1048576)
 #: the decode the demo runs (small enough for about half a minute on 2 busy cores)
 DEMO_DECODE = {"seq_len": 8192, "batch": 1, "layers": 1, "heads": HEADS, "kv_heads": KV_HEADS,
                "head_dim": HEAD_DIM, "new_tokens": 4, "dtype": "bfloat16", "block_size": 256,
                "methods": ["tree", "ring", "allreduce3"], "seed": 0, "topology": None, "check": True}
 
+#: the ``treecoll`` command each step's numbers equal (tests/tools/test_demo.py runs both and compares)
+TREE_ARGV = ["tree", "build", "--topology", "default", "--builder", "two_level", "--rails", "no",
+             "--bytes", str(STATE_BYTES)]
+SIMULATE_ARGV = ["simulate", "decode", "--topology", "default", "--seq-len", ",".join(map(str, CONTEXTS)),
+                 "--heads", str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM)]
 
-def _state_bytes(batch: int = 1) -> int:
-    return batch * HEADS * (HEAD_DIM + 1) * 4
+
+def tree_case(topology) -> dict:
+    """What ``treecoll`` :data:`TREE_ARGV` prints (``--json``): the tree tree attention reduces over."""
+    from treecoll.tools.cmd_tree import build_data
+
+    return build_data(topology, "two_level", nbytes=STATE_BYTES, rails="no")[1]
+
+
+def simulate_case(topology) -> dict:
+    """What ``treecoll`` :data:`SIMULATE_ARGV` prints (``--json``): one decode step, modelled."""
+    from treecoll.attention.cost import DecodeShape
+    from treecoll.tools.cmd_simulate import decode_data
+
+    shapes = [DecodeShape(seq_len=n, heads=HEADS, head_dim=HEAD_DIM, kv_heads=KV_HEADS) for n in CONTEXTS]
+    return decode_data(topology, shapes, None, "two_level", None)
 
 
 def step_tree(state: dict) -> None:
-    import topo
-    from collectives import builders
+    from treecoll.tools.cmd_tree import render_tree
+
+    from treecoll import topo
 
     t = state.get("topology") or topo.default()
     state["topology"] = t
-    tree = builders.build("two_level", t, None, rails=False)
-    state["attention_tree"] = tree
-    try:
-        from tools.cmd_tree import render_tree, tree_data
-    except ImportError:
-        print(f"two_level tree over {tree.size} ranks of {t.name}: parents {list(tree.parents)}")
-        return
-    print(render_tree(tree_data(tree, t, _state_bytes())))
+    print("$ treecoll " + " ".join(TREE_ARGV))
+    print(render_tree(tree_case(t)))
 
 
 def step_simulate(state: dict) -> None:
-    try:
-        from collectives.sim import simulate_algorithm
-    except ImportError:
-        print("collectives.sim is not available: skipped")
-        return
     t = state["topology"]
-    nb = _state_bytes()
-    tree = simulate_algorithm(t, "two_level", nb, collective="allreduce", rails=False)
-    print(f"{t.name}, {len(t.gpus())} GPUs, Llama-3.1-8B attention (32 q / 8 kv heads x 128), batch 1, bf16 KV")
-    print(f"{'context':>9} {'tree combine (us)':>18} {'ring K/V pass (us)':>19} {'ring/tree':>10}")
-    for n in (32768, 131072, 1048576):
-        kv = n * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16, whole cache
-        kv -= kv % len(t.gpus())
-        ring = simulate_algorithm(t, "ring", kv, collective="allgather", dtype="bfloat16")
-        print(f"{n:>9} {tree.time * 1e6:>18.1f} {ring.time * 1e6:>19.1f} {ring.time / tree.time:>9.0f}x")
-    print(f"tree: {nb} B packed state up and down the tree, whatever the context; ring: every K/V shard "
-          f"visits every rank (P-1 hops)")
+    d = simulate_case(t)
+    print("$ treecoll " + " ".join(SIMULATE_ARGV))
+    print("(the decode model, attention.cost: each GPU reads its K/V shard at HBM bandwidth, and the flow "
+          "simulator times the communication)")
+    print(f"{'context':>9} {'tree step (us)':>15} {'tree combine (us)':>18} {'ring step (us)':>15} {'ring/tree':>10}")
+    for r in d["runs"]:
+        tree, ring = r["methods"]["tree"], r["methods"]["ring"]
+        print(f"{r['shape']['seq_len']:>9} {tree['time_s'] * 1e6:>15.1f} {tree['combine_s'] * 1e6:>18.1f} "
+              f"{ring['time_s'] * 1e6:>15.1f} {r['speedup_tree_vs_ring']:>9.1f}x")
+    print(f"tree combine: the flow simulator's time for the two_level allreduce of the {STATE_BYTES} B packed "
+          f"state, whatever the context (the tree's times printed above are the alpha-beta cost model's, a "
+          f"different model); ring: every K/V shard visits every rank")
 
 
 def step_decode(state: dict) -> None:
-    from tools.cmd_decode import decode_data, render
+    from treecoll.tools.cmd_decode import check_start, decode_data, render
 
+    check_start(DEMO_DECODE, 4)
     d = decode_data(dict(DEMO_DECODE), 4, timeout=300)
     state["decode"] = d
     print(render(d))

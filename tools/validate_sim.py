@@ -1,8 +1,8 @@
 """Validate the simulator against real nccl-tests tables.
 
-    python -m tools.validate_sim [FILES or DIRS ...] [--json] [--profile P] [--calibrate NAME --fit F1,F2]
+    python -m treecoll.tools.validate_sim [FILES or DIRS ...] [--json] [--profile P] [--calibrate NAME --fit F1,F2]
 
-Reads nccl-tests outputs (default: ../shared/fixtures/nccl-tests/ relative to
+Reads nccl-tests outputs (default: tests/fixtures/nccl-tests/ relative to
 the repository root), builds the topology each file describes from its header
 lines (GPU model and count per host from the ``Using devices`` block or the
 ``# machine:`` line, hosts, network) out of shipped YAML templates
@@ -11,13 +11,13 @@ templates of :data:`MACHINES` (every figure cited there), simulates the same
 sizes and prints measured versus predicted busbw per size with the error.
 
 Prediction: what NCCL would run, as the simulator sees it
-(:func:`collectives.sim.simulate_nccl_allreduce`): the fastest of the ring (:func:`collectives.sim.simulate_ring`) and an NCCL-like tree (a chain
+(:func:`treecoll.collectives.sim.simulate_nccl_allreduce`): the fastest of the ring (:func:`treecoll.collectives.sim.simulate_ring`) and an NCCL-like tree (a chain
 inside each host under a binomial tree over hosts, one per NIC rail for large
 messages: ``two_level`` with ``intra="chain"``, run as NCCL's split tree
 kernels run it), each over NCCL's protocol profiles
-(:mod:`collectives.sim_profiles`; LL128 only where NCCL enables it), and on
+(:mod:`treecoll.collectives.sim.profiles`; LL128 only where NCCL enables it), and on
 NVSwitch systems of compute capability 9.0 and later NCCL's NVLS / NVLSTree
-(:mod:`collectives.sim_nvls`); ``NCCL_ALGO`` /
+(:mod:`treecoll.collectives.sim.nvls`); ``NCCL_ALGO`` /
 ``NCCL_PROTO`` in a file's ``# env:`` line restrict the choice as they
 restrict NCCL. Nothing is fitted to the tables unless ``--profile`` names a
 calibrated profile.
@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DIR = REPO / ".." / "shared" / "fixtures" / "nccl-tests"
+DEFAULT_DIR = REPO / "tests" / "fixtures" / "nccl-tests"
 LARGE, SMALL = 64 << 20, 64 << 10
 
 # ---------------------------------------------------------------------------------------------- machines
-# Host templates for machines no shipped YAML describes. Sources (../shared/reference/topo.md §1.5, §6.1):
+# Host templates for machines no shipped YAML describes. Sources:
 #  NCCL link constants (src/graph/topo.h): SM80 NVLink 20.0 GB/s, SM90 20.6 GB/s per link; PCIe x16 Gen3 12,
 #  Gen4 24, Gen5 48 GB/s; NET bw = speed(Mb/s)/8000; unknown NIC speed -> NET_BW 12.0 ("100Gbit").
 #  mem_bw from NVIDIA datasheets: A100 80GB SXM 2039 GB/s, GH200 (96 GB HBM3) 4000, H200 4800, L40S 864,
@@ -191,7 +191,7 @@ def parse(path: Path) -> Table:
 
 def topology_for(tab: Table):
     """The topology a table describes, from shipped templates or :data:`MACHINES`; raises :class:`Skip`."""
-    from topo import yaml_io
+    from treecoll.topo import yaml_io
     if not tab.hosts:
         raise Skip("no 'Using devices' block and no '# machine:' line giving hosts and GPUs")
     counts = {n for _, n in tab.hosts}
@@ -216,7 +216,7 @@ def topology_for(tab: Table):
 
 def algorithms(tab: Table, topology=None) -> tuple[list, str]:
     """(algorithm names, profile) NCCL would choose among, as allowed by the file's NCCL_ALGO / NCCL_PROTO:
-    ring, tree, and for allreduce on NVLS-capable GPUs (:func:`collectives.nccl_model.nccl_algos`) nvls."""
+    ring, tree, and for allreduce on NVLS-capable GPUs (:func:`treecoll.collectives.sim.nccl_model.nccl_algos`) nvls."""
     algo = re.search(r"NCCL_ALGO=(\w+)", tab.env)
     proto = re.search(r"NCCL_PROTO=(\w+)", tab.env)
     proto_name = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}.get(proto.group(1).lower()) if proto else None
@@ -224,7 +224,7 @@ def algorithms(tab: Table, topology=None) -> tuple[list, str]:
     if tab.collective == "allreduce":
         algos = ["ring", "tree"]
         if topology is not None and tab.nranks > 1:
-            from collectives.nccl_model import nccl_algos
+            from treecoll.collectives.sim.nccl_model import nccl_algos
             algos = list(nccl_algos(topology, topology.rank_gpus(), proto_name))
     if algo:
         a = {"nvlstree": "nvls"}.get(algo.group(1).lower(), algo.group(1).lower())
@@ -235,7 +235,7 @@ def algorithms(tab: Table, topology=None) -> tuple[list, str]:
 
 def predict(topology, tab: Table, size: int, profile) -> tuple[float, str]:
     """Predicted time (s) and label for one size."""
-    from collectives.sim import simulate_algorithm, simulate_nccl_allreduce
+    from treecoll.collectives.sim.simulator import simulate_algorithm, simulate_nccl_allreduce
     if tab.nranks == 1:
         return 0.0, "-"
     algos, prof = algorithms(tab, topology)
@@ -249,10 +249,10 @@ def predict(topology, tab: Table, size: int, profile) -> tuple[float, str]:
 
 
 def nccl_model_time(topology, tab: Table, size: int) -> float | None:
-    """NCCL's own analytical prediction (collectives.nccl_model, allreduce only), seconds."""
+    """NCCL's own analytical prediction (collectives.sim.nccl_model, allreduce only), seconds."""
     if tab.collective != "allreduce" or tab.nranks < 2:
         return None
-    from collectives.nccl_model import nccl_predict
+    from treecoll.collectives.sim.nccl_model import nccl_predict
     algos, _ = algorithms(tab, topology)
     return min(nccl_predict(topology, None, size, algo=a)["time"] for a in algos)
 
@@ -265,7 +265,7 @@ def geo_error(pairs) -> float | None:
 
 def validate(paths, profile=None) -> dict:
     """Run every table; plain dict (files, rows, summaries)."""
-    from collectives.sim import bus_factor
+    from treecoll.collectives.sim.simulator import bus_factor
     out = {"files": [], "profile": getattr(profile, "name", profile) or "NCCL protocols (auto)"}
     for path in paths:
         tab = parse(path)
@@ -357,7 +357,7 @@ def collect(args_paths) -> list[Path]:
 
 def calibrate(fit_paths, test_paths, name: str):
     """Fit bw_eff (net, nvlink, pcie) and latency floors of one profile on ``fit_paths``; returns (profile, fit, test)."""
-    from collectives.sim_profiles import PROFILES, Profile
+    from treecoll.collectives.sim.profiles import PROFILES, Profile
     base = PROFILES["nccl-simple"]
     params = {"eff_net": 1.0, "eff_nvlink": 1.0, "eff_pcie": 1.0, "base": base.base_lat_us,
               "lat_nvlink": base.lat_floor_us["nvlink"], "lat_pci": base.lat_floor_us["pci"],
@@ -398,7 +398,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     paths = collect(args.paths)
     if args.calibrate:
-        from collectives.sim_profiles import save_profile
+        from treecoll.collectives.sim.profiles import save_profile
         fit_names = {s.strip() for s in args.fit.split(",") if s.strip()}
         fit = [p for p in paths if p.name in fit_names]
         test = [p for p in paths if p.name not in fit_names]
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
         return 0
     prof = None
     if args.profile:
-        from collectives.sim_profiles import get_profile
+        from treecoll.collectives.sim.profiles import get_profile
         prof = get_profile(args.profile)
     d = validate(paths, prof)
     print(json.dumps(d, indent=1, default=float) if args.json else render(d))

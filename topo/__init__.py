@@ -2,16 +2,24 @@
 
 Importing ``topo`` never imports torch, triton or pynvml.
 
->>> import topo
+>>> from treecoll import topo
 >>> t = topo.default()            # the embedded 2-host DGX H100 cluster
 >>> t.path("h0/gpu0", "h0/gpu5").smi, t.path("h0/gpu0", "h1/gpu0").nccl
 ('NV18', 'NET')
 """
-from .errors import (TreecollError, TopologyError, DiscoveryError, TreeError, ScheduleError,
-                     CollectiveError, AttentionError, MissingDependency)
-from .model import Topology, NODE_KINDS, LINK_KINDS
-from .paths import Path, NCCL_CLASSES, SMI_CODES
-from .yaml_io import load, loads, save, dumps, default, shipped, resolve
+from .errors import (
+                     AttentionError,
+                     CollectiveError,
+                     DiscoveryError,
+                     MissingDependency,
+                     ScheduleError,
+                     TopologyError,
+                     TreecollError,
+                     TreeError,
+)
+from .model import LINK_KINDS, NODE_KINDS, Topology
+from .paths import NCCL_CLASSES, SMI_CODES, Path
+from .yaml_io import default, dumps, load, loads, resolve, save, shipped
 
 __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_CODES",
            "TreecollError", "TopologyError", "DiscoveryError", "TreeError", "ScheduleError",
@@ -19,8 +27,8 @@ __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_
            "load", "loads", "save", "dumps", "default", "shipped", "resolve"]
 
 # ---- discovery (owned by the discovery helper): add its imports and names here, e.g.
-from .discover import discover, import_file  # noqa: E402
 from .cluster import discover_cluster  # noqa: E402
+from .discover import discover, import_file  # noqa: E402
 from .env import hints  # noqa: E402
 
 __all__ += ["discover", "discover_cluster", "import_file", "hints"]

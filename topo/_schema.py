@@ -11,27 +11,147 @@ Line numbers are looked up lazily (only when an error is raised) by composing
 the text with PyYAML and walking the node tree along the key path, so a valid
 file is parsed once, by the fast C loader when available.
 
+:data:`YAML_LOADER` is PyYAML's safe loader (the C one when available) with
+two guards, so that loading time and memory stay proportional to the text:
+
+* nesting deeper than :data:`MAX_YAML_DEPTH` collections is refused before
+  anything is built (the C composer recurses once per level and crashes the
+  interpreter near 100,000 levels; libyaml's scanner is quadratic in the depth
+  of flow collections);
+* aliases that expand the document to more than :data:`ALIAS_FLOOR` values and
+  more than :data:`ALIAS_RATIO` times the values written (a "billion laughs"
+  alias bomb: nine aliases of nine aliases ... make 9**9 values out of 100
+  written) are refused before the data is built, as are recursive aliases;
+  ordinary aliases (a template reused by anchor) load as usual.
+
 >>> d = Doc("x.yaml", "a:\\n  b: -1\\n", {"a": {"b": -1}})
 >>> d.where(("a", "b"))
 'x.yaml:2: a.b'
 >>> d.number(-1, ("a", "b"))
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: x.yaml:2: a.b: expected a positive number, got -1
+treecoll.topo.errors.TopologyError: x.yaml:2: a.b: expected a positive number, got -1
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import yaml
 
 from .errors import TopologyError
+from .limits import Limits
 
-__all__ = ["Doc", "fmt_path", "YAML_LOADER"]
+__all__ = ["Doc", "fmt_path", "YAML_LOADER", "MAX_YAML_DEPTH", "ALIAS_FLOOR", "ALIAS_RATIO"]
 
-#: the fast C loader when PyYAML was built with libyaml
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: deepest nesting of mappings and sequences accepted (the topology schema needs 6)
+MAX_YAML_DEPTH = 100
+#: a document may always expand to this many values through aliases ...
+ALIAS_FLOOR = 100_000
+#: ... and beyond that to at most this many times the values it writes
+ALIAS_RATIO = 10
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the fast C loader when PyYAML has libyaml
+_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 Path_ = tuple  # a key path: tuple of str keys and int indices
+
+
+def _check_depth(text: str) -> None:
+    """Refuse nesting deeper than MAX_YAML_DEPTH, reading events only up to the first level too deep."""
+    if sum(text.count(c) for c in "[{-:?") <= MAX_YAML_DEPTH:
+        return  # every collection starts with one of these characters: it cannot nest deeper
+    depth = 0
+    for ev in yaml.parse(text, Loader=_BASE_LOADER):
+        if isinstance(ev, _OPEN):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels of mappings and lists: expected a "
+                                f"topology document (at most a few levels deep)", ev.start_mark)
+        elif isinstance(ev, _CLOSE):
+            depth -= 1
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [x for kv in node.value for x in kv]
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    return []
+
+
+def _check_aliases(root: yaml.Node) -> None:
+    """Refuse recursive aliases and alias expansion beyond the limits (memoised: linear in the composed nodes)."""
+    size: dict[int, int] = {}
+    order: list[yaml.Node] = []   # post-order: every node after its children
+    entered: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        k = id(node)
+        if done:
+            size[k] = 1 + sum(size[id(c)] for c in _children(node))
+            entered.discard(k)
+            order.append(node)
+            continue
+        if k in size:
+            continue
+        entered.add(k)
+        stack.append((node, True))
+        for c in _children(node):
+            if id(c) in entered:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "recursive alias (a node that contains itself): expected plain data", c.start_mark)
+            if id(c) not in size:
+                stack.append((c, False))
+    limit = max(ALIAS_FLOOR, ALIAS_RATIO * len(size))
+    if size[id(root)] <= limit:
+        return
+    first = next(n for n in order if size[id(n)] > limit)  # the smallest part that is already too big
+    raise yaml.constructor.ConstructorError(
+        None, None, f"aliases expand the document to {size[id(root)]:,} values from {len(size):,} written: expected "
+                    f"at most {limit:,} ({ALIAS_RATIO} times the values written, at least {ALIAS_FLOOR:,}); "
+                    f"an alias bomb? write the data out instead", first.start_mark)
+
+
+class YAML_LOADER(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """PyYAML's safe loader with the nesting and alias guards of this module; also turns values PyYAML
+    cannot build (a date like 2024-13-45, an integer of more than 4300 digits) into marked YAML errors."""
+
+    def __init__(self, stream):
+        if hasattr(stream, "read"):
+            stream = stream.read()
+        if isinstance(stream, (bytes, bytearray)):
+            stream = bytes(stream).decode("utf-8-sig")
+        _check_depth(stream)
+        super().__init__(stream)
+
+    def construct_document(self, node):
+        _check_aliases(node)
+        return super().construct_document(node)
+
+    def _scalar(self, node, build, what: str):
+        try:
+            return build(self, node)
+        except (ValueError, OverflowError) as e:
+            why = str(e).split(";")[0]  # Python's hint on its digit limit does not help a file's author
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} {node.value[:40]!r}: {why}",
+                                                    node.start_mark) from None
+
+    def construct_yaml_timestamp(self, node):
+        return self._scalar(node, _BASE_LOADER.construct_yaml_timestamp, "the date/time")
+
+    def construct_yaml_int(self, node):
+        return self._scalar(node, _BASE_LOADER.construct_yaml_int, "the integer")
+
+    def construct_yaml_float(self, node):
+        return self._scalar(node, _BASE_LOADER.construct_yaml_float, "the number")
+
+
+for _tag, _fn in (("tag:yaml.org,2002:timestamp", YAML_LOADER.construct_yaml_timestamp),
+                  ("tag:yaml.org,2002:int", YAML_LOADER.construct_yaml_int),
+                  ("tag:yaml.org,2002:float", YAML_LOADER.construct_yaml_float)):
+    YAML_LOADER.add_constructor(_tag, _fn)
 
 
 def fmt_path(path: Sequence[Any]) -> str:
@@ -59,10 +179,11 @@ def _show(v: Any) -> str:
 class Doc:
     """One source file (or string) being validated; see the module docstring."""
 
-    def __init__(self, source: str, text: str, data: Any, lines: dict | None = None):
+    def __init__(self, source: str, text: str, data: Any, lines: dict | None = None, limits: Limits | None = None):
         self.source = source
         self.text = text
         self.data = data
+        self.limits = limits or Limits()  # caps on nodes and links (topo.limits)
         self._lines = lines  # optional {(key, index): line} known without composing
         self._root = None
 
@@ -103,6 +224,12 @@ class Doc:
     def fail(self, path: Sequence[Any], message: str):
         """Raise TopologyError located at ``path``."""
         raise TopologyError(message, where=self.where(path))
+
+    def budget(self, path: Sequence[Any], nodes: int, links: int, what: str) -> None:
+        """Fail at ``path`` when ``nodes`` / ``links`` (what ``what`` makes) exceed :attr:`limits`."""
+        msg = self.limits.excess(nodes, links, what)
+        if msg is not None:
+            self.fail(path, msg)
 
     # ----------------------------------------------------------------- checks
     def mapping(self, v: Any, path: Sequence[Any], *, required: Iterable[str] = (),

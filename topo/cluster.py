@@ -4,7 +4,7 @@ Protocol (two ``all_gather_object`` calls, so every rank ends with the same data
 
 1. every rank sends ``(host identity, its GPU's UUID / CUDA ordinal or None)``;
    hosts are ordered by their lowest rank and named ``h0, h1, ...``;
-2. the lowest rank of each host (its elected prober) runs :func:`topo.discover`
+2. the lowest rank of each host (its elected prober) runs :func:`treecoll.topo.discover`
    once for the host (a CPU-only host gets one rank slot per process of the
    group on it) and sends the explicit form; the others send None.
 
@@ -26,7 +26,7 @@ host gets the host's k-th visible GPU (or rank slot).
 The network between hosts, first that applies:
 
 * ``network=``: a YAML network section (``{"type": "rail_optimized", ...}``,
-  :mod:`topo.network`); NICs without a rail get their host-local order as rail;
+  :mod:`treecoll.topo.network`); NICs without a rail get their host-local order as rail;
 * every host reported ``SLURM_TOPOLOGY_ADDR``: a tree of its switches (the
   last switch of a path is the host's leaf, tier 0; upper switches tier 1, 2...;
   each uplink carries the sum of the NIC bandwidth below it: non-blocking);
@@ -34,17 +34,22 @@ The network between hosts, first that applies:
 
 A host without a NIC gets one ``assumed`` socket NIC (NCCL's default 10 Gb/s)
 so that it is reachable.
+
+>>> host_identity({"TREECOLL_HOST_ID": "a", "NCCL_HOSTID": "b"}), host_identity({"NCCL_HOSTID": "b"})
+('a', 'b')
 """
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import networkx as nx
 
+from .env import HOST_ID_VAR
+from .env import hints as parse_hints
 from .errors import DiscoveryError, MissingDependency
-from .env import HOST_ID_VAR, hints as parse_hints
 from .hostgraph import LAT, net_bw
 from .model import Topology
 
@@ -85,7 +90,7 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
     """The cluster of ``group`` (default: the world), identical on every rank.
 
     Collective: every rank of the group must call it. ``discover_kwargs`` go to
-    :func:`topo.discover` on the probing ranks (``sysfs_root``, ``nvml``).
+    :func:`treecoll.topo.discover` on the probing ranks (``sysfs_root``, ``nvml``).
     """
     try:
         import torch.distributed as dist
@@ -164,6 +169,7 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
     addrs = [p.get("topology_addr") for p in probes]
     if network is not None:
         import yaml
+
         from ._schema import Doc
         from .network import add_network
         add_network(Doc("<network>", yaml.safe_dump(dict(network)), dict(network)), dict(network), ("network",),

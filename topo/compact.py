@@ -12,7 +12,10 @@ schema and examples)::
 
 :func:`parse_template` validates a template once (errors name file, line and
 key path) and turns it into a :class:`HostTemplate`: local node ids with their
-attributes and local links. :func:`expand` then stamps the template onto a
+attributes and local links. Counts that multiply (``gpus.count``,
+``nics.count``, ``nvswitch.count`` times the GPUs, the NUMA domains' full SMP
+mesh) are checked against the caps of :mod:`treecoll.topo.limits` as soon as they are
+read, before the nodes and links they ask for are made. :func:`expand` then stamps the template onto a
 ``networkx.DiGraph`` for every host name, prefixing ids with ``"<host>/"``;
 this is the only per-host work, so 1024 hosts cost 1024 dict copies per node.
 
@@ -21,9 +24,26 @@ Default latencies (µs per link) split NCCL's per-step hardware latencies
 ../shared/reference/topo.md §1.5) evenly over the links of the usual route:
 GPU -> NVSwitch -> GPU is 2 links of 0.3, GPU -> PCIe switch -> NIC 2 links of 0.5.
 NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
+
+>>> import networkx as nx
+>>> from treecoll.topo._schema import Doc
+>>> box = {"gpus": {"count": 2, "numa": 0}, "cpus": [{"numa": 0}], "pcie": {"bw": 24.0}}
+>>> ht = parse_template(Doc("x.yaml", "", None), box, ("templates", "box"), "box")
+>>> [n for n, _ in ht.nodes], [(a, b, d["bw"]) for a, b, d in ht.links]
+(['gpu0', 'gpu1', 'cpu0'], [('gpu0', 'cpu0', 24.0), ('gpu1', 'cpu0', 24.0)])
+>>> g = nx.DiGraph()
+>>> expand(g, ht, ["a", "b"])
+>>> sorted(g.nodes), g.number_of_edges()
+(['a/cpu0', 'a/gpu0', 'a/gpu1', 'b/cpu0', 'b/gpu0', 'b/gpu1'], 8)
+>>> parse_template(Doc("x.yaml", "", None), {**box, "gpus": {"count": 10**9, "numa": 0}}, ("t",), "big")
+... # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+treecoll.topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and ...
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +63,7 @@ GPU_KEYS = ("count", "model", "mem_bw", "sm", "pci", "numa", "c2c")
 NVSWITCH_KEYS = ("count", "links", "link_bw", "lat", "scope", "domain_hosts", "pci", "multicast")
 CPU_KEYS = ("numa", "socket", "affinity", "model")
 PCIE_KEYS = ("bw", "lat", "switches")
-SWITCH_KEYS = ("cpu", "parent", "gpus", "nics", "host_bridge", "bw")
+SWITCH_KEYS = ("cpu", "parent", "gpus", "nics", "host_bridge", "quadrant", "bw")
 NIC_KEYS = ("count", "bw", "names", "rails", "numa", "pci", "link_layer", "lat")
 LINK_KEYS = ("bw", "lat")
 
@@ -75,6 +95,14 @@ class HostTemplate:
         return [(n, d) for n, d in self.nodes if d["kind"] == "nic"]
 
 
+def check_cpulist(doc: Doc, text: str, path: tuple) -> None:
+    """A Linux CPU list (``"0-55,112-167"``): ascending ranges of CPU ids below sysfs.MAX_CPU_ID."""
+    from .sysfs import MAX_CPU_ID, parse_cpulist
+    if not parse_cpulist(text):
+        doc.fail(path, f"expected a CPU list like '0-55,112-167' (ascending ranges, ids below {MAX_CPU_ID}), "
+                       f"got {text[:40]!r}")
+
+
 def _link(kind: str, bw: float, lat: float, count: int = 1) -> dict:
     return {"kind": kind, "bw": float(bw), "lat": float(lat), "count": int(count)}
 
@@ -86,16 +114,31 @@ def _link_spec(doc: Doc, v: Any, path, default_lat: float) -> tuple[float | None
     return bw, lat
 
 
+class _Tally:
+    """Running node and link counts of one host template, checked against the caps as they grow."""
+
+    def __init__(self, doc: Doc, name: str):
+        self.doc, self.name, self.nodes, self.links = doc, name, 0, 0
+
+    def add(self, path: tuple, nodes: int, links: int) -> None:
+        self.nodes += nodes
+        self.links += links
+        self.doc.budget(path, self.nodes, self.links, f"one host of template {self.name!r} would")
+
+
 def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
     """Validate one host template at ``path`` of ``doc`` and build its local graph."""
     t = doc.mapping(data, path, required=("gpus",), optional=TEMPLATE_KEYS)
     ht = HostTemplate(name=name, source=doc.source)
+    tally = _Tally(doc, name)
     if "description" in t:
         doc.string(t["description"], (*path, "description"))
 
     # ---- CPUs (NUMA domains) and the SMP interconnect
     cpus: dict[int, str] = {}
-    for i, c in enumerate(doc.seq(t.get("cpus", []), (*path, "cpus"), what="NUMA domains")):
+    cpu_list = doc.seq(t.get("cpus", []), (*path, "cpus"), what="NUMA domains")
+    tally.add((*path, "cpus"), len(cpu_list), len(cpu_list) * (len(cpu_list) - 1))  # full SMP mesh
+    for i, c in enumerate(cpu_list):
         cp = (*path, "cpus", i)
         c = doc.mapping(c, cp, required=("numa",), optional=CPU_KEYS)
         numa = doc.integer(c["numa"], (*cp, "numa"), minimum=0)
@@ -107,6 +150,8 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         for k in ("affinity", "model"):
             if k in c:
                 attrs[k] = doc.string(str(c[k]) if isinstance(c[k], int) else c[k], (*cp, k))
+        if "affinity" in attrs:
+            check_cpulist(doc, attrs["affinity"], (*cp, "affinity"))
         cpus[numa] = f"cpu{numa}"
         ht.nodes.append((f"cpu{numa}", attrs))
     if len(cpus) > 1:
@@ -132,6 +177,7 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
     gp = (*path, "gpus")
     gd = doc.mapping(t["gpus"], gp, required=("count",), optional=GPU_KEYS)
     ngpu = doc.integer(gd["count"], (*gp, "count"), minimum=1)
+    tally.add((*gp, "count"), ngpu, 2 * ngpu)  # each GPU and its link to the host
     gpus = []
     for i in range(ngpu):
         a = {"kind": "gpu", "index": i}
@@ -155,6 +201,7 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         np_ = (*path, "nics")
         nd = doc.mapping(t["nics"], np_, required=("count", "bw"), optional=NIC_KEYS)
         nnic = doc.integer(nd["count"], (*np_, "count"), minimum=0)
+        tally.add((*np_, "count"), nnic, 2 * nnic)
         bws = doc.per_item(nd["bw"], (*np_, "bw"), nnic, lambda v, p: doc.number(v, p, unit="GB/s"),
                            what="bandwidths (one per NIC)")
         nics = [{"kind": "nic", "bw": bws[k]} for k in range(nnic)]
@@ -171,7 +218,8 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
                 nics[k]["pci"] = doc.string(v, (*np_, "pci", k)).lower()
         if "lat" in nd:   # the transport's own latency per message (an NCCL net plugin's `latency`)
             lats = doc.per_item(nd["lat"], (*np_, "lat"), nnic,
-                                lambda v, p: doc.number(v, p, positive=False, unit="µs"), what="latencies (one per NIC)")
+                                lambda v, p: doc.number(v, p, positive=False, unit="µs"),
+                                what="latencies (one per NIC)")
             for k, v in enumerate(lats):
                 nics[k]["lat"] = v
         if "link_layer" in nd:
@@ -194,7 +242,9 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         pcie_bw = doc.number(pd["bw"], (*pp, "bw"), unit="GB/s")
         if "lat" in pd:
             pcie_lat = doc.number(pd["lat"], (*pp, "lat"), positive=False, unit="µs")
-        for s, sd in enumerate(doc.seq(pd.get("switches", []), (*pp, "switches"), what="PCIe switches")):
+        sw_list = doc.seq(pd.get("switches", []), (*pp, "switches"), what="PCIe switches")
+        tally.add((*pp, "switches"), len(sw_list), 2 * len(sw_list))
+        for s, sd in enumerate(sw_list):
             sp = (*pp, "switches", s)
             sd = doc.mapping(sd, sp, optional=SWITCH_KEYS)
             if ("cpu" in sd) == ("parent" in sd):
@@ -206,6 +256,8 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
                 if isinstance(hb, bool) or not isinstance(hb, (int, str)):
                     doc.fail((*sp, "host_bridge"), f"expected an integer or string id, got {hb!r}")
                 attrs["host_bridge"] = hb
+            if "quadrant" in sd:
+                attrs["quadrant"] = doc.integer(sd["quadrant"], (*sp, "quadrant"), minimum=0)
             if "cpu" in sd:
                 numa = numa_of(sd["cpu"], (*sp, "cpu"))
                 up = cpus[numa]
@@ -214,8 +266,9 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
                 if par >= s:
                     doc.fail((*sp, "parent"), f"expected the index of an earlier switch (0..{s - 1}), got {par}")
                 numa, up = sw_numa[par], f"pcisw{par}"
-                if "host_bridge" in sw_attrs[par] and "host_bridge" not in attrs:
-                    attrs["host_bridge"] = sw_attrs[par]["host_bridge"]
+                for k in ("host_bridge", "quadrant"):
+                    if k in sw_attrs[par] and k not in attrs:
+                        attrs[k] = sw_attrs[par][k]
             sw_numa.append(numa)
             sw_attrs.append(attrs)
             sw_links.append((f"pcisw{s}", up, _link("pcie", up_bw, pcie_lat)))
@@ -264,17 +317,20 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
 
     # ---- NVSwitches
     if "nvswitch" in t:
-        _parse_nvswitch(doc, t["nvswitch"], (*path, "nvswitch"), ht, ngpu)
+        _parse_nvswitch(doc, t["nvswitch"], (*path, "nvswitch"), ht, ngpu, tally)
     ht.nodes.extend((f"nic{k}", a) for k, a in enumerate(nics))
     return ht
 
 
-def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int) -> None:
+def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int, tally: _Tally) -> None:
     sd = doc.mapping(v, sp, required=("count", "links", "link_bw"), optional=NVSWITCH_KEYS)
     nsw = doc.integer(sd["count"], (*sp, "count"), minimum=1)
+    tally.add((*sp, "count"), nsw, 2 * nsw * ngpu)  # every GPU links to every switch
     links = doc.per_item(sd["links"], (*sp, "links"), nsw, lambda x, p: doc.integer(x, p, minimum=1),
                          what="integers (NVLinks from each GPU to each switch)")
     link_bw = doc.number(sd["link_bw"], (*sp, "link_bw"), unit="GB/s per NVLink per direction")
+    if not math.isfinite(max(links) * link_bw):
+        doc.fail((*sp, "link_bw"), f"{max(links)} links x {link_bw:g} GB/s overflows: expected a bandwidth in GB/s")
     lat = doc.number(sd["lat"], (*sp, "lat"), positive=False, unit="µs") if "lat" in sd else NVLINK_HOP_LAT
     multicast = doc.boolean(sd["multicast"], (*sp, "multicast")) if "multicast" in sd else True
     scope = sd.get("scope", "host")

@@ -1,13 +1,13 @@
-"""Local discovery: ``topo.discover()`` -> the :class:`~topo.model.Topology` of this host.
+"""Local discovery: ``treecoll.topo.discover()`` -> the :class:`~topo.model.Topology` of this host.
 
 Sources, combined like NCCL does (../shared/reference/topo.md §1.1):
 
 1. ``NCCL_TOPO_FILE`` (if set): the host's PCIe tree, CPUs, GPUs and NICs come
-   from that XML (:mod:`topo.nccl_xml`); NVML adds the NVLinks it lacks.
-2. NVML (:mod:`topo.nvml`): GPUs, NVLinks per link (each NVSwitch its own node,
+   from that XML (:mod:`treecoll.topo.nccl_xml`); NVML adds the NVLinks it lacks.
+2. NVML (:mod:`treecoll.topo.nvml`): GPUs, NVLinks per link (each NVSwitch its own node,
    invisible peers one ``assumed`` switch; with GPU fabric info a rack-level
    ``nvl/sw0``), C2C, P2P status, fabric membership.
-3. sysfs (:mod:`topo.sysfs`, root configurable): PCIe switches above each GPU
+3. sysfs (:mod:`treecoll.topo.sysfs`, root configurable): PCIe switches above each GPU
    and NIC, link speeds (downtrained links flagged), NICs, NUMA domains.
 
 Without NVML (no driver, as on CPU-only machines) the host is CPU-only: its
@@ -18,10 +18,16 @@ logged. Every partial failure (a query not supported, a device missing from
 sysfs, a NIC without PCI path) degrades that part only and adds a line to
 ``topology.meta["notes"]`` (also logged).
 
-The environment hints (:mod:`topo.env`) applied here: NCCL_IB_HCA,
+The environment hints (:mod:`treecoll.topo.env`) applied here: NCCL_IB_HCA,
 NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE filter NICs; CUDA_VISIBLE_DEVICES and
 CUDA_DEVICE_ORDER give each visible GPU its ``cuda`` ordinal; the others are
 kept in ``meta["hints"]`` for tree building.
+
+>>> import tempfile
+>>> empty = tempfile.mkdtemp()   # a root without sys/: no NUMA or CPU facts
+>>> t = discover(nvml=False, sysfs_root=empty, env={}, host="box")  # no driver
+>>> t.gpus(), t.node("box/gpu0")["model"], t.nodes("cpu")
+(('box/gpu0',), 'cpu-process', ('box/cpu0',))
 """
 from __future__ import annotations
 
@@ -29,15 +35,18 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import networkx as nx
 
 from . import sysfs
-from .env import Hints, hints as parse_hints
-from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .env import Hints
+from .env import hints as parse_hints
 from .errors import TopologyError
+from .files import read_text
+from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 
@@ -262,6 +271,9 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
     :class:`~topo.errors.TopologyError` for an invalid hint variable or an
     unreadable NCCL_TOPO_FILE.
     """
+    if not os.path.isdir(sysfs_root):
+        raise TopologyError(f"sysfs root {sysfs_root}: expected a directory holding sys/ (as / does), "
+                            f"got {'a file' if os.path.exists(sysfs_root) else 'no such directory'}")
     env = dict(os.environ if env is None else env)
     h = parse_hints(env)
     host = host or socket.gethostname() or "localhost"
@@ -278,7 +290,7 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
     try:
         if h.topo_file:
             from .nccl_xml import import_xml
-            g = nx.DiGraph(import_xml(h.topo_file, host=host).graph)
+            g = nx.DiGraph(import_xml(h.topo_file, host=host, require_gpus=False).graph)  # may be partial
             if nv is not None:
                 _add_nvml_nvlinks(g, host, nv, notes)
             notes.insert(0, f"NCCL_TOPO_FILE={h.topo_file}: PCIe tree, GPUs and NICs from the file")
@@ -376,21 +388,27 @@ def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
                 g.add_edge(peer, node, **dict(d))
 
 
-def import_file(path: str | os.PathLike, *, host: str = "host0") -> Topology:
-    """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content."""
+def import_file(path: str | os.PathLike, *, host: str = "host0", max_nodes: int | None = None,
+                max_links: int | None = None, yaml_fallback: bool = False) -> Topology:
+    """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content.
+
+    Errors name the file (and the line where there is one); a path that is a
+    directory, a device or an empty file gets its own message; an import that
+    yields no GPU is an error. ``max_nodes`` / ``max_links``: the caps of
+    :mod:`treecoll.topo.limits`. With ``yaml_fallback`` a file that is neither is read as
+    a YAML topology (what :func:`topo.resolve` does for any file name).
+    """
     from .nccl_xml import import_xml, looks_like_nccl_xml
     from .smi import import_smi, looks_like_smi
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise TopologyError(f"{path}: cannot read ({e.strerror})") from None
+    where = os.fspath(path)
+    text = read_text(where, "topology file")
+    caps = {"max_nodes": max_nodes, "max_links": max_links}
     if looks_like_nccl_xml(text):
-        return _renamed(import_xml(text, host=host, name=Path(path).stem), f"nccl-xml:{path}")
+        return import_xml(text, host=host, name=Path(where).stem, source=where, **caps)
     if looks_like_smi(text):
-        return _renamed(import_smi(text, host=host, name=Path(path).stem), f"nvidia-smi:{path}")
-    raise TopologyError(f"{path}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
+        return import_smi(text, host=host, name=Path(where).stem, source=where, **caps)
+    if yaml_fallback:
+        from .yaml_io import loads
+        return loads(text, source=where, base_dir=Path(where).resolve().parent, **caps)
+    raise TopologyError(f"{where}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
                         "got neither")
-
-
-def _renamed(t: Topology, source: str) -> Topology:
-    return Topology(t.graph, name=t.name, meta=dict(t.meta, source=source))

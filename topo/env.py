@@ -21,8 +21,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import TopologyError
 
@@ -53,6 +54,8 @@ EFFECTS: dict[str, str] = {
     "NCCL_CROSS_NIC": "0: rings/trees keep each channel on one rail; 1: may cross NICs; 2 (default): prefer one rail",
     "NCCL_HOSTID": "host identity for multi-host assembly (replaces hostname + boot id, as in NCCL)",
     HOST_ID_VAR: "host identity for multi-host assembly; overrides NCCL_HOSTID (tests: fake several hosts on one machine)",
+    "TREECOLL_MAX_NODES": "cap on the nodes of a topology read from a file (default 1,000,000; topo.limits)",
+    "TREECOLL_MAX_LINKS": "cap on the directed links of a topology read from a file (default 4,000,000; topo.limits)",
     "CUDA_VISIBLE_DEVICES": "which GPUs (CUDA ordinals or GPU-UUIDs) this process sees; others get no rank",
     "CUDA_DEVICE_ORDER": "CUDA ordinal order: PCI_BUS_ID or FASTEST_FIRST (default)",
     "RANK": "torchrun: global rank of this process", "LOCAL_RANK": "torchrun: rank on this host",
@@ -306,8 +309,10 @@ def hints(env: Mapping[str, str] | None = None) -> Hints:
 def hints_report(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Plain data for ``treecoll topo hints``: every known variable that is set, its
     value and its effect, plus the parsed :class:`Hints` (raises on an invalid value)."""
+    from .limits import limits
     env = os.environ if env is None else env
     h = hints(env)
+    limits(env=env)  # an invalid TREECOLL_MAX_NODES / _LINKS is a one-line error naming it
     rows = [{"variable": k, "value": env[k], "effect": EFFECTS[k]} for k in EFFECTS if k in env]
     return {"set": rows, "parsed": h.as_dict(), "unset": [k for k in EFFECTS if k not in env]}
 

@@ -3,7 +3,7 @@
 NVML+sysfs discovery, NCCL XML import and ``nvidia-smi topo -m`` import all
 describe a host as CPUs (NUMA domains), PCIe switches, GPUs, NVSwitches and
 NICs; :class:`HostBuilder` turns such a description into nodes and links with
-the naming conventions shared with the YAML expander (docs: /work/notes/TOPO_API.md):
+the naming conventions shared with the YAML expander (docs/topology-yaml.md):
 
 * ids ``"<host>/cpu<numa>"``, ``"<host>/gpu<index>"``, ``"<host>/pcisw<k>"``,
   ``"<host>/nvswitch<k>"``, ``"<host>/nic<k>"``; switches and NICs are numbered

@@ -16,7 +16,10 @@ kind            meaning and attributes
 ``pcie_switch`` a PCIe switch/bridge; optional ``host_bridge`` (an id): two
                 branches that meet at a CPU through different host bridges
                 are ``NODE`` in nvidia-smi's legend, through the same one
-                (or none given) ``PHB``.
+                (or none given) ``PHB``; optional ``quadrant`` (an integer):
+                the group of root complexes the host bridge belongs to (an
+                AMD EPYC I/O-die quadrant): branches of one NUMA domain in
+                different quadrants are ``SYS`` to nvidia-smi (NCCL: PHB).
 ``cpu``         a NUMA domain; ``numa`` (its id), optional ``affinity``.
 ``nic``         a network adapter port; ``bw`` (GB/s), optional ``name``, ``rail``.
 ``net_switch``  a network switch; ``tier`` (0 = leaf, 1 = spine, ...).
@@ -24,8 +27,8 @@ kind            meaning and attributes
 
 Edges are directed with both directions present; attributes ``kind`` in
 ``nvlink``, ``c2c``, ``pcie``, ``smp``, ``net``; ``bw`` in GB/s per direction
-(effective, 1 GB = 1e9 B, already multiplied by ``count``); ``lat`` in
-microseconds; ``count`` bonded links (>= 1).
+(effective, 1 GB = 1e9 B, already multiplied by ``count``; finite and > 0);
+``lat`` in microseconds (finite, >= 0); ``count`` bonded links (>= 1).
 
 Ranks are group-local integers ``0..P-1``. A topology may carry explicit
 ``rank`` attributes on its GPUs; otherwise :meth:`Topology.rank_gpus` numbers
@@ -49,8 +52,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -91,7 +96,7 @@ class Topology:
         self.meta = dict(meta or {})
 
     @classmethod
-    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> "Topology":
+    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> Topology:
         """Like the constructor, but takes ownership of ``graph`` instead of copying it.
 
         For loaders that built the graph themselves and drop it afterwards
@@ -235,7 +240,7 @@ class Topology:
         """The host of a node (None for network and rack-level switches)."""
         return self.node(node_id).get("host")
 
-    def with_ranks(self, gpus: Iterable[str]) -> "Topology":
+    def with_ranks(self, gpus: Iterable[str]) -> Topology:
         """A new Topology where ``gpus[r]`` carries ``rank = r`` (others none)."""
         order = list(gpus)
         g = nx.DiGraph(self._g)
@@ -275,7 +280,7 @@ class Topology:
 
     # ------------------------------------------------------------------ paths
     def path(self, a: str, b: str):
-        """The route between two GPUs, or a GPU and a NIC: see :class:`topo.paths.Path`."""
+        """The route between two GPUs, or a GPU and a NIC: see :class:`treecoll.topo.paths.Path`."""
         from .paths import route
         return route(self, a, b)
 
@@ -313,7 +318,7 @@ class Topology:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Topology":
+    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
         """Inverse of :meth:`to_dict` (no file context; YAML loading adds it)."""
         g = nx.DiGraph()
         for nd in data.get("nodes", []):
@@ -366,7 +371,7 @@ def _validate(g: nx.DiGraph) -> None:
             raise TopologyError(f"link {a!r} -> {b!r}: kind expected one of {list(LINK_KINDS)}, got {kind!r}")
         _positive(d.get("bw"), f"link {a!r} -> {b!r}: bw")
         lat = d.get("lat", 0.0)
-        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or lat < 0:
+        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or not 0 <= lat < math.inf:
             raise TopologyError(f"link {a!r} -> {b!r}: lat expected a non-negative number of µs, got {lat!r}")
         c = d.get("count", 1)
         if not isinstance(c, int) or isinstance(c, bool) or c < 1:
@@ -376,5 +381,5 @@ def _validate(g: nx.DiGraph) -> None:
 
 
 def _positive(v: Any, what: str) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
         raise TopologyError(f"{what}: expected a positive number (GB/s), got {v!r}")

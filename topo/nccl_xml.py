@@ -36,6 +36,12 @@ back on export, so import -> export -> import is the identity; modelled
 attributes are ``busid`` (-> ``pci``), ``numaid`` (-> ``numa``), ``dev`` (->
 ``index``), ``sm``, ``name`` and ``speed`` (-> ``bw`` = speed/8000 GB/s).
 
+A file that yields no GPU, names a NUMA node, a bus id or a GPU ``dev`` twice
+in one host, nests PCIe deeper than :data:`MAX_PCI_DEPTH` levels or asks for
+more nodes or links than the caps of :mod:`treecoll.topo.limits` is refused with a
+:class:`~topo.errors.TopologyError` naming the file (``source=`` names text
+given directly) and the element.
+
 Export (:func:`export_xml`) writes one host as a file NCCL can read (every
 attribute NCCL requires is present for nodes that did not come from XML).
 :func:`parse_graph_xml` reads the other NCCL format (``NCCL_GRAPH_FILE``:
@@ -46,11 +52,14 @@ from __future__ import annotations
 import os
 import xml.etree.ElementTree as ET
 from typing import Any
+from xml.parsers import expat
 
 import networkx as nx
 
 from .errors import TopologyError
+from .files import decode_text, read_text
 from .hostgraph import GPU_PCI_IDS, HostBuilder, net_bw, nvlink_bw, smp_bw
+from .limits import limits as make_limits
 from .model import Topology
 from .nvml import norm_busid
 from .sysfs import pcie_bw
@@ -64,6 +73,8 @@ _INVISIBLE = "fffffff:ff:ff.0"   # NCCL's target for an NVLink peer not visible 
 _MODELLED = {"cpu": {"numaid"}, "pci": {"busid"}, "gpu": {"dev", "sm"}, "net": {"name", "speed"}, "nic": set()}
 _NVSWITCH_CLASS = "0x068000"
 _GPU_CLASS = "0x030200"
+#: deepest nesting of <pci> elements accepted (real hosts have a handful of switch levels)
+MAX_PCI_DEPTH = 64
 
 
 def looks_like_nccl_xml(text: str) -> bool:
@@ -71,23 +82,56 @@ def looks_like_nccl_xml(text: str) -> bool:
     return "<system" in text[:4096]
 
 
-def _read(src: str | os.PathLike) -> tuple[str, str]:
-    s = os.fspath(src)
-    if isinstance(src, str) and s.lstrip().startswith("<"):
-        return "<string>", s
-    try:
-        with open(s, encoding="utf-8") as f:
-            return s, f.read()
-    except OSError as e:
-        raise TopologyError(f"{s}: cannot read the NCCL topology file ({e.strerror})") from None
+def _read(src: str | bytes | os.PathLike, source: str | None, what: str) -> tuple[str, str]:
+    """(where, text) of XML given as a path, the text itself (starting with '<') or its bytes."""
+    if isinstance(src, (bytes, bytearray)):
+        where = source or "<string>"
+        return where, decode_text(bytes(src), where, what)
+    if isinstance(src, str) and src.lstrip("\ufeff \t\r\n").startswith("<"):
+        return source or "<string>", src
+    if isinstance(src, str) and not src.strip():
+        raise TopologyError(f"{source or '<string>'}: expected XML text or a file name, got an empty string")
+    path = os.fspath(src)
+    return source or str(path), read_text(path, what)
 
 
-def _parse(where: str, text: str) -> ET.Element:
+class _Where(str):
+    """The file name, with :meth:`at` giving ``"file:line"`` of an element (expat records where each starts)."""
+
+    lines: dict
+
+    def at(self, el: ET.Element | None) -> str:
+        line = self.lines.get(el) if el is not None else None
+        return f"{self}:{line}" if line else str(self)
+
+
+def _parse(where: str, text: str) -> tuple[ET.Element, _Where]:
+    """The root element and a :class:`_Where` that knows every element's line.
+
+    expat (through ``xml.parsers.expat``, as ElementTree uses it) refuses entity
+    expansion bombs itself ("limit on input amplification factor").
+    """
+    builder = ET.TreeBuilder()
+    parser = expat.ParserCreate()
+    lines: dict[ET.Element, int] = {}
+
+    def start(tag: str, attrs: dict) -> None:
+        lines[builder.start(tag, attrs)] = parser.CurrentLineNumber
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = builder.end
+    parser.CharacterDataHandler = builder.data
     try:
-        return ET.fromstring(text)
-    except ET.ParseError as e:
-        line = e.position[0] if getattr(e, "position", None) else "?"
-        raise TopologyError(f"{where}:{line}: expected well-formed XML, got {e}") from None
+        parser.Parse(text, True)
+        root = builder.close()
+    except expat.ExpatError as e:
+        raise TopologyError(f"{where}:{e.lineno}: expected well-formed XML, got {expat.ErrorString(e.code)}: "
+                            f"line {e.lineno}, column {e.offset + 1}") from None
+    except ValueError as e:  # e.g. a document with no element at all
+        raise TopologyError(f"{where}: expected well-formed XML, got {e}") from None
+    w = _Where(where)
+    w.lines = lines
+    return root, w
 
 
 def _extra(el: ET.Element, tag: str) -> dict[str, str]:
@@ -98,7 +142,12 @@ def _int(v: Any, where: str, what: str) -> int:
     try:
         return int(str(v), 0) if str(v).lower().startswith("0x") else int(str(v))
     except ValueError:
-        raise TopologyError(f"{where}: {what} expected an integer, got {v!r}") from None
+        raise TopologyError(f"{where}: {what} expected an integer, got {str(v)[:40]!r}") from None
+
+
+def _digits(v: str | None) -> int | None:
+    """An attribute that holds a small ASCII decimal integer, else None."""
+    return int(v) if v is not None and v.isascii() and v.isdecimal() and len(v) <= 9 else None
 
 
 def _cls_int(v: str | None) -> int | None:
@@ -116,40 +165,65 @@ def _cls(el: ET.Element) -> int | None:
         return None
 
 
-def import_xml(src: str | os.PathLike, *, host: str = "host0", name: str | None = None) -> Topology:
-    """An NCCL topology XML (a path, or the text itself) as a Topology.
+def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str | None = None,
+               source: str | None = None, max_nodes: int | None = None, max_links: int | None = None,
+               require_gpus: bool = True) -> Topology:
+    """An NCCL topology XML (a path, or the text itself or its bytes) as a Topology.
 
     ``host`` names the host (``"<host>/gpu0"``...); a multi-host dump gets
-    ``"<host>-<i>"`` per distinct ``host_hash``. Malformed input raises
-    TopologyError naming the file, line and element.
+    ``"<host>-<i>"`` per distinct ``host_hash``. ``source`` names text in errors
+    and ``meta["source"]`` (default: the path, or ``"<string>"``); ``max_nodes``
+    / ``max_links``: the caps of :mod:`treecoll.topo.limits`. Malformed input raises
+    TopologyError naming the file, line and element; so does a file without
+    GPUs unless ``require_gpus`` is False (discovery reads a partial
+    NCCL_TOPO_FILE that way: vendors' files may list only the PCIe bridges).
     """
-    where, text = _read(src)
-    root = _parse(where, text)
+    where, text = _read(src, source, "the NCCL topology file")
+    lim = make_limits(max_nodes, max_links)
+    root, where = _parse(where, text)
     if root.tag != "system":
-        raise TopologyError(f"{where}: root element expected <system>, got <{root.tag}>")
+        raise TopologyError(f"{where}: root element expected <system>, got <{root.tag[:40]}>")
     if root.get("version", "1") != "1":
-        raise TopologyError(f"{where}: <system version> expected \"1\" (NCCL_TOPO_XML_VERSION), got {root.get('version')!r}")
+        raise TopologyError(f"{where.at(root)}: <system version> expected \"1\" (NCCL_TOPO_XML_VERSION), got "
+                            f"{root.get('version')[:40]!r}")
     cpus = [c for c in root if c.tag == "cpu"]
     hashes = list(dict.fromkeys(c.get("host_hash", "") for c in cpus))
     hostname = {hh: (host if len(hashes) <= 1 else f"{host}-{i}") for i, hh in enumerate(hashes)}
     builders: dict[str, HostBuilder] = {}
     gpus_by_pci: dict[tuple[str, str], Any] = {}
     pending_nvlinks: list[tuple[HostBuilder, Any, ET.Element, int | None]] = []
+    busids: set[tuple[str, str]] = set()
+    elements = sum(1 for _ in root.iter())
+    msg = lim.excess(elements, 2 * elements + len(cpus) * (len(cpus) - 1), f"{elements:,} XML elements and "
+                                                                            f"{len(cpus):,} CPUs (linked pairwise)")
+    if msg is not None:
+        raise TopologyError(msg, where=where)
+    declared: dict[str, set] = {}  # per host: the NUMA ids the -1 domains of a VM must not take
+    for c in cpus:
+        declared.setdefault(c.get("host_hash", ""), set()).add(_digits(c.get("numaid")))
     for ci, cpu in enumerate(cpus):
         h = hostname[cpu.get("host_hash", "")]
         b = builders.setdefault(h, HostBuilder(h))
         if cpu.get("numaid") is None:
-            raise TopologyError(f"{where}: <cpu> #{ci}: attribute numaid is required")
-        numa = _int(cpu.get("numaid"), where, f"<cpu> #{ci} numaid")
+            raise TopologyError(f"{where.at(cpu)}: <cpu> #{ci}: attribute numaid is required")
+        numa = _int(cpu.get("numaid"), where.at(cpu), f"<cpu> #{ci} numaid")
         xcpu = _extra(cpu, "cpu")
+        taken = {it["attrs"]["numa"] for it in b.items.values() if it["kind"] == "cpu"}
         if numa < 0:  # VMs: numaid="-1"; the model wants a domain id, the file's value is kept
-            taken = {it["attrs"]["numa"] for it in b.items.values() if it["kind"] == "cpu"}
             xcpu["numaid"] = cpu.get("numaid")
-            numa = next(k for k in range(len(taken) + 1) if k not in taken)
+            avoid = taken | declared[cpu.get("host_hash", "")]
+            numa = next(k for k in range(len(avoid) + 1) if k not in avoid)
+        elif numa in taken:
+            raise TopologyError(f"{where.at(cpu)}: <cpu> #{ci}: numaid {numa} appears twice in host {h!r}: "
+                                f"expected one <cpu> per NUMA node")
         ck = ("cpu", numa)
         b.add(ck, "cpu", numa=numa, affinity=mask_to_cpulist(cpu.get("affinity")), x_nccl={"cpu": xcpu})
         for child in cpu:
-            _walk(b, child, ck, ck, where, gpus_by_pci, pending_nvlinks, h)
+            _walk(b, child, ck, ck, where, gpus_by_pci, pending_nvlinks, h, busids)
+    if not gpus_by_pci and require_gpus:
+        raise TopologyError(f"{where}: expected at least one GPU (a <gpu> element, or a <pci> of class 0x03....), "
+                            f"got none: a topology without GPUs has no ranks (a partial vendor file may list only "
+                            f"PCIe bridges, NCCL adds the GPUs it finds when it runs)")
     for h, b in builders.items():
         _number_gpus(b)
         cpu_keys = [k for k, it in b.items.items() if it["kind"] == "cpu"]
@@ -170,7 +244,10 @@ def import_xml(src: str | os.PathLike, *, host: str = "host0", name: str | None 
 
 
 def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpus_by_pci: dict,
-          pending: list, h: str) -> None:
+          pending: list, h: str, seen: set, depth: int = 1) -> None:
+    if depth > MAX_PCI_DEPTH:
+        raise TopologyError(f"{where.at(el)}: <pci busid={el.get('busid')!r}>: nested deeper than {MAX_PCI_DEPTH} "
+                            f"levels of <pci>: expected a PCIe tree a few switches deep")
     if el.tag == "nic":  # NIC not on PCI: directly under the CPU
         for k in _nic(b, el, None, where):
             b.link(k, parent, "pcie", pcie_bw(None, None))
@@ -181,10 +258,19 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
         return
     busid = el.get("busid")
     if not busid:
-        raise TopologyError(f"{where}: <pci> under {b.items[parent]['kind']} {parent[1]!r}: attribute busid is required")
+        raise TopologyError(f"{where.at(el)}: <pci> under {b.items[parent]['kind']} {parent[1]!r}: attribute busid "
+                            f"is required")
     pci = norm_busid(busid) or busid.lower()
+    if (h, pci) in seen:
+        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}>: bus id appears twice in host {h!r}: "
+                            f"expected each PCI device once")
+    seen.add((h, pci))
     cls = _cls(el)
-    bw = pcie_bw(el.get("link_speed"), _int(el.get("link_width") or 0, where, f"<pci busid={busid!r}> link_width"))
+    width = _int(el.get("link_width") or 0, where.at(el), f"<pci busid={busid!r}> link_width")
+    if not 0 <= width <= 64:
+        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}> link_width: expected 1..64 lanes (0: unknown), "
+                            f"got {width}")
+    bw = pcie_bw(el.get("link_speed"), width)
     gpu_el = el.find("gpu")
     nic_el = el.find("nic")
     xml = {"pci": _extra(el, "pci")}
@@ -198,9 +284,13 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
             if other:  # elements of newer NCCL versions: preserved
                 xml["gpu_children"] = other
             if gpu_el.get("dev") is not None:
-                attrs["index"] = _int(gpu_el.get("dev"), where, f"<gpu> of {busid!r} dev")
+                dev = attrs["index"] = _int(gpu_el.get("dev"), where.at(gpu_el), f"<gpu> of {busid!r} dev")
+                if dev < 0 or ("dev", h, dev) in seen:
+                    raise TopologyError(f"{where.at(gpu_el)}: <gpu dev={dev}> of {busid!r}: expected each GPU dev once "
+                                        f"in host {h!r}, as a non-negative integer")
+                seen.add(("dev", h, dev))
             if gpu_el.get("sm") is not None:
-                sm = attrs["sm"] = _int(gpu_el.get("sm"), where, f"<gpu> of {busid!r} sm")
+                sm = attrs["sm"] = _int(gpu_el.get("sm"), where.at(gpu_el), f"<gpu> of {busid!r} sm")
             pending.append((b, key, gpu_el, sm))
         known = GPU_PCI_IDS.get(_cls_int(el.get("device")))
         if known is not None:  # model and memory bandwidth from the PCI device id; sm if the file has none
@@ -210,9 +300,11 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
         gpus_by_pci[(h, pci)] = key
         b.link(key, parent, "pcie", bw)
         for c2c in (gpu_el.findall("c2c") if gpu_el is not None else []):
-            cnt = _int(c2c.get("count", "1"), where, f"<c2c> of {busid!r} count")
-            per = float(c2c.get("bw", "0") or 0)
-            b.link(key, cpu, "c2c", per * cnt / 1000 if per > 0 else 1.0, count=max(cnt, 1))
+            cnt = _int(c2c.get("count", "1"), where.at(c2c), f"<c2c> of {busid!r} count")
+            per = _number(c2c.get("bw", "0") or "0", where.at(c2c), f"<c2c> of {busid!r} bw (MB/s per link)")
+            if cnt < 1 or cnt > 1024:
+                raise TopologyError(f"{where.at(c2c)}: <c2c> of {busid!r} count: expected 1..1024 links, got {cnt}")
+            b.link(key, cpu, "c2c", per * cnt / 1000 if per > 0 else 1.0, count=cnt)
         return
     if nic_el is not None or (cls is not None and cls >> 16 == 0x02):
         keys = _nic(b, nic_el, pci, where) if nic_el is not None else [b.add(("nic", pci, None), "nic", pci=pci)]
@@ -225,7 +317,17 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
     b.add(key, kind, pci=pci, x_nccl=xml)
     b.link(key, parent, "pcie", bw)
     for child in el:
-        _walk(b, child, key, cpu, where, gpus_by_pci, pending, h)
+        _walk(b, child, key, cpu, where, gpus_by_pci, pending, h, seen, depth + 1)
+
+
+def _number(v: str, where: str, what: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        x = float("nan")
+    if not 0 <= x < float("inf"):
+        raise TopologyError(f"{where}: {what}: expected a number >= 0, got {v!r}")
+    return x
 
 
 def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> list:
@@ -240,10 +342,9 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
         xml = {"net": _extra(net, "net")}
         if nic_el.attrib:
             xml["nic"] = dict(nic_el.attrib)
-        rail = net.get("rail")  # NCCL 2.30 net attribute (kept in x_nccl as well)
-        rail = int(rail) if rail is not None and rail.isdigit() else None
+        rail = _digits(net.get("rail"))  # NCCL 2.30 net attribute (kept in x_nccl as well)
         k = b.add(("nic", pci, name), "nic", pci=pci, name=name, rail=rail,
-                  bw=net_bw(_int(speed, where, f"<net name={name!r}> speed") if speed else 0),
+                  bw=net_bw(_int(speed, where.at(net), f"<net name={name!r}> speed") if speed else 0),
                   lat=_net_latency(net, name, where), x_nccl=xml)
         keys.append(k)
     return keys
@@ -259,13 +360,13 @@ def _net_latency(net: ET.Element, name: str, where: str) -> float | None:
     except ValueError:
         lat = float("nan")
     if not (lat >= 0 and lat != float("inf")):
-        raise TopologyError(f"{where}: <net name={name!r}> latency: expected a number >= 0 (µs), got {text!r}")
+        raise TopologyError(f"{where.at(net)}: <net name={name!r}> latency: expected a number >= 0 (µs), got {text!r}")
     return lat or None
 
 
 def _number_gpus(b: HostBuilder) -> None:
     gpus = [(k, it["attrs"]) for k, it in b.items.items() if it["kind"] == "gpu"]
-    used = {a["index"] for _, a in gpus if "index" in a}
+    used = {a["index"] for _, a in gpus if "index" in a}  # distinct and >= 0 (checked in _walk)
     nxt = 0
     for k, a in sorted(gpus, key=lambda ka: ka[1].get("pci", "")):
         if "index" in a:
@@ -280,7 +381,9 @@ def _nvlinks(b: HostBuilder, gk: Any, gpu_el: ET.Element, sm: int | None, gpus_b
     per_link = nvlink_bw(sm)
     for nv in gpu_el.findall("nvlink"):
         tgt = nv.get("target", "")
-        cnt = _int(nv.get("count", "1"), where, f"<nvlink target={tgt!r}> count")
+        cnt = _int(nv.get("count", "1"), where.at(nv), f"<nvlink target={tgt!r}> count")
+        if not 1 <= cnt <= 1024:
+            raise TopologyError(f"{where.at(nv)}: <nvlink target={tgt!r}> count: expected 1..1024 links, got {cnt}")
         tpci = norm_busid(tgt)
         tclass = (nv.get("tclass") or "").lower()
         extra = {k: v for k, v in nv.attrib.items() if k not in ("target", "count", "tclass")}
@@ -318,7 +421,7 @@ def mask_to_cpulist(mask: str | None) -> str | None:
         v = int(mask.replace(",", ""), 16)
     except ValueError:
         return None
-    cpus = [i for i in range(v.bit_length()) if v >> i & 1]
+    cpus = [i for i, bit in enumerate(bin(v)[:1:-1]) if bit == "1"]  # linear in the mask's length
     if not cpus:
         return None
     runs, start = [], cpus[0]
@@ -332,7 +435,9 @@ def mask_to_cpulist(mask: str | None) -> str | None:
 def cpulist_to_mask(cpulist: str) -> str:
     """Inverse of :func:`mask_to_cpulist` (at least one 32-bit word)."""
     from .sysfs import parse_cpulist
-    v = sum(1 << c for c in set(parse_cpulist(cpulist)))
+    cpus = set(parse_cpulist(cpulist))
+    bits = "".join("1" if c in cpus else "0" for c in range(max(cpus, default=0), -1, -1))
+    v = int(bits, 2)  # linear in the number of CPUs
     words = max(1, (v.bit_length() + 31) // 32)
     return ",".join(f"{v >> (32 * i) & 0xFFFFFFFF:08x}" for i in reversed(range(words)))
 
@@ -508,11 +613,10 @@ def parse_graph_xml(src: str | os.PathLike, *, source: str | None = None) -> dic
     A ring channel lists the GPUs in ring order; a tree channel lists them from
     the tree root down the chain (NCCL's intra-node tree is a chain).
     """
-    where, text = _read(src)
-    where = source or where
-    root = _parse(where, text)
+    where, text = _read(src, source, "the NCCL graph file")
+    root, where = _parse(where, text)
     if root.tag != "graphs":
-        raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag}>")
+        raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag[:40]}>")
     out: dict[str, Any] = {"version": _int(root.get("version", "1"), where, "<graphs> version"), "graphs": []}
     for gi, gel in enumerate(root.findall("graph")):
         def num(k, conv=int, default="0"):
@@ -520,14 +624,15 @@ def parse_graph_xml(src: str | os.PathLike, *, source: str | None = None) -> dic
             try:
                 return conv(v)
             except ValueError:
-                raise TopologyError(f"{where}: <graph> #{gi} {k} expected a number, got {v!r}") from None
+                raise TopologyError(f"{where.at(gel)}: <graph> #{gi} {k} expected a number, got {v[:40]!r}") from None
         pat = num("pattern")
         chans = []
         for ch in gel.findall("channel"):
-            nets = [_int(n.get("dev"), where, "<net> dev") for n in ch.findall("net")]
+            nets = [_int(n.get("dev"), where.at(n), "<net> dev") for n in ch.findall("net")]
             gpus = ch.findall("gpu")
-            chans.append({"gpus": [_int(x.get("dev"), where, "<gpu> dev") for x in gpus],
-                          "ranks": [_int(x.get("rank"), where, "<gpu> rank") if x.get("rank") is not None else None
+            chans.append({"gpus": [_int(x.get("dev"), where.at(x), "<gpu> dev") for x in gpus],
+                          "ranks": [_int(x.get("rank"), where.at(x), "<gpu> rank") if x.get("rank") is not None
+                                    else None
                                     for x in gpus],
                           "net_in": nets[0] if nets else None, "net_out": nets[-1] if nets else None})
         nch = num("nchannels", int, str(len(chans)))

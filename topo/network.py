@@ -23,11 +23,22 @@ Common keys: ``link: {bw, lat}`` for NIC <-> switch links (bw defaults to the
 NIC's own bw), ``uplink: {bw, lat}`` for one leaf <-> spine port (bw defaults
 to the fastest NIC). Only NICs with a ``rail`` (the host template's
 ``nics.rails``, default 0..n-1; null for e.g. storage NICs) are connected.
+The switches and links a network asks for (every leaf links to every spine)
+are counted and checked against the caps of :mod:`treecoll.topo.limits` before any is
+made.
 
 Default latencies (µs per link): NIC <-> leaf 1.35, half of NCCL's NET step
 latency 2.7 µs (tuning.cc hwLatencies, LL) so NIC -> leaf -> NIC is 2.7;
 leaf <-> spine 0.5 (a leaf-spine detour adds ~1 µs: 3rd-party figure,
 UNCERTAIN, ../shared/reference/topo.md §6.1).
+
+>>> from treecoll import topo
+>>> t = topo.loads("hosts: [{template: dgx-h100, count: 4}]\\n"
+...                "network: {type: fat_tree, leaf_size: 16, oversubscription: 2}\\n")
+>>> sorted(t.nodes("net_switch"))  # 32 NICs fill two leaves of 16 ports; 16 / 2 = 8 uplinks: 8 spines
+['leaf0', 'leaf1', 'spine0', 'spine1', 'spine2', 'spine3', 'spine4', 'spine5', 'spine6', 'spine7']
+>>> t.link("leaf0", "spine0")["bw"]    # one 50 GB/s port to each spine (the NICs' speed)
+50.0
 """
 from __future__ import annotations
 
@@ -89,6 +100,7 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
         _bi(g, nic, sw, _link(link_bw or bw, link_lat))
 
     if kind == "single_switch":
+        _budget(doc, path, g, 1, 2 * len(all_nics), "a single switch")
         g.add_node("leaf0", kind="net_switch", tier=0)
         for nic, _, bw in all_nics:
             attach(nic, bw, "leaf0")
@@ -105,6 +117,22 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
         size = doc.integer(d.get("leaf_size"), (*path, "leaf_size"), minimum=1) if "leaf_size" in d else None
         if size is None:
             doc.fail(path, "missing key 'leaf_size': expected the number of NIC ports per leaf switch")
+        nleaves = -(-len(all_nics) // size)
+    else:
+        su = (doc.integer(d["su_hosts"], (*path, "su_hosts"), minimum=1) if "su_hosts" in d
+              else len(host_nics))
+        size = su
+        nleaves = len({(rail, hi // su) for hi, (_, ns) in enumerate(host_nics) for _, rail, _ in ns})
+    ratio = size / over  # uplink ports per leaf
+    if not ratio <= doc.limits.max_links:
+        doc.fail((*path, "oversubscription"), f"{size} ports per leaf / oversubscription {over:g} ask for "
+                                              f"{ratio:.3g} uplink ports per leaf: expected at most "
+                                              f"{doc.limits.max_links:,} (the links cap)")
+    uplinks = max(1, math.ceil(ratio))
+    spines = doc.integer(d["spines"], (*path, "spines"), minimum=1) if "spines" in d else uplinks
+    _budget(doc, (*path, "spines") if "spines" in d else path, g, nleaves + spines,
+            2 * len(all_nics) + 2 * nleaves * spines, f"{nleaves:,} leaves x {spines:,} spines")
+    if kind == "fat_tree":
         for i, (nic, _, bw) in enumerate(all_nics):
             leaf = f"leaf{i // size}"
             if i % size == 0:
@@ -112,9 +140,6 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
                 leaves.append((leaf, size))
             attach(nic, bw, leaf)
     else:
-        su = (doc.integer(d["su_hosts"], (*path, "su_hosts"), minimum=1) if "su_hosts" in d
-              else len(host_nics))
-        size = su
         for hi, (_, ns) in enumerate(host_nics):
             for nic, rail, bw in ns:
                 leaf = f"rail{rail}/leaf{hi // su}"
@@ -122,17 +147,22 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
                     g.add_node(leaf, kind="net_switch", tier=0, rail=rail)
                     leaves.append((leaf, size))
                 attach(nic, bw, leaf)
-    uplinks = max(1, math.ceil(size / over))
-    spines = doc.integer(d["spines"], (*path, "spines"), minimum=1) if "spines" in d else uplinks
     per = uplinks / spines
     count = max(1, round(per))
     bw = up_bw * per
+    if not math.isfinite(bw):
+        doc.fail((*path, "uplink"), f"{per:g} uplink ports x {up_bw:g} GB/s overflows: expected a bandwidth in GB/s")
     for j in range(spines):
         g.add_node(f"spine{j}", kind="net_switch", tier=1)
     ld = _link(bw, up_lat, count)
     for leaf, _ in leaves:
         for j in range(spines):
             _bi(g, leaf, f"spine{j}", ld)
+
+
+def _budget(doc: Doc, path: tuple, g: nx.DiGraph, nodes: int, links: int, what: str) -> None:
+    doc.budget(path, g.number_of_nodes() + nodes, g.number_of_edges() + links,
+               f"the hosts and a network of {what}")
 
 
 def _torus(doc, d, path, g, host_nics, attach, bw, lat) -> None:
@@ -145,6 +175,10 @@ def _torus(doc, d, path, g, host_nics, attach, bw, lat) -> None:
     if math.prod(dims) != len(host_nics):
         doc.fail((*path, "dims"), f"expected dimensions whose product is the host count {len(host_nics)}, "
                                   f"got {dims} (product {math.prod(dims)})")
+
+    nics = sum(len(ns) for _, ns in host_nics)
+    _budget(doc, (*path, "dims"), g, len(host_nics), 2 * nics + 4 * len(dims) * len(host_nics),
+            f"{len(host_nics):,} torus routers")
 
     def rid(c):
         return "torus" + "_".join(map(str, c))

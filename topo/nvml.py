@@ -162,7 +162,7 @@ class Nvml:
     notes: list = field(default_factory=list)
 
     @classmethod
-    def open(cls, module: Any = None) -> "Nvml":
+    def open(cls, module: Any = None) -> Nvml:
         """Import pynvml (unless given) and call nvmlInit; NVMLUnavailable on any failure."""
         if module is None:
             try:

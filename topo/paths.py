@@ -14,7 +14,26 @@ hops. Classes:
 * nvidia-smi code (``nvidia-smi topo -m``): ``X``, ``NV#`` (direct bonded
   NVLinks or through NVSwitches, # = the links of the source GPU on that
   route), ``PIX``, ``PXB``, ``PHB``, ``NODE`` (through two host bridges of one
-  NUMA domain), ``SYS``; ``None`` between hosts (nvidia-smi shows one host).
+  NUMA domain), ``SYS`` (across the SMP interconnect, or between two
+  ``quadrant`` s of one NUMA domain, see below); ``None`` between hosts
+  (nvidia-smi shows one host).
+
+  nvidia-smi also says ``SYS`` between devices of one NUMA domain whose PCIe
+  root complexes are far apart inside the processor: with several root
+  complexes in one socket, "connections between devices may effectively flow
+  over a 'SMP' connection, which is the tool's way of saying that it is flowing
+  from one root complex to another root complex" (NVIDIA's answer on
+  https://forums.developer.nvidia.com/t/strange-output-by-nvidia-smi-topo/68452,
+  a one-socket Skylake host). AMD EPYC 7002/7003 packages are divided into four
+  I/O-die quadrants, and in the default NPS1 mode the whole socket is one NUMA
+  domain (Dell, "NUMA Configuration settings on AMD EPYC 2nd Generation",
+  https://infohub.delltechnologies.com/en-us/p/numa-configuration-settings-on-amd-epyc-2nd-generation/).
+  Real matrices show it: the four GPUs of each NUMA node of an 8x RTX 4090 box
+  are all SYS apart (https://github.com/NVIDIA/go-gpuallocator/issues/17). The
+  model says which root complexes are apart with the ``quadrant`` of the top
+  PCIe switches (host bridges): two branches that meet at a CPU through
+  different quadrants are ``SYS`` (NCCL, which only knows NUMA domains, still
+  says ``PHB``).
   Unlike NCCL, nvidia-smi never reports NVB: it shows the PCIe class instead.
 
 NVSwitch fabrics keep each switch as a node (an H100 reaches its 4 switches
@@ -24,6 +43,18 @@ each carries (proportional to its bottleneck bandwidth), and :attr:`Path.bw`
 is their sum. Between hosts, a GPU uses its nearest NIC (NCCL's default) and
 the network route is a shortest route through the switches, with ties between
 equal-cost switches broken by a hash of the two NICs (deterministic ECMP).
+
+>>> from treecoll import topo
+>>> t = topo.default()                      # two DGX H100 on a rail-optimized fabric
+>>> p = t.path("h0/gpu0", "h0/nic0")        # the NIC behind the GPU's own PCIe switch
+>>> p.nodes, p.nccl, p.smi
+(('h0/gpu0', 'h0/pcisw0', 'h0/nic0'), 'PIX', 'PIX')
+>>> p = t.path("h0/gpu0", "h0/gpu1")        # 5 + 5 + 4 + 4 NVLinks of 20.6 GB/s over four NVSwitches
+>>> p.smi, len(p.routes), round(p.bw, 1)
+('NV18', 4, 370.8)
+>>> q = t.path("h0/gpu0", "h1/gpu0")
+>>> q.nccl, q.smi, q.nodes[3], t.nearest_nic("h0/gpu3")
+('NET', None, 'rail0/leaf0', 'h0/nic3')
 """
 from __future__ import annotations
 
@@ -89,7 +120,7 @@ class Path:
                 "smi": self.smi, "routes": [[list(n), s] for n, s in self.routes]}
 
 
-def route(topo: "Topology", a: str, b: str) -> Path:
+def route(topo: Topology, a: str, b: str) -> Path:
     """The route between endpoints ``a`` and ``b`` (GPUs, NICs or CPUs); cached per topology."""
     cache = topo.__dict__.setdefault("_route_cache", {})
     key = (a, b)
@@ -98,7 +129,7 @@ def route(topo: "Topology", a: str, b: str) -> Path:
     return cache[key]
 
 
-def _route(topo: "Topology", a: str, b: str) -> Path:
+def _route(topo: Topology, a: str, b: str) -> Path:
     table = _node_table(topo)
     for n in (a, b):
         if n not in table:
@@ -131,7 +162,7 @@ def _chain(g, nodes: tuple[str, ...]) -> tuple[tuple[str, ...], float, float]:
     return tuple(d["kind"] for d in attrs), min(d["bw"] for d in attrs), sum(d.get("lat", 0.0) for d in attrs)
 
 
-def _node_table(topo: "Topology") -> dict[str, tuple[str, str | None]]:
+def _node_table(topo: Topology) -> dict[str, tuple[str, str | None]]:
     """``{node: (kind, host)}`` for every node (cached per topology): route searches
     test these for every node they visit."""
     table = topo.__dict__.get("_node_table")
@@ -141,7 +172,7 @@ def _node_table(topo: "Topology") -> dict[str, tuple[str, str | None]]:
     return table
 
 
-def _nvlink_route(topo: "Topology", a: str, b: str) -> Path | None:
+def _nvlink_route(topo: Topology, a: str, b: str) -> Path | None:
     g = topo.graph
     succ, table = g._succ, _node_table(topo)
     d = succ[a].get(b)
@@ -196,7 +227,7 @@ def _bfs(g, a: str, b: str, node_ok, link_kinds) -> tuple[str, ...] | None:
     return None
 
 
-def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
+def _pci_route(topo: Topology, a: str, b: str) -> Path | None:
     """The PCIe/SMP/C2C route inside one host (cached per topology: the route of a GPU
     to its NIC serves :func:`nearest_nic` and every network route of that GPU)."""
     cache = topo.__dict__.setdefault("_pci_cache", {})
@@ -206,7 +237,7 @@ def _pci_route(topo: "Topology", a: str, b: str) -> Path | None:
     return cache[key]
 
 
-def _pci_routes_from(topo: "Topology", a: str, targets) -> None:
+def _pci_routes_from(topo: Topology, a: str, targets) -> None:
     """Fill the PCIe route cache from ``a`` to every node of ``targets`` with ONE breadth-first
     search (the routes equal :func:`_bfs`'s one-target searches: same visiting order; a
     target that is a switch or CPU of the host is still crossed on the way to others)."""
@@ -242,7 +273,7 @@ def _pci_routes_from(topo: "Topology", a: str, targets) -> None:
         cache[(a, t)] = Path(a, t, nodes, kinds, bw, lat, nccl, smi, ((nodes, 1.0),))
 
 
-def _pci_search(topo: "Topology", a: str, b: str) -> Path | None:
+def _pci_search(topo: Topology, a: str, b: str) -> Path | None:
     g = topo.graph
     table = _node_table(topo)
     host = table[a][1]
@@ -270,18 +301,16 @@ def _classify_pci(g, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[st
         return ("P2C", "SYS") if "pcie" in kinds else ("C2C", "SYS")
     if cpus:
         i = cpus[0]
-        hb_in = _host_bridge(g, nodes[i - 1])
-        hb_out = _host_bridge(g, nodes[i + 1])
-        return "PHB", ("PHB" if hb_in == hb_out else "NODE")
+        below, above = g.nodes[nodes[i - 1]], g.nodes[nodes[i + 1]]
+        q_in, q_out = below.get("quadrant"), above.get("quadrant")
+        if q_in is not None and q_out is not None and q_in != q_out:
+            return "PHB", "SYS"  # two root-complex groups of one NUMA domain (see the module doc)
+        return "PHB", ("PHB" if below.get("host_bridge") == above.get("host_bridge") else "NODE")
     switches = sum(1 for n in mids if g.nodes[n]["kind"] == "pcie_switch")
     return ("PIX", "PIX") if switches <= 1 else ("PXB", "PXB")
 
 
-def _host_bridge(g, n: str):
-    return g.nodes[n].get("host_bridge")
-
-
-def nearest_nic(topo: "Topology", gpu: str) -> str | None:
+def nearest_nic(topo: Topology, gpu: str) -> str | None:
     """The NIC of ``gpu``'s host with the best (class, bandwidth, hops); None if none.
 
     Ties (e.g. two NICs PXB to a GPU pair on a DGX A100, or PIX on an HGX B200)
@@ -324,7 +353,7 @@ def _mirror_bits(val: int, n: int) -> int:
     return out
 
 
-def _net_route(topo: "Topology", a: str, b: str) -> Path:
+def _net_route(topo: Topology, a: str, b: str) -> Path:
     g = topo.graph
     na = a if g.nodes[a]["kind"] == "nic" else nearest_nic(topo, a)
     nb = b if g.nodes[b]["kind"] == "nic" else nearest_nic(topo, b)
@@ -341,7 +370,7 @@ def _net_route(topo: "Topology", a: str, b: str) -> Path:
     return Path(a, b, nodes, kinds, bw, lat, "NET", None, ((nodes, 1.0),))
 
 
-def _switch_preds(topo: "Topology") -> dict[str, list[str]]:
+def _switch_preds(topo: Topology) -> dict[str, list[str]]:
     """Per network switch, the switches with a ``net`` link into it (cached per topology)."""
     sp = topo.__dict__.get("_switch_preds")
     if sp is None:
@@ -352,7 +381,7 @@ def _switch_preds(topo: "Topology") -> dict[str, list[str]]:
     return sp
 
 
-def _dist_to_switch(topo: "Topology", target: str) -> dict[str, int]:
+def _dist_to_switch(topo: Topology, target: str) -> dict[str, int]:
     """Hops from every network switch to ``target`` through switches only (BFS, cached per target)."""
     cache = topo.__dict__.setdefault("_switch_dist", {})
     if target not in cache:
@@ -369,7 +398,7 @@ def _dist_to_switch(topo: "Topology", target: str) -> dict[str, int]:
     return cache[target]
 
 
-def _dist_to_leaves(topo: "Topology", leaves: tuple[str, ...]) -> dict[str, int]:
+def _dist_to_leaves(topo: Topology, leaves: tuple[str, ...]) -> dict[str, int]:
     """Hops from every network switch to a NIC whose switches into it are ``leaves`` (one more
     than to the nearest of them); cached per tuple of leaves, which the NICs of a leaf share."""
     cache = topo.__dict__.setdefault("_leaf_dist", {})
@@ -384,7 +413,7 @@ def _dist_to_leaves(topo: "Topology", leaves: tuple[str, ...]) -> dict[str, int]
     return out
 
 
-def _ecmp_route(topo: "Topology", na: str, nb: str) -> tuple[str, ...] | None:
+def _ecmp_route(topo: Topology, na: str, nb: str) -> tuple[str, ...] | None:
     """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb).
 
     Distances to ``nb`` come from per-switch BFS tables shared by all routes

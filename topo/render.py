@@ -6,6 +6,11 @@ sit outside, and each bidirectional link appears once labelled
 ``<kind> <bw> GB/s``. :func:`draw` lays hosts out side by side (GPUs on a row,
 NVSwitches above, CPUs and NICs below) with the network switches in rows
 above them by tier; matplotlib is optional (``pip install 'treecoll[plot]'``).
+
+>>> from treecoll import topo
+>>> dot = to_dot(topo.load(topo.shipped("cpu-local")))
+>>> dot.splitlines()[0], dot.splitlines()[4]
+('graph "cpu-local" {', '  subgraph "cluster_h0" {')
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ def _q(s: str) -> str:
     return json.dumps(str(s))
 
 
-def _pairs(topo: "Topology"):
+def _pairs(topo: Topology):
     g = topo.graph
     for a, b, d in g.edges(data=True):
         if g.has_edge(b, a) and g.edges[b, a] == d and b < a:
@@ -39,7 +44,7 @@ def _pairs(topo: "Topology"):
         yield a, b, d, g.has_edge(b, a) and g.edges[b, a] == d
 
 
-def to_dot(topo: "Topology") -> str:
+def to_dot(topo: Topology) -> str:
     """DOT text of the whole topology (one ``cluster_<host>`` per host)."""
     g = topo.graph
     out = [f"graph {_q(topo.name or 'topology')} {{", "  graph [rankdir=TB, fontsize=10];",
@@ -68,7 +73,7 @@ def to_dot(topo: "Topology") -> str:
     return "\n".join(out) + "\n"
 
 
-def draw(topo: "Topology", path: str, *, max_hosts: int = 8, dpi: int = 120,
+def draw(topo: Topology, path: str, *, max_hosts: int = 8, dpi: int = 120,
          overlay: list[tuple[str, str, str]] | None = None, title: str | None = None) -> dict:
     """Draw the first ``max_hosts`` hosts and the switches they reach into ``path`` (PNG, SVG, PDF).
 

@@ -1,21 +1,27 @@
 """``nvidia-smi topo -m`` text -> a host Topology whose own matrix prints the same codes.
 
 Parsing (:func:`parse_smi`) copes with what real pastes contain: tabs or runs
-of spaces, ANSI escape codes around the header, the current legend (X, SYS,
-NODE, PHB, PXB, PIX, NV#) and the legacy one (SOC = SYS), NICs named in the
-header (``mlx5_0``) or numbered (``NIC0``) with a ``NIC Legend:`` block,
-``N/A`` and empty affinity fields, comment lines starting with ``#``.
+of spaces, ANSI escape codes around the header, CRLF line ends, the current
+legend (X, SYS, NODE, PHB, PXB, PIX, NV#) and the legacy one (SOC = SYS), NICs
+named in the header (``mlx5_0``) or numbered (``NIC0``) with a ``NIC Legend:``
+block, ``N/A`` and empty affinity fields, comment lines starting with ``#``.
+The row labels are authoritative: older nvidia-smi versions print NIC columns
+by device name and can run two names together in the header
+(``mlx5_2mlx5_3``); such a header is read as the row labels it concatenates.
 
 Building (:func:`import_smi`) reconstructs a PCIe/NVLink structure that
-reproduces every code of the matrix (../shared/reference/topo.md §2.2):
+reproduces every code of the matrix (the legend nvidia-smi prints under it):
 
 * ``NV#``: a direct ``nvlink`` link with count #, or, when every GPU pair of a
   box of 3+ GPUs shows the same ``NV#``, one ``assumed`` NVSwitch reached with
   # links (nvidia-smi cannot tell the two apart).
 * The PCIe codes are an ultrametric: endpoints (GPUs and NICs) are grouped
-  by single linkage at each level. ``SYS`` separates CPU (NUMA) nodes joined by
-  ``smp`` links (GPU rows' NUMA affinity also groups them); ``NODE`` separates
-  host bridges inside a CPU (``host_bridge`` attributes, only when a NODE code
+  by single linkage at each level. ``SYS`` separates root-complex groups;
+  groups that share a NUMA affinity (the GPU rows' column) are ``quadrant`` s
+  of one CPU node (nvidia-smi says SYS between root complexes far apart in one
+  socket, e.g. the I/O-die quadrants of an AMD EPYC: see :mod:`treecoll.topo.paths`),
+  the others CPU (NUMA) nodes joined by ``smp`` links; ``NODE`` separates host
+  bridges inside a quadrant (``host_bridge`` attributes, only when a NODE code
   occurs); ``PHB`` separates top PCIe switches under one host bridge; ``PXB``
   separates second-level switches under one top switch; ``PIX`` pairs share a
   switch. Pairs whose PCIe code is hidden behind ``NV#`` take whatever the
@@ -25,6 +31,10 @@ Bandwidths are not in the text: PCIe links are NCCL's Gen4 x16 (24 GB/s),
 NVLinks NCCL's default per link (20 GB/s, SM80), smp 10 GB/s (assumptions,
 listed in ``meta["assumed"]``). The reproduced matrix is checked; any
 mismatch is listed in ``meta["smi_mismatches"]`` and logged.
+
+>>> t = import_smi("\\tGPU0\\tGPU1\\tNUMA Affinity\\nGPU0\\t X \\tSYS\\t1\\nGPU1\\tSYS\\t X \\t1\\n")
+>>> t.path("host0/gpu0", "host0/gpu1").smi, t.nodes("cpu"), t.meta["smi_mismatches"]
+('SYS', ('host0/cpu1',), [])
 """
 from __future__ import annotations
 
@@ -33,9 +43,10 @@ import os
 import re
 from typing import Any
 
-
 from .errors import TopologyError
+from .files import decode_text, read_text
 from .hostgraph import HostBuilder
+from .limits import limits as make_limits
 from .model import Topology
 
 __all__ = ["parse_smi", "import_smi", "render_smi", "smi_matrix", "looks_like_smi"]
@@ -43,7 +54,8 @@ __all__ = ["parse_smi", "import_smi", "render_smi", "smi_matrix", "looks_like_sm
 log = logging.getLogger("treecoll.topo")
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_CODE = re.compile(r"^(X|SYS|SOC|NODE|PHB|PXB|PIX|NV\d+)$")
+_CODE = re.compile(r"^(X|SYS|SOC|NODE|PHB|PXB|PIX|NV[1-9][0-9]{0,5})$", re.ASCII)
+_GPU = re.compile(r"GPU(0|[1-9][0-9]{0,5})", re.ASCII)
 _LEVEL = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 _EXTRA = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 PCIE_BW = 24.0   # NCCL: x16 Gen4 = 16 * 120 / 80 GB/s (assumed: the text has no speeds)
@@ -57,6 +69,43 @@ def looks_like_smi(text: str) -> bool:
     return bool(re.search(r"^\s*GPU0\s+X\b", t, re.M)) and "GPU0" in t
 
 
+def _header(line: str, where: str, lineno: int) -> tuple[list[str], list[str]]:
+    """The device columns and the affinity columns of the header line."""
+    toks = line.split()  # whitespace may be tabs, runs of spaces, or collapsed to one space
+    devices: list[str] = []
+    extras: list[str] = []
+    i = 0
+    while i < len(toks):
+        multi = next((e for e in _EXTRA if toks[i:i + len(e.split())] == e.split()), None)
+        if multi is not None:
+            extras.append(multi)
+            i += len(multi.split())
+        elif extras:
+            raise TopologyError(f"{where}:{lineno}: header column {toks[i]!r} after the affinity columns: "
+                                f"expected one of {list(_EXTRA)}")
+        else:
+            devices.append(toks[i])
+            i += 1
+    return devices, extras
+
+
+def _columns(head: list[str], labels: list[str], where: str, lineno: int) -> list[str]:
+    """The matrix columns: the header's devices, or the row labels when the header glued names together.
+
+    Older nvidia-smi versions print NIC columns by device name and can run two
+    names together in the header (``mlx5_2mlx5_3``); the row labels are
+    authoritative then, as long as the header is their concatenation.
+    """
+    seen: set[str] = set()
+    for d in head:
+        if d in seen:
+            raise TopologyError(f"{where}:{lineno}: header column {d!r} appears twice: expected each device once")
+        seen.add(d)
+    if len(labels) > len(head) and "".join(head) == "".join(labels) and len(set(labels)) == len(labels):
+        return list(labels)
+    return head
+
+
 def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
     """Plain data: ``{"devices": [...], "gpus": [...], "nics": [...], "names": {col: name},
     "codes": {(a, b): code}, "cpu_affinity": {gpu: str|None}, "numa_affinity": {gpu: int|None},
@@ -66,43 +115,38 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
                and "GPU0" in ln.split() and not re.match(r"^\s*GPU0\s+X\b", ln)), None)
     if hi is None:
         raise TopologyError(f"{where}: expected an 'nvidia-smi topo -m' matrix (a header line with GPU0), found none")
-    toks = lines[hi].split()  # whitespace may be tabs, runs of spaces, or collapsed to one space
-    devices, extras = [], []
-    i = 0
-    while i < len(toks):
-        multi = next((e for e in _EXTRA if toks[i:i + len(e.split())] == e.split()), None)
-        if multi is not None:
-            extras.append(multi)
-            i += len(multi.split())
-        elif extras:
-            raise TopologyError(f"{where}:{hi + 1}: header column {toks[i]!r} after the affinity columns: "
-                                f"expected one of {list(_EXTRA)}")
-        else:
-            devices.append(toks[i])
-            i += 1
+    head, extras = _header(lines[hi], where, hi + 1)
+    rows: list[tuple[int, list[str]]] = []
+    for li in range(hi + 1, len(lines)):
+        ln = lines[li]
+        if not ln.strip() or ln.strip().startswith("Legend"):
+            break
+        rows.append((li, ln.split()))
+    devices = _columns(head, [tok[0] for _, tok in rows], where, hi + 1)
     n = len(devices)
     codes: dict[tuple[str, str], str] = {}
     cpu_aff: dict[str, Any] = {}
     numa_aff: dict[str, Any] = {}
     gpu_numa: dict[str, Any] = {}
-    rows = []
+    seen: set[str] = set()
     legacy = False
-    for li in range(hi + 1, len(lines)):
-        ln = lines[li]
-        if not ln.strip() or ln.strip().startswith("Legend"):
-            break
-        tok = ln.split()
+    for li, tok in rows:
         name, vals, rest = tok[0], tok[1:1 + n], tok[1 + n:]
         if name not in devices:
-            raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected one of the header's devices {devices[:6]}...")
+            raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected one of the header's devices "
+                                f"{devices[:6]}...")
+        if name in seen:
+            raise TopologyError(f"{where}:{li + 1}: row {name!r} appears twice: expected one row per device")
+        seen.add(name)
         if len(vals) < n:
             raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected {n} codes, got {len(vals)}")
         for col, v in zip(devices, vals):
             if not _CODE.match(v):
                 raise TopologyError(f"{where}:{li + 1}: row {name!r}, column {col!r}: expected one of X, SYS, SOC, "
-                                    f"NODE, PHB, PXB, PIX, NV<n>, got {v!r}")
+                                    f"NODE, PHB, PXB, PIX, NV<n>, got {v[:20]!r}")
             if (v == "X") != (col == name):
-                raise TopologyError(f"{where}:{li + 1}: row {name!r}, column {col!r}: 'X' expected exactly on the diagonal, got {v!r}")
+                raise TopologyError(f"{where}:{li + 1}: row {name!r}, column {col!r}: 'X' expected exactly on the "
+                                    f"diagonal, got {v!r}")
             legacy |= v == "SOC"
             codes[(name, col)] = v
         for k, v in zip(extras, rest):
@@ -110,22 +154,26 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
             if k == "CPU Affinity":
                 cpu_aff[name] = val
             elif k == "NUMA Affinity":
-                numa_aff[name] = int(val) if val is not None and val.isdigit() else None
+                numa_aff[name] = _small_int(val)
             else:
-                gpu_numa[name] = int(val) if val is not None and val.isdigit() else None
-        rows.append(name)
-    missing = [d for d in devices if d not in rows]
+                gpu_numa[name] = _small_int(val)
+    missing = [d for d in devices if d not in seen]
     if missing:
-        raise TopologyError(f"{where}: expected one row per header device, rows missing for {missing}")
+        raise TopologyError(f"{where}: expected one row per header device, rows missing for {missing[:8]}")
     names = {d: d for d in devices}
     for ln in lines:
         m = re.match(r"^\s*(NIC\d+):\s*(\S+)\s*$", ln)
         if m and m.group(1) in names:
             names[m.group(1)] = m.group(2)
-    gpus = [d for d in devices if re.fullmatch(r"GPU\d+", d)]
+    gpus = [d for d in devices if _GPU.fullmatch(d)]
     return {"devices": devices, "gpus": gpus, "nics": [d for d in devices if d not in gpus], "names": names,
             "codes": codes, "cpu_affinity": cpu_aff, "numa_affinity": numa_aff, "gpu_numa": gpu_numa,
             "legacy": legacy}
+
+
+def _small_int(v: str | None) -> int | None:
+    """A NUMA id column: an ASCII decimal integer (N/A and anything else: None)."""
+    return int(v) if v is not None and v.isascii() and v.isdecimal() and len(v) <= 9 else None
 
 
 class _UF:
@@ -162,58 +210,58 @@ def _split(items: list, codes: dict, below: int) -> list[list]:
     return uf.groups(items)
 
 
-def import_smi(src: str | os.PathLike, *, host: str = "host0", name: str | None = None) -> Topology:
-    """Build the host of an ``nvidia-smi topo -m`` output (a path, or the text)."""
-    s = os.fspath(src)
-    if "\n" in s or "GPU0" in s:
-        where, text = "<text>", s
-    else:
-        try:
-            with open(s, encoding="utf-8", errors="replace") as f:
-                where, text = s, f.read()
-        except OSError as e:
-            raise TopologyError(f"{s}: cannot read the nvidia-smi output ({e.strerror})") from None
+def _read(src: str | bytes | os.PathLike, source: str | None) -> tuple[str, str]:
+    """(where, text) of an ``nvidia-smi topo -m`` output given as a path, text or bytes."""
+    if isinstance(src, (bytes, bytearray)):
+        where = source or "<text>"
+        return where, decode_text(bytes(src), where, "the nvidia-smi output")
+    if isinstance(src, str) and ("\n" in src or looks_like_smi(src)):
+        return source or "<text>", src
+    if isinstance(src, str) and not src.strip():
+        raise TopologyError(f"{source or '<text>'}: expected nvidia-smi output or a file name, got an empty string")
+    path = os.fspath(src)
+    return source or str(path), read_text(path, "the nvidia-smi output")
+
+
+def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str | None = None,
+               source: str | None = None, max_nodes: int | None = None, max_links: int | None = None) -> Topology:
+    """Build the host of an ``nvidia-smi topo -m`` output (a path, or the text or its bytes).
+
+    ``source`` names the text in errors and in ``meta["source"]`` (default: the
+    path, or ``"<text>"``); ``max_nodes`` / ``max_links``: the caps of
+    :mod:`treecoll.topo.limits`.
+    """
+    where, text = _read(src, source)
     p = parse_smi(text, where)
     devs, codes, gpus = p["devices"], p["codes"], p["gpus"]
+    lim = make_limits(max_nodes, max_links)
+    # nodes: every device, its switches (at most two each) and CPUs; links: as many, plus NVLinks and the SMP mesh
+    msg = lim.excess(4 * len(devs), 2 * (3 * len(devs) + len(devs) ** 2), f"{len(devs):,} devices")
+    if msg is not None:
+        raise TopologyError(msg, where=where)
     b = HostBuilder(host)
-    # CPU (NUMA) groups: single linkage below SYS, then GPUs with equal NUMA affinity
-    groups = _split(devs, codes, 5)
-    uf = _UF(range(len(groups)))
-    numa_of = {d: p["numa_affinity"].get(d) for d in devs}
-    for i, gi in enumerate(groups):
-        for j, gj in enumerate(groups[:i]):
-            same = {numa_of[d] for d in gi if numa_of[d] is not None} & {numa_of[d] for d in gj if numa_of[d] is not None}
-            sys_between = any(_level(codes[(a, c)]) == 5 for a in gi for c in gj)
-            if same and not sys_between:
-                uf.union(i, j)
-    cpu_groups = [sum((groups[k] for k in ks), []) for ks in uf.groups(range(len(groups)))]
-    used = {v for v in numa_of.values() if v is not None}
-    nxt = 0
-    for cg in sorted(cpu_groups, key=lambda g_: devs.index(g_[0])):
-        nums = sorted({numa_of[d] for d in cg if numa_of[d] is not None})
-        if nums:
-            numa = nums[0]
-        else:
-            while nxt in used:
-                nxt += 1
-            numa, nxt = nxt, nxt + 1
-            used.add(numa)
+    groups = _split(devs, codes, 5)  # devices linked below SYS: one root-complex group each
+    for numa, quads in _numa_domains(groups, p["numa_affinity"], devs):
+        cg = [d for q in quads for d in q]
         aff = next((p["cpu_affinity"].get(d) for d in cg if p["cpu_affinity"].get(d)), None)
         ck = b.add(("cpu", numa), "cpu", numa=numa, affinity=aff)
         use_hb = any(codes[(a, c)] == "NODE" for a in cg for c in cg)
-        for hi, hb in enumerate(_split(cg, codes, 4)):
-            for phb in _split(hb, codes, 3):
-                top = b.add(("sw", phb[0], "top"), "pcie_switch", host_bridge=f"{numa}.{hi}" if use_hb else None)
-                b.link(top, ck, "pcie", PCIE_BW)
-                pix = _split(phb, codes, 2)
-                for grp in pix:
-                    up = top
-                    if len(pix) > 1:
-                        up = b.add(("sw", grp[0], "pix"), "pcie_switch")
-                        b.link(up, top, "pcie", PCIE_BW)
-                    for d in grp:
-                        _endpoint(b, p, d, numa)
-                        b.link(("dev", d), up, "pcie", PCIE_BW)
+        for qi, quad in enumerate(quads):
+            for hi, hb in enumerate(_split(quad, codes, 4)):
+                for phb in _split(hb, codes, 3):
+                    top = b.add(("sw", phb[0], "top"), "pcie_switch",
+                                host_bridge=f"{numa}.{qi}.{hi}" if use_hb else None,
+                                quadrant=qi if len(quads) > 1 else None)
+                    b.link(top, ck, "pcie", PCIE_BW)
+                    pix = _split(phb, codes, 2)
+                    for grp in pix:
+                        up = top
+                        if len(pix) > 1:
+                            up = b.add(("sw", grp[0], "pix"), "pcie_switch")
+                            b.link(up, top, "pcie", PCIE_BW)
+                        for d in grp:
+                            _endpoint(b, p, d, numa)
+                            b.link(("dev", d), up, "pcie", PCIE_BW)
     cpus = [k for k, it in b.items.items() if it["kind"] == "cpu"]
     for i, a in enumerate(cpus):
         for c in cpus[i + 1:]:
@@ -236,10 +284,37 @@ def import_smi(src: str | os.PathLike, *, host: str = "host0", name: str | None 
     return Topology(t.graph, name=t.name, meta=meta)
 
 
+def _numa_domains(groups: list[list[str]], numa_affinity: dict, devs: list[str]) -> list[tuple[int, list[list[str]]]]:
+    """``[(numa id, [root-complex group, ...])]``: the groups that share a NUMA affinity form one NUMA
+    domain (SYS between them is then the distance between root complexes of one socket, see
+    :mod:`treecoll.topo.paths`); a group without any affinity (NICs only, or an output without the NUMA column)
+    is a domain of its own with the first free id. Domains in the order of their first device."""
+    numa_of = {d: numa_affinity.get(d) for d in devs}
+    uf = _UF(range(len(groups)))
+    first: dict[int, int] = {}
+    for i, grp in enumerate(groups):
+        for n in {numa_of[d] for d in grp if numa_of[d] is not None}:
+            uf.union(i, first.setdefault(n, i))
+    domains = [[groups[k] for k in ks] for ks in uf.groups(range(len(groups)))]
+    used = {v for v in numa_of.values() if v is not None}
+    out, nxt = [], 0
+    for quads in sorted(domains, key=lambda qs: devs.index(qs[0][0])):
+        nums = sorted({numa_of[d] for q in quads for d in q if numa_of[d] is not None})
+        if nums:
+            numa = nums[0]
+        else:
+            while nxt in used:
+                nxt += 1
+            numa = nxt
+            used.add(numa)
+        out.append((numa, quads))
+    return out
+
+
 def _endpoint(b: HostBuilder, p: dict, d: str, numa: int) -> None:
     if d in p["gpus"]:
         gn = p["gpu_numa"].get(d)
-        b.add(("dev", d), "gpu", index=int(d[3:]), numa=numa, x_gpu_numa=gn)
+        b.add(("dev", d), "gpu", index=int(d[3:]), numa=numa, x_gpu_numa=gn)  # GPU<n>: ASCII digits (_GPU)
     else:
         b.add(("dev", d), "nic", name=p["names"][d])
 

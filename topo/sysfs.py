@@ -67,11 +67,16 @@ def pcie_bw(speed: str | None, width: int | None) -> float:
     return (width or 16) * code / 80
 
 
-def parse_cpulist(s: str | None) -> list[int]:
-    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11]; empty/None -> [].
+#: CPU ids accepted in a CPU list (Linux's NR_CPUS is at most 8192; a larger id is a typo, not a machine)
+MAX_CPU_ID = 1 << 16
 
-    >>> parse_cpulist("0-2,7")
-    [0, 1, 2, 7]
+
+def parse_cpulist(s: str | None) -> list[int]:
+    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11]; empty/None, malformed, descending ranges or ids of
+    :data:`MAX_CPU_ID` and above -> [] (so a typo can never make a list of a billion CPUs).
+
+    >>> parse_cpulist("0-2,7"), parse_cpulist("0-1000000000"), parse_cpulist("3-1")
+    ([0, 1, 2, 7], [], [])
     """
     out: list[int] = []
     for part in (s or "").strip().split(","):
@@ -79,10 +84,12 @@ def parse_cpulist(s: str | None) -> list[int]:
         if not part:
             continue
         a, _, b = part.partition("-")
-        try:
-            out.extend(range(int(a), int(b or a) + 1))
-        except ValueError:
+        if not (a.isascii() and a.isdecimal() and (b == "" or b.isascii() and b.isdecimal())):
             return []
+        lo, hi = int(a), int(b or a)
+        if not lo <= hi < MAX_CPU_ID:
+            return []
+        out.extend(range(lo, hi + 1))
     return out
 
 

@@ -2,9 +2,9 @@
 
 Two forms (full schema with examples: docs/topology-yaml.md):
 
-* **compact**: ``templates`` (named host templates, :mod:`topo.compact`),
+* **compact**: ``templates`` (named host templates, :mod:`treecoll.topo.compact`),
   ``hosts`` (groups ``{template, count, names}``) and ``network`` (a network
-  template, :mod:`topo.network`); a template may also come from another file
+  template, :mod:`treecoll.topo.network`); a template may also come from another file
   (``template: dgx-h100`` finds ``dgx-h100.yaml`` beside the file or in the
   shipped ``topologies/``; ``template: ../x/box.yaml`` is a relative path).
 * **explicit**: ``nodes: [{id, kind, ...}]`` and ``links: [{a, b, kind, bw,
@@ -13,7 +13,12 @@ Two forms (full schema with examples: docs/topology-yaml.md):
 
 Every problem in a file is a :class:`~topo.errors.TopologyError` whose message
 starts with ``file:line: key.path:``; no traceback escapes for a bad file, and
-files are only ever read.
+files are only ever read. The node and link counts a file asks for are checked
+against caps before anything is built (:mod:`treecoll.topo.limits`; ``max_nodes`` /
+``max_links`` on :func:`load`, :func:`loads` and :func:`resolve`, or the
+environment variables ``TREECOLL_MAX_NODES`` / ``TREECOLL_MAX_LINKS``), and the
+YAML itself may neither nest deeper than 100 levels nor expand through aliases
+beyond ten times its size (:data:`treecoll.topo._schema.YAML_LOADER`).
 
 >>> t = loads('''
 ... templates:
@@ -23,7 +28,7 @@ files are only ever read.
 ... ''')
 Traceback (most recent call last):
 ...
-topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics (with a rail), got none
+treecoll.topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics (with a rail), got none
 >>> t = loads("hosts: [{template: dgx-h100, count: 2}]\\nnetwork: {type: rail_optimized}\\n")
 >>> len(t.gpus()), t.path("h0/gpu0", "h1/gpu0").nccl
 (16, 'NET')
@@ -32,6 +37,7 @@ True
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path as FsPath
@@ -41,15 +47,17 @@ import networkx as nx
 import yaml
 
 from ._schema import YAML_LOADER, Doc
-from .compact import HostTemplate, expand, parse_template
+from .compact import HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
-from .model import LINK_KINDS, NODE_KINDS, HOSTED_KINDS, Topology
+from .files import decode_text, read_text
+from .limits import limits as make_limits
+from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
 from .network import add_network
 
 __all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]
 
-#: the repository's shipped topologies (present in a source checkout / editable install)
-SHIPPED_DIR = FsPath(__file__).resolve().parent.parent / "topologies"
+#: the shipped topologies: the package data ``treecoll.topologies`` (``topologies/`` in a checkout)
+SHIPPED_DIR = FsPath(importlib.util.find_spec("treecoll.topologies").origin).parent
 TOP_KEYS = ("name", "meta", "templates", "hosts", "network", "nodes", "links")
 GROUP_KEYS = ("template", "count", "names")
 LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
@@ -58,12 +66,12 @@ LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
 NODE_ATTRS = {
     "gpu": ("index", "pci", "uuid", "model", "mem_bw", "numa", "sm", "rank", "name", "serial"),
     "nvswitch": ("pci", "assumed", "index", "name", "multicast"),
-    "pcie_switch": ("host_bridge", "pci", "name", "vendor", "device", "link_speed", "link_width"),
+    "pcie_switch": ("host_bridge", "quadrant", "pci", "name", "vendor", "device", "link_speed", "link_width"),
     "cpu": ("numa", "socket", "affinity", "model", "arch", "vendor", "familyid", "modelid"),
     "nic": ("name", "bw", "pci", "rail", "link_layer", "port", "guid", "numa", "dev", "speed", "lat"),
     "net_switch": ("tier", "rail", "coord", "name"),
 }
-_INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev"})
+_INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev", "quadrant"})
 _POS_ATTRS = frozenset({"mem_bw", "bw"})
 _NONNEG_ATTRS = {"lat": "µs"}
 _BOOL_ATTRS = frozenset({"multicast"})
@@ -112,43 +120,43 @@ def _parse(text: str, source: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- public API
-def load(path_or_stream: str | os.PathLike | IO[str]) -> Topology:
-    """Read a topology from a YAML file path or an open text stream."""
+def load(path_or_stream: str | os.PathLike | IO[str], *, max_nodes: int | None = None,
+         max_links: int | None = None) -> Topology:
+    """Read a topology from a YAML file path or an open text stream.
+
+    ``max_nodes`` / ``max_links`` raise (or lower) the caps on the topology's
+    size for this call (:mod:`treecoll.topo.limits`).
+    """
     if hasattr(path_or_stream, "read"):
         source = getattr(path_or_stream, "name", "<stream>")
-        return loads(path_or_stream.read(), source=str(source))
+        return loads(path_or_stream.read(), source=str(source), max_nodes=max_nodes, max_links=max_links)
     p = FsPath(path_or_stream)
-    return loads(_read(p, str(p)), source=str(p), base_dir=p.resolve().parent)
+    return loads(_read(p), source=str(p), base_dir=p.resolve().parent, max_nodes=max_nodes, max_links=max_links)
 
 
-def _read(p: FsPath, source: str) -> str:
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TopologyError(f"cannot read topology file: no such file; shipped topologies are in "
-                            f"{SHIPPED_DIR}", where=source) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TopologyError(f"cannot read topology file: {e}", where=source) from None
+def _read(p: FsPath) -> str:
+    return read_text(p, "topology file", hint=f"; shipped topologies are in {SHIPPED_DIR}")
 
 
-def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None) -> Topology:
-    """Read a topology from YAML text; ``source`` names it in errors, ``base_dir``
-    resolves relative template paths (default: the current directory)."""
+def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None, *,
+          max_nodes: int | None = None, max_links: int | None = None) -> Topology:
+    """Read a topology from YAML text (or UTF-8 bytes); ``source`` names it in errors, ``base_dir``
+    resolves relative template paths (default: the current directory); ``max_nodes`` /
+    ``max_links``: see :func:`load`."""
+    lim = make_limits(max_nodes, max_links)
     if isinstance(text, (bytes, bytearray)):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TopologyError(f"cannot read topology: not UTF-8 text ({e.reason} at byte {e.start})",
-                                where=source) from None
+        text = decode_text(bytes(text), source, "topology")
     if not isinstance(text, str):
         raise TopologyError(f"expected YAML text, got {type(text).__name__}", where=source)
+    if "\r\n" in text:  # CRLF: same lines, and the fast reader of saved files applies
+        text = text.replace("\r\n", "\n")
     try:
         fast = _fast_explicit(text)
         if fast is not None:
             data, lines = fast
-            doc = Doc(source, text, data, lines=lines)
+            doc = Doc(source, text, data, lines=lines, limits=lim)
         else:
-            doc = Doc(source, text, _parse(text, source))
+            doc = Doc(source, text, _parse(text, source), limits=lim)
         return _build(doc, FsPath(base_dir) if base_dir else FsPath.cwd(), set())
     except TopologyError:
         raise
@@ -198,6 +206,14 @@ def _fast_explicit(text: str) -> tuple[dict, dict] | None:
     return data, where
 
 
+def _rank(doc: Doc, p: tuple, kind: str, r: int, ranks: dict[int, int]) -> None:
+    if kind != "gpu":
+        doc.fail((*p, "rank"), f"only GPUs carry a rank, got a {kind}")
+    if r in ranks:
+        doc.fail((*p, "rank"), f"rank {r} is given to two GPUs, nodes[{ranks[r]}] and nodes[{p[1]}]")
+    ranks[r] = p[1]
+
+
 def _unique_pairs(pairs):
     d = dict(pairs)
     if len(d) != len(pairs):
@@ -231,11 +247,13 @@ def save(topology: Topology, path_or_stream: str | os.PathLike | IO[str]) -> Non
         raise TopologyError(f"cannot write topology file: {e}", where=str(path_or_stream)) from None
 
 
+#: the shipped topology :func:`default` loads
+DEFAULT_NAME = "dgx-h100-x2"
+
+
 def default() -> Topology:
-    """The embedded default topology: a 2-host DGX H100 cluster (package data ``topo/default.yaml``)."""
-    from importlib.resources import files
-    text = files("topo").joinpath("default.yaml").read_text(encoding="utf-8")
-    return loads(text, source="topo/default.yaml")
+    """The default topology: two DGX H100 on a rail-optimized NDR fat tree (``topologies/dgx-h100-x2.yaml``)."""
+    return load(shipped(DEFAULT_NAME))
 
 
 def shipped(name: str) -> FsPath:
@@ -247,29 +265,27 @@ def shipped(name: str) -> FsPath:
     return p
 
 
-def resolve(spec: str | os.PathLike) -> Topology:
+def resolve(spec: str | os.PathLike, *, max_nodes: int | None = None, max_links: int | None = None) -> Topology:
     """A topology named the way the command line names one.
 
-    ``"default"`` is :func:`default`; an existing path is loaded (YAML; other
-    formats through ``topo.import_file`` when discovery provides it, e.g. NCCL
-    XML or ``nvidia-smi topo -m`` text); otherwise a shipped name
-    (``"dgx-h100-x16"``).
+    ``"default"`` is :func:`default`; an existing path is loaded (YAML; an
+    NCCL topology XML or ``nvidia-smi topo -m`` text, recognised by content,
+    through ``topo.import_file``); otherwise a shipped name
+    (``"dgx-h100-x16"``). A directory, a device and an empty file get their own
+    one-line errors. ``max_nodes`` / ``max_links``: see :func:`load`.
     """
     s = str(spec)
     if s == "default":
         return default()
+    caps = {"max_nodes": max_nodes, "max_links": max_links}
     p = FsPath(s)
-    if p.is_file():
-        if p.suffix.lower() in (".yaml", ".yml"):
-            return load(p)
-        import topo
-        importer = getattr(topo, "import_file", None)
-        if importer is not None:
-            return importer(p)
-        return load(p)
-    if "/" not in s and os.sep not in s and (SHIPPED_DIR / f"{s.removesuffix('.yaml')}.yaml").is_file():
-        return load(shipped(s))
-    return load(p)  # raises the "no such file" TopologyError
+    if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):
+        from .discover import import_file
+        return import_file(p, **caps, yaml_fallback=True)
+    if not p.is_file() and "/" not in s and os.sep not in s \
+            and (SHIPPED_DIR / f"{s.removesuffix('.yaml')}.yaml").is_file():
+        return load(shipped(s), **caps)
+    return load(p, **caps)  # a YAML file, or the one-line error saying why the path cannot be read
 
 
 # ---------------------------------------------------------------------------------------- flow writer
@@ -323,10 +339,18 @@ def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
         doc.fail(("network" if "network" in d else "templates",), "only valid with 'hosts' (compact form)")
     if "nodes" in d or "links" in d:
         _explicit(doc, d, g)
+    if not any(kind == "gpu" for _, kind in g.nodes(data="kind")):
+        doc.fail(("nodes",) if "nodes" in d else ("hosts",),
+                 "expected at least one node of kind gpu, got none: a topology without GPUs has no ranks "
+                 "(a CPU-only host has one gpu-kind rank slot per process, see topologies/cpu-local.yaml)")
     try:
         return Topology._adopt(g, name=name, meta=meta)
     except TopologyError as e:
         raise TopologyError(str(e), where=doc.source) from None
+
+
+#: the longest host name a ``names`` pattern may make (a DNS name's limit, RFC 1035)
+MAX_HOST_NAME = 253
 
 
 def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> None:
@@ -334,6 +358,7 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
     cache: dict[str, HostTemplate] = {}
     host_nics = []
     seen_hosts: set[str] = set()
+    made = (0, 0)  # nodes and directed links the groups so far make (networkx counts edges in O(nodes))
     hi = 0
     for gi, grp in enumerate(doc.seq(d["hosts"], ("hosts",), what="host groups")):
         gp = ("hosts", gi)
@@ -343,6 +368,7 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
             cache[ref] = _template(doc, local, ref, (*gp, "template"), base, visiting)
         ht = cache[ref]
         count = doc.integer(grp.get("count", 1), (*gp, "count"), minimum=1)
+        made = _host_budget(doc, (*gp, "count"), made, ht, count)
         pattern = doc.string(grp.get("names", "h{i}"), (*gp, "names"))
         if "{i}" not in pattern and "{j}" not in pattern and count > 1:
             doc.fail((*gp, "names"), f"expected a pattern with {{i}} (cluster index) or {{j}} (index in the group) "
@@ -350,6 +376,8 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
         names = []
         for j in range(count):
             h = pattern.replace("{i}", str(hi)).replace("{j}", str(j))
+            if len(h) > MAX_HOST_NAME:
+                doc.fail((*gp, "names"), f"host name of {len(h):,} characters: expected at most {MAX_HOST_NAME}")
             if "/" in h or h in seen_hosts:
                 doc.fail((*gp, "names"), f"host name {h!r} is {'used twice' if h in seen_hosts else 'invalid'}: "
                                          f"expected unique names without '/'")
@@ -364,6 +392,18 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
     elif len(host_nics) > 1:
         doc.fail(("hosts",), f"{len(host_nics)} hosts need a 'network' (one of single_switch, fat_tree, "
                              f"rail_optimized, torus)")
+
+
+def _host_budget(doc: Doc, path: tuple, made: tuple[int, int], ht: HostTemplate, count: int) -> tuple[int, int]:
+    """Refuse ``count`` more hosts of ``ht`` when the graph would outgrow the caps (before building them);
+    ``made``: the nodes and links of the groups before; returns the totals with these hosts."""
+    per_nodes, per_links = len(ht.nodes), 2 * (len(ht.links) + len(ht.rack_links))
+    domains = 1 if ht.domain_hosts is None else -(-count // ht.domain_hosts)
+    nodes = made[0] + count * per_nodes + ht.rack_switches * domains
+    links = made[1] + count * per_links
+    doc.budget(path, nodes, links, f"{count:,} hosts of template {ht.name!r} ({per_nodes} nodes and {per_links} "
+                                   f"directed links each, with the hosts before them)")
+    return nodes, links
 
 
 def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiting: set) -> HostTemplate:
@@ -382,8 +422,8 @@ def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiti
     key = str(fp.resolve())
     if key in visiting:
         doc.fail(path, f"template {ref!r}: {fp} refers back to itself")
-    text = _read(fp, str(fp))
-    other = Doc(str(fp), text, _parse(text, str(fp)))
+    text = _read(fp)
+    other = Doc(str(fp), text, _parse(text, str(fp)), limits=doc.limits)
     od = other.mapping(other.data, (), optional=TOP_KEYS)
     temps = other.mapping(od.get("templates", {}), ("templates",), optional=od.get("templates") or ())
     name = FsPath(ref).stem if is_path else ref
@@ -395,7 +435,12 @@ def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiti
 
 
 def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
-    for i, nd in enumerate(doc.seq(d.get("nodes", []), ("nodes",), what="nodes")):
+    nodes = doc.seq(d.get("nodes", []), ("nodes",), what="nodes")
+    links = doc.seq(d.get("links", []), ("links",), what="links")
+    doc.budget(("nodes",), g.number_of_nodes() + len(nodes), g.number_of_edges() + 2 * len(links),
+               f"{len(nodes):,} nodes and {len(links):,} links listed (with the ones expanded from hosts)")
+    ranks: dict[int, int] = {}
+    for i, nd in enumerate(nodes):
         p = ("nodes", i)
         if not isinstance(nd, dict):
             doc.fail(p, f"expected a mapping {{id, kind, ...}}, got {type(nd).__name__}")
@@ -416,9 +461,13 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
             doc.fail(p, f"missing key 'host': a {kind} belongs to a host")
         if "host" in nd:
             doc.string(nd["host"], (*p, "host"))
+        if nd.get("affinity") is not None:
+            check_cpulist(doc, doc.string(nd["affinity"], (*p, "affinity")), (*p, "affinity"))
         for k, v in nd.items():
             if k in _INT_ATTRS:
                 doc.integer(v, (*p, k), minimum=0)
+                if k == "rank":
+                    _rank(doc, p, kind, v, ranks)
             elif k in _POS_ATTRS:
                 doc.number(v, (*p, k), unit="GB/s")
             elif k in _NONNEG_ATTRS:
@@ -427,8 +476,12 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
                 doc.boolean(v, (*p, k))
         attrs = {k: v for k, v in nd.items() if k != "id"}
         g.add_node(nid, **attrs)
+    if ranks and len(ranks) != max(ranks) + 1:
+        missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        doc.fail(("nodes", ranks[max(ranks)], "rank"), f"ranks must be 0..P-1, each on one GPU: rank {max(ranks)} "
+                                                     f"is given but ranks {missing[:8]} are not")
     pairs: set[tuple[str, str]] = set()
-    for i, ld in enumerate(doc.seq(d.get("links", []), ("links",), what="links")):
+    for i, ld in enumerate(links):
         p = ("links", i)
         ld = doc.mapping(ld, p, required=("a", "b", "kind", "bw"), optional=LINK_ATTRS)
         a, b = ld["a"], ld["b"]

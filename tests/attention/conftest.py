@@ -1,17 +1,10 @@
 """Shared setup for the attention tests.
 
-The Triton kernels run on CPU tensors under the Triton interpreter, which
-``triton.jit`` selects when the kernel module is imported; so TRITON_INTERPRET
-is set here, before any test module imports ``attention.decode_triton``.  On a
-machine with CUDA the variable is left alone and the kernels run compiled.
+The Triton kernels run on CPU tensors under the Triton interpreter (the
+repository's conftest.py sets TRITON_INTERPRET before any test imports them).
 """
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 #: Tolerances of the issue: relative error against the float64 reference.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}

@@ -1,21 +1,14 @@
 """decode_partial: validation, dispatch, and splitting a sequence anywhere."""
-import doctest
 import subprocess
 import sys
 
 import pytest
 import torch
+import treecoll.attention.decode as decode_mod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import attention.decode as decode_mod
-from attention import decode_partial, merge, merge_states, reference
-from topo.errors import AttentionError
-
-
-def test_doctests():
-    res = doctest.testmod(decode_mod)
-    assert res.failed == 0 and res.attempted > 0
+from treecoll.attention import decode_partial, merge, merge_states, reference
+from treecoll.topo.errors import AttentionError
 
 
 def test_import_is_light():
@@ -27,7 +20,7 @@ def test_import_is_light():
 
 @pytest.mark.parametrize("native_ok", [True, False])
 def test_auto_backend_on_cpu_is_native_when_available_else_torch(native_ok, monkeypatch, make_inputs):
-    from attention import decode_native
+    from treecoll.attention import decode_native
 
     calls = []
     for name in ("torch", "native"):
@@ -125,7 +118,7 @@ def test_paged_cache_equals_contiguous(backend, page_size, make_inputs, check_st
     if backend == "triton":
         pytest.importorskip("triton")
     if backend == "native":
-        from attention.decode_native import native_status
+        from treecoll.attention.decode_native import native_status
 
         if not native_status()["available"]:
             pytest.skip(native_status()["reason"])
@@ -136,8 +129,8 @@ def test_paged_cache_equals_contiguous(backend, page_size, make_inputs, check_st
         out, lse = decode_partial(q, kp, vp, kv_len=lengths, block_table=table, backend=backend, num_splits=splits)
         check_state(out, lse, *reference(q, k, v, kv_len=lengths), 1e-2)
     if backend == "torch":  # several blocks per sequence, blocks not aligned to pages after a split
-        from attention.decode_cpu import decode_torch
-        from attention.validate import check_decode_inputs
+        from treecoll.attention.decode_cpu import decode_torch
+        from treecoll.attention.validate import check_decode_inputs
 
         lens, scale = check_decode_inputs(q, kp, vp, lengths, None, "test", block_table=table)
         out, lse = decode_torch(q, kp, vp, lens, scale, num_splits=2, block_size=2 * page_size, block_table=table)

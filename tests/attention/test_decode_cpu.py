@@ -1,10 +1,9 @@
 """The torch (CPU) decode path against the float64 reference, at larger shapes."""
 import pytest
 import torch
-
-from attention import decode_partial, reference
-from attention.decode_cpu import DEFAULT_BLOCK_SIZE, decode_torch
-from attention.validate import check_decode_inputs
+from treecoll.attention import decode_partial, reference
+from treecoll.attention.decode_cpu import DEFAULT_BLOCK_SIZE, decode_torch
+from treecoll.attention.validate import check_decode_inputs
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 SEQ = 2 * DEFAULT_BLOCK_SIZE + 77  # several blocks and a ragged last block

@@ -4,11 +4,10 @@ import re
 
 import pytest
 import torch
-
-from attention import decode_native as native_mod
-from attention import decode_partial, reference
-from attention.validate import check_decode_inputs
-from topo.errors import AttentionError
+from treecoll.attention import decode_native as native_mod
+from treecoll.attention import decode_partial, reference
+from treecoll.attention.validate import check_decode_inputs
+from treecoll.topo.errors import AttentionError
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 TILE = 32  # the kernel's token tile (csrc/decode_cpu.c): lengths around it exercise partial tiles

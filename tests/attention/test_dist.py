@@ -1,11 +1,10 @@
-"""attention.dist: the spawn runner's error path, traffic counting, peak tensor bytes."""
+"""treecoll.attention.dist: the spawn runner's error path, traffic counting, peak tensor bytes."""
 import os
 
 import pytest
 import torch
-
-from attention.dist import count_traffic, peak_tensor_bytes, run_group
-from topo.errors import CollectiveError
+from treecoll.attention.dist import count_traffic, peak_tensor_bytes, run_group
+from treecoll.topo.errors import CollectiveError
 
 
 def _fails_on_rank_one(rank, nproc):
@@ -47,7 +46,7 @@ def test_count_traffic_restores_torch_distributed():
 _ORPHAN_SCRIPT = '''
 import os, sys, time
 sys.path.insert(0, {repo!r})
-from attention.dist import run_group
+from treecoll.attention.dist import run_group
 
 def wait_forever(rank, world, out):
     with open(os.path.join(out, f"rank{{rank}}.pid"), "w") as f:

@@ -1,4 +1,4 @@
-"""attention.hf: tree decoding registered as a transformers attention implementation.
+"""treecoll.attention.hf: tree decoding registered as a transformers attention implementation.
 
 The reference is the Hugging Face model itself in one process (its own
 ``generate`` with its own KV cache and attention); the sharded runs load the
@@ -8,10 +8,9 @@ import sys
 
 import pytest
 import torch
-
-from attention.dist import run_group
-from attention.kv_cache import ShardedKVCache
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.dist import run_group
+from treecoll.attention.kv_cache import ShardedKVCache
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 SKIP = "optional extra transformers not installed: pip install 'treecoll[hf]'"
 VOCAB, PROMPT_LEN, NEW = 256, 9, 6
@@ -71,7 +70,7 @@ def test_reference_is_not_degenerate(reference):
 
 
 def test_without_transformers_gives_install_hint(monkeypatch):
-    from attention import hf
+    from treecoll.attention import hf
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
     with pytest.raises(MissingDependency, match=r"needs transformers: pip install 'treecoll\[hf\]'"):
@@ -79,21 +78,21 @@ def test_without_transformers_gives_install_hint(monkeypatch):
 
 
 def test_register_name_and_attn_implementation(tf, model_dir):
-    from attention import hf
+    from treecoll.attention import hf
 
     assert hf.register() == hf.NAME == "tree_decode"
     assert tf.AttentionInterface._global_mapping["tree_decode"] is hf.tree_attention_forward
     model = tf.LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="tree_decode").eval()
     assert model.config._attn_implementation == "tree_decode"
     with pytest.raises(AttentionError, match=r"tree_decode attention: expected a call inside "
-                                             r"attention.hf.generate .*, got a model call outside it"):
+                                             r"treecoll.attention.hf.generate .*, got a model call outside it"):
         model(PROMPTS)
     assert hf.generate(model, PROMPTS, 2).shape == (2, 2)  # a model built for tree_decode generates
     assert model.config._attn_implementation == "tree_decode"
 
 
 def test_single_process_equals_hf_generate(tf, model_dir, reference):
-    from attention import hf
+    from treecoll.attention import hf
 
     model = tf.LlamaForCausalLM.from_pretrained(model_dir).eval()
     impl = model.config._attn_implementation
@@ -107,8 +106,7 @@ def test_single_process_equals_hf_generate(tf, model_dir, reference):
 
 def _sharded_worker(rank, nproc, model_dir):
     import transformers
-
-    from attention import hf
+    from treecoll.attention import hf
 
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir).eval()
     res = {}
@@ -120,7 +118,7 @@ def _sharded_worker(rank, nproc, model_dir):
         tokens, logits = hf.generate(model, PROMPTS, NEW, lengths=LENGTHS, return_logits=True, **kw)
         res[name] = (tokens.tolist(), logits.tolist())  # plain data: tensors would go through shared memory
     # a cache shard per rank: block_size 2 over 3 ranks, 14 positions -> 6/4/4
-    from attention.kv_cache import ShardedKVCache
+    from treecoll.attention.kv_cache import ShardedKVCache
 
     res["local_count"] = ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=1, max_seq_len=14, rank=rank,
                                         world=nproc, block_size=2).local_count(14)
@@ -147,8 +145,7 @@ def test_sharded_greedy_equals_hf_generate(tf, model_dir, reference, nproc):
 
 def _disagree_worker(rank, nproc):
     import transformers
-
-    from attention import hf
+    from treecoll.attention import hf
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -160,14 +157,14 @@ def _disagree_worker(rank, nproc):
 
 @pytest.mark.timeout(120)
 def test_ranks_with_different_prompts_raise(tf):
-    from topo.errors import CollectiveError
+    from treecoll.topo.errors import CollectiveError
 
     with pytest.raises(CollectiveError, match=r"tree_decode generate: ranks disagree on input_ids fingerprint"):
         run_group(_disagree_worker, 2, timeout=60)
 
 
 def test_unsupported_options_raise(tf, model_dir):
-    from attention import hf
+    from treecoll.attention import hf
 
     model = tf.LlamaForCausalLM.from_pretrained(model_dir).eval()
     with pytest.raises(AttentionError, match=r"lengths: expected 2 values in \[1, 9\], got \[9, 10\]"):
@@ -201,9 +198,9 @@ def test_unsupported_options_raise(tf, model_dir):
 
 
 def test_treecoll_model_loads_hf_save_pretrained(tf, model_dir, reference):
-    """attention.model.LlamaModel reads the directory transformers wrote and decodes
+    """treecoll.attention.model.LlamaModel reads the directory transformers wrote and decodes
     (cache sharded or not) to the HF model's tokens."""
-    from attention.model import LlamaModel
+    from treecoll.attention.model import LlamaModel
 
     model = LlamaModel.from_pretrained(model_dir)
     assert (model.config.num_layers, model.config.num_heads, model.config.num_kv_heads) == (3, 8, 2)

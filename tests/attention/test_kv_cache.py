@@ -5,10 +5,9 @@ use of the cache is tested through the model (test_model.py).
 """
 import pytest
 import torch
-
-from attention import decode_partial, merge_states, reference
-from attention.kv_cache import ShardedKVCache
-from topo.errors import AttentionError
+from treecoll.attention import decode_partial, merge_states, reference
+from treecoll.attention.kv_cache import ShardedKVCache
+from treecoll.topo.errors import AttentionError
 
 
 def _caches(world, **kw):

@@ -2,10 +2,9 @@
 process (real gloo processes, one group for every method), weight loading."""
 import pytest
 import torch
-
-from attention.dist import run_group
-from attention.model import LlamaConfig, LlamaModel, save_checkpoint
-from topo.errors import AttentionError, MissingDependency
+from treecoll.attention.dist import run_group
+from treecoll.attention.model import LlamaConfig, LlamaModel, save_checkpoint
+from treecoll.topo.errors import AttentionError, MissingDependency
 
 CFG = LlamaConfig(vocab_size=384, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=8, num_kv_heads=2)
 PROMPTS = torch.randint(0, 384, (2, 11), generator=torch.Generator().manual_seed(3))
@@ -22,7 +21,7 @@ def _generate(rank, nproc, method):
 def _worker(rank, nproc):
     out = {m: _generate(rank, nproc, m) for m in ("tree", "ring", "allreduce3")}
     # a tree other than auto: a chain
-    from collectives import Tree
+    from treecoll.collectives import Tree
 
     model = LlamaModel.random(CFG, seed=1)
     out["chain"] = model.generate(PROMPTS, NEW, lengths=LENGTHS, tree=Tree.from_parents([-1, 0, 1]),
@@ -96,7 +95,7 @@ def test_bad_weights_and_config(tmp_path):
 
 
 def test_llama3_rope_scaling_keeps_high_frequencies():
-    from attention.model import _inv_freq
+    from treecoll.attention.model import _inv_freq
 
     base = LlamaConfig(hidden_size=128, num_heads=1, num_kv_heads=1, rope_theta=500000.0)
     scaled = LlamaConfig(hidden_size=128, num_heads=1, num_kv_heads=1, rope_theta=500000.0,

@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from attention import (
+from treecoll.attention import (
     MergeOp,
     decode_partial,
     merge,
@@ -24,7 +23,7 @@ from attention import (
     reference,
     unpack_state,
 )
-from attention.decode_native import native_status
+from treecoll.attention.decode_native import native_status
 
 NAN, INF = math.nan, math.inf
 B, HQ, HKV, D, N = 2, 4, 2, 8, 150
@@ -122,7 +121,7 @@ def test_sdpa_agrees_with_the_table_and_the_reference(case, check_policy):
 
 def _backends():
     """torch, native at every instruction-set tier this CPU runs, triton (interpreted on CPU)."""
-    from attention.decode_native import NATIVE_ISAS
+    from treecoll.attention.decode_native import NATIVE_ISAS
 
     status = native_status()
     tiers = NATIVE_ISAS[: NATIVE_ISAS.index(status["isa"]) + 1] if status["available"] else ("portable",)
@@ -140,8 +139,8 @@ def _decode(backend, q, k, v, lengths, splits):
     if backend.startswith("native"):
         if not native_status()["available"]:
             pytest.skip(native_status()["reason"])
-        from attention.decode_native import decode_native
-        from attention.validate import check_decode_inputs
+        from treecoll.attention.decode_native import decode_native
+        from treecoll.attention.validate import check_decode_inputs
 
         lens, scale = check_decode_inputs(q, k, v, lengths, None, "test")
         return decode_native(q, k, v, lens, scale, num_splits=splits, isa=backend.split("-", 1)[1], threads=2)

@@ -2,8 +2,7 @@
 import math
 
 import torch
-
-from attention import reference
+from treecoll.attention import reference
 
 
 def test_matches_hand_computed_softmax():

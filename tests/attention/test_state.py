@@ -1,15 +1,11 @@
 """Attention-state merge: identity, no NaN, commutativity, associativity, packing, LSE base."""
-import doctest
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import attention
-import attention.state as state_mod
-from attention import (
+from treecoll.attention import (
     MergeOp,
     empty_state,
     merge,
@@ -20,7 +16,9 @@ from attention import (
     to_natural_log,
     unpack_state,
 )
-from topo.errors import AttentionError
+from treecoll.topo.errors import AttentionError
+
+from treecoll import attention
 
 NEG_INF = float("-inf")
 
@@ -42,11 +40,6 @@ def merge64(states):
     lse = torch.logsumexp(lses, 0)
     w = torch.exp(lses - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse))
     return (outs * w.unsqueeze(-1)).sum(0), lse
-
-
-def test_doctests():
-    res = doctest.testmod(state_mod)
-    assert res.failed == 0 and res.attempted > 0
 
 
 def test_empty_is_exact_identity():

@@ -7,8 +7,7 @@ from functools import partial
 
 import pytest
 import torch
-
-from attention.dist import run_group
+from treecoll.attention.dist import run_group
 
 P = 4
 #: Relative error against the float64 reference.  bf16 K/V convert exactly to float32 and the
@@ -34,7 +33,7 @@ def _shard(k, v, lengths, bounds, rank):
 
 def _cases():
     """(name, batch, q_heads, kv_heads, head_dim, seq, lengths, bounds, kv dtype, tree)."""
-    from collectives import Tree
+    from treecoll.collectives import Tree
 
     return [
         ("uneven", 1, 4, 4, 16, 37, [37], [0, 3, 20, 21, 37], torch.float32, "auto"),
@@ -48,11 +47,11 @@ def _cases():
 
 
 def _worker(rank, nproc):
-    from attention import reference
-    from attention.baselines import allreduce3_decode, ring_decode
-    from attention.dist import count_traffic
-    from attention.tree_decode import resolve_tree, tree_decode
-    from topo.errors import AttentionError
+    from treecoll.attention import reference
+    from treecoll.attention.baselines import allreduce3_decode, ring_decode
+    from treecoll.attention.dist import count_traffic
+    from treecoll.attention.tree_decode import resolve_tree, tree_decode
+    from treecoll.topo.errors import AttentionError
 
     methods = {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
     res = {"cases": {}}
@@ -122,7 +121,7 @@ def _rows_report(out, lse, ref_out, ref_lse, good):
 def _bad_shard(rank, methods):
     """One rank's K shard holds NaN: the rows reading it are NaN on every rank (the NaN/inf
     policy), every other row equals the float64 reference over all shards."""
-    from attention import reference
+    from treecoll.attention import reference
 
     g = torch.Generator().manual_seed(77)
     q = torch.randn(1, 4, 8, generator=g)
@@ -159,8 +158,8 @@ def _rank_state(r):
 def _bad_state(rank):
     """tree_combine (every bcast mode) and the three all-reduces with one rank's lse +inf and
     another's NaN: those rows NaN on every rank, the others the float64 merge of all ranks."""
-    from attention.baselines import allreduce3_combine
-    from attention.tree_decode import tree_combine, tree_root
+    from treecoll.attention.baselines import allreduce3_combine
+    from treecoll.attention.tree_decode import tree_combine, tree_root
 
     states = [_rank_state(r) for r in range(P)]
     lses = torch.stack([s[1] for s in states]).double()  # [P, 1, 4]
@@ -257,12 +256,13 @@ def test_shape_disagreement_raises_everywhere(group_results, method):
 
 
 def test_single_process_is_local_decode():
-    from attention import reference
-    from attention.baselines import allreduce3_decode, ring_decode
-    from attention.tree_decode import tree_decode
+    from treecoll.attention import reference
+    from treecoll.attention.baselines import allreduce3_decode, ring_decode
+    from treecoll.attention.tree_decode import tree_decode
 
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(2, 4, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g)
+    q = torch.randn(2, 4, 8, generator=g)
+    k, v = torch.randn(2, 9, 2, 8, generator=g), torch.randn(2, 9, 2, 8, generator=g)
     ref_out, ref_lse = reference(q, k, v, kv_len=[9, 4])
     for fn in (tree_decode, ring_decode, allreduce3_decode):
         out, lse = fn(q, k, v, kv_len=[9, 4], return_lse=True)
@@ -272,9 +272,9 @@ def test_single_process_is_local_decode():
 
 
 def test_tree_of_wrong_size_is_rejected(monkeypatch):
-    from attention.tree_decode import resolve_tree
-    from collectives import Tree
-    from topo.errors import AttentionError
+    from treecoll.attention.tree_decode import resolve_tree
+    from treecoll.collectives import Tree
+    from treecoll.topo.errors import AttentionError
 
     with pytest.raises(AttentionError, match=r"tree: expected a Tree over the group's 1 ranks, got one over 3"):
         resolve_tree(Tree.from_parents([-1, 0, 0]))

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import torch.multiprocessing as mp
-
-from attention.dist import die_with_parent, free_port
+from treecoll.attention.dist import die_with_parent, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

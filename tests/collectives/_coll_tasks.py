@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
+from treecoll.collectives.execute import allreduce, broadcast, reduce
+from treecoll.topo.errors import CollectiveError
 
-import collectives
-from collectives.execute import allreduce, broadcast, reduce
-from topo.errors import CollectiveError
+from treecoll import collectives
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,31 +55,42 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _topology(name: str):
-    import topo
+    from treecoll import topo
     return topo.load(ROOT / "topologies" / f"{name}.yaml")
 
 
+def _clone(v):
+    return tuple(t.clone() for t in v) if isinstance(v, tuple) else v.clone()
+
+
+def _is(a, b) -> bool:
+    return a is b or (isinstance(a, tuple) and all(x is y for x, y in zip(a, b)))
+
+
 def run_cases(rank: int, world: int, cases: list) -> list:
-    """Each case: (collective, tree, op, nchunks, root, rows, seed, algo, topology name or None, ranks)."""
+    """Each case: (collective, tree, op, nchunks, root, rows, seed, algo, topology name or None, ranks).
+    A case passes when the result is right and lands in x (in place, x returned; a reduce's
+    non-roots return None and keep x as it was)."""
     out = []
     for collective, tree, op, nchunks, root, rows, seed, algo, tname, granks in cases:
         topology = _topology(tname) if tname else None
         values = [value(op, r, seed, rows) for r in range(world)]
-        x = values[rank]
+        x = _clone(values[rank])
         kw = dict(tree=tree, nchunks=nchunks, topology=topology, ranks=granks, timeout=20)
         opx = OPS[op]
         comm = op == "pair"
         if collective == "allreduce":
             res = allreduce(x, op=opx, algo=algo, commutative=comm or None, **kw)
-            ok = _close(res, reference(op, values))
+            ok = _is(res, x) and _close(res, reference(op, values))
         elif collective == "reduce":
             res = reduce(x, op=opx, root=root, commutative=comm or None, **kw)
-            ok = _close(res, reference(op, values)) if rank == root else res is None
+            ok = (_is(res, x) and _close(res, reference(op, values))) if rank == root else (
+                res is None and _close(x, values[rank]))
         else:
             res = broadcast(x, root=root, **kw)
-            ok = _close(res, values[root])
+            ok = _is(res, x) and _close(res, values[root])
         out.append(bool(ok))
     return out
 
@@ -100,19 +111,28 @@ def shape_mismatch(rank: int, world: int) -> str:
     return "no error"
 
 
-def die_early(rank: int, world: int) -> str:
-    """Rank 1 leaves after one successful call; the others' next call must fail naming it."""
+def die_early(rank: int, world: int) -> list:
+    """Rank 1 leaves after one successful call; the others' next call must fail naming it, and
+    every later call (another collective too) at once, saying the group is unusable.
+    Returns [(seconds, message)] for the three calls after rank 1 left."""
+    import time
     x = torch.ones(1000)
     allreduce(x, tree="chain", nchunks=2, timeout=5)
     import torch.distributed as dist
     dist.barrier()      # everybody finished the first call before rank 1 leaves
     if rank == 1:
         os._exit(0)
-    try:
-        allreduce(x, tree="chain", nchunks=2, timeout=5)
-    except CollectiveError as e:
-        return str(e)
-    return "no error"
+    out = []
+    for call in (lambda: allreduce(x, tree="chain", nchunks=2, timeout=5),
+                 lambda: allreduce(x, tree="chain", nchunks=2, timeout=5),
+                 lambda: broadcast(x, root=0, tree="binomial", timeout=5)):
+        t0 = time.monotonic()
+        try:
+            call()
+            out.append((time.monotonic() - t0, "no error"))
+        except CollectiveError as e:
+            out.append((time.monotonic() - t0, str(e)))
+    return out
 
 
 def same_tree_everywhere(rank: int, world: int, builder: str) -> str:
@@ -140,10 +160,9 @@ def subgroup(rank: int, world: int) -> list:
     if rank == 0:
         return ["not a member"]
     me = members.index(rank)             # group-local rank
-    x = torch.tensor([float(rank)])
     out = []
-    out.append(float(allreduce(x, group=g, tree="chain", timeout=10)[0]) == sum(members))
-    res = reduce(x, root=1, group=g, tree="binomial", timeout=10)        # group rank 1 = global rank 2
+    out.append(float(allreduce(torch.tensor([float(rank)]), group=g, tree="chain", timeout=10)[0]) == sum(members))
+    res = reduce(torch.tensor([float(rank)]), root=1, group=g, tree="binomial", timeout=10)  # group rank 1 = global 2
     out.append((float(res[0]) == sum(members)) if me == 1 else res is None)
     b = broadcast(torch.tensor([float(rank)]), root=len(members) - 1, group=g, timeout=10)
     out.append(float(b[0]) == members[-1])
@@ -153,3 +172,38 @@ def subgroup(rank: int, world: int) -> list:
         ref = ref @ (torch.eye(2)[None] * (i + 1))
     out.append(bool(torch.equal(m, ref)))
     return out
+
+
+def shapes_differ_after_agreement(rank: int, world: int) -> tuple:
+    """On a fresh group of every rank: all agree on shapes [8] and [9]; then rank 1 calls [9]
+    while the others call [8] (each skips the exchange it already made). Returns the
+    (seconds, message) of that call and of the next one, and the sum of an allreduce on the
+    default group afterwards (other groups stay usable)."""
+    import time
+
+    import torch.distributed as dist
+    g = dist.new_group(list(range(world)))
+    for n in (8, 9):
+        allreduce(torch.ones(n), tree="chain", group=g, timeout=10)
+    out = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        try:
+            allreduce(torch.ones(9 if rank == 1 else 8), tree="chain", group=g, timeout=2)
+            out.append((time.monotonic() - t0, "no error"))
+        except CollectiveError as e:
+            out.append((time.monotonic() - t0, str(e)))
+    dist.barrier()
+    return out, float(allreduce(torch.ones(1), tree="binomial", timeout=10)[0])
+
+
+def readme_snippet(rank: int, world: int, source: str, cwd: str, func: str = "work"):
+    """Run ``func(rank, world)`` of a README Python snippet (its ``__main__`` block is not run) in ``cwd``."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        namespace = {"__name__": "readme_snippet"}
+        exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+        return namespace[func](rank, world)
+    finally:
+        os.chdir(old)

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import networkx as nx
-
-from collectives.schedule import Schedule, Step
-from topo import Topology
+from treecoll.collectives.schedule import Schedule, Step
+from treecoll.topo import Topology
 
 
 def ring_topology(P: int, bw: float = 100.0, lat: float = 2.0, mem_bw: float | None = None) -> Topology:

@@ -5,13 +5,12 @@ import math
 
 import networkx as nx
 import pytest
-
-from _coll_helpers import shipped
-from collectives import MultiTree, Tree, build
-from collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
-from collectives.nccl_model import ll128_enabled, nccl_predict
-from topo import Topology
-from topo.errors import TreeError
+from _coll_helpers import SHIPPED, shipped
+from treecoll.collectives import MultiTree, Tree, build
+from treecoll.collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
+from treecoll.collectives.sim.nccl_model import ll128_enabled, nccl_predict
+from treecoll.topo import Topology
+from treecoll.topo.errors import TreeError
 
 
 def _pcie_pair_topology():
@@ -82,15 +81,69 @@ def test_multitree_halves_the_bytes_per_tree():
     assert cm.best_nchunks(m, 8)[0] == 1
 
 
-@pytest.mark.parametrize("name", ["dgx-h100", "pcie-8gpu", "dgx-h100-x2"])
-@pytest.mark.parametrize("nbytes", [8, 1 << 20, 64 << 20])
-def test_lower_bound_holds_for_every_builder(name, nbytes):
+def _lb_gpus(t):
+    """The GPUs a lower-bound test uses: every GPU, or the first hosts up to 32 GPUs."""
+    gpus = t.rank_gpus()
+    if len(gpus) > 32:
+        hosts = []
+        for g in gpus:
+            if t.host_of(g) not in hosts:
+                hosts.append(t.host_of(g))
+        keep = set(hosts[: max(2, 32 // (len(gpus) // len(hosts)))])
+        gpus = tuple(g for g in gpus if t.host_of(g) in keep)
+    return gpus
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_lower_bound_holds_for_every_algorithm_shown(name):
+    """``tree build`` prints the lower bound next to the builders' predictions and NCCL's
+    (ring, tree, nvls): it must bound every one of them, at every size."""
+    from treecoll.collectives.sim.nccl_model import nccl_algos
     t = shipped(name)
-    cm = CostModel(t)
-    lb = cm.lower_bound(nbytes)
-    for b in ("chain", "binomial", "star", "double_binary", "two_level"):
-        assert cm.best_nchunks(build(b, t, nbytes=nbytes) if b == "two_level" else build(b, t), nbytes)[1] >= lb
-    assert cm.ring_time(nbytes) >= lb and cm.rsag_time(nbytes) >= lb
+    gpus = _lb_gpus(t)
+    cm = CostModel(t, gpus)
+    plans = [build(b, t, gpus) for b in ("chain", "binomial", "kary:3", "star", "double_binary")]
+    two_hosts = len({t.host_of(g) for g in gpus}) > 1
+    try:
+        nccl = nccl_algos(t, gpus)
+        nccl_predict(t, gpus, 8, "ring")
+    except TreeError:        # CPU rank slots: no NCCL
+        nccl = ()
+    for nbytes in (8, 64 << 10, 4 << 20, 1 << 30):
+        lb = cm.lower_bound(nbytes)
+        assert lb > 0
+        shown = {f"nccl {a}": nccl_predict(t, gpus, nbytes, a)["time"] for a in nccl}
+        shown.update({p.name: cm.best_nchunks(p, nbytes)[1] for p in plans})
+        shown["two_level"] = cm.best_nchunks(build("two_level", t, gpus, nbytes=nbytes), nbytes)[1]
+        if two_hosts:
+            shown["two_level rails"] = cm.best_nchunks(build("two_level", t, gpus, nbytes=nbytes, rails=True),
+                                                       nbytes)[1]
+        shown["ring"], shown["rsag"] = cm.ring_time(nbytes), cm.rsag_time(nbytes)
+        below = {k: v for k, v in shown.items() if v < lb}
+        assert not below, (nbytes, lb, below)
+
+
+def _port(t) -> float:
+    """GB/s of the slowest GPU's links, the smaller direction."""
+    g = t.graph
+    return min(min(sum(d["bw"] for _, _, d in g.out_edges(x, data=True)),
+                   sum(d["bw"] for _, _, d in g.in_edges(x, data=True))) for x in t.rank_gpus())
+
+
+def test_lower_bound_per_gpu_volume_with_and_without_in_network_reduction():
+    """Point to point: 2 (P-1)/P n through a GPU's links; NVLS (the NVSwitches reduce): n."""
+    n = 1 << 30
+    for name, nvls in (("dgx-h100", True), ("hgx-b200", True), ("dgx-a100", False), ("pcie-8gpu", False)):
+        t = shipped(name)
+        cm = CostModel(t)
+        assert cm.in_network_reduction() is nvls
+        vol = n if nvls else 2 * 7 / 8 * n
+        assert cm.lower_bound(n) == pytest.approx(vol / (_port(t) * 1e9), rel=1e-12), name
+    # two hosts: each host's n bytes leave through its 8 NICs (their network links), n bytes arrive
+    t = shipped("dgx-h100-x2")
+    nics = sum(t.node(x)["bw"] for x in t.nics("h0"))
+    assert nics == 8 * 50.0
+    assert CostModel(t).lower_bound(n) == pytest.approx(max(n / (nics * 1e9), n / (_port(t) * 1e9)), rel=1e-12)
 
 
 def test_uniform_topology_defaults():
@@ -126,7 +179,8 @@ def _switch_host(nodes: int, gpus: int, sm: int = 90, nic_lat: float = 0.0):
 
 
 def test_nccl_latencies_match_the_reference_examples():
-    """../shared/reference/collectives.md §1.3 worked examples (latencyInter 0)."""
+    """NCCL's latency model (tuning.cc baseLat + hwLat per step) worked out by hand for 8 GPUs on
+    one NVSwitch host and 16 such hosts (latencyInter 0)."""
     one = _switch_host(1, 8)
     lat = {(a, p): nccl_predict(one, None, 8, a, p)["lat_us"] for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")}
     assert lat[("ring", "LL")] == pytest.approx(15.0) and lat[("ring", "LL128")] == pytest.approx(40.6)
@@ -155,7 +209,7 @@ def test_nccl_model_adds_the_nics_latency_per_inter_node_step(algo, inter_steps)
 def test_ll128_only_where_nccl_enables_it():
     """NCCL 2.30 enables LL128 by default only over NVLink inside hosts, PCIe-switch-close NICs
     across hosts and one compute capability (tuning.cc); a PCIe-only box gets LL and Simple."""
-    from collectives.sim import _profiles
+    from treecoll.collectives.sim.simulator import _profiles
     nv, pcie = _switch_host(2, 8), _pcie_pair_topology()
     assert ll128_enabled(nv, nv.rank_gpus()) and not ll128_enabled(pcie, pcie.rank_gpus())
     assert not ll128_enabled(_switch_host(1, 4, sm=60), _switch_host(1, 4, sm=60).rank_gpus())
@@ -190,7 +244,21 @@ def test_nccl_protocol_choice_and_bandwidth():
         nccl_predict(t, None, 8, "ring", "LL64")
 
 
-def test_nccl_model_on_shipped_topologies():
-    for name in ("dgx-h100", "dgx-a100", "pcie-8gpu", "dgx-h100-x2"):
+@pytest.mark.parametrize("name, links, link_bw", [("dgx-h100", 18, 20.6), ("dgx-a100", 12, 20.0)])
+def test_nccl_model_on_shipped_topologies(name, links, link_bw):
+    """Ring Simple on one NVSwitch host of 8 GPUs, 64 MiB, by NCCL's formulas: one channel per NVLink
+    (SM90 20.6 GB/s, SM80 20.0 GB/s each, topo.h), busBw = nCh x bw, algBw = busBw x 8 / 14,
+    latency baseLat 8.4 + 14 steps x 3.4 us (NVLink Simple), time = lat + bytes / (1000 algBw) us."""
+    r = nccl_predict(shipped(name), None, 1 << 26, "ring", "Simple")
+    algbw = links * link_bw * 8 / 14
+    assert r["nchannels"] == links and r["lat_us"] == pytest.approx(8.4 + 14 * 3.4)
+    assert r["time_us"] == pytest.approx(8.4 + 14 * 3.4 + (1 << 26) / (1000 * algbw), rel=1e-12)
+
+
+def test_nccl_model_is_finite_on_other_shipped_topologies():
+    for name in ("pcie-8gpu", "dgx-h100-x2", "gb200-nvl72"):
         r = nccl_predict(shipped(name), None, 1 << 26, "ring")
         assert math.isfinite(r["time"]) and r["time"] > 0 and r["busbw"] > 0
+    with pytest.raises(TreeError, match=r"nccl model: rank slot 'h0/gpu0' is a CPU process \(model 'cpu-process'\); "
+                                        r"NCCL and its tuning model apply to NVIDIA GPUs only"):
+        nccl_predict(shipped("cpu-local"), None, 8, "ring")

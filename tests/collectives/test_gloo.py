@@ -6,10 +6,11 @@ bounded: the pool's own timeouts and the collectives' ``timeout=``.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
-
+from _coll_helpers import ROOT
 from _coll_pool import GlooPool
 
 pytestmark = pytest.mark.timeout(240)
@@ -75,6 +76,82 @@ def test_shape_mismatch_is_an_error(pool4):
     assert all(r[0] == "ok" and "float32[9, 2]" in r[1] and "float32[8, 2]" in r[1] for r in res), res
 
 
+def test_shapes_that_differ_after_agreement_time_out_never_mix(pool4):
+    """A rank that alone changes its shape after the ranks agreed on both shapes: its messages
+    carry another tag, so the transfers never match (gloo would abort the process on a size
+    mismatch); every rank fails within the timeout naming a peer, then at once."""
+    res = pool4.run("shapes_differ_after_agreement", timeout=90)
+    for r, got in enumerate(res):
+        assert got[0] == "ok", (r, got)
+        (t_first, first), (t_again, again) = got[1][0]
+        assert 1.9 < t_first < 10 and re.match(rf"allreduce: rank {r} failed (receiving|sending) chunk 0 (from|to) "
+                                               r"rank \d within 2 s: ", first), first
+        assert t_again < 0.5 and "the process group is unusable" in again
+        assert got[1][1] == 4.0            # the default group still works
+
+
+def _readme_tree_files():
+    """The README's "Tree files" section: its fenced blocks as (language, text)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("### Tree files\n")
+    section = text[start: text.index("\n## ", start)]
+    return re.findall(r"```(\w*)\n(.*?)```", section, re.DOTALL)
+
+
+def _transcript(block: str) -> list[tuple[str, list[str]]]:
+    """``$ command`` lines and the output lines shown after each."""
+    out = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            out.append((line[2:], []))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+def _shown_in(shown: list[str], got: str) -> None:
+    """Every line the README shows appears in the output, in order ("..." stands for lines left out)."""
+    rest = got.splitlines()
+    for line in shown:
+        if line.strip() == "...":
+            continue
+        assert line in rest, f"README line not in the output (or out of order): {line!r}\n{got}"
+        rest = rest[rest.index(line) + 1:]
+
+
+def test_readme_tree_file_flow_four_processes(pool4, tmp_path, monkeypatch, capsys):
+    """The README's tree-file section as a user runs it: every YAML example is a valid tree file;
+    build and save, the file shown, the hand edit, check, and the allreduce script over 4 gloo
+    processes print what the README shows."""
+    import ast
+    import shlex
+
+    from treecoll.collectives.tree_io import loads_tree
+    from treecoll.tools.cli import main
+    blocks = _readme_tree_files()
+    yamls = [b for lang, b in blocks if lang == "yaml"]
+    assert len(yamls) == 5
+    for y in yamls:
+        loads_tree(y, "README.md")
+    sessions = [_transcript(b) for lang, b in blocks if lang == "" and b.startswith("$ ")]
+    (build_cmd, build_out), (cat_cmd, cat_out) = sessions[0]
+    [(check_cmd, check_out)] = sessions[1]
+    [(run_cmd, run_out)] = sessions[2]
+    [script] = [b for lang, b in blocks if lang == "python"]
+    monkeypatch.chdir(tmp_path)
+    assert build_cmd.startswith("treecoll tree build") and main(shlex.split(build_cmd)[1:]) == 0
+    _shown_in(build_out, capsys.readouterr().out)
+    assert cat_cmd == "cat tree.yaml" and (tmp_path / "tree.yaml").read_text() == "\n".join(cat_out) + "\n"
+    edited = yamls[-1]
+    (tmp_path / "tree.yaml").write_text(edited)
+    assert check_cmd.startswith("treecoll tree check tree.yaml") and main(shlex.split(check_cmd)[1:]) == 0
+    _shown_in(check_out, capsys.readouterr().out)
+    assert run_cmd == "python allreduce_tree.py"
+    res = pool4.run("readme_snippet", script, str(tmp_path), timeout=60)
+    assert [r[0] for r in res] == ["ok"] * 4, res
+    assert [r[1] for r in res] == ast.literal_eval(run_out[0])
+
+
 def test_two_and_eight_processes():
     for world, builders in ((2, ["chain", "double_binary", "auto"]), (8, ["binomial", "kary:3", "double_binary"])):
         p = GlooPool(world)
@@ -85,14 +162,22 @@ def test_two_and_eight_processes():
             p.close()
 
 
-def test_rank_exiting_early_is_an_error_naming_the_peer():
+def test_rank_exiting_early_is_an_error_naming_the_peer_then_the_group_is_unusable():
     p = GlooPool(3)
     try:
         t0 = time.time()
         res = p.run("die_early", timeout=60, expect=2)
         assert res[1] is None
         for r in (0, 2):
-            assert res[r][0] == "ok" and "allreduce: rank" in res[r][1] and "rank 1" in res[r][1], res
+            assert res[r][0] == "ok", res
+            (_, first), (t_again, again), (t_other, other) = res[r][1]
+            assert "allreduce: rank" in first and "rank 1" in first, first
+            # later calls fail at once, say why (the first failure) and what to do
+            for t, msg, what in ((t_again, again, "allreduce"), (t_other, other, "broadcast(root=0)")):
+                assert t < 0.5, (t, msg)
+                assert msg.startswith(f"{what}: the process group is unusable: an earlier collective on it failed ("
+                                      + first.splitlines()[0][:60]), msg
+                assert "destroy it (torch.distributed.destroy_process_group(group)) and create a new one" in msg
         assert time.time() - t0 < 30
     finally:
         p.close()

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import networkx as nx
-
-from collectives import build
-from collectives.execute import MIN_MODEL_CHUNK, default_nchunks, nchunks_for
-from topo import Topology
+from treecoll.collectives import build
+from treecoll.collectives.execute import MIN_MODEL_CHUNK, default_nchunks, nchunks_for
+from treecoll.topo import Topology
 
 
 def two_hosts(net_gbps: float) -> Topology:

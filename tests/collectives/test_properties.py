@@ -6,17 +6,18 @@ tuple-valued operator), collectives and roots.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from collectives import MultiTree, Tree
-from collectives.execute import allreduce, broadcast, reduce
-from collectives.layout import Layout
-from collectives.local import run_ranks
-from collectives.ops import resolve_op
-from topo.errors import CollectiveError, TreeError
+from treecoll.collectives import MultiTree, Tree
+from treecoll.collectives.execute import allreduce, broadcast, reduce
+from treecoll.collectives.layout import Layout
+from treecoll.collectives.local import run_ranks
+from treecoll.collectives.ops import resolve_op
+from treecoll.topo.errors import CollectiveError, TreeError
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16]
@@ -99,32 +100,59 @@ def _op(kind):
     return {"sum": "sum", "max": "max", "matmul": matmul2, "pair": pair}[kind]
 
 
+def _clone(v):
+    return tuple(x.clone() for x in v) if isinstance(v, tuple) else v.clone()
+
+
+def _identical(a, b) -> bool:
+    """Same object, or tuples of the same tensor objects."""
+    return a is b or (isinstance(a, tuple) and isinstance(b, tuple) and all(x is y for x, y in zip(a, b)))
+
+
 @SETTINGS
 @given(tree=trees(), k=st.integers(1, 5), rows=st.integers(1, 9), dtype=st.sampled_from(DTYPES),
-       kind=st.sampled_from(["sum", "max", "pair"]), data=st.data())
-def test_random_trees_commutative(tree, k, rows, dtype, kind, data):
+       kind=st.sampled_from(["sum", "max", "pair"]), use_out=st.booleans(), data=st.data())
+def test_random_trees_commutative(tree, k, rows, dtype, kind, use_out, data):
+    """In place by default (the result in x, x returned; reduce leaves non-roots' x as it was);
+    with out= the result goes there and x is left unmodified."""
     n = tree.size
     vals = _values(kind, n, rows, dtype, seed=rows * 31 + k)
     if kind == "sum" and dtype == torch.float16:
         vals = [v / n for v in vals]
     ref = _reference(kind, vals)
-    before = [tuple(x.clone() for x in v) if isinstance(v, tuple) else v.clone() for v in vals]
+    before = [_clone(v) for v in vals]
+    outs = [_clone(v) for v in vals] if use_out else [None] * n
+    if use_out:
+        for o in outs:
+            for part in (o if isinstance(o, tuple) else (o,)):
+                part.fill_(7)
     comm = True if kind == "pair" else None
     coll = data.draw(st.sampled_from(["allreduce", "reduce", "broadcast"]))
     root = data.draw(st.integers(0, n - 1))
     if coll == "allreduce":
         res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), tree=tree, nchunks=k, commutative=comm,
-                                                   transport=t, timeout=10))
-        assert all(_close(v, ref) for v in res)
+                                                   out=outs[r], transport=t, timeout=10))
+        expect = [ref] * n
     elif coll == "reduce":
         res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=_op(kind), tree=tree, nchunks=k,
-                                                commutative=comm, transport=t, timeout=10))
-        assert _close(res[root], ref) and all(v is None for r, v in enumerate(res) if r != root)
+                                                commutative=comm, out=outs[r], transport=t, timeout=10))
+        assert all(v is None for r, v in enumerate(res) if r != root)
+        expect = [ref if r == root else None for r in range(n)]
     else:
-        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, nchunks=k, transport=t, timeout=10))
-        assert all(_close(v, vals[root]) for v in res)
-    # inputs untouched (out of place by default)
-    assert all(_close(a, b) for a, b in zip(before, vals))
+        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, nchunks=k, out=outs[r],
+                                                   transport=t, timeout=10))
+        expect = [before[root]] * n
+    for r in range(n):
+        if expect[r] is None:          # a reduce's non-root: x (and out) as they were
+            assert _close(vals[r], before[r])
+            if use_out:
+                assert all(bool((p == 7).all()) for p in (outs[r] if isinstance(outs[r], tuple) else (outs[r],)))
+            continue
+        dest = outs[r] if use_out else vals[r]
+        assert _identical(res[r], dest), (r, use_out)
+        assert _close(dest, expect[r])
+        if use_out:
+            assert _close(vals[r], before[r])        # x unmodified
 
 
 @SETTINGS
@@ -134,9 +162,10 @@ def test_non_commutative_matrix_product_keeps_rank_order(tree, k, rows, data):
     vals = _values("matmul", n, rows, None, seed=n * 7 + rows)
     ref = _reference("matmul", vals)
     root = data.draw(st.integers(0, n - 1))
-    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=matmul2, tree=tree, nchunks=k, transport=t, timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(vals[r].clone(), op=matmul2, tree=tree, nchunks=k, transport=t,
+                                               timeout=10))
     assert all(_close(v, ref) for v in res)
-    res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=matmul2, tree=tree, nchunks=k, transport=t,
+    res = run_ranks(n, lambda r, t: reduce(vals[r].clone(), root=root, op=matmul2, tree=tree, nchunks=k, transport=t,
                                             timeout=10))
     assert _close(res[root], ref)
 
@@ -151,7 +180,7 @@ def test_ring_rsag_and_auto(n, k, rows, kind, algo):
     ref = _reference(kind, vals)
     res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), algo=algo, nchunks=k * n,
                                                commutative=True if kind == "pair" else None, transport=t, timeout=10))
-    assert all(_close(v, ref) for v in res)
+    assert all(_close(v, ref) and _identical(v, x) for v, x in zip(res, vals))     # in place: x returned
 
 
 @SETTINGS
@@ -167,17 +196,37 @@ def test_multitrees(a, b, share, k, rows):
     assert all(_close(v, ref) for v in res)
 
 
-def test_in_place_and_out():
+def test_in_place_by_default_and_out():
     n = 4
     xs = [torch.full((5, 2), float(r)) for r in range(n)]
-    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="binomial", nchunks=2, transport=t, timeout=5))
-    assert all(v is x for v, x in zip(res, xs)) and all(float(x[0, 0]) == 6.0 for x in xs)
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], tree="binomial", nchunks=2, transport=t, timeout=5))
+    assert all(v is x for v, x in zip(res, xs)) and all(torch.equal(x, torch.full((5, 2), 6.0)) for x in xs)
+    # out=x is the same as the default
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="chain", transport=t, timeout=5))
+    assert all(v is x for v, x in zip(res, xs)) and all(torch.equal(x, torch.full((5, 2), 24.0)) for x in xs)
+    # a non-contiguous x: one copy in and out, the result still lands in x
+    ts = [torch.arange(6.0).view(2, 3).t() * (r + 1) for r in range(n)]
+    res = run_ranks(n, lambda r, t: allreduce(ts[r], tree="binomial", transport=t, timeout=5))
+    assert all(v is x and torch.equal(x, torch.arange(6.0).view(2, 3).t() * 10) for v, x in zip(res, ts))
     outs = [torch.empty(5, 2) for _ in range(n)]
     src = [torch.full((5, 2), float(r)) for r in range(n)]
     res = run_ranks(n, lambda r, t: broadcast(src[r], root=2, out=outs[r], transport=t, timeout=5))
-    assert all(torch.equal(o, src[2]) and v is o for v, o in zip(res, outs))
+    assert all(torch.equal(o, torch.full((5, 2), 2.0)) and v is o for v, o in zip(res, outs))
+    assert all(torch.equal(x, torch.full((5, 2), float(r))) for r, x in enumerate(src))     # x unmodified
     with pytest.raises(CollectiveError, match="out expected shape"):
         run_ranks(1, lambda r, t: allreduce(torch.ones(3), out=torch.ones(4), transport=t))
+    with pytest.raises(CollectiveError, match=r"x cannot take the result in place: elements share memory"):
+        run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), transport=t, timeout=5))
+    # ... while out= takes it
+    res = run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), out=torch.empty(4), transport=t, timeout=5))
+    assert all(torch.equal(v, torch.full((4,), 2.0)) for v in res)
+
+
+def test_in_place_on_tensors_that_require_grad():
+    """Collectives run under no_grad, as torch.distributed's do: a leaf parameter takes the result."""
+    ps = [torch.full((3,), float(r + 1), requires_grad=True) for r in range(3)]
+    res = run_ranks(3, lambda r, t: allreduce(ps[r], tree="chain", transport=t, timeout=5))
+    assert all(v is p and torch.equal(p.detach(), torch.full((3,), 6.0)) for v, p in zip(res, ps))
 
 
 def test_unchunkable_op_sees_whole_values():
@@ -219,19 +268,144 @@ def test_local_mismatch_and_timeout():
 @pytest.mark.parametrize("pack_bytes", [0, 64 << 10], ids=["parts", "packed"])
 def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     """Tuples move as one packed message per chunk (small) or one message per part (large)."""
-    import collectives.layout as layout
+    import treecoll.collectives.layout as layout
     monkeypatch.setattr(layout, "PACK_BYTES", pack_bytes)
     n = 4
     vals = _values("pair", n, 10, None, seed=3)
     ref = _reference("pair", vals)
     for tree, k in ((Tree.from_parents([-1, 0, 1, 0]), 3), (Tree.from_parents([2, 2, -1, 2]), 1)):
-        res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, tree=tree, nchunks=k,
-                                                   transport=t, timeout=10))
+        res = run_ranks(n, lambda r, t, tree=tree, k=k: allreduce(_clone(vals[r]), op=pair, commutative=True,
+                                                                  tree=tree, nchunks=k, transport=t, timeout=10))
         assert all(_close(v, ref) for v in res)
-    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, algo="rsag", transport=t,
+    res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=pair, commutative=True, algo="rsag", transport=t,
                                                timeout=10))
     assert all(_close(v, ref) for v in res)
     ins = [tuple(x.clone() for x in v) for v in vals]
     res = run_ranks(n, lambda r, t: allreduce(ins[r], op=pair, commutative=True, out=ins[r], transport=t, timeout=10))
     assert all(_close(v, ref) and _close(i, ref) for v, i in zip(res, ins))
     assert Layout.of(vals[0], resolve_op(pair), [1.0]).mode == ("packed" if pack_bytes else "rows")
+
+
+# ---------------------------------------------------------------------- what a careful user tries
+def test_bad_arguments_are_one_line_errors():
+    def one(fn, n=2):
+        return run_ranks(n, lambda r, t: fn(r, t))
+
+    with pytest.raises(CollectiveError, match=r"^op 'avg': unknown; valid names are \['max', 'min', 'prod', 'sum'\]"):
+        one(lambda r, t: allreduce(torch.ones(2), op="avg", transport=t, timeout=5))
+    for root, got in ((5, "got 5"), (-1, "got -1")):
+        with pytest.raises(CollectiveError,
+                           match=rf"^reduce\(root={root}\): root expected a group rank in 0..1, {got}$"):
+            one(lambda r, t, root=root: reduce(torch.ones(2), root=root, transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"root expected an integer group rank, got bool True"):
+        one(lambda r, t: reduce(torch.ones(2), root=True, transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"root expected an integer group rank, got float 1.0"):
+        one(lambda r, t: broadcast(torch.ones(2), root=1.0, transport=t, timeout=5))
+    for k in (0, -1, True):
+        with pytest.raises(CollectiveError,
+                           match=rf"^allreduce: nchunks expected a positive integer or None .*, got {k}$"):
+            one(lambda r, t, k=k: allreduce(torch.ones(4), nchunks=k, transport=t, timeout=5))
+    for s in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(CollectiveError, match=r"^allreduce: timeout expected a positive number of seconds"):
+            one(lambda r, t, s=s: allreduce(torch.ones(4), timeout=s, transport=t))
+    with pytest.raises(CollectiveError, match=r"^allreduce: check expected True, False or 'always', got 'yes'$"):
+        one(lambda r, t: allreduce(torch.ones(4), check="yes", transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"^value: expected tensors holding data, got tensors on device 'meta'$"):
+        one(lambda r, t: allreduce(torch.ones(2, device="meta"), transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match=r"^value: expected a tensor or a non-empty tuple of tensors, got list$"):
+        one(lambda r, t: allreduce([1.0, 2.0], transport=t, timeout=5))
+
+
+def test_empty_and_zero_dimensional_values():
+    res = run_ranks(3, lambda r, t: allreduce(torch.ones(0, 4), transport=t, timeout=5))
+    assert all(v.shape == (0, 4) for v in res)
+    res = run_ranks(3, lambda r, t: allreduce((torch.ones(0, 3), torch.ones(0)), op=pair, commutative=True,
+                                              transport=t, timeout=5))
+    assert all(v[0].shape == (0, 3) and v[1].shape == (0,) for v in res)
+    xs = [torch.tensor(float(r)) for r in range(3)]
+    res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", transport=t, timeout=5))
+    assert all(v is x and float(x) == 3.0 for v, x in zip(res, xs))
+
+
+def test_non_associative_operators_are_refused():
+    def avg(a, b):
+        return (a + b) / 2
+
+    with pytest.raises(CollectiveError, match=r"^allreduce: op '.*avg' is not associative: \(a op b\) op c and "
+                                              r"a op \(b op c\) differ by .* so the result would depend on the tree"):
+        run_ranks(4, lambda r, t: allreduce(torch.ones(3), op=avg, commutative=True, transport=t, timeout=5))
+    with pytest.raises(CollectiveError, match="is not associative"):
+        run_ranks(3, lambda r, t: reduce(torch.ones(2, 2), op=lambda a, b: a - b, transport=t, timeout=5))
+    # declared associative: not probed (the caller takes responsibility)
+    avg.associative = True
+    res = run_ranks(2, lambda r, t: allreduce(torch.full((3,), float(r)), op=avg, commutative=True, tree="chain",
+                                              transport=t, timeout=5))
+    assert all(v.tolist() == [0.5] * 3 for v in res)
+    # associative operators pass, up to their dtype's rounding (fp16 matrix products too)
+    res = run_ranks(3, lambda r, t: allreduce(torch.eye(2, dtype=torch.float16)[None].repeat(4, 1, 1), op=matmul2,
+                                              transport=t, timeout=5))
+    assert all(torch.equal(v, torch.eye(2, dtype=torch.float16)[None].repeat(4, 1, 1)) for v in res)
+    # without check the probe is skipped, and the result depends on the tree: what the probe prevents
+    for tree, want in (("chain", 0 - (1 - 2)), ("binomial", (0 - 1) - 2)):
+        res = run_ranks(3, lambda r, t, tree=tree: allreduce(torch.tensor([float(r)]), op=lambda a, b: a - b,
+                                                             tree=tree, check=False, transport=t, timeout=5))
+        assert [float(v) for v in res] == [want] * 3
+
+
+def test_operator_errors_name_the_op_and_leave_the_group_unusable():
+    from treecoll.collectives.local import LocalFabric
+
+    def boom(a, b):
+        raise ZeroDivisionError("division by zero")
+
+    fabric = LocalFabric(2)
+    errors = [None, None]
+
+    def body(r):
+        try:
+            allreduce(torch.ones(2), op=boom, commutative=True, check=False, transport=fabric.transport(r), timeout=1)
+        except CollectiveError as e:
+            errors[r] = str(e)
+
+    import threading
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert any(e and re.match(r"allreduce: op '.*boom' raised ZeroDivisionError on rank \d \(chunk 0\): division by "
+                              r"zero$", e) for e in errors), errors
+    with pytest.raises(CollectiveError, match=r"^broadcast\(root=0\): the process group is unusable: an earlier "
+                                              r"collective on it failed \(allreduce: "):
+        broadcast(torch.ones(2), transport=fabric.transport(0), timeout=1)
+
+
+def test_call_shapes_that_differ_after_agreement():
+    """Both ranks agreed on shapes [2] and [3] before; then they call with different ones. The
+    messages carry a tag from the call's fingerprint, so they never match: a timeout naming the
+    peer (never mixed data); check="always" compares every call and fails at once."""
+    fabric_calls = [(2, 2), (3, 3)]
+
+    def body(r, t):
+        for a, b in fabric_calls:
+            allreduce(torch.ones(a if r == 0 else b), tree="chain", transport=t, timeout=5)
+        try:
+            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", transport=t, timeout=0.5)
+        except CollectiveError as e:
+            return str(e)
+        return "no error"
+
+    res = run_ranks(2, body)
+    assert all("within 0.5 s" in m and "elements" not in m for m in res), res
+
+    def always(r, t):
+        for a in (2, 3):
+            allreduce(torch.ones(a), tree="chain", transport=t, timeout=5)
+        try:
+            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", check="always", transport=t, timeout=5)
+        except CollectiveError as e:
+            return str(e)
+        return "no error"
+
+    res = run_ranks(2, always)
+    assert all("ranks disagree on the collective" in m and "float32[2]" in m and "float32[3]" in m for m in res), res

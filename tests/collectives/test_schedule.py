@@ -6,12 +6,11 @@ import random
 from collections import defaultdict
 
 import pytest
-
-from collectives import compile as compile_
-from collectives.builders import build
-from collectives.schedule import Schedule, Step
-from collectives.tree import Tree
-from topo.errors import ScheduleError
+from treecoll.collectives import compile as compile_
+from treecoll.collectives.builders import build
+from treecoll.collectives.schedule import Schedule, Step
+from treecoll.collectives.tree import Tree
+from treecoll.topo.errors import ScheduleError
 
 
 def _reference_deadlock(steps, what: str):
@@ -165,7 +164,7 @@ def test_lanes_are_one_stream_per_tree_and_phase():
     """Lane of every step: tree ti's reduce-up in lane 2 ti and its broadcast-down in 2 ti + 1 (a
     single-phase collective: lane ti), as NCCL runs each tree on its own channels, up and down in
     separate thread groups; the executor ignores lanes (list order stays valid)."""
-    from collectives import MultiTree
+    from treecoll.collectives import MultiTree
     a = build("chain", nranks=4)
     multi = MultiTree((a, a.relabel([3, 2, 1, 0])))
     k = 3

@@ -5,12 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+from treecoll.tools import cmd_simulate, validate_sim
+from treecoll.tools.cli import main
+from treecoll.topo.errors import CollectiveError
 
-from tools.cli import main
-from tools import cmd_simulate, validate_sim
-from topo.errors import CollectiveError
-
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "nccl-tests"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nccl-tests"
 
 
 def test_parse_sizes_and_tokens():
@@ -65,8 +64,6 @@ def test_unknown_algo_lists_every_valid_name(capsys):
 
 
 def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
-    if not FIXTURES.is_dir():
-        pytest.skip(f"fixtures not found at {FIXTURES}")
     old = validate_sim.parse(FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt")
     assert old.nranks == 4 and old.rows[0] == (8, 13.37) and len(old.rows) == 25
     trunc = validate_sim.parse(FIXTURES / "a100-16gpu-2node-allreduce-aws-p4de-efa.txt")
@@ -80,9 +77,7 @@ def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
 def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(tmp_path):
     """--calibrate on the V100 table: the fitted profile lowers that table's error, keeps the
     Simple protocol's NIC-latency count and tree factor, and loads back from its YAML."""
-    if not FIXTURES.is_dir():
-        pytest.skip(f"fixtures not found at {FIXTURES}")
-    from collectives import sim_profiles
+    from treecoll.collectives.sim import profiles as sim_profiles
     v100 = FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt"
     before = validate_sim.validate([v100], sim_profiles.get_profile("nccl-simple"))
     prof, fit, _ = validate_sim.calibrate([v100], [], "v100-fit")
@@ -95,8 +90,6 @@ def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(
 def test_validation_offers_nvls_where_nccl_does():
     """DGX H100 (NVSwitch, sm 90): NVLSTree wins at 1 GiB, as NCCL's tuner picks it; the GH200 quad's
     direct NVLinks (a stand-in switch with multicast: false) and NCCL_ALGO=Ring leave it out."""
-    if not FIXTURES.is_dir():
-        pytest.skip(f"fixtures not found at {FIXTURES}")
     h100 = validate_sim.parse(FIXTURES / "h100-16gpu-2node-allreduce.txt")
     topo, _ = validate_sim.topology_for(h100)
     assert validate_sim.algorithms(h100, topo)[0] == ["ring", "tree", "nvls"]

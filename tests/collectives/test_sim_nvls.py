@@ -1,4 +1,4 @@
-"""NVLS / NVLSTree: the simulator (collectives.sim_nvls) and NCCL's model of it (collectives.nccl_model)."""
+"""NVLS / NVLSTree: the simulator (collectives.sim.nvls) and NCCL's model of it (collectives.sim.nccl_model)."""
 from __future__ import annotations
 
 import sys
@@ -9,12 +9,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_helpers import ring_topology, star_topology  # noqa: E402
-
-from collectives import nccl_model as nm  # noqa: E402
-from collectives.sim import simulate_algorithm  # noqa: E402
-from collectives.sim_nvls import simulate_nvls  # noqa: E402
-from topo import yaml_io  # noqa: E402
-from topo.errors import CollectiveError, TopologyError, TreeError  # noqa: E402
+from treecoll.collectives.sim import nccl_model as nm  # noqa: E402
+from treecoll.collectives.sim.nvls import simulate_nvls  # noqa: E402
+from treecoll.collectives.sim.simulator import simulate_algorithm  # noqa: E402
+from treecoll.topo import yaml_io  # noqa: E402
+from treecoll.topo.errors import CollectiveError, TopologyError, TreeError  # noqa: E402
 
 GIB = 1 << 30
 

@@ -1,7 +1,7 @@
 """Bad input on the command line: one line on stderr naming what is wrong and where, exit code 1
 (130 for Ctrl-C), never a traceback, and no file the user gave is lost or overwritten.
 
-In-process through ``tools.cli.main(argv)`` (fast); one subprocess test for Ctrl-C.
+In-process through ``treecoll.tools.cli.main(argv)`` (fast); one subprocess test for Ctrl-C.
 """
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-
-from tools import cli
-from tools.cli import main
+from treecoll.tools import cli
+from treecoll.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,15 +49,18 @@ def files(tmp_path):
     (["topo", "export", "default", "--format", "yaml", "-o"], "x.yaml"),
     (["topo", "draw", "default", "-o"], "x.png"),
     (["tree", "build", "--topology", "default", "--builder", "chain", "-o"], "x.yaml"),
+    (["simulate", "allreduce", "--topology", "cpu-local", "--sizes", "1K", "--plot"], "x.png"),
 ])
 def test_output_into_missing_directory_or_onto_a_directory(capsys, files, argv, name):
+    o = argv[-1]
     msg = error(capsys, *argv, files["missing_dir"] / name)
-    assert msg == (f"-o {files['missing_dir'] / name}: expected an existing directory, got "
-                   f"{str(files['missing_dir'])!r} which does not exist; create it first (mkdir -p {files['missing_dir']})")
+    missing = files["missing_dir"]
+    assert msg == (f"{o} {missing / name}: expected an existing directory, got "
+                   f"{str(missing)!r} which does not exist; create it first (mkdir -p {missing})")
     msg = error(capsys, *argv, files["dir"])
-    assert msg.startswith(f"-o {files['dir']}: expected a file name, got a directory; name a file inside it")
+    assert msg.startswith(f"{o} {files['dir']}: expected a file name, got a directory; name a file inside it")
     msg = error(capsys, *argv, files["keep"] / name)
-    assert msg == f"-o {files['keep'] / name}: expected {str(files['keep'])!r} to be a directory, got a file"
+    assert msg == f"{o} {files['keep'] / name}: expected {str(files['keep'])!r} to be a directory, got a file"
     assert files["keep"].read_text() == "keep me\n" and not os.listdir(files["dir"])
 
 
@@ -114,6 +116,16 @@ def test_tree_file_not_utf8_or_a_directory(capsys, files):
      "--ranks: expected a positive integer, got -3"),
     (["tree", "draw", "TREE", "--topology", "default", "-o", "OUT.png", "--max-hosts", "0"],
      "--max-hosts: expected a positive integer, got 0"),
+    (["simulate", "links", "--topology", "cpu-local", "--ranks", "5"],
+     "--ranks: expected at most 4 (the GPUs of topology 'cpu-local'), got 5"),
+    (["simulate", "decode", "--topology", "cpu-local", "--tree", "ring"],
+     "--tree 'ring': unknown; expected a tree builder ['auto', 'binomial', 'chain', 'double_binary', 'kary', "
+     "'star', 'two_level'] (e.g. kary:4)"),
+    (["simulate", "allreduce", "--topology", "cpu-local", "--profile", "fastest"],
+     "--profile 'fastest': expected auto, ideal, nccl-ll, nccl-ll128, nccl-simple or a profile YAML file, "
+     "got an unknown name"),
+    (["simulate", "allreduce", "--topology", "cpu-local", "--algo", "ring,ring"],
+     "--algo: expected each of the algorithms once, got 'ring' twice in 'ring,ring'"),
 ])
 def test_numbers_out_of_range(capsys, files, argv, msg):
     argv = [str(files["tree"]) if a == "TREE" else str(files["dir"].parent / a) if a == "OUT.png" else a
@@ -123,7 +135,7 @@ def test_numbers_out_of_range(capsys, files, argv, msg):
 
 # ------------------------------------------------------------------ Ctrl-C
 def test_keyboard_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
-    import tools.cmd_topo as cmd_topo
+    import treecoll.tools.cmd_topo as cmd_topo
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -2,12 +2,11 @@
 import json
 from pathlib import Path
 
-import pytest
+from treecoll.tools.cli import main
 
-import topo
-from tools.cli import main
+from treecoll import topo
 
-FIX = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures"
+FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 
 
 def test_discover_on_this_machine_is_a_cpu_only_host(capsys, tmp_path):
@@ -28,7 +27,6 @@ def test_discover_json_and_xml(capsys, tmp_path):
     assert x.read_text().startswith("<system")
 
 
-@pytest.mark.skipif(not FIX.exists(), reason="fixtures absent")
 def test_import_detects_format(capsys, tmp_path):
     assert main(["topo", "import", str(FIX / "smi" / "dgx-a100.txt"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -55,3 +53,18 @@ def test_hints(capsys, monkeypatch):
 def test_import_missing_file(capsys):
     assert main(["topo", "import", "/nonexistent.xml"]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_discover_refuses_a_directory_output_before_discovering(capsys, tmp_path, monkeypatch):
+    called = []
+    monkeypatch.setattr(topo, "discover", lambda **kw: called.append(kw))
+    assert main(["topo", "discover", "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"-o {tmp_path}: expected a file name, got a directory" in err
+    assert called == []   # refused before any work
+
+
+def test_discover_refuses_a_missing_sysfs_root(capsys, tmp_path):
+    assert main(["topo", "discover", "--sysfs-root", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert f"sysfs root {tmp_path / 'nope'}: expected a directory holding sys/" in err and "no such directory" in err

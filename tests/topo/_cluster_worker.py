@@ -6,8 +6,9 @@ import sys
 import torch.distributed as dist
 
 sys.path.insert(0, os.environ["TREECOLL_REPO"])
-import topo  # noqa: E402
-from topo.cluster import discover_cluster  # noqa: E402
+from treecoll.topo.cluster import discover_cluster  # noqa: E402
+
+from treecoll import topo  # noqa: E402
 
 rank, world, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}", rank=rank, world_size=world,

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from topo import Topology
-from topo.cluster import assemble, host_identity
+from treecoll.topo import Topology
+from treecoll.topo.cluster import assemble, host_identity
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_cluster_worker.py")
@@ -82,7 +81,7 @@ def test_a_failing_probe_fails_every_rank_instead_of_hanging(tmp_path):
 
 
 def test_assemble_network_section_and_host_identity():
-    from topo.discover import cpu_only_host
+    from treecoll.topo.discover import cpu_only_host
     probes = []
     for i in range(2):
         g = cpu_only_host(f"h{i}", {0: "0-1"}, 2)
@@ -97,8 +96,9 @@ def test_assemble_network_section_and_host_identity():
 
 
 def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
-    import topo
     from topo_fakes import FakePynvml, build_sysfs, load
+
+    from treecoll import topo
     probes = []
     for i, clique in enumerate((7, 7, 9)):
         rec = load("gb200-tray")
@@ -116,8 +116,9 @@ def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
 
 
 def test_assemble_maps_ranks_by_gpu_uuid_then_cuda_ordinal(tmp_path):
-    import topo
     from topo_fakes import FakePynvml, build_sysfs, load
+
+    from treecoll import topo
     rec = load("dgx-h100")
     root = build_sysfs(tmp_path, rec["sysfs"])
     t = topo.discover(sysfs_root=str(root), nvml=FakePynvml(rec), env={"CUDA_VISIBLE_DEVICES": "4,5,6,7",
@@ -126,6 +127,6 @@ def test_assemble_maps_ranks_by_gpu_uuid_then_cuda_ordinal(tmp_path):
     uuid7 = t.node("h0/gpu7")["uuid"]
     c = assemble(probe, [(0, uuid7), (0, 0), (0, None)])
     assert [c.gpu_of_rank(r) for r in range(3)] == ["h0/gpu7", "h0/gpu4", "h0/gpu5"]
-    from topo.errors import DiscoveryError
+    from treecoll.topo.errors import DiscoveryError
     with pytest.raises(DiscoveryError, match="rank 8: host h0 has 8 GPUs for 9 ranks"):
         assemble(probe, [(0, None)] * 9)

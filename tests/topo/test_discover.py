@@ -3,14 +3,13 @@ import logging
 from pathlib import Path
 
 import pytest
-
-import topo
-from topo.smi import import_smi, smi_matrix
-
 from topo_fakes import FakePynvml, build_sysfs, load
+from treecoll.topo.smi import import_smi, smi_matrix
+
+from treecoll import topo
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / ".." / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"
 MACHINES = ["dgx-h100", "dgx-a100", "h200-vm", "pcie-8gpu", "gb200-tray"]
 
 
@@ -73,8 +72,6 @@ def test_discovered_equals_shipped_yaml(tmp_path, name):
 
 def test_dgx_a100_matrix_equals_real_nvidia_smi(tmp_path):
     f = FIXTURES / "smi" / "dgx-a100.txt"
-    if not f.exists():
-        pytest.skip("shared fixtures not present")
     t, _, _ = _discover(tmp_path, "dgx-a100")
     real = import_smi(str(f))
     ids_t, m_t = smi_matrix(t)
@@ -183,8 +180,6 @@ def test_partial_failures_degrade_and_say_so(tmp_path):
 
 def test_nccl_topo_file_env_is_used(tmp_path):
     f = FIXTURES / "nccl-topo" / "aws-p4d-24xl-topo.xml"
-    if not f.exists():
-        pytest.skip("shared fixtures not present")
     t = topo.discover(sysfs_root=str(tmp_path), nvml=False, env={"NCCL_TOPO_FILE": str(f)}, host="p4d")
     assert len(t.gpus()) == 8 and t.path("p4d/gpu0", "p4d/gpu1").smi == "PIX"
     assert t.meta["notes"][0].startswith("NCCL_TOPO_FILE=")

@@ -1,8 +1,8 @@
 """Environment hints: valid values parse, invalid ones name the variable."""
 import pytest
+from treecoll.topo.env import EFFECTS, expand_hostlist, hints, hints_report
 
-import topo
-from topo.env import EFFECTS, expand_hostlist, hints, hints_report
+from treecoll import topo
 
 
 def test_empty_environment():
@@ -100,10 +100,14 @@ def test_hints_report_lists_set_variables_with_effects():
     assert r["set"][0]["effect"] == EFFECTS["NCCL_P2P_LEVEL"] and "host memory" in r["set"][0]["effect"]
     assert r["parsed"]["p2p_level"] == "PIX" and "NCCL_IB_HCA" in r["unset"]
     assert all(EFFECTS[k] for k in EFFECTS)
+    r = hints_report({"TREECOLL_MAX_NODES": "2000000"})
+    assert r["set"] == [{"variable": "TREECOLL_MAX_NODES", "value": "2000000", "effect": EFFECTS["TREECOLL_MAX_NODES"]}]
+    with pytest.raises(topo.TopologyError, match=r"^TREECOLL_MAX_LINKS='-5': expected a positive integer, got -5$"):
+        hints_report({"TREECOLL_MAX_LINKS": "-5"})
 
 
 def test_transport_and_gdr_follow_the_levels():
-    from topo.env import gdr, transport
+    from treecoll.topo.env import gdr, transport
     t = topo.load(__import__("pathlib").Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100.yaml")
     same_top = t.path("h0/gpu0", "h0/gpu1")  # PXB on PCIe, but NVLink wins
     assert transport(same_top.nccl) == "p2p"

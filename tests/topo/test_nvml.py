@@ -1,13 +1,11 @@
 """The NVML adapter: typed N/A values, the pitfalls of topo.md §3/§7.10, CUDA vs NVML order."""
 import pytest
-
-from topo.nvml import NA, NVLINK_VERSION_GENERATION, GpuInfo, Nvml, NVMLUnavailable, cuda_order, norm_busid
-
 from topo_fakes import FakePynvml, load
+from treecoll.topo.nvml import NA, NVLINK_VERSION_GENERATION, GpuInfo, Nvml, NVMLUnavailable, cuda_order, norm_busid
 
 
 def test_na_is_a_falsy_singleton():
-    from topo.nvml import NotAvailable
+    from treecoll.topo.nvml import NotAvailable
     assert NotAvailable() is NA and not NA and str(NA) == "N/A"
 
 

@@ -1,8 +1,7 @@
-"""Paths on the shipped topologies against the real `nvidia-smi topo -m` outputs (../shared/fixtures/smi)."""
+"""Paths on the shipped topologies against the real `nvidia-smi topo -m` outputs (tests/fixtures/smi)."""
 from __future__ import annotations
 
 import pytest
-
 from _shipped import FIXTURES, shipped
 
 SMI = FIXTURES / "smi"
@@ -10,9 +9,7 @@ SMI = FIXTURES / "smi"
 
 def _fixture(name: str) -> dict:
     p = SMI / name
-    if not p.is_file():
-        pytest.skip(f"fixture {p} absent (tests read ../shared/fixtures beside the repository)")
-    from topo.smi import parse_smi
+    from treecoll.topo.smi import parse_smi
     return parse_smi(p.read_text(), where=str(p))
 
 
@@ -129,9 +126,9 @@ def test_cpu_local_is_four_rank_slots_with_a_slow_network():
                                            ("{type: rail_optimized, su_hosts: 2, spines: 3}", 6)])
 def test_network_routes_are_shortest_and_deterministic(network, hosts):
     import networkx as nx
-
-    import topo
     from test_yaml_io import edit
+
+    from treecoll import topo
     text = edit("count: 2}", f"count: {hosts}}}").replace("{type: single_switch}", network)
     t, again = topo.loads(text), topo.loads(text)
     g = t.graph
@@ -155,7 +152,7 @@ def test_network_routes_are_shortest_and_deterministic(network, hosts):
 def test_one_search_per_gpu_gives_the_one_target_routes(name):
     """nearest_nic fills the PCIe route cache with one BFS per GPU; every route must equal
     the one-target search (nodes, kinds, classes, bandwidth, latency)."""
-    from topo import paths
+    from treecoll.topo import paths
     t = shipped(name)
     fresh = shipped(name)
     for gpu in t.gpus():

@@ -2,12 +2,12 @@
 from pathlib import Path
 
 import pytest
+from treecoll.topo.smi import import_smi, parse_smi, render_smi
 
-import topo
-from topo.smi import import_smi, parse_smi, render_smi
+from treecoll import topo
 
-FIX = Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "smi"
-FILES = sorted(FIX.glob("*.txt")) if FIX.exists() else []
+FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "smi"
+FILES = sorted(FIX.glob("*.txt"))
 
 
 def _check_round_trip(t, parsed):
@@ -17,7 +17,6 @@ def _check_round_trip(t, parsed):
         assert t.path(cols[a], cols[b]).smi == want, (a, b)
 
 
-@pytest.mark.skipif(not FILES, reason="../shared/fixtures/smi not present")
 @pytest.mark.parametrize("f", FILES, ids=lambda p: p.name)
 def test_every_fixture_prints_back_its_codes(f):
     text = f.read_text()
@@ -36,7 +35,6 @@ def test_every_fixture_prints_back_its_codes(f):
         {k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()}
 
 
-@pytest.mark.skipif(not FILES, reason="fixtures absent")
 def test_structures_are_the_expected_ones():
     b200 = import_smi(str(FIX / "b200-8-gke-a4.txt"))
     assert len(b200.nodes("nvswitch")) == 1 and b200.node(b200.nodes("nvswitch")[0])["assumed"]
@@ -72,7 +70,9 @@ def test_ansi_legacy_soc_and_nic_legend():
 def test_inconsistent_matrix_is_reported_not_hidden():
     text = "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tPIX\tPIX\nGPU1\tPIX\t X \tPXB\nGPU2\tPIX\tPXB\t X \n"
     t = import_smi(text)
-    assert t.meta["smi_mismatches"] and "GPU1-GPU2: PXB expected" in t.meta["smi_mismatches"][0]
+    # single linkage at the PIX level puts all three GPUs under one switch: GPU1-GPU2 can only be PIX
+    assert t.meta["smi_mismatches"] == ["GPU1-GPU2: PXB expected, structure gives PIX",
+                                        "GPU2-GPU1: PXB expected, structure gives PIX"]
 
 
 @pytest.mark.parametrize("bad, msg", [
@@ -92,17 +92,87 @@ def test_import_file_detects_the_format(tmp_path):
     f.write_text(ANSI)
     assert topo.import_file(f).meta["source"].startswith("nvidia-smi:")
     x = tmp_path / "t.xml"
+    x.write_text('<system version="1"><cpu numaid="0"><pci busid="0000:01:00.0" class="0x030200"/></cpu></system>')
+    assert topo.import_file(x).meta["source"] == f"nccl-xml:{x}"
     x.write_text('<system version="1"><cpu numaid="0"/></system>')
-    assert topo.import_file(x).meta["source"].startswith("nccl-xml:")
+    with pytest.raises(topo.TopologyError, match=rf"^{x}: expected at least one GPU"):
+        topo.import_file(x)
     y = tmp_path / "junk.txt"
     y.write_text("nothing here")
     with pytest.raises(topo.TopologyError, match="expected an NCCL topology XML"):
         topo.import_file(y)
 
 
-@pytest.mark.skipif(not FILES, reason="fixtures absent")
 def test_whitespace_collapsed_paste_still_parses():
     text = (FIX / "b200-8-gke-a4.txt").read_text()
     collapsed = "\n".join(" ".join(ln.split()) for ln in text.splitlines())
     a, b = parse_smi(text), parse_smi(collapsed)
     assert a["codes"] == b["codes"] and b["numa_affinity"]["GPU4"] == 1 and b["cpu_affinity"]["GPU0"] == "0-55,112-167"
+
+
+# ---------------------------------------------------------------- real pastes kept in the repository (tests/topo/smi)
+DATA = Path(__file__).resolve().parent / "smi"
+PASTES = sorted(DATA.glob("*.txt"))
+
+
+def test_the_repository_pastes_are_there():
+    assert [p.name for p in PASTES] == ["glued-header-mlx5.txt", "go-gpuallocator-17-rtx4090x8.txt",
+                                        "nvidia-forum-68452-skylake-1socket.txt", "quda-669-8gpu-mlx5.txt",
+                                        "r7525-2xa100-epyc.txt"]
+
+
+@pytest.mark.parametrize("f", PASTES, ids=lambda p: p.name)
+def test_every_repository_paste_round_trips_exactly(f):
+    p = parse_smi(f.read_text(), where=str(f))
+    t = import_smi(f)
+    assert t.meta["smi_mismatches"] == [] and t.meta["source"] == f"nvidia-smi:{f}"
+    _check_round_trip(t, p)
+    assert (len(t.gpus()), len(t.nics())) == (len(p["gpus"]), len(p["nics"]))
+    again = parse_smi(render_smi(t))  # the rendered matrix (NICs renamed NIC<k> in column order) says the same
+    label = dict(zip(again["devices"], [c for c, _ in sorted(t.meta["columns"].items(),
+                                                             key=lambda kv: list(t.gpus() + t.nics()).index(kv[1]))]))
+    assert {(label[a], label[b]): c for (a, b), c in again["codes"].items()} == \
+        {k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()}
+
+
+def test_r7525_gpus_of_one_numa_node_are_sys_apart_through_two_quadrants():
+    t = import_smi(DATA / "r7525-2xa100-epyc.txt")
+    assert t.nodes("cpu") == ("host0/cpu0", "host0/cpu1")  # NUMA 1 from the matrix; the NIC's socket gets id 0
+    assert {t.node(g)["numa"] for g in t.gpus()} == {1}
+    tops = {g: next(n for n in t.graph.successors(g) if t.node(n)["kind"] == "pcie_switch") for g in t.gpus()}
+    assert sorted(t.node(s)["quadrant"] for s in tops.values()) == [0, 1]  # one I/O-die quadrant each
+    p = t.path("host0/gpu0", "host0/gpu1")
+    assert (p.smi, p.nccl) == ("SYS", "PHB")  # nvidia-smi's view; NCCL sees one NUMA node
+    assert p.nodes == ("host0/gpu0", tops["host0/gpu0"], "host0/cpu1", tops["host0/gpu1"], "host0/gpu1")
+    nic = t.nics()[0]
+    assert t.node(nic)["name"] == "mlx5_0" and t.path("host0/gpu0", nic).nccl == "SYS"  # the other socket
+
+
+def test_a_real_4090_box_with_sys_inside_each_numa_node():
+    t = import_smi(DATA / "go-gpuallocator-17-rtx4090x8.txt")
+    gpus = t.gpus()
+    assert [t.node(g)["numa"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert all(t.path(a, b).smi == "SYS" for a in gpus for b in gpus if a != b)
+    nic0, nic1 = t.nics()
+    assert t.path(gpus[6], nic0).smi == "PHB" and t.path(nic0, nic1).smi == "PIX" and t.nearest_nic(gpus[6]) in (
+        nic0, nic1)
+    assert t.node("host0/cpu1")["affinity"] == "56-111,168-223"
+
+
+def test_the_row_labels_read_a_header_that_glues_nic_names():
+    p = parse_smi((DATA / "glued-header-mlx5.txt").read_text())
+    assert p["devices"] == ["GPU0", "GPU1", "GPU2", "GPU3", "mlx5_0", "mlx5_1", "mlx5_2"]
+    assert p["codes"][("mlx5_1", "mlx5_2")] == "PIX" and p["codes"][("GPU2", "mlx5_2")] == "PHB"
+    t = import_smi(DATA / "glued-header-mlx5.txt")
+    assert [t.node(n)["name"] for n in t.nics()] == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    bad = "\tGPU0\tmlx5_0mlx5_9\nGPU0\t X \tPIX\tPIX\nmlx5_0\tPIX\t X \tPIX\nmlx5_1\tPIX\tPIX\t X \n"
+    with pytest.raises(topo.TopologyError, match=r"^<text>:3: row 'mlx5_0': expected one of the header's devices"):
+        parse_smi(bad)  # a glued header must be the concatenation of the row labels
+
+
+def test_nics_named_in_the_header_of_older_versions():
+    p = parse_smi((DATA / "quda-669-8gpu-mlx5.txt").read_text())
+    assert p["nics"] == ["mlx5_0"] and p["cpu_affinity"]["GPU4"] == "14-27" and p["numa_affinity"] == {}
+    t = import_smi(DATA / "nvidia-forum-68452-skylake-1socket.txt")
+    assert [t.node(n)["name"] for n in t.nics()] == ["mlx5_0", "mlx5_1"]
+    assert t.path("host0/gpu0", t.nics()[0]).smi == "SYS"

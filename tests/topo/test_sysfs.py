@@ -1,9 +1,7 @@
 """sysfs reader on synthetic trees (root is a parameter)."""
 import pytest
-
-from topo import sysfs
-
 from topo_fakes import build_sysfs, load
+from treecoll.topo import sysfs
 
 
 @pytest.fixture

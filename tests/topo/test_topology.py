@@ -1,14 +1,14 @@
 """Model queries on every shipped topology (tests/topo/_shipped.py loads each once)."""
 from __future__ import annotations
 
-import doctest
 import itertools
 
+import networkx as nx
 import pytest
-
-import topo
-from topo import TopologyError
 from _shipped import SHIPPED, shipped
+from treecoll.topo import TopologyError
+
+from treecoll import topo
 
 EXPECTED = {  # name: (hosts, GPUs per host, NICs per host)
     "cpu-local": (2, 2, 1), "dgx-a100": (1, 8, 12), "dgx-h100": (1, 8, 8), "dgx-h100-x2": (2, 8, 8),
@@ -48,8 +48,9 @@ def test_queries_on_shipped(name):
     if hosts > 1:
         last = t.hosts()[-1]
         p = t.path(t.gpus(h0)[0], t.gpus(last)[0])
-        assert p.nccl in ("NET", "NVL")  # NVL72 trays share one NVLink domain
-        assert p.smi is None or p.nccl == "NVL"
+        # NVL72 trays share one NVLink domain (18 NVLinks per GPU); elsewhere hosts meet over the network,
+        # where nvidia-smi (one host's view) has no code
+        assert (p.nccl, p.smi) == (("NVL", "NV18") if name == "gb200-nvl72" else ("NET", None))
         assert sum(len(g) for g in t.leaf_groups()) == hosts
 
 
@@ -62,7 +63,7 @@ def test_leaf_groups_of_clusters():
 
 def test_topology_is_immutable_and_ranks_remap():
     t = shipped("cpu-local")
-    with pytest.raises(Exception):
+    with pytest.raises(nx.NetworkXError, match="Frozen graph can't be modified"):
         t.graph.add_node("x")
     with pytest.raises(TypeError):
         t.node("h0/gpu0")["index"] = 5
@@ -82,11 +83,3 @@ def test_equality_ignores_meta_but_not_attributes():
     assert topo.Topology.from_dict(d) == t
     d["links"][0]["bw"] = d["links"][0]["bw"] * 2
     assert topo.Topology.from_dict(d) != t
-
-
-def test_doctests_of_model_and_paths():
-    import topo.model
-    import topo.paths
-    for m in (topo.model, topo.paths):
-        r = doctest.testmod(m)
-        assert r.failed == 0, m.__name__

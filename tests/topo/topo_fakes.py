@@ -99,7 +99,7 @@ class FakePynvml:
         return self._g(h)["numa_node_id"]
 
     def nvmlDeviceGetCpuAffinity(self, h, n):
-        from topo.sysfs import parse_cpulist
+        from treecoll.topo.sysfs import parse_cpulist
         v = sum(1 << c for c in parse_cpulist(self._g(h)["cpu_affinity"]))
         return [(v >> (64 * i)) & (2 ** 64 - 1) for i in range(n)]
 

@@ -1,4 +1,4 @@
-"""``python -m tools.emucluster up|down|run|status|measure`` (same as ``treecoll emu``)."""
+"""``python -m treecoll.tools.emucluster up|down|run|status|measure`` (same as ``treecoll emu``)."""
 import sys
 
 from .cli import main

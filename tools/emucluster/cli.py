@@ -1,25 +1,37 @@
 """``treecoll emu up|down|run|status|measure``: an emulated multi-host cluster on one machine.
 
 Mount under the main CLI with ``add_parser(subparsers)`` (the module
-``tools.emucluster.cli`` in ``tools.cli.COMMANDS``; it also sets ``func=run``
+``treecoll.tools.emucluster.cli`` in ``treecoll.tools.cli.COMMANDS``; it also sets ``func=run``
 as the parser default), or run standalone:
-``python -m tools.emucluster up --hosts 2``.
+``python -m treecoll.tools.emucluster up --hosts 2``.
 
 Every command builds a plain dict; ``--json`` prints it, otherwise a short
 text view. User errors raise :class:`~tools.emucluster.netns.EmuClusterError`
 (a TreecollError), which the ``treecoll`` dispatcher (or :func:`main`)
 prints as one line on stderr with exit code 1 (``--debug``: traceback);
 ``run`` returns the job's exit code (124 on timeout).
+
+>>> args = build_parser().parse_args(["run", "--hosts", "2", "--ranks-per-host", "3", "--", "python", "train.py"])
+>>> args.hosts * args.ranks_per_host, args.command[-2:], args.placement
+(6, ['python', 'train.py'], 'blocked')
+>>> build_parser().parse_args(["up", "--hosts", "65"])
+Traceback (most recent call last):
+...
+treecoll.tools.units.UsageError: --hosts: expected at most 64, got 65
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
+from .. import units
+from ..cli import REPLACES, output_path
+from ..resources import OVERSUBSCRIBE_HELP, check_processes
 from . import netns, runner
 from .netns import EmuClusterError
 from .topology import PLACEMENTS, build_topology, save_topology
@@ -27,26 +39,31 @@ from .topology import PLACEMENTS, build_topology, save_topology
 __all__ = ["add_parser", "run", "main", "build_parser"]
 
 
+_DESCRIPTION = ("An emulated multi-host cluster on one Linux machine: hosts are network namespaces joined by "
+                "rate-limited links (needs root).")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the result as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
 
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hosts", type=int, required=True, help="number of hosts (namespaces)")
+    p.add_argument("--hosts", type=units.int_arg("--hosts", maximum=netns.MAX_HOSTS), required=True, metavar="N",
+                   help=f"number of hosts (network namespaces), 1..{netns.MAX_HOSTS}")
     p.add_argument("--rate", default="1gbit", help="uplink rate per host and direction (tc units: "
                    "kbit, mbit, gbit; default 1gbit)")
     p.add_argument("--pair-rate", action="append", default=[], metavar="A-B=RATE",
                    help="a direct link between hosts A and B at RATE (repeatable), e.g. 0-1=100mbit")
     p.add_argument("--placement", choices=PLACEMENTS, default="blocked",
                    help="rank placement: blocked (0,1 | 2,3) or interleaved (0,2 | 1,3)")
-    p.add_argument("--topology-out", metavar="FILE.yaml", help="write the matching Topology YAML here")
+    p.add_argument("--topology-out", metavar="FILE.yaml", help=f"write the matching Topology YAML here {REPLACES}")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``emu`` command (with its sub-commands) to an argparse ``subparsers`` object."""
     p = subparsers.add_parser("emu", help="emulated multi-host cluster (network namespaces, shaped links)",
-                              description=__doc__.split("\n\n")[0])
+                              description=_DESCRIPTION)
     _fill(p)
     return p
 
@@ -55,37 +72,54 @@ def _fill(p: argparse.ArgumentParser) -> None:
     _common(p)
     sub = p.add_subparsers(dest="emu_cmd", metavar="{up,down,run,status,measure}")
     sub.required = True
-    up = sub.add_parser("up", help="create the hosts, links and rate limits")
+    up = sub.add_parser("up", help="create the hosts, links and rate limits",
+                        description="Create an emulated cluster: one network namespace per host, a shaped uplink "
+                                    "per host to a bridge, optional direct links between host pairs.")
     _shape_args(up)
     up.add_argument("--id", default="0", help="cluster id, 1-8 of [a-z0-9] (default 0)")
-    up.add_argument("--ranks-per-host", type=int, default=1, help="ranks per host in the YAML (default 1)")
+    up.add_argument("--ranks-per-host", type=units.int_arg("--ranks-per-host"), default=1, metavar="R",
+                    help="ranks per host in the YAML (default 1)")
     up.add_argument("--measure", action="store_true",
                     help="measure loopback and inter-host throughput and latency; use them in the YAML")
     _common(up)
-    down = sub.add_parser("down", help="remove a cluster (default: every cluster of this tool)")
+    down = sub.add_parser("down", help="remove a cluster (default: every cluster of this tool)",
+                          description="Remove an emulated cluster's namespaces, links and state (default: every "
+                                      "cluster this tool created).")
     down.add_argument("--id", help="only this cluster")
     _common(down)
-    rn = sub.add_parser("run", help="run a command as ranks on the cluster: run [opts] -- cmd ...")
+    rn = sub.add_parser("run", help="run a command as ranks on the cluster: run [opts] -- cmd ...",
+                        description="Run a command as hosts x ranks-per-host ranks on an emulated cluster (torchrun's "
+                                    "environment variables set; gloo over the shaped links); a failing rank stops "
+                                    "the others.")
     _shape_args(rn)
-    rn.add_argument("--ranks-per-host", type=int, required=True)
+    rn.add_argument("--ranks-per-host", type=units.int_arg("--ranks-per-host"), required=True, metavar="R",
+                    help="ranks (processes) per host")
+    rn.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
     rn.add_argument("--id", help="use this cluster if it is up (kept afterwards); else create it "
                     "(removed afterwards). Default: a fresh cluster")
-    rn.add_argument("--timeout", type=float, help="kill every rank after this many seconds (exit 124)")
+    rn.add_argument("--timeout", type=units.seconds_arg("--timeout"), metavar="S",
+                    help="kill every rank after this many seconds (exit 124)")
     rn.add_argument("--tag-output", action="store_true", help="prefix each output line with [r<rank>]")
     rn.add_argument("command", nargs=argparse.REMAINDER, help="-- command and arguments")
     _common(rn)
-    st = sub.add_parser("status", help="list the namespaces, links and qdiscs of this tool")
+    st = sub.add_parser("status", help="list the namespaces, links and qdiscs of this tool",
+                        description="List the emulated clusters, their namespaces, addresses and qdiscs.")
     _common(st)
-    me = sub.add_parser("measure", help="measure loopback and host 0 -> 1 throughput of a cluster")
-    me.add_argument("--id", default="0")
-    me.add_argument("--bytes", type=int, default=64 << 20, help="bytes streamed per measurement")
+    me = sub.add_parser("measure", help="measure loopback and host 0 -> 1 throughput of a cluster",
+                        description="Measure a running cluster: TCP throughput and round trip inside host 0 "
+                                    "(loopback) and from host 0 to host 1.")
+    me.add_argument("--id", default="0", help="the cluster (default 0)")
+    me.add_argument("--bytes", type=units.size_arg("--bytes"), default=64 << 20, metavar="S",
+                    help="bytes streamed host 0 -> 1 (loopback: 4 times as many; default 64MiB)")
     _common(me)
     p.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tools.emucluster", description=__doc__.split("\n\n")[0])
+    from ..cli import refuse_empty_values
+    p = argparse.ArgumentParser(prog="python -m treecoll.tools.emucluster", description=_DESCRIPTION)
     _fill(p)
+    refuse_empty_values(p)
     return p
 
 
@@ -98,10 +132,14 @@ def _pair_rates(args) -> dict[tuple[int, int], int]:
     return out
 
 
+def _check_topology_out(args) -> None:
+    if args.topology_out:
+        output_path(args.topology_out, "--topology-out", suffixes=(".yaml", ".yml"))
+
+
 def _cmd_up(args) -> tuple[dict, int]:
+    _check_topology_out(args)
     spec = netns.ClusterSpec(args.id, args.hosts, netns.parse_rate(args.rate, "--rate"), _pair_rates(args))
-    if args.ranks_per_host < 1:
-        raise EmuClusterError(f"--ranks-per-host: expected a positive integer, got {args.ranks_per_host}")
     state = netns.create(spec, extra={"ranks_per_host": args.ranks_per_host})
     try:
         out: dict[str, Any] = {"cluster": state}
@@ -149,6 +187,10 @@ def _cmd_run(args) -> tuple[dict, int]:
     if not command:
         raise EmuClusterError("emu run: expected a command after `--`, got none; "
                               "e.g. treecoll emu run --hosts 2 --ranks-per-host 2 -- python train.py")
+    _check_topology_out(args)
+    n = args.hosts * args.ranks_per_host
+    check_processes(n, option=f"--hosts {args.hosts} x --ranks-per-host {args.ranks_per_host} = {n} processes",
+                    oversubscribe=args.oversubscribe)
     res = runner.run(command, hosts=args.hosts, ranks_per_host=args.ranks_per_host,
                      placement_mode=args.placement, rate_bps=netns.parse_rate(args.rate, "--rate"),
                      pair_rates=_pair_rates(args), cid=args.id, timeout=args.timeout,
@@ -216,12 +258,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m tools.emucluster``): errors as one line on stderr, exit 1."""
-    args = build_parser().parse_args(argv)
+    """Standalone entry (``python -m treecoll.tools.emucluster``): errors as one line on stderr, exit 1."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        args = build_parser().parse_args(argv)
         return run(args)
     except TreecollError as e:
-        if getattr(args, "debug", False):
+        if "--debug" in argv:
             raise
         print(f"error: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return 1

@@ -30,10 +30,10 @@ whichever resource binds.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
 __all__ = ["MachineModel", "fit", "relative_lstsq", "schedule_work", "local_bytes"]
 

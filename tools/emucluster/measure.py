@@ -17,7 +17,7 @@ from typing import Any
 
 from .netns import EmuClusterError, host_addr, ns_name
 
-__all__ = ["measure_pair", "measure_link"]
+__all__ = ["measure_pair", "measure_link", "rates"]
 
 _SERVER = r"""
 import json, socket, sys, time
@@ -87,9 +87,19 @@ def measure_pair(cid: str, src: int, dst: int, nbytes: int = 64 << 20, pings: in
             srv.wait()
     res = json.loads(out.strip().splitlines()[-1])
     rtt = json.loads(cli.stdout.strip().splitlines()[-1])["rtt_median_s"]
-    bps = res["bytes"] / res["seconds"]
-    return {"src": src, "dst": dst, "bytes": res["bytes"], "seconds": res["seconds"],
-            "gbit_s": bps * 8 / 1e9, "gb_s": bps / 1e9, "rtt_us": None if rtt is None else rtt * 1e6}
+    return rates(src, dst, res["bytes"], res["seconds"], rtt)
+
+
+def rates(src: int, dst: int, nbytes: int, seconds: float, rtt_s: float | None) -> dict[str, Any]:
+    """One measurement as plain data: payload rate in Gbit/s (1e9 bit/s) and GB/s (1e9 B/s),
+    round trip in microseconds.
+
+    >>> rates(0, 1, 125_000_000, 1.0, 250e-6)
+    {'src': 0, 'dst': 1, 'bytes': 125000000, 'seconds': 1.0, 'gbit_s': 1.0, 'gb_s': 0.125, 'rtt_us': 250.0}
+    """
+    bps = nbytes / seconds
+    return {"src": src, "dst": dst, "bytes": nbytes, "seconds": seconds,
+            "gbit_s": bps * 8 / 1e9, "gb_s": bps / 1e9, "rtt_us": None if rtt_s is None else rtt_s * 1e6}
 
 
 def measure_link(cid: str, hosts: int, nbytes: int = 64 << 20) -> dict[str, Any]:

@@ -43,10 +43,11 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from topo.errors import TreecollError
+from treecoll.topo.errors import TreecollError
 
 __all__ = [
     "EmuClusterError", "PREFIX", "UPLINK", "SUBNET", "ClusterSpec", "parse_rate", "format_rate",

@@ -34,7 +34,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import IO
 
 from . import netns
 from .netns import EmuClusterError
@@ -72,7 +73,15 @@ def free_port(cid: str, host: int = 0) -> int:
 
 def rank_env(state: Mapping, rank: int, place: Sequence[tuple[int, int]], master_port: int,
              base: Mapping[str, str] | None = None, topology: str | None = None) -> dict[str, str]:
-    """The environment of ``rank`` (see the module table) on top of ``base`` (default os.environ)."""
+    """The environment of ``rank`` (see the module table) on top of ``base`` (default os.environ).
+
+    >>> state = {"id": "a1", "addresses": ["10.0.0.1", "10.0.0.2"], "uplink": "emu0"}
+    >>> env = rank_env(state, 3, [(0, 0), (1, 0), (0, 1), (1, 1)], 29500, base={})
+    >>> [env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")]
+    ['3', '4', '1', '2', '1', '10.0.0.1']
+    >>> env["GLOO_SOCKET_IFNAME"], env["OMP_NUM_THREADS"], "TREECOLL_EMU_TOPOLOGY" in env
+    ('emu0', '1', False)
+    """
     host, local = place[rank]
     env = dict(os.environ if base is None else base)
     env.update({
@@ -89,6 +98,11 @@ def rank_env(state: Mapping, rank: int, place: Sequence[tuple[int, int]], master
 
 
 def _code(rc: int | None) -> int | None:
+    """A rank's exit code as a shell reports it: killed by signal s -> 128 + s.
+
+    >>> _code(0), _code(3), _code(-9), _code(None)
+    (0, 3, 137, None)
+    """
     return None if rc is None else (128 - rc if rc < 0 else rc)
 
 

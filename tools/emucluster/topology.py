@@ -26,8 +26,9 @@ replaces these defaults with numbers measured on the spot.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .netns import EmuClusterError
 
@@ -80,7 +81,7 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
                    net_lat_us: float = NET_LAT_US, process_mem_bw: float = PROCESS_MEM_BW,
                    meta: Mapping[str, Any] | None = None):
     """The :class:`topo.Topology` of an emulated cluster with ranks mapped by ``placement_mode``."""
-    from topo.model import Topology
+    from treecoll.topo.model import Topology
 
     place = placement(hosts, ranks_per_host, placement_mode)
     rank_of = {hl: r for r, hl in enumerate(place)}
@@ -112,10 +113,10 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
 
 
 def save_topology(topology, path: str | Path) -> Path:
-    """Write ``topology`` as YAML (explicit form). Uses ``topo.yaml_io.save`` when it exists."""
+    """Write ``topology`` as YAML (explicit form). Uses ``treecoll.topo.yaml_io.save`` when it exists."""
     path = Path(path)
     try:
-        from topo import yaml_io  # written by another part of the project
+        from treecoll.topo import yaml_io  # written by another part of the project
         save = getattr(yaml_io, "save", None)
     except ImportError:
         save = None

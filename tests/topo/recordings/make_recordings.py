@@ -7,14 +7,14 @@ only to be consistent (distinct, ascending) — tests never depend on its value.
 * DGX H100: GPU bus ids 1B, 43, 52, 61, 9D, C3, D1, DF (nvidia-smi on DGX H100,
   e.g. the DGX H100 user guide's GPU table / `nvidia-smi -q`); NIC bus ids and
   RDMA names from the DGX H100 user guide §1.2.3 Table 6 (netdev ibp24s0 = bus
-  0x18 ...; ../shared/reference/topo.md §6.2); 18 NVLinks split 5/5/4/4 over 4
-  NVSwitches (every H100/H200 NCCL dump, topo.md §6.2); NVLink version enum 6 =
+  0x18 ...); 18 NVLinks split 5/5/4/4 over 4
+  NVSwitches (every H100/H200 NCCL topology dump, e.g. Azure ndv5-topo.xml); NVLink version enum 6 =
   NVLink 4.0 (nvml.h); HBM3 max memory clock 2619 MHz x 5120-bit bus (nvidia-smi
   -q "Max Clocks: Memory 2619 MHz"); Xeon 8480C = family 6 model 143 (Azure NDv5
   NCCL file: familyid 6 modelid 143); NUMA cpulists as in the shipped YAML.
   SYNTHETIC: NVSwitch bus ids, switch/root-port bus numbers, UUIDs.
 * DGX A100: GPU bus ids 07, 0F, 47, 4E, 87, 90, B7, BD and NUMA 3,3,1,1,7,7,5,5
-  (nvidia-smi topo -m of a DGX A100: ../shared/fixtures/smi/dgx-a100.txt, NUMA
+  (nvidia-smi topo -m of a DGX A100: tests/fixtures/smi/dgx-a100.txt, NUMA
   affinity column); 12 NVLinks, 2 to each of 6 NVSwitches (NCCL dumps with six
   count="2" targets, nccl#1505); version enum 5 (hwloc#658: "A100 returns 5");
   AMD EPYC 7742 = family 23 model 49 (Azure NDv4 NCCL file); HDR 200 Gb/s
@@ -23,12 +23,12 @@ only to be consistent (distinct, ascending) — tests never depend on its value.
 * H200 VM (nccl-tests#256): NVSwitches not passed through, every remote bus id
   FFFFFFFF:FF:FF.0 (NCCL writes fffffff:ff:ff.0), numa_node -1, PCIe at 16 GT/s
   of 32 GT/s. SYNTHETIC: VM bus ids (one root port per GPU), UUIDs.
-* PCIe box (8x RTX 3090, Xeon E5 v4; ../shared/fixtures/smi/rtx3090-8-pcie-xeon-e5v4.txt:
+* PCIe box (8x RTX 3090, Xeon E5 v4; tests/fixtures/smi/rtx3090-8-pcie-xeon-e5v4.txt:
   GPU pairs PIX, pairs of pairs PHB, sockets SYS; affinity 0-13,28-41 / 14-27,42-55):
   no NVLink (NVML NOT_SUPPORTED on link 0), P2P "GNS" (GeForce), PCIe Gen3 x16;
   E5-2680 v4 = family 6 model 79; GDDR6X 9751 MHz x 384-bit (936 GB/s).
   SYNTHETIC: bus ids.
-* GB200 tray (4 GPUs, topo.md §6.2: NV18 among them, GPU NUMA IDs, CPU affinity
+* GB200 tray (4 GPUs, NVIDIA Multi-Node Tuning Guide: NV18 among them, GPU NUMA IDs, CPU affinity
   0-71 / 72-143 per sglang#11208; NCCL sees one invisible NVLink target with
   count 18 per GPU): link 18 answers INVALID_ARGUMENT (TensorRT-LLM PR #17060);
   fabric info V with a cluster UUID and clique id (state 3 = COMPLETED); C2C

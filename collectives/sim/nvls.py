@@ -3,7 +3,7 @@
 On Hopper and Blackwell NVSwitch systems NCCL's default large allreduce is
 NVLS (NVLink SHARP): the switches add up what the GPUs send and multicast the
 sum, so no GPU reduces and each NVLink carries less than a ring puts on it.
-Where it runs is :func:`collectives.nccl_model.nvls_domains` (GPUs on
+Where it runs is :func:`treecoll.collectives.nccl_model.nvls_domains` (GPUs on
 multicast-capable NVSwitches, compute capability 9.0 or later); across
 several NVLink domains (hosts) NCCL runs NVLSTree: NVLS inside each domain,
 trees between domains.
@@ -36,7 +36,13 @@ Hopper, 0.74 Blackwell) on NVLink, and NVLSTree's per-channel busbw cap
 Blackwell 96 / 80) over ``min(n, 32)`` channels. Any other profile (``ideal``,
 a calibrated YAML) is used as it is, without those: with ``ideal`` on one
 domain the time is ``lat + S (n + 1) / n / B`` exactly, ``B`` a GPU's NVLink
-bandwidth to its switches.
+bandwidth to its switches:
+
+>>> from treecoll import topo
+>>> t = topo.resolve("dgx-h100")          # 8 GPUs, 370.8 GB/s to the switches, 0.3 us per link
+>>> r = simulate_nvls(t, 1 << 30, profile="ideal")
+>>> abs(r.time - (0.6e-6 + (1 << 30) * 9 / 8 / 370.8e9)) < 1e-12
+True
 
 No GPU reduces and no scratch memory is counted (NCCL's NVLS buffers are
 set up once, at communicator creation).
@@ -47,13 +53,12 @@ import dataclasses
 import time as _time
 
 import numpy as np
-
-from topo.errors import CollectiveError, TreeError
+from treecoll.topo.errors import CollectiveError, TreeError
 
 from . import nccl_model as nm
-from .sim import SimResult, _check_size, _finish, rank_gpus_of
-from .sim_engine import Network, drain_times
-from .sim_profiles import Profile, get_profile
+from .engine import Network, drain_times
+from .profiles import Profile, get_profile
+from .simulator import SimResult, _check_size, _finish, rank_gpus_of
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
 
@@ -75,11 +80,11 @@ def _profile(profile, gen: int) -> tuple[Profile, bool]:
 
 
 def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
-                  profile: "Profile | str | None" = "auto", top: int = 10) -> SimResult:
+                  profile: Profile | str | None = "auto", top: int = 10) -> SimResult:
     """Simulate NCCL's NVLS allreduce (NVLSTree across NVLink domains) of ``nbytes`` per rank.
 
     Raises :class:`~topo.errors.CollectiveError` saying why when NVLS cannot
-    run on these ranks (see :func:`collectives.nccl_model.nvls_domains`).
+    run on these ranks (see :func:`treecoll.collectives.nccl_model.nvls_domains`).
     """
     _check_size(nbytes, dtype)
     gpus = rank_gpus_of(topology, ranks)
@@ -108,7 +113,7 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     intra_lat = max(intra_lat * 1e-6, prof.step_lat("nvlink"))
     hop_lat, height = 0.0, 0
     if len(domains) > 1:
-        from .builders import double_binary
+        from ..builders import double_binary
         trees = double_binary(None, None, len(domains))
         height = trees.height
         for tree, w in zip(trees.trees, trees.shares):

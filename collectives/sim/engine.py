@@ -1,4 +1,4 @@
-"""The flow-level engine behind :mod:`collectives.sim`: links, routes, max-min sharing, events.
+"""The flow-level engine behind :mod:`treecoll.collectives.sim`: links, routes, max-min sharing, events.
 
 Model
 -----
@@ -31,7 +31,7 @@ Model
   senders). With ``ordered_pairs`` too, such a message holds up the ones
   behind it on the connection. Without it, data flows as soon as it is sent
   and waits at the receiver.
-* Schedules run with the semantics of :mod:`collectives.schedule`: steps of a
+* Schedules run with the semantics of :mod:`treecoll.collectives.schedule`: steps of a
   rank start in list order once their ``deps`` are complete (with ``lanes``:
   in list order within each of the rank's lanes, the lanes independent of
   each other, as NCCL's split tree kernels run a tree's up and down phases;
@@ -57,8 +57,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 __all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun",
            "route_class", "gc_paused"]
@@ -94,7 +93,7 @@ class Route:
     owner: np.ndarray = None
 
     @classmethod
-    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> "Route":
+    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> Route:
         """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
         when the caller has them (every subroute used)."""
         used = [(ids, share) for ids, share in subroutes if share > 0]
@@ -292,7 +291,7 @@ def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class RawRun:
-    """What :func:`run_schedule` measured; :mod:`collectives.sim` turns it into a result."""
+    """What :func:`run_schedule` measured; :mod:`treecoll.collectives.sim` turns it into a result."""
 
     makespan: float
     finish: list
@@ -387,8 +386,8 @@ def _lane_queues(steps) -> list[list[int]]:
 def gc_paused():
     """Python's cyclic garbage collector off inside the block, restored to its state after.
 
-    Used as a decorator on the simulations (``@gc_paused()`` on :func:`collectives.sim.simulate`
-    and :func:`collectives.sim.simulate_ring`), so the whole run, temporaries included, is
+    Used as a decorator on the simulations (``@gc_paused()`` on :func:`treecoll.collectives.sim.simulator`
+    and :func:`treecoll.collectives.sim.simulate_ring`), so the whole run, temporaries included, is
     inside. They make no reference cycles, so reference counting frees everything they drop,
     while the collector's repeated passes over the growing heap cost about a tenth of an
     8192-GPU eight-rail tree simulation (what the run leaves behind, such as the topology's

@@ -5,7 +5,7 @@ Two entry points, one result type:
 * :func:`simulate` runs a :class:`~collectives.schedule.Schedule` (what the
   executor runs: any tree builder's reduce, broadcast or allreduce, an
   imported algorithm, a ring for small P) through the event-driven engine of
-  :mod:`collectives.sim_engine` (max-min fair link sharing, per-hop latency,
+  :mod:`treecoll.collectives.sim_engine` (max-min fair link sharing, per-hop latency,
   reduce compute, chunk pipelining, scratch memory).
 * :func:`simulate_ring` is NCCL's ring (allreduce = reduce-scatter +
   all-gather, or either half) in a per-step aggregated model: every step of a
@@ -17,14 +17,14 @@ Two entry points, one result type:
 
 Both return a :class:`SimResult` with times in seconds, bytes per link and per
 link kind, the busiest links, peak scratch memory per rank and algbw/busbw
-exactly as nccl-tests defines them (../shared/reference/collectives.md §2):
+exactly as nccl-tests defines them (doc/PERFORMANCE.md of https://github.com/NVIDIA/nccl-tests):
 ``algbw = S / t`` (S = the per-rank buffer, for allgather and reduce_scatter
 the total size), ``busbw = algbw × 2(P−1)/P`` for allreduce, ``× (P−1)/P``
 for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 
 >>> import networkx as nx
->>> from topo import Topology
->>> from collectives.schedule import Schedule, Step
+>>> from treecoll.topo import Topology
+>>> from treecoll.collectives.schedule import Schedule, Step
 >>> g = nx.DiGraph()
 >>> for i in range(2): g.add_node(f"h/gpu{i}", kind="gpu", host="h", index=i)
 >>> g.add_edge("h/gpu0", "h/gpu1", kind="nvlink", bw=100.0, lat=1.0)
@@ -37,15 +37,15 @@ for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+from treecoll.topo.errors import CollectiveError
 
-from topo.errors import CollectiveError
-
-from .sim_engine import Network, concurrent_times, gc_paused, run_schedule
-from .sim_profiles import Profile, get_profile
+from .engine import Network, concurrent_times, gc_paused, run_schedule
+from .profiles import Profile, get_profile
 
 __all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
            "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
@@ -182,7 +182,7 @@ def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_by
 
 @gc_paused()
 def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
-             profile: "Profile | str | None" = None, top: int = 10, ordered_pairs: bool = False,
+             profile: Profile | str | None = None, top: int = 10, ordered_pairs: bool = False,
              rendezvous: bool = False, lanes: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
 
@@ -265,7 +265,7 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
 
 @gc_paused()
 def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
-                  profile: "Profile | str | None" = None, channels: int | None = None, top: int = 10) -> SimResult:
+                  profile: Profile | str | None = None, channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
@@ -311,8 +311,8 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
                    dtype, stats, top)
 
 
-#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`collectives.builders`:
-#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`collectives.sim_nvls`)
+#: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
+#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`treecoll.collectives.sim_nvls`)
 RING_ALGOS = ("ring",)
 NVLS_ALGOS = ("nvls",)
 #: largest chunk count chosen automatically for tree schedules (engine cost grows with chunks × edges)
@@ -343,9 +343,9 @@ NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ()) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
+    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
     from .nccl_model import ll128_enabled
-    from .sim_profiles import NCCL_PROTOCOLS
+    from .profiles import NCCL_PROTOCOLS
     if profile == "auto":
         ll128 = topology is None or ll128_enabled(topology, gpus)
         return [get_profile(p) for p in NCCL_PROTOCOLS
@@ -354,19 +354,19 @@ def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ())
 
 
 def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
-                       profile: "Profile | str | None" = "auto", nchunks: int | None = None, dtype: str = "float32",
+                       profile: Profile | str | None = "auto", nchunks: int | None = None, dtype: str = "float32",
                        root: int = 0, top: int = 10, forward_lag: int = 0, **opts) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
     (``two_level``, ``kary:4``, ...).
 
-    Trees are built for ``nbytes`` by :func:`collectives.builders.build` and
-    compiled by :func:`collectives.compile.compile_plan` with ``nchunks``
+    Trees are built for ``nbytes`` by :func:`treecoll.collectives.builders.build` and
+    compiled by :func:`treecoll.collectives.compile.compile_plan` with ``nchunks``
     pipeline chunks per tree (default :func:`auto_chunks`). ``profile="auto"``
     simulates each NCCL protocol profile and keeps the fastest (what NCCL's
     tuner aims for; LL only up to :data:`LL_MAX_BYTES`); ``opts`` go to the
     builder. ``forward_lag`` 0: an inner rank forwards each broadcast chunk as it
     arrives, as NCCL's tree kernels do (treecoll's executor on gloo runs schedules
-    compiled with :data:`collectives.compile.FORWARD_LAG`; simulate those with
+    compiled with :data:`treecoll.collectives.compile.FORWARD_LAG`; simulate those with
     :func:`simulate`), and its reduce-up and broadcast-down run concurrently
     (``lanes``; NCCL's ``runTreeSplit``).
     """
@@ -374,7 +374,7 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
-        from .sim_nvls import simulate_nvls
+        from .nvls import simulate_nvls
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
     best = None
@@ -383,7 +383,8 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
             r = simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p, top=top)
             best = r if best is None or r.time < best.time else best
         return best
-    from . import builders, compile as compile_
+    from .. import builders
+    from .. import compile as compile_
     tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
         "auto", "two_level") else builders.build(algo, topology, list(gpus), **opts)
     k = nchunks or auto_chunks(nbytes, len(gpus))
@@ -406,17 +407,22 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
 #: NCCL's tree is a chain inside each host under a tree over hosts, one per NIC rail for large messages
 NCCL_ALLREDUCE = {"ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
+#: message size from which the simulated NCCL tree runs one tree per NIC rail: NCCL spreads a
+#: message over fewer channels (so fewer NICs) the smaller it is (enqueue.cc); this size stands in
+#: for that rule (an approximation: NCCL's count depends on threads and protocol)
+NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
-def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Profile | str | None" = "auto",
+def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profile | str | None = "auto",
                             algos: Sequence[str] | None = None, **kw) -> tuple[str, SimResult]:
     """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
-    GPUs, :func:`collectives.nccl_model.nccl_algos`: ring, tree, and nvls on
+    GPUs, :func:`treecoll.collectives.nccl_model.nccl_algos`: ring, tree, and nvls on
     Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
     names the LL or LL128 protocol (NVLS runs Simple only).
     """
+    from .. import builders
     from .nccl_model import nccl_algos
     gpus = rank_gpus_of(topology, ranks)
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
@@ -428,6 +434,8 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: "Prof
     best = None
     for a in names:
         name, opts = NCCL_ALLREDUCE[a]
+        if a == "tree":
+            opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
         r = simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
         if best is None or r.time < best[1].time:
             best = (a, r)

@@ -21,7 +21,7 @@ what a communication library achieves on it:
 Built-in profiles (:data:`PROFILES`): ``ideal`` (the topology as written,
 no overheads: closed forms hold exactly) and NCCL's three protocols with
 NCCL 2.30's own constants (src/graph/tuning.cc ``ncclTunerConstantsDefaults``,
-../shared/reference/collectives.md §1.2-1.3):
+https://github.com/NVIDIA/nccl):
 
 ==============  ==========  ==========================  ============================
 profile         base (µs)   floor nvlink/pci/net (µs)   bandwidth efficiency
@@ -39,15 +39,16 @@ read them as YAML (what the calibration command produces).
 >>> get_profile("fast")
 Traceback (most recent call last):
 ...
-topo.errors.CollectiveError: profile 'fast': expected one of ['ideal', 'nccl-ll', 'nccl-ll128', 'nccl-simple'], got an unknown name; or give a YAML file
+treecoll.topo.errors.CollectiveError: profile 'fast': expected one of ['ideal', 'nccl-ll', 'nccl-ll128', 'nccl-simple'], got an unknown name; or give a YAML file
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError
 
 __all__ = ["Profile", "PROFILES", "NCCL_PROTOCOLS", "get_profile", "load_profile", "save_profile", "ROUTE_CLASSES"]
 
@@ -87,7 +88,7 @@ class Profile:
         object.__setattr__(self, "lat_floor_us", dict(self.lat_floor_us))
         object.__setattr__(self, "bw_eff", dict(self.bw_eff))
 
-    def for_tree_allreduce(self) -> "Profile":
+    def for_tree_allreduce(self) -> Profile:
         """This profile with every ``bw_eff`` scaled by ``tree_eff`` (and ``tree_eff`` 1)."""
         if self.tree_eff == 1.0:
             return self
@@ -142,7 +143,7 @@ PROFILES: dict[str, Profile] = {
 NCCL_PROTOCOLS = ("nccl-ll", "nccl-ll128", "nccl-simple")
 
 
-def get_profile(name_or_path: "str | Profile | None") -> Profile:
+def get_profile(name_or_path: str | Profile | None) -> Profile:
     """A built-in profile by name, a :class:`Profile` as is, or one loaded from a YAML file."""
     if name_or_path is None:
         return PROFILES["ideal"]
@@ -156,7 +157,7 @@ def get_profile(name_or_path: "str | Profile | None") -> Profile:
                           f"or give a YAML file")
 
 
-def load_profile(path: "str | os.PathLike") -> Profile:
+def load_profile(path: str | os.PathLike) -> Profile:
     """Read a profile written by :func:`save_profile`; errors name the file."""
     import yaml
     try:
@@ -176,7 +177,7 @@ def load_profile(path: "str | os.PathLike") -> Profile:
         raise CollectiveError(f"profile file {str(path)!r}: {e}") from None
 
 
-def save_profile(profile: Profile, path: "str | os.PathLike", fit: Mapping[str, Any] | None = None) -> None:
+def save_profile(profile: Profile, path: str | os.PathLike, fit: Mapping[str, Any] | None = None) -> None:
     """Write ``profile`` (and optional fit statistics) as YAML."""
     import yaml
     d = profile.as_dict()

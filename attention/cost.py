@@ -9,14 +9,14 @@ the output are negligible at long context). Then the partial results combine:
 * ``tree`` (treecoll, Tree Attention): one reduction of the packed attention
   state (``out`` fp32 [B, H, D] + ``lse`` fp32 [B, H], merged in fp32) over the
   chosen tree, then a broadcast of the result: the tree's allreduce schedule
-  (:func:`collectives.compile.compile_allreduce`) simulated on the topology,
+  (:func:`treecoll.collectives.compile.compile_allreduce`) simulated on the topology,
   merges costing ``3 × state bytes / mem_bw``.
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
   as NCCL would run it (the fastest of the ring, an NCCL-like tree, chain
   inside a host, and NVLS where NCCL offers it, over the fastest protocol:
-  :func:`collectives.sim.simulate_nccl_allreduce`).
+  :func:`treecoll.collectives.sim.simulate_nccl_allreduce`).
 * ``ring`` (Ring Attention as in the paper's baseline): ``P − 1`` steps, in
   each every GPU passes its current K/V block (``2 · b · t · n_kv · d_h``
   elements) to its ring successor while it computes on the block it has;
@@ -27,8 +27,8 @@ the output are negligible at long context). Then the partial results combine:
 Reported per method: time (s) split into local and combine, communication
 volume (bytes sent per GPU, measured on the simulated schedule, and the
 paper's formula in elements), peak memory per GPU (bytes; and the paper's
-formula in elements). Paper formulas (arXiv 2408.04093 §6.2-6.3,
-../shared/reference/paper.md §1.3-1.4), with ``d = n_h · d_h``:
+formula in elements). Paper formulas (arXiv 2408.04093 §6.2, eqs. 8-9, and §6.3,
+eqs. 10-14), with ``d = n_h · d_h``:
 ``V_ring = 2btd · p``, ``V_tree = 2 (p − 1)/p · (bd + 2 b n_h)``,
 ``Mem_ring = 4btd + 2bd``, ``Mem_tree = 2btd + 2bd + 2 b n_h``. With GQA the
 K/V width is ``n_kv · d_h``; the formulas then use it for the K/V terms.
@@ -44,10 +44,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from topo.errors import CollectiveError
-
-from .sim import DTYPE_SIZES, NCCL_TREE_RUN, rank_gpus_of, simulate, simulate_nccl_allreduce
-from .sim_engine import Network, concurrent_times
+from treecoll.collectives.sim.engine import Network, concurrent_times
+from treecoll.collectives.sim.simulator import (
+    DTYPE_SIZES,
+    NCCL_TREE_RUN,
+    rank_gpus_of,
+    simulate,
+    simulate_nccl_allreduce,
+)
+from treecoll.topo.errors import CollectiveError
 
 __all__ = ["DecodeShape", "decode_step", "paper_volumes", "paper_memory", "PAPER_SEQ_LENS", "PAPER_HOSTS",
            "LLAMA31_8B", "PAPER_SHAPE", "METHODS"]
@@ -138,9 +143,12 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
            "tokens_per_rank": t, "kv_bytes_per_rank": kv_bytes, "local_s": local, "methods": {}}
     if "tree" in methods:
         if P > 1:
-            from . import builders, compile as compile_
-            plan = builders.build(tree, topology, list(gpus), nbytes=state_bytes) if tree in (
-                "auto", "two_level") else builders.build(tree, topology, list(gpus))
+            from treecoll.collectives import builders
+            from treecoll.collectives import compile as compile_
+            # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
+            opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
+                {"nbytes": state_bytes} if tree == "auto" else {})
+            plan = builders.build(tree, topology, list(gpus), **opts)
             sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
             best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p.for_tree_allreduce(),
                                  **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes, topology, gpus)),
@@ -182,7 +190,7 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
 
 
 def _profiles(profile, nbytes: int, topology=None, gpus=()):
-    from .sim import _profiles as sp
+    from treecoll.collectives.sim.simulator import _profiles as sp
     return sp(profile, nbytes, topology, gpus)
 
 

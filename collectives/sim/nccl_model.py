@@ -1,7 +1,7 @@
 """What NCCL would predict: its tuning model for ring, tree and NVLS allreduce.
 
 Reproduces ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime`` of NCCL 2.30
-(src/graph/tuning.cc, read in ../shared/reference/collectives.md §1.2-1.3):
+(src/graph/tuning.cc, https://github.com/NVIDIA/nccl):
 base latencies per algorithm and protocol, per-hop hardware latencies (NVLink,
 PCI, NET), the per-protocol bandwidth factors and caps, the busBw -> algBw
 conversion, the tree correction factors and NCCL's choice of protocol (the
@@ -27,8 +27,8 @@ Inputs NCCL gets from its topology search are derived from the
   Simple, tuning.cc); net overhead 1.0 µs (Intel x86; ×3 for Simple), a floor
   on the ring's intra-node hop latency across nodes.
 
->>> import topo
->>> from collectives.cost import uniform_topology
+>>> from treecoll import topo
+>>> from treecoll.collectives.cost import uniform_topology
 >>> r = nccl_predict(uniform_topology(8), None, 8, algo="ring")
 >>> r["proto"], round(r["lat_us"], 1)
 ('LL', 15.0)
@@ -36,13 +36,13 @@ Inputs NCCL gets from its topology search are derived from the
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
-from topo import Topology
-from topo.paths import NCCL_CLASSES
-from topo.errors import TreeError
+from treecoll.topo import Topology
+from treecoll.topo.errors import TreeError
+from treecoll.topo.paths import NCCL_CLASSES
 
-from .cost import resolve_ranks
+from ..cost import resolve_ranks
 
 __all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
@@ -85,6 +85,16 @@ NVLS_SPEEDS_INTER = {2: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 1
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
+
+
+def _check_nvidia(topology: Topology, gpus: Sequence[str]) -> None:
+    """Raise :class:`TreeError` when a rank is a CPU process slot: NCCL runs on NVIDIA GPUs
+    only, and its tuning constants (link latencies, bandwidths) say nothing about CPUs."""
+    from treecoll.topo.discover import CPU_SLOT_MODEL
+    for x in gpus:
+        if topology.graph.nodes[x].get("model") == CPU_SLOT_MODEL:
+            raise TreeError(f"nccl model: rank slot {x!r} is a CPU process (model {CPU_SLOT_MODEL!r}); NCCL and its "
+                            f"tuning model apply to NVIDIA GPUs only")
 
 
 def _min_sm(topology: Topology, gpus: Sequence[str]) -> int:
@@ -284,6 +294,7 @@ def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int,
     if proto is not None and proto not in PROTOS:
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
     topology, gpus = resolve_ranks(topology, ranks, nranks)
+    _check_nvidia(topology, gpus)
     if algo == "nvls":
         if proto not in (None, "Simple"):
             raise TreeError(f"nccl model: NVLS runs the Simple protocol only, got proto {proto!r}")

@@ -1,0 +1,121 @@
+"""treecoll.attention.cost, the decode-step model: the paper's volume and memory formulas, and the simulated volumes behind them."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectives"))
+
+from sim_helpers import star_topology  # noqa: E402
+from treecoll.attention.cost import (  # noqa: E402
+    LLAMA31_8B,
+    PAPER_HOSTS,
+    PAPER_SEQ_LENS,
+    DecodeShape,
+    decode_step,
+    paper_memory,
+    paper_volumes,
+)
+from treecoll.topo.errors import CollectiveError  # noqa: E402
+
+# Hand-worked values of the paper's formulas (arXiv 2408.04093 §6.2-6.3), in elements, with
+# d = n_h d_h (queries, outputs) and, for GQA, the K/V width d_kv = n_kv d_h (the K/V terms):
+#   V_tree = 2 (p-1)/p (b d + 2 b n_h)   (the state: numerator b d, denominator and max b n_h each)
+#   V_ring = 2 b t d_kv p                (K and V of t = N/p tokens, passed p times)
+#   Mem_ring = 4 b t d_kv + 2 b d        (own and neighbour's K/V, query and output)
+#   Mem_tree = 2 b t d_kv + 2 b d + 2 b n_h
+PAPER_CASES = [
+    # (shape, p, V_tree, V_ring, Mem_ring, Mem_tree)
+    # the paper's block, MHA: d = 2048, t = 10,000: 2*7/8*(2048+32); 2*10,000*2048*8; 4*10,000*2048 + 4096; ...
+    ({"seq_len": 80_000, "heads": 16, "head_dim": 128}, 8, 3640, 327_680_000, 81_924_096, 40_964_128),
+    # Llama-3.1-8B, GQA 32/8: d = 4096, d_kv = 1024, t = 4096: 2*7/8*(4096+64); 2*4096*1024*8;
+    # 4*4096*1024 + 8192; 2*4096*1024 + 8192 + 64
+    ({"seq_len": 32_768, "heads": 32, "head_dim": 128, "kv_heads": 8}, 8, 7280, 67_108_864, 16_785_408, 8_396_864),
+    # MQA, batch 2: d = 512, d_kv = 64, t = 250: 2*3/4*(1024+32); 2*2*250*64*4; 4*2*250*64 + 2048;
+    # 2*2*250*64 + 2048 + 32
+    ({"seq_len": 1000, "heads": 8, "head_dim": 64, "kv_heads": 1, "batch": 2}, 4, 1584, 256_000, 130_048, 66_080),
+]
+
+
+@pytest.mark.parametrize("shape, p, v_tree, v_ring, mem_ring, mem_tree", PAPER_CASES)
+def test_paper_volume_and_memory_formulas(shape, p, v_tree, v_ring, mem_ring, mem_tree):
+    s = DecodeShape(**shape)
+    v, m = paper_volumes(s, p), paper_memory(s, p)
+    assert v["tree"] == pytest.approx(v_tree, rel=1e-12) and v["allreduce3"] == pytest.approx(v_tree, rel=1e-12)
+    assert v["ring"] == pytest.approx(v_ring, rel=1e-12)
+    assert m["ring"] == pytest.approx(mem_ring, rel=1e-12) and m["tree"] == pytest.approx(mem_tree, rel=1e-12)
+
+
+@pytest.mark.parametrize("hosts", PAPER_HOSTS)
+def test_tree_volume_does_not_grow_with_the_sequence(hosts):
+    p = 8 * hosts
+    for n_kv in (16, 4):
+        v = [paper_volumes(DecodeShape(seq_len=n, heads=16, head_dim=128, kv_heads=n_kv), p) for n in PAPER_SEQ_LENS]
+        assert len({x["tree"] for x in v}) == 1                        # the state only
+        assert [x["ring"] / v[0]["ring"] for x in v] == pytest.approx([2 ** i for i in range(len(v))])
+
+
+# simulated decode step on a star of P GPUs (100 GB/s, 1 us per link, 2000 GB/s HBM), 64,000 tokens,
+# 16 heads x 128, bf16 K/V: expected bytes and seconds worked out by hand
+@pytest.mark.parametrize("P", [2, 4, 8])
+@pytest.mark.parametrize("kv_heads", [16, 4, 1])
+def test_simulated_volumes_and_times(P, kv_heads):
+    topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
+    s = DecodeShape(seq_len=64_000, heads=16, head_dim=128, kv_heads=kv_heads)
+    out = decode_step(topo, s, profile="ideal", tree="binomial")
+    m = out["methods"]
+    t = 64_000 // P                                  # tokens per GPU
+    block = 2 * t * kv_heads * 128 * 2               # K and V of the shard, bf16 bytes
+    assert out["kv_bytes_per_rank"] == block
+    # local attention reads the shard once at 2000 GB/s
+    assert out["local_s"] == pytest.approx(block / 2000e9, rel=1e-12)
+    # three fp32 allreduces (max, sum of denominators: 16 values; sum of numerators: 2048) of
+    # 2 (P-1)/P of their bytes each: GQA does not change them
+    assert m["allreduce3"]["sent_bytes_per_gpu"] == pytest.approx(2 * (P - 1) / P * (16 + 16 + 2048) * 4, rel=1e-12)
+    # ring: P-1 passes of the K/V block to the successor
+    assert m["ring"]["sent_bytes_per_gpu"] == pytest.approx((P - 1) * block, rel=1e-12)
+    # each pass crosses two star links (1 us each) alone on them; compute and transfer overlap
+    step = 2e-6 + block / 100e9
+    assert m["ring"]["step_transfer_s"] == pytest.approx(step, rel=1e-9)
+    assert m["ring"]["time_s"] == pytest.approx(out["local_s"] + (P - 1) * max(out["local_s"], step), rel=1e-9)
+    # tree: the fp32 state (out 16 x 128 and lse 16) goes up each edge once and down once
+    state = 4 * 16 * (128 + 1)
+    assert m["tree"]["sent_bytes_total"] == pytest.approx(2 * (P - 1) * state, rel=1e-12)
+    assert m["tree"]["time_s"] < m["ring"]["time_s"]
+
+
+def test_gqa_shrinks_ring_traffic_not_the_state():
+    topo = star_topology(8, mem_bw=3350.0)
+    mha = decode_step(topo, DecodeShape(seq_len=32_768, heads=32, head_dim=128), profile="ideal")
+    gqa = decode_step(topo, LLAMA31_8B, profile="ideal")
+    assert gqa["methods"]["ring"]["sent_bytes_per_gpu"] * 4 == pytest.approx(
+        mha["methods"]["ring"]["sent_bytes_per_gpu"])
+    assert gqa["methods"]["tree"]["sent_bytes_total"] == mha["methods"]["tree"]["sent_bytes_total"]
+    assert gqa["kv_bytes_per_rank"] * 4 == mha["kv_bytes_per_rank"]
+
+
+def test_peak_memory_per_method():
+    """Ring holds its K/V shard and the one arriving; tree its shard, the query, the state and
+    the received states it merges (a binomial root over 4 ranks: 2 children)."""
+    topo = star_topology(4, mem_bw=1000.0)
+    out = decode_step(topo, DecodeShape(seq_len=400_000, heads=8, head_dim=64, kv_heads=2), profile="ideal",
+                      tree="binomial")
+    kv = 2 * 100_000 * 2 * 64 * 2             # K and V of 100,000 tokens, 2 KV heads x 64, bf16
+    q = 8 * 64 * 2                             # the query, bf16
+    state = 4 * 8 * (64 + 1)                   # out + lse, fp32
+    assert out["kv_bytes_per_rank"] == kv
+    assert out["methods"]["ring"]["peak_mem_bytes"] == 2 * kv + q + state
+    assert out["methods"]["tree"]["peak_mem_bytes"] == kv + q + state + 2 * state
+
+
+def test_shape_and_method_errors():
+    with pytest.raises(CollectiveError, match=r"heads \(32\) expected a multiple of kv_heads \(5\)"):
+        DecodeShape(seq_len=10, heads=32, head_dim=128, kv_heads=5)
+    with pytest.raises(CollectiveError, match="seq_len expected a positive integer, got 0"):
+        DecodeShape(seq_len=0, heads=1, head_dim=1)
+    with pytest.raises(CollectiveError, match=r"decode methods \['flash'\]"):
+        decode_step(star_topology(2, mem_bw=1.0), DecodeShape(seq_len=8, heads=1, head_dim=1), methods=("flash",))
+    with pytest.raises(CollectiveError, match="carry no mem_bw"):
+        decode_step(star_topology(2), DecodeShape(seq_len=8, heads=1, head_dim=1))

@@ -1,0 +1,70 @@
+"""`treecoll tree check`: a tree that covers fewer ranks than the topology does not pass quietly."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from treecoll.tools.cli import main
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def tree8(tmp_path):
+    """A star over 8 ranks, host labels of one DGX H100."""
+    f = tmp_path / "t8.yaml"
+    f.write_text("name: star8\nranks: 8\nhosts: [h0, h0, h0, h0, h0, h0, h0, h0]\nparents: [-1, 0, 0, 0, 0, 0, 0, 0]\n")
+    return f
+
+
+def test_a_tree_over_part_of_the_topology_fails_without_ranks(capsys, tree8):
+    rc, out, err = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2")
+    assert (rc, err) == (1, "")
+    assert out == (f"{tree8}: does not fit\n"
+                   "  the tree has 8 ranks, topology 'dgx-h100-x2' has 16 GPUs: ranks 8..15 (h1/gpu0 .. h1/gpu7) "
+                   "would have no tree; pass --ranks 8 if the tree is meant for the first 8 GPUs\n")
+    rc, out, _ = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2", "--json")
+    d = json.loads(out)
+    assert (rc, d["ok"], d["ranks"], d["topology_gpus"]) == (1, False, 8, 16)
+
+
+def test_ranks_says_the_tree_is_meant_for_the_first_gpus(capsys, tree8):
+    rc, out, _ = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2", "--ranks", "8", "--json")
+    d = json.loads(out)
+    assert (rc, d["ok"], d["problems"]) == (0, True, [])
+    assert d["gpus"] == [f"h0/gpu{i}" for i in range(8)] and d["topology_gpus"] == 16
+    # the whole topology of one host: no --ranks needed
+    rc, out, _ = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100")
+    assert rc == 0 and out.rstrip().endswith("OK: the tree fits the topology")
+
+
+@pytest.mark.parametrize("ranks, rc, expected", [
+    ("4", 1, "  the tree has 8 ranks, --ranks says 4\n"),
+    ("40", 1, "treecoll: error: --ranks: expected at most 16 (the GPUs of topology 'dgx-h100-x2'), got 40\n"),
+    ("0", 1, "treecoll: error: --ranks: expected a positive integer, got 0\n"),
+])
+def test_ranks_that_do_not_match(capsys, tree8, ranks, rc, expected):
+    got_rc, out, err = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2", "--ranks", ranks)
+    assert got_rc == rc and expected in (out + err)
+
+
+def test_a_tree_larger_than_the_topology(capsys, tmp_path):
+    f = tmp_path / "t12.yaml"
+    f.write_text("ranks: 12\nparents: [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
+    rc, out, _ = run(capsys, "tree", "check", f, "--topology", "dgx-h100")
+    assert (rc, out) == (1, f"{f}: does not fit\n  the tree has 12 ranks, topology 'dgx-h100' has 8 GPUs\n")
+    rc, _, err = run(capsys, "tree", "show", f, "--topology", "dgx-h100")
+    assert (rc, err) == (1, "treecoll: error: tree: expected at most 8 ranks (the GPUs of topology 'dgx-h100'), "
+                            "got 12\n")
+
+
+def test_build_names_the_model_of_its_predictions(capsys):
+    rc, out, _ = run(capsys, "tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "4K")
+    assert rc == 0 and "predicted by the cost model (collectives.cost) for 4096 B: " in out
+    rc, _, err = run(capsys, "tree", "build", "--topology", "dgx-h100", "--builder", "chain", "--ranks", "9")
+    assert (rc, err) == (1, "treecoll: error: --ranks: expected at most 8 (the GPUs of topology 'dgx-h100'), "
+                            "got 9\n")
