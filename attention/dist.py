@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from treecoll.collectives.launch import spawn
 from treecoll.topo.errors import AttentionError
 
 __all__ = [
@@ -247,11 +246,6 @@ def peak_tensor_bytes(fn, *args, **kwargs):
         peak = max(peak, cur)
     return result, peak
 
-
-# --------------------------------------------------------------------------- launching
-
-#: :func:`treecoll.collectives.launch.spawn` (the one launcher) under the name this module gave it
-run_group = spawn
 
 
 def decode_signature(q, k, extra=(), extra_names=()):
