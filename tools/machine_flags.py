@@ -28,17 +28,9 @@ import argparse
 import shlex
 
 from treecoll.tools.units import UsageError, int_arg
+from treecoll.topo import machines
 from treecoll.topo.errors import TopologyError
-from treecoll.topo.machines import (
-                                    FABRICS,
-                                    MAX_HOSTS,
-                                    Machine,
-                                    MachineFacts,
-                                    MachineFlags,
-                                    machine_topology,
-                                    parse_nic,
-                                    resolve_gpu,
-)
+from treecoll.topo.machines import Machine, MachineFacts, MachineFlags
 
 __all__ = ["add_machine_flags", "machine_flags", "machine_from_args", "parse_machine_flags", "nic_arg", "gpu_arg",
            "describe"]
@@ -47,7 +39,7 @@ __all__ = ["add_machine_flags", "machine_flags", "machine_from_args", "parse_mac
 def nic_arg(text: str):
     """argparse ``type=`` for ``--nic``: a :class:`~treecoll.topo.machines.Nic` or a one-line UsageError."""
     try:
-        return parse_nic(text)
+        return machines.parse_nic(text)
     except TopologyError as e:
         raise UsageError(str(e)) from None
 
@@ -55,7 +47,7 @@ def nic_arg(text: str):
 def gpu_arg(text: str) -> str:
     """argparse ``type=`` for ``--gpu``: the name as given, once it is known to the machine table."""
     try:
-        resolve_gpu(text, 1)
+        machines.resolve_gpu(text, 1)
     except TopologyError as e:
         if "no machine template" in str(e):
             raise UsageError(str(e)) from None
@@ -68,14 +60,14 @@ def add_machine_flags(parser: argparse.ArgumentParser, *, topology_help: str | N
                                              "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic")
     g.add_argument("--topology", default=None, metavar="FILE|name",
                    help=topology_help or "a topology YAML, NCCL XML or nvidia-smi file, or a shipped name")
-    g.add_argument("--hosts", type=int_arg("--hosts", maximum=MAX_HOSTS), default=None, metavar="N",
+    g.add_argument("--hosts", type=int_arg("--hosts", maximum=machines.MAX_HOSTS), default=None, metavar="N",
                    help="number of hosts")
     g.add_argument("--gpus-per-host", type=int_arg("--gpus-per-host", maximum=1024), default=None, metavar="G",
                    help="GPUs per host (default: the machine template's)")
     g.add_argument("--gpu", type=gpu_arg, default=None, metavar="MODEL",
                    help="GPU model: a machine template (h100-sxm, hgx-b200, ...) or a name as nvidia-smi prints it")
     g.add_argument("--nic", type=nic_arg, default=None, metavar="COUNTxSPEEDG-FABRIC",
-                   help=f"NICs per host, e.g. 8x400G-ib; FABRIC one of {', '.join(FABRICS)} "
+                   help=f"NICs per host, e.g. 8x400G-ib; FABRIC one of {', '.join(machines.FABRICS)} "
                         f"(default: the template's NICs)")
     return g
 
@@ -88,8 +80,9 @@ def machine_flags(args: argparse.Namespace) -> MachineFlags:
 
 
 def machine_from_args(args: argparse.Namespace, facts: MachineFacts | None = None):
-    """``(Topology, Machine or None)`` for parsed ``args`` and what a file says (:func:`machine_topology`)."""
-    return machine_topology(machine_flags(args), facts)
+    """``(Topology, Machine or None)`` for parsed ``args`` and what a file says
+    (:func:`treecoll.topo.machines.machine_topology`)."""
+    return machines.machine_topology(machine_flags(args), facts)
 
 
 class _Quiet(argparse.ArgumentParser):

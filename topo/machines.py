@@ -392,7 +392,8 @@ class Machine:
     def describe(self) -> str:
         """``"2 x h100-sxm (8 GPUs each), NICs 8x400G-ib"``."""
         nic = str(self.nic) if self.nic else "the template's"
-        return f"{self.hosts} x {self.template} ({self.gpus_per_host} GPUs each), NICs {nic}"
+        gpus = f"{self.gpus_per_host} GPU{'s' if self.gpus_per_host != 1 else ''}"
+        return f"{self.hosts} x {self.template} ({gpus} each), NICs {nic}"
 
     def document(self) -> dict:
         """The compact YAML form of the machine, as plain data."""

@@ -139,7 +139,7 @@ def load(path_or_stream: str | os.PathLike | IO[str], *, max_nodes: int | None =
 
 
 def _read(p: FsPath) -> str:
-    return read_text(p, "topology file", hint=f"; shipped topologies are in {SHIPPED_DIR}")
+    return read_text(p, "topology file", hint=f"; shipped topologies are in {SHIPPED_DIR} and its machines/")
 
 
 def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None, *,

@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from treecoll.topo.errors import TreecollError
-from treecoll.topo.files import read_text
+from treecoll.topo.files import decode_text, read_text
 
 __all__ = ["NcclTestsError", "NcclTestsOutput", "Table", "Row", "Measurement", "Device", "RunInfo", "Header",
            "parse", "read", "recognise", "bus_factor", "COLLECTIVES", "BINARIES", "TYPE_BYTES", "MAX_FILE_BYTES"]
@@ -207,13 +207,16 @@ class Header:
 class Table:
     """One sweep of one binary (one type, operation and root), with what the file says around it.
 
-    ``collective``: one of :data:`COLLECTIVES`, or None with ``candidates`` the ones the evidence
-    leaves (empty when it contradicts itself); ``evidence``: what decided, in words. ``nranks``: the
-    GPUs the run used (``nranks_from`` says which evidence), None when nothing says. ``devices``: the
-    device lines before the table (``devices_complete``: ranks 0..n-1 each listed once, nothing
-    elided). ``complete``: the table ended as nccl-tests ends one (its footer, or the next sweep);
-    ``elided``: lines of ``...`` elisions inside the table; ``dropped``: ``(line, why)`` of rows
-    that could not be read (cut mid-line); ``warnings``: contradictions found.
+    ``source``: the file; ``index``: the table's place in it (0-based); ``line``: where the table
+    starts (its header line, else its first row); ``columns``: the header's names (lower case,
+    ``#`` dropped; empty without a header). ``collective``: one of :data:`COLLECTIVES`, or None
+    with ``candidates`` the ones the evidence leaves (empty when it contradicts itself);
+    ``evidence``: what decided, in words. ``nranks``: the GPUs the run used (``nranks_from``
+    says which evidence), None when nothing says. ``devices``: the device lines before the table
+    (``devices_complete``: ranks 0..n-1 each listed once, nothing elided). ``complete``: the
+    table ended as nccl-tests ends one (its footer, or the next sweep); ``elided``: lines of
+    ``...`` elisions inside the table; ``dropped``: ``(line, why)`` of rows that could not be
+    read (cut mid-line); ``warnings``: contradictions found.
     """
 
     source: str
@@ -818,9 +821,11 @@ def _finish(source: str, index: int, t: _Open, file_hint: str | None) -> Table:
 
 
 # ---------------------------------------------------------------------------------------------- entry points
-def parse(text: str, source: str = "<text>") -> NcclTestsOutput:
-    """Read nccl-tests output from ``text``; ``source`` names it in messages. Raises
+def parse(text: str | bytes, source: str = "<text>") -> NcclTestsOutput:
+    """Read nccl-tests output from ``text`` (or UTF-8 bytes); ``source`` names it in messages. Raises
     :class:`NcclTestsError` when no table row can be read."""
+    if isinstance(text, (bytes, bytearray)):
+        text = decode_text(bytes(text), source, "nccl-tests output", error=NcclTestsError)
     if not isinstance(text, str):
         raise NcclTestsError(f"{source}: expected text, got {type(text).__name__}")
     reader = _Reader(source)
