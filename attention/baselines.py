@@ -23,6 +23,24 @@ Both are implemented as their authors run them, so that comparisons are fair:
 
 ``tree``, ``topology`` and ``root_only`` are accepted for signature
 compatibility and ignored (both baselines give every rank the output).
+
+In one process (no process group) every method is the local decode over the
+whole cache:
+
+>>> import torch
+>>> from treecoll.attention.decode import decode_partial
+>>> g = torch.Generator().manual_seed(0)
+>>> q = torch.randn(1, 4, 8, generator=g)
+>>> k, v = torch.randn(1, 50, 2, 8, generator=g), torch.randn(1, 50, 2, 8, generator=g)
+>>> out = ring_decode(q, k, v)
+>>> torch.equal(out, decode_partial(q, k, v)[0]), torch.equal(allreduce3_decode(q, k, v), out)
+(True, True)
+>>> [method(name).__name__ for name in METHODS]
+['tree_decode', 'ring_decode', 'allreduce3_decode']
+>>> method("flash")
+Traceback (most recent call last):
+...
+treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'ring', 'allreduce3']
 """
 from __future__ import annotations
 
