@@ -77,7 +77,7 @@ def test_every_template_loads_by_name_with_its_numbers(name):
     if name in ("gb200-nvl72", "hgx-b200"):
         return
     text = shipped(name).read_text()
-    assert "Sources" in text and "/work" not in text and "../shared" not in text
+    assert "Sources" in text   # (no paths outside the repository: tests/test_package.py)
     assert shipped(name).parent == MACHINES_DIR
 
 
