@@ -6,7 +6,8 @@ Two forms (full schema with examples: docs/topology-yaml.md):
   ``hosts`` (groups ``{template, count, names}``) and ``network`` (a network
   template, :mod:`treecoll.topo.network`); a template may also come from another file
   (``template: dgx-h100`` finds ``dgx-h100.yaml`` beside the file or in the
-  shipped ``topologies/``; ``template: ../x/box.yaml`` is a relative path).
+  shipped ``topologies/`` or ``topologies/machines/``, the machine templates of
+  :mod:`treecoll.topo.machines`; ``template: ../x/box.yaml`` is a relative path).
 * **explicit**: ``nodes: [{id, kind, ...}]`` and ``links: [{a, b, kind, bw,
   lat, count[, directed]}]`` (the format :func:`save` writes, and
   :meth:`Topology.to_dict`). A compact file may add explicit nodes/links.
@@ -28,7 +29,7 @@ beyond ten times its size (:data:`treecoll.topo._schema.YAML_LOADER`).
 ... ''')
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics (with a rail), got none
+treecoll.topo.errors.TopologyError: <string>:5: network: a network needs NICs: expected hosts with nics ...
 >>> t = loads("hosts: [{template: dgx-h100, count: 2}]\\nnetwork: {type: rail_optimized}\\n")
 >>> len(t.gpus()), t.path("h0/gpu0", "h1/gpu0").nccl
 (16, 'NET')
@@ -54,10 +55,13 @@ from .limits import limits as make_limits
 from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
 from .network import add_network
 
-__all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "NODE_ATTRS", "shipped"]
+__all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "MACHINES_DIR", "NODE_ATTRS",
+           "shipped", "shipped_names"]
 
 #: the shipped topologies: the package data ``treecoll.topologies`` (``topologies/`` in a checkout)
 SHIPPED_DIR = FsPath(importlib.util.find_spec("treecoll.topologies").origin).parent
+#: the shipped one-host machine templates (:mod:`treecoll.topo.machines`), found by name like the topologies
+MACHINES_DIR = SHIPPED_DIR / "machines"
 TOP_KEYS = ("name", "meta", "templates", "hosts", "network", "nodes", "links")
 GROUP_KEYS = ("template", "count", "names")
 LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
@@ -135,7 +139,7 @@ def load(path_or_stream: str | os.PathLike | IO[str], *, max_nodes: int | None =
 
 
 def _read(p: FsPath) -> str:
-    return read_text(p, "topology file", hint=f"; shipped topologies are in {SHIPPED_DIR}")
+    return read_text(p, "topology file", hint=f"; shipped topologies are in {SHIPPED_DIR} and its machines/")
 
 
 def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None, *,
@@ -256,12 +260,25 @@ def default() -> Topology:
     return load(shipped(DEFAULT_NAME))
 
 
+def shipped_names() -> list[str]:
+    """The names of every shipped topology: ``topologies/*.yaml`` and the machine templates
+    ``topologies/machines/*.yaml``."""
+    return sorted(x.stem for d in (SHIPPED_DIR, MACHINES_DIR) if d.is_dir() for x in d.glob("*.yaml"))
+
+
+def _shipped_file(name: str) -> FsPath | None:
+    file = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    if "/" in file or os.sep in file:
+        return None
+    return next((p for p in (SHIPPED_DIR / file, MACHINES_DIR / file) if p.is_file()), None)
+
+
 def shipped(name: str) -> FsPath:
-    """Path of a shipped topology by name (``"dgx-h100"`` -> ``topologies/dgx-h100.yaml``)."""
-    p = SHIPPED_DIR / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
-    if not p.is_file():
-        have = sorted(x.stem for x in SHIPPED_DIR.glob("*.yaml")) if SHIPPED_DIR.is_dir() else []
-        raise TopologyError(f"shipped topology {name!r}: not found; expected one of {have}")
+    """Path of a shipped topology by name (``"dgx-h100"`` -> ``topologies/dgx-h100.yaml``; a machine
+    template such as ``"h100-sxm"`` -> ``topologies/machines/h100-sxm.yaml``)."""
+    p = _shipped_file(name)
+    if p is None:
+        raise TopologyError(f"shipped topology {name!r}: not found; expected one of {shipped_names()}")
     return p
 
 
@@ -282,8 +299,7 @@ def resolve(spec: str | os.PathLike, *, max_nodes: int | None = None, max_links:
     if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):
         from .discover import import_file
         return import_file(p, **caps, yaml_fallback=True)
-    if not p.is_file() and "/" not in s and os.sep not in s \
-            and (SHIPPED_DIR / f"{s.removesuffix('.yaml')}.yaml").is_file():
+    if not p.is_file() and _shipped_file(s) is not None:
         return load(shipped(s), **caps)
     return load(p, **caps)  # a YAML file, or the one-line error saying why the path cannot be read
 
@@ -414,7 +430,7 @@ def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiti
     if is_path:
         candidates = [base / ref]
     else:
-        candidates = [base / f"{ref}.yaml", SHIPPED_DIR / f"{ref}.yaml"]
+        candidates = [base / f"{ref}.yaml", SHIPPED_DIR / f"{ref}.yaml", MACHINES_DIR / f"{ref}.yaml"]
     fp = next((c for c in candidates if c.is_file()), None)
     if fp is None:
         doc.fail(path, f"unknown template {ref!r}: expected one of this file's templates {sorted(local)} or a file "

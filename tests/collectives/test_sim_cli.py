@@ -51,7 +51,8 @@ def test_simulate_decode_and_links_text(capsys):
 def test_simulate_user_error_is_one_line(capsys):
     assert main(["simulate", "allreduce", "--topology", "dgx-h100", "--sizes", "8X"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("treecoll: error: --sizes: expected a size like 4096") and "got '8X'" in err and err.count("\n") == 1
+    assert err.startswith("treecoll: error: --sizes: expected a size like 4096") and "got '8X'" in err
+    assert err.count("\n") == 1
 
 
 def test_unknown_algo_lists_every_valid_name(capsys):
@@ -63,15 +64,22 @@ def test_unknown_algo_lists_every_valid_name(capsys):
     assert "nvls allreduce" in capsys.readouterr().out
 
 
-def test_validate_parses_both_formats_and_skips_with_reason(tmp_path):
-    old = validate_sim.parse(FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt")
-    assert old.nranks == 4 and old.rows[0] == (8, 13.37) and len(old.rows) == 25
-    trunc = validate_sim.parse(FIXTURES / "a100-16gpu-2node-allreduce-aws-p4de-efa.txt")
-    assert trunc.hosts == [("host0", 8), ("host1", 8)] and trunc.rows[-1] == (2147483648, 51406.0)
+def _case(name):
+    return validate_sim.cases([FIXTURES / name])[0][0]
+
+
+def test_validate_reads_both_formats_and_skips_with_reason(tmp_path):
+    old = _case("v100pcie-4gpu-1node-allreduce-oldformat.txt")
+    assert old.table.nranks == 4 and (old.table.rows[0].size, old.table.rows[0].out_of_place.time_us) == (8, 13.37)
+    assert len(old.table.rows) == 25
+    trunc = _case("a100-16gpu-2node-allreduce-aws-p4de-efa.txt")   # no device lines: the index's flags say it
+    topo, desc, _ = validate_sim.topology_for(trunc)
+    assert desc == "2 x a100-sxm (8 GPUs each), NICs 4x100G-efa" and len(topo.gpus()) == 16
+    assert trunc.table.rows[-1].size == 2147483648 and trunc.table.rows[-1].out_of_place.time_us == 51406.0
     odd = tmp_path / "odd.txt"
     odd.write_text("# machine: a toaster\n        8     2   float  sum  -1  1.0  0.0  0.0  0  1.0  0.0  0.0  0\n")
     d = validate_sim.validate([odd])
-    assert "no 'Using devices' block" in d["files"][0]["skipped"]
+    assert "the file does not say the machine" in d["files"][0]["reason"]
 
 
 def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(tmp_path):
@@ -90,13 +98,13 @@ def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(
 def test_validation_offers_nvls_where_nccl_does():
     """DGX H100 (NVSwitch, sm 90): NVLSTree wins at 1 GiB, as NCCL's tuner picks it; the GH200 quad's
     direct NVLinks (a stand-in switch with multicast: false) and NCCL_ALGO=Ring leave it out."""
-    h100 = validate_sim.parse(FIXTURES / "h100-16gpu-2node-allreduce.txt")
-    topo, _ = validate_sim.topology_for(h100)
+    h100 = _case("h100-16gpu-2node-allreduce.txt")
+    topo = validate_sim.topology_for(h100)[0]
     assert validate_sim.algorithms(h100, topo)[0] == ["ring", "tree", "nvls"]
     t, label = validate_sim.predict(topo, h100, 1 << 30, None)
     assert label == "nvls_tree/nccl-nvls" and (1 << 30) / t / 1e9 * 30 / 16 > 440
     assert validate_sim.nccl_model_time(topo, h100, 1 << 30) == pytest.approx(t, rel=0.01)
-    ring = validate_sim.parse(FIXTURES / "h100-16gpu-2node-allreduce-ring.txt")
+    ring = _case("h100-16gpu-2node-allreduce-ring.txt")
     assert validate_sim.algorithms(ring, validate_sim.topology_for(ring)[0])[0] == ["ring"]
-    gh = validate_sim.parse(FIXTURES / "gh200-8gpu-2node-allreduce-slingshot.txt")
+    gh = _case("gh200-8gpu-2node-allreduce-slingshot.txt")
     assert validate_sim.algorithms(gh, validate_sim.topology_for(gh)[0])[0] == ["ring", "tree"]

@@ -1,0 +1,81 @@
+"""The machine flags helper (treecoll.tools.machine_flags) and tools/validate_sim.py on the fixtures."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from treecoll.tools import validate_sim
+from treecoll.tools.machine_flags import add_machine_flags, machine_flags, machine_from_args, parse_machine_flags
+from treecoll.tools.units import UsageError
+
+FIX = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nccl-tests"
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="t")
+    add_machine_flags(p)
+    return p
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nic", "8x400G-xyz"], "--nic '8x400G-xyz': unknown fabric 'xyz'; expected one of ib, roce, efa, tcpx, "
+                              "tcpxo, slingshot, socket in COUNTxSPEEDG-FABRIC (e.g. 8x400G-ib"),
+    (["--gpu", "H999"], "--gpu 'H999': no machine template for this GPU; expected a template (a100-pcie, a100-sxm, "),
+    (["--hosts", "0"], "--hosts: expected a positive integer, got 0"),
+    (["--gpus-per-host", "x"], "--gpus-per-host: expected an integer, got 'x'"),
+])
+def test_bad_flag_values_are_one_line_usage_errors(argv, message):
+    with pytest.raises(UsageError) as e:
+        _parser().parse_args(argv)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    with pytest.raises(UsageError) as e:
+        parse_machine_flags(" ".join(argv))
+    assert str(e.value).startswith(message)
+
+
+def test_flags_to_a_topology_and_the_cli_errors():
+    args = _parser().parse_args(["--hosts", "2", "--gpu", "NVIDIA GB200", "--nic", "4x400G-ib"])
+    t, m = machine_from_args(args)
+    assert m.describe() == "2 x gb200-nvl72 (4 GPUs each), NICs 4x400G-ib" and len(t.gpus()) == 8
+    assert machine_flags(argparse.Namespace()).counts_given() is False
+    with pytest.raises(UsageError, match="machine flags: unrecognized arguments: --bogus"):
+        parse_machine_flags("--hosts 2 --bogus")
+
+
+def test_validate_sim_reports_every_table_with_a_status(capsys):
+    """A small run: one fit table predicted, held-out tables skipped with the reason that applies."""
+    files = [FIX / "v100pcie-4gpu-1node-allreduce-oldformat.txt", FIX / "heldout/h100-8gpu-1node-alltoall.txt",
+             FIX / "heldout/gb200-144gpu-36node-allreduce-2rack.txt",
+             FIX / "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt"]
+    assert validate_sim.main([str(f) for f in files] + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    got = {e["file"]: (e["status"], e["set"], e["health"]) for e in d["files"]}
+    assert got == {"v100pcie-4gpu-1node-allreduce-oldformat.txt": ("ok", "fit", "unstated"),
+                   "heldout/h100-8gpu-1node-alltoall.txt": ("skipped", "heldout", "unstated"),
+                   "heldout/gb200-144gpu-36node-allreduce-2rack.txt": ("skipped", "heldout", "healthy"),
+                   "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": ("skipped", "heldout", "unstated")}
+    reasons = [e["reason"] for e in d["files"]]
+    assert reasons[0] == "" and reasons[1].startswith("alltoall: the simulator does not predict it yet")
+    assert reasons[2].startswith("the table ran on 128 ranks (busbw/algbw), the machine has 144 GPUs")
+    assert reasons[3].startswith("128 GPUs: more than --max-gpus 64 (") and "pass --max-gpus 128" in reasons[3]
+    v100 = next(e for e in d["files"] if e["status"] == "ok")
+    assert len(v100["rows"]) == 25 and v100["machine"] == "1 x v100-pcie (4 GPUs each), NICs the template's"
+    assert d["sets"]["fit"]["tables"] == 1 and d["sets"]["heldout"]["tables"] == 0
+    assert d["large_err"] == d["sets"]["fit"]["large_err"]
+
+
+def test_validate_sim_flags_win_and_bad_flags_are_one_line(capsys, tmp_path):
+    f = tmp_path / "t.txt"   # no device lines, no index: the machine comes from the flags alone
+    f.write_text("#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+                 "  1048576  262144  float  sum  -1  63.16  16.60  24.90  0  63.08  16.62  24.94  0\n")
+    d = validate_sim.validate([f])
+    reason = d["files"][0]["reason"]
+    assert reason.startswith(f"machine: {f}:1: the file does not say the machine (no complete device list): pass")
+    flags = parse_machine_flags("--hosts 1 --gpus-per-host 4 --gpu rtx5090")
+    e = validate_sim.validate([f], flags=flags)["files"][0]
+    assert e["status"] == "ok" and e["machine"].startswith("1 x rtx5090 (4 GPUs each)") and e["set"] == "unlisted"
+    assert validate_sim.main([str(f), "--nic", "8x400G-xyz"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("validate_sim: error: --nic '8x400G-xyz': unknown fabric") and err.count("\n") == 1
