@@ -46,7 +46,7 @@ NO_EXAMPLES = {
     "treecoll.tools.emucluster": "package marker; its modules carry the examples",
     "treecoll.tools.validate_sim": COMMAND,
 }
-BARE = re.compile(r"^\s*(?:>>> )?(?:from|import) (?:topo|collectives|attention|tools)\b", re.M)
+BARE = re.compile(r"^\s*(?:>>> )?(?:from|import) (?:topo|collectives|attention|tools|test_\w+|topo_fakes|helpers)\b", re.M)
 #: text about how and when the work was done, issue numbers, or files outside the repository (the research
 #: notes and design card it was built from); "run A" / "run B" only in capitals ("run a command" is fine)
 HISTORY = re.compile(r"(?i:\bsession [0-9]|\bissue #?[0-9]|\.\./shared|shared/reference|shared/fixtures|refuted"
@@ -64,7 +64,8 @@ def test_every_module_has_runnable_examples(name):
 
 
 def test_nothing_imports_the_folders_as_top_level_packages():
-    """Code, tests and docs import ``treecoll.topo``..., never ``topo``: installed, the bare names do not exist."""
+    """Code, tests and docs import ``treecoll.topo``..., never ``topo``, and tests import ``tests.x``, never a bare
+    test module: installed, or run from another directory, the bare names do not exist."""
     files = subprocess.run(["git", "ls-files", "*.py", "*.md"], cwd=ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
     bad = [f"{f}:{s.count(chr(10), 0, m.start()) + 1}" for f in files if not f.startswith("tests/fixtures/")

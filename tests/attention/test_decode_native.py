@@ -70,7 +70,7 @@ def test_splits_and_strided_cache(isa, splits, make_inputs, check_state):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("page_size", [1, 5, 16])
 def test_paged_cache(isa, dtype, page_size, make_inputs, check_state):
-    from test_decode import to_paged
+    from tests.attention.test_decode import to_paged
 
     lengths = [0, 1, 37, 70]
     q, k, v = make_inputs(4, 8, 2, 24, 70, dtype, seed=page_size)
