@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from treecoll.topo.errors import CollectiveError
 
-from .engine import Network, concurrent_times, gc_paused, run_schedule
+from .engine import FlowEngine, Network, concurrent_times, gc_paused
 from .profiles import Profile, get_profile
 
 __all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
@@ -202,9 +202,9 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     gpus = rank_gpus_of(topology, ranks, schedule.nranks)
     net = Network(topology, prof)
     t0 = _time.perf_counter()
-    raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
-                       lanes=lanes)
+    raw = FlowEngine(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
+                     reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
+                     lanes=lanes).run()
     stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
              "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
     return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
@@ -270,7 +270,8 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
     allreduce, the total (all ranks' pieces) for reduce_scatter and
-    allgather; each of the ``channels`` rings carries an equal share. Every step all ranks send one chunk (``size / (P × channels)``) to
+    allgather; each of the ``channels`` rings carries an equal share. Every
+    step all ranks send one chunk (``size / (P × channels)``) to
     their ring successor at once; the step time comes from one max-min
     allocation of those P × channels transfers (:func:`~collectives.sim_engine.concurrent_times`),
     and a reduce-scatter step takes the longer of that and its reduce
@@ -343,7 +344,8 @@ NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ()) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
+    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else
+    that one profile."""
     from .nccl_model import ll128_enabled
     from .profiles import NCCL_PROTOCOLS
     if profile == "auto":
