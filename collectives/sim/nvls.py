@@ -58,7 +58,7 @@ from treecoll.topo.errors import CollectiveError, TreeError
 from . import nccl_model as nm
 from .engine import Network, drain_times
 from .profiles import Profile, get_profile
-from .simulator import SimResult, _check_size, _finish, rank_gpus_of
+from .result import SimResult, check_size, make_result, rank_gpus_of
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
 
@@ -86,7 +86,7 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     Raises :class:`~topo.errors.CollectiveError` saying why when NVLS cannot
     run on these ranks (see :func:`treecoll.collectives.nccl_model.nvls_domains`).
     """
-    _check_size(nbytes, dtype)
+    check_size(nbytes, dtype)
     gpus = rank_gpus_of(topology, ranks)
     try:
         domains = nm.nvls_domains(topology, gpus)
@@ -137,5 +137,5 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     stats = {"engine": "nvls", "domains": len(domains), "gpus_per_domain": n, "tree_height": height,
              "nvls_efficiency": prof.efficiency("nvlink") if nccl else None, "wall_s": _time.perf_counter() - t0}
     algo = "nvls_tree" if len(domains) > 1 else "nvls"
-    return _finish(net, "allreduce", algo, nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
+    return make_result(net, "allreduce", algo, nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
                    prof, dtype, stats, top)
