@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from treecoll.collectives.tree_io import TREE_SUFFIXES
 from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
@@ -38,8 +39,6 @@ from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, 
 
 __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "bruteforce_data", "render_bruteforce"]
 
-#: suffixes of tree files (:mod:`treecoll.collectives.tree_io` reads YAML and JSON)
-TREE_SUFFIXES = (".yaml", ".yml", ".json")
 #: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (9^7 = 4.8 million at 9)
 MAX_BRUTE_RANKS = 9
 #: ``tree bruteforce --trees``: which trees are enumerated
