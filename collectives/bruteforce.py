@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+
+from treecoll.topo.errors import TreeError
 
 from .cost import CostModel
-from .tree import Tree
+from .tree import MultiTree, Tree
 
 __all__ = ["prufer_edges", "rooted_trees", "shapes", "brute_force", "is_symmetric",
            "rank_automorphisms", "trees_up_to_symmetry"]
@@ -157,7 +159,8 @@ def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
     """
     n = model.nranks
     perms = rank_automorphisms(model)
-    roots, covered = [], set()
+    roots: list[int] = []
+    covered: set[int] = set()
     for r in range(n):
         if r not in covered:
             roots.append(r)
@@ -177,12 +180,15 @@ def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
                 yield t
 
 
-def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce", trees=None) -> tuple[float, Tree]:
-    """(least predicted seconds, a tree reaching it) over ``trees`` (default: every rooted
-    tree), each at its best child order and chunk count (:meth:`CostModel.best_ordered`)."""
-    best_t, best = None, None
+def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce",
+                trees: Iterable[Tree] | None = None) -> tuple[float, Tree | MultiTree]:
+    """(least predicted seconds, a tree reaching it, the first of equals) over ``trees`` (default:
+    every rooted tree), each at its best child order and chunk count (:meth:`CostModel.best_ordered`)."""
+    best: tuple[float, Tree | MultiTree] | None = None
     for t in (rooted_trees(model.nranks) if trees is None else trees):
         ordered, _, s = model.best_ordered(t, nbytes, collective)
-        if best_t is None or s < best_t:
-            best_t, best = s, ordered
-    return best_t, best
+        if best is None or s < best[0]:
+            best = (s, ordered)
+    if best is None:
+        raise TreeError("brute force: expected trees to score, got none")
+    return best

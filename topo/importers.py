@@ -26,11 +26,11 @@ def import_text(text: str, where: str, *, host: str = "host0", max_nodes: int | 
     """The topology in ``text`` (read from file ``where``) when it is an NCCL topology XML or
     ``nvidia-smi topo -m`` output, else None. ``max_nodes`` / ``max_links``: the caps of
     :mod:`treecoll.topo.limits`."""
-    caps = {"max_nodes": max_nodes, "max_links": max_links}
+    name = Path(where).stem
     if looks_like_nccl_xml(text):
-        return import_xml(text, host=host, name=Path(where).stem, source=where, **caps)
+        return import_xml(text, host=host, name=name, source=where, max_nodes=max_nodes, max_links=max_links)
     if looks_like_smi(text):
-        return import_smi(text, host=host, name=Path(where).stem, source=where, **caps)
+        return import_smi(text, host=host, name=name, source=where, max_nodes=max_nodes, max_links=max_links)
     return None
 
 

@@ -170,9 +170,8 @@ class RouteTable:
         succ, table = g._succ, self._table
         d = succ[a].get(b)
         if d is not None and d["kind"] == "nvlink":
-            nodes = (a, b)
-            return Path(a, b, nodes, ("nvlink",), d["bw"], d.get("lat", 0.0), "NVL", f"NV{d.get('count', 1)}",
-                        ((nodes, 1.0),))
+            return Path(a, b, (a, b), ("nvlink",), d["bw"], d.get("lat", 0.0), "NVL", f"NV{d.get('count', 1)}",
+                        (((a, b), 1.0),))
         # parallel one-switch routes: a -> s -> b for every NVSwitch s adjacent to both
         hops = [(s, up, succ[s][b]) for s, up in succ[a].items()
                 if table[s][0] == "nvswitch" and up["kind"] == "nvlink" and b in succ[s]
@@ -183,10 +182,9 @@ class RouteTable:
             total = sum(caps)
             routes = tuple(((a, s, b), c / total) for s, c in zip(sw, caps))
             best = max(range(len(sw)), key=lambda i: caps[i])
-            nodes = (a, sw[best], b)
             lat = max(up.get("lat", 0.0) + down.get("lat", 0.0) for _, up, down in hops)
             links = sum(up.get("count", 1) for _, up, _ in hops)
-            return Path(a, b, nodes, ("nvlink", "nvlink"), total, lat, "NVL", f"NV{links}", routes)
+            return Path(a, b, (a, sw[best], b), ("nvlink", "nvlink"), total, lat, "NVL", f"NV{links}", routes)
         # multi-hop NVLink (switch-to-switch fabrics, or through other GPUs: NVB)
         nodes = _bfs(g, a, b, lambda n: table[n][0] in ("nvswitch", "gpu"), frozenset({"nvlink"}))
         if nodes is None:
@@ -232,13 +230,19 @@ class RouteTable:
             if t not in prev:
                 cache[(a, t)] = None
                 continue
-            out = [t]
-            while prev[out[-1]] is not None:
-                out.append(prev[out[-1]])
-            nodes = tuple(reversed(out))
+            nodes = _back(prev, t)
             kinds, bw, lat = _chain(g, nodes)
             nccl, smi = _classify_pci(g, nodes, kinds)
             cache[(a, t)] = Path(a, t, nodes, kinds, bw, lat, nccl, smi, ((nodes, 1.0),))
+
+    def _pci_nodes(self, a: str, b: str) -> tuple[str, ...]:
+        """The nodes of the PCIe route from ``a`` to ``b`` inside one host (``(a,)`` when they are one)."""
+        if a == b:
+            return (a,)
+        p = self._pci_route(a, b)
+        if p is None:
+            raise TopologyError(f"path {a!r} -> {b!r}: no PCIe route inside host {self._table[a][1]!r}")
+        return p.nodes
 
     def _pci_search(self, a: str, b: str) -> Path | None:
         g, table = self.graph, self._table
@@ -266,9 +270,7 @@ class RouteTable:
         mid = self._ecmp_route(na, nb)
         if mid is None:
             raise TopologyError(f"path {a!r} -> {b!r}: NICs {na!r} and {nb!r} are not connected by the network")
-        head = self._pci_route(a, na).nodes if a != na else (a,)
-        tail = self._pci_route(nb, b).nodes if b != nb else (b,)
-        nodes = head[:-1] + mid + tail[1:]
+        nodes = self._pci_nodes(a, na)[:-1] + mid + self._pci_nodes(nb, b)[1:]
         kinds, bw, lat = _chain(g, nodes)
         return Path(a, b, nodes, kinds, bw, lat, "NET", None, ((nodes, 1.0),))
 
@@ -363,12 +365,20 @@ def _bfs(g: nx.DiGraph, a: str, b: str, node_ok: Callable[[str], bool],
                 continue
             prev[v] = u
             if v == b:
-                out = [b]
-                while prev[out[-1]] is not None:
-                    out.append(prev[out[-1]])
-                return tuple(reversed(out))
+                return _back(prev, b)
             q.append(v)
     return None
+
+
+def _back(prev: dict[str, str | None], end: str) -> tuple[str, ...]:
+    """The route to ``end`` that a breadth-first search recorded in ``prev`` (each node's predecessor,
+    None at the start), from the start."""
+    out = [end]
+    u = prev[end]
+    while u is not None:
+        out.append(u)
+        u = prev[u]
+    return tuple(reversed(out))
 
 
 def _classify_pci(g: nx.DiGraph, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[str, str]:

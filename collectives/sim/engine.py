@@ -53,12 +53,16 @@ from __future__ import annotations
 import gc
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
+
+from ..schedule import Schedule, Step
+from .profiles import Profile
 
 __all__ = ["Network", "Route", "maxmin_rates", "FlowEngine", "concurrent_times", "drain_times", "RawRun",
            "route_class", "gc_paused"]
@@ -83,15 +87,15 @@ class Route:
     ``shares`` (float, one per subflow), ``nlinks`` (links per subflow), ``all_links`` (their
     link ids, concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
 
-    subroutes: tuple
+    subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
     cls: str
     nccl: str
-    used: tuple = ()
-    shares: np.ndarray = None
-    nlinks: np.ndarray = None
-    all_links: np.ndarray = None
-    owner: np.ndarray = None
+    used: tuple[np.ndarray, ...]
+    shares: np.ndarray
+    nlinks: np.ndarray
+    all_links: np.ndarray
+    owner: np.ndarray
 
     @classmethod
     def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> Route:
@@ -122,7 +126,7 @@ class Network:
     linear in the links actually used.
     """
 
-    def __init__(self, topology, profile):
+    def __init__(self, topology: Topology, profile: Profile):
         self.topology = topology
         self.profile = profile
         self._ids: dict[tuple[str, str], int] = {}
@@ -154,7 +158,7 @@ class Network:
         """Capacity of each numbered link, bytes/s (a view: index it, do not keep it across new links)."""
         return self._cap[:len(self.ends)]
 
-    def link_load(self, transfers) -> np.ndarray:
+    def link_load(self, transfers: Iterable[tuple[str, str, float]]) -> np.ndarray:
         """Bytes each numbered link carries for ``transfers`` = ``[(src_gpu, dst_gpu, nbytes)]``."""
         ids, w = [], []
         for a, b, n in transfers:
@@ -253,7 +257,7 @@ def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: 
         lm[inc_l[sel]] = True
 
 
-def drain_times(net: Network, links, sizes) -> np.ndarray:
+def drain_times(net: Network, links: Sequence[np.ndarray], sizes: Sequence[float]) -> np.ndarray:
     """Seconds each subflow takes to drain when all start together, rates from one max-min allocation.
 
     ``links[i]``: the link ids (array) subflow ``i`` crosses; ``sizes[i]``: its bytes.
@@ -268,7 +272,7 @@ def drain_times(net: Network, links, sizes) -> np.ndarray:
     return drain
 
 
-def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
+def concurrent_times(net: Network, transfers: Iterable[tuple[str, str, float]]) -> tuple[np.ndarray, np.ndarray]:
     """``(latency, drain)`` in seconds of transfers that all start together, rates from one max-min allocation.
 
     ``transfers``: iterable of ``(src_gpu, dst_gpu, nbytes)``. ``drain`` is
@@ -306,7 +310,7 @@ class RawRun:
 class _Flows:
     """Growable arrays of subflows and their link incidences."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.n = 0
         self.rem = np.zeros(64)
         self.rate = np.zeros(64)
@@ -384,7 +388,7 @@ def _lane_queues(steps) -> list[list[int]]:
 
 
 @contextmanager
-def gc_paused():
+def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off inside the block, restored to its state after.
 
     Used as a decorator on the simulations (``@gc_paused()`` on :func:`treecoll.collectives.sim.simulator`
@@ -454,7 +458,7 @@ class FlowEngine:
     (2697.5, 1, 4)
     """
 
-    def __init__(self, net: Network, schedule, chunk_bytes: Sequence[float], rank_gpus: Sequence[str],
+    def __init__(self, net: Network, schedule: Schedule, chunk_bytes: Sequence[float], rank_gpus: Sequence[str],
                  mem_bw: Sequence[float], *, reduce_cost: bool = True, ordered_pairs: bool = False,
                  rendezvous: bool = False, lanes: bool = False):
         P = schedule.nranks
@@ -482,7 +486,8 @@ class FlowEngine:
         self.recv_k = [_recv_indices(steps[r], r) for r in range(P)]
         # messages, named (src, dst, chunk, k)
         self.send_count: dict[tuple[int, int, int], int] = {}
-        self.pair_queue: dict[tuple, deque] = {}  # connection -> sends waiting for it (present while one drains)
+        # connection -> (step, Step, message) of the sends waiting for it (present while one drains)
+        self.pair_queue: dict[tuple[int, int, int], deque[tuple[int, Step, tuple]]] = {}
         self.posted: set[tuple] = set()           # messages whose recv is posted (rendezvous)
         self.held: dict[tuple, tuple] = {}        # message -> (rank, step, Step) of its send, until posted
         self.arrived: dict[tuple, float] = {}     # message -> arrival time, until its recv is posted
@@ -635,7 +640,7 @@ class FlowEngine:
             if b is not None:
                 self.scratch_ev[r].append((t, -b))
 
-    def _start_reduce(self, r: int, i: int, s, t: float) -> None:
+    def _start_reduce(self, r: int, i: int, s: Step, t: float) -> None:
         """A reduce takes ``3 × chunk_bytes / mem_bw`` on the rank's GPU, one at a time."""
         mem_bw = self.mem_bw[r]
         dur = 3.0 * self.chunk_bytes[s.chunk] / mem_bw if (self.reduce_cost and mem_bw > 0) else 0.0
@@ -646,7 +651,7 @@ class FlowEngine:
             self.compute_free[r] = begin + dur
             self._push(begin + dur, _REDUCE_DONE, r, i)
 
-    def _post_recv(self, r: int, i: int, s, t: float) -> None:
+    def _post_recv(self, r: int, i: int, s: Step, t: float) -> None:
         """A recv into slot >= 1 holds scratch until its reduce; it completes when its data has arrived
         (with ``rendezvous``, posting it lets a held send move)."""
         if s.slot > 0:
@@ -675,11 +680,11 @@ class FlowEngine:
             self._advance(w[0], t)
 
     # ------------------------------------------------------------------ messages
-    def _conn(self, r: int, s) -> tuple[int, int, int]:
+    def _conn(self, r: int, s: Step) -> tuple[int, int, int]:
         """The connection a send goes over: one per (sender, receiver), per lane with ``lanes`` (NCCL channels)."""
         return (r, s.peer, s.lane if self.lanes else 0)
 
-    def _start_send(self, r: int, i: int, s, t: float) -> None:
+    def _start_send(self, r: int, i: int, s: Step, t: float) -> None:
         """Name the message; with ``ordered_pairs`` it goes after the connection's earlier messages."""
         key0 = (r, s.peer, s.chunk)
         k = self.send_count.get(key0, 0)
@@ -694,14 +699,14 @@ class FlowEngine:
             self.pair_queue[conn] = deque()
         self._send_when_posted(r, i, s, key, t)
 
-    def _send_when_posted(self, r: int, i: int, s, key: tuple, t: float) -> None:
+    def _send_when_posted(self, r: int, i: int, s: Step, key: tuple, t: float) -> None:
         """With ``rendezvous``, data moves only once the receiver has posted the matching recv."""
         if self.rendezvous and key not in self.posted and float(self.chunk_bytes[s.chunk]) > 0:
             self.held[key] = (r, i, s)
             return
         self._transmit(r, i, s, key, t)
 
-    def _transmit(self, r: int, i: int, s, key: tuple, t: float) -> None:
+    def _transmit(self, r: int, i: int, s: Step, key: tuple, t: float) -> None:
         """The message's data starts to move: one subflow per route of the pair (none for 0 bytes)."""
         route = self.net.route(self.rank_gpus[r], self.rank_gpus[s.peer])
         n = float(self.chunk_bytes[s.chunk])
@@ -733,7 +738,8 @@ class FlowEngine:
         """The connection ``conn`` is free: start its next waiting message, if any."""
         q = self.pair_queue.get(conn)
         if q:
-            self._send_when_posted(conn[0], *q.popleft(), t)
+            i, s, key = q.popleft()
+            self._send_when_posted(conn[0], i, s, key, t)
         elif q is not None:
             del self.pair_queue[conn]
 
@@ -758,7 +764,7 @@ class FlowEngine:
         return peaks
 
     def _result(self) -> RawRun:
-        finish = [max(d, default=0.0) for d in self.done_t]
+        finish = [max((d for d in done if d is not None), default=0.0) for done in self.done_t]   # all done
         link_bytes = np.zeros(len(self.net.ends))
         fl = self.flows
         fl.flush()

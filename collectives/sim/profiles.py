@@ -69,7 +69,7 @@ class Profile:
     nic_lat_mult: float = 1.0
     tree_eff: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         what = f"profile {self.name!r}"
         if not isinstance(self.base_lat_us, (int, float)) or self.base_lat_us < 0:
             raise CollectiveError(f"{what}: base_lat_us expected a non-negative number, got {self.base_lat_us!r}")

@@ -26,7 +26,8 @@ from treecoll.topo.errors import CollectiveError
 from .engine import Network
 from .profiles import Profile
 
-__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "rank_gpus_of", "check_size", "make_result"]
+__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "rank_gpus_of", "RankSpec", "check_size",
+           "make_result"]
 
 #: bytes per element of the dtypes the simulator accepts
 DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
@@ -96,7 +97,11 @@ class SimResult:
         return d
 
 
-def rank_gpus_of(topology: Topology, ranks: Sequence[str] | int | None, nranks: int | None = None) -> tuple[str, ...]:
+#: the ranks a simulation is given: GPU ids (rank r on the r-th), a count of the first ranks, or None for all
+RankSpec = Sequence[str] | int | None
+
+
+def rank_gpus_of(topology: Topology, ranks: RankSpec, nranks: int | None = None) -> tuple[str, ...]:
     """The GPU of each rank: explicit ids, the first ``ranks`` GPUs in rank order, or all."""
     order = topology.rank_gpus()
     if ranks is None:

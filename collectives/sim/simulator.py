@@ -38,24 +38,27 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
 
+from ..schedule import Schedule
 from .engine import FlowEngine, Network, concurrent_times, gc_paused
 from .profiles import Profile, get_profile
-from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, rank_gpus_of
+from .result import DTYPE_SIZES, RankSpec, SimResult, bandwidths, bus_factor, check_size, make_result, rank_gpus_of
 
 __all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
            "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
 
 
-def _mem_bw(topology, gpus) -> list[float]:
+def _mem_bw(topology: Topology, gpus: Sequence[str]) -> list[float]:
     return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
 
 
 @gc_paused()
-def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
+def simulate(topology: Topology, schedule: Schedule, nbytes: int, *, dtype: str = "float32", ranks: RankSpec = None,
              profile: Profile | str | None = None, top: int = 10, ordered_pairs: bool = False,
              rendezvous: bool = False, lanes: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
@@ -86,7 +89,7 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
                    stats, top)
 
 
-def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
+def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
     """One ring per channel: hosts in rank order, each host's GPUs rotated by the channel number.
 
     Rotating the host-local order makes channel c leave each host from a
@@ -107,7 +110,7 @@ def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]
     return out
 
 
-def default_channels(topology, gpus: Sequence[str]) -> int:
+def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
     """Ring channels: one per NIC of a host when the ring crosses hosts (at most its GPUs), else 1."""
     nodes = topology.graph.nodes
     gpu_count: dict = {}
@@ -138,7 +141,8 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
 
 
 @gc_paused()
-def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
+def simulate_ring(topology: Topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32",
+                  ranks: RankSpec = None,
                   profile: Profile | str | None = None, channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
 
@@ -169,7 +173,8 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
     link_bytes = np.zeros(0)
     makespan = 0.0
     if P > 1:
-        transfers, rings = [], ring_orders(topology, gpus, C)
+        transfers: list[tuple[str, str, float]] = []
+        rings = ring_orders(topology, gpus, C)
         for ring in rings:
             transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
         lat, drain = concurrent_times(net, transfers)
@@ -216,7 +221,8 @@ LL_MAX_BYTES = 8 << 20
 NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 
-def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ()) -> list[Profile]:
+def _profiles(profile: Profile | str | None, nbytes: int = 0, topology: Topology | None = None,
+              gpus: Sequence[str] = ()) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
     :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else
     that one profile."""
@@ -229,9 +235,10 @@ def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ())
     return [get_profile(profile)]
 
 
-def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
+def simulate_algorithm(topology: Topology, algo: str, nbytes: int, *, collective: str = "allreduce",
+                       ranks: RankSpec = None,
                        profile: Profile | str | None = "auto", nchunks: int | None = None, dtype: str = "float32",
-                       root: int = 0, top: int = 10, forward_lag: int = 0, **opts) -> SimResult:
+                       root: int = 0, top: int = 10, forward_lag: int = 0, **opts: Any) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
     (``two_level``, ``kary:4``, ...).
 
@@ -253,12 +260,9 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
         from .nvls import simulate_nvls
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
-    best = None
-    if algo in RING_ALGOS:
-        for p in profs:
-            r = simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p, top=top)
-            best = r if best is None or r.time < best.time else best
-        return best
+    if algo in RING_ALGOS:   # the fastest profile; the first of equals
+        return min((simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p,
+                                  top=top) for p in profs), key=_time_of)
     from .. import builders
     from .. import compile as compile_
     tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
@@ -271,26 +275,34 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
             if nchunks is None and want > k >= 4 else None)
     if collective == "allreduce":
         profs = [p.for_tree_allreduce() for p in profs]
-    for p in profs:
+
+    def run(p: Profile) -> SimResult:
         r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top, **NCCL_TREE_RUN)
         if half is not None:
             r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top,
                                          **NCCL_TREE_RUN), k, want)
-        best = r if best is None or r.time < best.time else best
-    return best
+        return r
+
+    return min((run(p) for p in profs), key=_time_of)
+
+
+def _time_of(r: SimResult) -> float:
+    return r.time
 
 
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
 #: NCCL's tree is a chain inside each host under a tree over hosts, one per NIC rail for large messages
-NCCL_ALLREDUCE = {"ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
+NCCL_ALLREDUCE: dict[str, tuple[str, dict[str, Any]]] = {
+    "ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
 #: message size from which the simulated NCCL tree runs one tree per NIC rail: NCCL spreads a
 #: message over fewer channels (so fewer NICs) the smaller it is (enqueue.cc); this size stands in
 #: for that rule (an approximation: NCCL's count depends on threads and protocol)
 NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
-def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profile | str | None = "auto",
-                            algos: Sequence[str] | None = None, **kw) -> tuple[str, SimResult]:
+def simulate_nccl_allreduce(topology: Topology, nbytes: int, *, ranks: RankSpec = None,
+                            profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
+                            **kw: Any) -> tuple[str, SimResult]:
     """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
@@ -307,15 +319,14 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profi
     if not names:
         raise CollectiveError(f"NCCL allreduce: none of {list(algos or ())} is offered here; "
                               f"expected some of {list(offered)}")
-    best = None
-    for a in names:
+
+    def run(a: str) -> tuple[str, SimResult]:
         name, opts = NCCL_ALLREDUCE[a]
         if a == "tree":
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        r = simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
-        if best is None or r.time < best[1].time:
-            best = (a, r)
-    return best
+        return a, simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
+
+    return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
 
 
 def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResult:
