@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from treecoll.topo import Topology
@@ -764,7 +765,7 @@ class FlowEngine:
         return peaks
 
     def _result(self) -> RawRun:
-        finish = [max((d for d in done if d is not None), default=0.0) for done in self.done_t]   # all done
+        finish = [max(cast("list[float]", done), default=0.0) for done in self.done_t]   # all done by now
         link_bytes = np.zeros(len(self.net.ends))
         fl = self.flows
         fl.flush()
