@@ -11,23 +11,23 @@ every child order too.
 
 :func:`brute_force` returns the least predicted time over a set of trees under
 a :class:`~collectives.cost.CostModel` (each tree at its best chunk count),
-the same score ``auto`` minimises.
+the same score ``auto`` minimises. The command line runs it against ``auto``:
 
-    python -m treecoll.collectives.bruteforce --topology pcie-8gpu --bytes 8 16777216
+    treecoll tree bruteforce --topology pcie-8gpu --sizes 8,16MiB
 
 >>> sum(1 for _ in rooted_trees(4))   # 4^2 labeled trees x 4 roots
 64
 """
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
-import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+
+from treecoll.topo.errors import TreeError
 
 from .cost import CostModel
-from .tree import Tree
+from .tree import MultiTree, Tree
 
 __all__ = ["prufer_edges", "rooted_trees", "shapes", "brute_force", "is_symmetric",
            "rank_automorphisms", "trees_up_to_symmetry"]
@@ -159,7 +159,8 @@ def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
     """
     n = model.nranks
     perms = rank_automorphisms(model)
-    roots, covered = [], set()
+    roots: list[int] = []
+    covered: set[int] = set()
     for r in range(n):
         if r not in covered:
             roots.append(r)
@@ -179,44 +180,15 @@ def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
                 yield t
 
 
-def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce", trees=None) -> tuple[float, Tree]:
-    """(least predicted seconds, a tree reaching it) over ``trees`` (default: every rooted
-    tree), each at its best child order and chunk count (:meth:`CostModel.best_ordered`)."""
-    best_t, best = None, None
+def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce",
+                trees: Iterable[Tree] | None = None) -> tuple[float, Tree | MultiTree]:
+    """(least predicted seconds, a tree reaching it, the first of equals) over ``trees`` (default:
+    every rooted tree), each at its best child order and chunk count (:meth:`CostModel.best_ordered`)."""
+    best: tuple[float, Tree | MultiTree] | None = None
     for t in (rooted_trees(model.nranks) if trees is None else trees):
         ordered, _, s = model.best_ordered(t, nbytes, collective)
-        if best_t is None or s < best_t:
-            best_t, best = s, ordered
-    return best_t, best
-
-
-def main(argv=None) -> int:  # pragma: no cover - a measurement tool
-    import time
-
-    from treecoll import topo
-
-    from .builders import build
-    ap = argparse.ArgumentParser(description="auto versus every spanning tree under the cost model")
-    ap.add_argument("--topology", required=True)
-    ap.add_argument("--ranks", type=int, default=None)
-    ap.add_argument("--bytes", type=int, nargs="+", default=[8, 1 << 20, 16 << 20])
-    ap.add_argument("--shapes", action="store_true", help="enumerate shapes only (symmetric topologies)")
-    ap.add_argument("--all", action="store_true", help="enumerate every rooted tree (no symmetry reduction)")
-    args = ap.parse_args(argv)
-    t = topo.resolve(args.topology)
-    gpus = t.rank_gpus()[: args.ranks] if args.ranks else t.rank_gpus()
-    model = CostModel(t, gpus)
-    for nb in args.bytes:
-        t0 = time.time()
-        trees = shapes(len(gpus)) if args.shapes else None if args.all else trees_up_to_symmetry(model)
-        best_t, best = brute_force(model, nb, trees=trees)
-        a = build("auto", t, gpus, nbytes=nb, model=model)
-        a_t = model.best_nchunks(a, nb)[1]
-        print(f"{t.name} P={len(gpus)} {nb} B: brute force {best_t * 1e6:.3f} us {best.parents}; "
-              f"auto {a_t * 1e6:.3f} us ({a.name}); auto - min {(a_t - best_t) * 1e9:+.4f} ns; "
-              f"{time.time() - t0:.0f} s")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+        if best is None or s < best[0]:
+            best = (s, ordered)
+    if best is None:
+        raise TreeError("brute force: expected trees to score, got none")
+    return best

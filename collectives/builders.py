@@ -39,12 +39,13 @@ Builders
 >>> build("nope", nranks=2)
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', 'double_binary', 'kary', 'star', 'two_level']
+treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', ...]
 """
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from treecoll.topo import NCCL_CLASSES, Topology
 from treecoll.topo.errors import TreeError
@@ -110,23 +111,23 @@ def _rooted(parents: list[int], root: int, name: str) -> Tree:
 
 
 # ---------------------------------------------------------------------- topology-free builders
-def chain(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+def chain(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, root: int = 0) -> Tree:
     """Chain root -> root+1 -> ... (wrapping)."""
     return _rooted(_chain_parents(nranks), root, "chain")
 
 
-def binomial(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+def binomial(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, root: int = 0) -> Tree:
     """Binomial tree: parent(r) = r & (r - 1), depth ceil(log2 P)."""
     return _rooted(_binomial_parents(nranks), root, "binomial")
 
 
-def kary(topology: Topology | None, gpus, nranks: int, *, k: int = 2, root: int = 0) -> Tree:
+def kary(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, k: int = 2, root: int = 0) -> Tree:
     """Fan-out ``k`` tree over consecutive rank ranges, depth about log_k P."""
     t = _rooted(_kary_parents(nranks, int(k)), root, f"kary:{int(k)}")
     return t
 
 
-def star(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+def star(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, root: int = 0) -> Tree:
     """Every rank's parent is the root."""
     return _rooted(_kary_parents(nranks, max(nranks - 1, 1)), root, "star")
 
@@ -145,7 +146,7 @@ def nccl_btree_parents(n: int) -> list[int]:
     return parents
 
 
-def double_binary(topology: Topology | None, gpus, nranks: int) -> MultiTree | Tree:
+def double_binary(topology: Topology | None, gpus: Sequence[str] | None, nranks: int) -> MultiTree | Tree:
     """NCCL's double binary tree: the btree and its mirror (even P) or shift (odd P)."""
     n = nranks
     first = nccl_btree_parents(n)
@@ -195,15 +196,14 @@ def _links_tree(topology: Topology, gpus: Sequence[str], members: Sequence[int],
     parent = {leader: -1}
     depth = {leader: 0}
     rest = [r for r in members if r != leader]
+
+    def key(uv: tuple[int, int]) -> tuple:
+        u, v = uv
+        p = topology.path(gpus[v], gpus[u])
+        return (NCCL_CLASSES.index(p.nccl), -p.bw, p.lat, depth[u], u, v)
+
     while rest:
-        best = None
-        for v in rest:
-            for u in parent:
-                p = topology.path(gpus[v], gpus[u])
-                key = (NCCL_CLASSES.index(p.nccl), -p.bw, p.lat, depth[u], u, v)
-                if best is None or key < best[0]:
-                    best = (key, u, v)
-        _, u, v = best
+        u, v = min(((u, v) for v in rest for u in parent), key=key)   # keys differ: (u, v) end them
         parent[v] = u
         depth[v] = depth[u] + 1
         rest.remove(v)
@@ -280,7 +280,8 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
     return Tree.from_parents(parents, name=name)
 
 
-def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "auto", inter: str = "binomial",
+def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, intra: str = "auto",
+              inter: str = "binomial",
               rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
               collective: str = "allreduce", model: CostModel | None = None) -> Tree | MultiTree:
     """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
@@ -302,8 +303,8 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
       faster for ``collective`` on ``nbytes`` bytes, each at its best chunk
       count (ties: one tree); else one tree.
     """
-    if topology is None:
-        raise TreeError("two_level: needs a topology (hosts, links and NICs); got none")
+    if topology is None or gpus is None:
+        raise TreeError("two_level: needs a topology (hosts, links and NICs) and the GPU of each rank; got none")
     hosts = _host_groups(topology, gpus)
     root_host = topology.host_of(gpus[root if root is not None else 0])
     nic_counts = [len(topology.nics(h)) for h in hosts]
@@ -311,9 +312,10 @@ def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "aut
         if nbytes is None or root is not None or not rails_possible(topology, gpus):
             rails = False
         else:
-            kw = {"intra": intra, "inter": inter, "nbytes": nbytes, "collective": collective}
-            one = two_level(topology, gpus, nranks, rails=False, **kw)
-            per_rail = two_level(topology, gpus, nranks, rails=True, **kw)
+            one = two_level(topology, gpus, nranks, intra=intra, inter=inter, rails=False, nbytes=nbytes,
+                            collective=collective)
+            per_rail = two_level(topology, gpus, nranks, intra=intra, inter=inter, rails=True, nbytes=nbytes,
+                                 collective=collective)
             model = model or CostModel(topology, gpus)
             t_rails = model.best_nchunks(per_rail, nbytes, collective)[1]
             return per_rail if t_rails < model.best_nchunks(one, nbytes, collective)[1] else one
@@ -359,9 +361,11 @@ def _reroot(t: Tree, v: int) -> Tree:
     return Tree.from_parents(parents, name=t.name)
 
 
-def _candidates(topology, gpus, n: int, nbytes, root) -> list:
+def _candidates(topology: Topology | None, gpus: Sequence[str] | None, n: int, nbytes: int,
+                root: int | None) -> list[Tree | MultiTree]:
     r = 0 if root is None else root
-    out = [chain(None, gpus, n, root=r), binomial(None, gpus, n, root=r), star(None, gpus, n, root=r)]
+    out: list[Tree | MultiTree] = [chain(None, gpus, n, root=r), binomial(None, gpus, n, root=r),
+                                   star(None, gpus, n, root=r)]
     out += [kary(None, gpus, n, k=k, root=r) for k in range(2, min(n - 1, 8))]
     if root is None and n > 2:
         out.append(double_binary(None, gpus, n))
@@ -382,7 +386,7 @@ def _candidates(topology, gpus, n: int, nbytes, root) -> list:
     return uniq
 
 
-def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20, op=None,
+def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, nbytes: int = 1 << 20, op: Any = None,
          collective: str = "allreduce", root: int | None = None, search: bool = True,
          search_limit: int = 8, starts: int = 4, kicks: int = 16, exact_limit: int = 5,
          model: CostModel | None = None) -> Tree | MultiTree:
@@ -431,10 +435,10 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
     cands = _candidates(topology, gpus, nranks, nbytes, root)
     if not commutative:
         cands = [c for c in cands if c.is_order_preserving()]
-    best, best_t = None, None
-    for c in cands:
+    best, best_t = cands[0], score(cands[0])
+    for c in cands[1:]:
         s = score(c)
-        if best is None or s < best_t * (1 - 1e-12):
+        if s < best_t * (1 - 1e-12):
             best, best_t = c, s
     if not search or nranks > search_limit or nranks < 3:
         return finish(best)
@@ -446,10 +450,10 @@ def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20,
         singles.extend(t for t in rooted_trees(nranks) if root is None or t.root == root)
         cur_t, cur = min(((score(t), t) for t in singles), key=lambda x: x[0])
     else:
-        cur, cur_t = None, None
-        for start in singles:
+        cur, cur_t = _local_search(singles[0], score, root=root, commutative=commutative)
+        for start in singles[1:]:
             c, c_t = _local_search(start, score, root=root, commutative=commutative)
-            if cur is None or c_t < cur_t * (1 - 1e-9):
+            if c_t < cur_t * (1 - 1e-9):
                 cur, cur_t = c, c_t
         rng = random.Random(nranks)            # iterated local search: deterministic kicks
         for _ in range(kicks):
@@ -527,7 +531,7 @@ BUILDERS: dict[str, Callable] = {
 
 
 def build(name: str, topology: Topology | None = None, ranks: Sequence | None = None, *,
-          nranks: int | None = None, **opts) -> Tree | MultiTree:
+          nranks: int | None = None, **opts: Any) -> Tree | MultiTree:
     """Build the tree ``name`` (``"kary:4"`` passes k=4) over group ranks 0..P-1.
 
     ``ranks``: GPU ids (or topology rank numbers) per group rank, default
@@ -544,12 +548,13 @@ def build(name: str, topology: Topology | None = None, ranks: Sequence | None = 
             opts["k"] = int(arg)
         except ValueError:
             raise TreeError(f"builder {name!r}: expected an integer fan-out after ':'") from None
+    gpus: tuple[str, ...] | None
     if topology is not None:
         topology, gpus = resolve_ranks(topology, ranks, nranks)
-        n = len(gpus)
+        n: int | None = len(gpus)
     else:
         n = len(ranks) if ranks is not None else nranks
-        if n is None or n < 1:
-            raise TreeError(f"builder {name!r}: expected a topology, ranks or nranks >= 1, got none")
         gpus = tuple(ranks) if ranks is not None else None
+    if n is None or n < 1:
+        raise TreeError(f"builder {name!r}: expected a topology, ranks or nranks >= 1, got none")
     return BUILDERS[base](topology, gpus, n, **opts)

@@ -48,6 +48,7 @@ import networkx as nx
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
 
+from .in_network import nvls_domains
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["CostModel", "uniform_topology", "p2p_time", "reduce_time", "DEFAULT_MEM_BW", "MSG_OVERHEAD",
@@ -95,7 +96,8 @@ def reduce_time(mem_bw_gbps: float, nbytes: float) -> float:
     return 3.0 * nbytes / (mem_bw_gbps * 1e9)
 
 
-def resolve_ranks(topology: Topology | None, ranks: Sequence | None, nranks: int | None) -> tuple[Topology, tuple[str, ...]]:
+def resolve_ranks(topology: Topology | None, ranks: Sequence | None,
+                  nranks: int | None) -> tuple[Topology, tuple[str, ...]]:
     """(topology, GPU id per group rank): ``ranks`` are GPU ids or indices into
     ``topology.rank_gpus()``; without a topology, a :func:`uniform_topology`."""
     if topology is None:
@@ -162,7 +164,7 @@ class CostModel:
             p = self.path(i, j)
             g = self.topology.graph
             routes = tuple((tuple(zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
-            bws = {l: g.edges[l]["bw"] for links, _ in routes for l in links}
+            bws = {lk: g.edges[lk]["bw"] for links, _ in routes for lk in links}
             self._pairs[key] = (p.lat * 1e-6 + self.step_overhead, routes, bws, p.bw)
         return self._pairs[key]
 
@@ -176,8 +178,8 @@ class CostModel:
         load: dict = defaultdict(float)
         for i, j in flows:
             for links, share in self._pair(i, j)[1]:
-                for l in links:
-                    load[l] += share
+                for lk in links:
+                    load[lk] += share
         return load
 
     def rates(self, flows: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
@@ -187,7 +189,7 @@ class CostModel:
         out = {}
         for f in set(flows):
             _, routes, bws, _ = self._pair(*f)
-            out[f] = sum(min(bws[l] * share / load[l] for l in links) for links, share in routes) * 1e9
+            out[f] = sum(min(bws[lk] * share / load[lk] for lk in links) for links, share in routes) * 1e9
         return out
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:
@@ -372,8 +374,7 @@ class CostModel:
     # ------------------------------------------------------------------ bounds
     def in_network_reduction(self) -> bool:
         """True when the switches can reduce for these GPUs: NVLink SHARP, where NCCL offers
-        its NVLS algorithm (:func:`treecoll.collectives.sim.nccl_model.nvls_domains`)."""
-        from .sim.nccl_model import nvls_domains
+        its NVLS algorithm (:func:`treecoll.collectives.in_network.nvls_domains`)."""
         try:
             nvls_domains(self.topology, self.gpus)
         except TreeError:

@@ -1,6 +1,7 @@
 """The distribution as a whole: one package, imports in one direction, every module documented by examples."""
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
 import importlib.util
@@ -17,8 +18,9 @@ _layout = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_layout)
 PACKAGES, installed_name = _layout.PACKAGES, _layout.installed_name
 
-MODULES = sorted(n for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")
-                 if p.name != "__main__.py" and (n := installed_name(p)))
+FILES = {n: p for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")
+         if p.name != "__main__.py" and (n := installed_name(p))}
+MODULES = sorted(FILES)
 BENCHMARK = "benchmark script: a run prints a table and writes JSON (docs/benchmarks.md)"
 COMMAND = "command-line module: its tests call main([...]) in tests/tools"
 #: modules whose examples would need a GPU, root or a process group; each says why

@@ -17,6 +17,9 @@
   over the topology picture (one arrow per edge, child GPU to parent GPU,
   coloured by link class; one colour per tree for several trees); without it,
   the tree alone, ranks by depth (needs matplotlib).
+* ``tree bruteforce --topology F [--ranks N] [--sizes S,...] [--trees symmetry|shapes|all]``:
+  ``auto`` against the best of every spanning tree under the cost model
+  (:mod:`treecoll.collectives.bruteforce`), on at most :data:`MAX_BRUTE_RANKS` ranks.
 
 Every command builds a plain dict first (``--json`` prints it).
 """
@@ -24,18 +27,24 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from treecoll.collectives.tree_io import TREE_SUFFIXES
 from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
 
-__all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data"]
+__all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "bruteforce_data", "render_bruteforce"]
 
-#: suffixes of tree files (:mod:`treecoll.collectives.tree_io` reads YAML and JSON)
-TREE_SUFFIXES = (".yaml", ".yml", ".json")
+#: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (9^7 = 4.8 million at 9)
+MAX_BRUTE_RANKS = 9
+#: ``tree bruteforce --trees``: which trees are enumerated
+BRUTE_TREES = {"symmetry": "every rooted tree up to the topology's automorphisms (exhaustive)",
+               "shapes": "one tree per shape (exhaustive where every rank is equivalent, e.g. one NVSwitch fabric)",
+               "all": "every rooted labeled tree, P^(P-1) of them"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -88,6 +97,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                            help=f"image file (.png, .svg, .pdf) {REPLACES}")
             q.add_argument("--max-hosts", type=units.int_arg("--max-hosts"), default=4, metavar="N",
                            help="with --topology: hosts drawn (default 4; edges to others are left out)")
+    f = common_options(sub.add_parser(
+        "bruteforce", help="auto against the best of every spanning tree",
+        description="Compare the auto builder with the least predicted allreduce time over every spanning tree "
+                    "(each at its best child order and chunk count, under the cost model auto minimises), on "
+                    f"at most {MAX_BRUTE_RANKS} ranks."))
+    f.add_argument("--topology", required=True, metavar="F", help="topology YAML file, shipped name or 'default'")
+    f.add_argument("--ranks", type=units.int_arg("--ranks", maximum=MAX_BRUTE_RANKS), metavar="N",
+                   help=f"use the first N ranks (default: every GPU; at most {MAX_BRUTE_RANKS})")
+    f.add_argument("--sizes", default=[8, 1 << 20, 16 << 20], type=units.sizes_arg("--sizes"), metavar="S[,S...]",
+                   help="message sizes, a comma list or A:B doubling (default 8B,1MiB,16MiB)")
+    f.add_argument("--trees", choices=tuple(BRUTE_TREES), default="symmetry",
+                   help="; ".join(f"{k}: {v}" for k, v in BRUTE_TREES.items()) + " (default symmetry)")
     return p
 
 
@@ -176,7 +197,7 @@ def render_tree(data: dict) -> str:
             out.append(f"tree {ti} (share {t['share']:.3g}) root r{t['root']} height {t['height']}")
         by_child = {e["child"]: e for e in t["edges"]}
 
-        def label(r: int) -> str:
+        def label(r: int, by_child: dict = by_child) -> str:
             s = f"r{r}"
             if gpus:
                 s += f" {gpus[r]}"
@@ -330,6 +351,46 @@ def _render_check(d: dict) -> str:
     return "\n".join(lines)
 
 
+def bruteforce_data(topology, *, ranks: int | None = None, sizes: Sequence[int] = (8, 1 << 20, 16 << 20),
+                    trees: str = "symmetry") -> dict[str, Any]:
+    """What ``tree bruteforce`` prints: per size, the least predicted allreduce time over the
+    ``trees`` (:data:`BRUTE_TREES`) of the first ``ranks`` GPUs of ``topology`` and what ``auto``
+    builds; times in µs, ``gap_ns`` = auto − least."""
+    import time
+
+    from treecoll.collectives import bruteforce
+    from treecoll.collectives.builders import build
+    from treecoll.collectives.cost import CostModel
+    total = len(topology.rank_gpus())
+    n = total if ranks is None else ranks
+    if n > min(total, MAX_BRUTE_RANKS):
+        raise TreeError(f"tree bruteforce: expected at most {min(total, MAX_BRUTE_RANKS)} ranks (the GPUs of "
+                        f"topology {topology.name!r}, and the enumeration's limit), got {n}; pass --ranks")
+    if trees not in BRUTE_TREES:
+        raise TreeError(f"tree bruteforce: trees expected one of {list(BRUTE_TREES)}, got {trees!r}")
+    gpus = _gpus(topology, n)
+    model = CostModel(topology, gpus)
+    rows = []
+    for nbytes in sizes:
+        t0 = time.perf_counter()
+        candidates = {"symmetry": lambda: bruteforce.trees_up_to_symmetry(model), "all": lambda: None,
+                      "shapes": lambda: bruteforce.shapes(n)}[trees]()
+        least, best = bruteforce.brute_force(model, nbytes, trees=candidates)
+        a = build("auto", topology, gpus, nbytes=nbytes, model=model)
+        auto_s = model.best_nchunks(a, nbytes)[1]
+        rows.append({"bytes": nbytes, "brute_force_us": least * 1e6, "best_parents": list(best.parents),
+                     "auto": a.name, "auto_us": auto_s * 1e6, "gap_ns": (auto_s - least) * 1e9,
+                     "seconds": time.perf_counter() - t0})
+    return {"topology": topology.name, "ranks": n, "gpus": list(gpus), "trees": trees, "rows": rows}
+
+
+def render_bruteforce(d: dict) -> str:
+    """The text view of :func:`bruteforce_data`: one line per size."""
+    return "\n".join(f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
+                     f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
+                     f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s" for r in d["rows"])
+
+
 def _draw(args) -> dict:
     output_path(args.output, inputs=[args.file, args.topology], suffixes=IMAGE_SUFFIXES)
     try:
@@ -368,7 +429,7 @@ def _draw(args) -> dict:
         x: dict[int, float] = {}
         nxt = [0.0]
 
-        def place(r: int) -> float:
+        def place(r: int, t: dict = t, x: dict = x, nxt: list = nxt) -> float:
             kids = t["children"][r]
             if not kids:
                 x[r] = nxt[0]
@@ -412,4 +473,7 @@ def run(args) -> int:
         return 0 if d["ok"] else 1
     if cmd == "draw":
         return emit(args, _draw(args), lambda d: f"wrote {d['output']} ({d['ranks']} ranks, {d['trees']} tree(s))")
+    if cmd == "bruteforce":
+        data = bruteforce_data(_topology(args.topology), ranks=args.ranks, sizes=args.sizes, trees=args.trees)
+        return emit(args, data, render_bruteforce)
     raise TreeError(f"tree: unknown subcommand {cmd!r}")  # pragma: no cover

@@ -28,8 +28,9 @@ __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_
 
 # ---- discovery
 from .cluster import discover_cluster  # noqa: E402
-from .discover import discover, import_file  # noqa: E402
+from .discover import discover  # noqa: E402
 from .env import hints  # noqa: E402
+from .importers import import_file  # noqa: E402
 
 __all__ += ["discover", "discover_cluster", "import_file", "hints"]
 # ---- end discovery

@@ -45,12 +45,11 @@ from . import sysfs
 from .env import Hints
 from .env import hints as parse_hints
 from .errors import TopologyError
-from .files import read_text
 from .hostgraph import GPU_MODELS, LAT, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .model import Topology
 from .nvml import NA, Nvml, NVMLUnavailable, cuda_order
 
-__all__ = ["discover", "import_file", "cpu_only_host", "CPU_SLOT_BW", "CPU_SLOT_LAT", "CPU_SLOT_MODEL"]
+__all__ = ["discover", "cpu_only_host", "CPU_SLOT_BW", "CPU_SLOT_LAT", "CPU_SLOT_MODEL"]
 
 log = logging.getLogger("treecoll.topo")
 
@@ -386,29 +385,3 @@ def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
                 d = {"kind": "nvlink", "bw": cnt * nvlink_bw(sm), "lat": LAT["nvlink"], "count": cnt}
                 g.add_edge(node, peer, **d)
                 g.add_edge(peer, node, **dict(d))
-
-
-def import_file(path: str | os.PathLike, *, host: str = "host0", max_nodes: int | None = None,
-                max_links: int | None = None, yaml_fallback: bool = False) -> Topology:
-    """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content.
-
-    Errors name the file (and the line where there is one); a path that is a
-    directory, a device or an empty file gets its own message; an import that
-    yields no GPU is an error. ``max_nodes`` / ``max_links``: the caps of
-    :mod:`treecoll.topo.limits`. With ``yaml_fallback`` a file that is neither is read as
-    a YAML topology (what :func:`topo.resolve` does for any file name).
-    """
-    from .nccl_xml import import_xml, looks_like_nccl_xml
-    from .smi import import_smi, looks_like_smi
-    where = os.fspath(path)
-    text = read_text(where, "topology file")
-    caps = {"max_nodes": max_nodes, "max_links": max_links}
-    if looks_like_nccl_xml(text):
-        return import_xml(text, host=host, name=Path(where).stem, source=where, **caps)
-    if looks_like_smi(text):
-        return import_smi(text, host=host, name=Path(where).stem, source=where, **caps)
-    if yaml_fallback:
-        from .yaml_io import loads
-        return loads(text, source=where, base_dir=Path(where).resolve().parent, **caps)
-    raise TopologyError(f"{where}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
-                        "got neither")

@@ -60,6 +60,8 @@ from typing import Any
 import networkx as nx
 
 from .errors import TopologyError
+from .paths import Path
+from .routes import RouteTable
 
 __all__ = ["Topology", "NODE_KINDS", "LINK_KINDS"]
 
@@ -279,18 +281,22 @@ class Topology:
         return tuple(tuple(v) for v in groups.values())
 
     # ------------------------------------------------------------------ paths
-    def path(self, a: str, b: str):
+    @functools.cached_property
+    def routes(self) -> RouteTable:
+        """This topology's route table: the routes asked for, found on first use and kept
+        (bounded; ``routes.clear()`` drops them). See :mod:`treecoll.topo.routes`."""
+        return RouteTable(self._g, self.name)
+
+    def path(self, a: str, b: str) -> Path:
         """The route between two GPUs, or a GPU and a NIC: see :class:`treecoll.topo.paths.Path`."""
-        from .paths import route
-        return route(self, a, b)
+        return self.routes.path(a, b)
 
     def nearest_nic(self, gpu: str) -> str | None:
         """The NIC of the GPU's host with the best path class, then bandwidth, then hops.
 
         None on a host without NICs.
         """
-        from .paths import nearest_nic
-        return nearest_nic(self, gpu)
+        return self.routes.nearest_nic(gpu)
 
     # ------------------------------------------------------------------ plain data
     def to_dict(self) -> dict[str, Any]:

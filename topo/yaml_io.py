@@ -51,6 +51,7 @@ from ._schema import YAML_LOADER, Doc
 from .compact import HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
+from .importers import import_text
 from .limits import limits as make_limits
 from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
 from .network import add_network
@@ -287,7 +288,7 @@ def resolve(spec: str | os.PathLike, *, max_nodes: int | None = None, max_links:
 
     ``"default"`` is :func:`default`; an existing path is loaded (YAML; an
     NCCL topology XML or ``nvidia-smi topo -m`` text, recognised by content,
-    through ``topo.import_file``); otherwise a shipped name
+    through :func:`treecoll.topo.importers.import_text`); otherwise a shipped name
     (``"dgx-h100-x16"``). A directory, a device and an empty file get their own
     one-line errors. ``max_nodes`` / ``max_links``: see :func:`load`.
     """
@@ -296,9 +297,11 @@ def resolve(spec: str | os.PathLike, *, max_nodes: int | None = None, max_links:
         return default()
     caps = {"max_nodes": max_nodes, "max_links": max_links}
     p = FsPath(s)
-    if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):
-        from .discover import import_file
-        return import_file(p, **caps, yaml_fallback=True)
+    if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):   # another format, recognised by content
+        where = os.fspath(p)
+        text = read_text(where, "topology file")
+        other = import_text(text, where, **caps)
+        return other if other is not None else loads(text, source=where, base_dir=p.resolve().parent, **caps)
     if not p.is_file() and _shipped_file(s) is not None:
         return load(shipped(s), **caps)
     return load(p, **caps)  # a YAML file, or the one-line error saying why the path cannot be read

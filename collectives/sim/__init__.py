@@ -2,6 +2,7 @@
 
 * :mod:`.simulator`: the entry points (:func:`simulate`, :func:`simulate_ring`,
   :func:`simulate_algorithm`, :func:`simulate_nccl_allreduce`) and their :class:`SimResult`;
+* :mod:`.result`: what they share: :class:`SimResult`, input checks, the rank -> GPU map;
 * :mod:`.engine`: the flow-level engine (max-min fair sharing of every directed link);
 * :mod:`.nvls`: NCCL's NVLS / NVLSTree (the NVSwitches reduce and multicast);
 * :mod:`.profiles`: protocol and efficiency profiles (named, or loaded from YAML);

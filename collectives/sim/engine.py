@@ -53,13 +53,19 @@ from __future__ import annotations
 import gc
 import heapq
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
+from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
 
-__all__ = ["Network", "Route", "maxmin_rates", "run_schedule", "concurrent_times", "drain_times", "RawRun",
+from ..schedule import Schedule, Step
+from .profiles import Profile
+
+__all__ = ["Network", "Route", "maxmin_rates", "FlowEngine", "concurrent_times", "drain_times", "RawRun",
            "route_class", "gc_paused"]
 
 _REL_EPS = 1e-9
@@ -82,15 +88,15 @@ class Route:
     ``shares`` (float, one per subflow), ``nlinks`` (links per subflow), ``all_links`` (their
     link ids, concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
 
-    subroutes: tuple
+    subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
     cls: str
     nccl: str
-    used: tuple = ()
-    shares: np.ndarray = None
-    nlinks: np.ndarray = None
-    all_links: np.ndarray = None
-    owner: np.ndarray = None
+    used: tuple[np.ndarray, ...]
+    shares: np.ndarray
+    nlinks: np.ndarray
+    all_links: np.ndarray
+    owner: np.ndarray
 
     @classmethod
     def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> Route:
@@ -121,7 +127,7 @@ class Network:
     linear in the links actually used.
     """
 
-    def __init__(self, topology, profile):
+    def __init__(self, topology: Topology, profile: Profile):
         self.topology = topology
         self.profile = profile
         self._ids: dict[tuple[str, str], int] = {}
@@ -153,7 +159,7 @@ class Network:
         """Capacity of each numbered link, bytes/s (a view: index it, do not keep it across new links)."""
         return self._cap[:len(self.ends)]
 
-    def link_load(self, transfers) -> np.ndarray:
+    def link_load(self, transfers: Iterable[tuple[str, str, float]]) -> np.ndarray:
         """Bytes each numbered link carries for ``transfers`` = ``[(src_gpu, dst_gpu, nbytes)]``."""
         ids, w = [], []
         for a, b, n in transfers:
@@ -252,7 +258,7 @@ def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: 
         lm[inc_l[sel]] = True
 
 
-def drain_times(net: Network, links, sizes) -> np.ndarray:
+def drain_times(net: Network, links: Sequence[np.ndarray], sizes: Sequence[float]) -> np.ndarray:
     """Seconds each subflow takes to drain when all start together, rates from one max-min allocation.
 
     ``links[i]``: the link ids (array) subflow ``i`` crosses; ``sizes[i]``: its bytes.
@@ -267,7 +273,7 @@ def drain_times(net: Network, links, sizes) -> np.ndarray:
     return drain
 
 
-def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
+def concurrent_times(net: Network, transfers: Iterable[tuple[str, str, float]]) -> tuple[np.ndarray, np.ndarray]:
     """``(latency, drain)`` in seconds of transfers that all start together, rates from one max-min allocation.
 
     ``transfers``: iterable of ``(src_gpu, dst_gpu, nbytes)``. ``drain`` is
@@ -291,7 +297,7 @@ def concurrent_times(net: Network, transfers) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class RawRun:
-    """What :func:`run_schedule` measured; :mod:`treecoll.collectives.sim` turns it into a result."""
+    """What :meth:`FlowEngine.run` measured; :mod:`treecoll.collectives.sim` turns it into a result."""
 
     makespan: float
     finish: list
@@ -305,7 +311,7 @@ class RawRun:
 class _Flows:
     """Growable arrays of subflows and their link incidences."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.n = 0
         self.rem = np.zeros(64)
         self.rate = np.zeros(64)
@@ -383,7 +389,7 @@ def _lane_queues(steps) -> list[list[int]]:
 
 
 @contextmanager
-def gc_paused():
+def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off inside the block, restored to its state after.
 
     Used as a decorator on the simulations (``@gc_paused()`` on :func:`treecoll.collectives.sim.simulator`
@@ -409,140 +415,199 @@ def gc_paused():
             gc.enable()
 
 
-def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, reduce_cost: bool = True,
-                 ordered_pairs: bool = False, rendezvous: bool = False, lanes: bool = False) -> RawRun:
-    """Run ``schedule`` on ``net``; ``chunk_bytes[c]`` bytes per chunk, ``mem_bw[r]`` bytes/s (0 = free reduces);
+#: event kinds on the engine's heap: a transfer's data has arrived; a reduce has finished
+_ARRIVAL, _REDUCE_DONE = 0, 1
+
+
+def _recv_indices(steps, rank: int) -> list[int]:
+    """For each step of ``rank``: ``k`` for its k-th recv of that (sender, chunk), -1 for other steps.
+
+    A message is named ``(src, dst, chunk, k)``: the k-th send of ``chunk`` from ``src`` to ``dst``
+    matches the k-th recv of it."""
+    seen: dict[tuple[int, int, int], int] = {}
+    out = []
+    for s in steps:
+        if s.kind == "recv":
+            key = (s.peer, rank, s.chunk)
+            out.append(seen.get(key, 0))
+            seen[key] = out[-1] + 1
+        else:
+            out.append(-1)
+    return out
+
+
+class FlowEngine:
+    """One run of a schedule on a :class:`Network`, with the semantics of the module docstring.
+
+    ``chunk_bytes[c]``: bytes of chunk ``c``; ``rank_gpus[r]``: rank ``r``'s GPU; ``mem_bw[r]``:
+    its memory bandwidth in bytes/s (0: free reduces, as with ``reduce_cost=False``).
     ``ordered_pairs``: one in-order connection per (sender, receiver) pair; ``rendezvous``: a message
     moves once its receiver has posted the matching recv; ``lanes``: each step lane of a rank issues
-    in order on its own, not after the other lanes' earlier steps (module docstring)."""
-    P = schedule.nranks
-    steps = schedule.steps
-    if len(rank_gpus) < P:
-        raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
-    nsteps = [len(s) for s in steps]
-    done_t = [[None] * n for n in nsteps]
-    # in-order streams per rank: one, or one per lane (NCCL's split tree: up and down run concurrently)
-    queues = [_lane_queues(steps[r]) if lanes else [range(nsteps[r])] for r in range(P)]
-    pos = [[0] * len(q) for q in queues]
-    ready = [set(range(len(q))) for q in queues]   # lanes of a rank whose head may start now
-    blocked_on: dict = {}   # (rank, step) -> lanes whose head waits for that step to complete
-    compute_free = [0.0] * P
-    # static k-index of every recv (k-th recv at p from r of chunk c)
-    recv_k: list[list[int]] = []
-    for r in range(P):
-        seen: dict = {}
-        ks = []
-        for s in steps[r]:
-            if s.kind == "recv":
-                key = (s.peer, r, s.chunk)
-                ks.append(seen.get(key, 0))
-                seen[key] = ks[-1] + 1
-            else:
-                ks.append(-1)
-        recv_k.append(ks)
-    send_count: dict = {}
-    pair_queue: dict = {}   # connection (conn_of) -> sends waiting for the connection (present while one drains)
-    posted: set = set()     # recv keys posted so far (rendezvous)
-    held: dict = {}         # recv key -> (rank, step, Step) of a send waiting for that recv (rendezvous)
-    arrived: dict = {}      # (src, dst, chunk, k) -> arrival time
-    waiting: dict = {}      # (src, dst, chunk, k) -> (rank, step)
-    scratch_ev: list[list[tuple[float, float]]] = [[] for _ in range(P)]
-    open_slot: list[dict] = [dict() for _ in range(P)]
-    fl = _Flows()
-    x_pending: list[int] = []     # subflows left per transfer
-    x_info: list[tuple] = []      # (src rank, step idx, key, lat)
-    heap: list = []
-    seq = 0
-    changed = False
-    dirty: list = []
-    recomputes = 0
-    now = 0.0
+    in order on its own, not after the other lanes' earlier steps.
 
-    def push(t, kind, a, b=0):
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, a, b))
-        seq += 1
+    The state of the run is the engine's fields: per rank, what has completed and what may issue
+    next; per message, where it waits; the subflows and their rates; the event heap and the clock.
+    :meth:`run` runs it to the end, once.
 
-    def complete(r, i, t):
-        done_t[r][i] = t
-        unblocked = blocked_on.pop((r, i), None)
-        if unblocked:
-            ready[r].update(unblocked)
-        s = steps[r][i]
-        if s.kind == "reduce":
-            key = (s.chunk, s.slot)
-            b = open_slot[r].pop(key, None)
-            if b is not None:
-                scratch_ev[r].append((t, -b))
+    >>> from treecoll import topo
+    >>> from treecoll.collectives.schedule import Schedule, Step
+    >>> from treecoll.collectives.sim.profiles import get_profile
+    >>> t = topo.resolve("dgx-h100")
+    >>> s = Schedule("broadcast", 2, 1, ((Step("send", 0, peer=1),), (Step("recv", 0, peer=0),)), root=0)
+    >>> raw = FlowEngine(Network(t, get_profile("ideal")), s, [1e9], t.rank_gpus(), [0.0, 0.0]).run()
+    >>> round(raw.makespan * 1e6, 1), raw.transfers, raw.subflows   # 0.6 us + 1 GB over 370.8 GB/s
+    (2697.5, 1, 4)
+    """
 
-    def deliver(key, t):
-        w = waiting.pop(key, None)
-        if w is None:
-            arrived[key] = t
-        else:
-            complete(w[0], w[1], t)
-            advance(w[0], t)
+    def __init__(self, net: Network, schedule: Schedule, chunk_bytes: Sequence[float], rank_gpus: Sequence[str],
+                 mem_bw: Sequence[float], *, reduce_cost: bool = True, ordered_pairs: bool = False,
+                 rendezvous: bool = False, lanes: bool = False):
+        P = schedule.nranks
+        if len(rank_gpus) < P:
+            raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
+        self.net = net
+        self.nranks = P
+        self.steps = steps = schedule.steps
+        self.chunk_bytes = chunk_bytes
+        self.rank_gpus = rank_gpus
+        self.mem_bw = mem_bw
+        self.reduce_cost = reduce_cost
+        self.ordered_pairs = ordered_pairs
+        self.rendezvous = rendezvous
+        self.lanes = lanes
+        # per rank: the time each step completed (None: not yet), and the in-order streams it issues
+        # from: one, or one per lane (NCCL's split tree: up and down run concurrently)
+        nsteps = [len(s) for s in steps]
+        self.done_t: list[list[float | None]] = [[None] * n for n in nsteps]
+        self.queues = [_lane_queues(steps[r]) if lanes else [range(nsteps[r])] for r in range(P)]
+        self.pos = [[0] * len(q) for q in self.queues]       # next position in each stream
+        self.ready = [set(range(len(q))) for q in self.queues]   # streams whose head may start now
+        self.blocked_on: dict[tuple[int, int], list[int]] = {}  # (rank, step) -> streams waiting for it
+        self.compute_free = [0.0] * P                         # when each rank's GPU can start a reduce
+        self.recv_k = [_recv_indices(steps[r], r) for r in range(P)]
+        # messages, named (src, dst, chunk, k)
+        self.send_count: dict[tuple[int, int, int], int] = {}
+        # connection -> (step, Step, message) of the sends waiting for it (present while one drains)
+        self.pair_queue: dict[tuple[int, int, int], deque[tuple[int, Step, tuple]]] = {}
+        self.posted: set[tuple] = set()           # messages whose recv is posted (rendezvous)
+        self.held: dict[tuple, tuple] = {}        # message -> (rank, step, Step) of its send, until posted
+        self.arrived: dict[tuple, float] = {}     # message -> arrival time, until its recv is posted
+        self.waiting: dict[tuple, tuple[int, int]] = {}   # message -> (rank, step) of its posted recv
+        # scratch memory: per rank, (time, +bytes / -bytes) events and the bytes held per (chunk, slot)
+        self.scratch_ev: list[list[tuple[float, float]]] = [[] for _ in range(P)]
+        self.open_slot: list[dict[tuple[int, int], float]] = [{} for _ in range(P)]
+        # transfers and their subflows
+        self.flows = _Flows()
+        self.x_pending: list[int] = []   # subflows left per transfer
+        self.x_info: list[tuple] = []    # per transfer: (src rank, step, message, lat)
+        self.active = np.zeros(0, dtype=np.int64)   # subflows draining, as of the last rate update
+        self.dirty: list[np.ndarray] = []           # link ids where a subflow started or ended since then
+        self.changed = False                        # whether the rates need an update
+        self.recomputes = 0
+        # events: (time, sequence number, kind, a, b) and the clock
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self._ran = False
 
-    def conn_of(r, s):
-        """The connection a send goes over: one per (sender, receiver), per lane with ``lanes`` (NCCL channels)."""
-        return (r, s.peer, s.lane if lanes else 0)
+    def run(self) -> RawRun:
+        """Run the schedule to its end: what it measured. Raises :class:`CollectiveError` when the
+        schedule cannot progress."""
+        if self._ran:
+            raise CollectiveError("simulate: a FlowEngine runs once; build a new one")
+        self._ran = True
+        for r in range(self.nranks):
+            self._advance(r, 0.0)
+        while True:
+            if self.changed:
+                self._update_rates()
+            t_next = min(self._next_drain(), self.heap[0][0] if self.heap else np.inf)
+            if t_next == np.inf:
+                break
+            self._drain_until(t_next)
+            self._pop_due_events()
+        self._check_all_done()
+        return self._result()
 
-    def start_send(r, i, s, t):
-        key0 = (r, s.peer, s.chunk)
-        k = send_count.get(key0, 0)
-        send_count[key0] = k + 1
-        key = (r, s.peer, s.chunk, k)
-        if ordered_pairs and float(chunk_bytes[s.chunk]) > 0:
-            conn = conn_of(r, s)
-            q = pair_queue.get(conn)
-            if q is not None:       # the connection is busy: go after its earlier messages
-                q.append((i, s, key))
-                return
-            pair_queue[conn] = deque()
-        send_when_posted(r, i, s, key, t)
+    # ------------------------------------------------------------------ the clock
+    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
+        self.seq += 1
 
-    def send_when_posted(r, i, s, key, t):
-        """With ``rendezvous``, data moves only once the receiver has posted the matching recv."""
-        if rendezvous and key not in posted and float(chunk_bytes[s.chunk]) > 0:
-            held[key] = (r, i, s)
+    def _update_rates(self) -> None:
+        """New max-min rates for the flows connected (through shared links) to a link where a flow
+        started or ended; the others keep theirs."""
+        fl = self.flows
+        fl.flush()
+        if fl.ninc > 2 * max(fl.nalive_inc, 1024):
+            fl.compact()
+        f_all, l_all = fl.inc_f[:fl.ninc], fl.inc_l[:fl.ninc]
+        keep = fl.alive[f_all]
+        f_a, l_a = f_all[keep], l_all[keep]
+        dmask = np.zeros(len(self.net.ends), dtype=bool)
+        dmask[np.concatenate(self.dirty)] = True
+        self.dirty.clear()
+        sel = _component(f_a, l_a, dmask, fl.n)
+        if sel.any():
+            uf, rate = maxmin_rates(f_a[sel], l_a[sel], self.net.cap)
+            fl.rate[uf] = rate
+        self.active = np.nonzero(fl.alive[:fl.n])[0]
+        self.recomputes += 1
+        self.changed = False
+
+    def _next_drain(self) -> float:
+        """When the next active subflow drains at the current rates (inf: none active)."""
+        active, fl = self.active, self.flows
+        if not len(active):
+            return np.inf
+        return self.now + float(np.min(fl.rem[active] / fl.rate[active]))
+
+    def _drain_until(self, t_next: float) -> None:
+        """Move the clock to ``t_next``; the subflows drained by then end, and so do the transfers
+        they finish."""
+        active, fl = self.active, self.flows
+        if len(active) and t_next > self.now:
+            fl.rem[active] -= fl.rate[active] * (t_next - self.now)
+        self.now = now = t_next
+        if not len(active):
             return
-        transmit(r, i, s, key, t)
+        tol = _REL_EPS * fl.size[active] + 1e-6
+        fin = active[fl.rem[active] <= tol]
+        if not len(fin):
+            return
+        fl.alive[fin] = False
+        fl.rem[fin] = 0.0
+        self.active = active[fl.alive[active]]
+        self.changed = True
+        fl.nalive_inc -= int(fl.nl[fin].sum())  # incidences are dropped lazily by compact()
+        links, dirty, x_pending = fl.links, self.dirty, self.x_pending
+        for f, xi in zip(fin.tolist(), fl.xfer[fin].tolist()):
+            dirty.append(links[f])
+            x_pending[xi] -= 1
+            if x_pending[xi] == 0:
+                self._transfer_drained(xi, now)
 
-    def transmit(r, i, s, key, t):
-        nonlocal changed
-        route = net.route(rank_gpus[r], rank_gpus[s.peer])
-        n = float(chunk_bytes[s.chunk])
-        xi = len(x_info)
-        x_info.append((r, i, key, route.lat))
-        cnt = 0
-        if n > 0:
-            cnt = fl.add_route(route, n, xi)
-            if cnt:
-                dirty.append(route.all_links)
-        x_pending.append(cnt)
-        if cnt == 0:
-            complete(r, i, t)
-            push(t + route.lat, 0, xi)
-            release(conn_of(r, s), t)
-        else:
-            changed = True
+    def _pop_due_events(self) -> None:
+        """Handle every event due now (within the clock's tolerance), in heap order."""
+        heap, now = self.heap, self.now
+        tol_t = now * _REL_EPS + 1e-15
+        while heap and heap[0][0] <= now + tol_t:
+            _, _, kind, a, b = heapq.heappop(heap)
+            if kind == _ARRIVAL:
+                self._deliver(self.x_info[a][2], now)
+            else:
+                self._complete(a, b, now)
+                self._advance(a, now)
 
-    def release(conn, t):
-        """The connection ``conn`` is free: start its next waiting message, if any."""
-        q = pair_queue.get(conn)
-        if q:
-            send_when_posted(conn[0], *q.popleft(), t)
-        elif q is not None:
-            del pair_queue[conn]
-
-    def advance(r, t):
-        """Start every step of rank ``r`` that can start at ``t``: each ready lane issues in order
-        until its head waits for a dependency (the lane is ready again when that completes)."""
-        lst, dt, rd, ps = steps[r], done_t[r], ready[r], pos[r]
+    # ------------------------------------------------------------------ steps of the ranks
+    def _advance(self, r: int, t: float) -> None:
+        """Start every step of rank ``r`` that can start at ``t``: each ready stream issues in order
+        until its head waits for a dependency (the stream is ready again when that completes)."""
+        lst, dt, rd, ps, queues = self.steps[r], self.done_t[r], self.ready[r], self.pos[r], self.queues[r]
         while rd:
             qi = min(rd)   # lowest lane first: deterministic
             rd.discard(qi)
-            q = queues[r][qi]
+            q = queues[qi]
             while ps[qi] < len(q):
                 i = q[ps[qi]]
                 s = lst[i]
@@ -552,114 +617,159 @@ def run_schedule(net: Network, schedule, chunk_bytes, rank_gpus, mem_bw, *, redu
                         wait = d
                         break
                 if wait is not None:
-                    blocked_on.setdefault((r, wait), []).append(qi)
+                    self.blocked_on.setdefault((r, wait), []).append(qi)
                     break
                 ps[qi] += 1
-                issue(r, i, s, t)
+                kind = s.kind
+                if kind == "send":
+                    self._start_send(r, i, s, t)
+                elif kind == "recv":
+                    self._post_recv(r, i, s, t)
+                else:
+                    self._start_reduce(r, i, s, t)
 
-    def issue(r, i, s, t):
-        if s.kind == "send":
-            start_send(r, i, s, t)
-        elif s.kind == "recv":
-            if s.slot > 0:
-                b = float(chunk_bytes[s.chunk])
-                scratch_ev[r].append((t, b))
-                open_slot[r][(s.chunk, s.slot)] = open_slot[r].get((s.chunk, s.slot), 0.0) + b
-            key = (s.peer, r, s.chunk, recv_k[r][i])
-            if rendezvous:
-                posted.add(key)
-                h = held.pop(key, None)
-                if h is not None:
-                    transmit(h[0], h[1], h[2], key, t)
-            if key in arrived:
-                complete(r, i, max(t, arrived.pop(key)))
-            else:
-                waiting[key] = (r, i)
+    def _complete(self, r: int, i: int, t: float) -> None:
+        """Step ``i`` of rank ``r`` completed at ``t``: wake the streams waiting for it; a reduce frees
+        the scratch slot it consumed."""
+        self.done_t[r][i] = t
+        unblocked = self.blocked_on.pop((r, i), None)
+        if unblocked:
+            self.ready[r].update(unblocked)
+        s = self.steps[r][i]
+        if s.kind == "reduce":
+            b = self.open_slot[r].pop((s.chunk, s.slot), None)
+            if b is not None:
+                self.scratch_ev[r].append((t, -b))
+
+    def _start_reduce(self, r: int, i: int, s: Step, t: float) -> None:
+        """A reduce takes ``3 × chunk_bytes / mem_bw`` on the rank's GPU, one at a time."""
+        mem_bw = self.mem_bw[r]
+        dur = 3.0 * self.chunk_bytes[s.chunk] / mem_bw if (self.reduce_cost and mem_bw > 0) else 0.0
+        begin = max(t, self.compute_free[r])
+        if dur == 0.0 and begin <= t:
+            self._complete(r, i, t)
         else:
-            dur = 3.0 * chunk_bytes[s.chunk] / mem_bw[r] if (reduce_cost and mem_bw[r] > 0) else 0.0
-            begin = max(t, compute_free[r])
-            if dur == 0.0 and begin <= t:
-                complete(r, i, t)
-            else:
-                compute_free[r] = begin + dur
-                push(begin + dur, 1, r, i)
+            self.compute_free[r] = begin + dur
+            self._push(begin + dur, _REDUCE_DONE, r, i)
 
-    for r in range(P):
-        advance(r, 0.0)
-    active = np.zeros(0, dtype=np.int64)
-    while True:
-        if changed:
-            fl.flush()
-            # only the flows connected to a link where a flow started or ended can change rate
-            if fl.ninc > 2 * max(fl.nalive_inc, 1024):
-                fl.compact()
-            f_all, l_all = fl.inc_f[:fl.ninc], fl.inc_l[:fl.ninc]
-            keep = fl.alive[f_all]
-            f_a, l_a = f_all[keep], l_all[keep]
-            dmask = np.zeros(len(net.ends), dtype=bool)
-            dmask[np.concatenate(dirty)] = True
-            dirty.clear()
-            sel = _component(f_a, l_a, dmask, fl.n)
-            if sel.any():
-                uf, rate = maxmin_rates(f_a[sel], l_a[sel], net.cap)
-                fl.rate[uf] = rate
-            active = np.nonzero(fl.alive[:fl.n])[0]
-            recomputes += 1
-            changed = False
-        t_drain = np.inf
-        if len(active):
-            t_drain = now + float(np.min(fl.rem[active] / fl.rate[active]))
-        t_ev = heap[0][0] if heap else np.inf
-        t_next = min(t_drain, t_ev)
-        if t_next == np.inf:
-            break
-        if len(active) and t_next > now:
-            fl.rem[active] -= fl.rate[active] * (t_next - now)
-        now = t_next
-        if len(active):
-            tol = _REL_EPS * fl.size[active] + 1e-6
-            fin = active[fl.rem[active] <= tol]
-            if len(fin):
-                fl.alive[fin] = False
-                fl.rem[fin] = 0.0
-                active = active[fl.alive[active]]
-                changed = True
-                fl.nalive_inc -= int(fl.nl[fin].sum())  # incidences are dropped lazily by compact()
-                links = fl.links
-                for f, xi in zip(fin.tolist(), fl.xfer[fin].tolist()):
-                    dirty.append(links[f])
-                    x_pending[xi] -= 1
-                    if x_pending[xi] == 0:
-                        r, i, key, lat = x_info[xi]
-                        complete(r, i, now)
-                        push(now + lat, 0, xi)
-                        release(conn_of(r, steps[r][i]), now)
-                        advance(r, now)
-        tol_t = now * _REL_EPS + 1e-15
-        while heap and heap[0][0] <= now + tol_t:
-            _, _, kind, a, b = heapq.heappop(heap)
-            if kind == 0:
-                deliver(x_info[a][2], now)
-            else:
-                complete(a, b, now)
-                advance(a, now)
-    stuck = [r for r in range(P) if any(d is None for d in done_t[r])]
-    if stuck:
-        r = stuck[0]
-        i = next(j for j, d in enumerate(done_t[r]) if d is None)
-        raise CollectiveError(f"simulate: rank {r} never completed step {i} ({steps[r][i].kind}); "
-                              f"the schedule cannot progress")
-    finish = [max(d, default=0.0) for d in done_t]
-    peaks = []
-    for ev in scratch_ev:
-        ev.sort(key=lambda e: (e[0], e[1]))
-        cur = peak = 0.0
-        for _, b in ev:
-            cur += b
-            peak = max(peak, cur)
-        peaks.append(peak)
-    link_bytes = np.zeros(len(net.ends))
-    fl.flush()
-    if fl.n:
-        np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[:fl.n], fl.nl[:fl.n]))
-    return RawRun(max(finish, default=0.0), finish, link_bytes, peaks, len(x_info), fl.n, recomputes)
+    def _post_recv(self, r: int, i: int, s: Step, t: float) -> None:
+        """A recv into slot >= 1 holds scratch until its reduce; it completes when its data has arrived
+        (with ``rendezvous``, posting it lets a held send move)."""
+        if s.slot > 0:
+            b = float(self.chunk_bytes[s.chunk])
+            self.scratch_ev[r].append((t, b))
+            slots = self.open_slot[r]
+            slots[(s.chunk, s.slot)] = slots.get((s.chunk, s.slot), 0.0) + b
+        key = (s.peer, r, s.chunk, self.recv_k[r][i])
+        if self.rendezvous:
+            self.posted.add(key)
+            h = self.held.pop(key, None)
+            if h is not None:
+                self._transmit(h[0], h[1], h[2], key, t)
+        if key in self.arrived:
+            self._complete(r, i, max(t, self.arrived.pop(key)))
+        else:
+            self.waiting[key] = (r, i)
+
+    def _deliver(self, key: tuple, t: float) -> None:
+        """Message ``key``'s data has arrived at ``t``: its posted recv completes, or it waits for one."""
+        w = self.waiting.pop(key, None)
+        if w is None:
+            self.arrived[key] = t
+        else:
+            self._complete(w[0], w[1], t)
+            self._advance(w[0], t)
+
+    # ------------------------------------------------------------------ messages
+    def _conn(self, r: int, s: Step) -> tuple[int, int, int]:
+        """The connection a send goes over: one per (sender, receiver), per lane with ``lanes`` (NCCL channels)."""
+        return (r, s.peer, s.lane if self.lanes else 0)
+
+    def _start_send(self, r: int, i: int, s: Step, t: float) -> None:
+        """Name the message; with ``ordered_pairs`` it goes after the connection's earlier messages."""
+        key0 = (r, s.peer, s.chunk)
+        k = self.send_count.get(key0, 0)
+        self.send_count[key0] = k + 1
+        key = (r, s.peer, s.chunk, k)
+        if self.ordered_pairs and float(self.chunk_bytes[s.chunk]) > 0:
+            conn = self._conn(r, s)
+            q = self.pair_queue.get(conn)
+            if q is not None:       # the connection is busy: go after its earlier messages
+                q.append((i, s, key))
+                return
+            self.pair_queue[conn] = deque()
+        self._send_when_posted(r, i, s, key, t)
+
+    def _send_when_posted(self, r: int, i: int, s: Step, key: tuple, t: float) -> None:
+        """With ``rendezvous``, data moves only once the receiver has posted the matching recv."""
+        if self.rendezvous and key not in self.posted and float(self.chunk_bytes[s.chunk]) > 0:
+            self.held[key] = (r, i, s)
+            return
+        self._transmit(r, i, s, key, t)
+
+    def _transmit(self, r: int, i: int, s: Step, key: tuple, t: float) -> None:
+        """The message's data starts to move: one subflow per route of the pair (none for 0 bytes)."""
+        route = self.net.route(self.rank_gpus[r], self.rank_gpus[s.peer])
+        n = float(self.chunk_bytes[s.chunk])
+        xi = len(self.x_info)
+        self.x_info.append((r, i, key, route.lat))
+        cnt = 0
+        if n > 0:
+            cnt = self.flows.add_route(route, n, xi)
+            if cnt:
+                self.dirty.append(route.all_links)
+        self.x_pending.append(cnt)
+        if cnt == 0:
+            self._complete(r, i, t)
+            self._push(t + route.lat, _ARRIVAL, xi)
+            self._release(self._conn(r, s), t)
+        else:
+            self.changed = True
+
+    def _transfer_drained(self, xi: int, now: float) -> None:
+        """Transfer ``xi`` has left its sender: the send completes, the data arrives a route latency
+        later, and the connection takes its next message."""
+        r, i, _, lat = self.x_info[xi]
+        self._complete(r, i, now)
+        self._push(now + lat, _ARRIVAL, xi)
+        self._release(self._conn(r, self.steps[r][i]), now)
+        self._advance(r, now)
+
+    def _release(self, conn: tuple, t: float) -> None:
+        """The connection ``conn`` is free: start its next waiting message, if any."""
+        q = self.pair_queue.get(conn)
+        if q:
+            i, s, key = q.popleft()
+            self._send_when_posted(conn[0], i, s, key, t)
+        elif q is not None:
+            del self.pair_queue[conn]
+
+    # ------------------------------------------------------------------ the end
+    def _check_all_done(self) -> None:
+        for r, done in enumerate(self.done_t):
+            for i, d in enumerate(done):
+                if d is None:
+                    raise CollectiveError(f"simulate: rank {r} never completed step {i} "
+                                          f"({self.steps[r][i].kind}); the schedule cannot progress")
+
+    def _peak_scratch(self) -> list[float]:
+        """Per rank, the largest sum of scratch bytes held at any time."""
+        peaks = []
+        for ev in self.scratch_ev:
+            ev.sort(key=lambda e: (e[0], e[1]))
+            cur = peak = 0.0
+            for _, b in ev:
+                cur += b
+                peak = max(peak, cur)
+            peaks.append(peak)
+        return peaks
+
+    def _result(self) -> RawRun:
+        finish = [max(cast("list[float]", done), default=0.0) for done in self.done_t]   # all done by now
+        link_bytes = np.zeros(len(self.net.ends))
+        fl = self.flows
+        fl.flush()
+        if fl.n:
+            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[:fl.n], fl.nl[:fl.n]))
+        return RawRun(max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n,
+                      self.recomputes)

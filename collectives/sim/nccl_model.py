@@ -43,6 +43,7 @@ from treecoll.topo.errors import TreeError
 from treecoll.topo.paths import NCCL_CLASSES
 
 from ..cost import resolve_ranks
+from ..in_network import min_sm, nvls_domains
 
 __all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
@@ -97,14 +98,9 @@ def _check_nvidia(topology: Topology, gpus: Sequence[str]) -> None:
                             f"tuning model apply to NVIDIA GPUs only")
 
 
-def _min_sm(topology: Topology, gpus: Sequence[str]) -> int:
-    """The smallest compute capability (``sm``) among the GPUs; GPUs without ``sm`` count as Hopper (90)."""
-    return min(int(topology.graph.nodes[x].get("sm") or 90) for x in gpus)
-
-
 def generation(topology: Topology, gpus: Sequence[str]) -> int:
     """NCCL's GPU generation index of the oldest GPU: 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell (no ``sm``: Hopper)."""
-    sm = _min_sm(topology, gpus)
+    sm = min_sm(topology, gpus)
     return 0 if sm < 80 else 1 if sm < 90 else 2 if sm < 100 else 3
 
 
@@ -155,7 +151,7 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
     return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels, lat_inter
 
 
-def ll128_enabled(topology, gpus: Sequence[str]) -> bool:
+def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     """Whether NCCL enables its LL128 protocol by default for these GPUs (NCCL 2.30 tuning.cc):
     the GPUs of each host talk over NVLink (path NVL or NVB); across hosts every GPU reaches its
     nearest NIC through PCIe switches only (PIX, PXB; Hopper and later also C2C, P2C and PXN);
@@ -177,37 +173,6 @@ def ll128_enabled(topology, gpus: Sequence[str]) -> bool:
             if nic is None or NCCL_CLASSES.index(topology.path(g, nic).nccl) > limit:
                 return False
     return True
-
-
-def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
-    """The GPUs grouped by NVLink domain (GPUs on the same NVSwitches), in rank order, where NCCL runs NVLS.
-
-    NCCL offers NVLS (NVLink SHARP: the NVSwitches reduce and multicast) when the
-    GPUs reach NVSwitch nodes (search.cc), all have compute capability 9.0 or
-    later (GPUs without ``sm`` count as Hopper) and CUDA reports multicast
-    support (nvls.cc; a switch with ``multicast: false``, such as one standing
-    in for direct NVLinks, has none), with at least 2 GPUs per domain (nvls.cc).
-    A domain is a host, or a rack-level NVLink domain (NVL72: NCCL's MNNVL
-    clique is one node). Raises :class:`~topo.errors.TreeError` saying why NVLS
-    cannot run; domains of unequal size are refused too.
-    """
-    g = topology.graph
-    if _min_sm(topology, gpus) < 90:
-        raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {_min_sm(topology, gpus)}")
-    domains: dict[frozenset, list[str]] = {}
-    for x in gpus:
-        sw = frozenset(v for v in g.successors(x) if g.nodes[v].get("kind") == "nvswitch")
-        if not sw:
-            raise TreeError(f"NVLS: GPU {x!r} has no NVSwitch (NVLS needs GPUs on NVSwitches)")
-        if any(g.nodes[v].get("multicast") is False for v in sw):
-            raise TreeError(f"NVLS: the NVSwitches of GPU {x!r} have multicast: false")
-        domains.setdefault(sw, []).append(x)
-    sizes = sorted({len(d) for d in domains.values()})
-    if sizes[0] < 2:
-        raise TreeError("NVLS: needs at least 2 GPUs per NVLink domain, got a domain with 1")
-    if len(sizes) > 1:
-        raise TreeError(f"NVLS: NVLink domains with different GPU counts {sizes}; give the same number per domain")
-    return list(domains.values())
 
 
 def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None) -> tuple[str, ...]:
@@ -285,7 +250,8 @@ def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int,
 
     ``proto`` None lets the model choose (least time over LL, LL128, Simple,
     like NCCL). ``nvls`` is NCCL's NVLS on one NVLink domain and NVLSTree
-    across several (Simple only; :func:`nvls_domains` says where it runs). Returns ``{algo, proto, time (s), time_us, lat_us, algbw,
+    across several (Simple only; :func:`nvls_domains` says where it runs).
+    Returns ``{algo, proto, time (s), time_us, lat_us, algbw,
     busbw (GB/s, nccl-tests definitions), nchannels, nnodes, nranks,
     protocols: {proto: time_us}}``.
     """

@@ -53,12 +53,14 @@ import dataclasses
 import time as _time
 
 import numpy as np
+from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 
+from ..tree import as_multi
 from . import nccl_model as nm
 from .engine import Network, drain_times
 from .profiles import Profile, get_profile
-from .simulator import SimResult, _check_size, _finish, rank_gpus_of
+from .result import RankSpec, SimResult, check_size, make_result, rank_gpus_of
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
 
@@ -69,7 +71,7 @@ NVLS_PROFILE = Profile("nccl-nvls", 0.0, {"nvlink": nm.NVLS_LAT, "net": nm.NVLS_
                        nic_lat_mult=2.0)
 
 
-def _profile(profile, gen: int) -> tuple[Profile, bool]:
+def _profile(profile: Profile | str | None, gen: int) -> tuple[Profile, bool]:
     """(profile to run, whether NCCL's NVLS efficiency and cap apply)."""
     if profile in (None, "auto", "nccl-simple", "nccl-nvls"):
         eff = nm.NVLS_EFFICIENCY[gen]
@@ -79,14 +81,14 @@ def _profile(profile, gen: int) -> tuple[Profile, bool]:
     return get_profile(profile), False
 
 
-def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
+def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ranks: RankSpec = None,
                   profile: Profile | str | None = "auto", top: int = 10) -> SimResult:
     """Simulate NCCL's NVLS allreduce (NVLSTree across NVLink domains) of ``nbytes`` per rank.
 
     Raises :class:`~topo.errors.CollectiveError` saying why when NVLS cannot
     run on these ranks (see :func:`treecoll.collectives.nccl_model.nvls_domains`).
     """
-    _check_size(nbytes, dtype)
+    check_size(nbytes, dtype)
     gpus = rank_gpus_of(topology, ranks)
     try:
         domains = nm.nvls_domains(topology, gpus)
@@ -114,7 +116,7 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     hop_lat, height = 0.0, 0
     if len(domains) > 1:
         from ..builders import double_binary
-        trees = double_binary(None, None, len(domains))
+        trees = as_multi(double_binary(None, None, len(domains)))
         height = trees.height
         for tree, w in zip(trees.trees, trees.shares):
             for child, parent in tree.edges():
@@ -137,5 +139,5 @@ def simulate_nvls(topology, nbytes: int, *, dtype: str = "float32", ranks=None,
     stats = {"engine": "nvls", "domains": len(domains), "gpus_per_domain": n, "tree_height": height,
              "nvls_efficiency": prof.efficiency("nvlink") if nccl else None, "wall_s": _time.perf_counter() - t0}
     algo = "nvls_tree" if len(domains) > 1 else "nvls"
-    return _finish(net, "allreduce", algo, nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
+    return make_result(net, "allreduce", algo, nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
                    prof, dtype, stats, top)

@@ -39,7 +39,7 @@ read them as YAML (what the calibration command produces).
 >>> get_profile("fast")
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.CollectiveError: profile 'fast': expected one of ['ideal', 'nccl-ll', 'nccl-ll128', 'nccl-simple'], got an unknown name; or give a YAML file
+treecoll.topo.errors.CollectiveError: profile 'fast': expected one of [...], got an unknown name; or give a YAML file
 """
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from treecoll.topo.errors import CollectiveError
+from treecoll.topo.model import LINK_KINDS
 
 __all__ = ["Profile", "PROFILES", "NCCL_PROTOCOLS", "get_profile", "load_profile", "save_profile", "ROUTE_CLASSES"]
 
 ROUTE_CLASSES = ("nvlink", "pci", "net")
-LINK_KINDS = ("nvlink", "c2c", "pcie", "smp", "net")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Profile:
     nic_lat_mult: float = 1.0
     tree_eff: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         what = f"profile {self.name!r}"
         if not isinstance(self.base_lat_us, (int, float)) or self.base_lat_us < 0:
             raise CollectiveError(f"{what}: base_lat_us expected a non-negative number, got {self.base_lat_us!r}")

@@ -38,150 +38,27 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
 
-from .engine import Network, concurrent_times, gc_paused, run_schedule
+from ..schedule import Schedule
+from .engine import FlowEngine, Network, concurrent_times, gc_paused
 from .profiles import Profile, get_profile
+from .result import DTYPE_SIZES, RankSpec, SimResult, bandwidths, bus_factor, check_size, make_result, rank_gpus_of
 
 __all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
            "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
 
-#: bytes per element of the dtypes the simulator accepts
-DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
-               "int8": 1, "uint8": 1}
 
-
-def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw/algbw factor: 2(n−1)/n allreduce, (n−1)/n RS/AG, 1 reduce/broadcast."""
-    n = nranks
-    if collective == "allreduce":
-        return 2.0 * (n - 1) / n if n > 1 else 0.0
-    if collective in ("reduce_scatter", "allgather"):
-        return (n - 1) / n if n > 1 else 0.0
-    if collective in ("reduce", "broadcast"):
-        return 1.0
-    raise CollectiveError(f"collective {collective!r}: expected allreduce, reduce_scatter, allgather, reduce "
-                          f"or broadcast")
-
-
-def bandwidths(collective: str, nbytes: int, nranks: int, seconds: float) -> tuple[float, float]:
-    """``(algbw, busbw)`` in GB/s (1e9 B/s) for a run of ``seconds``; ``nbytes`` as nccl-tests counts it."""
-    if seconds <= 0:
-        return float("inf"), float("inf")
-    alg = nbytes / seconds / 1e9
-    return alg, alg * bus_factor(collective, nranks)
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """One simulated run. Times in seconds, sizes in bytes, bandwidths in GB/s.
-
-    ``link_bytes``: ``{"a->b": bytes}`` for links that carried data;
-    ``kind_bytes``: bytes summed per link kind; ``busiest``: the top links as
-    ``{link, kind, bytes, busy}`` dicts (``busy`` = bytes / (capacity × time));
-    ``peak_scratch``: peak extra buffer bytes per rank (received copies alive
-    before they are reduced); ``stats``: engine counters and wall time.
-    """
-
-    collective: str
-    algorithm: str
-    nranks: int
-    nbytes: int
-    time: float
-    finish: tuple[float, ...]
-    algbw: float
-    busbw: float
-    link_bytes: dict = field(repr=False)
-    kind_bytes: dict = field(default_factory=dict)
-    busiest: tuple = ()
-    peak_scratch: tuple = field(default=(), repr=False)
-    profile: str = "ideal"
-    dtype: str = "float32"
-    stats: dict = field(default_factory=dict)
-
-    def as_dict(self, links: bool = False) -> dict[str, Any]:
-        """Plain data (``links=True`` adds every link's bytes)."""
-        d = {"collective": self.collective, "algorithm": self.algorithm, "nranks": self.nranks,
-             "nbytes": self.nbytes, "dtype": self.dtype, "profile": self.profile, "time_s": self.time,
-             "time_us": self.time * 1e6, "algbw_GBps": self.algbw, "busbw_GBps": self.busbw,
-             "finish_max_s": max(self.finish, default=0.0), "kind_bytes": dict(self.kind_bytes),
-             "busiest": [dict(b) for b in self.busiest],
-             "peak_scratch_max_bytes": max(self.peak_scratch, default=0.0), "stats": dict(self.stats)}
-        if links:
-            d["link_bytes"] = dict(self.link_bytes)
-            d["finish_s"] = list(self.finish)
-            d["peak_scratch_bytes"] = list(self.peak_scratch)
-        return d
-
-
-def rank_gpus_of(topology, ranks: Sequence[str] | int | None, nranks: int | None = None) -> tuple[str, ...]:
-    """The GPU of each rank: explicit ids, the first ``ranks`` GPUs in rank order, or all."""
-    order = topology.rank_gpus()
-    if ranks is None:
-        out = tuple(order) if nranks is None else tuple(order[:nranks])
-    elif isinstance(ranks, int):
-        if not 1 <= ranks <= len(order):
-            raise CollectiveError(f"ranks: expected 1..{len(order)} (GPUs of topology {topology.name!r}), "
-                                  f"got {ranks}")
-        out = tuple(order[:ranks])
-    else:
-        out = tuple(ranks)
-        for g in out:
-            if topology.node(g)["kind"] != "gpu":
-                raise CollectiveError(f"ranks: {g!r} is not a GPU of topology {topology.name!r}")
-        if len(set(out)) != len(out):
-            raise CollectiveError("ranks: expected distinct GPUs, got a GPU twice")
-    if nranks is not None and len(out) < nranks:
-        raise CollectiveError(f"ranks: the schedule has {nranks} ranks but topology {topology.name!r} "
-                              f"maps only {len(out)}; pass ranks= with {nranks} GPUs")
-    return out
-
-
-def _check_size(nbytes: int, dtype: str) -> None:
-    if dtype not in DTYPE_SIZES:
-        raise CollectiveError(f"dtype {dtype!r}: expected one of {sorted(DTYPE_SIZES)}")
-    if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
-        raise CollectiveError(f"message size: expected a non-negative integer number of bytes, got {nbytes!r}")
-    if nbytes % DTYPE_SIZES[dtype]:
-        raise CollectiveError(f"message size {nbytes} B: expected a multiple of the {dtype} element size "
-                              f"{DTYPE_SIZES[dtype]} B")
-
-
-def _mem_bw(topology, gpus) -> list[float]:
+def _mem_bw(topology: Topology, gpus: Sequence[str]) -> list[float]:
     return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
 
 
-def _finish(net: Network, collective: str, algorithm: str, nbytes: int, count_bytes: int, P: int,
-            makespan: float, finish, link_bytes: np.ndarray, peaks, profile: Profile, dtype: str,
-            stats: dict, top: int) -> SimResult:
-    t = makespan + profile.base_lat
-    alg, bus = bandwidths(collective, count_bytes, P, t)
-    lb = {}
-    kinds: dict[str, int] = {}
-    nz = np.nonzero(link_bytes > 0)[0]
-    for i in nz.tolist():
-        a, b = net.ends[i]
-        v = float(link_bytes[i])
-        lb[f"{a}->{b}"] = int(round(v))
-        kinds[net.kinds[i]] = kinds.get(net.kinds[i], 0) + int(round(v))
-    busiest = []
-    if len(nz):
-        cap = net.cap[nz]
-        order = nz[np.lexsort((nz, -link_bytes[nz] / cap))][:top]
-        for i in order.tolist():
-            a, b = net.ends[i]
-            busiest.append({"link": f"{a}->{b}", "kind": net.kinds[i], "bytes": int(round(float(link_bytes[i]))),
-                            "busy": float(link_bytes[i] / net.cap[i] / t) if t > 0 else 0.0})
-    return SimResult(collective, algorithm, P, nbytes, t, tuple(f + profile.base_lat for f in finish), alg, bus,
-                     lb, dict(sorted(kinds.items())), tuple(busiest), tuple(peaks), profile.name, dtype, stats)
-
-
 @gc_paused()
-def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=None,
+def simulate(topology: Topology, schedule: Schedule, nbytes: int, *, dtype: str = "float32", ranks: RankSpec = None,
              profile: Profile | str | None = None, top: int = 10, ordered_pairs: bool = False,
              rendezvous: bool = False, lanes: bool = False) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
@@ -197,22 +74,22 @@ def simulate(topology, schedule, nbytes: int, *, dtype: str = "float32", ranks=N
     kernels run them; default: every rank issues in list order, as treecoll's
     executor does. Deterministic: the same input gives the same result.
     """
-    _check_size(nbytes, dtype)
+    check_size(nbytes, dtype)
     prof = get_profile(profile)
     gpus = rank_gpus_of(topology, ranks, schedule.nranks)
     net = Network(topology, prof)
     t0 = _time.perf_counter()
-    raw = run_schedule(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                       reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
-                       lanes=lanes)
+    raw = FlowEngine(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
+                     reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
+                     lanes=lanes).run()
     stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
              "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
-    return _finish(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
+    return make_result(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
                    schedule.nranks, raw.makespan, raw.finish, raw.link_bytes, raw.peak_scratch, prof, dtype,
                    stats, top)
 
 
-def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
+def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
     """One ring per channel: hosts in rank order, each host's GPUs rotated by the channel number.
 
     Rotating the host-local order makes channel c leave each host from a
@@ -233,7 +110,7 @@ def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]
     return out
 
 
-def default_channels(topology, gpus: Sequence[str]) -> int:
+def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
     """Ring channels: one per NIC of a host when the ring crosses hosts (at most its GPUs), else 1."""
     nodes = topology.graph.nodes
     gpu_count: dict = {}
@@ -264,13 +141,15 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
 
 
 @gc_paused()
-def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32", ranks=None,
+def simulate_ring(topology: Topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32",
+                  ranks: RankSpec = None,
                   profile: Profile | str | None = None, channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
     allreduce, the total (all ranks' pieces) for reduce_scatter and
-    allgather; each of the ``channels`` rings carries an equal share. Every step all ranks send one chunk (``size / (P × channels)``) to
+    allgather; each of the ``channels`` rings carries an equal share. Every
+    step all ranks send one chunk (``size / (P × channels)``) to
     their ring successor at once; the step time comes from one max-min
     allocation of those P × channels transfers (:func:`~collectives.sim_engine.concurrent_times`),
     and a reduce-scatter step takes the longer of that and its reduce
@@ -279,7 +158,7 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
     """
     if collective not in ("allreduce", "reduce_scatter", "allgather"):
         raise CollectiveError(f"ring collective {collective!r}: expected allreduce, reduce_scatter or allgather")
-    _check_size(nbytes, dtype)
+    check_size(nbytes, dtype)
     prof = get_profile(profile)
     gpus = rank_gpus_of(topology, ranks)
     P = len(gpus)
@@ -294,7 +173,8 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
     link_bytes = np.zeros(0)
     makespan = 0.0
     if P > 1:
-        transfers, rings = [], ring_orders(topology, gpus, C)
+        transfers: list[tuple[str, str, float]] = []
+        rings = ring_orders(topology, gpus, C)
         for ring in rings:
             transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
         lat, drain = concurrent_times(net, transfers)
@@ -307,7 +187,7 @@ def simulate_ring(topology, nbytes: int, *, collective: str = "allreduce", dtype
     peaks = [chunk * C if rs_steps else 0.0] * P
     stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
              "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
-    return _finish(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
+    return make_result(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
                    dtype, stats, top)
 
 
@@ -341,9 +221,11 @@ LL_MAX_BYTES = 8 << 20
 NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 
-def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ()) -> list[Profile]:
+def _profiles(profile: Profile | str | None, nbytes: int = 0, topology: Topology | None = None,
+              gpus: Sequence[str] = ()) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else that one profile."""
+    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else
+    that one profile."""
     from .nccl_model import ll128_enabled
     from .profiles import NCCL_PROTOCOLS
     if profile == "auto":
@@ -353,9 +235,10 @@ def _profiles(profile, nbytes: int = 0, topology=None, gpus: Sequence[str] = ())
     return [get_profile(profile)]
 
 
-def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "allreduce", ranks=None,
+def simulate_algorithm(topology: Topology, algo: str, nbytes: int, *, collective: str = "allreduce",
+                       ranks: RankSpec = None,
                        profile: Profile | str | None = "auto", nchunks: int | None = None, dtype: str = "float32",
-                       root: int = 0, top: int = 10, forward_lag: int = 0, **opts) -> SimResult:
+                       root: int = 0, top: int = 10, forward_lag: int = 0, **opts: Any) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
     (``two_level``, ``kary:4``, ...).
 
@@ -377,12 +260,9 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
         from .nvls import simulate_nvls
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
-    best = None
-    if algo in RING_ALGOS:
-        for p in profs:
-            r = simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p, top=top)
-            best = r if best is None or r.time < best.time else best
-        return best
+    if algo in RING_ALGOS:   # the fastest profile; the first of equals
+        return min((simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p,
+                                  top=top) for p in profs), key=_time_of)
     from .. import builders
     from .. import compile as compile_
     tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
@@ -395,26 +275,34 @@ def simulate_algorithm(topology, algo: str, nbytes: int, *, collective: str = "a
             if nchunks is None and want > k >= 4 else None)
     if collective == "allreduce":
         profs = [p.for_tree_allreduce() for p in profs]
-    for p in profs:
+
+    def run(p: Profile) -> SimResult:
         r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top, **NCCL_TREE_RUN)
         if half is not None:
             r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top,
                                          **NCCL_TREE_RUN), k, want)
-        best = r if best is None or r.time < best.time else best
-    return best
+        return r
+
+    return min((run(p) for p in profs), key=_time_of)
+
+
+def _time_of(r: SimResult) -> float:
+    return r.time
 
 
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
 #: NCCL's tree is a chain inside each host under a tree over hosts, one per NIC rail for large messages
-NCCL_ALLREDUCE = {"ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
+NCCL_ALLREDUCE: dict[str, tuple[str, dict[str, Any]]] = {
+    "ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
 #: message size from which the simulated NCCL tree runs one tree per NIC rail: NCCL spreads a
 #: message over fewer channels (so fewer NICs) the smaller it is (enqueue.cc); this size stands in
 #: for that rule (an approximation: NCCL's count depends on threads and protocol)
 NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
-def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profile | str | None = "auto",
-                            algos: Sequence[str] | None = None, **kw) -> tuple[str, SimResult]:
+def simulate_nccl_allreduce(topology: Topology, nbytes: int, *, ranks: RankSpec = None,
+                            profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
+                            **kw: Any) -> tuple[str, SimResult]:
     """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
@@ -431,15 +319,14 @@ def simulate_nccl_allreduce(topology, nbytes: int, *, ranks=None, profile: Profi
     if not names:
         raise CollectiveError(f"NCCL allreduce: none of {list(algos or ())} is offered here; "
                               f"expected some of {list(offered)}")
-    best = None
-    for a in names:
+
+    def run(a: str) -> tuple[str, SimResult]:
         name, opts = NCCL_ALLREDUCE[a]
         if a == "tree":
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        r = simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
-        if best is None or r.time < best[1].time:
-            best = (a, r)
-    return best
+        return a, simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
+
+    return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
 
 
 def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResult:

@@ -156,14 +156,14 @@ def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     """The simulations pause Python's cyclic collector while they run (sim_engine.gc_paused)."""
     import gc
     topo, P = ring_topology(4, 10.0, 1.0), 4
-    seen, engine, lockstep = [], sim.run_schedule, sim.concurrent_times
+    seen, engine, lockstep = [], sim.FlowEngine.run, sim.concurrent_times
 
     def record(real):
         def wrapper(*a, **k):
             seen.append(gc.isenabled())
             return real(*a, **k)
         return wrapper
-    monkeypatch.setattr(sim, "run_schedule", record(engine))
+    monkeypatch.setattr(sim.FlowEngine, "run", record(engine))
     monkeypatch.setattr(sim, "concurrent_times", record(lockstep))
 
     def both():

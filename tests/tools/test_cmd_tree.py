@@ -68,3 +68,33 @@ def test_build_names_the_model_of_its_predictions(capsys):
     rc, _, err = run(capsys, "tree", "build", "--topology", "dgx-h100", "--builder", "chain", "--ranks", "9")
     assert (rc, err) == (1, "treecoll: error: --ranks: expected at most 8 (the GPUs of topology 'dgx-h100'), "
                             "got 9\n")
+
+
+def test_bruteforce_symmetry_reduction_finds_the_least_of_every_tree(capsys):
+    """Both enumerations are exhaustive: the least over every rooted tree equals the least over the trees
+    up to symmetry, and the printed best tree scores that least under the cost model."""
+    from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.tree import Tree
+
+    from treecoll import topo
+    base = ("tree", "bruteforce", "--topology", "pcie-8gpu", "--ranks", "4", "--sizes", "8,1MiB", "--json")
+    rows = {}
+    for trees in ("all", "symmetry"):
+        rc, out, err = run(capsys, *base, "--trees", trees)
+        assert (rc, err) == (0, "")
+        rows[trees] = json.loads(out)["rows"]
+    t = topo.resolve("pcie-8gpu")
+    model = CostModel(t, t.rank_gpus()[:4])
+    for full, reduced in zip(rows["all"], rows["symmetry"]):
+        assert full["brute_force_us"] == pytest.approx(reduced["brute_force_us"], rel=1e-12)
+        for r in (full, reduced):
+            tree = Tree.from_parents(r["best_parents"])
+            assert model.best_ordered(tree, r["bytes"])[2] * 1e6 == pytest.approx(r["brute_force_us"], rel=1e-12)
+            assert r["gap_ns"] == pytest.approx((r["auto_us"] - r["brute_force_us"]) * 1e3, rel=1e-9, abs=1e-9)
+    assert rows["all"][0]["auto"] == "star" and rows["all"][0]["gap_ns"] == 0.0   # 8 B: auto's star is the best
+
+
+def test_bruteforce_refuses_more_ranks_than_it_can_enumerate(capsys):
+    rc, out, err = run(capsys, "tree", "bruteforce", "--topology", "dgx-h100-x2", "--ranks", "10")
+    assert (rc, out) == (1, "")
+    assert err == "treecoll: error: --ranks: expected at most 9, got 10\n"

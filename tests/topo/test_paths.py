@@ -151,14 +151,13 @@ def test_network_routes_are_shortest_and_deterministic(network, hosts):
 
 @pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "hgx-b200", "pcie-8gpu", "gb200-nvl72", "dgx-h100-x2"])
 def test_one_search_per_gpu_gives_the_one_target_routes(name):
-    """nearest_nic fills the PCIe route cache with one BFS per GPU; every route must equal
+    """nearest_nic fills the PCIe route table with one BFS per GPU; every route must equal
     the one-target search (nodes, kinds, classes, bandwidth, latency)."""
-    from treecoll.topo import paths
     t = shipped(name)
     fresh = shipped(name)
     for gpu in t.gpus():
         host = t.host_of(gpu)
         targets = t.nics(host) + t.nodes(kind="cpu", host=host)
-        paths._pci_routes_from(t, gpu, targets)
+        t.routes._pci_routes_from(gpu, targets)
         for nic in targets:
-            assert t.__dict__["_pci_cache"][(gpu, nic)] == paths._pci_search(fresh, gpu, nic)
+            assert t.routes._pci[(gpu, nic)] == fresh.routes._pci_search(gpu, nic)

@@ -1,0 +1,60 @@
+"""In-network reduction: where the switches of a topology add up what the GPUs send.
+
+NVLink SHARP (NVLS): NVSwitches of Hopper-generation systems and later reduce
+and multicast, and NCCL then offers its NVLS and NVLSTree algorithms. The
+cost model's lower bounds (:meth:`treecoll.collectives.cost.CostModel.in_network_reduction`)
+and the simulator's NVLS model (:mod:`treecoll.collectives.sim.nvls`,
+:mod:`treecoll.collectives.sim.nccl_model`) ask the same question here.
+
+>>> from treecoll import topo
+>>> [len(d) for d in nvls_domains(topo.resolve("dgx-h100-x2"), topo.resolve("dgx-h100-x2").rank_gpus())]
+[8, 8]
+>>> nvls_domains(topo.resolve("dgx-a100"), topo.resolve("dgx-a100").rank_gpus())
+Traceback (most recent call last):
+  ...
+treecoll.topo.errors.TreeError: NVLS: needs compute capability 9.0 or later on every GPU, got sm 80
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from treecoll.topo import Topology
+from treecoll.topo.errors import TreeError
+
+__all__ = ["min_sm", "nvls_domains"]
+
+
+def min_sm(topology: Topology, gpus: Sequence[str]) -> int:
+    """The smallest compute capability (``sm``) among the GPUs; GPUs without ``sm`` count as Hopper (90)."""
+    return min(int(topology.graph.nodes[x].get("sm") or 90) for x in gpus)
+
+
+def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
+    """The GPUs grouped by NVLink domain (GPUs on the same NVSwitches), in rank order, where NCCL runs NVLS.
+
+    NCCL offers NVLS (NVLink SHARP: the NVSwitches reduce and multicast) when the
+    GPUs reach NVSwitch nodes (search.cc), all have compute capability 9.0 or
+    later (GPUs without ``sm`` count as Hopper) and CUDA reports multicast
+    support (nvls.cc; a switch with ``multicast: false``, such as one standing
+    in for direct NVLinks, has none), with at least 2 GPUs per domain (nvls.cc).
+    A domain is a host, or a rack-level NVLink domain (NVL72: NCCL's MNNVL
+    clique is one node). Raises :class:`~topo.errors.TreeError` saying why NVLS
+    cannot run; domains of unequal size are refused too.
+    """
+    g = topology.graph
+    if min_sm(topology, gpus) < 90:
+        raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {min_sm(topology, gpus)}")
+    domains: dict[frozenset, list[str]] = {}
+    for x in gpus:
+        sw = frozenset(v for v in g.successors(x) if g.nodes[v].get("kind") == "nvswitch")
+        if not sw:
+            raise TreeError(f"NVLS: GPU {x!r} has no NVSwitch (NVLS needs GPUs on NVSwitches)")
+        if any(g.nodes[v].get("multicast") is False for v in sw):
+            raise TreeError(f"NVLS: the NVSwitches of GPU {x!r} have multicast: false")
+        domains.setdefault(sw, []).append(x)
+    sizes = sorted({len(d) for d in domains.values()})
+    if sizes[0] < 2:
+        raise TreeError("NVLS: needs at least 2 GPUs per NVLink domain, got a domain with 1")
+    if len(sizes) > 1:
+        raise TreeError(f"NVLS: NVLink domains with different GPU counts {sizes}; give the same number per domain")
+    return list(domains.values())

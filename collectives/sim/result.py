@@ -1,0 +1,162 @@
+"""What every simulation shares: its inputs checked, its rank -> GPU map, and its result.
+
+:func:`check_size` and :func:`rank_gpus_of` check what a simulation is given;
+:func:`make_result` turns what an engine measured into a :class:`SimResult`,
+with algbw and busbw as nccl-tests defines them (doc/PERFORMANCE.md of
+https://github.com/NVIDIA/nccl-tests): ``algbw = S / t``, ``busbw = algbw ×``
+:func:`bus_factor`.
+
+>>> bandwidths("allreduce", 10**9, 8, 0.5)    # 2 GB/s algbw, x 2(8-1)/8 busbw
+(2.0, 3.5)
+>>> check_size(6, "float32")
+Traceback (most recent call last):
+  ...
+treecoll.topo.errors.CollectiveError: message size 6 B: expected a multiple of the float32 element size 4 B
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from treecoll.topo import Topology
+from treecoll.topo.errors import CollectiveError
+
+from .engine import Network
+from .profiles import Profile
+
+__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "rank_gpus_of", "RankSpec", "check_size",
+           "make_result"]
+
+#: bytes per element of the dtypes the simulator accepts
+DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
+               "int8": 1, "uint8": 1}
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw/algbw factor: 2(n−1)/n allreduce, (n−1)/n RS/AG, 1 reduce/broadcast."""
+    n = nranks
+    if collective == "allreduce":
+        return 2.0 * (n - 1) / n if n > 1 else 0.0
+    if collective in ("reduce_scatter", "allgather"):
+        return (n - 1) / n if n > 1 else 0.0
+    if collective in ("reduce", "broadcast"):
+        return 1.0
+    raise CollectiveError(f"collective {collective!r}: expected allreduce, reduce_scatter, allgather, reduce "
+                          f"or broadcast")
+
+
+def bandwidths(collective: str, nbytes: int, nranks: int, seconds: float) -> tuple[float, float]:
+    """``(algbw, busbw)`` in GB/s (1e9 B/s) for a run of ``seconds``; ``nbytes`` as nccl-tests counts it."""
+    if seconds <= 0:
+        return float("inf"), float("inf")
+    alg = nbytes / seconds / 1e9
+    return alg, alg * bus_factor(collective, nranks)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated run. Times in seconds, sizes in bytes, bandwidths in GB/s.
+
+    ``link_bytes``: ``{"a->b": bytes}`` for links that carried data;
+    ``kind_bytes``: bytes summed per link kind; ``busiest``: the top links as
+    ``{link, kind, bytes, busy}`` dicts (``busy`` = bytes / (capacity × time));
+    ``peak_scratch``: peak extra buffer bytes per rank (received copies alive
+    before they are reduced); ``stats``: engine counters and wall time.
+    """
+
+    collective: str
+    algorithm: str
+    nranks: int
+    nbytes: int
+    time: float
+    finish: tuple[float, ...]
+    algbw: float
+    busbw: float
+    link_bytes: dict = field(repr=False)
+    kind_bytes: dict = field(default_factory=dict)
+    busiest: tuple = ()
+    peak_scratch: tuple = field(default=(), repr=False)
+    profile: str = "ideal"
+    dtype: str = "float32"
+    stats: dict = field(default_factory=dict)
+
+    def as_dict(self, links: bool = False) -> dict[str, Any]:
+        """Plain data (``links=True`` adds every link's bytes)."""
+        d = {"collective": self.collective, "algorithm": self.algorithm, "nranks": self.nranks,
+             "nbytes": self.nbytes, "dtype": self.dtype, "profile": self.profile, "time_s": self.time,
+             "time_us": self.time * 1e6, "algbw_GBps": self.algbw, "busbw_GBps": self.busbw,
+             "finish_max_s": max(self.finish, default=0.0), "kind_bytes": dict(self.kind_bytes),
+             "busiest": [dict(b) for b in self.busiest],
+             "peak_scratch_max_bytes": max(self.peak_scratch, default=0.0), "stats": dict(self.stats)}
+        if links:
+            d["link_bytes"] = dict(self.link_bytes)
+            d["finish_s"] = list(self.finish)
+            d["peak_scratch_bytes"] = list(self.peak_scratch)
+        return d
+
+
+#: the ranks a simulation is given: GPU ids (rank r on the r-th), a count of the first ranks, or None for all
+RankSpec = Sequence[str] | int | None
+
+
+def rank_gpus_of(topology: Topology, ranks: RankSpec, nranks: int | None = None) -> tuple[str, ...]:
+    """The GPU of each rank: explicit ids, the first ``ranks`` GPUs in rank order, or all."""
+    order = topology.rank_gpus()
+    if ranks is None:
+        out = tuple(order) if nranks is None else tuple(order[:nranks])
+    elif isinstance(ranks, int):
+        if not 1 <= ranks <= len(order):
+            raise CollectiveError(f"ranks: expected 1..{len(order)} (GPUs of topology {topology.name!r}), "
+                                  f"got {ranks}")
+        out = tuple(order[:ranks])
+    else:
+        out = tuple(ranks)
+        for g in out:
+            if topology.node(g)["kind"] != "gpu":
+                raise CollectiveError(f"ranks: {g!r} is not a GPU of topology {topology.name!r}")
+        if len(set(out)) != len(out):
+            raise CollectiveError("ranks: expected distinct GPUs, got a GPU twice")
+    if nranks is not None and len(out) < nranks:
+        raise CollectiveError(f"ranks: the schedule has {nranks} ranks but topology {topology.name!r} "
+                              f"maps only {len(out)}; pass ranks= with {nranks} GPUs")
+    return out
+
+
+def check_size(nbytes: int, dtype: str) -> None:
+    """A message of ``nbytes`` bytes of ``dtype``: a known dtype and a whole, non-negative number of elements."""
+    if dtype not in DTYPE_SIZES:
+        raise CollectiveError(f"dtype {dtype!r}: expected one of {sorted(DTYPE_SIZES)}")
+    if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+        raise CollectiveError(f"message size: expected a non-negative integer number of bytes, got {nbytes!r}")
+    if nbytes % DTYPE_SIZES[dtype]:
+        raise CollectiveError(f"message size {nbytes} B: expected a multiple of the {dtype} element size "
+                              f"{DTYPE_SIZES[dtype]} B")
+
+
+def make_result(net: Network, collective: str, algorithm: str, nbytes: int, count_bytes: int, P: int,
+                makespan: float, finish: Sequence[float], link_bytes: np.ndarray, peaks: Sequence[float],
+                profile: Profile, dtype: str, stats: dict[str, Any], top: int) -> SimResult:
+    """The :class:`SimResult` of a run that took ``makespan`` seconds (plus the profile's base latency):
+    per-link bytes by name and by kind, the ``top`` busiest links, bandwidths as nccl-tests counts them."""
+    t = makespan + profile.base_lat
+    alg, bus = bandwidths(collective, count_bytes, P, t)
+    lb = {}
+    kinds: dict[str, int] = {}
+    nz = np.nonzero(link_bytes > 0)[0]
+    for i in nz.tolist():
+        a, b = net.ends[i]
+        v = float(link_bytes[i])
+        lb[f"{a}->{b}"] = int(round(v))
+        kinds[net.kinds[i]] = kinds.get(net.kinds[i], 0) + int(round(v))
+    busiest = []
+    if len(nz):
+        cap = net.cap[nz]
+        order = nz[np.lexsort((nz, -link_bytes[nz] / cap))][:top]
+        for i in order.tolist():
+            a, b = net.ends[i]
+            busiest.append({"link": f"{a}->{b}", "kind": net.kinds[i], "bytes": int(round(float(link_bytes[i]))),
+                            "busy": float(link_bytes[i] / net.cap[i] / t) if t > 0 else 0.0})
+    return SimResult(collective, algorithm, P, nbytes, t, tuple(f + profile.base_lat for f in finish), alg, bus,
+                     lb, dict(sorted(kinds.items())), tuple(busiest), tuple(peaks), profile.name, dtype, stats)

@@ -1,0 +1,49 @@
+"""The route table a Topology owns: routes kept, bounded, clearable, the same answers whatever it holds."""
+from __future__ import annotations
+
+import pytest
+from treecoll.topo.errors import TopologyError
+from treecoll.topo.routes import RouteTable
+
+from treecoll import topo
+
+
+def test_a_topology_owns_one_table_and_a_new_topology_a_new_one():
+    t = topo.resolve("dgx-h100-x2")
+    assert t.routes is t.routes and len(t.routes) == 0
+    p = t.path("h0/gpu0", "h1/gpu3")
+    assert len(t.routes) == 1 and t.path("h0/gpu0", "h1/gpu3") is p      # kept, not found again
+    r = t.with_ranks(reversed(t.gpus()))
+    assert r.routes is not t.routes and len(r.routes) == 0 and r.path("h0/gpu0", "h1/gpu3") == p
+
+
+def test_clear_drops_everything_and_the_answers_stay_the_same():
+    t = topo.resolve("dgx-h100-x2")
+    gpus = t.gpus()
+    before = {(a, b): t.path(a, b) for a in gpus for b in gpus}
+    nics = {g: t.nearest_nic(g) for g in gpus}
+    assert len(t.routes) == len(gpus) ** 2
+    t.routes.clear()
+    assert len(t.routes) == 0 and not t.routes._pci and not t.routes._nic and not t.routes._switch_dist
+    assert {g: t.nearest_nic(g) for g in gpus} == nics
+    assert {(a, b): t.path(a, b) for a in gpus for b in gpus} == before
+
+
+def test_the_pairs_kept_are_bounded_oldest_dropped_first():
+    t = topo.resolve("dgx-h100-x2")
+    table = RouteTable(t.graph, t.name, max_routes=5)
+    gpus = t.gpus()
+    for b in gpus:
+        assert table.path(gpus[0], b) == t.path(gpus[0], b)
+        assert len(table) <= 5
+    assert list(table._routes) == [(gpus[0], b) for b in gpus[-5:]]
+    with pytest.raises(TopologyError, match="max_routes expected >= 1, got 0"):
+        RouteTable(t.graph, max_routes=0)
+
+
+def test_unknown_endpoints_name_the_topology():
+    t = topo.resolve("dgx-h100")
+    with pytest.raises(TopologyError, match=r"node 'h0/gpu9': not in topology 'dgx-h100'"):
+        t.path("h0/gpu0", "h0/gpu9")
+    with pytest.raises(TopologyError, match=r"node 'x': not in topology 'dgx-h100'"):
+        t.nearest_nic("x")
