@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import torch
 from treecoll.attention.decode import decode_partial
-from treecoll.attention.dist import agree_on_inputs, group_info, to_global
+from treecoll.attention.dist import agree_on_inputs
 from treecoll.attention.state import empty_state, merge, online_to_state
 from treecoll.attention.validate import check_decode_inputs
+from treecoll.collectives.group import group_info
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
@@ -46,7 +47,8 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     travels with its per-sequence lengths (int32 [batch], a third message).
     """
     del tree, topology, root_only, check
-    rank, size = group_info(group)
+    info = group_info(group, single_process=True)
+    rank, size = info.rank, info.size
     if size == 1:
         out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
         return (out, lse) if return_lse else out
@@ -63,7 +65,7 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     prefixes = table[:, -2].tolist()  # valid positions each rank ships (max of its kv_len)
     _, _, kv_heads, head_dim = k_shard.shape
     batch, q_heads, _ = q.shape
-    nxt, prv = to_global(group, (rank + 1) % size), to_global(group, (rank - 1) % size)
+    nxt, prv = info.to_global((rank + 1) % size), info.to_global((rank - 1) % size)
     per_token = batch * kv_heads * head_dim
     cap = max(prefixes) * per_token
     # double-buffered receive space; the shard in hand is sent while the next one arrives
@@ -109,7 +111,7 @@ def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="aut
     """The paper's three all-reduces (max, numerator, denominator); same
     parameters and result as :func:`treecoll.attention.tree_decode`."""
     del tree, topology, root_only
-    _, size = group_info(group)
+    size = group_info(group, single_process=True).size
     if check and size > 1:
         agree_on_inputs("allreduce3_decode", group, q, k_shard, v_shard, kv_len, scale)
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)

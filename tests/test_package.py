@@ -30,7 +30,6 @@ NO_EXAMPLES = {
     "treecoll.attention.kv_cache": "examples not written yet",
     "treecoll.attention.model": "examples not written yet",
     "treecoll.attention.reference": "examples not written yet",
-    "treecoll.attention.tree_decode": "examples not written yet",
     "treecoll.attention.validate": "examples not written yet",
     "treecoll.collectives": "examples not written yet",
     "treecoll.tools": "package marker",

@@ -88,6 +88,7 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     import treecoll.collectives.execute as ex
+    from treecoll.collectives.ops import resolve_op
 
     def merge_op(a, b):
         """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
@@ -102,6 +103,8 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
         la.copy_(torch.where(den > 0, shift + torch.log(safe), m))
         return a
 
+    opts = ex.CollectiveOptions(algo=algo, nchunks=nchunks)
+    merge = resolve_op(merge_op, commutative=True)
     rows_out = []
     for nbytes in sizes:
         reps = _reps(nbytes, base_reps)
@@ -109,11 +112,11 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
         x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
         buf = x.clone()
 
-        def ours():
+        def ours(buf=buf, x=x):
             buf.copy_(x)
-            ex.allreduce(buf, out=buf, algo=algo, nchunks=nchunks)
+            ex.allreduce(buf, out=buf, options=opts)
 
-        def theirs():
+        def theirs(buf=buf, x=x):
             buf.copy_(x)
             dist.all_reduce(buf)
 
@@ -124,10 +127,10 @@ def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, 
         out = torch.randn(rows, HEAD_DIM, generator=g)
         lse = torch.randn(rows, generator=g)
 
-        def tree_merge():
-            return ex.allreduce((out, lse), op=merge_op, commutative=True, algo=algo, nchunks=nchunks)
+        def tree_merge(out=out, lse=lse):
+            return ex.allreduce((out, lse), op=merge, options=opts)
 
-        def three():
+        def three(out=out, lse=lse):
             m = lse.clone()
             dist.all_reduce(m, op=dist.ReduceOp.MAX)
             w = torch.exp(lse - m)

@@ -100,13 +100,9 @@ def _topology(spec):
 
 
 def _gpus(topology, n: int):
-    if topology is None:
-        return None
-    all_gpus = topology.rank_gpus()
-    if n > len(all_gpus):
-        raise TreeError(f"tree: expected at most {len(all_gpus)} ranks (the GPUs of topology {topology.name!r}), "
-                        f"got {n}")
-    return all_gpus[:n]
+    """The GPUs of the first ``n`` ranks (the one rank rule), or None without a topology."""
+    from treecoll.topo.ranks import resolve_gpus
+    return None if topology is None else resolve_gpus(topology, n)
 
 
 def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[str, Any]:
@@ -176,7 +172,7 @@ def render_tree(data: dict) -> str:
             out.append(f"tree {ti} (share {t['share']:.3g}) root r{t['root']} height {t['height']}")
         by_child = {e["child"]: e for e in t["edges"]}
 
-        def label(r: int) -> str:
+        def label(r: int, by_child: dict = by_child) -> str:
             s = f"r{r}"
             if gpus:
                 s += f" {gpus[r]}"
@@ -368,7 +364,7 @@ def _draw(args) -> dict:
         x: dict[int, float] = {}
         nxt = [0.0]
 
-        def place(r: int) -> float:
+        def place(r: int, t: dict = t, x: dict = x, nxt: list = nxt) -> float:
             kids = t["children"][r]
             if not kids:
                 x[r] = nxt[0]

@@ -16,7 +16,7 @@ from treecoll.collectives.sim import profiles as sim_profiles  # noqa: E402
 from treecoll.collectives.sim import simulator as sim  # noqa: E402
 from treecoll.collectives.sim.engine import maxmin_rates  # noqa: E402
 from treecoll.collectives.sim.simulator import bandwidths, bus_factor, simulate, simulate_ring  # noqa: E402
-from treecoll.topo.errors import CollectiveError  # noqa: E402
+from treecoll.topo.errors import CollectiveError, PlacementError  # noqa: E402
 
 
 def test_one_transfer_over_one_link_is_alpha_plus_n_over_beta():
@@ -232,7 +232,8 @@ def test_user_errors_are_collective_errors():
         simulate(topo, s, 6)
     with pytest.raises(CollectiveError, match="dtype 'float7'"):
         simulate(topo, s, 8, dtype="float7")
-    with pytest.raises(CollectiveError, match="maps only 2"):
+    with pytest.raises(PlacementError, match=r"ranks: expected a count in 1\.\.2 \(the GPUs of topology 'star2'\), "
+                                             r"got 3"):
         simulate(topo, send_schedule(3, [(0, 2)]), 8)
     with pytest.raises(CollectiveError, match="profile 'fast'"):
         simulate(topo, s, 8, profile="fast")
