@@ -23,8 +23,29 @@ Both are implemented as their authors run them, so that comparisons are fair:
 
 ``tree``, ``topology`` and ``root_only`` are accepted for signature
 compatibility and ignored (both baselines give every rank the output).
+
+In one process (no process group) every method is the local decode over the
+whole cache:
+
+>>> import torch
+>>> from treecoll.attention.decode import decode_partial
+>>> g = torch.Generator().manual_seed(0)
+>>> q = torch.randn(1, 4, 8, generator=g)
+>>> k, v = torch.randn(1, 50, 2, 8, generator=g), torch.randn(1, 50, 2, 8, generator=g)
+>>> out = ring_decode(q, k, v)
+>>> torch.equal(out, decode_partial(q, k, v)[0]), torch.equal(allreduce3_decode(q, k, v), out)
+(True, True)
+>>> [method(name).__name__ for name in METHODS]
+['tree_decode', 'ring_decode', 'allreduce3_decode']
+>>> method("flash")
+Traceback (most recent call last):
+...
+treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'ring', 'allreduce3']
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from treecoll.attention.decode import decode_partial
@@ -32,14 +53,27 @@ from treecoll.attention.dist import agree_on_inputs
 from treecoll.attention.state import empty_state, merge, online_to_state
 from treecoll.attention.validate import check_decode_inputs
 from treecoll.collectives.group import group_info
+from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
 
 
-def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
-                root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
-    """Ring Attention decoding; same parameters and result as :func:`treecoll.attention.tree_decode`.
+def _group_of(placement: Placement | None, group: Any) -> Any:
+    """The process group of a call: the placement's, or ``group`` (not both)."""
+    if placement is None:
+        return group
+    if group is not None:
+        raise AttentionError("placement: got a placement and a group; pass the group inside the Placement")
+    return placement.group
+
+
+def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
+                placement: Placement | None = None, group: Any = None, tree: Any = "auto", topology: Any = None,
+                root_only: bool = False, scale: float | None = None, check: bool = True,
+                return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Ring Attention decoding; same parameters and result as :func:`treecoll.attention.tree_decode`
+    (of a ``placement``, only its process group matters here).
 
     ``check`` is accepted for symmetry: the ring always all-gathers every rank's
     shipped prefix length (it sizes the receive buffers with them), and that
@@ -47,6 +81,7 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     travels with its per-sequence lengths (int32 [batch], a third message).
     """
     del tree, topology, root_only, check
+    group = _group_of(placement, group)
     info = group_info(group, single_process=True)
     rank, size = info.rank, info.size
     if size == 1:
@@ -106,11 +141,15 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     return (out, lse) if return_lse else out
 
 
-def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
-                      root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
+def allreduce3_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
+                      placement: Placement | None = None, group: Any = None, tree: Any = "auto",
+                      topology: Any = None, root_only: bool = False, scale: float | None = None, check: bool = True,
+                      return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The paper's three all-reduces (max, numerator, denominator); same
-    parameters and result as :func:`treecoll.attention.tree_decode`."""
+    parameters and result as :func:`treecoll.attention.tree_decode` (of a ``placement``,
+    only its process group matters here)."""
     del tree, topology, root_only
+    group = _group_of(placement, group)
     size = group_info(group, single_process=True).size
     if check and size > 1:
         agree_on_inputs("allreduce3_decode", group, q, k_shard, v_shard, kv_len, scale)
@@ -121,7 +160,7 @@ def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="aut
     return (out, lse) if return_lse else out
 
 
-def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None):
+def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The communication part of :func:`allreduce3_decode` for states already
     computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
     (natural log) -> the merged ``(out, lse)`` on every rank."""
@@ -150,7 +189,7 @@ def _methods():
 METHODS = ("tree", "ring", "allreduce3")
 
 
-def method(name: str):
+def method(name: str) -> Callable[..., Any]:
     """The decode function named ``name`` (one of :data:`METHODS`)."""
     table = _methods()
     if name not in table:

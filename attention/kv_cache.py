@@ -30,6 +30,22 @@ decoders turn that into the empty state ``(0, -inf)``.
 Lengths are kept per layer and per sequence (a decode step appends to layer 0,
 attends, appends to layer 1, ...); ``lengths(layer)`` are the global lengths,
 ``kv_len(layer)`` this rank's counts.
+
+Rank 1 of 2 with blocks of 2 tokens holds positions 2, 3, 6, 7 of the first 10
+(``(p // 2) % 2 == 1``), in that order:
+
+>>> import torch
+>>> cache = ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=2, max_seq_len=10, rank=1, world=2,
+...                        block_size=2, dtype=torch.float32)
+>>> [cache.owner(p) for p in range(10)], cache.capacity, cache.owned_positions(10).tolist()
+([0, 0, 1, 1, 0, 0, 1, 1, 0, 0], 4, [2, 3, 6, 7])
+>>> prompt = torch.arange(10.0).reshape(1, 10, 1, 1).expand(1, 10, 1, 2)   # key p holds the value p
+>>> cache.prefill(0, prompt, prompt, lengths=[7])                          # keeps positions 2, 3, 6
+>>> cache.kv_len(0).tolist(), cache.k[0][0, :3, 0, 0].tolist()
+([3], [2.0, 3.0, 6.0])
+>>> cache.append(0, torch.full((1, 1, 2), 7.0), torch.full((1, 1, 2), 7.0))  # position 7 is rank 1's
+>>> cache.lengths(0).tolist(), cache.kv_len(0).tolist(), cache.k[0][0, 3, 0, 0].item()
+([8], [4], 7.0)
 """
 from __future__ import annotations
 

@@ -27,6 +27,31 @@ Weights: :meth:`LlamaModel.random` (from a seed, no download) or
 :meth:`LlamaModel.from_pretrained` (a local directory with ``config.json`` and
 ``*.safetensors`` -- needs the ``safetensors`` package -- or ``*.bin`` / ``*.pt``
 state dicts, Hugging Face ``LlamaForCausalLM`` names).
+
+A decode step through the KV cache gives the logits of running the whole
+prompt again, and greedy generation starts with the prefill's argmax:
+
+>>> import torch
+>>> config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+...                      num_kv_heads=1)
+>>> config.head_dim                                    # hidden_size // num_heads
+8
+>>> model = LlamaModel.random(config, seed=0)
+>>> cache = model.new_cache(batch=1, max_seq_len=8)
+>>> logits = model.prefill(torch.tensor([[1, 2, 3]]), cache)     # float32 [batch, vocab]
+>>> logits.shape, cache.lengths(0).tolist()
+(torch.Size([1, 32]), [3])
+>>> token = logits.argmax(-1)
+>>> step = model.decode_step(token, cache)                       # attends over the cached keys
+>>> again = model.prefill(torch.tensor([[1, 2, 3, int(token)]]), model.new_cache(batch=1, max_seq_len=8))
+>>> torch.allclose(step, again, atol=1e-5), cache.lengths(1).tolist()
+(True, [4])
+>>> int(model.generate(torch.tensor([[1, 2, 3]]), 2)[0, 0]) == int(token)
+True
+>>> LlamaConfig(num_heads=3, num_kv_heads=2)
+Traceback (most recent call last):
+...
+treecoll.topo.errors.AttentionError: LlamaConfig.num_heads: expected a multiple of num_kv_heads=2, got 3
 """
 from __future__ import annotations
 

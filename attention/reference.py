@@ -2,6 +2,20 @@
 
 It materialises all scores and repeats K/V over the GQA group, so it is only
 meant for the small shapes of tests and sanity checks.
+
+One query against two keys with scores ``[1, 0]`` (``scale=1``): the weights are
+``e / (e + 1)`` and ``1 / (e + 1)``, so ``out = (e * [1, 2] + [3, 4]) / (e + 1)`` and
+``lse = log(e + 1)``; with no valid key the state is ``(0, -inf)``:
+
+>>> import torch
+>>> q = torch.tensor([[[1.0, 0.0]]])                       # [batch 1, heads 1, head_dim 2]
+>>> k = torch.tensor([[[[1.0, 0.0]], [[0.0, 1.0]]]])      # [batch 1, seq 2, kv_heads 1, head_dim 2]
+>>> v = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]]]])
+>>> out, lse = reference(q, k, v, scale=1.0)
+>>> out.dtype, [round(x, 6) for x in out.flatten().tolist()], round(lse.item(), 6)
+(torch.float64, [1.537883, 2.537883], 1.313262)
+>>> reference(q, k, v, kv_len=[0])
+(tensor([[[0., 0.]]], dtype=torch.float64), tensor([[-inf]], dtype=torch.float64))
 """
 from __future__ import annotations
 

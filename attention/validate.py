@@ -1,4 +1,19 @@
-"""Input checks shared by every decode backend (one place, one set of messages)."""
+"""Input checks shared by every decode backend (one place, one set of messages).
+
+>>> import torch
+>>> q, k = torch.zeros(2, 8, 64), torch.zeros(2, 100, 2, 64)   # 8 query heads over 2 KV heads
+>>> lengths, scale = check_decode_inputs(q, k, k, [100, 30], None, "demo")
+>>> lengths.tolist(), lengths.dtype, scale                      # the default scale is 1/sqrt(64)
+([100, 30], torch.int32, 0.125)
+>>> check_decode_inputs(q, k, k, [100, 101], None, "demo")
+Traceback (most recent call last):
+...
+treecoll.topo.errors.AttentionError: demo: kv_len: expected values in [0, seq=100], got min 100 and max 101
+>>> check_decode_inputs(torch.zeros(2, 7, 64), k, k, None, None, "demo")
+Traceback (most recent call last):
+...
+treecoll.topo.errors.AttentionError: demo: q_heads: expected a multiple of kv_heads=2, got 7
+"""
 from __future__ import annotations
 
 import math
@@ -107,7 +122,8 @@ def _check_block_table(block_table, batch: int, num_pages: int, page_size: int, 
     if block_table.device != device:
         raise AttentionError(f"{where}: block_table: expected device {device} (that of q), got {block_table.device}")
     if page_size == 0:
-        raise AttentionError(f"{where}: k: expected page_size >= 1 in [num_pages, page_size, kv_heads, head_dim], got 0")
+        raise AttentionError(f"{where}: k: expected page_size >= 1 in [num_pages, page_size, kv_heads, head_dim], "
+                             "got 0")
     return block_table.shape[1] * page_size
 
 

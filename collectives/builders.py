@@ -114,23 +114,23 @@ def _rooted(parents: list[int], root: int, name: str) -> Tree:
 
 
 # ---------------------------------------------------------------------- topology-free builders
-def chain(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+def chain(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, root: int = 0) -> Tree:
     """Chain root -> root+1 -> ... (wrapping)."""
     return _rooted(_chain_parents(nranks), root, "chain")
 
 
-def binomial(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+def binomial(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, root: int = 0) -> Tree:
     """Binomial tree: parent(r) = r & (r - 1), depth ceil(log2 P)."""
     return _rooted(_binomial_parents(nranks), root, "binomial")
 
 
-def kary(topology: Topology | None, gpus, nranks: int, *, k: int = 2, root: int = 0) -> Tree:
+def kary(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, k: int = 2, root: int = 0) -> Tree:
     """Fan-out ``k`` tree over consecutive rank ranges, depth about log_k P."""
     t = _rooted(_kary_parents(nranks, int(k)), root, f"kary:{int(k)}")
     return t
 
 
-def star(topology: Topology | None, gpus, nranks: int, *, root: int = 0) -> Tree:
+def star(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, root: int = 0) -> Tree:
     """Every rank's parent is the root."""
     return _rooted(_kary_parents(nranks, max(nranks - 1, 1)), root, "star")
 
@@ -149,7 +149,7 @@ def nccl_btree_parents(n: int) -> list[int]:
     return parents
 
 
-def double_binary(topology: Topology | None, gpus, nranks: int) -> MultiTree | Tree:
+def double_binary(topology: Topology | None, gpus: Sequence[str] | None, nranks: int) -> MultiTree | Tree:
     """NCCL's double binary tree: the btree and its mirror (even P) or shift (odd P)."""
     n = nranks
     first = nccl_btree_parents(n)
@@ -284,8 +284,8 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
     return Tree.from_parents(parents, name=name)
 
 
-def two_level(topology: Topology | None, gpus, nranks: int, *, intra: str = "auto", inter: str = "binomial",
-              rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
+def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, intra: str = "auto",
+              inter: str = "binomial", rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
               collective: str = "allreduce", model: CostModel | None = None) -> Tree | MultiTree:
     """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
 
@@ -386,8 +386,8 @@ def _candidates(topology, gpus, n: int, nbytes, root) -> list:
     return uniq
 
 
-def auto(topology: Topology | None, gpus, nranks: int, *, nbytes: int = 1 << 20, op=None,
-         collective: str = "allreduce", root: int | None = None, search: bool = True,
+def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, nbytes: int = 1 << 20,
+         op: Any = None, collective: str = "allreduce", root: int | None = None, search: bool = True,
          search_limit: int = 8, starts: int = 4, kicks: int = 16, exact_limit: int = 5,
          model: CostModel | None = None) -> Tree | MultiTree:
     """The tree with the least predicted time for ``collective`` on ``nbytes``.

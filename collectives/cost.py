@@ -45,7 +45,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import networkx as nx
-from treecoll.topo import Topology
+from treecoll.topo import Path, Topology
 from treecoll.topo.errors import TreeError
 from treecoll.topo.ranks import RanksArg
 
@@ -60,12 +60,12 @@ __all__ = ["CostModel", "uniform_topology", "placed_gpus", "nchunks_for", "p2p_t
 #: order of an A100-40GB's HBM2 (1555 GB/s, NVIDIA A100 datasheet).
 DEFAULT_MEM_BW = 1555.0
 #: GB/s per direction of each rank's port in :func:`uniform_topology` (assumed: NCCL's NET_BW 12.0
-#: for a 100 Gb/s NIC, src/graph/topo.h, rounded; reference collectives.md §1.2).
+#: for a 100 Gb/s NIC, src/graph/topo.h of NCCL 2.30.7).
 UNIFORM_BW = 12.0
 #: µs per link of :func:`uniform_topology` (assumed: NCCL's PCI hop latency 1.0 µs split over 2 links).
 UNIFORM_LAT = 0.5
 #: seconds a rank spends per message it sends or receives, serially (assumed: the order of NCCL's
-#: NCCL_NET_OVERHEAD default of 1.0 µs on x86, tuning.cc; reference collectives.md §1.2)
+#: NCCL_NET_OVERHEAD default of 1.0 µs on Intel x86, src/graph/tuning.cc of NCCL 2.30.7)
 MSG_OVERHEAD = 1.0e-6
 #: chunk counts tried by :meth:`CostModel.best_nchunks`
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -163,7 +163,7 @@ class CostModel:
         self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or DEFAULT_MEM_BW) for x in self.gpus)
 
     # ------------------------------------------------------------------ pairs and flows
-    def path(self, i: int, j: int):
+    def path(self, i: int, j: int) -> Path:
         """The topology path between group ranks i and j."""
         return self.topology.path(self.gpus[i], self.gpus[j])
 
@@ -406,7 +406,7 @@ class CostModel:
           "Scalable Hierarchical Aggregation Protocol (SHArP)", COMHPC 2016), a
           GPU only has to send its ``n`` bytes once and receive the ``n``-byte
           result once (NCCL's own count for CollNet: ``S`` per GPU across nodes,
-          NVIDIA/nccl issue #457): ``n / B``. Reduce and broadcast: the root
+          https://github.com/NVIDIA/nccl/issues/457): ``n / B``. Reduce and broadcast: the root
           receives (sends) ``n`` bytes: ``n / B``. ``in_network`` False gives the
           bound of point-to-point algorithms only (trees and rings, what the
           executor runs) where the switches could reduce; None detects it.

@@ -159,14 +159,14 @@ class TorchTransport:
         self.size = self.info.size
         self._dist = _dist()
 
-    def isend(self, tensor, peer: int, tag: int):
+    def isend(self, tensor: Any, peer: int, tag: int) -> Any:
         return self._dist.isend(tensor, dst=self.info.to_global(peer), group=self._group, tag=tag)
 
-    def irecv(self, tensor, peer: int, tag: int):
+    def irecv(self, tensor: Any, peer: int, tag: int) -> Any:
         return self._dist.irecv(tensor, src=self.info.to_global(peer), group=self._group, tag=tag)
 
     @staticmethod
-    def wait(work, timeout: float) -> None:
+    def wait(work: Any, timeout: float) -> None:
         work.wait(timeout=datetime.timedelta(seconds=timeout))
 
     def all_gather_bytes(self, payload: bytes, length: int, timeout: float) -> list[bytes]:

@@ -65,11 +65,11 @@ class LocalTransport:
         self.fabric, self.rank, self.size = fabric, rank, fabric.size
         self.comm = fabric          # per-group state (failures, agreements, scratch) is keyed on the fabric
 
-    def isend(self, tensor, peer: int, tag: int):
+    def isend(self, tensor: Any, peer: int, tag: int) -> _Done:
         self.fabric.box(self.rank, peer, tag).put(tensor.detach().clone())
         return _Done()
 
-    def irecv(self, tensor, peer: int, tag: int):
+    def irecv(self, tensor: Any, peer: int, tag: int) -> _Done:
         box = self.fabric.box(peer, self.rank, tag)
 
         def finish(timeout: float) -> None:
@@ -83,7 +83,7 @@ class LocalTransport:
         return _Done(finish)
 
     @staticmethod
-    def wait(work, timeout: float) -> None:
+    def wait(work: Any, timeout: float) -> None:
         work.wait(timeout)
 
     def all_gather_bytes(self, payload: bytes, length: int, timeout: float) -> list[bytes]:

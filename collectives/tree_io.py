@@ -50,6 +50,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 import yaml
+from treecoll.topo import Topology
 from treecoll.topo._schema import Doc, _show
 from treecoll.topo.errors import TopologyError, TreeError
 
@@ -83,7 +84,7 @@ class TreeFile:
     name: str = ""
     source: str = field(default="", compare=False)
 
-    def check_hosts(self, topology, gpus: Sequence[str]) -> None:
+    def check_hosts(self, topology: Topology, gpus: Sequence[str]) -> None:
         """Raise :class:`TreeError` unless the host labels group the ranks as ``topology``
         places ``gpus`` (GPU id per rank): ranks sharing a label share a host and the other
         way round. Labels are names only (``[a, a, b, b]`` fits hosts ``h0, h0, h1, h1``)."""
@@ -329,7 +330,8 @@ def tree_format(path: str | os.PathLike) -> str:
     return "json" if FsPath(path).suffix.lower() == ".json" else "yaml"
 
 
-def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts=None, name=None) -> None:
+def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts: Sequence[str] | None = None,
+              name: str | None = None) -> None:
     """Write :func:`dumps_tree` to ``path`` (JSON for a ``.json`` path, else YAML)."""
     FsPath(path).write_text(dumps_tree(plan, hosts=hosts, name=name, fmt=tree_format(path)), encoding="utf-8")
 

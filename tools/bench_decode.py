@@ -1,4 +1,4 @@
-"""Benchmark of the decode kernels (issue 6): KV bytes read per second against memory bandwidth.
+"""Benchmark of the decode kernels: KV bytes read per second against memory bandwidth.
 
 Shapes are Llama-3.1-8B's (32 query heads, 8 KV heads, head_dim 128).  For every
 (dtype, batch, tokens) it times ``attention.decode_partial`` on a KV cache of

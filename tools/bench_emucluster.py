@@ -1,4 +1,4 @@
-"""Allreduce on an emulated cluster (issue 8): measured versus predicted.
+"""Allreduce on an emulated cluster: measured versus predicted.
 
 For each cluster shape (hosts x ranks per host) and inter-host rate, the
 driver brings up an emulated cluster (:mod:`treecoll.tools.emucluster`, needs root),

@@ -1,4 +1,4 @@
-"""Tree-attention decoding on an emulated cluster (issue 8): tree versus ring versus three all-reduces.
+"""Tree-attention decoding on an emulated cluster: tree versus ring versus three all-reduces.
 
 One decode step of Llama-3.1-8B's attention shape (32 query heads, 8 KV
 heads, head_dim 128, batch 1, bf16 KV cache) over a KV cache of 16k to 128k

@@ -2,7 +2,7 @@
 
     python -m treecoll.tools.bench_sim_scale [--quick] [--json OUT] [--sizes 64KiB,1GiB] [--skip-tree]
 
-Targets (issue 5): an allreduce on topologies/dgx-h100-x1024.yaml (8192 GPUs)
+Targets: an allreduce on topologies/dgx-h100-x1024.yaml (8192 GPUs)
 simulates in < 10 s, one on 16,384 GPUs (2048 DGX H100, built from the same
 templates in code) in < 30 s, memory linear in ranks + links. Measured per
 run: wall time cold (first simulation on a freshly loaded topology, route

@@ -1,4 +1,4 @@
-"""Benchmark: loading shipped topologies (issue 2 target: the 8192-GPU file in < 5 s).
+"""Benchmark: loading shipped topologies (target: the 8192-GPU file in < 5 s).
 
     .venv/bin/python -m treecoll.tools.bench_topo_load [--repeat 5] [--json out.json]
 

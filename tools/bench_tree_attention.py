@@ -31,7 +31,7 @@ Usage::
 
 Writes JSON (``--json``, default out/bench_tree_attention.json) and a plot
 (``--plot``, default out/bench_tree_attention.png; needs matplotlib) and prints
-tables.  Targets (issue 7) are checked and printed as met / not met.
+tables.  Targets (:func:`targets`) are checked and printed as met / not met.
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def _print_combine(c: dict) -> None:
 
 
 def targets(result: dict) -> list[dict]:
-    """The issue's targets, evaluated on the measured numbers."""
+    """The benchmark's targets (met / not met), evaluated on the measured numbers."""
     out = []
     for c in result["combine"]:
         if c["nproc"] == 4:

@@ -2,12 +2,13 @@
 
 The demo is a list of steps, :data:`STEPS`, each a ``(title, function)``; a
 function takes the shared ``state`` dict (steps may leave results there for
-later ones) and prints what it shows. Later issues append their steps (trees,
-simulation, decoding) with one ``STEPS.append(...)`` or by adding to the list.
+later ones) and prints what it shows; a new step is one ``STEPS.append(...)``.
 
-At this stage: the embedded default topology (two DGX H100 on a rail-optimized
-NDR fat tree): its summary, the ``nvidia-smi topo -m`` matrix of one host, and
-a few paths, including cross-host ones.
+The tour: the embedded default topology (two DGX H100 on a rail-optimized NDR
+fat tree): its summary, the ``nvidia-smi topo -m`` matrix of one host and a few
+paths, including cross-host ones; then the steps of
+:mod:`treecoll.tools.demo_decode` (the tree, simulated tree versus ring, a real
+checked decode over processes).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ STEPS: list[tuple[str, Callable[[dict], None]]] = [
     ("Paths", step_paths),
 ]
 
-# --- tree attention (issue 7): the tree, simulated tree vs ring, a real checked decode ---
+# --- tree attention: the tree, simulated tree vs ring, a real checked decode ---
 from treecoll.tools.demo_decode import STEPS as _DECODE_STEPS  # noqa: E402
 
 STEPS += _DECODE_STEPS

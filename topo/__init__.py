@@ -27,7 +27,7 @@ __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_
            "PlacementError", "CollectiveError", "AttentionError", "MissingDependency",
            "load", "loads", "save", "dumps", "default", "shipped", "resolve"]
 
-# ---- discovery (owned by the discovery helper): add its imports and names here, e.g.
+# ---- discovery
 from .cluster import discover_cluster  # noqa: E402
 from .discover import discover, import_file  # noqa: E402
 from .env import hints  # noqa: E402

@@ -20,8 +20,8 @@ read, before the nodes and links they ask for are made. :func:`expand` then stam
 this is the only per-host work, so 1024 hosts cost 1024 dict copies per node.
 
 Default latencies (µs per link) split NCCL's per-step hardware latencies
-(tuning.cc ``hwLatencies``, LL protocol: NVLink 0.6, PCI 1.0; see
-../shared/reference/topo.md §1.5) evenly over the links of the usual route:
+(``hwLatencies`` of ``ncclTunerConstantsDefaults`` in src/graph/tuning.cc, NCCL 2.30.7,
+https://github.com/NVIDIA/nccl; LL protocol: NVLink 0.6, PCI 1.0) evenly over the links of the usual route:
 GPU -> NVSwitch -> GPU is 2 links of 0.3, GPU -> PCIe switch -> NIC 2 links of 0.5.
 NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
 
@@ -39,7 +39,7 @@ NCCL has no constant for C2C or the SMP link; they default to the PCIe value.
 ... # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 nodes and ...
+treecoll.topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 ...
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Local discovery: ``treecoll.topo.discover()`` -> the :class:`~topo.model.Topology` of this host.
 
-Sources, combined like NCCL does (../shared/reference/topo.md §1.1):
+Sources, combined like NCCL does (``ncclTopoGetSystem`` in src/graph/topo.cc, NCCL 2.30.7):
 
 1. ``NCCL_TOPO_FILE`` (if set): the host's PCIe tree, CPUs, GPUs and NICs come
    from that XML (:mod:`treecoll.topo.nccl_xml`); NVML adds the NVLinks it lacks.

@@ -2,7 +2,11 @@
 
 Sources of the semantics: NCCL's env.rst (2.30) and source, the CUDA
 Programming Guide (CUDA_VISIBLE_DEVICES), torchrun's, Slurm's and Open MPI's
-documented variables (../shared/reference/topo.md §4). Each variable's effect
+documented variables (NCCL: docs/userguide/source/env.rst, rendered at
+https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; CUDA:
+https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/environment-variables.html;
+torchrun: https://pytorch.org/docs/stable/elastic/run.html#environment-variables; Open MPI:
+https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html). Each variable's effect
 on a Topology or on later tree building is in :data:`EFFECTS` (what
 ``treecoll topo hints`` prints). An invalid value raises
 :class:`~topo.errors.TopologyError` naming the variable::
@@ -38,7 +42,8 @@ _LEGACY = {0: "LOC", 1: "PIX", 2: "PXB", 3: "PHB", 4: "SYS"}
 
 EFFECTS: dict[str, str] = {
     "NCCL_TOPO_FILE": "discovery imports this NCCL topology XML as the host's PCIe tree (NVML adds NVLinks it lacks)",
-    "NCCL_GRAPH_FILE": "recorded; an NCCL_GRAPH_FILE can be imported as custom rings/trees (topo.nccl_xml.parse_graph_xml)",
+    "NCCL_GRAPH_FILE": "recorded; an NCCL_GRAPH_FILE can be imported as custom rings/trees "
+                       "(topo.nccl_xml.parse_graph_xml)",
     "NCCL_P2P_DISABLE": "GPU pairs never use P2P: every intra-host GPU pair talks through host memory "
                         "(as level LOC; topo.env.transport)",
     "NCCL_P2P_LEVEL": "GPU pairs whose path class is beyond this level talk through host memory (SHM) instead "
@@ -53,7 +58,8 @@ EFFECTS: dict[str, str] = {
                           "(default P2C; topo.env.gdr)",
     "NCCL_CROSS_NIC": "0: rings/trees keep each channel on one rail; 1: may cross NICs; 2 (default): prefer one rail",
     "NCCL_HOSTID": "host identity for multi-host assembly (replaces hostname + boot id, as in NCCL)",
-    HOST_ID_VAR: "host identity for multi-host assembly; overrides NCCL_HOSTID (tests: fake several hosts on one machine)",
+    HOST_ID_VAR: "host identity for multi-host assembly; overrides NCCL_HOSTID "
+                 "(tests: fake several hosts on one machine)",
     "TREECOLL_MAX_NODES": "cap on the nodes of a topology read from a file (default 1,000,000; topo.limits)",
     "TREECOLL_MAX_LINKS": "cap on the directed links of a topology read from a file (default 4,000,000; topo.limits)",
     "CUDA_VISIBLE_DEVICES": "which GPUs (CUDA ordinals or GPU-UUIDs) this process sees; others get no rank",
@@ -256,7 +262,8 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
                 "local_world_size": _int(env, "LOCAL_WORLD_SIZE", minimum=1), "node_rank": _int(env, "GROUP_RANK")}
     if "SLURM_PROCID" in env:
         per_node = _int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
-        return {"launcher": "slurm", "rank": _int(env, "SLURM_PROCID"), "world_size": _int(env, "SLURM_NTASKS", minimum=1),
+        return {"launcher": "slurm", "rank": _int(env, "SLURM_PROCID"),
+                "world_size": _int(env, "SLURM_NTASKS", minimum=1),
                 "local_rank": _int(env, "SLURM_LOCALID"), "local_world_size": per_node,
                 "node_rank": _int(env, "SLURM_NODEID")}
     if "OMPI_COMM_WORLD_RANK" in env:

@@ -28,7 +28,7 @@ __all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "
            "GPU_PCI_IDS"]
 
 #: per-link NVLink bandwidth, GB/s per direction, by compute capability
-#: (NCCL src/graph/topo.h SM60/70/80/86/90/100_NVLINK_BW, ncclTopoNVLinkBw; topo.md §1.5)
+#: (NCCL 2.30.7 src/graph/topo.h SM60/70/80/86/90/100_NVLINK_BW, ncclTopoNVLinkBw)
 _NVLINK_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
 #: the same by NVLink generation when the compute capability is unknown
 _NVLINK_BY_GEN = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1, 6: 40.1}
@@ -76,7 +76,7 @@ def nvlink_bw(sm: Any = None, generation: Any = None) -> float:
 
 
 def smp_bw(arch: str | None = None, vendor: str | None = None, family: Any = None, model: Any = None) -> float:
-    """NCCL's inter-socket bandwidth (ncclTopoGetInterCpuBw, topo.md §1.5), GB/s.
+    """NCCL's inter-socket bandwidth (``ncclTopoGetInterCpuBw``, src/graph/topo.h of NCCL 2.30.7), GB/s.
 
     >>> smp_bw("x86_64", "GenuineIntel", 6, 143), smp_bw("x86_64", "AuthenticAMD", 23, 49), smp_bw()
     (22.0, 16.0, 10.0)
@@ -149,7 +149,8 @@ class HostBuilder:
         if (a, b) in self._linked or (b, a) in self._linked:
             return
         self._linked.add((a, b))
-        d = {"kind": kind, "bw": float(round(bw, 4)), "lat": attrs.pop("lat") if "lat" in attrs else LAT[kind], "count": int(count)}
+        d = {"kind": kind, "bw": float(round(bw, 4)), "lat": attrs.pop("lat") if "lat" in attrs else LAT[kind],
+             "count": int(count)}
         d.update({k: v for k, v in attrs.items() if v is not None})
         self.links.append((a, b, d))
 

@@ -1,7 +1,7 @@
 """The cluster graph: :class:`Topology`, an immutable wrapper over a ``networkx.DiGraph``.
 
-Vocabulary (fixed by DESIGN.md)
--------------------------------
+Vocabulary
+----------
 Nodes have an id (a string, unique in the cluster; by convention ``"<host>/<local>"``
 for nodes inside a host) and a ``kind``:
 

@@ -1,6 +1,6 @@
 """NCCL topology XML (``NCCL_TOPO_FILE`` / ``NCCL_TOPO_DUMP_FILE``) <-> Topology, and NCCL graph XML.
 
-Format (NCCL src/graph/xml.cc, ../shared/reference/topo.md §1.7)::
+Format (src/graph/xml.cc and xml.h of NCCL 2.30.7, https://github.com/NVIDIA/nccl)::
 
     <system version="1">
       <cpu numaid="0" affinity=".." arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">
@@ -224,7 +224,7 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
         raise TopologyError(f"{where}: expected at least one GPU (a <gpu> element, or a <pci> of class 0x03....), "
                             f"got none: a topology without GPUs has no ranks (a partial vendor file may list only "
                             f"PCIe bridges, NCCL adds the GPUs it finds when it runs)")
-    for h, b in builders.items():
+    for b in builders.values():
         _number_gpus(b)
         cpu_keys = [k for k, it in b.items.items() if it["kind"] == "cpu"]
         for i, a in enumerate(cpu_keys):
@@ -368,7 +368,7 @@ def _number_gpus(b: HostBuilder) -> None:
     gpus = [(k, it["attrs"]) for k, it in b.items.items() if it["kind"] == "gpu"]
     used = {a["index"] for _, a in gpus if "index" in a}  # distinct and >= 0 (checked in _walk)
     nxt = 0
-    for k, a in sorted(gpus, key=lambda ka: ka[1].get("pci", "")):
+    for _, a in sorted(gpus, key=lambda ka: ka[1].get("pci", "")):
         if "index" in a:
             continue
         while nxt in used:
@@ -539,7 +539,7 @@ def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> N
             _export_children(g, v, children, pel)
         for ch in (d.get("x_nccl") or {}).get("children", []):
             ET.SubElement(pel, ch["tag"], {k: x for k, x in ch.items() if k != "tag"})
-    for key, nics in nic_groups.items():
+    for nics in nic_groups.values():
         first = g.nodes[nics[0]]
         holder = ET.SubElement(el, "pci", _pci_attrs(g, nics[0], u)) if first.get("pci") else el
         fx = first.get("x_nccl")
@@ -574,7 +574,8 @@ def _pci_attrs(g: nx.DiGraph, v: str, up: str) -> dict[str, str]:
 def _export_gpu(g: nx.DiGraph, v: str, pel: ET.Element) -> None:
     d = g.nodes[v]
     x = (d.get("x_nccl") or {})
-    if "gpu" not in x and "x_nccl" in d and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v)):
+    if "gpu" not in x and "x_nccl" in d \
+            and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v)):
         return  # partial file: bare <pci> for this GPU
     attrs = {"dev": str(d.get("index", 0))}
     if d.get("sm") is not None:
@@ -619,7 +620,7 @@ def parse_graph_xml(src: str | os.PathLike, *, source: str | None = None) -> dic
         raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag[:40]}>")
     out: dict[str, Any] = {"version": _int(root.get("version", "1"), where, "<graphs> version"), "graphs": []}
     for gi, gel in enumerate(root.findall("graph")):
-        def num(k, conv=int, default="0"):
+        def num(k, conv=int, default="0", gel=gel, gi=gi):
             v = gel.get(k, default)
             try:
                 return conv(v)

@@ -30,7 +30,7 @@ made.
 Default latencies (µs per link): NIC <-> leaf 1.35, half of NCCL's NET step
 latency 2.7 µs (tuning.cc hwLatencies, LL) so NIC -> leaf -> NIC is 2.7;
 leaf <-> spine 0.5 (a leaf-spine detour adds ~1 µs: 3rd-party figure,
-UNCERTAIN, ../shared/reference/topo.md §6.1).
+UNCERTAIN: blog figures of dev.ure.us and kentino.com).
 
 >>> from treecoll import topo
 >>> t = topo.loads("hosts: [{template: dgx-h100, count: 4}]\\n"

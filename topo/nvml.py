@@ -7,7 +7,10 @@ instead of raising. Only opening NVML can fail, with :class:`NVMLUnavailable`
 (no ``pynvml`` module, no ``libnvidia-ml.so``, no driver): discovery turns that
 into a CPU-only host and a one-line notice.
 
-Pitfalls handled (../shared/reference/topo.md §3, §7.10):
+Pitfalls handled (sources: the NVML API reference, https://docs.nvidia.com/deploy/nvml-api/;
+``pynvml.py`` of nvidia-ml-py 13.615.71; https://github.com/NVIDIA/nccl-tests/issues/256 for
+the invisible remote bus id in VMs; NVIDIA/TensorRT-LLM PR #17060 for GB200's INVALID_ARGUMENT; open-mpi/hwloc#658
+for the NVLink version enum):
 
 * NVML bus ids are upper case with an 8-hex-digit domain (``00000000:18:00.0``);
   :func:`norm_busid` gives NCCL's/sysfs' ``0000:18:00.0``. A remote bus id that

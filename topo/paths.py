@@ -1,7 +1,7 @@
 """Routes between two endpoints of a :class:`~topo.model.Topology` and their classes.
 
-A route is chosen the way NCCL chooses (src/graph/paths.cc, see
-../shared/reference/topo.md §1.4): the best path class first (NVLink before
+A route is chosen the way NCCL chooses (``ncclTopoSetPaths`` in src/graph/paths.cc and the path
+types of src/include/graph.h, NCCL 2.30.7): the best path class first (NVLink before
 PCIe before the SMP interconnect before the network), then bandwidth, then
 hops. Classes:
 
@@ -297,7 +297,7 @@ def _classify_pci(g, nodes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[st
     cpus = [i for i, n in enumerate(nodes) if 0 < i < len(nodes) - 1 and g.nodes[n]["kind"] == "cpu"]
     if "c2c" in kinds:
         # nvidia-smi finds no common PCIe ancestor for a GPU attached over NVLink-C2C: a GB200 tray
-        # shows its NICs as SYS (sglang#11208, ../shared/reference/topo.md §2.3); NCCL says C2C / P2C
+        # shows its NICs as SYS (https://github.com/sgl-project/sglang/issues/11208); NCCL says C2C / P2C
         return ("P2C", "SYS") if "pcie" in kinds else ("C2C", "SYS")
     if cpus:
         i = cpus[0]

@@ -157,7 +157,7 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
     return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels, lat_inter
 
 
-def ll128_enabled(topology, gpus: Sequence[str]) -> bool:
+def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     """Whether NCCL enables its LL128 protocol by default for these GPUs (NCCL 2.30 tuning.cc):
     the GPUs of each host talk over NVLink (path NVL or NVB); across hosts every GPU reaches its
     nearest NIC through PCIe switches only (PIX, PXB; Hopper and later also C2C, P2C and PXN);

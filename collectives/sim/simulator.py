@@ -211,7 +211,7 @@ def simulate(placement: Placement | Topology, schedule: Schedule, nbytes: int, *
                    stats, top)
 
 
-def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
+def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
     """One ring per channel: hosts in rank order, each host's GPUs rotated by the channel number.
 
     Rotating the host-local order makes channel c leave each host from a
@@ -232,7 +232,7 @@ def ring_orders(topology, gpus: Sequence[str], channels: int) -> list[list[str]]
     return out
 
 
-def default_channels(topology, gpus: Sequence[str]) -> int:
+def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
     """Ring channels: one per NIC of a host when the ring crosses hosts (at most its GPUs), else 1."""
     nodes = topology.graph.nodes
     gpu_count: dict = {}

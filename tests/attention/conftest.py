@@ -6,7 +6,7 @@ repository's conftest.py sets TRITON_INTERPRET before any test imports them).
 import pytest
 import torch
 
-#: Tolerances of the issue: relative error against the float64 reference.
+#: Tolerances of the numerics contract (treecoll.attention): relative error against the float64 reference.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 

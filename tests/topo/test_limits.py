@@ -75,7 +75,7 @@ def test_the_count_is_exact_on_the_largest_shipped_cluster():
     p = ROOT / "topologies" / "dgx-h100-x1024.yaml"
     t = topo.load(p, max_nodes=nodes, max_links=links)  # exactly at the caps: loads
     assert (t.graph.number_of_nodes(), t.graph.number_of_edges()) == (nodes, links)
-    with pytest.raises(TopologyError, match=r"dgx-h100-x1024\.yaml:18: network\.spines: the hosts and a network of "
+    with pytest.raises(TopologyError, match=r"dgx-h100-x1024\.yaml:22: network\.spines: the hosts and a network of "
                                             r"256 leaves x 16 spines make 30,992 nodes and 141,312 directed links: "
                                             r"expected at most 30,991 nodes"):
         topo.load(p, max_nodes=nodes - 1)

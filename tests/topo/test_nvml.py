@@ -1,4 +1,4 @@
-"""The NVML adapter: typed N/A values, the pitfalls of topo.md §3/§7.10, CUDA vs NVML order."""
+"""The NVML adapter: typed N/A values, the pitfalls listed in treecoll.topo.nvml, CUDA vs NVML order."""
 import pytest
 from topo_fakes import FakePynvml, load
 from treecoll.topo.nvml import NA, NVLINK_VERSION_GENERATION, GpuInfo, Nvml, NVMLUnavailable, cuda_order, norm_busid
