@@ -5,7 +5,7 @@ import torch
 from treecoll.attention.validate import KV_DTYPES, check_decode_inputs
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["decode_partial", "DECODE_BACKENDS"]
+__all__ = ["DECODE_BACKENDS", "decode_partial"]
 
 
 def _torch_backend(q, k, v, lengths, scale, num_splits, out, block_table):
@@ -61,14 +61,17 @@ def decode_partial(
     num_splits : int, optional
         Contiguous key chunks per sequence computed independently and merged
         (flash-decoding).  Default: from the length and the SM count on CUDA
-        (:func:`treecoll.attention.decode_triton.choose_num_splits`); for 'torch' on CPU
+        (:func:`treecoll.attention.decode_gpu.choose_num_splits`); for 'torch' on CPU
         at least ``torch.get_num_threads()`` for sequences of two blocks or more
-        (one split per worker thread), else 1.
+        (one split per worker thread), else 1; for 'native' the kernel cuts the
+        keys into blocks from the total length (``num_splits`` sets a minimum)
+        and runs them on ``torch.get_num_threads()`` threads of its own.
     backend : {'auto', 'native', 'torch', 'triton'}
         'auto' takes 'triton' for CUDA tensors; on CPU 'native' (the fused C kernel
         of :mod:`treecoll.attention.decode_native`, built on first use with the system C
-        compiler) when it is available and ``head_dim`` has stride 1, else 'torch'
-        (block-wise float32 matmuls).  'triton' on CPU tensors needs
+        compiler, AVX-512 / AVX2 / portable chosen at run time) when it is
+        available and ``head_dim`` has stride 1, else 'torch' (block-wise float32
+        matmuls).  'triton' on CPU tensors needs
         ``TRITON_INTERPRET=1`` before the kernels are imported.
     block_table : integer Tensor [batch, max_pages], optional
         Paged cache: token ``n`` of sequence ``b`` is

@@ -154,7 +154,7 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
 
 def run_splits(q, kv_heads: int, lengths, scale: float, attend, *, num_splits: int = 1, out=None,
                min_split_tokens: int = 2 * DEFAULT_BLOCK_SIZE):
-    """Split-KV driver shared by the CPU backends: scales and groups ``q``, cuts every
+    """Split-KV driver of the torch path: scales and groups ``q``, cuts every
     sequence into ``num_splits`` contiguous ranges (at least ``torch.get_num_threads()``
     when a sequence has ``min_split_tokens`` or more, run on that many worker threads),
     calls ``attend(qg, b, start, end, work)`` per range and merges the ranges.

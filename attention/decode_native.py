@@ -1,17 +1,25 @@
 """The 'native' CPU decode backend: a fused C kernel, compiled on first use.
 
-``attention/csrc/decode_cpu.c`` computes the state of one sequence over a range of
-its tokens with the bf16/fp16 -> float32 conversion done in registers inside the
-dot products (AVX-512 when the compiler targets it, portable C otherwise): each
-K/V element is read from memory once and nothing is materialised, which the torch
-path cannot do for half types (it converts each block into a float32 buffer, then
-runs float32 matmuls, so bf16 runs at about the float32 *element* rate).  The
-splitting over worker threads and the merge are shared with the torch path
-(:func:`treecoll.attention.decode_cpu.run_splits`); ``ctypes`` releases the GIL during the
-kernel, so the worker threads run it in parallel.
+``attention/csrc/decode_cpu.c`` computes the attention states of a whole batch in
+one call: the keys of every sequence are cut into blocks (and the KV heads into
+slices when there are few blocks), the calling thread and a persistent pool of
+C threads take the (sequence, block, slice) tasks, and the blocks' states are
+merged in token order at the end (the result does not depend on the thread
+count's scheduling, only on the block size).  bf16/fp16 -> float32 conversion
+happens in registers inside the dot products, so each K/V element is read from
+memory once and nothing is materialised; all arithmetic is float32.  ``ctypes``
+releases the GIL during the call.
 
-Build: the system C compiler (``$CC``, else ``cc``) with ``-O3 -march=native``,
-once per source / compiler / CPU, into ``$TREECOLL_CACHE_DIR`` (default
+Instruction sets: the library is compiled for the baseline of the machine's
+architecture, with AVX-512 BF16, AVX-512 and AVX2 variants selected at run time
+(chosen once per process from the CPU; :func:`native_status` reports which).
+``q_bf16=True`` (AVX-512 BF16 CPUs, bf16 caches) computes the scores with
+``vdpbf16ps`` on the query rounded to bfloat16, as GPU kernels do: the scores
+change by up to about ``2**-9 * |q| |k|``, beyond the float32 tolerance, so it is
+off by default.
+
+Build: the system C compiler (``$CC``, else ``cc``) with ``-O3``, once per source /
+compiler / machine, into ``$TREECOLL_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/treecoll`` or ``~/.cache/treecoll``); the file is written under a
 temporary name and renamed, so concurrent processes never load a half-written
 library.  Without a compiler, or with ``TREECOLL_NATIVE=0``, :func:`native_status`
@@ -32,12 +40,16 @@ from pathlib import Path
 import torch
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["decode_native", "native_status", "NATIVE_DTYPES"]
+__all__ = ["NATIVE_DTYPES", "NATIVE_ISAS", "decode_native", "native_status", "read_sum"]
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_cpu.c"
-#: KV dtypes the kernel reads, with the code the C source expects.
+#: KV (and query) dtypes the kernel reads, with the code the C source expects.
 NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_FLAG_SETS = (["-O3", "-march=native"], ["-O3"])  # the second when the compiler rejects -march=native
+#: Instruction-set tiers of the kernel, lowest first (``isa=`` of :func:`decode_native`).
+NATIVE_ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
+# The second set when the compiler rejects the x86 target attributes of the first.
+_FLAG_SETS = (["-O3", "-pthread"], ["-O3", "-pthread", "-DTREECOLL_PORTABLE_ONLY"])
+_FLAG_Q_BF16 = 1
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -51,22 +63,10 @@ def _cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "treecoll"
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (a library built with -march=native must not be
-    reused on another CPU sharing the same home directory)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _compile(cc: str, out_dir: Path) -> Path:
     source = SOURCE.read_bytes()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    machine = [version.encode(), _cpu_flags().encode(), platform.machine().encode()]
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    machine = [version.encode(), platform.machine().encode()]
     errors = []
     for flags in _FLAG_SETS:
         cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC"]
@@ -78,11 +78,12 @@ def _compile(cc: str, out_dir: Path) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=lib.name + ".", suffix=".tmp", dir=out_dir)
         os.close(fd)
         try:
-            run = subprocess.run([*cmd, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
+            run = subprocess.run([*cmd, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120,
+                                 check=False)
             if run.returncode == 0:
                 os.replace(tmp, lib)
                 return lib
-            errors.append(f"{' '.join(cmd)}: {(run.stderr.strip().splitlines() or ['exit %d' % run.returncode])[0]}")
+            errors.append(f"{' '.join(cmd)}: {(run.stderr.strip().splitlines() or [f'exit {run.returncode}'])[0]}")
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -109,11 +110,11 @@ def _load():
                             raise
                         path = _compile(cc, Path(tempfile.gettempdir()) / f"treecoll-{os.getuid()}")
                     lib = ctypes.CDLL(str(path))
-                    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-                    lib.treecoll_decode_range.argtypes = [ptr, ptr, ptr, ctypes.c_int] + [i64] * 7 + [ptr] + \
-                        [i64] * 5 + [ptr, ptr, ptr, ctypes.c_int]
-                    lib.treecoll_decode_range.restype = ctypes.c_int
+                    lib.treecoll_decode.argtypes = [ctypes.POINTER(_Args)]
+                    lib.treecoll_decode.restype = ctypes.c_int
                     lib.treecoll_decode_isa.restype = ctypes.c_char_p
+                    lib.treecoll_read_sum.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+                    lib.treecoll_read_sum.restype = ctypes.c_double
                     _STATE["lib"], _STATE["path"] = lib, path
                 except (OSError, subprocess.SubprocessError) as exc:
                     _STATE["error"] = f"building {SOURCE.name} failed: {exc}"
@@ -123,8 +124,8 @@ def _load():
 
 
 def native_status() -> dict:
-    """``{'available': bool, 'isa': 'avx512' | 'portable' | None, 'library': path, 'reason': str}``
-    (builds the kernel on first call)."""
+    """``{'available': bool, 'isa': one of NATIVE_ISAS or None, 'library': path, 'reason': str}``
+    (builds the kernel on first call; ``isa`` is the tier chosen for this CPU)."""
     try:
         lib = _load()
     except AttentionError as exc:
@@ -138,57 +139,89 @@ def supports(q, k, v) -> bool:
     ``head_dim`` of stride 1); otherwise the caller uses the torch path."""
     return (
         q.device.type == "cpu" and k.device.type == "cpu" and k.dtype in NATIVE_DTYPES and v.dtype == k.dtype
-        and k.stride(-1) == 1 and v.stride(-1) == 1
+        and q.dtype in NATIVE_DTYPES and k.stride(-1) == 1 and v.stride(-1) == 1
     )
 
 
+class _Args(ctypes.Structure):
+    """``treecoll_decode_args`` of csrc/decode_cpu.c (field for field)."""
+
+    _fields_ = [("q", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in ("q_dtype", "q_b", "q_h", "q_d")] + [
+        ("k", ctypes.c_void_p), ("v", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in (
+            "kv_dtype", "batch", "kv_heads", "group", "head_dim", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h")] + [
+        ("lengths", ctypes.c_void_p), ("pages", ctypes.c_void_p), ("pages_b", ctypes.c_int64),
+        ("page_size", ctypes.c_int64), ("out", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in (
+            "out_b", "out_h", "out_d")] + [("lse", ctypes.c_void_p), ("lse_b", ctypes.c_int64),
+                                           ("lse_h", ctypes.c_int64), ("scale", ctypes.c_double)] + [
+        (n, ctypes.c_int64) for n in ("threads", "isa", "flags", "block_tokens")]
+
+
 def decode_native(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_table=None,
-                  portable: bool = False):
+                  isa: str | None = None, q_bf16: bool = False, threads: int | None = None):
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
-    :func:`attention.decode_partial` for shapes and the contract).
+    :func:`treecoll.attention.decode_partial` for shapes and the contract).
 
-    ``q`` [batch, q_heads, head_dim]; ``k``/``v`` [batch, seq, kv_heads, head_dim] with
-    any strides but ``head_dim``'s = 1, or paged [num_pages, page_size, kv_heads,
-    head_dim] with ``block_table`` int [batch, max_pages]; float32, bfloat16 or
-    float16.  ``portable=True`` runs the portable C loops even where AVX-512 was
-    compiled in (for tests).  Returns ``(out, lse)``: float32 [batch, q_heads,
-    head_dim] and float32 [batch, q_heads], natural log; ``(0, -inf)`` for no keys.
+    ``q`` [batch, q_heads, head_dim] (any strides); ``k``/``v`` [batch, seq, kv_heads,
+    head_dim] with any strides but ``head_dim``'s = 1, or paged [num_pages, page_size,
+    kv_heads, head_dim] with ``block_table`` int [batch, max_pages]; float32, bfloat16
+    or float16.  ``lengths`` int [batch].  ``num_splits > 1`` cuts each sequence into
+    at least that many blocks (the kernel chooses otherwise); ``threads`` defaults to
+    ``torch.get_num_threads()``.  ``isa`` caps the instruction set (one of
+    :data:`NATIVE_ISAS`, for tests and comparisons; default: the best the CPU has).
+    ``q_bf16``: scores by ``vdpbf16ps`` with the query rounded to bfloat16 (bf16
+    caches on AVX-512 BF16 CPUs; elsewhere ignored): up to ~2**-9 relative error
+    in the scores.  Returns ``(out, lse)``: float32 [batch, q_heads, head_dim] and
+    [batch, q_heads], natural log; ``(0, -inf)`` for no keys.
     """
-    from treecoll.attention.decode_cpu import run_splits
-
     lib = _load()
     if not supports(q, k, v):
         raise AttentionError(
-            f"decode backend 'native': expected CPU float32/bfloat16/float16 K and V with head_dim stride 1, "
-            f"got {k.device} {k.dtype}/{v.dtype} with strides {tuple(k.stride())}/{tuple(v.stride())}; "
-            f"use backend='torch'"
+            f"decode backend 'native': expected CPU float32/bfloat16/float16 q, K and V with head_dim stride 1, "
+            f"got {k.device} q {q.dtype}, K/V {k.dtype}/{v.dtype} with strides {tuple(k.stride())}/"
+            f"{tuple(v.stride())}; use backend='torch'"
         )
-    kv_heads, head_dim = k.shape[2], k.shape[3]
+    if isa is not None and isa not in NATIVE_ISAS:
+        raise AttentionError(f"decode_native: isa: expected one of {list(NATIVE_ISAS)} or None, got {isa!r}")
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    if out is None:
+        out = (torch.empty(batch, q_heads, head_dim, dtype=torch.float32),
+               torch.empty(batch, q_heads, dtype=torch.float32))
+    out_buf, lse_buf = out
+    if batch == 0 or q_heads == 0:
+        return out_buf, lse_buf
+    lens = lengths if lengths.dtype == torch.int64 and lengths.is_contiguous() else lengths.to(torch.int64).contiguous()
+    args = _Args(
+        q=q.data_ptr(), q_dtype=NATIVE_DTYPES[q.dtype], q_b=q.stride(0), q_h=q.stride(1), q_d=q.stride(2),
+        k=k.data_ptr(), v=v.data_ptr(), kv_dtype=NATIVE_DTYPES[k.dtype], batch=batch, kv_heads=kv_heads,
+        group=q_heads // kv_heads, head_dim=head_dim, lengths=lens.data_ptr(),
+        out=out_buf.data_ptr(), out_b=out_buf.stride(0), out_h=out_buf.stride(1), out_d=out_buf.stride(2),
+        lse=lse_buf.data_ptr(), lse_b=lse_buf.stride(0), lse_h=lse_buf.stride(1), scale=float(scale),
+        threads=threads or torch.get_num_threads(), isa=-1 if isa is None else NATIVE_ISAS.index(isa),
+        flags=_FLAG_Q_BF16 if q_bf16 else 0,
+    )
     itemsize = k.element_size()
-    dt = NATIVE_DTYPES[k.dtype]
-    kst, vst = [s * itemsize for s in k.stride()], [s * itemsize for s in v.stride()]
+    args.k_b, args.k_t, args.k_h = (s * itemsize for s in k.stride()[:3])
+    args.v_b, args.v_t, args.v_h = (s * itemsize for s in v.stride()[:3])
     if block_table is not None:
-        tables = block_table.to(torch.int64).contiguous()
-        page_size = k.shape[1]
+        table = block_table if block_table.dtype == torch.int64 and block_table.is_contiguous() else \
+            block_table.to(torch.int64).contiguous()
+        args.pages, args.pages_b, args.page_size = table.data_ptr(), table.stride(0), k.shape[1]
+    if num_splits > 1 and batch:
+        args.block_tokens = max(1, -(-int(lens.max()) // num_splits))
+    rc = lib.treecoll_decode(ctypes.byref(args))
+    if rc != 0:
+        raise AttentionError(f"decode backend 'native': kernel failed with code {rc} "
+                             f"({'out of memory' if rc == -2 else 'bad arguments'})")
+    return out_buf, lse_buf
 
-    def attend(qg, b, s0, s1, work):
-        group = qg.shape[1]
-        acc = torch.empty(kv_heads, group, head_dim, dtype=torch.float32)
-        m = torch.empty(kv_heads, group, 1, dtype=torch.float32)
-        l = torch.empty(kv_heads, group, 1, dtype=torch.float32)
-        qc = qg.contiguous()
-        if block_table is None:
-            kb, vb, pages, psize, kpage, vpage = k.data_ptr() + b * kst[0], v.data_ptr() + b * vst[0], None, 0, 0, 0
-        else:
-            kb, vb = k.data_ptr(), v.data_ptr()
-            pages, psize, kpage, vpage = tables[b].data_ptr(), page_size, kst[0], vst[0]
-        rc = lib.treecoll_decode_range(
-            qc.data_ptr(), kb, vb, dt, kv_heads, group, head_dim, kst[1], kst[2], vst[1], vst[2],
-            pages, psize, kpage, vpage, s0, s1, acc.data_ptr(), m.data_ptr(), l.data_ptr(), int(portable),
-        )
-        if rc != 0:
-            raise AttentionError(f"decode backend 'native': kernel failed with code {rc} (sequence {b})")
-        return acc, m, l
 
-    # Ranges of the same size as the torch path's blocks are worth a thread each.
-    return run_splits(q, kv_heads, lengths, scale, attend, num_splits=num_splits, out=out, min_split_tokens=2048)
+def read_sum(x: torch.Tensor, threads: int | None = None) -> float:
+    """Sum of a contiguous, 64-byte aligned float32 CPU tensor (its first ``numel // 64 * 64``
+    elements) by ``threads`` kernel threads (default ``torch.get_num_threads()``): a pure
+    read of memory, with which tools/bench_decode measures the read-only rate."""
+    lib = _load()
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() or x.data_ptr() % 64:
+        raise AttentionError(f"read_sum: expected a contiguous 64-byte aligned float32 CPU tensor, got {x.dtype} "
+                             f"on {x.device}")
+    return lib.treecoll_read_sum(x.data_ptr(), x.numel(), threads or torch.get_num_threads())

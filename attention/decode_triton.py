@@ -3,7 +3,8 @@
 Two kernels:
 
 * ``_decode_split_kernel`` (stage 1), grid ``(batch, kv_heads, num_splits)``.  One
-  program owns one KV head of one sequence and one contiguous chunk of its keys.
+  program owns one KV head of one sequence and one contiguous chunk of its keys
+  (the split count and the block size: :mod:`treecoll.attention.decode_gpu`).
   It loads each K/V block ONCE for all ``group = q_heads // kv_heads`` query
   heads (the group is the M dimension of ``tl.dot``, padded to 16), runs an
   online softmax in base 2 (``exp2`` with ``scale * log2(e)`` folded into the
@@ -39,6 +40,12 @@ interpreter computes ``tl.dot`` on bfloat16 operands wrongly (errors ~1e10 on
 16x16 inputs), so under the interpreter, and for float32 inputs, the operands
 are upcast to float32 and multiplied with ``input_precision="ieee"``; on GPUs
 fp16/bf16 go to the tensor cores with float32 accumulation.
+
+The block size per head_dim and the split count (Llama-3.1-8B, one sequence of 128k
+tokens on an H100's 132 SMs):
+
+>>> BLOCK_N, block_n(256), choose_num_splits(1, 8, 131072, 132)
+(64, 32, 15)
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ import math
 import os
 
 import torch
+from treecoll.attention.decode_gpu import MAX_SPLITS, block_n, choose_num_splits
 from treecoll.attention.state import LOG2E
 from treecoll.topo.errors import AttentionError, MissingDependency
 
@@ -56,6 +64,8 @@ except ImportError as err:  # pragma: no cover - triton is a dev dependency
     raise MissingDependency("triton", "attention Triton kernels", "triton") from err
 
 __all__ = [
+    "BLOCK_N",
+    "MAX_SPLITS",
     "choose_num_splits",
     "decode_stage1",
     "decode_triton",
@@ -63,12 +73,9 @@ __all__ = [
     "num_sms",
 ]
 
-#: Keys per block of stage 1 (the N dimension of both tl.dot calls).
-BLOCK_N = 64
-#: Never split a sequence into chunks of fewer blocks than this.
-MIN_BLOCKS_PER_SPLIT = 4
-#: Upper bound on splits (FlashAttention-2 caps at 128).
-MAX_SPLITS = 128
+#: Keys per block of stage 1 at head_dim 128 (the N dimension of both tl.dot calls); other
+#: head dims: :func:`treecoll.attention.decode_gpu.block_n` (8192 elements per K/V block).
+BLOCK_N = block_n(128)
 #: Software-pipeline stages of stage 1.  Compiled for sm_80 with head_dim 128:
 #: fp32 K/V take 143 KiB of shared memory at 3 stages, 76 KiB at 2 (fits every
 #: GPU from sm_80 on, including 100 KiB consumer parts); bf16/fp16 take 22 KiB at 3.
@@ -247,24 +254,6 @@ def num_sms(device: torch.device) -> int:
     return max(1, torch.get_num_threads())
 
 
-def choose_num_splits(batch: int, kv_heads: int, max_len: int, sms: int, *, block_n: int = BLOCK_N) -> int:
-    """Splits per sequence so that ``batch * kv_heads * splits`` programs fill about
-    two waves of ``sms`` multiprocessors, with at least ``MIN_BLOCKS_PER_SPLIT``
-    blocks per split and at most ``MAX_SPLITS`` (FlashAttention-2's cap).
-
-    >>> choose_num_splits(1, 8, 131072, 132)
-    33
-    >>> choose_num_splits(64, 8, 4096, 132), choose_num_splits(1, 8, 0, 132)
-    (1, 1)
-    """
-    programs = batch * kv_heads
-    if max_len <= 0 or programs >= sms:
-        return 1
-    wanted = -(-2 * sms // programs)
-    by_length = max(1, -(-max_len // (block_n * MIN_BLOCKS_PER_SPLIT)))
-    return max(1, min(wanted, by_length, MAX_SPLITS))
-
-
 def _next_pow2(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(n))
 
@@ -305,7 +294,7 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse, block_tabl
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         seq, splits, scale * LOG2E,
         GROUP=group, HEAD_DIM=head_dim,
-        BLOCK_G=_next_pow2(group, 16), BLOCK_N=BLOCK_N, BLOCK_D=_next_pow2(head_dim, 16),
+        BLOCK_G=_next_pow2(group, 16), BLOCK_N=block_n(head_dim), BLOCK_D=_next_pow2(head_dim, 16),
         UPCAST=_INTERPRETED or k.dtype == torch.float32, PAGE_SIZE=page_size,
         num_stages=STAGES_FP32 if k.dtype == torch.float32 else STAGES_HALF,
     )
@@ -313,16 +302,21 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse, block_tabl
 
 def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None, block_table=None):
     """Partial decode attention with the Triton kernels (validated inputs; see
-    :func:`attention.decode_partial`).  Returns ``(out, lse)`` float32
-    [batch, q_heads, head_dim] and [batch, q_heads], natural log."""
+    :func:`treecoll.attention.decode_partial`).  Returns ``(out, lse)`` float32
+    [batch, q_heads, head_dim] and [batch, q_heads], natural log.
+
+    No host synchronisation on CUDA: the lengths and the block table stay on the
+    device (the split count comes from the cache capacity and the SM count), the
+    partial states come from the caching allocator, and the merge is launched on
+    the same stream right after stage 1."""
     batch, q_heads, head_dim = q.shape
     seq, kv_heads = k.shape[1], k.shape[2]
     q = q.contiguous()  # tiny; k and v are never copied
     if block_table is not None:
         seq = block_table.shape[1] * k.shape[1]
-    if num_splits is None:
+    if num_splits is None:  # on CUDA from the capacity: reading the lengths would wait for the device
         max_len = int(lengths.max()) if (lengths.device.type == "cpu" and batch) else seq
-        num_splits = choose_num_splits(batch, kv_heads, max_len, num_sms(q.device))
+        num_splits = choose_num_splits(batch, kv_heads, max_len, num_sms(q.device), block=block_n(head_dim))
     if out is None:
         out = (
             torch.empty(batch, q_heads, head_dim, dtype=torch.float32, device=q.device),
@@ -363,7 +357,7 @@ def _launch_merge(outs, lses, out, lse) -> None:
 
 
 def merge_states_triton(outs: torch.Tensor, lses: torch.Tensor, dim: int):
-    """:func:`attention.merge_states` with the Triton kernel (validated inputs;
+    """:func:`treecoll.attention.merge_states` with the Triton kernel (validated inputs;
     ``dim`` non-negative).  Returns float32 ``(out, lse)`` without the state dim."""
     _check_launchable(outs, "merge_states")
     outs = outs.movedim(dim, 0)

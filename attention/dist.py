@@ -13,31 +13,24 @@
   (point-to-point sends, all-reduce, all-gather, broadcast) while it is active.
 * :func:`peak_tensor_bytes`: the peak of live tensor bytes allocated while a
   callable runs (torch profiler memory events).
-* :func:`run_group`: start ``nproc`` processes (spawn) in a gloo group on
-  127.0.0.1 with a free port, run a function, return its per-rank results;
-  bounded by a timeout (processes are killed, :class:`CollectiveError` raised).
+
+Processes are started by :mod:`treecoll.collectives.launch`.
 """
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-import socket
-import traceback
 from dataclasses import dataclass, field
 
 import torch
 from treecoll.collectives.group import group_info
-from treecoll.topo.errors import AttentionError, CollectiveError
+from treecoll.topo.errors import AttentionError
 
 __all__ = [
     "check_same_signature",
     "Traffic",
     "count_traffic",
     "peak_tensor_bytes",
-    "free_port",
-    "die_with_parent",
-    "run_group",
 ]
 
 
@@ -232,127 +225,6 @@ def peak_tensor_bytes(fn, *args, **kwargs):
         peak = max(peak, cur)
     return result, peak
 
-
-# --------------------------------------------------------------------------- launching
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bind port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def die_with_parent(parent: int) -> None:
-    """Linux: have the kernel kill this rank when the process that spawned it dies, so a
-    run killed from outside (Ctrl-C twice, a job timeout, SIGKILL) leaves no ranks
-    behind waiting for peers; elsewhere a no-op."""
-    import sys
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:   # the parent died before the request took effect
-        os._exit(1)
-
-
-def _entry(rank, nproc, port, fn, args, queue, timeout, threads, parent=None):
-    import torch.distributed as dist
-
-    if parent is not None:
-        die_with_parent(parent)
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(threads)
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=nproc,
-                                timeout=datetime.timedelta(seconds=timeout))
-        try:
-            result = fn(rank, nproc, *args)
-            queue.put((rank, True, result))
-        finally:
-            dist.destroy_process_group()
-    except BaseException as e:  # reported to the parent, which raises
-        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-
-
-def run_group(fn, nproc: int, *args, timeout: float = 60.0, threads: int = 1):
-    """Run ``fn(rank, nproc, *args)`` in ``nproc`` spawned processes joined in a
-    gloo group (127.0.0.1, free port); return the list of results by rank.
-
-    ``fn`` and ``args`` must be picklable (``fn`` a module-level function).
-    ``timeout`` (seconds) bounds the whole run and is the group's own timeout;
-    ``threads``: torch intra-op threads per process.  A rank that raises makes
-    this raise :class:`CollectiveError` with that rank's message (its traceback
-    in the exception's ``remote_traceback``); a run that exceeds the timeout
-    kills every process and raises.
-    """
-    import queue as _queue
-    import time
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, nproc, port, fn, args, q, timeout, threads, os.getpid()),
-                         daemon=True)
-             for r in range(nproc)]
-    for p in procs:
-        p.start()
-    results, errors = {}, {}
-    deadline = time.monotonic() + timeout + 30.0  # startup (importing torch) on a loaded machine
-    try:
-        while len(results) + len(errors) < nproc:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CollectiveError(
-                    f"run_group: expected {nproc} ranks to finish within {timeout:.0f} s (+30 s startup), "
-                    f"got {len(results)} results and {len(errors)} errors; killed the rest"
-                )
-            try:
-                rank, ok, value = q.get(timeout=min(left, 1.0))
-            except _queue.Empty:
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)
-                        and i not in results and i not in errors]
-                if dead:
-                    time.sleep(0.5)  # let a queued message arrive
-                    if q.empty():
-                        raise CollectiveError(
-                            f"run_group: rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
-                            f"without a result"
-                        ) from None
-                continue
-            (results if ok else errors)[rank] = value
-            if errors and len(results) + len(errors) < nproc:
-                # give the other ranks a moment to report their own error, then stop
-                end = time.monotonic() + 5.0
-                while len(results) + len(errors) < nproc and time.monotonic() < end:
-                    try:
-                        rank, ok, value = q.get(timeout=0.5)
-                        (results if ok else errors)[rank] = value
-                    except _queue.Empty:
-                        pass
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=2.0 if not errors else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2.0)
-    if errors:
-        rank = min(errors)
-        first = errors[rank].splitlines()[0]
-        err = CollectiveError(f"run_group: rank {rank} failed: {first}")
-        err.remote_traceback = errors[rank]  # the failing rank's traceback (one-line message above)
-        raise err
-    return [results[r] for r in range(nproc)]
 
 
 def decode_signature(q, k, extra=(), extra_names=()):

@@ -6,7 +6,7 @@ Every fenced ``python`` block is one of:
   namespace, in page order, in a fresh empty directory;
 * a script that names itself on its first line (``# name.py``): written to a
   fresh directory and run as ``python name.py`` (scripts that start processes
-  do so through ``treecoll.attention.dist.run_group``); the page shows a
+  do so through ``treecoll.collectives.launch``); the page shows a
   ``$ python name.py`` transcript right after it, and the output must be
   exactly the lines shown (the scripts of :data:`IN_ONE_PROCESS` run their
   ``work`` function in this process instead, with their own check);
@@ -75,7 +75,7 @@ def test_every_python_block_is_run_somewhere():
         for text, line, _ in _python_blocks(page):
             m = SCRIPT_NAME.match(text)
             named.add((page, m.group(1)) if m else None)
-            if "run_group(" in text:
+            if re.search(r"\blaunch\.(?:run|spawn|join|RankPool|run_commands)\(", text):
                 assert m, f"{page}:{line}: a block that starts processes needs '# name.py' on its first line"
     assert set(RUN_ELSEWHERE) <= named
 

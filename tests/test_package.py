@@ -25,10 +25,10 @@ COMMAND = "command-line module: its tests call main([...]) in tests/tools"
 NO_EXAMPLES = {
     "treecoll.attention.decode_cpu": "examples not written yet",
     "treecoll.attention.decode_native": "examples not written yet",
-    "treecoll.attention.dist":
-        "every function needs a process group or spawns processes (tests/attention/test_dist.py)",
+    "treecoll.attention.dist": "needs a process group or the torch profiler (tests/attention/test_dist.py)",
     "treecoll.attention.hf": "needs transformers and a model directory (tests/attention/test_hf.py)",
     "treecoll.tools": "package marker",
+    "treecoll.tools.bench": "package marker; its modules carry the examples",
     "treecoll.tools.bench_collectives": BENCHMARK,
     "treecoll.tools.bench_decode": BENCHMARK,
     "treecoll.tools.bench_emucluster_decode": BENCHMARK,
@@ -75,6 +75,80 @@ def test_importing_the_topology_side_loads_no_torch():
     code = "import sys, treecoll, treecoll.topo, treecoll.tools.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _tracked(pattern: str = "*.py") -> list[str]:
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", pattern], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    return sorted(f for f in set(files) if not f.startswith("tests/fixtures/") and (ROOT / f).exists())
+
+
+def _lines_matching(files, regex) -> list[str]:
+    return [f"{f}:{n}: {line.strip()}" for f in files
+            for n, line in enumerate((ROOT / f).read_text(encoding="utf-8").splitlines(), 1) if regex.search(line)]
+
+
+#: how processes start: only the launcher (treecoll.collectives.launch) starts ranks
+STARTS_PROCESSES = re.compile(r"\bmp\.spawn\(|multiprocessing\.(?:spawn|Process)\b|\.Process\(|start_processes\(|"
+                              r"\bget_context\(|\bos\.fork\(|\bos\.(?:spawn|exec)\w*\(")
+SUBPROCESS = re.compile(r"\bsubprocess\.(?:Popen|run|call|check_call|check_output)\(")
+#: files that run a subprocess for something other than a rank, and what for
+SUBPROCESS_USES = {
+    "attention/decode_native.py": "runs the C compiler that builds the native kernel",
+    "tools/bench/harness.py": "asks git for the commit a benchmark ran from",
+    "tools/emucluster/netns.py": "runs ip and tc to build the emulated cluster",
+    "tools/emucluster/measure.py": "an iperf-like server and client inside two namespaces",
+    "tools/emucluster/runner.py": "asks for a free port inside a namespace",
+    "tests/test_package.py": "git ls-files, and imports in a fresh interpreter",
+    "tests/test_docs.py": "the pages' example scripts, each as python name.py",
+    "tests/attention/test_decode.py": "an import in a fresh interpreter",
+    "tests/attention/test_decode_triton.py": "compiles a kernel in a fresh interpreter",
+    "tests/tools/test_cli_topo.py": "the command line in a fresh interpreter",
+    "tests/tools/test_bench_harness.py": "asks git for the commit the benchmark JSON must name",
+    "tests/tools/test_emucluster.py": "the emu command as a user runs it, tc, a process that exits",
+    "tests/collectives/test_launch.py": "parents of ranks, killed to check that their ranks die with them",
+}
+
+
+def test_only_the_launcher_starts_ranks():
+    """Ranks start through treecoll.collectives.launch (spawn, RankPool, join, run_commands) alone: every
+    other module that runs a subprocess is listed with what for, and none starts processes otherwise."""
+    files = [f for f in _tracked() if f != "collectives/launch.py"]
+    assert _lines_matching(files, STARTS_PROCESSES) == []
+    users = {line.split(":")[0] for line in _lines_matching(files, SUBPROCESS)}
+    assert sorted(users - set(SUBPROCESS_USES)) == []
+
+
+#: a byte formatter: a unit name as a string of its own (a table of units), or a size divided by a
+#: power of 1000 or 1024 and printed with a byte unit
+BYTE_FORMATTING = re.compile(
+    r"""["'](?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)["']|"""
+    r"""\{[^{}]*/\s*\(?\s*(?:1\s*<<\s*\d+|1e\d+|1[0-9_]*\s*\*\*\s*\d+|2\s*\*\*\s*\d+|\d{4,}|[A-Z]{2}B|[A-Z]iB)\b"""
+    r"""[^{}]*\}\s?(?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)(?![/\w])""")
+#: modules that still print sizes their own way (remove each once it uses treecoll.topo.fmt)
+BYTE_FORMATTING_TO_PORT = {"tools/bench_decode.py", "tools/bench_tree_attention.py"}
+
+
+def test_one_byte_formatter():
+    """Sizes are printed by treecoll.topo.fmt.fmt_bytes alone (binary or SI units)."""
+    files = [f for f in _tracked() if f.split("/")[0] in PACKAGES and f != "topo/fmt.py"
+             and f not in BYTE_FORMATTING_TO_PORT]
+    assert _lines_matching(files, BYTE_FORMATTING) == []
+    # the check finds what it looks for
+    assert BYTE_FORMATTING.search('for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20)):')
+    assert BYTE_FORMATTING.search('return f"{n / (1 << 20):.0f} MiB"')
+    assert BYTE_FORMATTING.search('f"{x / 1e6:8.3f} MB"') and not BYTE_FORMATTING.search('f"{x / 1e9:.2f} GB/s"')
+
+
+#: a test that still reaches tests/collectives/sim_helpers.py through sys.path (remove it once it imports
+#: ``tests.collectives.sim_helpers`` by name)
+SYS_PATH_TO_PORT: set[str] = set()
+
+
+def test_no_module_edits_sys_path():
+    """Modules, scripts and tests import treecoll and the test helpers by name (tests/ is a package tree)."""
+    edits = re.compile(r"\bsys\.path\s*(?:\.(?:insert|append|extend)\(|\[[^\]]*\]\s*=|\+=|=)")
+    assert _lines_matching([f for f in _tracked() if f not in SYS_PATH_TO_PORT], edits) == []
 
 
 def test_no_text_about_history_issues_or_files_outside_the_repository():

@@ -16,26 +16,23 @@ A repetition's time is that of the slowest rank; the table prints the median
 over repetitions (after a warm-up call) in microseconds, and the ratio ours /
 theirs (< 1 is faster) as the median over repetitions of the paired ratio:
 the two variants' repetitions are interleaved (ours, theirs, ours, ...), so
-each pair saw the same machine load.  ``--json`` writes everything (the ratio
-of the medians and the minimums too).  At least :data:`MIN_REPS` repetitions
-per size.
+each pair saw the same machine load (:mod:`treecoll.tools.bench.harness`).
+``--json`` writes everything (the ratio of the medians and the minimums too).
+At least :data:`MIN_REPS` repetitions per size; the ranks are started by
+:func:`treecoll.collectives.launch.spawn`.
 
     python -m treecoll.tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
-import statistics
 import sys
-import tempfile
 import time
 
 from treecoll.tools import units
+from treecoll.tools.bench.harness import Benchmark, interleaved, paired_ratio, slowest_rank, summary
 from treecoll.tools.cli import script_main
 from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
+from treecoll.topo.fmt import fmt_bytes, table
 
 HEAD_DIM = 128
 
@@ -53,122 +50,98 @@ def _reps(nbytes: int, base: int) -> int:
     return max(MIN_REPS, min(base, int(base * (1 << 16) / max(nbytes, 1))))
 
 
-def _time(fns, reps: int, dist) -> dict:
-    """Time each function ``reps`` times, repetitions interleaved (fn0, fn1, fn0, ...,
-    each after a barrier) so that load from other processes hits every variant
-    alike.  A repetition's time is the slowest rank's.  Returns ``median`` and
-    ``min`` seconds per function and ``paired``: the median over repetitions of
-    ``t_0 / t_1`` (fn0 against fn1 measured next to each other, which cancels the
-    drift of the machine's load between repetitions)."""
+def _time(ours, theirs, reps: int) -> dict:
+    """``ours`` against ``theirs``, repetitions interleaved (each after a barrier), a repetition's
+    time the slowest rank's: ``median`` and ``min`` seconds of both, and ``paired``: the median
+    over repetitions of ours / theirs."""
+    import torch.distributed as dist
+
+    t = interleaved({"ours": ours, "theirs": theirs}, reps, before=lambda _: dist.barrier(), combine=slowest_rank)
+    a, b = summary(t["ours"]), summary(t["theirs"])
+    return {"median": [a["median"], b["median"]], "min": [a["min"], b["min"]],
+            "paired": paired_ratio(t["ours"], t["theirs"])}
+
+
+def merge_op(a, b):
+    """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
+    no out-sized temporaries); (0, -inf) stays the identity."""
     import torch
-    for fn in fns:
-        fn()  # warm-up (plans, schedules, fingerprints, connections)
-    ts = torch.zeros(len(fns), reps, dtype=torch.float64)
-    for k in range(reps):
-        for i, fn in enumerate(fns):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            ts[i, k] = time.perf_counter() - t0
-    dist.all_reduce(ts, op=dist.ReduceOp.MAX)  # the slowest rank of each repetition
-    rows = ts.tolist()
-    return {"median": [statistics.median(t) for t in rows], "min": [min(t) for t in rows],
-            "paired": statistics.median(a / b for a, b in zip(rows[0], rows[1]))}
+
+    (oa, la), (ob, lb) = a, b
+    m = torch.maximum(la, lb)
+    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    wa, wb = torch.exp(la - shift), torch.exp(lb - shift)
+    den = wa + wb
+    safe = torch.where(den > 0, den, torch.ones_like(den))
+    oa.mul_((wa / safe)[:, None]).addcmul_(ob, (wb / safe)[:, None])
+    la.copy_(torch.where(den > 0, shift + torch.log(safe), m))
+    return a
 
 
-def _worker(rank: int, world: int, port: int, sizes, base_reps: int, algo: str, out_path: str,
-            nchunks=None, parent: int | None = None) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if parent is not None:
-        from treecoll.attention.dist import die_with_parent
-        die_with_parent(parent)      # a killed benchmark leaves no ranks behind
+def _one_size(rank: int, world: int, nbytes: int, reps: int, algo: str, nchunks, check: bool) -> dict:
+    """Both comparisons at one message size on this rank: the row of the table."""
     import torch
     import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=600))
     import treecoll.collectives.execute as ex
     from treecoll.collectives.ops import resolve_op
 
-    def merge_op(a, b):
-        """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
-        no out-sized temporaries); (0, -inf) stays the identity."""
-        (oa, la), (ob, lb) = a, b
-        m = torch.maximum(la, lb)
-        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        wa, wb = torch.exp(la - shift), torch.exp(lb - shift)
-        den = wa + wb
-        safe = torch.where(den > 0, den, torch.ones_like(den))
-        oa.mul_((wa / safe)[:, None]).addcmul_(ob, (wb / safe)[:, None])
-        la.copy_(torch.where(den > 0, shift + torch.log(safe), m))
-        return a
-
     opts = ex.CollectiveOptions(algo=algo, nchunks=nchunks)
     merge = resolve_op(merge_op, commutative=True)
-    rows_out = []
-    for nbytes in sizes:
-        reps = _reps(nbytes, base_reps)
-        n = max(1, nbytes // 4)
-        x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
-        buf = x.clone()
+    x = torch.randn(max(1, nbytes // 4), generator=torch.Generator().manual_seed(rank))
+    buf = x.clone()
 
-        def ours(buf=buf, x=x):
-            buf.copy_(x)
-            ex.allreduce(buf, out=buf, options=opts)
+    def ours():
+        buf.copy_(x)
+        ex.allreduce(buf, out=buf, options=opts)
 
-        def theirs(buf=buf, x=x):
-            buf.copy_(x)
-            dist.all_reduce(buf)
+    def theirs():
+        buf.copy_(x)
+        dist.all_reduce(buf)
 
-        sum_t = _time([ours, theirs], reps, dist)
-        # tuple-valued operator: attention-state merge over N rows of (out [128], lse)
-        rows = max(1, nbytes // (4 * (HEAD_DIM + 1)))
-        g = torch.Generator().manual_seed(100 + rank)
-        out = torch.randn(rows, HEAD_DIM, generator=g)
-        lse = torch.randn(rows, generator=g)
+    sum_t = _time(ours, theirs, reps)
+    # tuple-valued operator: attention-state merge over N rows of (out [128], lse)
+    rows = max(1, nbytes // (4 * (HEAD_DIM + 1)))
+    g = torch.Generator().manual_seed(100 + rank)
+    out = torch.randn(rows, HEAD_DIM, generator=g)
+    lse = torch.randn(rows, generator=g)
 
-        def tree_merge(out=out, lse=lse):
-            return ex.allreduce((out, lse), op=merge, options=opts)
+    def tree_merge():
+        return ex.allreduce((out, lse), op=merge, options=opts)
 
-        def three(out=out, lse=lse):
-            m = lse.clone()
-            dist.all_reduce(m, op=dist.ReduceOp.MAX)
-            w = torch.exp(lse - m)
-            num = out * w[:, None]
-            dist.all_reduce(num)
-            dist.all_reduce(w)
-            return num / w[:, None], m + torch.log(w)
+    def three():
+        m = lse.clone()
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        w = torch.exp(lse - m)
+        num = out * w[:, None]
+        dist.all_reduce(num)
+        dist.all_reduce(w)
+        return num / w[:, None], m + torch.log(w)
 
-        merge_t = _time([tree_merge, three], reps, dist)
-        if nbytes == sizes[0]:   # correctness of the merge path, once
-            a, b = tree_merge(), three()
-            assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
-        (t_ours, t_torch), (m_ours, m_torch) = sum_t["median"], sum_t["min"]
-        (t_merge, t_three), (m_merge, m_three) = merge_t["median"], merge_t["min"]
-        rows_out.append({"procs": world, "bytes": nbytes, "reps": reps, "ours_us": t_ours * 1e6,
-                         "torch_us": t_torch * 1e6, "ratio": sum_t["paired"],
-                         "ratio_of_medians": t_ours / t_torch,
-                         "merge_bytes": rows * 4 * (HEAD_DIM + 1), "tree_merge_us": t_merge * 1e6,
-                         "three_allreduce_us": t_three * 1e6, "merge_ratio": merge_t["paired"],
-                         "merge_ratio_of_medians": t_merge / t_three,
-                         "min_us": {"ours": m_ours * 1e6, "torch": m_torch * 1e6, "tree_merge": m_merge * 1e6,
-                                    "three_allreduce": m_three * 1e6}})
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(rows_out, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    if check:   # correctness of the merge path, once, before the timed calls merge (out, lse) in place
+        a = ex.allreduce((out.clone(), lse.clone()), op=merge, options=opts)
+        b = three()
+        assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
+    merge_t = _time(tree_merge, three, reps)
+    (t_ours, t_torch), (m_ours, m_torch) = sum_t["median"], sum_t["min"]
+    (t_merge, t_three), (m_merge, m_three) = merge_t["median"], merge_t["min"]
+    return {"procs": world, "bytes": nbytes, "reps": reps, "ours_us": t_ours * 1e6,
+            "torch_us": t_torch * 1e6, "ratio": sum_t["paired"], "ratio_of_medians": t_ours / t_torch,
+            "merge_bytes": rows * 4 * (HEAD_DIM + 1), "tree_merge_us": t_merge * 1e6,
+            "three_allreduce_us": t_three * 1e6, "merge_ratio": merge_t["paired"],
+            "merge_ratio_of_medians": t_merge / t_three,
+            "min_us": {"ours": m_ours * 1e6, "torch": m_torch * 1e6, "tree_merge": m_merge * 1e6,
+                       "three_allreduce": m_three * 1e6}}
 
 
-def _size(n: int) -> str:
-    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k} {unit}"
-    return f"{n} B"
+def _worker(rank: int, world: int, sizes, base_reps: int, algo: str, nchunks=None) -> list[dict]:
+    """One rank (:func:`treecoll.collectives.launch.spawn`): every size, both comparisons."""
+    return [_one_size(rank, world, nbytes, _reps(nbytes, base_reps), algo, nchunks, nbytes == sizes[0])
+            for nbytes in sizes]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bench = Benchmark("bench_collectives", __doc__, repeats=20, json="", aliases={"--repeats": ["--reps"]})
+    ap = bench.parser
     ap.add_argument("--procs", type=units.int_arg("--procs"), nargs="+", default=[2, 4, 8],
                     help="process counts, one group each (default 2 4 8)")
     ap.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
@@ -176,42 +149,30 @@ def main(argv=None) -> int:
                     help="largest default message size (default 64MiB)")
     ap.add_argument("--sizes", type=units.size_arg("--sizes"), nargs="+",
                     help="message sizes (default 8 B .. --max-bytes)")
-    ap.add_argument("--reps", type=units.int_arg("--reps"), default=20,
-                    help="repetitions for small sizes (fewer for large)")
     ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"),
                     help="treecoll's allreduce algorithm (default auto)")
     ap.add_argument("--nchunks", type=units.int_arg("--nchunks"),
                     help="chunks per message (default: the executor's rule)")
-    ap.add_argument("--json", help="write the results to this file")
-    args = ap.parse_args(argv)
+    ap.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1800.0,
+                    help="seconds one process count may take before its ranks are killed (default 1800)")
+    args = bench.parse(argv)
     sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
     for p in args.procs:  # a rank holds the tensor, its copy for torch's all_reduce and a received chunk
         check_processes(p, option=f"--procs {p}", per_process_bytes=3 * max(sizes), oversubscribe=args.oversubscribe)
-    import torch.multiprocessing as mp
-    from treecoll.attention.dist import free_port
+    from treecoll.collectives import launch
+
     results = []
     for p in args.procs:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            path = f.name
         t0 = time.time()
-        mp.spawn(_worker, args=(p, free_port(), sizes, args.reps, args.algo, path, args.nchunks, os.getpid()),
-                 nprocs=p, join=True)
-        with open(path) as f:
-            rows = json.load(f)
-        os.unlink(path)
-        results.extend(rows)
+        ranks = launch.spawn(_worker, p, sizes, args.repeats, args.algo, args.nchunks, timeout=args.timeout,
+                             where="bench_collectives")
+        results.extend(ranks[0])
         print(f"P={p}: {time.time() - t0:.0f} s", file=sys.stderr)
-    hdr = (f"{'P':>2} {'size':>8} | {'ours us':>10} {'gloo us':>10} {'ratio':>6} | "
-           f"{'merge B':>9} {'tree us':>10} {'3xAR us':>10} {'ratio':>6}")
-    print(hdr)
-    print("-" * len(hdr))
-    for r in results:
-        print(f"{r['procs']:>2} {_size(r['bytes']):>8} | {r['ours_us']:>10.1f} {r['torch_us']:>10.1f} "
-              f"{r['ratio']:>6.2f} | {r['merge_bytes']:>9} {r['tree_merge_us']:>10.1f} "
-              f"{r['three_allreduce_us']:>10.1f} {r['merge_ratio']:>6.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"algo": args.algo, "results": results}, f, indent=1)
+    print(table([[r["procs"], fmt_bytes(r["bytes"]), r["ours_us"], r["torch_us"], r["ratio"], r["merge_bytes"],
+                  r["tree_merge_us"], r["three_allreduce_us"], r["merge_ratio"]] for r in results],
+                ["P", "size", "ours us", "gloo us", "ratio", "merge B", "tree us", "3xAR us", "ratio"],
+                formats=[None, None, ".1f", ".1f", ".2f", None, ".1f", ".1f", ".2f"]))
+    bench.write_json({"algo": args.algo, "results": results}, args.json)
     return 0
 
 

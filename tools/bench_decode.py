@@ -1,28 +1,36 @@
-"""Benchmark of the decode kernels: KV bytes read per second against memory bandwidth.
+"""Benchmark of the decode kernels: KV bytes read per second against the machine's memory rates.
 
 Shapes are Llama-3.1-8B's (32 query heads, 8 KV heads, head_dim 128).  For every
 (dtype, batch, tokens) it times ``attention.decode_partial`` on a KV cache of
 capacity ``max tokens`` filled up to ``tokens`` per sequence, and divides the KV
 bytes it must read (``2 * batch * tokens * kv_heads * head_dim * itemsize``) by
-the time.  Memory bandwidth is measured in the same run, right before each row,
-with the same thread count: a copy of a 1 GiB float32 tensor (the *copy rate*
-is bytes copied per second, the quantity the target refers to; the memory
-traffic of that copy is at least twice as much) and a read-only ``sum``.
+the time.  Decode attention reads each K/V byte once, so its limit is the rate at
+which the machine *reads* memory; two rates are measured in the same run, with the
+same thread count:
 
-Each timed run is preceded (untimed) by writing a 1 GiB scratch buffer, so the
-KV cache is read from memory, not from a cache.  Times are the best of
-``--repeats`` runs.  The machine is shared, so each row records the 1-minute
-load average.
+* the read rate: a vectorised sum of a 1 GiB float32 buffer, the faster of torch's
+  ``sum`` and the native library's ``read_sum`` (AVX-512 loads, the kernel's own
+  threads); the fraction of it is ``%read``;
+* the copy rate: ``copy_`` of the same buffer, bytes copied per second (the
+  memory traffic of a copy is at least twice that); the fraction is ``%copy``.
+
+Each row is measured in ``--repeats`` rounds; one round times, back to back, the
+copy, both sums and every backend, so all of them see the same machine load; each
+number is the best of its rounds.  Every timed decode is preceded (untimed) by
+writing a 1 GiB scratch buffer, so the KV cache is read from memory, not from a
+cache.  The machine is shared, so each row records the 1-minute load average and
+``busy``: the process CPU time of the best decode run divided by (wall time x
+threads); below 1, other jobs held the cores.
 
 On CPU the backends of ``--backends`` run side by side (default: ``native``, the
-fused C kernel, and ``torch``, block-wise float32 matmuls), and as an anchor
-torch's own fused CPU flash-attention kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu``, query heads of a group as
-rows, full length) on the same cache.  On CUDA the
-Triton kernels run and the fraction is of the device copy rate (HBM).
+fused C kernel, and ``torch``, block-wise float32 matmuls; ``vs torch`` is the
+speed-up over the latter), and as an anchor (unless ``--no-anchor``) torch's own
+fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``,
+query heads of a group as rows, full length) on the same cache.  On CUDA the
+Triton kernels run and the rates are the device's.
 
-    python -m treecoll.tools.bench_decode                       # full sweep, writes out/bench_decode.json
-    python -m treecoll.tools.bench_decode --tokens 4096 --batch 1 --dtypes fp32 --repeats 2
+    python -m treecoll.tools.bench_decode          # full sweep, writes out/bench_decode.json
+    python -m treecoll.tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
 
 Not a test: it prints a table and writes JSON.
 """
@@ -52,32 +60,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_time(fn, device, repeats: int, flush=None) -> float:
-    """Best wall time of ``repeats`` runs after one warm-up (seconds); ``flush()``
-    runs untimed before each run (evicts the caches)."""
+def _timed(fn, device, flush=None) -> tuple[float, float]:
+    """Wall and process CPU seconds of one ``fn()``; ``flush()`` runs untimed before."""
+    if flush is not None:
+        flush()
+    _sync(device)
+    c0, t0 = time.process_time(), time.perf_counter()
     fn()
     _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        if flush is not None:
-            flush()
-            _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def measure_bandwidth(device: torch.device, nbytes: int = GIB, repeats: int = 3) -> dict:
-    """Copy rate (bytes copied per second) and read rate of an ``nbytes`` float32 tensor."""
+def _rate_fns(device: torch.device, nbytes: int = GIB) -> dict:
+    """The memory-rate measurements: name -> (function, bytes it moves per call)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)
-    t_copy = _best_time(lambda: dst.copy_(src), device, repeats)
-    t_read = _best_time(lambda: src.sum(), device, repeats)
-    src = dst = None  # free both before the result is built
-    return {"copy_gbps": nbytes / t_copy / 1e9, "copy_traffic_gbps": 2 * nbytes / t_copy / 1e9,
-            "read_gbps": nbytes / t_read / 1e9}
+    fns = {"copy": lambda: dst.copy_(src), "read_torch": lambda: src.sum()}
+    if device.type == "cpu":
+        from treecoll.attention.decode_native import native_status, read_sum
+
+        if native_status()["available"]:
+            fns["read_native"] = lambda: read_sum(src)
+    return fns
 
 
 def _sdpa_anchor(q, k, v, tokens: int):
@@ -88,15 +92,35 @@ def _sdpa_anchor(q, k, v, tokens: int):
     return lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kt, vt, 0.0, False)
 
 
+def _measure_row(q, k, v, n: int, backends: list, device, args, rates: dict, flush) -> dict:
+    """Best wall time (and its CPU time) of every decode backend, the anchor and the rates,
+    measured in ``args.repeats`` interleaved rounds."""
+    kv_len = torch.full((q.shape[0],), n, dtype=torch.int32, device=device)
+    fns = {b: (lambda b=b: attention.decode_partial(q, k, v, kv_len=kv_len, backend=b)) for b in backends}
+    if device.type == "cpu" and not args.no_anchor:
+        fns["sdpa"] = _sdpa_anchor(q, k, v, n)
+    for fn in list(fns.values()) + list(rates.values()):
+        fn()  # warm-up (library build, thread pools, first-touch of buffers)
+    best: dict = {}
+    for _ in range(args.repeats):
+        for name, fn in rates.items():
+            best[name] = min(best.get(name, (float("inf"), 0.0)), _timed(fn, device))
+        for name, fn in fns.items():
+            best[name] = min(best.get(name, (float("inf"), 0.0)), _timed(fn, device, flush))
+    return best
+
+
 def run(args) -> dict:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
     backends = ["triton"] if device.type == "cuda" else args.backends
-    # Written before every timed run so that no KV bytes are served from a cache
-    # (this VM reports a 480 MiB L3); larger than any last-level cache we know of.
+    # Written before every timed decode so that no KV bytes are served from a cache
+    # (larger than any last-level cache we know of).
     scratch = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
     flush = scratch.zero_
+    rates = _rate_fns(device)
     rows = []
     for dname in args.dtypes:
         dtype = DTYPES[dname]
@@ -116,21 +140,26 @@ def run(args) -> dict:
             q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device).to(dtype)
             for n in fits:
                 _wait_for_quiet(args.wait_load, args.wait_max)
-                bw = measure_bandwidth(device, repeats=args.repeats)
-                kv_len = torch.full((batch,), n, dtype=torch.int32, device=device)
+                best = _measure_row(q, k, v, n, backends, device, args, rates, flush)
                 kv_bytes = n * per_token
-                anchor = {}
-                if device.type == "cpu" and not args.no_anchor:
-                    t_a = _best_time(_sdpa_anchor(q, k, v, n), device, args.repeats, flush)
-                    anchor = {"sdpa_cpu_time_s": t_a, "sdpa_cpu_gbps": kv_bytes / t_a / 1e9}
+                copy_gbps = GIB / best["copy"][0] / 1e9
+                read_gbps = max(GIB / best[r][0] / 1e9 for r in ("read_torch", "read_native") if r in best)
+                common = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": kv_bytes, "threads": threads,
+                          "copy_gbps": copy_gbps, "read_gbps": read_gbps,
+                          "read_torch_gbps": GIB / best["read_torch"][0] / 1e9,
+                          "loadavg_1min": os.getloadavg()[0]}
+                if "read_native" in best:
+                    common["read_native_gbps"] = GIB / best["read_native"][0] / 1e9
+                if "sdpa" in best:
+                    common["sdpa_cpu_gbps"] = kv_bytes / best["sdpa"][0] / 1e9
                 for backend in backends:
-                    t = _best_time(lambda: attention.decode_partial(q, k, v, kv_len=kv_len, backend=backend),
-                                   device, args.repeats, flush)
-                    row = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": kv_bytes, "backend": backend,
-                           "time_s": t, "kv_gbps": kv_bytes / t / 1e9, **bw, **anchor}
-                    row["loadavg_1min"] = os.getloadavg()[0]  # the machine is shared: note how busy it was
-                    row["frac_copy"] = row["kv_gbps"] / bw["copy_gbps"]
-                    row["frac_read"] = row["kv_gbps"] / bw["read_gbps"]
+                    t, cpu = best[backend]
+                    row = {**common, "backend": backend, "time_s": t, "kv_gbps": kv_bytes / t / 1e9,
+                           "busy": cpu / (t * threads) if device.type == "cpu" else None}
+                    row["frac_copy"] = row["kv_gbps"] / copy_gbps
+                    row["frac_read"] = row["kv_gbps"] / read_gbps
+                    if "torch" in best and backend != "torch":
+                        row["vs_torch"] = best["torch"][0] / t
                     rows.append(row)
                     print(_format_row(row), flush=True)
             k = v = q = None  # free this size's cache before the next one
@@ -138,11 +167,20 @@ def run(args) -> dict:
         "benchmark": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
         "command": "python -m treecoll.tools.bench_decode " + " ".join(sys.argv[1:]),
         "device": str(device),
-        "machine": {"cpu": _cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "python": platform.python_version()},
-        "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second",
+        "machine": {"cpu": _cpu_model(), "threads": threads, "torch": torch.__version__,
+                    "python": platform.python_version(), "native": _native_isa(device)},
+        "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second; read_gbps = bytes summed "
+                 "per second",
         "rows": rows,
     }
+
+
+def _native_isa(device) -> str | None:
+    if device.type != "cpu":
+        return None
+    from treecoll.attention.decode_native import native_status
+
+    return native_status()["isa"]
 
 
 def _wait_for_quiet(max_load: float, max_wait: float) -> None:
@@ -167,17 +205,19 @@ def _cpu_model() -> str:
 
 
 HEADER = (f"{'backend':7} {'dtype':5} {'B':>2} {'tokens':>7} {'KV MiB':>7} {'time ms':>8} {'KV GB/s':>8} "
-          f"{'copy GB/s':>9} {'%copy':>6} {'read GB/s':>9} {'%read':>6} {'sdpa GB/s':>9} {'load':>5}")
+          f"{'read GB/s':>9} {'%read':>6} {'copy GB/s':>9} {'%copy':>6} {'vs torch':>8} {'sdpa GB/s':>9} "
+          f"{'busy':>5} {'load':>5}")
 
 
 def _format_row(r: dict) -> str:
     if "skipped" in r:
         return f"{'':7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} skipped: {r['skipped']}"
     anchor = f"{r['sdpa_cpu_gbps']:9.2f}" if "sdpa_cpu_gbps" in r else f"{'-':>9}"
+    vs = f"{r['vs_torch']:7.2f}x" if "vs_torch" in r else f"{'-':>8}"
+    busy = f"{r['busy']:5.2f}" if r.get("busy") is not None else f"{'-':>5}"
     return (f"{r['backend']:7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} {r['kv_bytes'] / 2**20:7.0f} "
-            f"{r['time_s'] * 1e3:8.2f} "
-            f"{r['kv_gbps']:8.2f} {r['copy_gbps']:9.2f} {100 * r['frac_copy']:5.0f}% {r['read_gbps']:9.2f} "
-            f"{100 * r['frac_read']:5.0f}% {anchor} {r['loadavg_1min']:5.1f}")
+            f"{r['time_s'] * 1e3:8.2f} {r['kv_gbps']:8.2f} {r['read_gbps']:9.2f} {100 * r['frac_read']:5.0f}% "
+            f"{r['copy_gbps']:9.2f} {100 * r['frac_copy']:5.0f}% {vs} {anchor} {busy} {r['loadavg_1min']:5.1f}")
 
 
 def main(argv=None) -> int:
@@ -195,8 +235,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="torch device (default cuda when available, else cpu)")
     p.add_argument("--threads", type=units.int_arg("--threads", minimum=0), default=0,
-                   help="torch threads (default: torch's choice)")
-    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=3, help="timed runs per row (default 3)")
+                   help="torch threads, also the native kernel's (default: torch's choice)")
+    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=3,
+                   help="interleaved rounds per row, the best of them (default 3)")
     p.add_argument("--max-gib", type=float, default=4.0, help="largest KV cache (K+V) to allocate, GiB")
     p.add_argument("--flush-mib", type=units.int_arg("--flush-mib", minimum=0), default=1024,
                    help="cache-flush buffer written before each run")

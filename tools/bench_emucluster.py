@@ -2,37 +2,38 @@
 
 For each cluster shape (hosts x ranks per host) and inter-host rate, the
 driver brings up an emulated cluster (:mod:`treecoll.tools.emucluster`, needs root),
-writes its Topology YAML, and runs this file as every rank (``--worker``).
-The workers time ``all_reduce(sum)`` of float32 tensors from 4 KiB to 64 MiB
-with each method, interleaved placement by default (the placement a
-topology-oblivious launcher often gets):
+writes its Topology YAML, and runs this module as every rank (``--worker``;
+:mod:`treecoll.tools.bench.emulated`). The workers time ``all_reduce(sum)`` of
+float32 tensors from 4 KiB to 64 MiB with each method, interleaved placement by
+default (the placement a topology-oblivious launcher often gets):
 
 * ``gloo``: torch.distributed's built-in all_reduce (gloo's ring algorithm);
 * ``ring``, ``binomial``, ``two_level``: treecoll's schedules executed over
   torch.distributed point-to-point (see :func:`make_ours`).
 
 Time per size is the median over repetitions of the slowest rank's time
-(barrier, then the collective); ``--budget`` repeats short collectives more
-(:func:`repetitions`). Rank 0 of each host also reads its uplink's
-transmit counter, so the table shows the rate the shaped link really
-carried (bytes on the wire incl. headers). The driver adds the simulator's
-prediction for the same YAML (:func:`predict`) and the relative error, prints
-a table, writes JSON and, when matplotlib is present, a measured-versus-predicted plot.
+(barrier, then the collective); the methods' repetitions are interleaved
+(:func:`treecoll.tools.bench.harness.interleaved`), so they see the same machine
+load, and ``--budget`` repeats short collectives more (:func:`repetitions`).
+Rank 0 of each host also reads its uplink's transmit counter around every
+call, so the table shows the rate the shaped link really carried (bytes on the
+wire incl. headers). The driver adds the simulator's prediction for the same
+YAML (:func:`predict`) and the relative error, prints a table, writes JSON and,
+when matplotlib is present, a measured-versus-predicted plot.
 
 Usage (root)::
 
-    python tools/bench_emucluster.py                       # full matrix
-    python tools/bench_emucluster.py --shapes 2x2 --rates 1gbit --methods gloo
+    python -m treecoll.tools.bench_emucluster                       # full matrix
+    python -m treecoll.tools.bench_emucluster --shapes 2x2 --rates 1gbit --methods gloo
 
 Decoding (tree attention versus ring versus three all-reduces) is measured
-by the sibling script ``tools/bench_emucluster_decode.py``.
+by the sibling module ``treecoll.tools.bench_emucluster_decode``.
 
 Units: bytes, seconds in JSON; µs and GB/s (1e9 B/s) in the table. algbw =
 bytes / time, busbw = algbw * 2 (P - 1) / P (nccl-tests' definitions).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -43,36 +44,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from treecoll.tools import units  # noqa: E402
-from treecoll.tools.cli import script_main  # noqa: E402
-from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
-from treecoll.tools.units import fmt_bytes  # noqa: E402
-from treecoll.topo.errors import TreecollError  # noqa: E402
+from treecoll.tools import units
+from treecoll.tools.bench import emulated
+from treecoll.tools.bench.emulated import Unavailable, load_topology
+from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
+from treecoll.tools.cli import script_main
+from treecoll.topo.errors import TreecollError
+from treecoll.topo.fmt import fmt_bytes
 
 METHODS = ("gloo", "ring", "binomial", "two_level")
 DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
 
 
 # ----------------------------------------------------------------------------- hooks into collectives
-class Unavailable(Exception):
-    """A method or prediction that cannot run yet (the reason is recorded in the JSON)."""
-
-
-def _load_topology(path: str | None):
-    if not path:
-        raise Unavailable("no topology YAML (TREECOLL_EMU_TOPOLOGY unset)")
-    try:
-        from treecoll.topo import yaml_io
-        return yaml_io.load(path)
-    except (ImportError, AttributeError):
-        import yaml
-        from treecoll.topo.model import Topology
-        return Topology.from_dict(yaml.safe_load(Path(path).read_text()))
-
-
 def schedule_for(method: str, topology, nranks: int, nbytes: int):
     """The Schedule treecoll's executor runs for ``method`` at this size (same plan, same chunks:
     the planner's :meth:`~treecoll.collectives.planner.Planner.schedule_for`).
@@ -84,35 +68,30 @@ def schedule_for(method: str, topology, nranks: int, nbytes: int):
     from treecoll.collectives.planner import default_planner
 
     ring = method in ("gloo", "ring")
-    placement = Placement(topology, nranks)
     return default_planner().schedule_for(None if ring else method, collective="allreduce", nbytes=nbytes,
-                                          placement=placement, algo="ring" if ring else "tree",
+                                          placement=Placement(topology, nranks), algo="ring" if ring else "tree",
                                           max_chunks=nbytes // 4)[1]     # float32: one element per chunk at most
 
 
 def make_ours(method: str, topology_path: str | None, nranks: int) -> Callable[[Any], Any]:
     """A callable ``fn(tensor)``: treecoll's in-place allreduce(sum) with ``method``
     (``ring``: ``algo="ring"``; tree builders: ``tree=method`` on the cluster's topology)."""
-    try:
-        from treecoll.collectives.execute import CollectiveOptions, allreduce
-        from treecoll.collectives.placement import Placement
-    except ImportError as e:
-        raise Unavailable(f"treecoll.collectives.execute not importable: {e}") from e
+    from treecoll.collectives.execute import CollectiveOptions, allreduce
+    from treecoll.collectives.placement import Placement
+
     if method == "ring":
         ring = CollectiveOptions(algo="ring")
         return lambda t: allreduce(t, out=t, options=ring)
-    placement = Placement(_load_topology(topology_path), nranks)
+    placement = Placement(load_topology(topology_path), nranks)
     return lambda t: allreduce(t, tree=method, placement=placement, out=t)
 
 
 def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: str = "ideal") -> float:
     """The simulator's time in seconds for ``method`` on the YAML's cluster (profile ``ideal``:
     the links as written in the YAML, no library overheads)."""
-    try:
-        from treecoll.collectives.sim.simulator import simulate
-    except ImportError as e:
-        raise Unavailable(f"treecoll.collectives.sim not importable: {e}") from e
-    topology = _load_topology(topology_path)
+    from treecoll.collectives.sim.simulator import simulate
+
+    topology = load_topology(topology_path)
     # gloo over TCP: one socket per pair of ranks, so a rank's messages to a peer go in order,
     # and a message moves once the receiver has posted its recv
     return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile,
@@ -192,16 +171,12 @@ def _uplink_tx() -> int | None:
         return None
 
 
-def worker(args) -> int:
-    import datetime
-
+def measure(rank: int, world: int, args) -> dict | None:
+    """One rank (:func:`treecoll.tools.bench.emulated.worker`): every size, the methods interleaved;
+    rank 0 returns the rows."""
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.op_timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local0 = os.environ.get("LOCAL_RANK") == "0"
-    expected = world * (world + 1) / 2
     fns: dict[str, Callable] = {}
     skipped: dict[str, str] = {}
     for m in args.methods:
@@ -219,47 +194,47 @@ def worker(args) -> int:
         if agree[i] < 1 and m in fns:
             del fns[m]
             skipped.setdefault(m, "unavailable on another rank")
-    rows = []
-    for m, fn in fns.items():
-        for nbytes in args.sizes:
-            x = torch.empty(nbytes // 4, dtype=torch.float32)
-            times, ok = [], True
-            x.fill_(rank + 1)
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn(x)  # warm-up (connections, buffers), checked
-            warm = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(warm, op=dist.ReduceOp.MAX)      # every rank runs the same repetitions
-            reps = repetitions(nbytes, float(warm), args.reps, args.budget)
-            ok &= bool(torch.all(x == expected))
-            tx0, t_all = _uplink_tx(), 0.0
-            for _ in range(reps):
-                x.fill_(rank + 1)
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn(x)
-                dt = time.perf_counter() - t0
-                t_all += dt
-                slow = torch.tensor([dt], dtype=torch.float64)
-                dist.all_reduce(slow, op=dist.ReduceOp.MAX)
-                times.append(float(slow))
-            ok &= bool(torch.all(x == expected))
-            tx1 = _uplink_tx()
-            # uplink rate while the collective ran (local rank 0 of each host; barrier traffic included)
-            up = torch.tensor([(tx1 - tx0) * 8 / t_all / 1e9 if local0 and tx0 is not None else 0.0,
-                               1.0 if local0 else 0.0, 0.0 if ok else 1.0], dtype=torch.float64)
-            dist.all_reduce(up)
-            if rank == 0:
-                rows.append({"method": m, "bytes": nbytes, "reps": reps, "time": statistics.median(times),
-                             "times": times, "uplink_gbit_s": float(up[0] / max(up[1], 1)),
-                             "correct": bool(up[2] == 0)})
-    if rank == 0:
-        Path(args.out).write_text(json.dumps({"world": world, "rows": rows, "skipped": skipped}))
-    # all ranks leave together: tearing the group down while a peer still finishes treecoll's
-    # point-to-point traffic aborted ranks ("terminate called without an active exception")
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    rows = [row for nbytes in args.sizes for row in _measure_size(fns, nbytes, rank, world, args)] if fns else []
+    return {"world": world, "rows": rows, "skipped": skipped} if rank == 0 else None
+
+
+def _measure_size(fns: dict[str, Callable], nbytes: int, rank: int, world: int, args) -> list[dict]:
+    """Every method at one size: a checked, timed warm-up each, then the repetitions interleaved."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.empty(nbytes // 4, dtype=torch.float32)
+    expected = world * (world + 1) / 2
+    local0 = os.environ.get("LOCAL_RANK") == "0"
+    ok = dict.fromkeys(fns, True)
+    sent = dict.fromkeys(fns, 0)
+    tx_before: list[int | None] = [None]
+
+    def before(m: str) -> None:
+        x.fill_(rank + 1)
+        dist.barrier()
+        tx_before[0] = _uplink_tx()
+
+    def after(m: str) -> None:
+        tx = _uplink_tx()
+        if tx is not None and tx_before[0] is not None:
+            sent[m] += tx - tx_before[0]
+        ok[m] &= bool(torch.all(x == expected))
+
+    # warm-up (connections, buffers), checked and timed: the repetitions follow from the slowest method
+    warm = interleaved({m: (lambda fn=fn: fn(x)) for m, fn in fns.items()}, 1, warmup=0, before=before,
+                       after=after, combine=slowest_rank)
+    reps = max(repetitions(nbytes, t[0], args.repeats, args.budget) for t in warm.values())
+    local = interleaved({m: (lambda fn=fn: fn(x)) for m, fn in fns.items()}, reps, warmup=0, before=before,
+                        after=after)
+    slowest = dict(zip(fns, slowest_rank([local[m] for m in fns])))
+    # uplink rate while the collective ran (local rank 0 of each host), and whether every call was right
+    up = torch.tensor([[sent[m] * 8 / sum(local[m]) / 1e9 if local0 else 0.0, 1.0 if local0 else 0.0,
+                        0.0 if ok[m] else 1.0] for m in fns], dtype=torch.float64)
+    dist.all_reduce(up)
+    return [{"method": m, "bytes": nbytes, "reps": reps, "time": statistics.median(slowest[m]),
+             "times": slowest[m], "uplink_gbit_s": float(up[i, 0] / max(up[i, 1], 1)), "correct": bool(up[i, 2] == 0)}
+            for i, m in enumerate(fns)]
 
 
 #: most repetitions :func:`repetitions` asks for (short collectives on a quiet link)
@@ -282,21 +257,10 @@ def repetitions(nbytes: int, warmup_s: float, reps: int, budget_s: float) -> int
 
 
 # ----------------------------------------------------------------------------- driver
-def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
-    from treecoll.tools.emucluster import netns, runner
+def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args) -> dict:
+    """One case of the JSON: rank 0's rows with bandwidths and the simulator's prediction added."""
+    from treecoll.tools.emucluster import netns
 
-    tag = f"{hosts}x{rph}-{rate}"
-    topo_path = workdir / f"emu-{tag}.yaml"
-    out = workdir / f"raw-{tag}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out),
-           "--methods", ",".join(args.methods), "--sizes", ",".join(map(str, args.sizes)),
-           "--reps", str(args.reps), "--budget", str(args.budget), "--op-timeout", str(args.op_timeout)]
-    res = runner.run(cmd, hosts=hosts, ranks_per_host=rph, placement_mode=args.placement,
-                     rate_bps=netns.parse_rate(rate), timeout=args.timeout, topology_out=str(topo_path),
-                     tag_output=True)
-    if res.returncode != 0:
-        raise SystemExit(f"bench {tag}: ranks failed with exit {res.returncode} (rank {res.failed_rank})")
-    raw = json.loads(out.read_text())
     world = raw["world"]
     case = {"shape": f"{hosts}x{rph}", "hosts": hosts, "ranks_per_host": rph, "rate": rate,
             "rate_bps": netns.parse_rate(rate), "placement": args.placement, "world": world,
@@ -406,15 +370,9 @@ def report(cases: list[dict]) -> tuple:
     return machine, summary, bound
 
 
-def plot(cases: list[dict], path: Path) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib not installed"
+def draw(cases: list[dict], ax) -> None:
+    """Measured against predicted time (log-log), one marker per method and rate."""
     pts = [(r["predicted"], r["time"], r["method"], c["rate"]) for c in cases for r in c["rows"] if r["predicted"]]
-    fig, ax = plt.subplots(figsize=(7, 5.5))
     if pts:
         rates = sorted({p[3] for p in pts})
         colors = {m: f"C{i}" for i, m in enumerate(sorted({p[2] for p in pts}))}
@@ -429,7 +387,7 @@ def plot(cases: list[dict], path: Path) -> str | None:
         ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
         ax.set_xlabel("predicted time (µs)")
         ax.set_ylabel("measured time (µs)")
-    else:  # no simulator yet: measured time versus size
+    else:  # no prediction: measured time versus size
         for c in cases:
             for m in sorted({r["method"] for r in c["rows"]}):
                 rows = [r for r in c["rows"] if r["method"] == m]
@@ -439,47 +397,27 @@ def plot(cases: list[dict], path: Path) -> str | None:
         ax.set_ylabel("measured time (µs)")
     ax.legend(fontsize=7)
     ax.set_title("allreduce on the emulated cluster (interleaved placement)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return None
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
-                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
-    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
-    p.add_argument("--rates", default="1gbit,10gbit", help="uplink rates, comma-separated (tc units)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    bench = Benchmark("bench_emucluster", __doc__, repeats=3, json="bench_emucluster.json",
+                      plot="bench_emucluster.png", aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
+                      helps={"--repeats": "least repetitions for sizes >= 1 MiB (10 below)"})
+    p = bench.parser
+    emulated.add_options(p, METHODS, rates="1gbit,10gbit", timeout=900, op_timeout=300)
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), type=units.sizes_arg("--sizes"),
                    help="message sizes, comma-separated or A:B (4K, 64M accepted)")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
-                   help="rank placement on the hosts (default interleaved)")
-    p.add_argument("--reps", type=units.int_arg("--reps"), default=3,
-                   help="least repetitions for sizes >= 1 MiB (10 below)")
     p.add_argument("--budget", type=float, default=0.0,
                    help="seconds of repetitions per method and size: short collectives repeat up to "
-                        f"{MAX_REPS} times to fill it (0: exactly --reps)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=900,
-                   help="seconds per case before all ranks are killed")
-    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=300,
-                   help="torch.distributed timeout in the ranks")
-    p.add_argument("--json-out", default="bench_emucluster.json", help="where to write the JSON results")
-    p.add_argument("--plot", default="bench_emucluster.png", help="where to write the plot ('' for none)")
+                        f"{MAX_REPS} times to fill it (0: exactly --repeats)")
     p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-json: simulate every row again with the current simulator "
-                        "(the measurements stay as recorded) and write the result to --json-out")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in args.methods if m not in METHODS]
-    if bad:
-        p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
+                        "(the measurements stay as recorded) and write the result to --json")
+    args = bench.parse(argv)
+    emulated.parse_methods(p, args, METHODS)
     if args.worker:
-        return worker(args)
+        return emulated.worker(measure, args)
     if args.from_json:
         earlier = json.loads(Path(args.from_json).read_text())
         cases = earlier["cases"]
@@ -487,37 +425,31 @@ def main(argv=None) -> int:
             repredict(cases)
         machine, summary, bound = report(cases)
         if args.repredict:
-            if Path(args.json_out).resolve() == Path(args.from_json).resolve():
-                p.error("--json-out: expected a file other than --from-json (the measurements are kept)")
-            Path(args.json_out).write_text(json.dumps(
-                {**earlier, "repredicted_by": " ".join(sys.argv), "machine_model": machine, "summary": summary,
-                 "machine_model_bound": bound, "cases": cases}, indent=1))
-            print(f"wrote {args.json_out}")
-        why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
-        print(f"plot: {args.plot}" if not why else f"no plot: {why}")
+            if Path(args.json).resolve() == Path(args.from_json).resolve():
+                p.error("--json: expected a file other than --from-json (the measurements are kept)")
+            bench.write_json({**{k: v for k, v in earlier.items() if k != "meta"}, "measured": earlier.get("meta"),
+                              "machine_model": machine, "summary": summary, "machine_model_bound": bound,
+                              "cases": cases}, args.json)
+        why = bench.plot(args.plot, lambda ax: draw(cases, ax), size=(7, 5.5))
+        if why:
+            print(f"no plot: {why}")
         return 0
-    for hosts, rph in args.shapes:  # a rank holds its buffer, the received chunk and the reduction's output
-        check_processes(hosts * rph, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
-                        per_process_bytes=4 * max(args.sizes))
-    from treecoll.tools.emucluster import netns
-    ok, why = netns.namespaces_available()
-    if not ok:
+    # a rank holds its buffer, the received chunk and the reduction's output
+    why = emulated.ready(args, lambda hosts, rph: 4 * max(args.sizes))
+    if why:
         print(f"error: {why}", file=sys.stderr)
         return 1
-    cases = []
     t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench-emu-") as d:
-        for hosts, rph in args.shapes:
-            shape = f"{hosts}x{rph}"
-            for rate in args.rates.split(","):
-                print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
-                cases.append(run_case(hosts, rph, rate, args, Path(d)))
+    worker_argv = ["--methods", ",".join(args.methods), "--sizes", ",".join(map(str, args.sizes)),
+                   "--repeats", str(args.repeats), "--budget", str(args.budget)]
+    cases = [make_case(hosts, rph, rate, raw, topo_path, args)
+             for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster", args, worker_argv)]
     machine, summary, bound = report(cases)
-    result = {"benchmark": "bench_emucluster", "command": " ".join(sys.argv), "seconds": time.time() - t0,
-              "machine_model": machine, "summary": summary, "machine_model_bound": bound, "cases": cases}
-    Path(args.json_out).write_text(json.dumps(result, indent=1))
-    why = plot(cases, Path(args.plot)) if args.plot else "no --plot"
-    print(f"wrote {args.json_out}" + (f", {args.plot}" if not why else f" (no plot: {why})"))
+    bench.write_json({"seconds": time.time() - t0, "machine_model": machine, "summary": summary,
+                      "machine_model_bound": bound, "cases": cases}, args.json)
+    why = bench.plot(args.plot, lambda ax: draw(cases, ax), size=(7, 5.5))
+    if why:
+        print(f"no plot: {why}")
     return 0
 
 

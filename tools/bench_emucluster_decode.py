@@ -3,7 +3,8 @@
 One decode step of Llama-3.1-8B's attention shape (32 query heads, 8 KV
 heads, head_dim 128, batch 1, bf16 KV cache) over a KV cache of 16k to 128k
 tokens sharded along the sequence over the ranks of an emulated cluster
-(:mod:`treecoll.tools.emucluster`, needs root), interleaved placement:
+(:mod:`treecoll.tools.emucluster`, needs root; this module runs as every rank,
+:mod:`treecoll.tools.bench.emulated`), interleaved placement:
 
 * ``tree``: :func:`treecoll.attention.tree_decode` (local partial attention, then one
   tree allreduce of the packed (out, lse) state over the topology's tree);
@@ -14,36 +15,34 @@ tokens sharded along the sequence over the ranks of an emulated cluster
 
 Time per (method, tokens) = median over repetitions of the slowest rank's
 time; ``compute`` is the slowest rank's :func:`attention.decode_partial` on its
-own shard, all ranks at once (what every method pays at least). Prediction:
+own shard, all ranks at once (what every method pays at least); the methods'
+and compute's repetitions are interleaved
+(:func:`treecoll.tools.bench.harness.interleaved`). Prediction:
 ``compute`` (measured) plus the simulator's communication time on the same
 YAML (``treecoll.collectives.sim``, profile ``ideal``): the tree's allreduce of the
 16.5 KB state; three rank-order ring allreduces for allreduce3; for ring, per
 step ``max(compute of one shard, all ranks sending their K/V shard to the next
 rank at once)`` (flow-level max-min sharing, ``sim_engine.concurrent_times``).
 
-    python tools/bench_emucluster_decode.py                     # 2x2 and 2x3 at 1 Gbit/s
-    python tools/bench_emucluster_decode.py --shapes 2x2 --tokens 16384
+    python -m treecoll.tools.bench_emucluster_decode                     # 2x2 and 2x3 at 1 Gbit/s
+    python -m treecoll.tools.bench_emucluster_decode --shapes 2x2 --tokens 16384
 
 Units: seconds in JSON, ms in the table. Not a test.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from treecoll.tools import units  # noqa: E402
-from treecoll.tools.bench_emucluster import _load_topology  # noqa: E402
-from treecoll.tools.cli import script_main  # noqa: E402
-from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes  # noqa: E402
+from treecoll.tools import units
+from treecoll.tools.bench import emulated
+from treecoll.tools.bench.emulated import load_topology
+from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
+from treecoll.tools.cli import script_main
+from treecoll.topo.fmt import table
 
 METHODS = ("tree", "ring", "allreduce3")
 Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (its config.json on the Hugging Face hub)
@@ -56,59 +55,50 @@ def shard_tokens(tokens: int, world: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- worker
-def worker(args) -> int:
-    import datetime
-
+def measure(rank: int, world: int, args) -> dict | None:
+    """One rank (:func:`treecoll.tools.bench.emulated.worker`): every context length, compute and the
+    methods interleaved; rank 0 returns the rows."""
     import torch
-    import torch.distributed as dist
 
     from treecoll import attention
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.op_timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    topo = _load_topology(os.environ.get("TREECOLL_EMU_TOPOLOGY"))
+    topo = load_topology(os.environ.get("TREECOLL_EMU_TOPOLOGY"))
     q = torch.randn(BATCH, Q_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     fns = {"tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
            "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
            "allreduce3": lambda k, v, chk: attention.allreduce3_decode(q, k, v, check=chk)}
     methods = [m for m in args.methods if m in fns]
+    rows = []
+    for i, tokens in enumerate(args.tokens):
+        rows += _measure_tokens(q, fns, methods, tokens, rank, world, args.repeats, first=i == 0)
+    return {"world": world, "rows": rows} if rank == 0 else None
 
-    def slowest(fn) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t)
 
-    rows, first = [], True
-    for tokens in args.tokens:
-        n = shard_tokens(tokens, world)[rank]
-        g = torch.Generator().manual_seed(1000 + rank + 7 * tokens)
-        k = torch.randn(BATCH, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
-        v = torch.randn(BATCH, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
-        compute = statistics.median(slowest(lambda: attention.decode_partial(q, k, v)) for _ in range(args.reps))
-        outs = {}
-        for m in methods:
-            if first:
-                fns[m](k, v, True)  # warm-up: connections, trees, agreement checks
-            outs[m] = fns[m](k, v, False)
-            times = [slowest(lambda: fns[m](k, v, False)) for _ in range(args.reps)]
-            rows.append({"method": m, "tokens": tokens, "time": statistics.median(times), "times": times,
-                         "compute": compute})
-        first = False
-        ref = outs[methods[0]]
-        diff = torch.tensor([max(float((o - ref).abs().max()) for o in outs.values())], dtype=torch.float64)
-        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-        for r in rows:
-            if r["tokens"] == tokens:
-                r["max_abs_diff_vs_" + methods[0]] = float(diff)
-        k = v = None  # free this size's shard before the next one
-    if rank == 0:
-        Path(args.out).write_text(json.dumps({"world": world, "rows": rows}))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+def _measure_tokens(q, fns: dict, methods: list[str], tokens: int, rank: int, world: int, reps: int,
+                    first: bool) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from treecoll import attention
+
+    n = shard_tokens(tokens, world)[rank]
+    g = torch.Generator().manual_seed(1000 + rank + 7 * tokens)
+    k = torch.randn(BATCH, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
+    v = torch.randn(BATCH, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
+    outs = {}
+    for m in methods:
+        if first:
+            fns[m](k, v, True)  # warm-up: connections, trees, agreement checks
+        outs[m] = fns[m](k, v, False)
+    cases = {"compute": lambda: attention.decode_partial(q, k, v)}
+    cases |= {m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}
+    times = interleaved(cases, reps, warmup=0, before=lambda _: dist.barrier(), combine=slowest_rank)
+    compute = statistics.median(times["compute"])
+    ref = outs[methods[0]]
+    diff = torch.tensor([max(float((o - ref).abs().max()) for o in outs.values())], dtype=torch.float64)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    return [{"method": m, "tokens": tokens, "time": statistics.median(times[m]), "times": times[m],
+             "compute": compute, "max_abs_diff_vs_" + methods[0]: float(diff)} for m in methods]
 
 
 # ----------------------------------------------------------------------------- predictions
@@ -142,21 +132,9 @@ def predict(method: str, topology, world: int, tokens: int, compute: float) -> f
 
 
 # ----------------------------------------------------------------------------- driver
-def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
-    from treecoll.tools.emucluster import netns, runner
-
-    tag = f"{hosts}x{rph}-{rate}"
-    topo_path, out = workdir / f"emu-{tag}.yaml", workdir / f"decode-{tag}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out),
-           "--methods", ",".join(args.methods), "--tokens", ",".join(map(str, args.tokens)),
-           "--reps", str(args.reps), "--op-timeout", str(args.op_timeout)]
-    res = runner.run(cmd, hosts=hosts, ranks_per_host=rph, placement_mode=args.placement,
-                     rate_bps=netns.parse_rate(rate), timeout=args.timeout, topology_out=str(topo_path),
-                     tag_output=True)
-    if res.returncode != 0:
-        raise SystemExit(f"decode bench {tag}: ranks failed with exit {res.returncode} (rank {res.failed_rank})")
-    raw = json.loads(out.read_text())
-    topology = _load_topology(str(topo_path))
+def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args) -> dict:
+    """One case of the JSON: rank 0's rows with the predictions added."""
+    topology = load_topology(str(topo_path))
     rows = []
     for r in raw["rows"]:
         r = dict(r)
@@ -168,68 +146,48 @@ def run_case(hosts: int, rph: int, rate: str, args, workdir: Path) -> dict:
 
 
 def print_table(cases: list[dict]) -> None:
-    hdr = (f"{'shape':>5} {'rate':>6} {'method':>10} {'tokens':>7} {'time ms':>9} {'compute':>8} "
-           f"{'pred ms':>9} {'err':>6} {'vs tree':>8} {'max|diff|':>9}")
-    print(hdr + "\n" + "-" * len(hdr))
+    lines = []
     for c in cases:
         tree = {r["tokens"]: r["time"] for r in c["rows"] if r["method"] == "tree"}
         for r in c["rows"]:
-            diff = next((v for k, v in r.items() if k.startswith("max_abs_diff")), float("nan"))
-            rel = f"{r['time'] / tree[r['tokens']]:7.2f}x" if r["tokens"] in tree else f"{'-':>8}"
-            print(f"{c['shape']:>5} {c['rate']:>6} {r['method']:>10} {r['tokens'] // 1024:>6}k "
-                  f"{r['time'] * 1e3:9.1f} {r['compute'] * 1e3:8.1f} {r['predicted'] * 1e3:9.1f} "
-                  f"{r['error'] * 100:+5.0f}% {rel} {diff:9.2e}")
+            diff = next((v for k, v in r.items() if k.startswith("max_abs_diff")), None)
+            lines.append([c["shape"], c["rate"], r["method"], f"{r['tokens'] // 1024}k", r["time"] * 1e3,
+                          r["compute"] * 1e3, r["predicted"] * 1e3, f"{r['error'] * 100:+.0f}%",
+                          f"{r['time'] / tree[r['tokens']]:.2f}x" if r["tokens"] in tree else None, diff])
+    print(table(lines, ["shape", "rate", "method", "tokens", "time ms", "compute", "pred ms", "err", "vs tree",
+                        "max|diff|"], formats=[None, None, None, None, ".1f", ".1f", ".1f", None, None, ".2e"]))
     print("compute = slowest rank's local decode_partial; vs tree = time / tree's time; "
           "max|diff| = largest output difference between methods")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
-                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
-    p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
-    p.add_argument("--rates", default="1gbit", help="uplink rates, comma-separated (tc units; default 1gbit)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    bench = Benchmark("bench_emucluster_decode", __doc__, repeats=2, json="bench_emucluster_decode.json",
+                      aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
+                      helps={"--repeats": "repetitions per method"})
+    p = bench.parser
+    emulated.add_options(p, METHODS, rates="1gbit", timeout=1200, op_timeout=600)
     p.add_argument("--tokens", default="16384,32768,65536,131072", type=units.counts_arg("--tokens"),
                    help="KV lengths, comma-separated; k = 1e3 (default 16384,32768,65536,131072)")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
-                   help="rank placement on the hosts (default interleaved)")
-    p.add_argument("--reps", type=units.int_arg("--reps"), default=2, help="repetitions per method (default 2)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1200,
-                   help="seconds per case before all ranks are killed (default 1200)")
-    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=600,
-                   help="torch.distributed timeout in the ranks (default 600)")
-    p.add_argument("--json-out", default="bench_emucluster_decode.json", help="where to write the JSON results")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in args.methods if m not in METHODS]
-    if bad:
-        p.error(f"--methods: expected names from {list(METHODS)}, got {bad}")
+    args = bench.parse(argv)
+    emulated.parse_methods(p, args, METHODS)
     if args.worker:
-        return worker(args)
-    for hosts, rph in args.shapes:  # the rank's K/V shard, its float32 draw and ring's received shard
-        world = hosts * rph
-        shard = -(-max(args.tokens) // world) * KV_HEADS * HEAD_DIM * BATCH
-        check_processes(world, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
-                        per_process_bytes=shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE))
-    from treecoll.tools.emucluster import netns
-    ok, why = netns.namespaces_available()
-    if not ok:
+        return emulated.worker(measure, args)
+
+    def per_process_bytes(hosts: int, rph: int) -> int:  # the K/V shard, its float32 draw and ring's received shard
+        shard = -(-max(args.tokens) // (hosts * rph)) * KV_HEADS * HEAD_DIM * BATCH
+        return shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE)
+
+    why = emulated.ready(args, per_process_bytes)
+    if why:
         print(f"error: {why}", file=sys.stderr)
         return 1
-    cases, t0 = [], time.time()
-    with tempfile.TemporaryDirectory(prefix="bench-emu-decode-") as d:
-        for hosts, rph in args.shapes:
-            shape = f"{hosts}x{rph}"
-            for rate in args.rates.split(","):
-                print(f"# case {shape} at {rate} ...", file=sys.stderr, flush=True)
-                cases.append(run_case(hosts, rph, rate, args, Path(d)))
+    t0 = time.time()
+    worker_argv = ["--methods", ",".join(args.methods), "--tokens", ",".join(map(str, args.tokens)),
+                   "--repeats", str(args.repeats)]
+    cases = [make_case(hosts, rph, rate, raw, topo_path, args)
+             for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster_decode", args, worker_argv)]
     print_table(cases)
-    Path(args.json_out).write_text(json.dumps({"benchmark": "bench_emucluster_decode", "command": " ".join(sys.argv),
-                                               "seconds": time.time() - t0, "cases": cases}, indent=1))
-    print(f"wrote {args.json_out}")
+    bench.write_json({"seconds": time.time() - t0, "cases": cases}, args.json)
     return 0
 
 

@@ -11,16 +11,19 @@ engine's counters. Ring: the lockstep model (NCCL profiles); tree: the
 ``two_level`` builder compiled to a schedule (1 chunk per tree; one tree per
 NIC rail from ``treecoll.collectives.sim.NCCL_TREE_RAIL_BYTES``, as the simulated NCCL tree) run through the event
 engine as ``simulate_algorithm`` runs NCCL-style trees (``NCCL_TREE_RUN``,
-NCCL's tree factor). Prints a table and
+NCCL's tree factor). Prints a line per run as it ends, then a table, and
 writes JSON (default ``bench_sim_scale.json`` in the current directory).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import sys
 import time
+
+from treecoll.tools import units
+from treecoll.tools.bench.harness import Benchmark
+from treecoll.tools.cli import script_main
+from treecoll.topo.fmt import fmt_bytes, table
 
 
 def _rss_mb() -> float:
@@ -81,22 +84,22 @@ def run(hosts_list, sizes, tree: bool) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_sim_scale", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="8192 GPUs only")
-    ap.add_argument("--sizes", default="65536,1073741824", help="comma list of message sizes in bytes")
-    ap.add_argument("--skip-tree", action="store_true", help="ring only")
-    ap.add_argument("--json", default="bench_sim_scale.json", help="where to write the JSON results")
-    args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    bench = Benchmark("bench_sim_scale", __doc__, json="bench_sim_scale.json", quick="8192 GPUs only")
+    bench.parser.add_argument("--sizes", default=[1 << 16, 1 << 30], type=units.sizes_arg("--sizes"),
+                              help="message sizes, comma list or A:B (default 64KiB,1GiB)")
+    bench.parser.add_argument("--skip-tree", action="store_true", help="ring only")
+    args = bench.parse(argv)
     hosts = [1024] if args.quick else [1024, 2048]
     print(f"{'GPUs':>6} {'algo':<10} {'bytes':>11}  (wall times of the simulation; targets 8192 < 10 s, "
           f"16384 < 30 s)", flush=True)
-    rows = run(hosts, sizes, not args.skip_tree)
-    with open(args.json, "w") as f:
-        json.dump({"argv": sys.argv[1:], "rows": rows}, f, indent=1)
-    print(f"wrote {args.json}")
+    rows = run(hosts, args.sizes, not args.skip_tree)
+    print(table([[r["gpus"], r["algo"], fmt_bytes(r["size"]), r["load_s"], r["cold_s"], r["warm_s"],
+                  r["build_compile_s"], r["sim_time_us"], r["busbw"], r["rss_mb"]] for r in rows],
+                ["GPUs", "algo", "size", "load s", "cold s", "warm s", "build s", "sim us", "busbw GB/s", "rss MB"],
+                formats=[None, None, None, ".2f", ".2f", ".2f", ".2f", ".1f", ".2f", ".0f"]))
+    bench.write_json({"rows": rows}, args.json)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -13,7 +13,7 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 (b) the combine alone, states already computed: ``tree`` = our one tree
     reduction of the packed state plus the broadcast down the same tree (every
     rank gets the result, like an all-reduce), compiled as one schedule
-    (``collectives.allreduce(algo="tree")``), as :func:`attention.tree_combine`
+    (``collectives.allreduce`` with ``CollectiveOptions(algo="tree")``), as :func:`attention.tree_combine`
     runs it; ``tree_separate`` (the same messages as two calls,
     ``collectives.reduce`` then ``collectives.broadcast``),
     ``tree_root_only`` (the reduction alone), ``tree_native_bcast`` (the tree reduction, then the backend's own
@@ -121,7 +121,7 @@ def _steps(args) -> list[dict]:
 
 
 def run(args) -> dict:
-    from treecoll.attention.dist import run_group
+    from treecoll.collectives.launch import spawn
     from treecoll.tools.cmd_decode import summarize
 
     result = {"machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}, "runs": [],
@@ -130,7 +130,7 @@ def run(args) -> dict:
         steps = _steps(args)
         plan = {"steps": steps, "combine_batches": args.batch, "iters": args.iters}
         t0 = time.perf_counter()
-        ranks = run_group(_group_worker, P, plan, timeout=args.timeout)
+        ranks = spawn(_group_worker, P, plan, timeout=args.timeout)
         print(f"P={P}: {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()}", flush=True)
         for i, cfg in enumerate(steps):
             s = summarize(cfg, [r["steps"][i] for r in ranks], P)

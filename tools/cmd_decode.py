@@ -10,10 +10,10 @@ and the baselines of ``--compare`` (``ring``, ``allreduce3``).  The same steps
 are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
 every method's outputs are compared with that reference.
 
-Processes: ``--nproc`` processes are spawned (torch.multiprocessing, gloo on
-127.0.0.1); under ``torchrun`` (``RANK`` in the environment) the launched group
-is used instead (NCCL and ``cuda:LOCAL_RANK`` when CUDA is available, else
-gloo) and rank 0 prints.
+Processes: ``--nproc`` processes are spawned (:mod:`treecoll.collectives.launch`,
+gloo on 127.0.0.1); under ``torchrun`` or any ``env://`` launcher (``RANK`` and
+``WORLD_SIZE`` in the environment) the launched job is joined instead (NCCL and
+``cuda:LOCAL_RANK`` when CUDA is available, else gloo) and rank 0 prints.
 
 Measurements, per method and rank:
 
@@ -36,12 +36,12 @@ Measurements, per method and rank:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from typing import Any
 
 from treecoll.topo.errors import AttentionError
+from treecoll.topo.fmt import fmt_bytes
 
 __all__ = ["add_parser", "run", "decode_data", "render"]
 
@@ -356,44 +356,37 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
 
 
 def decode_data(cfg: dict, nproc: int, timeout: float = 600.0) -> dict:
-    """Spawn ``nproc`` gloo processes, run :func:`worker`, return :func:`summarize`'s dict
-    (``nproc == 1``: in this process, no group)."""
-    from treecoll.attention.dist import run_group
+    """Spawn ``nproc`` gloo processes (:func:`treecoll.collectives.launch.spawn`), run
+    :func:`worker`, return :func:`summarize`'s dict (``nproc == 1``: in this process, no group)."""
+    from treecoll.collectives import launch
 
     if nproc == 1:
         return summarize(cfg, [worker(0, 1, cfg)], 1)
-    ranks = run_group(worker, nproc, cfg, timeout=timeout)
+    ranks = launch.spawn(worker, nproc, cfg, timeout=timeout, where="decode")
     return summarize(cfg, ranks, nproc)
 
 
-def _under_torchrun(cfg: dict, timeout: float):
-    import datetime
-
+def _launched_worker(rank: int, world: int, cfg: dict) -> dict:
+    """:func:`worker` on a rank of a job launched by torchrun: on its CUDA device
+    (``cuda:LOCAL_RANK``, set by :func:`treecoll.collectives.launch.join`) when the group runs NCCL."""
     import torch
     import torch.distributed as dist
 
-    device = None
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    res = worker(rank, world, cfg, device)
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, res)
-    return rank, summarize(cfg, gathered, world)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    return worker(rank, world, cfg, device)
 
 
 def run(args: argparse.Namespace) -> int:
+    from treecoll.collectives import launch
     from treecoll.tools.cli import emit
 
     cfg = _config(args)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        rank, data = _under_torchrun(cfg, args.timeout)
-        if rank != 0:
+    job = launch.job_from_env()
+    if job is not None:
+        ranks = launch.join(_launched_worker, cfg, timeout=args.timeout, where="decode")
+        if job.rank != 0:
             return 0
+        data = summarize(cfg, ranks, len(ranks))
     else:
         check_start(cfg, args.nproc, oversubscribe=args.oversubscribe)
         data = decode_data(cfg, args.nproc, args.timeout)
@@ -418,12 +411,6 @@ def check_start(cfg: dict, nproc: int, *, oversubscribe: bool = False, option: s
                            oversubscribe=oversubscribe)
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
-
 
 def _where(d: dict) -> str:
     """``dgx-h100-x2, ranks 0..3 on h0/gpu0, h0/gpu1, h0/gpu2, h0/gpu3 (4 of its 16 GPUs)``."""
@@ -443,23 +430,24 @@ def render(d: dict) -> str:
     lines = [f"decode: {d['nproc']} ranks, batch {c['batch']}, {c['seq_len']} context tokens, {c['layers']} layers, "
              f"{c['heads']}/{c['kv_heads']} heads x {c['head_dim']}, KV {c['dtype']}, {c['new_tokens']} steps",
              f"topology: {_where(d)}; tree parents: {d['tree']['parents'] if d['tree'] else '-'}",
-             f"KV cache per rank: {', '.join(_fmt_bytes(b) for b in d['cache_bytes_per_rank'])}"]
+             f"KV cache per rank: {', '.join(fmt_bytes(b, si=True) for b in d['cache_bytes_per_rank'])}"]
     if all(d.get("max_rss_bytes_per_rank") or [None]):
-        lines.append(f"process peak RSS per rank: {', '.join(_fmt_bytes(b) for b in d['max_rss_bytes_per_rank'])}")
+        rss = ", ".join(fmt_bytes(b, si=True) for b in d["max_rss_bytes_per_rank"])
+        lines.append(f"process peak RSS per rank: {rss}")
     lines.append("")
     head = f"{'method':<11} {'step (us)':>11} {'vs tree':>8} {'max |err|':>10}  {'bytes sent/rank':<28} peak mem/rank"
     lines += [head, "-" * len(head)]
     for name, m in d["methods"].items():
         err = "-" if m["max_abs_err"] is None else f"{m['max_abs_err']:.1e}"
         lines.append(f"{name:<11} {m['median_step_s'] * 1e6:>11.0f} {m.get('speedup_of_tree', 1.0):>7.2f}x "
-                     f"{err:>10}  {', '.join(_fmt_bytes(b) for b in m['bytes_sent_per_rank']):<28} "
-                     f"{', '.join(_fmt_bytes(b) for b in m['peak_bytes_per_rank'])}")
+                     f"{err:>10}  {', '.join(fmt_bytes(b, si=True) for b in m['bytes_sent_per_rank']):<28} "
+                     f"{', '.join(fmt_bytes(b, si=True) for b in m['peak_bytes_per_rank'])}")
     lines.append("")
     lines.append("step = the attention calls of all layers for one token (methods interleaved), max over ranks, "
                  "median over steps 2..n; "
                  "error vs the same steps in one process")
     lines.append("bytes sent = bytes passed to torch.distributed; on the wire with ring collectives: "
-                 + "; ".join(f"{name} {_fmt_bytes(max(m['wire_bytes_estimate_per_rank']))}"
+                 + "; ".join(f"{name} {fmt_bytes(max(m['wire_bytes_estimate_per_rank']), si=True)}"
                              for name, m in d["methods"].items()) + " (max over ranks)")
     for name, m in d["methods"].items():
         lines.append(f"  {name} per-step (us): " + " ".join(f"{t * 1e6:.0f}" for t in m["step_s"]))

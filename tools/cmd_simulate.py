@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from treecoll.topo.errors import CollectiveError
+from treecoll.topo.fmt import fmt_bytes
 
 from . import units
 
@@ -290,19 +291,13 @@ def render_decode(d: dict) -> str:
                      f"{'peak mem/GPU':>13} {'paper vol(el)':>14}")
         for name, m in r["methods"].items():
             lines.append(f"{name:<12} {m['time_s'] * 1e6:>11.1f} {m['local_s'] * 1e6:>10.1f} "
-                         f"{m['combine_s'] * 1e6:>12.1f} {_b(m['sent_bytes_per_gpu']):>12} "
-                         f"{_b(m['peak_mem_bytes']):>13} {m['paper_volume_elements']:>14.4g}")
+                         f"{m['combine_s'] * 1e6:>12.1f} {fmt_bytes(m['sent_bytes_per_gpu'], si=True):>12} "
+                         f"{fmt_bytes(m['peak_mem_bytes'], si=True):>13} {m['paper_volume_elements']:>14.4g}")
         if "speedup_tree_vs_ring" in r:
             lines.append(f"tree attention vs ring attention: {r['speedup_tree_vs_ring']:.1f}x faster")
         lines.append("")
     return "\n".join(lines)
 
-
-def _b(x: float) -> str:
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if x >= f:
-            return f"{x / f:.2f} {unit}"
-    return f"{x:.0f} B"
 
 
 def plot_decode(d: dict, path: str) -> None:
@@ -332,9 +327,9 @@ def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: in
 def render_links(d: dict) -> str:
     lines = [f"# {d['algo']} allreduce of {d['size']} B on {d['topology']} ({d['nranks']} ranks): "
              f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']})",
-             "bytes per link kind: " + ", ".join(f"{k} {_b(v)}" for k, v in d["kind_bytes"].items()),
+             "bytes per link kind: " + ", ".join(f"{k} {fmt_bytes(v, si=True)}" for k, v in d["kind_bytes"].items()),
              f"{'link':<44} {'kind':<7} {'bytes':>10} {'busy':>6}"]
     for b in d["busiest"]:
-        lines.append(f"{b['link']:<44} {b['kind']:<7} {_b(b['bytes']):>10} {100 * b['busy']:>5.1f}%")
-    lines.append(f"peak scratch per GPU: {_b(d['peak_scratch_max_bytes'])}")
+        lines.append(f"{b['link']:<44} {b['kind']:<7} {fmt_bytes(b['bytes'], si=True):>10} {100 * b['busy']:>5.1f}%")
+    lines.append(f"peak scratch per GPU: {fmt_bytes(d['peak_scratch_max_bytes'], si=True)}")
     return "\n".join(lines)

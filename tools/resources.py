@@ -33,12 +33,14 @@ treecoll.tools.units.UsageError: --nproc 9: expected at most 8 processes on this
 >>> check_processes(4, option="--nproc 4", per_process_bytes=1 << 30, cores=2, memory=2 << 30)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-treecoll.tools.units.UsageError: --nproc 4: ... got an estimated 5.00 GiB (4 x (256 MiB per process + 1.00 GiB data)); ...
+treecoll.tools.units.UsageError: --nproc 4: ... got an estimated 5 GiB (4 x (256 MiB per process + 1 GiB data)); ...
 """
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from treecoll.topo.fmt import fmt_bytes
 
 from .units import UsageError
 
@@ -87,10 +89,6 @@ def available_memory() -> int | None:
         return None
 
 
-def _gib(n: float) -> str:
-    return f"{n / (1 << 20):.0f} MiB" if n < (1 << 30) else f"{n / (1 << 30):.2f} GiB"
-
-
 def check_processes(nproc: int, *, option: str, per_process_bytes: int = 0, extra_bytes: int = 0,
                     baseline_bytes: int = PROCESS_BASELINE_BYTES, oversubscribe: bool = False,
                     cores: int | None = None, memory: int | None = None) -> dict[str, Any]:
@@ -115,9 +113,9 @@ def check_processes(nproc: int, *, option: str, per_process_bytes: int = 0, extr
         raise UsageError(f"{option}: expected at most {cores * RANKS_PER_CORE} processes on this machine "
                          f"({cores} cores x {RANKS_PER_CORE} per core){hint}")
     if memory is not None and need > memory:
-        data = f" + {_gib(per_process_bytes)} data" if per_process_bytes else ""
-        more = f" + {_gib(extra_bytes)} in one of them" if extra_bytes else ""
-        raise UsageError(f"{option}: expected processes that fit in the {_gib(memory)} of memory available, "
-                         f"got an estimated {_gib(need)} ({nproc} x ({_gib(baseline_bytes)} per process"
+        data = f" + {fmt_bytes(per_process_bytes)} data" if per_process_bytes else ""
+        more = f" + {fmt_bytes(extra_bytes)} in one of them" if extra_bytes else ""
+        raise UsageError(f"{option}: expected processes that fit in the {fmt_bytes(memory)} of memory available, "
+                         f"got an estimated {fmt_bytes(need)} ({nproc} x ({fmt_bytes(baseline_bytes)} per process"
                          f"{data}){more}){hint}")
     return plan

@@ -31,7 +31,7 @@ from typing import Any
 
 from .errors import TopologyError
 
-__all__ = ["Hints", "NameFilter", "hints", "hints_report", "expand_hostlist", "EFFECTS", "HOST_ID_VAR",
+__all__ = ["Hints", "NameFilter", "hints", "hints_report", "expand_hostlist", "int_var", "EFFECTS", "HOST_ID_VAR",
            "PATH_LEVELS", "transport", "gdr"]
 
 #: the variable that overrides treecoll's host identity (tests: 4 processes pretending to be 2 hosts)
@@ -154,7 +154,9 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
         raise TopologyError(f"{name}={v!r}: expected 0 or 1") from None
 
 
-def _int(env: Mapping[str, str], name: str, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+def int_var(env: Mapping[str, str], name: str, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+    """The integer in variable ``name`` of ``env`` (None when unset or blank), in ``minimum..maximum``;
+    :class:`~topo.errors.TopologyError` ``"NAME='v': expected an integer 0..3"`` otherwise."""
     v = env.get(name)
     if v is None or v.strip() == "":
         return None
@@ -257,20 +259,21 @@ def expand_hostlist(expr: str, var: str = "SLURM_JOB_NODELIST") -> tuple[str, ..
 
 def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
     if any(k in env for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")):
-        return {"launcher": "torchrun", "rank": _int(env, "RANK"), "world_size": _int(env, "WORLD_SIZE", minimum=1),
-                "local_rank": _int(env, "LOCAL_RANK"),
-                "local_world_size": _int(env, "LOCAL_WORLD_SIZE", minimum=1), "node_rank": _int(env, "GROUP_RANK")}
+        return {"launcher": "torchrun", "rank": int_var(env, "RANK"),
+                "world_size": int_var(env, "WORLD_SIZE", minimum=1), "local_rank": int_var(env, "LOCAL_RANK"),
+                "local_world_size": int_var(env, "LOCAL_WORLD_SIZE", minimum=1),
+                "node_rank": int_var(env, "GROUP_RANK")}
     if "SLURM_PROCID" in env:
-        per_node = _int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
-        return {"launcher": "slurm", "rank": _int(env, "SLURM_PROCID"),
-                "world_size": _int(env, "SLURM_NTASKS", minimum=1),
-                "local_rank": _int(env, "SLURM_LOCALID"), "local_world_size": per_node,
-                "node_rank": _int(env, "SLURM_NODEID")}
+        per_node = int_var(env, "SLURM_NTASKS_PER_NODE", minimum=1)
+        return {"launcher": "slurm", "rank": int_var(env, "SLURM_PROCID"),
+                "world_size": int_var(env, "SLURM_NTASKS", minimum=1),
+                "local_rank": int_var(env, "SLURM_LOCALID"), "local_world_size": per_node,
+                "node_rank": int_var(env, "SLURM_NODEID")}
     if "OMPI_COMM_WORLD_RANK" in env:
-        return {"launcher": "openmpi", "rank": _int(env, "OMPI_COMM_WORLD_RANK"),
-                "world_size": _int(env, "OMPI_COMM_WORLD_SIZE", minimum=1),
-                "local_rank": _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-                "local_world_size": _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1), "node_rank": None}
+        return {"launcher": "openmpi", "rank": int_var(env, "OMPI_COMM_WORLD_RANK"),
+                "world_size": int_var(env, "OMPI_COMM_WORLD_SIZE", minimum=1),
+                "local_rank": int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+                "local_world_size": int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1), "node_rank": None}
     return {}
 
 
@@ -305,7 +308,7 @@ def hints(env: Mapping[str, str] | None = None) -> Hints:
         topo_file=env.get("NCCL_TOPO_FILE") or None, graph_file=env.get("NCCL_GRAPH_FILE") or None,
         p2p_level=p2p, shm_disable=_bool(env, "NCCL_SHM_DISABLE"), ib_disable=_bool(env, "NCCL_IB_DISABLE"),
         ib_hca=_filter(env, "NCCL_IB_HCA", ports=True), socket_ifname=_filter(env, "NCCL_SOCKET_IFNAME", ports=False),
-        net_gdr_level=_level(env, "NCCL_NET_GDR_LEVEL"), cross_nic=_int(env, "NCCL_CROSS_NIC", maximum=2),
+        net_gdr_level=_level(env, "NCCL_NET_GDR_LEVEL"), cross_nic=int_var(env, "NCCL_CROSS_NIC", maximum=2),
         host_id=host_id,
         cuda_visible_devices=None if cvd is None else tuple(t.strip() for t in cvd.split(",") if t.strip()),
         cuda_device_order=(order or "").strip() or None,

@@ -1,40 +1,102 @@
 /* Fused split-KV decode attention for CPU caches (the 'native' backend).
  *
- * One call computes the unnormalised attention state of a query group over the
- * tokens [start, end) of ONE sequence: for every KV head h and every query q of
- * its group (GQA), with scores s_t = q . k_t (q already scaled),
- *     m   = max_t s_t,   l = sum_t exp(s_t - m),   acc = sum_t exp(s_t - m) v_t.
- * An empty range gives m = -inf, l = 0, acc = 0 (the merge identity).
+ * treecoll_decode() computes, for every sequence b and query head of a batch,
+ * the attention state (out, lse) of one query against the sequence's first
+ * lengths[b] keys (the contract of attention.decode_partial):
+ *     s_t = scale * q . k_t,   out = sum_t softmax(s)_t v_t,   lse = log sum_t exp(s_t).
  *
- * K/V elements (float32, bfloat16 or float16) are converted to float32 in
- * registers inside the dot products and the value accumulation: each element
- * is read from memory once per call, nothing is written but the state.  All
- * arithmetic is float32.  Tokens are walked in tiles of TILE with an online
- * softmax (natural exp), so at most group x TILE scores exist per head.
+ * Work split.  The keys of each sequence are cut into blocks of `tb` tokens
+ * (and, when there are few blocks, the KV heads into slices); one *task* is
+ * (sequence, token block, head slice).  The calling thread and threads of a
+ * persistent pool (created on first use, kept for the process) take tasks
+ * from a shared counter; a task writes its partial state (running max m,
+ * running sum l, unnormalised accumulator) into its own slot of a workspace
+ * that is allocated once and grown only when a larger call needs it.  After
+ * all tasks, the partial states of each (sequence, head) are merged in token
+ * order.  The block size depends on the total length only, and head slices
+ * do not change any row's arithmetic, so the result is the same, bit for bit,
+ * for any thread count and schedule.
  *
- * Layout: q, acc [kv_heads, group, head_dim] and m, l [kv_heads, group],
- * contiguous float32.  Token t of K lives at
- *     k + page(t) * k_page + (t - page_first(t)) * k_tok + h * k_head + d * itemsize
- * (byte strides; head_dim has stride 1), where for a contiguous cache
- * (pages == NULL) page(t) = 0, and for a paged cache page(t) = pages[t / page_size].
+ * Inside a task, tokens are walked in tiles of TILE with an online softmax
+ * (natural exp).  K/V elements (float32, bfloat16 or float16) are converted
+ * to float32 in registers inside the dot products and the value
+ * accumulation: each element is read from memory once and nothing but the
+ * small state is written.  bfloat16 is converted by bit operations (a
+ * 32-element load gives the even elements by a shift and the odd ones by a
+ * mask); the query and the accumulators are kept in the same even/odd order,
+ * so no shuffle is needed.  All arithmetic is float32, except with
+ * TREECOLL_Q_BF16: the scores then use vdpbf16ps on the raw bf16 keys with
+ * the query rounded to bfloat16 (as GPU kernels do), which halves the work of
+ * the score pass and changes the scores by up to ~2^-9 relative.
  *
- * Two implementations with identical results up to float32 rounding: AVX-512
- * (F, BW, VL; chosen when the compiler targets it) and portable C.
- * Returns 0, or -1 for an unknown dtype / -2 when scratch memory is unavailable.
+ * Instruction sets, chosen once per process from the CPU (and capped by the
+ * caller's `isa`): AVX-512 with BF16 (F, BW, VL, DQ + vdpbf16ps), AVX-512
+ * (F, BW, VL, DQ), AVX2 (+FMA, F16C) and portable C; the last two share one
+ * source that the compiler vectorises for each target.  All give the same
+ * results up to float32 rounding.
+ *
+ * NaN/inf: plain IEEE arithmetic with one guard (the policy of
+ * attention/state.py, as torch's SDPA math path): the shift of the online
+ * softmax is the running max, or 0 while it is -inf; a NaN or +inf score
+ * makes the row NaN, a -inf score is a weight of exactly 0, NaN/inf in V
+ * reach their column.  Positions at or past lengths[b] are never read.
+ *
+ * Layouts.  q: [batch, q_heads, head_dim] with element strides; K/V: token t
+ * of sequence b, head h, element d at byte offset
+ *     b * k_b + t * k_t + h * k_h + d * itemsize          (contiguous or strided), or
+ *     pages[b * pages_b + t / page_size] * k_b + (t % page_size) * k_t + h * k_h + ...  (paged);
+ * out [batch, q_heads, head_dim] and lse [batch, q_heads] float32 with element
+ * strides.  Query head h * group + g reads KV head h (GQA).
+ * Returns 0, -1 for an unknown dtype, -2 when memory is unavailable, -3 for
+ * bad sizes.
  */
+#define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
-#define TILE 64
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3 };
+enum { FLAG_Q_BF16 = 1 };
+#define TILE 32        /* tokens per online-softmax step (at most, see task512_dt) */
+#define CHUNK 32       /* head_dim elements per load group (padding unit of the buffers) */
+#define MAX_THREADS 64
+
+typedef struct {
+    const void *q;
+    int64_t q_dtype, q_b, q_h, q_d;
+    const void *k, *v;
+    int64_t kv_dtype, batch, kv_heads, group, head_dim;
+    int64_t k_b, k_t, k_h, v_b, v_t, v_h;
+    const int64_t *lengths;
+    const int64_t *pages;
+    int64_t pages_b, page_size;
+    float *out;
+    int64_t out_b, out_h, out_d;
+    float *lse;
+    int64_t lse_b, lse_h;
+    double scale;
+    int64_t threads, isa, flags, block_tokens;
+} treecoll_decode_args;
+
+/* ------------------------------------------------------------ conversions */
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 static inline float f16_to_f32(uint16_t h) {
@@ -53,52 +115,111 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
-static inline size_t itemsize_of(int dt) { return dt == DT_F32 ? 4 : 2; }
-
-/* Byte address of token t's row (head 0) in a K or V cache. */
-static inline const char *token_row(const char *base, int64_t t, int64_t tok, const int64_t *pages,
-                                    int64_t page_size, int64_t page) {
-    if (!pages) return base + t * tok;
-    return base + pages[t / page_size] * page + (t % page_size) * tok;
-}
-
-/* ---------------------------------------------------------------- portable C */
-
-static void to_f32(const char *src, int dt, int64_t n, float *dst) {
+static inline float load_elem(const char *p, int dt) {
+    uint16_t h;
     if (dt == DT_F32) {
-        memcpy(dst, src, (size_t)n * 4);
-    } else if (dt == DT_BF16) {
-        for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = bf16_to_f32(h); }
-    } else {
-        for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = f16_to_f32(h); }
+        float f;
+        memcpy(&f, p, 4);
+        return f;
     }
+    memcpy(&h, p, 2);
+    return dt == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-static void update_softmax(float *sg, int64_t n, float *m, float *l, float *ag, int64_t D, int vector_exp);
+static inline int64_t itemsize_of(int64_t dt) { return dt == DT_F32 ? 4 : 2; }
 
-static void range_portable(int dt, const float *q, int64_t H, int64_t G, int64_t D,
-                           const char *k, const char *v, int64_t k_tok, int64_t k_head, int64_t v_tok,
-                           int64_t v_head, const int64_t *pages, int64_t page_size, int64_t k_page,
-                           int64_t v_page, int64_t start, int64_t end, float *acc, float *m, float *l,
-                           float *sc, float *row) {
-    for (int64_t s = start; s < end; s += TILE) {
-        int64_t n = end - s < TILE ? end - s : TILE;
-        for (int64_t h = 0; h < H; h++) {
+/* Byte address of token t's row (head 0) of sequence b in a K or V cache. */
+static inline const char *token_row(const char *base, int64_t b, int64_t t, int64_t stride_b, int64_t stride_t,
+                                    const int64_t *pages, int64_t pages_b, int64_t page_size) {
+    if (!pages) return base + b * stride_b + t * stride_t;
+    return base + pages[b * pages_b + t / page_size] * stride_b + (t % page_size) * stride_t;
+}
+
+/* ------------------------------------------------------------ one call */
+
+typedef struct call call_t;
+typedef void (*task_fn)(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float *slot,
+                        float *scratch);
+
+struct call {
+    const treecoll_decode_args *a;
+    int64_t H, G, D, Dp, Hs, slices, tb, tl, ntasks, slot_floats, scratch_floats;
+    int64_t *task_off;  /* [batch + 1]: first task of each sequence */
+    float *qf;          /* [batch, q_heads, Dp] scaled query, float32, in the kernel's element order */
+    uint16_t *qbf;      /* [batch, q_heads, Dp] scaled query rounded to bf16 (FLAG_Q_BF16), natural order */
+    float *slots;       /* [ntasks, slot_floats] */
+    float *scratch;     /* [threads, scratch_floats] */
+    task_fn task;
+    int perm_even_odd;  /* qf and the accumulators hold [even | odd] per CHUNK (bf16 AVX-512) */
+    atomic_llong next;
+};
+
+/* A task's slot: m [Hs*G], l [Hs*G], acc [Hs*G][Dp]. */
+static inline float *slot_m(const call_t *c, const float *slot) { (void)c; return (float *)slot; }
+static inline float *slot_l(const call_t *c, const float *slot) { return (float *)slot + c->Hs * c->G; }
+static inline float *slot_acc(const call_t *c, const float *slot) { return (float *)slot + 2 * c->Hs * c->G; }
+
+/* Online-softmax step of one query over n scores sg[0..n): p = exp(s - shift) in
+ * place (shift = the new running max, or 0 while it is -inf); returns the factor
+ * the accumulator must be scaled by, and updates m and l. */
+static inline float softmax_step_scalar(float *sg, int64_t n, float *m, float *l) {
+    float mx = *m;
+    for (int64_t i = 0; i < n; i++) mx = sg[i] > mx ? sg[i] : mx;
+    const float shift = mx == -INFINITY ? 0.0f : mx;
+    const float alpha = expf(*m - shift); /* 0 when *m = -inf */
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        sg[i] = expf(sg[i] - shift);
+        sum += sg[i];
+    }
+    *l = *l * alpha + sum;
+    *m = mx;
+    return alpha;
+}
+
+/* ------------------------------------------------------------ portable / AVX2 */
+/* Written for the auto-vectoriser: the score loop runs over tokens (the K tile is
+ * converted and transposed into scratch), the value loop over head_dim. */
+
+static inline __attribute__((always_inline)) void task_generic(const call_t *c, int64_t b, int64_t t0, int64_t t1,
+                                                               int64_t h0, int64_t h1, float *slot, float *scratch) {
+    const treecoll_decode_args *a = c->a;
+    const int dt = (int)a->kv_dtype;
+    const int64_t G = c->G, D = c->D, Dp = c->Dp, isz = itemsize_of(dt);
+    float *kt = scratch;              /* [D][TILE] */
+    float *sc = kt + D * TILE;        /* [G][TILE] */
+    float *row = sc + G * TILE;       /* [Dp] */
+    float *ms = slot_m(c, slot), *ls = slot_l(c, slot), *accs = slot_acc(c, slot);
+    for (int64_t s = t0; s < t1; s += TILE) {
+        const int64_t n = t1 - s < TILE ? t1 - s : TILE;
+        for (int64_t h = h0; h < h1; h++) {
+            const int64_t j = (h - h0) * G;
             for (int64_t i = 0; i < n; i++) {
-                to_f32(token_row(k, s + i, k_tok, pages, page_size, k_page) + h * k_head, dt, D, row);
-                for (int64_t g = 0; g < G; g++) {
-                    const float *qg = q + (h * G + g) * D;
-                    float dot = 0.0f;
-                    for (int64_t d = 0; d < D; d++) dot += qg[d] * row[d];
-                    sc[g * TILE + i] = dot;
-                }
+                const char *kr = token_row(a->k, b, s + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size) +
+                                 h * a->k_h;
+                for (int64_t d = 0; d < D; d++) kt[d * TILE + i] = load_elem(kr + d * isz, dt);
             }
-            for (int64_t g = 0; g < G; g++)
-                update_softmax(sc + g * TILE, n, m + h * G + g, l + h * G + g, acc + (h * G + g) * D, D, 0);
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = c->qf + ((b * c->H + h) * G + g) * Dp;
+                float *sg = sc + g * TILE;
+                for (int64_t i = 0; i < n; i++) sg[i] = 0.0f;
+                for (int64_t d = 0; d < D; d++) {
+                    const float qd = qg[d];
+                    const float *kd = kt + d * TILE;
+                    for (int64_t i = 0; i < n; i++) sg[i] += qd * kd[i];
+                }
+                const float alpha = softmax_step_scalar(sg, n, ms + j + g, ls + j + g);
+                float *ag = accs + (j + g) * Dp;
+                if (alpha != 1.0f)
+                    for (int64_t d = 0; d < D; d++) ag[d] *= alpha;
+            }
             for (int64_t i = 0; i < n; i++) {
-                to_f32(token_row(v, s + i, v_tok, pages, page_size, v_page) + h * v_head, dt, D, row);
+                const char *vr = token_row(a->v, b, s + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size) +
+                                 h * a->v_h;
+                for (int64_t d = 0; d < D; d++) row[d] = load_elem(vr + d * isz, dt);
                 for (int64_t g = 0; g < G; g++) {
-                    float p = sc[g * TILE + i], *ag = acc + (h * G + g) * D;
+                    const float p = sc[g * TILE + i];
+                    float *ag = accs + (j + g) * Dp;
                     for (int64_t d = 0; d < D; d++) ag[d] += p * row[d];
                 }
             }
@@ -106,17 +227,32 @@ static void range_portable(int dt, const float *q, int64_t H, int64_t G, int64_t
     }
 }
 
-/* ---------------------------------------------------------------- AVX-512 */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+static void task_portable(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float *slot,
+                          float *scratch) {
+    task_generic(c, b, t0, t1, h0, h1, slot, scratch);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(TREECOLL_PORTABLE_ONLY)
+#define HAVE_X86 1
+__attribute__((target("avx2,fma,f16c"))) static void task_avx2(const call_t *c, int64_t b, int64_t t0, int64_t t1,
+                                                               int64_t h0, int64_t h1, float *slot, float *scratch) {
+    task_generic(c, b, t0, t1, h0, h1, slot, scratch);
+}
+
+/* ------------------------------------------------------------ AVX-512 */
 #include <immintrin.h>
-#define HAVE_AVX512 1
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define T512BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define INL inline __attribute__((always_inline))
+/* Fully unrolled small loops keep the accumulator arrays in registers. */
+#define UNROLL _Pragma("GCC unroll 16")
 
 /* exp(x) for float32 lanes: x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor
  * polynomial (truncation < 6e-9 relative), scaled by 2^n (gradual underflow
  * down to x = -103.9; exactly 0 below, -inf included).  NaN stays NaN: maxps
  * and minps return their second operand when either is NaN.  Arguments are
  * s - shift <= 0 (or NaN), so the upper clamp never bites. */
-static inline __m512 exp512(__m512 x) {
+T512 static INL __m512 exp512(__m512 x) {
     const __m512 lo = _mm512_set1_ps(-103.9f);
     const __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x >= lo or NaN */
     x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(lo, x));
@@ -135,186 +271,677 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-/* 16 elements (fewer under mask mk) of a K/V row as float32 lanes. */
-static inline __attribute__((always_inline)) __m512 load16(const char *p, int dt, __mmask16 mk) {
-    if (dt == DT_F32) return _mm512_maskz_loadu_ps(mk, p);
-    __m256i h = _mm256_maskz_loadu_epi16(mk, p);
-    if (dt == DT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
+/* The online-softmax step of softmax_step_scalar with vector max and exp. */
+T512 static INL float softmax_step512(float *sg, int64_t n, float *m, float *l) {
+    __m512 vmx = _mm512_set1_ps(*m);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
+        vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_maskz_loadu_ps(mk, sg + i));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx);
+    const float shift = mx == -INFINITY ? 0.0f : mx;
+    const float alpha = expf(*m - shift); /* 0 when *m = -inf */
+    const __m512 vs = _mm512_set1_ps(shift);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + i), vs));
+        _mm512_mask_storeu_ps(sg + i, mk, p);
+        sum = _mm512_mask_add_ps(sum, mk, sum, p);
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(sum);
+    *m = mx;
+    return alpha;
 }
 
-/* Sums of 16 vectors: lane j of the result is the sum of the lanes of v[j]
- * (a transpose-and-add tree: 45 shuffles/adds instead of 16 full reductions). */
-static inline __attribute__((always_inline)) __m512 reduce16(const __m512 v[16]) {
+/* 32 elements of a K/V row (fewer under mask mk: bit i = element i) as two float32
+ * vectors: bf16 -> [even elements], [odd elements]; fp16 and fp32 -> [0..15], [16..31]. */
+T512 static INL void load32(const char *p, const int dt, __mmask32 mk, __m512 *x0, __m512 *x1) {
+    if (dt == DT_BF16) {
+        const __m512i raw = _mm512_maskz_loadu_epi16(mk, p);
+        *x0 = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+        *x1 = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32((int)0xffff0000u)));
+    } else if (dt == DT_F16) {
+        *x0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)mk, p));
+        *x1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)(mk >> 16), p + 32));
+    } else {
+        *x0 = _mm512_maskz_loadu_ps((__mmask16)mk, p);
+        *x1 = _mm512_maskz_loadu_ps((__mmask16)(mk >> 16), p + 64);
+    }
+}
+
+/* Every cache line of [p, p + bytes) towards L2. */
+T512 static INL void prefetch_l2(const char *p, int64_t bytes) {
+    for (uintptr_t x = (uintptr_t)p & ~(uintptr_t)63; x < (uintptr_t)p + (uintptr_t)bytes; x += 64)
+        _mm_prefetch((const char *)x, _MM_HINT_T1);
+}
+
+/* Sums of 16 vectors: lane j of the result is the sum of the lanes of v[j]. */
+T512 static INL __m512 reduce16(const __m512 v[16]) {
     __m512 a[8], b[4], d[2];
+    UNROLL
     for (int j = 0; j < 8; j++)
         a[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    UNROLL
     for (int j = 0; j < 4; j++) {
         const __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);
         b[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     } /* b[j]: each 128-bit lane holds partial sums of v[4j .. 4j+3] */
+    UNROLL
     for (int j = 0; j < 2; j++)
         d[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0x88),
                              _mm512_shuffle_f32x4(b[2 * j], b[2 * j + 1], 0xdd));
     return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88), _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
 }
 
-/* acc[h, g, :] += sum_i p[g][i] * v_i[h, :] for every query g of head h, GB queries
- * and CB 16-wide column chunks (GB * CB = 16 accumulators) at a time. */
-static inline __attribute__((always_inline)) void values_block(
-    const int dt, const int GB, const int CB, int64_t h, int64_t G, int64_t D, int64_t nc, __mmask16 tail,
-    int64_t v_head, const char *const *vrow, int64_t n, const float *sc, float *acc) {
-    const int64_t isz = (int64_t)itemsize_of(dt);
-    for (int64_t g0 = 0; g0 < G; g0 += GB) {
-        const int64_t gn = G - g0 < GB ? G - g0 : GB;
-        const float *p[4];
-        for (int g = 0; g < GB; g++) p[g] = sc + (h * G + g0 + (g < gn ? g : 0)) * TILE;
-        for (int64_t c0 = 0; c0 < nc; c0 += CB) {
-            __mmask16 mk[8], mg[4];
-            for (int j = 0; j < CB; j++)
-                mk[j] = c0 + j < nc ? (c0 + j == nc - 1 ? tail : (__mmask16)0xffffu) : (__mmask16)0;
-            for (int g = 0; g < GB; g++) mg[g] = g < gn ? (__mmask16)0xffffu : (__mmask16)0;
-            float *ag = acc + (h * G + g0) * D + 16 * c0;
-            __m512 a[16];
-            for (int g = 0; g < GB; g++)
-                for (int j = 0; j < CB; j++) a[CB * g + j] = _mm512_maskz_loadu_ps(mk[j] & mg[g], ag + g * D + 16 * j);
-            for (int64_t i = 0; i < n; i++) {
-                const char *vr = vrow[i] + h * v_head + c0 * 16 * isz;
-                __m512 vv[8];
-                for (int j = 0; j < CB; j++) vv[j] = load16(vr + j * 16 * isz, dt, mk[j]);
-                for (int g = 0; g < GB; g++) {
-                    const __m512 pg = _mm512_set1_ps(p[g][i]);
-                    for (int j = 0; j < CB; j++) a[CB * g + j] = _mm512_fmadd_ps(pg, vv[j], a[CB * g + j]);
-                }
-            }
-            for (int g = 0; g < GB; g++)
-                for (int j = 0; j < CB; j++) _mm512_mask_storeu_ps(ag + g * D + 16 * j, mk[j] & mg[g], a[CB * g + j]);
-        }
-    }
+/* Lane g * TB + t of r (the score of query g, token t) to sc[g * TILE + t], t < tn, g < gn:
+ * one masked store per query, at a base shifted so that its lanes land in place. */
+T512 static INL void store_scores(__m512 r, int TB, int64_t tn, int64_t gn, float *sc) {
+    const __mmask16 tmask = (__mmask16)((1u << tn) - 1u);
+    for (int64_t g = 0; g < gn; g++) _mm512_mask_storeu_ps(sc + g * (TILE - TB), (__mmask16)(tmask << (g * TB)), r);
 }
 
-static inline __attribute__((always_inline)) void range_avx512_dt(
-    const int dt, const float *q, int64_t H, int64_t G, int64_t D, const char *k, const char *v, int64_t k_tok,
-    int64_t k_head, int64_t v_tok, int64_t v_head, const int64_t *pages, int64_t page_size, int64_t k_page,
-    int64_t v_page, int64_t start, int64_t end, float *acc, float *m, float *l, float *sc) {
-    const int64_t isz = (int64_t)itemsize_of(dt), nc = (D + 15) / 16;
-    const __mmask16 tail = (D % 16) ? (__mmask16)((1u << (D % 16)) - 1u) : (__mmask16)0xffffu;
-    const char *krow[TILE], *vrow[TILE];
-    for (int64_t s = start; s < end; s += TILE) {
-        int64_t n = end - s < TILE ? end - s : TILE;
+static inline __mmask32 chunk_mask(int64_t c, int64_t nch, int64_t D) {
+    const int64_t rem = D - c * CHUNK;
+    return (c < nch - 1 || rem >= CHUNK) ? (__mmask32)0xffffffffu : (__mmask32)((1u << rem) - 1u);
+}
+
+/* Scores of GB queries (q rows qr, float32 in load32's order) against TB = 16 / GB
+ * tokens (rows kr), head_dim in nch chunks: sc[g * TILE + t] (t < tn, g < gn). */
+T512 static INL void scores_f32(const int dt, const int GB, const char *const *kr, const float *const *qr, int64_t nch,
+                                 int64_t D, int64_t tn, int64_t gn, float *sc) {
+    const int TB = 16 / GB;
+    const int64_t isz = itemsize_of(dt);
+    __m512 acc[16];
+    UNROLL
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nch; c++) {
+        const __mmask32 mk = chunk_mask(c, nch, D);
+        __m512 k0[16], k1[16];
+        UNROLL
+        for (int t = 0; t < TB; t++) load32(kr[t] + c * CHUNK * isz, dt, mk, &k0[t], &k1[t]);
+        UNROLL
+        for (int g = 0; g < GB; g++) {
+            const __m512 q0 = _mm512_loadu_ps(qr[g] + c * CHUNK), q1 = _mm512_loadu_ps(qr[g] + c * CHUNK + 16);
+            UNROLL
+            for (int t = 0; t < TB; t++) {
+                acc[g * TB + t] = _mm512_fmadd_ps(q0, k0[t], acc[g * TB + t]);
+                acc[g * TB + t] = _mm512_fmadd_ps(q1, k1[t], acc[g * TB + t]);
+            }
+        }
+    }
+    store_scores(reduce16(acc), TB, tn, gn, sc);
+}
+
+/* Scores with vdpbf16ps: bf16 keys as they are, the query rounded to bf16 (natural order). */
+T512BF static INL void scores_dpbf16(const int GB, const char *const *kr, const uint16_t *const *qr, int64_t nch,
+                                     int64_t D, int64_t tn, int64_t gn, float *sc) {
+    const int TB = 16 / GB;
+    __m512 acc[16];
+    UNROLL
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nch; c++) {
+        const __mmask32 mk = chunk_mask(c, nch, D);
+        __m512i kk[16];
+        UNROLL
+        for (int t = 0; t < TB; t++) kk[t] = _mm512_maskz_loadu_epi16(mk, kr[t] + c * CHUNK * 2);
+        UNROLL
+        for (int g = 0; g < GB; g++) {
+            const __m512bh qq = (__m512bh)_mm512_loadu_si512(qr[g] + c * CHUNK);
+            UNROLL
+            for (int t = 0; t < TB; t++) acc[g * TB + t] = _mm512_dpbf16_ps(acc[g * TB + t], qq, (__m512bh)kk[t]);
+        }
+    }
+    store_scores(reduce16(acc), TB, tn, gn, sc);
+}
+
+/* acc[g] += sum_i p[g][i] * v_i over the tile for GB queries, CB vectors (CB/2 chunks)
+ * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
+ * pass, the rows pfrow[i < npf] (pfbytes long) are prefetched, one per token. */
+T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
+                                  int64_t D, const float *const *p, float *const *ag, const char *const *pfrow,
+                                  int64_t npf, int64_t pfbytes) {
+    const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
+    const int64_t isz = itemsize_of(dt);
+    for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
+        __m512 acc[16];
+        __mmask32 mk[8];
+        UNROLL
+        for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
+        UNROLL
+        for (int g = 0; g < GB; g++)
+            UNROLL
+            for (int j = 0; j < 2 * CCH; j++)
+                acc[g * 2 * CCH + j] = _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0,
+                                                             ag[g] + c0 * CHUNK + 16 * j);
         for (int64_t i = 0; i < n; i++) {
-            krow[i] = token_row(k, s + i, k_tok, pages, page_size, k_page);
-            vrow[i] = token_row(v, s + i, v_tok, pages, page_size, v_page);
-        }
-        /* Scores, 4 tokens x 4 queries at a time (16 independent accumulators, one
-         * reduction tree); q rows past the group repeat row g0 and are not stored. */
-        for (int64_t i = 0; i < n; i += 4) {
-            const int64_t tn = n - i < 4 ? n - i : 4;
-            for (int64_t h = 0; h < H; h++) {
-                const char *kr[4];
-                for (int t = 0; t < 4; t++) kr[t] = krow[i + (t < tn ? t : 0)] + h * k_head;
-                for (int64_t g0 = 0; g0 < G; g0 += 4) {
-                    const int64_t gn = G - g0 < 4 ? G - g0 : 4;
-                    const float *qr[4];
-                    for (int g = 0; g < 4; g++) qr[g] = q + (h * G + g0 + (g < gn ? g : 0)) * D;
-                    __m512 a[16];
-                    for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
-                    for (int64_t c = 0; c < nc; c++) {
-                        const __mmask16 mk = c == nc - 1 ? tail : (__mmask16)0xffffu;
-                        __m512 kk[4];
-                        for (int t = 0; t < 4; t++) kk[t] = load16(kr[t] + c * 16 * isz, dt, mk);
-                        for (int g = 0; g < 4; g++) {
-                            const __m512 qq = _mm512_maskz_loadu_ps(mk, qr[g] + 16 * c);
-                            for (int t = 0; t < 4; t++) a[4 * g + t] = _mm512_fmadd_ps(qq, kk[t], a[4 * g + t]);
-                        }
-                    }
-                    /* lane 4g + t = score of query g0+g for token i+t */
-                    float r[16];
-                    _mm512_storeu_ps(r, reduce16(a));
-                    for (int g = 0; g < gn; g++)
-                        for (int t = 0; t < tn; t++) sc[(h * G + g0 + g) * TILE + i + t] = r[4 * g + t];
-                }
+            if (c0 == 0 && i < npf) prefetch_l2(pfrow[i], pfbytes);
+            __m512 x[16];
+            UNROLL
+            for (int j = 0; j < CCH; j++) load32(vrow[i] + (c0 + j) * CHUNK * isz, dt, mk[j], &x[2 * j], &x[2 * j + 1]);
+            UNROLL
+            for (int g = 0; g < GB; g++) {
+                const __m512 pg = _mm512_set1_ps(p[g][i]);
+                UNROLL
+                for (int j = 0; j < 2 * CCH; j++) acc[g * 2 * CCH + j] = _mm512_fmadd_ps(pg, x[j], acc[g * 2 * CCH + j]);
             }
         }
-        for (int64_t hg = 0; hg < H * G; hg++)
-            update_softmax(sc + hg * TILE, n, m + hg, l + hg, acc + hg * D, D, 1);
-        /* Values: GB queries x CB column chunks of 16 in registers, walked over the tile
-         * (a whole 128-wide head row per token when head_dim >= 128). */
-        for (int64_t h = 0; h < H; h++) {
-            if (nc >= 8) values_block(dt, 2, 8, h, G, D, nc, tail, v_head, vrow, n, sc, acc);
-            else values_block(dt, 4, 4, h, G, D, nc, tail, v_head, vrow, n, sc, acc);
+        UNROLL
+        for (int g = 0; g < GB; g++)
+            UNROLL
+            for (int j = 0; j < 2 * CCH; j++)
+                if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+    }
+}
+
+/* One load per 4 KiB page spanned by heads [h0, h1) of the rows row[0..n): the page
+ * walks happen now, so that the software prefetches of these rows (which this CPU may
+ * drop on a TLB miss) reach memory.  (Measured: 5-8% faster for bf16 at 128k tokens.) */
+static volatile unsigned page_sink;
+static inline void touch_pages(const char *const *row, int64_t n, int64_t stride, int64_t h0, int64_t h1,
+                               int64_t bytes) {
+    uintptr_t last = 0;
+    unsigned acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *lo = row[i] + h0 * stride, *hi = row[i] + (h1 - 1) * stride + bytes - 1;
+        if ((uintptr_t)lo >> 12 != last) acc += *(volatile const unsigned char *)lo;
+        if ((uintptr_t)hi >> 12 != (uintptr_t)lo >> 12) acc += *(volatile const unsigned char *)hi;
+        last = (uintptr_t)hi >> 12;
+    }
+    page_sink += acc;
+}
+
+/* Query-group blocks: the largest of 8, 4, 2, 1 that fits the remaining queries. */
+static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1; }
+
+#define DISPATCH_GB(GB, CALL)                                                                                      \
+    switch (GB) {                                                                                                  \
+    case 8: { const int gb_ = 8; CALL; break; }                                                                    \
+    case 4: { const int gb_ = 4; CALL; break; }                                                                    \
+    case 2: { const int gb_ = 2; CALL; break; }                                                                    \
+    default: { const int gb_ = 1; CALL; break; }                                                                   \
+    }
+
+/* One task on the AVX-512 tiers: per tile of c->tl tokens and per KV head, the scores of
+ * the head's queries, their online-softmax step and the values.  While a head's K (V)
+ * rows of this tile are read, the same head's rows of the next tile are prefetched into
+ * L2, one token at a time: one head's rows are kv_heads * head_dim * itemsize bytes
+ * apart, so each 4 KiB page holds few of them and the hardware prefetchers (which stop
+ * at page boundaries) fall behind.  The tile is 32 tokens, or 16 when a token's K and V
+ * rows (all heads of the slice) exceed 4 KiB, so that the tile being read and the one
+ * being prefetched stay well inside L2.  (Measured on a Zen 4 VM, one thread, 128k
+ * tokens, Llama-3.1-8B shapes: without the prefetch bf16 runs about 2x slower; with tiles
+ * twice as long fp32 runs 1.3x slower.  A cache in 2 MiB pages (transparent huge pages,
+ * e.g. torch's THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new
+ * 4 KiB page every few rows.) */
+T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
+                                  int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
+    const treecoll_decode_args *a = c->a;
+    const int64_t G = c->G, D = c->D, Dp = c->Dp, nch = (D + CHUNK - 1) / CHUNK, isz = itemsize_of(dt);
+    float *sc = scratch; /* [G][TILE] */
+    float *ms = slot_m(c, slot), *ls = slot_l(c, slot), *accs = slot_acc(c, slot);
+    const char *krow[2][TILE], *vrow[2][TILE]; /* rows of this tile and of the next */
+    const int64_t tl = c->tl; /* tokens per tile, <= TILE */
+    int cur = 0;
+    const int64_t n0 = t1 - t0 < tl ? t1 - t0 : tl;
+    for (int64_t i = 0; i < n0; i++) {
+        krow[0][i] = token_row(a->k, b, t0 + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
+        vrow[0][i] = token_row(a->v, b, t0 + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
+    }
+    for (int64_t s = t0; s < t1; s += tl, cur ^= 1) {
+        const int64_t n = t1 - s < tl ? t1 - s : tl;
+        const int64_t pf = t1 - s - n < tl ? t1 - s - n : tl; /* tokens of the next tile */
+        const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
+        for (int64_t i = 0; i < pf; i++) {
+            krow[cur ^ 1][i] = token_row(a->k, b, s + n + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
+            vrow[cur ^ 1][i] = token_row(a->v, b, s + n + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
+        }
+        touch_pages(kn, pf, a->k_h, h0, h1, D * isz);
+        touch_pages(vn, pf, a->v_h, h0, h1, D * isz);
+        for (int64_t h = h0; h < h1; h++) {
+            const int64_t j = (h - h0) * G;
+            for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
+                const int GB = group_block(G - g0), TB = 16 / GB;
+                for (int64_t i = 0; i < n; i += TB) {
+                    const int64_t tn = n - i < TB ? n - i : TB;
+                    const char *kr[16];
+                    UNROLL
+                    for (int t = 0; t < 16; t++) kr[t] = krow[cur][i + (t < tn ? t : 0)] + h * a->k_h;
+                    if (g0 == 0) /* the same tokens of the next tile, this head */
+                        for (int64_t t = i; t < i + tn && t < pf; t++) prefetch_l2(kn[t] + h * a->k_h, D * isz);
+                    if (dot_bf16) {
+                        const uint16_t *qr[8];
+                        for (int g = 0; g < GB; g++) qr[g] = c->qbf + ((b * c->H + h) * G + g0 + g) * Dp;
+                        DISPATCH_GB(GB, scores_dpbf16(gb_, kr, qr, nch, D, tn, GB, sc + g0 * TILE + i));
+                    } else {
+                        const float *qr[8];
+                        for (int g = 0; g < GB; g++) qr[g] = c->qf + ((b * c->H + h) * G + g0 + g) * Dp;
+                        DISPATCH_GB(GB, scores_f32(dt, gb_, kr, qr, nch, D, tn, GB, sc + g0 * TILE + i));
+                    }
+                }
+            }
+            for (int64_t g = 0; g < G; g++) {
+                const float alpha = softmax_step512(sc + g * TILE, n, ms + j + g, ls + j + g);
+                if (alpha != 1.0f) {
+                    float *ag = accs + (j + g) * Dp;
+                    const __m512 va = _mm512_set1_ps(alpha);
+                    for (int64_t d = 0; d < Dp; d += 16) _mm512_storeu_ps(ag + d, _mm512_mul_ps(va, _mm512_loadu_ps(ag + d)));
+                }
+            }
+            const char *vr[TILE], *vp[TILE];
+            for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
+            for (int64_t i = 0; i < pf; i++) vp[i] = vn[i] + h * a->v_h;
+            for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
+                const int GB = group_block(G - g0);
+                const float *p[8];
+                float *ag[8];
+                for (int g = 0; g < GB; g++) {
+                    p[g] = sc + (g0 + g) * TILE;
+                    ag[g] = accs + (j + g0 + g) * Dp;
+                }
+                DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, vp, g0 == 0 ? pf : 0, D * isz));
+            }
         }
     }
 }
-#endif
 
-/* Online-softmax step for one query over a tile of n scores sg[0..n): turns the
- * scores into p = exp(s - shift) in place (shift = the new running max, or 0
- * while it is -inf), rescales l and the accumulator.  NaN and +inf scores
- * propagate into m, l and acc (the NaN/inf policy of attention/state.py). */
-static void update_softmax(float *sg, int64_t n, float *m, float *l, float *ag, int64_t D, int vector_exp) {
-    float mx = sg[0];
-    for (int64_t i = 1; i < n; i++) mx = (sg[i] > mx || sg[i] != sg[i]) ? sg[i] : mx; /* NaN sticks */
-    const float m_new = (mx > *m || mx != mx) ? mx : *m;
-    const float shift = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = expf(*m - shift); /* 0 when *m = -inf */
-    float sum = 0.0f;
-#ifdef HAVE_AVX512
-    if (vector_exp) {
-        __m512 vs = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) {
-            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
-            const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + i), _mm512_set1_ps(shift)));
-            _mm512_mask_storeu_ps(sg + i, mk, p);
-            vs = _mm512_mask_add_ps(vs, mk, vs, p);
+/* The AVX-512 tiers.  Both are compiled with the BF16 target because the score pass
+ * may use vdpbf16ps; with DOT = 0 no BF16 instruction is executed (the code uses
+ * none but that intrinsic), so the plain tier runs on AVX-512 CPUs without BF16.
+ * The vdpbf16ps tier exists for bf16 caches only (pick_task). */
+T512BF static void task_avx512(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                               float *slot, float *scratch) {
+    switch ((int)c->a->kv_dtype) {
+    case DT_BF16: task512_dt(DT_BF16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    case DT_F16: task512_dt(DT_F16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    default: task512_dt(DT_F32, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    }
+}
+
+T512BF static void task_avx512_dot(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
+                                   float *slot, float *scratch) {
+    task512_dt(DT_BF16, 1, c, b, t0, t1, h0, h1, slot, scratch);
+}
+#endif /* x86 */
+
+/* ------------------------------------------------------------ ISA choice */
+
+static int cpu_isa(void) {
+#ifdef HAVE_X86
+    __builtin_cpu_init();
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) return ISA_AVX512BF16;
+    if (avx512) return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return ISA_AVX2;
+#endif
+    return ISA_PORTABLE;
+}
+
+static int chosen_isa = ISA_PORTABLE;
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+static void choose_isa(void) { chosen_isa = cpu_isa(); }
+
+static int best_isa(void) {
+    pthread_once(&isa_once, choose_isa);
+    return chosen_isa;
+}
+
+static const char *const ISA_NAMES[] = {"portable", "avx2", "avx512", "avx512_bf16"};
+
+/* The instruction set chosen for this CPU (once per process). */
+const char *treecoll_decode_isa(void) { return ISA_NAMES[best_isa()]; }
+
+/* ------------------------------------------------------------ thread pool */
+/* The caller runs as worker 0; workers 1..T-1 are persistent threads woken by a
+ * generation counter.  Calls are serialised by call_lock (which also guards the
+ * workspace).  After fork() the child starts with no workers and fresh locks. */
+
+typedef void (*work_fn)(void *arg, int worker);
+
+static struct {
+    pthread_mutex_t call_lock, m;
+    pthread_cond_t go, done;
+    pthread_t th[MAX_THREADS];
+    int started, active, finished;
+    uint64_t gen, start_gen[MAX_THREADS];
+    work_fn fn;
+    void *arg;
+} pool = {.call_lock = PTHREAD_MUTEX_INITIALIZER, .m = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
+        .done = PTHREAD_COND_INITIALIZER};
+
+static void *pool_worker(void *p) {
+    const int id = (int)(intptr_t)p;
+    uint64_t seen = pool.start_gen[id]; /* the generation when this worker was created */
+    pthread_mutex_lock(&pool.m);
+    for (;;) {
+        while (pool.gen == seen) pthread_cond_wait(&pool.go, &pool.m);
+        seen = pool.gen;
+        if (id >= pool.active) continue;
+        work_fn fn = pool.fn;
+        void *arg = pool.arg;
+        pthread_mutex_unlock(&pool.m);
+        fn(arg, id);
+        pthread_mutex_lock(&pool.m);
+        if (++pool.finished == pool.active - 1) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&pool.call_lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&pool.call_lock); }
+static void atfork_child(void) { /* the workers do not exist in the child */
+    pthread_mutex_init(&pool.call_lock, NULL);
+    pthread_mutex_init(&pool.m, NULL);
+    pthread_cond_init(&pool.go, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.started = pool.active = pool.finished = 0;
+}
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+/* Start workers up to `threads` in all (call_lock held); returns how many threads can
+ * run (fewer if the system refuses to create more). */
+static int pool_threads(int threads) {
+    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    while (pool.started < threads - 1) {
+        pool.start_gen[pool.started + 1] = pool.gen;
+        if (pthread_create(&pool.th[pool.started], NULL, pool_worker, (void *)(intptr_t)(pool.started + 1)) != 0) break;
+        pthread_detach(pool.th[pool.started]);
+        pool.started++;
+    }
+    return threads > pool.started + 1 ? pool.started + 1 : threads;
+}
+
+/* Run fn(arg, i) for i in [0, threads) (i = 0 on the caller); call_lock held and
+ * threads <= pool_threads(threads). */
+static void pool_run(int threads, work_fn fn, void *arg) {
+    if (threads > 1) {
+        pthread_mutex_lock(&pool.m);
+        pool.fn = fn;
+        pool.arg = arg;
+        pool.active = threads;
+        pool.finished = 0;
+        pool.gen++;
+        pthread_cond_broadcast(&pool.go);
+        pthread_mutex_unlock(&pool.m);
+    }
+    fn(arg, 0);
+    if (threads > 1) {
+        pthread_mutex_lock(&pool.m);
+        while (pool.finished < threads - 1) pthread_cond_wait(&pool.done, &pool.m);
+        pthread_mutex_unlock(&pool.m);
+    }
+}
+
+/* ------------------------------------------------------------ workspace */
+/* Grown, never shrunk; guarded by call_lock. */
+static struct {
+    void *p[5];
+    size_t cap[5];
+} ws;
+
+static void *ws_get(int i, size_t bytes) {
+    bytes = (bytes + 63) & ~(size_t)63;
+    if (bytes == 0) bytes = 64;
+    if (ws.cap[i] < bytes) {
+        free(ws.p[i]);
+        ws.p[i] = aligned_alloc(64, bytes);
+        ws.cap[i] = ws.p[i] ? bytes : 0;
+    }
+    return ws.p[i];
+}
+
+/* ------------------------------------------------------------ tasks and the merge */
+
+static void run_tasks(void *arg, int worker) {
+    call_t *c = arg;
+    const treecoll_decode_args *a = c->a;
+    float *scratch = c->scratch + (int64_t)worker * c->scratch_floats;
+    for (;;) {
+        const int64_t t = atomic_fetch_add(&c->next, 1);
+        if (t >= c->ntasks) break;
+        int64_t lo = 0, hi = a->batch; /* sequence b: task_off[b] <= t < task_off[b + 1] */
+        while (hi - lo > 1) {
+            const int64_t mid = (lo + hi) / 2;
+            if (c->task_off[mid] <= t) lo = mid;
+            else hi = mid;
         }
-        sum = _mm512_reduce_add_ps(vs);
-    } else
-#endif
-    {
-        (void)vector_exp;
-        for (int64_t i = 0; i < n; i++) { sg[i] = expf(sg[i] - shift); sum += sg[i]; }
+        const int64_t b = lo, rem = t - c->task_off[b], blk = rem / c->slices, sl = rem % c->slices;
+        const int64_t len = a->lengths[b];
+        const int64_t t0 = blk * c->tb, t1 = t0 + c->tb < len ? t0 + c->tb : len;
+        const int64_t h0 = sl * c->Hs, h1 = h0 + c->Hs < c->H ? h0 + c->Hs : c->H;
+        float *slot = c->slots + t * c->slot_floats;
+        const int64_t rows = (h1 - h0) * c->G;
+        for (int64_t r = 0; r < rows; r++) {
+            slot_m(c, slot)[r] = -INFINITY;
+            slot_l(c, slot)[r] = 0.0f;
+        }
+        memset(slot_acc(c, slot), 0, (size_t)(rows * c->Dp) * sizeof(float));
+        c->task(c, b, t0, t1, h0, h1, slot, scratch);
     }
-    if (alpha != 1.0f)
-        for (int64_t d = 0; d < D; d++) ag[d] *= alpha;
-    *l = *l * alpha + sum;
-    *m = m_new;
 }
 
-const char *treecoll_decode_isa(void) {
-#ifdef HAVE_AVX512
-    return "avx512";
-#else
-    return "portable";
-#endif
+/* row (Dp floats, kernel order) -> out[d * stride] (natural order, d < D). */
+static void write_row(const call_t *c, const float *row, float scale, float *out, int64_t stride) {
+    if (!c->perm_even_odd) {
+        for (int64_t d = 0; d < c->D; d++) out[d * stride] = row[d] * scale;
+        return;
+    }
+    for (int64_t base = 0; base < c->D; base += CHUNK) /* [even | odd] per chunk */
+        for (int64_t k = 0; k < CHUNK / 2; k++) {
+            const int64_t d0 = base + 2 * k, d1 = d0 + 1;
+            if (d0 < c->D) out[d0 * stride] = row[base + k] * scale;
+            if (d1 < c->D) out[d1 * stride] = row[base + CHUNK / 2 + k] * scale;
+        }
 }
 
-int treecoll_decode_range(const float *q, const void *k, const void *v, int dt, int64_t H, int64_t G, int64_t D,
-                          int64_t k_tok, int64_t k_head, int64_t v_tok, int64_t v_head, const int64_t *pages,
-                          int64_t page_size, int64_t k_page, int64_t v_page, int64_t start, int64_t end,
-                          float *acc, float *m, float *l, int portable) {
-    if (dt != DT_F32 && dt != DT_BF16 && dt != DT_F16) return -1;
-    for (int64_t i = 0; i < H * G; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
-    memset(acc, 0, (size_t)(H * G * D) * sizeof(float));
-    if (end <= start) return 0;
-    float *sc = malloc((size_t)(H * G * TILE + D) * sizeof(float));
-    if (!sc) return -2;
-    const char *kc = k, *vc = v;
-#ifdef HAVE_AVX512
-    if (!portable) {
-#define CALL(DT) range_avx512_dt(DT, q, H, G, D, kc, vc, k_tok, k_head, v_tok, v_head, pages, page_size, \
-                                 k_page, v_page, start, end, acc, m, l, sc)
-        if (dt == DT_BF16) CALL(DT_BF16);
-        else if (dt == DT_F16) CALL(DT_F16);
-        else CALL(DT_F32);
-#undef CALL
-        free(sc);
-        return 0;
+/* out/lse of every (sequence, query head): the blocks' states merged in token order with
+ * the policy of attention/state.py (a block of weight 0 still passes NaN/inf of acc). */
+static void merge_blocks(const call_t *c, float *row) {
+    const treecoll_decode_args *a = c->a;
+    const int64_t G = c->G, Dp = c->Dp;
+    for (int64_t b = 0; b < a->batch; b++) {
+        const int64_t nb = (c->task_off[b + 1] - c->task_off[b]) / c->slices;
+        for (int64_t hq = 0; hq < c->H * G; hq++) {
+            const int64_t h = hq / G, sl = h / c->Hs, r = (h - sl * c->Hs) * G + hq % G;
+            float *out = a->out + b * a->out_b + hq * a->out_h, *lse = a->lse + b * a->lse_b + hq * a->lse_h;
+            if (nb == 0) { /* no keys */
+                for (int64_t d = 0; d < c->D; d++) out[d * a->out_d] = 0.0f;
+                *lse = -INFINITY;
+                continue;
+            }
+            const float *first = c->slots + (c->task_off[b] + sl) * c->slot_floats;
+            float mx = slot_m(c, first)[r], den, shift;
+            for (int64_t k = 1; k < nb; k++) {
+                const float m = slot_m(c, first + k * c->slices * c->slot_floats)[r];
+                mx = (m > mx || m != m) ? m : mx;
+            }
+            shift = mx == -INFINITY ? 0.0f : mx;
+            const float *acc = row;
+            if (nb == 1) { /* the block's own shift is the max: weight 1 */
+                den = slot_l(c, first)[r];
+                acc = slot_acc(c, first) + r * Dp;
+            } else {
+                den = 0.0f;
+                for (int64_t d = 0; d < Dp; d++) row[d] = 0.0f;
+                for (int64_t k = 0; k < nb; k++) {
+                    const float *slot = first + k * c->slices * c->slot_floats, m = slot_m(c, slot)[r];
+                    const float w = m == -INFINITY ? 0.0f : expf(m - shift);
+                    const float *ak = slot_acc(c, slot) + r * Dp;
+                    den += w * slot_l(c, slot)[r];
+                    for (int64_t d = 0; d < Dp; d++) row[d] += w * ak[d];
+                }
+            }
+            write_row(c, acc, den == 0.0f ? 1.0f : 1.0f / den, out, a->out_d);
+            *lse = shift + logf(den); /* -inf when den = 0 */
+        }
     }
+}
+
+/* The scaled query of every head in the kernel's element order (zero padded to Dp),
+ * and rounded to bf16 in natural order for the vdpbf16ps scores. */
+static void prepare_query(const call_t *c, float *tmp) {
+    const treecoll_decode_args *a = c->a;
+    const int64_t isz = itemsize_of(a->q_dtype), Hq = c->H * c->G, D = c->D, Dp = c->Dp;
+    const float scale = (float)a->scale;
+    for (int64_t b = 0; b < a->batch; b++)
+        for (int64_t hq = 0; hq < Hq; hq++) {
+            float *qf = c->qf + (b * Hq + hq) * Dp;
+            const char *src = (const char *)a->q + (b * a->q_b + hq * a->q_h) * isz;
+            if (a->q_dtype == DT_F32 && a->q_d == 1) {
+                const float *qs = (const float *)src;
+                for (int64_t d = 0; d < D; d++) tmp[d] = qs[d] * scale;
+            } else {
+                for (int64_t d = 0; d < D; d++) tmp[d] = load_elem(src + d * a->q_d * isz, (int)a->q_dtype) * scale;
+            }
+            for (int64_t d = D; d < Dp; d++) tmp[d] = 0.0f;
+            if (c->qbf)
+                for (int64_t d = 0; d < Dp; d++) c->qbf[(b * Hq + hq) * Dp + d] = f32_to_bf16(tmp[d]);
+            if (!c->perm_even_odd) {
+                memcpy(qf, tmp, (size_t)Dp * sizeof(float));
+                continue;
+            }
+            for (int64_t base = 0; base < Dp; base += CHUNK) /* [even | odd] per chunk */
+                for (int64_t k = 0; k < CHUNK / 2; k++) {
+                    qf[base + k] = tmp[base + 2 * k];
+                    qf[base + CHUNK / 2 + k] = tmp[base + 2 * k + 1];
+                }
+        }
+}
+
+static task_fn pick_task(int isa, int dt, int dot) {
+#ifdef HAVE_X86
+    if (isa >= ISA_AVX512BF16 && dot && dt == DT_BF16) return task_avx512_dot;
+    if (isa >= ISA_AVX512) return task_avx512;
+    if (isa >= ISA_AVX2) return task_avx2;
 #endif
-    (void)portable;
-    range_portable(dt, q, H, G, D, kc, vc, k_tok, k_head, v_tok, v_head, pages, page_size, k_page, v_page, start,
-                   end, acc, m, l, sc, sc + H * G * TILE);
-    free(sc);
+    (void)isa, (void)dt, (void)dot;
+    return task_portable;
+}
+
+static int decode_locked(const treecoll_decode_args *a) {
+    call_t c;
+    memset(&c, 0, sizeof c);
+    c.a = a;
+    c.H = a->kv_heads;
+    c.G = a->group;
+    c.D = a->head_dim;
+    c.Dp = (c.D + CHUNK - 1) / CHUNK * CHUNK;
+    int isa = best_isa();
+    if (a->isa >= 0 && a->isa < isa) isa = (int)a->isa;
+    const int dt = (int)a->kv_dtype, dot = (a->flags & FLAG_Q_BF16) && dt == DT_BF16 && isa >= ISA_AVX512BF16;
+    c.task = pick_task(isa, dt, dot);
+    c.perm_even_odd = isa >= ISA_AVX512 && dt == DT_BF16;
+    int threads = pool_threads((int)(a->threads > MAX_THREADS ? MAX_THREADS : a->threads));
+    int64_t total = 0;
+    for (int64_t b = 0; b < a->batch; b++) total += a->lengths[b];
+    if (a->block_tokens > 0) {
+        c.tb = a->block_tokens;
+    } else { /* about 64 blocks in all (whole tiles, 256 .. 16384 tokens): the block size, and so
+              * the result, does not depend on the thread count */
+        c.tb = (total + 63) / 64;
+        c.tb = c.tb < 256 ? 256 : c.tb > 16384 ? 16384 : c.tb;
+        c.tb = (c.tb + TILE - 1) / TILE * TILE;
+    }
+    int64_t nblocks = 0;
+    for (int64_t b = 0; b < a->batch; b++) nblocks += (a->lengths[b] + c.tb - 1) / c.tb;
+    c.slices = 1; /* few blocks: split the KV heads too, so that every thread has work */
+    if (threads > 1 && nblocks > 0 && nblocks < 4 * threads) {
+        c.slices = (4 * threads + nblocks - 1) / nblocks;
+        c.slices = c.slices > c.H ? c.H : c.slices;
+    }
+    c.Hs = (c.H + c.slices - 1) / c.slices;
+    c.slices = (c.H + c.Hs - 1) / c.Hs;
+    c.tl = 2 * c.Hs * c.D * itemsize_of(dt) > 4096 ? TILE / 2 : TILE;
+    c.ntasks = nblocks * c.slices;
+    c.slot_floats = c.Hs * c.G * (2 + c.Dp);
+    c.scratch_floats = (c.D * TILE + c.G * TILE + c.Dp + 15) / 16 * 16;
+    if (threads > c.ntasks) threads = (int)(c.ntasks > 0 ? c.ntasks : 1);
+    c.task_off = ws_get(0, (size_t)(a->batch + 1) * sizeof(int64_t));
+    c.qf = ws_get(1, (size_t)(a->batch * c.H * c.G * c.Dp) * sizeof(float));
+    c.qbf = dot ? ws_get(2, (size_t)(a->batch * c.H * c.G * c.Dp) * sizeof(uint16_t)) : NULL;
+    c.slots = ws_get(3, (size_t)(c.ntasks * c.slot_floats) * sizeof(float));
+    c.scratch = ws_get(4, (size_t)((threads + 1) * c.scratch_floats) * sizeof(float));
+    if (!c.task_off || !c.qf || (dot && !c.qbf) || !c.slots || !c.scratch) return -2;
+    c.task_off[0] = 0;
+    for (int64_t b = 0; b < a->batch; b++)
+        c.task_off[b + 1] = c.task_off[b] + (a->lengths[b] + c.tb - 1) / c.tb * c.slices;
+    prepare_query(&c, c.scratch + threads * c.scratch_floats);
+    atomic_init(&c.next, 0);
+    if (c.ntasks > 0) pool_run(threads, run_tasks, &c);
+    merge_blocks(&c, c.scratch + threads * c.scratch_floats);
     return 0;
+}
+
+int treecoll_decode(const treecoll_decode_args *a) {
+    if (a->kv_dtype != DT_F32 && a->kv_dtype != DT_BF16 && a->kv_dtype != DT_F16) return -1;
+    if (a->q_dtype != DT_F32 && a->q_dtype != DT_BF16 && a->q_dtype != DT_F16) return -1;
+    if (a->batch < 0 || a->kv_heads < 1 || a->group < 1 || a->head_dim < 1) return -3;
+    pthread_once(&fork_once, register_atfork);
+    pthread_mutex_lock(&pool.call_lock);
+    const int rc = decode_locked(a);
+    pthread_mutex_unlock(&pool.call_lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------ read rate */
+/* Sum of n float32 (n a multiple of 64, p 64-byte aligned) over `threads` threads of
+ * the pool: the read-only memory rate the benchmark compares the kernel with. */
+
+typedef struct {
+    const float *p;
+    int64_t n;
+    int threads;
+    double part[MAX_THREADS];
+} sum_t;
+
+static void sum_portable(const float *p, int64_t n, double *out) {
+    float s[16] = {0};
+    for (int64_t i = 0; i < n; i += 16)
+        for (int j = 0; j < 16; j++) s[j] += p[i + j];
+    double t = 0;
+    for (int j = 0; j < 16; j++) t += s[j];
+    *out = t;
+}
+
+#ifdef HAVE_X86
+T512 static void sum_avx512(const float *p, int64_t n, double *out) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+    }
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+#endif
+
+static void run_sum(void *arg, int worker) {
+    sum_t *s = arg;
+    const int64_t per = s->n / 64 / s->threads * 64, lo = worker * per, hi = worker == s->threads - 1 ? s->n : lo + per;
+#ifdef HAVE_X86
+    if (best_isa() >= ISA_AVX512) {
+        sum_avx512(s->p + lo, hi - lo, &s->part[worker]);
+        return;
+    }
+#endif
+    sum_portable(s->p + lo, hi - lo, &s->part[worker]);
+}
+
+double treecoll_read_sum(const float *p, int64_t n, int64_t threads) {
+    sum_t s;
+    memset(&s, 0, sizeof s);
+    s.p = p;
+    s.n = n / 64 * 64;
+    pthread_once(&fork_once, register_atfork);
+    pthread_mutex_lock(&pool.call_lock);
+    s.threads = pool_threads((int)(threads > MAX_THREADS ? MAX_THREADS : threads));
+    pool_run(s.threads, run_sum, &s);
+    pthread_mutex_unlock(&pool.call_lock);
+    double t = 0;
+    for (int i = 0; i < s.threads; i++) t += s.part[i];
+    return t;
 }

@@ -1,15 +1,11 @@
-"""treecoll.attention.cost, the decode-step model: the paper's volume and memory formulas, and the simulated volumes behind them."""
+"""treecoll.attention.cost, the decode-step model: the paper's volume and memory formulas, and the
+simulated volumes behind them."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectives"))
-
-from sim_helpers import star_topology  # noqa: E402
-from treecoll.attention.cost import (  # noqa: E402
+from tests.collectives.sim_helpers import star_topology
+from treecoll.attention.cost import (
     LLAMA31_8B,
     PAPER_HOSTS,
     PAPER_SEQ_LENS,
@@ -18,7 +14,7 @@ from treecoll.attention.cost import (  # noqa: E402
     paper_memory,
     paper_volumes,
 )
-from treecoll.topo.errors import CollectiveError  # noqa: E402
+from treecoll.topo.errors import CollectiveError
 
 # Hand-worked values of the paper's formulas (arXiv 2408.04093 §6.2-6.3), in elements, with
 # d = n_h d_h (queries, outputs) and, for GQA, the K/V width d_kv = n_kv d_h (the K/V terms):

@@ -1,4 +1,5 @@
-"""The fused C decode kernel ('native' backend) against the float64 reference."""
+"""The fused C decode kernel ('native' backend) against the float64 reference, on every
+instruction-set tier this CPU can run (portable C, AVX2, AVX-512, AVX-512 BF16)."""
 import re
 
 import pytest
@@ -9,75 +10,144 @@ from treecoll.attention.validate import check_decode_inputs
 from treecoll.topo.errors import AttentionError
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
-TILE = 64  # the kernel's token tile (csrc/decode_cpu.c): lengths around it exercise partial tiles
+TILE = 32  # the kernel's token tile (csrc/decode_cpu.c): lengths around it exercise partial tiles
 
 STATUS = native_mod.native_status()
 needs_native = pytest.mark.skipif(not STATUS["available"], reason=f"native kernel unavailable: {STATUS['reason']}")
+#: the tiers this CPU runs: every tier up to the one chosen for it
+ISAS = list(native_mod.NATIVE_ISAS[: native_mod.NATIVE_ISAS.index(STATUS["isa"]) + 1]) if STATUS["available"] else []
 
 
-def _native(q, k, v, lengths, *, portable, num_splits=1, block_table=None, out=None):
+def _native(q, k, v, lengths, *, isa=None, num_splits=1, block_table=None, out=None, threads=1, q_bf16=False):
     lens, scale = check_decode_inputs(q, k, v, lengths, None, "test", block_table=block_table)
-    return native_mod.decode_native(q, k, v, lens, scale, portable=portable, num_splits=num_splits,
-                                    block_table=block_table, out=out)
+    return native_mod.decode_native(q, k, v, lens, scale, isa=isa, num_splits=num_splits, block_table=block_table,
+                                    out=out, threads=threads, q_bf16=q_bf16)
 
 
 @needs_native
-@pytest.mark.parametrize("portable", [False, True], ids=["isa", "portable"])
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("group,head_dim", [(1, 64), (3, 40), (4, 128), (8, 16), (5, 7)])
-def test_matches_reference(portable, dtype, group, head_dim, make_inputs, poisoned, check_state):
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (2, 256), (3, 40), (4, 128), (5, 7), (6, 33), (7, 96), (8, 16)])
+def test_matches_reference(isa, dtype, group, head_dim, make_inputs, poisoned, check_state):
+    """GQA groups 1-8, head_dim 7-256 (partial 32-element chunks), lengths 0, 1, a tile,
+    a tile + 1 and an odd total; the out buffers start as NaN and must be written."""
     kv_heads, seq = 2, 3 * TILE + 5
     q, k, v = make_inputs(5, kv_heads * group, kv_heads, head_dim, seq, dtype, seed=group + head_dim)
     lengths = [0, 1, TILE, TILE + 1, seq]
     out = poisoned(5, kv_heads * group, head_dim)
-    res = _native(q, k, v, lengths, portable=portable, out=out)
+    res = _native(q, k, v, lengths, isa=isa, out=out, num_splits=2)
     assert res[0] is out[0] and res[1] is out[1]
-    check_state(*out, *reference(q, k, v, kv_len=lengths), TOL[dtype])
+    # K/V are read exactly (float32 arithmetic only): fp32's tolerance holds for every dtype
+    check_state(*out, *reference(q, k, v, kv_len=lengths), 1e-5)
 
 
 @needs_native
-@pytest.mark.parametrize("portable", [False, True], ids=["isa", "portable"])
-def test_sharp_softmax_extreme_scores(portable, make_inputs, check_state):
+@pytest.mark.parametrize("isa", ISAS)
+def test_sharp_softmax_extreme_scores(isa, make_inputs, check_state):
     # scores of std ~40: exp underflows for all but a few keys in every tile
     q, k, v = make_inputs(2, 8, 2, 128, 500, torch.float32, seed=11)
     q = q * 4
     lens, _ = check_decode_inputs(q, k, v, [500, 77], None, "test")
-    out, lse = native_mod.decode_native(q, k, v, lens, 1.0, portable=portable)
+    out, lse = native_mod.decode_native(q, k, v, lens, 1.0, isa=isa)
     check_state(out, lse, *reference(q, k, v, kv_len=[500, 77], scale=1.0), 1e-5)
 
 
 @needs_native
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("splits", [1, 2, 7])
-def test_splits_and_strided_cache(splits, make_inputs, check_state):
+def test_splits_and_strided_cache(isa, splits, make_inputs, check_state):
     # k and v interleaved in one buffer with spare capacity: neither is contiguous
     q, _, _ = make_inputs(2, 8, 2, 32, 1, torch.bfloat16, seed=5)
     kv = torch.randn(2, 400, 2, 2, 32).bfloat16()  # [batch, capacity, k/v, kv_heads, head_dim]
     k, v = kv[:, :300, 0], kv[:, :300, 1]
     assert not k.is_contiguous()
-    out, lse = _native(q, k, v, [300, 129], portable=False, num_splits=splits)
-    check_state(out, lse, *reference(q, k, v, kv_len=[300, 129]), 1e-2)
+    out, lse = _native(q, k, v, [300, 129], isa=isa, num_splits=splits)
+    check_state(out, lse, *reference(q, k, v, kv_len=[300, 129]), 1e-5)
 
 
 @needs_native
-def test_worker_threads_give_the_single_thread_result(make_inputs, check_state):
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_paged_cache(isa, dtype, page_size, make_inputs, check_state):
+    from test_decode import to_paged
+
+    lengths = [0, 1, 37, 70]
+    q, k, v = make_inputs(4, 8, 2, 24, 70, dtype, seed=page_size)
+    kp, vp, table = to_paged(k, v, lengths, page_size, seed=page_size)  # unused slots hold NaN
+    for splits in (1, 3):
+        out, lse = _native(q, kp, vp, lengths, isa=isa, block_table=table, num_splits=splits, threads=2)
+        check_state(out, lse, *reference(q, k, v, kv_len=lengths), 1e-5)
+
+
+@needs_native
+def test_thread_count_does_not_change_the_result(make_inputs, check_state):
+    """Blocks depend on the lengths only and are merged in token order: bit-identical
+    results for 1, 2 and 3 threads (the kernel's pool), head slices included."""
+    q, k, v = make_inputs(3, 8, 2, 64, 5000, torch.bfloat16, seed=9)
+    lengths = [5000, 2049, 3]
+    results = [_native(q, k, v, lengths, threads=t) for t in (1, 2, 3)]
+    check_state(*results[0], *reference(q, k, v, kv_len=lengths), 1e-5)
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    short = [_native(q, k[:, :40], v[:, :40], [40, 3, 0], threads=t) for t in (1, 3)]  # head slices
+    assert torch.equal(short[0][0], short[1][0]) and torch.equal(short[0][1], short[1][1])
+
+
+@needs_native
+def test_default_threads_follow_torch(make_inputs, check_state):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        q, k, v = make_inputs(3, 8, 2, 64, 5000, torch.bfloat16, seed=9)
-        lengths = [5000, 2049, 3]  # the first two are split over the worker threads
-        out2, lse2 = decode_partial(q, k, v, kv_len=lengths, backend="native")
-        torch.set_num_threads(1)
-        out1, lse1 = decode_partial(q, k, v, kv_len=lengths, backend="native")
+        q, k, v = make_inputs(2, 8, 2, 32, 3000, torch.float32, seed=4)
+        out, lse = decode_partial(q, k, v, kv_len=[3000, 1000], backend="native")
+        check_state(out, lse, *reference(q, k, v, kv_len=[3000, 1000]), 1e-5)
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
-    check_state(out2, lse2, *reference(q, k, v, kv_len=lengths), 1e-2)
-    torch.testing.assert_close(out2, out1, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+@pytest.mark.skipif("avx512_bf16" not in ISAS, reason="the CPU has no AVX512_BF16")
+def test_q_rounded_to_bf16_option(make_inputs, check_state):
+    """q_bf16: scores by vdpbf16ps with the query rounded to bf16.  The error then comes from
+    the query's rounding (2**-9 relative): within the bf16 tolerance on ordinary scores,
+    far outside float32's; without the option the same inputs hold 1e-5."""
+    q, k, v = make_inputs(3, 8, 2, 128, 200, torch.bfloat16, seed=21)
+    lengths = [200, 65, 0]
+    qf = q.float() + torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) * 1e-3  # not bf16-exact
+    ref = reference(qf, k, v, kv_len=lengths)
+    out, lse = _native(qf, k, v, lengths, q_bf16=True)
+    check_state(out, lse, *ref, 1e-2)
+    err = (out.double() - ref[0]).abs().max().item() / ref[0].abs().max().item()
+    assert err > 1e-5  # the rounding shows: the option is a precision change
+    check_state(*_native(qf, k, v, lengths), *ref, 1e-5)
+    same = _native(qf, k.float(), v.float(), lengths, q_bf16=True)  # fp32 caches ignore the option
+    check_state(*same, *ref, 1e-5)
+
+
+@needs_native
+def test_isa_names_and_status():
+    assert STATUS["isa"] in native_mod.NATIVE_ISAS
+    q, k, v = torch.zeros(1, 2, 8), torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 1, 8)
+    lens, scale = check_decode_inputs(q, k, v, None, None, "test")
+    with pytest.raises(AttentionError, match=r"decode_native: isa: expected one of \['portable', 'avx2', 'avx512', "
+                                             r"'avx512_bf16'\] or None, got 'sse'"):
+        native_mod.decode_native(q, k, v, lens, scale, isa="sse")
+
+
+@needs_native
+def test_read_sum():
+    x = torch.arange(4096, dtype=torch.float32) % 7
+    assert native_mod.read_sum(x, threads=2) == float(x.sum())
+    with pytest.raises(AttentionError, match="read_sum: expected a contiguous 64-byte aligned float32 CPU tensor"):
+        native_mod.read_sum(x[1:])
 
 
 def test_unavailable_native_falls_back_and_explains(monkeypatch, make_inputs, check_state):
     q, k, v = make_inputs(2, 4, 2, 16, 30, torch.float32, seed=1)
-    for env, reason in ((dict(TREECOLL_NATIVE="0"), r"disabled by TREECOLL_NATIVE=0"),
-                        (dict(CC="/nonexistent/cc"), r"no C compiler: '/nonexistent/cc' is not on PATH")):
+    for env, reason in (({"TREECOLL_NATIVE": "0"}, r"disabled by TREECOLL_NATIVE=0"),
+                        ({"CC": "/nonexistent/cc"}, r"no C compiler: '/nonexistent/cc' is not on PATH")):
         with monkeypatch.context() as mp:
             mp.setattr(native_mod, "_STATE", {})  # forget the loaded library
             for name, value in env.items():
@@ -104,7 +174,7 @@ def test_compiler_errors_are_reported_not_raised(monkeypatch, tmp_path):
 
 
 @needs_native
-def test_library_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
+def test_library_is_cached_per_source_and_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("TREECOLL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(native_mod, "_STATE", {})
     first = native_mod.native_status()
@@ -117,13 +187,13 @@ def test_library_is_cached_per_source_and_cpu(monkeypatch, tmp_path):
 
 
 @needs_native
-def test_half_precision_conversion_edge_values():
+@pytest.mark.parametrize("isa", ISAS)
+def test_half_precision_conversion_edge_values(isa):
     # fp16 subnormals, the largest finite values, and negative zero, one key each: the
-    # kernel's conversion (portable and ISA paths) must agree with torch's exactly
+    # kernel's conversion must agree with torch's exactly
     vals = torch.tensor([6e-8, -6e-8, 3e-5, 65504.0, -65504.0, -0.0, 1.0, 0.5], dtype=torch.float16)
     k = torch.zeros(1, 8, 1, 8, dtype=torch.float16)
     v = torch.diag_embed(vals).view(1, 8, 1, 8).contiguous()
     q = torch.zeros(1, 1, 8)  # uniform softmax: out = mean of the values rows
-    for portable in (False, True):
-        out, lse = _native(q, k, v, [8], portable=portable)
-        torch.testing.assert_close(out[0, 0], vals.float() / 8, rtol=0, atol=0)
+    out, _ = _native(q, k, v, [8], isa=isa)
+    torch.testing.assert_close(out[0, 0], vals.float() / 8, rtol=0, atol=0)

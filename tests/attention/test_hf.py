@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-from treecoll.attention.dist import run_group
 from treecoll.attention.kv_cache import ShardedKVCache
+from treecoll.collectives.launch import spawn
 from treecoll.topo.errors import AttentionError, MissingDependency
 
 SKIP = "optional extra transformers not installed: pip install 'treecoll[hf]'"
@@ -130,7 +130,7 @@ def _sharded_worker(rank, nproc, model_dir):
 def test_sharded_greedy_equals_hf_generate(tf, model_dir, reference, nproc):
     """P gloo processes, KV cache sharded (uneven shards with 3 ranks, empty
     shards with block_size 256) give the HF model's tokens and logits."""
-    results = run_group(_sharded_worker, nproc, str(model_dir), timeout=90)
+    results = spawn(_sharded_worker, nproc, str(model_dir), timeout=90)
     if nproc == 3:
         assert [r["local_count"] for r in results] == [6, 4, 4]
     for rank, res in enumerate(results):
@@ -160,7 +160,7 @@ def test_ranks_with_different_prompts_raise(tf):
     from treecoll.topo.errors import CollectiveError
 
     with pytest.raises(CollectiveError, match=r"tree_decode generate: ranks disagree on input_ids fingerprint"):
-        run_group(_disagree_worker, 2, timeout=60)
+        spawn(_disagree_worker, 2, timeout=60)
 
 
 def test_unsupported_options_raise(tf, model_dir):

@@ -2,8 +2,8 @@
 process (real gloo processes, one group for every method), weight loading."""
 import pytest
 import torch
-from treecoll.attention.dist import run_group
 from treecoll.attention.model import LlamaConfig, LlamaModel, save_checkpoint
+from treecoll.collectives.launch import spawn
 from treecoll.topo.errors import AttentionError, MissingDependency
 
 CFG = LlamaConfig(vocab_size=384, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=8, num_kv_heads=2)
@@ -35,7 +35,7 @@ def single_tokens():
 
 
 def test_sharded_greedy_equals_single_process(single_tokens):
-    results = run_group(_worker, 3, timeout=90)
+    results = spawn(_worker, 3, timeout=90)
     assert len(single_tokens) == 2 and len(single_tokens[0]) == NEW
     for rank, res in enumerate(results):
         for method, tokens in res.items():

@@ -120,7 +120,12 @@ def test_sdpa_agrees_with_the_table_and_the_reference(case, check_policy):
 
 
 def _backends():
-    out = ["torch", "native", "native-portable"]
+    """torch, native at every instruction-set tier this CPU runs, triton (interpreted on CPU)."""
+    from treecoll.attention.decode_native import NATIVE_ISAS
+
+    status = native_status()
+    tiers = NATIVE_ISAS[: NATIVE_ISAS.index(status["isa"]) + 1] if status["available"] else ("portable",)
+    out = ["torch", *[f"native-{isa}" for isa in tiers]]
     try:
         import triton  # noqa: F401
 
@@ -131,14 +136,14 @@ def _backends():
 
 
 def _decode(backend, q, k, v, lengths, splits):
-    if backend.startswith("native") and not native_status()["available"]:
-        pytest.skip(native_status()["reason"])
-    if backend == "native-portable":
+    if backend.startswith("native"):
+        if not native_status()["available"]:
+            pytest.skip(native_status()["reason"])
         from treecoll.attention.decode_native import decode_native
         from treecoll.attention.validate import check_decode_inputs
 
         lens, scale = check_decode_inputs(q, k, v, lengths, None, "test")
-        return decode_native(q, k, v, lens, scale, num_splits=splits, portable=True)
+        return decode_native(q, k, v, lens, scale, num_splits=splits, isa=backend.split("-", 1)[1], threads=2)
     return decode_partial(q, k, v, kv_len=lengths, backend=backend, num_splits=splits)
 
 

@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 import torch
-from treecoll.attention.dist import run_group
+from treecoll.collectives.launch import spawn
 
 P = 4
 #: Relative error against the float64 reference.  bf16 K/V convert exactly to float32 and the
@@ -182,7 +182,7 @@ def _bad_state(rank):
 
 @pytest.fixture(scope="module")
 def group_results():
-    return run_group(_worker, P, timeout=90)
+    return spawn(_worker, P, timeout=90)
 
 
 @pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3"])

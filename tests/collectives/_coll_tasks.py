@@ -1,9 +1,7 @@
-"""Tasks run on every rank of a GlooPool (see _coll_pool.py): ``task(rank, world, *args)``."""
+"""Tasks run on every rank of a :class:`treecoll.collectives.launch.RankPool`: ``task(rank, world, *args)``."""
 from __future__ import annotations
 
 import os
-from functools import cache
-from pathlib import Path
 
 import torch
 from treecoll.collectives.execute import CollectiveOptions, allreduce, broadcast, reduce
@@ -11,9 +9,8 @@ from treecoll.collectives.ops import resolve_op
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import CollectiveError
 
+from tests.helpers import shipped
 from treecoll import collectives
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def matmul2(a, b):
@@ -57,12 +54,6 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
 
 
-@cache
-def _topology(name: str):
-    from treecoll import topo
-    return topo.load(ROOT / "topologies" / f"{name}.yaml")
-
-
 def _clone(v):
     return tuple(t.clone() for t in v) if isinstance(v, tuple) else v.clone()
 
@@ -77,7 +68,7 @@ def run_cases(rank: int, world: int, cases: list) -> list:
     non-roots return None and keep x as it was)."""
     out = []
     for collective, tree, op, nchunks, root, rows, seed, algo, tname, granks in cases:
-        topology = _topology(tname) if tname else None
+        topology = shipped(tname) if tname else None
         values = [value(op, r, seed, rows) for r in range(world)]
         x = _clone(values[rank])
         placement = Placement(topology, granks) if topology is not None else None
@@ -248,3 +239,40 @@ def readme_snippet(rank: int, world: int, source: str, cwd: str, func: str = "wo
         return namespace[func](rank, world)
     finally:
         os.chdir(old)
+
+
+# --------------------------------------------------------------------------- the launcher's own tests
+
+
+def whoami(rank: int, world: int) -> tuple:
+    """This rank's arguments, its env:// variables and the sum of the ranks over the group."""
+    import torch.distributed as dist
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total)
+    env = tuple(os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
+    return rank, world, env, float(total)
+
+
+def rank_only(rank: int, world: int) -> int:
+    """No collective: runs on any subset of the ranks."""
+    return rank * 10
+
+
+def refuse_on(rank: int, world: int, bad: int) -> int:
+    if rank == bad:
+        raise ValueError(f"rank {bad} refuses")
+    return rank
+
+
+def unpicklable_on(rank: int, world: int, bad: int):
+    return (lambda: None) if rank == bad else rank
+
+
+def sleep_on(rank: int, world: int, who: int, seconds: float, pid_dir: str) -> int:
+    """Write this rank's pid to ``pid_dir``; rank ``who`` then sleeps ``seconds``."""
+    import time
+    with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if rank == who:
+        time.sleep(seconds)
+    return rank

@@ -4,13 +4,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from _coll_helpers import SHIPPED, shipped
 from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
 from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
 from treecoll.collectives.builders import BUILDERS, nccl_btree_parents
 from treecoll.collectives.cost import CostModel
 from treecoll.collectives.tree import as_multi
 from treecoll.topo.errors import TreeError
+
+from tests.helpers import SHIPPED, shipped
 
 
 def test_registry_names_and_errors():

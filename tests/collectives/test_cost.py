@@ -5,12 +5,13 @@ import math
 
 import networkx as nx
 import pytest
-from _coll_helpers import SHIPPED, shipped
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.cost import CostModel, p2p_time, reduce_time, uniform_topology
 from treecoll.collectives.sim.nccl_model import ll128_enabled, nccl_predict
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
+
+from tests.helpers import SHIPPED, shipped
 
 
 def _pcie_pair_topology():
@@ -182,7 +183,8 @@ def test_nccl_latencies_match_the_reference_examples():
     """NCCL's latency model (tuning.cc baseLat + hwLat per step) worked out by hand for 8 GPUs on
     one NVSwitch host and 16 such hosts (latencyInter 0)."""
     one = _switch_host(1, 8)
-    lat = {(a, p): nccl_predict(one, None, 8, a, p)["lat_us"] for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")}
+    lat = {(a, p): nccl_predict(one, None, 8, a, p)["lat_us"]
+           for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")}
     assert lat[("ring", "LL")] == pytest.approx(15.0) and lat[("ring", "LL128")] == pytest.approx(40.6)
     assert lat[("ring", "Simple")] == pytest.approx(56.0)
     assert lat[("tree", "LL")] == pytest.approx(15.2) and lat[("tree", "LL128")] == pytest.approx(31.5)

@@ -1,8 +1,9 @@
 """Real multi-process runs over gloo: every builder, reduce/broadcast/allreduce, and failures.
 
-Process pools are created once per module (spawning is slow on 2 cores) and
-run many cases per task (see _coll_pool.py / _coll_tasks.py). Every wait is
-bounded: the pool's own timeouts and the collectives' ``timeout=``.
+The ranks are :class:`treecoll.collectives.launch.RankPool` pools (the ``pool4``
+fixture of conftest.py is started once: spawning is slow on 2 cores) that run
+many cases per task (_coll_tasks.py). Every wait is bounded: the pool's own
+timeouts and the collectives' ``timeout=``.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import re
 import time
 
 import pytest
-from _coll_helpers import ROOT
-from _coll_pool import GlooPool
+from treecoll.collectives.launch import RankPool
+
+from tests.collectives import _coll_tasks as tasks
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,56 +41,45 @@ def _cases(world: int, builders, *, topology=None, ranks=None, rows=7):
     return cases
 
 
-@pytest.fixture(scope="module")
-def pool4():
-    p = GlooPool(4)
-    yield p
-    p.close()
-
-
 def _check(results):
     for r, res in enumerate(results):
-        assert res is not None and res[0] == "ok", f"rank {r}: {res}"
-        assert all(res[1]), f"rank {r}: failing cases {[i for i, ok in enumerate(res[1]) if not ok]}"
+        assert res is not None and all(res), f"rank {r}: failing cases {[i for i, ok in enumerate(res) if not ok]}"
 
 
 def test_every_builder_four_processes(pool4):
     # two hosts of the 2-host DGX H100 topology for the topology-aware builders
-    _check(pool4.run("run_cases", _cases(4, BUILDERS, topology="dgx-h100-x2", ranks=[0, 1, 8, 9]), timeout=180))
+    _check(pool4.run(tasks.run_cases, _cases(4, BUILDERS, topology="dgx-h100-x2", ranks=[0, 1, 8, 9]), timeout=180))
 
 
 def test_process_subgroup_uses_group_local_ranks(pool4):
-    res = pool4.run("subgroup", timeout=60)
-    assert res[0] == ("ok", ["not a member"])
-    for r in (1, 2, 3):
-        assert res[r][0] == "ok" and res[r][1] == [True] * 4, (r, res[r])
+    res = pool4.run(tasks.subgroup, timeout=60)
+    assert res == [["not a member"]] + [[True] * 4] * 3
 
 
 def test_fingerprint_mismatch_is_an_error(pool4):
     t0 = time.time()
-    res = pool4.run("tree_mismatch", timeout=60)
-    assert all(r[0] == "ok" and "ranks disagree on the collective" in r[1] for r in res), res
-    assert "chain/allreduce" in res[1][1] and "binomial/allreduce" in res[1][1]
+    res = pool4.run(tasks.tree_mismatch, timeout=60)
+    assert all("ranks disagree on the collective" in r for r in res), res
+    assert "chain/allreduce" in res[1] and "binomial/allreduce" in res[1]
     assert time.time() - t0 < 30
 
 
 def test_shape_mismatch_is_an_error(pool4):
-    res = pool4.run("shape_mismatch", timeout=60)
-    assert all(r[0] == "ok" and "float32[9, 2]" in r[1] and "float32[8, 2]" in r[1] for r in res), res
+    res = pool4.run(tasks.shape_mismatch, timeout=60)
+    assert all("float32[9, 2]" in r and "float32[8, 2]" in r for r in res), res
 
 
 def test_shapes_that_differ_after_agreement_time_out_never_mix(pool4):
     """A rank that alone changes its shape after the ranks agreed on both shapes: its messages
     carry another tag, so the transfers never match (gloo would abort the process on a size
     mismatch); every rank fails within the timeout naming a peer, then at once."""
-    res = pool4.run("shapes_differ_after_agreement", timeout=90)
+    res = pool4.run(tasks.shapes_differ_after_agreement, timeout=90)
     for r, got in enumerate(res):
-        assert got[0] == "ok", (r, got)
-        (t_first, first), (t_again, again) = got[1][0]
+        (t_first, first), (t_again, again) = got[0]
         assert 1.9 < t_first < 10 and re.match(rf"allreduce: rank {r} failed (receiving|sending) chunk 0 (from|to) "
                                                r"rank \d within 2 s: ", first), first
         assert t_again < 0.5 and "the process group is unusable" in again
-        assert got[1][1] == 4.0            # the default group still works
+        assert got[1] == 4.0            # the default group still works
 
 
 def test_a_destroyed_group_is_not_kept_alive(pool4):
@@ -161,30 +153,24 @@ def test_readme_tree_file_flow_four_processes(pool4, tmp_path, monkeypatch, caps
     assert check_cmd.startswith("treecoll tree check tree.yaml") and main(shlex.split(check_cmd)[1:]) == 0
     _shown_in(check_out, capsys.readouterr().out)
     assert run_cmd == "python allreduce_tree.py"
-    res = pool4.run("readme_snippet", script, str(tmp_path), timeout=60)
-    assert [r[0] for r in res] == ["ok"] * 4, res
-    assert [r[1] for r in res] == ast.literal_eval(run_out[0])
+    res = pool4.run(tasks.readme_snippet, script, str(tmp_path), timeout=60)
+    assert res == ast.literal_eval(run_out[0])
 
 
 def test_two_and_eight_processes():
     for world, builders in ((2, ["chain", "double_binary", "auto"]), (8, ["binomial", "kary:3", "double_binary"])):
-        p = GlooPool(world)
-        try:
+        with RankPool(world) as p:
             cases = [c for c in _cases(world, builders, rows=5) if world == 2 or c[2] != "pair"]
-            _check(p.run("run_cases", cases, timeout=180))
-        finally:
-            p.close()
+            _check(p.run(tasks.run_cases, cases, timeout=180))
 
 
 def test_rank_exiting_early_is_an_error_naming_the_peer_then_the_group_is_unusable():
-    p = GlooPool(3)
-    try:
+    with RankPool(3) as p:
         t0 = time.time()
-        res = p.run("die_early", timeout=60, expect=2)
+        res = p.run(tasks.die_early, timeout=60, expect=2)
         assert res[1] is None
         for r in (0, 2):
-            assert res[r][0] == "ok", res
-            (_, first), (t_again, again), (t_other, other) = res[r][1]
+            (_, first), (t_again, again), (t_other, other) = res[r]
             assert "allreduce: rank" in first and "rank 1" in first, first
             # later calls fail at once, say why (the first failure) and what to do
             for t, msg, what in ((t_again, again, "allreduce"), (t_other, other, "broadcast(root=0)")):
@@ -193,16 +179,11 @@ def test_rank_exiting_early_is_an_error_naming_the_peer_then_the_group_is_unusab
                                       + first.splitlines()[0][:60]), msg
                 assert "destroy it (torch.distributed.destroy_process_group(group)) and create a new one" in msg
         assert time.time() - t0 < 30
-    finally:
-        p.close()
 
 
 def test_rank_that_never_arrives_times_out():
-    p = GlooPool(2)
-    try:
+    with RankPool(2) as p:
         t0 = time.time()
-        res = p.run("never_arrives", timeout=60)
-        assert res[0][0] == "ok" and "rank 0 failed receiving chunk 0 from rank 1 within 1.5 s" in res[0][1], res
+        res = p.run(tasks.never_arrives, timeout=60)
+        assert "rank 0 failed receiving chunk 0 from rank 1 within 1.5 s" in res[0] and res[1] == "skipped", res
         assert time.time() - t0 < 30
-    finally:
-        p.close()

@@ -2,21 +2,23 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from treecoll.collectives.schedule import Schedule, Step
+from treecoll.collectives.sim import profiles as sim_profiles
+from treecoll.collectives.sim import simulator as sim
+from treecoll.collectives.sim.engine import maxmin_rates
+from treecoll.collectives.sim.simulator import bandwidths, bus_factor, simulate, simulate_ring
+from treecoll.topo.errors import CollectiveError, PlacementError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sim_helpers import binomial_reduce_schedule, ring_allreduce_schedule, ring_topology, send_schedule, star_topology  # noqa: E402
-from treecoll.collectives.schedule import Schedule, Step  # noqa: E402
-from treecoll.collectives.sim import profiles as sim_profiles  # noqa: E402
-from treecoll.collectives.sim import simulator as sim  # noqa: E402
-from treecoll.collectives.sim.engine import maxmin_rates  # noqa: E402
-from treecoll.collectives.sim.simulator import bandwidths, bus_factor, simulate, simulate_ring  # noqa: E402
-from treecoll.topo.errors import CollectiveError, PlacementError  # noqa: E402
+from tests.collectives.sim_helpers import (
+    binomial_reduce_schedule,
+    ring_allreduce_schedule,
+    ring_topology,
+    send_schedule,
+    star_topology,
+)
 
 
 def test_one_transfer_over_one_link_is_alpha_plus_n_over_beta():

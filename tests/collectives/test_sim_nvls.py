@@ -1,19 +1,14 @@
 """NVLS / NVLSTree: the simulator (collectives.sim.nvls) and NCCL's model of it (collectives.sim.nccl_model)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from treecoll.collectives.sim import nccl_model as nm
+from treecoll.collectives.sim.nvls import simulate_nvls
+from treecoll.collectives.sim.simulator import simulate_algorithm
+from treecoll.topo import yaml_io
+from treecoll.topo.errors import CollectiveError, TopologyError, TreeError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sim_helpers import ring_topology, star_topology  # noqa: E402
-from treecoll.collectives.sim import nccl_model as nm  # noqa: E402
-from treecoll.collectives.sim.nvls import simulate_nvls  # noqa: E402
-from treecoll.collectives.sim.simulator import simulate_algorithm  # noqa: E402
-from treecoll.topo import yaml_io  # noqa: E402
-from treecoll.topo.errors import CollectiveError, TopologyError, TreeError  # noqa: E402
+from tests.collectives.sim_helpers import ring_topology, star_topology
 
 GIB = 1 << 30
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from _coll_helpers import FIXTURES, ROOT
 from treecoll.collectives import MultiTree, Tree, build
 from treecoll.collectives.tree_io import load_nccl_graph, load_tree, loads_nccl_graph, loads_tree, save_tree
 from treecoll.tools.cli import main
 from treecoll.topo.errors import TreeError
+
+from tests.helpers import FIXTURES, ROOT
 
 GRAPH_XML = FIXTURES / "nccl-topo" / "azure-ncv4-graph.xml"
 

@@ -3,7 +3,7 @@
 The tests only read the golden files. After an intended change of an output,
 regenerate them as a separate step and review the diff before committing:
 
-    PYTHONPATH=$PWD .venv/bin/python tests/tools/golden_cases.py
+    .venv/bin/python -m tests.tools.golden_cases        # from the repository root
 """
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
-from golden_cases import CASES, GOLDEN
 from treecoll.tools.cli import main
 
+from tests.tools.golden_cases import CASES, GOLDEN
 from treecoll import topo
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -54,5 +54,5 @@ def test_the_demo_decode_is_checked_like_the_command(monkeypatch):
     monkeypatch.setattr(resources, "usable_cores", lambda: 1)
     monkeypatch.setattr(resources, "available_memory", lambda: 1 << 30)
     monkeypatch.setattr(cmd_decode, "decode_data", lambda *a, **k: pytest.fail("processes were started"))
-    with pytest.raises(resources.UsageError, match=r"^--nproc 4: expected processes that fit in the 1.00 GiB"):
+    with pytest.raises(resources.UsageError, match=r"^--nproc 4: expected processes that fit in the 1 GiB"):
         demo_decode.step_decode({})

@@ -36,14 +36,12 @@ def test_machine_readings_are_sane():
 
 def _no_processes(monkeypatch):
     """Fail the test if anything tries to start the ranks."""
-    import treecoll.attention.dist  # noqa: F401
-
-    from treecoll import attention
+    from treecoll.collectives import launch
 
     def refuse(*a, **k):
         raise AssertionError("processes were started")
 
-    monkeypatch.setattr(attention.dist, "run_group", refuse)
+    monkeypatch.setattr(launch.RankPool, "__init__", refuse)
     monkeypatch.setattr(cmd_decode, "decode_data", refuse)
 
 
@@ -62,7 +60,7 @@ def test_decode_that_does_not_fit_in_memory_is_refused(capsys, monkeypatch):
     # 1M tokens, 2 layers, 8 kv heads x 128, bf16: 8.2 GB of K/V in all, a quarter per rank, the whole on rank 0
     assert main(["decode", "--nproc", "4", "--seq-len", "1M"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("treecoll: error: --nproc 4: expected processes that fit in the 16.00 GiB of memory "
+    assert err.startswith("treecoll: error: --nproc 4: expected processes that fit in the 16 GiB of memory "
                           "available, got an estimated ") and err.endswith("; pass --oversubscribe to start them "
                                                                            "anyway\n")
     cfg = {"seq_len": 10**6, "batch": 1, "layers": 2, "heads": 32, "kv_heads": 8, "head_dim": 128, "new_tokens": 16,
@@ -99,7 +97,8 @@ def test_emu_run_checks_its_ranks_before_creating_anything(capsys, monkeypatch):
 
 @pytest.mark.parametrize("module, argv, msg", [
     ("treecoll.tools.bench_collectives", ["--procs", "2", "9"], "--procs 9: expected at most 8 processes"),
-    ("treecoll.tools.bench_tree_attention", ["--nprocs", "9", "--tokens", "1k"], "--nprocs 9: expected at most 8 processes"),
+    ("treecoll.tools.bench_tree_attention", ["--nprocs", "9", "--tokens", "1k"],
+     "--nprocs 9: expected at most 8 processes"),
     ("treecoll.tools.bench_emucluster", ["--shapes", "3x3"], "--shapes 3x3: expected at most 8 processes"),
     ("treecoll.tools.bench_emucluster_decode", ["--shapes", "2x2,1x9"], "--shapes 1x9: expected at most 8 processes"),
 ])

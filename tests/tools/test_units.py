@@ -8,6 +8,7 @@ import pytest
 from treecoll.tools import units
 from treecoll.tools.cli import build_parser, main, walk
 from treecoll.topo.errors import TreecollError
+from treecoll.topo.fmt import fmt_bytes
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -111,7 +112,7 @@ def test_counts_and_ranges():
         units.parse_count("0", what="tokens")
     with pytest.raises(units.UsageError, match=r"^--shapes 2x0: expected a positive integer, got 0$"):
         units.parse_shapes("2x0", what="--shapes")
-    assert units.fmt_bytes(64 << 20) == "64 MiB" and units.fmt_bytes(1000) == "1000 B"
+    assert fmt_bytes(units.parse_bytes("64MiB")) == "64 MiB" and fmt_bytes(units.parse_bytes("1000")) == "1000 B"
 
 
 def test_argparse_types_raise_usage_errors_argparse_does_not_swallow():

@@ -1,24 +1,31 @@
-"""One rank of the multi-process discover_cluster test (run by test_cluster.py)."""
+"""One rank of the multi-process discover_cluster test.
+
+test_cluster.py starts it with :func:`treecoll.collectives.launch.run_commands` and the
+``env://`` variables of its rank, as torchrun would; it joins the job
+(:func:`treecoll.collectives.launch.join`), probes this "host", and rank 0 writes every
+rank's result (fingerprint and topology, or the error) to the file named by argv[1].
+"""
 import json
 import os
 import sys
 
-import torch.distributed as dist
+from treecoll.collectives import launch
+from treecoll.topo.cluster import discover_cluster
 
-sys.path.insert(0, os.environ["TREECOLL_REPO"])
-from treecoll.topo.cluster import discover_cluster  # noqa: E402
+from treecoll import topo
 
-from treecoll import topo  # noqa: E402
 
-rank, world, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['PORT']}", rank=rank, world_size=world,
-                        timeout=__import__("datetime").timedelta(seconds=60))
-net = json.loads(os.environ["NETWORK"]) if os.environ.get("NETWORK") else None
-try:
-    t = discover_cluster(network=net, discover_kwargs={"nvml": False})
-    res = {"fingerprint": t.fingerprint(), "topology": t.to_dict()}
-except topo.TreecollError as e:
-    res = {"error": f"{type(e).__name__}: {e}"}
-with open(out, "w") as f:
-    json.dump(res, f, default=str)
-dist.destroy_process_group()
+def probe(rank: int, world: int, network: dict | None) -> dict:
+    try:
+        t = discover_cluster(network=network, discover_kwargs={"nvml": False})
+        return {"fingerprint": t.fingerprint(), "topology": t.to_dict()}
+    except topo.TreecollError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+if __name__ == "__main__":
+    net = json.loads(os.environ["NETWORK"]) if os.environ.get("NETWORK") else None
+    results = launch.join(probe, net, backend="gloo", timeout=60)
+    if launch.job_from_env().rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f, default=str)

@@ -6,11 +6,11 @@ import re
 import time
 
 import pytest
-from _shipped import BOX
 from treecoll.topo import TopologyError
 from treecoll.topo.nccl_xml import import_xml
 from treecoll.topo.smi import import_smi
 
+from tests.helpers import BOX
 from treecoll import topo
 
 EXPLICIT = """nodes:

@@ -1,43 +1,29 @@
 """Multi-host assembly over torch.distributed (gloo, real processes, 4 ranks pretending to be 2 hosts)."""
+import io
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from treecoll.collectives import launch
 from treecoll.topo import Topology
 from treecoll.topo.cluster import assemble, host_identity
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_cluster_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(tmp_path, env_of_rank, world=4, network=None):
-    port = _free_port()
-    procs = []
-    for r in range(world):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "NCCL_", "TREECOLL_"))}
-        env.update({"PORT": str(port), "TREECOLL_REPO": str(REPO), "NETWORK": json.dumps(network) if network else ""})
-        env.update(env_of_rank(r))
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), str(tmp_path / f"r{r}.json")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=120)
-            assert p.returncode == 0, out.decode()[-2000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(world)]
+    """Every rank's result: the worker started as ``world`` commands with torchrun's variables."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "NCCL_", "TREECOLL_"))}
+    base["NETWORK"] = json.dumps(network) if network else ""
+    port = launch.free_port()
+    envs = [{**base, **launch.rendezvous_env(r, world, "127.0.0.1", port), **env_of_rank(r)} for r in range(world)]
+    out, log = tmp_path / "ranks.json", io.StringIO()
+    res = launch.run_commands([[sys.executable, str(WORKER), str(out)]] * world, envs, timeout=120,
+                              tag_output=True, stdout=log, stderr=log)
+    assert res.returncode == 0, log.getvalue()[-2000:]
+    return json.loads(out.read_text())
 
 
 @pytest.mark.timeout(180)
@@ -96,8 +82,7 @@ def test_assemble_network_section_and_host_identity():
 
 
 def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
-    from topo_fakes import FakePynvml, build_sysfs, load
-
+    from tests.topo.topo_fakes import FakePynvml, build_sysfs, load
     from treecoll import topo
     probes = []
     for i, clique in enumerate((7, 7, 9)):
@@ -116,8 +101,7 @@ def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
 
 
 def test_assemble_maps_ranks_by_gpu_uuid_then_cuda_ordinal(tmp_path):
-    from topo_fakes import FakePynvml, build_sysfs, load
-
+    from tests.topo.topo_fakes import FakePynvml, build_sysfs, load
     from treecoll import topo
     rec = load("dgx-h100")
     root = build_sysfs(tmp_path, rec["sysfs"])

@@ -3,9 +3,9 @@ import logging
 from pathlib import Path
 
 import pytest
-from topo_fakes import FakePynvml, build_sysfs, load
 from treecoll.topo.smi import import_smi, smi_matrix
 
+from tests.topo.topo_fakes import FakePynvml, build_sysfs, load
 from treecoll import topo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,7 +200,8 @@ def test_nccl_topo_file_plus_nvml_adds_the_nvlinks(tmp_path):
     t = topo.discover(sysfs_root=str(tmp_path), nvml=FakePynvml(rec), env={"NCCL_TOPO_FILE": str(f)}, host="h0")
     assert len(t.gpus()) == 3 and len(t.nodes("nvswitch")) == 4
     assert [t.link("h0/gpu0", f"h0/nvswitch{k}")["count"] for k in range(4)] == [5, 5, 4, 4]
-    assert t.path("h0/gpu0", "h0/gpu2").smi == "NV18" and t.link("h0/gpu0", "h0/nvswitch0")["bw"] == pytest.approx(103.0)
+    assert t.path("h0/gpu0", "h0/gpu2").smi == "NV18"
+    assert t.link("h0/gpu0", "h0/nvswitch0")["bw"] == pytest.approx(103.0)
 
 
 def test_cpu_only_host_matches_cpu_local_yaml(tmp_path):

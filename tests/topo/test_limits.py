@@ -5,10 +5,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from _shipped import BOX
 from treecoll.topo import TopologyError
 from treecoll.topo.limits import DEFAULT_MAX_LINKS, DEFAULT_MAX_NODES, limits
 
+from tests.helpers import BOX
 from treecoll import topo
 
 ROOT = Path(__file__).resolve().parents[2]

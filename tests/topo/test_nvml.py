@@ -1,7 +1,8 @@
 """The NVML adapter: typed N/A values, the pitfalls listed in treecoll.topo.nvml, CUDA vs NVML order."""
 import pytest
-from topo_fakes import FakePynvml, load
 from treecoll.topo.nvml import NA, NVLINK_VERSION_GENERATION, GpuInfo, Nvml, NVMLUnavailable, cuda_order, norm_busid
+
+from tests.topo.topo_fakes import FakePynvml, load
 
 
 def test_na_is_a_falsy_singleton():

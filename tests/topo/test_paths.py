@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from _shipped import FIXTURES, shipped
+
+from tests.helpers import FIXTURES, shipped
 
 SMI = FIXTURES / "smi"
 
@@ -126,8 +127,8 @@ def test_cpu_local_is_four_rank_slots_with_a_slow_network():
                                            ("{type: rail_optimized, su_hosts: 2, spines: 3}", 6)])
 def test_network_routes_are_shortest_and_deterministic(network, hosts):
     import networkx as nx
-    from test_yaml_io import edit
 
+    from tests.helpers import edit
     from treecoll import topo
     text = edit("count: 2}", f"count: {hosts}}}").replace("{type: single_switch}", network)
     t, again = topo.loads(text), topo.loads(text)

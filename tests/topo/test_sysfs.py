@@ -1,7 +1,8 @@
 """sysfs reader on synthetic trees (root is a parameter)."""
 import pytest
-from topo_fakes import build_sysfs, load
 from treecoll.topo import sysfs
+
+from tests.topo.topo_fakes import build_sysfs, load
 
 
 @pytest.fixture

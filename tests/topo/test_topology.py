@@ -5,9 +5,9 @@ import itertools
 
 import networkx as nx
 import pytest
-from _shipped import SHIPPED, shipped
 from treecoll.topo import TopologyError
 
+from tests.helpers import SHIPPED, shipped
 from treecoll import topo
 
 EXPECTED = {  # name: (hosts, GPUs per host, NICs per host)

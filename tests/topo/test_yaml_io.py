@@ -5,36 +5,10 @@ import io
 import textwrap
 
 import pytest
-from _shipped import SHIPPED, shipped
 from treecoll.topo import TopologyError
 
+from tests.helpers import BOX4, SHIPPED, edit, shipped
 from treecoll import topo
-
-BOX = textwrap.dedent("""\
-    name: t
-    templates:
-      box:
-        gpus: {count: 4, model: X, mem_bw: 100.0}
-        nvswitch: {count: 2, links: [3, 3], link_bw: 10.0}
-        cpus:
-          - {numa: 0, socket: 0}
-          - {numa: 1, socket: 1}
-        smp: {bw: 8.0}
-        pcie:
-          bw: 24.0
-          switches:
-            - {cpu: 0, gpus: [0, 1], nics: [0]}
-            - {cpu: 1, gpus: [2, 3], nics: [1]}
-        nics: {count: 2, bw: 25.0}
-    hosts:
-      - {template: box, count: 2}
-    network: {type: single_switch}
-    """)
-
-
-def edit(old: str, new: str, text: str = BOX) -> str:
-    assert old in text, old
-    return text.replace(old, new, 1)
 
 
 # ------------------------------------------------------------------------------ valid files
@@ -52,7 +26,7 @@ def test_round_trip_every_shipped_file(name, tmp_path):
 
 
 def test_round_trip_through_streams_and_the_yaml_parser():
-    t = topo.loads(BOX)
+    t = topo.loads(BOX4)
     buf = io.StringIO()
     topo.save(t, buf)
     text = buf.getvalue()
@@ -62,14 +36,14 @@ def test_round_trip_through_streams_and_the_yaml_parser():
 
 
 def test_round_trip_keeps_odd_values():
-    t = topo.loads(edit("mem_bw: 100.0", "mem_bw: 1.0e-05", BOX))
+    t = topo.loads(edit("mem_bw: 100.0", "mem_bw: 1.0e-05", BOX4))
     assert t.node("h0/gpu0")["mem_bw"] == 1e-05
     back = topo.loads(topo.dumps(t))
     assert back == t and back.node("h0/gpu0")["mem_bw"] == 1e-05
 
 
 def test_compact_expansion_shape():
-    t = topo.loads(BOX)
+    t = topo.loads(BOX4)
     assert t.hosts() == ("h0", "h1")
     assert t.gpus("h1") == ("h1/gpu0", "h1/gpu1", "h1/gpu2", "h1/gpu3")
     assert t.link("h0/gpu0", "h0/nvswitch1") == {"kind": "nvlink", "bw": 30.0, "lat": 0.3, "count": 3}
@@ -95,7 +69,7 @@ def test_cluster_files_reuse_the_single_host_template():
 
 def test_template_from_a_relative_path(tmp_path):
     (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "mybox.yaml").write_text(BOX.split("hosts:")[0])
+    (tmp_path / "lib" / "mybox.yaml").write_text(BOX4.split("hosts:")[0])
     (tmp_path / "c.yaml").write_text("hosts: [{template: lib/mybox.yaml, count: 3, names: 'n{j}'}]\n"
                                      "network: {type: single_switch}\n")
     t = topo.load(tmp_path / "c.yaml")
@@ -139,13 +113,13 @@ def test_a_nics_transport_latency_is_kept_through_the_explicit_form():
     t = topo.loads(edit("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 25.0, lat: [75.0, 0]}"))
     assert t.node("h0/nic0")["lat"] == 75.0 and t.node("h1/nic1")["lat"] == 0.0
     assert topo.loads(topo.dumps(t)) == t and topo.loads(topo.dumps(t)).node("h1/nic0")["lat"] == 75.0
-    assert "lat" not in topo.loads(BOX).node("h0/nic0")
+    assert "lat" not in topo.loads(BOX4).node("h0/nic0")
     with pytest.raises(TopologyError, match=r"nodes\[\d+\]\.lat: expected a non-negative number \(µs\), got -1"):
         topo.loads(topo.dumps(t).replace('"lat": 75.0', '"lat": -1', 1))
 
 
 def test_explicit_and_compact_mixed():
-    text = BOX + textwrap.dedent("""\
+    text = BOX4 + textwrap.dedent("""\
         nodes:
           - {id: storage, kind: net_switch, tier: 1}
         links:
@@ -157,7 +131,7 @@ def test_explicit_and_compact_mixed():
 
 # ------------------------------------------------------------------------------ errors
 ERRORS = [
-    # (old, new, regex): each edit of BOX must raise TopologyError matching regex (file:line: key path: ...)
+    # (old, new, regex): each edit of BOX4 must raise TopologyError matching regex (file:line: key path: ...)
     ("hosts:\n", "hostz: 1\nhosts:\n", r"^<string>:16: hostz: unknown key 'hostz': expected one of"),
     ("    gpus: {count: 4, model: X, mem_bw: 100.0}\n", "",
      r"^<string>:3: templates\.box: missing key 'gpus'"),
@@ -289,7 +263,7 @@ def test_missing_file_and_missing_shipped_template(tmp_path):
 
 
 def test_errors_inside_a_referenced_template_name_that_file(tmp_path):
-    (tmp_path / "bad.yaml").write_text(edit("bw: 25.0}", "bw: fast}", BOX.split("hosts:")[0]))
+    (tmp_path / "bad.yaml").write_text(edit("bw: 25.0}", "bw: fast}", BOX4.split("hosts:")[0]))
     (tmp_path / "c.yaml").write_text("hosts: [{template: bad}]\n")
     with pytest.raises(TopologyError, match=r"bad\.yaml:15: templates\.box\.nics\.bw: expected a positive number"):
         topo.load(tmp_path / "c.yaml")
@@ -297,10 +271,10 @@ def test_errors_inside_a_referenced_template_name_that_file(tmp_path):
 
 def test_loading_never_writes_the_file(tmp_path):
     p = tmp_path / "t.yaml"
-    p.write_text(BOX)
+    p.write_text(BOX4)
     before = p.stat().st_mtime_ns
     topo.load(p)
-    assert p.read_text() == BOX and p.stat().st_mtime_ns == before
+    assert p.read_text() == BOX4 and p.stat().st_mtime_ns == before
 
 
 def test_mutated_files_never_escape_as_other_exceptions():
@@ -310,7 +284,7 @@ def test_mutated_files_never_escape_as_other_exceptions():
     import re
     rnd = random.Random(2)
     values = ["0", "-1", "1.5", "x", "[]", "{}", "null", "true", "[1, 2]", "{a: 1}", "99", "h0/gpu0", "[0, 0]", ".nan"]
-    bases = [BOX, EXPLICIT, topo.dumps(topo.loads(BOX))]
+    bases = [BOX4, EXPLICIT, topo.dumps(topo.loads(BOX4))]
     outcomes = {"ok": 0, "error": 0}
     for i in range(300):
         s = bases[i % 3]

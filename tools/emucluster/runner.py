@@ -1,7 +1,10 @@
 """Launch the ranks of a job inside the hosts (namespaces) of an emulated cluster.
 
-Each rank is ``ip netns exec <host namespace> <command...>`` in its own
-process group, with the torch.distributed environment of a multi-host launch:
+Each rank is ``ip netns exec <host namespace> <command...>``, started by the
+one launcher (:func:`treecoll.collectives.launch.run_commands`: own session,
+dies with this process, the first failure or the timeout stops every rank)
+with the ``env://`` variables of a multi-host launch
+(:func:`treecoll.collectives.launch.rendezvous_env`) and the cluster's own:
 
 ====================  ==========================================================
 RANK, WORLD_SIZE      global rank and number of ranks
@@ -33,18 +36,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import IO
+
+from treecoll.collectives import launch as _launch
+from treecoll.collectives.launch import TIMEOUT_EXIT
 
 from . import netns
 from .netns import EmuClusterError
 from .topology import placement
 
 __all__ = ["RunResult", "rank_env", "launch", "run", "free_port", "TIMEOUT_EXIT"]
-
-#: exit code when the timeout passes (as timeout(1))
-TIMEOUT_EXIT = 124
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,51 +86,14 @@ def rank_env(state: Mapping, rank: int, place: Sequence[tuple[int, int]], master
     """
     host, local = place[rank]
     env = dict(os.environ if base is None else base)
-    env.update({
-        "RANK": str(rank), "WORLD_SIZE": str(len(place)),
-        "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(sum(1 for h, _ in place if h == host)),
-        "GROUP_RANK": str(host), "MASTER_ADDR": state["addresses"][0], "MASTER_PORT": str(master_port),
-        "GLOO_SOCKET_IFNAME": state["uplink"], "TP_SOCKET_IFNAME": state["uplink"],
-        "TREECOLL_EMU_ID": state["id"], "TREECOLL_EMU_HOST": str(host),
-    })
+    env.update(_launch.rendezvous_env(rank, len(place), state["addresses"][0], master_port, local_rank=local,
+                                      local_world=sum(1 for h, _ in place if h == host), group_rank=host))
+    env.update({"GLOO_SOCKET_IFNAME": state["uplink"], "TP_SOCKET_IFNAME": state["uplink"],
+                "TREECOLL_EMU_ID": state["id"], "TREECOLL_EMU_HOST": str(host)})
     env.setdefault("OMP_NUM_THREADS", "1")
     if topology:
         env["TREECOLL_EMU_TOPOLOGY"] = str(topology)
     return env
-
-
-def _code(rc: int | None) -> int | None:
-    """A rank's exit code as a shell reports it: killed by signal s -> 128 + s.
-
-    >>> _code(0), _code(3), _code(-9), _code(None)
-    (0, 3, 137, None)
-    """
-    return None if rc is None else (128 - rc if rc < 0 else rc)
-
-
-def _pump(src: IO[bytes], dst: IO[str], tag: str) -> None:
-    for line in iter(src.readline, b""):
-        dst.write(tag + line.decode(errors="replace"))
-        dst.flush()
-    src.close()
-
-
-def _terminate(procs: Sequence[subprocess.Popen | None], grace: float) -> None:
-    live = [p for p in procs if p is not None and p.poll() is None]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in live:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while live and time.monotonic() < deadline:
-            live = [p for p in live if p.poll() is None]
-            time.sleep(0.02)
-        if not live:
-            return
-    for p in live:
-        p.wait()
 
 
 def launch(state: Mapping, command: Sequence[str], ranks_per_host: int, *,
@@ -149,51 +114,11 @@ def launch(state: Mapping, command: Sequence[str], ranks_per_host: int, *,
         raise EmuClusterError(f"--timeout: expected a positive number of seconds, got {timeout!r}")
     place = placement(state["hosts"], ranks_per_host, placement_mode)
     port = free_port(state["id"], 0)
-    procs: list[subprocess.Popen | None] = [None] * len(place)
-    pumps: list[threading.Thread] = []
-    t0 = time.monotonic()
-    first_fail: int | None = None
-    timed_out = False
-    try:
-        for r, (h, _) in enumerate(place):
-            argv = ["ip", "netns", "exec", netns.ns_name(state["id"], h), *command]
-            pipe = subprocess.PIPE if tag_output else None
-            try:
-                procs[r] = subprocess.Popen(argv, env=rank_env(state, r, place, port, env, topology),
-                                            stdout=pipe, stderr=pipe, start_new_session=True)
-            except OSError as e:
-                raise EmuClusterError(f"rank {r}: cannot start {command[0]!r}: {e}") from None
-            if tag_output:
-                for src, dst in ((procs[r].stdout, stdout or sys.stdout), (procs[r].stderr, stderr or sys.stderr)):
-                    t = threading.Thread(target=_pump, args=(src, dst, f"[r{r}] "), daemon=True)
-                    t.start()
-                    pumps.append(t)
-        while True:
-            running = False
-            for r, p in enumerate(procs):
-                rc = p.poll()
-                if rc is None:
-                    running = True
-                elif rc != 0 and first_fail is None:
-                    first_fail = r
-            if first_fail is not None or not running:
-                break
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                timed_out = True
-                break
-            time.sleep(0.02)
-    finally:
-        _terminate(procs, grace)
-        for t in pumps:
-            t.join(timeout=2)
-    codes = tuple(_code(p.returncode) if p is not None else None for p in procs)
-    if timed_out:
-        rc = TIMEOUT_EXIT
-    elif first_fail is not None:
-        rc = codes[first_fail]
-    else:
-        rc = 0
-    return RunResult(rc, codes, first_fail, timed_out, time.monotonic() - t0, state["id"])
+    argvs = [["ip", "netns", "exec", netns.ns_name(state["id"], h), *command] for h, _ in place]
+    envs = [rank_env(state, r, place, port, env, topology) for r in range(len(place))]
+    res = _launch.run_commands(argvs, envs, timeout=timeout, grace=grace, tag_output=tag_output, stdout=stdout,
+                               stderr=stderr)
+    return RunResult(res.returncode, res.returncodes, res.failed_rank, res.timed_out, res.seconds, state["id"])
 
 
 class _Terminated(BaseException):
