@@ -213,7 +213,7 @@ def destroyed_group_is_freed(rank: int, world: int) -> dict:
     dist.destroy_process_group(twin)
     opts = CollectiveOptions(timeout=10)
     a = allreduce(torch.full((4,), float(rank)), tree="chain", group=g, options=opts)
-    p = Placement(_topology("cpu-local"), world, group=g)
+    p = Placement(shipped("cpu-local"), world, group=g)
     b = allreduce(torch.ones(3, 2), tree="two_level", placement=p, options=opts)
     gen = torch.Generator().manual_seed(5)              # the same query and keys on every rank
     q, k = torch.randn(1, 2, 8, generator=gen), torch.randn(1, 3, 2, 8, generator=gen)

@@ -87,9 +87,8 @@ def test_a_destroyed_group_is_not_kept_alive(pool4):
     state for it in the caches (agreements, the discovered topology, its group info); once the
     group is destroyed and dropped, gc frees it: every cache holds it weakly, none keeps it alive.
     Placements compare by the group object: a second group over the same ranks is not equal."""
-    res = pool4.run("destroyed_group_is_freed", timeout=120)
-    for r, (status, got) in enumerate(res):
-        assert status == "ok", (r, got)
+    res = pool4.run(tasks.destroyed_group_is_freed, timeout=120)
+    for r, got in enumerate(res):
         assert got["sum"] == [6.0] * 4 and got["two_level"] == [[4.0, 4.0]] * 3 and got["decoded"], got
         assert got["held"]["agreements"] >= 2 and got["held"]["topology"] and got["held"]["info"], got
         assert got["freed"], f"rank {r}: the destroyed group is still alive"
