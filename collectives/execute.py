@@ -397,18 +397,6 @@ def _check_root(root: Any, what: str) -> None:
         raise CollectiveError(f"{what}: root expected an integer group rank, got {type(root).__name__} {root!r}")
 
 
-def _placement_for(placement: Placement | None, group: Any, transport: Any, what: str) -> Placement:
-    """The call's placement: the one given (its size checked against the group), else
-    ``Placement(ranks=P)`` (no topology) for the group's P ranks."""
-    if placement is None:
-        return Placement(ranks=transport.size)
-    if placement.nranks != transport.size:
-        raise PlacementError(f"{what}: the placement maps {placement.nranks} ranks, the group has {transport.size}; "
-                             f"build the placement for the group (Placement(topology, {transport.size}) or "
-                             f"group=...)")
-    return placement
-
-
 def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, placement: Placement | None,
          group: Any, out: Any, options: CollectiveOptions | None, transport: Any) -> Any:
     what = _label(collective, root)
@@ -426,18 +414,24 @@ def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, pla
         transport = TorchTransport(placement.group if placement is not None else group)
     comm = getattr(transport, "comm", None)
     check_usable(comm, what)
-    placement = _placement_for(placement, group, transport, what)
+    if placement is not None and placement.nranks != transport.size:
+        raise PlacementError(f"{what}: the placement maps {placement.nranks} ranks, the group has {transport.size}; "
+                             f"build the placement for the group (Placement(topology, {transport.size}) or "
+                             f"group=...)")
     if not (tree is None or isinstance(tree, (Tree, MultiTree))):
         tree = resolve_tree_arg(tree, files=planner.tree_files)   # a path: read again only when the file changed
     # fast path: the same call shape again (a decode loop) skips planning, layout and probing
     fkey = (collective, opts.algo, root, opts.nchunks, _ident(op), tree if isinstance(tree, str) else id(tree),
-            placement.plan_key, transport.rank, transport.size, bool(opts.check), _value_sig(x))
+            placement.plan_key if placement is not None else None, transport.rank, transport.size,
+            bool(opts.check), _value_sig(x))
     hit = planner.calls.get(fkey)
     if hit is not None and (hit[0] is op or isinstance(op, (str, Op))) and (hit[1] is tree or isinstance(tree, str)):
         prep = hit[2]
     else:
-        prep = _prepare(collective, x, op=op, tree=tree, root=root, placement=placement, options=opts,
-                        transport=transport, planner=planner)
+        # no placement: the group's P ranks without a topology
+        prep = _prepare(collective, x, op=op, tree=tree, root=root, options=opts, transport=transport,
+                        placement=placement if placement is not None else Placement(ranks=transport.size),
+                        planner=planner)
         planner.calls[fkey] = (op, tree, prep)
     opx, sched, layout, what, text, tag_base, problem = prep
     me = transport.rank

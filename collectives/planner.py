@@ -43,6 +43,7 @@ True
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
@@ -73,8 +74,12 @@ ALGOS = ("auto", "tree", "ring", "rsag", "direct")
 _ROOTED = ("chain", "binomial", "kary", "star", "two_level")
 
 
+_MISSING = object()
+
+
 class LRU:
     """A mapping of at most ``maxsize`` entries; the least recently used goes first.
+    Safe to share between threads (the in-process ranks of :mod:`treecoll.collectives.local`).
 
     >>> c = LRU(2); c["a"] = 1; c["b"] = 2; c.get("a"); c["c"] = 3
     1
@@ -87,20 +92,25 @@ class LRU:
             raise CollectiveError(f"cache: maxsize expected >= 1, got {maxsize}")
         self.maxsize = maxsize
         self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value of ``key`` (now the most recently used), or ``default``."""
+        value = self._d.get(key, _MISSING)      # one atomic lookup: no lock on the hot path
+        if value is _MISSING:
+            return default
         try:
             self._d.move_to_end(key)
-        except KeyError:
-            return default
-        return self._d[key]
+        except KeyError:                        # dropped by another thread in between: still a hit
+            pass
+        return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
-        self._d[key] = value
-        self._d.move_to_end(key)
-        while len(self._d) > self.maxsize:
-            self._d.popitem(last=False)
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
 
     def __contains__(self, key: object) -> bool:
         return key in self._d
@@ -110,15 +120,18 @@ class LRU:
 
     def keys(self) -> list:
         """The keys, least recently used first."""
-        return list(self._d)
+        with self._lock:
+            return list(self._d)
 
     def values(self) -> list:
         """The values, least recently used first."""
-        return list(self._d.values())
+        with self._lock:
+            return list(self._d.values())
 
     def clear(self) -> None:
         """Drop every entry."""
-        self._d.clear()
+        with self._lock:
+            self._d.clear()
 
 
 class _CommCache:
@@ -149,6 +162,7 @@ class Planner:
         self._max_entries, self._max_scratch = max_entries, max_scratch
         self._comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._topologies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         """Entries held in all caches (per-communicator ones included)."""
@@ -171,7 +185,10 @@ class Planner:
             return _CommCache(self._max_entries, self._max_scratch)
         hit = self._comms.get(comm)
         if hit is None:
-            hit = self._comms[comm] = _CommCache(self._max_entries, self._max_scratch)
+            with self._lock:
+                hit = self._comms.get(comm)
+                if hit is None:
+                    hit = self._comms[comm] = _CommCache(self._max_entries, self._max_scratch)
         return hit
 
     def group_topology(self, group: Any, make: Callable[[], Topology]) -> Topology:
