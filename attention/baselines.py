@@ -44,19 +44,36 @@ treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from treecoll.attention.decode import decode_partial
-from treecoll.attention.dist import agree_on_inputs, group_info, to_global
+from treecoll.attention.dist import agree_on_inputs
 from treecoll.attention.state import empty_state, merge, online_to_state
 from treecoll.attention.validate import check_decode_inputs
+from treecoll.collectives.group import group_info
+from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
 
 
-def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
-                root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
-    """Ring Attention decoding; same parameters and result as :func:`treecoll.attention.tree_decode`.
+def _group_of(placement: Placement | None, group: Any) -> Any:
+    """The process group of a call: the placement's, or ``group`` (not both)."""
+    if placement is None:
+        return group
+    if group is not None:
+        raise AttentionError("placement: got a placement and a group; pass the group inside the Placement")
+    return placement.group
+
+
+def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
+                placement: Placement | None = None, group: Any = None, tree: Any = "auto", topology: Any = None,
+                root_only: bool = False, scale: float | None = None, check: bool = True,
+                return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Ring Attention decoding; same parameters and result as :func:`treecoll.attention.tree_decode`
+    (of a ``placement``, only its process group matters here).
 
     ``check`` is accepted for symmetry: the ring always all-gathers every rank's
     shipped prefix length (it sizes the receive buffers with them), and that
@@ -64,7 +81,9 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     travels with its per-sequence lengths (int32 [batch], a third message).
     """
     del tree, topology, root_only, check
-    rank, size = group_info(group)
+    group = _group_of(placement, group)
+    info = group_info(group, single_process=True)
+    rank, size = info.rank, info.size
     if size == 1:
         out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
         return (out, lse) if return_lse else out
@@ -81,7 +100,7 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     prefixes = table[:, -2].tolist()  # valid positions each rank ships (max of its kv_len)
     _, _, kv_heads, head_dim = k_shard.shape
     batch, q_heads, _ = q.shape
-    nxt, prv = to_global(group, (rank + 1) % size), to_global(group, (rank - 1) % size)
+    nxt, prv = info.to_global((rank + 1) % size), info.to_global((rank - 1) % size)
     per_token = batch * kv_heads * head_dim
     cap = max(prefixes) * per_token
     # double-buffered receive space; the shard in hand is sent while the next one arrives
@@ -122,12 +141,16 @@ def ring_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
     return (out, lse) if return_lse else out
 
 
-def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
-                      root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False):
+def allreduce3_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
+                      placement: Placement | None = None, group: Any = None, tree: Any = "auto",
+                      topology: Any = None, root_only: bool = False, scale: float | None = None, check: bool = True,
+                      return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The paper's three all-reduces (max, numerator, denominator); same
-    parameters and result as :func:`treecoll.attention.tree_decode`."""
+    parameters and result as :func:`treecoll.attention.tree_decode` (of a ``placement``,
+    only its process group matters here)."""
     del tree, topology, root_only
-    _, size = group_info(group)
+    group = _group_of(placement, group)
+    size = group_info(group, single_process=True).size
     if check and size > 1:
         agree_on_inputs("allreduce3_decode", group, q, k_shard, v_shard, kv_len, scale)
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
@@ -137,7 +160,7 @@ def allreduce3_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="aut
     return (out, lse) if return_lse else out
 
 
-def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None):
+def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The communication part of :func:`allreduce3_decode` for states already
     computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
     (natural log) -> the merged ``(out, lse)`` on every rank."""
@@ -166,7 +189,7 @@ def _methods():
 METHODS = ("tree", "ring", "allreduce3")
 
 
-def method(name: str):
+def method(name: str) -> Callable[..., Any]:
     """The decode function named ``name`` (one of :data:`METHODS`)."""
     table = _methods()
     if name not in table:

@@ -43,16 +43,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
 from treecoll.collectives.sim.simulator import (
     DTYPE_SIZES,
     NCCL_TREE_RUN,
-    rank_gpus_of,
+    placed,
     simulate,
     simulate_nccl_allreduce,
 )
+from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
+from treecoll.topo.ranks import RanksArg
 
 __all__ = ["DecodeShape", "decode_step", "paper_volumes", "paper_memory", "PAPER_SEQ_LENS", "PAPER_HOSTS",
            "LLAMA31_8B", "PAPER_SHAPE", "METHODS"]
@@ -114,18 +118,21 @@ def paper_memory(shape: DecodeShape, p: int) -> dict[str, float]:
     return {"ring": 4 * b * t * dkv + 2 * b * d, "tree": tree, "allreduce3": tree}
 
 
-def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_level", nchunks: int = 1,
-                profile="auto", methods=METHODS) -> dict:
+def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: RanksArg = None,
+                tree: str = "two_level", nchunks: int = 1, profile: Any = "auto",
+                methods: tuple[str, ...] = METHODS) -> dict:
     """Time, volume and memory of one decode step for each method in ``methods`` (plain dict).
 
-    ``ranks``: GPUs (ids, or a count of the first ranks), default all.
+    ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology with
+    ``ranks`` (a count of the first ranks, or GPUs; default all), under the one rank rule.
     ``tree``: the builder used by ``tree``. ``profile``: a simulator profile
     or ``"auto"`` (fastest NCCL protocol per collective).
     """
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise CollectiveError(f"decode methods {bad}: expected some of {list(METHODS)}")
-    gpus = rank_gpus_of(topology, ranks)
+    p = as_placement(placement, ranks, what="decode model")
+    topology, gpus = placed(p, what="decode model")
     P = len(gpus)
     item = DTYPE_SIZES[shape.dtype]
     b, H, D, Hkv = shape.batch, shape.heads, shape.head_dim, shape.kv_heads
@@ -148,11 +155,10 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
             # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
             opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
                 {"nbytes": state_bytes} if tree == "auto" else {})
-            plan = builders.build(tree, topology, list(gpus), **opts)
+            plan = builders.build(tree, p, **opts)
             sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
-            best = min((simulate(topology, sched, state_bytes, ranks=gpus, profile=p.for_tree_allreduce(),
-                                 **NCCL_TREE_RUN) for p in _profiles(profile, state_bytes, topology, gpus)),
-                       key=lambda r: r.time)
+            best = min((simulate(p, sched, state_bytes, profile=pr.for_tree_allreduce(), **NCCL_TREE_RUN)
+                        for pr in _profiles(profile, state_bytes, topology, gpus)), key=lambda r: r.time)
             comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \
                 max(best.peak_scratch)
             total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))
@@ -164,7 +170,7 @@ def decode_step(topology, shape: DecodeShape, *, ranks=None, tree: str = "two_le
         comm, sent, peak = 0.0, 0.0, 0.0
         for nbytes in (4 * b * H, 4 * b * H, 4 * b * H * D):
             if P > 1:
-                r = simulate_nccl_allreduce(topology, nbytes, ranks=gpus, profile=profile)[1]
+                r = simulate_nccl_allreduce(p, nbytes, profile=profile)[1]
                 comm += r.time
                 sent += 2 * (P - 1) / P * nbytes
                 peak = max(peak, max(r.peak_scratch))

@@ -1,9 +1,10 @@
 """Process-group plumbing shared by the distributed decoders (tree, ring, 3 all-reduces).
 
-* :func:`group_info` / :func:`to_global`: group-local rank and size (a process
-  without an initialised default group is a group of one), and the one place
-  where a group-local rank is translated to the global rank that
-  ``torch.distributed``'s point-to-point calls take.
+* group-local rank and size, and the translation of a group rank to the global
+  rank that ``torch.distributed``'s point-to-point calls take, come from the one
+  place treecoll has them: :func:`treecoll.collectives.group.group_info` (the
+  decoders pass ``single_process=True``: a process without an initialised
+  default group is a group of one).
 * :func:`check_same_signature`: one small ``all_gather`` of integer signatures
   so that ranks that disagree on shapes or dtypes raise
   :class:`~topo.errors.AttentionError` (naming every rank's value) instead of
@@ -22,11 +23,10 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+from treecoll.collectives.group import group_info
 from treecoll.topo.errors import AttentionError
 
 __all__ = [
-    "group_info",
-    "to_global",
     "check_same_signature",
     "Traffic",
     "count_traffic",
@@ -40,27 +40,6 @@ def _dist():
     return dist
 
 
-def group_info(group=None) -> tuple[int, int]:
-    """``(rank, size)`` of this process in ``group`` (group-local); ``(0, 1)`` when
-    torch.distributed is unavailable or not initialised."""
-    dist = _dist()
-    if not dist.is_available() or not dist.is_initialized():
-        if group is not None:
-            raise AttentionError(
-                "group: expected an initialised torch.distributed default group when a group is given, "
-                "got none; call torch.distributed.init_process_group first"
-            )
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def to_global(group, rank: int) -> int:
-    """Global rank of group-local ``rank`` (identity for the default group)."""
-    if group is None:
-        return rank
-    return _dist().get_global_rank(group, rank)
-
-
 def check_same_signature(values, names, where: str, group=None, *, allow_differ=()) -> torch.Tensor:
     """All-gather one int64 vector per rank and raise if ranks disagree.
 
@@ -71,7 +50,7 @@ def check_same_signature(values, names, where: str, group=None, *, allow_differ=
     Raises :class:`AttentionError` on every rank: ``"<where>: ranks disagree on
     <name>: expected the same value on every rank, got rank 0: x, rank 1: y"``.
     """
-    rank, size = group_info(group)
+    size = group_info(group, single_process=True).size
     mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
     if size == 1:
         return mine.unsqueeze(0)

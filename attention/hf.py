@@ -130,9 +130,9 @@ def tree_attention_forward(module, query, key, value, attention_mask=None, scali
     """
     s = _SESSION.get()
     if s is None:
-        raise AttentionError(f"{NAME} attention: expected a call inside treecoll.attention.hf.generate (it owns the sharded "
-                             f"KV cache), got a model call outside it; use treecoll.attention.hf.generate(model, input_ids, "
-                             f"new_tokens)")
+        raise AttentionError(f"{NAME} attention: expected a call inside treecoll.attention.hf.generate (it owns "
+                             f"the sharded KV cache), got a model call outside it; use "
+                             f"treecoll.attention.hf.generate(model, input_ids, new_tokens)")
     layer = getattr(module, "layer_idx", None)
     if not isinstance(layer, int):
         raise AttentionError(f"{NAME} attention: {type(module).__name__}: expected an int layer_idx, got {layer!r}")
@@ -167,7 +167,8 @@ def register() -> str:
     tf = _transformers()
     iface = getattr(tf, "AttentionInterface", None)
     if iface is None:
-        raise MissingDependency("transformers>=4.49", "treecoll.attention.hf (transformers.AttentionInterface)", extra="hf")
+        raise MissingDependency("transformers>=4.49", "treecoll.attention.hf (transformers.AttentionInterface)",
+                                extra="hf")
     iface.register(NAME, tree_attention_forward)
     return NAME
 
@@ -231,7 +232,8 @@ def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, g
     """
     from treecoll.attention.baselines import METHODS
     from treecoll.attention.baselines import method as decode_method
-    from treecoll.attention.dist import check_same_signature, group_info
+    from treecoll.attention.dist import check_same_signature
+    from treecoll.collectives.group import group_info
 
     register()
     attend = decode_method(method)
@@ -249,7 +251,8 @@ def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, g
         raise AttentionError(f"{NAME} generate: lengths: expected {batch} values in [1, {seq}], got {lengths.tolist()}")
     cfg = model.config
     _check_config(cfg, int(lengths.max()) + new_tokens)
-    rank, world = group_info(group)
+    info = group_info(group, single_process=True)
+    rank, world = info.rank, info.size
     check_same_signature(
         [batch, seq, new_tokens, _digest(input_ids), _digest(lengths), cfg.num_hidden_layers, block_size,
          list(METHODS).index(method)],

@@ -333,9 +333,10 @@ class LlamaModel:
         ``group`` (every rank of the group calls this with the same arguments and
         gets the same tokens; without a group: one process, the whole cache).
         """
-        from treecoll.attention.dist import group_info
+        from treecoll.collectives.group import group_info
 
-        rank, world = group_info(group)
+        info = group_info(group, single_process=True)
+        rank, world = info.rank, info.size
         batch, seq = tokens.shape
         cache = self.new_cache(batch, seq + new_tokens, rank=rank, world=world, block_size=block_size)
         logits = self.prefill(tokens, cache, lengths)

@@ -13,147 +13,141 @@ Every rank of a process group holds a slice of each sequence's keys and values
    :func:`collectives.reduce`: one message per tree edge, whatever the context
    length.
 3. The root's merged state is broadcast down the same tree (the reduction and
-   the broadcast run as one compiled schedule, ``collectives.allreduce(algo="tree")``),
-   so every rank returns the same output.  With
+   the broadcast run as one compiled schedule, ``collectives.allreduce`` with
+   ``algo="tree"``), so every rank returns the same output.  With
    ``root_only=True`` the broadcast is skipped: only the tree root's return
    value is the attention output; the other ranks return their partially
    merged subtree state (meaningless to callers).  :func:`tree_root` tells which
    rank is the root.
 
-``tree="auto"`` builds the two-level tree (``treecoll.collectives.builders.build
-("two_level", topology, range(P), rails=False)``: one tree, since the packed
-state is merged whole, never split over rails) for the group's topology: ``topology`` if
-given; else :func:`topo.discover_cluster` over the group when that function
-exists; else a CPU-local topology of the group (one host, ``P`` rank slots:
-:func:`treecoll.topo.discover.cpu_only_host`), which is what a gloo group on one machine
-is.  The tree is built once per (group, topology) and cached.  ``tree`` may also
-be a :class:`collectives.Tree` over ``P`` ranks (built, imported or hand-made)
-or another builder name of the ``treecoll.collectives.builders`` registry.
+Where the ranks run is a :class:`~treecoll.collectives.placement.Placement`
+(``placement=``); without one, :func:`group_placement` makes it from ``group``
+and ``topology``: the given topology (group rank r on its r-th GPU), else
+:func:`topo.discover_cluster` over the group (a collective: every rank calls
+it; the planner keeps its result while the group lives), else a CPU-local
+topology of the group (one host, ``P`` rank slots:
+:func:`treecoll.topo.discover.cpu_only_host`), which is what a gloo group on one
+machine is.
+
+``tree`` takes what the executor's ``tree=`` takes (through the same
+:meth:`~treecoll.collectives.planner.Planner.plan_for`): a
+:class:`collectives.Tree` over the group, a multitree of one tree, a loaded tree
+file, a tree file path, a builder name, or ``"auto"``: the two-level builder
+without rails (``two_level`` with ``rails=False``: one tree, since the packed
+state is merged whole, never split over rails; an explicit ``"two_level"`` is
+built so too).  Trees are kept by the planner per (placement, tree).
 
 Compared with the paper's Algorithm 3 (all-reduce max, then numerator, then
 denominator; :func:`treecoll.attention.baselines.allreduce3_decode`) this sends one
 packed message per edge instead of three collectives, keeps the LSE exact (the
 merge is the float32 max-shifted log-sum-exp), and follows the topology.
+
+>>> from treecoll.collectives import Placement
+>>> resolve_tree("kary:3", placement=Placement(ranks=7)).children[0]
+(1, 3, 5)
+>>> resolve_tree("double_binary", placement=Placement(ranks=4))
+Traceback (most recent call last):
+...
+treecoll.topo.errors.AttentionError: tree: 'double_binary' is a MultiTree of 2 trees (...), expected one Tree: ...
 """
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import torch
 from treecoll.attention.decode import decode_partial
-from treecoll.attention.dist import agree_on_inputs, group_info
+from treecoll.attention.dist import agree_on_inputs
 from treecoll.attention.state import MergeOp, pack_state, unpack_state
+from treecoll.collectives.execute import CollectiveOptions
+from treecoll.collectives.group import group_info, resolve_group
+from treecoll.collectives.placement import Placement, as_placement
+from treecoll.collectives.planner import default_planner
+from treecoll.collectives.tree import MultiTree, Tree
+from treecoll.topo import Topology
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["group_topology", "resolve_tree", "tree_combine", "tree_decode", "tree_root"]
+__all__ = ["group_placement", "resolve_tree", "tree_combine", "tree_decode", "tree_root"]
 
 #: how :func:`tree_combine` returns the merged state to every rank
 BCAST_MODES = ("tree", "separate", "native")
-_TREE_CACHE: dict = {}
-_TOPO_CACHE: dict = {}
+#: the reduction and the broadcast down the same tree, one compiled schedule
+_TREE_ALLREDUCE = CollectiveOptions(algo="tree")
 
 
-def _group_key(group):
-    """Cache key of a process group: the group object (the default group's
-    current object when None), so a re-initialised default group misses."""
-    _, size = group_info(group)
-    if size == 1:
-        return ("single",)
-    import torch.distributed as dist
+def group_placement(group: Any = None, topology: Topology | None = None, *,
+                    placement: Placement | None = None) -> Placement:
+    """The placement a decode call runs on: ``placement`` if given (``group`` and
+    ``topology`` must then be None), else one made from the loose arguments (see the
+    module docstring): ``topology`` if given, else the group's discovered topology, else
+    a CPU-local one; group rank r on the topology's r-th GPU (for a subgroup, pass a
+    topology whose ranks are mapped so).  A process without torch.distributed is a
+    group of one."""
+    if placement is not None:
+        if topology is not None:
+            raise AttentionError("placement: got a placement and a topology; pass the topology inside the "
+                                 "Placement")
+        return as_placement(placement, group=group)
+    size = group_info(group, single_process=True).size
+    if topology is None:
+        topology = _discovered(group, size)
+    return Placement(topology, size, group=group)
 
-    pg = group if group is not None else dist.group.WORLD
-    return (id(pg), size, dist.get_rank(group))
 
-
-def group_topology(group=None, topology=None):
-    """The topology ``tree="auto"`` uses for ``group``: ``topology`` if given;
-    ``topo.discover_cluster(group)`` if the topo package provides it (a collective:
-    every rank calls it; cached per group, so it runs on the first call only); else a
-    CPU-local topology: one host ``"local"`` with one NUMA domain and ``P`` rank
-    slots (kind ``gpu``, model ``"cpu"``), as :func:`treecoll.topo.discover.cpu_only_host`
-    builds for a GPU-less machine.  The fallback is right for a gloo group on one
-    machine; for a group spanning hosts pass ``topology`` (or use discovery).
-    A given topology's rank ``r`` (:meth:`topo.Topology.rank_gpus`) is taken to be
-    group rank ``r``: for a subgroup, pass a topology whose ranks are mapped so."""
-    if topology is not None:
-        return topology
+def _discovered(group: Any, size: int) -> Topology:
+    """What ``tree="auto"`` plans on without a topology (kept per group by the planner)."""
     from treecoll import topo
 
-    key = _group_key(group)
-    hit = _TOPO_CACHE.get(key)
-    if hit is not None:
-        return hit[1]
+    if size == 1:
+        return _cpu_local(1)
     discover_cluster = getattr(topo, "discover_cluster", None)
-    if discover_cluster is not None and group_info(group)[1] > 1:
-        found = discover_cluster(group)
-        _TOPO_CACHE[key] = (group if group is not None else _world(), found)
-        return found
-    from treecoll.topo import Topology
+    make = (lambda: discover_cluster(group)) if discover_cluster is not None else (lambda: _cpu_local(size))
+    return default_planner().group_topology(resolve_group(group), make)
+
+
+def _cpu_local(size: int) -> Topology:
     from treecoll.topo.discover import cpu_only_host
 
-    size = group_info(group)[1]
-    local = Topology(cpu_only_host("local", {0: ""}, size), name="local-cpu",
-                     meta={"source": "treecoll.attention.tree_decode: CPU-local fallback, one host with "
-                                     f"{size} rank slots"})
-    _TOPO_CACHE[key] = (group if group is not None else _world(), local)
-    return local
+    return Topology(cpu_only_host("local", {0: ""}, size), name="local-cpu",
+                    meta={"source": f"treecoll.attention.tree_decode: CPU-local fallback, one host with {size} "
+                                    f"rank slots"})
 
 
-def _world():
-    import torch.distributed as dist
-
-    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-
-
-def resolve_tree(tree="auto", *, group=None, topology=None):
+def resolve_tree(tree: Any = "auto", *, placement: Placement | None = None, group: Any = None,
+                 topology: Topology | None = None) -> Tree:
     """The :class:`collectives.Tree` a call with these arguments reduces over.
 
-    ``tree``: a ``Tree`` (its size must equal the group's), ``"auto"`` (the
-    two-level builder on :func:`group_topology`) or a builder name of
-    ``treecoll.collectives.builders``.  Cached per (group, tree, topology fingerprint).
+    ``tree``: anything the executor's ``tree=`` takes, or ``"auto"`` (module docstring);
+    it must be ONE tree over the placement's ranks (:class:`AttentionError` for a
+    multitree of several, :class:`~treecoll.topo.errors.TreeError` for another size).
+    Kept by the planner per (placement, tree).
     """
-    from treecoll.collectives import Tree
-
-    _, size = group_info(group)
-    if isinstance(tree, Tree):
-        if tree.size != size:
-            raise AttentionError(
-                f"tree: expected a Tree over the group's {size} ranks, got one over {tree.size} ranks; "
-                f"build it for the group size"
-            )
-        return tree
-    if not isinstance(tree, str):
-        raise AttentionError(f"tree: expected 'auto', a builder name or a collectives.Tree, got {type(tree).__name__}")
-    topology = group_topology(group, topology)
-    key = (_group_key(group), tree, topology.fingerprint())
-    hit = _TREE_CACHE.get(key)
-    if hit is not None:
-        return hit[1]
-    from treecoll.collectives import builders
-
+    p = group_placement(group, topology, placement=placement)
     name = "two_level" if tree == "auto" else tree
-    opts = {"rails": False} if name == "two_level" else {}
-    built = builders.build(name, topology, list(range(size)), **opts)
-    if not isinstance(built, Tree):
-        raise AttentionError(
-            f"tree: the {name!r} builder returned a {type(built).__name__} (a message split over several "
-            f"trees), expected one Tree: the packed attention state is merged whole; pick a single-tree builder"
-        )
-    if built.size != size:
-        raise AttentionError(
-            f"tree: the {name!r} builder returned a tree over {built.size} ranks, expected {size} "
-            f"(the group's size); the topology {topology.name!r} has {len(topology.gpus())} GPUs"
-        )
-    _TREE_CACHE[key] = (group if group is not None else _world(), built)
-    return built
+    opts = {"rails": False} if isinstance(name, str) and name.partition(":")[0] == "two_level" else None
+    plan = default_planner().plan_for(name, collective="allreduce", nbytes=0, placement=p, builder_opts=opts)
+    if isinstance(plan, MultiTree):
+        if len(plan.trees) != 1:
+            label = f"{tree!r}" if isinstance(tree, str) else "the tree given"
+            raise AttentionError(f"tree: {label} is a MultiTree of {len(plan.trees)} trees (a message split over "
+                                 f"several trees), expected one Tree: the packed attention state is merged whole; "
+                                 f"pick a single-tree builder or tree file")
+        plan = plan.trees[0]
+    return plan
 
 
-def tree_root(tree="auto", *, group=None, topology=None) -> int:
-    """Group-local rank of the tree root (where ``root_only`` results are valid)."""
-    return resolve_tree(tree, group=group, topology=topology).root
+def tree_root(tree: Any = "auto", *, placement: Placement | None = None, group: Any = None,
+              topology: Topology | None = None) -> int:
+    """Group-local rank of the tree root (where ``root_only`` results are valid).
+
+    >>> from treecoll.collectives import Placement
+    >>> tree_root("chain", placement=Placement(ranks=3))
+    0
+    """
+    return resolve_tree(tree, placement=placement, group=group, topology=topology).root
 
 
-def _fingerprint_int(t) -> int:
+def _fingerprint_int(t: Tree) -> int:
     return int(hashlib.sha256(t.fingerprint().encode()).hexdigest()[:15], 16)
 
 
@@ -167,8 +161,9 @@ def _merge_op(batch: int, heads: int, head_dim: int):
                       commutative=True, chunkable=False)
 
 
-def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto", topology=None,
-                 root_only: bool = False, bcast: str = "tree"):
+def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement | None = None, group: Any = None,
+                 tree: Any = "auto", topology: Topology | None = None, root_only: bool = False,
+                 bcast: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
     """Merge every rank's state through the tree (the communication part of
     :func:`tree_decode`, for states already computed).
 
@@ -178,9 +173,10 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     the policy of :mod:`treecoll.attention.state`: a rank's NaN or ``+inf`` lse makes that
     row NaN on every rank; the other rows keep every rank's contribution.  The callers check
     that ranks agree on shapes (:func:`tree_decode` does, with ``check``).
+    ``placement`` (or ``group`` and ``topology``) and ``tree``: see the module docstring.
     ``bcast``: how the result goes back down the tree: ``"tree"`` (the default:
     the reduction and the broadcast down the same tree compiled as ONE schedule,
-    ``collectives.allreduce(algo="tree")``, so a rank forwards the merged state
+    ``collectives.allreduce`` with ``algo="tree"``, so a rank forwards the merged state
     to its children as soon as it has it, without a second collective call),
     ``"separate"`` (``collectives.reduce`` then ``collectives.broadcast``: the
     same messages in two calls) or ``"native"`` (``collectives.reduce``, then
@@ -191,33 +187,34 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, group=None, tree="auto
     if bcast not in BCAST_MODES:
         raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
     batch, heads, head_dim = out.shape
-    _, size = group_info(group)
-    if size == 1:
+    p = group_placement(group, topology, placement=placement)
+    if p.nranks == 1:
         return out, lse
-    t = resolve_tree(tree, group=group, topology=topology)
+    t = resolve_tree(tree, placement=p)
     from treecoll import collectives
 
     buf = pack_state(out, lse)
     op = _merge_op(batch, heads, head_dim)
     if not root_only and bcast == "tree":
-        collectives.allreduce(buf, op=op, tree=t, algo="tree", group=group, out=buf)
+        collectives.allreduce(buf, op=op, tree=t, placement=p, out=buf, options=_TREE_ALLREDUCE)
         return unpack_state(buf, batch, heads, head_dim)
     # in place on the packed buffer: the root ends with the merged state, the
     # other ranks with their subtree's partial state (overwritten by the broadcast)
-    collectives.reduce(buf, root=t.root, op=op, tree=t, group=group, out=buf)
+    collectives.reduce(buf, root=t.root, op=op, tree=t, placement=p, out=buf)
     if not root_only and bcast == "native":
         import torch.distributed as dist
-        from treecoll.attention.dist import to_global
 
-        dist.broadcast(buf, to_global(group, t.root), group=group)
+        dist.broadcast(buf, group_info(p.group).to_global(t.root), group=p.group)
     elif not root_only:
-        collectives.broadcast(buf, root=t.root, tree=t, group=group, out=buf)
+        collectives.broadcast(buf, root=t.root, tree=t, placement=p, out=buf)
     return unpack_state(buf, batch, heads, head_dim)
 
 
-def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", topology=None,
-                root_only: bool = False, scale=None, check: bool = True, return_lse: bool = False,
-                bcast: str = "tree"):
+def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
+                placement: Placement | None = None, group: Any = None, tree: Any = "auto",
+                topology: Topology | None = None, root_only: bool = False, scale: float | None = None,
+                check: bool = True, return_lse: bool = False,
+                bcast: str = "tree") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a KV cache sharded along the sequence, combined by one tree reduction.
 
     Parameters
@@ -228,10 +225,13 @@ def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
         differ between ranks and be 0).
     kv_len : valid local keys per sequence, int or [batch] (default ``seq_local``);
         0 means this rank holds nothing of that sequence.
+    placement : :class:`~treecoll.collectives.placement.Placement` of the group's ranks
+        (its process group; its topology for ``"auto"``).  Without one:
     group : torch.distributed process group (default: the default group; a
-        process without torch.distributed initialised is a group of one).
-    tree : ``"auto"``, a builder name, or a :class:`collectives.Tree` over the group.
-    topology : :class:`topo.Topology` for ``"auto"`` (see :func:`group_topology`).
+        process without torch.distributed initialised is a group of one), and
+    topology : :class:`topo.Topology` for ``"auto"`` (see :func:`group_placement`).
+    tree : ``"auto"``, a builder name, a :class:`collectives.Tree` over the group, a
+        tree file or its path (module docstring).
     root_only : skip the broadcast; only the root rank's output is meaningful.
     scale : score scale, default ``1/sqrt(head_dim)``.
     check : all-gather a small signature first (batch, heads, head_dim, dtypes,
@@ -247,12 +247,13 @@ def tree_decode(q, k_shard, v_shard, *, kv_len=None, group=None, tree="auto", to
         concatenation of all shards (within the kernels' tolerances); with
         ``return_lse``, ``(out, lse)``.
     """
-    _, size = group_info(group)
-    t = resolve_tree(tree, group=group, topology=topology) if size > 1 else None
+    p = group_placement(group, topology, placement=placement)
+    size = p.nranks
+    t = resolve_tree(tree, placement=p) if size > 1 else None
     if check and size > 1:
-        agree_on_inputs("tree_decode", group, q, k_shard, v_shard, kv_len, scale,
+        agree_on_inputs("tree_decode", p.group, q, k_shard, v_shard, kv_len, scale,
                         extra=(_fingerprint_int(t), int(root_only)), extra_names=("tree fingerprint", "root_only"))
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
     if size > 1:
-        out, lse = tree_combine(out, lse, group=group, tree=t, root_only=root_only, bcast=bcast)
+        out, lse = tree_combine(out, lse, placement=p, tree=t, root_only=root_only, bcast=bcast)
     return (out, lse) if return_lse else out

@@ -2,12 +2,13 @@
 
 Public API (stable; the simulator and the CLI use it)::
 
-    build(name, topology=None, ranks=None, *, nranks=None, **opts) -> Tree | MultiTree
+    build(name, placement=None, ranks=None, *, nranks=None, **opts) -> Tree | MultiTree
     BUILDERS: dict name -> builder(topology, gpus, nranks, **opts)
     leader_of(topology, gpus, members) -> int
 
-``ranks`` maps group rank -> GPU id of ``topology`` (GPU ids or topology rank
-numbers; default ``topology.rank_gpus()``); builders that ignore the topology
+``placement`` is a :class:`~treecoll.collectives.placement.Placement` (or a
+topology with ``ranks``: the GPU of each group rank, under the one rank rule
+of :func:`treecoll.topo.ranks.resolve_gpus`); builders that ignore the topology
 (``chain``, ``binomial``, ``kary``, ``star``, ``double_binary``) only need
 ``nranks``. ``name`` may carry one argument after a colon: ``"kary:4"``.
 
@@ -49,8 +50,10 @@ from typing import Any
 
 from treecoll.topo import NCCL_CLASSES, Topology
 from treecoll.topo.errors import TreeError
+from treecoll.topo.ranks import RanksArg
 
-from .cost import CostModel, resolve_ranks
+from .cost import CostModel
+from .placement import Placement, as_placement
 from .tree import MultiTree, Tree
 
 __all__ = ["BUILDERS", "build", "chain", "binomial", "kary", "star", "double_binary", "two_level", "auto",
@@ -281,8 +284,7 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
 
 
 def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, intra: str = "auto",
-              inter: str = "binomial",
-              rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
+              inter: str = "binomial", rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
               collective: str = "allreduce", model: CostModel | None = None) -> Tree | MultiTree:
     """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
 
@@ -386,8 +388,8 @@ def _candidates(topology: Topology | None, gpus: Sequence[str] | None, n: int, n
     return uniq
 
 
-def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, nbytes: int = 1 << 20, op: Any = None,
-         collective: str = "allreduce", root: int | None = None, search: bool = True,
+def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, nbytes: int = 1 << 20,
+         op: Any = None, collective: str = "allreduce", root: int | None = None, search: bool = True,
          search_limit: int = 8, starts: int = 4, kicks: int = 16, exact_limit: int = 5,
          model: CostModel | None = None) -> Tree | MultiTree:
     """The tree with the least predicted time for ``collective`` on ``nbytes``.
@@ -530,13 +532,14 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
-def build(name: str, topology: Topology | None = None, ranks: Sequence | None = None, *,
+def build(name: str, placement: Placement | Topology | None = None, ranks: RanksArg = None, *,
           nranks: int | None = None, **opts: Any) -> Tree | MultiTree:
     """Build the tree ``name`` (``"kary:4"`` passes k=4) over group ranks 0..P-1.
 
-    ``ranks``: GPU ids (or topology rank numbers) per group rank, default
-    ``topology.rank_gpus()``; without a topology only ``nranks`` (or
-    ``len(ranks)``) matters and topology-aware builders fail.
+    ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology /
+    None with ``ranks`` (a count, or a GPU id / topology rank per group rank) and
+    ``nranks`` as :func:`~treecoll.collectives.placement.as_placement` takes them.
+    Without a topology only the rank count matters and topology-aware builders fail.
     """
     base, _, arg = str(name).partition(":")
     if base not in BUILDERS:
@@ -548,13 +551,7 @@ def build(name: str, topology: Topology | None = None, ranks: Sequence | None = 
             opts["k"] = int(arg)
         except ValueError:
             raise TreeError(f"builder {name!r}: expected an integer fan-out after ':'") from None
-    gpus: tuple[str, ...] | None
-    if topology is not None:
-        topology, gpus = resolve_ranks(topology, ranks, nranks)
-        n: int | None = len(gpus)
-    else:
-        n = len(ranks) if ranks is not None else nranks
-        gpus = tuple(ranks) if ranks is not None else None
-    if n is None or n < 1:
+    if placement is None and ranks is None and nranks is None:
         raise TreeError(f"builder {name!r}: expected a topology, ranks or nranks >= 1, got none")
-    return BUILDERS[base](topology, gpus, n, **opts)
+    p = as_placement(placement, ranks, nranks=nranks, what=f"builder {name!r}")
+    return BUILDERS[base](p.topology, p.gpus, p.nranks, **opts)

@@ -45,14 +45,17 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import networkx as nx
-from treecoll.topo import Topology
+from treecoll.topo import Path, Topology
 from treecoll.topo.errors import TreeError
+from treecoll.topo.ranks import RanksArg
 
 from .in_network import nvls_domains
+from .placement import Placement, as_placement
 from .tree import MultiTree, Tree, as_multi
 
-__all__ = ["CostModel", "uniform_topology", "p2p_time", "reduce_time", "DEFAULT_MEM_BW", "MSG_OVERHEAD",
-           "UNIFORM_BW", "UNIFORM_LAT", "CHUNK_CANDIDATES"]
+__all__ = ["CostModel", "uniform_topology", "placed_gpus", "nchunks_for", "p2p_time", "reduce_time",
+           "DEFAULT_MEM_BW", "MSG_OVERHEAD", "UNIFORM_BW", "UNIFORM_LAT", "CHUNK_CANDIDATES", "CHUNK_BYTES",
+           "MAX_CHUNKS", "MIN_CHUNK_BYTES"]
 
 #: GB/s used for the reduction compute when a GPU has no ``mem_bw``: assumed, the
 #: order of an A100-40GB's HBM2 (1555 GB/s, NVIDIA A100 datasheet).
@@ -67,6 +70,14 @@ UNIFORM_LAT = 0.5
 MSG_OVERHEAD = 1.0e-6
 #: chunk counts tried by :meth:`CostModel.best_nchunks`
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: :func:`nchunks_for` without a topology: target bytes per chunk ...
+CHUNK_BYTES = 1 << 20
+#: ... and most chunks per tree
+MAX_CHUNKS = 16
+#: smallest chunk :func:`nchunks_for` picks from the model: below it the per-message cost of the
+#: transport (tens of µs with gloo, not in the model) outweighs pipelining (NCCL's own tree chunks
+#: are of this order)
+MIN_CHUNK_BYTES = 256 << 10
 
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
 
@@ -96,56 +107,55 @@ def reduce_time(mem_bw_gbps: float, nbytes: float) -> float:
     return 3.0 * nbytes / (mem_bw_gbps * 1e9)
 
 
-def resolve_ranks(topology: Topology | None, ranks: Sequence | None,
-                  nranks: int | None) -> tuple[Topology, tuple[str, ...]]:
-    """(topology, GPU id per group rank): ``ranks`` are GPU ids or indices into
-    ``topology.rank_gpus()``; without a topology, a :func:`uniform_topology`."""
-    if topology is None:
-        n = len(ranks) if ranks is not None else nranks
-        if n is None or n < 1:
-            raise TreeError("ranks: expected a topology, a ranks list or nranks >= 1, got none of them")
-        topology = uniform_topology(n)
+def placed_gpus(placement: Placement) -> tuple[Topology, tuple[str, ...]]:
+    """The topology and the GPU of every rank that the models use for ``placement``: its
+    own, or :func:`uniform_topology` (P GPUs on one switch) when it has none."""
+    if placement.topology is None:
+        topology = uniform_topology(placement.nranks)
         return topology, topology.rank_gpus()
-    all_gpus = topology.rank_gpus()
-    if ranks is None:
-        ranks = all_gpus if nranks is None else all_gpus[:nranks]
-        if nranks is not None and nranks > len(all_gpus):
-            raise TreeError(f"ranks: nranks {nranks} exceeds the {len(all_gpus)} GPUs of topology {topology.name!r}")
-    out = []
-    for i, r in enumerate(ranks):
-        if isinstance(r, int) and not isinstance(r, bool):
-            if not 0 <= r < len(all_gpus):
-                raise TreeError(f"ranks[{i}]: expected a rank in 0..{len(all_gpus) - 1} of topology "
-                                f"{topology.name!r}, got {r}")
-            out.append(all_gpus[r])
-        else:
-            if r not in topology.graph or topology.node(r)["kind"] != "gpu":
-                raise TreeError(f"ranks[{i}]: {r!r} is not a GPU of topology {topology.name!r}")
-            out.append(r)
-    if len(set(out)) != len(out):
-        raise TreeError(f"ranks: each GPU may appear once, got {out[:8]}")
-    if nranks is not None and nranks != len(out):
-        raise TreeError(f"ranks: nranks {nranks} disagrees with {len(out)} ranks given")
-    return topology, tuple(out)
+    return placement.topology, placement.gpus
+
+
+def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement: Placement) -> int:
+    """THE chunking policy: pipeline chunks per tree for a tree ``collective`` of ``nbytes``
+    bytes on ``placement``. The executor and the simulator both call it, so what is
+    simulated pipelines as what runs.
+
+    With a topology: the count with the least predicted time under this model
+    (:meth:`CostModel.best_nchunks` over :data:`CHUNK_CANDIDATES`: slow links want small
+    chunks so that the pipeline fills fast, fast links fewer messages), no chunk below
+    :data:`MIN_CHUNK_BYTES`. Without one (nothing to model): chunks of about
+    :data:`CHUNK_BYTES`, at most :data:`MAX_CHUNKS`. Ring and rsag schedules take one
+    chunk per segment and ``direct`` one chunk: they do not ask.
+
+    >>> from treecoll.collectives.placement import Placement
+    >>> nchunks_for(Tree.from_parents([-1, 0, 1]), "allreduce", 8 << 20, Placement(ranks=3))
+    8
+    """
+    if placement.topology is None:
+        return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
+    return CostModel(placement).best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
 class CostModel:
-    """Predicts collective times on ``topology`` for group ranks mapped to ``ranks``.
+    """Predicts collective times for the group ranks of a placement.
 
-    Parameters: ``topology`` (None: :func:`uniform_topology`), ``ranks`` (GPU
-    ids or topology ranks per group rank; default ``topology.rank_gpus()``),
-    ``nranks``, ``step_overhead`` (seconds added to every message's latency, e.g. a
+    Parameters: ``placement`` (a :class:`~treecoll.collectives.placement.Placement`,
+    or a Topology / None with ``ranks`` and ``nranks`` as
+    :func:`~treecoll.collectives.placement.as_placement` takes them; without a
+    topology: :func:`uniform_topology`), ``step_overhead`` (seconds added to every message's latency, e.g. a
     software transport's fixed cost; 0 by default), ``msg_overhead`` (seconds a rank
     spends per message it handles, serially; :data:`MSG_OVERHEAD` by default),
     ``chunk_candidates`` (chunk counts :meth:`best_nchunks` tries by default).
     """
 
-    def __init__(self, topology: Topology | None = None, ranks: Sequence | None = None, *,
+    def __init__(self, placement: Placement | Topology | None = None, ranks: RanksArg = None, *,
                  nranks: int | None = None, step_overhead: float = 0.0, msg_overhead: float = MSG_OVERHEAD,
-                 chunk_candidates: Sequence[int] = CHUNK_CANDIDATES):
+                 chunk_candidates: Sequence[int] = CHUNK_CANDIDATES) -> None:
         self.msg_overhead = float(msg_overhead)
         self.chunk_candidates = tuple(chunk_candidates)
-        self.topology, self.gpus = resolve_ranks(topology, ranks, nranks)
+        self.placement = as_placement(placement, ranks, nranks=nranks, what="cost model")
+        self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
         self._pairs: dict[tuple[int, int], tuple] = {}
@@ -154,7 +164,7 @@ class CostModel:
         self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or DEFAULT_MEM_BW) for x in self.gpus)
 
     # ------------------------------------------------------------------ pairs and flows
-    def path(self, i: int, j: int):
+    def path(self, i: int, j: int) -> Path:
         """The topology path between group ranks i and j."""
         return self.topology.path(self.gpus[i], self.gpus[j])
 
@@ -164,7 +174,7 @@ class CostModel:
             p = self.path(i, j)
             g = self.topology.graph
             routes = tuple((tuple(zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
-            bws = {lk: g.edges[lk]["bw"] for links, _ in routes for lk in links}
+            bws = {e: g.edges[e]["bw"] for links, _ in routes for e in links}
             self._pairs[key] = (p.lat * 1e-6 + self.step_overhead, routes, bws, p.bw)
         return self._pairs[key]
 
@@ -178,8 +188,8 @@ class CostModel:
         load: dict = defaultdict(float)
         for i, j in flows:
             for links, share in self._pair(i, j)[1]:
-                for lk in links:
-                    load[lk] += share
+                for e in links:
+                    load[e] += share
         return load
 
     def rates(self, flows: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
@@ -189,7 +199,7 @@ class CostModel:
         out = {}
         for f in set(flows):
             _, routes, bws, _ = self._pair(*f)
-            out[f] = sum(min(bws[lk] * share / load[lk] for lk in links) for links, share in routes) * 1e9
+            out[f] = sum(min(bws[e] * share / load[e] for e in links) for links, share in routes) * 1e9
         return out
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:

@@ -1,11 +1,12 @@
 """Run schedules over point-to-point transfers: ``reduce``, ``broadcast``, ``allreduce``.
 
-Public API::
+Public API (tensor first, then keyword options, as ``torch.distributed``)::
 
-    reduce(x, *, root=0, op="sum", tree=None, group=None, out=None, nchunks=None, ...) -> value | None
-    broadcast(x, *, root=0, tree=None, group=None, out=None, nchunks=None, ...) -> value
-    allreduce(x, *, op="sum", tree=None, algo="auto", group=None, out=None, nchunks=None, ...) -> value
-    run_schedule(schedule, layout, buf, op, transport, *, timeout, what, tag_base) -> None
+    allreduce(x, *, op="sum", tree=None, placement=None, group=None, out=None, options=None) -> value
+    reduce(x, *, root=0, op="sum", tree=None, placement=None, group=None, out=None, options=None) -> value | None
+    broadcast(x, *, root=0, tree=None, placement=None, group=None, out=None, options=None) -> value
+    CollectiveOptions(algo="auto", nchunks=None, timeout=None, check=True)
+    run_schedule(schedule, layout, buf, op, transport, *, timeout, what, tag_base, scratch) -> None
 
 ``x`` is a tensor of any dtype and shape or a tuple of tensors (one device);
 the result has the same structure. **In place by default**, as
@@ -15,9 +16,19 @@ tensor; a non-contiguous ``x`` gets one copy in and out; an ``x`` whose
 elements share memory, e.g. ``expand()``, is refused). ``out=`` writes the
 result there instead and leaves ``x`` unmodified. ``reduce`` returns the result
 on ``root`` and None elsewhere, where ``x`` (and ``out``) are left unmodified.
-``op``: a name in :data:`treecoll.collectives.ops.OPS`
-or a callable ``op(a, b)`` (associative; ``commutative=`` declares more, see
-:mod:`treecoll.collectives.ops`). Collectives run under ``torch.no_grad()``.
+``op``: a name in :data:`treecoll.collectives.ops.OPS`, an
+:class:`~treecoll.collectives.ops.Op`, or a callable ``op(a, b)``
+(associative; declare commutativity or an operator that must not be split
+with ``resolve_op(fn, commutative=True, chunkable=False)`` or attributes on
+the callable, see :mod:`treecoll.collectives.ops`). Collectives run under
+``torch.no_grad()``.
+
+``placement``: a :class:`~treecoll.collectives.placement.Placement` (topology,
+the GPU of every group rank, the process group); ``group``: a process group
+when there is no placement (None: the default group). Plans are built for the
+placement's topology; without one, for ``P`` GPUs on a uniform switch.
+``options``: a :class:`CollectiveOptions` for the rest (algorithm, chunks,
+timeout, cross-rank check).
 
 ``tree``: a :class:`Tree` / :class:`MultiTree`, a loaded tree file
 (:class:`~collectives.tree_io.TreeFile`, one tree or several with shares), a
@@ -26,7 +37,7 @@ changes), a builder name (``"binomial"``, ``"kary:4"``, ``"two_level"``, ...;
 :func:`treecoll.collectives.tree_io.resolve_tree_arg` tells names from paths) or None /
 ``"auto"`` (least predicted
 time for this size on ``topology``, or on a uniform switch when no topology is
-given). ``algo`` (allreduce): ``"tree"``, ``"ring"`` (reduce-scatter +
+given). ``options.algo`` (allreduce): ``"tree"``, ``"ring"`` (reduce-scatter +
 all-gather on a ring, commutative operators), ``"rsag"`` (direct
 reduce-scatter + all-gather: every rank sends and receives ``2 (P-1)/P`` of
 the message, bandwidth optimal, for large messages), or ``"auto"`` (default):
@@ -34,8 +45,9 @@ the tree when one is given; else, for two ranks, ``"direct"`` (one
 exchange, both fold in rank order) below :data:`AUTO_P2_RSAG_BYTES` and
 ``rsag`` from there (each rank then folds half the bytes); for more ranks
 the tree below :data:`AUTO_RSAG_BYTES` and ``rsag`` from there (also ``"direct"``: every rank sends its whole value to
-every other, one round). Plans and compiled schedules
-are cached per (tree, sizes), so a repeated call costs the transfers only.
+every other, one round). Plans, compiled schedules and scratch buffers
+are kept by the :class:`~treecoll.collectives.planner.Planner` (bounded,
+clearable), so a repeated call costs the transfers only.
 
 Non-commutative operators keep rank order (``x_0 op x_1 op ... op x_{P-1}``):
 a tree chosen by treecoll (None, "auto") is then restricted to
@@ -45,19 +57,19 @@ reshaping of a tree the user asked for); ``algo="ring"`` raises too.
 
 Safety: before the first use of a (schedule, value layout, operator) in a
 group, ranks exchange a fingerprint of all three (one small all_gather,
-cached per group and fingerprint) and raise :class:`CollectiveError` naming
+kept per group and fingerprint) and raise :class:`CollectiveError` naming
 the ranks that disagree (a different tree, shape or dtype) instead of
-hanging; every wait is bounded by ``timeout`` (seconds; default the
-module's :data:`~collectives.group.DEFAULT_TIMEOUT`) and a peer that dies or
+hanging; every wait is bounded by ``options.timeout`` (seconds; default
+:data:`~treecoll.collectives.group.DEFAULT_TIMEOUT`) and a peer that dies or
 never arrives gives a :class:`CollectiveError` naming the collective, the
 chunk and the peer. A rank that has already cached an agreement skips the
 exchange; if another rank then arrives with a different layout, both sides
-fail on the timeout, with the same error naming the peer (``check="always"``
+fail on the timeout, with the same error naming the peer (``options.check="always"``
 exchanges on every call: such a mismatch then fails at once, for one small
 all_gather per call). Messages carry a tag derived from the call's
 fingerprint, so the transfers of two different call shapes never match each
 other on backends that honour tags (gloo): a mismatch waits for the timeout,
-never mixes data (NCCL ignores tags). ``check=False`` skips the exchange.
+never mixes data (NCCL ignores tags). ``options.check=False`` skips the exchange.
 
 A group in which a collective failed (a peer died or timed out, an operator
 raised) is unusable: transfers of the failed call may still be posted and
@@ -73,7 +85,7 @@ result that depends on the tree). An operator that raises on random values is
 not probed; ``fn.associative = True`` on the callable skips the probe.
 
 Executor: scratch buffers (one message-sized buffer per scratch slot) are
-kept between calls with the same layout (at most :data:`MAX_SCRATCH`), so a
+kept between calls with the same layout (by the planner, per group), so a
 repeated collective allocates nothing. Steps start in list order; a step first waits for its
 dependencies (and for any send still reading, or receive still writing, the
 chunk it touches); sends and receives are non-blocking ``isend``/``irecv``
@@ -86,11 +98,12 @@ In place, or into ``out=`` (three in-process ranks, :mod:`treecoll.collectives.l
 >>> import torch
 >>> from treecoll.collectives.local import run_ranks
 >>> xs = [torch.tensor([1.0, 2.0]) * (r + 1) for r in range(3)]
->>> res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", transport=t))
+>>> res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", _transport=t))
 >>> xs[2].tolist(), res[2] is xs[2]
 ([6.0, 12.0], True)
 >>> ys = [torch.ones(2) for _ in range(3)]
->>> outs = run_ranks(3, lambda r, t: allreduce(ys[r], out=torch.zeros(2), transport=t))
+>>> opts = CollectiveOptions(nchunks=1, timeout=10.0)
+>>> outs = run_ranks(3, lambda r, t: allreduce(ys[r], out=torch.zeros(2), options=opts, _transport=t))
 >>> ys[0].tolist(), outs[0].tolist()
 ([1.0, 1.0], [3.0, 3.0])
 
@@ -107,77 +120,84 @@ import math
 import re
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-from treecoll.topo.errors import CollectiveError, TreecollError, TreeError
+from treecoll.topo.errors import CollectiveError, PlacementError, TreecollError
 
-from .builders import build
-from .compile import compile_plan
-from .group import DEFAULT_TIMEOUT, TorchTransport, check_usable, group_info, mark_broken
+from .group import DEFAULT_TIMEOUT, TorchTransport, check_usable, mark_broken
 from .layout import Layout
 from .ops import Op, resolve_op
+from .placement import Placement
+from .planner import ALGOS, AUTO_P2_RSAG_BYTES, AUTO_RSAG_BYTES, LRU, Planner, default_planner
 from .schedule import Schedule
-from .tree import MultiTree, Tree, as_multi
-from .tree_io import TreeFile, resolve_tree_arg
+from .tree import MultiTree, Tree
+from .tree_io import resolve_tree_arg
 
-__all__ = ["reduce", "broadcast", "allreduce", "run_schedule", "plan_for", "default_nchunks", "nchunks_for",
-           "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES",
-           "CHUNK_BYTES", "MAX_CHUNKS", "FINGERPRINT_BYTES"]
+if TYPE_CHECKING:
+    import torch
 
-#: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
-AUTO_RSAG_BYTES = 256 << 10
-#: two ranks: ``direct`` below this many bytes, ``rsag`` from here (measured on gloo,
-#: docs/benchmarks.md "Collectives": at 16-64 MiB rsag 0.94-0.98x gloo, direct 1.13-1.30x).
-AUTO_P2_RSAG_BYTES = 4 << 20
-#: target bytes per chunk when ``nchunks`` is not given
-CHUNK_BYTES = 1 << 20
-#: most chunks used when ``nchunks`` is not given
-MAX_CHUNKS = 16
+    #: a collective's value: a tensor or a tuple of tensors (one device)
+    Value = torch.Tensor | tuple[torch.Tensor, ...]
+
+__all__ = ["reduce", "broadcast", "allreduce", "CollectiveOptions", "run_schedule", "AUTO_RSAG_BYTES",
+           "AUTO_P2_RSAG_BYTES", "FINGERPRINT_BYTES"]
+
+#: what ``op=`` takes: a registered name, an :class:`Op` or a callable ``op(a, b)``
+OpArg = str | Op | Callable[[Any, Any], Any]
+
 #: bytes per rank in the fingerprint all_gather
 FINGERPRINT_BYTES = 512
 
-_PLANS: dict[Any, Any] = {}
-#: scratch buffers kept between calls: (transport key, rank, layout signature, slot) -> tensor
-_SCRATCH: dict[Any, Any] = {}
-#: most scratch buffers kept (oldest dropped first)
-MAX_SCRATCH = 64
-_SCHEDULES: dict[Any, Schedule] = {}
-#: per call shape: (op, tree, topology, resolved op, schedule, layout, label)
-_FAST: dict[Any, tuple] = {}
-MAX_FAST = 256
-_AGREED: set = set()
+
+@dataclass(frozen=True)
+class CollectiveOptions:
+    """The less common knobs of a collective call, validated when built (one-line errors).
+
+    * ``algo``: ``"auto"`` (default), ``"tree"``, ``"ring"``, ``"rsag"`` or ``"direct"``
+      (allreduce; reduce and broadcast run trees): see the module docstring;
+    * ``nchunks``: pipeline chunks per tree (None: the planner's chunking policy,
+      :func:`treecoll.collectives.cost.nchunks_for`);
+    * ``timeout``: seconds any single wait may take (None:
+      :data:`~treecoll.collectives.group.DEFAULT_TIMEOUT`);
+    * ``check``: True (ranks agree on the call once per call shape, and a user
+      operator is probed for associativity), ``"always"`` (agree on every call) or
+      False (neither).
+
+    >>> CollectiveOptions(nchunks=4).timeout_s
+    300.0
+    >>> CollectiveOptions(nchunks=0)
+    Traceback (most recent call last):
+    ...
+    treecoll.topo.errors.CollectiveError: options: nchunks expected a positive integer or None (chosen per size), got 0
+    """
+
+    algo: str = "auto"
+    nchunks: int | None = None
+    timeout: float | None = None
+    check: bool | Literal["always"] = True
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise CollectiveError(f"options: algo expected one of {list(ALGOS)}, got {self.algo!r}")
+        k = self.nchunks
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise CollectiveError(f"options: nchunks expected a positive integer or None (chosen per size), got {k!r}")
+        if self.check not in (True, False, "always"):
+            raise CollectiveError(f"options: check expected True, False or 'always', got {self.check!r}")
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
+                              or not math.isfinite(t)):
+            raise CollectiveError(f"options: timeout expected a positive number of seconds, got {t!r}")
+
+    @property
+    def timeout_s(self) -> float:
+        """The timeout in seconds (the default when None)."""
+        return DEFAULT_TIMEOUT if self.timeout is None else float(self.timeout)
 
 
-def default_nchunks(nbytes: int) -> int:
-    """Chunks for a tree collective on ``nbytes`` when the caller gives none: about
-    :data:`CHUNK_BYTES` each (pipelining through the tree's levels), at most
-    :data:`MAX_CHUNKS`. Ring and rsag use one chunk per segment (P chunks)."""
-    return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
-
-
-_NCHUNKS: dict = {}
-#: smallest chunk :func:`nchunks_for` picks from the cost model: below it the
-#: per-message cost of the transport (tens of µs with gloo, not in the model)
-#: outweighs pipelining (NCCL's own tree chunks are of this order)
-MIN_MODEL_CHUNK = 256 << 10
-
-
-def nchunks_for(plan, collective: str, nbytes: int, *, topology=None, ranks=None) -> int:
-    """Chunks for a tree collective when the caller gives none. With a topology:
-    the count with the least time under the cost model
-    (:meth:`treecoll.collectives.cost.CostModel.best_nchunks`: slow links want small
-    chunks so that the pipeline fills fast, fast links fewer messages), cached
-    per (plan, size, topology); without one, :func:`default_nchunks`."""
-    if topology is None:
-        return default_nchunks(nbytes)
-    key = (plan.fingerprint(), collective, nbytes, topology.fingerprint(), tuple(ranks or ()))
-    k = _NCHUNKS.get(key)
-    if k is None:
-        from .cost import CostModel
-        gpus = list(ranks) if ranks else list(topology.rank_gpus())[:as_multi(plan).size]
-        k = CostModel(topology, gpus).best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_MODEL_CHUNK)[0]
-        _NCHUNKS[key] = k
-    return k
+_DEFAULTS = CollectiveOptions()
 
 
 # ---------------------------------------------------------------------- the executor
@@ -197,11 +217,13 @@ def _fail(what: str, s, r: int, err: BaseException, timeout: float, elapsed: flo
                            f"(another tree, shape, dtype or op)")
 
 
-def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, timeout: float,
-                 what: str = "", tag_base: int = 0) -> None:
+def run_schedule(schedule: Schedule, layout: Layout, buf: Any, op: Op, transport: Any, *, timeout: float,
+                 what: str = "", tag_base: int = 0, scratch: LRU | None = None) -> None:
     """Run this rank's steps of ``schedule`` on ``buf`` (a buffer of ``layout``); the
-    message of chunk c carries tag ``tag_base + c``. An operator's exception other than
-    a :class:`~topo.errors.TreecollError` becomes a :class:`CollectiveError` naming it."""
+    message of chunk c carries tag ``tag_base + c``. ``scratch``: where scratch buffers
+    are kept between calls (the planner's, per group; None: new ones). An operator's
+    exception other than a :class:`~treecoll.topo.errors.TreecollError` becomes a
+    :class:`CollectiveError` naming it."""
     r = transport.rank
     what = what or schedule.name or schedule.collective
     steps = schedule.steps[r]
@@ -209,7 +231,7 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
     done: set[int] = set()
     sends = defaultdict(list)       # chunk -> step indices of sends in flight (reading buf[chunk])
     writes: dict[tuple[int, int], int] = {}   # (chunk, slot) -> recv step writing it
-    scratch: dict[int, Any] = {}
+    slots: dict[int, Any] = {}
 
     def wait(i: int) -> None:
         if i in done:
@@ -224,22 +246,19 @@ def run_schedule(schedule: Schedule, layout: Layout, buf, op: Op, transport, *, 
                 raise _fail(what, steps[i], r, e, timeout, time.monotonic() - t0) from e
         done.add(i)
 
-    sig = (getattr(transport, "group_key", None), r, layout.mode, layout.shapes, layout.dtypes, str(layout.device),
-           layout.bounds)
+    sig = (r, layout.mode, layout.shapes, layout.dtypes, str(layout.device), layout.bounds)
 
     def slot_buf(slot: int):
         if slot == 0:
             return buf
-        if slot not in scratch:
-            key = sig + (slot,)
-            t = _SCRATCH.get(key)
+        if slot not in slots:
+            t = scratch.get(sig + (slot,)) if scratch is not None else None
             if t is None:
                 t = layout.new_buffer()
-                if len(_SCRATCH) >= MAX_SCRATCH:
-                    _SCRATCH.pop(next(iter(_SCRATCH)))
-                _SCRATCH[key] = t
-            scratch[slot] = t
-        return scratch[slot]
+                if scratch is not None:
+                    scratch[sig + (slot,)] = t
+            slots[slot] = t
+        return slots[slot]
 
     reduce_fn = op.inplace if layout.mode == "flat" else None
     for i, s in enumerate(steps):
@@ -321,55 +340,11 @@ def _store(dst, res, what: str, op: Op) -> None:
         dst.copy_(res)
 
 
-# ---------------------------------------------------------------------- plans and agreement
-def plan_for(tree, *, collective: str, nbytes: int, nranks: int, op: Op, root: int | None = None,
-             topology=None, ranks=None):
-    """The Tree/MultiTree to use (cached): see the module docstring for the rules.
-    ``tree`` is anything :func:`~collectives.tree_io.resolve_tree_arg` takes."""
-    tree = resolve_tree_arg(tree)
-    explicit = tree is not None and tree != "auto"
-    label = ""
-    if isinstance(tree, TreeFile):
-        plan, label = tree.plan, f"{tree.source or 'tree file'}: "
-        if tree.hosts is not None and topology is not None and tree.plan.size == nranks:
-            from .cost import resolve_ranks
-            tree.check_hosts(topology, resolve_ranks(topology, ranks, nranks)[1])
-    elif isinstance(tree, (Tree, MultiTree)):
-        plan = tree
-    else:
-        name = tree or "auto"
-        key = (name, topology.fingerprint() if topology is not None else None, tuple(ranks or ()), nranks,
-               nbytes if name in ("auto", "two_level") else None, collective,
-               root if op.commutative else None, op.commutative)
-        plan = _PLANS.get(key)
-        if plan is None:
-            opts: dict = {}
-            if name == "auto":
-                opts = {"nbytes": nbytes, "op": op, "collective": collective,
-                        "root": root if op.commutative and collective != "allreduce" else None}
-            elif name.partition(":")[0] == "two_level":
-                opts = {"nbytes": nbytes, "collective": collective}
-            if (root is not None and op.commutative and collective != "allreduce"
-                    and name.partition(":")[0] in ("chain", "binomial", "kary", "star", "two_level")):
-                opts["root"] = root      # rooted where the result goes: no extra hop
-            plan = build(name, topology, ranks, nranks=None if topology is not None else nranks, **opts)
-            _PLANS[key] = plan
-    if as_multi(plan).size != nranks:
-        raise TreeError(f"{label}tree {getattr(plan, 'name', '') or 'given'!r}: spans {as_multi(plan).size} ranks, "
-                        f"the group has {nranks}; build it for {nranks} ranks")
-    if not op.commutative and not plan.is_order_preserving():
-        if explicit:
-            raise TreeError(f"{label}tree {plan.name or 'given'!r}: op {op.name!r} is not commutative, so the tree "
-                            f"must be order preserving (every subtree a consecutive rank range, children ascending); "
-                            f"use chain, binomial or kary, or declare commutative=True")
-        raise TreeError(f"op {op.name!r}: no order-preserving tree found")  # pragma: no cover
-    return plan
-
-
-def _agree(transport, text: str, what: str, timeout: float, *, cached: bool = True) -> None:
-    """Compare ``text`` across ranks (once per (group, text) when ``cached``); raise naming who differs."""
-    full = (getattr(transport, "group_key", None), text)
-    if cached and full in _AGREED:
+# ---------------------------------------------------------------------- agreement
+def _agree(transport: Any, text: str, what: str, timeout: float, agreed: LRU, *, cached: bool = True) -> None:
+    """Compare ``text`` across ranks (once per text in ``agreed``, the group's, when ``cached``);
+    raise naming who differs."""
+    if cached and text in agreed:
         return
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     payload = json.dumps({"h": digest, "d": text}).encode()
@@ -383,7 +358,7 @@ def _agree(transport, text: str, what: str, timeout: float, *, cached: bool = Tr
         when = f"within {timeout:g} s" if elapsed >= 0.9 * timeout else f"after {elapsed:.2g} s"
         err = CollectiveError(f"{what}: fingerprint exchange failed {when}: {_brief(e)}; a rank may have died, "
                               f"or ranks called different collectives")
-        mark_broken(getattr(transport, "group_key", None), str(err))
+        mark_broken(getattr(transport, "comm", None), str(err))
         raise err from e
     entries = []
     for g in got:
@@ -398,7 +373,7 @@ def _agree(transport, text: str, what: str, timeout: float, *, cached: bool = Tr
         detail = "; ".join(f"rank {r}: {entries[r]['d']}" for r in sorted(set([transport.rank] + odd))[:4])
         raise CollectiveError(f"{what}: ranks disagree on the collective (tree, shapes, dtypes, op): "
                         f"ranks {odd} differ from rank {transport.rank}; {detail}")
-    _AGREED.add(full)
+    agreed[text] = True
 
 
 # ---------------------------------------------------------------------- public collectives
@@ -412,46 +387,52 @@ def _value_sig(x) -> tuple:
     return (isinstance(x, (tuple, list)),) + tuple((tuple(p.shape), p.dtype, p.device) for p in parts)
 
 
-def _check_args(collective: str, root, nchunks, timeout, check) -> float:
-    """Validate the plain arguments (before any cache); the timeout in seconds."""
-    what = collective if root is None else f"{collective}(root={root!r})"
+def _label(collective: str, root: Any) -> str:
+    """The collective's name in messages: ``allreduce``, ``reduce(root=1)``."""
+    return collective if root is None else f"{collective}(root={root!r})"
+
+
+def _check_root(root: Any, what: str) -> None:
     if root is not None and (isinstance(root, bool) or not isinstance(root, int)):
         raise CollectiveError(f"{what}: root expected an integer group rank, got {type(root).__name__} {root!r}")
-    if nchunks is not None and (isinstance(nchunks, bool) or not isinstance(nchunks, int) or nchunks < 1):
-        raise CollectiveError(f"{what}: nchunks expected a positive integer or None (chosen per size), got {nchunks!r}")
-    if check not in (True, False, "always"):
-        raise CollectiveError(f"{what}: check expected True, False or 'always', got {check!r}")
-    t = DEFAULT_TIMEOUT if timeout is None else timeout
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0 and math.isfinite(t)):
-        raise CollectiveError(f"{what}: timeout expected a positive number of seconds, got {timeout!r}")
-    return float(t)
 
 
-def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, out, nchunks, topology, ranks,
-         commutative, chunkable, timeout, check, transport):
-    timeout = _check_args(collective, root, nchunks, timeout, check)
+def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, placement: Placement | None,
+         group: Any, out: Any, options: CollectiveOptions | None, transport: Any) -> Any:
+    what = _label(collective, root)
+    _check_root(root, what)
+    opts = _DEFAULTS if options is None else options
+    if not isinstance(opts, CollectiveOptions):
+        raise CollectiveError(f"{what}: options expected a CollectiveOptions or None, got {type(opts).__name__}")
+    if placement is not None and not isinstance(placement, Placement):
+        raise PlacementError(f"{what}: placement expected a Placement or None, got {type(placement).__name__}")
+    if placement is not None and group is not None:
+        raise PlacementError(f"{what}: got a placement and a group; pass the group inside the placement "
+                             f"(Placement(topology, ranks, group=group))")
+    planner = default_planner()
     if transport is None:
-        info = group_info(group)
-        transport = TorchTransport(info)
-        transport.group_key = info.key
-    gkey = getattr(transport, "group_key", None)
-    check_usable(gkey, collective if root is None else f"{collective}(root={root})")
+        transport = TorchTransport(placement.group if placement is not None else group)
+    comm = getattr(transport, "comm", None)
+    check_usable(comm, what)
+    if placement is not None and placement.nranks != transport.size:
+        raise PlacementError(f"{what}: the placement maps {placement.nranks} ranks, the group has {transport.size}; "
+                             f"build the placement for the group (Placement(topology, {transport.size}) or "
+                             f"group=...)")
     if not (tree is None or isinstance(tree, (Tree, MultiTree))):
-        tree = resolve_tree_arg(tree)     # a path: read again only when the file changed
+        tree = resolve_tree_arg(tree, files=planner.tree_files)   # a path: read again only when the file changed
     # fast path: the same call shape again (a decode loop) skips planning, layout and probing
-    fkey = (collective, algo, root, nchunks, op if isinstance(op, str) else id(op), commutative, chunkable,
-            tree if isinstance(tree, str) else id(tree), id(topology), tuple(ranks) if ranks is not None else None,
-            gkey, transport.rank, transport.size, bool(check), _value_sig(x))
-    hit = _FAST.get(fkey)
-    if (hit is not None and (hit[0] is op or isinstance(op, str)) and (hit[1] is tree or isinstance(tree, str))
-            and hit[2] is topology):
-        prep = hit[3]
+    fkey = (collective, opts.algo, root, opts.nchunks, _ident(op), tree if isinstance(tree, str) else id(tree),
+            placement.plan_key if placement is not None else None, transport.rank, transport.size,
+            bool(opts.check), _value_sig(x))
+    hit = planner.calls.get(fkey)
+    if hit is not None and (hit[0] is op or isinstance(op, (str, Op))) and (hit[1] is tree or isinstance(tree, str)):
+        prep = hit[2]
     else:
-        prep = _prepare(collective, x, op=op, tree=tree, algo=algo, root=root, nchunks=nchunks, topology=topology,
-                        ranks=ranks, commutative=commutative, chunkable=chunkable, check=check, transport=transport)
-        if len(_FAST) >= MAX_FAST:
-            _FAST.pop(next(iter(_FAST)))
-        _FAST[fkey] = (op, tree, topology, prep)
+        # no placement: the group's P ranks without a topology
+        prep = _prepare(collective, x, op=op, tree=tree, root=root, options=opts, transport=transport,
+                        placement=placement if placement is not None else Placement(ranks=transport.size),
+                        planner=planner)
+        planner.calls[fkey] = (op, tree, prep)
     opx, sched, layout, what, text, tag_base, problem = prep
     me = transport.rank
     inplace = out is None or _same(out, x)
@@ -459,8 +440,10 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
         _check_writable(x, what)
     else:
         _check_out(out, x, what)
-    if check:
-        _agree(transport, text, what, timeout, cached=check != "always")
+    cache = planner.comm_cache(comm)
+    timeout = opts.timeout_s
+    if opts.check:
+        _agree(transport, text, what, timeout, cache.agreed, cached=opts.check != "always")
     if problem:
         raise CollectiveError(f"{what}: {problem}")
     import torch
@@ -468,13 +451,28 @@ def _run(collective: str, x, *, op, tree, algo: str, root: int | None, group, ou
         keep_x = not inplace or (collective == "reduce" and me != root and _writes_own(sched, me))
         buf = layout.pack(x, reuse=not keep_x)
         try:
-            run_schedule(sched, layout, buf, opx, transport, timeout=timeout, what=what, tag_base=tag_base)
+            run_schedule(sched, layout, buf, opx, transport, timeout=timeout, what=what, tag_base=tag_base,
+                         scratch=cache.scratch)
         except BaseException as e:
-            mark_broken(gkey, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            mark_broken(comm, str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise
         if collective == "reduce" and me != root:
             return None
         return layout.unpack(buf, x if inplace else out)
+
+
+def _ident(op: Any) -> Any:
+    """A fast-path key for ``op``: names and (hashable) :class:`Op` values stand for themselves,
+    anything else for its identity (checked on a hit)."""
+    if isinstance(op, str):
+        return op
+    if isinstance(op, Op):
+        try:
+            hash(op)
+            return op
+        except TypeError:
+            pass
+    return ("id", id(op))
 
 
 def _writes_own(sched: Schedule, rank: int) -> bool:
@@ -503,54 +501,23 @@ def _check_out(out, x, what: str) -> None:
     _check_writable(out, what)
 
 
-def _prepare(collective: str, x, *, op, tree, algo, root, nchunks, topology, ranks, commutative, chunkable,
-             check, transport):
-    """(op, schedule, layout, label, agreement text, tag base, problem) for a call (cached by the caller);
+def _prepare(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, placement: Placement,
+             options: CollectiveOptions, transport: Any, planner: Planner) -> tuple:
+    """(op, schedule, layout, label, agreement text, tag base, problem) for a call (kept by the caller);
     ``problem`` is what the associativity probe found ('' when nothing)."""
-    opx = resolve_op(op, commutative=commutative, chunkable=chunkable)
+    opx = resolve_op(op)
     n = transport.size
-    what = f"{collective}" if root is None else f"{collective}(root={root})"
+    what = _label(collective, root)
     if root is not None and not 0 <= root < n:
         raise CollectiveError(f"{what}: root expected a group rank in 0..{n - 1}, got {root}")
-    nbytes = _nbytes(x)
-    if algo == "auto":
-        explicit = tree is not None and tree != "auto"
-        if collective == "allreduce" and not explicit and n == 2 and nbytes < AUTO_P2_RSAG_BYTES:
-            algo = "direct"    # two ranks: one exchange, both fold in rank order (one round, n bytes each way)
-        else:
-            algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
-    if algo not in ("tree", "ring", "rsag", "direct"):
-        raise CollectiveError(f"{what}: algo expected one of ['auto', 'tree', 'ring', 'rsag', 'direct'], "
-                              f"got {algo!r}")
-    if algo != "tree":
-        if collective != "allreduce":
-            raise CollectiveError(f"{what}: algo {algo!r} implements allreduce only; use algo='tree'")
-        if algo == "ring" and not opx.commutative:
-            raise CollectiveError(f"{what}: algo 'ring' needs a commutative op, got {opx.name!r}; "
-                                  f"use algo='rsag' or 'tree', or declare commutative=True")
-        plan = None
-    else:
-        plan = plan_for(tree, collective=collective, nbytes=nbytes, nranks=n, op=opx, root=root,
-                        topology=topology, ranks=ranks)
-    if nchunks is not None:
-        k = int(nchunks)
-    elif algo == "direct":
-        k = 1
-    elif plan is None:   # ring / rsag: one chunk per segment (more messages only add overhead there)
-        k = n
-    else:
-        k = nchunks_for(plan, collective, nbytes, topology=topology, ranks=ranks)
-    ntrees = len(as_multi(plan)) if plan is not None else (1 if algo == "direct" else n)
     probe = Layout.of(x, opx, [1.0])
-    per = max(1, min(k, probe.max_chunks // max(ntrees, 1)))
-    key = (plan.fingerprint() if plan is not None else algo, collective, per, root, algo, n)
-    sched = _SCHEDULES.get(key)
-    if sched is None:
-        sched = compile_plan(plan, collective, per, root=root, algo=algo, nranks=n)
-        _SCHEDULES[key] = sched
+    plan, sched = planner.schedule_for(tree, collective=collective, nbytes=_nbytes(x), placement=placement, op=opx,
+                                       algo=options.algo if collective == "allreduce" else "tree", root=root,
+                                       nchunks=options.nchunks, max_chunks=probe.max_chunks)
     layout = Layout.of(x, opx, sched.shares)
-    problem = _associativity_problem(opx, layout) if check else ""
-    text = f"{sched.name}#{key[0]}/{sched.nchunks}/r{root}|{layout.descriptor()}|{opx.key()}|a{int(not problem)}"
+    problem = _associativity_problem(opx, layout, planner.probes) if options.check else ""
+    ident = plan.fingerprint() if plan is not None else sched.name.partition("/")[0]
+    text = f"{sched.name}#{ident}/{sched.nchunks}/r{root}|{layout.descriptor()}|{opx.key()}|a{int(not problem)}"
     digest = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
     tag_base = ((digest & 0x7FFF) << TAG_CHUNK_BITS) if sched.nchunks < (1 << TAG_CHUNK_BITS) else 0
     return opx, sched, layout, what, text, tag_base, problem
@@ -558,17 +525,16 @@ def _prepare(collective: str, x, *, op, tree, algo, root, nchunks, topology, ran
 
 #: low bits of a message tag that carry the chunk; the bits above carry a hash of the call's fingerprint
 TAG_CHUNK_BITS = 16
-#: operators probed for associativity: (operator identity, value layout) -> problem ('' when none)
-_PROBED: dict[Any, str] = {}
 #: most elements of one probe operand (larger rows are not probed)
 PROBE_ELEMENTS = 1 << 14
 
 
-def _associativity_problem(op: Op, layout: Layout) -> str:
+def _associativity_problem(op: Op, layout: Layout, probes: LRU) -> str:
     """'' when ``op`` is built in, declares ``associative = True``, or gives ``(a op b) op c``
     equal to ``a op (b op c)`` (to the dtype's precision) on three seeded random values of
     the structure the executor passes it (the first two rows of every part); else what
-    differed. An operator that raises on such values is not judged ('')."""
+    differed. An operator that raises on such values is not judged (''). Kept in ``probes``
+    per (operator, value layout)."""
     if op.elementwise or getattr(op.fn, "associative", None) is True:
         return ""
     try:
@@ -576,12 +542,9 @@ def _associativity_problem(op: Op, layout: Layout) -> str:
     except TypeError:
         ident = id(op.fn)
     key = (ident, layout.shapes, layout.dtypes, layout.split)
-    hit = _PROBED.get(key)
+    hit = probes.get(key)
     if hit is None:
-        hit = _probe(op, layout)
-        if len(_PROBED) >= 256:
-            _PROBED.pop(next(iter(_PROBED)))
-        _PROBED[key] = hit
+        hit = probes[key] = _probe(op, layout)
     return hit
 
 
@@ -645,39 +608,40 @@ def _same(out, x) -> bool:
     return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
-def allreduce(x, *, op="sum", tree=None, algo: str = "auto", group=None, out=None, nchunks: int | None = None,
-              topology=None, ranks=None, commutative: bool | None = None, chunkable: bool | None = None,
-              timeout: float | None = None, check: bool | str = True, transport=None):
+def allreduce(x: Value, *, op: OpArg = "sum", tree: Any = None, placement: Placement | None = None,
+              group: Any = None, out: Value | None = None, options: CollectiveOptions | None = None,
+              _transport: Any = None) -> Value:
     """Every rank gets ``x_0 op x_1 op ... op x_{P-1}``: writes the result into `x` in place and returns it.
 
     ``out=``: the result goes there and ``x`` is left unmodified. ``tree``: a Tree,
-    MultiTree, loaded tree file, tree file path or builder name. See the module docstring.
+    MultiTree, loaded tree file, tree file path or builder name. ``placement`` (or
+    ``group``), ``options``: see the module docstring. ``_transport``: an in-process
+    transport (:mod:`treecoll.collectives.local`) in place of the process group.
     """
-    return _run("allreduce", x, op=op, tree=tree, algo=algo, root=None, group=group, out=out, nchunks=nchunks,
-                topology=topology, ranks=ranks, commutative=commutative, chunkable=chunkable, timeout=timeout,
-                check=check, transport=transport)
+    return _run("allreduce", x, op=op, tree=tree, root=None, placement=placement, group=group, out=out,
+                options=options, transport=_transport)
 
 
-def reduce(x, *, root: int = 0, op="sum", tree=None, group=None, out=None, nchunks: int | None = None,
-           topology=None, ranks=None, commutative: bool | None = None, chunkable: bool | None = None,
-           timeout: float | None = None, check: bool | str = True, transport=None):
+def reduce(x: Value, *, root: int = 0, op: OpArg = "sum", tree: Any = None, placement: Placement | None = None,
+           group: Any = None, out: Value | None = None, options: CollectiveOptions | None = None,
+           _transport: Any = None) -> Value | None:
     """Rank ``root`` gets ``x_0 op ... op x_{P-1}``: writes the result into `x` in place and returns it (on ``root``).
 
     Other ranks return None and their ``x`` is left unmodified. ``out=``: the result goes
-    there on ``root`` and ``x`` is left unmodified. See the module docstring.
+    there on ``root`` and ``x`` is left unmodified. ``root`` is a group rank. See the
+    module docstring (``options.algo`` does not apply: reduce runs a tree).
     """
-    return _run("reduce", x, op=op, tree=tree, algo="tree", root=root, group=group, out=out, nchunks=nchunks,
-                topology=topology, ranks=ranks, commutative=commutative, chunkable=chunkable, timeout=timeout,
-                check=check, transport=transport)
+    return _run("reduce", x, op=op, tree=tree, root=root, placement=placement, group=group, out=out,
+                options=options, transport=_transport)
 
 
-def broadcast(x, *, root: int = 0, tree=None, group=None, out=None, nchunks: int | None = None, topology=None,
-              ranks=None, timeout: float | None = None, check: bool | str = True, transport=None):
+def broadcast(x: Value, *, root: int = 0, tree: Any = None, placement: Placement | None = None, group: Any = None,
+              out: Value | None = None, options: CollectiveOptions | None = None, _transport: Any = None) -> Value:
     """Every rank gets group rank ``root``'s ``x``: writes the result into `x` in place and returns it.
 
     ``x`` needs the same shapes and dtypes on every rank. ``out=``: the result goes there
-    and ``x`` is left unmodified. See the module docstring.
+    and ``x`` is left unmodified. See the module docstring (``options.algo`` does not
+    apply: broadcast runs a tree).
     """
-    return _run("broadcast", x, op="sum", tree=tree, algo="tree", root=root, group=group, out=out,
-                nchunks=nchunks, topology=topology, ranks=ranks, commutative=None, chunkable=None,
-                timeout=timeout, check=check, transport=transport)
+    return _run("broadcast", x, op="sum", tree=tree, root=root, placement=placement, group=group, out=out,
+                options=options, transport=_transport)

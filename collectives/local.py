@@ -6,17 +6,17 @@
 buffered send), receives block until the matching message arrives or the
 timeout passes (then ``TimeoutError`` naming the peer). :func:`run_ranks`
 calls ``fn(rank, transport)`` on every rank in its own thread and returns
-the results (re-raising the first error).
+the results (re-raising the first error); the collectives take the transport
+as their private ``_transport=`` argument.
 
 >>> import torch
 >>> from treecoll.collectives.execute import allreduce
->>> res = run_ranks(3, lambda r, t: allreduce(torch.tensor([float(r + 1)]), tree="chain", transport=t))
+>>> res = run_ranks(3, lambda r, t: allreduce(torch.tensor([float(r + 1)]), tree="chain", _transport=t))
 >>> [float(v) for v in res]
 [6.0, 6.0, 6.0]
 """
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -39,10 +39,6 @@ class _Done:
         return self._done
 
 
-#: fabric identities: never reused, unlike id() of a collected fabric (group state is keyed by them)
-_FABRIC_IDS = itertools.count()
-
-
 class LocalFabric:
     """Mailboxes shared by the P in-process ranks."""
 
@@ -53,7 +49,6 @@ class LocalFabric:
         self._gather: dict[int, list] = {}
         self._gather_cv = threading.Condition()
         self._gather_round = [0] * size
-        self.key = ("local", next(_FABRIC_IDS))
 
     def box(self, src: int, dst: int, tag: int) -> queue.Queue:
         with self._lock:
@@ -68,13 +63,13 @@ class LocalTransport:
 
     def __init__(self, fabric: LocalFabric, rank: int):
         self.fabric, self.rank, self.size = fabric, rank, fabric.size
-        self.group_key = fabric.key
+        self.comm = fabric          # per-group state (failures, agreements, scratch) is keyed on the fabric
 
-    def isend(self, tensor, peer: int, tag: int):
+    def isend(self, tensor: Any, peer: int, tag: int) -> _Done:
         self.fabric.box(self.rank, peer, tag).put(tensor.detach().clone())
         return _Done()
 
-    def irecv(self, tensor, peer: int, tag: int):
+    def irecv(self, tensor: Any, peer: int, tag: int) -> _Done:
         box = self.fabric.box(peer, self.rank, tag)
 
         def finish(timeout: float) -> None:
@@ -88,7 +83,7 @@ class LocalTransport:
         return _Done(finish)
 
     @staticmethod
-    def wait(work, timeout: float) -> None:
+    def wait(work: Any, timeout: float) -> None:
         work.wait(timeout)
 
     def all_gather_bytes(self, payload: bytes, length: int, timeout: float) -> list[bytes]:
@@ -122,7 +117,7 @@ def run_ranks(size: int, fn: Callable[[int, LocalTransport], Any], *, timeout: f
         t.start()
     for t in threads:
         t.join(timeout)
-    for r, e in enumerate(errors):
+    for e in errors:
         if e is not None:
             raise e
     if any(t.is_alive() for t in threads):

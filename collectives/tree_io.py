@@ -50,6 +50,7 @@ from pathlib import Path as FsPath
 from typing import Any
 
 import yaml
+from treecoll.topo import Topology
 from treecoll.topo._schema import Doc, _show
 from treecoll.topo.errors import TopologyError, TreeError
 
@@ -83,7 +84,7 @@ class TreeFile:
     name: str = ""
     source: str = field(default="", compare=False)
 
-    def check_hosts(self, topology, gpus: Sequence[str]) -> None:
+    def check_hosts(self, topology: Topology, gpus: Sequence[str]) -> None:
         """Raise :class:`TreeError` unless the host labels group the ranks as ``topology``
         places ``gpus`` (GPU id per rank): ranks sharing a label share a host and the other
         way round. Labels are names only (``[a, a, b, b]`` fits hosts ``h0, h0, h1, h1``)."""
@@ -238,24 +239,19 @@ def load_tree(path: str | os.PathLike) -> TreeFile:
     return TreeFile(f.plan, f.hosts, f.name, source)
 
 
-#: tree files read through :func:`resolve_tree_arg`: (path, mtime, size, inode) -> TreeFile
-_LOADED: dict[tuple, TreeFile] = {}
-_MAX_LOADED = 16
-
-
-def _load_cached(path: str | os.PathLike) -> TreeFile:
-    """:func:`load_tree`, re-read only when the file changed (its mtime, size or inode)."""
+def _load_cached(path: str | os.PathLike, files: Any) -> TreeFile:
+    """:func:`load_tree`, through ``files`` (a mapping with ``get``, e.g. the planner's
+    LRU; None: no cache): re-read only when the file changed (its mtime, size or inode)."""
+    if files is None:
+        return load_tree(path)
     try:
         st = os.stat(path)
     except OSError:
         return load_tree(path)      # the one-line error naming the file
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, st.st_ino)
-    hit = _LOADED.get(key)
+    hit = files.get(key)
     if hit is None:
-        hit = load_tree(path)
-        if len(_LOADED) >= _MAX_LOADED:
-            _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = hit
+        hit = files[key] = load_tree(path)
     return hit
 
 
@@ -264,11 +260,11 @@ def _looks_like_path(text: str) -> bool:
             or FsPath(text).suffix.lower() in TREE_SUFFIXES)
 
 
-def resolve_tree_arg(tree):
-    """What a ``tree=`` argument of the executor names: None, a :class:`Tree` /
-    :class:`MultiTree` or :class:`TreeFile` (returned as given), a builder name (a
-    ``str`` returned as given) or a tree file (a :class:`TreeFile`, read again when the
-    file changes).
+def resolve_tree_arg(tree: Any, *, files: Any = None) -> Any:
+    """What a ``tree=`` argument of the executor (and of ``tree_decode``) names: None, a
+    :class:`Tree` / :class:`MultiTree` or :class:`TreeFile` (returned as given), a builder
+    name (a ``str`` returned as given) or a tree file (a :class:`TreeFile`; with ``files``,
+    a cache such as the planner's, read again only when the file changes).
 
     A string is a builder name when its part before ``:`` is registered
     (``"kary:4"``, ``"auto"``; a file of that name needs ``"./name"`` or a
@@ -280,19 +276,19 @@ def resolve_tree_arg(tree):
     >>> resolve_tree_arg("my/tree.yaml")
     Traceback (most recent call last):
     ...
-    treecoll.topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (valid builder names ...)
+    treecoll.topo.errors.TreeError: tree 'my/tree.yaml': no such tree file, and not a builder name (...)
     """
     if tree is None or isinstance(tree, (Tree, MultiTree, TreeFile)):
         return tree
     if isinstance(tree, os.PathLike):
-        return _load_cached(tree)
+        return _load_cached(tree, files)
     if not isinstance(tree, str):
         raise TreeError(f"tree: expected a Tree, MultiTree, loaded tree file (TreeFile), tree file path or builder "
                         f"name, got {type(tree).__name__}")
     if tree.partition(":")[0] in BUILDERS:
         return tree
     if os.path.isfile(tree) or (FsPath(tree).suffix.lower() in TREE_SUFFIXES and os.path.exists(tree)):
-        return _load_cached(tree)
+        return _load_cached(tree, files)
     if _looks_like_path(tree):
         raise TreeError(f"tree {tree!r}: no such tree file, and not a builder name "
                         f"(valid builder names are {sorted(BUILDERS)})")
@@ -334,7 +330,8 @@ def tree_format(path: str | os.PathLike) -> str:
     return "json" if FsPath(path).suffix.lower() == ".json" else "yaml"
 
 
-def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts=None, name=None) -> None:
+def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts: Sequence[str] | None = None,
+              name: str | None = None) -> None:
     """Write :func:`dumps_tree` to ``path`` (JSON for a ``.json`` path, else YAML)."""
     FsPath(path).write_text(dumps_tree(plan, hosts=hosts, name=name, fmt=tree_format(path)), encoding="utf-8")
 

@@ -83,13 +83,16 @@ def _one_size(rank: int, world: int, nbytes: int, reps: int, algo: str, nchunks,
     import torch
     import torch.distributed as dist
     import treecoll.collectives.execute as ex
+    from treecoll.collectives.ops import resolve_op
 
+    opts = ex.CollectiveOptions(algo=algo, nchunks=nchunks)
+    merge = resolve_op(merge_op, commutative=True)
     x = torch.randn(max(1, nbytes // 4), generator=torch.Generator().manual_seed(rank))
     buf = x.clone()
 
     def ours():
         buf.copy_(x)
-        ex.allreduce(buf, out=buf, algo=algo, nchunks=nchunks)
+        ex.allreduce(buf, out=buf, options=opts)
 
     def theirs():
         buf.copy_(x)
@@ -103,7 +106,7 @@ def _one_size(rank: int, world: int, nbytes: int, reps: int, algo: str, nchunks,
     lse = torch.randn(rows, generator=g)
 
     def tree_merge():
-        return ex.allreduce((out, lse), op=merge_op, commutative=True, algo=algo, nchunks=nchunks)
+        return ex.allreduce((out, lse), op=merge, options=opts)
 
     def three():
         m = lse.clone()
@@ -115,7 +118,7 @@ def _one_size(rank: int, world: int, nbytes: int, reps: int, algo: str, nchunks,
         return num / w[:, None], m + torch.log(w)
 
     if check:   # correctness of the merge path, once, before the timed calls merge (out, lse) in place
-        a = ex.allreduce((out.clone(), lse.clone()), op=merge_op, commutative=True, algo=algo, nchunks=nchunks)
+        a = ex.allreduce((out.clone(), lse.clone()), op=merge, options=opts)
         b = three()
         assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
     merge_t = _time(tree_merge, three, reps)

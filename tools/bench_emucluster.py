@@ -58,34 +58,32 @@ DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
 
 # ----------------------------------------------------------------------------- hooks into collectives
 def schedule_for(method: str, topology, nranks: int, nbytes: int):
-    """The Schedule treecoll's executor runs for ``method`` at this size (same plan, same chunks).
+    """The Schedule treecoll's executor runs for ``method`` at this size (same plan, same chunks:
+    the planner's :meth:`~treecoll.collectives.planner.Planner.schedule_for`).
 
     ``gloo`` is modelled by treecoll's ``ring`` schedule: gloo's CPU allreduce
     is a reduce-scatter + all-gather ring in rank order, like ours.
     """
-    from treecoll.collectives import as_multi, compile_plan
-    from treecoll.collectives.execute import default_nchunks, nchunks_for, plan_for
-    from treecoll.collectives.ops import resolve_op
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.planner import default_planner
 
-    if method in ("gloo", "ring"):
-        return compile_plan(None, "allreduce", default_nchunks(nbytes), algo="ring", nranks=nranks)
-    plan = plan_for(method, collective="allreduce", nbytes=nbytes, nranks=nranks, op=resolve_op("sum"),
-                    topology=topology)
-    k = nchunks_for(plan, "allreduce", nbytes, topology=topology)
-    # as the executor: chunks per tree, at most one element (float32) per chunk
-    per = max(1, min(k, (nbytes // 4) // max(len(as_multi(plan)), 1)))
-    return compile_plan(plan, "allreduce", per)
+    ring = method in ("gloo", "ring")
+    return default_planner().schedule_for(None if ring else method, collective="allreduce", nbytes=nbytes,
+                                          placement=Placement(topology, nranks), algo="ring" if ring else "tree",
+                                          max_chunks=nbytes // 4)[1]     # float32: one element per chunk at most
 
 
 def make_ours(method: str, topology_path: str | None, nranks: int) -> Callable[[Any], Any]:
     """A callable ``fn(tensor)``: treecoll's in-place allreduce(sum) with ``method``
     (``ring``: ``algo="ring"``; tree builders: ``tree=method`` on the cluster's topology)."""
-    from treecoll.collectives.execute import allreduce
+    from treecoll.collectives.execute import CollectiveOptions, allreduce
+    from treecoll.collectives.placement import Placement
 
     if method == "ring":
-        return lambda t: allreduce(t, algo="ring", out=t)
-    topology = load_topology(topology_path)
-    return lambda t: allreduce(t, tree=method, topology=topology, out=t)
+        ring = CollectiveOptions(algo="ring")
+        return lambda t: allreduce(t, out=t, options=ring)
+    placement = Placement(load_topology(topology_path), nranks)
+    return lambda t: allreduce(t, tree=method, placement=placement, out=t)
 
 
 def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: str = "ideal") -> float:

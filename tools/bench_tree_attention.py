@@ -13,7 +13,7 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
 (b) the combine alone, states already computed: ``tree`` = our one tree
     reduction of the packed state plus the broadcast down the same tree (every
     rank gets the result, like an all-reduce), compiled as one schedule
-    (``collectives.allreduce(algo="tree")``), as :func:`attention.tree_combine`
+    (``collectives.allreduce`` with ``CollectiveOptions(algo="tree")``), as :func:`attention.tree_combine`
     runs it; ``tree_separate`` (the same messages as two calls,
     ``collectives.reduce`` then ``collectives.broadcast``),
     ``tree_root_only`` (the reduction alone), ``tree_native_bcast`` (the tree reduction, then the backend's own

@@ -239,6 +239,7 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     from treecoll.attention.baselines import method
     from treecoll.attention.dist import count_traffic, peak_tensor_bytes
     from treecoll.attention.tree_decode import resolve_tree
+    from treecoll.topo.ranks import resolve_gpus
 
     topology = None
     if cfg["topology"] is not None:
@@ -278,7 +279,7 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
         cache.append(layer, kn.to(device), vn.to(device))
     res: dict[str, Any] = {"rank": rank, "cache_bytes": cache.nbytes(), "methods": {},
                            "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name},
-                           "gpus": None if topology is None else list(topology.rank_gpus()[:world]),
+                           "gpus": None if topology is None else list(resolve_gpus(topology, world)),
                            "topology_gpus": None if topology is None else len(topology.gpus())}
     for name in names:
         if world > 1:

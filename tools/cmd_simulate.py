@@ -176,16 +176,17 @@ def _check_profile(profile: str | None) -> None:
 
 def _one(topology, algo: str, size: int, ranks, profile):
     """(time s, busbw, algbw, label) of one algorithm at one size."""
-    from treecoll.collectives.sim.simulator import bandwidths, rank_gpus_of, simulate_algorithm
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
+    p = Placement(topology, ranks)
     if algo == "nccl":
         from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
-        gpus = rank_gpus_of(topology, ranks)
-        best = min((nccl_predict(topology, list(gpus), size, algo=a) for a in nccl_algos(topology, gpus)),
+        best = min((nccl_predict(p, None, size, algo=a) for a in nccl_algos(topology, p.gpus)),
                    key=lambda r: r["time"])
-        alg, bus = bandwidths("allreduce", size, len(gpus), best["time"])
+        alg, bus = bandwidths("allreduce", size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
     name = "double_binary" if algo == "tree" else algo
-    r = simulate_algorithm(topology, name, size, ranks=ranks, profile=profile or "auto")
+    r = simulate_algorithm(p, name, size, profile=profile or "auto")
     return r.time, r.busbw, r.algbw, r.profile
 
 
@@ -204,9 +205,9 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
 
 
 def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
-    from treecoll.collectives.sim.simulator import rank_gpus_of
+    from treecoll.collectives.placement import Placement
     check_algos(algos)
-    P = len(rank_gpus_of(topology, ranks))
+    P = Placement(topology, ranks).nranks
     rows = []
     total = len(algos) * len(sizes)
     k = 0

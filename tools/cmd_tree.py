@@ -121,13 +121,9 @@ def _topology(spec):
 
 
 def _gpus(topology, n: int):
-    if topology is None:
-        return None
-    all_gpus = topology.rank_gpus()
-    if n > len(all_gpus):
-        raise TreeError(f"tree: expected at most {len(all_gpus)} ranks (the GPUs of topology {topology.name!r}), "
-                        f"got {n}")
-    return all_gpus[:n]
+    """The GPUs of the first ``n`` ranks (the one rank rule), or None without a topology."""
+    from treecoll.topo.ranks import resolve_gpus
+    return None if topology is None else resolve_gpus(topology, n)
 
 
 def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from .errors import (
                      CollectiveError,
                      DiscoveryError,
                      MissingDependency,
+                     PlacementError,
                      ScheduleError,
                      TopologyError,
                      TreecollError,
@@ -23,7 +24,7 @@ from .yaml_io import default, dumps, load, loads, resolve, save, shipped
 
 __all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_CODES",
            "TreecollError", "TopologyError", "DiscoveryError", "TreeError", "ScheduleError",
-           "CollectiveError", "AttentionError", "MissingDependency",
+           "PlacementError", "CollectiveError", "AttentionError", "MissingDependency",
            "load", "loads", "save", "dumps", "default", "shipped", "resolve"]
 
 # ---- discovery

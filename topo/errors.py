@@ -19,6 +19,7 @@ __all__ = [
     "DiscoveryError",
     "TreeError",
     "ScheduleError",
+    "PlacementError",
     "CollectiveError",
     "AttentionError",
     "MissingDependency",
@@ -50,6 +51,11 @@ class TreeError(TreecollError, ValueError):
 
 class ScheduleError(TreecollError, ValueError):
     """Raised when a schedule is inconsistent (unmatched send/recv, bad dependency)."""
+
+
+class PlacementError(TreecollError, ValueError):
+    """Raised when ranks cannot be placed: an unknown GPU, a rank count beyond the topology's
+    GPUs, a GPU twice, or a process group whose size differs from the ranks mapped."""
 
 
 class CollectiveError(TreecollError, RuntimeError):

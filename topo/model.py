@@ -61,6 +61,7 @@ import networkx as nx
 
 from .errors import TopologyError
 from .paths import Path
+from .ranks import resolve_gpus
 from .routes import RouteTable
 
 __all__ = ["Topology", "NODE_KINDS", "LINK_KINDS"]
@@ -242,15 +243,17 @@ class Topology:
         """The host of a node (None for network and rack-level switches)."""
         return self.node(node_id).get("host")
 
-    def with_ranks(self, gpus: Iterable[str]) -> Topology:
-        """A new Topology where ``gpus[r]`` carries ``rank = r`` (others none)."""
-        order = list(gpus)
+    def with_ranks(self, ranks: int | Iterable[str | int] | None) -> Topology:
+        """A new Topology where rank r's GPU carries ``rank = r`` (others none).
+
+        ``ranks`` follows the one rank rule (:func:`treecoll.topo.ranks.resolve_gpus`): a count,
+        or GPU ids / topology ranks per new rank.
+        """
+        order = resolve_gpus(self, ranks)
         g = nx.DiGraph(self._g)
         for n in g.nodes:
             g.nodes[n].pop("rank", None)
         for r, n in enumerate(order):
-            if n not in g or g.nodes[n]["kind"] != "gpu":
-                raise TopologyError(f"rank {r}: {n!r} is not a GPU of topology {self.name!r}")
             g.nodes[n]["rank"] = r
         return Topology(g, name=self.name, meta=self.meta)
 

@@ -41,9 +41,11 @@ from collections.abc import Sequence
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
 from treecoll.topo.paths import NCCL_CLASSES
+from treecoll.topo.ranks import RanksArg
 
-from ..cost import resolve_ranks
+from ..cost import placed_gpus
 from ..in_network import min_sm, nvls_domains
+from ..placement import Placement, as_placement
 
 __all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
@@ -244,22 +246,24 @@ def _arm_hosts(topology: Topology) -> bool:
                for c in topology.nodes("cpu"))
 
 
-def nccl_predict(topology: Topology | None, ranks: Sequence | None, nbytes: int, algo: str = "ring",
+def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes: int, algo: str = "ring",
                  proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None) -> dict:
     """NCCL's predicted allreduce time for ``algo`` ("ring", "tree" or "nvls") on ``nbytes``.
 
+    ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology /
+    None with ``ranks`` and ``nranks`` (:func:`~treecoll.collectives.placement.as_placement`).
+
     ``proto`` None lets the model choose (least time over LL, LL128, Simple,
     like NCCL). ``nvls`` is NCCL's NVLS on one NVLink domain and NVLSTree
-    across several (Simple only; :func:`nvls_domains` says where it runs).
-    Returns ``{algo, proto, time (s), time_us, lat_us, algbw,
-    busbw (GB/s, nccl-tests definitions), nchannels, nnodes, nranks,
-    protocols: {proto: time_us}}``.
+    across several (Simple only; :func:`nvls_domains` says where it runs). Returns ``{algo, proto,
+    time (s), time_us, lat_us, algbw, busbw (GB/s, nccl-tests definitions), nchannels, nnodes,
+    nranks, protocols: {proto: time_us}}``.
     """
     if algo not in (*BASE_LAT, "nvls"):
         raise TreeError(f"nccl model: algo expected 'ring', 'tree' or 'nvls', got {algo!r}")
     if proto is not None and proto not in PROTOS:
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
-    topology, gpus = resolve_ranks(topology, ranks, nranks)
+    topology, gpus = placed_gpus(as_placement(placement, ranks, nranks=nranks, what="nccl model"))
     _check_nvidia(topology, gpus)
     if algo == "nvls":
         if proto not in (None, "Simple"):

@@ -55,12 +55,13 @@ import time as _time
 import numpy as np
 from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError, TreeError
+from treecoll.topo.ranks import RanksArg
 
 from ..tree import as_multi
 from . import nccl_model as nm
 from .engine import Network, drain_times
 from .profiles import Profile, get_profile
-from .result import RankSpec, SimResult, check_size, make_result, rank_gpus_of
+from .result import SimResult, check_size, make_result, placed
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
 
@@ -81,7 +82,7 @@ def _profile(profile: Profile | str | None, gen: int) -> tuple[Profile, bool]:
     return get_profile(profile), False
 
 
-def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ranks: RankSpec = None,
+def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ranks: RanksArg = None,
                   profile: Profile | str | None = "auto", top: int = 10) -> SimResult:
     """Simulate NCCL's NVLS allreduce (NVLSTree across NVLink domains) of ``nbytes`` per rank.
 
@@ -89,7 +90,7 @@ def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ra
     run on these ranks (see :func:`treecoll.collectives.nccl_model.nvls_domains`).
     """
     check_size(nbytes, dtype)
-    gpus = rank_gpus_of(topology, ranks)
+    topology, gpus = placed(topology, ranks, what="simulate nvls")
     try:
         domains = nm.nvls_domains(topology, gpus)
     except TreeError as e:

@@ -1,6 +1,6 @@
 """What every simulation shares: its inputs checked, its rank -> GPU map, and its result.
 
-:func:`check_size` and :func:`rank_gpus_of` check what a simulation is given;
+:func:`check_size` and :func:`placed` check what a simulation is given;
 :func:`make_result` turns what an engine measured into a :class:`SimResult`,
 with algbw and busbw as nccl-tests defines them (doc/PERFORMANCE.md of
 https://github.com/NVIDIA/nccl-tests): ``algbw = S / t``, ``busbw = algbw ×``
@@ -21,12 +21,14 @@ from typing import Any
 
 import numpy as np
 from treecoll.topo import Topology
-from treecoll.topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError, PlacementError
+from treecoll.topo.ranks import RanksArg
 
+from ..placement import Placement, as_placement
 from .engine import Network
 from .profiles import Profile
 
-__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "rank_gpus_of", "RankSpec", "check_size",
+__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "placed", "check_size",
            "make_result"]
 
 #: bytes per element of the dtypes the simulator accepts
@@ -98,30 +100,18 @@ class SimResult:
 
 
 #: the ranks a simulation is given: GPU ids (rank r on the r-th), a count of the first ranks, or None for all
-RankSpec = Sequence[str] | int | None
 
 
-def rank_gpus_of(topology: Topology, ranks: RankSpec, nranks: int | None = None) -> tuple[str, ...]:
-    """The GPU of each rank: explicit ids, the first ``ranks`` GPUs in rank order, or all."""
-    order = topology.rank_gpus()
-    if ranks is None:
-        out = tuple(order) if nranks is None else tuple(order[:nranks])
-    elif isinstance(ranks, int):
-        if not 1 <= ranks <= len(order):
-            raise CollectiveError(f"ranks: expected 1..{len(order)} (GPUs of topology {topology.name!r}), "
-                                  f"got {ranks}")
-        out = tuple(order[:ranks])
-    else:
-        out = tuple(ranks)
-        for g in out:
-            if topology.node(g)["kind"] != "gpu":
-                raise CollectiveError(f"ranks: {g!r} is not a GPU of topology {topology.name!r}")
-        if len(set(out)) != len(out):
-            raise CollectiveError("ranks: expected distinct GPUs, got a GPU twice")
-    if nranks is not None and len(out) < nranks:
-        raise CollectiveError(f"ranks: the schedule has {nranks} ranks but topology {topology.name!r} "
-                              f"maps only {len(out)}; pass ranks= with {nranks} GPUs")
-    return out
+def placed(placement: Placement | Topology, ranks: RanksArg = None, *, nranks: int | None = None,
+           what: str = "simulate") -> tuple[Topology, tuple[str, ...]]:
+    """The topology and the GPU of every rank a simulation runs on: ``placement`` (a
+    :class:`~treecoll.collectives.placement.Placement`, or a Topology with ``ranks``)
+    through :func:`~treecoll.collectives.placement.as_placement`; a simulation needs a topology."""
+    p = as_placement(placement, ranks, nranks=nranks, what=what)
+    if p.topology is None:
+        raise PlacementError(f"{what}: expected a placement with a topology (the simulator moves bytes over its "
+                             f"links), got one without")
+    return p.topology, p.gpus
 
 
 def check_size(nbytes: int, dtype: str) -> None:

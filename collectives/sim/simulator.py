@@ -36,6 +36,7 @@ for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 """
 from __future__ import annotations
 
+import dataclasses
 import time as _time
 from collections.abc import Sequence
 from typing import Any
@@ -43,30 +44,33 @@ from typing import Any
 import numpy as np
 from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
+from treecoll.topo.ranks import RanksArg
 
+from ..placement import Placement, as_placement
 from ..schedule import Schedule
 from .engine import FlowEngine, Network, concurrent_times, gc_paused
 from .profiles import Profile, get_profile
-from .result import DTYPE_SIZES, RankSpec, SimResult, bandwidths, bus_factor, check_size, make_result, rank_gpus_of
+from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, placed
 
-__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_nccl_allreduce", "bus_factor",
-           "bandwidths", "DTYPE_SIZES", "rank_gpus_of"]
+__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_executor",
+           "simulate_nccl_allreduce", "bus_factor", "bandwidths", "DTYPE_SIZES", "placed"]
 
 
-def _mem_bw(topology: Topology, gpus: Sequence[str]) -> list[float]:
+
+def _mem_bw(topology, gpus) -> list[float]:
     return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
 
 
 @gc_paused()
-def simulate(topology: Topology, schedule: Schedule, nbytes: int, *, dtype: str = "float32", ranks: RankSpec = None,
-             profile: Profile | str | None = None, top: int = 10, ordered_pairs: bool = False,
-             rendezvous: bool = False, lanes: bool = False) -> SimResult:
-    """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``topology``.
+def simulate(placement: Placement | Topology, schedule: Schedule, nbytes: int, *, dtype: str = "float32",
+             ranks: RanksArg = None, profile: Profile | str | None = None, top: int = 10,
+             ordered_pairs: bool = False, rendezvous: bool = False, lanes: bool = False) -> SimResult:
+    """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``placement``.
 
-    ``ranks``: rank → GPU mapping (a sequence of GPU ids), default
-    ``topology.rank_gpus()``. ``profile``: a :class:`Profile` or its name
-    (default ``ideal``). ``ordered_pairs``: the messages of one rank to another
-    travel in order over one connection (gloo over TCP: one socket per pair of
+    ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology
+    with ``ranks`` (default: its first ``schedule.nranks`` GPUs in rank order).
+    ``profile``: a :class:`Profile` or its name (default ``ideal``). ``ordered_pairs``: the
+    messages of one rank to another travel in order over one connection (gloo over TCP: one socket per pair of
     ranks), instead of sharing the links fairly with each other (NCCL: several
     channels per pair). ``rendezvous``: a message moves only once its receiver
     has posted the matching recv. ``lanes``: a rank's step lanes (a tree allreduce's
@@ -76,7 +80,7 @@ def simulate(topology: Topology, schedule: Schedule, nbytes: int, *, dtype: str 
     """
     check_size(nbytes, dtype)
     prof = get_profile(profile)
-    gpus = rank_gpus_of(topology, ranks, schedule.nranks)
+    topology, gpus = placed(placement, ranks, nranks=schedule.nranks)
     net = Network(topology, prof)
     t0 = _time.perf_counter()
     raw = FlowEngine(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
@@ -141,17 +145,17 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
 
 
 @gc_paused()
-def simulate_ring(topology: Topology, nbytes: int, *, collective: str = "allreduce", dtype: str = "float32",
-                  ranks: RankSpec = None,
-                  profile: Profile | str | None = None, channels: int | None = None, top: int = 10) -> SimResult:
+def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
+                  dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
+                  channels: int | None = None, top: int = 10) -> SimResult:
     """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
     allreduce, the total (all ranks' pieces) for reduce_scatter and
-    allgather; each of the ``channels`` rings carries an equal share. Every
-    step all ranks send one chunk (``size / (P × channels)``) to
-    their ring successor at once; the step time comes from one max-min
-    allocation of those P × channels transfers (:func:`~collectives.sim_engine.concurrent_times`),
+    allgather; each of the ``channels`` rings carries an equal share. Every step all
+    ranks send one chunk (``size / (P × channels)``) to their ring successor at once; the
+    step time comes from one max-min allocation of those P × channels transfers
+    (:func:`~treecoll.collectives.sim.engine.concurrent_times`),
     and a reduce-scatter step takes the longer of that and its reduce
     (``3 × chunk / mem_bw``: NCCL reduces while the data streams in).
     Steps: 2(P−1) for allreduce, P−1 for either half.
@@ -160,7 +164,7 @@ def simulate_ring(topology: Topology, nbytes: int, *, collective: str = "allredu
         raise CollectiveError(f"ring collective {collective!r}: expected allreduce, reduce_scatter or allgather")
     check_size(nbytes, dtype)
     prof = get_profile(profile)
-    gpus = rank_gpus_of(topology, ranks)
+    topology, gpus = placed(placement, ranks, what="simulate_ring")
     P = len(gpus)
     C = channels or default_channels(topology, gpus)
     if C < 1:
@@ -192,24 +196,22 @@ def simulate_ring(topology: Topology, nbytes: int, *, collective: str = "allredu
 
 
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
-#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`treecoll.collectives.sim_nvls`)
+#: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`treecoll.collectives.sim.nvls`)
 RING_ALGOS = ("ring",)
 NVLS_ALGOS = ("nvls",)
-#: largest chunk count chosen automatically for tree schedules (engine cost grows with chunks × edges)
-MAX_AUTO_CHUNKS = 32
-#: smallest chunk :func:`auto_chunks` makes, bytes (NCCL pipelines trees in steps of this order)
-MIN_AUTO_CHUNK = 512 << 10
+#: NCCL's tree kernels pipeline a message in slices of this order: :func:`simulate_algorithm` runs
+#: trees as NCCL's kernels run them (:data:`NCCL_TREE_RUN`), so in chunks of this many bytes
+#: (NCCL's pipelining as modelled here; what treecoll's executor runs is :func:`simulate_executor`)
+NCCL_TREE_CHUNK_BYTES = 512 << 10
+#: most pipeline chunks per tree the engine simulates exactly (its cost grows with chunks x tree edges);
+#: beyond, and beyond 8192 / P, a run is extrapolated from two (:func:`_extrapolate`)
+MAX_SIM_CHUNKS = 32
 
 
-def auto_chunks(nbytes: int, nranks: int) -> int:
-    """Pipeline chunks for a tree schedule: chunks of >= 512 KiB, at most 32, and at most 8192 / P.
-
-    A pipeline of depth D with K chunks runs at about K / (K + D) of its
-    bottleneck bandwidth, so deep trees (chains inside hosts) want many
-    chunks; the event count grows with chunks × tree edges, hence the cap
-    that shrinks with the rank count (1 chunk from 8192 ranks on).
-    """
-    return int(max(1, min(MAX_AUTO_CHUNKS, nbytes // MIN_AUTO_CHUNK, 8192 // max(nranks, 1))))
+def _sim_chunks(want: int, nranks: int) -> int:
+    """Chunks the engine simulates for a run that pipelines ``want``: at most
+    :data:`MAX_SIM_CHUNKS` and ``8192 / P`` (1 chunk from 8192 ranks on)."""
+    return int(max(1, min(want, MAX_SIM_CHUNKS, 8192 // max(nranks, 1))))
 
 
 #: above this many bytes "auto" skips the LL protocol (half bandwidth; NCCL's tuner never picks it there)
@@ -224,8 +226,8 @@ NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 def _profiles(profile: Profile | str | None, nbytes: int = 0, topology: Topology | None = None,
               gpus: Sequence[str] = ()) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`treecoll.collectives.nccl_model.ll128_enabled`, given the topology and GPUs), anything else
-    that one profile."""
+    :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs), anything
+    else that one profile."""
     from .nccl_model import ll128_enabled
     from .profiles import NCCL_PROTOCOLS
     if profile == "auto":
@@ -235,59 +237,90 @@ def _profiles(profile: Profile | str | None, nbytes: int = 0, topology: Topology
     return [get_profile(profile)]
 
 
-def simulate_algorithm(topology: Topology, algo: str, nbytes: int, *, collective: str = "allreduce",
-                       ranks: RankSpec = None,
-                       profile: Profile | str | None = "auto", nchunks: int | None = None, dtype: str = "float32",
-                       root: int = 0, top: int = 10, forward_lag: int = 0, **opts: Any) -> SimResult:
+def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, *, collective: str = "allreduce",
+                       ranks: RanksArg = None, profile: Profile | str | None = "auto", nchunks: int | None = None,
+                       dtype: str = "float32", root: int = 0, top: int = 10, forward_lag: int = 0,
+                       **opts: Any) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
-    (``two_level``, ``kary:4``, ...).
+    (``two_level``, ``kary:4``, ...) on ``placement`` (a Placement, or a Topology with ``ranks``),
+    as NCCL's kernels run it.
 
     Trees are built for ``nbytes`` by :func:`treecoll.collectives.builders.build` and
     compiled by :func:`treecoll.collectives.compile.compile_plan` with ``nchunks``
-    pipeline chunks per tree (default :func:`auto_chunks`). ``profile="auto"``
+    pipeline chunks per tree (default: NCCL's slices, ``nbytes /``
+    :data:`NCCL_TREE_CHUNK_BYTES`; more than the engine simulates exactly are
+    extrapolated from two runs). ``profile="auto"``
     simulates each NCCL protocol profile and keeps the fastest (what NCCL's
     tuner aims for; LL only up to :data:`LL_MAX_BYTES`); ``opts`` go to the
     builder. ``forward_lag`` 0: an inner rank forwards each broadcast chunk as it
-    arrives, as NCCL's tree kernels do (treecoll's executor on gloo runs schedules
-    compiled with :data:`treecoll.collectives.compile.FORWARD_LAG`; simulate those with
-    :func:`simulate`), and its reduce-up and broadcast-down run concurrently
-    (``lanes``; NCCL's ``runTreeSplit``).
+    arrives, as NCCL's tree kernels do, and its reduce-up and broadcast-down run
+    concurrently (``lanes``; NCCL's ``runTreeSplit``). What treecoll's executor runs
+    (its plan, its chunking, its in-order issue) is :func:`simulate_executor`.
     """
-    gpus = rank_gpus_of(topology, ranks)
+    p = as_placement(placement, ranks, what=f"simulate {algo}")
+    topology, gpus = placed(p, what=f"simulate {algo}")
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
         from .nvls import simulate_nvls
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
-    if algo in RING_ALGOS:   # the fastest profile; the first of equals
-        return min((simulate_ring(topology, nbytes, collective=collective, dtype=dtype, ranks=gpus, profile=p,
-                                  top=top) for p in profs), key=_time_of)
+    best = None
+    if algo in RING_ALGOS:
+        for pr in profs:
+            r = simulate_ring(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
+            best = r if best is None or r.time < best.time else best
+        return best
     from .. import builders
     from .. import compile as compile_
-    tree = builders.build(algo, topology, list(gpus), nbytes=nbytes, **opts) if algo.partition(":")[0] in (
-        "auto", "two_level") else builders.build(algo, topology, list(gpus), **opts)
-    k = nchunks or auto_chunks(nbytes, len(gpus))
-    want = max(1, nbytes // MIN_AUTO_CHUNK)
+    tree = builders.build(algo, p, nbytes=nbytes, **opts) if algo.partition(":")[0] in (
+        "auto", "two_level") else builders.build(algo, p, **opts)
+    want = nchunks if nchunks is not None else max(1, nbytes // NCCL_TREE_CHUNK_BYTES)
+    k = want if nchunks is not None else _sim_chunks(want, len(gpus))
     rt = root if collective in ("reduce", "broadcast") else None
     sched = compile_.compile_plan(tree, collective, k, root=rt, forward_lag=forward_lag)
-    half = (compile_.compile_plan(tree, collective, k // 2, root=rt, forward_lag=forward_lag)
-            if nchunks is None and want > k >= 4 else None)
+    half = compile_.compile_plan(tree, collective, k // 2, root=rt, forward_lag=forward_lag) if want > k >= 4 else None
     if collective == "allreduce":
-        profs = [p.for_tree_allreduce() for p in profs]
-
-    def run(p: Profile) -> SimResult:
-        r = simulate(topology, sched, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top, **NCCL_TREE_RUN)
+        profs = [pr.for_tree_allreduce() for pr in profs]
+    for pr in profs:
+        r = simulate(p, sched, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
         if half is not None:
-            r = _extrapolate(r, simulate(topology, half, nbytes, dtype=dtype, ranks=gpus, profile=p, top=top,
-                                         **NCCL_TREE_RUN), k, want)
-        return r
+            r = _extrapolate(r, simulate(p, half, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN),
+                             k, want)
+        best = r if best is None or r.time < best.time else best
+    return best
 
-    return min((run(p) for p in profs), key=_time_of)
+
+#: how treecoll's executor runs a schedule over gloo: one TCP connection per pair of ranks (a rank's
+#: messages to a peer go in order), a message moving once its receiver has posted the receive
+GLOO_RUN = {"ordered_pairs": True, "rendezvous": True}
 
 
-def _time_of(r: SimResult) -> float:
-    return r.time
+def simulate_executor(placement: Placement | Topology, tree: Any, nbytes: int, *, collective: str = "allreduce",
+                      ranks: RanksArg = None, op: Any = None, algo: str = "auto", root: int | None = None,
+                      nchunks: int | None = None, profile: Profile | str | None = "ideal", dtype: str = "float32",
+                      top: int = 10, run: dict | None = None) -> SimResult:
+    """What treecoll's executor runs for these arguments, simulated: the planner's schedule
+    (:meth:`treecoll.collectives.planner.Planner.schedule_for`: the same plan, the same
+    algorithm choice and the same chunks, from the one chunking policy
+    :func:`treecoll.collectives.cost.nchunks_for`), issued in order on every rank.
+
+    ``tree``, ``op``, ``algo``, ``root``, ``nchunks`` as the executor takes them (``op``
+    None: a commutative one). ``run``: engine options (default :data:`GLOO_RUN`);
+    ``stats["chunks"]``: chunks per tree.
+    """
+    from ..ops import resolve_op
+    from ..planner import default_planner
+    from ..tree import as_multi
+    check_size(nbytes, dtype)
+    p = as_placement(placement, ranks, what="simulate_executor")
+    plan, sched = default_planner().schedule_for(
+        tree, collective=collective, nbytes=nbytes, placement=p, op=resolve_op(op) if op is not None else None,
+        algo=algo if collective == "allreduce" else "tree", root=root, nchunks=nchunks,
+        max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]))
+    r = simulate(p, sched, nbytes, dtype=dtype, profile=profile, top=top, **(GLOO_RUN if run is None else run))
+    per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
+    return dataclasses.replace(r, stats=dict(r.stats, chunks=per))
 
 
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
@@ -300,19 +333,20 @@ NCCL_ALLREDUCE: dict[str, tuple[str, dict[str, Any]]] = {
 NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
-def simulate_nccl_allreduce(topology: Topology, nbytes: int, *, ranks: RankSpec = None,
+def simulate_nccl_allreduce(placement: Placement | Topology, nbytes: int, *, ranks: RanksArg = None,
                             profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
                             **kw: Any) -> tuple[str, SimResult]:
     """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
-    GPUs, :func:`treecoll.collectives.nccl_model.nccl_algos`: ring, tree, and nvls on
+    GPUs, :func:`treecoll.collectives.sim.nccl_model.nccl_algos`: ring, tree, and nvls on
     Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
     names the LL or LL128 protocol (NVLS runs Simple only).
     """
     from .. import builders
     from .nccl_model import nccl_algos
-    gpus = rank_gpus_of(topology, ranks)
+    p = as_placement(placement, ranks, what="simulate NCCL allreduce")
+    topology, gpus = placed(p, what="simulate NCCL allreduce")
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
                          if isinstance(profile, str) else None)
     names = [a for a in (algos or offered) if a in offered]
@@ -324,7 +358,7 @@ def simulate_nccl_allreduce(topology: Topology, nbytes: int, *, ranks: RankSpec 
         name, opts = NCCL_ALLREDUCE[a]
         if a == "tree":
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        return a, simulate_algorithm(topology, name, nbytes, ranks=gpus, profile=profile, **opts, **kw)
+        return a, simulate_algorithm(p, name, nbytes, profile=profile, **opts, **kw)
 
     return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
 
@@ -339,7 +373,6 @@ def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResul
     simulates. Times shrink by the same amount for every rank; bytes per
     link do not depend on K.
     """
-    import dataclasses
     k2 = k // 2
     b = (r_half.time - r.time) / (1.0 / k2 - 1.0 / k)
     if b <= 0:

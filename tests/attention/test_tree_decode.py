@@ -274,7 +274,29 @@ def test_single_process_is_local_decode():
 def test_tree_of_wrong_size_is_rejected(monkeypatch):
     from treecoll.attention.tree_decode import resolve_tree
     from treecoll.collectives import Tree
+    from treecoll.topo.errors import TreeError
+
+    with pytest.raises(TreeError, match=r"^tree 'given': spans 3 ranks, the group has 1; build it for 1 ranks$"):
+        resolve_tree(Tree.from_parents([-1, 0, 0]))        # no process group: a group of one
+
+
+def test_resolve_tree_takes_what_the_executor_takes(tmp_path):
+    """Tree, multitree of one tree, tree file, path and builder name, through the planner, on a placement."""
+    from treecoll.attention.tree_decode import resolve_tree, tree_root
+    from treecoll.collectives import MultiTree, Placement, Tree, build, load_tree, save_tree
+    from treecoll.topo import resolve
     from treecoll.topo.errors import AttentionError
 
-    with pytest.raises(AttentionError, match=r"tree: expected a Tree over the group's 1 ranks, got one over 3"):
-        resolve_tree(Tree.from_parents([-1, 0, 0]))
+    p = Placement(resolve("cpu-local"), 4)
+    chain = Tree.from_parents([-1, 0, 1, 2], name="mine")
+    save_tree(chain, tmp_path / "chain.yaml")
+    for tree in (chain, MultiTree((chain,), (1.0,)), load_tree(tmp_path / "chain.yaml"), tmp_path / "chain.yaml",
+                 str(tmp_path / "chain.yaml")):
+        assert resolve_tree(tree, placement=p).parents == (-1, 0, 1, 2), tree
+    assert resolve_tree("auto", placement=p) == build("two_level", p, rails=False)
+    assert tree_root(Tree.from_parents([2, 2, -1, 2]), placement=p) == 2
+    with pytest.raises(AttentionError, match=r"^tree: 'double_binary' is a MultiTree of 2 trees"):
+        resolve_tree("double_binary", placement=p)
+    with pytest.raises(AttentionError, match=r"^placement: got a placement and a topology"):
+        resolve_tree("auto", placement=p, topology=resolve("cpu-local"))
+

@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 
 import torch
-from treecoll.collectives.execute import allreduce, broadcast, reduce
+from treecoll.collectives.execute import CollectiveOptions, allreduce, broadcast, reduce
+from treecoll.collectives.ops import resolve_op
+from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import CollectiveError
 
 from tests.helpers import shipped
@@ -69,14 +71,14 @@ def run_cases(rank: int, world: int, cases: list) -> list:
         topology = shipped(tname) if tname else None
         values = [value(op, r, seed, rows) for r in range(world)]
         x = _clone(values[rank])
-        kw = dict(tree=tree, nchunks=nchunks, topology=topology, ranks=granks, timeout=20)
-        opx = OPS[op]
-        comm = op == "pair"
+        placement = Placement(topology, granks) if topology is not None else None
+        kw = dict(tree=tree, placement=placement, options=CollectiveOptions(algo=algo, nchunks=nchunks, timeout=20))
+        opx = resolve_op(OPS[op], commutative=True) if op == "pair" else OPS[op]
         if collective == "allreduce":
-            res = allreduce(x, op=opx, algo=algo, commutative=comm or None, **kw)
+            res = allreduce(x, op=opx, **kw)
             ok = _is(res, x) and _close(res, reference(op, values))
         elif collective == "reduce":
-            res = reduce(x, op=opx, root=root, commutative=comm or None, **kw)
+            res = reduce(x, op=opx, root=root, **kw)
             ok = (_is(res, x) and _close(res, reference(op, values))) if rank == root else (
                 res is None and _close(x, values[rank]))
         else:
@@ -88,7 +90,8 @@ def run_cases(rank: int, world: int, cases: list) -> list:
 
 def tree_mismatch(rank: int, world: int) -> str:
     try:
-        allreduce(torch.ones(8), tree="chain" if rank == 0 else "binomial", nchunks=1, timeout=10)
+        allreduce(torch.ones(8), tree="chain" if rank == 0 else "binomial",
+                  options=CollectiveOptions(nchunks=1, timeout=10))
     except CollectiveError as e:
         return str(e)
     return "no error"
@@ -96,7 +99,7 @@ def tree_mismatch(rank: int, world: int) -> str:
 
 def shape_mismatch(rank: int, world: int) -> str:
     try:
-        allreduce(torch.ones(8 + (rank == world - 1), 2), tree="binomial", timeout=10)
+        allreduce(torch.ones(8 + (rank == world - 1), 2), tree="binomial", options=CollectiveOptions(timeout=10))
     except CollectiveError as e:
         return str(e)
     return "no error"
@@ -108,15 +111,15 @@ def die_early(rank: int, world: int) -> list:
     Returns [(seconds, message)] for the three calls after rank 1 left."""
     import time
     x = torch.ones(1000)
-    allreduce(x, tree="chain", nchunks=2, timeout=5)
+    allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5))
     import torch.distributed as dist
     dist.barrier()      # everybody finished the first call before rank 1 leaves
     if rank == 1:
         os._exit(0)
     out = []
-    for call in (lambda: allreduce(x, tree="chain", nchunks=2, timeout=5),
-                 lambda: allreduce(x, tree="chain", nchunks=2, timeout=5),
-                 lambda: broadcast(x, root=0, tree="binomial", timeout=5)):
+    for call in (lambda: allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5)),
+                 lambda: allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5)),
+                 lambda: broadcast(x, root=0, tree="binomial", options=CollectiveOptions(timeout=5))):
         t0 = time.monotonic()
         try:
             call()
@@ -137,7 +140,7 @@ def never_arrives(rank: int, world: int) -> str:
         time.sleep(2.5)
         return "skipped"
     try:
-        reduce(torch.ones(4), root=0, tree="chain", check=False, timeout=1.5)
+        reduce(torch.ones(4), root=0, tree="chain", options=CollectiveOptions(check=False, timeout=1.5))
     except CollectiveError as e:
         return str(e)
     return "no error"
@@ -152,12 +155,14 @@ def subgroup(rank: int, world: int) -> list:
         return ["not a member"]
     me = members.index(rank)             # group-local rank
     out = []
-    out.append(float(allreduce(torch.tensor([float(rank)]), group=g, tree="chain", timeout=10)[0]) == sum(members))
-    res = reduce(torch.tensor([float(rank)]), root=1, group=g, tree="binomial", timeout=10)  # group rank 1 = global 2
+    out.append(float(allreduce(torch.tensor([float(rank)]), group=g, tree="chain",
+                               options=CollectiveOptions(timeout=10))[0]) == sum(members))
+    res = reduce(torch.tensor([float(rank)]), root=1, group=g, tree="binomial",
+                 options=CollectiveOptions(timeout=10))  # group rank 1 = global 2
     out.append((float(res[0]) == sum(members)) if me == 1 else res is None)
-    b = broadcast(torch.tensor([float(rank)]), root=len(members) - 1, group=g, timeout=10)
+    b = broadcast(torch.tensor([float(rank)]), root=len(members) - 1, group=g, options=CollectiveOptions(timeout=10))
     out.append(float(b[0]) == members[-1])
-    m = allreduce(torch.eye(2)[None] * (me + 1), op=matmul2, group=g, timeout=10)
+    m = allreduce(torch.eye(2)[None] * (me + 1), op=matmul2, group=g, options=CollectiveOptions(timeout=10))
     ref = torch.eye(2)[None]
     for i in range(len(members)):
         ref = ref @ (torch.eye(2)[None] * (i + 1))
@@ -175,17 +180,53 @@ def shapes_differ_after_agreement(rank: int, world: int) -> tuple:
     import torch.distributed as dist
     g = dist.new_group(list(range(world)))
     for n in (8, 9):
-        allreduce(torch.ones(n), tree="chain", group=g, timeout=10)
+        allreduce(torch.ones(n), tree="chain", group=g, options=CollectiveOptions(timeout=10))
     out = []
     for _ in range(2):
         t0 = time.monotonic()
         try:
-            allreduce(torch.ones(9 if rank == 1 else 8), tree="chain", group=g, timeout=2)
+            allreduce(torch.ones(9 if rank == 1 else 8), tree="chain", group=g, options=CollectiveOptions(timeout=2))
             out.append((time.monotonic() - t0, "no error"))
         except CollectiveError as e:
             out.append((time.monotonic() - t0, str(e)))
     dist.barrier()
-    return out, float(allreduce(torch.ones(1), tree="binomial", timeout=10)[0])
+    return out, float(allreduce(torch.ones(1), tree="binomial", options=CollectiveOptions(timeout=10))[0])
+
+
+def destroyed_group_is_freed(rank: int, world: int) -> dict:
+    """Collectives and tree_decode on a new group (plans, schedules, agreements, scratch buffers and a
+    discovered topology are kept for it), then the group is destroyed: no cache may keep it alive.
+    Returns what the caches held for the group before, and whether the group object was freed."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from treecoll.attention.tree_decode import tree_decode
+    from treecoll.collectives import group as group_mod
+    from treecoll.collectives.planner import default_planner
+
+    g = dist.new_group(list(range(world)))
+    twin = dist.new_group(list(range(world)))          # the same ranks: another communicator
+    same = {"equal": Placement(group=g) == Placement(group=g) and hash(Placement(group=g)) == hash(Placement(group=g)),
+            "twin_differs": Placement(group=g) != Placement(group=twin),
+            "default_differs": Placement(group=g) != Placement(ranks=world)}
+    dist.destroy_process_group(twin)
+    opts = CollectiveOptions(timeout=10)
+    a = allreduce(torch.full((4,), float(rank)), tree="chain", group=g, options=opts)
+    p = Placement(shipped("cpu-local"), world, group=g)
+    b = allreduce(torch.ones(3, 2), tree="two_level", placement=p, options=opts)
+    gen = torch.Generator().manual_seed(5)              # the same query and keys on every rank
+    q, k = torch.randn(1, 2, 8, generator=gen), torch.randn(1, 3, 2, 8, generator=gen)
+    out = tree_decode(q, k, k, group=g)
+    planner = default_planner()
+    held = {"agreements": len(planner.comm_cache(g).agreed), "topology": g in planner._topologies,
+            "info": g in group_mod._INFO}
+    ref = weakref.ref(g)
+    dist.destroy_process_group(g)
+    del g, p
+    gc.collect()
+    return {"sum": a.tolist(), "two_level": b.tolist(), "decoded": bool(torch.isfinite(out).all()),
+            "held": held, "freed": ref() is None, "placement": same}
 
 
 def readme_snippet(rank: int, world: int, source: str, cwd: str, func: str = "work"):

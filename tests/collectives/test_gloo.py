@@ -82,6 +82,19 @@ def test_shapes_that_differ_after_agreement_time_out_never_mix(pool4):
         assert got[1] == 4.0            # the default group still works
 
 
+def test_a_destroyed_group_is_not_kept_alive(pool4):
+    """Collectives (group= and a Placement holding the group) and tree_decode on a new group leave
+    state for it in the caches (agreements, the discovered topology, its group info); once the
+    group is destroyed and dropped, gc frees it: every cache holds it weakly, none keeps it alive.
+    Placements compare by the group object: a second group over the same ranks is not equal."""
+    res = pool4.run(tasks.destroyed_group_is_freed, timeout=120)
+    for r, got in enumerate(res):
+        assert got["sum"] == [6.0] * 4 and got["two_level"] == [[4.0, 4.0]] * 3 and got["decoded"], got
+        assert got["held"]["agreements"] >= 2 and got["held"]["topology"] and got["held"]["info"], got
+        assert got["freed"], f"rank {r}: the destroyed group is still alive"
+        assert got["placement"] == {"equal": True, "twin_differs": True, "default_differs": True}, got
+
+
 def _readme_tree_files():
     """The README's "Tree files" section: its fenced blocks as (language, text)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")

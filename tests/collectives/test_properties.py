@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from treecoll.collectives import MultiTree, Tree
-from treecoll.collectives.execute import allreduce, broadcast, reduce
+from treecoll.collectives.execute import CollectiveOptions, allreduce, broadcast, reduce
 from treecoll.collectives.layout import Layout
 from treecoll.collectives.local import run_ranks
 from treecoll.collectives.ops import resolve_op
@@ -130,17 +130,19 @@ def test_random_trees_commutative(tree, k, rows, dtype, kind, use_out, data):
     coll = data.draw(st.sampled_from(["allreduce", "reduce", "broadcast"]))
     root = data.draw(st.integers(0, n - 1))
     if coll == "allreduce":
-        res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), tree=tree, nchunks=k, commutative=comm,
-                                                   out=outs[r], transport=t, timeout=10))
+        res = run_ranks(n, lambda r, t: allreduce(vals[r], op=resolve_op(_op(kind), commutative=comm), tree=tree,
+                                                  out=outs[r], _transport=t,
+                                                  options=CollectiveOptions(nchunks=k, timeout=10)))
         expect = [ref] * n
     elif coll == "reduce":
-        res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=_op(kind), tree=tree, nchunks=k,
-                                                commutative=comm, out=outs[r], transport=t, timeout=10))
+        res = run_ranks(n, lambda r, t: reduce(vals[r], root=root, op=resolve_op(_op(kind), commutative=comm),
+                                               tree=tree, out=outs[r], _transport=t,
+                                               options=CollectiveOptions(nchunks=k, timeout=10)))
         assert all(v is None for r, v in enumerate(res) if r != root)
         expect = [ref if r == root else None for r in range(n)]
     else:
-        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, nchunks=k, out=outs[r],
-                                                   transport=t, timeout=10))
+        res = run_ranks(n, lambda r, t: broadcast(vals[r], root=root, tree=tree, out=outs[r], _transport=t,
+                                                  options=CollectiveOptions(nchunks=k, timeout=10)))
         expect = [before[root]] * n
     for r in range(n):
         if expect[r] is None:          # a reduce's non-root: x (and out) as they were
@@ -162,24 +164,26 @@ def test_non_commutative_matrix_product_keeps_rank_order(tree, k, rows, data):
     vals = _values("matmul", n, rows, None, seed=n * 7 + rows)
     ref = _reference("matmul", vals)
     root = data.draw(st.integers(0, n - 1))
-    res = run_ranks(n, lambda r, t: allreduce(vals[r].clone(), op=matmul2, tree=tree, nchunks=k, transport=t,
-                                               timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(vals[r].clone(), op=matmul2, tree=tree, _transport=t,
+                                              options=CollectiveOptions(nchunks=k, timeout=10)))
     assert all(_close(v, ref) for v in res)
-    res = run_ranks(n, lambda r, t: reduce(vals[r].clone(), root=root, op=matmul2, tree=tree, nchunks=k, transport=t,
-                                            timeout=10))
+    res = run_ranks(n, lambda r, t: reduce(vals[r].clone(), root=root, op=matmul2, tree=tree, _transport=t,
+                                           options=CollectiveOptions(nchunks=k, timeout=10)))
     assert _close(res[root], ref)
 
 
 @SETTINGS
-@given(n=st.integers(1, 6), k=st.integers(1, 3), rows=st.integers(1, 8), kind=st.sampled_from(["sum", "matmul", "pair"]),
-       algo=st.sampled_from(["ring", "rsag", "auto", "tree"]))
+@given(n=st.integers(1, 6), k=st.integers(1, 3), rows=st.integers(1, 8),
+       kind=st.sampled_from(["sum", "matmul", "pair"]), algo=st.sampled_from(["ring", "rsag", "auto", "tree"]))
 def test_ring_rsag_and_auto(n, k, rows, kind, algo):
     if algo == "ring" and kind == "matmul":
         algo = "rsag"
     vals = _values(kind, n, rows, torch.float64, seed=n + 10 * rows)
     ref = _reference(kind, vals)
-    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=_op(kind), algo=algo, nchunks=k * n,
-                                               commutative=True if kind == "pair" else None, transport=t, timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(vals[r],
+                                              op=resolve_op(_op(kind), commutative=True if kind == "pair" else None),
+                                              _transport=t,
+                                              options=CollectiveOptions(algo=algo, nchunks=k * n, timeout=10)))
     assert all(_close(v, ref) and _identical(v, x) for v, x in zip(res, vals))     # in place: x returned
 
 
@@ -191,41 +195,47 @@ def test_multitrees(a, b, share, k, rows):
     m = MultiTree((a, a.relabel(list(perm))), (share, 1 - share))
     vals = _values("pair", n, rows, None, seed=rows)
     ref = _reference("pair", vals)
-    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=pair, commutative=True, tree=m, nchunks=k,
-                                               transport=t, timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(vals[r], op=resolve_op(pair, commutative=True), tree=m, _transport=t,
+                                              options=CollectiveOptions(nchunks=k, timeout=10)))
     assert all(_close(v, ref) for v in res)
 
 
 def test_in_place_by_default_and_out():
     n = 4
     xs = [torch.full((5, 2), float(r)) for r in range(n)]
-    res = run_ranks(n, lambda r, t: allreduce(xs[r], tree="binomial", nchunks=2, transport=t, timeout=5))
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], tree="binomial", _transport=t,
+                                              options=CollectiveOptions(nchunks=2, timeout=5)))
     assert all(v is x for v, x in zip(res, xs)) and all(torch.equal(x, torch.full((5, 2), 6.0)) for x in xs)
     # out=x is the same as the default
-    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="chain", transport=t, timeout=5))
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], out=xs[r], tree="chain", _transport=t,
+                                              options=CollectiveOptions(timeout=5)))
     assert all(v is x for v, x in zip(res, xs)) and all(torch.equal(x, torch.full((5, 2), 24.0)) for x in xs)
     # a non-contiguous x: one copy in and out, the result still lands in x
     ts = [torch.arange(6.0).view(2, 3).t() * (r + 1) for r in range(n)]
-    res = run_ranks(n, lambda r, t: allreduce(ts[r], tree="binomial", transport=t, timeout=5))
+    res = run_ranks(n, lambda r, t: allreduce(ts[r], tree="binomial", _transport=t,
+                                              options=CollectiveOptions(timeout=5)))
     assert all(v is x and torch.equal(x, torch.arange(6.0).view(2, 3).t() * 10) for v, x in zip(res, ts))
     outs = [torch.empty(5, 2) for _ in range(n)]
     src = [torch.full((5, 2), float(r)) for r in range(n)]
-    res = run_ranks(n, lambda r, t: broadcast(src[r], root=2, out=outs[r], transport=t, timeout=5))
+    res = run_ranks(n, lambda r, t: broadcast(src[r], root=2, out=outs[r], _transport=t,
+                                              options=CollectiveOptions(timeout=5)))
     assert all(torch.equal(o, torch.full((5, 2), 2.0)) and v is o for v, o in zip(res, outs))
     assert all(torch.equal(x, torch.full((5, 2), float(r))) for r, x in enumerate(src))     # x unmodified
     with pytest.raises(CollectiveError, match="out expected shape"):
-        run_ranks(1, lambda r, t: allreduce(torch.ones(3), out=torch.ones(4), transport=t))
+        run_ranks(1, lambda r, t: allreduce(torch.ones(3), out=torch.ones(4), _transport=t))
     with pytest.raises(CollectiveError, match=r"x cannot take the result in place: elements share memory"):
-        run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), transport=t, timeout=5))
+        run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), _transport=t,
+                                            options=CollectiveOptions(timeout=5)))
     # ... while out= takes it
-    res = run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), out=torch.empty(4), transport=t, timeout=5))
+    res = run_ranks(2, lambda r, t: allreduce(torch.ones(1).expand(4), out=torch.empty(4), _transport=t,
+                                              options=CollectiveOptions(timeout=5)))
     assert all(torch.equal(v, torch.full((4,), 2.0)) for v in res)
 
 
 def test_in_place_on_tensors_that_require_grad():
     """Collectives run under no_grad, as torch.distributed's do: a leaf parameter takes the result."""
     ps = [torch.full((3,), float(r + 1), requires_grad=True) for r in range(3)]
-    res = run_ranks(3, lambda r, t: allreduce(ps[r], tree="chain", transport=t, timeout=5))
+    res = run_ranks(3, lambda r, t: allreduce(ps[r], tree="chain", _transport=t, options=CollectiveOptions(timeout=5)))
     assert all(v is p and torch.equal(p.detach(), torch.full((3,), 6.0)) for v, p in zip(res, ps))
 
 
@@ -238,8 +248,9 @@ def test_unchunkable_op_sees_whole_values():
 
     n = 3
     xs = [torch.ones(6, 2) for _ in range(n)]
-    res = run_ranks(n, lambda r, t: allreduce(xs[r], op=whole, commutative=True, chunkable=False, tree="chain",
-                                               nchunks=4, transport=t, timeout=5))
+    res = run_ranks(n, lambda r, t: allreduce(xs[r], op=resolve_op(whole, commutative=True, chunkable=False),
+                                              tree="chain", _transport=t,
+                                              options=CollectiveOptions(nchunks=4, timeout=5)))
     assert all(torch.equal(v, torch.full((6, 2), 3.0)) for v in res)
     assert set(seen) == {torch.Size([6, 2])}
 
@@ -247,19 +258,20 @@ def test_unchunkable_op_sees_whole_values():
 def test_non_commutative_errors():
     with pytest.raises(TreeError, match="is not commutative, so the tree must be order preserving"):
         run_ranks(3, lambda r, t: allreduce(torch.eye(2)[None], op=matmul2, tree=Tree.from_parents([-1, 2, 0]),
-                                             transport=t, timeout=5))
+                                            _transport=t, options=CollectiveOptions(timeout=5)))
     with pytest.raises(CollectiveError, match="algo 'ring' needs a commutative op"):
-        run_ranks(2, lambda r, t: allreduce(torch.eye(2)[None], op=matmul2, algo="ring", transport=t, timeout=5))
+        run_ranks(2, lambda r, t: allreduce(torch.eye(2)[None], op=matmul2, _transport=t,
+                                            options=CollectiveOptions(algo="ring", timeout=5)))
 
 
 def test_local_mismatch_and_timeout():
     with pytest.raises(CollectiveError, match="ranks disagree on the collective"):
-        run_ranks(2, lambda r, t: allreduce(torch.ones(2 + r), transport=t, timeout=5))
+        run_ranks(2, lambda r, t: allreduce(torch.ones(2 + r), _transport=t, options=CollectiveOptions(timeout=5)))
 
     def late(r, t):
         if r == 1:
             return None
-        return allreduce(torch.ones(2), check=False, transport=t, timeout=0.5)
+        return allreduce(torch.ones(2), _transport=t, options=CollectiveOptions(check=False, timeout=0.5))
 
     with pytest.raises(CollectiveError, match="rank 0 failed receiving chunk 0 from rank 1 within 0.5 s"):
         run_ranks(2, late)
@@ -274,14 +286,17 @@ def test_tuple_layouts_parts_and_packed(monkeypatch, pack_bytes):
     vals = _values("pair", n, 10, None, seed=3)
     ref = _reference("pair", vals)
     for tree, k in ((Tree.from_parents([-1, 0, 1, 0]), 3), (Tree.from_parents([2, 2, -1, 2]), 1)):
-        res = run_ranks(n, lambda r, t, tree=tree, k=k: allreduce(_clone(vals[r]), op=pair, commutative=True,
-                                                                  tree=tree, nchunks=k, transport=t, timeout=10))
+        res = run_ranks(n, lambda r, t, tree=tree, k=k: allreduce(_clone(vals[r]),
+                                                                  op=resolve_op(pair, commutative=True), tree=tree,
+                                                                  _transport=t,
+                                                                  options=CollectiveOptions(nchunks=k, timeout=10)))
         assert all(_close(v, ref) for v in res)
-    res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=pair, commutative=True, algo="rsag", transport=t,
-                                               timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(_clone(vals[r]), op=resolve_op(pair, commutative=True), _transport=t,
+                                              options=CollectiveOptions(algo="rsag", timeout=10)))
     assert all(_close(v, ref) for v in res)
     ins = [tuple(x.clone() for x in v) for v in vals]
-    res = run_ranks(n, lambda r, t: allreduce(ins[r], op=pair, commutative=True, out=ins[r], transport=t, timeout=10))
+    res = run_ranks(n, lambda r, t: allreduce(ins[r], op=resolve_op(pair, commutative=True), out=ins[r], _transport=t,
+                                              options=CollectiveOptions(timeout=10)))
     assert all(_close(v, ref) and _close(i, ref) for v, i in zip(res, ins))
     assert Layout.of(vals[0], resolve_op(pair), [1.0]).mode == ("packed" if pack_bytes else "rows")
 
@@ -292,38 +307,45 @@ def test_bad_arguments_are_one_line_errors():
         return run_ranks(n, lambda r, t: fn(r, t))
 
     with pytest.raises(CollectiveError, match=r"^op 'avg': unknown; valid names are \['max', 'min', 'prod', 'sum'\]"):
-        one(lambda r, t: allreduce(torch.ones(2), op="avg", transport=t, timeout=5))
+        one(lambda r, t: allreduce(torch.ones(2), op="avg", _transport=t, options=CollectiveOptions(timeout=5)))
     for root, got in ((5, "got 5"), (-1, "got -1")):
         with pytest.raises(CollectiveError,
                            match=rf"^reduce\(root={root}\): root expected a group rank in 0..1, {got}$"):
-            one(lambda r, t, root=root: reduce(torch.ones(2), root=root, transport=t, timeout=5))
+            one(lambda r, t, root=root: reduce(torch.ones(2), root=root, _transport=t,
+                                               options=CollectiveOptions(timeout=5)))
     with pytest.raises(CollectiveError, match=r"root expected an integer group rank, got bool True"):
-        one(lambda r, t: reduce(torch.ones(2), root=True, transport=t, timeout=5))
+        one(lambda r, t: reduce(torch.ones(2), root=True, _transport=t, options=CollectiveOptions(timeout=5)))
     with pytest.raises(CollectiveError, match=r"root expected an integer group rank, got float 1.0"):
-        one(lambda r, t: broadcast(torch.ones(2), root=1.0, transport=t, timeout=5))
+        one(lambda r, t: broadcast(torch.ones(2), root=1.0, _transport=t, options=CollectiveOptions(timeout=5)))
+    # the less common knobs are checked when the options are built, before any call
     for k in (0, -1, True):
-        with pytest.raises(CollectiveError,
-                           match=rf"^allreduce: nchunks expected a positive integer or None .*, got {k}$"):
-            one(lambda r, t, k=k: allreduce(torch.ones(4), nchunks=k, transport=t, timeout=5))
+        with pytest.raises(CollectiveError, match=rf"^options: nchunks expected a positive integer or None .*, "
+                                                  rf"got {k}$"):
+            CollectiveOptions(nchunks=k)
     for s in (0, -1, float("nan"), float("inf")):
-        with pytest.raises(CollectiveError, match=r"^allreduce: timeout expected a positive number of seconds"):
-            one(lambda r, t, s=s: allreduce(torch.ones(4), timeout=s, transport=t))
-    with pytest.raises(CollectiveError, match=r"^allreduce: check expected True, False or 'always', got 'yes'$"):
-        one(lambda r, t: allreduce(torch.ones(4), check="yes", transport=t, timeout=5))
+        with pytest.raises(CollectiveError, match=r"^options: timeout expected a positive number of seconds"):
+            CollectiveOptions(timeout=s)
+    with pytest.raises(CollectiveError, match=r"^options: check expected True, False or 'always', got 'yes'$"):
+        CollectiveOptions(check="yes")
+    with pytest.raises(CollectiveError, match=r"^options: algo expected one of \['auto', 'tree', 'ring', 'rsag', "
+                                              r"'direct'\], got 'fast'$"):
+        CollectiveOptions(algo="fast")
+    with pytest.raises(CollectiveError, match=r"^allreduce: options expected a CollectiveOptions or None, got dict$"):
+        one(lambda r, t: allreduce(torch.ones(4), _transport=t, options={"timeout": 5}))
     with pytest.raises(CollectiveError, match=r"^value: expected tensors holding data, got tensors on device 'meta'$"):
-        one(lambda r, t: allreduce(torch.ones(2, device="meta"), transport=t, timeout=5))
+        one(lambda r, t: allreduce(torch.ones(2, device="meta"), _transport=t, options=CollectiveOptions(timeout=5)))
     with pytest.raises(CollectiveError, match=r"^value: expected a tensor or a non-empty tuple of tensors, got list$"):
-        one(lambda r, t: allreduce([1.0, 2.0], transport=t, timeout=5))
+        one(lambda r, t: allreduce([1.0, 2.0], _transport=t, options=CollectiveOptions(timeout=5)))
 
 
 def test_empty_and_zero_dimensional_values():
-    res = run_ranks(3, lambda r, t: allreduce(torch.ones(0, 4), transport=t, timeout=5))
+    res = run_ranks(3, lambda r, t: allreduce(torch.ones(0, 4), _transport=t, options=CollectiveOptions(timeout=5)))
     assert all(v.shape == (0, 4) for v in res)
-    res = run_ranks(3, lambda r, t: allreduce((torch.ones(0, 3), torch.ones(0)), op=pair, commutative=True,
-                                              transport=t, timeout=5))
+    res = run_ranks(3, lambda r, t: allreduce((torch.ones(0, 3), torch.ones(0)), op=resolve_op(pair, commutative=True),
+                                              _transport=t, options=CollectiveOptions(timeout=5)))
     assert all(v[0].shape == (0, 3) and v[1].shape == (0,) for v in res)
     xs = [torch.tensor(float(r)) for r in range(3)]
-    res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", transport=t, timeout=5))
+    res = run_ranks(3, lambda r, t: allreduce(xs[r], tree="chain", _transport=t, options=CollectiveOptions(timeout=5)))
     assert all(v is x and float(x) == 3.0 for v, x in zip(res, xs))
 
 
@@ -333,22 +355,25 @@ def test_non_associative_operators_are_refused():
 
     with pytest.raises(CollectiveError, match=r"^allreduce: op '.*avg' is not associative: \(a op b\) op c and "
                                               r"a op \(b op c\) differ by .* so the result would depend on the tree"):
-        run_ranks(4, lambda r, t: allreduce(torch.ones(3), op=avg, commutative=True, transport=t, timeout=5))
+        run_ranks(4, lambda r, t: allreduce(torch.ones(3), op=resolve_op(avg, commutative=True), _transport=t,
+                                            options=CollectiveOptions(timeout=5)))
     with pytest.raises(CollectiveError, match="is not associative"):
-        run_ranks(3, lambda r, t: reduce(torch.ones(2, 2), op=lambda a, b: a - b, transport=t, timeout=5))
+        run_ranks(3, lambda r, t: reduce(torch.ones(2, 2), op=lambda a, b: a - b, _transport=t,
+                                         options=CollectiveOptions(timeout=5)))
     # declared associative: not probed (the caller takes responsibility)
     avg.associative = True
-    res = run_ranks(2, lambda r, t: allreduce(torch.full((3,), float(r)), op=avg, commutative=True, tree="chain",
-                                              transport=t, timeout=5))
+    res = run_ranks(2, lambda r, t: allreduce(torch.full((3,), float(r)), op=resolve_op(avg, commutative=True),
+                                              tree="chain", _transport=t, options=CollectiveOptions(timeout=5)))
     assert all(v.tolist() == [0.5] * 3 for v in res)
     # associative operators pass, up to their dtype's rounding (fp16 matrix products too)
     res = run_ranks(3, lambda r, t: allreduce(torch.eye(2, dtype=torch.float16)[None].repeat(4, 1, 1), op=matmul2,
-                                              transport=t, timeout=5))
+                                              _transport=t, options=CollectiveOptions(timeout=5)))
     assert all(torch.equal(v, torch.eye(2, dtype=torch.float16)[None].repeat(4, 1, 1)) for v in res)
     # without check the probe is skipped, and the result depends on the tree: what the probe prevents
     for tree, want in (("chain", 0 - (1 - 2)), ("binomial", (0 - 1) - 2)):
-        res = run_ranks(3, lambda r, t, tree=tree: allreduce(torch.tensor([float(r)]), op=lambda a, b: a - b,
-                                                             tree=tree, check=False, transport=t, timeout=5))
+        res = run_ranks(3, lambda r, t, tree=tree: allreduce(torch.tensor([float(r)]), op=lambda a, b: a - b, tree=tree,
+                                                             _transport=t,
+                                                             options=CollectiveOptions(check=False, timeout=5)))
         assert [float(v) for v in res] == [want] * 3
 
 
@@ -363,7 +388,8 @@ def test_operator_errors_name_the_op_and_leave_the_group_unusable():
 
     def body(r):
         try:
-            allreduce(torch.ones(2), op=boom, commutative=True, check=False, transport=fabric.transport(r), timeout=1)
+            allreduce(torch.ones(2), op=resolve_op(boom, commutative=True), _transport=fabric.transport(r),
+                      options=CollectiveOptions(check=False, timeout=1))
         except CollectiveError as e:
             errors[r] = str(e)
 
@@ -377,7 +403,7 @@ def test_operator_errors_name_the_op_and_leave_the_group_unusable():
                               r"zero$", e) for e in errors), errors
     with pytest.raises(CollectiveError, match=r"^broadcast\(root=0\): the process group is unusable: an earlier "
                                               r"collective on it failed \(allreduce: "):
-        broadcast(torch.ones(2), transport=fabric.transport(0), timeout=1)
+        broadcast(torch.ones(2), _transport=fabric.transport(0), options=CollectiveOptions(timeout=1))
 
 
 def test_call_shapes_that_differ_after_agreement():
@@ -388,9 +414,10 @@ def test_call_shapes_that_differ_after_agreement():
 
     def body(r, t):
         for a, b in fabric_calls:
-            allreduce(torch.ones(a if r == 0 else b), tree="chain", transport=t, timeout=5)
+            allreduce(torch.ones(a if r == 0 else b), tree="chain", _transport=t, options=CollectiveOptions(timeout=5))
         try:
-            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", transport=t, timeout=0.5)
+            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", _transport=t,
+                      options=CollectiveOptions(timeout=0.5))
         except CollectiveError as e:
             return str(e)
         return "no error"
@@ -400,9 +427,10 @@ def test_call_shapes_that_differ_after_agreement():
 
     def always(r, t):
         for a in (2, 3):
-            allreduce(torch.ones(a), tree="chain", transport=t, timeout=5)
+            allreduce(torch.ones(a), tree="chain", _transport=t, options=CollectiveOptions(timeout=5))
         try:
-            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", check="always", transport=t, timeout=5)
+            allreduce(torch.ones(2 if r == 0 else 3), tree="chain", _transport=t,
+                      options=CollectiveOptions(check="always", timeout=5))
         except CollectiveError as e:
             return str(e)
         return "no error"

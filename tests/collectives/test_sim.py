@@ -10,7 +10,7 @@ from treecoll.collectives.sim import profiles as sim_profiles
 from treecoll.collectives.sim import simulator as sim
 from treecoll.collectives.sim.engine import maxmin_rates
 from treecoll.collectives.sim.simulator import bandwidths, bus_factor, simulate, simulate_ring
-from treecoll.topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError, PlacementError
 
 from tests.collectives.sim_helpers import (
     binomial_reduce_schedule,
@@ -234,7 +234,8 @@ def test_user_errors_are_collective_errors():
         simulate(topo, s, 6)
     with pytest.raises(CollectiveError, match="dtype 'float7'"):
         simulate(topo, s, 8, dtype="float7")
-    with pytest.raises(CollectiveError, match="maps only 2"):
+    with pytest.raises(PlacementError, match=r"ranks: expected a count in 1\.\.2 \(the GPUs of topology 'star2'\), "
+                                             r"got 3"):
         simulate(topo, send_schedule(3, [(0, 2)]), 8)
     with pytest.raises(CollectiveError, match="profile 'fast'"):
         simulate(topo, s, 8, profile="fast")

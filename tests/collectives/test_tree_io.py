@@ -137,19 +137,21 @@ def test_cli_show_nccl_graph(capsys):
 
 
 # ---------------------------------------------------------------------- tree files into the executor
-def _allreduce_ranks(n, tree, **kw):
+def _allreduce_ranks(n, tree):
     import torch
-    from treecoll.collectives.execute import allreduce
+    from treecoll.collectives.execute import CollectiveOptions, allreduce
     from treecoll.collectives.local import run_ranks
     xs = [torch.full((6,), float(r + 1)) for r in range(n)]
-    return run_ranks(n, lambda r, t: allreduce(xs[r], tree=tree, nchunks=2, transport=t, timeout=10, **kw))
+    opts = CollectiveOptions(nchunks=2, timeout=10)
+    return run_ranks(n, lambda r, t: allreduce(xs[r], tree=tree, options=opts, _transport=t))
 
 
 def test_executor_takes_tree_objects_files_and_paths(tmp_path, monkeypatch):
     import pathlib
 
-    from treecoll.collectives.execute import plan_for
     from treecoll.collectives.ops import resolve_op
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.planner import Planner
     multi = MultiTree((Tree.from_parents([-1, 0, 0, 2]), Tree.from_parents([2, 0, -1, 2])), (0.25, 0.75))
     path = tmp_path / "two.yaml"
     save_tree(multi, path, hosts=["h0", "h0", "h1", "h1"])
@@ -159,8 +161,11 @@ def test_executor_takes_tree_objects_files_and_paths(tmp_path, monkeypatch):
     for tree in (multi, load_tree(path), str(path), path, "two.yaml", pathlib.PurePath("two.yaml"), "nested.yml"):
         assert all(v.tolist() == [10.0] * 6 for v in _allreduce_ranks(4, tree)), tree
 
-    def plan(tree, **kw):
-        return plan_for(tree, collective="allreduce", nbytes=8, nranks=4, op=resolve_op("sum"), **kw)
+    planner = Planner()
+
+    def plan(tree, topology=None):
+        return planner.plan_for(tree, collective="allreduce", nbytes=8, placement=Placement(topology, 4),
+                                op=resolve_op("sum"))
 
     assert plan(str(path)) == multi and plan(path) == multi and plan(load_tree(path)) == multi
     assert plan("nested.yml").parents == (-1, 0, 1, 0)

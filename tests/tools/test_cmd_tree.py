@@ -58,8 +58,8 @@ def test_a_tree_larger_than_the_topology(capsys, tmp_path):
     rc, out, _ = run(capsys, "tree", "check", f, "--topology", "dgx-h100")
     assert (rc, out) == (1, f"{f}: does not fit\n  the tree has 12 ranks, topology 'dgx-h100' has 8 GPUs\n")
     rc, _, err = run(capsys, "tree", "show", f, "--topology", "dgx-h100")
-    assert (rc, err) == (1, "treecoll: error: tree: expected at most 8 ranks (the GPUs of topology 'dgx-h100'), "
-                            "got 12\n")
+    assert (rc, err) == (1, "treecoll: error: ranks: expected a count in 1..8 (the GPUs of topology 'dgx-h100'), "
+                            "got 12; pass fewer ranks or a larger topology\n")
 
 
 def test_build_names_the_model_of_its_predictions(capsys):
