@@ -27,10 +27,11 @@ declaring ``chunkable=False`` (argument or attribute) is never split.
 >>> mm = resolve_op(lambda a, b: a @ b)
 >>> mm.commutative, mm.elementwise, mm.chunkable
 (False, False, True)
->>> resolve_op("avg")
+>>> resolve_op("avg")  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'], or pass a callable op(a, b)
+treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'],
+or pass a callable op(a, b)
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
     g = t.graph
     per_host = t.gpus_per_host()
     links: dict[str, dict[str, Any]] = {}
-    for a, b, d in g.edges(data=True):
+    for _, _, d in g.edges(data=True):
         e = links.setdefault(d["kind"], {"pairs": 0, "bw": [], "lat": []})
         e["pairs"] += 0.5
         e["bw"].append(d["bw"])
