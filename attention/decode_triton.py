@@ -54,7 +54,7 @@ import os
 
 import torch
 from treecoll.attention.decode_gpu import MAX_SPLITS, block_n, choose_num_splits
-from treecoll.attention.state import LOG2E
+from treecoll.attention.lse import LOG2E
 from treecoll.topo.errors import AttentionError, MissingDependency
 
 try:

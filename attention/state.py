@@ -89,8 +89,6 @@ import torch
 from treecoll.topo.errors import AttentionError
 
 __all__ = [
-    "LN2",
-    "LOG2E",
     "MergeOp",
     "State",
     "empty_state",
@@ -99,15 +97,8 @@ __all__ = [
     "merge_states",
     "online_to_state",
     "pack_state",
-    "to_base2",
-    "to_natural_log",
     "unpack_state",
 ]
-
-#: log2(e): multiply a natural-log quantity by this to get base 2.
-LOG2E = 1.4426950408889634
-#: ln(2): multiply a base-2 quantity by this to get natural log.
-LN2 = 0.6931471805599453
 
 State = tuple[torch.Tensor, torch.Tensor]
 _NEG_INF = float("-inf")
@@ -323,15 +314,4 @@ class MergeOp:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             return merge_packed(a, b, batch=self.batch, heads=self.heads, head_dim=self.head_dim)
         return merge(a, b)
-
-
-def to_natural_log(lse_base2: torch.Tensor) -> torch.Tensor:
-    """Convert a base-2 LSE (FlashInfer, Triton tutorial) to natural log (float32);
-    ``-inf`` stays ``-inf``."""
-    return lse_base2.float() * LN2
-
-
-def to_base2(lse: torch.Tensor) -> torch.Tensor:
-    """Convert a natural-log LSE to base 2 (float32); ``-inf`` stays ``-inf``."""
-    return lse.float() * LOG2E
 
