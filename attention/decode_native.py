@@ -156,8 +156,10 @@ class _Args(ctypes.Structure):
         (n, ctypes.c_int64) for n in ("threads", "isa", "flags", "block_tokens")]
 
 
-def decode_native(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_table=None,
-                  isa: str | None = None, q_bf16: bool = False, threads: int | None = None):
+def decode_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
+                  num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  block_table: torch.Tensor | None = None, isa: str | None = None, q_bf16: bool = False,
+                  threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
     :func:`treecoll.attention.decode_partial` for shapes and the contract).
 

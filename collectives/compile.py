@@ -43,6 +43,8 @@ on that send (no overwrite in flight).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from treecoll.topo.errors import ScheduleError
 
 from .schedule import Schedule, Step
@@ -264,7 +266,7 @@ def _seg_chunks(nranks: int, nchunks: int | None, what: str) -> int:
     return k
 
 
-def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order=None) -> Schedule:
+def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order: Sequence[int] | None = None) -> Schedule:
     """Ring allreduce along ``order`` (default 0..P-1): reduce-scatter then all-gather,
     ``2 (P - 1)`` steps of ``1/P`` of the message. ``nchunks`` (a multiple of P,
     default P) splits each of the P segments into ``nchunks / P`` pieces that
@@ -425,7 +427,8 @@ def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 
     return (compile_ring_allreduce if algo == "ring" else compile_rsag_allreduce)(n, n * k)
 
 
-def merge_schedules(schedules, shares=None, *, name: str = "") -> Schedule:
+def merge_schedules(schedules: Sequence[Schedule], shares: Sequence[float] | None = None, *,
+                    name: str = "") -> Schedule:
     """Run several schedules of one collective side by side on shares of the message
     (e.g. one ring per NCCL channel): chunk ids are renumbered (schedule i's chunks
     follow schedule i-1's), each chunk's share scaled by the schedule's share (equal

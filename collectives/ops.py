@@ -72,7 +72,7 @@ class Op:
         if self.elementwise and self.inplace is None:
             raise CollectiveError(f"op {self.name!r}: an element-wise op needs inplace(a, b)")
 
-    def __call__(self, a, b):
+    def __call__(self, a: Any, b: Any) -> Any:
         return self.fn(a, b)
 
     def key(self) -> str:

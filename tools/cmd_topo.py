@@ -49,7 +49,7 @@ SMI_LEGEND = [
 ]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("topo", help="inspect, discover and import cluster topologies",
                               description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
                                           "a shipped name (topologies/<name>.yaml) or 'default'.")
