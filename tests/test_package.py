@@ -131,7 +131,7 @@ BYTE_FORMATTING = re.compile(
     r"""\{[^{}]*/\s*\(?\s*(?:1\s*<<\s*\d+|1e\d+|1[0-9_]*\s*\*\*\s*\d+|2\s*\*\*\s*\d+|\d{4,}|[A-Z]{2}B|[A-Z]iB)\b"""
     r"""[^{}]*\}\s?(?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)(?![/\w])""")
 #: modules that still print sizes their own way (remove each once it uses treecoll.topo.fmt)
-BYTE_FORMATTING_TO_PORT = {"tools/bench_decode.py", "tools/bench_tree_attention.py"}
+BYTE_FORMATTING_TO_PORT = {"tools/bench_tree_attention.py"}
 
 
 def test_one_byte_formatter():
@@ -227,10 +227,6 @@ BEING_EDITED = "being edited alongside; its hints come with that change"
 #: modules whose public functions are not all annotated yet, each with its reason (the test fails once one is)
 UNTYPED_MODULES = {
     "treecoll.attention.hf": BEING_EDITED,
-    "treecoll.attention.tree_decode": BEING_EDITED,
-    "treecoll.collectives.cost": BEING_EDITED,
-    "treecoll.collectives.execute": BEING_EDITED,
-    "treecoll.collectives.planner": BEING_EDITED,
     "treecoll.collectives.sim.engine": BEING_EDITED,
     "treecoll.collectives.sim.nccltests": BEING_EDITED,
     "treecoll.tools.bench_sim_scale": BEING_EDITED,
