@@ -12,6 +12,23 @@ round the scores to the input dtype or are slow.  Long sequences are split
 over ``torch.get_num_threads()`` worker threads, each running single-threaded
 torch ops, and the splits are merged with :func:`attention.merge_states`.  The same code runs on CUDA
 tensors with ``backend='torch'`` (a fallback; the Triton kernels are the CUDA path).
+
+One query against two keys with scores ``[1, 0]`` (``scale=1``): the weights are ``e / (e + 1)`` and
+``1 / (e + 1)``, so ``out = (e * [1, 2] + [3, 4]) / (e + 1)`` and ``lse = log(e + 1)``, whether the keys
+are one block or two splits of one key each, merged:
+
+>>> import torch
+>>> q = torch.tensor([[[1.0, 0.0]]])                       # [batch 1, q_heads 1, head_dim 2]
+>>> k = torch.tensor([[[[1.0, 0.0]], [[0.0, 1.0]]]])      # [batch 1, seq 2, kv_heads 1, head_dim 2]
+>>> v = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]]]])
+>>> out, lse = decode_torch(q, k, v, torch.tensor([2]), 1.0)
+>>> [round(x, 5) for x in out.flatten().tolist()], round(lse.item(), 5)
+([1.53788, 2.53788], 1.31326)
+>>> out2, lse2 = decode_torch(q, k, v, torch.tensor([2]), 1.0, num_splits=2, block_size=1)
+>>> torch.allclose(out2, out), torch.allclose(lse2, lse)
+(True, True)
+>>> decode_torch(q, k, v, torch.tensor([0]), 1.0)           # no keys: the merge identity
+(tensor([[[0., 0.]]]), tensor([[-inf]]))
 """
 from __future__ import annotations
 

@@ -26,8 +26,6 @@ BENCHMARK = "benchmark script: a run prints a table and writes JSON (docs/benchm
 COMMAND = "command-line module: its tests call main([...]) in tests/tools"
 #: modules whose examples would need a GPU, root or a process group; each says why
 NO_EXAMPLES = {
-    "treecoll.attention.decode_cpu": "examples not written yet",
-    "treecoll.attention.decode_native": "examples not written yet",
     "treecoll.attention.dist": "needs a process group or the torch profiler (tests/attention/test_dist.py)",
     "treecoll.attention.hf": "needs transformers and a model directory (tests/attention/test_hf.py)",
     "treecoll.tools": "package marker",
