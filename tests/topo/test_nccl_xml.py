@@ -195,7 +195,10 @@ def test_graph_file_parses_to_plain_data():
 # Excerpt (attributes shortened) of the structure of aliyun/SimAI SimCCL/test/topo_8A100_4CX6.xml, an
 # 8x A100 HGX NCCL dump: three levels of Broadcom PEX bridges above each GPU, a bonded NIC straight
 # under the CPU, another beside GPU1 one level down.
-SIMAI = """<system version="1">
+# every GPU: two NVLinks to each of the six NVSwitches
+A100_NVLINKS = "\n".join(f'              <nvlink target="0000:{bus}:00.0" count="2" tclass="0x068000"/>'
+                         for bus in ("c3", "c0", "c2", "c5", "c1", "c4"))
+SIMAI = f"""<system version="1">
   <cpu numaid="0" affinity="00000000,ffffffff,00000000,ffffffff"
        arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="106">
     <pci busid="0000:06:00.0" class="0x020000" link_speed="16 GT/s" link_width="16">
@@ -207,12 +210,7 @@ SIMAI = """<system version="1">
           <pci busid="0000:13:00.0" class="0x030200"
                vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
             <gpu dev="0" sm="80" rank="0" gdr="1">
-              <nvlink target="0000:c3:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c0:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c2:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c5:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c1:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c4:00.0" count="2" tclass="0x068000"/>
+{A100_NVLINKS}
             </gpu>
           </pci>
         </pci>
@@ -222,12 +220,7 @@ SIMAI = """<system version="1">
           <pci busid="0000:19:00.0" class="0x030200"
                vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
             <gpu dev="1" sm="80" rank="1" gdr="1">
-              <nvlink target="0000:c3:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c0:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c2:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c5:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c1:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c4:00.0" count="2" tclass="0x068000"/>
+{A100_NVLINKS}
             </gpu>
           </pci>
         </pci>
