@@ -31,11 +31,14 @@ Units: seconds in JSON, ms in the table. Not a test.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from treecoll.tools import units
 from treecoll.tools.bench import emulated
@@ -43,6 +46,9 @@ from treecoll.tools.bench.emulated import load_topology
 from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
 from treecoll.tools.cli import script_main
 from treecoll.topo.fmt import table
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 METHODS = ("tree", "ring", "allreduce3")
 Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (its config.json on the Hugging Face hub)
@@ -55,7 +61,7 @@ def shard_tokens(tokens: int, world: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- worker
-def measure(rank: int, world: int, args) -> dict | None:
+def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     """One rank (:func:`treecoll.tools.bench.emulated.worker`): every context length, compute and the
     methods interleaved; rank 0 returns the rows."""
     import torch
@@ -102,7 +108,7 @@ def _measure_tokens(q, fns: dict, methods: list[str], tokens: int, rank: int, wo
 
 
 # ----------------------------------------------------------------------------- predictions
-def predict(method: str, topology, world: int, tokens: int, compute: float) -> float:
+def predict(method: str, topology: Topology, world: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds)."""
     from treecoll.collectives import builders, compile_plan
     from treecoll.collectives.sim.engine import Network, concurrent_times
@@ -132,7 +138,7 @@ def predict(method: str, topology, world: int, tokens: int, compute: float) -> f
 
 
 # ----------------------------------------------------------------------------- driver
-def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args) -> dict:
+def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args: argparse.Namespace) -> dict:
     """One case of the JSON: rank 0's rows with the predictions added."""
     topology = load_topology(str(topo_path))
     rows = []
@@ -160,7 +166,7 @@ def print_table(cases: list[dict]) -> None:
           "max|diff| = largest output difference between methods")
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_emucluster_decode", __doc__, repeats=2, json="bench_emucluster_decode.json",
                       aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
                       helps={"--repeats": "repetitions per method"})

@@ -49,7 +49,7 @@ SMI_LEGEND = [
 ]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("topo", help="inspect, discover and import cluster topologies",
                               description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
                                           "a shipped name (topologies/<name>.yaml) or 'default'.")
@@ -115,7 +115,7 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
     g = t.graph
     per_host = t.gpus_per_host()
     links: dict[str, dict[str, Any]] = {}
-    for a, b, d in g.edges(data=True):
+    for _, _, d in g.edges(data=True):
         e = links.setdefault(d["kind"], {"pairs": 0, "bw": [], "lat": []})
         e["pairs"] += 0.5
         e["bw"].append(d["bw"])

@@ -15,6 +15,10 @@ number they show is the number the command prints.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 __all__ = ["STEPS", "DEMO_DECODE", "TREE_ARGV", "SIMULATE_ARGV", "tree_case", "simulate_case"]
 
@@ -35,14 +39,14 @@ SIMULATE_ARGV = ["simulate", "decode", "--topology", "default", "--seq-len", ","
                  "--heads", str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM)]
 
 
-def tree_case(topology) -> dict:
+def tree_case(topology: Topology) -> dict[str, Any]:
     """What ``treecoll`` :data:`TREE_ARGV` prints (``--json``): the tree tree attention reduces over."""
     from treecoll.tools.cmd_tree import build_data
 
     return build_data(topology, "two_level", nbytes=STATE_BYTES, rails="no")[1]
 
 
-def simulate_case(topology) -> dict:
+def simulate_case(topology: Topology) -> dict[str, Any]:
     """What ``treecoll`` :data:`SIMULATE_ARGV` prints (``--json``): one decode step, modelled."""
     from treecoll.attention.cost import DecodeShape
     from treecoll.tools.cmd_simulate import decode_data

@@ -28,10 +28,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treecoll.tools import units
 from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 __all__ = ["Unavailable", "load_topology", "add_options", "parse_methods", "ready", "cases", "worker"]
 
@@ -40,7 +43,7 @@ class Unavailable(Exception):
     """A method or prediction that cannot run (the reason is recorded in the JSON)."""
 
 
-def load_topology(path: str | None):
+def load_topology(path: str | None) -> Topology:
     """The emulated cluster's Topology from its YAML (``TREECOLL_EMU_TOPOLOGY`` in a rank)."""
     if not path:
         raise Unavailable("no topology YAML (TREECOLL_EMU_TOPOLOGY unset)")
