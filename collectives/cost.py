@@ -211,6 +211,19 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     return CostModel(placement).best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
+def _levels(t: Tree) -> tuple[list[int], list[int]]:
+    """(depth, subtree height) of every rank of ``t``."""
+    depth, height = [0] * t.size, [0] * t.size
+    order = t.postorder()
+    for r in reversed(order):
+        if t.parents[r] >= 0:
+            depth[r] = depth[t.parents[r]] + 1
+    for r in order:
+        if t.parents[r] >= 0:
+            height[t.parents[r]] = max(height[t.parents[r]], height[r] + 1)
+    return depth, height
+
+
 class CostModel:
     """Predicts collective times for the group ranks of a placement.
 
@@ -337,22 +350,17 @@ class CostModel:
         out = []
         for k in chunk_counts:
             worst = 0.0
-            if (k == 1) not in prepared_by:      # one chunk: a tree's levels take turns on the links
-                prepared_by[k == 1] = prepare(k == 1)
-            prepared = prepared_by[k == 1]
-            for t, share, nodes in prepared:
+            # the first chunk meets only its own tree level on the links; the pipeline's steady
+            # state has every edge busy
+            if True not in prepared_by:
+                prepared_by[True] = prepare(True)
+            if k > 1 and False not in prepared_by:
+                prepared_by[False] = prepare(False)
+            prepared = prepared_by[True]
+            for ti, (t, share, nodes) in enumerate(prepared):
                 m = nbytes * share / k
                 ahead = min(k, LOOKAHEAD) * o
                 total = 0.0
-                # steady state: per chunk a rank handles its messages one after another (CPU) while
-                # its links carry the chunk
-                stage = 0.0
-                for r, ups, downs, red in nodes:
-                    c = len(ups or downs)
-                    msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
-                    cpu = msgs * o + (c * red * m if up else 0.0)
-                    link = max(m * inv for _, _, inv in (ups or []) + (downs or []))
-                    stage = max(stage, cpu, link)
                 if up:
                     finish = [0.0] * t.size
                     for r, ups, _, red in nodes:
@@ -362,9 +370,20 @@ class CostModel:
                 if down:
                     reach = [0.0] * t.size
                     for r, _, downs, _ in reversed(nodes):
+                        free = reach[r]           # the parent sends to its children one after another
                         for i, (c, lat, inv) in enumerate(downs):
-                            reach[c] = reach[r] + (i + 1) * o + lat + m * inv
+                            free = max(free, reach[r] + (i + 1) * o) + m * inv
+                            reach[c] = free + lat
                     total += max(reach)
+                # steady state: per chunk a rank handles its messages one after another (CPU)
+                # while its links carry the chunk
+                stage = 0.0
+                for r, ups, downs, red in (prepared_by[False][ti][2] if k > 1 else ()):
+                    c = len(ups or downs)
+                    msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
+                    cpu = msgs * o + (c * red * m if up else 0.0)
+                    link = max(m * inv for _, _, inv in (ups or []) + (downs or []))
+                    stage = max(stage, cpu, link)
                 worst = max(worst, total + (k - 1) * stage)
             # every rank issues the messages of all trees from one thread: a multitree's trees
             # share each rank's time
@@ -383,8 +402,9 @@ class CostModel:
     def _tree_rates(self, multi: MultiTree, up: bool, down: bool, by_level: bool = False
                     ) -> dict[tuple[int, int], float]:
         """Rates of the tree edges (both ways for an allreduce). All edges of all trees share the
-        links at once (a pipeline in steady state), or with ``by_level`` only the edges of one
-        phase whose child is at the same depth (one chunk: the levels take turns)."""
+        links at once (a pipeline in steady state), or with ``by_level`` only the edges that are
+        busy at the same time with one chunk: going up, those whose child's subtree has the same
+        height; going down, those whose child has the same depth."""
         key = (tuple(t.parents for t in multi.trees), up, down, by_level)   # rates depend on edges only
         hit = self._rate_memo.get(key)
         if hit is not None:
@@ -393,13 +413,13 @@ class CostModel:
             self._rate_memo.clear()
         groups: dict = defaultdict(list)
         for t in multi.trees:
-            depth = [t.depth(r) for r in range(t.size)] if by_level else None
+            depth, height = _levels(t) if by_level else (None, None)
             for c, p in t.edges():
-                level = depth[c] if by_level else 0
-                if up:
-                    groups[("up", level)].append((c, p))
-                if down:
-                    groups[("down" if by_level else "up", level)].append((p, c))
+                if up:      # a child sends up once its subtree is done: its height says when
+                    groups[("up", height[c]) if by_level else 0].append((c, p))
+                if down:    # a parent forwards down once the chunk reached it (its depth says when), to
+                    # one child after another
+                    groups[("down", depth[c], t.children[p].index(c)) if by_level else 0].append((p, c))
         rate: dict[tuple[int, int], float] = {}
         for flows in groups.values():
             for f, v in self.rates(flows).items():
