@@ -5,7 +5,9 @@ treecoll's executor issues every send and receive from Python; the
 (:mod:`treecoll.collectives.sim.executor`). This script measures it:
 
 * **gloo** (``GLOO_STEP_S``): latency-bound tree allreduces (chain, binomial,
-  star; 8 B to 1 KiB, one chunk) on P gloo processes. Each measured time ``T``
+  star; 8 B to 1 KiB, one chunk) on P gloo processes, timed in rounds of
+  :data:`CALLS` calls (a round's time: its slowest rank's; a case's: its
+  fastest round, the one other load on the machine disturbed least). Each time ``T``
   is divided by the schedule's number of messages in a row ``S``: the
   executor simulation of the same schedule with ``o = 1`` on free links (no
   latency, unbounded bandwidth). ``o`` is the least-squares fit of ``T = o S``.
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -128,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             per_rank = pool.run(_time_rank, args.reps, timeout=600)
         for key in per_rank[0]:
             name, size = key.split("/")
-            # a round's time is its slowest rank's; the median over rounds resists a busy machine
-            t = statistics.median(max(r[key][i] for r in per_rank) for i in range(args.reps))
+            # a round's time is its slowest rank's; the fastest round is the one the machine's other
+            # load disturbed least
+            t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
             s = 2 * (p - 1) if name == "native" else serial_messages(name, p, int(size))
             (native_pairs if name == "native" else tree_pairs).append((t, s))
             rows.append({"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s})
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         local.append(_time_local(p, args.reps))
     fit = {"GLOO_STEP_S": fit_through_origin(tree_pairs), "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
-           "PYTHON_STEP_S": statistics.median(local)}
+           "PYTHON_STEP_S": min(local)}
     for k, v in fit.items():
         print(f"{k} = {v * 1e6:.1f}e-6")
     if args.json:

@@ -40,7 +40,7 @@ from .engine import FlowEngine, Network, gc_paused
 from .profiles import get_profile
 from .result import DTYPE_SIZES, SimResult, check_size, make_result, placed
 
-__all__ = ["ExecutorEngine", "simulate_executor_schedule", "predict_schedule", "EXECUTOR_RUN"]
+__all__ = ["ExecutorEngine", "simulate_executor_schedule", "predict_schedule", "predict_tree", "EXECUTOR_RUN"]
 
 #: how the backends move treecoll's point-to-point messages: in order per pair of ranks, each once
 #: its receive is posted
@@ -140,3 +140,29 @@ def predict_schedule(placement: Placement | Any, tree: Any, nbytes: int, *, coll
     per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
     return dataclasses.replace(r, profile=f"executor ({cost.backend})",
                                stats=dict(r.stats, chunks=per, mode="executor", backend=cost.backend))
+
+
+def predict_tree(placement: Placement | Any, plan: Any, nbytes: int, *, collective: str = "allreduce",
+                 mode: str = "executor", backend: str | None = None, ranks: RanksArg = None,
+                 root: int | None = None, dtype: str = "float32", top: int = 10) -> SimResult:
+    """THE prediction of a treecoll tree (a Tree, MultiTree or builder name) that every command
+    prints: ``mode`` ``executor`` (:func:`predict_schedule`: as ``collectives.allreduce`` runs it)
+    or ``in-kernel`` (the same tree inside the communication library, NCCL's protocols and
+    pipelining: :func:`treecoll.collectives.sim.simulator.simulate_algorithm`). ``root``: where a
+    reduce ends or a broadcast starts (default: the tree's root). ``stats["mode"]`` says which."""
+    from treecoll.topo.errors import CollectiveError
+
+    from ..cost import MODES
+    if mode not in MODES:
+        raise CollectiveError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    p = as_placement(placement, ranks, what="prediction")
+    if mode == "executor":
+        return predict_schedule(p, plan, nbytes, collective=collective, backend=backend, root=root, dtype=dtype,
+                                top=top)
+    from ..tree import as_multi
+    from .simulator import simulate_algorithm
+    if root is None and collective != "allreduce" and not isinstance(plan, str):
+        root = as_multi(plan).roots[0]
+    r = simulate_algorithm(p, plan, nbytes, collective=collective, dtype=dtype, top=top,
+                           root=0 if root is None else root)
+    return dataclasses.replace(r, stats=dict(r.stats, mode="in-kernel", backend="nccl"))
