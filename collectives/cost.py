@@ -107,22 +107,23 @@ class ExecutorCost:
     source: str
 
 
-#: Fitted on this project's gloo (torch.distributed, 127.0.0.1, 2 and 4 processes):
-#: ``python -m treecoll.tools.fit_executor_cost --procs 2 4`` (latency-bound allreduces of
-#: 8 B .. 1 KiB; the fit divides each measured time by the number of messages on the
-#: schedule's critical path, as :mod:`treecoll.collectives.sim.executor` counts them).
-GLOO_STEP_S = 60e-6
-GLOO_NATIVE_STEP_S = 20e-6
-#: The executor's own Python cost per message, without a transport's (the fit's in-process
-#: transport, :mod:`treecoll.collectives.local`, same command) ...
-PYTHON_STEP_S = 10e-6
+#: Fitted on this project's 2-core machine over gloo (torch.distributed, 127.0.0.1, 2 and 4
+#: processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 20`` (latency-bound
+#: allreduces of 8 B .. 1 KiB; each time divided by the messages in a row of its schedule, as
+#: :mod:`treecoll.collectives.sim.executor` counts them). It printed these values at a load
+#: average of about 20 (other jobs shared the 2 cores): re-run it on the machine you predict for.
+GLOO_STEP_S = 456.4e-6
+GLOO_NATIVE_STEP_S = 564.3e-6
+#: The executor's own Python cost per message, without a network library (the same command,
+#: with the in-process transport of :mod:`treecoll.collectives.local`) ...
+PYTHON_STEP_S = 64.7e-6
 #: ... plus one NCCL point-to-point operation: nccl-tests' sendrecv reports about 3 µs for
 #: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost("gloo", GLOO_STEP_S, GLOO_NATIVE_STEP_S,
-                         "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4"),
+                         "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 20"),
     "nccl": ExecutorCost("nccl", PYTHON_STEP_S + NCCL_P2P_S, None,
                          "the executor's Python cost per message (fitted with the in-process transport) + "
                          "NCCL sendrecv small-message time ~3 us (https://github.com/NVIDIA/nccl/issues/1487)"),
@@ -336,14 +337,19 @@ class CostModel:
         def prepare(by_level: bool) -> list:
             rate = self._tree_rates(multi, up, down, by_level)
             prepared = []
-            for t, share in zip(multi.trees, multi.shares):
+            msgs = [[len(t.children[r]) + (t.parents[r] >= 0) for r in range(t.size)] for t in multi.trees]
+            busy = [sum(m[r] for m in msgs) for r in range(multi.size)]
+            for t, share, own in zip(multi.trees, multi.shares, msgs):
                 nodes = []
                 for r in t.postorder():
                     kids = t.children[r]
                     if kids:
                         ups = [(c, self._pair(c, r)[0], 1.0 / rate[(c, r)]) for c in kids] if up else None
                         downs = [(c, self._pair(r, c)[0], 1.0 / rate[(r, c)]) for c in kids] if down else None
-                        nodes.append((r, ups, downs, 3.0 / (self._mem_bw[r] * 1e9)))
+                        # an inner rank also issues its messages of the other trees, interleaved: on
+                        # average half of them before a given message of this tree
+                        nodes.append((r, ups, downs, 3.0 / (self._mem_bw[r] * 1e9),
+                                      o * (busy[r] + own[r]) / (2 * own[r])))
                 prepared.append((t, share, nodes))
             return prepared
 
@@ -359,26 +365,27 @@ class CostModel:
             prepared = prepared_by[True]
             for ti, (t, share, nodes) in enumerate(prepared):
                 m = nbytes * share / k
-                ahead = min(k, LOOKAHEAD) * o
                 total = 0.0
                 if up:
                     finish = [0.0] * t.size
-                    for r, ups, _, red in nodes:
-                        arrive = max(finish[c] + o + lat + m * inv for c, lat, inv in ups)
-                        finish[r] = max(len(ups) * ahead, arrive) + len(ups) * red * m
+                    sends = [o] * t.size          # a rank's cost for its send up
+                    for r, ups, _, red, o_r in nodes:
+                        arrive = max(finish[c] + sends[c] + lat + m * inv for c, lat, inv in ups)
+                        finish[r] = max(len(ups) * min(k, LOOKAHEAD) * o_r, arrive) + len(ups) * red * m
+                        sends[r] = o_r
                     total += finish[t.root]
                 if down:
                     reach = [0.0] * t.size
-                    for r, _, downs, _ in reversed(nodes):
+                    for r, _, downs, _, o_r in reversed(nodes):
                         free = reach[r]           # the parent sends to its children one after another
                         for i, (c, lat, inv) in enumerate(downs):
-                            free = max(free, reach[r] + (i + 1) * o) + m * inv
+                            free = max(free, reach[r] + (i + 1) * o_r) + m * inv
                             reach[c] = free + lat
                     total += max(reach)
                 # steady state: per chunk a rank handles its messages one after another (CPU)
                 # while its links carry the chunk
                 stage = 0.0
-                for r, ups, downs, red in (prepared_by[False][ti][2] if k > 1 else ()):
+                for r, ups, downs, red, _ in (prepared_by[False][ti][2] if k > 1 else ()):
                     c = len(ups or downs)
                     msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
                     cpu = msgs * o + (c * red * m if up else 0.0)

@@ -53,8 +53,8 @@ def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
     """Messages in a row of the executor's one-chunk allreduce on ``tree``: its simulated time
     on (nearly) free links in units of the per-message cost.
 
-    >>> serial_messages("chain", 2, 8)      # rank 1 sends, rank 0 receives; rank 0 sends, rank 1 receives
-    4.0
+    >>> serial_messages("chain", 2, 8)   # rank 1 sends as rank 0 posts its receive; then back
+    2.0
     """
     from treecoll.collectives.builders import build
     from treecoll.collectives.compile import compile_allreduce

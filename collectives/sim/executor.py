@@ -22,8 +22,8 @@ NCCL's protocol constants) is :func:`treecoll.collectives.sim.simulator.simulate
 >>> from treecoll import topo
 >>> from treecoll.collectives.placement import Placement
 >>> r = predict_schedule(Placement(topo.default(), 2), "chain", 8, step_cost=10e-6)
->>> round(r.time * 1e6, 1)          # 4 messages, each costing a rank 10 us, 2 in a row per phase
-40.6
+>>> round(r.time * 1e6, 1)    # rank 1 sends while rank 0 posts its receive, then back: 2 x (10 + 0.6 us NVLink)
+21.2
 """
 from __future__ import annotations
 
