@@ -13,16 +13,31 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
 * Reduction compute: combining n bytes reads two operands and writes one,
   ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); :data:`DEFAULT_MEM_BW`
   when the topology has none.
-* Trees (analytical, pipelined): with ``K`` chunks of ``m = share * n / K``
-  bytes, every tree edge is busy at once in steady state, so link loads count
-  all edges of all trees (both directions for an allreduce). A rank's reduce
-  *stage* is ``max_child(lat + m / rate) + k * (reduce(m) + o)`` (children's
-  chunks arrive concurrently, then ``k`` combines, each message costing the
-  rank a serial overhead ``o`` = :data:`MSG_OVERHEAD`); a broadcast stage is
-  ``max_child(lat + m / rate) + k * o``. The first chunk finishes after the longest
-  leaf-to-root (and root-to-leaf) sum of stages ``L``; the rest follow one
-  bottleneck stage apart: ``time = L + (K - 1) * max_stage``. Several trees
-  (a :class:`~collectives.tree.MultiTree`) run concurrently; the slowest wins.
+* Per-message cost ``o``: treecoll's executor issues every send and receive
+  from Python, one after another on each rank (``mode="executor"``, the
+  default: ``o`` is the backend's :class:`ExecutorCost`, fitted on gloo, and
+  for NCCL the Python cost plus NCCL's published point-to-point time);
+  ``mode="in-kernel"`` is the same tree inside the communication library
+  (``o`` = :data:`MSG_OVERHEAD`). The flow simulation of the executor,
+  :mod:`treecoll.collectives.sim.executor`, is what the commands print; this
+  model is the planner's fast stand-in (a test bounds their difference).
+* Trees (analytical, pipelined, in the executor's step order): with ``K``
+  chunks of ``m = share * n / K`` bytes, the first chunk goes up the tree: a
+  rank posts its children's receives first (``c * min(K, LOOKAHEAD) * o``),
+  a child's chunk arrives ``o + lat + m / rate`` after the child finished
+  (its send, the path, the bytes), and the rank combines (``reduce(m)`` per
+  child); then down, a parent sending to its children one after another
+  (the i-th after ``(i + 1) o`` and the earlier children's bytes). For this
+  first chunk a link is shared only by the edges busy at the same time (up:
+  children whose subtrees have the same height; down: the same depth and
+  sibling position). The other chunks follow one *stage* apart, the larger
+  of a rank's messages per chunk (``o`` each) plus its combines, and a
+  link's time per chunk with every edge of every tree busy (steady state):
+  ``time = L + (K - 1) * stage``. Several trees (a
+  :class:`~collectives.tree.MultiTree`) run concurrently, but a rank issues
+  the messages of all its trees from one thread: an inner rank pays, on
+  average, half of its other trees' messages between two of this tree's, and
+  no tree ends before every rank has issued all of its messages.
 * Ring allreduce: ``2 (P - 1)`` steps of ``n / P`` bytes, all ring edges busy.
   ``rsag`` (direct reduce-scatter + all-gather): two rounds in which every
   rank exchanges ``n / P`` bytes with every other rank at once.

@@ -264,9 +264,10 @@ def render_allreduce(d: dict) -> str:
     nccl = [a for a in d["algos"] if a in SIM_ALGOS]
     head = f"# allreduce on {d['topology']} ({d['nranks']} ranks)\n"
     if ours:
+        auto = "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster" \
+            if "auto" in ours else ""
         how = (f"executor mode (treecoll's executor on {d['executor']['backend']}: "
-               f"{d['executor']['step_cost_us']:.1f} us per message; auto: what collectives.allreduce(x) runs, "
-               f"the backend's own allreduce where faster)" if d.get("mode", "executor") == "executor"
+               f"{d['executor']['step_cost_us']:.1f} us per message{auto})" if d.get("mode", "executor") == "executor"
                else f"in-kernel mode (inside NCCL, profile {d['profile']})")
         head += f"# {', '.join(ours)}: {how}\n"
     if nccl:
