@@ -411,7 +411,7 @@ class CostModel:
             # share each rank's time
             if len(prepared) > 1:
                 busy = [0.0] * self.nranks
-                for t, share, nodes in prepared:
+                for t, share, _ in prepared:
                     m = nbytes * share / k
                     for r in range(t.size):
                         c = len(t.children[r])

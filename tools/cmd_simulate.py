@@ -55,9 +55,9 @@ def _names(registry) -> str:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
+    from treecoll.collectives.cost import MODES
     from treecoll.collectives.sim.profiles import PROFILES
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
-    from treecoll.collectives.cost import MODES
     from treecoll.tools.cli import REPLACES, common_options
     from treecoll.tools.cmd_tree import MODE_HELP
     p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology",

@@ -77,8 +77,8 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
     out = {}
     for size in SIZES:
         x = torch.ones(size // 4)
-        cases = {f"{t}": (lambda t=t: allreduce(x, tree=t, options=opts)) for t in TREES}
-        cases["native"] = lambda: dist.all_reduce(x)
+        cases = {t: (lambda t=t, x=x: allreduce(x, tree=t, options=opts)) for t in TREES}
+        cases["native"] = lambda x=x: dist.all_reduce(x)
         for name, fn in cases.items():
             for _ in range(10):
                 fn()
@@ -96,8 +96,8 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
 def _time_local(nranks: int, reps: int) -> float:
     """Seconds per message of the executor on the in-process transport (all ranks' messages)."""
     import torch
-    from treecoll.collectives.compile import compile_allreduce
     from treecoll.collectives.builders import build
+    from treecoll.collectives.compile import compile_allreduce
     from treecoll.collectives.execute import CollectiveOptions, allreduce
     from treecoll.collectives.local import run_ranks
     opts = CollectiveOptions(algo="tree", nchunks=1, check=False)

@@ -242,8 +242,8 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
                        dtype: str = "float32", root: int = 0, top: int = 10, forward_lag: int = 0,
                        **opts: Any) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
-    (``two_level``, ``kary:4``, ...; or a Tree / MultiTree) on ``placement`` (a Placement, or a Topology with ``ranks``),
-    as NCCL's kernels run it.
+    (``two_level``, ``kary:4``, ...; or a Tree / MultiTree) on ``placement`` (a Placement, or a Topology
+    with ``ranks``), as NCCL's kernels run it.
 
     Trees are built for ``nbytes`` by :func:`treecoll.collectives.builders.build` and
     compiled by :func:`treecoll.collectives.compile.compile_plan` with ``nchunks``

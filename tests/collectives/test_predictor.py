@@ -29,7 +29,7 @@ MAX_ERROR = 0.5
 WITHIN_10 = 0.85
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _placement(name: str) -> Placement:
     t = shipped(name)
     return Placement(t, min(len(t.rank_gpus()), 16))     # two hosts of the multi-host machines
