@@ -516,19 +516,6 @@ class CostModel:
         return ks[i], times[i]
 
     # ------------------------------------------------------------------ ring and rsag
-    def native_allreduce_time(self, nbytes: float) -> float:
-        """Seconds of the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes``:
-        NCCL's fastest algorithm under its own model
-        (:func:`treecoll.collectives.sim.nccl_model.nccl_predict`), gloo's ring with
-        :attr:`ExecutorCost.native_step_s` per step."""
-        if self.nranks == 1:
-            return 0.0
-        if self.executor.native_step_s is None:
-            from .sim.nccl_model import nccl_algos, nccl_predict
-            return min(nccl_predict(self.placement, None, int(nbytes), a)["time"]
-                       for a in nccl_algos(self.topology, self.gpus))
-        return self.ring_time(nbytes, overhead=self.executor.native_step_s / 2)
-
     def ring_time(self, nbytes: float, order: Sequence[int] | None = None, *, overhead: float | None = None) -> float:
         """Ring allreduce (reduce-scatter then all-gather) along ``order`` (default 0..P-1); every
         step costs a rank ``2 overhead`` (a send and a receive; default :attr:`msg_overhead`)."""

@@ -62,7 +62,7 @@ from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 from .tree_io import TreeFile, resolve_tree_arg
 
-__all__ = ["LRU", "Planner", "default_planner", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES", "ALGOS"]
+__all__ = ["LRU", "Planner", "default_planner", "native_allreduce_time", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES", "ALGOS"]
 
 #: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
 AUTO_RSAG_BYTES = 256 << 10
@@ -331,7 +331,27 @@ class Planner:
             ours = model.tree_time(plan, nbytes, "allreduce", max(1, sched.nchunks // len(as_multi(plan))))
         else:
             ours = model.rsag_time(nbytes)
-        return model.native_allreduce_time(nbytes) <= ours
+        return native_allreduce_time(model, nbytes) <= ours
+
+
+def native_allreduce_time(model: Any, nbytes: float) -> float:
+    """Seconds of the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes`` on
+    ``model``'s placement (a :class:`~treecoll.collectives.cost.CostModel`): NCCL's fastest
+    algorithm under its own model (:func:`treecoll.collectives.sim.nccl_model.nccl_predict`), gloo's
+    ring with :attr:`~treecoll.collectives.cost.ExecutorCost.native_step_s` per step.
+
+    >>> from treecoll.collectives.cost import CostModel, EXECUTOR_COSTS
+    >>> t = native_allreduce_time(CostModel(nranks=2), 8)      # 2 ring steps on gloo, ~8 B each
+    >>> round(t / EXECUTOR_COSTS["gloo"].native_step_s, 2)
+    2.0
+    """
+    if model.nranks == 1:
+        return 0.0
+    if model.executor.native_step_s is None:
+        from .sim.nccl_model import nccl_algos, nccl_predict
+        return min(nccl_predict(model.placement, None, int(nbytes), a)["time"]
+                   for a in nccl_algos(model.topology, model.gpus))
+    return model.ring_time(nbytes, overhead=model.executor.native_step_s / 2)
 
 
 _DEFAULT = Planner()

@@ -209,12 +209,12 @@ def _auto_executor(p, size: int):
     own allreduce where the planner prefers it (:meth:`treecoll.collectives.planner.Planner.prefer_native`),
     else the planner's ``algo="auto"`` schedule as the executor runs it."""
     from treecoll.collectives.cost import CostModel, backend_of
-    from treecoll.collectives.planner import default_planner
+    from treecoll.collectives.planner import default_planner, native_allreduce_time
     from treecoll.collectives.sim.executor import predict_schedule
     from treecoll.collectives.sim.simulator import bandwidths
     backend = backend_of(p)
     if default_planner().prefer_native(nbytes=size, placement=p, backend=backend):
-        t = CostModel(p, backend=backend).native_allreduce_time(size)
+        t = native_allreduce_time(CostModel(p, backend=backend), size)
         alg, bus = bandwidths("allreduce", size, p.nranks, t)
         return t, bus, alg, f"{backend} all_reduce"
     r = predict_schedule(p, None, size, algo="auto")
@@ -375,13 +375,15 @@ def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: in
                               "pick ring, tree, nvls or a builder name")
     r = simulate_algorithm(topology, name, size, ranks=ranks, profile=profile or "auto", top=top)
     return {"topology": topology.name, "algo": algo, "nranks": r.nranks, "size": size, "time_us": r.time * 1e6,
-            "busbw": r.busbw, "profile": r.profile, "kind_bytes": r.kind_bytes, "busiest": list(r.busiest),
+            "busbw": r.busbw, "profile": r.profile, "mode": "in-kernel", "kind_bytes": r.kind_bytes,
+            "busiest": list(r.busiest),
             "peak_scratch_max_bytes": max(r.peak_scratch, default=0.0)}
 
 
 def render_links(d: dict) -> str:
     lines = [f"# {d['algo']} allreduce of {d['size']} B on {d['topology']} ({d['nranks']} ranks): "
-             f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']})",
+             f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']}, in-kernel mode: as NCCL's "
+             f"kernels would run it)",
              "bytes per link kind: " + ", ".join(f"{k} {fmt_bytes(v, si=True)}" for k, v in d["kind_bytes"].items()),
              f"{'link':<44} {'kind':<7} {'bytes':>10} {'busy':>6}"]
     for b in d["busiest"]:
