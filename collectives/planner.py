@@ -62,7 +62,8 @@ from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 from .tree_io import TreeFile, resolve_tree_arg
 
-__all__ = ["LRU", "Planner", "default_planner", "native_allreduce_time", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES", "ALGOS"]
+__all__ = ["LRU", "Planner", "default_planner", "native_allreduce_time", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES",
+           "ALGOS"]
 
 #: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
 AUTO_RSAG_BYTES = 256 << 10
