@@ -36,7 +36,7 @@ __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render
            "render_path", "endpoint", "SUBMODULES"]
 
 #: modules adding more ``treecoll topo`` subcommands (e.g. discovery); one line each
-SUBMODULES: list[str] = ["treecoll.tools.cmd_discover"]
+SUBMODULES: list[str] = ["treecoll.tools.cmd_discover", "treecoll.tools.cmd_probe"]
 
 SMI_LEGEND = [
     ("X", "Self"),
