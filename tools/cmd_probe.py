@@ -10,6 +10,12 @@ and the verdict are :mod:`treecoll.topo.probe`, the measurement
 :mod:`treecoll.collectives.probe`. Rank 0 prints the table (or ``--json``:
 ``{"pairs", "slow", "summary"}``) and writes ``-o`` (the calibrated topology)
 and ``--plot``; an existing file is kept unless ``--force``.
+
+A probe needs two ranks at least; bad input is one line on stderr and exit code 1:
+
+>>> from treecoll.tools.cli import main
+>>> main(["topo", "probe", "--nproc", "1"])   # stderr: ... expected at least 2 ranks to measure between, got 1 ...
+1
 """
 from __future__ import annotations
 
