@@ -2,7 +2,8 @@
 
 Each host ``h<i>`` is a CPU-only host: one NUMA domain ``h<i>/cpu0``, its ranks
 as processes ``h<i>/p<j>`` (node kind ``gpu``: "a process that acts as a rank",
-see topo.model; ``mem_bw`` = :data:`PROCESS_MEM_BW`, what one CPU thread reduces), and one NIC ``h<i>/nic0`` plugged into the switch ``sw0``.
+see topo.model; ``mem_bw`` = :data:`PROCESS_MEM_BW`, what one CPU thread reduces), and one NIC
+``h<i>/nic0`` plugged into the switch ``sw0``.
 
 Links (bw in GB/s per direction, lat in µs):
 
