@@ -204,7 +204,8 @@ def render_tree(data: dict) -> str:
             e = by_child.get(r)
             if e and "nccl" in e:
                 tag = "NET" if e["inter_host"] else e["nccl"]
-                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us{' measured' if e.get('measured') else ''}]"
+                mark = " measured" if e.get("measured") else ""
+                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us{mark}]"
             return s
 
         out.append(label(t["root"]))

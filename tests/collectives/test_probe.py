@@ -78,7 +78,8 @@ def with_uplinks(t: Topology, bw: dict[str, float]) -> Topology:
 
 def _interior_hosts(t: Topology, tree) -> set[str]:
     gpus = t.rank_gpus()
-    return {t.host_of(gpus[p]) for r, p in enumerate(tree.parents) if p != -1 and t.host_of(gpus[p]) != t.host_of(gpus[r])}
+    return {t.host_of(gpus[p]) for r, p in enumerate(tree.parents)
+            if p != -1 and t.host_of(gpus[p]) != t.host_of(gpus[r])}
 
 
 @SETTINGS

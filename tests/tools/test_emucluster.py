@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
