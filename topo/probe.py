@@ -386,6 +386,7 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
     flows_of: dict[Link, int] = {}
     excess: dict[Link, list[float]] = {}    # directed link -> its share of measured latency excess (µs)
     slow_flows = []
+    limits: list[tuple[dict[str, Any], tuple[Link, ...]]] = []   # bandwidth pair, its bottleneck links
     for rec in records:
         step = plan.steps[rec["step"]]
         i = step.flows.index((rec["src"], rec["dst"]))
@@ -409,6 +410,7 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
         pairs.append({**base, "kind": "bandwidth", "bytes": step.nbytes[i], "measured_gbps": round(gbs, 6),
                       "expected_gbps": round(step.expected[i], 6), "ratio": round(ratio, 4),
                       "spread_gbps": [round(x, 6) for x in spread]})
+        limits.append((pairs[-1], step.bottlenecks[i]))
         for lk in step.bottlenecks[i]:
             best[lk] = max(best.get(lk, 0.0), ratio)
             flows_of[lk] = flows_of.get(lk, 0) + 1
@@ -421,6 +423,8 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
         e = links.setdefault(f"{a}|{b}", {"a": a, "b": b, "model_gbps": g.edges[a, b]["bw"]})
         e["lat_us"] = round(max(0.0, float(g.edges[a, b].get("lat", 0.0)) + _median(xs)), 1)
     slow = _slow_links(topology, best, threshold)
+    for p, lks in limits:
+        p["via_slow"] = any(best[lk] < threshold for lk in lks)
     for step, i, a, b, gbs in slow_flows:
         if all(best[lk] >= threshold for lk in step.bottlenecks[i]):    # no slow link explains it
             ha, hb = topology.host_of(a), topology.host_of(b)
@@ -457,15 +461,16 @@ def _slow_links(topology: Topology, best: Mapping[Link, float], threshold: float
 
 
 def table_rows(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per link class: transfers, expected GB/s (median), measured GB/s (median, min, max), ratio (median)."""
+    """Per link class: transfers, expected GB/s (median), measured GB/s (median, min, max), ratio (median);
+    the transfers a slow link limited (``via_slow``) in a row of their own, ``<class> via slow``."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for p in pairs:
         if p["kind"] == "bandwidth":
-            groups.setdefault(p["class"], []).append(p)
+            groups.setdefault(p["class"] + (" via slow" if p.get("via_slow") else ""), []).append(p)
     return [{"class": c, "transfers": len(ps), "expected_gbps": _median(p["expected_gbps"] for p in ps),
              "measured_gbps": _median(p["measured_gbps"] for p in ps),
              "min_gbps": min(p["measured_gbps"] for p in ps), "max_gbps": max(p["measured_gbps"] for p in ps),
-             "ratio": round(_median(p["ratio"] for p in ps), 4)} for c, ps in groups.items()]
+             "ratio": round(_median(p["ratio"] for p in ps), 4)} for c, ps in sorted(groups.items())]
 
 
 def latency_rows(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

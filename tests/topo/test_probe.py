@@ -171,6 +171,10 @@ def test_one_slow_uplink_is_found_and_nothing_else(hosts, rph, data, factor, see
     assert r["summary"]["slow_hosts"] == [f"h{slow}"]
     assert r["summary"]["slow_names"] == [f"h{slow}/nic0"]
     assert [(s["a"], s["b"]) for s in r["slow"]] == [(f"h{slow}/nic0", "sw0")]
+    rows = r["summary"]["classes"]      # the glance table: transfers a slow link limited apart
+    assert all(x["ratio"] <= factor / 0.9 for x in rows if x["class"].endswith(" via slow"))
+    assert all(x["ratio"] >= 1 / 1.1 for x in rows if not x["class"].endswith(" via slow"))
+    assert sum(x["transfers"] for x in rows) == sum(len(s.flows) for s in plan.steps if s.kind == "bw")
     (s,) = r["slow"]
     assert s["expected_gbps"] == UPLINK
     assert factor * UPLINK / 1.1 <= s["measured_gbps"] <= factor * UPLINK / 0.9     # times within 10%
