@@ -136,10 +136,10 @@ def run(args: argparse.Namespace) -> int:
     plan = probe.make_plan(t, reps=args.reps, max_rounds=args.max_rounds, seed=args.seed, nbytes=args.bytes,
                            load=not args.no_load)
     results = _measure(plan, t, args, job)
-    records = [r for res in results for r in res["records"]]
-    report = probe.assess(plan, t, records, threshold=args.threshold)
     if not lead:
         return 0
+    records = [r for res in results for r in res["records"]]
+    report = probe.assess(plan, t, records, threshold=args.threshold)
     summary = report["summary"]
     summary.update(topology=t.name, source=source, hosts=len({h for h in probe.rank_hosts(t).values()}),
                    seconds=round(max(res["seconds"] for res in results), 3))
