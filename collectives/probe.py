@@ -36,11 +36,20 @@ from typing import Any
 from treecoll.topo.errors import CollectiveError
 from treecoll.topo.probe import Plan, check_job
 
-__all__ = ["ProbeError", "identity", "measure"]
+__all__ = ["ProbeError", "identity", "measure", "last_failure"]
 
 
 class ProbeError(CollectiveError):
     """A probe could not finish: a peer died or timed out, or the job does not match the topology."""
+
+
+#: this process's last measuring failure (the launcher's gather can fail after it, with less to say)
+_LAST_FAILURE: list[str] = []
+
+
+def last_failure() -> str | None:
+    """The message of this process's last :class:`ProbeError` from a lost peer, or None."""
+    return _LAST_FAILURE[0] if _LAST_FAILURE else None
 
 
 def identity(environ: Mapping[str, str] | None = None, *, hostname: str | None = None) -> str:
@@ -52,7 +61,7 @@ def identity(environ: Mapping[str, str] | None = None, *, hostname: str | None =
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
+    text = str(e).strip().split(" This is typically caused")[0]    # gloo's advice on its own failures
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
@@ -90,8 +99,10 @@ def measure(rank: int, world: int, plan: Plan, hosts: Mapping[int, str], name: s
                 records += _bandwidth(rank, i, step, plan.reps, send, recv, dist)
         except RuntimeError as e:
             peers = sorted({p for f in step.flows if rank in f for p in f if p != rank})
-            raise ProbeError(f"topo probe: rank {rank}: step {i} ({step.phase} {step.kind}) with rank(s) {peers} "
-                             f"failed: {_first_line(e)}; a peer died or stopped answering") from None
+            who = f"with rank(s) {peers}" if peers else "at the barrier"
+            _LAST_FAILURE[:] = [f"topo probe: rank {rank}: step {i} ({step.phase} {step.kind}) {who} failed: "
+                                f"{_first_line(e)}; a peer died or stopped answering"]
+            raise ProbeError(_LAST_FAILURE[0]) from None
     return {"records": records, "seconds": time.perf_counter() - t_start}
 
 

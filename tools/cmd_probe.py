@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(plan, t, args, job) -> list[dict[str, Any]]:
     from treecoll.collectives import launch
-    from treecoll.collectives.probe import ProbeError, measure
+    from treecoll.collectives.probe import ProbeError, last_failure, measure
     from treecoll.topo.probe import rank_hosts
 
     try:
@@ -166,7 +166,8 @@ def _measure(plan, t, args, job) -> list[dict[str, Any]]:
         raise
     except RuntimeError as e:  # the process group itself failed (a rank died during a gather)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ProbeError(f"topo probe: the job lost a rank: {first}; no result written") from None
+        raise ProbeError(f"{last_failure() or 'topo probe: the job lost a rank: ' + first}; no result written") \
+            from None
 
 
 def _plot(t, report: dict, path: str) -> str:
