@@ -136,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     plan = probe.make_plan(t, reps=args.reps, max_rounds=args.max_rounds, seed=args.seed, nbytes=args.bytes,
                            load=not args.no_load)
     results = _measure(plan, t, args, job)
+    if results is None:
+        return 1
     if not lead:
         return 0
     records = [r for res in results for r in res["records"]]
@@ -154,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
     return emit(args, {k: report[k] for k in ("pairs", "slow", "summary")}, render)
 
 
-def _measure(plan, t, args, job) -> list[dict[str, Any]]:
+def _measure(plan, t, args, job) -> list[dict[str, Any]] | None:
+    """Every rank's measurement; None on a rank other than 0 when the ranks' failure was gathered
+    (rank 0 reports it, once for the job)."""
+    import time
+
     from treecoll.collectives import launch
     from treecoll.collectives.probe import ProbeError, last_failure, measure
     from treecoll.topo.probe import rank_hosts
@@ -162,6 +168,11 @@ def _measure(plan, t, args, job) -> list[dict[str, Any]]:
     try:
         return launch.run(measure, None if job is not None else args.nproc, plan, rank_hosts(t), t.name,
                           timeout=args.timeout, where="topo probe")
+    except launch.LaunchError as e:
+        if job is None or job.rank == 0 or e.rank is None:
+            raise
+        time.sleep(1.0)   # rank 0 prints it before a launcher that stops every rank at the first exit stops it
+        return None
     except TreecollError:
         raise
     except RuntimeError as e:  # the process group itself failed (a rank died during a gather)
