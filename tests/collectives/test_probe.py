@@ -33,8 +33,9 @@ def test_measure_on_real_ranks_returns_every_transfer(pool4):
         assert len(r["seconds"]) == (plan.reps if step.kind == "bw" else plan.lat_iters)
         assert all(0 < s < 60 for s in r["seconds"])
     report = probe.assess(plan, t, recs)
-    assert {c["class"] for c in report["summary"]["classes"]} == {"intra-host"}
-    assert report["summary"]["classes"][0]["transfers"] == 12       # 6 pairs, both ways
+    rows = report["summary"]["classes"]    # gloo on a busy machine may fall below the model: "via slow"
+    assert {c["class"].removesuffix(" via slow") for c in rows} == {"intra-host"}
+    assert sum(c["transfers"] for c in rows) == 12       # 6 pairs, both ways
 
 
 def test_measure_refuses_a_topology_of_other_hosts(pool4):
