@@ -22,8 +22,9 @@ of torch and I/O:
    (:func:`treecoll.topo.pairing.sample_rounds`): ``H`` hosts cost
    ``3 * min(H - 1, max_rounds) + len(shifts(H))`` steps (for odd ``H``, ``H``
    rounds instead of ``H - 1``), so 1,024 hosts with the default 16 rounds take
-   50 steps: at 3 repetitions of 20 ms transfers about 9 s of transfers
-   (:attr:`Plan.budget_seconds` gives the model's number for a plan).
+   50 steps, 34 of them transfers: at 3 repetitions of 20 ms each, 2.0 s of
+   transfers (:attr:`Plan.budget_seconds` gives the model's number for a plan;
+   finding the routes of 8 ranks per host makes building the plan the larger part).
 
 2. The model's expectation of each transfer (:func:`expected`): the route's
    bandwidth (:meth:`Topology.path`), divided by the overload of the busiest link
