@@ -39,16 +39,6 @@ __all__ = ["add_parser", "run", "render", "EMU_TOPOLOGY"]
 EMU_TOPOLOGY = "TREECOLL_EMU_TOPOLOGY"
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 < v <= 1:
-        raise UsageError(f"--threshold: expected a fraction in (0, 1] such as 0.7, got {text!r}")
-    return v
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     me = sys.modules[__name__]
     p = sub.add_parser("probe", help="measure the links of a running job against the topology (distributed)",
@@ -65,7 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "unless --force")
     p.add_argument("--plot", metavar="FILE.png", help="draw the hosts with slow links in red (needs matplotlib)")
     p.add_argument("--force", action="store_true", help="replace existing -o / --plot files")
-    p.add_argument("--threshold", type=_fraction, default=0.7,
+    p.add_argument("--threshold", type=units.fraction_arg("--threshold"), default=0.7,
                    help="slow below this fraction of the model's bandwidth (default 0.7)")
     p.add_argument("--max-rounds", type=units.int_arg("--max-rounds"), default=16, metavar="K",
                    help="rounds of disjoint pairs per phase; more are sampled down to K (default 16)")
