@@ -158,6 +158,8 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None, mode: str 
                           "kinds": sorted(set(path.kinds)), "bw_GBps": path.bw, "lat_us": path.lat,
                           "inter_host": topology.host_of(gpus[c]) != topology.host_of(gpus[p])})
                 classes[path.nccl] += 1
+                if any("measured" in topology.link(a, b) for a, b in zip(path.nodes, path.nodes[1:])):
+                    e["measured"] = True   # a link on the route carries a probe's numbers (treecoll topo probe)
             elif hosts is not None:
                 e["inter_host"] = hosts[c] != hosts[p]
             edges.append(e)
@@ -216,7 +218,8 @@ def render_tree(data: dict) -> str:
             e = by_child.get(r)
             if e and "nccl" in e:
                 tag = "NET" if e["inter_host"] else e["nccl"]
-                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us]"
+                mark = " measured" if e.get("measured") else ""
+                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us{mark}]"
             return s
 
         out.append(label(t["root"]))

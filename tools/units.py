@@ -47,7 +47,8 @@ from treecoll.topo.errors import TreecollError
 ErrorType = type[TreecollError]
 
 __all__ = ["parse_bytes", "parse_sizes", "parse_count", "parse_counts", "parse_int", "parse_seconds", "parse_list",
-           "parse_shapes", "positive", "size_arg", "sizes_arg", "count_arg", "counts_arg", "int_arg",
+           "parse_shapes", "parse_fraction", "fraction_arg", "positive", "size_arg", "sizes_arg", "count_arg",
+           "counts_arg", "int_arg",
            "ints_arg", "seconds_arg", "shapes_arg", "text_arg", "UsageError", "BYTE_UNITS", "COUNT_UNITS"]
 
 
@@ -164,6 +165,25 @@ def parse_seconds(text: str | float, *, what: str, error: ErrorType | None = Non
     return value
 
 
+def parse_fraction(text, *, what: str, error=None) -> float:
+    """A fraction in (0, 1] (``0.7``): a share, a threshold.
+
+    >>> parse_fraction("0.7", what="--threshold")
+    0.7
+    >>> parse_fraction("70", what="--threshold")
+    Traceback (most recent call last):
+    ...
+    treecoll.tools.units.UsageError: --threshold: expected a fraction in (0, 1] such as 0.7, got '70'
+    """
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise (error or UsageError)(f"{what}: expected a fraction in (0, 1] such as 0.7, got {text!r}")
+    return value
+
+
 # ------------------------------------------------------------------ argparse types
 def _named(fn: Callable, name: str) -> Callable:
     fn.__name__ = name  # argparse names the type in some messages
@@ -226,6 +246,11 @@ def parse_shapes(spec: str, *, what: str, error: ErrorType | None = None) -> lis
 def shapes_arg(option: str) -> Callable[[str], list[tuple[int, int]]]:
     """argparse ``type=`` for a comma list of ``HOSTSxRANKS`` (``--shapes 2x2,2x3``)."""
     return _named(lambda text: parse_shapes(text, what=option), "shapes")
+
+
+def fraction_arg(option: str) -> Callable[[str], float]:
+    """argparse ``type=`` for a fraction in (0, 1] (``--threshold 0.7``)."""
+    return _named(lambda text: parse_fraction(text, what=option), "fraction")
 
 
 def seconds_arg(option: str) -> Callable[[str], float]:
