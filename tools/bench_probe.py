@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def probe_case(hosts: int, rate: str, slow_rate: str, out: Path, timeout: float)
 
 
 # ----------------------------------------------------------------------------- part 2: allreduce, two trees
-def measure(rank: int, world: int, args) -> dict | None:
+def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     """One rank: allreduce with two_level on the unprobed and on the probed topology, interleaved."""
     import torch
     import torch.distributed as dist
@@ -112,7 +113,7 @@ def trees(unprobed: Path, probed: Path, hosts: int) -> dict[str, list[int]]:
 
 
 # ----------------------------------------------------------------------------- driver
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_probe", __doc__, repeats=7, json="bench_probe.json",
                       quick="2 and 4 hosts, 3 repetitions")
     p = bench.parser

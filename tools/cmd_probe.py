@@ -39,7 +39,7 @@ __all__ = ["add_parser", "run", "render", "EMU_TOPOLOGY"]
 EMU_TOPOLOGY = "TREECOLL_EMU_TOPOLOGY"
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     me = sys.modules[__name__]
     p = sub.add_parser("probe", help="measure the links of a running job against the topology (distributed)",
                        description="Measure latency and bandwidth between the ranks of a distributed job "

@@ -165,7 +165,7 @@ def parse_seconds(text: str | float, *, what: str, error: ErrorType | None = Non
     return value
 
 
-def parse_fraction(text, *, what: str, error=None) -> float:
+def parse_fraction(text: str | float, *, what: str, error: ErrorType | None = None) -> float:
     """A fraction in (0, 1] (``0.7``): a share, a threshold.
 
     >>> parse_fraction("0.7", what="--threshold")
