@@ -73,7 +73,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import math
 from typing import Any
 
 import torch
@@ -375,8 +374,8 @@ def _check_prefill(cache: TreeCache, layer: int, valid: torch.Tensor, position_i
     cache._prefill_checked = True
     check_same_signature([valid.shape[0], valid.shape[1], len(cache.layers), cache.max_cache_len, cache.block_size,
                           _digest(valid), _digest(position_ids)],
-                         ["batch", "prompt length", "layers", "max_cache_len", "block size", "attention_mask fingerprint",
-                          "position_ids fingerprint"], f"{NAME} prefill", cache.group)
+                         ["batch", "prompt length", "layers", "max_cache_len", "block size",
+                          "attention_mask fingerprint", "position_ids fingerprint"], f"{NAME} prefill", cache.group)
 
 
 def _prefill(shard: _ShardLayer, query, key, value, valid, scaling):
