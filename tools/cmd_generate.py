@@ -328,13 +328,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_start(cfg: dict, args) -> None:
     """Refuse, before any process starts, more ranks than the machine or the topology takes."""
-    from treecoll.tools.resources import check_processes
+    from treecoll.tools.resources import check_processes, check_topology_ranks
 
-    if cfg["topology"] is not None:
-        gpus = sum(1 for n in cfg["topology"]["nodes"] if n.get("kind") == "gpu")
-        if args.nproc > gpus:
-            raise UsageError(f"--nproc {args.nproc}: expected at most {gpus} (the GPUs of topology "
-                             f"{cfg['topology'].get('name')!r}), got {args.nproc}; give a larger topology")
+    check_topology_ranks(cfg["topology"], args.nproc)
     weights = _weight_bytes(cfg["model"])
     check_processes(args.nproc, option=f"--nproc {args.nproc}", per_process_bytes=weights,
                     extra_bytes=weights if cfg["check"] else 0, baseline_bytes=RANK_BASELINE_BYTES,

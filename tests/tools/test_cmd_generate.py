@@ -68,6 +68,8 @@ def test_generate_one_process_text_prompt(capsys):
     (["--prompt", "a", "--prompt-tokens", "3"], "argument --prompt-tokens: not allowed with argument --prompt"),
     (["--max-new-tokens", "0"], "--max-new-tokens: expected a positive integer, got 0"),
     (["--layout", "striped"], "argument --layout: invalid choice: 'striped'"),
+    (["--topology", "dgx-h100", "--nproc", "9"],
+     "--nproc 9: expected at most 8 (the GPUs of topology 'dgx-h100'), got 9; give a larger topology"),
 ])
 def test_user_errors(capsys, argv, msg):
     code, out, err = _run(capsys, ["generate"] + argv)
