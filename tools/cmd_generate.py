@@ -26,6 +26,10 @@ The built-in model (:data:`BUILTIN`) is a random Llama (GQA, RoPE) small enough
 for tests: its weights come from ``torch.manual_seed(0)`` on every rank, its
 vocabulary is the 256 byte values (``--prompt`` is UTF-8 encoded, the output
 decoded the same way) and it has no EOS token.
+
+>>> spec = resolve_model("tiny-random-llama")
+>>> spec["kind"], spec["config"]["num_attention_heads"], spec["config"]["num_key_value_heads"]
+('builtin', 4, 2)
 """
 from __future__ import annotations
 
