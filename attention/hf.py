@@ -383,7 +383,7 @@ def _prefill(shard: _ShardLayer, query, key, value, valid, scaling):
     computed locally; stores this rank's share of the unmasked tokens."""
     batch, hq, n, _ = query.shape
     hkv = key.shape[1]
-    counts = valid.sum(1)
+    counts = valid.sum(1).cpu()  # the cache keeps its lengths on the host
     # unmasked tokens first, in order (a stable sort of "masked" flags): the j-th real token at slot j
     order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
     gather = order[:, None, :, None].expand(batch, hkv, n, key.shape[-1])
@@ -402,7 +402,7 @@ def _prefill(shard: _ShardLayer, query, key, value, valid, scaling):
 def _decode(cache: TreeCache, layer: int, query, key, value, valid, scaling):
     """Store the new token on its owner, then attend over every rank's shard."""
     store = cache.layers[layer].store
-    held = store.lengths(0).to(valid.device)
+    held, valid = store.lengths(0), valid.cpu()  # one small copy per layer and step on a GPU
     if not torch.equal(valid[:, :-1].sum(1), held):
         raise AttentionError(f"{NAME} attention, layer {layer}: attention_mask: expected the earlier positions' "
                              f"mask unchanged ({held.tolist()} real tokens per sequence), got "

@@ -186,8 +186,8 @@ def _weight_bytes(spec: dict) -> int:
 # ------------------------------------------------------------------ the per-rank work
 
 
-def load_model(cfg: dict, attn: str):
-    """The model of ``cfg`` in float32 on CPU, eval mode, attention ``attn``."""
+def load_model(cfg: dict, attn: str, device=None):
+    """The model of ``cfg`` in float32, eval mode, attention ``attn``, on ``device`` (default CPU)."""
     import torch
     import transformers
 
@@ -199,7 +199,7 @@ def load_model(cfg: dict, attn: str):
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(cfg["model"]["name"], dtype=torch.float32,
                                                                   attn_implementation=attn)
-    return model.eval()
+    return model.to(device or "cpu").eval()
 
 
 class _StepClock:
@@ -226,7 +226,7 @@ class _StepClock:
 def _generate(model, cfg: dict, **kw):
     import torch
 
-    ids = torch.tensor([cfg["prompt"]], dtype=torch.int64)
+    ids = torch.tensor([cfg["prompt"]], dtype=torch.int64, device=model.device)
     if cfg["do_sample"]:
         torch.manual_seed(cfg["seed"])
     pad = model.generation_config.pad_token_id
@@ -249,7 +249,7 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
         from treecoll.topo import Topology
 
         topology = Topology.from_dict(cfg["topology"])
-    model = load_model(cfg, hf.NAME)
+    model = load_model(cfg, hf.NAME, _device())
     cache = hf.TreeCache(model.config, max_cache_len=len(cfg["prompt"]) + cfg["max_new_tokens"],
                          layout=cfg["layout"], block_size=cfg["block_size"], topology=topology)
     with count_traffic() as traffic:
@@ -259,8 +259,19 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
     res = {"rank": rank, "tokens": tokens, "times": times, "bytes": sent, "bytes_sent": traffic.sent,
            "cache_tokens": cache.shard_lengths(0).tolist()}
     if cfg["check"] and rank == 0:
-        res["reference"] = _generate(load_model(cfg, "sdpa"), cfg)
+        res["reference"] = _generate(load_model(cfg, "sdpa", _device()), cfg)
     return res
+
+
+def _device():
+    """This rank's CUDA device when its group runs NCCL (:func:`treecoll.collectives.launch.join`
+    set it from LOCAL_RANK), else None (CPU, gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 # ------------------------------------------------------------------ assembling
