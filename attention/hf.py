@@ -238,6 +238,7 @@ class TreeCache(_Cache):
         ``key_states``/``value_states`` [batch, kv_heads, new, head_dim]; returns them."""
         pending = _PENDING.get()
         if pending is not None and pending[0] is self:
+            _PENDING.set(None)
             raise AttentionError(f"TreeCache: layer {pending[1]}'s keys were never taken by the {NAME!r} attention: "
                                  f"expected a model with attn_implementation={NAME!r} (after "
                                  f"treecoll.attention.hf.register()), got another attention implementation")

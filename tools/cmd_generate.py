@@ -34,7 +34,9 @@ decoded the same way) and it has no EOS token.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import logging
 import os
 import statistics
 from typing import Any
@@ -120,7 +122,8 @@ def resolve_model(name: str) -> dict[str, Any]:
             raise UsageError(f"--model {name}: unknown model; did you mean the built-in {close[0]!r}?")
         kind = "hub"
     try:
-        config = transformers.AutoConfig.from_pretrained(name)
+        with _hub_quiet():
+            config = transformers.AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"--model {name}: expected a local checkpoint directory, a hub id reachable from here or "
@@ -129,6 +132,18 @@ def resolve_model(name: str) -> dict[str, Any]:
         raise UsageError(f"--model {name}: expected a decoder-only causal LM, got an encoder-decoder "
                          f"({type(config).__name__})")
     return {"kind": kind, "name": name, "config": config.to_dict()}
+
+
+@contextlib.contextmanager
+def _hub_quiet():
+    """Keep the hub client's retry warnings out of stderr (the failure is reported as one line)."""
+    hub = logging.getLogger("huggingface_hub")
+    level = hub.level
+    hub.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub.setLevel(level)
 
 
 def _tokenizer(spec: dict):
