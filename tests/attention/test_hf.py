@@ -216,9 +216,10 @@ def _cache_worker(rank, nproc, model_dir, eos):
         return hf.TreeCache(model.config, max_cache_len=PROMPT_LEN + NEW, layout=layout, block_size=2)
 
     res = _generate_all(model, eos, cache_for)
-    cache = cache_for("greedy")
-    model.generate(LEFT, attention_mask=MASK, pad_token_id=0, max_new_tokens=NEW, past_key_values=cache)
-    res["shard_lengths"] = cache.shard_lengths(0).tolist()
+    for name in ("greedy", "contiguous"):
+        cache = cache_for(name)
+        model.generate(LEFT, attention_mask=MASK, pad_token_id=0, max_new_tokens=NEW, past_key_values=cache)
+        res[f"shard_lengths_{name}"] = cache.shard_lengths(0).tolist()
     return res
 
 
@@ -243,7 +244,11 @@ def test_model_generate_with_tree_cache_equals_hf_generate(tf, model_dir, genera
     p = pool.nproc
     held = [[sum(1 for j in range(n) if (j // 2) % p == r) for n in (PROMPT_LEN + NEW - 1, 5 + NEW - 1)]
             for r in range(p)]
-    assert [res["shard_lengths"] for res in results] == held
+    assert [res["shard_lengths_greedy"] for res in results] == held
+    # contiguous: rank r holds positions [r * c, (r + 1) * c) of the 15-position cache, c = ceil(15 / P)
+    c = -(-(PROMPT_LEN + NEW) // p)
+    held = [[max(0, min(n, (r + 1) * c) - r * c) for n in (PROMPT_LEN + NEW - 1, 5 + NEW - 1)] for r in range(p)]
+    assert [res["shard_lengths_contiguous"] for res in results] == held
 
 
 def _disagree_worker(rank, nproc, mask):
