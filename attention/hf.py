@@ -73,6 +73,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -86,7 +87,8 @@ try:
 except ImportError:  # the optional extra is missing: TreeCache() and register() say how to install it
     _Cache = _LayerBase = object
 
-__all__ = ["register", "generate", "tree_attention_forward", "padding_mask", "TreeCache", "NAME", "LAYOUTS"]
+__all__ = ["register", "generate", "tree_attention_forward", "padding_mask", "attn_implementation", "TreeCache",
+           "NAME", "LAYOUTS"]
 
 #: Name of the attention implementation (``attn_implementation=NAME``).
 NAME = "tree_decode"
@@ -232,7 +234,8 @@ class TreeCache(_Cache):
         self._prefill_checked = not check
         super().__init__(layers=[_ShardLayer(self) for _ in range(layers)])
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Count the new positions of ``layer_idx`` and hand the new keys/values to the
         ``tree_decode`` attention (which stores this rank's share: it knows the mask).
         ``key_states``/``value_states`` [batch, kv_heads, new, head_dim]; returns them."""
@@ -275,7 +278,8 @@ def check_window(config: Any, total: int) -> None:
 # ------------------------------------------------------------------ the attention
 
 
-def padding_mask(batch_size: int, kv_length: int, kv_offset: int = 0, attention_mask=None, **kwargs):
+def padding_mask(batch_size: int, kv_length: int, kv_offset: int = 0, attention_mask: torch.Tensor | None = None,
+                 **kwargs: Any) -> torch.Tensor | None:
     """The ``AttentionMaskInterface`` function registered as ``"tree_decode"``: the 2D
     padding mask, bool [batch, kv_length] (True = a real token), or None when there is
     none.  The attention function applies causality itself.
@@ -320,7 +324,9 @@ def _taken(layer: int):
     return pending
 
 
-def tree_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None = None, scaling: float | None = None,
+                           dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The ``AttentionInterface`` function registered as ``"tree_decode"``.
 
     ``query`` [batch, q_heads, new, head_dim], ``key``/``value`` [batch, kv_heads,
@@ -432,7 +438,7 @@ def register() -> str:
 
 
 @contextlib.contextmanager
-def attn_implementation(model, name: str = NAME):
+def attn_implementation(model: torch.nn.Module, name: str = NAME) -> Iterator[torch.nn.Module]:
     """Run the block with ``model``'s attention switched to ``name`` (restored afterwards)."""
     previous = getattr(model.config, "_attn_implementation", None)
     model.set_attn_implementation(name)
@@ -447,9 +453,10 @@ def attn_implementation(model, name: str = NAME):
 
 
 @torch.no_grad()
-def generate(model, input_ids: torch.Tensor, new_tokens: int, *, lengths=None, group=None, tree="auto",
-             topology=None, method: str = "tree", block_size: int = DEFAULT_BLOCK_SIZE, layout: str = "round_robin",
-             return_logits: bool = False):
+def generate(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int, *, lengths: Any = None,
+             group: Any = None, tree: Any = "auto", topology: Any = None, method: str = "tree",
+             block_size: int = DEFAULT_BLOCK_SIZE, layout: str = "round_robin",
+             return_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding of ``new_tokens`` tokens (no stop on EOS) with a :class:`TreeCache`
     through ``model.generate``.
 

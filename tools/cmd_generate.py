@@ -56,7 +56,7 @@ BUILTIN = {
 RANK_BASELINE_BYTES = 512 << 20
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from treecoll.tools import units
     from treecoll.tools.cli import common_options
     from treecoll.tools.resources import OVERSUBSCRIBE_HELP
@@ -158,7 +158,7 @@ def _tokenizer(spec: dict):
         return None
 
 
-def prompt_ids(args, spec: dict, tokenizer) -> list[int]:
+def prompt_ids(args: argparse.Namespace, spec: dict, tokenizer: Any) -> list[int]:
     """The prompt's token ids (plain ints) from ``--prompt`` or ``--prompt-tokens``."""
     vocab = int(spec["config"]["vocab_size"])
     if args.prompt is not None:
@@ -201,7 +201,7 @@ def _weight_bytes(spec: dict) -> int:
 # ------------------------------------------------------------------ the per-rank work
 
 
-def load_model(cfg: dict, attn: str, device=None):
+def load_model(cfg: dict, attn: str, device: Any = None) -> Any:
     """The model of ``cfg`` in float32, eval mode, attention ``attn``, on ``device`` (default CPU)."""
     import torch
     import transformers
