@@ -102,7 +102,8 @@ def test_plain_blocks(page, line, text, tmp_path, monkeypatch):
 
 #: scripts whose ``work(rank, nproc)`` runs here in this process, as a group of one, instead of as
 #: ``python name.py`` (the script's processes would each import transformers: too slow for this test);
-#: the same calls over 2 and 3 processes are tests/attention/test_hf.py::test_sharded_greedy_equals_hf_generate
+#: the same calls over 2 and 4 processes are
+#: tests/attention/test_hf.py::test_model_generate_with_tree_cache_equals_hf_generate
 IN_ONE_PROCESS = {"hf_generate.py"}
 
 
@@ -117,7 +118,8 @@ def test_scripts(page, name, text, shown, tmp_path):
 
 def test_readme_hf_generate_equals_the_models_own_generate(tmp_path, monkeypatch):
     """The README's Hugging Face example: its ``work`` on a small random Llama saved the Hugging Face
-    way as ``llama/`` gives the model's own greedy tokens (one process: a group of one)."""
+    way as ``llama/`` gives the model's own greedy tokens (one process: a group of one, with the
+    TreeCache and the tree_decode attention)."""
     tf = pytest.importorskip("transformers", reason="optional extra transformers not installed")
     from treecoll.attention.model import LlamaConfig, LlamaModel, save_checkpoint
 
@@ -133,6 +135,6 @@ def test_readme_hf_generate_equals_the_models_own_generate(tmp_path, monkeypatch
 
     model = tf.AutoModelForCausalLM.from_pretrained("llama").eval()
     prompt = torch.tensor([[1, 5, 7, 9, 11]])
-    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, min_new_tokens=8,
+    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
                           do_sample=False, pad_token_id=0)[:, prompt.shape[1]:]
     assert tokens == want.tolist() and len(set(tokens[0])) > 1, (tokens, want)

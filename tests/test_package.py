@@ -27,7 +27,6 @@ COMMAND = "command-line module: its tests call main([...]) in tests/tools"
 #: modules whose examples would need a GPU, root or a process group; each says why
 NO_EXAMPLES = {
     "treecoll.attention.dist": "needs a process group or the torch profiler (tests/attention/test_dist.py)",
-    "treecoll.attention.hf": "needs transformers and a model directory (tests/attention/test_hf.py)",
     "treecoll.tools": "package marker",
     "treecoll.tools.bench": "package marker; its modules carry the examples",
     "treecoll.tools.bench_collectives": BENCHMARK,
@@ -107,6 +106,7 @@ SUBPROCESS_USES = {
     "tests/attention/test_decode.py": "an import in a fresh interpreter",
     "tests/attention/test_decode_triton.py": "compiles a kernel in a fresh interpreter",
     "tests/tools/test_cli_topo.py": "the command line in a fresh interpreter",
+    "tests/tools/test_cmd_generate.py": "torchrun (python -m torch.distributed.run) starting treecoll generate",
     "tests/tools/test_bench_harness.py": "asks git for the commit the benchmark JSON must name",
     "tests/tools/test_emucluster.py": "the emu command as a user runs it, tc, a process that exits",
     "tests/collectives/test_launch.py": "parents of ranks, killed to check that their ranks die with them",
@@ -224,7 +224,6 @@ def test_no_import_circles():
 BEING_EDITED = "being edited alongside; its hints come with that change"
 #: modules whose public functions are not all annotated yet, each with its reason (the test fails once one is)
 UNTYPED_MODULES = {
-    "treecoll.attention.hf": BEING_EDITED,
     "treecoll.collectives.sim.engine": BEING_EDITED,
     "treecoll.collectives.sim.nccltests": BEING_EDITED,
     "treecoll.tools.bench_sim_scale": BEING_EDITED,

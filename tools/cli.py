@@ -62,6 +62,7 @@ __all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMM
 COMMANDS = [
     "treecoll.tools.cmd_topo",
     "treecoll.tools.cmd_decode",
+    "treecoll.tools.cmd_generate",
     "treecoll.tools.cmd_tree",
     "treecoll.tools.cmd_simulate",
     "treecoll.tools.emucluster.cli",

@@ -397,13 +397,9 @@ def check_start(cfg: dict, nproc: int, *, oversubscribe: bool = False, option: s
     """Refuse, before any process starts, ``nproc`` ranks that a ``--topology`` has no GPUs
     for, or that exceed this machine's cores or memory (:func:`treecoll.tools.resources.check_processes`,
     with :func:`memory_estimate`); returns the numbers checked."""
-    from treecoll.tools.resources import check_processes
+    from treecoll.tools.resources import check_processes, check_topology_ranks
 
-    if cfg["topology"] is not None:
-        gpus = sum(1 for n in cfg["topology"]["nodes"] if n.get("kind") == "gpu")
-        if nproc > gpus:
-            raise AttentionError(f"{option} {nproc}: expected at most {gpus} (the GPUs of topology "
-                                 f"{cfg['topology'].get('name')!r}), got {nproc}; give a larger topology")
+    check_topology_ranks(cfg["topology"], nproc, option=option)
     mem = memory_estimate(cfg, nproc)
     return check_processes(nproc, option=f"{option} {nproc}",
                            per_process_bytes=mem["cache_per_rank"] + mem["transient_per_rank"],

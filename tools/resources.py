@@ -44,8 +44,8 @@ from treecoll.topo.fmt import fmt_bytes
 
 from .units import UsageError
 
-__all__ = ["check_processes", "usable_cores", "available_memory", "proc_bytes", "PROCESS_BASELINE_BYTES",
-           "RANKS_PER_CORE", "OVERSUBSCRIBE_HELP"]
+__all__ = ["check_processes", "check_topology_ranks", "usable_cores", "available_memory", "proc_bytes",
+           "PROCESS_BASELINE_BYTES", "RANKS_PER_CORE", "OVERSUBSCRIBE_HELP"]
 
 #: processes per usable core before a command refuses without --oversubscribe
 RANKS_PER_CORE = 4
@@ -119,3 +119,20 @@ def check_processes(nproc: int, *, option: str, per_process_bytes: int = 0, extr
                          f"got an estimated {fmt_bytes(need)} ({nproc} x ({fmt_bytes(baseline_bytes)} per process"
                          f"{data}){more}){hint}")
     return plan
+
+
+def check_topology_ranks(topology: dict | None, nproc: int, *, option: str = "--nproc") -> None:
+    """Refuse (:class:`~tools.units.UsageError`) more ranks than the GPUs of ``topology``
+    (a topology's plain dict; None: nothing to check), each rank running on its own GPU.
+
+    >>> check_topology_ranks({"name": "t", "nodes": [{"kind": "gpu"}, {"kind": "cpu"}]}, 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    treecoll.tools.units.UsageError: --nproc 2: expected at most 1 (the GPUs of topology 't'), got 2; ...
+    """
+    if topology is None:
+        return
+    gpus = sum(1 for n in topology["nodes"] if n.get("kind") == "gpu")
+    if nproc > gpus:
+        raise UsageError(f"{option} {nproc}: expected at most {gpus} (the GPUs of topology "
+                         f"{topology.get('name')!r}), got {nproc}; give a larger topology")

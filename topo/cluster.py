@@ -8,6 +8,10 @@ Protocol (two ``all_gather_object`` calls, so every rank ends with the same data
    once for the host (a CPU-only host gets one rank slot per process of the
    group on it) and sends the explicit form; the others send None.
 
+Warnings of a probe (a host without NVML, ...) are logged once, by rank 0: the
+other probers hold theirs back and send them with their probe, and rank 0 logs
+them naming the host, so a job of many hosts prints each host's notice once.
+
 Every rank then builds the same graph from the same gathered data (no rank-local
 input enters it), so the result, and its fingerprint, are identical on every
 rank; :func:`discover_cluster` checks this with a third gather of fingerprints
@@ -40,9 +44,11 @@ so that it is reachable.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import networkx as nx
@@ -54,6 +60,27 @@ from .hostgraph import LAT, net_bw
 from .model import Topology
 
 __all__ = ["host_identity", "discover_cluster", "assemble"]
+
+log = logging.getLogger("treecoll.topo")
+
+
+@contextlib.contextmanager
+def _held_warnings(hold: bool) -> Iterator[list[str]]:
+    """With ``hold``, keep the ``treecoll.topo`` logger's records of the block out of the
+    logs and yield their messages instead (a list filled as they come)."""
+    held: list[str] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        held.append(record.getMessage())
+        return False
+
+    if hold:
+        log.addFilter(keep)
+    try:
+        yield held
+    finally:
+        if hold:
+            log.removeFilter(keep)
 
 
 def host_identity(env: Mapping[str, str] | None = None) -> str:
@@ -117,9 +144,10 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
             e.pop(k, None)  # the probe describes the host, not this rank
         try:
             h = parse_hints(env)
-            t = discover(env=e, host=hname, **dict(discover_kwargs or {}))
+            with _held_warnings(rank != 0) as held:
+                t = discover(env=e, host=hname, **dict(discover_kwargs or {}))
             probe = {"topology": t.to_dict(), "identity": mine[0], "hostname": socket.gethostname(),
-                     "topology_addr": list(h.topology_addr) if h.topology_addr else None}
+                     "topology_addr": list(h.topology_addr) if h.topology_addr else None, "warnings": held}
         except Exception as exc:  # every rank must reach the gather, then all raise together
             probe = {"error": f"{type(exc).__name__}: {exc}"}
     probes: list[Any] = [None] * world
@@ -128,6 +156,10 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
     if failed:
         r, err = failed[0]
         raise DiscoveryError(f"discover_cluster: rank {r} (probe of host h{order.index(ids[r][0])}) failed: {err}")
+    if rank == 0:
+        for i, h in enumerate(order):
+            for message in probes[leader[h]].get("warnings", []) if leader[h] != 0 else []:
+                log.warning("%s (host h%d, probed by rank %d)", message, i, leader[h])
     topo = assemble([probes[leader[h]] for h in order], [(order.index(i), dev) for i, dev in ids], network=network)
     if check:
         prints: list[Any] = [None] * world

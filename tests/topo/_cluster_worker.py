@@ -15,9 +15,18 @@ from treecoll.topo.cluster import discover_cluster
 from treecoll import topo
 
 
+class BrokenNvml:
+    """A pynvml whose nvmlInit fails, as on a machine without the driver (discovery warns)."""
+
+    @staticmethod
+    def nvmlInit():
+        raise RuntimeError("no driver here")
+
+
 def probe(rank: int, world: int, network: dict | None) -> dict:
+    nvml = BrokenNvml() if os.environ.get("BROKEN_NVML") else False
     try:
-        t = discover_cluster(network=network, discover_kwargs={"nvml": False})
+        t = discover_cluster(network=network, discover_kwargs={"nvml": nvml})
         return {"fingerprint": t.fingerprint(), "topology": t.to_dict()}
     except topo.TreecollError as e:
         return {"error": f"{type(e).__name__}: {e}"}

@@ -13,13 +13,14 @@ from treecoll.topo.cluster import assemble, host_identity
 WORKER = Path(__file__).with_name("_cluster_worker.py")
 
 
-def _run(tmp_path, env_of_rank, world=4, network=None):
-    """Every rank's result: the worker started as ``world`` commands with torchrun's variables."""
+def _run(tmp_path, env_of_rank, world=4, network=None, output=None):
+    """Every rank's result: the worker started as ``world`` commands with torchrun's variables
+    (``output``: a StringIO that gets their output lines, tagged ``[r<rank>] ``)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "NCCL_", "TREECOLL_"))}
     base["NETWORK"] = json.dumps(network) if network else ""
     port = launch.free_port()
     envs = [{**base, **launch.rendezvous_env(r, world, "127.0.0.1", port), **env_of_rank(r)} for r in range(world)]
-    out, log = tmp_path / "ranks.json", io.StringIO()
+    out, log = tmp_path / "ranks.json", io.StringIO() if output is None else output
     res = launch.run_commands([[sys.executable, str(WORKER), str(out)]] * world, envs, timeout=120,
                               tag_output=True, stdout=log, stderr=log)
     assert res.returncode == 0, log.getvalue()[-2000:]
@@ -39,6 +40,18 @@ def test_four_processes_two_hosts_identical_everywhere(tmp_path):
     assert t.path(t.gpu_of_rank(0), t.gpu_of_rank(1)).nccl != "NET"
     assert t.meta["network"] == "one switch at the NICs' speed"
     assert [n for n in t.nodes("net_switch")] == ["leaf0"]
+
+
+@pytest.mark.timeout(180)
+def test_probe_warnings_are_logged_once_by_rank_zero(tmp_path):
+    """Two hosts without NVML: each host's notice is logged once, both by rank 0 (not by every prober)."""
+    log = io.StringIO()
+    res = _run(tmp_path, lambda r: {"TREECOLL_HOST_ID": "a" if r < 2 else "b", "BROKEN_NVML": "1"}, output=log)
+    assert len({x["fingerprint"] for x in res}) == 1
+    notices = [line for line in log.getvalue().splitlines() if "no NVML" in line]
+    want = "NVML: expected a working NVIDIA driver, got RuntimeError: no driver here); topology is a CPU-only host"
+    assert notices == [f"[r0] treecoll: no NVML ({want}",
+                       f"[r0] treecoll: no NVML ({want} (host h1, probed by rank 2)"], log.getvalue()
 
 
 @pytest.mark.timeout(180)
