@@ -287,7 +287,6 @@ def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -
     ``(P - 1) * 4 * batch * heads * (head_dim + 1)`` bytes received per rank.
     """
     import torch.distributed as dist
-
     from treecoll.attention.state import merge_states
 
     batch, heads, head_dim = out.shape

@@ -3,8 +3,6 @@ simulated volumes behind them."""
 from __future__ import annotations
 
 import pytest
-
-from tests.collectives.sim_helpers import star_topology
 from treecoll.attention.cost import (
     LLAMA31_8B,
     PAPER_HOSTS,
@@ -17,6 +15,8 @@ from treecoll.attention.cost import (
     paper_volumes,
 )
 from treecoll.topo.errors import CollectiveError
+
+from tests.collectives.sim_helpers import star_topology
 
 # Hand-worked values of the paper's formulas (arXiv 2408.04093 §6.2-6.3), in elements, with
 # d = n_h d_h (queries, outputs) and, for GQA, the K/V width d_kv = n_kv d_h (the K/V terms):
