@@ -36,11 +36,11 @@ whole cache:
 >>> torch.equal(out, decode_partial(q, k, v)[0]), torch.equal(allreduce3_decode(q, k, v), out)
 (True, True)
 >>> [method(name).__name__ for name in METHODS]
-['tree_decode', 'ring_decode', 'allreduce3_decode']
+['tree_decode', 'gather_decode', 'ring_decode', 'allreduce3_decode']
 >>> method("flash")
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'ring', 'allreduce3']
+treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'gather', 'ring', 'allreduce3']
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ from treecoll.collectives.group import group_info
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
+__all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "gather_decode", "method", "ring_decode"]
 
 
 def _group_of(placement: Placement | None, group: Any) -> Any:
@@ -179,14 +179,23 @@ def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = Non
     return online_to_state(num, m, den)
 
 
+def gather_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any) \
+        -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`treecoll.attention.tree_decode` with ``combine="gather"`` (one all-gather of the packed
+    states, then a local merge; vLLM's decode context parallelism); same parameters and result."""
+    from treecoll.attention.tree_decode import tree_decode
+
+    return tree_decode(q, k_shard, v_shard, combine="gather", **kwargs)
+
+
 def _methods():
     from treecoll.attention.tree_decode import tree_decode
 
-    return {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
+    return {"tree": tree_decode, "gather": gather_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
 
 
-#: name -> decode function (``tree``, ``ring``, ``allreduce3``); filled lazily by :func:`method`.
-METHODS = ("tree", "ring", "allreduce3")
+#: the decode methods by name (``tree``, ``gather``, ``ring``, ``allreduce3``): :func:`method` gives each.
+METHODS = ("tree", "gather", "ring", "allreduce3")
 
 
 def method(name: str) -> Callable[..., Any]:
