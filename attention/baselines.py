@@ -50,7 +50,8 @@ from typing import Any
 import torch
 from treecoll.attention.decode import decode_partial
 from treecoll.attention.dist import agree_on_inputs
-from treecoll.attention.state import empty_state, merge, online_to_state
+from treecoll.attention.state import empty_state, merge
+from treecoll.attention.tree_decode import allreduce3_combine, tree_decode
 from treecoll.attention.validate import check_decode_inputs
 from treecoll.collectives.group import group_info
 from treecoll.collectives.placement import Placement
@@ -160,37 +161,14 @@ def allreduce3_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Ten
     return (out, lse) if return_lse else out
 
 
-def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The communication part of :func:`allreduce3_decode` for states already
-    computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
-    (natural log) -> the merged ``(out, lse)`` on every rank."""
-    import torch.distributed as dist
-
-    # NaN as +inf for the MAX (gloo's max of NaN depends on the order): the shift is
-    # then +inf, a NaN or +inf lse gets the weight exp(NaN) = NaN and the finite ones
-    # exp(-inf) = 0, so the row is NaN on every rank (the policy of attention.state).
-    m = torch.where(torch.isnan(lse), float("inf"), lse)
-    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    den = torch.exp(lse - shift)  # 0 for an empty shard
-    num = out * den.unsqueeze(-1)
-    dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
-    dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
-    return online_to_state(num, m, den)
-
-
 def gather_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any) \
         -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`treecoll.attention.tree_decode` with ``combine="gather"`` (one all-gather of the packed
     states, then a local merge; vLLM's decode context parallelism); same parameters and result."""
-    from treecoll.attention.tree_decode import tree_decode
-
     return tree_decode(q, k_shard, v_shard, combine="gather", **kwargs)
 
 
 def _methods():
-    from treecoll.attention.tree_decode import tree_decode
-
     return {"tree": tree_decode, "gather": gather_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
 
 

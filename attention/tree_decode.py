@@ -46,18 +46,16 @@ Combine methods (``combine=``), side by side with the same arguments and result:
   does (it all-gathers the LSEs, https://github.com/vllm-project/vllm
   ``vllm/attention/ops/common.py``): one collective, ``P - 1`` states received
   per rank, the backend's own algorithm, topology-blind;
-* ``"allreduce3"``: the paper's three all-reduces
-  (:func:`treecoll.attention.baselines.allreduce3_combine`);
-* ``"ring"`` (:func:`tree_decode` only): Ring Attention,
-  :func:`treecoll.attention.baselines.ring_decode`, which moves the K/V shards, not
-  states;
+* ``"allreduce3"``: the paper's three all-reduces (:func:`allreduce3_combine`);
 * ``"auto"``: the fastest of ``tree``, ``gather`` and ``allreduce3`` by the cost
   model (:func:`treecoll.attention.cost.choose_combine`: simulated on the
   placement's topology for this state size, NCCL's protocols; deterministic, so
   every rank picks the same; kept per placement and shape).
 
 Every method merges in float32 and follows the NaN/inf policy of
-:mod:`treecoll.attention.state`.
+:mod:`treecoll.attention.state`.  Ring Attention, which moves the K/V shards instead
+of states, is :func:`treecoll.attention.ring_decode`; every decode method by name:
+:func:`treecoll.attention.baselines.method`.
 
 Compared with the paper's Algorithm 3 (all-reduce max, then numerator, then
 denominator; :func:`treecoll.attention.baselines.allreduce3_decode`) this sends one
@@ -80,7 +78,7 @@ from typing import Any
 import torch
 from treecoll.attention.decode import decode_partial
 from treecoll.attention.dist import agree_on_inputs
-from treecoll.attention.state import MergeOp, pack_state, unpack_state
+from treecoll.attention.state import MergeOp, online_to_state, pack_state, unpack_state
 from treecoll.collectives.execute import CollectiveOptions
 from treecoll.collectives.group import group_info, resolve_group
 from treecoll.collectives.placement import Placement, as_placement
@@ -89,12 +87,12 @@ from treecoll.collectives.tree import MultiTree, Tree
 from treecoll.topo import Topology
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["COMBINES", "choose_combine", "gather_combine", "group_placement", "resolve_tree", "tree_combine",
-           "tree_decode", "tree_root"]
+__all__ = ["COMBINES", "allreduce3_combine", "choose_combine", "gather_combine", "group_placement", "resolve_tree",
+           "tree_combine", "tree_decode", "tree_root"]
 
 #: how :func:`tree_combine` returns the merged state to every rank
 BCAST_MODES = ("tree", "separate", "native")
-#: the ``combine=`` methods of :func:`tree_combine` (``ring`` moves K/V: :func:`tree_decode` only)
+#: the ``combine=`` methods of :func:`tree_combine` and :func:`tree_decode`
 COMBINES = ("tree", "gather", "allreduce3", "auto")
 #: (placement, batch, heads, head_dim, tree) -> the method "auto" picked
 _CHOSEN = LRU(256)
@@ -217,7 +215,8 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
     if bcast not in BCAST_MODES:
         raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
     if combine not in COMBINES:
-        hint = "; ring moves the K/V shards, not states: call tree_decode(combine='ring')" if combine == "ring" else ""
+        hint = "; ring moves the K/V shards, not states: call treecoll.attention.ring_decode" \
+            if combine == "ring" else ""
         raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}{hint}")
     batch, heads, head_dim = out.shape
     p = group_placement(group, topology, placement=placement)
@@ -228,8 +227,6 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
     if combine == "gather":
         return gather_combine(out, lse, group=p.group)
     if combine == "allreduce3":
-        from treecoll.attention.baselines import allreduce3_combine
-
         return allreduce3_combine(out, lse, group=p.group)
     t = resolve_tree(tree, placement=p)
     from treecoll import collectives
@@ -305,6 +302,25 @@ def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -
     return merge_states(outs, lses, dim=0)
 
 
+def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's three all-reduces (the communication part of
+    :func:`treecoll.attention.baselines.allreduce3_decode`) for states already computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
+    (natural log) -> the merged ``(out, lse)`` on every rank."""
+    import torch.distributed as dist
+
+    # NaN as +inf for the MAX (gloo's max of NaN depends on the order): the shift is
+    # then +inf, a NaN or +inf lse gets the weight exp(NaN) = NaN and the finite ones
+    # exp(-inf) = 0, so the row is NaN on every rank (the policy of attention.state).
+    m = torch.where(torch.isnan(lse), float("inf"), lse)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    den = torch.exp(lse - shift)  # 0 for an empty shard
+    num = out * den.unsqueeze(-1)
+    dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
+    return online_to_state(num, m, den)
+
+
 def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
                 placement: Placement | None = None, group: Any = None, tree: Any = "auto",
                 topology: Topology | None = None, root_only: bool = False, scale: float | None = None,
@@ -335,8 +351,7 @@ def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
         collective, so a decode loop checks its first step and then passes False.
     return_lse : also return the merged LSE float32 [batch, q_heads].
     bcast : ``"tree"`` (default), ``"separate"`` or ``"native"``: see :func:`tree_combine`.
-    combine : ``"tree"`` (default), ``"gather"``, ``"allreduce3"``, ``"ring"`` (Ring Attention:
-        :func:`treecoll.attention.baselines.ring_decode`) or ``"auto"`` (module docstring).
+    combine : ``"tree"`` (default), ``"gather"``, ``"allreduce3"`` or ``"auto"`` (module docstring).
 
     Returns
     -------
@@ -345,13 +360,8 @@ def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
         ``return_lse``, ``(out, lse)``.
     """
     p = group_placement(group, topology, placement=placement)
-    if combine == "ring":
-        from treecoll.attention.baselines import ring_decode
-
-        return ring_decode(q, k_shard, v_shard, kv_len=kv_len, placement=p, scale=scale, check=check,
-                           return_lse=return_lse)
     if combine not in COMBINES:
-        raise AttentionError(f"combine: expected one of {list(COMBINES) + ['ring']}, got {combine!r}")
+        raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}")
     size = p.nranks
     t = resolve_tree(tree, placement=p) if size > 1 else None
     if check and size > 1:

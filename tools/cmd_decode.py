@@ -6,7 +6,7 @@ sharded over the group with :class:`attention.ShardedKVCache` (round-robin
 blocks of ``--block-size`` tokens; each rank generates only its own blocks).
 Each decode step appends one random token's K/V to every layer and decodes a
 random query per layer with each method: ``tree`` (:func:`treecoll.attention.tree_decode`)
-and the baselines of ``--compare`` (``ring``, ``allreduce3``).  The same steps
+and the other methods of ``--compare`` (``gather``, ``ring``, ``allreduce3``).  The same steps
 are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
 every method's outputs are compared with that reference.
 
