@@ -304,7 +304,8 @@ def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -
 
 def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's three all-reduces (the communication part of
-    :func:`treecoll.attention.baselines.allreduce3_decode`) for states already computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
+    :func:`treecoll.attention.baselines.allreduce3_decode`) for states already computed:
+    ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
     (natural log) -> the merged ``(out, lse)`` on every rank."""
     import torch.distributed as dist
 
