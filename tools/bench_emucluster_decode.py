@@ -1,31 +1,46 @@
-"""Tree-attention decoding on an emulated cluster: tree versus ring versus three all-reduces.
+"""Tree-attention decoding on an emulated cluster: the topology's tree against a topology-blind tree, the gather
+combine, ring and three all-reduces.
 
 One decode step of Llama-3.1-8B's attention shape (32 query heads, 8 KV
-heads, head_dim 128, batch 1, bf16 KV cache) over a KV cache of 16k to 128k
-tokens sharded along the sequence over the ranks of an emulated cluster
-(:mod:`treecoll.tools.emucluster`, needs root; this module runs as every rank,
-:mod:`treecoll.tools.bench.emulated`), interleaved placement:
+heads, head_dim 128, bf16 KV cache) over a KV cache sharded along the sequence
+over the ranks of an emulated cluster (:mod:`treecoll.tools.emucluster`, needs
+root; this module runs as every rank, :mod:`treecoll.tools.bench.emulated`),
+interleaved placement (rank r on host r mod H, so rank order alternates hosts).
+Batch 1 over 16k to 128k tokens, and a batch whose packed state
+(``4 · batch · 32 · 129`` bytes) is at least 1 MiB (batch 64: 1.06 MB) over a
+short context:
 
-* ``tree``: :func:`treecoll.attention.tree_decode` (local partial attention, then one
-  tree allreduce of the packed (out, lse) state over the topology's tree);
+* ``tree``: :func:`treecoll.attention.tree_decode` over the topology's tree
+  (``two_level`` without rails: one edge per host pair crosses the network);
+* ``tree_blind``: the same combine over a topology-blind tree, ``binomial`` in
+  rank order (with interleaved placement most of its edges cross hosts);
+* ``gather``: ``tree_decode(combine="gather")``: one all-gather of the P packed
+  states (the backend's own algorithm, topology-blind), then a local merge;
 * ``ring``: :func:`attention.ring_decode` (K/V shards travel around a ring, overlapped
   with the partial attention of the shard in hand);
 * ``allreduce3``: :func:`attention.allreduce3_decode` (the paper's baseline: three
   all-reduces, max, numerator, denominator).
 
-Time per (method, tokens) = median over repetitions of the slowest rank's
+Time per (method, case) = median over repetitions of the slowest rank's
 time; ``compute`` is the slowest rank's :func:`attention.decode_partial` on its
 own shard, all ranks at once (what every method pays at least); the methods'
 and compute's repetitions are interleaved
-(:func:`treecoll.tools.bench.harness.interleaved`). Prediction:
+(:func:`treecoll.tools.bench.harness.interleaved`). Bytes crossing host links
+(``host bytes``): every host's first rank reads its uplink's transmit counter
+(``/proc/net/dev`` of the host's namespace: everything that left the host,
+TCP/IP headers and acknowledgements included) around ``--repeats`` steps of
+one method, minus the same number of bare barriers; summed over hosts, per
+step. ``payload`` is what the schedule sends across hosts (tree edges whose
+ends sit on different hosts, up and down, times the state's bytes). Prediction:
 ``compute`` (measured) plus the simulator's communication time on the same
 YAML (``treecoll.collectives.sim``, profile ``ideal``): the tree's allreduce of the
-16.5 KB state; three rank-order ring allreduces for allreduce3; for ring, per
-step ``max(compute of one shard, all ranks sending their K/V shard to the next
-rank at once)`` (flow-level max-min sharing, ``sim_engine.concurrent_times``).
+packed state; a ring all-gather of the P states for gather; three rank-order
+ring allreduces for allreduce3; for ring, per step ``max(compute of one shard,
+all ranks sending their K/V shard to the next rank at once)`` (flow-level
+max-min sharing, ``sim_engine.concurrent_times``).
 
     python -m treecoll.tools.bench_emucluster_decode                     # 2x2 and 2x3 at 1 Gbit/s
-    python -m treecoll.tools.bench_emucluster_decode --shapes 2x2 --tokens 16384
+    python -m treecoll.tools.bench_emucluster_decode --shapes 2x2 --tokens 16384 --batches 1,64
 
 Units: seconds in JSON, ms in the table. Not a test.
 """
@@ -42,11 +57,13 @@ from treecoll.tools.bench import emulated
 from treecoll.tools.bench.emulated import load_topology
 from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
 from treecoll.tools.cli import script_main
-from treecoll.topo.fmt import table
+from treecoll.topo.fmt import fmt_bytes, table
 
-METHODS = ("tree", "ring", "allreduce3")
-Q_HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 1  # Llama-3.1-8B (its config.json on the Hugging Face hub)
+METHODS = ("tree", "tree_blind", "gather", "ring", "allreduce3")
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 KV_ITEMSIZE = 2  # bf16
+#: the topology-blind tree of ``tree_blind``
+BLIND_TREE = "binomial"
 
 
 def shard_tokens(tokens: int, world: int) -> list[int]:
@@ -54,68 +71,136 @@ def shard_tokens(tokens: int, world: int) -> list[int]:
     return [tokens // world + (1 if r < tokens % world else 0) for r in range(world)]
 
 
+def state_bytes(batch: int) -> int:
+    """Bytes of the packed float32 (out, lse) state of one step."""
+    return 4 * batch * Q_HEADS * (HEAD_DIM + 1)
+
+
+def cases_of(args) -> list[tuple[int, int]]:
+    """(batch, tokens) of every case: batch 1 at every ``--tokens``, larger batches at ``--batch-tokens``."""
+    return [(b, n) for b in args.batches for n in (args.tokens if b == 1 else [args.batch_tokens])]
+
+
 # ----------------------------------------------------------------------------- worker
+def uplink_tx_bytes(iface: str) -> int:
+    """Bytes sent so far on ``iface`` of this network namespace (``/proc/net/dev``)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() == iface:
+            return int(rest.split()[8])
+    raise emulated.Unavailable(f"/proc/net/dev: no interface {iface!r} in this namespace")
+
+
 def measure(rank: int, world: int, args) -> dict | None:
-    """One rank (:func:`treecoll.tools.bench.emulated.worker`): every context length, compute and the
-    methods interleaved; rank 0 returns the rows."""
-    import torch
-
-    from treecoll import attention
-
+    """One rank (:func:`treecoll.tools.bench.emulated.worker`): every case, compute and the methods
+    interleaved, then the bytes each method sends across hosts; rank 0 returns the rows."""
     topo = load_topology(os.environ.get("TREECOLL_EMU_TOPOLOGY"))
-    q = torch.randn(BATCH, Q_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    fns = {"tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
-           "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
-           "allreduce3": lambda k, v, chk: attention.allreduce3_decode(q, k, v, check=chk)}
-    methods = [m for m in args.methods if m in fns]
     rows = []
-    for i, tokens in enumerate(args.tokens):
-        rows += _measure_tokens(q, fns, methods, tokens, rank, world, args.repeats, first=i == 0)
+    for i, (batch, tokens) in enumerate(cases_of(args)):
+        rows += _measure_case(topo, batch, tokens, rank, world, args, first=i == 0)
     return {"world": world, "rows": rows} if rank == 0 else None
 
 
-def _measure_tokens(q, fns: dict, methods: list[str], tokens: int, rank: int, world: int, reps: int,
-                    first: bool) -> list[dict]:
+def _methods(topo, q):
+    from treecoll import attention
+
+    return {"tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
+            "tree_blind": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, tree=BLIND_TREE, check=chk),
+            "gather": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="gather", check=chk),
+            "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
+            "allreduce3": lambda k, v, chk: attention.allreduce3_decode(q, k, v, check=chk)}
+
+
+def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, first: bool) -> list[dict]:
     import torch
     import torch.distributed as dist
 
     from treecoll import attention
 
+    q = torch.randn(batch, Q_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    fns = _methods(topo, q)
+    methods = [m for m in args.methods if m in fns]
     n = shard_tokens(tokens, world)[rank]
-    g = torch.Generator().manual_seed(1000 + rank + 7 * tokens)
-    k = torch.randn(BATCH, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
-    v = torch.randn(BATCH, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(1000 + rank + 7 * tokens + batch)
+    k = torch.randn(batch, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
+    v = torch.randn(batch, n, KV_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16)
     outs = {}
     for m in methods:
-        if first:
-            fns[m](k, v, True)  # warm-up: connections, trees, agreement checks
+        fns[m](k, v, True)  # warm-up: connections, trees, agreement checks
         outs[m] = fns[m](k, v, False)
     cases = {"compute": lambda: attention.decode_partial(q, k, v)}
     cases |= {m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}
-    times = interleaved(cases, reps, warmup=0, before=lambda _: dist.barrier(), combine=slowest_rank)
+    times = interleaved(cases, args.repeats, warmup=0, before=lambda _: dist.barrier(), combine=slowest_rank)
     compute = statistics.median(times["compute"])
     ref = outs[methods[0]]
     diff = torch.tensor([max(float((o - ref).abs().max()) for o in outs.values())], dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    return [{"method": m, "tokens": tokens, "time": statistics.median(times[m]), "times": times[m],
-             "compute": compute, "max_abs_diff_vs_" + methods[0]: float(diff)} for m in methods]
+    host_bytes = _host_bytes({m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}, args.repeats)
+    return [{"method": m, "batch": batch, "tokens": tokens, "state_bytes": state_bytes(batch),
+             "time": statistics.median(times[m]), "times": times[m], "compute": compute,
+             "host_bytes_per_step": host_bytes[m], "max_abs_diff_vs_" + methods[0]: float(diff)} for m in methods]
+
+
+def _host_bytes(fns: dict, reps: int) -> dict[str, float]:
+    """Bytes that left every host's uplink per call of each of ``fns`` (summed over hosts), the same
+    number of bare barriers subtracted."""
+    import torch
+    import torch.distributed as dist
+
+    counts = os.environ.get("LOCAL_RANK") == "0"
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "emu0")
+
+    def sent(fn) -> float:
+        dist.barrier()
+        before = uplink_tx_bytes(iface) if counts else 0
+        for _ in range(reps):
+            dist.barrier()
+            if fn is not None:
+                fn()
+        dist.barrier()
+        total = torch.tensor([float(uplink_tx_bytes(iface) - before) if counts else 0.0], dtype=torch.float64)
+        dist.all_reduce(total)
+        return float(total) / reps
+
+    base = sent(None)
+    return {m: max(0.0, sent(fn) - base) for m, fn in fns.items()}
 
 
 # ----------------------------------------------------------------------------- predictions
-def predict(method: str, topology, world: int, tokens: int, compute: float) -> float:
+def _tree(method: str, topology, world: int):
+    from treecoll.collectives import builders
+
+    if method == "tree":  # attention.resolve_tree("auto"): two_level without rails
+        return builders.build("two_level", topology, list(range(world)), rails=False)
+    return builders.build(BLIND_TREE, nranks=world)
+
+
+def payload_bytes(method: str, topology, world: int, batch: int) -> float | None:
+    """Bytes the method's schedule sends from one host to another per step (None: not modelled)."""
+    if method not in ("tree", "tree_blind"):
+        return None
+    gpus = topology.rank_gpus()
+    t = _tree(method, topology, world)
+    host = [topology.host_of(g) for g in gpus[:world]]
+    crossing = sum(1 for r, p in enumerate(t.parents) if p >= 0 and host[r] != host[p])
+    return 2.0 * crossing * state_bytes(batch)
+
+
+def predict(method: str, topology, world: int, batch: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds)."""
-    from treecoll.collectives import builders, compile_plan
+    from treecoll.collectives import compile_plan
     from treecoll.collectives.sim.engine import Network, concurrent_times
     from treecoll.collectives.sim.profiles import get_profile
-    from treecoll.collectives.sim.simulator import simulate
+    from treecoll.collectives.sim.simulator import simulate, simulate_ring
 
-    state_bytes = BATCH * Q_HEADS * (HEAD_DIM + 1) * 4  # packed fp32 (out, lse)
-    if method == "tree":  # attention.resolve_tree("auto"): two_level without rails
-        tree = builders.build("two_level", topology, list(range(world)), rails=False)
-        return compute + simulate(topology, compile_plan(tree, "allreduce", 1), state_bytes).time
+    state = state_bytes(batch)
+    if method in ("tree", "tree_blind"):
+        return compute + simulate(topology, compile_plan(_tree(method, topology, world), "allreduce", 1), state).time
+    if method == "gather":
+        return compute + simulate_ring(topology, world * state, collective="allgather", ranks=world).time
     if method == "allreduce3":
         ring = compile_plan(None, "allreduce", 1, algo="ring", nranks=world)
-        parts = (BATCH * Q_HEADS * 4, BATCH * Q_HEADS * HEAD_DIM * 4, BATCH * Q_HEADS * 4)
+        parts = (batch * Q_HEADS * 4, batch * Q_HEADS * HEAD_DIM * 4, batch * Q_HEADS * 4)
         return compute + sum(simulate(topology, ring, max(b, world)).time for b in parts)
     # ring: world steps of partial attention; the first world-1 overlap one K/V shard hop each
     gpus = topology.rank_gpus()
@@ -123,11 +208,10 @@ def predict(method: str, topology, world: int, tokens: int, compute: float) -> f
     shards = shard_tokens(tokens, world)
     total = 0.0
     for s in range(world - 1):
-        hops = [(gpus[r], gpus[(r + 1) % world], 2.0 * shards[(r - s) % world] * BATCH * KV_HEADS * HEAD_DIM
+        hops = [(gpus[r], gpus[(r + 1) % world], 2.0 * shards[(r - s) % world] * batch * KV_HEADS * HEAD_DIM
                  * KV_ITEMSIZE) for r in range(world)]
-        res = concurrent_times(net, hops)  # (latency, drain) arrays; older versions: one array
-        hop = max(a + b for a, b in zip(*res)) if isinstance(res, tuple) else max(res)
-        total += max(compute, float(hop))
+        lat, drain = concurrent_times(net, hops)
+        total += max(compute, float((lat + drain).max()))
     return total + compute
 
 
@@ -138,8 +222,9 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args)
     rows = []
     for r in raw["rows"]:
         r = dict(r)
-        r["predicted"] = predict(r["method"], topology, raw["world"], r["tokens"], r["compute"])
+        r["predicted"] = predict(r["method"], topology, raw["world"], r["batch"], r["tokens"], r["compute"])
         r["error"] = r["predicted"] / r["time"] - 1
+        r["payload_bytes_per_step"] = payload_bytes(r["method"], topology, raw["world"], r["batch"])
         rows.append(r)
     return {"shape": f"{hosts}x{rph}", "rate": rate, "world": raw["world"], "placement": args.placement,
             "rows": rows}
@@ -148,15 +233,21 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args)
 def print_table(cases: list[dict]) -> None:
     lines = []
     for c in cases:
-        tree = {r["tokens"]: r["time"] for r in c["rows"] if r["method"] == "tree"}
+        tree = {(r["batch"], r["tokens"]): r["time"] for r in c["rows"] if r["method"] == "tree"}
         for r in c["rows"]:
+            key = (r["batch"], r["tokens"])
             diff = next((v for k, v in r.items() if k.startswith("max_abs_diff")), None)
-            lines.append([c["shape"], c["rate"], r["method"], f"{r['tokens'] // 1024}k", r["time"] * 1e3,
+            payload = r.get("payload_bytes_per_step")
+            lines.append([c["shape"], c["rate"], r["batch"], f"{r['tokens'] // 1024}k", r["method"], r["time"] * 1e3,
                           r["compute"] * 1e3, r["predicted"] * 1e3, f"{r['error'] * 100:+.0f}%",
-                          f"{r['time'] / tree[r['tokens']]:.2f}x" if r["tokens"] in tree else None, diff])
-    print(table(lines, ["shape", "rate", "method", "tokens", "time ms", "compute", "pred ms", "err", "vs tree",
-                        "max|diff|"], formats=[None, None, None, None, ".1f", ".1f", ".1f", None, None, ".2e"]))
-    print("compute = slowest rank's local decode_partial; vs tree = time / tree's time; "
+                          f"{r['time'] / tree[key]:.2f}x" if key in tree else None,
+                          fmt_bytes(r["host_bytes_per_step"], si=True),
+                          None if payload is None else fmt_bytes(payload, si=True), diff])
+    print(table(lines, ["shape", "rate", "batch", "tokens", "method", "time ms", "compute", "pred ms", "err",
+                        "vs tree", "host bytes", "payload", "max|diff|"],
+                formats=[None, None, None, None, None, ".1f", ".1f", ".1f", None, None, None, None, ".2e"]))
+    print("compute = slowest rank's local decode_partial; vs tree = time / tree's time; host bytes = bytes leaving "
+          "the hosts' uplinks per step (TCP/IP included); payload = the schedule's bytes between hosts; "
           "max|diff| = largest output difference between methods")
 
 
@@ -167,14 +258,18 @@ def main(argv=None) -> int:
     p = bench.parser
     emulated.add_options(p, METHODS, rates="1gbit", timeout=1200, op_timeout=600)
     p.add_argument("--tokens", default="16384,32768,65536,131072", type=units.counts_arg("--tokens"),
-                   help="KV lengths, comma-separated; k = 1e3 (default 16384,32768,65536,131072)")
+                   help="KV lengths at batch 1, comma-separated; k = 1e3 (default 16384,32768,65536,131072)")
+    p.add_argument("--batches", default="1,64", type=units.ints_arg("--batches"),
+                   help="batch sizes, comma-separated (default 1,64: 64 makes the packed state 1.06 MB)")
+    p.add_argument("--batch-tokens", default="1024", type=units.count_arg("--batch-tokens"),
+                   help="KV length of the batches above 1 (default 1024)")
     args = bench.parse(argv)
     emulated.parse_methods(p, args, METHODS)
     if args.worker:
         return emulated.worker(measure, args)
 
     def per_process_bytes(hosts: int, rph: int) -> int:  # the K/V shard, its float32 draw and ring's received shard
-        shard = -(-max(args.tokens) // (hosts * rph)) * KV_HEADS * HEAD_DIM * BATCH
+        shard = max(-(-n // (hosts * rph)) * b for b, n in cases_of(args)) * KV_HEADS * HEAD_DIM
         return shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE)
 
     why = emulated.ready(args, per_process_bytes)
@@ -183,6 +278,7 @@ def main(argv=None) -> int:
         return 1
     t0 = time.time()
     worker_argv = ["--methods", ",".join(args.methods), "--tokens", ",".join(map(str, args.tokens)),
+                   "--batches", ",".join(map(str, args.batches)), "--batch-tokens", str(args.batch_tokens),
                    "--repeats", str(args.repeats)]
     cases = [make_case(hosts, rph, rate, raw, topo_path, args)
              for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster_decode", args, worker_argv)]
