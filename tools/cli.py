@@ -65,6 +65,7 @@ COMMANDS = [
     "treecoll.tools.cmd_tree",
     "treecoll.tools.cmd_simulate",
     "treecoll.tools.emucluster.cli",
+    "treecoll.tools.cmd_selfcheck",
 ]
 
 
