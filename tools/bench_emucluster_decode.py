@@ -15,7 +15,11 @@ short context:
 * ``tree_blind``: the same combine over a topology-blind tree, ``binomial`` in
   rank order (with interleaved placement most of its edges cross hosts);
 * ``gather``: ``tree_decode(combine="gather")``: one all-gather of the P packed
-  states (the backend's own algorithm, topology-blind), then a local merge;
+  states (gloo's own algorithm: a ring in rank order, topology-blind), then a
+  local merge;
+* ``auto``: ``tree_decode(combine="auto")``: what the cost model picks for this
+  topology and state (:func:`treecoll.attention.cost.choose_combine`; the pick is
+  recorded);
 * ``ring``: :func:`attention.ring_decode` (K/V shards travel around a ring, overlapped
   with the partial attention of the shard in hand);
 * ``allreduce3``: :func:`attention.allreduce3_decode` (the paper's baseline: three
@@ -31,10 +35,12 @@ and compute's repetitions are interleaved
 TCP/IP headers and acknowledgements included) around ``--repeats`` steps of
 one method, minus the same number of bare barriers; summed over hosts, per
 step. ``payload`` is what the schedule sends across hosts (tree edges whose
-ends sit on different hosts, up and down, times the state's bytes). Prediction:
+ends sit on different hosts, up and down, times the state's bytes; for gather,
+the hops of the rank-order ring that cross hosts, ``P - 1`` times). Prediction:
 ``compute`` (measured) plus the simulator's communication time on the same
 YAML (``treecoll.collectives.sim``, profile ``ideal``): the tree's allreduce of the
-packed state; a ring all-gather of the P states for gather; three rank-order
+packed state; for gather, ``P - 1`` steps of every rank sending one state to
+the next in rank order at once (gloo's ring); three rank-order
 ring allreduces for allreduce3; for ring, per step ``max(compute of one shard,
 all ranks sending their K/V shard to the next rank at once)`` (flow-level
 max-min sharing, ``sim_engine.concurrent_times``).
@@ -59,7 +65,7 @@ from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
 from treecoll.tools.cli import script_main
 from treecoll.topo.fmt import fmt_bytes, table
 
-METHODS = ("tree", "tree_blind", "gather", "ring", "allreduce3")
+METHODS = ("tree", "tree_blind", "gather", "auto", "ring", "allreduce3")
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 KV_ITEMSIZE = 2  # bf16
 #: the topology-blind tree of ``tree_blind``
@@ -107,6 +113,7 @@ def _methods(topo, q):
     return {"tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
             "tree_blind": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, tree=BLIND_TREE, check=chk),
             "gather": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="gather", check=chk),
+            "auto": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="auto", check=chk),
             "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
             "allreduce3": lambda k, v, chk: attention.allreduce3_decode(q, k, v, check=chk)}
 
@@ -116,6 +123,7 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
     import torch.distributed as dist
 
     from treecoll import attention
+    from treecoll.attention.tree_decode import choose_combine
 
     q = torch.randn(batch, Q_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     fns = _methods(topo, q)
@@ -136,7 +144,9 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
     diff = torch.tensor([max(float((o - ref).abs().max()) for o in outs.values())], dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     host_bytes = _host_bytes({m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}, args.repeats)
+    picks = choose_combine(batch, Q_HEADS, HEAD_DIM, topology=topo)
     return [{"method": m, "batch": batch, "tokens": tokens, "state_bytes": state_bytes(batch),
+             **({"picks": picks} if m == "auto" else {}),
              "time": statistics.median(times[m]), "times": times[m], "compute": compute,
              "host_bytes_per_step": host_bytes[m], "max_abs_diff_vs_" + methods[0]: float(diff)} for m in methods]
 
@@ -176,12 +186,15 @@ def _tree(method: str, topology, world: int):
 
 
 def payload_bytes(method: str, topology, world: int, batch: int) -> float | None:
-    """Bytes the method's schedule sends from one host to another per step (None: not modelled)."""
+    """Bytes the method's schedule sends from one host to another per step (None: not modelled):
+    a tree's edges between hosts, up and down; gather's ring in rank order, ``world - 1`` steps."""
+    host = [topology.host_of(g) for g in topology.rank_gpus()[:world]]
+    if method == "gather":
+        crossing = sum(1 for r in range(world) if host[r] != host[(r + 1) % world])
+        return float((world - 1) * crossing * state_bytes(batch))
     if method not in ("tree", "tree_blind"):
         return None
-    gpus = topology.rank_gpus()
     t = _tree(method, topology, world)
-    host = [topology.host_of(g) for g in gpus[:world]]
     crossing = sum(1 for r, p in enumerate(t.parents) if p >= 0 and host[r] != host[p])
     return 2.0 * crossing * state_bytes(batch)
 
@@ -191,20 +204,21 @@ def predict(method: str, topology, world: int, batch: int, tokens: int, compute:
     from treecoll.collectives import compile_plan
     from treecoll.collectives.sim.engine import Network, concurrent_times
     from treecoll.collectives.sim.profiles import get_profile
-    from treecoll.collectives.sim.simulator import simulate, simulate_ring
+    from treecoll.collectives.sim.simulator import simulate
 
     state = state_bytes(batch)
+    gpus = topology.rank_gpus()
+    net = Network(topology, get_profile("ideal"))
     if method in ("tree", "tree_blind"):
         return compute + simulate(topology, compile_plan(_tree(method, topology, world), "allreduce", 1), state).time
-    if method == "gather":
-        return compute + simulate_ring(topology, world * state, collective="allgather", ranks=world).time
+    if method == "gather":  # gloo's ring in rank order: world - 1 steps of one state to the next rank
+        lat, drain = concurrent_times(net, [(gpus[r], gpus[(r + 1) % world], state) for r in range(world)])
+        return compute + (world - 1) * float((lat + drain).max())
     if method == "allreduce3":
         ring = compile_plan(None, "allreduce", 1, algo="ring", nranks=world)
         parts = (batch * Q_HEADS * 4, batch * Q_HEADS * HEAD_DIM * 4, batch * Q_HEADS * 4)
         return compute + sum(simulate(topology, ring, max(b, world)).time for b in parts)
     # ring: world steps of partial attention; the first world-1 overlap one K/V shard hop each
-    gpus = topology.rank_gpus()
-    net = Network(topology, get_profile("ideal"))
     shards = shard_tokens(tokens, world)
     total = 0.0
     for s in range(world - 1):
@@ -222,9 +236,10 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args)
     rows = []
     for r in raw["rows"]:
         r = dict(r)
-        r["predicted"] = predict(r["method"], topology, raw["world"], r["batch"], r["tokens"], r["compute"])
+        r["predicted"] = predict(r.get("picks", r["method"]), topology, raw["world"], r["batch"], r["tokens"],
+                                 r["compute"])
         r["error"] = r["predicted"] / r["time"] - 1
-        r["payload_bytes_per_step"] = payload_bytes(r["method"], topology, raw["world"], r["batch"])
+        r["payload_bytes_per_step"] = payload_bytes(r.get("picks", r["method"]), topology, raw["world"], r["batch"])
         rows.append(r)
     return {"shape": f"{hosts}x{rph}", "rate": rate, "world": raw["world"], "placement": args.placement,
             "rows": rows}
@@ -238,7 +253,8 @@ def print_table(cases: list[dict]) -> None:
             key = (r["batch"], r["tokens"])
             diff = next((v for k, v in r.items() if k.startswith("max_abs_diff")), None)
             payload = r.get("payload_bytes_per_step")
-            lines.append([c["shape"], c["rate"], r["batch"], f"{r['tokens'] // 1024}k", r["method"], r["time"] * 1e3,
+            name = f"auto ({r['picks']})" if "picks" in r else r["method"]
+            lines.append([c["shape"], c["rate"], r["batch"], f"{r['tokens'] // 1024}k", name, r["time"] * 1e3,
                           r["compute"] * 1e3, r["predicted"] * 1e3, f"{r['error'] * 100:+.0f}%",
                           f"{r['time'] / tree[key]:.2f}x" if key in tree else None,
                           fmt_bytes(r["host_bytes_per_step"], si=True),
