@@ -121,9 +121,9 @@ def _methods(topo, q):
 def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, first: bool) -> list[dict]:
     import torch
     import torch.distributed as dist
+    from treecoll.attention.tree_decode import choose_combine
 
     from treecoll import attention
-    from treecoll.attention.tree_decode import choose_combine
 
     q = torch.randn(batch, Q_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     fns = _methods(topo, q)
