@@ -214,10 +214,7 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
     """
     if bcast not in BCAST_MODES:
         raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
-    if combine not in COMBINES:
-        hint = "; ring moves the K/V shards, not states: call treecoll.attention.ring_decode" \
-            if combine == "ring" else ""
-        raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}{hint}")
+    _check_combine(combine)
     batch, heads, head_dim = out.shape
     p = group_placement(group, topology, placement=placement)
     if p.nranks == 1:
@@ -246,6 +243,13 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
     elif not root_only:
         collectives.broadcast(buf, root=t.root, tree=t, placement=p, out=buf)
     return unpack_state(buf, batch, heads, head_dim)
+
+
+def _check_combine(combine: Any) -> None:
+    if combine not in COMBINES:
+        hint = "; ring moves the K/V shards, not states: call treecoll.attention.ring_decode" \
+            if combine == "ring" else ""
+        raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}{hint}")
 
 
 def choose_combine(batch: int, heads: int, head_dim: int, *, placement: Placement | None = None, group: Any = None,
@@ -361,8 +365,7 @@ def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
         ``return_lse``, ``(out, lse)``.
     """
     p = group_placement(group, topology, placement=placement)
-    if combine not in COMBINES:
-        raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}")
+    _check_combine(combine)
     size = p.nranks
     t = resolve_tree(tree, placement=p) if size > 1 else None
     if check and size > 1:
