@@ -17,6 +17,14 @@ the output are negligible at long context). Then the partial results combine:
   steps, :func:`treecoll.collectives.sim.simulate_ring` with ``collective="allgather"``
   over the fastest protocol), then every rank merges the ``P`` states locally,
   reading them once: ``(P + 1) × state bytes / mem_bw``.
+
+:func:`combine_times` models the combines on NCCL (above) or, with
+``backend="gloo"``, as treecoll runs them over gloo: the tree as the executor runs
+it (:func:`treecoll.collectives.sim.simulate_executor`: one chunk, in-order issue,
+one connection per pair of ranks), the gather and the three all-reduces as gloo's
+rings in rank order (``P − 1`` steps of one state to the next rank; ring
+allreduces of ``2(P − 1)`` steps), on the topology's links as written (profile
+``ideal``; gloo's per-message software time is not modelled).
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
@@ -66,7 +74,8 @@ from treecoll.topo.errors import CollectiveError
 from treecoll.topo.ranks import RanksArg
 
 __all__ = ["DecodeShape", "decode_step", "combine_times", "choose_combine", "paper_volumes", "paper_memory",
-           "PAPER_SEQ_LENS", "PAPER_HOSTS", "LLAMA31_8B", "PAPER_SHAPE", "METHODS", "DEFAULT_METHODS", "COMBINES"]
+           "PAPER_SEQ_LENS", "PAPER_HOSTS", "LLAMA31_8B", "PAPER_SHAPE", "METHODS", "DEFAULT_METHODS", "COMBINES",
+           "BACKENDS"]
 
 #: every method the model knows
 METHODS = ("tree", "gather", "allreduce3", "ring")
@@ -74,6 +83,8 @@ METHODS = ("tree", "gather", "allreduce3", "ring")
 DEFAULT_METHODS = ("tree", "allreduce3", "ring")
 #: the methods that combine per-rank attention states (``ring`` moves the K/V shards instead)
 COMBINES = ("tree", "gather", "allreduce3")
+#: the process-group backends :func:`combine_times` models
+BACKENDS = ("nccl", "gloo")
 #: sequence lengths of the paper's Fig. 3 (80k to 5.12M tokens, doubling)
 PAPER_SEQ_LENS = tuple(80_000 * 2 ** i for i in range(7))
 #: DGX H100 host counts of the paper's Fig. 3b (1 to 16 nodes of 8 GPUs)
@@ -199,13 +210,14 @@ def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: R
 
 def combine_times(placement: Placement | Topology, batch: int, heads: int, head_dim: int, *, ranks: RanksArg = None,
                   tree: str = "two_level", nchunks: int = 1, profile: Any = "auto",
-                  methods: tuple[str, ...] = COMBINES) -> dict[str, dict]:
+                  methods: tuple[str, ...] = COMBINES, backend: str = "nccl") -> dict[str, dict]:
     """The combine part of a decode step, per method of ``methods`` (some of :data:`COMBINES`), for
     states of ``batch × heads`` rows of ``head_dim`` (packed: ``state_bytes = 4 · batch · heads ·
     (head_dim + 1)``) on ``placement`` (a Placement, or a Topology with ``ranks``).
 
     Returns ``{method: {"time_s", "sent_bytes_per_gpu", "sent_bytes_total", "scratch_bytes"}}`` (seconds,
-    bytes); the terms are the module docstring's. GPUs without ``mem_bw`` merge for free.
+    bytes); the terms are the module docstring's, for ``backend`` ``"nccl"`` or ``"gloo"`` (where
+    ``profile="auto"`` means ``ideal``). GPUs without ``mem_bw`` merge for free.
 
     >>> from treecoll.topo.discover import cpu_only_host
     >>> topo = Topology(cpu_only_host("h", {0: ""}, 4))
@@ -216,6 +228,8 @@ def combine_times(placement: Placement | Topology, batch: int, heads: int, head_
     bad = [m for m in methods if m not in COMBINES]
     if bad:
         raise CollectiveError(f"combine methods {bad}: expected some of {list(COMBINES)}")
+    if backend not in BACKENDS:
+        raise CollectiveError(f"combine model: backend expected one of {list(BACKENDS)}, got {backend!r}")
     rows = batch * heads
     state_bytes = 4 * rows * (head_dim + 1)
     p = as_placement(placement, ranks, what="combine model")
@@ -225,6 +239,9 @@ def combine_times(placement: Placement | Topology, batch: int, heads: int, head_
     zero = {"time_s": 0.0, "sent_bytes_per_gpu": 0.0, "sent_bytes_total": 0.0, "scratch_bytes": 0.0}
     if P == 1:
         return {m: dict(zero) for m in methods}
+    if backend == "gloo":
+        return _gloo_combine_times(p, rows, head_dim, tree=tree, profile="ideal" if profile == "auto" else profile,
+                                   methods=methods, mem_bw=mem_bw)
     out = {}
     if "tree" in methods:
         from treecoll.collectives import builders
@@ -259,8 +276,46 @@ def combine_times(placement: Placement | Topology, batch: int, heads: int, head_
     return {m: out[m] for m in methods}
 
 
+def _gloo_combine_times(p: Placement, rows: int, head_dim: int, *, tree: str, profile: Any,
+                        methods: tuple[str, ...], mem_bw: float) -> dict[str, dict]:
+    """:func:`combine_times` on gloo (the module docstring)."""
+    from treecoll.collectives import builders
+    from treecoll.collectives.compile import compile_ring_allreduce
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import simulate_executor
+
+    topology, gpus = placed(p, what="combine model")
+    P, state_bytes = len(gpus), 4 * rows * (head_dim + 1)
+    out = {}
+    if "tree" in methods:
+        opts = {"rails": False} if tree == "two_level" else {}
+        plan = builders.build(tree, p, **opts)
+        r = simulate_executor(p, plan, state_bytes, algo="tree", nchunks=1, profile=profile)
+        sent = [plan.parents[i] >= 0 for i in range(P)]
+        up_down = sum(sent) + sum(len(c) for c in plan.children)          # one state per edge each way
+        out["tree"] = {"time_s": r.time, "sent_bytes_per_gpu": float(max(
+            (sent[i] + len(plan.children[i])) * state_bytes for i in range(P))),
+            "sent_bytes_total": float(up_down * state_bytes), "scratch_bytes": float(max(r.peak_scratch))}
+    if "gather" in methods:
+        net = Network(topology, get_profile(profile))
+        lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
+        merge = (P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0
+        out["gather"] = {"time_s": (P - 1) * float((lat + drain).max()) + merge,
+                         "sent_bytes_per_gpu": float((P - 1) * state_bytes),
+                         "sent_bytes_total": float(P * (P - 1) * state_bytes), "scratch_bytes": float(P * state_bytes)}
+    if "allreduce3" in methods:
+        ring = compile_ring_allreduce(P)
+        parts = (4 * rows, 4 * rows, 4 * rows * head_dim)
+        runs = [simulate(p, ring, max(nbytes, 4 * P), profile=profile) for nbytes in parts]
+        sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
+        out["allreduce3"] = {"time_s": sum(r.time for r in runs), "sent_bytes_per_gpu": sent,
+                             "sent_bytes_total": sent * P, "scratch_bytes": max(max(r.peak_scratch) for r in runs)}
+    return {m: out[m] for m in methods}
+
+
 def choose_combine(placement: Placement | Topology, batch: int, heads: int, head_dim: int, *,
-                   tree: str = "two_level", profile: Any = "auto", methods: tuple[str, ...] = COMBINES) -> str:
+                   tree: str = "two_level", profile: Any = "auto", methods: tuple[str, ...] = COMBINES,
+                   backend: str = "nccl") -> str:
     """The fastest of ``methods`` by :func:`combine_times` (the first of equals, in :data:`COMBINES`
     order); deterministic, so every rank of a group picks the same.
 
@@ -268,7 +323,8 @@ def choose_combine(placement: Placement | Topology, batch: int, heads: int, head
     >>> choose_combine(Topology(cpu_only_host("h", {0: ""}, 4)), 1, 32, 128, profile="ideal") in COMBINES
     True
     """
-    times = combine_times(placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods)
+    times = combine_times(placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods,
+                          backend=backend)
     return min(times, key=lambda m: (times[m]["time_s"], COMBINES.index(m)))
 
 

@@ -49,8 +49,9 @@ Combine methods (``combine=``), side by side with the same arguments and result:
 * ``"allreduce3"``: the paper's three all-reduces (:func:`allreduce3_combine`);
 * ``"auto"``: the fastest of ``tree``, ``gather`` and ``allreduce3`` by the cost
   model (:func:`treecoll.attention.cost.choose_combine`: simulated on the
-  placement's topology for this state size, NCCL's protocols; deterministic, so
-  every rank picks the same; kept per placement and shape).
+  placement's topology for this state size, as the group's backend runs them,
+  NCCL's or gloo's; deterministic, so every rank picks the same; kept per
+  placement and shape).
 
 Every method merges in float32 and follows the NaN/inf policy of
 :mod:`treecoll.attention.state`.  Ring Attention, which moves the K/V shards instead
@@ -268,14 +269,24 @@ def choose_combine(batch: int, heads: int, head_dim: int, *, placement: Placemen
         return "tree"
     name = tree if isinstance(tree, str) and tree != "auto" and "/" not in tree and not tree.endswith(
         (".yaml", ".yml", ".json")) else "two_level"
-    key = (p, batch, heads, head_dim, name)
+    backend = _backend(p.group)
+    key = (p, batch, heads, head_dim, name, backend)
     got = _CHOSEN.get(key)
     if got is None:
         from treecoll.attention.cost import choose_combine as model_choice
 
-        got = model_choice(p, batch, heads, head_dim, tree=name)
+        got = model_choice(p, batch, heads, head_dim, tree=name, backend=backend)
         _CHOSEN[key] = got
     return got
+
+
+def _backend(group: Any) -> str:
+    """The cost model's name of the group's backend: ``"nccl"`` when NCCL carries it, else ``"gloo"``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return "gloo"
+    return "nccl" if "nccl" in str(dist.get_backend(group)).lower() else "gloo"
 
 
 def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,10 +38,11 @@ step. ``payload`` is what the schedule sends across hosts (tree edges whose
 ends sit on different hosts, up and down, times the state's bytes; for gather,
 the hops of the rank-order ring that cross hosts, ``P - 1`` times). Prediction:
 ``compute`` (measured) plus the simulator's communication time on the same
-YAML (``treecoll.collectives.sim``, profile ``ideal``): the tree's allreduce of the
-packed state; for gather, ``P - 1`` steps of every rank sending one state to
-the next in rank order at once (gloo's ring); three rank-order
-ring allreduces for allreduce3; for ring, per step ``max(compute of one shard,
+YAML (profile ``ideal``): the combines as
+:func:`treecoll.attention.cost.combine_times` models them on gloo (the
+executor's tree allreduce of the packed state; for gather, ``P - 1`` steps of
+every rank sending one state to the next in rank order at once, gloo's ring;
+three rank-order ring allreduces for allreduce3); for ring, per step ``max(compute of one shard,
 all ranks sending their K/V shard to the next rank at once)`` (flow-level
 max-min sharing, ``sim_engine.concurrent_times``).
 
@@ -200,24 +201,19 @@ def payload_bytes(method: str, topology, world: int, batch: int) -> float | None
 
 
 def predict(method: str, topology, world: int, batch: int, tokens: int, compute: float) -> float:
-    """Measured ``compute`` plus the simulated communication of ``method`` (seconds)."""
-    from treecoll.collectives import compile_plan
+    """Measured ``compute`` plus the simulated communication of ``method`` (seconds): the combines
+    by :func:`treecoll.attention.cost.combine_times` as gloo runs them; ring as below."""
+    from treecoll.attention.cost import combine_times
     from treecoll.collectives.sim.engine import Network, concurrent_times
     from treecoll.collectives.sim.profiles import get_profile
-    from treecoll.collectives.sim.simulator import simulate
 
-    state = state_bytes(batch)
+    if method in ("tree", "tree_blind", "gather", "allreduce3"):
+        combine = "tree" if method == "tree_blind" else method
+        t = combine_times(topology, batch, Q_HEADS, HEAD_DIM, ranks=world, backend="gloo", methods=(combine,),
+                          tree=BLIND_TREE if method == "tree_blind" else "two_level")
+        return compute + t[combine]["time_s"]
     gpus = topology.rank_gpus()
     net = Network(topology, get_profile("ideal"))
-    if method in ("tree", "tree_blind"):
-        return compute + simulate(topology, compile_plan(_tree(method, topology, world), "allreduce", 1), state).time
-    if method == "gather":  # gloo's ring in rank order: world - 1 steps of one state to the next rank
-        lat, drain = concurrent_times(net, [(gpus[r], gpus[(r + 1) % world], state) for r in range(world)])
-        return compute + (world - 1) * float((lat + drain).max())
-    if method == "allreduce3":
-        ring = compile_plan(None, "allreduce", 1, algo="ring", nranks=world)
-        parts = (batch * Q_HEADS * 4, batch * Q_HEADS * HEAD_DIM * 4, batch * Q_HEADS * 4)
-        return compute + sum(simulate(topology, ring, max(b, world)).time for b in parts)
     # ring: world steps of partial attention; the first world-1 overlap one K/V shard hop each
     shards = shard_tokens(tokens, world)
     total = 0.0
