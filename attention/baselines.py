@@ -5,7 +5,8 @@ Both are implemented as their authors run them, so that comparisons are fair:
 * :func:`ring_decode`: Ring Attention decoding (the paper's baseline, as in
   ``flash_attn_jax.ring_attention.ring_fwd`` and ring-flash-attention): the
   query is replicated; each rank's K/V shard travels around the ring in
-  ``P - 1`` steps (``isend`` to rank+1, ``irecv`` from rank-1); each step's
+  ``P - 1`` steps (one ``batch_isend_irecv`` per step: send to rank+1, receive
+  from rank-1); each step's
   transfer is overlapped with the attention on the shard in hand, whose state
   is merged (float32) into the running state.  Every rank attends to all keys
   and every rank gets the output.  Only the valid prefix of each shard
@@ -123,14 +124,18 @@ def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
             n_in = prefixes[(rank - s - 1) % size]
             k_buf, v_buf, len_in = bufs[s % 2]
             k_in, v_in = view(k_buf, n_in), view(v_buf, n_in)
-            reqs.append(dist.isend(len_cur, nxt, group=group, tag=2))
-            reqs.append(dist.irecv(len_in, prv, group=group, tag=2))
+            # one batch (NCCL runs it as one group, so the sends to rank+1 and the receives from
+            # rank-1 cannot wait for each other); per direction the same order on both ends:
+            # lengths, K, V
+            ops = [dist.P2POp(dist.isend, len_cur, nxt, group=group, tag=2),
+                   dist.P2POp(dist.irecv, len_in, prv, group=group, tag=2)]
             if prefixes[src] > 0:
-                reqs.append(dist.isend(k_cur, nxt, group=group, tag=0))
-                reqs.append(dist.isend(v_cur, nxt, group=group, tag=1))
+                ops += [dist.P2POp(dist.isend, k_cur, nxt, group=group, tag=0),
+                        dist.P2POp(dist.isend, v_cur, nxt, group=group, tag=1)]
             if n_in > 0:
-                reqs.append(dist.irecv(k_in, prv, group=group, tag=0))
-                reqs.append(dist.irecv(v_in, prv, group=group, tag=1))
+                ops += [dist.P2POp(dist.irecv, k_in, prv, group=group, tag=0),
+                        dist.P2POp(dist.irecv, v_in, prv, group=group, tag=1)]
+            reqs = dist.batch_isend_irecv(ops)
         if prefixes[src] > 0:
             part = decode_partial(q, k_cur, v_cur, kv_len=len_cur, scale=scale)
             state = merge(state, part)
