@@ -65,6 +65,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from treecoll.tools import units
 from treecoll.tools.cli import common_options, emit
 from treecoll.tools.units import UsageError
 
@@ -704,18 +705,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                 "CUDA ones where there is a GPU) and report which work",
                               description=__doc__.split("\n\n")[0])
     common_options(p)
-    p.add_argument("--nproc", type=int, default=4, help="most processes of the distributed checks (default 4)")
+    p.add_argument("--nproc", type=units.int_arg("--nproc", minimum=2), default=4,
+                   help="most processes of the distributed checks (default 4)")
     p.add_argument("--only", type=_only, default=list(CHECKS), metavar="GROUPS",
                    help=f"comma list of the groups to run: {', '.join(CHECKS)} (default all)")
-    p.add_argument("--repeats", type=int, default=20, help="timed repetitions of the CUDA benchmarks (default 20)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per group of processes (default 300)")
+    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=20,
+                   help="timed repetitions of the CUDA benchmarks (default 20)")
+    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=300.0,
+                   help="seconds per group of processes (default 300)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nproc < 2 or args.repeats < 1 or args.timeout <= 0:
-        raise UsageError(f"selfcheck: expected --nproc >= 2, --repeats >= 1 and --timeout > 0, got "
-                         f"{args.nproc}, {args.repeats}, {args.timeout:g}")
     data = selfcheck(args)
     emit(args, data, render)
     return exit_code(data["rows"])
