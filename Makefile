@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test lint venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf $(VENV) *.egg-info

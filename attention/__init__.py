@@ -44,10 +44,9 @@ one-key states ``(v_0, 1)`` and ``(v_1, 0)`` gives the same state:
 True
 """
 from treecoll.attention.decode import DECODE_BACKENDS, decode_partial
+from treecoll.attention.lse import LN2, LOG2E, to_base2, to_natural_log
 from treecoll.attention.reference import reference
 from treecoll.attention.state import (
-    LN2,
-    LOG2E,
     MergeOp,
     empty_state,
     merge,
@@ -55,8 +54,6 @@ from treecoll.attention.state import (
     merge_states,
     online_to_state,
     pack_state,
-    to_base2,
-    to_natural_log,
     unpack_state,
 )
 

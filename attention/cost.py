@@ -143,14 +143,23 @@ def paper_memory(shape: DecodeShape, p: int) -> dict[str, float]:
 
 def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: RanksArg = None,
                 tree: str = "two_level", nchunks: int = 1, profile: Any = "auto",
-                methods: tuple[str, ...] = DEFAULT_METHODS) -> dict:
+                methods: tuple[str, ...] = DEFAULT_METHODS, mode: str = "executor") -> dict:
     """Time, volume and memory of one decode step for each method in ``methods`` (plain dict).
 
     ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology with
     ``ranks`` (a count of the first ranks, or GPUs; default all), under the one rank rule.
     ``tree``: the builder used by ``tree``. ``profile``: a simulator profile
-    or ``"auto"`` (fastest NCCL protocol per collective).
+    or ``"auto"`` (fastest NCCL protocol per collective). ``mode``: ``executor`` (the
+    default) times ``tree`` and ``ring`` as treecoll runs them, from Python, each message
+    costing the backend's :class:`~treecoll.collectives.cost.ExecutorCost` (the tree: the
+    planner's schedule, :func:`treecoll.collectives.sim.executor.predict_schedule`, the number
+    ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (``nchunks``
+    chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
     """
+    from treecoll.collectives.cost import MODES, executor_cost
+    from treecoll.collectives.planner import default_planner
+    if mode not in MODES:
+        raise CollectiveError(f"decode model: mode expected one of {list(MODES)}, got {mode!r}")
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise CollectiveError(f"decode methods {bad}: expected some of {list(METHODS)}")
@@ -169,15 +178,31 @@ def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: R
     state_bytes = 4 * b * H * (D + 1)
     q_bytes = b * H * D * item
     vol, mem = paper_volumes(shape, P), paper_memory(shape, P)
-    out = {"shape": asdict(shape), "nranks": P, "hosts": len({topology.host_of(g) for g in gpus}),
+    out = {"shape": asdict(shape), "nranks": P, "hosts": len({topology.host_of(g) for g in gpus}), "mode": mode,
            "tokens_per_rank": t, "kv_bytes_per_rank": kv_bytes, "local_s": local, "methods": {}}
+    # gather and the three all-reduces are the backend's own collectives (NCCL's) in either mode
     combines = combine_times(p, b, H, D, tree=tree, nchunks=nchunks, profile=profile,
-                             methods=tuple(m for m in COMBINES if m in methods))
+                             methods=tuple(m for m in ("gather", "allreduce3") if m in methods))
     if "tree" in methods:
-        c = combines["tree"]
-        out["methods"]["tree"] = _method(local, c["time_s"], c["sent_bytes_per_gpu"], c["sent_bytes_total"],
-                                         kv_bytes + q_bytes + state_bytes + c["scratch_bytes"], vol["tree"],
-                                         mem["tree"], f"{tree} allreduce of {state_bytes} B state")
+        if P > 1 and mode == "executor":      # what tree_decode runs: collectives.allreduce of the state
+            from treecoll.collectives import builders
+            from treecoll.collectives.sim.executor import predict_schedule
+            # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
+            opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
+                {"nbytes": state_bytes} if tree == "auto" else {})
+            plan = builders.build(tree, p, **opts)
+            best = predict_schedule(p, plan, state_bytes)
+            sched = default_planner().schedule_for(plan, collective="allreduce", nbytes=state_bytes,
+                                                   placement=p, algo="tree")[1]
+            comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \
+                max(best.peak_scratch)
+            total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))
+        else:                                 # in-kernel: NCCL's protocols (combine_times)
+            c = combine_times(p, b, H, D, tree=tree, nchunks=nchunks, profile=profile, methods=("tree",))["tree"]
+            comm, sent, scratch, total_sent = c["time_s"], c["sent_bytes_per_gpu"], c["scratch_bytes"], \
+                c["sent_bytes_total"]
+        out["methods"]["tree"] = _method(local, comm, sent, total_sent, kv_bytes + q_bytes + state_bytes + scratch,
+                                         vol["tree"], mem["tree"], f"{tree} allreduce of {state_bytes} B state")
     if "gather" in methods:
         c = combines["gather"]
         out["methods"]["gather"] = _method(local, c["time_s"], c["sent_bytes_per_gpu"], c["sent_bytes_total"],
@@ -198,6 +223,8 @@ def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: R
             net = Network(topology, prof)
             lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], kv_bytes) for i in range(P)])
             step = float((lat + drain).max()) + prof.base_lat
+            if mode == "executor":      # every pass is an isend and an irecv from Python
+                step += 2 * executor_cost(p).step_s
         time_ring = local + (P - 1) * max(local, step)
         out["methods"]["ring"] = _method(local, time_ring - local, (P - 1) * kv_bytes, (P - 1) * kv_bytes * P,
                                          2 * kv_bytes + q_bytes + state_bytes, vol["ring"], mem["ring"],

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import torch
-from treecoll.attention.validate import KV_DTYPES, check_decode_inputs
+from treecoll.attention.validate import KV_DTYPES, KvLen, check_decode_inputs
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["DECODE_BACKENDS", "decode_partial"]
@@ -41,8 +41,10 @@ DECODE_BACKENDS = {"native": _native_backend, "torch": _torch_backend, "triton":
 
 
 def decode_partial(
-    q, k, v, *, kv_len=None, scale=None, num_splits=None, backend: str = "auto", out=None, block_table=None
-):
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_len: KvLen | None = None, scale: float | None = None,
+    num_splits: int | None = None, backend: str = "auto", out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one query per sequence against its local keys, as a mergeable state.
 
     Parameters

@@ -12,17 +12,39 @@ round the scores to the input dtype or are slow.  Long sequences are split
 over ``torch.get_num_threads()`` worker threads, each running single-threaded
 torch ops, and the splits are merged with :func:`attention.merge_states`.  The same code runs on CUDA
 tensors with ``backend='torch'`` (a fallback; the Triton kernels are the CUDA path).
+
+One query against two keys with scores ``[1, 0]`` (``scale=1``): the weights are ``e / (e + 1)`` and
+``1 / (e + 1)``, so ``out = (e * [1, 2] + [3, 4]) / (e + 1)`` and ``lse = log(e + 1)``, whether the keys
+are one block or two splits of one key each, merged:
+
+>>> import torch
+>>> q = torch.tensor([[[1.0, 0.0]]])                       # [batch 1, q_heads 1, head_dim 2]
+>>> k = torch.tensor([[[[1.0, 0.0]], [[0.0, 1.0]]]])      # [batch 1, seq 2, kv_heads 1, head_dim 2]
+>>> v = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]]]])
+>>> out, lse = decode_torch(q, k, v, torch.tensor([2]), 1.0)
+>>> [round(x, 5) for x in out.flatten().tolist()], round(lse.item(), 5)
+([1.53788, 2.53788], 1.31326)
+>>> out2, lse2 = decode_torch(q, k, v, torch.tensor([2]), 1.0, num_splits=2, block_size=1)
+>>> torch.allclose(out2, out), torch.allclose(lse2, lse)
+(True, True)
+>>> decode_torch(q, k, v, torch.tensor([0]), 1.0)           # no keys: the merge identity
+(tensor([[[0., 0.]]]), tensor([[-inf]]))
 """
 from __future__ import annotations
 
 import math
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "decode_torch", "run_splits"]
+
+#: ``attend(qg, b, start, end, work) -> (acc, m, l)``: one range of one sequence (see :func:`run_splits`)
+Attend = Callable[[torch.Tensor, int, int, int, dict[str, Any]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 #: Tokens per block.  Measured with tools/bench_decode.py on the 2-core Sapphire
 #: Rapids VM (Llama-3.1-8B shapes, 128k tokens): 256..4096 are within noise of
@@ -121,8 +143,10 @@ def _thread_pool(workers: int) -> ThreadPoolExecutor:
         return _POOL[key]
 
 
-def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_size=None,
-                 block_table=None):
+def decode_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
+                 num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 block_size: int | None = None,
+                 block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with torch ops (validated inputs; see
     :func:`attention.decode_partial` for the contract).
 
@@ -152,8 +176,9 @@ def decode_torch(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=Non
                       min_split_tokens=2 * block)
 
 
-def run_splits(q, kv_heads: int, lengths, scale: float, attend, *, num_splits: int = 1, out=None,
-               min_split_tokens: int = 2 * DEFAULT_BLOCK_SIZE):
+def run_splits(q: torch.Tensor, kv_heads: int, lengths: torch.Tensor, scale: float, attend: Attend, *,
+               num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+               min_split_tokens: int = 2 * DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-KV driver of the torch path: scales and groups ``q``, cuts every
     sequence into ``num_splits`` contiguous ranges (at least ``torch.get_num_threads()``
     when a sequence has ``min_split_tokens`` or more, run on that many worker threads),

@@ -24,6 +24,25 @@ compiler / machine, into ``$TREECOLL_CACHE_DIR`` (default
 temporary name and renamed, so concurrent processes never load a half-written
 library.  Without a compiler, or with ``TREECOLL_NATIVE=0``, :func:`native_status`
 says why and ``backend='auto'`` uses the torch path.
+
+One query against two keys with scores ``[1, 0]`` (``scale=1``): the weights are ``e / (e + 1)`` and
+``1 / (e + 1)``, so ``out = (e * [1, 2] + [3, 4]) / (e + 1)`` and ``lse = log(e + 1)`` (where the kernel
+cannot be built, the float64 reference stands in, so the example reads the same):
+
+>>> import torch
+>>> from treecoll.attention.reference import reference
+>>> q = torch.tensor([[[1.0, 0.0]]])                       # [batch 1, q_heads 1, head_dim 2]
+>>> k = torch.tensor([[[[1.0, 0.0]], [[0.0, 1.0]]]])      # [batch 1, seq 2, kv_heads 1, head_dim 2]
+>>> v = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]]]])
+>>> status = native_status()
+>>> sorted(status), status["isa"] in NATIVE_ISAS + (None,)
+(['available', 'isa', 'library', 'reason'], True)
+>>> built = status["available"]
+>>> out, lse = decode_native(q, k, v, torch.tensor([2]), 1.0) if built else reference(q, k, v, scale=1.0)
+>>> [round(x, 5) for x in out.flatten().tolist()], round(lse.item(), 5)
+([1.53788, 2.53788], 1.31326)
+>>> read_sum(torch.ones(4096)) if built else 4096.0        # a pure read of memory (bench_decode's rate)
+4096.0
 """
 from __future__ import annotations
 
@@ -156,8 +175,10 @@ class _Args(ctypes.Structure):
         (n, ctypes.c_int64) for n in ("threads", "isa", "flags", "block_tokens")]
 
 
-def decode_native(q, k, v, lengths, scale: float, *, num_splits: int = 1, out=None, block_table=None,
-                  isa: str | None = None, q_bf16: bool = False, threads: int | None = None):
+def decode_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
+                  num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  block_table: torch.Tensor | None = None, isa: str | None = None, q_bf16: bool = False,
+                  threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
     :func:`treecoll.attention.decode_partial` for shapes and the contract).
 

@@ -54,7 +54,7 @@ import os
 
 import torch
 from treecoll.attention.decode_gpu import MAX_SPLITS, block_n, choose_num_splits
-from treecoll.attention.state import LOG2E
+from treecoll.attention.lse import LOG2E
 from treecoll.topo.errors import AttentionError, MissingDependency
 
 try:
@@ -258,7 +258,8 @@ def _next_pow2(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse, block_table=None) -> None:
+def decode_stage1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float,
+                  part_out: torch.Tensor, part_lse: torch.Tensor, block_table: torch.Tensor | None = None) -> None:
     """Launch stage 1: write one partial state per split.
 
     ``k``/``v`` [batch, seq, kv_heads, head_dim], or paged [num_pages, page_size,
@@ -300,7 +301,9 @@ def decode_stage1(q, k, v, lengths, scale: float, part_out, part_lse, block_tabl
     )
 
 
-def decode_triton(q, k, v, lengths, scale: float, *, num_splits=None, out=None, block_table=None):
+def decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
+                  num_splits: int | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the Triton kernels (validated inputs; see
     :func:`treecoll.attention.decode_partial`).  Returns ``(out, lse)`` float32
     [batch, q_heads, head_dim] and [batch, q_heads], natural log.
@@ -356,7 +359,7 @@ def _launch_merge(outs, lses, out, lse) -> None:
     )
 
 
-def merge_states_triton(outs: torch.Tensor, lses: torch.Tensor, dim: int):
+def merge_states_triton(outs: torch.Tensor, lses: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`treecoll.attention.merge_states` with the Triton kernel (validated inputs;
     ``dim`` non-negative).  Returns float32 ``(out, lse)`` without the state dim."""
     _check_launchable(outs, "merge_states")

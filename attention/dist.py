@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 from treecoll.collectives.group import group_info
@@ -33,6 +35,8 @@ __all__ = [
     "peak_tensor_bytes",
 ]
 
+T = TypeVar("T")
+
 
 def _dist():
     import torch.distributed as dist
@@ -40,7 +44,8 @@ def _dist():
     return dist
 
 
-def check_same_signature(values, names, where: str, group=None, *, allow_differ=()) -> torch.Tensor:
+def check_same_signature(values: Sequence[int], names: Sequence[str], where: str, group: Any = None, *,
+                         allow_differ: Collection[str] = ()) -> torch.Tensor:
     """All-gather one int64 vector per rank and raise if ranks disagree.
 
     ``values``: ints (one per ``names`` entry); ``allow_differ``: names whose
@@ -131,7 +136,7 @@ _COLL = {"all_reduce": 0, "broadcast": 0, "all_gather": 1, "all_gather_into_tens
 
 
 @contextlib.contextmanager
-def count_traffic():
+def count_traffic() -> Iterator[Traffic]:
     """Count bytes passed to torch.distributed calls inside the block; yields a
     :class:`Traffic`.
 
@@ -207,7 +212,7 @@ def _stderr_silenced():
         os.close(null)
 
 
-def peak_tensor_bytes(fn, *args, **kwargs):
+def peak_tensor_bytes(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, int]:
     """Run ``fn(*args, **kwargs)`` under the torch profiler and return
     ``(result, peak)``: ``peak`` is the largest total of tensor bytes allocated
     during the call and alive at the same time (allocation events in time

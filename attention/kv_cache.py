@@ -49,10 +49,15 @@ Rank 1 of 2 with blocks of 2 tokens holds positions 2, 3, 6, 7 of the first 10
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["ShardedKVCache", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["ShardedKVCache", "DEFAULT_BLOCK_SIZE", "Lengths"]
+
+#: a length per sequence ``[batch]``: ints or an integer tensor
+Lengths = Sequence[int] | torch.Tensor
 
 #: Tokens per round-robin block: a page-sized unit (vLLM's default page is 16,
 #: its DCP interleave 1); 256 keeps the per-rank imbalance below 256 tokens
@@ -80,7 +85,7 @@ class ShardedKVCache:
 
     def __init__(self, *, layers: int, batch: int, kv_heads: int, head_dim: int, max_seq_len: int,
                  rank: int = 0, world: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
-                 dtype=torch.bfloat16, device=None):
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None):
         self.layers = _positive("layers", layers)
         self.batch = _positive("batch", batch)
         self.kv_heads = _positive("kv_heads", kv_heads)
@@ -132,7 +137,7 @@ class ShardedKVCache:
         self._check_layer(layer)
         return torch.tensor([self.local_count(int(n)) for n in self._lengths[layer]], dtype=torch.int64)
 
-    def shard(self, layer: int):
+    def shard(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(k, v, kv_len)`` of ``layer`` for :func:`treecoll.attention.tree_decode`:
         k/v ``[batch, capacity, kv_heads, head_dim]``, kv_len int64 ``[batch]``."""
         return self.k[layer], self.v[layer], self.kv_len(layer)
@@ -145,7 +150,7 @@ class ShardedKVCache:
         """Forget every sequence (lengths back to 0; buffers kept)."""
         self._lengths.zero_()
 
-    def set_lengths(self, layer: int, lengths) -> None:
+    def set_lengths(self, layer: int, lengths: Lengths) -> None:
         """Declare ``layer``'s global lengths [batch] after writing this rank's slots
         directly (``cache.k[layer][:, :local_count(n)]``, positions in
         :meth:`owned_positions` order) -- how a caller fills a huge context
@@ -153,7 +158,7 @@ class ShardedKVCache:
         self._check_layer(layer)
         self._lengths[layer] = self._check_lengths("set_lengths", lengths)
 
-    def truncate(self, layer: int, lengths) -> None:
+    def truncate(self, layer: int, lengths: Lengths) -> None:
         """Shorten ``layer``'s sequences to ``lengths`` [batch] (each at most its
         current length): later appends overwrite the dropped positions."""
         self._check_layer(layer)
@@ -186,7 +191,7 @@ class ShardedKVCache:
 
     # ------------------------------------------------------------ writing
 
-    def prefill(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths=None) -> None:
+    def prefill(self, layer: int, k: torch.Tensor, v: torch.Tensor, lengths: Lengths | None = None) -> None:
         """Store this rank's share of full prompts (replaces what ``layer`` held).
 
         ``k``, ``v``: ``[batch, seq, kv_heads, head_dim]``, the whole prompts (the
@@ -208,7 +213,7 @@ class ShardedKVCache:
         idx = self.owned_positions(int(lengths.max()))
         self.prefill_local(layer, k[:, idx], v[:, idx], lengths)
 
-    def prefill_local(self, layer: int, k_local: torch.Tensor, v_local: torch.Tensor, lengths) -> None:
+    def prefill_local(self, layer: int, k_local: torch.Tensor, v_local: torch.Tensor, lengths: Lengths) -> None:
         """Store an already selected local share: ``k_local``/``v_local``
         ``[batch, n, kv_heads, head_dim]`` holding this rank's positions of the
         prompts in order (:meth:`owned_positions`), ``n >= local_count(max(lengths))``;
@@ -227,7 +232,8 @@ class ShardedKVCache:
         self.v[layer][:, :n].copy_(v_local[:, :n])
         self._lengths[layer] = lengths
 
-    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, active=None) -> None:
+    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor,
+               active: Sequence[bool] | torch.Tensor | None = None) -> None:
         """Append one token per sequence to ``layer``, stored on the rank that owns
         each sequence's tail position.
 

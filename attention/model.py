@@ -59,11 +59,15 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, ShardedKVCache
+from treecoll.attention.kv_cache import DEFAULT_BLOCK_SIZE, Lengths, ShardedKVCache
 from treecoll.topo.errors import AttentionError, MissingDependency
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 __all__ = ["LlamaConfig", "LlamaModel", "save_checkpoint"]
 
@@ -180,7 +184,7 @@ class LlamaModel:
     the attention merge still in float32).
     """
 
-    def __init__(self, config: LlamaConfig, weights: dict, *, dtype=torch.float32):
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32):
         self.config = config
         expected = _weight_shapes(config)
         missing = sorted(set(expected) - set(weights))
@@ -200,7 +204,8 @@ class LlamaModel:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0, dtype=torch.float32) -> LlamaModel:
+    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0,
+               dtype: torch.dtype = torch.float32) -> LlamaModel:
         """Random weights from ``seed`` (normal, std 1/sqrt(fan_in); norms 1):
         identical in every process that uses the same seed."""
         config = config or LlamaConfig()
@@ -214,7 +219,7 @@ class LlamaModel:
         return cls(config, weights, dtype=dtype)
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype=torch.float32) -> LlamaModel:
+    def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32) -> LlamaModel:
         """Load a local Hugging Face Llama directory: ``config.json`` plus
         ``*.safetensors`` (needs ``safetensors``) or ``*.bin`` / ``*.pt`` state dicts."""
         path = Path(path)
@@ -249,7 +254,7 @@ class LlamaModel:
         return {k: v for k, v in self.w.items() if k in _weight_shapes(self.config)}
 
     def new_cache(self, batch: int, max_seq_len: int, *, rank: int = 0, world: int = 1,
-                  block_size: int = DEFAULT_BLOCK_SIZE, dtype=None) -> ShardedKVCache:
+                  block_size: int = DEFAULT_BLOCK_SIZE, dtype: torch.dtype | None = None) -> ShardedKVCache:
         """An empty :class:`ShardedKVCache` for this model (``dtype`` default: the model's)."""
         c = self.config
         return ShardedKVCache(layers=c.num_layers, batch=batch, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
@@ -276,7 +281,7 @@ class LlamaModel:
         x = _rmsnorm(h, self.w["model.norm.weight"], self.config.rms_norm_eps)
         return (x @ self.w["lm_head.weight"].T).float()
 
-    def prefill(self, tokens: torch.Tensor, cache: ShardedKVCache, lengths=None) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, cache: ShardedKVCache, lengths: Lengths | None = None) -> torch.Tensor:
         """Run prompts and fill ``cache``; return float32 logits [batch, vocab] at each
         sequence's last prompt token.
 
@@ -303,8 +308,8 @@ class LlamaModel:
         last = h[torch.arange(batch), lengths - 1]
         return self._logits(last)
 
-    def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache, *, group=None, tree="auto",
-                    topology=None, method: str = "tree", check: bool = False) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache, *, group: Any = None, tree: Any = "auto",
+                    topology: Topology | None = None, method: str = "tree", check: bool = False) -> torch.Tensor:
         """One token per sequence: ``tokens`` int [batch]; appends to ``cache`` and
         returns float32 logits [batch, vocab] (the same on every rank)."""
         from treecoll.attention.baselines import method as decode_method
@@ -324,8 +329,9 @@ class LlamaModel:
             h = self._mlp(i, h)
         return self._logits(h)
 
-    def generate(self, tokens: torch.Tensor, new_tokens: int, *, lengths=None, group=None, tree="auto",
-                 topology=None, method: str = "tree", block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
+    def generate(self, tokens: torch.Tensor, new_tokens: int, *, lengths: Lengths | None = None, group: Any = None,
+                 tree: Any = "auto", topology: Topology | None = None, method: str = "tree",
+                 block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
         """Greedy generation: int64 [batch, new_tokens].
 
         Prompts ``tokens`` int [batch, seq] (right-padded; ``lengths`` [batch]) are
@@ -350,7 +356,7 @@ class LlamaModel:
         return torch.stack(out, 1) if out else torch.zeros(batch, 0, dtype=torch.int64)
 
 
-def save_checkpoint(model: LlamaModel, path, *, format: str = "torch") -> Path:
+def save_checkpoint(model: LlamaModel, path: str | Path, *, format: str = "torch") -> Path:
     """Write ``model`` as a Hugging Face style directory (``config.json`` plus
     ``model.safetensors`` with ``format="safetensors"`` or ``pytorch_model.bin``)."""
     path = Path(path)

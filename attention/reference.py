@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 
 import torch
-from treecoll.attention.validate import check_decode_inputs
+from treecoll.attention.validate import KvLen, check_decode_inputs
 
 __all__ = ["reference"]
 
 
-def reference(q, k, v, *, kv_len=None, scale=None):
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_len: KvLen | None = None,
+              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain softmax attention of one query per sequence, in float64.
 
     ``q`` ``[batch, q_heads, head_dim]``, ``k``/``v`` ``[batch, seq, kv_heads, head_dim]``

@@ -83,14 +83,13 @@ True
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from treecoll.topo.errors import AttentionError
 
 __all__ = [
-    "LN2",
-    "LOG2E",
     "MergeOp",
     "State",
     "empty_state",
@@ -99,15 +98,8 @@ __all__ = [
     "merge_states",
     "online_to_state",
     "pack_state",
-    "to_base2",
-    "to_natural_log",
     "unpack_state",
 ]
-
-#: log2(e): multiply a natural-log quantity by this to get base 2.
-LOG2E = 1.4426950408889634
-#: ln(2): multiply a base-2 quantity by this to get natural log.
-LN2 = 0.6931471805599453
 
 State = tuple[torch.Tensor, torch.Tensor]
 _NEG_INF = float("-inf")
@@ -138,7 +130,7 @@ def _as_state(x, name: str) -> State:
     return out, lse
 
 
-def empty_state(batch: int, heads: int, head_dim: int, *, device=None) -> State:
+def empty_state(batch: int, heads: int, head_dim: int, *, device: torch.device | str | None = None) -> State:
     """The identity of :func:`merge`: ``out`` zeros float32 ``[batch, heads, head_dim]``,
     ``lse`` ``-inf`` float32 ``[batch, heads]``."""
     return (
@@ -195,7 +187,8 @@ def online_to_state(acc: torch.Tensor, m: torch.Tensor, l_sum: torch.Tensor) -> 
     return _normalise(acc, _shift(m), l_sum)
 
 
-def merge_states(outs, lses, dim: int = 0, *, backend: str = "auto") -> State:
+def merge_states(outs: torch.Tensor | Sequence[torch.Tensor], lses: torch.Tensor | Sequence[torch.Tensor],
+                 dim: int = 0, *, backend: str = "auto") -> State:
     """Merge many attention states along one dimension.
 
     ``outs``: float ``[..., S, ..., head_dim]`` with the S states at ``dim`` (or a
@@ -315,23 +308,12 @@ class MergeOp:
         """Elements of one packed state."""
         return self.batch * self.heads * (self.head_dim + 1)
 
-    def identity(self, device=None) -> torch.Tensor:
+    def identity(self, device: torch.device | str | None = None) -> torch.Tensor:
         """The packed empty state: zeros then ``-inf``."""
         return pack_state(*empty_state(self.batch, self.heads, self.head_dim, device=device))
 
-    def __call__(self, a, b):
+    def __call__(self, a: torch.Tensor | State, b: torch.Tensor | State) -> torch.Tensor | State:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             return merge_packed(a, b, batch=self.batch, heads=self.heads, head_dim=self.head_dim)
         return merge(a, b)
-
-
-def to_natural_log(lse_base2: torch.Tensor) -> torch.Tensor:
-    """Convert a base-2 LSE (FlashInfer, Triton tutorial) to natural log (float32);
-    ``-inf`` stays ``-inf``."""
-    return lse_base2.float() * LN2
-
-
-def to_base2(lse: torch.Tensor) -> torch.Tensor:
-    """Convert a natural-log LSE to base 2 (float32); ``-inf`` stays ``-inf``."""
-    return lse.float() * LOG2E
 

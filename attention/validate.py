@@ -17,21 +17,27 @@ treecoll.topo.errors.AttentionError: demo: q_heads: expected a multiple of kv_he
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["KV_DTYPES", "check_decode_inputs"]
+__all__ = ["KV_DTYPES", "KvLen", "check_decode_inputs"]
 
 #: dtypes the decode kernels accept for q, k and v.
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: valid keys per sequence as callers give them: one int for every sequence, one per sequence, or a tensor [batch]
+KvLen = int | Sequence[int] | torch.Tensor
 
 
 def _shape(x) -> str:
     return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def check_decode_inputs(q, k, v, kv_len, scale, where: str, dtypes=KV_DTYPES + (torch.float64,), block_table=None):
+def check_decode_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: KvLen | None,
+                        scale: float | None, where: str,
+                        dtypes: tuple[torch.dtype, ...] = KV_DTYPES + (torch.float64,),
+                        block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """Validate a decode call and return ``(lengths, scale)``.
 
     Contiguous cache: ``k``/``v`` ``[batch, seq, kv_heads, head_dim]``.  Paged cache

@@ -25,8 +25,9 @@ Builders
                odd P), half the message each; a :class:`MultiTree`.
 ``two_level``  per host an intra-host tree over its fast links, rooted at a
                leader near a NIC; an inter-host tree over the leaders keeping
-               hosts under the same leaf switches together (see
-               :func:`two_level`); per NIC rail one such tree (a
+               hosts under the same leaf switches together, slow hosts (a
+               slow NIC link, as ``treecoll topo probe`` measures them) at
+               its leaves (see :func:`two_level`); per NIC rail one such tree (a
                :class:`MultiTree`) when the cost model predicts it faster for the
                message size.
 ``auto``       the candidate with the least predicted time under
@@ -44,6 +45,7 @@ treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto'
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -254,6 +256,53 @@ def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict[str, list[int]
     return hosts
 
 
+def _network_bw(topology: Topology, gpu: str) -> float:
+    """GB/s between a GPU and the network: the slowest of its route to its nearest NIC and
+    that NIC's links to and from network switches (inf without a NIC)."""
+    nic = topology.nearest_nic(gpu)
+    if nic is None:
+        return math.inf
+    g = topology.graph
+    bws = [topology.path(gpu, nic).bw]
+    bws += [d["bw"] for _, nb, d in g.out_edges(nic, data=True) if g.nodes[nb]["kind"] == "net_switch"]
+    bws += [d["bw"] for nb, _, d in g.in_edges(nic, data=True) if g.nodes[nb]["kind"] == "net_switch"]
+    return min(bws)
+
+
+def _speed_levels(bws: dict[str, float]) -> dict[str, int]:
+    """0 for the hosts within a factor sqrt(2) of the fastest, 1 for the next half octave, ...
+    (measured bandwidths differ by noise; a slow NIC by far more)."""
+    best = max(bws.values(), default=math.inf)
+    if not math.isfinite(best):
+        return {h: 0 for h in bws}
+    return {h: max(0, math.floor(2 * math.log2(best / bw))) for h, bw in bws.items()}
+
+
+def _slow_to_leaves(order: list[str], shape: list[int], level: dict[str, int], keep_first: bool) -> list[str]:
+    """``order`` (host at each position of ``shape``) with the slowest hosts moved to leaf positions.
+
+    Position 0 keeps its host when ``keep_first`` (the root's host), else takes the fastest
+    (first on ties). The interior positions go to the fastest hosts, preferring those already
+    interior on ties, each group in its original order: equal hosts keep the original tree.
+    """
+    if len({level[h] for h in order}) < 2:
+        return order
+    if not keep_first:
+        head = min(range(len(order)), key=lambda i: (level[order[i]], i))
+        order = [order[head]] + order[:head] + order[head + 1:]
+    n = len(order)
+    inner = [False] * n
+    for p in shape:
+        if p != -1:
+            inner[p] = True
+    slots = sum(inner[1:])
+    ranked = sorted(range(1, n), key=lambda i: (level[order[i]], not inner[i], i))
+    chosen = set(ranked[:slots])
+    fast = [order[i] for i in range(1, n) if i in chosen]
+    slow = [order[i] for i in range(1, n) if i not in chosen]
+    return [order[0]] + [fast.pop(0) if inner[i] else slow.pop(0) for i in range(1, n)]
+
+
 def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[str, int], root_host: str,
                    intra: str, inter: str, name: str, switched: dict | None = None) -> Tree:
     n = len(gpus)
@@ -270,16 +319,19 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
     groups.sort(key=lambda hs: root_host not in hs)          # stable: the root's group first
     groups = [sorted(hs, key=lambda h: h != root_host) for hs in groups]
     kind, k = _parse_kind(inter, INTER_KINDS, "inter")
+    level = _speed_levels({h: _network_bw(topology, gpus[leaders[h]]) for h in hosts}) if len(hosts) > 2 else {}
 
-    def link(order: list[str]) -> None:
+    def link(order: list[str], keep_first: bool) -> list[str]:
         shape = _shape(kind, len(order), k)
+        if level:
+            order = _slow_to_leaves(order, shape, level, keep_first)
         for i, p in enumerate(shape):
             if p != -1:
                 parents[leaders[order[i]]] = leaders[order[p]]
+        return order
 
-    for hs in groups:
-        link(hs)
-    link([hs[0] for hs in groups])
+    heads = [link(hs, root_host in hs)[0] for hs in groups]
+    link(heads, True)
     return Tree.from_parents(parents, name=name)
 
 
@@ -297,6 +349,11 @@ def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int
       then the same shape over the groups' first hosts.
     * leaders: the root's host is led by ``root`` when given; every other host
       by its GPU nearest a NIC (path class, bandwidth, hops).
+    * slow hosts: with three hosts or more, hosts whose network bandwidth (the
+      leader's route to its NIC and the NIC's switch links) is more than a factor
+      sqrt(2) below the fastest take the leaf positions of the inter-host shapes
+      (and never lead a leaf group or, without ``root``, the tree); hosts within
+      that factor keep the order above.
     * ``rails``: True builds one tree per NIC rail k (leader = the GPU nearest
       NIC k of its host; shares proportional to NIC bandwidth) so every NIC
       carries a share; ``"auto"``: with several hosts, more than one NIC on
@@ -309,6 +366,10 @@ def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int
         raise TreeError("two_level: needs a topology (hosts, links and NICs) and the GPU of each rank; got none")
     hosts = _host_groups(topology, gpus)
     root_host = topology.host_of(gpus[root if root is not None else 0])
+    if root is None and len(hosts) > 2:   # no rank the result must reach: root at a fast host
+        level = _speed_levels({h: _network_bw(topology, gpus[leader_of(topology, gpus, m)]) for h, m in hosts.items()})
+        if level[root_host] > min(level.values()):
+            root_host = next(h for h in hosts if level[h] == min(level.values()))
     nic_counts = [len(topology.nics(h)) for h in hosts]
     if rails == "auto":
         if nbytes is None or root is not None or not rails_possible(topology, gpus):

@@ -43,14 +43,16 @@ on that send (no overwrite in flight).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from treecoll.topo.errors import ScheduleError
 
 from .schedule import Schedule, Step
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["compile_reduce", "compile_broadcast", "compile_allreduce", "compile_ring_allreduce",
-           "compile_rsag_allreduce", "compile_direct_allreduce", "compile_reduce_scatter", "compile_allgather", "compile_plan",
-           "merge_schedules", "LOOKAHEAD", "FORWARD_LAG", "ALGOS"]
+           "compile_rsag_allreduce", "compile_direct_allreduce", "compile_reduce_scatter", "compile_allgather",
+           "compile_plan", "merge_schedules", "LOOKAHEAD", "FORWARD_LAG", "ALGOS"]
 
 #: chunks whose receives a rank posts ahead of the one it is reducing
 LOOKAHEAD = 4
@@ -202,7 +204,7 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
             t = multi.trees[ti]
             if phase == "up":
                 prev = None
-                for i, (ch, rv) in enumerate(zip(t.children[r], posted[(r, c, "up")])):
+                for i, rv in enumerate(posted[(r, c, "up")]):  # one receive per child
                     prev = prog.add(r, "reduce", c, slot=i + 1, deps=(rv, prev), lane=lane(ti, "up"))
                 last[(r, c)] = prev
                 if t.parents[r] != -1:
@@ -264,7 +266,7 @@ def _seg_chunks(nranks: int, nchunks: int | None, what: str) -> int:
     return k
 
 
-def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order=None) -> Schedule:
+def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order: Sequence[int] | None = None) -> Schedule:
     """Ring allreduce along ``order`` (default 0..P-1): reduce-scatter then all-gather,
     ``2 (P - 1)`` steps of ``1/P`` of the message. ``nchunks`` (a multiple of P,
     default P) splits each of the P segments into ``nchunks / P`` pieces that
@@ -278,7 +280,8 @@ def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order=Non
     pos = {r: i for i, r in enumerate(order)}
     if n > 1:
         for j in range(k):
-            ch = lambda seg: (seg % n) * k + j  # noqa: E731
+            def ch(seg: int, j: int = j) -> int:  # chunk j of segment seg
+                return (seg % n) * k + j
             for r in range(n):
                 i = pos[r]
                 nxt, prv = order[(i + 1) % n], order[(i - 1) % n]
@@ -424,7 +427,8 @@ def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 
     return (compile_ring_allreduce if algo == "ring" else compile_rsag_allreduce)(n, n * k)
 
 
-def merge_schedules(schedules, shares=None, *, name: str = "") -> Schedule:
+def merge_schedules(schedules: Sequence[Schedule], shares: Sequence[float] | None = None, *,
+                    name: str = "") -> Schedule:
     """Run several schedules of one collective side by side on shares of the message
     (e.g. one ring per NCCL channel): chunk ids are renumbered (schedule i's chunks
     follow schedule i-1's), each chunk's share scaled by the schedule's share (equal
@@ -436,7 +440,8 @@ def merge_schedules(schedules, shares=None, *, name: str = "") -> Schedule:
     for s in schedules:
         if s.collective != first.collective or s.nranks != first.nranks or s.root != first.root:
             raise ScheduleError(f"merge: schedules must share collective, nranks and root; got "
-                                f"{s.collective}/{s.nranks}/{s.root} and {first.collective}/{first.nranks}/{first.root}")
+                                f"{s.collective}/{s.nranks}/{s.root} and "
+                                f"{first.collective}/{first.nranks}/{first.root}")
     shares = list(shares) if shares is not None else [1.0 / len(schedules)] * len(schedules)
     if len(shares) != len(schedules):
         raise ScheduleError(f"merge: expected {len(schedules)} shares, got {len(shares)}")

@@ -13,16 +13,31 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
 * Reduction compute: combining n bytes reads two operands and writes one,
   ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); :data:`DEFAULT_MEM_BW`
   when the topology has none.
-* Trees (analytical, pipelined): with ``K`` chunks of ``m = share * n / K``
-  bytes, every tree edge is busy at once in steady state, so link loads count
-  all edges of all trees (both directions for an allreduce). A rank's reduce
-  *stage* is ``max_child(lat + m / rate) + k * (reduce(m) + o)`` (children's
-  chunks arrive concurrently, then ``k`` combines, each message costing the
-  rank a serial overhead ``o`` = :data:`MSG_OVERHEAD`); a broadcast stage is
-  ``max_child(lat + m / rate) + k * o``. The first chunk finishes after the longest
-  leaf-to-root (and root-to-leaf) sum of stages ``L``; the rest follow one
-  bottleneck stage apart: ``time = L + (K - 1) * max_stage``. Several trees
-  (a :class:`~collectives.tree.MultiTree`) run concurrently; the slowest wins.
+* Per-message cost ``o``: treecoll's executor issues every send and receive
+  from Python, one after another on each rank (``mode="executor"``, the
+  default: ``o`` is the backend's :class:`ExecutorCost`, fitted on gloo, and
+  for NCCL the Python cost plus NCCL's published point-to-point time);
+  ``mode="in-kernel"`` is the same tree inside the communication library
+  (``o`` = :data:`MSG_OVERHEAD`). The flow simulation of the executor,
+  :mod:`treecoll.collectives.sim.executor`, is what the commands print; this
+  model is the planner's fast stand-in (a test bounds their difference).
+* Trees (analytical, pipelined, in the executor's step order): with ``K``
+  chunks of ``m = share * n / K`` bytes, the first chunk goes up the tree: a
+  rank posts its children's receives first (``c * min(K, LOOKAHEAD) * o``),
+  a child's chunk arrives ``o + lat + m / rate`` after the child finished
+  (its send, the path, the bytes), and the rank combines (``reduce(m)`` per
+  child); then down, a parent sending to its children one after another
+  (the i-th after ``(i + 1) o`` and the earlier children's bytes). For this
+  first chunk a link is shared only by the edges busy at the same time (up:
+  children whose subtrees have the same height; down: the same depth and
+  sibling position). The other chunks follow one *stage* apart, the larger
+  of a rank's messages per chunk (``o`` each) plus its combines, and a
+  link's time per chunk with every edge of every tree busy (steady state):
+  ``time = L + (K - 1) * stage``. Several trees (a
+  :class:`~collectives.tree.MultiTree`) run concurrently, but a rank issues
+  the messages of all its trees from one thread: an inner rank pays, on
+  average, half of its other trees' messages between two of this tree's, and
+  no tree ends before every rank has issued all of its messages.
 * Ring allreduce: ``2 (P - 1)`` steps of ``n / P`` bytes, all ring edges busy.
   ``rsag`` (direct reduce-scatter + all-gather): two rounds in which every
   rank exchanges ``n / P`` bytes with every other rank at once.
@@ -43,17 +58,20 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import networkx as nx
 from treecoll.topo import Path, Topology
 from treecoll.topo.errors import TreeError
 from treecoll.topo.ranks import RanksArg
 
+from .compile import LOOKAHEAD
 from .in_network import nvls_domains
 from .placement import Placement, as_placement
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = ["CostModel", "uniform_topology", "placed_gpus", "nchunks_for", "p2p_time", "reduce_time",
+           "ExecutorCost", "EXECUTOR_COSTS", "executor_cost", "backend_of", "MODES", "DEFAULT_MODE",
            "DEFAULT_MEM_BW", "MSG_OVERHEAD", "UNIFORM_BW", "UNIFORM_LAT", "CHUNK_CANDIDATES", "CHUNK_BYTES",
            "MAX_CHUNKS", "MIN_CHUNK_BYTES"]
 
@@ -78,6 +96,78 @@ MAX_CHUNKS = 16
 #: transport (tens of µs with gloo, not in the model) outweighs pipelining (NCCL's own tree chunks
 #: are of this order)
 MIN_CHUNK_BYTES = 256 << 10
+
+#: prediction modes of treecoll's own schedules: ``executor`` (as :mod:`treecoll.collectives.execute`
+#: runs them: one isend/irecv from Python per message, :class:`ExecutorCost` each) and ``in-kernel``
+#: (the same tree run inside the communication library: NCCL's per-message overhead and protocols)
+MODES = ("executor", "in-kernel")
+DEFAULT_MODE = "executor"
+
+
+@dataclass(frozen=True)
+class ExecutorCost:
+    """What one message of treecoll's executor costs on a backend, and the backend's own allreduce.
+
+    ``step_s``: seconds a rank spends per send or receive it issues (post, wait, the executor's
+    bookkeeping), serially, on top of the links' latency and bandwidth. ``native_step_s``:
+    seconds per step of the backend's own ring allreduce (``torch.distributed.all_reduce``),
+    on top of the links; None where the backend's allreduce has its own model (NCCL:
+    :func:`treecoll.collectives.sim.nccl_model.nccl_predict`). ``source``: where the numbers
+    come from.
+    """
+
+    backend: str
+    step_s: float
+    native_step_s: float | None
+    source: str
+
+
+#: Fitted on this project's 2-core machine over gloo (torch.distributed, 127.0.0.1, 2 and 4
+#: processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 20`` (latency-bound
+#: allreduces of 8 B .. 1 KiB; each time divided by the messages in a row of its schedule, as
+#: :mod:`treecoll.collectives.sim.executor` counts them). It printed these values at a load
+#: average of about 20 (other jobs shared the 2 cores): re-run it on the machine you predict for.
+GLOO_STEP_S = 456.4e-6
+GLOO_NATIVE_STEP_S = 564.3e-6
+#: The executor's own Python cost per message, without a network library (the same command,
+#: with the in-process transport of :mod:`treecoll.collectives.local`) ...
+PYTHON_STEP_S = 64.7e-6
+#: ... plus one NCCL point-to-point operation: nccl-tests' sendrecv reports about 3 µs for
+#: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
+#: the links' own latency (NVLink, NIC) comes from the topology.
+NCCL_P2P_S = 3e-6
+EXECUTOR_COSTS = {
+    "gloo": ExecutorCost("gloo", GLOO_STEP_S, GLOO_NATIVE_STEP_S,
+                         "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 20"),
+    "nccl": ExecutorCost("nccl", PYTHON_STEP_S + NCCL_P2P_S, None,
+                         "the executor's Python cost per message (fitted with the in-process transport) + "
+                         "NCCL sendrecv small-message time ~3 us (https://github.com/NVIDIA/nccl/issues/1487)"),
+}
+
+
+def backend_of(placement: Placement) -> str:
+    """The backend a placement's collectives are planned for: ``gloo`` for CPU process slots or
+    no topology, ``nccl`` for GPUs (from the topology alone, so that plans cached per placement
+    stay valid; the executor knows its group's backend when it runs)."""
+    if placement.topology is None:
+        return "gloo"
+    from treecoll.topo.discover import CPU_SLOT_MODEL
+    nodes = placement.topology.graph.nodes
+    return "gloo" if any(nodes[g].get("model") == CPU_SLOT_MODEL for g in placement.gpus) else "nccl"
+
+
+def executor_cost(placement: Placement, backend: str | None = None) -> ExecutorCost:
+    """The :class:`ExecutorCost` of ``backend`` (None: :func:`backend_of` the placement).
+
+    >>> from treecoll.collectives.placement import Placement
+    >>> executor_cost(Placement(ranks=4)).backend
+    'gloo'
+    """
+    name = backend or backend_of(placement)
+    if name not in EXECUTOR_COSTS:
+        raise TreeError(f"executor cost: backend expected one of {sorted(EXECUTOR_COSTS)}, got {name!r}")
+    return EXECUTOR_COSTS[name]
+
 
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
 
@@ -137,6 +227,19 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     return CostModel(placement).best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
+def _levels(t: Tree) -> tuple[list[int], list[int]]:
+    """(depth, subtree height) of every rank of ``t``."""
+    depth, height = [0] * t.size, [0] * t.size
+    order = t.postorder()
+    for r in reversed(order):
+        if t.parents[r] >= 0:
+            depth[r] = depth[t.parents[r]] + 1
+    for r in order:
+        if t.parents[r] >= 0:
+            height[t.parents[r]] = max(height[t.parents[r]], height[r] + 1)
+    return depth, height
+
+
 class CostModel:
     """Predicts collective times for the group ranks of a placement.
 
@@ -144,17 +247,34 @@ class CostModel:
     or a Topology / None with ``ranks`` and ``nranks`` as
     :func:`~treecoll.collectives.placement.as_placement` takes them; without a
     topology: :func:`uniform_topology`), ``step_overhead`` (seconds added to every message's latency, e.g. a
-    software transport's fixed cost; 0 by default), ``msg_overhead`` (seconds a rank
-    spends per message it handles, serially; :data:`MSG_OVERHEAD` by default),
-    ``chunk_candidates`` (chunk counts :meth:`best_nchunks` tries by default).
+    software transport's fixed cost; 0 by default), ``mode`` (:data:`MODES`: ``executor``, the
+    default, predicts treecoll's executor, every message costing its rank the backend's
+    :attr:`ExecutorCost.step_s`; ``in-kernel`` the same tree inside the communication library,
+    :data:`MSG_OVERHEAD` per message), ``backend`` (``gloo`` or ``nccl``; None:
+    :func:`backend_of`), ``msg_overhead`` (seconds a rank spends per message it handles,
+    serially; None: what ``mode`` says), ``chunk_candidates`` (chunk counts
+    :meth:`best_nchunks` tries by default).
+
+    >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].step_s
+    True
+    >>> CostModel(nranks=4, mode="in-kernel").msg_overhead == MSG_OVERHEAD
+    True
     """
 
     def __init__(self, placement: Placement | Topology | None = None, ranks: RanksArg = None, *,
-                 nranks: int | None = None, step_overhead: float = 0.0, msg_overhead: float = MSG_OVERHEAD,
+                 nranks: int | None = None, step_overhead: float = 0.0, msg_overhead: float | None = None,
+                 mode: str = DEFAULT_MODE, backend: str | None = None,
                  chunk_candidates: Sequence[int] = CHUNK_CANDIDATES) -> None:
+        if mode not in MODES:
+            raise TreeError(f"cost model: mode expected one of {list(MODES)}, got {mode!r}")
+        self.placement = as_placement(placement, ranks, nranks=nranks, what="cost model")
+        self.mode = mode
+        self.executor = executor_cost(self.placement, backend)
+        self.backend = self.executor.backend
+        if msg_overhead is None:
+            msg_overhead = self.executor.step_s if mode == "executor" else MSG_OVERHEAD
         self.msg_overhead = float(msg_overhead)
         self.chunk_candidates = tuple(chunk_candidates)
-        self.placement = as_placement(placement, ranks, nranks=nranks, what="cost model")
         self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
@@ -226,67 +346,107 @@ class CostModel:
         if any(k < 1 for k in chunk_counts):
             raise TreeError(f"cost: nchunks expected >= 1, got {list(chunk_counts)}")
         up, down = "up" in phases, "down" in phases
-        rate = self._tree_rates(multi, up, down)
         o = self.msg_overhead
-        prepared = []
-        for t, share in zip(multi.trees, multi.shares):
-            order = t.postorder()
-            nodes = []
-            for r in order:
-                kids = t.children[r]
-                if kids:
-                    ups = [(c, self._pair(c, r)[0], 1.0 / rate[(c, r)]) for c in kids] if up else None
-                    downs = [(c, self._pair(r, c)[0], 1.0 / rate[(r, c)]) for c in kids] if down else None
-                    red = 3.0 / (self._mem_bw[r] * 1e9)
-                    nodes.append((r, ups, downs, red))
-            prepared.append((t, share, nodes))
+        prepared_by: dict[bool, list] = {}
+
+        def prepare(by_level: bool) -> list:
+            rate = self._tree_rates(multi, up, down, by_level)
+            prepared = []
+            msgs = [[len(t.children[r]) + (t.parents[r] >= 0) for r in range(t.size)] for t in multi.trees]
+            busy = [sum(m[r] for m in msgs) for r in range(multi.size)]
+            for t, share, own in zip(multi.trees, multi.shares, msgs):
+                nodes = []
+                for r in t.postorder():
+                    kids = t.children[r]
+                    if kids:
+                        ups = [(c, self._pair(c, r)[0], 1.0 / rate[(c, r)]) for c in kids] if up else None
+                        downs = [(c, self._pair(r, c)[0], 1.0 / rate[(r, c)]) for c in kids] if down else None
+                        # an inner rank also issues its messages of the other trees, interleaved: on
+                        # average half of them before a given message of this tree
+                        nodes.append((r, ups, downs, 3.0 / (self._mem_bw[r] * 1e9),
+                                      o * (busy[r] + own[r]) / (2 * own[r])))
+                prepared.append((t, share, nodes))
+            return prepared
+
         out = []
         for k in chunk_counts:
             worst = 0.0
-            for t, share, nodes in prepared:
+            # the first chunk meets only its own tree level on the links; the pipeline's steady
+            # state has every edge busy
+            if True not in prepared_by:
+                prepared_by[True] = prepare(True)
+            if k > 1 and False not in prepared_by:
+                prepared_by[False] = prepare(False)
+            prepared = prepared_by[True]
+            for ti, (t, share, nodes) in enumerate(prepared):
                 m = nbytes * share / k
-                stage = total = 0.0
+                total = 0.0
                 if up:
                     finish = [0.0] * t.size
-                    for r, ups, _, red in nodes:
-                        comb = len(ups) * (red * m + o)
-                        best_a = best_f = 0.0
-                        for c, lat, inv in ups:
-                            a = lat + m * inv
-                            best_a = max(best_a, a)
-                            best_f = max(best_f, finish[c] + a)
-                        finish[r] = best_f + comb
-                        stage = max(stage, best_a + comb)
+                    sends = [o] * t.size          # a rank's cost for its send up
+                    for r, ups, _, red, o_r in nodes:
+                        arrive = max(finish[c] + sends[c] + lat + m * inv for c, lat, inv in ups)
+                        finish[r] = max(len(ups) * min(k, LOOKAHEAD) * o_r, arrive) + len(ups) * red * m
+                        sends[r] = o_r
                     total += finish[t.root]
                 if down:
                     reach = [0.0] * t.size
-                    for r, _, downs, _ in reversed(nodes):
-                        longest = 0.0
+                    for r, _, downs, _, o_r in reversed(nodes):
+                        free = reach[r]           # the parent sends to its children one after another
                         for i, (c, lat, inv) in enumerate(downs):
-                            tc = lat + m * inv
-                            longest = max(longest, tc)
-                            reach[c] = reach[r] + tc + (i + 1) * o
-                        stage = max(stage, longest + len(downs) * o)
+                            free = max(free, reach[r] + (i + 1) * o_r) + m * inv
+                            reach[c] = free + lat
                     total += max(reach)
+                # steady state: per chunk a rank handles its messages one after another (CPU)
+                # while its links carry the chunk
+                stage = 0.0
+                for r, ups, downs, red, _ in (prepared_by[False][ti][2] if k > 1 else ()):
+                    c = len(ups or downs)
+                    msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
+                    cpu = msgs * o + (c * red * m if up else 0.0)
+                    link = max(m * inv for _, _, inv in (ups or []) + (downs or []))
+                    stage = max(stage, cpu, link)
                 worst = max(worst, total + (k - 1) * stage)
+            # every rank issues the messages of all trees from one thread: a multitree's trees
+            # share each rank's time
+            if len(prepared) > 1:
+                busy = [0.0] * self.nranks
+                for t, share, _ in prepared:
+                    m = nbytes * share / k
+                    for r in range(t.size):
+                        c = len(t.children[r])
+                        msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
+                        busy[r] += k * (msgs * o + (c * self.reduce_cost(r, m) if up else 0.0))
+                worst = max(worst, max(busy))
             out.append(worst)
         return out
 
-    def _tree_rates(self, multi: MultiTree, up: bool, down: bool) -> dict[tuple[int, int], float]:
-        key = (tuple(t.parents for t in multi.trees), up, down)   # rates depend on edges only
+    def _tree_rates(self, multi: MultiTree, up: bool, down: bool, by_level: bool = False
+                    ) -> dict[tuple[int, int], float]:
+        """Rates of the tree edges (both ways for an allreduce). All edges of all trees share the
+        links at once (a pipeline in steady state), or with ``by_level`` only the edges that are
+        busy at the same time with one chunk: going up, those whose child's subtree has the same
+        height; going down, those whose child has the same depth."""
+        key = (tuple(t.parents for t in multi.trees), up, down, by_level)   # rates depend on edges only
         hit = self._rate_memo.get(key)
         if hit is not None:
             return hit
         if len(self._rate_memo) > 256:
             self._rate_memo.clear()
-        flows = []
+        groups: dict = defaultdict(list)
         for t in multi.trees:
+            depth, height = _levels(t) if by_level else (None, None)
             for c, p in t.edges():
-                if up:
-                    flows.append((c, p))
-                if down:
-                    flows.append((p, c))
-        self._rate_memo[key] = rate = self.rates(flows)
+                if up:      # a child sends up once its subtree is done: its height says when
+                    groups[("up", height[c]) if by_level else 0].append((c, p))
+                if down:    # a parent forwards down once the chunk reached it (its depth says when), to
+                    # one child after another
+                    groups[("down", depth[c], t.children[p].index(c)) if by_level else 0].append((p, c))
+        rate: dict[tuple[int, int], float] = {}
+        for flows in groups.values():
+            for f, v in self.rates(flows).items():
+                rate[f] = min(v, rate.get(f, v))
+        self._rate_memo[key] = rate
         return rate
 
     def order_children(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
@@ -356,8 +516,10 @@ class CostModel:
         return ks[i], times[i]
 
     # ------------------------------------------------------------------ ring and rsag
-    def ring_time(self, nbytes: float, order: Sequence[int] | None = None) -> float:
-        """Ring allreduce (reduce-scatter then all-gather) along ``order`` (default 0..P-1)."""
+    def ring_time(self, nbytes: float, order: Sequence[int] | None = None, *, overhead: float | None = None) -> float:
+        """Ring allreduce (reduce-scatter then all-gather) along ``order`` (default 0..P-1); every
+        step costs a rank ``2 overhead`` (a send and a receive; default :attr:`msg_overhead`)."""
+        o = self.msg_overhead if overhead is None else overhead
         order = list(range(self.nranks)) if order is None else list(order)
         n = len(order)
         if n == 1:
@@ -365,7 +527,7 @@ class CostModel:
         flows = [(order[i], order[(i + 1) % n]) for i in range(n)]
         rate = self.rates(flows)
         m = nbytes / n
-        step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * self.msg_overhead
+        step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * o
         red = max(self.reduce_cost(r, m) for r in order)
         return (n - 1) * (step + red) + (n - 1) * step
 
@@ -417,7 +579,8 @@ class CostModel:
           domain): ``n / (their summed bandwidth, the smaller direction)``.
         * Latency: rank 0's data must reach every rank: the largest
           shortest-path latency (over the graph's links) from rank 0, plus one
-          message overhead ``o``; and, as a rank handles one message per ``o``
+          message overhead ``o`` (:data:`MSG_OVERHEAD`, or less: a bound on the backend's
+          own collectives too, which skip the executor's per-message cost); and, as a rank handles one message per ``o``
           (so holds at most ``2^t`` combined values after ``t o``),
           ``o * ceil(log2 P)``.
 
@@ -454,7 +617,8 @@ class CostModel:
                 if cut > 0:
                     bw_lb = max(bw_lb, nbytes / (cut * 1e9))
         dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
-        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + self.msg_overhead
+        o = min(self.msg_overhead, MSG_OVERHEAD)    # the communication library's own collectives pay less
+        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + o
         # a rank merges at most one more message per overhead o: after t*o it holds <= 2^t values
-        lat = max(lat, self.msg_overhead * math.ceil(math.log2(n)))
+        lat = max(lat, o * math.ceil(math.log2(n)))
         return max(bw_lb, lat) if math.isfinite(bw_lb) else lat

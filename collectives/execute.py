@@ -447,6 +447,15 @@ def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, pla
     if problem:
         raise CollectiveError(f"{what}: {problem}")
     import torch
+    if sched is None:       # the backend's own allreduce is predicted faster (or as fast)
+        with torch.no_grad():
+            dst = x if inplace else out.copy_(x)
+            try:
+                transport.native_allreduce(dst, opx, timeout)
+            except BaseException as e:
+                mark_broken(comm, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                raise
+        return dst
     with torch.no_grad():
         keep_x = not inplace or (collective == "reduce" and me != root and _writes_own(sched, me))
         buf = layout.pack(x, reuse=not keep_x)
@@ -510,6 +519,11 @@ def _prepare(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None,
     what = _label(collective, root)
     if root is not None and not 0 <= root < n:
         raise CollectiveError(f"{what}: root expected a group rank in 0..{n - 1}, got {root}")
+    backend = _native_backend(collective, x, opx, tree, options, transport)
+    if backend and planner.prefer_native(nbytes=_nbytes(x), placement=placement, backend=backend):
+        layout = Layout.of(x, opx, [1.0])
+        text = f"native:{backend}|{layout.descriptor()}|{opx.key()}"
+        return opx, None, layout, what, text, 0, ""
     probe = Layout.of(x, opx, [1.0])
     plan, sched = planner.schedule_for(tree, collective=collective, nbytes=_nbytes(x), placement=placement, op=opx,
                                        algo=options.algo if collective == "allreduce" else "tree", root=root,
@@ -521,6 +535,27 @@ def _prepare(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None,
     digest = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
     tag_base = ((digest & 0x7FFF) << TAG_CHUNK_BITS) if sched.nchunks < (1 << TAG_CHUNK_BITS) else 0
     return opx, sched, layout, what, text, tag_base, problem
+
+
+def _native_backend(collective: str, x: Any, op: Op, tree: Any, options: CollectiveOptions, transport: Any) -> str:
+    """The backend whose own allreduce may run this call ('' when it may not): an allreduce with
+    ``algo="auto"``, no tree asked for, a built-in operator (sum, prod, max, min), one tensor,
+    over a process group of a backend with a model (:data:`treecoll.collectives.cost.EXECUTOR_COSTS`)."""
+    from .cost import EXECUTOR_COSTS
+    if collective != "allreduce" or options.algo != "auto" or (tree is not None and tree != "auto"):
+        return ""
+    if not op.torch_name or isinstance(x, (tuple, list)) or not hasattr(transport, "native_allreduce"):
+        return ""
+    if not x.is_contiguous():
+        return ""
+    backend = str(getattr(getattr(transport, "info", None), "backend", "")).lower()
+    if backend == "gloo" and str(x.dtype).removeprefix("torch.") not in GLOO_NATIVE_DTYPES:
+        return ""
+    return backend if backend in EXECUTOR_COSTS else ""
+
+
+#: dtypes the executor hands to gloo's own allreduce (others run treecoll's schedules)
+GLOO_NATIVE_DTYPES = ("float32", "float64", "int32", "int64")
 
 
 #: low bits of a message tag that carry the chunk; the bits above carry a hash of the call's fingerprint

@@ -169,6 +169,12 @@ class TorchTransport:
     def wait(work: Any, timeout: float) -> None:
         work.wait(timeout=datetime.timedelta(seconds=timeout))
 
+    def native_allreduce(self, tensor: Any, op: Any, timeout: float) -> None:
+        """The backend's own allreduce of ``tensor`` in place (``op``: an Op with a ``torch_name``)."""
+        work = self._dist.all_reduce(tensor, op=getattr(self._dist.ReduceOp, op.torch_name), group=self._group,
+                                     async_op=True)
+        work.wait(timeout=datetime.timedelta(seconds=timeout))
+
     def all_gather_bytes(self, payload: bytes, length: int, timeout: float) -> list[bytes]:
         """Every rank's ``payload`` (padded to ``length`` bytes): one all_gather."""
         import torch

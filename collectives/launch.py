@@ -261,7 +261,7 @@ class RankPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def run(self, fn: Callable[..., Any], *args, timeout: float | None = None, ranks: Sequence[int] | None = None,
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, ranks: Sequence[int] | None = None,
             expect: int | None = None) -> list:
         """Run ``fn(rank, nproc, *args)`` on every rank (or on ``ranks``); results in rank
         order, None for a rank that did not run it. ``expect``: return once that many
@@ -362,7 +362,7 @@ class RankPool:
             q.close()
 
 
-def spawn(fn: Callable[..., Any], nproc: int, *args, timeout: float = 60.0, threads: int = 1,
+def spawn(fn: Callable[..., Any], nproc: int, *args: Any, timeout: float = 60.0, threads: int = 1,
           backend: str = "gloo", where: str = "launch") -> list:
     """Run ``fn(rank, nproc, *args)`` in ``nproc`` new processes joined in one group
     (gloo, 127.0.0.1, a free port); return the results in rank order.
@@ -376,7 +376,7 @@ def spawn(fn: Callable[..., Any], nproc: int, *args, timeout: float = 60.0, thre
         return pool.run(fn, *args)
 
 
-def join(fn: Callable[..., Any], *args, backend: str | None = None, timeout: float = 600.0,
+def join(fn: Callable[..., Any], *args: Any, backend: str | None = None, timeout: float = 600.0,
          where: str = "launch") -> list:
     """Under torchrun (or any ``env://`` launcher): run ``fn(rank, world, *args)`` on this
     rank of the launched job and return every rank's result, in rank order, on every rank.
@@ -423,7 +423,7 @@ def join(fn: Callable[..., Any], *args, backend: str | None = None, timeout: flo
     return [value for _, value in gathered]
 
 
-def run(fn: Callable[..., Any], nproc: int | None, *args, timeout: float = 60.0, threads: int = 1,
+def run(fn: Callable[..., Any], nproc: int | None, *args: Any, timeout: float = 60.0, threads: int = 1,
         backend: str | None = None, where: str = "launch") -> list:
     """:func:`join` the launched job when there is one (``nproc``, if given, must be its
     WORLD_SIZE), else :func:`spawn` ``nproc`` processes. Results in rank order."""

@@ -37,11 +37,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treecoll.topo.errors import CollectiveError
 
 from .ops import Op
+
+if TYPE_CHECKING:
+    import torch
+
+    #: a collective's value, and a layout's buffer or chunk: one tensor or a tuple of tensors
+    Tensors = torch.Tensor | tuple[torch.Tensor, ...]
 
 __all__ = ["Layout", "PACK_BYTES", "ALIGN"]
 
@@ -85,7 +91,7 @@ class Layout:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def parts_of(value) -> tuple[bool, tuple]:
+    def parts_of(value: Tensors) -> tuple[bool, tuple[torch.Tensor, ...]]:
         torch = _torch()
         if isinstance(value, torch.Tensor):
             return False, (value,)
@@ -94,7 +100,7 @@ class Layout:
         raise CollectiveError(f"value: expected a tensor or a non-empty tuple of tensors, got {type(value).__name__}")
 
     @classmethod
-    def of(cls, value, op: Op, shares: Sequence[float]) -> Layout:
+    def of(cls, value: Tensors, op: Op, shares: Sequence[float]) -> Layout:
         is_tuple, parts = cls.parts_of(value)
         devs = {p.device for p in parts}
         if len(devs) != 1:
@@ -163,7 +169,7 @@ class Layout:
         a, b = self.bounds[c], self.bounds[c + 1]
         return [self._view(p.reshape(self._rows_shape(i))[a:b], i, b - a) for i, p in enumerate(parts)]
 
-    def new_buffer(self):
+    def new_buffer(self) -> Tensors:
         """An uninitialised buffer of this layout (scratch)."""
         torch = _torch()
         if self.mode == "flat":
@@ -176,7 +182,7 @@ class Layout:
     def _rows_shape(self, i: int) -> tuple[int, ...]:
         return (self.rows, self._row_width(i))
 
-    def pack(self, value, *, reuse: bool):
+    def pack(self, value: Tensors, *, reuse: bool) -> Tensors:
         """The buffer holding ``value``; ``reuse`` lets a single contiguous tensor be the
         buffer itself (in place), otherwise the value is copied."""
         torch = _torch()
@@ -206,7 +212,7 @@ class Layout:
                 b.view(p.shape).copy_(p)
         return bufs
 
-    def unpack(self, buf, out=None):
+    def unpack(self, buf: Tensors, out: Tensors | None = None) -> Tensors:
         """The value held by ``buf`` (views into it when possible), copied into ``out`` if given."""
         if self.direct:
             v = buf.view(self.shapes[0])
@@ -248,7 +254,7 @@ class Layout:
     def empty(self, c: int) -> bool:
         return self.bounds[c] == self.bounds[c + 1]
 
-    def chunk(self, buf, c: int):
+    def chunk(self, buf: Tensors, c: int) -> Tensors:
         """Chunk c of ``buf`` as what is sent and received: one contiguous tensor, or for
         several parts a tuple of contiguous tensors (each part's rows of the chunk)."""
         a, b = self.bounds[c], self.bounds[c + 1]
@@ -259,7 +265,7 @@ class Layout:
             return buf[start: start + length]
         return tuple(x[a:b] for x in buf)
 
-    def values(self, buf, c: int):
+    def values(self, buf: Tensors, c: int) -> Tensors:
         """Chunk c of ``buf`` as the operator sees it: a flat slice (flat), else the part
         rows (a tensor, or a tuple for a tuple value), each shaped ``[rows_c, *shape[1:]]``."""
         a, b = self.bounds[c], self.bounds[c + 1]

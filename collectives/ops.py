@@ -27,10 +27,11 @@ declaring ``chunkable=False`` (argument or attribute) is never split.
 >>> mm = resolve_op(lambda a, b: a @ b)
 >>> mm.commutative, mm.elementwise, mm.chunkable
 (False, False, True)
->>> resolve_op("avg")
+>>> resolve_op("avg")  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'], or pass a callable op(a, b)
+treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'],
+or pass a callable op(a, b)
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class Op:
         if self.elementwise and self.inplace is None:
             raise CollectiveError(f"op {self.name!r}: an element-wise op needs inplace(a, b)")
 
-    def __call__(self, a, b):
+    def __call__(self, a: Any, b: Any) -> Any:
         return self.fn(a, b)
 
     def key(self) -> str:

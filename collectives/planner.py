@@ -12,6 +12,7 @@ cache               key                                                    defau
 ==================  =====================================================  ==========
 plans               builder name, placement, size class, collective, root  256
 chunk counts        plan, collective, size, placement                      1024
+native choices      size, placement, backend                               1024
 schedules           plan, collective, chunks, root, algorithm, ranks       256
 calls               a call's shape (the executor's fast path)              256
 probes              operator, value layout (associativity probe)           256
@@ -61,7 +62,8 @@ from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 from .tree_io import TreeFile, resolve_tree_arg
 
-__all__ = ["LRU", "Planner", "default_planner", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES", "ALGOS"]
+__all__ = ["LRU", "Planner", "default_planner", "native_allreduce_time", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES",
+           "ALGOS"]
 
 #: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
 AUTO_RSAG_BYTES = 256 << 10
@@ -159,6 +161,7 @@ class Planner:
         self.calls = LRU(max_entries)
         self.probes = LRU(max_entries)
         self.tree_files = LRU(16)
+        self.native = LRU(4 * max_entries)
         self._max_entries, self._max_scratch = max_entries, max_scratch
         self._comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._topologies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -168,11 +171,11 @@ class Planner:
         """Entries held in all caches (per-communicator ones included)."""
         per_comm = sum(len(c.agreed) + len(c.scratch) for c in list(self._comms.values()))
         return (len(self.plans) + len(self.chunks) + len(self.schedules) + len(self.calls) + len(self.probes)
-                + len(self.tree_files) + per_comm + len(self._topologies))
+                + len(self.tree_files) + len(self.native) + per_comm + len(self._topologies))
 
     def clear(self) -> None:
         """Empty every cache (scratch buffers are freed once no call uses them)."""
-        for c in (self.plans, self.chunks, self.schedules, self.calls, self.probes, self.tree_files):
+        for c in (self.plans, self.chunks, self.schedules, self.calls, self.probes, self.tree_files, self.native):
             c.clear()
         self._comms.clear()
         self._topologies.clear()
@@ -305,6 +308,51 @@ class Planner:
         if sched is None:
             sched = self.schedules[key] = compile_plan(plan, collective, per, root=root, algo=algo, nranks=n)
         return plan, sched
+
+
+    def prefer_native(self, *, nbytes: int, placement: Placement, backend: str) -> bool:
+        """Whether the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes`` is
+        predicted at most as long as what ``algo="auto"`` would run here (cached): the
+        executor-mode cost model (:class:`~treecoll.collectives.cost.CostModel`, the
+        ``backend``'s per-message cost) against
+        :meth:`~treecoll.collectives.cost.CostModel.native_allreduce_time`."""
+        key = (nbytes, placement.plan_key, backend)
+        hit = self.native.get(key)
+        if hit is None:
+            hit = self.native[key] = self._native_faster(nbytes, placement, backend)
+        return hit
+
+    def _native_faster(self, nbytes: int, placement: Placement, backend: str) -> bool:
+        from .cost import CostModel
+        if placement.nranks < 2:
+            return False
+        model = CostModel(placement, backend=backend)
+        plan, sched = self.schedule_for(None, collective="allreduce", nbytes=nbytes, placement=placement)
+        if plan is not None:
+            ours = model.tree_time(plan, nbytes, "allreduce", max(1, sched.nchunks // len(as_multi(plan))))
+        else:
+            ours = model.rsag_time(nbytes)
+        return native_allreduce_time(model, nbytes) <= ours
+
+
+def native_allreduce_time(model: Any, nbytes: float) -> float:
+    """Seconds of the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes`` on
+    ``model``'s placement (a :class:`~treecoll.collectives.cost.CostModel`): NCCL's fastest
+    algorithm under its own model (:func:`treecoll.collectives.sim.nccl_model.nccl_predict`), gloo's
+    ring with :attr:`~treecoll.collectives.cost.ExecutorCost.native_step_s` per step.
+
+    >>> from treecoll.collectives.cost import CostModel, EXECUTOR_COSTS
+    >>> t = native_allreduce_time(CostModel(nranks=2), 8)      # 2 ring steps on gloo, ~8 B each
+    >>> round(t / EXECUTOR_COSTS["gloo"].native_step_s, 2)
+    2.0
+    """
+    if model.nranks == 1:
+        return 0.0
+    if model.executor.native_step_s is None:
+        from .sim.nccl_model import nccl_algos, nccl_predict
+        return min(nccl_predict(model.placement, None, int(nbytes), a)["time"]
+                   for a in nccl_algos(model.topology, model.gpus))
+    return model.ring_time(nbytes, overhead=model.executor.native_step_s / 2)
 
 
 _DEFAULT = Planner()

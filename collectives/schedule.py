@@ -253,4 +253,5 @@ class Schedule:
                 "nchunks": self.nchunks, "root": self.root, "shares": list(self.shares),
                 "owners": list(self.owners),
                 "steps": [[{"kind": s.kind, "chunk": s.chunk, "peer": s.peer, "slot": s.slot,
-                            "deps": list(s.deps), "right": s.right, "lane": s.lane} for s in lst] for lst in self.steps]}
+                            "deps": list(s.deps), "right": s.right, "lane": s.lane} for s in lst]
+                          for lst in self.steps]}

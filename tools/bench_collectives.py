@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from treecoll.tools import units
 from treecoll.tools.bench.harness import Benchmark, interleaved, paired_ratio, slowest_rank, summary
 from treecoll.tools.cli import script_main
 from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
 from treecoll.topo.fmt import fmt_bytes, table
+
+if TYPE_CHECKING:
+    import torch
 
 HEAD_DIM = 128
 
@@ -62,7 +67,8 @@ def _time(ours, theirs, reps: int) -> dict:
             "paired": paired_ratio(t["ours"], t["theirs"])}
 
 
-def merge_op(a, b):
+def merge_op(a: tuple[torch.Tensor, torch.Tensor],
+             b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
     no out-sized temporaries); (0, -inf) stays the identity."""
     import torch
@@ -139,7 +145,7 @@ def _worker(rank: int, world: int, sizes, base_reps: int, algo: str, nchunks=Non
             for nbytes in sizes]
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_collectives", __doc__, repeats=20, json="", aliases={"--repeats": ["--reps"]})
     ap = bench.parser
     ap.add_argument("--procs", type=units.int_arg("--procs"), nargs="+", default=[2, 4, 8],

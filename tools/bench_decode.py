@@ -14,9 +14,9 @@ same thread count:
 * the copy rate: ``copy_`` of the same buffer, bytes copied per second (the
   memory traffic of a copy is at least twice that); the fraction is ``%copy``.
 
-Each row is measured in ``--repeats`` rounds; one round times, back to back, the
-copy, both sums and every backend, so all of them see the same machine load; each
-number is the best of its rounds.  Every timed decode is preceded (untimed) by
+Each row is measured in ``--repeats`` rounds (:func:`treecoll.tools.bench.harness.interleaved`);
+one round times, back to back, the copy, both sums and every backend, so all of them
+see the same machine load; each number is the best of its rounds.  Every timed decode is preceded (untimed) by
 writing a 1 GiB scratch buffer, so the KV cache is read from memory, not from a
 cache.  The machine is shared, so each row records the 1-minute load average and
 ``busy``: the process CPU time of the best decode run divided by (wall time x
@@ -31,28 +31,36 @@ Triton kernels run and the rates are the device's.
 
     python -m treecoll.tools.bench_decode          # full sweep, writes out/bench_decode.json
     python -m treecoll.tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
+    python -m treecoll.tools.bench_decode --quick  # one small row: checks that the script runs
 
-Not a test: it prints a table and writes JSON.
+Not a test: it prints a table and writes JSON (with the run's command, date, commit and machine).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from treecoll.tools import units
+from treecoll.tools.bench.harness import Benchmark, interleaved
 from treecoll.tools.cli import script_main
+from treecoll.topo.fmt import fmt_bytes, table
 
 from treecoll import attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GIB = 1 << 30
+#: the buffer the memory rates are measured on (bytes)
+RATE_BYTES = GIB
+#: what ``--quick`` sets, where the command line leaves an option at its default: one small row
+QUICK = {"tokens": [4096], "batch": [1], "dtypes": ["fp32"], "repeats": 1, "flush_mib": 16, "max_gib": 0.25,
+         "rate_mib": 64}
+TIMED = tuple[float, float]
 
 
 def _sync(device: torch.device) -> None:
@@ -60,19 +68,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, device, flush=None) -> tuple[float, float]:
-    """Wall and process CPU seconds of one ``fn()``; ``flush()`` runs untimed before."""
-    if flush is not None:
-        flush()
-    _sync(device)
-    c0, t0 = time.process_time(), time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0, time.process_time() - c0
-
-
-def _rate_fns(device: torch.device, nbytes: int = GIB) -> dict:
-    """The memory-rate measurements: name -> (function, bytes it moves per call)."""
+def _rate_fns(device: torch.device, nbytes: int) -> dict[str, Callable[[], Any]]:
+    """The memory-rate measurements on an ``nbytes`` float32 buffer: name -> function."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)
     fns = {"copy": lambda: dst.copy_(src), "read_torch": lambda: src.sum()}
@@ -84,7 +81,7 @@ def _rate_fns(device: torch.device, nbytes: int = GIB) -> dict:
     return fns
 
 
-def _sdpa_anchor(q, k, v, tokens: int):
+def _sdpa_anchor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int) -> Callable[[], Any]:
     """torch's fused CPU flash attention on the same cache (full length, GQA group as rows)."""
     batch = q.shape[0]
     qg = q.view(batch, KV_HEADS, Q_HEADS // KV_HEADS, HEAD_DIM)
@@ -92,25 +89,70 @@ def _sdpa_anchor(q, k, v, tokens: int):
     return lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kt, vt, 0.0, False)
 
 
-def _measure_row(q, k, v, n: int, backends: list, device, args, rates: dict, flush) -> dict:
-    """Best wall time (and its CPU time) of every decode backend, the anchor and the rates,
-    measured in ``args.repeats`` interleaved rounds."""
-    kv_len = torch.full((q.shape[0],), n, dtype=torch.int32, device=device)
-    fns = {b: (lambda b=b: attention.decode_partial(q, k, v, kv_len=kv_len, backend=b)) for b in backends}
-    if device.type == "cpu" and not args.no_anchor:
-        fns["sdpa"] = _sdpa_anchor(q, k, v, n)
-    for fn in list(fns.values()) + list(rates.values()):
-        fn()  # warm-up (library build, thread pools, first-touch of buffers)
-    best: dict = {}
-    for _ in range(args.repeats):
-        for name, fn in rates.items():
-            best[name] = min(best.get(name, (float("inf"), 0.0)), _timed(fn, device))
-        for name, fn in fns.items():
-            best[name] = min(best.get(name, (float("inf"), 0.0)), _timed(fn, device, flush))
+def _decode_cases(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int, backends: Sequence[str], *,
+                  anchor: bool) -> dict[str, Callable[[], Any]]:
+    """One decode call per backend on the first ``tokens`` of every sequence, and the SDPA anchor."""
+    kv_len = torch.full((q.shape[0],), tokens, dtype=torch.int32, device=q.device)
+    cases = {b: (lambda b=b: attention.decode_partial(q, k, v, kv_len=kv_len, backend=b)) for b in backends}
+    if anchor:
+        cases["sdpa"] = _sdpa_anchor(q, k, v, tokens)
+    return cases
+
+
+def _measure_row(cases: dict[str, Callable[[], Any]], rates: dict[str, Callable[[], Any]], device: torch.device,
+                 repeats: int, flush: Callable[[], Any]) -> dict[str, TIMED]:
+    """Best wall time and the process CPU time of that run, of every rate and decode case, measured in
+    ``repeats`` interleaved rounds after one untimed warm-up (library build, thread pools, first touch).
+    ``flush()`` runs, untimed, before every decode call."""
+    cpu: dict[str, list[float]] = {name: [] for name in (*rates, *cases)}
+    started = [0.0]
+
+    def before(name: str) -> None:
+        if name in cases:
+            flush()
+        _sync(device)
+        started[0] = time.process_time()
+
+    def after(name: str) -> None:
+        cpu[name].append(time.process_time() - started[0])
+
+    def synced(fn: Callable[[], Any]) -> Callable[[], None]:
+        return lambda: (fn(), _sync(device))
+
+    timed = {name: synced(fn) for name, fn in (*rates.items(), *cases.items())}
+    wall = interleaved(timed, repeats, warmup=1, before=before, after=after)
+    best = {}
+    for name, times in wall.items():
+        k = min(range(len(times)), key=times.__getitem__)
+        best[name] = (times[k], cpu[name][1:][k])  # cpu[name][0] is the warm-up call
     return best
 
 
-def run(args) -> dict:
+def _row_values(best: dict[str, TIMED], backends: Sequence[str], common: dict[str, Any], kv_bytes: int,
+                threads: int, device: torch.device, rate_bytes: int) -> list[dict[str, Any]]:
+    copy_gbps = rate_bytes / best["copy"][0] / 1e9
+    read_gbps = max(rate_bytes / best[r][0] / 1e9 for r in ("read_torch", "read_native") if r in best)
+    common = {**common, "copy_gbps": copy_gbps, "read_gbps": read_gbps,
+              "read_torch_gbps": rate_bytes / best["read_torch"][0] / 1e9, "loadavg_1min": os.getloadavg()[0]}
+    if "read_native" in best:
+        common["read_native_gbps"] = rate_bytes / best["read_native"][0] / 1e9
+    if "sdpa" in best:
+        common["sdpa_cpu_gbps"] = kv_bytes / best["sdpa"][0] / 1e9
+    rows = []
+    for backend in backends:
+        t, cpu = best[backend]
+        row = {**common, "backend": backend, "time_s": t, "kv_gbps": kv_bytes / t / 1e9,
+               "busy": cpu / (t * threads) if device.type == "cpu" else None}
+        row["frac_copy"] = row["kv_gbps"] / copy_gbps
+        row["frac_read"] = row["kv_gbps"] / read_gbps
+        if "torch" in best and backend != "torch":
+            row["vs_torch"] = best["torch"][0] / t
+        rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every (dtype, batch, tokens) row of ``args`` measured; the JSON data (without the harness's ``meta``)."""
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,8 +161,8 @@ def run(args) -> dict:
     # Written before every timed decode so that no KV bytes are served from a cache
     # (larger than any last-level cache we know of).
     scratch = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
-    flush = scratch.zero_
-    rates = _rate_fns(device)
+    rate_bytes = args.rate_mib << 20
+    rates = _rate_fns(device, rate_bytes)
     rows = []
     for dname in args.dtypes:
         dtype = DTYPES[dname]
@@ -130,52 +172,29 @@ def run(args) -> dict:
             fits = [n for n in args.tokens if n * per_token <= args.max_gib * GIB]
             for n in sorted(set(args.tokens) - set(fits)):
                 rows.append({"dtype": dname, "batch": batch, "tokens": n, "skipped":
-                             f"KV {n * per_token / GIB:.2f} GiB > --max-gib {args.max_gib}"})
-                print(_format_row(rows[-1]), flush=True)
+                             f"KV {fmt_bytes(n * per_token)} > --max-gib {args.max_gib}"})
+                print(f"{dname} B={batch} tokens={n}: skipped, {rows[-1]['skipped']}", file=sys.stderr)
             if not fits:
                 continue
-            capacity = max(fits)
-            k = torch.empty(batch, capacity, KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_()
+            k = torch.empty(batch, max(fits), KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_()
             v = torch.empty_like(k).normal_()
             q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device).to(dtype)
             for n in fits:
                 _wait_for_quiet(args.wait_load, args.wait_max)
-                best = _measure_row(q, k, v, n, backends, device, args, rates, flush)
-                kv_bytes = n * per_token
-                copy_gbps = GIB / best["copy"][0] / 1e9
-                read_gbps = max(GIB / best[r][0] / 1e9 for r in ("read_torch", "read_native") if r in best)
-                common = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": kv_bytes, "threads": threads,
-                          "copy_gbps": copy_gbps, "read_gbps": read_gbps,
-                          "read_torch_gbps": GIB / best["read_torch"][0] / 1e9,
-                          "loadavg_1min": os.getloadavg()[0]}
-                if "read_native" in best:
-                    common["read_native_gbps"] = GIB / best["read_native"][0] / 1e9
-                if "sdpa" in best:
-                    common["sdpa_cpu_gbps"] = kv_bytes / best["sdpa"][0] / 1e9
-                for backend in backends:
-                    t, cpu = best[backend]
-                    row = {**common, "backend": backend, "time_s": t, "kv_gbps": kv_bytes / t / 1e9,
-                           "busy": cpu / (t * threads) if device.type == "cpu" else None}
-                    row["frac_copy"] = row["kv_gbps"] / copy_gbps
-                    row["frac_read"] = row["kv_gbps"] / read_gbps
-                    if "torch" in best and backend != "torch":
-                        row["vs_torch"] = best["torch"][0] / t
-                    rows.append(row)
-                    print(_format_row(row), flush=True)
+                cases = _decode_cases(q, k, v, n, backends, anchor=device.type == "cpu" and not args.no_anchor)
+                best = _measure_row(cases, rates, device, args.repeats, scratch.zero_)
+                common = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": n * per_token, "threads": threads}
+                rows += _row_values(best, backends, common, n * per_token, threads, device, rate_bytes)
+                print(f"{dname} B={batch} tokens={n}: done", file=sys.stderr, flush=True)
             k = v = q = None  # free this size's cache before the next one
-    return {
-        "benchmark": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
-        "command": "python -m treecoll.tools.bench_decode " + " ".join(sys.argv[1:]),
-        "device": str(device),
-        "machine": {"cpu": _cpu_model(), "threads": threads, "torch": torch.__version__,
-                    "python": platform.python_version(), "native": _native_isa(device)},
-        "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second; read_gbps = bytes summed "
-                 "per second",
-        "rows": rows,
-    }
+    return {"workload": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
+            "device": str(device), "threads": threads, "native": _native_isa(device), "rate_bytes": rate_bytes,
+            "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second; read_gbps = bytes "
+                     "summed per second",
+            "rows": rows}
 
 
-def _native_isa(device) -> str | None:
+def _native_isa(device: torch.device) -> str | None:
     if device.type != "cpu":
         return None
     from treecoll.attention.decode_native import native_status
@@ -194,41 +213,44 @@ def _wait_for_quiet(max_load: float, max_wait: float) -> None:
         time.sleep(5)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+HEADER = ["backend", "dtype", "B", "tokens", "KV", "time ms", "KV GB/s", "read GB/s", "%read", "copy GB/s", "%copy",
+          "vs torch", "sdpa GB/s", "busy", "load"]
+FORMATS = [None, None, None, None, None, ".2f", ".2f", ".2f", ".0f", ".2f", ".0f", ".2f", ".2f", ".2f", ".1f"]
 
 
-HEADER = (f"{'backend':7} {'dtype':5} {'B':>2} {'tokens':>7} {'KV MiB':>7} {'time ms':>8} {'KV GB/s':>8} "
-          f"{'read GB/s':>9} {'%read':>6} {'copy GB/s':>9} {'%copy':>6} {'vs torch':>8} {'sdpa GB/s':>9} "
-          f"{'busy':>5} {'load':>5}")
-
-
-def _format_row(r: dict) -> str:
+def table_row(r: dict[str, Any]) -> list[Any]:
+    """One JSON row as the cells of :data:`HEADER` (a skipped row: its reason in the ``KV`` column)."""
     if "skipped" in r:
-        return f"{'':7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} skipped: {r['skipped']}"
-    anchor = f"{r['sdpa_cpu_gbps']:9.2f}" if "sdpa_cpu_gbps" in r else f"{'-':>9}"
-    vs = f"{r['vs_torch']:7.2f}x" if "vs_torch" in r else f"{'-':>8}"
-    busy = f"{r['busy']:5.2f}" if r.get("busy") is not None else f"{'-':>5}"
-    return (f"{r['backend']:7} {r['dtype']:5} {r['batch']:>2} {r['tokens']:>7} {r['kv_bytes'] / 2**20:7.0f} "
-            f"{r['time_s'] * 1e3:8.2f} {r['kv_gbps']:8.2f} {r['read_gbps']:9.2f} {100 * r['frac_read']:5.0f}% "
-            f"{r['copy_gbps']:9.2f} {100 * r['frac_copy']:5.0f}% {vs} {anchor} {busy} {r['loadavg_1min']:5.1f}")
+        return ["-", r["dtype"], r["batch"], r["tokens"], f"skipped: {r['skipped']}"] + [None] * 10
+    return [r["backend"], r["dtype"], r["batch"], r["tokens"], fmt_bytes(r["kv_bytes"]), r["time_s"] * 1e3,
+            r["kv_gbps"], r["read_gbps"], 100 * r["frac_read"], r["copy_gbps"], 100 * r["frac_copy"],
+            r.get("vs_torch"), r.get("sdpa_cpu_gbps"), r.get("busy"), r["loadavg_1min"]]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _names(option: str, known: Sequence[str]) -> Callable[[str], list[str]]:
+    """argparse ``type=``: a comma list of names from ``known``."""
+    def parse(text: str) -> list[str]:
+        names = units.parse_list(text, what=option, error=units.UsageError)
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise units.UsageError(f"{option}: expected names in {sorted(known)}, got {bad}")
+        return names
+    return parse
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    bench = Benchmark("bench_decode", __doc__, repeats=3, json="out/bench_decode.json",
+                      quick="one small row (4096 tokens, B = 1, fp32, one round, 64 MiB rate buffer): "
+                            "checks that the script runs; not numbers to record",
+                      helps={"--repeats": "interleaved rounds per row, the best of them"})
+    p = bench.parser
     p.add_argument("--tokens", type=units.counts_arg("--tokens"),
                    default=[4096, 8192, 16384, 32768, 65536, 131072, 262144],
                    help="context lengths, comma-separated; k = 1e3 (default 4096 .. 262144, doubling)")
     p.add_argument("--batch", type=units.ints_arg("--batch"), default=[1, 8], help="batch sizes (default 1,8)")
-    p.add_argument("--dtypes", type=lambda s: units.parse_list(s, what="--dtypes", error=units.UsageError),
-                   default=["bf16", "fp32"], help=f"comma list of {', '.join(sorted(DTYPES))} (default bf16,fp32)")
-    p.add_argument("--backends", type=lambda s: units.parse_list(s, what="--backends", error=units.UsageError),
+    p.add_argument("--dtypes", type=_names("--dtypes", list(DTYPES)), default=["bf16", "fp32"],
+                   help=f"comma list of {', '.join(sorted(DTYPES))} (default bf16,fp32)")
+    p.add_argument("--backends", type=_names("--backends", list(attention.DECODE_BACKENDS)),
                    default=["native", "torch"],
                    help=f"CPU decode backends, side by side: {', '.join(sorted(attention.DECODE_BACKENDS))} "
                         f"(default native,torch)")
@@ -236,41 +258,32 @@ def main(argv=None) -> int:
                    help="torch device (default cuda when available, else cpu)")
     p.add_argument("--threads", type=units.int_arg("--threads", minimum=0), default=0,
                    help="torch threads, also the native kernel's (default: torch's choice)")
-    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=3,
-                   help="interleaved rounds per row, the best of them (default 3)")
     p.add_argument("--max-gib", type=float, default=4.0, help="largest KV cache (K+V) to allocate, GiB")
     p.add_argument("--flush-mib", type=units.int_arg("--flush-mib", minimum=0), default=1024,
                    help="cache-flush buffer written before each run")
+    p.add_argument("--rate-mib", type=units.int_arg("--rate-mib"), default=RATE_BYTES >> 20,
+                   help=f"buffer the copy and read rates are measured on (default {RATE_BYTES >> 20})")
     p.add_argument("--wait-load", type=float, default=0.0,
                    help="before each row, wait until the 1-min load average is below this (0: don't wait)")
     p.add_argument("--wait-max", type=units.seconds_arg("--wait-max"), default=300.0,
                    help="longest wait per row, seconds")
     p.add_argument("--no-anchor", action="store_true", help="skip torch's fused CPU SDPA anchor")
-    p.add_argument("--json", default="out/bench_decode.json", help="where to write the JSON results")
-    args = p.parse_args(argv)
-    bad = [d for d in args.dtypes if d not in DTYPES]
-    if bad:
-        print(f"ERROR: --dtypes: expected names in {sorted(DTYPES)}, got {bad}", file=sys.stderr)
-        return 1
-    bad = [b for b in args.backends if b not in attention.DECODE_BACKENDS]
-    if bad:
-        print(f"ERROR: --backends: expected names in {sorted(attention.DECODE_BACKENDS)}, got {bad}", file=sys.stderr)
-        return 1
+    args = bench.parse(argv)
+    if args.quick:  # the quick values replace the defaults, not what the command line gave
+        for dest, value in QUICK.items():
+            if getattr(args, dest) == p.get_default(dest):
+                setattr(args, dest, value)
     if "native" in args.backends and args.device == "cpu":
         from treecoll.attention.decode_native import native_status
 
         status = native_status()
         if not status["available"]:
-            print(f"ERROR: --backends native: {status['reason']}", file=sys.stderr)
-            return 1
+            raise units.UsageError(f"--backends native: {status['reason']}")
         print(f"native kernel: {status['isa']} ({status['library']})")
     print(f"device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
-    print(HEADER, flush=True)
     result = run(args)
-    path = Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    print(table([table_row(r) for r in result["rows"]], HEADER, formats=FORMATS))
+    bench.write_json(result, args.json)
     return 0
 
 

@@ -34,15 +34,16 @@ bytes / time, busbw = algbw * 2 (P - 1) / P (nccl-tests' definitions).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treecoll.tools import units
 from treecoll.tools.bench import emulated
@@ -52,12 +53,17 @@ from treecoll.tools.cli import script_main
 from treecoll.topo.errors import TreecollError
 from treecoll.topo.fmt import fmt_bytes
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from treecoll.collectives import Schedule
+    from treecoll.topo import Topology
+
 METHODS = ("gloo", "ring", "binomial", "two_level")
 DEFAULT_SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
 
 
 # ----------------------------------------------------------------------------- hooks into collectives
-def schedule_for(method: str, topology, nranks: int, nbytes: int):
+def schedule_for(method: str, topology: Topology, nranks: int, nbytes: int) -> Schedule:
     """The Schedule treecoll's executor runs for ``method`` at this size (same plan, same chunks:
     the planner's :meth:`~treecoll.collectives.planner.Planner.schedule_for`).
 
@@ -171,7 +177,7 @@ def _uplink_tx() -> int | None:
         return None
 
 
-def measure(rank: int, world: int, args) -> dict | None:
+def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     """One rank (:func:`treecoll.tools.bench.emulated.worker`): every size, the methods interleaved;
     rank 0 returns the rows."""
     import torch
@@ -257,7 +263,7 @@ def repetitions(nbytes: int, warmup_s: float, reps: int, budget_s: float) -> int
 
 
 # ----------------------------------------------------------------------------- driver
-def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args) -> dict:
+def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args: argparse.Namespace) -> dict:
     """One case of the JSON: rank 0's rows with bandwidths and the simulator's prediction added."""
     from treecoll.tools.emucluster import netns
 
@@ -370,7 +376,7 @@ def report(cases: list[dict]) -> tuple:
     return machine, summary, bound
 
 
-def draw(cases: list[dict], ax) -> None:
+def draw(cases: list[dict], ax: Axes) -> None:
     """Measured against predicted time (log-log), one marker per method and rate."""
     pts = [(r["predicted"], r["time"], r["method"], c["rate"]) for c in cases for r in c["rows"] if r["predicted"]]
     if pts:
@@ -399,7 +405,7 @@ def draw(cases: list[dict], ax) -> None:
     ax.set_title("allreduce on the emulated cluster (interleaved placement)")
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_emucluster", __doc__, repeats=3, json="bench_emucluster.json",
                       plot="bench_emucluster.png", aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
                       helps={"--repeats": "least repetitions for sizes >= 1 MiB (10 below)"})

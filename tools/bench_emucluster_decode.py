@@ -53,11 +53,13 @@ Units: seconds in JSON, ms in the table. Not a test.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from treecoll.tools import units
 from treecoll.tools.bench import emulated
@@ -65,6 +67,9 @@ from treecoll.tools.bench.emulated import load_topology
 from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
 from treecoll.tools.cli import script_main
 from treecoll.topo.fmt import fmt_bytes, table
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 METHODS = ("tree", "tree_blind", "gather", "auto", "ring", "allreduce3")
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B (its config.json on the Hugging Face hub)
@@ -83,7 +88,7 @@ def state_bytes(batch: int) -> int:
     return 4 * batch * Q_HEADS * (HEAD_DIM + 1)
 
 
-def cases_of(args) -> list[tuple[int, int]]:
+def cases_of(args: argparse.Namespace) -> list[tuple[int, int]]:
     """(batch, tokens) of every case: batch 1 at every ``--tokens``, larger batches at ``--batch-tokens``."""
     return [(b, n) for b in args.batches for n in (args.tokens if b == 1 else [args.batch_tokens])]
 
@@ -98,7 +103,7 @@ def uplink_tx_bytes(iface: str) -> int:
     raise emulated.Unavailable(f"/proc/net/dev: no interface {iface!r} in this namespace")
 
 
-def measure(rank: int, world: int, args) -> dict | None:
+def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     """One rank (:func:`treecoll.tools.bench.emulated.worker`): every case, compute and the methods
     interleaved, then the bytes each method sends across hosts; rank 0 returns the rows."""
     topo = load_topology(os.environ.get("TREECOLL_EMU_TOPOLOGY"))
@@ -186,7 +191,7 @@ def _tree(method: str, topology, world: int):
     return builders.build(BLIND_TREE, nranks=world)
 
 
-def payload_bytes(method: str, topology, world: int, batch: int) -> float | None:
+def payload_bytes(method: str, topology: Topology, world: int, batch: int) -> float | None:
     """Bytes the method's schedule sends from one host to another per step (None: not modelled):
     a tree's edges between hosts, up and down; gather's ring in rank order, ``world - 1`` steps."""
     host = [topology.host_of(g) for g in topology.rank_gpus()[:world]]
@@ -200,7 +205,7 @@ def payload_bytes(method: str, topology, world: int, batch: int) -> float | None
     return 2.0 * crossing * state_bytes(batch)
 
 
-def predict(method: str, topology, world: int, batch: int, tokens: int, compute: float) -> float:
+def predict(method: str, topology: Topology, world: int, batch: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds): the combines
     by :func:`treecoll.attention.cost.combine_times` as gloo runs them; ring as below."""
     from treecoll.attention.cost import combine_times
@@ -226,7 +231,7 @@ def predict(method: str, topology, world: int, batch: int, tokens: int, compute:
 
 
 # ----------------------------------------------------------------------------- driver
-def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args) -> dict:
+def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args: argparse.Namespace) -> dict:
     """One case of the JSON: rank 0's rows with the predictions added."""
     topology = load_topology(str(topo_path))
     rows = []
@@ -263,7 +268,7 @@ def print_table(cases: list[dict]) -> None:
           "max|diff| = largest output difference between methods")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     bench = Benchmark("bench_emucluster_decode", __doc__, repeats=2, json="bench_emucluster_decode.json",
                       aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
                       helps={"--repeats": "repetitions per method"})

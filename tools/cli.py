@@ -4,7 +4,7 @@ Adding a subcommand (``tree``, ``simulate``, ``decode``, ``emu``, ...)
 ----------------------------------------------------------------------
 Write a module exposing two functions and add ONE line to :data:`COMMANDS`::
 
-    def add_parser(subparsers) -> argparse.ArgumentParser:
+    def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         p = subparsers.add_parser("tree", help="...")   # may add its own sub-subparsers
         common_options(p)                               # --json / --debug after the command too
         ...
@@ -46,7 +46,7 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,8 @@ def subcommands(parser: argparse.ArgumentParser) -> list[str]:
             for name in a.choices]
 
 
-def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+def walk(parser: argparse.ArgumentParser,
+         path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every (sub)parser of ``parser`` with its command path: ``(("topo", "show"), parser)``, ..."""
     yield path, parser
     for a in parser._actions:
@@ -155,7 +156,7 @@ def output_path(path: str, option: str = "-o", *, inputs: Sequence[str | None] =
 
 
 @contextlib.contextmanager
-def atomic_output(path: str, option: str = "-o"):
+def atomic_output(path: str, option: str = "-o") -> Iterator[str]:
     """Yield a temporary path beside ``path`` (same suffix); when the block succeeds it
     replaces ``path``, else it is removed: a failed write never leaves ``path`` half written."""
     p = Path(path)

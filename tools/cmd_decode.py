@@ -49,7 +49,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 METHOD_ORDER = ("tree", "gather", "ring", "allreduce3")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from treecoll.tools import units
     from treecoll.tools.cli import common_options
     from treecoll.tools.resources import OVERSUBSCRIBE_HELP

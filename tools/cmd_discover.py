@@ -19,14 +19,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .cli import common_options, emit, output_path, write_output
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 __all__ = ["add_parser", "run", "discover_data", "hints_data", "render_discover", "render_hints"]
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     me = sys.modules[__name__]
     p = sub.add_parser("discover", help="discover this host (NVML, sysfs; CPU-only without a driver)",
                        description="discover this host's topology (NVML + sysfs, NCCL_TOPO_FILE if set)")
@@ -73,7 +77,7 @@ def _write(t, args) -> str | None:
     return None
 
 
-def discover_data(t, source: str, written: str | None) -> dict[str, Any]:
+def discover_data(t: Topology, source: str, written: str | None) -> dict[str, Any]:
     """Summary (``topo show``'s), the host matrix, discovery notes and the written file."""
     from .cmd_topo import matrix_data, show_data
     d = show_data(t, source)
@@ -98,7 +102,7 @@ def render_discover(d: dict[str, Any]) -> str:
     return out
 
 
-def hints_data(env=None) -> dict[str, Any]:
+def hints_data(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     from treecoll.topo.env import hints_report
     return hints_report(os.environ if env is None else env)
 

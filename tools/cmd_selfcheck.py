@@ -700,7 +700,7 @@ def _only(text: str) -> list[str]:
     return names
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("selfcheck", help="run every path on this machine (kernels, executor, tree_decode; "
                                                 "CUDA ones where there is a GPU) and report which work",
                               description=__doc__.split("\n\n")[0])

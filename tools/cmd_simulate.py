@@ -55,9 +55,11 @@ def _names(registry) -> str:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
+    from treecoll.collectives.cost import MODES
     from treecoll.collectives.sim.profiles import PROFILES
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
+    from treecoll.tools.cmd_tree import MODE_HELP
     p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology",
                               description="Predict collectives and decode steps on a topology you may not have "
                                           "(flow-level simulator, NCCL's model).")
@@ -88,6 +90,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default 8B:1GiB)")
     a.add_argument("--plot", default=None, metavar="OUT.png",
                    help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
+    a.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
     d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
              "Model one decode step's attention on the topology: tree attention (local attention + one "
              "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
@@ -106,6 +109,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"tree builder for tree attention: {_names(BUILDERS)} or kary:K (default two_level)")
     d.add_argument("--plot", default=None, metavar="OUT.png",
                    help=f"write a log-log time vs sequence length plot (needs matplotlib) {REPLACES}")
+    d.add_argument("--mode", choices=MODES, default="executor",
+                   help=MODE_HELP + "; applies to tree and ring (allreduce3 is NCCL's own)")
     lk = base("links", "the busiest links of one run",
               "Simulate one allreduce and list the links that carry the most bytes, and the bytes per link kind.")
     lk.add_argument("--algo", default="two_level", metavar="A",
@@ -139,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos)
         topology = _resolve(args)
-        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile)
+        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.mode)
         if plot:
             plot_allreduce(data, plot)
             data["plot"] = plot
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         topology = _resolve(args)
         shapes = [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
                               batch=args.batch, dtype=args.dtype) for n in args.seq_len]
-        data = decode_data(topology, shapes, args.ranks, args.tree, args.profile)
+        data = decode_data(topology, shapes, args.ranks, args.tree, args.profile, args.mode)
         if plot:
             plot_decode(data, plot)
             data["plot"] = plot
@@ -174,8 +179,8 @@ def _check_profile(profile: str | None) -> None:
     get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
-def _one(topology, algo: str, size: int, ranks, profile):
-    """(time s, busbw, algbw, label) of one algorithm at one size."""
+def _one(topology, algo: str, size: int, ranks, profile, mode: str = "executor"):
+    """(time s, busbw, algbw, label) of one algorithm at one size; treecoll's trees in ``mode``."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
     p = Placement(topology, ranks)
@@ -185,8 +190,34 @@ def _one(topology, algo: str, size: int, ranks, profile):
                    key=lambda r: r["time"])
         alg, bus = bandwidths("allreduce", size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
-    name = "double_binary" if algo == "tree" else algo
-    r = simulate_algorithm(p, name, size, profile=profile or "auto")
+    if algo in SIM_ALGOS:       # NCCL's own algorithms: as NCCL runs them
+        name = "double_binary" if algo == "tree" else algo
+        r = simulate_algorithm(p, name, size, profile=profile or "auto")
+        return r.time, r.busbw, r.algbw, r.profile
+    if mode == "executor" and algo == "auto":       # what collectives.allreduce(x) runs
+        return _auto_executor(p, size)
+    if mode == "executor":
+        from treecoll.collectives.sim.executor import predict_tree
+        r = predict_tree(p, algo, size, mode="executor")
+        return r.time, r.busbw, r.algbw, r.profile
+    r = simulate_algorithm(p, algo, size, profile=profile or "auto")
+    return r.time, r.busbw, r.algbw, r.profile
+
+
+def _auto_executor(p, size: int):
+    """(time s, busbw, algbw, label) of ``collectives.allreduce(x)`` with its defaults: the backend's
+    own allreduce where the planner prefers it (:meth:`treecoll.collectives.planner.Planner.prefer_native`),
+    else the planner's ``algo="auto"`` schedule as the executor runs it."""
+    from treecoll.collectives.cost import CostModel, backend_of
+    from treecoll.collectives.planner import default_planner, native_allreduce_time
+    from treecoll.collectives.sim.executor import predict_schedule
+    from treecoll.collectives.sim.simulator import bandwidths
+    backend = backend_of(p)
+    if default_planner().prefer_native(nbytes=size, placement=p, backend=backend):
+        t = native_allreduce_time(CostModel(p, backend=backend), size)
+        alg, bus = bandwidths("allreduce", size, p.nranks, t)
+        return t, bus, alg, f"{backend} all_reduce"
+    r = predict_schedule(p, None, size, algo="auto")
     return r.time, r.busbw, r.algbw, r.profile
 
 
@@ -204,7 +235,7 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
-def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
+def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str = "executor") -> dict[str, Any]:
     from treecoll.collectives.placement import Placement
     check_algos(algos)
     P = Placement(topology, ranks).nranks
@@ -215,17 +246,32 @@ def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str
         row = {"size": size, "algos": {}}
         for a in algos:
             _progress(k, total, f"{a} {size} B")
-            t, bus, alg, label = _one(topology, a, size, ranks, profile)
-            row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label}
+            t, bus, alg, label = _one(topology, a, size, ranks, profile, mode)
+            row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label,
+                               "mode": "in-kernel" if a in SIM_ALGOS else mode}
             k += 1
         rows.append(row)
     _progress(total, total, "")
+    from treecoll.collectives.cost import CostModel
+    cm = CostModel(Placement(topology, ranks))
     return {"topology": topology.name, "nranks": P, "collective": "allreduce", "algos": list(algos),
-            "profile": profile or "auto (fastest NCCL protocol)", "rows": rows}
+            "profile": profile or "auto (fastest NCCL protocol)", "mode": mode,
+            "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6}, "rows": rows}
 
 
 def render_allreduce(d: dict) -> str:
-    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks), profile {d['profile']}\n"
+    ours = [a for a in d["algos"] if a not in SIM_ALGOS]
+    nccl = [a for a in d["algos"] if a in SIM_ALGOS]
+    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks)\n"
+    if ours:
+        auto = "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster" \
+            if "auto" in ours else ""
+        how = (f"executor mode (treecoll's executor on {d['executor']['backend']}: "
+               f"{d['executor']['step_cost_us']:.1f} us per message{auto})" if d.get("mode", "executor") == "executor"
+               else f"in-kernel mode (inside NCCL, profile {d['profile']})")
+        head += f"# {', '.join(ours)}: {how}\n"
+    if nccl:
+        head += f"# {', '.join(nccl)}: NCCL's own, in-kernel; profile {d['profile']}\n"
     cols = "".join(f" | {a:^30}" for a in d["algos"])
     sub = "".join(f" | {'time(us)':>10} {'algbw':>9} {'busbw':>9}" for _ in d["algos"])
     lines = [head + f"{'':>12}{cols}", f"{'size (B)':>12}{sub}"]
@@ -270,18 +316,27 @@ def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) 
     plt.close(fig)
 
 
-def decode_data(topology, shapes, ranks=None, tree="two_level", profile=None) -> dict[str, Any]:
+def decode_data(topology, shapes, ranks=None, tree="two_level", profile=None, mode: str = "executor"
+                ) -> dict[str, Any]:
     from treecoll.attention.cost import decode_step
+    from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.placement import Placement
     runs = []
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
-        runs.append(decode_step(topology, s, ranks=ranks, tree=tree, profile=profile or "auto"))
+        runs.append(decode_step(topology, s, ranks=ranks, tree=tree, profile=profile or "auto", mode=mode))
     _progress(len(shapes), len(shapes), "")
-    return {"topology": topology.name, "tree": tree, "runs": runs}
+    cm = CostModel(Placement(topology, ranks))
+    return {"topology": topology.name, "tree": tree, "mode": mode,
+            "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6}, "runs": runs}
 
 
 def render_decode(d: dict) -> str:
-    lines = []
+    if d.get("mode", "executor") == "executor":
+        lines = [f"# tree and ring: executor mode (treecoll's executor on {d['executor']['backend']}: "
+                 f"{d['executor']['step_cost_us']:.1f} us per message); allreduce3: NCCL's own allreduce"]
+    else:
+        lines = ["# tree and ring: in-kernel mode (inside NCCL); allreduce3: NCCL's own allreduce"]
     for r in d["runs"]:
         s = r["shape"]
         lines.append(f"# decode step on {d['topology']}: {r['nranks']} GPUs ({r['hosts']} hosts), "
@@ -320,13 +375,15 @@ def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: in
                               "pick ring, tree, nvls or a builder name")
     r = simulate_algorithm(topology, name, size, ranks=ranks, profile=profile or "auto", top=top)
     return {"topology": topology.name, "algo": algo, "nranks": r.nranks, "size": size, "time_us": r.time * 1e6,
-            "busbw": r.busbw, "profile": r.profile, "kind_bytes": r.kind_bytes, "busiest": list(r.busiest),
+            "busbw": r.busbw, "profile": r.profile, "mode": "in-kernel", "kind_bytes": r.kind_bytes,
+            "busiest": list(r.busiest),
             "peak_scratch_max_bytes": max(r.peak_scratch, default=0.0)}
 
 
 def render_links(d: dict) -> str:
     lines = [f"# {d['algo']} allreduce of {d['size']} B on {d['topology']} ({d['nranks']} ranks): "
-             f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']})",
+             f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']}, in-kernel mode: as NCCL's "
+             f"kernels would run it)",
              "bytes per link kind: " + ", ".join(f"{k} {fmt_bytes(v, si=True)}" for k, v in d["kind_bytes"].items()),
              f"{'link':<44} {'kind':<7} {'bytes':>10} {'busy':>6}"]
     for b in d["busiest"]:

@@ -12,6 +12,8 @@ or ``default`` (the embedded 2-host DGX H100 cluster); see :func:`topo.resolve`.
 * ``topo export FILE --format yaml|json|dot [-o OUT]``: the explicit YAML form,
   JSON (:meth:`topo.Topology.to_dict`) or Graphviz DOT (a cluster per host).
 * ``topo draw FILE -o out.png [--max-hosts N]``: a picture (needs matplotlib).
+* ``topo probe``: measure the links of a running job against the topology
+  (:mod:`treecoll.tools.cmd_probe`, mounted from :data:`SUBMODULES`).
 
 Each command builds a plain dict (``--json`` prints it); the text view is a
 second renderer. More ``treecoll topo <x>`` subcommands: add a module to
@@ -36,7 +38,7 @@ __all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render
            "render_path", "endpoint", "SUBMODULES"]
 
 #: modules adding more ``treecoll topo`` subcommands (e.g. discovery); one line each
-SUBMODULES: list[str] = ["treecoll.tools.cmd_discover"]
+SUBMODULES: list[str] = ["treecoll.tools.cmd_discover", "treecoll.tools.cmd_probe"]
 
 SMI_LEGEND = [
     ("X", "Self"),
@@ -49,7 +51,7 @@ SMI_LEGEND = [
 ]
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("topo", help="inspect, discover and import cluster topologies",
                               description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
                                           "a shipped name (topologies/<name>.yaml) or 'default'.")
@@ -115,7 +117,7 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
     g = t.graph
     per_host = t.gpus_per_host()
     links: dict[str, dict[str, Any]] = {}
-    for a, b, d in g.edges(data=True):
+    for _, _, d in g.edges(data=True):
         e = links.setdefault(d["kind"], {"pairs": 0, "bw": [], "lat": []})
         e["pairs"] += 0.5
         e["bw"].append(d["bw"])

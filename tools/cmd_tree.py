@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Any
 
+from treecoll.collectives.cost import MODES
 from treecoll.collectives.tree_io import TREE_SUFFIXES
 from treecoll.topo.errors import MissingDependency, TreeError
 
@@ -45,6 +46,9 @@ MAX_BRUTE_RANKS = 9
 BRUTE_TREES = {"symmetry": "every rooted tree up to the topology's automorphisms (exhaustive)",
                "shapes": "one tree per shape (exhaustive where every rank is equivalent, e.g. one NVSwitch fabric)",
                "all": "every rooted labeled tree, P^(P-1) of them"}
+
+MODE_HELP = ("how treecoll's trees are predicted: executor (as treecoll's executor runs them, one isend/irecv "
+             "from Python per message; the default) or in-kernel (the same tree inside NCCL, its protocols)")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -72,6 +76,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--rails", choices=("auto", "yes", "no"),
                    help="two_level: one tree per NIC rail: auto, yes or no (default auto)")
     b.add_argument("-o", "--output", metavar="FILE", help=f"tree file to write (.yaml, .yml or .json) {REPLACES}")
+    b.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
     for name, help_, description in (
             ("show", "ASCII drawing with link kinds and predicted times",
              "Draw a tree file in ASCII; with --topology, each edge's link and the predicted times over the "
@@ -88,6 +93,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                        help="topology YAML file, shipped name or 'default'")
         q.add_argument("--bytes", default=1 << 20, type=units.size_arg("--bytes"), metavar="S",
                        help="message size for the predictions (default 1MiB)")
+        if name in ("show", "check"):
+            q.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
         if name == "check":
             q.add_argument("--ranks", type=units.int_arg("--ranks"), metavar="N",
                            help="the tree is meant for the first N ranks of the topology (default: every GPU; "
@@ -126,10 +133,14 @@ def _gpus(topology, n: int):
     return None if topology is None else resolve_gpus(topology, n)
 
 
-def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[str, Any]:
+def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None, mode: str = "executor") -> dict[str, Any]:
     """Plain data for a tree (or multitree) on an optional topology: edges with their
-    links, edge counts by class, predicted times."""
+    links, edge counts by class, predicted times in ``mode`` (``executor``: as treecoll's
+    executor runs the tree; ``in-kernel``: inside the communication library), by
+    :func:`treecoll.collectives.sim.executor.predict_tree`, what ``treecoll simulate`` prints."""
     from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim.executor import predict_tree
     from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
     from treecoll.collectives.tree import as_multi
     multi = as_multi(plan)
@@ -147,6 +158,8 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[st
                           "kinds": sorted(set(path.kinds)), "bw_GBps": path.bw, "lat_us": path.lat,
                           "inter_host": topology.host_of(gpus[c]) != topology.host_of(gpus[p])})
                 classes[path.nccl] += 1
+                if any("measured" in topology.link(a, b) for a, b in zip(path.nodes, path.nodes[1:])):
+                    e["measured"] = True   # a link on the route carries a probe's numbers (treecoll topo probe)
             elif hosts is not None:
                 e["inter_host"] = hosts[c] != hosts[p]
             edges.append(e)
@@ -164,12 +177,15 @@ def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None) -> dict[st
         data["edge_classes"] = dict(sorted(classes.items()))
         data["inter_host_edges"] = sum(e.get("inter_host", False) for t in trees for e in t["edges"])
         model = CostModel(topology, gpus)
-        pred = {}
+        pred = {"mode": mode, "backend": model.backend, "step_cost_us": model.executor.step_s * 1e6}
         for coll in ("reduce", "broadcast", "allreduce"):
             if coll != "allreduce" and len(set(multi.roots)) > 1:
                 continue
-            k, secs = model.best_nchunks(plan, nbytes, coll)
-            pred[coll] = {"time_us": secs * 1e6, "nchunks": k}
+            r = predict_tree(Placement(topology, gpus), plan, nbytes, collective=coll, mode=mode)
+            pred[coll] = {"time_us": r.time * 1e6, "nchunks": r.stats.get("chunks", 1)}
+        if mode == "executor":          # what the planner weighs (a test bounds its distance to the above)
+            k = pred["allreduce"]["nchunks"]
+            pred["cost_model_allreduce_us"] = model.tree_time(plan, nbytes, "allreduce", k) * 1e6
         pred["lower_bound_allreduce_us"] = model.lower_bound(nbytes, "allreduce") * 1e6
         try:
             pred["nccl"] = {a: {k: v for k, v in nccl_predict(topology, gpus, nbytes, a).items()
@@ -202,7 +218,8 @@ def render_tree(data: dict) -> str:
             e = by_child.get(r)
             if e and "nccl" in e:
                 tag = "NET" if e["inter_host"] else e["nccl"]
-                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us]"
+                mark = " measured" if e.get("measured") else ""
+                s += f"  [{tag} {'/'.join(e['kinds'])} {e['bw_GBps']:g} GB/s {e['lat_us']:g} us{mark}]"
             return s
 
         out.append(label(t["root"]))
@@ -222,19 +239,30 @@ def render_tree(data: dict) -> str:
     if p:
         parts = [f"{k} {v['time_us']:.1f} us ({v['nchunks']} chunks)" for k, v in p.items()
                  if isinstance(v, dict) and "nchunks" in v]
-        out.append(f"predicted by the cost model (collectives.cost) for {data['bytes']} B: " + ", ".join(parts))
-        out.append(f"allreduce lower bound {p['lower_bound_allreduce_us']:.1f} us")
+        out.append(f"predicted for {data['bytes']} B, {_mode_text(p)}: " + ", ".join(parts))
+        if "cost_model_allreduce_us" in p:
+            out.append(f"(the planner's cost model, collectives.cost: allreduce {p['cost_model_allreduce_us']:.1f} us)")
         if "nccl" in p:
-            out.append("NCCL model: " + ", ".join(f"{a} {v['proto']} {v['time_us']:.1f} us"
-                                                   for a, v in p["nccl"].items()))
+            out.append("NCCL's own allreduce (its tuning model): " + ", ".join(
+                f"{a} {v['proto']} {v['time_us']:.1f} us" for a, v in p["nccl"].items()))
+        out.append(f"allreduce lower bound {p['lower_bound_allreduce_us']:.1f} us (any algorithm above)")
     if data.get("output"):
         out.append(f"wrote {data['output']}")
     return "\n".join(out)
 
 
+def _mode_text(p: dict) -> str:
+    """How a prediction was made, as the commands print it."""
+    if p["mode"] == "executor":
+        return (f"executor mode (treecoll's executor on {p['backend']}: {p['step_cost_us']:.1f} us per message, "
+                f"flow simulation)")
+    return "in-kernel mode (the tree inside NCCL: its protocols and pipelining, flow simulation)"
+
+
 # ---------------------------------------------------------------------- commands
 def build_data(topology, builder: str, *, ranks: int | None = None, nbytes: int = 1 << 20,
-               intra: str | None = None, inter: str | None = None, rails: str | None = None):
+               intra: str | None = None, inter: str | None = None, rails: str | None = None,
+               mode: str = "executor"):
     """What ``tree build`` prints, as ``(plan, data)``: the tree of ``builder`` over the first
     ``ranks`` GPUs of ``topology`` (default all), built and predicted for ``nbytes``.
     ``rails`` is the command's ``auto`` / ``yes`` / ``no``."""
@@ -257,7 +285,7 @@ def build_data(topology, builder: str, *, ranks: int | None = None, nbytes: int 
         raise TreeError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), got {ranks}")
     n = ranks if ranks is not None else total
     plan = build(builder, topology, _gpus(topology, n), **opts)
-    data = tree_data(plan, topology, nbytes)
+    data = tree_data(plan, topology, nbytes, mode=mode)
     data["builder"] = builder
     return plan, data
 
@@ -268,7 +296,7 @@ def _build(args) -> dict:
         output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
     topology = _topology(args.topology)
     plan, data = build_data(topology, args.builder, ranks=args.ranks, nbytes=args.bytes, intra=args.intra,
-                            inter=args.inter, rails=args.rails)
+                            inter=args.inter, rails=args.rails, mode=args.mode)
     if args.output:
         hosts = [topology.host_of(g) for g in data["gpus"]]
         write_output(args.output, dumps_tree(plan, hosts=hosts, fmt=tree_format(args.output)))
@@ -290,12 +318,13 @@ def _show(args) -> dict:
                                  "schedule": {"name": g.schedule().name, "nchunks": g.schedule().nchunks}}
                                 for g in graphs]}
     f = _load(args)
-    return tree_data(f.plan, _topology(args.topology), args.bytes, hosts=f.hosts)
+    return tree_data(f.plan, _topology(args.topology), args.bytes, hosts=f.hosts, mode=args.mode)
 
 
 def _check(args) -> dict:
     from treecoll.collectives.builders import build
-    from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim.executor import predict_tree
     f = _load(args)
     topology = _topology(args.topology)
     nbytes = args.bytes
@@ -325,11 +354,10 @@ def _check(args) -> dict:
                 problems.append(f"rank {r}: file says host {h!r}, topology puts {g} on {topology.host_of(g)!r}")
                 if len(problems) > 8:
                     break
-    data = tree_data(f.plan, topology, nbytes)
-    model = CostModel(topology, gpus)
+    data = tree_data(f.plan, topology, nbytes, mode=args.mode)
     best = build("auto", topology, gpus, nbytes=nbytes, search=n <= 8)
-    mine = model.best_nchunks(f.plan, nbytes)[1]
-    theirs = model.best_nchunks(best, nbytes)[1]
+    mine = data["predicted"]["allreduce"]["time_us"] * 1e-6
+    theirs = predict_tree(Placement(topology, gpus), best, nbytes, mode=args.mode).time
     data.update({"file": args.file, "ok": not problems, "problems": problems, "topology_gpus": total,
                  "auto": {"name": best.name, "allreduce_us": theirs * 1e6},
                  "ratio_to_auto": mine / theirs if theirs > 0 else 1.0})

@@ -1,7 +1,8 @@
 """Demo steps of tree-attention decoding (appended to :data:`treecoll.tools.demo.STEPS`).
 
 1. the two-level tree on the embedded default topology (two DGX H100), as
-   ``treecoll tree build`` prints it (times from the alpha-beta cost model);
+   ``treecoll tree build`` prints it (times as treecoll's executor runs the tree:
+   :func:`treecoll.collectives.sim.executor.predict_tree`);
 2. one decode step there as ``treecoll simulate decode`` models it: tree
    attention (local attention plus the simulated allreduce of the packed
    state) versus Ring Attention (K/V shards passed around the ring);
@@ -15,6 +16,10 @@ number they show is the number the command prints.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 __all__ = ["STEPS", "DEMO_DECODE", "TREE_ARGV", "SIMULATE_ARGV", "tree_case", "simulate_case"]
 
@@ -35,14 +40,14 @@ SIMULATE_ARGV = ["simulate", "decode", "--topology", "default", "--seq-len", ","
                  "--heads", str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM)]
 
 
-def tree_case(topology) -> dict:
+def tree_case(topology: Topology) -> dict[str, Any]:
     """What ``treecoll`` :data:`TREE_ARGV` prints (``--json``): the tree tree attention reduces over."""
     from treecoll.tools.cmd_tree import build_data
 
     return build_data(topology, "two_level", nbytes=STATE_BYTES, rails="no")[1]
 
 
-def simulate_case(topology) -> dict:
+def simulate_case(topology: Topology) -> dict[str, Any]:
     """What ``treecoll`` :data:`SIMULATE_ARGV` prints (``--json``): one decode step, modelled."""
     from treecoll.attention.cost import DecodeShape
     from treecoll.tools.cmd_simulate import decode_data
@@ -73,9 +78,9 @@ def step_simulate(state: dict) -> None:
         tree, ring = r["methods"]["tree"], r["methods"]["ring"]
         print(f"{r['shape']['seq_len']:>9} {tree['time_s'] * 1e6:>15.1f} {tree['combine_s'] * 1e6:>18.1f} "
               f"{ring['time_s'] * 1e6:>15.1f} {r['speedup_tree_vs_ring']:>9.1f}x")
-    print(f"tree combine: the flow simulator's time for the two_level allreduce of the {STATE_BYTES} B packed "
-          f"state, whatever the context (the tree's times printed above are the alpha-beta cost model's, a "
-          f"different model); ring: every K/V shard visits every rank")
+    print(f"tree combine: the two_level allreduce of the {STATE_BYTES} B packed state as treecoll's executor "
+          f"runs it ({d['mode']} mode), whatever the context: the allreduce the tree above prints; ring: every "
+          f"K/V shard visits every rank")
 
 
 def step_decode(state: dict) -> None:

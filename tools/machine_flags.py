@@ -31,12 +31,13 @@ from treecoll.tools.units import UsageError, int_arg
 from treecoll.topo import machines
 from treecoll.topo.errors import TopologyError
 from treecoll.topo.machines import Machine, MachineFacts, MachineFlags
+from treecoll.topo.model import Topology
 
 __all__ = ["add_machine_flags", "machine_flags", "machine_from_args", "parse_machine_flags", "nic_arg", "gpu_arg",
            "describe"]
 
 
-def nic_arg(text: str):
+def nic_arg(text: str) -> machines.Nic:
     """argparse ``type=`` for ``--nic``: a :class:`~treecoll.topo.machines.Nic` or a one-line UsageError."""
     try:
         return machines.parse_nic(text)
@@ -54,7 +55,8 @@ def gpu_arg(text: str) -> str:
     return text
 
 
-def add_machine_flags(parser: argparse.ArgumentParser, *, topology_help: str | None = None):
+def add_machine_flags(parser: argparse.ArgumentParser, *,
+                      topology_help: str | None = None) -> argparse._ArgumentGroup:
     """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic`` (one group) to ``parser``."""
     g = parser.add_argument_group("machine", "the machine a run is on, where its file does not say it (flags win "
                                              "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic")
@@ -79,7 +81,8 @@ def machine_flags(args: argparse.Namespace) -> MachineFlags:
                         nic=getattr(args, "nic", None))
 
 
-def machine_from_args(args: argparse.Namespace, facts: MachineFacts | None = None):
+def machine_from_args(args: argparse.Namespace,
+                      facts: MachineFacts | None = None) -> tuple[Topology, Machine | None]:
     """``(Topology, Machine or None)`` for parsed ``args`` and what a file says
     (:func:`treecoll.topo.machines.machine_topology`)."""
     return machines.machine_topology(machine_flags(args), facts)
@@ -105,7 +108,7 @@ def parse_machine_flags(text: str) -> MachineFlags:
     return machine_flags(p.parse_args(words))
 
 
-def describe(machine: Machine | None, topology) -> str:
+def describe(machine: Machine | None, topology: Topology) -> str:
     """One line naming the machine a command used (for its output)."""
     if machine is None:
         return f"topology {topology.name or '(unnamed)'}: {len(topology.hosts())} hosts, {len(topology.gpus())} GPUs"

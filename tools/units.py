@@ -43,8 +43,12 @@ from collections.abc import Callable
 
 from treecoll.topo.errors import TreecollError
 
+#: the exception class a parser raises: TreecollError or a subclass (UsageError, CollectiveError ...)
+ErrorType = type[TreecollError]
+
 __all__ = ["parse_bytes", "parse_sizes", "parse_count", "parse_counts", "parse_int", "parse_seconds", "parse_list",
-           "parse_shapes", "positive", "size_arg", "sizes_arg", "count_arg", "counts_arg", "int_arg",
+           "parse_shapes", "parse_fraction", "fraction_arg", "positive", "size_arg", "sizes_arg", "count_arg",
+           "counts_arg", "int_arg",
            "ints_arg", "seconds_arg", "shapes_arg", "text_arg", "UsageError", "BYTE_UNITS", "COUNT_UNITS"]
 
 
@@ -79,18 +83,19 @@ def _parse(text, units: dict, what: str, example: str, error, minimum: int, unit
     return int(value)
 
 
-def parse_bytes(text, *, what: str = "size", error=TreecollError, minimum: int = 1) -> int:
+def parse_bytes(text: str | float, *, what: str = "size", error: ErrorType = TreecollError, minimum: int = 1) -> int:
     """Bytes in ``text`` (see the module docstring for units), at least ``minimum``;
     ``error`` is raised, naming ``what``, for anything else."""
     return _parse(text, BYTE_UNITS, what, _SIZE_EXAMPLE, error, minimum, " B")
 
 
-def parse_count(text, *, what: str = "count", binary: bool = False, error=TreecollError, minimum: int = 1) -> int:
+def parse_count(text: str | float, *, what: str = "count", binary: bool = False, error: ErrorType = TreecollError,
+                minimum: int = 1) -> int:
     """A count such as a sequence length: ``"128k"`` -> 128000 (``binary``: 131072), at least ``minimum``."""
     return _parse(text, _BINARY_COUNT_UNITS if binary else COUNT_UNITS, what, _COUNT_EXAMPLE, error, minimum, "")
 
 
-def parse_list(spec: str, *, what: str, kind: str = "names", error=TreecollError) -> list[str]:
+def parse_list(spec: str, *, what: str, kind: str = "names", error: ErrorType = TreecollError) -> list[str]:
     """The stripped items of a comma list (``"ring, tree"`` -> ``["ring", "tree"]``); an empty
     list, an empty item or an item given twice is an error naming ``what``."""
     items = [x.strip() for x in str(spec).split(",")]
@@ -104,7 +109,7 @@ def parse_list(spec: str, *, what: str, kind: str = "names", error=TreecollError
     return items
 
 
-def parse_sizes(spec: str, *, what: str = "sizes", error=TreecollError) -> list[int]:
+def parse_sizes(spec: str, *, what: str = "sizes", error: ErrorType = TreecollError) -> list[int]:
     """``"8B:1GiB"`` (every power of two from A to B, A doubling) or ``"1K,1MiB"`` (a list)."""
     if ":" in str(spec):
         a, b = (parse_bytes(x, what=what, error=error) for x in spec.split(":", 1))
@@ -118,13 +123,15 @@ def parse_sizes(spec: str, *, what: str = "sizes", error=TreecollError) -> list[
     return [parse_bytes(x, what=what, error=error) for x in parse_list(spec, what=what, kind="sizes", error=error)]
 
 
-def parse_counts(spec: str, *, what: str = "counts", binary: bool = False, error=TreecollError) -> list[int]:
+def parse_counts(spec: str, *, what: str = "counts", binary: bool = False,
+                 error: ErrorType = TreecollError) -> list[int]:
     """A comma list of counts (``"32k,1M"``), each as :func:`parse_count` reads it."""
     items = parse_list(spec, what=what, kind="counts", error=error)
     return [parse_count(x, what=what, binary=binary, error=error) for x in items]
 
 
-def positive(option: str, value, *, minimum: int = 1, maximum: int | None = None, error=None) -> None:
+def positive(option: str, value: float, *, minimum: int = 1, maximum: int | None = None,
+             error: ErrorType | None = None) -> None:
     """Raise :class:`UsageError` (or ``error``) unless ``minimum <= value <= maximum``:
     ``"--ranks: expected a positive integer, got 0"``."""
     error = error or UsageError
@@ -136,7 +143,8 @@ def positive(option: str, value, *, minimum: int = 1, maximum: int | None = None
         raise error(f"{option}: expected at most {maximum}, got {value}")
 
 
-def parse_int(text, *, what: str, minimum: int = 1, maximum: int | None = None, error=None) -> int:
+def parse_int(text: str | float, *, what: str, minimum: int = 1, maximum: int | None = None,
+              error: ErrorType | None = None) -> int:
     """A plain integer (no unit) in ``minimum..maximum``."""
     try:
         value = int(str(text).strip())
@@ -146,7 +154,7 @@ def parse_int(text, *, what: str, minimum: int = 1, maximum: int | None = None, 
     return value
 
 
-def parse_seconds(text, *, what: str, error=None) -> float:
+def parse_seconds(text: str | float, *, what: str, error: ErrorType | None = None) -> float:
     """A finite number of seconds > 0."""
     try:
         value = float(str(text).strip())
@@ -154,6 +162,25 @@ def parse_seconds(text, *, what: str, error=None) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise (error or UsageError)(f"{what}: expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_fraction(text: str | float, *, what: str, error: ErrorType | None = None) -> float:
+    """A fraction in (0, 1] (``0.7``): a share, a threshold.
+
+    >>> parse_fraction("0.7", what="--threshold")
+    0.7
+    >>> parse_fraction("70", what="--threshold")
+    Traceback (most recent call last):
+    ...
+    treecoll.tools.units.UsageError: --threshold: expected a fraction in (0, 1] such as 0.7, got '70'
+    """
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise (error or UsageError)(f"{what}: expected a fraction in (0, 1] such as 0.7, got {text!r}")
     return value
 
 
@@ -204,7 +231,7 @@ def text_arg(option: str, what: str = "a name") -> Callable[[str], str]:
     return _named(parse, "text")
 
 
-def parse_shapes(spec: str, *, what: str, error=None) -> list[tuple[int, int]]:
+def parse_shapes(spec: str, *, what: str, error: ErrorType | None = None) -> list[tuple[int, int]]:
     """A comma list of ``HOSTSxRANKS`` shapes: ``"2x2,2x3"`` -> ``[(2, 2), (2, 3)]``, both at least 1."""
     error = error or UsageError
     out = []
@@ -219,6 +246,11 @@ def parse_shapes(spec: str, *, what: str, error=None) -> list[tuple[int, int]]:
 def shapes_arg(option: str) -> Callable[[str], list[tuple[int, int]]]:
     """argparse ``type=`` for a comma list of ``HOSTSxRANKS`` (``--shapes 2x2,2x3``)."""
     return _named(lambda text: parse_shapes(text, what=option), "shapes")
+
+
+def fraction_arg(option: str) -> Callable[[str], float]:
+    """argparse ``type=`` for a fraction in (0, 1] (``--threshold 0.7``)."""
+    return _named(lambda text: parse_fraction(text, what=option), "fraction")
 
 
 def seconds_arg(option: str) -> Callable[[str], float]:

@@ -266,7 +266,7 @@ def _slurm_tree(g: nx.DiGraph, host_nics: list, addrs: list[list[str]]) -> None:
             names[sw] = f"{prefix.get(tier, 'core')}{k}" if tier < 2 or depth <= 3 else f"core{tier - 2}_{k}"
             g.add_node(names[sw], kind="net_switch", tier=tier, name=sw)
     below: dict[tuple[str, str], float] = {}
-    for (h, ns), a in zip(host_nics, addrs):
+    for (_, ns), a in zip(host_nics, addrs):
         for nic, _, bw in ns:
             _bi(g, nic, names[a[-1]], bw)
             for lo, hi in zip(a[1:][::-1], a[:-1][::-1]):

@@ -47,12 +47,15 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ._schema import YAML_LOADER
 from .errors import TopologyError
+
+if TYPE_CHECKING:
+    from .model import Topology
 
 __all__ = ["Fabric", "FABRICS", "Nic", "parse_nic", "MachineTemplate", "MACHINES", "GPU_VARIANTS", "UNNAMED",
            "GpuChoice", "resolve_gpu", "MachineFacts", "MachineFlags", "Machine", "resolve_machine",
@@ -417,7 +420,7 @@ class Machine:
             doc["network"] = {"type": "rail_optimized"}
         return doc
 
-    def topology(self):
+    def topology(self) -> Topology:
         """The :class:`~treecoll.topo.model.Topology`, through the compact YAML reader."""
         from .yaml_io import loads
         text = yaml.safe_dump(self.document(), sort_keys=False, default_flow_style=None)
@@ -494,7 +497,7 @@ def resolve_machine(flags: MachineFlags, facts: MachineFacts | None = None) -> M
     return Machine(choice.template, hosts, per, flags.nic, gpu, choice.overrides, tuple(notes))
 
 
-def machine_topology(flags: MachineFlags, facts: MachineFacts | None = None):
+def machine_topology(flags: MachineFlags, facts: MachineFacts | None = None) -> tuple[Topology, Machine | None]:
     """``(Topology, Machine or None)``: ``--topology`` as :func:`treecoll.topo.yaml_io.resolve` reads it, or the
     machine of :func:`resolve_machine` built (None for a topology given whole)."""
     if flags.topology is not None:

@@ -65,7 +65,8 @@ SHIPPED_DIR = FsPath(importlib.util.find_spec("treecoll.topologies").origin).par
 MACHINES_DIR = SHIPPED_DIR / "machines"
 TOP_KEYS = ("name", "meta", "templates", "hosts", "network", "nodes", "links")
 GROUP_KEYS = ("template", "count", "names")
-LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed")
+#: ``measured``: the date a probe measured the link's ``bw`` / ``lat`` (``treecoll topo probe -o``)
+LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed", "measured")
 #: attributes each node kind may carry in the explicit form (besides id, kind, host);
 #: keys starting with ``x_`` are free-form extensions kept as they are.
 NODE_ATTRS = {
@@ -519,6 +520,8 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
             attrs["lat"] = ld["lat"]
         if "count" in ld:
             attrs["count"] = doc.integer(ld["count"], (*p, "count"), minimum=1)
+        if "measured" in ld:
+            attrs["measured"] = doc.string(ld["measured"], (*p, "measured"))
         directed = ld.get("directed", False)
         if not isinstance(directed, bool):
             doc.fail((*p, "directed"), f"expected true or false, got {directed!r}")

@@ -242,8 +242,8 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
                        dtype: str = "float32", root: int = 0, top: int = 10, forward_lag: int = 0,
                        **opts: Any) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
-    (``two_level``, ``kary:4``, ...) on ``placement`` (a Placement, or a Topology with ``ranks``),
-    as NCCL's kernels run it.
+    (``two_level``, ``kary:4``, ...; or a Tree / MultiTree) on ``placement`` (a Placement, or a Topology
+    with ``ranks``), as NCCL's kernels run it.
 
     Trees are built for ``nbytes`` by :func:`treecoll.collectives.builders.build` and
     compiled by :func:`treecoll.collectives.compile.compile_plan` with ``nchunks``
@@ -257,8 +257,8 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
     concurrently (``lanes``; NCCL's ``runTreeSplit``). What treecoll's executor runs
     (its plan, its chunking, its in-order issue) is :func:`simulate_executor`.
     """
-    p = as_placement(placement, ranks, what=f"simulate {algo}")
-    topology, gpus = placed(p, what=f"simulate {algo}")
+    p = as_placement(placement, ranks, what=f"simulate {getattr(algo, 'name', algo)}")
+    topology, gpus = placed(p, what=f"simulate {getattr(algo, 'name', algo)}")
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
@@ -273,8 +273,12 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
         return best
     from .. import builders
     from .. import compile as compile_
-    tree = builders.build(algo, p, nbytes=nbytes, **opts) if algo.partition(":")[0] in (
-        "auto", "two_level") else builders.build(algo, p, **opts)
+    from ..tree import MultiTree, Tree
+    if isinstance(algo, (Tree, MultiTree)):     # a tree given as is: the in-kernel mode of a built tree
+        tree = algo
+    else:
+        tree = builders.build(algo, p, nbytes=nbytes, **opts) if algo.partition(":")[0] in (
+            "auto", "two_level") else builders.build(algo, p, **opts)
     want = nchunks if nchunks is not None else max(1, nbytes // NCCL_TREE_CHUNK_BYTES)
     k = want if nchunks is not None else _sim_chunks(want, len(gpus))
     rt = root if collective in ("reduce", "broadcast") else None

@@ -62,7 +62,7 @@ def test_tree_volume_does_not_grow_with_the_sequence(hosts):
 def test_simulated_volumes_and_times(P, kv_heads):
     topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
     s = DecodeShape(seq_len=64_000, heads=16, head_dim=128, kv_heads=kv_heads)
-    out = decode_step(topo, s, profile="ideal", tree="binomial")
+    out = decode_step(topo, s, profile="ideal", tree="binomial", mode="in-kernel")
     m = out["methods"]
     t = 64_000 // P                                  # tokens per GPU
     block = 2 * t * kv_heads * 128 * 2               # K and V of the shard, bf16 bytes
@@ -78,6 +78,13 @@ def test_simulated_volumes_and_times(P, kv_heads):
     step = 2e-6 + block / 100e9
     assert m["ring"]["step_transfer_s"] == pytest.approx(step, rel=1e-9)
     assert m["ring"]["time_s"] == pytest.approx(out["local_s"] + (P - 1) * max(out["local_s"], step), rel=1e-9)
+    # as treecoll runs it, every pass also costs an isend and an irecv from Python
+    from treecoll.collectives.cost import executor_cost
+    from treecoll.collectives.placement import Placement
+    ex = decode_step(topo, s, profile="ideal", tree="binomial", methods=("ring",))
+    o = executor_cost(Placement(topo, P)).step_s
+    assert ex["mode"] == "executor"
+    assert ex["methods"]["ring"]["step_transfer_s"] == pytest.approx(step + 2 * o, rel=1e-9)
     # tree: the fp32 state (out 16 x 128 and lse 16) goes up each edge once and down once
     state = 4 * 16 * (128 + 1)
     assert m["tree"]["sent_bytes_total"] == pytest.approx(2 * (P - 1) * state, rel=1e-12)

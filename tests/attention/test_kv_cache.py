@@ -46,7 +46,7 @@ def test_prefill_append_and_decode_equal_reference():
     for b in range(batch):  # sequence b's tokens: its prompt, then the new tokens
         full_k[b, :prompt[b]] = k[b, :prompt[b]]
         full_v[b, :prompt[b]] = v[b, :prompt[b]]
-    for step in range(new):
+    for _ in range(new):
         kn = torch.randn(batch, hkv, d, generator=g)
         vn = torch.randn(batch, hkv, d, generator=g)
         for b in range(batch):
@@ -102,7 +102,8 @@ def test_errors():
     with pytest.raises(AttentionError, match=r"layer: expected an int in \[0, 0\], got 1"):
         c.kv_len(1)
     c.truncate(0, [1])
-    with pytest.raises(AttentionError, match=r"truncate: lengths: expected at most the current lengths \[1\], got \[2\]"):
+    with pytest.raises(AttentionError,
+                       match=r"truncate: lengths: expected at most the current lengths \[1\], got \[2\]"):
         c.truncate(0, [2])
 
 

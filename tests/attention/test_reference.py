@@ -20,7 +20,8 @@ def test_matches_hand_computed_softmax():
 
 def test_default_scale_and_empty_sequence():
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 2, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+    q = torch.randn(2, 2, 4, generator=g)
+    k, v = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
     out, lse = reference(q, k, v, kv_len=[3, 0])
     assert torch.isneginf(lse[1]).all() and (out[1] == 0).all()
     s = torch.einsum("hd,nd->hn", q[0].double(), k[0, :, 0].double()) / 2.0  # 1/sqrt(4)

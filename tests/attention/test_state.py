@@ -1,4 +1,5 @@
 """Attention-state merge: identity, no NaN, commutativity, associativity, packing, LSE base."""
+import dataclasses
 import math
 
 import pytest
@@ -214,7 +215,9 @@ def test_pack_unpack_round_trip_and_views():
     assert torch.equal(o2, out) and torch.equal(l2, lse)
     o2.zero_()
     assert (buf[: 30] == 0).all()  # views, not copies
-    with pytest.raises(AttentionError, match=r"unpack_state: expected a 1-D float32 buffer of 36 elements \(batch=2, heads=3, head_dim=5\), got torch.float32 tensor of shape \(35,\)"):
+    with pytest.raises(AttentionError, match=r"unpack_state: expected a 1-D float32 buffer of 36 elements "
+                                             r"\(batch=2, heads=3, head_dim=5\), "
+                                             r"got torch.float32 tensor of shape \(35,\)"):
         unpack_state(buf[:35], 2, 3, 5)
 
 
@@ -230,7 +233,7 @@ def test_merge_packed_and_merge_op_match_merge():
     assert isinstance(tup, tuple) and torch.equal(tup[0], ref[0])
     assert torch.equal(op(op.identity(), pack_state(*a)), pack_state(*a))
     assert op.numel == 36 and op.commutative and hash(op) == hash(MergeOp(2, 3, 5))
-    with pytest.raises(Exception):  # frozen dataclass
+    with pytest.raises(dataclasses.FrozenInstanceError):
         op.batch = 3  # type: ignore[misc]
     with pytest.raises(AttentionError, match=r"MergeOp.heads: expected a positive int, got 0"):
         MergeOp(batch=1, heads=0, head_dim=4)

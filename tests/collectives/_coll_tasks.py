@@ -276,3 +276,35 @@ def sleep_on(rank: int, world: int, who: int, seconds: float, pid_dir: str) -> i
     if rank == who:
         time.sleep(seconds)
     return rank
+
+
+def native_choice(rank: int, world: int, sizes: list[int]) -> list[tuple]:
+    """Per size: (whether allreduce(x) with its defaults ran gloo's own all_reduce, whether the
+    planner prefers it, the result == the sum); then the same with an explicit tree and with a
+    user operator (never native)."""
+    from treecoll.collectives import group
+    from treecoll.collectives.planner import default_planner
+    calls = []
+    original = group.TorchTransport.native_allreduce
+
+    def counting(self, tensor, op, timeout):
+        calls.append(op.name)
+        return original(self, tensor, op, timeout)
+
+    group.TorchTransport.native_allreduce = counting
+    try:
+        out = []
+        for n in sizes:
+            x = torch.full((n // 4,), float(rank + 1))
+            before = len(calls)
+            y = allreduce(x)
+            want = float(world * (world + 1) // 2)
+            prefer = default_planner().prefer_native(nbytes=n, placement=Placement(ranks=world), backend="gloo")
+            out.append((n, len(calls) > before, prefer, bool((y == want).all())))
+        before = len(calls)
+        allreduce(torch.ones(1 << 18), tree="binomial")
+        allreduce(torch.ones(1 << 18), op=lambda a, b: a + b)
+        out.append(("explicit tree, user op", len(calls) > before, False, True))
+        return out
+    finally:
+        group.TorchTransport.native_allreduce = original

@@ -61,11 +61,19 @@ def test_tree_time_formulas():
     red = cm.reduce_cost(0, n)
     assert cm.tree_time(chain, n, "reduce") == pytest.approx(2 * (hop + red))
     assert cm.tree_time(chain, n, "broadcast") == pytest.approx(2 * hop)
-    # pipelining: K chunks -> first chunk's path + (K - 1) bottleneck stages
+    # pipelining: K chunks -> first chunk's path + (K - 1) bottleneck stages; in steady state a rank
+    # receives the next chunk while it reduces this one (posted ahead), so a stage is the longer of the
+    # two, the latency overlapping the previous chunk's transfer on the pair's connection
     k = 10
     m = n / k
-    stage = cm.p2p(1, 0, m) + cm.reduce_cost(0, m)
-    assert cm.tree_time(chain, n, "reduce", k) == pytest.approx(2 * stage + (k - 1) * stage)
+    first = cm.p2p(1, 0, m) + cm.reduce_cost(0, m)
+    stage = max(m / (cm.path(1, 0).bw * 1e9), cm.reduce_cost(0, m))
+    assert cm.tree_time(chain, n, "reduce", k) == pytest.approx(2 * first + (k - 1) * stage)
+    # a message costs its rank o: the leaf's send, the middle rank's receive (posted at once, in
+    # parallel with the leaf's send) and send, the root's receive
+    o = 1e-5
+    cmo = CostModel(nranks=3, msg_overhead=o)
+    assert cmo.tree_time(chain, 8, "reduce") == pytest.approx(2 * (o + cm.p2p(1, 0, 8) + cm.reduce_cost(0, 8)))
     assert cm.tree_time(chain, 64e6, "allreduce", 32) < cm.tree_time(chain, 64e6, "allreduce", 1)
     with pytest.raises(TreeError, match="collective expected one of"):
         cm.tree_time(chain, n, "scatter")

@@ -63,8 +63,13 @@ def test_a_tree_larger_than_the_topology(capsys, tmp_path):
 
 
 def test_build_names_the_model_of_its_predictions(capsys):
+    from treecoll.collectives.cost import EXECUTOR_COSTS
     rc, out, _ = run(capsys, "tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "4K")
-    assert rc == 0 and "predicted by the cost model (collectives.cost) for 4096 B: " in out
+    assert rc == 0 and ("predicted for 4096 B, executor mode (treecoll's executor on gloo: "
+                        f"{EXECUTOR_COSTS['gloo'].step_s * 1e6:.1f} us per message, flow simulation): ") in out
+    rc, out, _ = run(capsys, "tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "4K",
+                     "--mode", "in-kernel")
+    assert rc == 0 and "predicted for 4096 B, in-kernel mode (the tree inside NCCL" in out
     rc, _, err = run(capsys, "tree", "build", "--topology", "dgx-h100", "--builder", "chain", "--ranks", "9")
     assert (rc, err) == (1, "treecoll: error: --ranks: expected at most 8 (the GPUs of topology 'dgx-h100'), "
                             "got 9\n")
@@ -91,7 +96,9 @@ def test_bruteforce_symmetry_reduction_finds_the_least_of_every_tree(capsys):
             tree = Tree.from_parents(r["best_parents"])
             assert model.best_ordered(tree, r["bytes"])[2] * 1e6 == pytest.approx(r["brute_force_us"], rel=1e-12)
             assert r["gap_ns"] == pytest.approx((r["auto_us"] - r["brute_force_us"]) * 1e3, rel=1e-9, abs=1e-9)
-    assert rows["all"][0]["auto"] == "star" and rows["all"][0]["gap_ns"] == 0.0   # 8 B: auto's star is the best
+    # 8 B: latency bound, every message costing its rank the executor's o: a star's root handles its
+    # 2 (P - 1) = 6 messages in a row, a binomial tree's root 4; auto's binomial is the best
+    assert rows["all"][0]["auto"] == "binomial" and rows["all"][0]["gap_ns"] == 0.0
 
 
 def test_bruteforce_refuses_more_ranks_than_it_can_enumerate(capsys):

@@ -30,8 +30,8 @@ def default():
 def test_tree_section_is_tree_build(capsys, default):
     cli, out = _demo_and_cli(capsys, demo_decode.TREE_ARGV, demo_decode.tree_case, demo_decode.step_tree, default)
     p = cli["predicted"]
-    assert (f"predicted by the cost model (collectives.cost) for {demo_decode.STATE_BYTES} B: "
-            f"reduce {p['reduce']['time_us']:.1f} us") in out
+    assert (f"predicted for {demo_decode.STATE_BYTES} B, executor mode (treecoll's executor on nccl: "
+            f"{p['step_cost_us']:.1f} us per message, flow simulation): reduce {p['reduce']['time_us']:.1f} us") in out
     assert f"allreduce {p['allreduce']['time_us']:.1f} us" in out
 
 
@@ -44,8 +44,11 @@ def test_simulated_section_is_simulate_decode(capsys, default):
         assert row.split() == [str(r["shape"]["seq_len"]), f"{tree['time_s'] * 1e6:.1f}",
                                f"{tree['combine_s'] * 1e6:.1f}", f"{ring['time_s'] * 1e6:.1f}",
                                f"{r['speedup_tree_vs_ring']:.1f}x"]
-    # the same tree allreduce appears in both sections: each says which model it comes from
-    assert "flow simulator" in out and "alpha-beta cost model" in out
+    # the same tree allreduce appears in both sections, the same number
+    tree_cli = json.loads((main(list(demo_decode.TREE_ARGV) + ["--json"]), capsys.readouterr().out)[1])
+    assert all(r["methods"]["tree"]["combine_s"] * 1e6 == pytest.approx(tree_cli["predicted"]["allreduce"]["time_us"],
+                                                                       rel=1e-9) for r in cli["runs"])
+    assert "executor mode" in out
 
 
 def test_the_demo_decode_is_checked_like_the_command(monkeypatch):

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,22 @@ def test_parse_pair_rate():
         netns.parse_pair_rate("0-2=1gbit", 2)
     with pytest.raises(EmuClusterError, match=r"expected A-B=RATE"):
         netns.parse_pair_rate("0:1=1gbit", 2)
+
+
+def test_host_rate_parsing_and_topology():
+    assert netns.parse_host_rate("h2=100mbit", 4) == (2, 10**8)
+    with pytest.raises(EmuClusterError, match=r"--host-rate '4=1gbit': expected a host in 0\.\.3, got 4"):
+        netns.parse_host_rate("4=1gbit", 4)
+    with pytest.raises(EmuClusterError, match=r"--host-rate: expected H=RATE"):
+        netns.parse_host_rate("2:1gbit", 4)
+    s = netns.ClusterSpec("a", 3, 10**9, host_rates={2: 10**8})
+    assert [s.uplink_rate(h) for h in range(3)] == [10**9, 10**9, 10**8]
+    args = cli.build_parser().parse_args(["up", "--hosts", "4", "--host-rate", "2=100mbit"])
+    assert cli._host_rates(args) == {2: 10**8}
+    # the fault is the cluster's, not the model's: the link keeps --rate, meta records the host's rate
+    t = topology.build_topology(4, 1, 10**9, host_rates={2: 10**8})
+    assert t.link("h2/nic0", "sw0")["bw"] == t.link("h0/nic0", "sw0")["bw"]
+    assert t.meta["host_rates"] == {"2": 10**8}
 
 
 def test_spec_validation():
@@ -293,4 +310,38 @@ def test_shaped_rate_and_pair_link():
     assert low <= pair["gbit_s"] <= high, pair
     # loopback inside a host is not shaped: faster than any link shaped at 1gbit could be
     assert lo["gbit_s"] > 2.0, lo
+    assert _leftovers(cid) == []
+
+
+@needs_netns
+@pytest.mark.timeout(120)
+def test_probe_names_the_slow_host_and_the_tree_leaves_it_out(tmp_path):
+    """4 hosts at 1gbit, host 2 at 100mbit: the probe, run as the job, names h2 alone within 60 s
+    (the job's --timeout), and two_level on the calibrated topology keeps h2 out of the interior."""
+    from treecoll.collectives import builders
+    from treecoll.topo import yaml_io
+
+    cid = _cid("p")
+    out = tmp_path / "probed.yaml"
+    cmd = [sys.executable, "-m", "treecoll.tools.emucluster", "run", "--id", cid, "--hosts", "4",
+           "--ranks-per-host", "1", "--rate", "1gbit", "--host-rate", "2=100mbit", "--timeout", "60", "--",
+           sys.executable, "-m", "treecoll.tools.cli", "topo", "probe", "--json", "-o", str(out)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=110)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert time.monotonic() - t0 < 75          # the job's own 60 s plus making and removing the cluster
+    r = json.loads(p.stdout)
+    assert set(r) == {"pairs", "slow", "summary"}
+    assert r["summary"]["slow_hosts"] == ["h2"] and r["summary"]["slow_nics"] == ["h2/nic0"]
+    (slow,) = r["slow"]
+    assert (slow["a"], slow["b"]) == ("h2/nic0", "sw0")
+    # 100 Mbit/s of payload is a tenth of the modelled 1 Gbit/s one (0.1196 GB/s): well below 70 %
+    assert slow["expected_gbps"] == pytest.approx(0.125 * 1448 / 1514, rel=1e-5)
+    assert slow["measured_gbps"] < 0.25 * slow["expected_gbps"]
+    probed = yaml_io.load(out)
+    assert probed.link("sw0", "h2/nic0")["bw"] < 0.25 * probed.link("sw0", "h0/nic0")["bw"]
+    assert probed.link("sw0", "h2/nic0")["measured"]
+    gpus = probed.rank_gpus()
+    tree = builders.two_level(probed, gpus, 4, rails=False)
+    assert not [r for r, p in enumerate(tree.parents) if p != -1 and probed.host_of(gpus[p]) == "h2"], tree
     assert _leftovers(cid) == []

@@ -93,7 +93,8 @@ FULL = """<system version="1">
         </gpu>
       </pci>
       <pci busid="0000:1a:00.0" class="0x020700" link_speed="32.0 GT/s PCIe" link_width="16">
-        <nic><net name="mlx5_0" dev="0" speed="400000" port="1" latency="0.000000" guid="0xa87c" maxconn="131072" gdr="1" rail="0"/></nic>
+        <nic><net name="mlx5_0" dev="0" speed="400000" port="1"
+                   latency="0.000000" guid="0xa87c" maxconn="131072" gdr="1" rail="0"/></nic>
       </pci>
       <pcilink target="0000:17:00.0"/>
     </pci>
@@ -111,11 +112,13 @@ def test_full_dump_switches_c2c_unknown_attrs_and_multi_host():
     t = import_xml(FULL, host="n")
     assert t.hosts() == ("n-0", "n-1")  # two host_hash values: a multi-host (MNNVL) dump
     assert [t.link("n-0/gpu0", f"n-0/nvswitch{k}")["count"] for k in (0, 1)] == [5, 13]
-    assert t.path("n-0/gpu0", "n-0/gpu1").smi == "NV18" and t.path("n-0/gpu0", "n-0/gpu1").bw == pytest.approx(18 * 20.6)
+    path01 = t.path("n-0/gpu0", "n-0/gpu1")
+    assert path01.smi == "NV18" and path01.bw == pytest.approx(18 * 20.6)
     assert t.link("n-0/gpu1", "n-0/cpu0")["bw"] == 225.0 and t.link("n-0/gpu1", "n-0/cpu0")["count"] == 10
     assert t.node("n-1/nvswitch0")["assumed"] is True and t.node("n-1/cpu0")["numa"] == 0
     sw = t.node("n-0/pcisw0")
-    assert sw["x_nccl"]["pci"]["foo"] == "bar" and sw["x_nccl"]["children"] == [{"tag": "pcilink", "target": "0000:17:00.0"}]
+    assert sw["x_nccl"]["pci"]["foo"] == "bar"
+    assert sw["x_nccl"]["children"] == [{"tag": "pcilink", "target": "0000:17:00.0"}]
     assert t.node("n-0/nic0")["x_nccl"]["net"]["guid"] == "0xa87c" and t.node("n-0/nic0")["rail"] == 0
     out = export_xml(t, host="n-1")
     assert 'numaid="-1"' in out and 'target="fffffff:ff:ff.0"' in out
@@ -152,7 +155,8 @@ def test_export_of_a_yaml_topology_is_readable_again():
     back = import_xml(text, host="h0")
     assert len(back.gpus()) == 8 and len(back.nics()) == 8
     assert back.path("h0/gpu0", "h0/gpu5").smi == "NV18"
-    assert cpulist_to_mask("0-55,112-167").endswith("00ffffff,ffffffff") and mask_to_cpulist(cpulist_to_mask("3,9-11")) == "3,9-11"
+    assert cpulist_to_mask("0-55,112-167").endswith("00ffffff,ffffffff")
+    assert mask_to_cpulist(cpulist_to_mask("3,9-11")) == "3,9-11"
 
 
 @pytest.mark.parametrize("bad, msg", [
@@ -191,30 +195,32 @@ def test_graph_file_parses_to_plain_data():
 # Excerpt (attributes shortened) of the structure of aliyun/SimAI SimCCL/test/topo_8A100_4CX6.xml, an
 # 8x A100 HGX NCCL dump: three levels of Broadcom PEX bridges above each GPU, a bonded NIC straight
 # under the CPU, another beside GPU1 one level down.
-SIMAI = """<system version="1">
-  <cpu numaid="0" affinity="00000000,ffffffff,00000000,ffffffff" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="106">
+# every GPU: two NVLinks to each of the six NVSwitches
+A100_NVLINKS = "\n".join(f'              <nvlink target="0000:{bus}:00.0" count="2" tclass="0x068000"/>'
+                         for bus in ("c3", "c0", "c2", "c5", "c1", "c4"))
+SIMAI = f"""<system version="1">
+  <cpu numaid="0" affinity="00000000,ffffffff,00000000,ffffffff"
+       arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="106">
     <pci busid="0000:06:00.0" class="0x020000" link_speed="16 GT/s" link_width="16">
       <nic><net name="mlx5_bond_0" dev="0" speed="200000" port="1" gdr="1"/></nic>
     </pci>
     <pci busid="0000:0c:00.0" class="0x060400" vendor="0x1000" device="0xc010" link_speed="16 GT/s" link_width="16">
       <pci busid="0000:0e:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
         <pci busid="0000:11:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
-          <pci busid="0000:13:00.0" class="0x030200" vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
+          <pci busid="0000:13:00.0" class="0x030200"
+               vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
             <gpu dev="0" sm="80" rank="0" gdr="1">
-              <nvlink target="0000:c3:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c0:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c2:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c5:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c1:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c4:00.0" count="2" tclass="0x068000"/>
+{A100_NVLINKS}
             </gpu>
           </pci>
         </pci>
       </pci>
       <pci busid="0000:15:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
         <pci busid="0000:17:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
-          <pci busid="0000:19:00.0" class="0x030200" vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
+          <pci busid="0000:19:00.0" class="0x030200"
+               vendor="0x10de" device="0x20b2" link_speed="16 GT/s" link_width="16">
             <gpu dev="1" sm="80" rank="1" gdr="1">
-              <nvlink target="0000:c3:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c0:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c2:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c5:00.0" count="2" tclass="0x068000"/>
-              <nvlink target="0000:c1:00.0" count="2" tclass="0x068000"/><nvlink target="0000:c4:00.0" count="2" tclass="0x068000"/>
+{A100_NVLINKS}
             </gpu>
           </pci>
         </pci>

@@ -22,7 +22,8 @@ import pynvml as _real
 
 RECORDINGS = Path(__file__).with_name("recordings")
 _ERR = {"invalid_argument": _real.NVML_ERROR_INVALID_ARGUMENT, "not_supported": _real.NVML_ERROR_NOT_SUPPORTED,
-        "driver_not_loaded": _real.NVML_ERROR_DRIVER_NOT_LOADED, "library_not_found": _real.NVML_ERROR_LIBRARY_NOT_FOUND}
+        "driver_not_loaded": _real.NVML_ERROR_DRIVER_NOT_LOADED,
+        "library_not_found": _real.NVML_ERROR_LIBRARY_NOT_FOUND}
 
 
 def load(name: str) -> dict:

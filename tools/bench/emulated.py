@@ -26,12 +26,15 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treecoll.tools import units
 from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
+
+if TYPE_CHECKING:
+    from treecoll.topo import Topology
 
 __all__ = ["Unavailable", "load_topology", "add_options", "parse_methods", "ready", "cases", "worker"]
 
@@ -40,7 +43,7 @@ class Unavailable(Exception):
     """A method or prediction that cannot run (the reason is recorded in the JSON)."""
 
 
-def load_topology(path: str | None):
+def load_topology(path: str | None) -> Topology:
     """The emulated cluster's Topology from its YAML (``TREECOLL_EMU_TOPOLOGY`` in a rank)."""
     if not path:
         raise Unavailable("no topology YAML (TREECOLL_EMU_TOPOLOGY unset)")
@@ -91,11 +94,12 @@ def ready(args: argparse.Namespace, per_process_bytes: Callable[[int, int], int]
     return None if ok else why
 
 
-def cases(benchmark: str, args: argparse.Namespace, worker_argv: Sequence[str]) \
-        -> Iterator[tuple[int, int, str, dict, Path]]:
+def cases(benchmark: str, args: argparse.Namespace, worker_argv: Sequence[str],
+          host_rates: Mapping[int, int] | None = None) -> Iterator[tuple[int, int, str, dict, Path]]:
     """Run ``benchmark``'s ranks on a cluster of every shape and rate; yields ``(hosts,
     ranks_per_host, rate, rank 0's result, the cluster's Topology YAML path)`` (the YAML is
-    removed after the last case). A failing case raises, naming the rank."""
+    removed after the last case). ``host_rates``: hosts whose uplink runs at another rate
+    (``treecoll emu run --host-rate``). A failing case raises, naming the rank."""
     from treecoll.tools.emucluster import netns, runner
     from treecoll.tools.emucluster.netns import EmuClusterError
 
@@ -109,7 +113,7 @@ def cases(benchmark: str, args: argparse.Namespace, worker_argv: Sequence[str]) 
                        "--op-timeout", str(args.op_timeout), *worker_argv]
                 res = runner.run(cmd, hosts=hosts, ranks_per_host=rph, placement_mode=args.placement,
                                  rate_bps=netns.parse_rate(rate), timeout=args.timeout, topology_out=str(topo_path),
-                                 tag_output=True)
+                                 tag_output=True, host_rates={h: r for h, r in (host_rates or {}).items() if h < hosts})
                 if res.returncode != 0:
                     raise EmuClusterError(f"{benchmark} {tag}: expected every rank to exit 0, got exit "
                                           f"{res.returncode} (rank {res.failed_rank})"

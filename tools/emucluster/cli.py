@@ -55,6 +55,10 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
                    "kbit, mbit, gbit; default 1gbit)")
     p.add_argument("--pair-rate", action="append", default=[], metavar="A-B=RATE",
                    help="a direct link between hosts A and B at RATE (repeatable), e.g. 0-1=100mbit")
+    p.add_argument("--host-rate", action="append", default=[], metavar="H=RATE",
+                   help="host H's uplink at RATE instead of --rate (repeatable), e.g. 2=100mbit: a slow NIC the "
+                        "topology YAML does not know (it keeps --rate and lists the host under meta.host_rates), "
+                        "as a NIC that trained at a lower speed; what `treecoll topo probe` finds")
     p.add_argument("--placement", choices=PLACEMENTS, default="blocked",
                    help="rank placement: blocked (0,1 | 2,3) or interleaved (0,2 | 1,3)")
     p.add_argument("--topology-out", metavar="FILE.yaml", help=f"write the matching Topology YAML here {REPLACES}")
@@ -132,6 +136,10 @@ def _pair_rates(args) -> dict[tuple[int, int], int]:
     return out
 
 
+def _host_rates(args) -> dict[int, int]:
+    return dict(netns.parse_host_rate(text, args.hosts) for text in args.host_rate)
+
+
 def _check_topology_out(args) -> None:
     if args.topology_out:
         output_path(args.topology_out, "--topology-out", suffixes=(".yaml", ".yml"))
@@ -139,7 +147,8 @@ def _check_topology_out(args) -> None:
 
 def _cmd_up(args) -> tuple[dict, int]:
     _check_topology_out(args)
-    spec = netns.ClusterSpec(args.id, args.hosts, netns.parse_rate(args.rate, "--rate"), _pair_rates(args))
+    spec = netns.ClusterSpec(args.id, args.hosts, netns.parse_rate(args.rate, "--rate"), _pair_rates(args),
+                             _host_rates(args))
     state = netns.create(spec, extra={"ranks_per_host": args.ranks_per_host})
     try:
         out: dict[str, Any] = {"cluster": state}
@@ -155,7 +164,7 @@ def _cmd_up(args) -> tuple[dict, int]:
         if args.topology_out:
             topo = build_topology(spec.hosts, args.ranks_per_host, spec.rate_bps, pair_rates=spec.pair_rates,
                                   placement_mode=args.placement, name=f"emu-{spec.hosts}x{args.ranks_per_host}",
-                                  meta={"cluster_id": spec.cid}, **kw)
+                                  meta={"cluster_id": spec.cid}, host_rates=spec.host_rates, **kw)
             out["topology"] = str(save_topology(topo, args.topology_out))
     except BaseException:
         netns.destroy(spec.cid)
@@ -193,7 +202,7 @@ def _cmd_run(args) -> tuple[dict, int]:
                     oversubscribe=args.oversubscribe)
     res = runner.run(command, hosts=args.hosts, ranks_per_host=args.ranks_per_host,
                      placement_mode=args.placement, rate_bps=netns.parse_rate(args.rate, "--rate"),
-                     pair_rates=_pair_rates(args), cid=args.id, timeout=args.timeout,
+                     pair_rates=_pair_rates(args), host_rates=_host_rates(args), cid=args.id, timeout=args.timeout,
                      topology_out=args.topology_out, tag_output=args.tag_output)
     out = {"returncode": res.returncode, "returncodes": list(res.returncodes), "failed_rank": res.failed_rank,
            "timed_out": res.timed_out, "seconds": round(res.seconds, 3), "cluster_id": res.cluster_id}
@@ -207,7 +216,8 @@ def _text(cmd: str, out: dict) -> str:
     if cmd == "up":
         c = out["cluster"]
         lines = [f"cluster {c['id']}: {c['hosts']} hosts at {c['rate']} per uplink"
-                 + (f", pairs {c['pair_rates']}" if c["pair_rates"] else "")]
+                 + (f", pairs {c['pair_rates']}" if c["pair_rates"] else "")
+                 + (f", hosts {c['host_rates']}" if c.get("host_rates") else "")]
         lines += [f"  h{i}: namespace {netns.ns_name(c['id'], i)}, {c['uplink']} {a}"
                   for i, a in enumerate(c["addresses"])]
         if "measured" in out:

@@ -19,6 +19,8 @@ Layout of cluster ``<id>`` with H hosts (all names carry the prefix ``tcemu-<id>
 * shaping: ``tc qdisc ... tbf`` at the configured rate on the egress of both
   ends of every uplink (``emu0`` in the host, ``p<i>`` in the switch), so both
   directions of the host-switch link are limited.
+* ``--host-rate H=RATE`` shapes host H's uplink (both ends) at RATE instead
+  of the cluster's rate: one slow NIC or cable.
 * ``--pair-rate A-B=RATE`` adds a direct veth ``to-h<B>`` / ``to-h<A>`` between
   the two hosts, shaped at RATE on both ends, with a /32 route to the peer's
   address through it: traffic between A and B then bypasses the switch.
@@ -51,7 +53,7 @@ from treecoll.topo.errors import TreecollError
 
 __all__ = [
     "EmuClusterError", "PREFIX", "UPLINK", "SUBNET", "ClusterSpec", "parse_rate", "format_rate",
-    "parse_pair_rate", "check_prerequisites", "namespaces_available", "create", "destroy",
+    "parse_pair_rate", "parse_host_rate", "check_prerequisites", "namespaces_available", "create", "destroy",
     "destroy_all", "sweep_stale", "load_state", "list_states", "status", "ns_name", "host_addr",
     "state_dir",
 ]
@@ -113,15 +115,32 @@ def parse_pair_rate(text: str, hosts: int) -> tuple[tuple[int, int], int]:
     return (min(a, b), max(a, b)), parse_rate(m.group(3), f"--pair-rate {text!r}")
 
 
+def parse_host_rate(text: str, hosts: int) -> tuple[int, int]:
+    """``"2=100mbit"`` or ``"h2=100mbit"`` -> (2, 100_000_000).
+
+    >>> parse_host_rate("h2=100mbit", 4)
+    (2, 100000000)
+    """
+    m = re.match(r"^\s*h?(\d+)\s*=\s*(.+)$", text)
+    if not m:
+        raise EmuClusterError(f"--host-rate: expected H=RATE (e.g. 2=100mbit), got {text!r}")
+    h = int(m.group(1))
+    if not 0 <= h < hosts:
+        raise EmuClusterError(f"--host-rate {text!r}: expected a host in 0..{hosts - 1}, got {h}")
+    return h, parse_rate(m.group(2), f"--host-rate {text!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
     """What to build: ``hosts`` namespaces, uplinks shaped at ``rate_bps`` (bits/s),
-    optional direct host pairs ``pair_rates`` {(a, b): bits/s} with a < b."""
+    optional direct host pairs ``pair_rates`` {(a, b): bits/s} with a < b, optional
+    uplinks at their own rate ``host_rates`` {host: bits/s}."""
 
     cid: str
     hosts: int
     rate_bps: int = 10**9
     pair_rates: Mapping[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    host_rates: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.cid, str) or not _ID_RE.match(self.cid):
@@ -133,7 +152,16 @@ class ClusterSpec:
             if not (0 <= a < b < self.hosts):
                 raise EmuClusterError(f"--pair-rate {a}-{b}: expected hosts a < b in 0..{self.hosts - 1}")
             parse_rate(r, f"--pair-rate {a}-{b}")
+        for h, r in self.host_rates.items():
+            if not (isinstance(h, int) and 0 <= h < self.hosts):
+                raise EmuClusterError(f"--host-rate {h}: expected a host in 0..{self.hosts - 1}")
+            parse_rate(r, f"--host-rate {h}")
         object.__setattr__(self, "pair_rates", dict(sorted(self.pair_rates.items())))
+        object.__setattr__(self, "host_rates", dict(sorted(self.host_rates.items())))
+
+    def uplink_rate(self, host: int) -> int:
+        """Bits/s of host ``host``'s uplink: its ``host_rates`` entry, else ``rate_bps``."""
+        return self.host_rates.get(host, self.rate_bps)
 
 
 def ns_name(cid: str, host: int | str) -> str:
@@ -289,6 +317,7 @@ def create(spec: ClusterSpec, *, owner_pid: int | None = None, extra: Mapping[st
     state = {
         "id": spec.cid, "hosts": spec.hosts, "rate_bps": spec.rate_bps, "rate": format_rate(spec.rate_bps),
         "pair_rates": {f"{a}-{b}": r for (a, b), r in spec.pair_rates.items()},
+        "host_rates": {str(h): r for h, r in spec.host_rates.items()},
         "namespaces": hosts + [sw], "switch": sw, "uplink": UPLINK,
         "addresses": [host_addr(i) for i in range(spec.hosts)],
         "owner_pid": os.getpid(), "status": "creating", "created": time.time(), **dict(extra or {}),
@@ -310,8 +339,8 @@ def create(spec: ClusterSpec, *, owner_pid: int | None = None, extra: Mapping[st
             _run(["ip", "-n", sw, "link", "set", port, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{host_addr(i)}/24", "dev", UPLINK])
             _run(["ip", "-n", ns, "link", "set", UPLINK, "up"])
-            _run(_tbf(ns, UPLINK, spec.rate_bps))
-            _run(_tbf(sw, port, spec.rate_bps))
+            _run(_tbf(ns, UPLINK, spec.uplink_rate(i)))
+            _run(_tbf(sw, port, spec.uplink_rate(i)))
         for (a, b), rate in spec.pair_rates.items():
             da, db = f"to-h{b}", f"to-h{a}"
             _run(["ip", "link", "add", "name", da, "netns", hosts[a], "type", "veth",

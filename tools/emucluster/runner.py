@@ -131,12 +131,13 @@ def _raise_terminated(signum, _frame):
 
 def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mode: str = "blocked",
         rate_bps: int = 10**9, pair_rates: Mapping[tuple[int, int], int] | None = None,
+        host_rates: Mapping[int, int] | None = None,
         cid: str | None = None, timeout: float | None = None, topology_out: str | None = None,
         **launch_kw) -> RunResult:
     """Bring a cluster up (or use cluster ``cid`` when it is up), run the job, tear down what was made.
 
     With an existing cluster, ``hosts`` must not exceed its hosts and its
-    rate is kept (``rate_bps``/``pair_rates`` are ignored). The Topology YAML
+    rate is kept (``rate_bps``/``pair_rates``/``host_rates`` are ignored). The Topology YAML
     is written to ``topology_out`` (default: a file in the state directory,
     removed afterwards) and exported to the ranks as TREECOLL_EMU_TOPOLOGY.
     """
@@ -154,7 +155,8 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
             old[s] = signal.signal(s, _raise_terminated)
     try:
         if created:
-            spec = netns.ClusterSpec(cid or secrets.token_hex(3), hosts, rate_bps, dict(pair_rates or {}))
+            spec = netns.ClusterSpec(cid or secrets.token_hex(3), hosts, rate_bps, dict(pair_rates or {}),
+                                     dict(host_rates or {}))
             state = netns.create(spec, owner_pid=os.getpid())
         state = dict(state, hosts=hosts, addresses=state["addresses"][:hosts])
         if not topology_out:
@@ -163,6 +165,7 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
         pr = {tuple(int(x) for x in k.split("-")): v for k, v in state.get("pair_rates", {}).items()}
         topo = build_topology(hosts, ranks_per_host, state["rate_bps"],
                               pair_rates={k: v for k, v in pr.items() if max(k) < hosts},
+                              host_rates={int(k): v for k, v in state.get("host_rates", {}).items() if int(k) < hosts},
                               placement_mode=placement_mode, meta={"cluster_id": state["id"]})
         save_topology(topo, topology_out)
         return launch(state, command, ranks_per_host, placement_mode=placement_mode, timeout=timeout,

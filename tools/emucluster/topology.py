@@ -2,7 +2,8 @@
 
 Each host ``h<i>`` is a CPU-only host: one NUMA domain ``h<i>/cpu0``, its ranks
 as processes ``h<i>/p<j>`` (node kind ``gpu``: "a process that acts as a rank",
-see topo.model; ``mem_bw`` = :data:`PROCESS_MEM_BW`, what one CPU thread reduces), and one NIC ``h<i>/nic0`` plugged into the switch ``sw0``.
+see topo.model; ``mem_bw`` = :data:`PROCESS_MEM_BW`, what one CPU thread reduces), and one NIC
+``h<i>/nic0`` plugged into the switch ``sw0``.
 
 Links (bw in GB/s per direction, lat in µs):
 
@@ -14,6 +15,10 @@ Links (bw in GB/s per direction, lat in µs):
   1448 payload bytes in a 1514-byte frame at MTU 1500, so
   ``bw = rate / 8 / 1e9 * 1448 / 1514`` (measured: a 1gbit link moves
   0.958 Gbit/s of payload, the formula gives 0.956).
+* ``--host-rate H=RATE`` shapes host H's uplink at RATE, but its link here keeps
+  the cluster's rate: the fault is one the model does not know (a NIC that
+  trained at a lower speed), listed under ``meta.host_rates`` for the record,
+  for ``treecoll topo probe`` to find.
 * ``--pair-rate A-B`` adds ``h<A>/nic0 - h<B>/nic0`` (``net``) at that rate: the
   direct veth between the two hosts, which their traffic takes instead of the switch.
 
@@ -76,11 +81,15 @@ def payload_gbs(rate_bps: int) -> float:
 
 def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
                    pair_rates: Mapping[tuple[int, int], int] | None = None,
+                   host_rates: Mapping[int, int] | None = None,
                    placement_mode: str = "blocked", name: str | None = None,
                    loopback_gbs: float = LOOPBACK_GBS, loopback_lat_us: float = LOOPBACK_LAT_US,
                    net_lat_us: float = NET_LAT_US, process_mem_bw: float = PROCESS_MEM_BW,
                    meta: Mapping[str, Any] | None = None):
-    """The :class:`topo.Topology` of an emulated cluster with ranks mapped by ``placement_mode``."""
+    """The :class:`topo.Topology` of an emulated cluster with ranks mapped by ``placement_mode``.
+
+    ``host_rates`` ({host: bits/s}) are recorded in ``meta`` only: the links keep ``rate_bps``
+    (see the module doc)."""
     from treecoll.topo.model import Topology
 
     place = placement(hosts, ranks_per_host, placement_mode)
@@ -107,6 +116,7 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
     info = {"source": "treecoll emu", "rate_bps": rate_bps, "placement": placement_mode,
             "ranks_per_host": ranks_per_host,
             "pair_rates": {f"{a}-{b}": r for (a, b), r in sorted((pair_rates or {}).items())},
+            **({"host_rates": {str(h): r for h, r in sorted(host_rates.items())}} if host_rates else {}),
             **dict(meta or {})}
     data = {"name": name or f"emu-{hosts}x{ranks_per_host}", "meta": info, "nodes": nodes, "links": links}
     return Topology.from_dict(data)

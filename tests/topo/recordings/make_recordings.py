@@ -43,7 +43,8 @@ FULL = {"state": 1}
 
 
 def gpu(i, bus, name, cc, mem, clk, width, links, link_error, affinity, **kw):
-    return {"busId": bus.upper().replace("0000:", "00000000:", 1) if bus.count(":") == 2 and len(bus.split(":")[0]) == 4 else bus,
+    short_domain = bus.count(":") == 2 and len(bus.split(":")[0]) == 4  # NVML spells the domain with 8 digits
+    return {"busId": bus.upper().replace("0000:", "00000000:", 1) if short_domain else bus,
             "uuid": f"GPU-{i:08x}-0000-4000-8000-{0xABC000 + i:012x}", "name": name, "cc": cc, "memory": mem,
             "mem_clock_mhz": clk, "mem_bus_width": width, "links": links, "link_error": link_error,
             "cpu_affinity": affinity, **kw}
@@ -72,7 +73,7 @@ def dgx_h100():
         pci.append(pcidev(root + [f"0000:{rc + 2:02x}:01.0", f"0000:{gpu_bus[k]:02x}:00.0"], "0x030200", numa, g5, 16))
         ib.append({"name": names[k], "pci": f"0000:{nic_bus[k]:02x}:00.0", "rate": "400 Gb/sec (4X NDR)"})
         net.append({"name": f"ibp{nic_bus[k]}s0", "pci": f"0000:{nic_bus[k]:02x}:00.0", "speed": 400000})
-        links = [{"state": 1, "version": 6, "remote": sw[split[l]], "type": 2} for l in range(18)]
+        links = [{"state": 1, "version": 6, "remote": sw[split[link]], "type": 2} for link in range(18)]
         gpus.append(gpu(k, f"00000000:{gpu_bus[k]:02X}:00.0", "NVIDIA H100 80GB HBM3", [9, 0], 85520809984,
                         2619, 5120, links, "invalid_argument", aff[numa]))
     return {"source": __doc__.split("* DGX H100:")[1].split("* DGX A100:")[0].strip(),
@@ -107,11 +108,12 @@ def dgx_a100():
         for j, (bus, cls) in enumerate(devs):
             child = top + [f"0000:{base + 2:02x}:{j:02x}.0", f"0000:{base + 3 + j:02x}:00.0"]
             pci.append(pcidev(child, "0x060400", numa, g4, 16))
-            pci.append(pcidev(child + [f"0000:{base + 3 + j:02x}:{0x10:02x}.0", f"0000:{bus:02x}:00.0"], cls, numa, g4, 16))
+            leaf = [f"0000:{base + 3 + j:02x}:{0x10:02x}.0", f"0000:{bus:02x}:00.0"]
+            pci.append(pcidev(child + leaf, cls, numa, g4, 16))
     for n in range(12):
         ib.append({"name": f"mlx5_{n}", "pci": f"0000:{nic_bus[n]:02x}:00.0", "rate": "200 Gb/sec (4X HDR)"})
     for k in range(8):
-        links = [{"state": 1, "version": 5, "remote": sw[l // 2], "type": 2} for l in range(12)]
+        links = [{"state": 1, "version": 5, "remote": sw[link // 2], "type": 2} for link in range(12)]
         gpus.append(gpu(k, f"00000000:{gpu_bus[k]:02X}:00.0", "NVIDIA A100-SXM4-40GB", [8, 0], 42949672960,
                         1215, 5120, links, "invalid_argument", nodes[numa_gpu[k]]))
     return {"source": __doc__.split("* DGX A100:")[1].split("* H200 VM")[0].strip(),

@@ -1,0 +1,130 @@
+"""One predictor: the planner's cost model against the executor simulation, the executor's
+per-message cost in closed form, the commands printing the same number for the same case, and
+``auto`` running the backend's own allreduce where the model says it is faster (real gloo ranks)."""
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from treecoll.collectives.builders import build
+from treecoll.collectives.compile import compile_allreduce
+from treecoll.collectives.cost import EXECUTOR_COSTS, MSG_OVERHEAD, CostModel, uniform_topology
+from treecoll.collectives.placement import Placement
+from treecoll.collectives.planner import default_planner
+from treecoll.collectives.sim.executor import predict_schedule, simulate_executor_schedule
+from treecoll.collectives.tree import as_multi
+from treecoll.tools.cli import main
+
+from tests.collectives import _coll_tasks as tasks
+from tests.helpers import SHIPPED, shipped
+
+#: builders compared (auto is whichever tree the cost model itself ranks first: not a fixed shape)
+BUILDERS = ("chain", "binomial", "kary:4", "star", "double_binary", "two_level")
+#: latency-bound, mid, pipelined, bandwidth-bound
+SIZES = (8, 64 << 10, 4 << 20, 64 << 20)
+#: every case within this of the simulation ...
+MAX_ERROR = 0.5
+#: ... and this share of the cases within 10%
+WITHIN_10 = 0.85
+
+
+@functools.cache
+def _placement(name: str) -> Placement:
+    t = shipped(name)
+    return Placement(t, min(len(t.rank_gpus()), 16))     # two hosts of the multi-host machines
+
+
+def test_cost_model_tracks_the_executor_simulation():
+    """The planner's analytical model (collectives.cost) and the flow simulation of the same
+    schedule as the executor runs it (collectives.sim.executor), for every builder on every
+    shipped topology (its first 16 GPUs) at four sizes."""
+    errors = {}
+    for name in SHIPPED:
+        p = _placement(name)
+        for b in BUILDERS:
+            for n in SIZES:
+                plan, sched = default_planner().schedule_for(b, collective="allreduce", nbytes=n, placement=p,
+                                                             algo="tree")
+                k = sched.nchunks // len(as_multi(plan))
+                model = CostModel(p).tree_time(plan, n, "allreduce", k)
+                errors[(name, b, n)] = model / predict_schedule(p, plan, n).time - 1
+    worst = max(errors, key=lambda c: abs(errors[c]))
+    assert abs(errors[worst]) <= MAX_ERROR, (worst, errors[worst])
+    within = sum(abs(e) <= 0.10 for e in errors.values()) / len(errors)
+    assert within >= WITHIN_10, sorted(errors.items(), key=lambda kv: -abs(kv[1]))[:10]
+
+
+def test_executor_messages_in_closed_form():
+    """On free links a one-chunk allreduce costs its messages in a row: a chain of P ranks
+    2 (P - 1) (a receive is posted while the child's send is issued, the result comes back the
+    same way), a star 2 (P - 1) (the root posts P - 1 receives, then sends P - 1 results)."""
+    o = 1e-3
+    for P in (2, 3, 5):
+        free = Placement(uniform_topology(P, bw=1e3, lat=0.0), P)
+        for shape in ("chain", "star"):
+            r = simulate_executor_schedule(free, compile_allreduce(build(shape, nranks=P), 1), 8, step_cost=o)
+            assert r.time == pytest.approx(2 * (P - 1) * o, rel=1e-6), (shape, P)
+    # with a link latency L per hop (uniform: two links of L), each message adds its path
+    lat = 0.5
+    one = Placement(uniform_topology(2, bw=1e3, lat=lat), 2)
+    r = simulate_executor_schedule(one, compile_allreduce(build("chain", nranks=2), 1), 8, step_cost=o)
+    assert r.time == pytest.approx(2 * o + 2 * 2 * lat * 1e-6, rel=1e-6)
+
+
+def test_modes_and_backends():
+    p = _placement("dgx-h100-x2")
+    assert CostModel(p).backend == "nccl" and CostModel(Placement(ranks=4)).backend == "gloo"
+    assert CostModel(p).msg_overhead == EXECUTOR_COSTS["nccl"].step_s
+    assert CostModel(p, mode="in-kernel").msg_overhead == MSG_OVERHEAD
+    with pytest.raises(Exception, match="mode expected one of"):
+        CostModel(p, mode="fast")
+
+
+def _json(capsys, *argv) -> dict:
+    assert main([*map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_commands_print_one_number_per_case(capsys):
+    """tree build, simulate allreduce and simulate decode print the same prediction of the same
+    tree (two_level on the default topology, the 16512 B packed state of Llama-3.1-8B attention),
+    say which mode it is, and the lower bound tree build prints is below every number beside it."""
+    n = 16512
+    for mode in ("executor", "in-kernel"):
+        built = _json(capsys, "tree", "build", "--topology", "default", "--builder", "two_level", "--bytes", n,
+                      "--mode", mode)
+        sim = _json(capsys, "simulate", "allreduce", "--topology", "default", "--algo", "two_level,nccl",
+                    "--sizes", n, "--mode", mode)
+        pred = built["predicted"]
+        assert pred["mode"] == mode and sim["mode"] == mode
+        cell = sim["rows"][0]["algos"]
+        assert cell["two_level"]["mode"] == mode and cell["nccl"]["mode"] == "in-kernel"
+        assert pred["allreduce"]["time_us"] == pytest.approx(cell["two_level"]["time_us"], rel=1e-9)
+        assert min(v["time_us"] for v in pred["nccl"].values()) == pytest.approx(cell["nccl"]["time_us"], rel=1e-9)
+        shown = [pred[c]["time_us"] for c in ("reduce", "broadcast", "allreduce")]
+        shown += [v["time_us"] for v in pred["nccl"].values()]
+        assert all(pred["lower_bound_allreduce_us"] <= s for s in shown)
+    # the decode model's tree combine is tree build's allreduce of the same tree (no rails: one tree)
+    built = _json(capsys, "tree", "build", "--topology", "default", "--builder", "two_level", "--rails", "no",
+                  "--bytes", n)
+    dec = _json(capsys, "simulate", "decode", "--topology", "default", "--seq-len", "32k", "--heads", 32,
+                "--kv-heads", 8, "--head-dim", 128)
+    assert dec["mode"] == "executor"
+    assert dec["runs"][0]["methods"]["tree"]["combine_s"] * 1e6 == pytest.approx(
+        built["predicted"]["allreduce"]["time_us"], rel=1e-9)
+
+
+def test_auto_runs_the_backends_allreduce_where_the_model_says_it_is_faster(pool4):
+    """Four gloo ranks: allreduce(x) with its defaults runs torch.distributed.all_reduce exactly
+    where the planner predicts it no slower (the model says: not for small messages, where a
+    tree's few messages beat gloo's 2 (P - 1) ring steps; yes from 1 MiB), the result is right
+    either way, and an explicit tree or a user operator never does."""
+    sizes = [8, 4 << 10, 1 << 20, 4 << 20]
+    res = pool4.run(tasks.native_choice, sizes, timeout=240)
+    for per_rank in res:
+        *by_size, (_, other_native, _, _) = per_rank
+        for n, native, prefer, correct in by_size:
+            assert correct and native == prefer, n
+        assert not other_native
+        assert {prefer for _, _, prefer, _ in by_size} == {True, False}

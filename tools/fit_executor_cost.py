@@ -1,0 +1,153 @@
+"""Fit the executor's per-message cost (:class:`treecoll.collectives.cost.ExecutorCost`) on this machine.
+
+treecoll's executor issues every send and receive from Python; the
+``executor`` prediction mode charges each message a serial cost ``o`` per rank
+(:mod:`treecoll.collectives.sim.executor`). This script measures it:
+
+* **gloo** (``GLOO_STEP_S``): latency-bound tree allreduces (chain, binomial,
+  star; 8 B to 1 KiB, one chunk) on P gloo processes, timed in rounds of
+  :data:`CALLS` calls (a round's time: its slowest rank's; a case's: its
+  fastest round, the one other load on the machine disturbed least). Each time ``T``
+  is divided by the schedule's number of messages in a row ``S``: the
+  executor simulation of the same schedule with ``o = 1`` on free links (no
+  latency, unbounded bandwidth). ``o`` is the least-squares fit of ``T = o S``.
+* **gloo's own allreduce** (``GLOO_NATIVE_STEP_S``): ``torch.distributed.all_reduce``
+  of the same sizes, divided by its ``2 (P - 1)`` ring steps.
+* **Python alone** (``PYTHON_STEP_S``): the same tree allreduces on the in-process
+  transport (:mod:`treecoll.collectives.local`, threads under one GIL): the
+  time divided by the messages of all ranks (the GIL runs one rank's Python at
+  a time), the executor's own cost per message without a network library.
+
+The constants in :mod:`treecoll.collectives.cost` are what this printed; run it
+on a quiet machine::
+
+    python -m treecoll.tools.fit_executor_cost --procs 2 4 [--reps 30] [--json fit.json]
+
+>>> round(fit_through_origin([(2.0, 1.0), (4.0, 2.0)]), 6)
+2.0
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+__all__ = ["main", "fit_through_origin", "serial_messages", "TREES", "SIZES"]
+
+#: trees timed (one chunk, latency bound)
+TREES = ("chain", "binomial", "star")
+#: float32 message sizes, bytes
+SIZES = (8, 256, 1024)
+#: calls per timed round
+CALLS = 10
+
+
+def fit_through_origin(pairs: list[tuple[float, float]]) -> float:
+    """The least-squares ``o`` of ``T = o S`` over ``(T, S)`` pairs."""
+    den = sum(s * s for _, s in pairs)
+    return sum(t * s for t, s in pairs) / den if den else 0.0
+
+
+def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
+    """Messages in a row of the executor's one-chunk allreduce on ``tree``: its simulated time
+    on (nearly) free links in units of the per-message cost.
+
+    >>> serial_messages("chain", 2, 8)   # rank 1 sends as rank 0 posts its receive; then back
+    2.0
+    """
+    from treecoll.collectives.builders import build
+    from treecoll.collectives.compile import compile_allreduce
+    from treecoll.collectives.cost import uniform_topology
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim.executor import simulate_executor_schedule
+    topo = uniform_topology(nranks, bw=1e3, lat=0.0)      # 1 KiB in 1 ns: free next to 1 ms per message
+    sched = compile_allreduce(build(tree, nranks=nranks), 1)
+    o = 1e-3
+    return round(simulate_executor_schedule(Placement(topo, nranks), sched, nbytes, step_cost=o).time / o, 3)
+
+
+def _time_rank(rank: int, world: int, reps: int) -> dict:
+    """On one gloo rank: seconds per call of each (tree, size) and of torch's all_reduce, one
+    value per round of :data:`CALLS` calls (each round after a barrier)."""
+    import torch
+    import torch.distributed as dist
+    from treecoll.collectives.execute import CollectiveOptions, allreduce
+    opts = CollectiveOptions(algo="tree", nchunks=1, check=False)
+    out = {}
+    for size in SIZES:
+        x = torch.ones(size // 4)
+        cases = {t: (lambda t=t, x=x: allreduce(x, tree=t, options=opts)) for t in TREES}
+        cases["native"] = lambda x=x: dist.all_reduce(x)
+        for name, fn in cases.items():
+            for _ in range(10):
+                fn()
+            times = []
+            for _ in range(reps):        # rounds of CALLS calls after a barrier: seconds per call
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(CALLS):
+                    fn()
+                times.append((time.perf_counter() - t0) / CALLS)
+            out[f"{name}/{size}"] = times
+    return out
+
+
+def _time_local(nranks: int, reps: int) -> float:
+    """Seconds per message of the executor on the in-process transport (all ranks' messages)."""
+    import torch
+    from treecoll.collectives.builders import build
+    from treecoll.collectives.compile import compile_allreduce
+    from treecoll.collectives.execute import CollectiveOptions, allreduce
+    from treecoll.collectives.local import run_ranks
+    opts = CollectiveOptions(algo="tree", nchunks=1, check=False)
+    msgs = sum(len([s for s in steps if s.kind != "reduce"])
+               for steps in compile_allreduce(build("binomial", nranks=nranks), 1).steps)
+
+    def body(r, t):
+        x = torch.ones(2)
+        for _ in range(10):
+            allreduce(x, tree="binomial", options=opts, _transport=t)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            allreduce(x, tree="binomial", options=opts, _transport=t)
+        return time.perf_counter() - t0
+
+    return max(run_ranks(nranks, body)) / reps / msgs
+
+
+def main(argv: list[str] | None = None) -> int:
+    from treecoll.collectives.launch import RankPool
+    ap = argparse.ArgumentParser(prog="python -m treecoll.tools.fit_executor_cost", description=__doc__.split("\n")[0])
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="gloo process counts (default 2 4)")
+    ap.add_argument("--reps", type=int, default=30, help=f"rounds of {CALLS} calls timed per case (default 30)")
+    ap.add_argument("--json", default="", help="write the measurements and the fit here")
+    args = ap.parse_args(argv)
+    tree_pairs, native_pairs, rows, local = [], [], [], []
+    for p in args.procs:
+        with RankPool(p) as pool:
+            per_rank = pool.run(_time_rank, args.reps, timeout=600)
+        for key in per_rank[0]:
+            name, size = key.split("/")
+            # a round's time is its slowest rank's; the fastest round is the one the machine's other
+            # load disturbed least
+            t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
+            s = 2 * (p - 1) if name == "native" else serial_messages(name, p, int(size))
+            (native_pairs if name == "native" else tree_pairs).append((t, s))
+            rows.append({"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s})
+            print(f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message",
+                  flush=True)
+        local.append(_time_local(p, args.reps))
+    fit = {"GLOO_STEP_S": fit_through_origin(tree_pairs), "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
+           "PYTHON_STEP_S": min(local)}
+    for k, v in fit.items():
+        print(f"{k} = {v * 1e6:.1f}e-6")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"command": "python -m treecoll.tools.fit_executor_cost " + " ".join(argv or sys.argv[1:]),
+                       "rows": rows, "fit": fit}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
