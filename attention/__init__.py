@@ -76,10 +76,10 @@ __all__ = [
 ]
 
 # --- distributed decoding (tree attention, baselines, sharded KV cache, model) ---
-from treecoll.attention.baselines import allreduce3_decode, ring_decode  # noqa: E402
+from treecoll.attention.baselines import allreduce3_decode, gather_decode, ring_decode  # noqa: E402
 from treecoll.attention.kv_cache import ShardedKVCache  # noqa: E402
 from treecoll.attention.model import LlamaConfig, LlamaModel  # noqa: E402
 from treecoll.attention.tree_decode import tree_combine, tree_decode  # noqa: E402
 
-__all__ += ["tree_decode", "tree_combine", "ring_decode", "allreduce3_decode", "ShardedKVCache",
+__all__ += ["tree_decode", "tree_combine", "gather_decode", "ring_decode", "allreduce3_decode", "ShardedKVCache",
             "LlamaConfig", "LlamaModel"]

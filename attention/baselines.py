@@ -5,7 +5,8 @@ Both are implemented as their authors run them, so that comparisons are fair:
 * :func:`ring_decode`: Ring Attention decoding (the paper's baseline, as in
   ``flash_attn_jax.ring_attention.ring_fwd`` and ring-flash-attention): the
   query is replicated; each rank's K/V shard travels around the ring in
-  ``P - 1`` steps (``isend`` to rank+1, ``irecv`` from rank-1); each step's
+  ``P - 1`` steps (one ``batch_isend_irecv`` per step: send to rank+1, receive
+  from rank-1); each step's
   transfer is overlapped with the attention on the shard in hand, whose state
   is merged (float32) into the running state.  Every rank attends to all keys
   and every rank gets the output.  Only the valid prefix of each shard
@@ -36,11 +37,11 @@ whole cache:
 >>> torch.equal(out, decode_partial(q, k, v)[0]), torch.equal(allreduce3_decode(q, k, v), out)
 (True, True)
 >>> [method(name).__name__ for name in METHODS]
-['tree_decode', 'ring_decode', 'allreduce3_decode']
->>> method("flash")
+['tree_decode', 'gather_decode', 'ring_decode', 'allreduce3_decode']
+>>> method("flash")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'ring', 'allreduce3']
+treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'gather', ...]
 """
 from __future__ import annotations
 
@@ -50,13 +51,14 @@ from typing import Any
 import torch
 from treecoll.attention.decode import decode_partial
 from treecoll.attention.dist import agree_on_inputs
-from treecoll.attention.state import empty_state, merge, online_to_state
+from treecoll.attention.state import empty_state, merge
+from treecoll.attention.tree_decode import allreduce3_combine, tree_decode
 from treecoll.attention.validate import check_decode_inputs
 from treecoll.collectives.group import group_info
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "method", "ring_decode"]
+__all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "gather_decode", "method", "ring_decode"]
 
 
 def _group_of(placement: Placement | None, group: Any) -> Any:
@@ -122,14 +124,18 @@ def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
             n_in = prefixes[(rank - s - 1) % size]
             k_buf, v_buf, len_in = bufs[s % 2]
             k_in, v_in = view(k_buf, n_in), view(v_buf, n_in)
-            reqs.append(dist.isend(len_cur, nxt, group=group, tag=2))
-            reqs.append(dist.irecv(len_in, prv, group=group, tag=2))
+            # one batch (NCCL runs it as one group, so the sends to rank+1 and the receives from
+            # rank-1 cannot wait for each other); per direction the same order on both ends:
+            # lengths, K, V
+            ops = [dist.P2POp(dist.isend, len_cur, nxt, group=group, tag=2),
+                   dist.P2POp(dist.irecv, len_in, prv, group=group, tag=2)]
             if prefixes[src] > 0:
-                reqs.append(dist.isend(k_cur, nxt, group=group, tag=0))
-                reqs.append(dist.isend(v_cur, nxt, group=group, tag=1))
+                ops += [dist.P2POp(dist.isend, k_cur, nxt, group=group, tag=0),
+                        dist.P2POp(dist.isend, v_cur, nxt, group=group, tag=1)]
             if n_in > 0:
-                reqs.append(dist.irecv(k_in, prv, group=group, tag=0))
-                reqs.append(dist.irecv(v_in, prv, group=group, tag=1))
+                ops += [dist.P2POp(dist.irecv, k_in, prv, group=group, tag=0),
+                        dist.P2POp(dist.irecv, v_in, prv, group=group, tag=1)]
+            reqs = dist.batch_isend_irecv(ops)
         if prefixes[src] > 0:
             part = decode_partial(q, k_cur, v_cur, kv_len=len_cur, scale=scale)
             state = merge(state, part)
@@ -160,33 +166,19 @@ def allreduce3_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Ten
     return (out, lse) if return_lse else out
 
 
-def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The communication part of :func:`allreduce3_decode` for states already
-    computed: ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
-    (natural log) -> the merged ``(out, lse)`` on every rank."""
-    import torch.distributed as dist
-
-    # NaN as +inf for the MAX (gloo's max of NaN depends on the order): the shift is
-    # then +inf, a NaN or +inf lse gets the weight exp(NaN) = NaN and the finite ones
-    # exp(-inf) = 0, so the row is NaN on every rank (the policy of attention.state).
-    m = torch.where(torch.isnan(lse), float("inf"), lse)
-    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    den = torch.exp(lse - shift)  # 0 for an empty shard
-    num = out * den.unsqueeze(-1)
-    dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
-    dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
-    return online_to_state(num, m, den)
+def gather_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any) \
+        -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`treecoll.attention.tree_decode` with ``combine="gather"`` (one all-gather of the packed
+    states, then a local merge; vLLM's decode context parallelism); same parameters and result."""
+    return tree_decode(q, k_shard, v_shard, combine="gather", **kwargs)
 
 
 def _methods():
-    from treecoll.attention.tree_decode import tree_decode
-
-    return {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
+    return {"tree": tree_decode, "gather": gather_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
 
 
-#: name -> decode function (``tree``, ``ring``, ``allreduce3``); filled lazily by :func:`method`.
-METHODS = ("tree", "ring", "allreduce3")
+#: the decode methods by name (``tree``, ``gather``, ``ring``, ``allreduce3``): :func:`method` gives each.
+METHODS = ("tree", "gather", "ring", "allreduce3")
 
 
 def method(name: str) -> Callable[..., Any]:

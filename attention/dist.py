@@ -131,7 +131,8 @@ def _nbytes(x) -> int:
 
 
 _P2P = {"send": "p2p_sent", "isend": "p2p_sent", "recv": "p2p_recv", "irecv": "p2p_recv"}
-_COLL = {"all_reduce": 0, "broadcast": 0, "all_gather": 1, "all_gather_into_tensor": 1, "reduce": 0}
+_COLL = {"all_reduce": 0, "broadcast": 0, "all_gather": 1, "all_gather_into_tensor": 1, "all_gather_single": 1,
+         "reduce": 0}
 
 
 @contextlib.contextmanager
@@ -175,7 +176,9 @@ def count_traffic() -> Iterator[Traffic]:
         return counted
 
     for name in list(_P2P) + list(_COLL):
-        orig = getattr(c10d, name)
+        orig = getattr(c10d, name, None)
+        if orig is None:  # a name this torch does not have (all_gather_single before 2.13)
+            continue
         saved[name] = (orig, getattr(dist, name, None))
         w = wrap(name, orig)
         setattr(c10d, name, w)

@@ -37,6 +37,27 @@ without rails (``two_level`` with ``rails=False``: one tree, since the packed
 state is merged whole, never split over rails; an explicit ``"two_level"`` is
 built so too).  Trees are kept by the planner per (placement, tree).
 
+Combine methods (``combine=``), side by side with the same arguments and result:
+
+* ``"tree"`` (the default): the tree reduction and broadcast above;
+* ``"gather"``: one ``torch.distributed`` all-gather (``all_gather_single``) of the ``P`` packed
+  states, then every rank merges the ``P`` states locally
+  (:func:`treecoll.attention.merge_states`), as vLLM's decode context parallelism
+  does (it all-gathers the LSEs, https://github.com/vllm-project/vllm
+  ``vllm/attention/ops/common.py``): one collective, ``P - 1`` states received
+  per rank, the backend's own algorithm, topology-blind;
+* ``"allreduce3"``: the paper's three all-reduces (:func:`allreduce3_combine`);
+* ``"auto"``: the fastest of ``tree``, ``gather`` and ``allreduce3`` by the cost
+  model (:func:`treecoll.attention.cost.choose_combine`: simulated on the
+  placement's topology for this state size, as the group's backend runs them,
+  NCCL's or gloo's; deterministic, so every rank picks the same; kept per
+  placement and shape).
+
+Every method merges in float32 and follows the NaN/inf policy of
+:mod:`treecoll.attention.state`.  Ring Attention, which moves the K/V shards instead
+of states, is :func:`treecoll.attention.ring_decode`; every decode method by name:
+:func:`treecoll.attention.baselines.method`.
+
 Compared with the paper's Algorithm 3 (all-reduce max, then numerator, then
 denominator; :func:`treecoll.attention.baselines.allreduce3_decode`) this sends one
 packed message per edge instead of three collectives, keeps the LSE exact (the
@@ -58,19 +79,24 @@ from typing import Any
 import torch
 from treecoll.attention.decode import decode_partial
 from treecoll.attention.dist import agree_on_inputs
-from treecoll.attention.state import MergeOp, pack_state, unpack_state
+from treecoll.attention.state import MergeOp, online_to_state, pack_state, unpack_state
 from treecoll.collectives.execute import CollectiveOptions
 from treecoll.collectives.group import group_info, resolve_group
 from treecoll.collectives.placement import Placement, as_placement
-from treecoll.collectives.planner import default_planner
+from treecoll.collectives.planner import LRU, default_planner
 from treecoll.collectives.tree import MultiTree, Tree
 from treecoll.topo import Topology
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["group_placement", "resolve_tree", "tree_combine", "tree_decode", "tree_root"]
+__all__ = ["COMBINES", "allreduce3_combine", "choose_combine", "gather_combine", "group_placement", "resolve_tree",
+           "tree_combine", "tree_decode", "tree_root"]
 
 #: how :func:`tree_combine` returns the merged state to every rank
 BCAST_MODES = ("tree", "separate", "native")
+#: the ``combine=`` methods of :func:`tree_combine` and :func:`tree_decode`
+COMBINES = ("tree", "gather", "allreduce3", "auto")
+#: (placement, batch, heads, head_dim, tree) -> the method "auto" picked
+_CHOSEN = LRU(256)
 #: the reduction and the broadcast down the same tree, one compiled schedule
 _TREE_ALLREDUCE = CollectiveOptions(algo="tree")
 
@@ -163,7 +189,7 @@ def _merge_op(batch: int, heads: int, head_dim: int):
 
 def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement | None = None, group: Any = None,
                  tree: Any = "auto", topology: Topology | None = None, root_only: bool = False,
-                 bcast: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
+                 bcast: str = "tree", combine: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
     """Merge every rank's state through the tree (the communication part of
     :func:`tree_decode`, for states already computed).
 
@@ -183,13 +209,23 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
     ``torch.distributed.broadcast`` from the root: the backend's own
     algorithm).  ``root_only`` runs the reduction alone.  The three were
     measured side by side: docs/benchmarks.md "Tree attention".
+    ``combine``: ``"tree"`` (the above), ``"gather"``, ``"allreduce3"`` or ``"auto"`` (module
+    docstring); ``bcast`` and ``root_only`` apply to ``"tree"`` (the others give every rank
+    the result).
     """
     if bcast not in BCAST_MODES:
         raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
+    _check_combine(combine)
     batch, heads, head_dim = out.shape
     p = group_placement(group, topology, placement=placement)
     if p.nranks == 1:
         return out, lse
+    if combine == "auto":
+        combine = choose_combine(batch, heads, head_dim, placement=p, tree=tree)
+    if combine == "gather":
+        return gather_combine(out, lse, group=p.group)
+    if combine == "allreduce3":
+        return allreduce3_combine(out, lse, group=p.group)
     t = resolve_tree(tree, placement=p)
     from treecoll import collectives
 
@@ -210,11 +246,102 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
     return unpack_state(buf, batch, heads, head_dim)
 
 
+def _check_combine(combine: Any) -> None:
+    if combine not in COMBINES:
+        hint = "; ring moves the K/V shards, not states: call treecoll.attention.ring_decode" \
+            if combine == "ring" else ""
+        raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}{hint}")
+
+
+def choose_combine(batch: int, heads: int, head_dim: int, *, placement: Placement | None = None, group: Any = None,
+                   topology: Topology | None = None, tree: Any = "auto") -> str:
+    """The method ``combine="auto"`` runs for states ``[batch, heads, head_dim]`` on this placement:
+    the fastest of ``tree``, ``gather`` and ``allreduce3`` by
+    :func:`treecoll.attention.cost.choose_combine` (the tree given when it is a builder name, else
+    the two-level builder); kept per (placement, shape, tree).
+
+    >>> from treecoll.collectives import Placement
+    >>> choose_combine(1, 32, 128, placement=Placement(ranks=1))
+    'tree'
+    """
+    p = group_placement(group, topology, placement=placement)
+    if p.nranks == 1:
+        return "tree"
+    name = tree if isinstance(tree, str) and tree != "auto" and "/" not in tree and not tree.endswith(
+        (".yaml", ".yml", ".json")) else "two_level"
+    backend = _backend(p.group)
+    key = (p, batch, heads, head_dim, name, backend)
+    got = _CHOSEN.get(key)
+    if got is None:
+        from treecoll.attention.cost import choose_combine as model_choice
+
+        got = model_choice(p, batch, heads, head_dim, tree=name, backend=backend)
+        _CHOSEN[key] = got
+    return got
+
+
+def _backend(group: Any) -> str:
+    """The cost model's name of the group's backend: ``"nccl"`` when NCCL carries it, else ``"gloo"``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return "gloo"
+    return "nccl" if "nccl" in str(dist.get_backend(group)).lower() else "gloo"
+
+
+def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge every rank's state by one all-gather of the packed states and a local merge.
+
+    ``out`` float32 ``[batch, heads, head_dim]``, ``lse`` float32 ``[batch, heads]`` (natural
+    log), on the device the group's backend uses. Returns the merged ``(out, lse)``
+    (float32, same shapes) on every rank: :func:`treecoll.attention.merge_states` over the
+    ``P`` gathered states (NaN/inf as :mod:`treecoll.attention.state` says). One collective,
+    ``(P - 1) * 4 * batch * heads * (head_dim + 1)`` bytes received per rank.
+    """
+    import torch.distributed as dist
+    from treecoll.attention.state import merge_states
+
+    batch, heads, head_dim = out.shape
+    size = group_info(group, single_process=True).size
+    if size == 1:
+        return out, lse
+    buf = pack_state(out, lse)
+    gathered = torch.empty(size * buf.numel(), dtype=buf.dtype, device=buf.device)
+    # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is its deprecated name)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(gathered, buf, group=group)
+    gathered = gathered.view(size, buf.numel())
+    n_out = batch * heads * head_dim
+    outs = gathered[:, :n_out].view(size, batch, heads, head_dim)
+    lses = gathered[:, n_out:].view(size, batch, heads)
+    return merge_states(outs, lses, dim=0)
+
+
+def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's three all-reduces (the communication part of
+    :func:`treecoll.attention.baselines.allreduce3_decode`) for states already computed:
+    ``out`` float32 [batch, heads, head_dim], ``lse`` [batch, heads]
+    (natural log) -> the merged ``(out, lse)`` on every rank."""
+    import torch.distributed as dist
+
+    # NaN as +inf for the MAX (gloo's max of NaN depends on the order): the shift is
+    # then +inf, a NaN or +inf lse gets the weight exp(NaN) = NaN and the finite ones
+    # exp(-inf) = 0, so the row is NaN on every rank (the policy of attention.state).
+    m = torch.where(torch.isnan(lse), float("inf"), lse)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shift = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    den = torch.exp(lse - shift)  # 0 for an empty shard
+    num = out * den.unsqueeze(-1)
+    dist.all_reduce(num, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(den, op=dist.ReduceOp.SUM, group=group)
+    return online_to_state(num, m, den)
+
+
 def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
                 placement: Placement | None = None, group: Any = None, tree: Any = "auto",
                 topology: Topology | None = None, root_only: bool = False, scale: float | None = None,
-                check: bool = True, return_lse: bool = False,
-                bcast: str = "tree") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                check: bool = True, return_lse: bool = False, bcast: str = "tree",
+                combine: str = "tree") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a KV cache sharded along the sequence, combined by one tree reduction.
 
     Parameters
@@ -240,6 +367,7 @@ def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
         collective, so a decode loop checks its first step and then passes False.
     return_lse : also return the merged LSE float32 [batch, q_heads].
     bcast : ``"tree"`` (default), ``"separate"`` or ``"native"``: see :func:`tree_combine`.
+    combine : ``"tree"`` (default), ``"gather"``, ``"allreduce3"`` or ``"auto"`` (module docstring).
 
     Returns
     -------
@@ -248,12 +376,16 @@ def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
         ``return_lse``, ``(out, lse)``.
     """
     p = group_placement(group, topology, placement=placement)
+    _check_combine(combine)
     size = p.nranks
     t = resolve_tree(tree, placement=p) if size > 1 else None
     if check and size > 1:
         agree_on_inputs("tree_decode", p.group, q, k_shard, v_shard, kv_len, scale,
-                        extra=(_fingerprint_int(t), int(root_only)), extra_names=("tree fingerprint", "root_only"))
+                        extra=(_fingerprint_int(t), int(root_only), COMBINES.index(combine)),
+                        extra_names=("tree fingerprint", "root_only", "combine method"))
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
     if size > 1:
-        out, lse = tree_combine(out, lse, placement=p, tree=t, root_only=root_only, bcast=bcast)
+        if combine == "auto":
+            combine = choose_combine(q.shape[0], q.shape[1], q.shape[2], placement=p, tree=tree)
+        out, lse = tree_combine(out, lse, placement=p, tree=t, root_only=root_only, bcast=bcast, combine=combine)
     return (out, lse) if return_lse else out

@@ -195,6 +195,8 @@ def _rank_main(rank: int, world: int, port: int, backend: str, timeout: float, t
         import torch.distributed as dist
 
         torch.set_num_threads(threads)
+        if backend == "nccl":  # rank r drives GPU r (mod the count), chosen before NCCL's first call
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))
     except BaseException as e:  # reported to the parent, which raises

@@ -129,7 +129,7 @@ BYTE_FORMATTING = re.compile(
     r"""\{[^{}]*/\s*\(?\s*(?:1\s*<<\s*\d+|1e\d+|1[0-9_]*\s*\*\*\s*\d+|2\s*\*\*\s*\d+|\d{4,}|[A-Z]{2}B|[A-Z]iB)\b"""
     r"""[^{}]*\}\s?(?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)(?![/\w])""")
 #: modules that still print sizes their own way (remove each once it uses treecoll.topo.fmt)
-BYTE_FORMATTING_TO_PORT = {"tools/bench_tree_attention.py"}
+BYTE_FORMATTING_TO_PORT: set[str] = set()
 
 
 def test_one_byte_formatter():

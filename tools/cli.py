@@ -66,6 +66,7 @@ COMMANDS = [
     "treecoll.tools.cmd_tree",
     "treecoll.tools.cmd_simulate",
     "treecoll.tools.emucluster.cli",
+    "treecoll.tools.cmd_selfcheck",
 ]
 
 

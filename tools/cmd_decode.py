@@ -6,7 +6,7 @@ sharded over the group with :class:`attention.ShardedKVCache` (round-robin
 blocks of ``--block-size`` tokens; each rank generates only its own blocks).
 Each decode step appends one random token's K/V to every layer and decodes a
 random query per layer with each method: ``tree`` (:func:`treecoll.attention.tree_decode`)
-and the baselines of ``--compare`` (``ring``, ``allreduce3``).  The same steps
+and the other methods of ``--compare`` (``gather``, ``ring``, ``allreduce3``).  The same steps
 are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
 every method's outputs are compared with that reference.
 
@@ -46,7 +46,7 @@ from treecoll.topo.fmt import fmt_bytes
 __all__ = ["add_parser", "run", "decode_data", "render"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-METHOD_ORDER = ("tree", "ring", "allreduce3")
+METHOD_ORDER = ("tree", "gather", "ring", "allreduce3")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -82,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--block-size", type=units.int_arg("--block-size"), default=256,
                    help="tokens per round-robin block of the cache (default 256)")
     p.add_argument("--compare", default="ring,allreduce3", metavar="M[,M...]",
-                   help="baselines to run beside tree: comma list of ring, allreduce3, or 'none' "
+                   help="methods to run beside tree: comma list of gather, ring, allreduce3, or 'none' "
                         "(default ring,allreduce3)")
     p.add_argument("--seed", type=units.int_arg("--seed", minimum=0), default=0, help="random seed (default 0)")
     p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=600.0,
@@ -97,8 +97,9 @@ def _methods(compare: str) -> list[str]:
     names = [] if compare.strip() == "none" else units.parse_list(compare, what="--compare", kind="methods",
                                                                    error=AttentionError)
     for m in names:
-        if m not in ("ring", "allreduce3"):
-            raise AttentionError(f"--compare: expected a comma list of ring, allreduce3 or 'none', got {m!r}")
+        if m not in METHOD_ORDER[1:]:
+            raise AttentionError(f"--compare: expected a comma list of gather, ring, allreduce3 or 'none', "
+                                 f"got {m!r}")
     return ["tree"] + [m for m in METHOD_ORDER if m in names]
 
 

@@ -8,6 +8,8 @@ from treecoll.attention.cost import (
     PAPER_HOSTS,
     PAPER_SEQ_LENS,
     DecodeShape,
+    choose_combine,
+    combine_times,
     decode_step,
     paper_memory,
     paper_volumes,
@@ -122,3 +124,70 @@ def test_shape_and_method_errors():
         decode_step(star_topology(2, mem_bw=1.0), DecodeShape(seq_len=8, heads=1, head_dim=1), methods=("flash",))
     with pytest.raises(CollectiveError, match="carry no mem_bw"):
         decode_step(star_topology(2), DecodeShape(seq_len=8, heads=1, head_dim=1))
+
+
+@pytest.mark.parametrize("P", [2, 4, 8])
+def test_gather_combine_time_and_bytes(P):
+    """gather: a ring all-gather of the P packed states (P - 1 steps, each GPU sending one state to its
+    successor through the star's switch: two 1 us links at 100 GB/s), then a local merge reading the P
+    states and writing one at 2000 GB/s."""
+    topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
+    state = 4 * 2 * 16 * (128 + 1)                   # batch 2, 16 heads x 128, fp32 out + lse
+    got = combine_times(topo, 2, 16, 128, profile="ideal")
+    g = got["gather"]
+    assert g["sent_bytes_per_gpu"] == (P - 1) * state and g["sent_bytes_total"] == P * (P - 1) * state
+    assert g["time_s"] == pytest.approx((P - 1) * (2e-6 + state / 100e9) + (P + 1) * state / 2000e9, rel=1e-9)
+    # the tree sends every state up and down each of its P - 1 edges: the same total as the gather at P = 2
+    assert got["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
+    step = decode_step(topo, DecodeShape(seq_len=64_000, heads=16, head_dim=128, batch=2), profile="ideal",
+                       methods=("tree", "gather"))
+    assert step["methods"]["gather"]["combine_s"] == pytest.approx(g["time_s"], rel=1e-12)
+
+
+def test_choose_combine_follows_the_model():
+    """auto, with NCCL's protocols: one step of the gather beats the tree's up-and-down at P = 2; at
+    P = 8 and batch 1 the tree's three levels beat the gather's seven ring steps, and both beat three
+    collective calls (each pays NCCL's per-call latency)."""
+    two, eight = star_topology(2, mem_bw=2000.0), star_topology(8, mem_bw=2000.0)
+    assert choose_combine(two, 1, 32, 128) == "gather"
+    assert choose_combine(eight, 1, 32, 128) == "tree"
+    for topo in (two, eight):
+        t = combine_times(topo, 1, 32, 128)
+        assert choose_combine(topo, 1, 32, 128) == min(t, key=lambda m: t[m]["time_s"])
+        assert t["allreduce3"]["time_s"] > max(t["tree"]["time_s"], t["gather"]["time_s"])
+    with pytest.raises(CollectiveError, match=r"combine methods \['ring'\]"):
+        combine_times(two, 1, 1, 1, methods=("ring",))
+
+
+def test_gloo_combine_times_by_hand():
+    """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
+    128: the gather is gloo's ring in rank order, 3 steps of one state (2 links each) plus the merge; the
+    three all-reduces are rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of a quarter of
+    each over 2 links, and 3 reduces of that quarter (3 x bytes / mem_bw)."""
+    P, state = 4, 4 * 2 * 16 * 129
+    t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
+    assert t["gather"]["time_s"] == pytest.approx((P - 1) * (2e-6 + state / 100e9) + (P + 1) * state / 2000e9,
+                                                  rel=1e-9)
+
+    def ring(n):
+        return 2 * (P - 1) * (2e-6 + n / P / 100e9) + (P - 1) * 3 * (n / P) / 2000e9
+
+    assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384), rel=1e-9)
+    assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
+
+
+def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():
+    """Two hosts at 1 Gbit/s, ranks alternating between them (the emulated cluster's interleaved
+    placement): every hop of gloo's rank-order rings crosses the network, the two-level tree crosses it
+    once each way. With NCCL's host-ordered rings the three all-reduces win the 1 MiB state instead."""
+    from treecoll.tools.emucluster.topology import build_topology
+
+    for hosts, per in ((2, 2), (2, 3)):
+        topo = build_topology(hosts, per, 10**9, placement_mode="interleaved")
+        for batch in (1, 64):
+            t = combine_times(topo, batch, 32, 128, backend="gloo")
+            assert min(t, key=lambda m: t[m]["time_s"]) == "tree" == choose_combine(topo, batch, 32, 128,
+                                                                                  backend="gloo")
+        assert choose_combine(topo, 64, 32, 128) == "allreduce3"
+    with pytest.raises(CollectiveError, match=r"backend expected one of \['nccl', 'gloo'\], got 'mpi'"):
+        combine_times(topo, 1, 1, 1, backend="mpi")

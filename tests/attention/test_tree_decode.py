@@ -10,6 +10,8 @@ import torch
 from treecoll.collectives.launch import spawn
 
 P = 4
+#: tree_decode's combine= methods, each against the reference ("gather" is also a method of its own below)
+COMBINE_ARGS = ("tree", "allreduce3", "auto")
 #: Relative error against the float64 reference.  bf16 K/V convert exactly to float32 and the
 #: reference reads the same rounded values, so every case (fp32 or bf16 cache, float32 query) has
 #: only float32 rounding: scores of head_dim <= 32 terms of size ~1 (error ~ 32 * 2^-24 ~ 2e-6),
@@ -53,7 +55,8 @@ def _worker(rank, nproc):
     from treecoll.attention.tree_decode import resolve_tree, tree_decode
     from treecoll.topo.errors import AttentionError
 
-    methods = {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
+    methods = {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode,
+               "gather": partial(tree_decode, combine="gather")}
     res = {"cases": {}}
     for i, (name, b, hq, hkv, d, n, lengths, bounds, dtype, tree) in enumerate(_cases()):
         g = torch.Generator().manual_seed(100 + i)
@@ -64,7 +67,8 @@ def _worker(rank, nproc):
         ks, vs, local = _shard(k, v, lengths, bounds, rank)
         case = {}
         for mname, fn in dict(methods, tree_native=partial(tree_decode, bcast="native"),
-                              tree_separate=partial(tree_decode, bcast="separate")).items():
+                              tree_separate=partial(tree_decode, bcast="separate"),
+                              **{f"combine_{c}": partial(tree_decode, combine=c) for c in COMBINE_ARGS}).items():
             out = fn(q, ks, vs, kv_len=local, tree=tree)
             case[mname] = {"err": _rel_err(out, ref_out), "dtype": str(out.dtype), "nan": bool(out.isnan().any()),
                            "tol": TOL[dtype]}
@@ -171,7 +175,10 @@ def _bad_state(rank):
     ref_lse[0, good] = lses[:, 0, good].logsumexp(0)
     report = {}
     for name, fn in {"tree": partial(tree_combine, bcast="tree"), "separate": partial(tree_combine, bcast="separate"),
-                     "native": partial(tree_combine, bcast="native"), "allreduce3": allreduce3_combine}.items():
+                     "native": partial(tree_combine, bcast="native"), "allreduce3": allreduce3_combine,
+                     "gather": partial(tree_combine, combine="gather"),
+                     "combine_allreduce3": partial(tree_combine, combine="allreduce3"),
+                     "auto": partial(tree_combine, combine="auto")}.items():
         out, lse = fn(*[t.clone() for t in states[rank]])
         report[name] = _rows_report(out, lse, ref_out, ref_lse, good)
     out, lse = tree_combine(*[t.clone() for t in states[rank]], root_only=True)
@@ -185,7 +192,11 @@ def group_results():
     return spawn(_worker, P, timeout=90)
 
 
-@pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3"])
+ALL_METHODS = ["tree", "tree_native", "tree_separate", "ring", "allreduce3", "gather",
+               *(f"combine_{c}" for c in COMBINE_ARGS)]
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
 @pytest.mark.parametrize("case", [c[0] for c in _cases()])
 def test_matches_reference(group_results, method, case):
     for rank, res in enumerate(group_results):
@@ -201,7 +212,7 @@ def test_root_only_valid_on_root(group_results, case):
     assert r["err"] <= r["tol"], r
 
 
-@pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3"])
+@pytest.mark.parametrize("method", ["tree", "tree_native", "tree_separate", "ring", "allreduce3", "gather"])
 def test_nan_in_one_ranks_shard_reaches_every_rank(group_results, method):
     """The NaN/inf policy across processes: the rows that read rank 2's NaN key are NaN
     (out and lse) on every rank; the other rows keep every rank's keys."""
@@ -211,7 +222,8 @@ def test_nan_in_one_ranks_shard_reaches_every_rank(group_results, method):
         assert not r["any_nan_in_good"] and r["err"] <= 1e-5 and r["lse_err"] <= 1e-5, (rank, r)
 
 
-@pytest.mark.parametrize("mode", ["tree", "separate", "native", "allreduce3", "root_only"])
+@pytest.mark.parametrize("mode", ["tree", "separate", "native", "allreduce3", "root_only", "gather",
+                                  "combine_allreduce3", "auto"])
 def test_bad_state_of_one_rank_reaches_every_rank(group_results, mode):
     """A rank's +inf or NaN lse makes that row NaN everywhere (not the empty state, and
     not dropped); the valid rows are the float64 merge of every rank's state."""
@@ -235,6 +247,13 @@ def test_tree_sends_one_state_per_edge(group_results):
         assert res["traffic"]["tree"]["sent"] == expected
 
 
+def test_gather_traffic(group_results):
+    """gather: one all-gather of this rank's packed state (2*8*17 floats), nothing else."""
+    for res in group_results:
+        t = res["traffic"]["gather"]
+        assert t["collective"] == 2 * 8 * 17 * 4 and sum(t["calls"].values()) == 1, t
+
+
 def test_baseline_traffic(group_results):
     """3 all-reduces pass max (B*H), numerator (B*H*D) and denominator (B*H) in
     float32; ring ships the whole shard (K and V, fp32) P-1 times plus lengths."""
@@ -246,7 +265,7 @@ def test_baseline_traffic(group_results):
         assert res["traffic"]["ring"]["p2p_sent"] == ring
 
 
-@pytest.mark.parametrize("method", ["tree", "ring", "allreduce3"])
+@pytest.mark.parametrize("method", ["tree", "ring", "allreduce3", "gather"])
 def test_shape_disagreement_raises_everywhere(group_results, method):
     for res in group_results:
         msg = res["errors"][method]
@@ -300,3 +319,16 @@ def test_resolve_tree_takes_what_the_executor_takes(tmp_path):
     with pytest.raises(AttentionError, match=r"^placement: got a placement and a topology"):
         resolve_tree("auto", placement=p, topology=resolve("cpu-local"))
 
+
+
+def test_unknown_combine_is_rejected():
+    from treecoll.attention.tree_decode import tree_combine, tree_decode
+    from treecoll.topo.errors import AttentionError
+
+    q, k = torch.randn(1, 2, 4), torch.randn(1, 3, 1, 4)
+    with pytest.raises(AttentionError, match=r"^combine: expected one of \['tree', 'gather', 'allreduce3', 'auto'\], "
+                                             r"got 'flash'$"):
+        tree_decode(q, k, k, combine="flash")
+    with pytest.raises(AttentionError, match=r"got 'ring'; ring moves the K/V shards, not states: call "
+                                             r"treecoll.attention.ring_decode$"):
+        tree_combine(torch.zeros(1, 2, 4), torch.zeros(1, 2), combine="ring")

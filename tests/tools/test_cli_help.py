@@ -64,7 +64,8 @@ def test_enumerations_list_their_values_from_the_registries():
 
 
 @pytest.mark.parametrize("argv, msg", [
-    ([], "treecoll: error: expected a command, one of topo, decode, generate, tree, simulate, emu; see 'treecoll --help'"),
+    ([], "treecoll: error: expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck; "
+         "see 'treecoll --help'"),
     (["tree"], "treecoll: error: treecoll tree: expected a command, one of build, show, check, draw, bruteforce; "
                "see 'treecoll tree --help'"),
     (["simulate", "links", "--topology", "default", "--bogus"],

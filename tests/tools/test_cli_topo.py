@@ -128,7 +128,7 @@ def test_bad_values_are_one_line_errors(tmp_path, capsys):
     (["topo", "show", "default", "--colour"],
      r"treecoll topo show: unrecognized arguments: --colour; see 'treecoll topo show --help'"),
     (["topo", "export", "default"], "the following arguments are required: --format"),
-    ([], "expected a command, one of topo, decode, generate, tree, simulate, emu"),
+    ([], "expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck"),
 ])
 def test_user_errors_exit_1_with_one_line(argv, pattern, capsys):
     rc, out, err = run(capsys, *argv)
