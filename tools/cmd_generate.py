@@ -43,7 +43,7 @@ from typing import Any
 
 from treecoll.tools.units import UsageError
 
-__all__ = ["add_parser", "run", "BUILTIN", "resolve_model", "render", "summarize", "worker"]
+__all__ = ["add_parser", "run", "BUILTIN", "resolve_model", "render", "summarize", "worker", "selfcheck"]
 
 #: built-in model configurations (transformers ``LlamaConfig`` arguments): name -> config
 BUILTIN = {
@@ -385,3 +385,32 @@ def render(d: dict) -> str:
         lines.append("check: " + ("tokens equal one-process generate()" if d["match"] else
                                   f"MISMATCH, one-process generate() gave {d['reference_tokens']}"))
     return "\n".join(lines)
+
+
+def selfcheck(nproc: int) -> list[dict]:
+    """``treecoll selfcheck``'s generate rows: the built-in ``tiny-random-llama``, greedy and
+    sampled (seed 1), over ``nproc`` spawned processes against one-process ``generate()``
+    (``--check``); one row each, as :func:`treecoll.tools.cmd_selfcheck.row` makes them."""
+    import time
+
+    from treecoll.collectives import launch
+    from treecoll.topo.errors import TreecollError
+
+    rows = []
+    for sampled in (False, True):
+        argv = ["--model", "tiny-random-llama", "--prompt-tokens", "6", "--max-new-tokens", "4", "--check"]
+        parser = argparse.ArgumentParser()
+        add_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["generate", *argv, *(["--do-sample", "--seed", "1"] if sampled else [])])
+        t0 = time.perf_counter()
+        try:
+            cfg, _ = _config(args)
+            data = summarize(cfg, launch.spawn(worker, nproc, cfg, timeout=args.timeout, where="selfcheck generate"))
+            result = "passed" if data["match"] else "failed"
+            detail = f"{nproc} ranks, {len(data['tokens'])} tokens " + (
+                "equal one-process generate()" if data["match"] else "differ from one-process generate()")
+        except TreecollError as e:
+            result, detail = "failed", str(e)
+        rows.append({"path": f"generate ({'sampled' if sampled else 'greedy'})", "backend": "gloo", "device": "cpu",
+                     "result": result, "seconds": time.perf_counter() - t0, "detail": detail})
+    return rows

@@ -12,7 +12,7 @@ ROW_KEYS = {"path", "backend", "device", "result", "seconds", "detail"}
 
 @pytest.fixture(scope="module")
 def cpu_run():
-    """One full run on this machine (kernels, 4 gloo processes, the CUDA paths skipped without a GPU)."""
+    """One full run on this machine (kernels, 4 gloo processes, generate over 2, the CUDA paths skipped without a GPU)."""
     import io
     from contextlib import redirect_stdout
 
@@ -43,6 +43,10 @@ def test_cpu_run_passes_every_available_path(cpu_run):
     for p in (2, 3, 4):
         r = got[(f"tree_decode P={p}", "gloo", "cpu")]
         assert r["result"] == "passed" and all(m in r["detail"] for m in cmd_selfcheck.DECODE_METHODS), r
+    # model.generate() with tree attention over 2 processes against one process, greedy and sampled
+    for mode in ("greedy", "sampled"):
+        r = got[(f"generate ({mode})", "gloo", "cpu")]
+        assert r["result"] == "passed" and "equal one-process generate()" in r["detail"], r
     import torch
 
     cuda = [r for r in d["rows"] if r["device"] == "cuda"]
