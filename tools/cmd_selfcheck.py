@@ -26,8 +26,9 @@ On every machine (CI runs it; about a minute on two cores):
   :func:`treecoll.attention.ring_decode` over groups of 2, 3 and 4 processes against
   the float64 reference over the whole cache;
 * ``generate``: the hook :data:`GENERATE_HOOK` (a module's ``selfcheck(nproc)``
-  returning rows; :func:`treecoll.tools.cmd_generate.selfcheck`): ``treecoll generate`` over 2 processes against one process,
-  where that command is installed; skipped otherwise.
+  returning rows; :func:`treecoll.tools.cmd_generate.selfcheck`): ``treecoll generate``
+  over 2 processes against one process, greedy and sampled, where that command is
+  installed; skipped otherwise.
 
 On a machine with CUDA devices, besides:
 

@@ -12,7 +12,8 @@ ROW_KEYS = {"path", "backend", "device", "result", "seconds", "detail"}
 
 @pytest.fixture(scope="module")
 def cpu_run():
-    """One full run on this machine (kernels, 4 gloo processes, generate over 2, the CUDA paths skipped without a GPU)."""
+    """One full run on this machine (kernels, 4 gloo processes, generate over 2, the CUDA paths skipped
+    without a GPU)."""
     import io
     from contextlib import redirect_stdout
 
