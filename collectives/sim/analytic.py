@@ -1,20 +1,20 @@
 """The analytic engine: allreduce times on clusters of identical hosts too large for the flow engine.
 
 The flow engine (:mod:`treecoll.collectives.sim.engine`) moves every chunk of every rank; its cost
-grows with ranks x chunks. On a cluster of identical hosts (the same GPUs per host, the
-hosts joined by a network that carries every NIC at its rate, as a non-blocking fat tree
-does) most of that work repeats: this module answers from a sample of a few hosts and a
-closed form in the number of hosts ``H``, in time independent of ``H`` beyond reading the
-host list.
+grows with ranks x chunks. On a cluster of identical hosts (the same GPUs per host, every
+group of hosts under the same leaf switches loading the network alike, as on a fat tree)
+most of that work repeats: this module answers from a sample of a few hosts and a closed
+form in the number of hosts ``H``, in time independent of ``H`` beyond reading the host list.
 
 * ``ring`` (NCCL's ring, the lockstep model of
   :func:`~treecoll.collectives.sim.simulator.simulate_ring`): the step's drain time is the
-  max-min allocation of a 2-host ring's transfers (every host's NICs and NVLinks carry the
-  same load on ``H`` hosts); the latency is the chain of ``2(P-1)`` hops of the full ring,
-  counted per hop class: the intra-host hops of the sample, the inter-host hops between hosts
-  under the same leaf switches (the sample's) and those between hosts under different leaves
-  (a route from the first host to the first host of another leaf group). Equal to the lockstep
-  model wherever the network is non-blocking.
+  max-min allocation of the ring's transfers on a sample, the first leaf group (the hosts under
+  the same leaf switches, at most :data:`RING_SAMPLE_HOSTS`: every leaf group loads the network
+  alike); the latency is the chain of ``2(P-1)`` hops of the full ring, counted per hop class:
+  the intra-host hops of the sample, the inter-host hops between hosts under the same leaf
+  switches (the sample's) and those between hosts under different leaves (a route into the
+  first host of another leaf group). On the shipped rail-optimized fat trees this equals the
+  lockstep model to the last digit.
 * trees (``two_level``, ``tree`` = NCCL's double binary tree, any builder whose tree over hosts
   is binary): a pipelined tree allreduce takes ``T = a + b * d`` for a tree over hosts of depth
   ``d = ceil(log2 H)``: the bytes through the bottleneck and the intra-host part do not depend
