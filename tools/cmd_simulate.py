@@ -55,6 +55,7 @@ def _names(registry) -> str:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
+    from treecoll.collectives.sim.analytic import ANALYTIC_ABOVE_GPUS, ENGINES
     from treecoll.collectives.sim.profiles import PROFILES
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
@@ -88,6 +89,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default 8B:1GiB)")
     a.add_argument("--plot", default=None, metavar="OUT.png",
                    help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
+    a.add_argument("--engine", default="auto", choices=ENGINES,
+                   help=f"flow: the flow-level simulation; analytic: closed forms from a few hosts' sample, for "
+                        f"100k+ GPUs of identical hosts (ring, tree, two_level, auto); auto: analytic above "
+                        f"{ANALYTIC_ABOVE_GPUS} GPUs (default auto)")
     d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
              "Model one decode step's attention on the topology: tree attention (local attention + one "
              "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
@@ -139,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos)
         topology = _resolve(args)
-        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile)
+        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.engine)
         if plot:
             plot_allreduce(data, plot)
             data["plot"] = plot
@@ -174,17 +179,22 @@ def _check_profile(profile: str | None) -> None:
     get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
-def _one(topology, algo: str, size: int, ranks, profile):
-    """(time s, busbw, algbw, label) of one algorithm at one size."""
+def _one(topology, algo: str, size: int, ranks, profile, engine: str = "flow"):
+    """(time s, busbw, algbw, label) of one algorithm at one size; ``engine``: ``flow`` or ``analytic``."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
-    p = Placement(topology, ranks)
+    p = topology if isinstance(topology, Placement) else Placement(topology, ranks)
+    topology = p.topology
     if algo == "nccl":
         from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
         best = min((nccl_predict(p, None, size, algo=a) for a in nccl_algos(topology, p.gpus)),
                    key=lambda r: r["time"])
         alg, bus = bandwidths("allreduce", size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
+    if engine == "analytic":
+        from treecoll.collectives.sim.analytic import analytic_allreduce
+        r = analytic_allreduce(p, algo, size, profile=profile or "auto")
+        return r.time, r.busbw, r.algbw, f"{r.profile} ({r.stats['engine']})"
     name = "double_binary" if algo == "tree" else algo
     r = simulate_algorithm(p, name, size, profile=profile or "auto")
     return r.time, r.busbw, r.algbw, r.profile
@@ -204,10 +214,20 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
-def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
+def allreduce_data(topology, algos, sizes, ranks=None, profile=None, engine: str = "flow") -> dict[str, Any]:
+    """The ``simulate allreduce`` table; ``engine``: ``flow``, ``analytic`` or ``auto``
+    (:func:`treecoll.collectives.sim.analytic.choose_engine`), named in the output."""
     from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim.analytic import ANALYTIC_ALGOS, choose_engine
     check_algos(algos)
-    P = Placement(topology, ranks).nranks
+    placement = Placement(topology, ranks)
+    P = placement.nranks
+    engine = choose_engine(engine, P)
+    if engine == "analytic":
+        bad = [a for a in algos if a not in ANALYTIC_ALGOS and a != "nccl"]
+        if bad:
+            raise CollectiveError(f"--algo {','.join(bad)}: not modelled by the analytic engine (it models "
+                                  f"{', '.join(ANALYTIC_ALGOS)} and nccl); drop them or pass --engine flow")
     rows = []
     total = len(algos) * len(sizes)
     k = 0
@@ -215,17 +235,18 @@ def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str
         row = {"size": size, "algos": {}}
         for a in algos:
             _progress(k, total, f"{a} {size} B")
-            t, bus, alg, label = _one(topology, a, size, ranks, profile)
+            t, bus, alg, label = _one(placement, a, size, ranks, profile, "flow" if a == "nccl" else engine)
             row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label}
             k += 1
         rows.append(row)
     _progress(total, total, "")
     return {"topology": topology.name, "nranks": P, "collective": "allreduce", "algos": list(algos),
-            "profile": profile or "auto (fastest NCCL protocol)", "rows": rows}
+            "profile": profile or "auto (fastest NCCL protocol)", "engine": engine, "rows": rows}
 
 
 def render_allreduce(d: dict) -> str:
-    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks), profile {d['profile']}\n"
+    engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
+    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks), profile {d['profile']}, {engine}\n"
     cols = "".join(f" | {a:^30}" for a in d["algos"])
     sub = "".join(f" | {'time(us)':>10} {'algbw':>9} {'busbw':>9}" for _ in d["algos"])
     lines = [head + f"{'':>12}{cols}", f"{'size (B)':>12}{sub}"]
