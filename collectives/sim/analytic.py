@@ -52,7 +52,7 @@ from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
 from .engine import Network, concurrent_times
-from .profiles import Profile, get_profile
+from .profiles import Profile
 from .result import SimResult, bandwidths, check_size
 
 __all__ = ["analytic_allreduce", "ANALYTIC_ALGOS", "ANALYTIC_ABOVE_GPUS", "choose_engine", "ENGINES"]
