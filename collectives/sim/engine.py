@@ -559,6 +559,7 @@ class FlowEngine:
         """New max-min rates for the flows connected (through shared links) to a link where a flow
         started or ended; the others keep theirs."""
         fl = self.flows
+        n_before = fl.n
         fl.flush()
         if fl.ninc > 2 * max(fl.nalive_inc, 1024):
             fl.compact()
@@ -577,7 +578,9 @@ class FlowEngine:
             uf, fi = _dense(f_a[sel], self._fscratch)
             ul, li = _dense(l_a[sel], self._lscratch)
             fl.rate[uf] = _fill(fi, li, self.net.cap[ul].astype(np.float64), len(uf))
-        self.active = np.nonzero(fl.alive[:fl.n])[0]
+        # the subflows alive: those of the last update still draining (_drain_until keeps them in order), then
+        # the ones added since, whose ids are all larger (np.nonzero(fl.alive[:fl.n]) without the pass over all)
+        self.active = np.concatenate([self.active, np.arange(n_before, fl.n)]) if fl.n > n_before else self.active
         self.recomputes += 1
         self.changed = False
 
