@@ -1,7 +1,7 @@
 """``treecoll simulate``: predict collectives and decode steps on a topology you may not have.
 
     treecoll simulate allreduce --topology F --algo ring,tree,two_level,auto,nccl --sizes 8B:1GiB
-                                [--ranks N] [--profile P] [--json] [--plot out.png]
+                                [--ranks N] [--profile P] [--engine auto|flow|analytic] [--json] [--plot out.png]
     treecoll simulate decode --topology F --seq-len 1M[,2M...] --heads 16 --head-dim 128 [--kv-heads 8]
                              [--batch B] [--ranks N] [--tree two_level] [--plot out.png]
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
@@ -20,7 +20,10 @@ protocol profile per size unless ``--profile`` names one (``ideal``,
 or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024), KB, MB, GB
 (powers of 1000), as :mod:`treecoll.tools.units` reads them. Token counts
 (``--seq-len``) use k = 1e3, M = 1e6 like the paper (80k ... 5.12M).
-Sweeps show a progress bar on stderr when it is a terminal.
+Sweeps show a progress bar on stderr when it is a terminal. ``--engine``: the
+flow simulation, or the analytic engine for clusters of identical hosts
+(:mod:`treecoll.collectives.sim.analytic`; ``auto``, the default, takes it above
+16,384 GPUs); the table's first line names the engine.
 """
 from __future__ import annotations
 
