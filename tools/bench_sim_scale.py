@@ -1,102 +1,132 @@
-"""Scale benchmark of the simulator: allreduce on 8192 and 16,384 GPUs.
+"""Speed of ``treecoll simulate allreduce`` as a user runs it, from 128 to 100,000 GPUs.
 
-    python -m treecoll.tools.bench_sim_scale [--quick] [--json OUT] [--sizes 64KiB,1GiB] [--skip-tree]
+    python -m treecoll.tools.bench_sim_scale [--quick] [--json OUT] [--repeats N] [--case NAME ...]
 
-Targets: an allreduce on topologies/dgx-h100-x1024.yaml (8192 GPUs)
-simulates in < 10 s, one on 16,384 GPUs (2048 DGX H100, built from the same
-templates in code) in < 30 s, memory linear in ranks + links. Measured per
-run: wall time cold (first simulation on a freshly loaded topology, route
-queries included) and warm (routes cached), peak RSS of the process, and the
-engine's counters. Ring: the lockstep model (NCCL profiles); tree: the
-``two_level`` builder compiled to a schedule (1 chunk per tree; one tree per
-NIC rail from ``treecoll.collectives.sim.NCCL_TREE_RAIL_BYTES``, as the simulated NCCL tree) run through the event
-engine as ``simulate_algorithm`` runs NCCL-style trees (``NCCL_TREE_RUN``,
-NCCL's tree factor). Prints a line per run as it ends, then a table, and
-writes JSON (default ``bench_sim_scale.json`` in the current directory).
+Each case is one ``treecoll simulate allreduce`` command. Measured per case:
+``command s``, the wall time of the command run as a user runs it (a fresh
+process: interpreter start, imports, topology load, simulation, output), and
+in this process the same work split in two: ``load s`` (reading the topology
+file) and ``simulate s`` (the table: :func:`treecoll.tools.cmd_simulate.allreduce_data`
+on the loaded topology, routes computed cold). ``rss MB``: peak resident
+memory of the commands run so far (the largest child). Cases and targets:
+
+==========  ==========================================================================  ======
+case        command                                                                     target
+==========  ==========================================================================  ======
+sweep128    ``--topology dgx-h100-x16 --sizes 64K,1M,64M,1G`` (5 algorithms x 4 sizes)  10 s
+flow8192    ``--topology dgx-h100-x1024 --algo two_level --sizes 64MiB``                  10 s
+flow16384   the same on 2048 DGX H100 (a generated file, :func:`cluster_yaml`)          20 s
+ana100k     ``--engine analytic --algo ring,two_level,nccl --sizes 64MiB`` on 12,500    seconds
+            DGX H100 (100,000 GPUs; generated)
+==========  ==========================================================================  ======
+
+``--quick``: the 128-GPU sweep at 64 KiB only and the 8192-GPU case on the
+analytic engine, to check the script runs. Prints a line per case as it ends,
+then a table, and writes JSON (default ``bench_sim_scale.json``).
 """
 from __future__ import annotations
 
 import resource
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from treecoll.tools import units
 from treecoll.tools.bench.harness import Benchmark
 from treecoll.tools.cli import script_main
-from treecoll.topo.fmt import fmt_bytes, table
+from treecoll.topo.fmt import table
+
+#: name -> (topology: a shipped name or a host count to generate, command arguments, target seconds or None)
+CASES = {
+    "sweep128": ("dgx-h100-x16", ["--sizes", "64K,1M,64M,1G"], 10.0),
+    "flow8192": ("dgx-h100-x1024", ["--algo", "two_level", "--sizes", "64MiB"], 10.0),
+    "flow16384": (2048, ["--algo", "two_level", "--sizes", "64MiB"], 20.0),
+    "ana100k": (12500, ["--engine", "analytic", "--algo", "ring,two_level,nccl", "--sizes", "64MiB"], None),
+}
+QUICK = {
+    "sweep128": ("dgx-h100-x16", ["--sizes", "64K"], None),
+    "ana8192": ("dgx-h100-x1024", ["--engine", "analytic", "--algo", "ring,two_level", "--sizes", "64MiB"], None),
+}
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def cluster_yaml(hosts: int) -> str:
+    """A cluster of ``hosts`` DGX H100 on the rail-optimized fat tree of ``topologies/dgx-h100-x1024.yaml``.
+
+    >>> print(cluster_yaml(2048))
+    name: dgx-h100-x2048
+    hosts: [{template: dgx-h100, count: 2048}]
+    network: {type: rail_optimized, su_hosts: 32, spines: 16}
+    <BLANKLINE>
+    """
+    return (f"name: dgx-h100-x{hosts}\nhosts: [{{template: dgx-h100, count: {hosts}}}]\n"
+            "network: {type: rail_optimized, su_hosts: 32, spines: 16}\n")
 
 
-def _topology(hosts: int):
-    from treecoll.topo import yaml_io
-    if hosts == 1024:
-        return yaml_io.resolve("dgx-h100-x1024")
-    return yaml_io.loads(f"name: dgx-h100-x{hosts}\nhosts: [{{template: dgx-h100, count: {hosts}}}]\n"
-                         "network: {type: rail_optimized, su_hosts: 32, spines: 16}\n")
+def _topology_arg(spec, where: Path) -> str:
+    if isinstance(spec, str):
+        return spec
+    p = where / f"dgx-h100-x{spec}.yaml"
+    p.write_text(cluster_yaml(spec))
+    return str(p)
 
 
-def run(hosts_list, sizes, tree: bool) -> list[dict]:
-    from treecoll.collectives import builders
-    from treecoll.collectives import compile as compile_
-    from treecoll.collectives.sim.profiles import get_profile
-    from treecoll.collectives.sim.simulator import NCCL_TREE_RAIL_BYTES, NCCL_TREE_RUN, simulate, simulate_ring
-    tree_profile = get_profile("nccl-simple").for_tree_allreduce()
-    rows = []
-    for hosts in hosts_list:
+def _command(topology: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "treecoll.tools.cli", "simulate", "allreduce", "--topology", topology, *args]
+
+
+def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict]:
+    """(load s, simulate s, the table) of the command's work in this process."""
+    from treecoll.tools import cmd_simulate
+    from treecoll.tools.cli import build_parser
+    ns = build_parser().parse_args(["simulate", "allreduce", "--topology", topology, *args])
+    t0 = time.perf_counter()
+    topo = cmd_simulate._resolve(ns)
+    t1 = time.perf_counter()
+    from treecoll.tools import units
+    algos = units.parse_list(ns.algo, what="--algo", kind="algorithms")
+    data = cmd_simulate.allreduce_data(topo, algos, ns.sizes, ns.ranks, ns.profile, ns.engine)
+    return t1 - t0, time.perf_counter() - t1, data
+
+
+def run_case(name: str, spec, args: list[str], target, where: Path, repeats: int) -> dict:
+    topology = _topology_arg(spec, where)
+    walls = []
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        topo = _topology(hosts)
-        load = time.perf_counter() - t0
-        P = len(topo.gpus())
-        algos = [("ring", None)] + ([("two_level", None)] if tree else [])
-        for algo, _ in algos:
-            for size in sizes:
-                walls, builds = [], []
-                for _rep in range(2):   # cold (routes computed), then warm
-                    build = 0.0
-                    if algo != "ring":
-                        tb = time.perf_counter()
-                        plan = builders.build("two_level", topo, nbytes=size, rails=size >= NCCL_TREE_RAIL_BYTES)
-                        sched = compile_.compile_allreduce(plan, 1, forward_lag=0)
-                        build = time.perf_counter() - tb
-                    builds.append(build)
-                    t0 = time.perf_counter()   # the simulation alone; build + compile reported apart
-                    if algo == "ring":
-                        r = simulate_ring(topo, size, profile="nccl-simple")
-                    else:
-                        # as simulate_algorithm runs NCCL-style trees (split lanes, NCCL's tree factor)
-                        r = simulate(topo, sched, size, profile=tree_profile, **NCCL_TREE_RUN)
-                    walls.append(time.perf_counter() - t0)
-                    if algo != "ring" and _rep == 0 and walls[0] > 60:
-                        walls.append(float("nan"))
-                        break
-                row = {"gpus": P, "hosts": hosts, "algo": algo, "size": size, "load_s": load,
-                       "cold_s": walls[0], "warm_s": walls[1], "build_compile_s": builds[0],
-                       "sim_time_us": r.time * 1e6, "busbw": r.busbw, "rss_mb": _rss_mb(),
-                       "links_used": len(r.link_bytes), "stats": {k: v for k, v in r.stats.items() if k != "wall_s"}}
-                rows.append(row)
-                print(f"{P:>6} {algo:<10} {size:>11} load {load:5.2f}s cold {walls[0]:6.2f}s warm {walls[1]:6.2f}s "
-                      f"(build+compile {builds[0]:5.2f}s) -> {r.time * 1e6:10.1f} us busbw {r.busbw:7.2f} "
-                      f"rss {row['rss_mb']:6.0f} MB", flush=True)
-    return rows
+        done = subprocess.run(_command(topology, args), capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if done.returncode:
+            raise RuntimeError(f"{name}: the command failed: {done.stderr.strip()[-500:]}")
+    load, sim, data = _in_process(topology, args)
+    row = {"case": name, "command": "treecoll simulate allreduce --topology " + " ".join(
+        [str(spec) if isinstance(spec, str) else f"dgx-h100-x{spec}.yaml", *args]),
+        "gpus": data["nranks"], "engine": data["engine"], "command_s": min(walls), "command_runs_s": walls,
+        "load_s": load, "simulate_s": sim, "target_s": target,
+        "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+        "results": [{"size": r["size"], **{a: v["time_us"] for a, v in r["algos"].items()}} for r in data["rows"]]}
+    print(f"{name:<10} {row['gpus']:>7} GPUs {row['engine']:<8} command {row['command_s']:7.2f} s  load "
+          f"{load:6.2f} s  simulate {sim:7.2f} s  (target {target or '-'} s)", flush=True)
+    return row
 
 
 def main(argv=None) -> int:
-    bench = Benchmark("bench_sim_scale", __doc__, json="bench_sim_scale.json", quick="8192 GPUs only")
-    bench.parser.add_argument("--sizes", default=[1 << 16, 1 << 30], type=units.sizes_arg("--sizes"),
-                              help="message sizes, comma list or A:B (default 64KiB,1GiB)")
-    bench.parser.add_argument("--skip-tree", action="store_true", help="ring only")
+    bench = Benchmark("bench_sim_scale", __doc__, repeats=1, json="bench_sim_scale.json",
+                      quick="the 128-GPU sweep at 64 KiB and 8192 GPUs on the analytic engine")
+    bench.parser.add_argument("--case", action="append", choices=sorted({*CASES, *QUICK}), default=None,
+                              help="run only these cases (repeatable; default every case)")
     args = bench.parse(argv)
-    hosts = [1024] if args.quick else [1024, 2048]
-    print(f"{'GPUs':>6} {'algo':<10} {'bytes':>11}  (wall times of the simulation; targets 8192 < 10 s, "
-          f"16384 < 30 s)", flush=True)
-    rows = run(hosts, args.sizes, not args.skip_tree)
-    print(table([[r["gpus"], r["algo"], fmt_bytes(r["size"]), r["load_s"], r["cold_s"], r["warm_s"],
-                  r["build_compile_s"], r["sim_time_us"], r["busbw"], r["rss_mb"]] for r in rows],
-                ["GPUs", "algo", "size", "load s", "cold s", "warm s", "build s", "sim us", "busbw GB/s", "rss MB"],
-                formats=[None, None, None, ".2f", ".2f", ".2f", ".2f", ".1f", ".2f", ".0f"]))
+    cases = QUICK if args.quick else CASES
+    if args.case:
+        cases = {k: v for k, v in {**CASES, **QUICK}.items() if k in args.case}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (spec, cargs, target) in cases.items():
+            rows.append(run_case(name, spec, cargs, target, Path(tmp), args.repeats))
+    print(table([[r["case"], r["gpus"], r["engine"], r["command_s"], r["load_s"], r["simulate_s"],
+                  r["target_s"] if r["target_s"] is not None else "-", r["rss_mb"]] for r in rows],
+                ["case", "GPUs", "engine", "command s", "load s", "simulate s", "target s", "rss MB"],
+                formats=[None, None, None, ".2f", ".2f", ".2f", None, ".0f"]))
     bench.write_json({"rows": rows}, args.json)
     return 0
 

@@ -1,7 +1,7 @@
 """``treecoll simulate``: predict collectives and decode steps on a topology you may not have.
 
     treecoll simulate allreduce --topology F --algo ring,tree,two_level,auto,nccl --sizes 8B:1GiB
-                                [--ranks N] [--profile P] [--json] [--plot out.png]
+                                [--ranks N] [--profile P] [--engine auto|flow|analytic] [--json] [--plot out.png]
     treecoll simulate decode --topology F --seq-len 1M[,2M...] --heads 16 --head-dim 128 [--kv-heads 8]
                              [--batch B] [--ranks N] [--tree two_level] [--plot out.png]
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
@@ -20,7 +20,10 @@ protocol profile per size unless ``--profile`` names one (``ideal``,
 or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024), KB, MB, GB
 (powers of 1000), as :mod:`treecoll.tools.units` reads them. Token counts
 (``--seq-len``) use k = 1e3, M = 1e6 like the paper (80k ... 5.12M).
-Sweeps show a progress bar on stderr when it is a terminal.
+Sweeps show a progress bar on stderr when it is a terminal. ``--engine``: the
+flow simulation, or the analytic engine for clusters of identical hosts
+(:mod:`treecoll.collectives.sim.analytic`; ``auto``, the default, takes it above
+16,384 GPUs); the table's first line names the engine.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ def _names(registry) -> str:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
     from treecoll.collectives.cost import MODES
+    from treecoll.collectives.sim.analytic import ANALYTIC_ABOVE_GPUS, ENGINES
     from treecoll.collectives.sim.profiles import PROFILES
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
@@ -91,6 +95,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("--plot", default=None, metavar="OUT.png",
                    help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
     a.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
+    a.add_argument("--engine", default="auto", choices=ENGINES,
+                   help=f"flow: the flow-level simulation; analytic: closed forms from a few hosts' sample, for "
+                        f"100k+ GPUs of identical hosts (ring, tree, two_level, auto); auto: analytic above "
+                        f"{ANALYTIC_ABOVE_GPUS} GPUs (default auto)")
     d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
              "Model one decode step's attention on the topology: tree attention (local attention + one "
              "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
@@ -144,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos)
         topology = _resolve(args)
-        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.mode)
+        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.mode, args.engine)
         if plot:
             plot_allreduce(data, plot)
             data["plot"] = plot
@@ -179,17 +187,23 @@ def _check_profile(profile: str | None) -> None:
     get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
-def _one(topology, algo: str, size: int, ranks, profile, mode: str = "executor"):
-    """(time s, busbw, algbw, label) of one algorithm at one size; treecoll's trees in ``mode``."""
+def _one(topology, algo: str, size: int, ranks, profile, mode: str = "executor", engine: str = "flow"):
+    """(time s, busbw, algbw, label) of one algorithm at one size; treecoll's trees in ``mode``;
+    ``engine`` ``analytic``: every algorithm in-kernel, from :mod:`treecoll.collectives.sim.analytic`."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
-    p = Placement(topology, ranks)
+    p = topology if isinstance(topology, Placement) else Placement(topology, ranks)
+    topology = p.topology
     if algo == "nccl":
         from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
         best = min((nccl_predict(p, None, size, algo=a) for a in nccl_algos(topology, p.gpus)),
                    key=lambda r: r["time"])
         alg, bus = bandwidths("allreduce", size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
+    if engine == "analytic":
+        from treecoll.collectives.sim.analytic import analytic_allreduce
+        r = analytic_allreduce(p, algo, size, profile=profile or "auto")
+        return r.time, r.busbw, r.algbw, f"{r.profile} ({r.stats['engine']})"
     if algo in SIM_ALGOS:       # NCCL's own algorithms: as NCCL runs them
         name = "double_binary" if algo == "tree" else algo
         r = simulate_algorithm(p, name, size, profile=profile or "auto")
@@ -235,10 +249,22 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
-def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str = "executor") -> dict[str, Any]:
+def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str = "executor",
+                   engine: str = "flow") -> dict[str, Any]:
+    """The ``simulate allreduce`` table; treecoll's trees in ``mode``; ``engine``: ``flow``, ``analytic``
+    or ``auto`` (:func:`treecoll.collectives.sim.analytic.choose_engine`), named in the output. The
+    analytic engine predicts every algorithm in-kernel (the output says so)."""
     from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim.analytic import ANALYTIC_ALGOS, choose_engine
     check_algos(algos)
-    P = Placement(topology, ranks).nranks
+    placement = Placement(topology, ranks)
+    P = placement.nranks
+    engine = choose_engine(engine, P)
+    if engine == "analytic":
+        bad = [a for a in algos if a not in ANALYTIC_ALGOS and a != "nccl"]
+        if bad:
+            raise CollectiveError(f"--algo {','.join(bad)}: not modelled by the analytic engine (it models "
+                                  f"{', '.join(ANALYTIC_ALGOS)} and nccl); drop them or pass --engine flow")
     rows = []
     total = len(algos) * len(sizes)
     k = 0
@@ -246,23 +272,26 @@ def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str =
         row = {"size": size, "algos": {}}
         for a in algos:
             _progress(k, total, f"{a} {size} B")
-            t, bus, alg, label = _one(topology, a, size, ranks, profile, mode)
+            eng = "flow" if a == "nccl" else engine
+            t, bus, alg, label = _one(placement, a, size, ranks, profile, mode, eng)
             row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label,
-                               "mode": "in-kernel" if a in SIM_ALGOS else mode}
+                               "mode": "in-kernel" if a in SIM_ALGOS or eng == "analytic" else mode}
             k += 1
         rows.append(row)
     _progress(total, total, "")
     from treecoll.collectives.cost import CostModel
-    cm = CostModel(Placement(topology, ranks))
+    cm = CostModel(placement)
     return {"topology": topology.name, "nranks": P, "collective": "allreduce", "algos": list(algos),
-            "profile": profile or "auto (fastest NCCL protocol)", "mode": mode,
+            "profile": profile or "auto (fastest NCCL protocol)", "engine": engine,
+            "mode": mode if engine == "flow" else "in-kernel",
             "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6}, "rows": rows}
 
 
 def render_allreduce(d: dict) -> str:
     ours = [a for a in d["algos"] if a not in SIM_ALGOS]
     nccl = [a for a in d["algos"] if a in SIM_ALGOS]
-    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks)\n"
+    engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
+    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks), {engine}\n"
     if ours:
         auto = "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster" \
             if "auto" in ours else ""

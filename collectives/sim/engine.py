@@ -226,8 +226,7 @@ def _fill(fi: np.ndarray, li: np.ndarray, rem: np.ndarray, nf: int) -> np.ndarra
     fia = fi
     while len(lia):
         cnt = np.bincount(lia, minlength=nl)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(cnt > 0, rem / np.maximum(cnt, 1), np.inf)
+        share = np.where(cnt > 0, rem / np.maximum(cnt, 1), np.inf)
         m = max(float(share.min()), 0.0)
         bott = share <= m * (1 + _REL_EPS) + 1e-12
         rem -= cnt * m
@@ -240,6 +239,26 @@ def _fill(fi: np.ndarray, li: np.ndarray, rem: np.ndarray, nf: int) -> np.ndarra
         lia = lia[act]
         fia = fia[act]
     return rate
+
+
+def _dense(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(unique ids, dense index of each entry)`` without sorting: the ids in an order of first
+    appearance, ``scratch`` an int array longer than the largest id (its contents are overwritten).
+
+    Progressive filling does not depend on how flows and links are numbered, so this numbering
+    gives :func:`_fill` the same rates as :func:`maxmin_rates`'s sorted one, in linear time.
+
+    >>> u, i = _dense(np.array([7, 3, 7, 5]), np.zeros(8, dtype=np.int64))
+    >>> sorted(u.tolist()), u[i].tolist()
+    ([3, 5, 7], [7, 3, 7, 5])
+    """
+    n = len(ids)
+    scratch[ids] = np.arange(n)
+    rep = scratch[ids]                         # one position per distinct id
+    first = np.zeros(n, dtype=bool)
+    first[rep] = True
+    dense = np.cumsum(first) - 1
+    return ids[first], dense[rep]
 
 
 def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: int) -> np.ndarray:
@@ -504,6 +523,8 @@ class FlowEngine:
         self.dirty: list[np.ndarray] = []           # link ids where a subflow started or ended since then
         self.changed = False                        # whether the rates need an update
         self.recomputes = 0
+        self._fscratch = np.zeros(0, dtype=np.int64)   # for _dense: flow ids, link ids
+        self._lscratch = np.zeros(0, dtype=np.int64)
         # events: (time, sequence number, kind, a, b) and the clock
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
@@ -538,6 +559,7 @@ class FlowEngine:
         """New max-min rates for the flows connected (through shared links) to a link where a flow
         started or ended; the others keep theirs."""
         fl = self.flows
+        n_before = fl.n
         fl.flush()
         if fl.ninc > 2 * max(fl.nalive_inc, 1024):
             fl.compact()
@@ -549,9 +571,16 @@ class FlowEngine:
         self.dirty.clear()
         sel = _component(f_a, l_a, dmask, fl.n)
         if sel.any():
-            uf, rate = maxmin_rates(f_a[sel], l_a[sel], self.net.cap)
-            fl.rate[uf] = rate
-        self.active = np.nonzero(fl.alive[:fl.n])[0]
+            if len(self._fscratch) < fl.n:
+                self._fscratch = np.zeros(2 * fl.n, dtype=np.int64)
+            if len(self._lscratch) < len(self.net.ends):
+                self._lscratch = np.zeros(2 * len(self.net.ends), dtype=np.int64)
+            uf, fi = _dense(f_a[sel], self._fscratch)
+            ul, li = _dense(l_a[sel], self._lscratch)
+            fl.rate[uf] = _fill(fi, li, self.net.cap[ul].astype(np.float64), len(uf))
+        # the subflows alive: those of the last update still draining (_drain_until keeps them in order), then
+        # the ones added since, whose ids are all larger (np.nonzero(fl.alive[:fl.n]) without the pass over all)
+        self.active = np.concatenate([self.active, np.arange(n_before, fl.n)]) if fl.n > n_before else self.active
         self.recomputes += 1
         self.changed = False
 
