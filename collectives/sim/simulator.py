@@ -37,6 +37,7 @@ for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time as _time
 from collections.abc import Sequence
 from typing import Any
@@ -48,7 +49,7 @@ from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
 from ..schedule import Schedule
-from .engine import FlowEngine, Network, concurrent_times, gc_paused
+from .engine import FlowEngine, Network, drain_times, gc_paused
 from .profiles import Profile, get_profile
 from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, placed
 
@@ -93,25 +94,75 @@ def simulate(placement: Placement | Topology, schedule: Schedule, nbytes: int, *
                    stats, top)
 
 
-def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
-    """One ring per channel: hosts in rank order, each host's GPUs rotated by the channel number.
-
-    Rotating the host-local order makes channel c leave each host from a
-    different GPU (hence through a different NIC), as NCCL spreads its ring
-    channels over the NICs.
-    """
+def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict:
+    """The ranks' GPUs per host, in rank order (hosts in the order of their first rank)."""
     by_host: dict = {}
     nodes = topology.graph.nodes
     for g in gpus:
         by_host.setdefault(nodes[g].get("host"), []).append(g)
+    return by_host
+
+
+def _host_ring(topology: Topology, host: Any, members: list[str], c: int) -> tuple[list[str], str | None]:
+    """Channel ``c``'s order through one host and the GPU it leaves the host through (PXN), or None.
+
+    NCCL's ring search (src/graph/search.cc, NCCL 2.30: ``NET n -> GPU a -> ... -> GPU x -> NET n``,
+    ``NCCL_CROSS_NIC`` default 2 tries the same NIC in and out first) enters and leaves every host
+    through one NIC, so each channel stays on one rail: channel ``c`` uses the host's NIC
+    ``c mod #NICs`` (``nets[(nChannels + i) % netCount]``), enters at a GPU nearest to it and ends at
+    another GPU nearest to it if there is one; otherwise the last GPU sends through the entry GPU's
+    NIC over NVLink (PXN, NCCL 2.12+: ``NET/IB/n(proxy)``).
+    """
+    nics = topology.nics(host) if host is not None else ()
+    k = c % len(members)
+    rotated = members[k:] + members[:k]
+    if not nics:
+        return rotated, None
+    nic = nics[c % len(nics)]
+    near = [g for g in members if topology.nearest_nic(g) == nic]
+    if not near:
+        return rotated, None
+    entry = near[(c // len(nics)) % len(near)]
+    i = members.index(entry)
+    order = members[i:] + members[:i]
+    others = [g for g in near if g != entry]
+    if others:
+        order.remove(others[0])
+        order.append(others[0])
+        return order, None
+    last = order[-1]
+    if last != entry and topology.path(last, entry).nccl in ("NVL", "NVB"):
+        return order, entry
+    return order, None
+
+
+def nccl_rings(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[tuple[str, str, str | None]]]:
+    """NCCL's ring of every channel as its hops ``(src, dst, via)``: ``via`` is the GPU whose NIC a
+    host-leaving hop goes through (PXN; None: the sender's own route). See :func:`_host_ring`;
+    on one host the rings rotate the rank order by the channel number."""
+    groups = _host_groups(topology, gpus)
+    multi = len(groups) > 1
     out = []
     for c in range(channels):
-        ring = []
-        for lst in by_host.values():
-            k = c % len(lst)
-            ring.extend(lst[k:] + lst[:k])
-        out.append(ring)
+        order: list[str] = []
+        vias: dict[str, str] = {}
+        for host, members in groups.items():
+            if multi:
+                seg, via = _host_ring(topology, host, members, c)
+                if via is not None:
+                    vias[seg[-1]] = via
+            else:
+                k = c % len(members)
+                seg = members[k:] + members[:k]
+            order.extend(seg)
+        P = len(order)
+        out.append([(order[i], order[(i + 1) % P], vias.get(order[i]) if multi else None) for i in range(P)])
     return out
+
+
+def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
+    """One ring per channel (the GPUs in ring order), as :func:`nccl_rings` lays them over the NICs."""
+    return [[s for s, _, _ in ring] for ring in nccl_rings(topology, gpus, channels)]
 
 
 def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
@@ -131,6 +182,51 @@ def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
     return max(1, min(min(nic_count.values()), min(gpu_count.values())))
 
 
+def _hop_route(net: Network, src: str, dst: str, via: str | None) -> tuple[list[tuple[np.ndarray, float]], float]:
+    """``(subroutes, latency s)`` of one hop; through ``via`` (PXN): the NVLink route to ``via`` joined to
+    ``via``'s route to ``dst`` (latency: the second route's, plus the first's links)."""
+    r = net.route(src, dst if via is None else via)
+    if via is None:
+        return list(r.subroutes), r.lat
+    r2 = net.route(via, dst)
+    lat1 = net.topology.path(src, via).lat * 1e-6
+    subs = [(np.concatenate([ids, ids2]), share * share2)
+            for ids, share in r.subroutes for ids2, share2 in r2.subroutes]
+    return subs, r2.lat + lat1
+
+
+def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(latency, drain)`` in seconds of hops ``(src, dst, via)`` that all start together, moving
+    ``sizes[i]`` bytes each; rates from one max-min allocation (as
+    :func:`~treecoll.collectives.sim.engine.concurrent_times`, with PXN hops through ``via``)."""
+    links, subsizes, owner, lats = [], [], [], []
+    for i, ((a, b, via), n) in enumerate(zip(hops, sizes)):
+        subs, lat = _hop_route(net, a, b, via)
+        lats.append(lat)
+        for ids, share in subs:
+            links.append(ids)
+            subsizes.append(n * share)
+            owner.append(i)
+    drain = np.zeros(len(hops))
+    if links:
+        np.maximum.at(drain, np.asarray(owner, dtype=np.int64), drain_times(net, links, subsizes))
+    return np.asarray(lats, dtype=np.float64), drain
+
+
+def _hop_load(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]) -> np.ndarray:
+    """Bytes each numbered link carries for ``hops`` moving ``sizes`` bytes."""
+    ids, w = [], []
+    for (a, b, via), n in zip(hops, sizes):
+        for lk, share in _hop_route(net, a, b, via)[0]:
+            ids.append(lk)
+            w.append(np.full(len(lk), n * share))
+    out = np.zeros(len(net.ends))
+    if ids:
+        np.add.at(out, np.concatenate(ids), np.concatenate(w))
+    return out
+
+
 def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
     """Largest summed latency of ``nsteps`` consecutive hops of any ring (``lat[channel, hop]``, cyclic)."""
     C, P = lat.shape
@@ -144,24 +240,36 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
     return float((full * tot + windows.max(axis=1)).max())
 
 
+#: collectives NCCL runs on its rings (broadcast and reduce: a pipelined chain from / to the root)
+RING_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+#: bytes of one pipeline chunk of NCCL's ring broadcast / reduce per protocol profile: a buffer step
+#: (NCCL 2.30 src/init.cc DEFAULT_BUFFSIZE 4 MiB, DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE over
+#: NCCL_STEPS 8, src/include/device.h) times BROADCAST_CHUNKSTEPS = REDUCE_CHUNKSTEPS = 1
+#: (src/include/collectives.h); LL carries 8 data bytes per 16-byte line, LL128 120 per 128
+PIPELINE_CHUNK_BYTES = {"nccl-ll": 32 << 10, "nccl-ll128": 120 * 640 * 8 * 120 // 128, "nccl-simple": 512 << 10}
+
+
 @gc_paused()
 def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
                   dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
-                  channels: int | None = None, top: int = 10) -> SimResult:
-    """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
+                  channels: int | None = None, top: int = 10, root: int = 0) -> SimResult:
+    """NCCL's ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter``, ``allgather``,
+    ``broadcast`` or ``reduce`` (``root``: a rank), over one ring per channel (:func:`nccl_rings`:
+    each channel enters and leaves every host through one NIC, the channels spread over the NICs).
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
-    allreduce, the total (all ranks' pieces) for reduce_scatter and
+    allreduce, broadcast and reduce, the total (all ranks' pieces) for reduce_scatter and
     allgather; each of the ``channels`` rings carries an equal share. Every step all
     ranks send one chunk (``size / (P × channels)``) to their ring successor at once; the
     step time comes from one max-min allocation of those P × channels transfers
-    (:func:`~treecoll.collectives.sim.engine.concurrent_times`),
-    and a reduce-scatter step takes the longer of that and its reduce
+    (:func:`hop_times`), and a reduce-scatter step takes the longer of that and its reduce
     (``3 × chunk / mem_bw``: NCCL reduces while the data streams in).
-    Steps: 2(P−1) for allreduce, P−1 for either half.
+    Steps: 2(P−1) for allreduce, P−1 for either half. Broadcast and reduce pipeline
+    :data:`PIPELINE_CHUNK_BYTES` chunks down the chain of P−1 hops from (to) the root: ``k``
+    chunks per channel take the chain's latency plus ``k + P − 2`` chunk steps.
     """
-    if collective not in ("allreduce", "reduce_scatter", "allgather"):
-        raise CollectiveError(f"ring collective {collective!r}: expected allreduce, reduce_scatter or allgather")
+    if collective not in RING_COLLECTIVES:
+        raise CollectiveError(f"ring collective {collective!r}: expected one of {', '.join(RING_COLLECTIVES)}")
     check_size(nbytes, dtype)
     prof = get_profile(profile)
     topology, gpus = placed(placement, ranks, what="simulate_ring")
@@ -169,30 +277,67 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
     C = channels or default_channels(topology, gpus)
     if C < 1:
         raise CollectiveError(f"channels: expected >= 1, got {C}")
+    if collective in ("broadcast", "reduce") and not 0 <= root < P:
+        raise CollectiveError(f"{collective} root: expected a rank in 0..{P - 1}, got {root}")
     t0 = _time.perf_counter()
     net = Network(topology, prof)
-    chunk = nbytes / (P * C)
-    rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
-    ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
     link_bytes = np.zeros(0)
     makespan = 0.0
-    if P > 1:
-        transfers: list[tuple[str, str, float]] = []
-        rings = ring_orders(topology, gpus, C)
-        for ring in rings:
-            transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
-        lat, drain = concurrent_times(net, transfers)
-        memb = _mem_bw(topology, gpus)
-        red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
-        step = float(drain.max())
-        makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
-            + ag_steps * step
-        link_bytes = net.link_load(transfers) * (rs_steps + ag_steps)
-    peaks = [chunk * C if rs_steps else 0.0] * P
-    stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
-             "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
+    stats: dict[str, Any] = {"engine": "lockstep ring", "channels": C}
+    memb = _mem_bw(topology, gpus)
+    reduce_bw = min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
+    rings = nccl_rings(topology, gpus, C) if P > 1 else []
+    if collective in ("broadcast", "reduce"):
+        chunk = nbytes / C
+        if P > 1:
+            makespan, link_bytes, k = _ring_chain(net, rings, root, gpus, chunk, prof, reduce_bw,
+                                                  collective == "reduce")
+            stats.update(steps=k + P - 2, pipeline_chunks=k, transfers_per_step=(P - 1) * C)
+        peaks = [0.0] * P
+    else:
+        chunk = nbytes / (P * C)
+        rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
+        ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
+        if P > 1:
+            hops = [h for ring in rings for h in ring]
+            sizes = [chunk] * len(hops)
+            lat, drain = hop_times(net, hops, sizes)
+            red = 3.0 * chunk * C / reduce_bw if reduce_bw else 0.0
+            step = float(drain.max())
+            makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
+                + ag_steps * step
+            link_bytes = _hop_load(net, hops, sizes) * (rs_steps + ag_steps)
+        peaks = [chunk * C if rs_steps else 0.0] * P
+        stats.update(steps=rs_steps + ag_steps, transfers_per_step=P * C)
+    stats["wall_s"] = _time.perf_counter() - t0
     return make_result(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
-                   dtype, stats, top)
+                       dtype, stats, top)
+
+
+def _ring_chain(net: Network, rings, root: int, gpus: Sequence[str], chunk: float, prof: Profile, reduce_bw: float,
+                reduce: bool) -> tuple[float, np.ndarray, int]:
+    """(seconds, link bytes, chunks per channel) of a broadcast (or, ``reduce``, a reduce) of ``chunk``
+    bytes per channel down each ring from rank ``root`` (to it): the P−1 hops that do not enter
+    (leave) the root, every hop busy at once in the pipeline's steady state."""
+    src = gpus[root]
+    hops = []
+    for ring in rings:
+        i = next(k for k, h in enumerate(ring) if h[0] == src)
+        # broadcast: every hop but the one back into the root; reduce: every hop but the one out of it
+        first = i + 1 if reduce else i
+        hops.extend(ring[(first + j) % len(ring)] for j in range(len(ring) - 1))
+    step_bytes = min(chunk, PIPELINE_CHUNK_BYTES.get(prof.name, PIPELINE_CHUNK_BYTES["nccl-simple"]))
+    k = max(1, int(math.ceil(chunk / step_bytes))) if chunk > 0 else 1
+    step_bytes = chunk / k
+    sizes = [step_bytes] * len(hops)
+    lat, drain = hop_times(net, hops, sizes)
+    n = len(hops) // len(rings)
+    chain_lat = float(lat.reshape(len(rings), n).sum(axis=1).max())
+    step = float(drain.max())
+    if reduce and reduce_bw:
+        step = max(step, 3.0 * step_bytes * len(rings) / reduce_bw)
+    seconds = chain_lat + (k + n - 1) * step
+    return seconds, _hop_load(net, hops, sizes) * k, k
 
 
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
