@@ -213,8 +213,10 @@ def test_busbw_definitions_follow_nccl_tests():
     assert bus_factor("allgather", 16) == pytest.approx(15 / 16)
     assert bus_factor("broadcast", 4) == 1.0
     assert bandwidths("allreduce", 10**9, 8, 0.5) == pytest.approx((2.0, 3.5))
-    with pytest.raises(CollectiveError, match="collective 'alltoall'"):
-        bus_factor("alltoall", 4)
+    assert bus_factor("alltoall", 4) == bus_factor("reduce_scatter", 4) == pytest.approx(3 / 4)
+    assert bus_factor("sendrecv", 4) == bus_factor("reduce", 4) == 1.0
+    with pytest.raises(CollectiveError, match="collective 'gather'"):
+        bus_factor("gather", 4)
 
 
 def test_ring_allgather_and_reduce_scatter_steps():
