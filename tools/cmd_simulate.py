@@ -2,6 +2,8 @@
 
     treecoll simulate allreduce --topology F --algo ring,tree,two_level,auto,nccl --sizes 8B:1GiB
                                 [--ranks N] [--profile P] [--json] [--plot out.png]
+    treecoll simulate allgather|reduce_scatter|broadcast|reduce|alltoall|sendrecv --topology F [--algo A,...]
+                                [--sizes ...] (the same options; sizes as nccl-tests prints them)
     treecoll simulate decode --topology F --seq-len 1M[,2M...] --heads 16 --head-dim 128 [--kv-heads 8]
                              [--batch B] [--ranks N] [--tree two_level] [--plot out.png]
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
@@ -14,7 +16,8 @@ name of :mod:`treecoll.collectives.builders` (``two_level``, ``auto``, ``binomia
 ``kary:4``, ...), and ``nccl``: NCCL's own analytical model
 (:func:`treecoll.collectives.sim.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
 offers there: ring, tree and where it runs NVLS),
-a separate line for comparison. Simulated algorithms use the fastest NCCL
+a separate line for comparison (for every collective: :func:`treecoll.collectives.sim.nccl_model.nccl_best`),
+and ``p2p`` (alltoall and sendrecv: every transfer at once). Simulated algorithms use the fastest NCCL
 protocol profile per size unless ``--profile`` names one (``ideal``,
 ``nccl-simple``, a calibrated YAML...). Sizes: ``A:B`` doubles from A to B,
 or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024), KB, MB, GB
@@ -78,16 +81,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             f"{_names(PROFILES)}, or a calibrated profile YAML file")
         return q
 
-    a = base("allreduce", "time, algbw and busbw per size and algorithm (nccl-tests style)",
-             "Simulate an allreduce of each size with each algorithm and print time, algbw and busbw "
-             "(nccl-tests' definitions).")
-    a.add_argument("--algo", default="ring,tree,two_level,auto,nccl", metavar="A[,A...]",
-                   help=f"comma list of algorithms: {algos} (default ring,tree,two_level,auto,nccl)")
-    a.add_argument("--sizes", default="8B:1GiB", type=units.sizes_arg("--sizes"), metavar="A:B|S[,S...]",
-                   help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 "
-                        "(default 8B:1GiB)")
-    a.add_argument("--plot", default=None, metavar="OUT.png",
-                   help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
+    for coll, default in DEFAULT_ALGOS.items():
+        a = base(coll, f"{coll}: time, algbw and busbw per size and algorithm (nccl-tests style)",
+                 f"Simulate a{'n' if coll[0] in 'a' else ''} {coll} of each size with each algorithm and print "
+                 f"time, algbw and busbw (nccl-tests' definitions; sizes as nccl-tests prints them).")
+        a.add_argument("--algo", default=default, metavar="A[,A...]",
+                       help=f"comma list of algorithms: {algos} (default {default})")
+        a.add_argument("--sizes", default="8B:1GiB", type=units.sizes_arg("--sizes"), metavar="A:B|S[,S...]",
+                       help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 "
+                            "(default 8B:1GiB)")
+        a.add_argument("--plot", default=None, metavar="OUT.png",
+                       help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
     d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
              "Model one decode step's attention on the topology: tree attention (local attention + one "
              "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
@@ -135,11 +139,11 @@ def run(args: argparse.Namespace) -> int:
     _check_profile(args.profile)
     if plot:
         output_path(plot, "--plot", inputs=[args.topology, args.profile], suffixes=IMAGE_SUFFIXES)
-    if args.sim_command == "allreduce":
+    if args.sim_command in DEFAULT_ALGOS:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos)
         topology = _resolve(args)
-        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile)
+        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.sim_command)
         if plot:
             plot_allreduce(data, plot)
             data["plot"] = plot
@@ -174,24 +178,27 @@ def _check_profile(profile: str | None) -> None:
     get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
-def _one(topology, algo: str, size: int, ranks, profile):
+def _one(topology, algo: str, size: int, ranks, profile, collective: str = "allreduce"):
     """(time s, busbw, algbw, label) of one algorithm at one size."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
     p = Placement(topology, ranks)
     if algo == "nccl":
-        from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
-        best = min((nccl_predict(p, None, size, algo=a) for a in nccl_algos(topology, p.gpus)),
-                   key=lambda r: r["time"])
-        alg, bus = bandwidths("allreduce", size, p.nranks, best["time"])
+        from treecoll.collectives.sim.nccl_model import nccl_best
+        best = nccl_best(p, None, size, collective)
+        alg, bus = bandwidths(collective, size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
     name = "double_binary" if algo == "tree" else algo
-    r = simulate_algorithm(p, name, size, profile=profile or "auto")
+    r = simulate_algorithm(p, name, size, collective=collective, profile=profile or "auto")
     return r.time, r.busbw, r.algbw, r.profile
 
 
 #: --algo names besides the tree builders of collectives.builders
-SIM_ALGOS = ("ring", "tree", "nvls", "nccl")
+SIM_ALGOS = ("ring", "tree", "nvls", "p2p", "nccl")
+#: the collectives ``simulate`` runs (nccl-tests' seven) and their default --algo
+DEFAULT_ALGOS = {"allreduce": "ring,tree,two_level,auto,nccl", "allgather": "ring,nccl",
+                 "reduce_scatter": "ring,nccl", "broadcast": "ring,two_level,nccl", "reduce": "ring,two_level,nccl",
+                 "alltoall": "p2p,nccl", "sendrecv": "p2p,nccl"}
 
 
 def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -> None:
@@ -204,7 +211,7 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
-def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str, Any]:
+def allreduce_data(topology, algos, sizes, ranks=None, profile=None, collective: str = "allreduce") -> dict[str, Any]:
     from treecoll.collectives.placement import Placement
     check_algos(algos)
     P = Placement(topology, ranks).nranks
@@ -215,17 +222,17 @@ def allreduce_data(topology, algos, sizes, ranks=None, profile=None) -> dict[str
         row = {"size": size, "algos": {}}
         for a in algos:
             _progress(k, total, f"{a} {size} B")
-            t, bus, alg, label = _one(topology, a, size, ranks, profile)
+            t, bus, alg, label = _one(topology, a, size, ranks, profile, collective)
             row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label}
             k += 1
         rows.append(row)
     _progress(total, total, "")
-    return {"topology": topology.name, "nranks": P, "collective": "allreduce", "algos": list(algos),
+    return {"topology": topology.name, "nranks": P, "collective": collective, "algos": list(algos),
             "profile": profile or "auto (fastest NCCL protocol)", "rows": rows}
 
 
 def render_allreduce(d: dict) -> str:
-    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks), profile {d['profile']}\n"
+    head = f"# {d['collective']} on {d['topology']} ({d['nranks']} ranks), profile {d['profile']}\n"
     cols = "".join(f" | {a:^30}" for a in d["algos"])
     sub = "".join(f" | {'time(us)':>10} {'algbw':>9} {'busbw':>9}" for _ in d["algos"])
     lines = [head + f"{'':>12}{cols}", f"{'size (B)':>12}{sub}"]
@@ -255,7 +262,7 @@ def plot_allreduce(d: dict, path: str) -> None:
         ax.plot(xs, [max(r["algos"][a]["busbw"], 1e-6) for r in d["rows"]], marker="o", ms=3, label=a)
     ax.set_xscale("log", base=2)
     _finish_plot(plt, fig, ax, "message size (bytes)", "busbw (GB/s)",
-                 f"allreduce on {d['topology']} ({d['nranks']} ranks)", path)
+                 f"{d['collective']} on {d['topology']} ({d['nranks']} ranks)", path)
 
 
 def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> None:

@@ -53,8 +53,9 @@ from .engine import FlowEngine, Network, drain_times, gc_paused
 from .profiles import Profile, get_profile
 from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, placed
 
-__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_executor",
-           "simulate_nccl_allreduce", "bus_factor", "bandwidths", "DTYPE_SIZES", "placed"]
+__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_p2p", "simulate_algorithm", "simulate_executor",
+           "simulate_nccl_allreduce", "simulate_nccl", "nccl_rings", "hop_times", "bus_factor", "bandwidths",
+           "DTYPE_SIZES", "placed"]
 
 
 
@@ -340,10 +341,56 @@ def _ring_chain(net: Network, rings, root: int, gpus: Sequence[str], chunk: floa
     return seconds, _hop_load(net, hops, sizes) * k, k
 
 
+#: NCCL point-to-point collectives of nccl-tests: alltoall (rank r sends ``S / P`` to every rank) and
+#: sendrecv (rank r sends ``S`` to r + 1 and receives from r − 1)
+P2P_COLLECTIVES = ("alltoall", "sendrecv")
+#: most ranks :func:`simulate_p2p` runs an alltoall on (its P(P−1) transfers are simulated one by one)
+MAX_ALLTOALL_RANKS = 1024
+
+
+@gc_paused()
+def simulate_p2p(placement: Placement | Topology, nbytes: int, *, collective: str = "alltoall",
+                 dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
+                 top: int = 10) -> SimResult:
+    """nccl-tests' ``alltoall`` or ``sendrecv`` of ``nbytes`` (the size it prints: a rank's send
+    buffer), every transfer at once: the time is the largest of each transfer's route latency
+    plus its drain under one max-min allocation (:func:`hop_times`), plus the profile's base latency.
+
+    Two GPUs on one link of ``B`` GB/s and ``lat`` µs, ``ideal`` profile: sendrecv takes
+    ``lat + S / B``.
+    """
+    if collective not in P2P_COLLECTIVES:
+        raise CollectiveError(f"p2p collective {collective!r}: expected one of {', '.join(P2P_COLLECTIVES)}")
+    check_size(nbytes, dtype)
+    prof = get_profile(profile)
+    topology, gpus = placed(placement, ranks, what="simulate_p2p")
+    P = len(gpus)
+    if collective == "alltoall" and P > MAX_ALLTOALL_RANKS:
+        raise CollectiveError(f"alltoall on {P} ranks: the simulator runs it on at most {MAX_ALLTOALL_RANKS} "
+                              f"(P(P-1) transfers); use the NCCL model (nccl_predict) beyond")
+    t0 = _time.perf_counter()
+    net = Network(topology, prof)
+    if collective == "alltoall":
+        hops = [(a, b, None) for a in gpus for b in gpus if a != b]
+        sizes = [nbytes / P] * len(hops)
+    else:
+        hops = [(gpus[r], gpus[(r + 1) % P], None) for r in range(P)] if P > 1 else []
+        sizes = [float(nbytes)] * len(hops)
+    makespan, link_bytes = 0.0, np.zeros(0)
+    if hops:
+        lat, drain = hop_times(net, hops, sizes)
+        makespan = float((lat + drain).max())
+        link_bytes = _hop_load(net, hops, sizes)
+    stats = {"engine": "p2p", "transfers": len(hops), "wall_s": _time.perf_counter() - t0}
+    return make_result(net, collective, "p2p", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
+                       prof, dtype, stats, top)
+
+
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
 #: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`treecoll.collectives.sim.nvls`)
-RING_ALGOS = ("ring",)
+RING_ALGOS = ("ring", "pat")
 NVLS_ALGOS = ("nvls",)
+P2P_ALGOS = ("p2p",)
 #: NCCL's tree kernels pipeline a message in slices of this order: :func:`simulate_algorithm` runs
 #: trees as NCCL's kernels run them (:data:`NCCL_TREE_RUN`), so in chunks of this many bytes
 #: (NCCL's pipelining as modelled here; what treecoll's executor runs is :func:`simulate_executor`)
@@ -404,6 +451,12 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
     """
     p = as_placement(placement, ranks, what=f"simulate {algo}")
     topology, gpus = placed(p, what=f"simulate {algo}")
+    if (algo in P2P_ALGOS) != (collective in P2P_COLLECTIVES):
+        raise CollectiveError(f"{collective} with algorithm {algo!r}: alltoall and sendrecv run as 'p2p', "
+                              f"the other collectives on a ring, NVLS or a tree")
+    if algo in P2P_ALGOS:
+        return min((simulate_p2p(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
+                    for pr in _profiles(profile, nbytes, topology, gpus)), key=lambda r: r.time)
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
@@ -411,9 +464,9 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
     best = None
-    if algo in RING_ALGOS:
+    if algo in RING_ALGOS:     # PAT (NCCL's allgather / reduce_scatter at one GPU per node) runs as the ring
         for pr in profs:
-            r = simulate_ring(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
+            r = simulate_ring(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top, root=root)
             best = r if best is None or r.time < best.time else best
         return best
     from .. import builders
@@ -481,29 +534,42 @@ NCCL_TREE_RAIL_BYTES = 4 << 20
 def simulate_nccl_allreduce(placement: Placement | Topology, nbytes: int, *, ranks: RanksArg = None,
                             profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
                             **kw: Any) -> tuple[str, SimResult]:
-    """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
+    """What NCCL would run for an allreduce: :func:`simulate_nccl` with ``collective="allreduce"``."""
+    return simulate_nccl(placement, nbytes, collective="allreduce", ranks=ranks, profile=profile, algos=algos, **kw)
+
+
+def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
+                  ranks: RanksArg = None, profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
+                  **kw: Any) -> tuple[str, SimResult]:
+    """What NCCL would run for ``collective`` (one of nccl-tests' seven): the fastest of the algorithms
+    NCCL offers for it, simulated, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
-    GPUs, :func:`treecoll.collectives.sim.nccl_model.nccl_algos`: ring, tree, and nvls on
-    Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
-    names the LL or LL128 protocol (NVLS runs Simple only).
+    GPUs, :func:`treecoll.collectives.sim.nccl_model.nccl_algos`: allreduce ring, tree, and nvls on
+    Hopper-or-later NVSwitch systems; allgather / reduce_scatter ring and PAT (simulated as the ring);
+    broadcast / reduce ring; alltoall / sendrecv p2p); ``nvls`` is dropped when ``profile``
+    names the LL or LL128 protocol (NVLS runs Simple only), and simulated for allreduce only.
     """
     from .. import builders
-    from .nccl_model import nccl_algos
-    p = as_placement(placement, ranks, what="simulate NCCL allreduce")
-    topology, gpus = placed(p, what="simulate NCCL allreduce")
+    from .nccl_model import COLLECTIVES, nccl_algos
+    if collective not in COLLECTIVES:
+        raise CollectiveError(f"NCCL collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
+    p = as_placement(placement, ranks, what=f"simulate NCCL {collective}")
+    topology, gpus = placed(p, what=f"simulate NCCL {collective}")
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
-                         if isinstance(profile, str) else None)
+                         if isinstance(profile, str) else None, collective)
+    if collective != "allreduce":
+        offered = tuple(a for a in offered if a != "nvls")
     names = [a for a in (algos or offered) if a in offered]
     if not names:
-        raise CollectiveError(f"NCCL allreduce: none of {list(algos or ())} is offered here; "
+        raise CollectiveError(f"NCCL {collective}: none of {list(algos or ())} is offered here; "
                               f"expected some of {list(offered)}")
 
     def run(a: str) -> tuple[str, SimResult]:
-        name, opts = NCCL_ALLREDUCE[a]
+        name, opts = NCCL_ALLREDUCE.get(a, (a, {}))
         if a == "tree":
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        return a, simulate_algorithm(p, name, nbytes, profile=profile, **opts, **kw)
+        return a, simulate_algorithm(p, name, nbytes, collective=collective, profile=profile, **opts, **kw)
 
     return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
 
