@@ -47,7 +47,7 @@ from ..cost import placed_gpus
 from ..in_network import min_sm, nvls_domains
 from ..placement import Placement, as_placement
 
-__all__ = ["nccl_predict", "nccl_best", "run_channels", "COLLECTIVES", "COLLECTIVE_ALGOS",
+__all__ = ["nccl_predict", "nccl_best", "run_channels", "ring_run_bw", "COLLECTIVES", "COLLECTIVE_ALGOS",
            "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
            "TREE_CORRECTION"]
@@ -307,6 +307,21 @@ def run_channels(nbytes: int, algo: str, proto: str, graph_channels: int, nranks
     while nc >= 2 and nbytes < nc * nt * thr:
         nc -= 1
     return nc, have
+
+
+def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> float:
+    """GB/s a rank's ring sends at when NCCL runs ``nbytes`` on :func:`run_channels` of its channels:
+    the search's ring bandwidth (``nChannels × bw``, as :func:`nccl_predict` derives it) times the
+    share of channels running (each channel is one thread block moving its share).
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100")
+    >>> [round(ring_run_bw(t, t.rank_gpus(), size, "Simple"), 1) for size in (1 << 30, 1 << 16)]   # 36, 2 channels
+    [370.8, 20.6]
+    """
+    n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
+    nc, have = run_channels(nbytes, "ring", proto, nch, len(gpus), total / nch)
+    return total * nc / have
 
 
 def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes: int, algo: str = "ring",

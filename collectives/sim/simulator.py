@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 from treecoll.topo import Topology
-from treecoll.topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
@@ -288,11 +288,13 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
     memb = _mem_bw(topology, gpus)
     reduce_bw = min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
     rings = nccl_rings(topology, gpus, C) if P > 1 else []
+    send_bw = _nccl_send_bw(topology, gpus, nbytes, prof) if P > 1 else math.inf
+    stats["rank_send_cap_GBps"] = send_bw if math.isfinite(send_bw) else None
     if collective in ("broadcast", "reduce"):
         chunk = nbytes / C
         if P > 1:
             makespan, link_bytes, k = _ring_chain(net, rings, root, gpus, chunk, prof, reduce_bw,
-                                                  collective == "reduce")
+                                                  collective == "reduce", send_bw)
             stats.update(steps=k + P - 2, pipeline_chunks=k, transfers_per_step=(P - 1) * C)
         peaks = [0.0] * P
     else:
@@ -304,7 +306,7 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
             sizes = [chunk] * len(hops)
             lat, drain = hop_times(net, hops, sizes)
             red = 3.0 * chunk * C / reduce_bw if reduce_bw else 0.0
-            step = float(drain.max())
+            step = max(float(drain.max()), chunk * C / (send_bw * 1e9))
             makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
                 + ag_steps * step
             link_bytes = _hop_load(net, hops, sizes) * (rs_steps + ag_steps)
@@ -315,8 +317,27 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
                        dtype, stats, top)
 
 
+def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Profile) -> float:
+    """GB/s a rank sends at on NCCL's ring with an NCCL protocol profile: the channels NCCL runs at
+    this size (:func:`treecoll.collectives.sim.nccl_model.ring_run_bw`, enqueue.cc) times the
+    protocol's efficiency on its slowest link kind; unbounded (inf) for other profiles and on CPUs."""
+    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}.get(prof.name)
+    if proto is None:
+        return math.inf
+    from treecoll.topo.discover import CPU_SLOT_MODEL
+
+    from .nccl_model import ring_run_bw
+    if any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
+        return math.inf
+    try:
+        bw = ring_run_bw(topology, gpus, nbytes, proto)
+    except TreeError:      # no NCCL ring bandwidth to derive (e.g. hosts without NIC bandwidth)
+        return math.inf
+    return bw * min(prof.efficiency(k) for k in ("nvlink", "pcie", "net"))
+
+
 def _ring_chain(net: Network, rings, root: int, gpus: Sequence[str], chunk: float, prof: Profile, reduce_bw: float,
-                reduce: bool) -> tuple[float, np.ndarray, int]:
+                reduce: bool, send_bw: float = math.inf) -> tuple[float, np.ndarray, int]:
     """(seconds, link bytes, chunks per channel) of a broadcast (or, ``reduce``, a reduce) of ``chunk``
     bytes per channel down each ring from rank ``root`` (to it): the P−1 hops that do not enter
     (leave) the root, every hop busy at once in the pipeline's steady state."""
@@ -334,7 +355,7 @@ def _ring_chain(net: Network, rings, root: int, gpus: Sequence[str], chunk: floa
     lat, drain = hop_times(net, hops, sizes)
     n = len(hops) // len(rings)
     chain_lat = float(lat.reshape(len(rings), n).sum(axis=1).max())
-    step = float(drain.max())
+    step = max(float(drain.max()), step_bytes * len(rings) / (send_bw * 1e9))
     if reduce and reduce_bw:
         step = max(step, 3.0 * step_bytes * len(rings) / reduce_bw)
     seconds = chain_lat + (k + n - 1) * step
