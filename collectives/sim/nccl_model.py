@@ -47,7 +47,8 @@ from ..cost import placed_gpus
 from ..in_network import min_sm, nvls_domains
 from ..placement import Placement, as_placement
 
-__all__ = ["nccl_predict", "nccl_best", "run_channels", "ring_run_bw", "COLLECTIVES", "COLLECTIVE_ALGOS",
+__all__ = ["nccl_predict", "nccl_best", "run_channels", "ring_run_bw", "collnet_available", "COLLECTIVES",
+           "COLLECTIVE_ALGOS",
            "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
            "TREE_CORRECTION"]
@@ -185,7 +186,8 @@ def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None
     where :func:`nvls_domains` allows it and ``proto`` (a protocol NCCL is restricted to, e.g. by
     NCCL_PROTO) is None or Simple: NVLS runs Simple only; allgather and reduce_scatter ``ring``,
     ``pat`` with one GPU per node on several nodes (tuning.cc ncclPatEnable) and ``nvls`` on one
-    NVLink domain; broadcast and reduce ``ring``; alltoall and sendrecv ``p2p``."""
+    NVLink domain; broadcast and reduce ``ring``; alltoall and sendrecv ``p2p``. Allreduce also
+    ``collnet`` where :func:`collnet_available` (the network's switches reduce: SHARP)."""
     if collective not in COLLECTIVES:
         raise TreeError(f"nccl model: collective expected one of {list(COLLECTIVES)}, got {collective!r}")
     if collective in ("broadcast", "reduce"):
@@ -198,6 +200,8 @@ def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None
         out += ("pat",)
     if not simple:
         return out
+    if collective == "allreduce" and collnet_available(topology, gpus):
+        out += ("collnet",)
     try:
         domains = nvls_domains(topology, gpus)
     except TreeError:
@@ -268,9 +272,15 @@ COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"
 #: algorithms NCCL's tuner models per collective (tuning.cc ncclTopoTuneModel: broadcast and reduce
 #: ring only; reduce_scatter and allgather ring, PAT, NVLS, CollNetDirect); alltoall and sendrecv are
 #: NCCL point-to-point operations, which the tuner does not model ("p2p" here)
-COLLECTIVE_ALGOS = {"allreduce": ("ring", "tree", "nvls"), "allgather": ("ring", "pat", "nvls"),
+COLLECTIVE_ALGOS = {"allreduce": ("ring", "tree", "nvls", "collnet"), "allgather": ("ring", "pat", "nvls"),
                     "reduce_scatter": ("ring", "pat", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
                     "alltoall": ("p2p",), "sendrecv": ("p2p",)}
+#: CollNet (in-network reduction, SHARP; tuning.cc, Simple only): hwLatencies NVLINK/PCI (intra) and NET
+#: (inter) of CollNetDirect and CollNetChain (µs; base latencies 0), the 0.4 µs arity serialization per
+#: local GPU of CollNetDirect, its 0.85 bandwidth factor on Hopper and later; NCCL_MAX_DIRECT_ARITY + 1 = 8
+#: local GPUs at most (src/include/device.h)
+COLLNET_LAT = {"direct": (3.7, 31.0), "chain": (2.8, 30.0)}
+COLLNET_ARITY_LAT, COLLNET_DIRECT_HOPPER, COLLNET_MAX_LOCAL = 0.4, 0.85, 8
 #: PAT (NCCL 2.23+, tuning.cc): base latency 8 µs, bus bandwidth x 0.75, latency
 #: log2(nNodes) x interLat / 3.5 + nRanks x 2.8 µs; Simple only, one GPU per node (ncclPatEnable)
 PAT_BASE_LAT, PAT_BW_FACTOR, PAT_RANK_LAT = 8.0, 0.75, 2.8
@@ -362,6 +372,10 @@ def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes
         return _with_run(_nvls_predict(topology, gpus, nbytes), nbytes)
     if algo == "p2p":
         return _p2p_predict(topology, gpus, nbytes, collective)
+    if algo == "collnet":
+        if proto not in (None, "Simple"):
+            raise TreeError(f"nccl model: CollNet runs the Simple protocol only, got proto {proto!r}")
+        return _collnet_predict(topology, gpus, nbytes)
     return _ring_tree_predict(topology, gpus, nbytes, algo, proto, nchannels, collective)
 
 
@@ -527,3 +541,64 @@ def nccl_best(placement: Placement | Topology | None, ranks: RanksArg, nbytes: i
     algos = nccl_algos(topology, gpus, proto, collective)
     return min((nccl_predict(p, None, nbytes, algo=a, proto=proto, collective=collective) for a in algos),
                key=lambda r: r["time"])
+
+
+def collnet_available(topology: Topology, gpus: Sequence[str]) -> bool:
+    """Whether NCCL can run CollNet (in-network reduction) here: the ranks span several hosts, at
+    most 8 per host (CollNetDirect and CollNetChain, enqueue.cc), and every NIC of their hosts plugs
+    into a network switch that reduces (``sharp: true`` on the topology's ``network``). NCCL
+    also needs a CollNet plugin (the SHARP plugin) and ``NCCL_COLLNET_ENABLE=1``; the model
+    assumes both where the fabric has SHARP."""
+    hosts = _by_host(topology, gpus)
+    if len(hosts) < 2 or max(len(m) for m in hosts.values()) > COLLNET_MAX_LOCAL:
+        return False
+    g = topology.graph
+    for h in hosts:
+        nics = topology.nics(h)
+        if not nics:
+            return False
+        for c in nics:
+            sw = [v for v in g.successors(c) if g.nodes[v].get("kind") == "net_switch"]
+            if not sw or not all(g.nodes[v].get("sharp") for v in sw):
+                return False
+    return True
+
+
+def _collnet_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
+    """CollNet allreduce (Simple) as tuning.cc models it: CollNetDirect where every host's GPUs share
+    NVSwitches (else CollNetChain). The CollNet graph is derived (approximation): a channel per NIC
+    of a host (its heads), each at the NIC's bandwidth within the host's share of NCCL's ring
+    bandwidth; busBw = nCh × bwIntra, CollNetDirect divided by the GPU/NIC factor
+    ``f − (f − 1) / 2`` (``f = ppn / nCh``) and × 0.85 on Hopper and later; algBw = busBw × 0.5.
+    Latency: CollNetDirect ``2 (min(1, ppn − 1) intra + (ppn − 1) 0.4) + inter``, CollNetChain
+    ``2 (ppn − 1) intra + inter``; inter adds the NIC's latency twice (Simple)."""
+    if not collnet_available(topology, gpus):
+        raise TreeError("nccl model: CollNet needs several hosts of at most 8 ranks whose network switches "
+                        "reduce (network 'sharp: true' in the topology)")
+    n = len(gpus)
+    n_nodes, gen, intra_kind, total, _, lat_inter = _inputs(topology, gpus, None)
+    hosts = _by_host(topology, gpus)
+    ppn = n / n_nodes
+    nics = min(len(topology.nics(h)) for h in hosts)
+    nic_bw = min(float(topology.node(c).get("bw") or 0.0) for h in hosts for c in topology.nics(h))
+    nch = max(1, min(nics, int(ppn)))
+    bw_intra = min(nic_bw, total / nch)
+    g = topology.graph
+    direct = all(any(g.nodes[v].get("kind") == "nvswitch" for v in g.successors(x)) for x in gpus)
+    kind = "direct" if direct else "chain"
+    bus = nch * bw_intra
+    if direct:
+        f = ppn / nch
+        bus /= f - (f - 1) / 2
+        if gen >= 2:
+            bus *= COLLNET_DIRECT_HOPPER
+    alg = bus * 0.5
+    intra_lat, net_lat = COLLNET_LAT[kind]
+    inter = (HW_LAT["NET"]["tree"][2] if ppn == 1 else net_lat) + 2 * lat_inter
+    if direct:
+        lat = 2 * (min(1.0, ppn - 1) * intra_lat + (ppn - 1) * COLLNET_ARITY_LAT) + inter
+    else:
+        lat = 2 * (ppn - 1) * intra_lat + inter
+    t_us = lat + nbytes / (1000.0 * alg)
+    r = _result("allreduce", "collnet", "Simple", nbytes, n, t_us, lat, alg, nch, n_nodes, {"Simple": t_us})
+    return {**r, "collnet": kind}

@@ -569,7 +569,8 @@ def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: s
     GPUs, :func:`treecoll.collectives.sim.nccl_model.nccl_algos`: allreduce ring, tree, and nvls on
     Hopper-or-later NVSwitch systems; allgather / reduce_scatter ring and PAT (simulated as the ring);
     broadcast / reduce ring; alltoall / sendrecv p2p); ``nvls`` is dropped when ``profile``
-    names the LL or LL128 protocol (NVLS runs Simple only), and simulated for allreduce only.
+    names the LL or LL128 protocol (NVLS runs Simple only), and simulated for allreduce only;
+    CollNet (SHARP) is not simulated (:func:`treecoll.collectives.sim.nccl_model.nccl_predict` models it).
     """
     from .. import builders
     from .nccl_model import COLLECTIVES, nccl_algos
@@ -579,8 +580,7 @@ def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: s
     topology, gpus = placed(p, what=f"simulate NCCL {collective}")
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
                          if isinstance(profile, str) else None, collective)
-    if collective != "allreduce":
-        offered = tuple(a for a in offered if a != "nvls")
+    offered = tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
     names = [a for a in (algos or offered) if a in offered]
     if not names:
         raise CollectiveError(f"NCCL {collective}: none of {list(algos or ())} is offered here; "

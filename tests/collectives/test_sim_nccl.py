@@ -16,7 +16,7 @@ from treecoll.collectives.sim.simulator import (
     simulate_ring,
 )
 from treecoll.tools.cli import main
-from treecoll.topo.errors import CollectiveError, TreeError
+from treecoll.topo.errors import CollectiveError, TopologyError, TreeError
 
 from tests.collectives.sim_helpers import ring_topology, star_topology
 from treecoll import topo
@@ -176,3 +176,38 @@ def test_simulate_cli_runs_every_collective(capsys):
         assert d["collective"] == c
         for v in d["rows"][0]["algos"].values():
             assert v["busbw"] == pytest.approx((1 << 20) / (v["time_us"] * 1e-6) / 1e9 * bus_factor(c, 8))
+
+
+SHARP_TWO_DGX = """
+name: sharp2
+hosts:
+  - {template: dgx-h100, count: 2}
+network:
+  type: rail_optimized
+  sharp: true
+"""
+
+
+def test_collnet_where_the_network_reduces(tmp_path):
+    f = tmp_path / "sharp2.yaml"
+    f.write_text(SHARP_TWO_DGX)
+    t = topo.load(f)
+    switches = [d for _, d in t.graph.nodes(data=True) if d["kind"] == "net_switch"]
+    assert switches and all(d.get("sharp") is True for d in switches)
+    assert nm.collnet_available(t, t.rank_gpus()) and "collnet" in nm.nccl_algos(t, t.rank_gpus())
+    plain = topo.resolve("dgx-h100-x2")
+    assert not nm.collnet_available(plain, plain.rank_gpus()) and "collnet" not in nm.nccl_algos(
+        plain, plain.rank_gpus())
+    r = nm.nccl_predict(t, None, 1 << 30, "collnet")
+    # CollNetDirect: 8 heads (NICs) x min(50 GB/s, 370.8 / 8), GPU/NIC factor 1, x 0.85 (Hopper), algBw x 0.5
+    assert r["collnet"] == "direct" and r["proto"] == "Simple"
+    assert r["model_algbw"] == pytest.approx(370.8 * 0.85 * 0.5)
+    lat_nic = max(float(t.node(c).get("lat") or 0.0) for c in t.nics("h0"))
+    assert r["lat_us"] == pytest.approx(2 * (3.7 + 7 * 0.4) + 31.0 + 2 * lat_nic)
+    name, _ = simulate_nccl(t, 1 << 20)        # the simulator offers what it simulates: not CollNet
+    assert name != "collnet"
+    with pytest.raises(TreeError, match="CollNet needs several hosts"):
+        nm.nccl_predict(plain, None, 8, "collnet")
+    f.write_text(SHARP_TWO_DGX.replace("sharp: true", "sharp: maybe"))
+    with pytest.raises(TopologyError, match="network.sharp: expected true or false, got .maybe."):
+        topo.load(f)
