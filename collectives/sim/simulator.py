@@ -196,11 +196,8 @@ def _hop_route(net: Network, src: str, dst: str, via: str | None) -> tuple[list[
     return subs, r2.lat + lat1
 
 
-def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """``(latency, drain)`` in seconds of hops ``(src, dst, via)`` that all start together, moving
-    ``sizes[i]`` bytes each; rates from one max-min allocation (as
-    :func:`~treecoll.collectives.sim.engine.concurrent_times`, with PXN hops through ``via``)."""
+def _hop_subflows(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]):
+    """``(link id arrays, bytes, owning hop, hop latencies)`` of every subflow of ``hops`` moving ``sizes``."""
     links, subsizes, owner, lats = [], [], [], []
     for i, ((a, b, via), n) in enumerate(zip(hops, sizes)):
         subs, lat = _hop_route(net, a, b, via)
@@ -209,6 +206,15 @@ def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: 
             links.append(ids)
             subsizes.append(n * share)
             owner.append(i)
+    return links, subsizes, owner, lats
+
+
+def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(latency, drain)`` in seconds of hops ``(src, dst, via)`` that all start together, moving
+    ``sizes[i]`` bytes each; rates from one max-min allocation (as
+    :func:`~treecoll.collectives.sim.engine.concurrent_times`, with PXN hops through ``via``)."""
+    links, subsizes, owner, lats = _hop_subflows(net, hops, sizes)
     drain = np.zeros(len(hops))
     if links:
         np.maximum.at(drain, np.asarray(owner, dtype=np.int64), drain_times(net, links, subsizes))
@@ -217,14 +223,10 @@ def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: 
 
 def _hop_load(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]) -> np.ndarray:
     """Bytes each numbered link carries for ``hops`` moving ``sizes`` bytes."""
-    ids, w = [], []
-    for (a, b, via), n in zip(hops, sizes):
-        for lk, share in _hop_route(net, a, b, via)[0]:
-            ids.append(lk)
-            w.append(np.full(len(lk), n * share))
+    links, subsizes, _, _ = _hop_subflows(net, hops, sizes)
     out = np.zeros(len(net.ends))
-    if ids:
-        np.add.at(out, np.concatenate(ids), np.concatenate(w))
+    if links:
+        np.add.at(out, np.concatenate(links), np.repeat(subsizes, [len(ids) for ids in links]))
     return out
 
 
@@ -239,6 +241,17 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
     cs = np.concatenate([np.zeros((C, 1)), np.cumsum(ext, axis=1)], axis=1)
     windows = cs[:, rem:rem + P] - cs[:, :P]
     return float((full * tot + windows.max(axis=1)).max())
+
+
+def _inputs(placement: Placement | Topology, ranks: RanksArg, nbytes: int, dtype: str, profile: Profile | str | None,
+            collective: str, kind: str, allowed: Sequence[str]) -> tuple[Profile, Topology, tuple[str, ...]]:
+    """The checked inputs of a lockstep simulation: its profile, topology and rank GPUs."""
+    if collective not in allowed:
+        raise CollectiveError(f"{kind} collective {collective!r}: expected one of {', '.join(allowed)}")
+    check_size(nbytes, dtype)
+    prof = get_profile(profile)
+    topology, gpus = placed(placement, ranks, what=f"simulate_{kind}")
+    return prof, topology, gpus
 
 
 #: collectives NCCL runs on its rings (broadcast and reduce: a pipelined chain from / to the root)
@@ -269,11 +282,7 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
     :data:`PIPELINE_CHUNK_BYTES` chunks down the chain of P−1 hops from (to) the root: ``k``
     chunks per channel take the chain's latency plus ``k + P − 2`` chunk steps.
     """
-    if collective not in RING_COLLECTIVES:
-        raise CollectiveError(f"ring collective {collective!r}: expected one of {', '.join(RING_COLLECTIVES)}")
-    check_size(nbytes, dtype)
-    prof = get_profile(profile)
-    topology, gpus = placed(placement, ranks, what="simulate_ring")
+    prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "ring", RING_COLLECTIVES)
     P = len(gpus)
     C = channels or default_channels(topology, gpus)
     if C < 1:
@@ -380,11 +389,7 @@ def simulate_p2p(placement: Placement | Topology, nbytes: int, *, collective: st
     Two GPUs on one link of ``B`` GB/s and ``lat`` µs, ``ideal`` profile: sendrecv takes
     ``lat + S / B``.
     """
-    if collective not in P2P_COLLECTIVES:
-        raise CollectiveError(f"p2p collective {collective!r}: expected one of {', '.join(P2P_COLLECTIVES)}")
-    check_size(nbytes, dtype)
-    prof = get_profile(profile)
-    topology, gpus = placed(placement, ranks, what="simulate_p2p")
+    prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "p2p", P2P_COLLECTIVES)
     P = len(gpus)
     if collective == "alltoall" and P > MAX_ALLTOALL_RANKS:
         raise CollectiveError(f"alltoall on {P} ranks: the simulator runs it on at most {MAX_ALLTOALL_RANKS} "
