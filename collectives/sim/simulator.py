@@ -566,7 +566,7 @@ def simulate_nccl_allreduce(placement: Placement | Topology, nbytes: int, *, ran
 
 def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
                   ranks: RanksArg = None, profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
-                  **kw: Any) -> tuple[str, SimResult]:
+                  choose: str = "fastest", **kw: Any) -> tuple[str, SimResult]:
     """What NCCL would run for ``collective`` (one of nccl-tests' seven): the fastest of the algorithms
     NCCL offers for it, simulated, as ``(NCCL name, result)``.
 
@@ -576,6 +576,11 @@ def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: s
     broadcast / reduce ring; alltoall / sendrecv p2p); ``nvls`` is dropped when ``profile``
     names the LL or LL128 protocol (NVLS runs Simple only), and simulated for allreduce only;
     CollNet (SHARP) is not simulated (:func:`treecoll.collectives.sim.nccl_model.nccl_predict` models it).
+
+    ``choose``: ``fastest`` simulates every algorithm (with ``profile="auto"`` every protocol) and
+    keeps the fastest; ``tuner`` simulates only what NCCL's tuner picks with ``profile="auto"``
+    (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`'s least predicted time over the
+    algorithms and protocols, enqueue.cc ``topoGetAlgoInfo``), as NCCL runs it.
     """
     from .. import builders
     from .nccl_model import COLLECTIVES, nccl_algos
@@ -591,11 +596,22 @@ def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: s
         raise CollectiveError(f"NCCL {collective}: none of {list(algos or ())} is offered here; "
                               f"expected some of {list(offered)}")
 
+    if choose not in ("fastest", "tuner"):
+        raise CollectiveError(f"simulate NCCL: choose expected 'fastest' or 'tuner', got {choose!r}")
+    prof_of = {a: profile for a in names}
+    if choose == "tuner" and profile == "auto" and len(gpus) > 1:
+        from .nccl_model import nccl_predict
+        pick = min((nccl_predict(p, None, nbytes, algo=a, collective=collective) for a in names),
+                   key=lambda r: r["time"])
+        names = [pick["algo"] if pick["algo"] != "nvls_tree" else "nvls"]
+        if names[0] in ("ring", "tree", "pat"):
+            prof_of[names[0]] = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
+
     def run(a: str) -> tuple[str, SimResult]:
         name, opts = NCCL_ALLREDUCE.get(a, (a, {}))
         if a == "tree":
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        return a, simulate_algorithm(p, name, nbytes, collective=collective, profile=profile, **opts, **kw)
+        return a, simulate_algorithm(p, name, nbytes, collective=collective, profile=prof_of[a], **opts, **kw)
 
     return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
 
