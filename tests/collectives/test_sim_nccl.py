@@ -211,3 +211,15 @@ def test_collnet_where_the_network_reduces(tmp_path):
     f.write_text(SHARP_TWO_DGX.replace("sharp: true", "sharp: maybe"))
     with pytest.raises(TopologyError, match="network.sharp: expected true or false, got .maybe."):
         topo.load(f)
+
+
+def test_tuner_choice_simulates_what_nccls_tuner_picks():
+    t = topo.resolve("dgx-h100-x2")
+    for size in (1 << 16, 1 << 20):
+        pick = nm.nccl_best(t, None, size)
+        name, r = simulate_nccl(t, size, choose="tuner")
+        assert name == pick["algo"]
+        assert r.profile == {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
+        assert r.time >= simulate_nccl(t, size)[1].time       # never faster than the fastest simulated
+    with pytest.raises(CollectiveError, match="choose expected 'fastest' or 'tuner', got 'best'"):
+        simulate_nccl(t, 8, choose="best")
