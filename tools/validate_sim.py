@@ -63,7 +63,7 @@ DEFAULT_DIR = REPO / "tests" / "fixtures" / "nccl-tests"
 INDEX_NAME = "tables.yaml"
 LARGE, SMALL = 64 << 20, 64 << 10
 #: collectives the simulator predicts today
-PREDICTED = ("allreduce", "allgather", "reduce_scatter")
+PREDICTED = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv")
 #: tables on more GPUs are skipped unless --max-gpus says otherwise (the flow simulation takes minutes there)
 MAX_GPUS = 64
 
