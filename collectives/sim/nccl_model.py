@@ -497,8 +497,9 @@ def _nvls_gather_predict(topology: Topology, gpus: Sequence[str], nbytes: int, c
 def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collective: str) -> dict:
     """alltoall (each rank sends ``nbytes / P`` to every other) and sendrecv (rank r sends ``nbytes``
     to r + 1): one Simple point-to-point step's latency (ring base and hop latencies of tuning.cc)
-    plus the bytes each GPU sends over its bottleneck: NVLink (its path bandwidth) to its host's
-    peers, its share of the host's NIC bandwidth to other hosts."""
+    plus the bytes each GPU sends over its bottleneck: NVLink (its path bandwidth) to the peers it
+    reaches over NVLink (its host's, or its NVLink domain's), its share of the host's NIC
+    bandwidth to the others."""
     n = len(gpus)
     hosts = _by_host(topology, gpus)
     n_nodes, gen, intra_kind, _, nch, lat_inter = _inputs(topology, gpus, None)
@@ -506,14 +507,17 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
     t_bw = 0.0
     net_lat = HW_LAT["NET"]["ring"][pi] + 2 * lat_inter
     if collective == "alltoall":
+        any_net = False
         for h, members in hosts.items():
-            local = len(members)
-            nic_bw = sum(float(topology.node(c).get("bw") or 0.0) for c in topology.nics(h)) / local
-            intra_bw = min((topology.path(a, b).bw for a in members[:1] for b in members if b != a), default=math.inf)
-            remote = nbytes * (n - local) / n
-            t_bw = max(t_bw, nbytes * (local - 1) / n / intra_bw if local > 1 else 0.0,
-                       remote / nic_bw if remote > 0 and nic_bw > 0 else 0.0)
-        hop = net_lat if n_nodes > 1 else HW_LAT[intra_kind]["ring"][pi]
+            rep = members[0]        # peers over NVLink (also across hosts of one NVLink domain) or the NICs
+            paths = [topology.path(rep, b) for b in gpus if b != rep]
+            nvl = [p.bw for p in paths if p.nccl != "NET"]
+            net = len(paths) - len(nvl)
+            any_net = any_net or net > 0
+            nic_bw = sum(float(topology.node(c).get("bw") or 0.0) for c in topology.nics(h)) / len(members)
+            t_bw = max(t_bw, nbytes * len(nvl) / n / min(nvl) if nvl else 0.0,
+                       nbytes * net / n / nic_bw if net and nic_bw > 0 else 0.0)
+        hop = net_lat if any_net else HW_LAT[intra_kind]["ring"][pi]
     else:
         hop = 0.0
         for a, b in zip(gpus, gpus[1:] + gpus[:1]):

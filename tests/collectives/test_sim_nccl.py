@@ -223,3 +223,13 @@ def test_tuner_choice_simulates_what_nccls_tuner_picks():
         assert r.time >= simulate_nccl(t, size)[1].time       # never faster than the fastest simulated
     with pytest.raises(CollectiveError, match="choose expected 'fastest' or 'tuner', got 'best'"):
         simulate_nccl(t, 8, choose="best")
+
+
+def test_alltoall_model_uses_nvlink_across_the_hosts_of_one_nvlink_domain():
+    t = topo.resolve("gb200-nvl72")          # 4-GPU trays, one NVLink domain
+    gpus = t.rank_gpus()[:16]
+    assert len({t.host_of(g) for g in gpus}) == 4
+    r = nm.nccl_predict(t, gpus, 1 << 30, "p2p", collective="alltoall")
+    # every peer over NVLink: busbw = algbw (n-1)/n -> the NVLink path bandwidth, less the latency
+    bw = min(t.path(gpus[0], b).bw for b in gpus[1:])
+    assert r["busbw"] == pytest.approx(bw, rel=0.02) and r["busbw"] < bw
