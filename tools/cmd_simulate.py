@@ -1,7 +1,10 @@
 """``treecoll simulate``: predict collectives and decode steps on a topology you may not have.
 
     treecoll simulate allreduce --topology F --algo ring,tree,two_level,auto,nccl --sizes 8B:1GiB
-                                [--ranks N] [--profile P] [--engine auto|flow|analytic] [--json] [--plot out.png]
+                                [--ranks N] [--profile P] [--mode executor|in-kernel] [--engine auto|flow|analytic]
+                                [--json] [--plot out.png]
+    treecoll simulate allgather|reduce_scatter|broadcast|reduce|alltoall|sendrecv --topology F [--algo A,...]
+                                [--sizes ...] (the same options; sizes as nccl-tests prints them)
     treecoll simulate decode --topology F --seq-len 1M[,2M...] --heads 16 --head-dim 128 [--kv-heads 8]
                              [--batch B] [--ranks N] [--tree two_level] [--plot out.png]
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
@@ -14,7 +17,8 @@ name of :mod:`treecoll.collectives.builders` (``two_level``, ``auto``, ``binomia
 ``kary:4``, ...), and ``nccl``: NCCL's own analytical model
 (:func:`treecoll.collectives.sim.nccl_model.nccl_predict`, the fastest of the algorithms NCCL
 offers there: ring, tree and where it runs NVLS),
-a separate line for comparison. Simulated algorithms use the fastest NCCL
+a separate line for comparison (for every collective: :func:`treecoll.collectives.sim.nccl_model.nccl_best`),
+and ``p2p`` (alltoall and sendrecv: every transfer at once). Simulated algorithms use the fastest NCCL
 protocol profile per size unless ``--profile`` names one (``ideal``,
 ``nccl-simple``, a calibrated YAML...). Sizes: ``A:B`` doubles from A to B,
 or a comma list; units B, K/KiB, M/MiB, G/GiB (powers of 1024), KB, MB, GB
@@ -84,21 +88,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                             f"{_names(PROFILES)}, or a calibrated profile YAML file")
         return q
 
-    a = base("allreduce", "time, algbw and busbw per size and algorithm (nccl-tests style)",
-             "Simulate an allreduce of each size with each algorithm and print time, algbw and busbw "
-             "(nccl-tests' definitions).")
-    a.add_argument("--algo", default="ring,tree,two_level,auto,nccl", metavar="A[,A...]",
-                   help=f"comma list of algorithms: {algos} (default ring,tree,two_level,auto,nccl)")
-    a.add_argument("--sizes", default="8B:1GiB", type=units.sizes_arg("--sizes"), metavar="A:B|S[,S...]",
-                   help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 "
-                        "(default 8B:1GiB)")
-    a.add_argument("--plot", default=None, metavar="OUT.png",
-                   help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
-    a.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
-    a.add_argument("--engine", default="auto", choices=ENGINES,
-                   help=f"flow: the flow-level simulation; analytic: closed forms from a few hosts' sample, for "
-                        f"100k+ GPUs of identical hosts (ring, tree, two_level, auto); auto: analytic above "
-                        f"{ANALYTIC_ABOVE_GPUS} GPUs (default auto)")
+    for coll, default in DEFAULT_ALGOS.items():
+        a = base(coll, f"{coll}: time, algbw and busbw per size and algorithm (nccl-tests style)",
+                 f"Simulate a{'n' if coll[0] in 'a' else ''} {coll} of each size with each algorithm and print "
+                 f"time, algbw and busbw (nccl-tests' definitions; sizes as nccl-tests prints them).")
+        a.add_argument("--algo", default=default, metavar="A[,A...]",
+                       help=f"comma list of algorithms: {algos} (default {default})")
+        a.add_argument("--sizes", default="8B:1GiB", type=units.sizes_arg("--sizes"), metavar="A:B|S[,S...]",
+                       help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 "
+                            "(default 8B:1GiB)")
+        a.add_argument("--plot", default=None, metavar="OUT.png",
+                       help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
+        a.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
+        a.add_argument("--engine", default="auto", choices=ENGINES,
+                       help=f"flow: the flow-level simulation; analytic: closed forms from a few hosts' sample, "
+                            f"for 100k+ GPUs of identical hosts (allreduce: ring, tree, two_level, auto); auto: "
+                            f"analytic above {ANALYTIC_ABOVE_GPUS} GPUs (default auto)")
     d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
              "Model one decode step's attention on the topology: tree attention (local attention + one "
              "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
@@ -148,11 +153,12 @@ def run(args: argparse.Namespace) -> int:
     _check_profile(args.profile)
     if plot:
         output_path(plot, "--plot", inputs=[args.topology, args.profile], suffixes=IMAGE_SUFFIXES)
-    if args.sim_command == "allreduce":
+    if args.sim_command in DEFAULT_ALGOS:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos)
         topology = _resolve(args)
-        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.mode, args.engine)
+        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.sim_command,
+                              mode=args.mode, engine=args.engine)
         if plot:
             plot_allreduce(data, plot)
             data["plot"] = plot
@@ -187,7 +193,8 @@ def _check_profile(profile: str | None) -> None:
     get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
-def _one(topology, algo: str, size: int, ranks, profile, mode: str = "executor", engine: str = "flow"):
+def _one(topology, algo: str, size: int, ranks, profile, collective: str = "allreduce", mode: str = "executor",
+         engine: str = "flow"):
     """(time s, busbw, algbw, label) of one algorithm at one size; treecoll's trees in ``mode``;
     ``engine`` ``analytic``: every algorithm in-kernel, from :mod:`treecoll.collectives.sim.analytic`."""
     from treecoll.collectives.placement import Placement
@@ -195,10 +202,9 @@ def _one(topology, algo: str, size: int, ranks, profile, mode: str = "executor",
     p = topology if isinstance(topology, Placement) else Placement(topology, ranks)
     topology = p.topology
     if algo == "nccl":
-        from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
-        best = min((nccl_predict(p, None, size, algo=a) for a in nccl_algos(topology, p.gpus)),
-                   key=lambda r: r["time"])
-        alg, bus = bandwidths("allreduce", size, p.nranks, best["time"])
+        from treecoll.collectives.sim.nccl_model import nccl_best
+        best = nccl_best(p, None, size, collective)
+        alg, bus = bandwidths(collective, size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
     if engine == "analytic":
         from treecoll.collectives.sim.analytic import analytic_allreduce
@@ -206,15 +212,15 @@ def _one(topology, algo: str, size: int, ranks, profile, mode: str = "executor",
         return r.time, r.busbw, r.algbw, f"{r.profile} ({r.stats['engine']})"
     if algo in SIM_ALGOS:       # NCCL's own algorithms: as NCCL runs them
         name = "double_binary" if algo == "tree" else algo
-        r = simulate_algorithm(p, name, size, profile=profile or "auto")
+        r = simulate_algorithm(p, name, size, collective=collective, profile=profile or "auto")
         return r.time, r.busbw, r.algbw, r.profile
-    if mode == "executor" and algo == "auto":       # what collectives.allreduce(x) runs
+    if mode == "executor" and algo == "auto" and collective == "allreduce":   # what collectives.allreduce(x) runs
         return _auto_executor(p, size)
     if mode == "executor":
         from treecoll.collectives.sim.executor import predict_tree
-        r = predict_tree(p, algo, size, mode="executor")
+        r = predict_tree(p, algo, size, collective=collective, mode="executor")
         return r.time, r.busbw, r.algbw, r.profile
-    r = simulate_algorithm(p, algo, size, profile=profile or "auto")
+    r = simulate_algorithm(p, algo, size, collective=collective, profile=profile or "auto")
     return r.time, r.busbw, r.algbw, r.profile
 
 
@@ -236,7 +242,11 @@ def _auto_executor(p, size: int):
 
 
 #: --algo names besides the tree builders of collectives.builders
-SIM_ALGOS = ("ring", "tree", "nvls", "nccl")
+SIM_ALGOS = ("ring", "tree", "nvls", "p2p", "nccl")
+#: the collectives ``simulate`` runs (nccl-tests' seven) and their default --algo
+DEFAULT_ALGOS = {"allreduce": "ring,tree,two_level,auto,nccl", "allgather": "ring,nccl",
+                 "reduce_scatter": "ring,nccl", "broadcast": "ring,two_level,nccl", "reduce": "ring,two_level,nccl",
+                 "alltoall": "p2p,nccl", "sendrecv": "p2p,nccl"}
 
 
 def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -> None:
@@ -249,17 +259,20 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
-def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str = "executor",
-                   engine: str = "flow") -> dict[str, Any]:
-    """The ``simulate allreduce`` table; treecoll's trees in ``mode``; ``engine``: ``flow``, ``analytic``
-    or ``auto`` (:func:`treecoll.collectives.sim.analytic.choose_engine`), named in the output. The
-    analytic engine predicts every algorithm in-kernel (the output says so)."""
+def allreduce_data(topology, algos, sizes, ranks=None, profile=None, collective: str = "allreduce", *,
+                   mode: str = "executor", engine: str = "flow") -> dict[str, Any]:
+    """The ``simulate <collective>`` table; treecoll's trees in ``mode``; ``engine``: ``flow``, ``analytic``
+    or ``auto`` (:func:`treecoll.collectives.sim.analytic.choose_engine`; analytic for allreduce only),
+    named in the output. The analytic engine predicts every algorithm in-kernel (the output says so)."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.analytic import ANALYTIC_ALGOS, choose_engine
     check_algos(algos)
     placement = Placement(topology, ranks)
     P = placement.nranks
-    engine = choose_engine(engine, P)
+    asked = engine
+    engine = choose_engine(engine, P) if collective == "allreduce" or asked == "analytic" else "flow"
+    if engine == "analytic" and collective != "allreduce":
+        raise CollectiveError(f"--engine analytic: models allreduce only, got {collective}; pass --engine flow")
     if engine == "analytic":
         bad = [a for a in algos if a not in ANALYTIC_ALGOS and a != "nccl"]
         if bad:
@@ -273,7 +286,7 @@ def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str =
         for a in algos:
             _progress(k, total, f"{a} {size} B")
             eng = "flow" if a == "nccl" else engine
-            t, bus, alg, label = _one(placement, a, size, ranks, profile, mode, eng)
+            t, bus, alg, label = _one(placement, a, size, ranks, profile, collective, mode, eng)
             row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label,
                                "mode": "in-kernel" if a in SIM_ALGOS or eng == "analytic" else mode}
             k += 1
@@ -281,7 +294,7 @@ def allreduce_data(topology, algos, sizes, ranks=None, profile=None, mode: str =
     _progress(total, total, "")
     from treecoll.collectives.cost import CostModel
     cm = CostModel(placement)
-    return {"topology": topology.name, "nranks": P, "collective": "allreduce", "algos": list(algos),
+    return {"topology": topology.name, "nranks": P, "collective": collective, "algos": list(algos),
             "profile": profile or "auto (fastest NCCL protocol)", "engine": engine,
             "mode": mode if engine == "flow" else "in-kernel",
             "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6}, "rows": rows}
@@ -291,7 +304,7 @@ def render_allreduce(d: dict) -> str:
     ours = [a for a in d["algos"] if a not in SIM_ALGOS]
     nccl = [a for a in d["algos"] if a in SIM_ALGOS]
     engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
-    head = f"# allreduce on {d['topology']} ({d['nranks']} ranks), {engine}\n"
+    head = f"# {d.get('collective', 'allreduce')} on {d['topology']} ({d['nranks']} ranks), {engine}\n"
     if ours:
         auto = "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster" \
             if "auto" in ours else ""
@@ -330,7 +343,7 @@ def plot_allreduce(d: dict, path: str) -> None:
         ax.plot(xs, [max(r["algos"][a]["busbw"], 1e-6) for r in d["rows"]], marker="o", ms=3, label=a)
     ax.set_xscale("log", base=2)
     _finish_plot(plt, fig, ax, "message size (bytes)", "busbw (GB/s)",
-                 f"allreduce on {d['topology']} ({d['nranks']} ranks)", path)
+                 f"{d['collective']} on {d['topology']} ({d['nranks']} ranks)", path)
 
 
 def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> None:

@@ -16,14 +16,15 @@ the health its source states: degraded tables are simulated and listed, but
 left out of the averages.
 
 Prediction: what NCCL would run, as the simulator sees it
-(:func:`treecoll.collectives.sim.simulate_nccl_allreduce`): the fastest of
+(:func:`treecoll.collectives.sim.simulator.simulate_nccl`): for allreduce the fastest of
 the ring (:func:`treecoll.collectives.sim.simulate_ring`) and an NCCL-like tree
 (a chain inside each host under a binomial tree over hosts, one per NIC rail
 for large messages: ``two_level`` with ``intra="chain"``, run as NCCL's split
 tree kernels run it), each over NCCL's protocol profiles
 (:mod:`treecoll.collectives.sim.profiles`; LL128 only where NCCL enables it), and on
 NVSwitch systems of compute capability 9.0 and later NCCL's NVLS / NVLSTree
-(:mod:`treecoll.collectives.sim.nvls`); all_gather and reduce_scatter by the ring.
+(:mod:`treecoll.collectives.sim.nvls`); all_gather, reduce_scatter, broadcast and reduce
+by the ring, alltoall and sendrecv as every transfer at once.
 ``NCCL_ALGO`` / ``NCCL_PROTO`` in a file's ``# env:`` line restrict the choice as they
 restrict NCCL. Nothing is fitted to the tables unless ``--profile`` names a
 calibrated profile.
@@ -62,7 +63,7 @@ DEFAULT_DIR = REPO / "tests" / "fixtures" / "nccl-tests"
 INDEX_NAME = "tables.yaml"
 LARGE, SMALL = 64 << 20, 64 << 10
 #: collectives the simulator predicts today
-PREDICTED = ("allreduce", "allgather", "reduce_scatter")
+PREDICTED = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv")
 #: tables on more GPUs are skipped unless --max-gpus says otherwise (the flow simulation takes minutes there)
 MAX_GPUS = 64
 
@@ -168,16 +169,14 @@ def topology_for(case: Case, flags: MachineFlags | None = None, max_gpus: int | 
 # ---------------------------------------------------------------------------------------------- prediction
 def algorithms(case: Case, topology=None) -> tuple[list, str]:
     """(algorithm names, profile) NCCL would choose among, as allowed by the file's NCCL_ALGO / NCCL_PROTO:
-    ring, tree, and for allreduce on NVLS-capable GPUs (:func:`treecoll.collectives.sim.nccl_model.nccl_algos`) nvls."""
+    :func:`treecoll.collectives.sim.nccl_model.nccl_algos` for the table's collective."""
     algo = re.search(r"NCCL_ALGO=(\w+)", case.env)
     proto = re.search(r"NCCL_PROTO=(\w+)", case.env)
     proto_name = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}.get(proto.group(1).lower()) if proto else None
-    algos = ["ring"]
-    if case.collective == "allreduce":
-        algos = ["ring", "tree"]
-        if topology is not None and len(topology.rank_gpus()) > 1:
-            from treecoll.collectives.sim.nccl_model import nccl_algos
-            algos = list(nccl_algos(topology, topology.rank_gpus(), proto_name))
+    algos = ["ring", "tree"] if case.collective == "allreduce" else ["ring"]
+    if topology is not None and len(topology.rank_gpus()) > 1:
+        from treecoll.collectives.sim.nccl_model import nccl_algos
+        algos = list(nccl_algos(topology, topology.rank_gpus(), proto_name, case.collective))
     if algo:
         a = {"nvlstree": "nvls"}.get(algo.group(1).lower(), algo.group(1).lower())
         algos = [x for x in algos if x == a] or algos
@@ -187,26 +186,23 @@ def algorithms(case: Case, topology=None) -> tuple[list, str]:
 
 def predict(topology, case: Case, size: int, profile) -> tuple[float, str]:
     """Predicted time (s) and label for one size."""
-    from treecoll.collectives.sim.simulator import simulate_algorithm, simulate_nccl_allreduce
+    from treecoll.collectives.sim.simulator import simulate_nccl
     if len(topology.rank_gpus()) == 1:
         return 0.0, "-"
     algos, prof = algorithms(case, topology)
     if profile is not None:
         prof = profile
-    if case.collective == "allreduce":
-        a, r = simulate_nccl_allreduce(topology, size, profile=prof, algos=algos)
-    else:
-        a, r = "ring", simulate_algorithm(topology, "ring", size, collective=case.collective, profile=prof)
+    a, r = simulate_nccl(topology, size, collective=case.collective, profile=prof, algos=algos)
     return r.time, f"{r.algorithm if a == 'nvls' else a}/{r.profile}"
 
 
 def nccl_model_time(topology, case: Case, size: int) -> float | None:
-    """NCCL's own analytical prediction (collectives.sim.nccl_model, allreduce only), seconds."""
-    if case.collective != "allreduce" or len(topology.rank_gpus()) < 2:
+    """NCCL's own analytical prediction (collectives.sim.nccl_model), seconds."""
+    if len(topology.rank_gpus()) < 2:
         return None
     from treecoll.collectives.sim.nccl_model import nccl_predict
     algos, _ = algorithms(case, topology)
-    return min(nccl_predict(topology, None, size, algo=a)["time"] for a in algos)
+    return min(nccl_predict(topology, None, size, algo=a, collective=case.collective)["time"] for a in algos)
 
 
 def geo_error(pairs) -> float | None:

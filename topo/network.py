@@ -55,10 +55,10 @@ NIC_LEAF_LAT = 1.35
 LEAF_SPINE_LAT = 0.5
 NETWORKS = ("single_switch", "fat_tree", "rail_optimized", "torus")
 _KEYS = {
-    "single_switch": ("type", "link"),
-    "fat_tree": ("type", "link", "uplink", "leaf_size", "oversubscription", "spines"),
-    "rail_optimized": ("type", "link", "uplink", "su_hosts", "oversubscription", "spines"),
-    "torus": ("type", "link", "dims"),
+    "single_switch": ("type", "link", "sharp"),
+    "fat_tree": ("type", "link", "uplink", "leaf_size", "oversubscription", "spines", "sharp"),
+    "rail_optimized": ("type", "link", "uplink", "su_hosts", "oversubscription", "spines", "sharp"),
+    "torus": ("type", "link", "dims", "sharp"),
 }
 
 
@@ -82,8 +82,19 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
     """Validate ``spec`` and add its switches and links to ``g``.
 
     ``host_nics``: per host in order, ``(host, [(nic_id, rail, bw GB/s), ...])``
-    listing the NICs that have a rail.
+    listing the NICs that have a rail. ``sharp: true``: the switches reduce in the network
+    (InfiniBand SHARP, what NCCL's CollNet algorithms use); every switch gets ``sharp: True``.
     """
+    before = set(g)
+    _add_network(doc, spec, path, g, host_nics)
+    if isinstance(spec, dict) and "sharp" in spec and doc.boolean(spec["sharp"], (*path, "sharp")):
+        for n in set(g) - before:
+            if g.nodes[n].get("kind") == "net_switch":
+                g.nodes[n]["sharp"] = True
+
+
+def _add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
+                 host_nics: list[tuple[str, list[tuple[str, int, float]]]]) -> None:
     if not isinstance(spec, dict):
         doc.fail(path, f"expected a mapping with 'type' (one of {list(NETWORKS)}), got {type(spec).__name__}")
     kind = spec.get("type")

@@ -75,12 +75,12 @@ NODE_ATTRS = {
     "pcie_switch": ("host_bridge", "quadrant", "pci", "name", "vendor", "device", "link_speed", "link_width"),
     "cpu": ("numa", "socket", "affinity", "model", "arch", "vendor", "familyid", "modelid"),
     "nic": ("name", "bw", "pci", "rail", "link_layer", "port", "guid", "numa", "dev", "speed", "lat"),
-    "net_switch": ("tier", "rail", "coord", "name"),
+    "net_switch": ("tier", "rail", "coord", "name", "sharp"),
 }
 _INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev", "quadrant"})
 _POS_ATTRS = frozenset({"mem_bw", "bw"})
 _NONNEG_ATTRS = {"lat": "µs"}
-_BOOL_ATTRS = frozenset({"multicast"})
+_BOOL_ATTRS = frozenset({"multicast", "sharp"})
 
 
 class _Loader(YAML_LOADER):  # type: ignore[misc, valid-type]

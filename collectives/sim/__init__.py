@@ -1,7 +1,8 @@
 """The simulator: predicted time of a schedule on a topology, and NCCL's own tuning model beside it.
 
 * :mod:`.simulator`: the entry points (:func:`simulate`, :func:`simulate_ring`,
-  :func:`simulate_algorithm`, :func:`simulate_nccl_allreduce`) and their :class:`SimResult`;
+  :func:`simulate_algorithm`, :func:`simulate_nccl` for every nccl-tests collective,
+  :func:`simulate_nccl_allreduce`) and their :class:`SimResult`;
 * :mod:`.result`: what they share: :class:`SimResult`, input checks, the rank -> GPU map;
 * :mod:`.engine`: the flow-level engine (max-min fair sharing of every directed link);
 * :mod:`.nvls`: NCCL's NVLS / NVLSTree (the NVSwitches reduce and multicast);
@@ -22,9 +23,10 @@ from .simulator import (
            bus_factor,
            simulate,
            simulate_algorithm,
+           simulate_nccl,
            simulate_nccl_allreduce,
            simulate_ring,
 )
 
-__all__ = ["SimResult", "bandwidths", "bus_factor", "simulate", "simulate_algorithm", "simulate_nccl_allreduce",
-           "simulate_ring"]
+__all__ = ["SimResult", "bandwidths", "bus_factor", "simulate", "simulate_algorithm", "simulate_nccl",
+           "simulate_nccl_allreduce", "simulate_ring"]

@@ -47,7 +47,9 @@ from ..cost import placed_gpus
 from ..in_network import min_sm, nvls_domains
 from ..placement import Placement, as_placement
 
-__all__ = ["nccl_predict", "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
+__all__ = ["nccl_predict", "nccl_best", "run_channels", "ring_run_bw", "collnet_available", "COLLECTIVES",
+           "COLLECTIVE_ALGOS",
+           "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
            "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
            "TREE_CORRECTION"]
 
@@ -177,17 +179,36 @@ def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     return True
 
 
-def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None) -> tuple[str, ...]:
-    """The allreduce algorithms NCCL offers on these GPUs: ``ring``, ``tree``, and ``nvls`` (NVLS on one
-    NVLink domain, NVLSTree across several) where :func:`nvls_domains` allows it and ``proto`` (a
-    protocol NCCL is restricted to, e.g. by NCCL_PROTO) is None or Simple: NVLS runs Simple only."""
-    if proto not in (None, "Simple"):
-        return ("ring", "tree")
+def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None,
+               collective: str = "allreduce") -> tuple[str, ...]:
+    """The algorithms NCCL offers for ``collective`` on these GPUs (:data:`COLLECTIVE_ALGOS`):
+    allreduce ``ring``, ``tree`` and ``nvls`` (NVLS on one NVLink domain, NVLSTree across several)
+    where :func:`nvls_domains` allows it and ``proto`` (a protocol NCCL is restricted to, e.g. by
+    NCCL_PROTO) is None or Simple: NVLS runs Simple only; allgather and reduce_scatter ``ring``,
+    ``pat`` with one GPU per node on several nodes (tuning.cc ncclPatEnable) and ``nvls`` on one
+    NVLink domain; broadcast and reduce ``ring``; alltoall and sendrecv ``p2p``. Allreduce also
+    ``collnet`` where :func:`collnet_available` (the network's switches reduce: SHARP)."""
+    if collective not in COLLECTIVES:
+        raise TreeError(f"nccl model: collective expected one of {list(COLLECTIVES)}, got {collective!r}")
+    if collective in ("broadcast", "reduce"):
+        return ("ring",)
+    if collective in ("alltoall", "sendrecv"):
+        return ("p2p",)
+    simple = proto in (None, "Simple")
+    out = ("ring", "tree") if collective == "allreduce" else ("ring",)
+    if collective != "allreduce" and simple and len(gpus) > 1 and len(_by_host(topology, gpus)) == len(gpus):
+        out += ("pat",)
+    if not simple:
+        return out
+    if collective == "allreduce" and collnet_available(topology, gpus):
+        out += ("collnet",)
     try:
-        nvls_domains(topology, gpus)
+        domains = nvls_domains(topology, gpus)
     except TreeError:
-        return ("ring", "tree")
-    return ("ring", "tree", "nvls")
+        return out
+    if collective == "allreduce" or len(domains) == 1:
+        out += ("nvls",)
+    return out
 
 
 def _quantize(x: float, speeds: Sequence[float]) -> float:
@@ -246,21 +267,99 @@ def _arm_hosts(topology: Topology) -> bool:
                for c in topology.nodes("cpu"))
 
 
+#: the collectives nccl-tests measures (its binaries all_reduce_perf ... sendrecv_perf)
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv")
+#: algorithms NCCL's tuner models per collective (tuning.cc ncclTopoTuneModel: broadcast and reduce
+#: ring only; reduce_scatter and allgather ring, PAT, NVLS, CollNetDirect); alltoall and sendrecv are
+#: NCCL point-to-point operations, which the tuner does not model ("p2p" here)
+COLLECTIVE_ALGOS = {"allreduce": ("ring", "tree", "nvls", "collnet"), "allgather": ("ring", "pat", "nvls"),
+                    "reduce_scatter": ("ring", "pat", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
+                    "alltoall": ("p2p",), "sendrecv": ("p2p",)}
+#: CollNet (in-network reduction, SHARP; tuning.cc, Simple only): hwLatencies NVLINK/PCI (intra) and NET
+#: (inter) of CollNetDirect and CollNetChain (µs; base latencies 0), the 0.4 µs arity serialization per
+#: local GPU of CollNetDirect, its 0.85 bandwidth factor on Hopper and later; NCCL_MAX_DIRECT_ARITY + 1 = 8
+#: local GPUs at most (src/include/device.h)
+COLLNET_LAT = {"direct": (3.7, 31.0), "chain": (2.8, 30.0)}
+COLLNET_ARITY_LAT, COLLNET_DIRECT_HOPPER, COLLNET_MAX_LOCAL = 0.4, 0.85, 8
+#: PAT (NCCL 2.23+, tuning.cc): base latency 8 µs, bus bandwidth x 0.75, latency
+#: log2(nNodes) x interLat / 3.5 + nRanks x 2.8 µs; Simple only, one GPU per node (ncclPatEnable)
+PAT_BASE_LAT, PAT_BW_FACTOR, PAT_RANK_LAT = 8.0, 0.75, 2.8
+#: how much work NCCL gives a thread before it opens another channel (src/include/comm.h
+#: NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD; ring LL x nRanks, tuning.cc), and the threads per
+#: channel (src/include/device.h NCCL_LL_MAX_NTHREADS 512, NCCL_LL128_MAX_NTHREADS 640,
+#: NCCL_SIMPLE_MAX_NTHREADS 512; ring Simple 256 when the ring's graph bandwidth is within PCI_BW 12 GB/s)
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+PCI_BW = 12.0
+#: NCCL's channels per ring-graph channel: connect.cc ncclTopoPostset duplicates every channel once
+#: ("Duplication should be complete now"), up to MAXCHANNELS 64 (src/include/device.h)
+CHANNEL_DUP, MAXCHANNELS = 2, 64
+
+
+def run_channels(nbytes: int, algo: str, proto: str, graph_channels: int, nranks: int,
+                 graph_bw: float = math.inf) -> tuple[int, int]:
+    """``(channels NCCL runs a collective of nbytes on, channels it has)`` for ring and tree, as
+    enqueue.cc ``topoGetAlgoInfo`` (NCCL 2.30) shrinks them: one channel fewer while
+    ``nbytes < nc × nThreads × threadThreshold``. ``graph_channels`` × ``graph_bw``: the
+    search's ring bandwidth (for ring Simple's thread count).
+
+    >>> run_channels(1 << 20, "ring", "Simple", 16, 16)    # 32 channels x 512 threads x 64 B = 1 MiB
+    (32, 32)
+    >>> run_channels(64 << 10, "ring", "Simple", 16, 16)
+    (2, 32)
+    """
+    have = max(1, min(MAXCHANNELS, CHANNEL_DUP * graph_channels))
+    nt = MAX_THREADS[proto]
+    if algo == "ring" and proto == "Simple" and graph_bw * graph_channels <= PCI_BW:
+        nt = 256
+    thr = THREAD_THRESHOLD[proto] * (nranks if algo == "ring" and proto == "LL" else 1)
+    nc = have
+    while nc >= 2 and nbytes < nc * nt * thr:
+        nc -= 1
+    return nc, have
+
+
+def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> float:
+    """GB/s a rank's ring sends at when NCCL runs ``nbytes`` on :func:`run_channels` of its channels:
+    the search's ring bandwidth (``nChannels × bw``, as :func:`nccl_predict` derives it) times the
+    share of channels running (each channel is one thread block moving its share).
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100")
+    >>> [round(ring_run_bw(t, t.rank_gpus(), size, "Simple"), 1) for size in (1 << 30, 1 << 16)]   # 36, 2 channels
+    [370.8, 20.6]
+    """
+    n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
+    nc, have = run_channels(nbytes, "ring", proto, nch, len(gpus), total / nch)
+    return total * nc / have
+
+
 def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes: int, algo: str = "ring",
-                 proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None) -> dict:
-    """NCCL's predicted allreduce time for ``algo`` ("ring", "tree" or "nvls") on ``nbytes``.
+                 proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None,
+                 collective: str = "allreduce") -> dict:
+    """NCCL's predicted time of ``collective`` with ``algo`` on ``nbytes`` (the size nccl-tests prints:
+    the total of all ranks' pieces for allgather, reduce_scatter and alltoall).
 
     ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology /
     None with ``ranks`` and ``nranks`` (:func:`~treecoll.collectives.placement.as_placement`).
+    ``algo``: one of :data:`COLLECTIVE_ALGOS` for the collective ("ring", "tree", "nvls", "pat", "p2p").
 
     ``proto`` None lets the model choose (least time over LL, LL128, Simple,
     like NCCL). ``nvls`` is NCCL's NVLS on one NVLink domain and NVLSTree
     across several (Simple only; :func:`nvls_domains` says where it runs). Returns ``{algo, proto,
     time (s), time_us, lat_us, algbw, busbw (GB/s, nccl-tests definitions), nchannels, nnodes,
-    nranks, protocols: {proto: time_us}}``.
+    nranks, protocols: {proto: time_us}, run_channels, run_time_us}``: ``time`` is NCCL's own
+    estimate (what its tuner compares); ``run_channels`` the channels NCCL then runs the
+    collective on at this size (:func:`run_channels`) and ``run_time_us`` the same model with
+    only those channels' share of the bandwidth. ``alltoall`` and ``sendrecv`` (``p2p``) are
+    not modelled by NCCL: there the time is one point-to-point latency plus each GPU's bytes
+    over its bottleneck (NVLink inside a host, its share of the host's NICs across).
     """
-    if algo not in (*BASE_LAT, "nvls"):
-        raise TreeError(f"nccl model: algo expected 'ring', 'tree' or 'nvls', got {algo!r}")
+    if collective not in COLLECTIVES:
+        raise TreeError(f"nccl model: collective expected one of {list(COLLECTIVES)}, got {collective!r}")
+    if algo not in COLLECTIVE_ALGOS[collective]:
+        raise TreeError(f"nccl model: algo for {collective} expected one of {list(COLLECTIVE_ALGOS[collective])}, "
+                        f"got {algo!r}")
     if proto is not None and proto not in PROTOS:
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
     topology, gpus = placed_gpus(as_placement(placement, ranks, nranks=nranks, what="nccl model"))
@@ -268,61 +367,242 @@ def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes
     if algo == "nvls":
         if proto not in (None, "Simple"):
             raise TreeError(f"nccl model: NVLS runs the Simple protocol only, got proto {proto!r}")
-        return _nvls_predict(topology, gpus, nbytes)
+        if collective != "allreduce":
+            return _nvls_gather_predict(topology, gpus, nbytes, collective)
+        return _with_run(_nvls_predict(topology, gpus, nbytes), nbytes)
+    if algo == "p2p":
+        return _p2p_predict(topology, gpus, nbytes, collective)
+    if algo == "collnet":
+        if proto not in (None, "Simple"):
+            raise TreeError(f"nccl model: CollNet runs the Simple protocol only, got proto {proto!r}")
+        return _collnet_predict(topology, gpus, nbytes)
+    return _ring_tree_predict(topology, gpus, nbytes, algo, proto, nchannels, collective)
+
+
+def _with_run(r: dict, nbytes: int) -> dict:
+    """``r`` with NVLS's run fields: NVLS runs on all its channels (enqueue.cc)."""
+    return {**r, "run_channels": r["nchannels"], "run_time_us": r["time_us"], "collective": "allreduce"}
+
+
+def _result(collective: str, algo: str, proto: str, nbytes: int, n: int, t_us: float, lat: float, alg: float,
+            nch: int, n_nodes: int, times: dict, run: tuple[int, float] | None = None) -> dict:
+    algbw = nbytes / (t_us * 1e3) if t_us > 0 else math.inf
+    from .result import bus_factor
+    run_nc, run_t = run if run is not None else (nch, t_us)
+    return {"collective": collective, "algo": algo, "proto": proto, "time": t_us * 1e-6, "time_us": t_us,
+            "lat_us": lat, "model_algbw": alg, "algbw": algbw, "busbw": algbw * bus_factor(collective, n),
+            "nchannels": nch, "nnodes": n_nodes, "nranks": n, "protocols": dict(times), "run_channels": run_nc,
+            "run_time_us": run_t}
+
+
+def _ring_tree_predict(topology: Topology, gpus: Sequence[str], nbytes: int, algo: str, proto: str | None,
+                       nchannels: int | None, collective: str) -> dict:
+    """Ring, tree and PAT as tuning.cc ncclTopoTuneModel / ncclTopoGetAlgoTime compute them."""
     n = len(gpus)
     n_nodes, gen, intra_kind, total, nch, lat_inter = _inputs(topology, gpus, nchannels)
+    if algo == "pat" and n_nodes != n:
+        raise TreeError(f"nccl model: PAT runs with one GPU per node only (ncclPatEnable), got {n} ranks on "
+                        f"{n_nodes} nodes")
     col = 0 if n_nodes == 1 else 1 if n_nodes == 2 else 2
     bw_ch = total / nch
-    nsteps = 2 * (n - 1)
-    times = {}
-    detail = {}
-    for pi, pr in enumerate(PROTOS):
-        bus = nch * bw_ch
-        ll_max = LL_MAX_BW[gen if n_nodes == 1 else 0][col]
-        if algo == "ring":
-            if pr == "LL":
-                bus = min(ll_max, bus * 0.5)
-            elif pr == "LL128":
-                bus = min(bus * 0.92, nch * PER_CH_MAX_RING_LL128_BW[gen][col])
-            alg = bus * n / nsteps if n > 1 else bus
-        else:
-            if pr == "LL":
-                bus = min(bus / 3.8, ll_max)
-            elif pr == "LL128":
-                bus = min(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0),
-                          nch * PER_CH_MAX_TREE_LL128_BW[gen][col])
-            else:
-                bus = min(bus * 0.92, nch * PER_CH_MAX_TREE_BW[gen][col])
-            alg = bus * 0.5
-        # latency
-        intra = HW_LAT[intra_kind][algo][pi]
-        inter = HW_LAT["NET"][algo][pi]
-        if n_nodes > 1 and algo == "ring":
-            intra = max(intra, NET_OVERHEAD * (3 if pr == "Simple" else 1))
-        base = BASE_LAT[algo][pi]
-        ppn = n / n_nodes
-        if algo == "ring" and ppn == 1 and n_nodes > 1:
-            inter = HW_LAT["NET"]["tree"][pi]
-        inter += lat_inter * (2 if pr == "Simple" else 1)
-        if algo == "ring":
-            n_inter = 2 * (n_nodes - 1)
-            lat = base + (nsteps - n_inter) * intra + n_inter * inter
-            if n_nodes > 1 and pr == "Simple" and nbytes / (nch * n) >= 64:
-                lat *= 1.4   # "plateau effect", sm80+ (tuning.cc)
-        else:
-            lat = base + 2 * ((ppn - 1) * intra + _log2i(n_nodes) * inter)
-            idx = min(max(_log2i(max(nbytes, 1) / 64), 0), 23)
-            alg *= TREE_CORRECTION[pr][idx]
-        if n == 1:
-            lat = 0.0
-        t_us = lat + nbytes / (1000.0 * alg)
-        times[pr] = t_us
+    nsteps = 2 * (n - 1) if collective == "allreduce" else n - 1 if collective in ("allgather", "reduce_scatter") \
+        else n
+    times, detail = {}, {}
+    protos = ("Simple",) if algo == "pat" else PROTOS
+    for pr in protos:
+        pi = PROTOS.index(pr)
+        alg = _algo_bw(algo, pr, collective, nch * bw_ch, nch, gen, n_nodes, col, n, nsteps)
+        lat = 0.0 if n == 1 else _latency(algo, pr, pi, collective, intra_kind, n, n_nodes, nsteps, lat_inter)
+        if algo == "ring" and collective == "allreduce" and n_nodes > 1 and pr == "Simple" \
+                and nbytes / (CHANNEL_DUP * nch * n) >= 64:
+            lat *= 1.4 if gen >= 1 else 1.9  # "plateau effect" (ncclTopoGetAlgoTime; nBytes / (comm nCh x nRanks))
+        if algo == "tree" and collective == "allreduce":
+            idx = _log2i(max(nbytes, 1) / 64)
+            if 0 <= idx < 23:           # ncclTopoGetAlgoTime: logSize < 23
+                alg *= TREE_CORRECTION[pr][idx]
+        times[pr] = lat + nbytes / (1000.0 * alg) if alg > 0 else math.inf
         detail[pr] = (lat, alg)
-    allowed = [p for p in PROTOS if p != "LL128" or ll128_enabled(topology, gpus)]
+    allowed = [p for p in protos if p != "LL128" or ll128_enabled(topology, gpus)]
     chosen = proto or min(allowed, key=lambda p: (times[p], PROTOS.index(p)))
+    if chosen not in times:
+        raise TreeError(f"nccl model: {algo} runs the Simple protocol only, got proto {chosen!r}")
     lat, alg = detail[chosen]
-    t_us = times[chosen]
-    algbw = nbytes / (t_us * 1e3) if t_us > 0 else math.inf
-    return {"algo": algo, "proto": chosen, "time": t_us * 1e-6, "time_us": t_us, "lat_us": lat,
-            "model_algbw": alg, "algbw": algbw, "busbw": algbw * (2 * (n - 1) / n if n > 1 else 1.0),
-            "nchannels": nch, "nnodes": n_nodes, "nranks": n, "protocols": dict(times)}
+    nc, have = run_channels(nbytes, "tree" if algo == "tree" else "ring", chosen, nch, n, bw_ch)
+    run_t = lat + nbytes / (1000.0 * alg * nc / have) if alg > 0 else math.inf
+    return _result(collective, algo, chosen, nbytes, n, times[chosen], lat, alg, nch, n_nodes, times, (nc, run_t))
+
+
+def _algo_bw(algo: str, pr: str, collective: str, bus: float, nch: int, gen: int, n_nodes: int, col: int, n: int,
+             nsteps: int) -> float:
+    """The algorithm bandwidth NCCL's tuner gives ``algo`` / ``pr`` (tuning.cc "Various model refinements"
+    and "Convert bus BW to algorithm BW"), GB/s."""
+    ll_max = LL_MAX_BW[gen if n_nodes == 1 else 0][col]
+    if algo == "ring":
+        if pr == "LL":
+            bus = min(ll_max, bus * 0.5)
+        elif pr == "LL128":
+            bus = min(bus * 0.92, nch * PER_CH_MAX_RING_LL128_BW[gen][col])
+        return bus * n / nsteps if n > 1 else bus
+    if algo == "pat":
+        return bus * PAT_BW_FACTOR          # no busBw -> algBw conversion for PAT (allgather, reduce_scatter)
+    bus = min(bus * 0.92, nch * PER_CH_MAX_TREE_BW[gen][col])
+    if pr == "LL":
+        bus = min(bus / 3.8, ll_max)
+    elif pr == "LL128":
+        bus = min(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0), nch * PER_CH_MAX_TREE_LL128_BW[gen][col])
+    return bus * 0.5
+
+
+def _latency(algo: str, pr: str, pi: int, collective: str, intra_kind: str, n: int, n_nodes: int, nsteps: int,
+             lat_inter: float) -> float:
+    """NCCL's latency of ``algo`` / ``pr`` for ``collective``, µs (tuning.cc ncclTopoTuneModel)."""
+    table = "tree" if algo == "tree" else "ring"
+    intra = HW_LAT[intra_kind][table][pi]
+    ppn = n / n_nodes
+    inter = HW_LAT["NET"]["tree" if ppn == 1 else table][pi]
+    inter += lat_inter * (2 if pr == "Simple" else 1)
+    if algo == "pat":
+        return PAT_BASE_LAT + _log2i(n_nodes) * inter / 3.5 + n * PAT_RANK_LAT
+    base = BASE_LAT[table][pi]
+    if algo == "tree":
+        return base + 2 * ((ppn - 1) * intra + _log2i(n_nodes) * inter)
+    hw = HW_LAT["NET" if n_nodes > 1 else intra_kind]
+    if collective in ("broadcast", "reduce"):   # graph sameChannels assumed: one hop's latency
+        return base + hw["ring"][pi]
+    if n_nodes > 1:
+        intra = max(intra, NET_OVERHEAD * (3 if pr == "Simple" else 1))
+    n_inter = 0 if n_nodes == 1 else 2 * (n_nodes - 1) if collective == "allreduce" else n_nodes - 1
+    return base + (nsteps - n_inter) * intra + n_inter * inter
+
+
+def _nvls_gather_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collective: str) -> dict:
+    """NVLS allgather / reduce_scatter on one NVLink domain (tuning.cc: ``intraBw × (ppn − 1) / ppn``;
+    across nodes NCCL needs CollNet for them, which this model does not offer)."""
+    domains = nvls_domains(topology, gpus)
+    if len(domains) > 1:
+        raise TreeError(f"nccl model: NVLS {collective} across NVLink domains needs CollNet (tuning.cc), "
+                        f"got {len(domains)} domains")
+    g = topology.graph
+    n = len(gpus)
+    gen = generation(topology, gpus)
+    nch = min(MAX_NVLS_ARITY, n)
+    nvl = min(sum(float(d["bw"]) for v, d in g[x].items() if g.nodes[v].get("kind") == "nvswitch") for x in gpus)
+    bw_intra = _quantize(nvl / (n + 1), NVLS_SPEEDS_INTRA[gen])
+    bw = bw_intra * NVLS_EFFICIENCY[gen] * (nch - 1) / nch * (n - 1) / n
+    alg = nch * bw * n / (n - 1)
+    t_us = NVLS_LAT + nbytes / (1000.0 * alg)
+    return _result(collective, "nvls", "Simple", nbytes, n, t_us, NVLS_LAT, alg, nch, 1, {"Simple": t_us})
+
+
+def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collective: str) -> dict:
+    """alltoall (each rank sends ``nbytes / P`` to every other) and sendrecv (rank r sends ``nbytes``
+    to r + 1): one Simple point-to-point step's latency (ring base and hop latencies of tuning.cc)
+    plus the bytes each GPU sends over its bottleneck: NVLink (its path bandwidth) to the peers it
+    reaches over NVLink (its host's, or its NVLink domain's), its share of the host's NIC
+    bandwidth to the others."""
+    n = len(gpus)
+    hosts = _by_host(topology, gpus)
+    n_nodes, gen, intra_kind, _, nch, lat_inter = _inputs(topology, gpus, None)
+    pi = PROTOS.index("Simple")
+    t_bw = 0.0
+    net_lat = HW_LAT["NET"]["ring"][pi] + 2 * lat_inter
+    if collective == "alltoall":
+        any_net = False
+        for h, members in hosts.items():
+            rep = members[0]        # peers over NVLink (also across hosts of one NVLink domain) or the NICs
+            paths = [topology.path(rep, b) for b in gpus if b != rep]
+            nvl = [p.bw for p in paths if p.nccl != "NET"]
+            net = len(paths) - len(nvl)
+            any_net = any_net or net > 0
+            nic_bw = sum(float(topology.node(c).get("bw") or 0.0) for c in topology.nics(h)) / len(members)
+            t_bw = max(t_bw, nbytes * len(nvl) / n / min(nvl) if nvl else 0.0,
+                       nbytes * net / n / nic_bw if net and nic_bw > 0 else 0.0)
+        hop = net_lat if any_net else HW_LAT[intra_kind]["ring"][pi]
+    else:
+        hop = 0.0
+        for a, b in zip(gpus, gpus[1:] + gpus[:1]):
+            p = topology.path(a, b)
+            t_bw = max(t_bw, nbytes / p.bw)
+            hop = max(hop, net_lat if p.nccl == "NET" else HW_LAT[intra_kind]["ring"][pi])
+    lat = BASE_LAT["ring"][pi] + hop
+    t_us = lat + t_bw / 1000.0
+    return _result(collective, "p2p", "Simple", nbytes, n, t_us, lat, nbytes / t_bw if t_bw else math.inf,
+                   nch, n_nodes, {"Simple": t_us})
+
+
+def nccl_best(placement: Placement | Topology | None, ranks: RanksArg, nbytes: int, collective: str = "allreduce",
+              proto: str | None = None, *, nranks: int | None = None) -> dict:
+    """What NCCL's tuner picks for ``collective``: the least predicted time over :func:`nccl_algos`
+    (enqueue.cc ``topoGetAlgoInfo``: argmin over algorithm and protocol), as :func:`nccl_predict` returns it.
+
+    >>> from treecoll.collectives.cost import uniform_topology
+    >>> r = nccl_best(uniform_topology(8), None, 1 << 30, "broadcast")
+    >>> r["algo"], r["collective"]
+    ('ring', 'broadcast')
+    """
+    p = as_placement(placement, ranks, nranks=nranks, what="nccl model")
+    topology, gpus = placed_gpus(p)
+    algos = nccl_algos(topology, gpus, proto, collective)
+    return min((nccl_predict(p, None, nbytes, algo=a, proto=proto, collective=collective) for a in algos),
+               key=lambda r: r["time"])
+
+
+def collnet_available(topology: Topology, gpus: Sequence[str]) -> bool:
+    """Whether NCCL can run CollNet (in-network reduction) here: the ranks span several hosts, at
+    most 8 per host (CollNetDirect and CollNetChain, enqueue.cc), and every NIC of their hosts plugs
+    into a network switch that reduces (``sharp: true`` on the topology's ``network``). NCCL
+    also needs a CollNet plugin (the SHARP plugin) and ``NCCL_COLLNET_ENABLE=1``; the model
+    assumes both where the fabric has SHARP."""
+    hosts = _by_host(topology, gpus)
+    if len(hosts) < 2 or max(len(m) for m in hosts.values()) > COLLNET_MAX_LOCAL:
+        return False
+    g = topology.graph
+    for h in hosts:
+        nics = topology.nics(h)
+        if not nics:
+            return False
+        for c in nics:
+            sw = [v for v in g.successors(c) if g.nodes[v].get("kind") == "net_switch"]
+            if not sw or not all(g.nodes[v].get("sharp") for v in sw):
+                return False
+    return True
+
+
+def _collnet_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
+    """CollNet allreduce (Simple) as tuning.cc models it: CollNetDirect where every host's GPUs share
+    NVSwitches (else CollNetChain). The CollNet graph is derived (approximation): a channel per NIC
+    of a host (its heads), each at the NIC's bandwidth within the host's share of NCCL's ring
+    bandwidth; busBw = nCh × bwIntra, CollNetDirect divided by the GPU/NIC factor
+    ``f − (f − 1) / 2`` (``f = ppn / nCh``) and × 0.85 on Hopper and later; algBw = busBw × 0.5.
+    Latency: CollNetDirect ``2 (min(1, ppn − 1) intra + (ppn − 1) 0.4) + inter``, CollNetChain
+    ``2 (ppn − 1) intra + inter``; inter adds the NIC's latency twice (Simple)."""
+    if not collnet_available(topology, gpus):
+        raise TreeError("nccl model: CollNet needs several hosts of at most 8 ranks whose network switches "
+                        "reduce (network 'sharp: true' in the topology)")
+    n = len(gpus)
+    n_nodes, gen, intra_kind, total, _, lat_inter = _inputs(topology, gpus, None)
+    hosts = _by_host(topology, gpus)
+    ppn = n / n_nodes
+    nics = min(len(topology.nics(h)) for h in hosts)
+    nic_bw = min(float(topology.node(c).get("bw") or 0.0) for h in hosts for c in topology.nics(h))
+    nch = max(1, min(nics, int(ppn)))
+    bw_intra = min(nic_bw, total / nch)
+    g = topology.graph
+    direct = all(any(g.nodes[v].get("kind") == "nvswitch" for v in g.successors(x)) for x in gpus)
+    kind = "direct" if direct else "chain"
+    bus = nch * bw_intra
+    if direct:
+        f = ppn / nch
+        bus /= f - (f - 1) / 2
+        if gen >= 2:
+            bus *= COLLNET_DIRECT_HOPPER
+    alg = bus * 0.5
+    intra_lat, net_lat = COLLNET_LAT[kind]
+    inter = (HW_LAT["NET"]["tree"][2] if ppn == 1 else net_lat) + 2 * lat_inter
+    if direct:
+        lat = 2 * (min(1.0, ppn - 1) * intra_lat + (ppn - 1) * COLLNET_ARITY_LAT) + inter
+    else:
+        lat = 2 * (ppn - 1) * intra_lat + inter
+    t_us = lat + nbytes / (1000.0 * alg)
+    r = _result("allreduce", "collnet", "Simple", nbytes, n, t_us, lat, alg, nch, n_nodes, {"Simple": t_us})
+    return {**r, "collnet": kind}

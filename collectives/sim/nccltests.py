@@ -90,6 +90,8 @@ from pathlib import Path
 from treecoll.topo.errors import TreecollError
 from treecoll.topo.files import decode_text, read_text
 
+from .result import bus_factor
+
 __all__ = ["NcclTestsError", "NcclTestsOutput", "Table", "Row", "Measurement", "Device", "RunInfo", "Header",
            "parse", "read", "recognise", "bus_factor", "COLLECTIVES", "BINARIES", "TYPE_BYTES", "MAX_FILE_BYTES"]
 
@@ -113,22 +115,6 @@ _EXAMPLE_ROW = "'1048576  262144  float  sum  -1  63.16  16.60  24.90  0 ...'"
 
 class NcclTestsError(TreecollError, ValueError):
     """An nccl-tests output that cannot be read at all (one line: file, line, what is wrong)."""
-
-
-def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw/algbw factor (``src/*.cu`` ``*GetBw``; doc/PERFORMANCE.md).
-
-    >>> bus_factor("allreduce", 8), bus_factor("alltoall", 8), bus_factor("sendrecv", 8)
-    (1.75, 0.875, 1.0)
-    """
-    n = nranks
-    if collective == "allreduce":
-        return 2.0 * (n - 1) / n if n > 0 else 0.0
-    if collective in _PER_RANK:
-        return (n - 1) / n if n > 0 else 0.0
-    if collective in _UNIT:
-        return 1.0
-    raise NcclTestsError(f"collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
 
 
 # ---------------------------------------------------------------------------------------------- results

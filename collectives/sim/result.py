@@ -36,17 +36,27 @@ DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8"
                "int8": 1, "uint8": 1}
 
 
+#: the collectives nccl-tests measures, by their busbw/algbw factor (nccl-tests src/*.cu ``*GetBw``)
+PER_RANK_COLLECTIVES = ("reduce_scatter", "allgather", "alltoall")
+UNIT_COLLECTIVES = ("broadcast", "reduce", "sendrecv")
+
+
 def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw/algbw factor: 2(n−1)/n allreduce, (n−1)/n RS/AG, 1 reduce/broadcast."""
+    """nccl-tests' busbw/algbw factor: 2(n−1)/n allreduce, (n−1)/n reduce_scatter, allgather and
+    alltoall, 1 broadcast, reduce and sendrecv (nccl-tests doc/PERFORMANCE.md, src/*.cu ``*GetBw``).
+
+    >>> bus_factor("allreduce", 8), bus_factor("alltoall", 8), bus_factor("sendrecv", 8)
+    (1.75, 0.875, 1.0)
+    """
     n = nranks
     if collective == "allreduce":
-        return 2.0 * (n - 1) / n if n > 1 else 0.0
-    if collective in ("reduce_scatter", "allgather"):
-        return (n - 1) / n if n > 1 else 0.0
-    if collective in ("reduce", "broadcast"):
+        return 2.0 * (n - 1) / n if n > 0 else 0.0
+    if collective in PER_RANK_COLLECTIVES:
+        return (n - 1) / n if n > 0 else 0.0
+    if collective in UNIT_COLLECTIVES:
         return 1.0
-    raise CollectiveError(f"collective {collective!r}: expected allreduce, reduce_scatter, allgather, reduce "
-                          f"or broadcast")
+    raise CollectiveError(f"collective {collective!r}: expected one of allreduce, "
+                          f"{', '.join(PER_RANK_COLLECTIVES + UNIT_COLLECTIVES)}")
 
 
 def bandwidths(collective: str, nbytes: int, nranks: int, seconds: float) -> tuple[float, float]:

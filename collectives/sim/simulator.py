@@ -37,23 +37,25 @@ for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time as _time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from treecoll.topo import Topology
-from treecoll.topo.errors import CollectiveError
+from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
 from ..schedule import Schedule
-from .engine import FlowEngine, Network, concurrent_times, gc_paused
+from .engine import FlowEngine, Network, drain_times, gc_paused
 from .profiles import Profile, get_profile
 from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, placed
 
-__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_algorithm", "simulate_executor",
-           "simulate_nccl_allreduce", "bus_factor", "bandwidths", "DTYPE_SIZES", "placed"]
+__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_p2p", "simulate_algorithm", "simulate_executor",
+           "simulate_nccl_allreduce", "simulate_nccl", "nccl_rings", "hop_times", "bus_factor", "bandwidths",
+           "DTYPE_SIZES", "placed"]
 
 
 
@@ -93,25 +95,75 @@ def simulate(placement: Placement | Topology, schedule: Schedule, nbytes: int, *
                    stats, top)
 
 
-def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
-    """One ring per channel: hosts in rank order, each host's GPUs rotated by the channel number.
-
-    Rotating the host-local order makes channel c leave each host from a
-    different GPU (hence through a different NIC), as NCCL spreads its ring
-    channels over the NICs.
-    """
+def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict:
+    """The ranks' GPUs per host, in rank order (hosts in the order of their first rank)."""
     by_host: dict = {}
     nodes = topology.graph.nodes
     for g in gpus:
         by_host.setdefault(nodes[g].get("host"), []).append(g)
+    return by_host
+
+
+def _host_ring(topology: Topology, host: Any, members: list[str], c: int) -> tuple[list[str], str | None]:
+    """Channel ``c``'s order through one host and the GPU it leaves the host through (PXN), or None.
+
+    NCCL's ring search (src/graph/search.cc, NCCL 2.30: ``NET n -> GPU a -> ... -> GPU x -> NET n``,
+    ``NCCL_CROSS_NIC`` default 2 tries the same NIC in and out first) enters and leaves every host
+    through one NIC, so each channel stays on one rail: channel ``c`` uses the host's NIC
+    ``c mod #NICs`` (``nets[(nChannels + i) % netCount]``), enters at a GPU nearest to it and ends at
+    another GPU nearest to it if there is one; otherwise the last GPU sends through the entry GPU's
+    NIC over NVLink (PXN, NCCL 2.12+: ``NET/IB/n(proxy)``).
+    """
+    nics = topology.nics(host) if host is not None else ()
+    k = c % len(members)
+    rotated = members[k:] + members[:k]
+    if not nics:
+        return rotated, None
+    nic = nics[c % len(nics)]
+    near = [g for g in members if topology.nearest_nic(g) == nic]
+    if not near:
+        return rotated, None
+    entry = near[(c // len(nics)) % len(near)]
+    i = members.index(entry)
+    order = members[i:] + members[:i]
+    others = [g for g in near if g != entry]
+    if others:
+        order.remove(others[0])
+        order.append(others[0])
+        return order, None
+    last = order[-1]
+    if last != entry and topology.path(last, entry).nccl in ("NVL", "NVB"):
+        return order, entry
+    return order, None
+
+
+def nccl_rings(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[tuple[str, str, str | None]]]:
+    """NCCL's ring of every channel as its hops ``(src, dst, via)``: ``via`` is the GPU whose NIC a
+    host-leaving hop goes through (PXN; None: the sender's own route). See :func:`_host_ring`;
+    on one host the rings rotate the rank order by the channel number."""
+    groups = _host_groups(topology, gpus)
+    multi = len(groups) > 1
     out = []
     for c in range(channels):
-        ring = []
-        for lst in by_host.values():
-            k = c % len(lst)
-            ring.extend(lst[k:] + lst[:k])
-        out.append(ring)
+        order: list[str] = []
+        vias: dict[str, str] = {}
+        for host, members in groups.items():
+            if multi:
+                seg, via = _host_ring(topology, host, members, c)
+                if via is not None:
+                    vias[seg[-1]] = via
+            else:
+                k = c % len(members)
+                seg = members[k:] + members[:k]
+            order.extend(seg)
+        P = len(order)
+        out.append([(order[i], order[(i + 1) % P], vias.get(order[i]) if multi else None) for i in range(P)])
     return out
+
+
+def ring_orders(topology: Topology, gpus: Sequence[str], channels: int) -> list[list[str]]:
+    """One ring per channel (the GPUs in ring order), as :func:`nccl_rings` lays them over the NICs."""
+    return [[s for s, _, _ in ring] for ring in nccl_rings(topology, gpus, channels)]
 
 
 def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
@@ -131,6 +183,53 @@ def default_channels(topology: Topology, gpus: Sequence[str]) -> int:
     return max(1, min(min(nic_count.values()), min(gpu_count.values())))
 
 
+def _hop_route(net: Network, src: str, dst: str, via: str | None) -> tuple[list[tuple[np.ndarray, float]], float]:
+    """``(subroutes, latency s)`` of one hop; through ``via`` (PXN): the NVLink route to ``via`` joined to
+    ``via``'s route to ``dst`` (latency: the second route's, plus the first's links)."""
+    r = net.route(src, dst if via is None else via)
+    if via is None:
+        return list(r.subroutes), r.lat
+    r2 = net.route(via, dst)
+    lat1 = net.topology.path(src, via).lat * 1e-6
+    subs = [(np.concatenate([ids, ids2]), share * share2)
+            for ids, share in r.subroutes for ids2, share2 in r2.subroutes]
+    return subs, r2.lat + lat1
+
+
+def _hop_subflows(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]):
+    """``(link id arrays, bytes, owning hop, hop latencies)`` of every subflow of ``hops`` moving ``sizes``."""
+    links, subsizes, owner, lats = [], [], [], []
+    for i, ((a, b, via), n) in enumerate(zip(hops, sizes)):
+        subs, lat = _hop_route(net, a, b, via)
+        lats.append(lat)
+        for ids, share in subs:
+            links.append(ids)
+            subsizes.append(n * share)
+            owner.append(i)
+    return links, subsizes, owner, lats
+
+
+def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(latency, drain)`` in seconds of hops ``(src, dst, via)`` that all start together, moving
+    ``sizes[i]`` bytes each; rates from one max-min allocation (as
+    :func:`~treecoll.collectives.sim.engine.concurrent_times`, with PXN hops through ``via``)."""
+    links, subsizes, owner, lats = _hop_subflows(net, hops, sizes)
+    drain = np.zeros(len(hops))
+    if links:
+        np.maximum.at(drain, np.asarray(owner, dtype=np.int64), drain_times(net, links, subsizes))
+    return np.asarray(lats, dtype=np.float64), drain
+
+
+def _hop_load(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]) -> np.ndarray:
+    """Bytes each numbered link carries for ``hops`` moving ``sizes`` bytes."""
+    links, subsizes, _, _ = _hop_subflows(net, hops, sizes)
+    out = np.zeros(len(net.ends))
+    if links:
+        np.add.at(out, np.concatenate(links), np.repeat(subsizes, [len(ids) for ids in links]))
+    return out
+
+
 def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
     """Largest summed latency of ``nsteps`` consecutive hops of any ring (``lat[channel, hop]``, cyclic)."""
     C, P = lat.shape
@@ -144,61 +243,180 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
     return float((full * tot + windows.max(axis=1)).max())
 
 
+def _inputs(placement: Placement | Topology, ranks: RanksArg, nbytes: int, dtype: str, profile: Profile | str | None,
+            collective: str, kind: str, allowed: Sequence[str]) -> tuple[Profile, Topology, tuple[str, ...]]:
+    """The checked inputs of a lockstep simulation: its profile, topology and rank GPUs."""
+    if collective not in allowed:
+        raise CollectiveError(f"{kind} collective {collective!r}: expected one of {', '.join(allowed)}")
+    check_size(nbytes, dtype)
+    prof = get_profile(profile)
+    topology, gpus = placed(placement, ranks, what=f"simulate_{kind}")
+    return prof, topology, gpus
+
+
+#: collectives NCCL runs on its rings (broadcast and reduce: a pipelined chain from / to the root)
+RING_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+#: bytes of one pipeline chunk of NCCL's ring broadcast / reduce per protocol profile: a buffer step
+#: (NCCL 2.30 src/init.cc DEFAULT_BUFFSIZE 4 MiB, DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE over
+#: NCCL_STEPS 8, src/include/device.h) times BROADCAST_CHUNKSTEPS = REDUCE_CHUNKSTEPS = 1
+#: (src/include/collectives.h); LL carries 8 data bytes per 16-byte line, LL128 120 per 128
+PIPELINE_CHUNK_BYTES = {"nccl-ll": 32 << 10, "nccl-ll128": 120 * 640 * 8 * 120 // 128, "nccl-simple": 512 << 10}
+
+
 @gc_paused()
 def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
                   dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
-                  channels: int | None = None, top: int = 10) -> SimResult:
-    """NCCL-style ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter`` or ``allgather``.
+                  channels: int | None = None, top: int = 10, root: int = 0) -> SimResult:
+    """NCCL's ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter``, ``allgather``,
+    ``broadcast`` or ``reduce`` (``root``: a rank), over one ring per channel (:func:`nccl_rings`:
+    each channel enters and leaves every host through one NIC, the channels spread over the NICs).
 
     ``nbytes`` is the size nccl-tests prints: the per-rank buffer for
-    allreduce, the total (all ranks' pieces) for reduce_scatter and
+    allreduce, broadcast and reduce, the total (all ranks' pieces) for reduce_scatter and
     allgather; each of the ``channels`` rings carries an equal share. Every step all
     ranks send one chunk (``size / (P × channels)``) to their ring successor at once; the
     step time comes from one max-min allocation of those P × channels transfers
-    (:func:`~treecoll.collectives.sim.engine.concurrent_times`),
-    and a reduce-scatter step takes the longer of that and its reduce
+    (:func:`hop_times`), and a reduce-scatter step takes the longer of that and its reduce
     (``3 × chunk / mem_bw``: NCCL reduces while the data streams in).
-    Steps: 2(P−1) for allreduce, P−1 for either half.
+    Steps: 2(P−1) for allreduce, P−1 for either half. Broadcast and reduce pipeline
+    :data:`PIPELINE_CHUNK_BYTES` chunks down the chain of P−1 hops from (to) the root: ``k``
+    chunks per channel take the chain's latency plus ``k + P − 2`` chunk steps.
     """
-    if collective not in ("allreduce", "reduce_scatter", "allgather"):
-        raise CollectiveError(f"ring collective {collective!r}: expected allreduce, reduce_scatter or allgather")
-    check_size(nbytes, dtype)
-    prof = get_profile(profile)
-    topology, gpus = placed(placement, ranks, what="simulate_ring")
+    prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "ring", RING_COLLECTIVES)
     P = len(gpus)
     C = channels or default_channels(topology, gpus)
     if C < 1:
         raise CollectiveError(f"channels: expected >= 1, got {C}")
+    if collective in ("broadcast", "reduce") and not 0 <= root < P:
+        raise CollectiveError(f"{collective} root: expected a rank in 0..{P - 1}, got {root}")
     t0 = _time.perf_counter()
     net = Network(topology, prof)
-    chunk = nbytes / (P * C)
-    rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
-    ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
     link_bytes = np.zeros(0)
     makespan = 0.0
-    if P > 1:
-        transfers: list[tuple[str, str, float]] = []
-        rings = ring_orders(topology, gpus, C)
-        for ring in rings:
-            transfers.extend((ring[i], ring[(i + 1) % P], chunk) for i in range(P))
-        lat, drain = concurrent_times(net, transfers)
-        memb = _mem_bw(topology, gpus)
-        red = 3.0 * chunk * C / min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
-        step = float(drain.max())
-        makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
-            + ag_steps * step
-        link_bytes = net.link_load(transfers) * (rs_steps + ag_steps)
-    peaks = [chunk * C if rs_steps else 0.0] * P
-    stats = {"engine": "lockstep ring", "channels": C, "steps": rs_steps + ag_steps,
-             "transfers_per_step": P * C, "wall_s": _time.perf_counter() - t0}
+    stats: dict[str, Any] = {"engine": "lockstep ring", "channels": C}
+    memb = _mem_bw(topology, gpus)
+    reduce_bw = min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
+    rings = nccl_rings(topology, gpus, C) if P > 1 else []
+    send_bw = _nccl_send_bw(topology, gpus, nbytes, prof) if P > 1 else math.inf
+    stats["rank_send_cap_GBps"] = send_bw if math.isfinite(send_bw) else None
+    if collective in ("broadcast", "reduce"):
+        chunk = nbytes / C
+        if P > 1:
+            makespan, link_bytes, k = _ring_chain(net, rings, root, gpus, chunk, prof, reduce_bw,
+                                                  collective == "reduce", send_bw)
+            stats.update(steps=k + P - 2, pipeline_chunks=k, transfers_per_step=(P - 1) * C)
+        peaks = [0.0] * P
+    else:
+        chunk = nbytes / (P * C)
+        rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
+        ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
+        if P > 1:
+            hops = [h for ring in rings for h in ring]
+            sizes = [chunk] * len(hops)
+            lat, drain = hop_times(net, hops, sizes)
+            red = 3.0 * chunk * C / reduce_bw if reduce_bw else 0.0
+            step = max(float(drain.max()), chunk * C / (send_bw * 1e9))
+            makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
+                + ag_steps * step
+            link_bytes = _hop_load(net, hops, sizes) * (rs_steps + ag_steps)
+        peaks = [chunk * C if rs_steps else 0.0] * P
+        stats.update(steps=rs_steps + ag_steps, transfers_per_step=P * C)
+    stats["wall_s"] = _time.perf_counter() - t0
     return make_result(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
-                   dtype, stats, top)
+                       dtype, stats, top)
+
+
+def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Profile) -> float:
+    """GB/s a rank sends at on NCCL's ring with an NCCL protocol profile: the channels NCCL runs at
+    this size (:func:`treecoll.collectives.sim.nccl_model.ring_run_bw`, enqueue.cc) times the
+    protocol's efficiency on its slowest link kind; unbounded (inf) for other profiles and on CPUs."""
+    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}.get(prof.name)
+    if proto is None:
+        return math.inf
+    from treecoll.topo.discover import CPU_SLOT_MODEL
+
+    from .nccl_model import ring_run_bw
+    if any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
+        return math.inf
+    try:
+        bw = ring_run_bw(topology, gpus, nbytes, proto)
+    except TreeError:      # no NCCL ring bandwidth to derive (e.g. hosts without NIC bandwidth)
+        return math.inf
+    return bw * min(prof.efficiency(k) for k in ("nvlink", "pcie", "net"))
+
+
+def _ring_chain(net: Network, rings, root: int, gpus: Sequence[str], chunk: float, prof: Profile, reduce_bw: float,
+                reduce: bool, send_bw: float = math.inf) -> tuple[float, np.ndarray, int]:
+    """(seconds, link bytes, chunks per channel) of a broadcast (or, ``reduce``, a reduce) of ``chunk``
+    bytes per channel down each ring from rank ``root`` (to it): the P−1 hops that do not enter
+    (leave) the root, every hop busy at once in the pipeline's steady state."""
+    src = gpus[root]
+    hops = []
+    for ring in rings:
+        i = next(k for k, h in enumerate(ring) if h[0] == src)
+        # broadcast: every hop but the one back into the root; reduce: every hop but the one out of it
+        first = i + 1 if reduce else i
+        hops.extend(ring[(first + j) % len(ring)] for j in range(len(ring) - 1))
+    step_bytes = min(chunk, PIPELINE_CHUNK_BYTES.get(prof.name, PIPELINE_CHUNK_BYTES["nccl-simple"]))
+    k = max(1, int(math.ceil(chunk / step_bytes))) if chunk > 0 else 1
+    step_bytes = chunk / k
+    sizes = [step_bytes] * len(hops)
+    lat, drain = hop_times(net, hops, sizes)
+    n = len(hops) // len(rings)
+    chain_lat = float(lat.reshape(len(rings), n).sum(axis=1).max())
+    step = max(float(drain.max()), step_bytes * len(rings) / (send_bw * 1e9))
+    if reduce and reduce_bw:
+        step = max(step, 3.0 * step_bytes * len(rings) / reduce_bw)
+    seconds = chain_lat + (k + n - 1) * step
+    return seconds, _hop_load(net, hops, sizes) * k, k
+
+
+#: NCCL point-to-point collectives of nccl-tests: alltoall (rank r sends ``S / P`` to every rank) and
+#: sendrecv (rank r sends ``S`` to r + 1 and receives from r − 1)
+P2P_COLLECTIVES = ("alltoall", "sendrecv")
+#: most ranks :func:`simulate_p2p` runs an alltoall on (its P(P−1) transfers are simulated one by one)
+MAX_ALLTOALL_RANKS = 1024
+
+
+@gc_paused()
+def simulate_p2p(placement: Placement | Topology, nbytes: int, *, collective: str = "alltoall",
+                 dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
+                 top: int = 10) -> SimResult:
+    """nccl-tests' ``alltoall`` or ``sendrecv`` of ``nbytes`` (the size it prints: a rank's send
+    buffer), every transfer at once: the time is the largest of each transfer's route latency
+    plus its drain under one max-min allocation (:func:`hop_times`), plus the profile's base latency.
+
+    Two GPUs on one link of ``B`` GB/s and ``lat`` µs, ``ideal`` profile: sendrecv takes
+    ``lat + S / B``.
+    """
+    prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "p2p", P2P_COLLECTIVES)
+    P = len(gpus)
+    if collective == "alltoall" and P > MAX_ALLTOALL_RANKS:
+        raise CollectiveError(f"alltoall on {P} ranks: the simulator runs it on at most {MAX_ALLTOALL_RANKS} "
+                              f"(P(P-1) transfers); use the NCCL model (nccl_predict) beyond")
+    t0 = _time.perf_counter()
+    net = Network(topology, prof)
+    if collective == "alltoall":
+        hops = [(a, b, None) for a in gpus for b in gpus if a != b]
+        sizes = [nbytes / P] * len(hops)
+    else:
+        hops = [(gpus[r], gpus[(r + 1) % P], None) for r in range(P)] if P > 1 else []
+        sizes = [float(nbytes)] * len(hops)
+    makespan, link_bytes = 0.0, np.zeros(0)
+    if hops:
+        lat, drain = hop_times(net, hops, sizes)
+        makespan = float((lat + drain).max())
+        link_bytes = _hop_load(net, hops, sizes)
+    stats = {"engine": "p2p", "transfers": len(hops), "wall_s": _time.perf_counter() - t0}
+    return make_result(net, collective, "p2p", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
+                       prof, dtype, stats, top)
 
 
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
 #: NCCL's ring and NVLS (NVLSTree across NVLink domains, :mod:`treecoll.collectives.sim.nvls`)
-RING_ALGOS = ("ring",)
+RING_ALGOS = ("ring", "pat")
 NVLS_ALGOS = ("nvls",)
+P2P_ALGOS = ("p2p",)
 #: NCCL's tree kernels pipeline a message in slices of this order: :func:`simulate_algorithm` runs
 #: trees as NCCL's kernels run them (:data:`NCCL_TREE_RUN`), so in chunks of this many bytes
 #: (NCCL's pipelining as modelled here; what treecoll's executor runs is :func:`simulate_executor`)
@@ -259,6 +477,12 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
     """
     p = as_placement(placement, ranks, what=f"simulate {getattr(algo, 'name', algo)}")
     topology, gpus = placed(p, what=f"simulate {getattr(algo, 'name', algo)}")
+    if (algo in P2P_ALGOS) != (collective in P2P_COLLECTIVES):
+        raise CollectiveError(f"{collective} with algorithm {algo!r}: alltoall and sendrecv run as 'p2p', "
+                              f"the other collectives on a ring, NVLS or a tree")
+    if algo in P2P_ALGOS:
+        return min((simulate_p2p(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
+                    for pr in _profiles(profile, nbytes, topology, gpus)), key=lambda r: r.time)
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
@@ -266,9 +490,9 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
     best = None
-    if algo in RING_ALGOS:
+    if algo in RING_ALGOS:     # PAT (NCCL's allgather / reduce_scatter at one GPU per node) runs as the ring
         for pr in profs:
-            r = simulate_ring(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
+            r = simulate_ring(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top, root=root)
             best = r if best is None or r.time < best.time else best
         return best
     from .. import builders
@@ -340,29 +564,58 @@ NCCL_TREE_RAIL_BYTES = 4 << 20
 def simulate_nccl_allreduce(placement: Placement | Topology, nbytes: int, *, ranks: RanksArg = None,
                             profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
                             **kw: Any) -> tuple[str, SimResult]:
-    """What NCCL would run: the fastest of its allreduce algorithms, as ``(NCCL name, result)``.
+    """What NCCL would run for an allreduce: :func:`simulate_nccl` with ``collective="allreduce"``."""
+    return simulate_nccl(placement, nbytes, collective="allreduce", ranks=ranks, profile=profile, algos=algos, **kw)
+
+
+def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
+                  ranks: RanksArg = None, profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
+                  choose: str = "fastest", **kw: Any) -> tuple[str, SimResult]:
+    """What NCCL would run for ``collective`` (one of nccl-tests' seven): the fastest of the algorithms
+    NCCL offers for it, simulated, as ``(NCCL name, result)``.
 
     ``algos``: NCCL names to choose among (default all NCCL offers on these
-    GPUs, :func:`treecoll.collectives.sim.nccl_model.nccl_algos`: ring, tree, and nvls on
-    Hopper-or-later NVSwitch systems); ``nvls`` is dropped when ``profile``
-    names the LL or LL128 protocol (NVLS runs Simple only).
+    GPUs, :func:`treecoll.collectives.sim.nccl_model.nccl_algos`: allreduce ring, tree, and nvls on
+    Hopper-or-later NVSwitch systems; allgather / reduce_scatter ring and PAT (simulated as the ring);
+    broadcast / reduce ring; alltoall / sendrecv p2p); ``nvls`` is dropped when ``profile``
+    names the LL or LL128 protocol (NVLS runs Simple only), and simulated for allreduce only;
+    CollNet (SHARP) is not simulated (:func:`treecoll.collectives.sim.nccl_model.nccl_predict` models it).
+
+    ``choose``: ``fastest`` simulates every algorithm (with ``profile="auto"`` every protocol) and
+    keeps the fastest; ``tuner`` simulates only what NCCL's tuner picks with ``profile="auto"``
+    (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`'s least predicted time over the
+    algorithms and protocols, enqueue.cc ``topoGetAlgoInfo``), as NCCL runs it.
     """
     from .. import builders
-    from .nccl_model import nccl_algos
-    p = as_placement(placement, ranks, what="simulate NCCL allreduce")
-    topology, gpus = placed(p, what="simulate NCCL allreduce")
+    from .nccl_model import COLLECTIVES, nccl_algos
+    if collective not in COLLECTIVES:
+        raise CollectiveError(f"NCCL collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
+    p = as_placement(placement, ranks, what=f"simulate NCCL {collective}")
+    topology, gpus = placed(p, what=f"simulate NCCL {collective}")
     offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
-                         if isinstance(profile, str) else None)
+                         if isinstance(profile, str) else None, collective)
+    offered = tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
     names = [a for a in (algos or offered) if a in offered]
     if not names:
-        raise CollectiveError(f"NCCL allreduce: none of {list(algos or ())} is offered here; "
+        raise CollectiveError(f"NCCL {collective}: none of {list(algos or ())} is offered here; "
                               f"expected some of {list(offered)}")
 
+    if choose not in ("fastest", "tuner"):
+        raise CollectiveError(f"simulate NCCL: choose expected 'fastest' or 'tuner', got {choose!r}")
+    prof_of = {a: profile for a in names}
+    if choose == "tuner" and profile == "auto" and len(gpus) > 1:
+        from .nccl_model import nccl_predict
+        pick = min((nccl_predict(p, None, nbytes, algo=a, collective=collective) for a in names),
+                   key=lambda r: r["time"])
+        names = [pick["algo"] if pick["algo"] != "nvls_tree" else "nvls"]
+        if names[0] in ("ring", "tree", "pat"):
+            prof_of[names[0]] = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
+
     def run(a: str) -> tuple[str, SimResult]:
-        name, opts = NCCL_ALLREDUCE[a]
+        name, opts = NCCL_ALLREDUCE.get(a, (a, {}))
         if a == "tree":
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        return a, simulate_algorithm(p, name, nbytes, profile=profile, **opts, **kw)
+        return a, simulate_algorithm(p, name, nbytes, collective=collective, profile=prof_of[a], **opts, **kw)
 
     return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
 

@@ -245,11 +245,14 @@ def test_nccl_protocol_choice_and_bandwidth():
     assert large["busbw"] == pytest.approx(large["algbw"] * 14 / 8)
     assert large["time_us"] == pytest.approx(large["lat_us"] + (1 << 30) / (1000 * large["model_algbw"]))
     tree = nccl_predict(t, None, 1 << 30, "tree", "Simple")
-    # tree Simple: min(busBw * 0.92, nCh * perChMaxTreeBw[Hopper][N1] = 38.7) * 0.5, x correction 0.9
-    assert tree["model_algbw"] == pytest.approx(min(18 * 20.6 * 0.92, 18 * 38.7) * 0.5 * 0.9)
+    # tree Simple: min(busBw * 0.92, nCh * perChMaxTreeBw[Hopper][N1] = 38.7) * 0.5; no correction from
+    # log2(size / 64) = 24 on (tuning.cc applies treeCorrectionFactor for logSize < 23), 0.9 at 256 MiB (22)
+    assert tree["model_algbw"] == pytest.approx(min(18 * 20.6 * 0.92, 18 * 38.7) * 0.5)
+    tree22 = nccl_predict(t, None, 1 << 28, "tree", "Simple")
+    assert tree22["model_algbw"] == pytest.approx(min(18 * 20.6 * 0.92, 18 * 38.7) * 0.5 * 0.9)
     assert set(small["protocols"]) == {"LL", "LL128", "Simple"}
-    with pytest.raises(TreeError, match="algo expected 'ring', 'tree' or 'nvls', got 'collnet'"):
-        nccl_predict(t, None, 8, "collnet")
+    with pytest.raises(TreeError, match=r"algo for allreduce expected one of \[.*'collnet'\], got 'bogus'"):
+        nccl_predict(t, None, 8, "bogus")
     with pytest.raises(TreeError, match="proto expected one of"):
         nccl_predict(t, None, 8, "ring", "LL64")
 

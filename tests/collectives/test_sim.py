@@ -156,7 +156,7 @@ def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     """The simulations pause Python's cyclic collector while they run (sim_engine.gc_paused)."""
     import gc
     topo, P = ring_topology(4, 10.0, 1.0), 4
-    seen, engine, lockstep = [], sim.FlowEngine.run, sim.concurrent_times
+    seen, engine, lockstep = [], sim.FlowEngine.run, sim.hop_times
 
     def record(real):
         def wrapper(*a, **k):
@@ -164,7 +164,7 @@ def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
             return real(*a, **k)
         return wrapper
     monkeypatch.setattr(sim.FlowEngine, "run", record(engine))
-    monkeypatch.setattr(sim, "concurrent_times", record(lockstep))
+    monkeypatch.setattr(sim, "hop_times", record(lockstep))
 
     def both():
         simulate(topo, ring_allreduce_schedule(P), 1 << 20)
@@ -213,8 +213,10 @@ def test_busbw_definitions_follow_nccl_tests():
     assert bus_factor("allgather", 16) == pytest.approx(15 / 16)
     assert bus_factor("broadcast", 4) == 1.0
     assert bandwidths("allreduce", 10**9, 8, 0.5) == pytest.approx((2.0, 3.5))
-    with pytest.raises(CollectiveError, match="collective 'alltoall'"):
-        bus_factor("alltoall", 4)
+    assert bus_factor("alltoall", 4) == bus_factor("reduce_scatter", 4) == pytest.approx(3 / 4)
+    assert bus_factor("sendrecv", 4) == bus_factor("reduce", 4) == 1.0
+    with pytest.raises(CollectiveError, match="collective 'gather'"):
+        bus_factor("gather", 4)
 
 
 def test_ring_allgather_and_reduce_scatter_steps():
@@ -239,8 +241,10 @@ def test_user_errors_are_collective_errors():
         simulate(topo, send_schedule(3, [(0, 2)]), 8)
     with pytest.raises(CollectiveError, match="profile 'fast'"):
         simulate(topo, s, 8, profile="fast")
-    with pytest.raises(CollectiveError, match="ring collective 'broadcast'"):
-        simulate_ring(topo, 8, collective="broadcast")
+    with pytest.raises(CollectiveError, match="ring collective 'alltoall'"):
+        simulate_ring(topo, 8, collective="alltoall")
+    with pytest.raises(CollectiveError, match=r"broadcast root: expected a rank in 0\.\.1, got 2"):
+        simulate_ring(topo, 8, collective="broadcast", root=2)
 
 
 TWO_BOXES = """

@@ -58,7 +58,7 @@ def test_simulate_user_error_is_one_line(capsys):
 def test_unknown_algo_lists_every_valid_name(capsys):
     assert main(["simulate", "allreduce", "--topology", "dgx-h100", "--algo", "ring,bogus", "--sizes", "1K"]) == 1
     err = capsys.readouterr().err
-    assert "--algo 'bogus': unknown; expected one of ['ring', 'tree', 'nvls', 'nccl'] or a tree builder" in err
+    assert "--algo 'bogus': unknown; expected one of ['ring', 'tree', 'nvls', 'p2p', 'nccl'] or a tree builder" in err
     assert "'two_level'" in err and err.count("\n") == 1
     assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "nvls", "--size", "1MiB"]) == 0
     assert "nvls allreduce" in capsys.readouterr().out

@@ -53,17 +53,18 @@ def test_validate_sim_reports_every_table_with_a_status(capsys):
     d = json.loads(capsys.readouterr().out)
     got = {e["file"]: (e["status"], e["set"], e["health"]) for e in d["files"]}
     assert got == {"v100pcie-4gpu-1node-allreduce-oldformat.txt": ("ok", "fit", "unstated"),
-                   "heldout/h100-8gpu-1node-alltoall.txt": ("skipped", "heldout", "unstated"),
+                   "heldout/h100-8gpu-1node-alltoall.txt": ("ok", "heldout", "unstated"),
                    "heldout/gb200-144gpu-36node-allreduce-2rack.txt": ("skipped", "heldout", "healthy"),
                    "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": ("skipped", "heldout", "unstated")}
     reasons = [e["reason"] for e in d["files"]]
-    assert reasons[0] == "" and reasons[1].startswith("alltoall: the simulator does not predict it yet")
+    assert reasons[0] == reasons[1] == ""
     assert reasons[2].startswith("the table ran on 128 ranks (busbw/algbw), the machine has 144 GPUs")
     assert reasons[3].startswith("128 GPUs: more than --max-gpus 64 (") and "pass --max-gpus 128" in reasons[3]
     v100 = next(e for e in d["files"] if e["status"] == "ok")
     assert len(v100["rows"]) == 25 and v100["machine"] == "1 x v100-pcie (4 GPUs each), NICs the template's"
-    assert d["sets"]["fit"]["tables"] == 1 and d["sets"]["heldout"]["tables"] == 0
-    assert d["large_err"] == d["sets"]["fit"]["large_err"]
+    assert d["sets"]["fit"]["tables"] == 1 and d["sets"]["heldout"]["tables"] == 1
+    fit, held = d["sets"]["fit"]["large_err"], d["sets"]["heldout"]["large_err"]
+    assert min(fit, held) <= d["large_err"] <= max(fit, held)      # the total spans both sets
 
 
 def test_validate_sim_flags_win_and_bad_flags_are_one_line(capsys, tmp_path):

@@ -1,0 +1,235 @@
+"""NCCL's collectives in the simulator and in its analytic model: every nccl-tests collective on
+closed-form cases, rings spread over the NICs, the channels NCCL runs per size, protocol choice."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from treecoll.collectives.sim import nccl_model as nm
+from treecoll.collectives.sim.result import bus_factor
+from treecoll.collectives.sim.simulator import (
+    PIPELINE_CHUNK_BYTES,
+    nccl_rings,
+    simulate_algorithm,
+    simulate_nccl,
+    simulate_p2p,
+    simulate_ring,
+)
+from treecoll.tools.cli import main
+from treecoll.topo.errors import CollectiveError, TopologyError, TreeError
+
+from tests.collectives.sim_helpers import ring_topology, star_topology
+from treecoll import topo
+
+S = 1 << 24     # 16 MiB
+
+
+def test_sendrecv_on_one_link_is_bytes_over_bw_plus_latency():
+    t = ring_topology(2, bw=50.0, lat=3.0)
+    r = simulate_p2p(t, S, collective="sendrecv", profile="ideal")
+    assert r.time == pytest.approx(3e-6 + S / 50e9)
+    assert r.busbw == pytest.approx(r.algbw) == pytest.approx(S / r.time / 1e9)
+    assert simulate_algorithm(t, "p2p", S, collective="sendrecv", profile="ideal").time == pytest.approx(r.time)
+
+
+def test_alltoall_on_a_switch_sends_p_minus_1_pieces_through_each_uplink():
+    P, bw, lat = 4, 100.0, 1.0
+    r = simulate_p2p(star_topology(P, bw, lat), S, collective="alltoall", profile="ideal")
+    # each GPU sends S / P to each of the P-1 others over its one uplink (and receives as much)
+    assert r.time == pytest.approx(2 * lat * 1e-6 + (P - 1) / P * S / (bw * 1e9))
+    assert r.busbw == pytest.approx(r.algbw * (P - 1) / P)
+
+
+@pytest.mark.parametrize("collective, steps, factor", [("allreduce", 6, 2 * 3 / 4), ("allgather", 3, 3 / 4),
+                                                        ("reduce_scatter", 3, 3 / 4)])
+def test_ring_on_a_uniform_switch(collective, steps, factor):
+    P, bw, lat = 4, 100.0, 1.0
+    r = simulate_ring(star_topology(P, bw, lat), S, collective=collective, profile="ideal")
+    # 2(P-1) (or P-1) steps of S / P bytes, each one switch route of 2 x lat
+    assert r.time == pytest.approx(steps * (2 * lat * 1e-6 + S / P / (bw * 1e9)))
+    assert r.busbw == pytest.approx(S / r.time / 1e9 * factor)
+    assert (S * factor / (bw * 1e9)) < r.time
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_ring_broadcast_and_reduce_pipeline_chunks_down_the_chain(collective):
+    P, bw, lat = 4, 100.0, 1.0
+    size = 4 << 20
+    r = simulate_ring(star_topology(P, bw, lat), size, collective=collective, profile="ideal", root=2)
+    k = size // PIPELINE_CHUNK_BYTES["nccl-simple"]       # 8 chunks of 512 KiB
+    # the chain's P-1 hop latencies, then k + P - 2 steps of one chunk
+    assert r.time == pytest.approx((P - 1) * 2 * lat * 1e-6 + (k + P - 2) * size / k / (bw * 1e9))
+    assert r.busbw == pytest.approx(r.algbw)
+    assert r.stats["pipeline_chunks"] == k
+
+
+def test_every_collective_in_the_nccl_path_and_the_model():
+    t = topo.resolve("dgx-h100")
+    for c in nm.COLLECTIVES:
+        name, r = simulate_nccl(t, 1 << 22, collective=c)
+        m = nm.nccl_best(t, None, 1 << 22, c)
+        assert r.collective == m["collective"] == c and name in nm.nccl_algos(t, t.rank_gpus(), None, c)
+        assert r.busbw == pytest.approx(r.algbw * bus_factor(c, 8))
+        assert m["busbw"] == pytest.approx((1 << 22) / m["time"] / 1e9 * bus_factor(c, 8))
+        # the simulation and NCCL's model agree within a factor 2 at 4 MiB on one H100 host
+        assert 0.5 < r.time / m["time"] < 2.0, c
+    with pytest.raises(CollectiveError, match="NCCL collective 'gather'"):
+        simulate_nccl(t, 8, collective="gather")
+    with pytest.raises(CollectiveError, match="alltoall with algorithm 'ring'"):
+        simulate_algorithm(t, "ring", 8, collective="alltoall")
+
+
+def test_nccl_model_closed_forms_for_broadcast_and_allgather():
+    t = topo.resolve("dgx-h100")     # 8 GPUs, 18 NVLinks of 20.6 GB/s: 18 ring channels
+    b = nm.nccl_predict(t, None, 1 << 30, "ring", "Simple", collective="broadcast")
+    # tuning.cc: broadcast ring, sameChannels: base 8.4 + one NVLink hop 3.4 µs; algBw = busBw x nRanks / nRanks
+    assert b["lat_us"] == pytest.approx(8.4 + 3.4)
+    assert b["model_algbw"] == pytest.approx(18 * 20.6)
+    ag = nm.nccl_predict(t, None, 1 << 30, "ring", "Simple", collective="allgather")
+    # allgather ring: (n - 1) steps of 3.4 µs; algBw = busBw x n / (n - 1)
+    assert ag["lat_us"] == pytest.approx(8.4 + 7 * 3.4)
+    assert ag["model_algbw"] == pytest.approx(18 * 20.6 * 8 / 7)
+    assert ag["busbw"] == pytest.approx(ag["algbw"] * 7 / 8)
+    with pytest.raises(TreeError, match=r"algo for broadcast expected one of \['ring'\], got 'tree'"):
+        nm.nccl_predict(t, None, 8, "tree", collective="broadcast")
+
+
+def test_pat_only_with_one_gpu_per_node():
+    t = topo.resolve("dgx-h100-x2")
+    assert nm.nccl_algos(t, t.rank_gpus(), None, "allgather") == ("ring",)
+    one_per_host = [f"h{i}/gpu0" for i in range(2)]
+    assert nm.nccl_algos(t, one_per_host, None, "allgather") == ("ring", "pat")
+    pat = nm.nccl_predict(t, one_per_host, 1 << 20, "pat", collective="allgather")
+    assert pat["proto"] == "Simple" and pat["lat_us"] > nm.PAT_BASE_LAT
+    with pytest.raises(TreeError, match="PAT runs with one GPU per node only"):
+        nm.nccl_predict(t, None, 1 << 20, "pat", collective="allgather")
+
+
+def test_run_channels_follow_the_thread_threshold():
+    # enqueue.cc: one channel fewer while nBytes < nc x nThreads x threshold (Simple 64 B, 512 threads)
+    for size in (1, 1 << 10, 1 << 15, 1 << 16, 1 << 18, 1 << 20, 1 << 30):
+        nc, have = nm.run_channels(size, "ring", "Simple", 16, 16)
+        assert have == 32
+        assert nc == max(1, min(32, size // (512 * 64)))
+    # ring LL: threshold 8 B x nRanks
+    assert nm.run_channels(16 * 8 * 512 * 4, "ring", "LL", 16, 16) == (4, 32)
+    small = nm.nccl_predict(topo.resolve("dgx-h100"), None, 1 << 16, "ring", "Simple")
+    assert small["run_channels"] < small["nchannels"] and small["run_time_us"] > small["time_us"]
+
+
+def test_protocol_choice_is_monotone_in_size():
+    for name in ("dgx-h100", "dgx-h100-x2", "dgx-a100"):
+        t = topo.resolve(name)
+        for c in ("allreduce", "allgather", "broadcast"):
+            for algo in nm.nccl_algos(t, t.rank_gpus(), None, c):
+                if algo in ("nvls", "p2p"):
+                    continue
+                chosen = [nm.nccl_predict(t, None, 1 << k, algo, collective=c)["proto"] for k in range(3, 34, 2)]
+                idx = [nm.PROTOS.index(p) for p in chosen]
+                assert idx == sorted(idx), (name, c, algo, chosen)
+                assert chosen[0] == "LL" and chosen[-1] == "Simple"
+
+
+def test_rings_enter_and_leave_every_host_through_one_nic():
+    t = topo.resolve("dgx-h100-x2")
+    gpus = t.rank_gpus()
+    rings = nccl_rings(t, gpus, 8)
+    nics_used = set()
+    for c, ring in enumerate(rings):
+        assert sorted(s for s, _, _ in ring) == sorted(gpus)
+        for src, dst, via in ring:
+            if t.host_of(src) == t.host_of(dst):
+                assert via is None
+                continue
+            exit_nic = t.nearest_nic(via or src)
+            assert exit_nic == t.nics(t.host_of(src))[c]        # channel c: the host's NIC c, out ...
+            assert t.nearest_nic(dst) == t.nics(t.host_of(dst))[c]   # ... and in, on the same rail
+            nics_used.add(exit_nic)
+    assert len(nics_used) == 16                                 # every NIC of both hosts
+
+
+def test_ring_stays_on_its_rail():
+    t = topo.resolve("dgx-h100-x2")
+    r = simulate_ring(t, 1 << 26, profile="ideal")
+    assert r.kind_bytes.get("net", 0) > 0
+    # rail-aligned: no byte goes up to a spine switch
+    assert not [k for k in r.link_bytes if "spine" in k]
+
+
+def test_ring_busbw_on_16_dgx_h100_reaches_the_nccl_model_asymptote():
+    t = topo.resolve("dgx-h100-x16")
+    r = simulate_ring(t, 1 << 30, profile="nccl-simple")
+    model = nm.nccl_predict(t, None, 1 << 30, "ring", "Simple")
+    asymptote = model["model_algbw"] * bus_factor("allreduce", 128)     # NCCL's nChannels x bw: 370.8 GB/s
+    assert asymptote == pytest.approx(18 * 20.6)
+    # NCCL's ring over all 8 NICs per host: within 80-100% of the model's asymptotic bus bandwidth, and
+    # within 15% of its prediction at 1 GiB (which adds its latencies)
+    assert 0.8 * asymptote <= r.busbw <= asymptote
+    assert r.busbw == pytest.approx(model["busbw"], rel=0.15)
+    assert r.busbw > 5 * 50          # more than 5 of a host's 8 NICs of 50 GB/s: the channels use every NIC
+
+
+def test_simulate_cli_runs_every_collective(capsys):
+    for c in ("broadcast", "alltoall", "reduce_scatter"):
+        assert main(["simulate", c, "--topology", "dgx-h100", "--sizes", "1M", "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["collective"] == c
+        for v in d["rows"][0]["algos"].values():
+            assert v["busbw"] == pytest.approx((1 << 20) / (v["time_us"] * 1e-6) / 1e9 * bus_factor(c, 8))
+
+
+SHARP_TWO_DGX = """
+name: sharp2
+hosts:
+  - {template: dgx-h100, count: 2}
+network:
+  type: rail_optimized
+  sharp: true
+"""
+
+
+def test_collnet_where_the_network_reduces(tmp_path):
+    f = tmp_path / "sharp2.yaml"
+    f.write_text(SHARP_TWO_DGX)
+    t = topo.load(f)
+    switches = [d for _, d in t.graph.nodes(data=True) if d["kind"] == "net_switch"]
+    assert switches and all(d.get("sharp") is True for d in switches)
+    assert nm.collnet_available(t, t.rank_gpus()) and "collnet" in nm.nccl_algos(t, t.rank_gpus())
+    plain = topo.resolve("dgx-h100-x2")
+    assert not nm.collnet_available(plain, plain.rank_gpus()) and "collnet" not in nm.nccl_algos(
+        plain, plain.rank_gpus())
+    r = nm.nccl_predict(t, None, 1 << 30, "collnet")
+    # CollNetDirect: 8 heads (NICs) x min(50 GB/s, 370.8 / 8), GPU/NIC factor 1, x 0.85 (Hopper), algBw x 0.5
+    assert r["collnet"] == "direct" and r["proto"] == "Simple"
+    assert r["model_algbw"] == pytest.approx(370.8 * 0.85 * 0.5)
+    lat_nic = max(float(t.node(c).get("lat") or 0.0) for c in t.nics("h0"))
+    assert r["lat_us"] == pytest.approx(2 * (3.7 + 7 * 0.4) + 31.0 + 2 * lat_nic)
+    name, _ = simulate_nccl(t, 1 << 20)        # the simulator offers what it simulates: not CollNet
+    assert name != "collnet"
+    with pytest.raises(TreeError, match="CollNet needs several hosts"):
+        nm.nccl_predict(plain, None, 8, "collnet")
+    f.write_text(SHARP_TWO_DGX.replace("sharp: true", "sharp: maybe"))
+    with pytest.raises(TopologyError, match="network.sharp: expected true or false, got .maybe."):
+        topo.load(f)
+
+
+def test_tuner_choice_simulates_what_nccls_tuner_picks():
+    t = topo.resolve("dgx-h100-x2")
+    for size in (1 << 16, 1 << 20):
+        pick = nm.nccl_best(t, None, size)
+        name, r = simulate_nccl(t, size, choose="tuner")
+        assert name == pick["algo"]
+        assert r.profile == {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
+        assert r.time >= simulate_nccl(t, size)[1].time       # never faster than the fastest simulated
+    with pytest.raises(CollectiveError, match="choose expected 'fastest' or 'tuner', got 'best'"):
+        simulate_nccl(t, 8, choose="best")
+
+
+def test_alltoall_model_uses_nvlink_across_the_hosts_of_one_nvlink_domain():
+    t = topo.resolve("gb200-nvl72")          # 4-GPU trays, one NVLink domain
+    gpus = t.rank_gpus()[:16]
+    assert len({t.host_of(g) for g in gpus}) == 4
+    r = nm.nccl_predict(t, gpus, 1 << 30, "p2p", collective="alltoall")
+    # every peer over NVLink: busbw = algbw (n-1)/n -> the NVLink path bandwidth, less the latency
+    bw = min(t.path(gpus[0], b).bw for b in gpus[1:])
+    assert r["busbw"] == pytest.approx(bw, rel=0.02) and r["busbw"] < bw
