@@ -51,7 +51,7 @@ from treecoll.topo.errors import CollectiveError
 from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
-from .engine import Network, concurrent_times
+from .engine import Network
 from .profiles import Profile
 from .result import SimResult, bandwidths, check_size
 
@@ -110,7 +110,7 @@ def _sample_hosts(topology: Topology, hosts: list[list[str]]) -> int:
 def _ring(topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile, collective: str,
           dtype: str) -> SimResult:
     """NCCL's ring on ``H`` identical hosts from the sample of :func:`_sample_hosts` (module docstring)."""
-    from .simulator import _mem_bw, default_channels, ring_orders
+    from .simulator import _mem_bw, _nccl_send_bw, default_channels, hop_times, nccl_rings
     H, G = len(hosts), len(hosts[0])
     P = H * G
     S = _sample_hosts(topology, hosts)
@@ -122,15 +122,16 @@ def _ring(topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile
     ag = (P - 1) if collective in ("allreduce", "allgather") else 0
     makespan = 0.0
     if P > 1:
-        rings = ring_orders(topology, sample, C)
+        hop_rings = nccl_rings(topology, sample, C)          # NCCL's rings over the NICs (PXN hops too)
         n = len(sample)
-        transfers = [(ring[i], ring[(i + 1) % n], chunk) for ring in rings for i in range(n)]
-        lat, drain = concurrent_times(net, transfers)
+        lat, drain = hop_times(net, [h for ring in hop_rings for h in ring], [chunk] * (C * n))
         lat = lat.reshape(C, n)
-        step = float(drain.max())
+        # what a rank sends is capped by the channels NCCL runs at this size (as simulate_ring)
+        send_bw = _nccl_send_bw(topology, [g for h in hosts for g in h], nbytes, prof)
+        step = max(float(drain.max()), chunk * C / (send_bw * 1e9))
         memb = min(_mem_bw(topology, sample))
         red = 3.0 * chunk * C / memb if (prof.reduce_cost and memb > 0) else 0.0
-        chain = _ring_chain(topology, hosts, S, rings, lat, net, rs + ag)
+        chain = _ring_chain(topology, hosts, S, hop_rings, lat, net, rs + ag)
         makespan = chain + rs * max(step, red) + ag * step
     t = makespan + prof.base_lat
     alg, bus = bandwidths(collective, nbytes, P, t)
@@ -139,7 +140,7 @@ def _ring(topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile
                      prof.name, dtype, stats)
 
 
-def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[list[str]], lat: np.ndarray,
+def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[list[tuple]], lat: np.ndarray,
                 net: Network, nsteps: int) -> float:
     """Largest summed latency of ``nsteps`` consecutive hops of any channel's full ring of ``H`` hosts.
 
@@ -163,8 +164,10 @@ def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[
         far = near.copy()
         if far_hops:
             j = next(i for i in range(H) if leaves[i] != leaves[0])
-            for c, ring in enumerate(rings):
-                far[c] = net.route(ring[G - 1], _entry(hosts[j], ring[G], hosts[1])).lat
+            from .simulator import hop_times
+            for c, ring in enumerate(rings):      # hops (src, dst, via): the hop leaving the first host
+                src, dst, via = ring[G - 1]
+                far[c] = hop_times(net, [(src, _entry(hosts[j], dst, hosts[1]), via)], [1.0])[0][0]
         cycle = H * per_host + (H - far_hops) * near + far_hops * far
     full, rem = divmod(nsteps, P)
     if rem == 0:
