@@ -405,6 +405,8 @@ def profile_is_default(d: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- calibration
+#: rows per table the fit simulates (spread over the table's sizes; every row counts in ``before``/``after``)
+FIT_ROWS = 12
 #: the fitted parameters: name -> (Profile field, keys of that field it sets)
 PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "eff_net": ("bw_eff", ("net",)), "eff_nvlink": ("bw_eff", ("nvlink", "c2c")),
@@ -470,8 +472,16 @@ class _FitRow:
     meas: float     # seconds
 
 
+def _spread(rows: list, n: int | None) -> list:
+    """At most ``n`` of ``rows`` (sorted by size), evenly spread over the list, the first and last kept."""
+    if n is None or len(rows) <= n:
+        return rows
+    idx = sorted({round(i * (len(rows) - 1) / (n - 1)) for i in range(n)})
+    return [rows[i] for i in idx]
+
+
 def _fit_rows(cs: list[Case], flags: MachineFlags | None, max_gpus: int | None,
-              collective: str | None) -> tuple[list[_FitRow], list[dict]]:
+              collective: str | None, max_rows: int | None = None) -> tuple[list[_FitRow], list[dict]]:
     from treecoll.collectives.sim.simulator import NCCL_TREE_RAIL_BYTES
     rows, skipped = [], []
     for c in cs:
@@ -485,7 +495,7 @@ def _fit_rows(cs: list[Case], flags: MachineFlags | None, max_gpus: int | None,
             skipped.append({"file": c.label, "reason": "degraded (tables.yaml): not fitted"})
             continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        for r in _row_sizes(c, None):
+        for r in _spread(_row_sizes(c, None), max_rows):
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             rows.append(_FitRow(topo, coll, r.size, use, r.out_of_place.time_us * 1e-6))
     return rows, skipped
@@ -518,6 +528,13 @@ def fit_parameters(rows: list[_FitRow], start: dict[str, float] | None = None, *
 
     x, best, calls = pattern_search(f, [math.log(start[k]) for k in free], tol=tol, max_evals=max_evals,
                                     bounds=bounds)
+    for i, k in enumerate(free):   # a value the optimum does not depend on goes back to its start
+        y = list(x)
+        y[i] = math.log(start[k])
+        v = f(y)
+        calls += 1
+        if v <= best * (1 + 1e-6) + 1e-15:
+            x, best = y, min(best, v)
     values = dict(start, **{k: math.exp(v) for k, v in zip(free, x)})
     n = max(len(rows), 1)
     return values, {"free": free, "fixed": [k for k in PARAMS if k not in free], "rows": len(rows),
@@ -527,13 +544,13 @@ def fit_parameters(rows: list[_FitRow], start: dict[str, float] | None = None, *
 
 def calibrate(paths: Iterable[str | Path], flags: MachineFlags | None = None, max_gpus: int | None = MAX_GPUS,
               collective: str | None = None, name: str = "calibrated", *, tol: float = 0.002,
-              check: bool = True) -> dict:
+              check: bool = True, max_rows: int | None = FIT_ROWS) -> dict:
     """Fit a profile to the tables of ``paths``: ``{"profile": Profile, "values", "fit", "skipped",
     "before", "after"}`` (``before``/``after``: :func:`validate` with NCCL's protocols and with the fitted
-    profile, when ``check``). Raises :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
+    profile, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
     paths = [Path(p) for p in paths]
     cs, bad = cases(paths)
-    rows, skipped = _fit_rows(cs, flags, max_gpus, collective)
+    rows, skipped = _fit_rows(cs, flags, max_gpus, collective, max_rows)
     skipped += [{"file": b["file"], "reason": b["reason"]} for b in bad]
     if not rows:
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped) or "no rows"
