@@ -547,7 +547,8 @@ def calibrate(paths: Iterable[str | Path], flags: MachineFlags | None = None, ma
               check: bool = True, max_rows: int | None = FIT_ROWS) -> dict:
     """Fit a profile to the tables of ``paths``: ``{"profile": Profile, "values", "fit", "skipped",
     "before", "after"}`` (``before``/``after``: :func:`validate` with NCCL's protocols and with the fitted
-    profile, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
+    profile, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
+    :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
     paths = [Path(p) for p in paths]
     cs, bad = cases(paths)
     rows, skipped = _fit_rows(cs, flags, max_gpus, collective, max_rows)
