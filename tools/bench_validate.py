@@ -40,11 +40,6 @@ __all__ = ["main", "machine_key", "leave_one_out"]
 QUICK_GPUS = 4
 
 
-def counted(size: int) -> bool:
-    """The rows the error counts: small (<= 64 KiB) and large (>= 64 MiB) messages."""
-    return size <= validation.SMALL or size >= validation.LARGE
-
-
 def machine_key(description: str) -> str:
     """A machine without its host count: ``"2 x h100-sxm (8 GPUs each), NICs 8x400G-ib"`` ->
     ``"h100-sxm, NICs 8x400G-ib"``.
@@ -96,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     args = bench.parse(argv)
     root = Path(args.dir)
     max_gpus = QUICK_GPUS if args.quick else (args.max_gpus or None)
-    keep = None if args.all_rows else counted
+    keep = None if args.all_rows else validation.counted
     files = sorted(root.rglob("*.txt"))
     t0 = time.perf_counter()
     d = validation.validate(files, None, None, max_gpus, keep=keep,

@@ -81,7 +81,7 @@ from treecoll.topo.machines import MachineFlags, machine_topology
 
 __all__ = ["Case", "Skip", "cases", "find_index", "merged_flags", "topology_for", "algorithms", "predict",
            "nccl_model_time", "geo_error", "validate", "validate_case", "degraded", "render", "calibrate",
-           "pattern_search", "fit_parameters", "profile_from", "render_calibration", "LARGE", "SMALL",
+           "pattern_search", "fit_parameters", "profile_from", "render_calibration", "counted", "LARGE", "SMALL",
            "MAX_GPUS", "DEGRADED_FRACTION", "INDEX_NAME"]
 
 INDEX_NAME = "tables.yaml"
@@ -286,6 +286,11 @@ def degraded(case: Case, topology, collective: str, rows: list[dict]) -> str:
         return (f"degraded: busbw {r['meas_busbw']:.2f} GB/s at {r['size']} B is {r['meas_busbw'] / ideal:.0%} of "
                 f"the {ideal:.1f} GB/s the links allow (ideal ring; the rule: below {DEGRADED_FRACTION:.0%})")
     return ""
+
+
+def counted(size: int) -> bool:
+    """Whether the errors count a row of this size: small (<= 64 KiB) or large (>= 64 MiB) messages."""
+    return size <= SMALL or size >= LARGE
 
 
 def _row_sizes(case: Case, keep: Callable[[int], bool] | None) -> list[nccltests.Row]:
@@ -560,9 +565,9 @@ def calibrate(paths: Iterable[str | Path], flags: MachineFlags | None = None, ma
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)
     prof = profile_from(values, name, src)
     out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped}
-    if check:
-        out["before"] = validate(paths, None, flags, max_gpus, collective)["geomean"]
-        out["after"] = validate(paths, prof, flags, max_gpus, collective)["geomean"]
+    if check:   # the rows the errors count, every one of them
+        out["before"] = validate(paths, None, flags, max_gpus, collective, keep=counted)["geomean"]
+        out["after"] = validate(paths, prof, flags, max_gpus, collective, keep=counted)["geomean"]
     return out
 
 
