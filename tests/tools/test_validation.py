@@ -175,3 +175,16 @@ def test_every_fixture_table_is_accepted(name):
         assert e["status"] == "ok" and e["collective"] in name.replace("-", "_").replace("reducescatter",
                                                                                           "reduce_scatter")
         assert e["degraded"] == (health == "degraded")
+
+
+def test_several_tables_in_one_file_are_validated_apart(tmp_path, capsys):
+    one = _synthetic(tmp_path, 1, 4, TRUTH).read_text()
+    two = tmp_path / "two.txt"
+    two.write_text(one + one.replace("# nThread", "# Collective test starting: all_gather_perf\n# nThread"))
+    d = validation.validate([two], validation.profile_from(TRUTH, "truth"))
+    assert [(e["table"], e["status"], e["collective"]) for e in d["files"]] == [(0, "ok", "allgather"),
+                                                                                (1, "ok", "allgather")]
+    assert d["geomean"]["tables"] == 2
+    assert main(["simulate", "validate", str(tmp_path / "missing.txt")]) == 1
+    err = capsys.readouterr().err
+    assert "missing.txt: no such file; expected an nccl-tests output" in err and err.count("\n") == 1
