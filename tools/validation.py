@@ -32,7 +32,8 @@ out of the total: a table whose ``tables.yaml`` entry says ``health: degraded``
 (the source says the run was slowed down), or whose measured busbw at its
 largest size of at least 64 MiB is below :data:`DEGRADED_FRACTION` (a quarter)
 of the busbw the links allow: the ring over the same machine with the
-``ideal`` profile (link bandwidths as written, no protocol overhead). Real
+``ideal`` profile (link bandwidths as written, no protocol overhead; the
+all_gather ring for collectives without a ring, one ring for sendrecv). Real
 healthy runs reach 50-100 % of that (nccl-tests' own README calls busbw the
 number to compare with the hardware peak); a quarter is far below any
 protocol or efficiency loss the simulator models.
@@ -270,7 +271,9 @@ def _errors(rows: list[dict], key: str = "pred_busbw") -> tuple[float | None, fl
 
 def degraded(case: Case, topology, collective: str, rows: list[dict]) -> str:
     """Why a table is degraded ('' when it is not): its index entry says so, or its busbw at its
-    largest size (>= 64 MiB) is below :data:`DEGRADED_FRACTION` of the ideal ring's on the machine."""
+    largest size (>= 64 MiB) is below :data:`DEGRADED_FRACTION` of the ideal ring's on the machine
+    (for collectives without a ring, the all_gather ring's: one ring step, every GPU sending to its
+    neighbour at once; for sendrecv, which sends each rank's buffer to one neighbour, over one ring)."""
     if case.entry.get("health") == "degraded":
         return f"degraded: the source says so ({case.entry.get('why') or 'tables.yaml health: degraded'})"
     big = [r for r in rows if r["size"] >= LARGE and r["meas_busbw"] > 0]
@@ -280,8 +283,10 @@ def degraded(case: Case, topology, collective: str, rows: list[dict]) -> str:
     r = max(big, key=lambda x: x["size"])
     try:
         ideal = simulate_algorithm(topology, "ring", r["size"], collective=collective, profile="ideal").busbw
-    except CollectiveError:
-        return ""
+    except CollectiveError:   # alltoall, sendrecv, ...: a ring step is what a GPU's links carry at once
+        from treecoll.collectives.sim import simulate_ring
+        ideal = simulate_ring(topology, r["size"], collective="allgather", profile="ideal",
+                              channels=1 if collective == "sendrecv" else None).busbw
     if r["meas_busbw"] < DEGRADED_FRACTION * ideal:
         return (f"degraded: busbw {r['meas_busbw']:.2f} GB/s at {r['size']} B is {r['meas_busbw'] / ideal:.0%} of "
                 f"the {ideal:.1f} GB/s the links allow (ideal ring; the rule: below {DEGRADED_FRACTION:.0%})")

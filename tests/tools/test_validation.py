@@ -188,3 +188,23 @@ def test_several_tables_in_one_file_are_validated_apart(tmp_path, capsys):
     assert main(["simulate", "validate", str(tmp_path / "missing.txt")]) == 1
     err = capsys.readouterr().err
     assert "missing.txt: no such file; expected an nccl-tests output" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, flagged", [("heldout/rtx4090-2gpu-1node-allreduce-pcie-k8s.txt", True),
+                                           ("heldout/rtx4090-4gpu-1node-allreduce-pcie-docker.txt", True),
+                                           ("heldout/h100-80gpu-10node-sendrecv.txt", False),
+                                           ("heldout/h100-8gpu-1node-alltoall.txt", False),
+                                           ("h100-16gpu-2node-allreduce-ring.txt", False)])
+def test_the_busbw_rule_on_real_tables(name, flagged):
+    """The RTX 4090 boxes reach 3.85 and 2.59 GB/s busbw at 2 GiB (the files' last rows) on PCIe Gen4 links;
+    the 80-GPU sendrecv's 15 GB/s goes through one 400 Gb/s NIC per host pair (50 GB/s): not degraded."""
+    from treecoll.collectives.sim.nccltests import bus_factor
+    c = validation.cases([FIX / name])[0][0]
+    topo = validation.topology_for(c, max_gpus=None)[0]
+    n = len(topo.rank_gpus())
+    rows = [{"size": r.size, "meas_busbw": r.size / (r.out_of_place.time_us * 1e3) * bus_factor(c.table.collective, n)}
+            for r in c.table.rows if r.size > 0]
+    why = validation.degraded(c, topo, c.table.collective, rows)
+    assert bool(why) == flagged, why
+    if flagged:
+        assert why.startswith(f"degraded: busbw {rows[-1]['meas_busbw']:.2f} GB/s at {rows[-1]['size']} B is ")
