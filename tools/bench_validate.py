@@ -73,7 +73,7 @@ def leave_one_out(entries: list[dict], root: Path, max_gpus: int | None, keep) -
             # the total over all calibrations leaves degraded tables out, as everywhere
             out.append({"machine": key, "fit": fit["file"], "values": cal["values"], "free": cal["fit"]["free"],
                         "tests": tests, "degraded_tests": sum(t["degraded"] for t in tests),
-                        "geomean": validation.totals([dict(t, degraded=False) for t in tests]),
+                        "geomean": validation.totals(tests, degraded_too=True),
                         "wall_s": time.perf_counter() - t0})
             g = out[-1]["geomean"]
             print(f"  calibrated on {fit['file']}: others large {_pct(g['large'])}, small {_pct(g['small'])} "

@@ -342,9 +342,10 @@ def validate_case(case: Case, profile=None, flags: MachineFlags | None = None, m
     return entry
 
 
-def totals(entries: list[dict]) -> dict:
-    """The pooled geometric-mean errors of the predicted, non-degraded entries (``tables``: how many)."""
-    used = [e for e in entries if e["status"] == "ok" and not e["degraded"]]
+def totals(entries: list[dict], *, degraded_too: bool = False) -> dict:
+    """The pooled geometric-mean errors of the predicted entries, degraded ones left out unless
+    ``degraded_too`` (``tables``: how many)."""
+    used = [e for e in entries if e["status"] == "ok" and (degraded_too or not e["degraded"])]
     rows = [r for e in used for r in e["rows"]]
     large, small = _errors(rows)
     nl, ns = _errors(rows, "nccl_model_busbw")
@@ -570,9 +571,10 @@ def calibrate(paths: Iterable[str | Path], flags: MachineFlags | None = None, ma
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)
     prof = profile_from(values, name, src)
     out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped}
-    if check:   # the rows the errors count, every one of them
-        out["before"] = validate(paths, None, flags, max_gpus, collective, keep=counted)["geomean"]
-        out["after"] = validate(paths, prof, flags, max_gpus, collective, keep=counted)["geomean"]
+    if check:   # the rows the errors count, of every table fitted (a slow machine's own profile: degraded too)
+        for key, p in (("before", None), ("after", prof)):
+            files = validate(paths, p, flags, max_gpus, collective, keep=counted)["files"]
+            out[key] = totals([e for e in files if e.get("health") != "degraded"], degraded_too=True)
     return out
 
 

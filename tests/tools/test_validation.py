@@ -208,3 +208,12 @@ def test_the_busbw_rule_on_real_tables(name, flagged):
     assert bool(why) == flagged, why
     if flagged:
         assert why.startswith(f"degraded: busbw {rows[-1]['meas_busbw']:.2f} GB/s at {rows[-1]['size']} B is ")
+
+
+def test_calibrating_a_slow_machine_reports_its_own_error(tmp_path):
+    """A run ten times slower than the links: degraded for validate, but calibrate's before/after count it
+    (the profile is that machine's own) and the fit brings its error down."""
+    slow = _synthetic(tmp_path, 1, 4, TRUTH, sizes=(1024, 1 << 30), scale=10.0)
+    d = validation.calibrate([slow], tol=0.01)
+    assert d["before"]["tables"] == d["after"]["tables"] == 1
+    assert d["before"]["large"] > 5 and d["after"]["large"] < 0.05 and d["after"]["small"] < 0.05
