@@ -27,6 +27,14 @@ sizes print 0.00); per table and in total the geometric-mean relative error
 small (<= 64 KiB) messages, as fractions. The total pools the rows of every
 predicted table that is not degraded.
 
+``--json`` prints ``{"files": [{"file", "table", "status": "ok"|"skipped",
+"reason", "collective", "geomean_large", "geomean_small", "degraded", "rows":
+[{"size", "meas_us", "meas_busbw", "pred_us", "pred_busbw", "error", "algo",
+"nccl_model_busbw"}], "machine", "set", "health", ...}], "geomean": {"large",
+"small", "tables", ...}, "profile"}``: errors as fractions, busbw in GB/s,
+times in µs; ``reason`` is why a table was skipped, why it counts as degraded,
+or empty.
+
 **Degraded runs** (:func:`degraded`) are predicted and printed, marked, and left
 out of the total: a table whose ``tables.yaml`` entry says ``health: degraded``
 (the source says the run was slowed down), or whose measured busbw at its
