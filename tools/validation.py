@@ -134,7 +134,11 @@ def find_index(path: Path) -> tuple[Path, dict] | None:
     for d in list(path.resolve().parents)[:3]:
         f = d / INDEX_NAME
         if f.is_file():
-            data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+            try:
+                data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+            except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+                raise nccltests.NcclTestsError(f"{f}: cannot read the index of tables: "
+                                               f"{str(e).splitlines()[0]}") from None
             if not isinstance(data, dict):
                 raise nccltests.NcclTestsError(f"{f}: expected a mapping of file -> entry, got "
                                                f"{type(data).__name__}")

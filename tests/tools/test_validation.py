@@ -217,3 +217,11 @@ def test_calibrating_a_slow_machine_reports_its_own_error(tmp_path):
     d = validation.calibrate([slow], tol=0.01)
     assert d["before"]["tables"] == d["after"]["tables"] == 1
     assert d["before"]["large"] > 5 and d["after"]["large"] < 0.05 and d["after"]["small"] < 0.05
+
+
+def test_a_broken_index_is_one_line(tmp_path, capsys):
+    f = _synthetic(tmp_path, 1, 4, TRUTH, sizes=(1024,))
+    (tmp_path / "tables.yaml").write_text("a: [unclosed\n")
+    assert main(["simulate", "validate", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "tables.yaml: cannot read the index of tables" in err and err.count("\n") == 1
