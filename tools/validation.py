@@ -605,6 +605,11 @@ def render_calibration(d: dict) -> str:
             g = d[label]
             lines.append(f"geomean busbw error {label:<6} ({'NCCL protocols' if label == 'before' else 'fitted'}): "
                          f"large {_pct(g['large'])}, small {_pct(g['small'])} over {g['tables']} tables")
+    worse = [k for k in ("large", "small") if "after" in d and (d["after"][k] or 0) > (d["before"][k] or 0)]
+    if worse:
+        lines.append(f"warning: the fitted profile predicts these tables worse than NCCL's protocols "
+                     f"({', '.join(worse)} messages): one profile stands for NCCL's protocol mix and NVLS "
+                     f"constants; keep the default (no --profile) for these")
     lines.extend(f"skipped {s['file']}: {s['reason']}" for s in d["skipped"])
     if d.get("saved"):
         lines.append(f"saved {d['saved']} (use it with --profile {d['saved']})")
