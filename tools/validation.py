@@ -58,7 +58,9 @@ use (``net``; ``nvlink`` with ``c2c``; ``pcie`` with ``smp``) and the per-hop
 latency floor of each route class (``nvlink``, ``pci``, ``net``), starting from
 NCCL's Simple protocol (whose base latency, NIC-latency count and tree factor
 it keeps). It minimises the sum of squared ``ln(pred / meas)`` of the time over
-every row by a pattern search in log space (:func:`pattern_search`); a
+the rows the errors count (small and large messages; every row of a table
+that has neither), at most :data:`FIT_ROWS` per table spread over its sizes,
+by a pattern search in log space (:func:`pattern_search`); a
 parameter no row responds to keeps its start value. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
 (its flow simulation takes seconds per larger size); the error printed after the
@@ -518,7 +520,8 @@ def _fit_rows(cs: list[Case], flags: MachineFlags | None, max_gpus: int | None,
             skipped.append({"file": c.label, "reason": "degraded (tables.yaml): not fitted"})
             continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        for r in _spread(_row_sizes(c, None), max_rows):
+        rows_c = _row_sizes(c, counted) or _row_sizes(c, None)   # the rows the errors count, where it has any
+        for r in _spread(rows_c, max_rows):
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             rows.append(_FitRow(topo, coll, r.size, use, r.out_of_place.time_us * 1e-6))
     return rows, skipped
