@@ -225,3 +225,12 @@ def test_a_broken_index_is_one_line(tmp_path, capsys):
     assert main(["simulate", "validate", str(f)]) == 1
     err = capsys.readouterr().err
     assert "tables.yaml: cannot read the index of tables" in err and err.count("\n") == 1
+
+
+def test_flags_win_over_the_device_lines(tmp_path, capsys):
+    """The file's device lines say one host of 4 GPUs; the command line says two hosts of 2: the flags win."""
+    f = _synthetic(tmp_path, 1, 4, TRUTH, sizes=(1024, 1 << 30))
+    assert main(["simulate", "validate", str(f), "--hosts", "2", "--gpus-per-host", "2", "--nic", "2x400G-ib",
+                 "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)["files"][0]
+    assert e["status"] == "ok" and e["machine"] == "2 x h100-sxm (2 GPUs each), NICs 2x400G-ib"
