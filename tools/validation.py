@@ -165,7 +165,8 @@ def cases(paths: Iterable[str | Path]) -> tuple[list[Case], list[dict]]:
             parsed = nccltests.read(p)
         except nccltests.NcclTestsError as e:
             bad.append({"file": name, "table": 0, "status": "skipped", "reason": str(e), "collective": None,
-                        "geomean_large": None, "geomean_small": None, "rows": [], **_labels(entry)})
+                        "geomean_large": None, "geomean_small": None, "rows": [], "degraded": False,
+                        **_labels(entry)})
             continue
         multi = len(parsed.tables) > 1
         out.extend(Case(p, name, t, parsed.header, entry, multi) for t in parsed.tables)

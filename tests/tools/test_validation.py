@@ -234,3 +234,12 @@ def test_flags_win_over_the_device_lines(tmp_path, capsys):
                  "--json"]) == 0
     e = json.loads(capsys.readouterr().out)["files"][0]
     assert e["status"] == "ok" and e["machine"] == "2 x h100-sxm (2 GPUs each), NICs 2x400G-ib"
+
+
+def test_an_unreadable_file_is_listed_as_skipped(tmp_path, capsys):
+    good = _synthetic(tmp_path, 1, 4, TRUTH, sizes=(1024,))
+    bad = tmp_path / "chatter.txt"
+    bad.write_text("no table here\n")
+    assert main(["simulate", "validate", str(good), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped (1):" in out and f"{bad}: no nccl-tests table" in out and "total over 1 tables" in out
