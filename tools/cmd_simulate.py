@@ -8,6 +8,8 @@
     treecoll simulate decode --topology F --seq-len 1M[,2M...] --heads 16 --head-dim 128 [--kv-heads 8]
                              [--batch B] [--ranks N] [--tree two_level] [--plot out.png]
     treecoll simulate links --topology F --algo two_level --size 1GiB [--top 10]
+    treecoll simulate validate FILE... [machine flags] [--profile P] [--json]
+    treecoll simulate calibrate FILE... [machine flags] -o profile.yaml [--force]
 
 ``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's double
 binary tree, :func:`treecoll.collectives.builders.double_binary`), ``nvls`` (NCCL's
@@ -28,6 +30,9 @@ Sweeps show a progress bar on stderr when it is a terminal. ``--engine``: the
 flow simulation, or the analytic engine for clusters of identical hosts
 (:mod:`treecoll.collectives.sim.analytic`; ``auto``, the default, takes it above
 16,384 GPUs); the table's first line names the engine.
+``validate`` and
+``calibrate`` compare the simulator with nccl-tests tables and fit a profile
+to them (:mod:`treecoll.tools.validation`).
 """
 from __future__ import annotations
 
@@ -133,6 +138,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="allreduce size (default 1GiB)")
     lk.add_argument("--top", type=units.int_arg("--top"), default=10, metavar="N",
                     help="how many of the busiest links to list (default 10)")
+    from treecoll.tools import validation
+    validation.add_parsers(sub, common_options)
     return p
 
 
@@ -149,6 +156,9 @@ def _resolve(args):
 
 def run(args: argparse.Namespace) -> int:
     from treecoll.tools.cli import IMAGE_SUFFIXES, emit, output_path
+    if args.sim_command in ("validate", "calibrate"):
+        from treecoll.tools import validation
+        return validation.run(args)
     plot = getattr(args, "plot", None)
     _check_profile(args.profile)
     if plot:

@@ -363,3 +363,17 @@ def test_fuzz_bytes_of_a_real_table_give_a_result_or_a_treecoll_error(noise, at,
         res = e
     assert time.perf_counter() - t0 < PER_FILE_S
     _check(res, "fuzz.txt")
+
+
+def test_out_of_place_and_in_place_runs_are_kept_apart():
+    """The left run is out-of-place, the right in-place (util.cu writeResultHeader); a table printing one
+    run per row keeps it as out-of-place and has no in-place measurement."""
+    both = parse(HEAD + "\n    8388608   2097152  float  sum  -1  101.5  82.65  144.64  0  99.0  84.73  148.28  0")
+    r = both.tables[0].rows[0]
+    assert (r.out_of_place.time_us, r.out_of_place.busbw, r.in_place.time_us, r.in_place.busbw) == (
+        101.5, 144.64, 99.0, 148.28)
+    one = parse("#  size  count  type  redop  root  time  algbw  busbw  #wrong\n"
+                "   1048576  262144  float  sum  -1  63.16  16.60  24.90  0\n"
+                "   2097152  524288  float  sum  -1  120.00  17.48  26.21  0\n").tables[0]
+    assert [r.in_place for r in one.rows] == [None, None] and one.rows[1].out_of_place.time_us == 120.0
+    assert one.collective == "allreduce" and one.nranks == 4 and not one.dropped

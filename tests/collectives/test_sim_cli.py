@@ -1,11 +1,11 @@
-"""`treecoll simulate` and tools/validate_sim.py on small inputs."""
+"""`treecoll simulate` and the validation helpers (tools/validation.py, tools/validate_sim.py) on small inputs."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-from treecoll.tools import cmd_simulate, validate_sim
+from treecoll.tools import cmd_simulate, validate_sim, validation
 from treecoll.tools.cli import main
 from treecoll.topo.errors import CollectiveError
 
@@ -65,7 +65,7 @@ def test_unknown_algo_lists_every_valid_name(capsys):
 
 
 def _case(name):
-    return validate_sim.cases([FIXTURES / name])[0][0]
+    return validation.cases([FIXTURES / name])[0][0]
 
 
 def test_validate_reads_both_formats_and_skips_with_reason(tmp_path):
@@ -73,38 +73,38 @@ def test_validate_reads_both_formats_and_skips_with_reason(tmp_path):
     assert old.table.nranks == 4 and (old.table.rows[0].size, old.table.rows[0].out_of_place.time_us) == (8, 13.37)
     assert len(old.table.rows) == 25
     trunc = _case("a100-16gpu-2node-allreduce-aws-p4de-efa.txt")   # no device lines: the index's flags say it
-    topo, desc, _ = validate_sim.topology_for(trunc)
+    topo, desc, _ = validation.topology_for(trunc)
     assert desc == "2 x a100-sxm (8 GPUs each), NICs 4x100G-efa" and len(topo.gpus()) == 16
     assert trunc.table.rows[-1].size == 2147483648 and trunc.table.rows[-1].out_of_place.time_us == 51406.0
     odd = tmp_path / "odd.txt"
     odd.write_text("# machine: a toaster\n        8     2   float  sum  -1  1.0  0.0  0.0  0  1.0  0.0  0.0  0\n")
-    d = validate_sim.validate([odd])
+    d = validation.validate([odd])
     assert "the file does not say the machine" in d["files"][0]["reason"]
-
-
-def test_calibration_fits_one_table_keeps_the_base_protocol_and_saves_a_profile(tmp_path):
-    """--calibrate on the V100 table: the fitted profile lowers that table's error, keeps the
-    Simple protocol's NIC-latency count and tree factor, and loads back from its YAML."""
-    from treecoll.collectives.sim import profiles as sim_profiles
-    v100 = FIXTURES / "v100pcie-4gpu-1node-allreduce-oldformat.txt"
-    before = validate_sim.validate([v100], sim_profiles.get_profile("nccl-simple"))
-    prof, fit, _ = validate_sim.calibrate([v100], [], "v100-fit")
-    assert fit["large_err"] + fit["small_err"] < before["large_err"] + before["small_err"]
-    assert prof.nic_lat_mult == 2.0 and prof.tree_eff == sim_profiles.NCCL_TREE_EFF
-    sim_profiles.save_profile(prof, tmp_path / "v100-fit.yaml", fit={"tables": 1})
-    assert sim_profiles.get_profile(str(tmp_path / "v100-fit.yaml")) == prof
+    assert "--hosts N --gpus-per-host G --gpu MODEL" in d["files"][0]["reason"]
 
 
 def test_validation_offers_nvls_where_nccl_does():
     """DGX H100 (NVSwitch, sm 90): NVLSTree wins at 1 GiB, as NCCL's tuner picks it; the GH200 quad's
     direct NVLinks (a stand-in switch with multicast: false) and NCCL_ALGO=Ring leave it out."""
     h100 = _case("h100-16gpu-2node-allreduce.txt")
-    topo = validate_sim.topology_for(h100)[0]
-    assert validate_sim.algorithms(h100, topo)[0] == ["ring", "tree", "nvls"]
-    t, label = validate_sim.predict(topo, h100, 1 << 30, None)
+    topo = validation.topology_for(h100)[0]
+    algos = validation.algorithms(h100, "allreduce", topo)[0]
+    assert algos == ["ring", "tree", "nvls"]
+    t, label = validation.predict(topo, "allreduce", 1 << 30, ["ring", "nvls"], "auto")
     assert label == "nvls_tree/nccl-nvls" and (1 << 30) / t / 1e9 * 30 / 16 > 440
-    assert validate_sim.nccl_model_time(topo, h100, 1 << 30) == pytest.approx(t, rel=0.01)
+    assert validation.nccl_model_time(topo, "allreduce", 1 << 30, algos) == pytest.approx(t, rel=0.01)
     ring = _case("h100-16gpu-2node-allreduce-ring.txt")
-    assert validate_sim.algorithms(ring, validate_sim.topology_for(ring)[0])[0] == ["ring"]
+    assert validation.algorithms(ring, "allreduce", validation.topology_for(ring)[0])[0] == ["ring"]
     gh = _case("gh200-8gpu-2node-allreduce-slingshot.txt")
-    assert validate_sim.algorithms(gh, validate_sim.topology_for(gh)[0])[0] == ["ring", "tree"]
+    assert validation.algorithms(gh, "allreduce", validation.topology_for(gh)[0])[0] == ["ring", "tree"]
+
+
+def test_validate_sim_is_the_command_over_folders(tmp_path):
+    assert validate_sim.expand(["--json"])[-1] == "--json"
+    assert len(validate_sim.expand([])) == len(list(FIXTURES.rglob("*.txt")))
+    sub = tmp_path / "d"
+    sub.mkdir()
+    (sub / "b.txt").write_text("x")
+    (sub / "a.txt").write_text("x")
+    assert validate_sim.expand([str(sub), "--hosts", "2"]) == [str(sub / "a.txt"), str(sub / "b.txt"), "--hosts",
+                                                                 "2"]

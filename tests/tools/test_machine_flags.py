@@ -1,4 +1,4 @@
-"""The machine flags helper (treecoll.tools.machine_flags) and tools/validate_sim.py on the fixtures."""
+"""The machine flags helper (treecoll.tools.machine_flags) and `treecoll simulate validate` on the fixtures."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from treecoll.tools import validate_sim
+from treecoll.tools import validate_sim, validation
 from treecoll.tools.machine_flags import add_machine_flags, machine_flags, machine_from_args, parse_machine_flags
 from treecoll.tools.units import UsageError
 
@@ -58,25 +58,24 @@ def test_validate_sim_reports_every_table_with_a_status(capsys):
                    "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": ("skipped", "heldout", "unstated")}
     reasons = [e["reason"] for e in d["files"]]
     assert reasons[0] == reasons[1] == ""
-    assert reasons[2].startswith("the table ran on 128 ranks (busbw/algbw), the machine has 144 GPUs")
+    assert reasons[2].startswith("the table ran on 128 ranks (busbw/algbw) (the busbw/algbw imply 128 ranks, but "
+                                 "the device lines show rank 143), the machine has 144 GPUs")
     assert reasons[3].startswith("128 GPUs: more than --max-gpus 64 (") and "pass --max-gpus 128" in reasons[3]
     v100 = next(e for e in d["files"] if e["status"] == "ok")
     assert len(v100["rows"]) == 25 and v100["machine"] == "1 x v100-pcie (4 GPUs each), NICs the template's"
-    assert d["sets"]["fit"]["tables"] == 1 and d["sets"]["heldout"]["tables"] == 1
-    fit, held = d["sets"]["fit"]["large_err"], d["sets"]["heldout"]["large_err"]
-    assert min(fit, held) <= d["large_err"] <= max(fit, held)      # the total spans both sets
+    assert d["geomean"]["tables"] == 1 and d["geomean"]["large"] == v100["geomean_large"]
 
 
 def test_validate_sim_flags_win_and_bad_flags_are_one_line(capsys, tmp_path):
     f = tmp_path / "t.txt"   # no device lines, no index: the machine comes from the flags alone
     f.write_text("#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
                  "  1048576  262144  float  sum  -1  63.16  16.60  24.90  0  63.08  16.62  24.94  0\n")
-    d = validate_sim.validate([f])
+    d = validation.validate([f])
     reason = d["files"][0]["reason"]
     assert reason.startswith(f"machine: {f}:1: the file does not say the machine (no complete device list): pass")
     flags = parse_machine_flags("--hosts 1 --gpus-per-host 4 --gpu rtx5090")
-    e = validate_sim.validate([f], flags=flags)["files"][0]
-    assert e["status"] == "ok" and e["machine"].startswith("1 x rtx5090 (4 GPUs each)") and e["set"] == "unlisted"
+    e = validation.validate([f], flags=flags)["files"][0]
+    assert e["status"] == "ok" and e["machine"].startswith("1 x rtx5090 (4 GPUs each)") and e["set"] is None
     assert validate_sim.main([str(f), "--nic", "8x400G-xyz"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("validate_sim: error: --nic '8x400G-xyz': unknown fabric") and err.count("\n") == 1
+    assert err.startswith("treecoll: error: --nic '8x400G-xyz': unknown fabric") and err.count("\n") == 1
