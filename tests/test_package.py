@@ -234,7 +234,6 @@ UNTYPED_MODULES = {
     "treecoll.tools.emucluster.machine": BEING_EDITED,
     "treecoll.tools.emucluster.runner": BEING_EDITED,
     "treecoll.tools.emucluster.topology": BEING_EDITED,
-    "treecoll.tools.validate_sim": BEING_EDITED,
 }
 
 

@@ -23,11 +23,13 @@ unless ``--all-rows``. ``--quick``: tables on at most 4 GPUs. Prints the
 tables and writes JSON (default bench_validate.json). The model is
 deterministic: the numbers do not depend on the machine, only the run time does.
 """
+
 from __future__ import annotations
 
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,9 @@ def _pct(x: float | None) -> str | None:
     return None if x is None else f"{100 * x:.1f}%"
 
 
-def leave_one_out(entries: list[dict], root: Path, max_gpus: int | None, keep) -> list[dict]:
+def leave_one_out(
+    entries: list[dict], root: Path, max_gpus: int | None, keep: Callable[..., bool] | None
+) -> list[dict]:
     """Per machine with two predicted tables or more: calibrate on each, validate the others."""
     groups: dict[str, list[dict]] = {}
     for e in entries:
@@ -66,30 +70,50 @@ def leave_one_out(entries: list[dict], root: Path, max_gpus: int | None, keep) -
         if len(group) < 2:
             continue
         for fit in group:
-            if fit.get("health") == "degraded":   # the source says the run was slowed down: not fitted
+            if fit.get("health") == "degraded":  # the source says the run was slowed down: not fitted
                 continue
             t0 = time.perf_counter()
             cal = validation.calibrate([root / fit["file"]], None, max_gpus, name="loo", check=False)
-            tests = [validation.validate([root / e["file"]], cal["profile"], None, max_gpus, keep=keep)["files"][0]
-                     for e in group if e is not fit]
+            tests = [
+                validation.validate([root / e["file"]], cal["profile"], None, max_gpus, keep=keep)["files"][0]
+                for e in group
+                if e is not fit
+            ]
             # per calibration every other table counts, degraded or not (the fit is that machine's own);
             # the total over all calibrations leaves degraded tables out, as everywhere
-            out.append({"machine": key, "fit": fit["file"], "values": cal["values"], "free": cal["fit"]["free"],
-                        "tests": tests, "degraded_tests": sum(t["degraded"] for t in tests),
-                        "geomean": validation.totals(tests, degraded_too=True),
-                        "wall_s": time.perf_counter() - t0})
+            out.append(
+                {
+                    "machine": key,
+                    "fit": fit["file"],
+                    "values": cal["values"],
+                    "free": cal["fit"]["free"],
+                    "tests": tests,
+                    "degraded_tests": sum(t["degraded"] for t in tests),
+                    "geomean": validation.totals(tests, degraded_too=True),
+                    "wall_s": time.perf_counter() - t0,
+                }
+            )
             g = out[-1]["geomean"]
-            print(f"  calibrated on {fit['file']}: others large {_pct(g['large'])}, small {_pct(g['small'])} "
-                  f"({out[-1]['wall_s']:.0f} s)", file=sys.stderr)
+            print(
+                f"  calibrated on {fit['file']}: others large {_pct(g['large'])}, small {_pct(g['small'])} "
+                f"({out[-1]['wall_s']:.0f} s)",
+                file=sys.stderr,
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    bench = Benchmark("bench_validate", __doc__, json="bench_validate.json",
-                      quick=f"tables on at most {QUICK_GPUS} GPUs")
+    bench = Benchmark(
+        "bench_validate", __doc__, json="bench_validate.json", quick=f"tables on at most {QUICK_GPUS} GPUs"
+    )
     bench.parser.add_argument("dir", nargs="?", default=str(DEFAULT_DIR), help="folder of nccl-tests tables")
-    bench.parser.add_argument("--max-gpus", type=int, default=validation.MAX_GPUS, metavar="N",
-                              help=f"skip tables on more than N GPUs (default {validation.MAX_GPUS})")
+    bench.parser.add_argument(
+        "--max-gpus",
+        type=int,
+        default=validation.MAX_GPUS,
+        metavar="N",
+        help=f"skip tables on more than N GPUs (default {validation.MAX_GPUS})",
+    )
     bench.parser.add_argument("--all-rows", action="store_true", help="simulate every row, not only counted ones")
     args = bench.parse(argv)
     root = Path(args.dir)
@@ -97,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     keep = None if args.all_rows else validation.counted
     files = sorted(root.rglob("*.txt"))
     t0 = time.perf_counter()
-    d = validation.validate(files, None, None, max_gpus, keep=keep,
-                            progress=lambda i, n, w: print(f"  [{i + 1}/{n}] {w}", file=sys.stderr))
+    d = validation.validate(
+        files, None, None, max_gpus, keep=keep, progress=lambda i, n, w: print(f"  [{i + 1}/{n}] {w}", file=sys.stderr)
+    )
     entries = d["files"]
     for e in entries:
         e["file"] = Path(e["file"]).as_posix()
@@ -106,11 +131,35 @@ def main(argv: list[str] | None = None) -> int:
     for e in entries:
         if e["status"] != "ok":
             continue
-        rows.append([e["file"], e.get("set") or "-", "degraded" if e["degraded"] else e.get("health", "-"),
-                     e["collective"], e["machine"], _pct(e["geomean_large"]), _pct(e["geomean_small"]),
-                     _pct(e.get("nccl_model_large")), _pct(e.get("nccl_model_small"))])
-    print(table(rows, ["table", "set", "health", "collective", "machine", "large", "small", "NCCL model large",
-                       "NCCL model small"]))
+        rows.append(
+            [
+                e["file"],
+                e.get("set") or "-",
+                "degraded" if e["degraded"] else e.get("health", "-"),
+                e["collective"],
+                e["machine"],
+                _pct(e["geomean_large"]),
+                _pct(e["geomean_small"]),
+                _pct(e.get("nccl_model_large")),
+                _pct(e.get("nccl_model_small")),
+            ]
+        )
+    print(
+        table(
+            rows,
+            [
+                "table",
+                "set",
+                "health",
+                "collective",
+                "machine",
+                "large",
+                "small",
+                "NCCL model large",
+                "NCCL model small",
+            ],
+        )
+    )
     skipped = [e for e in entries if e["status"] != "ok"]
     big = [e for e in skipped if "more than --max-gpus" in e["reason"]]
     print(f"\n{len(skipped)} skipped, {len(big)} of them on more than {max_gpus} GPUs (--max-gpus):")
@@ -121,25 +170,64 @@ def main(argv: list[str] | None = None) -> int:
     sets["all"] = d["geomean"]
     deg = [e["file"] for e in entries if e["degraded"]]
     print("\ndefault parameters (degraded tables left out: " + (", ".join(deg) or "none") + ")")
-    print(table([[s, g["tables"], _pct(g["large"]), _pct(g["small"]), _pct(g["nccl_model_large"]),
-                  _pct(g["nccl_model_small"])] for s, g in sets.items()],
-                ["tables", "predicted", "large (target 15%)", "small (target 30%)", "NCCL model large",
-                 "NCCL model small"]))
+    print(
+        table(
+            [
+                [
+                    s,
+                    g["tables"],
+                    _pct(g["large"]),
+                    _pct(g["small"]),
+                    _pct(g["nccl_model_large"]),
+                    _pct(g["nccl_model_small"]),
+                ]
+                for s, g in sets.items()
+            ],
+            ["tables", "predicted", "large (target 15%)", "small (target 30%)", "NCCL model large", "NCCL model small"],
+        )
+    )
     print("\nleave-one-out calibration per machine", file=sys.stderr)
     loo = leave_one_out(entries, root, max_gpus, keep)
     tests = [t for r in loo for t in r["tests"]]
     loo_total = validation.totals(tests)
     print("\nleave-one-out: calibrate on one table of a machine, error on its other tables (target 10%)")
-    print(table([[r["machine"], r["fit"], len(r["tests"]), r["degraded_tests"], _pct(r["geomean"]["large"]),
-                  _pct(r["geomean"]["small"])] for r in loo]
-                + [["all (degraded left out)", "-", len(tests), sum(r["degraded_tests"] for r in loo),
-                    _pct(loo_total["large"]), _pct(loo_total["small"])]],
-                ["machine", "calibrated on", "other tables", "degraded", "large", "small"]))
+    print(
+        table(
+            [
+                [
+                    r["machine"],
+                    r["fit"],
+                    len(r["tests"]),
+                    r["degraded_tests"],
+                    _pct(r["geomean"]["large"]),
+                    _pct(r["geomean"]["small"]),
+                ]
+                for r in loo
+            ]
+            + [
+                [
+                    "all (degraded left out)",
+                    "-",
+                    len(tests),
+                    sum(r["degraded_tests"] for r in loo),
+                    _pct(loo_total["large"]),
+                    _pct(loo_total["small"]),
+                ]
+            ],
+            ["machine", "calibrated on", "other tables", "degraded", "large", "small"],
+        )
+    )
     wall = time.perf_counter() - t0
     print(f"\n{wall:.0f} s")
-    data: dict[str, Any] = {"quick": bool(args.quick), "max_gpus": max_gpus, "all_rows": bool(args.all_rows),
-                            "default": {"files": entries, "sets": sets}, "leave_one_out": loo,
-                            "leave_one_out_total": loo_total, "wall_s": wall}
+    data: dict[str, Any] = {
+        "quick": bool(args.quick),
+        "max_gpus": max_gpus,
+        "all_rows": bool(args.all_rows),
+        "default": {"files": entries, "sets": sets},
+        "leave_one_out": loo,
+        "leave_one_out_total": loo_total,
+        "wall_s": wall,
+    }
     bench.write_json(data, args.json)
     return 0
 

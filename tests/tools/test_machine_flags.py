@@ -45,7 +45,8 @@ def test_flags_to_a_topology_and_the_cli_errors():
 
 
 def test_validate_sim_reports_every_table_with_a_status(capsys):
-    """A small run: one fit table predicted, held-out tables skipped with the reason that applies."""
+    """A small run: a fit table and a held-out alltoall predicted, held-out tables skipped with the reason
+    that applies."""
     files = [FIX / "v100pcie-4gpu-1node-allreduce-oldformat.txt", FIX / "heldout/h100-8gpu-1node-alltoall.txt",
              FIX / "heldout/gb200-144gpu-36node-allreduce-2rack.txt",
              FIX / "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt"]
@@ -61,9 +62,11 @@ def test_validate_sim_reports_every_table_with_a_status(capsys):
     assert reasons[2].startswith("the table ran on 128 ranks (busbw/algbw) (the busbw/algbw imply 128 ranks, but "
                                  "the device lines show rank 143), the machine has 144 GPUs")
     assert reasons[3].startswith("128 GPUs: more than --max-gpus 64 (") and "pass --max-gpus 128" in reasons[3]
-    v100 = next(e for e in d["files"] if e["status"] == "ok")
+    v100, a2a = (e for e in d["files"] if e["status"] == "ok")
     assert len(v100["rows"]) == 25 and v100["machine"] == "1 x v100-pcie (4 GPUs each), NICs the template's"
-    assert d["geomean"]["tables"] == 1 and d["geomean"]["large"] == v100["geomean_large"]
+    assert a2a["collective"] == "alltoall" and d["geomean"]["tables"] == 2
+    lo, hi = sorted((v100["geomean_large"], a2a["geomean_large"]))
+    assert lo <= d["geomean"]["large"] <= hi            # the total spans both tables
 
 
 def test_validate_sim_flags_win_and_bad_flags_are_one_line(capsys, tmp_path):
