@@ -221,22 +221,6 @@ def test_no_import_circles():
     assert [sorted(c) for c in ALLOWED_CYCLES if c not in circles] == [], "gone: remove it from ALLOWED_CYCLES"
 
 
-BEING_EDITED = "being edited alongside; its hints come with that change"
-#: modules whose public functions are not all annotated yet, each with its reason (the test fails once one is)
-UNTYPED_MODULES = {
-    "treecoll.collectives.sim.engine": BEING_EDITED,
-    "treecoll.collectives.sim.nccltests": BEING_EDITED,
-    "treecoll.tools.bench_sim_scale": BEING_EDITED,
-    "treecoll.tools.bench_tree_attention": BEING_EDITED,
-    "treecoll.tools.cmd_simulate": BEING_EDITED,
-    "treecoll.tools.cmd_tree": BEING_EDITED,
-    "treecoll.tools.emucluster.cli": BEING_EDITED,
-    "treecoll.tools.emucluster.machine": BEING_EDITED,
-    "treecoll.tools.emucluster.runner": BEING_EDITED,
-    "treecoll.tools.emucluster.topology": BEING_EDITED,
-}
-
-
 def public_functions(name: str):
     """``(qualified name, function)`` of the public functions of module ``name``: the names in its
     ``__all__`` (or, without one, its module-level names without a leading underscore) that are functions
@@ -284,8 +268,6 @@ def test_public_functions_have_type_hints():
         if any(part.startswith("_") for part in name.split(".")):
             continue
         for qualname, fn in public_functions(name):
-            if fn.__module__ not in UNTYPED_MODULES and (missing := unannotated(fn)):
+            if missing := unannotated(fn):
                 found[qualname] = missing
     assert found == {}
-    typed = [m for m in UNTYPED_MODULES if all(not unannotated(fn) for _, fn in public_functions(m))]
-    assert typed == [], "annotated now: remove them from UNTYPED_MODULES"

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from treecoll.tools.bench.harness import Benchmark
@@ -89,7 +90,7 @@ def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict]:
     return t1 - t0, time.perf_counter() - t1, data
 
 
-def run_case(name: str, spec, args: list[str], target, where: Path, repeats: int) -> dict:
+def run_case(name: str, spec: str | int, args: list[str], target: float | None, where: Path, repeats: int) -> dict:
     topology = _topology_arg(spec, where)
     walls = []
     for _ in range(repeats):
@@ -110,7 +111,7 @@ def run_case(name: str, spec, args: list[str], target, where: Path, repeats: int
     return row
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_sim_scale", __doc__, repeats=1, json="bench_sim_scale.json",
                       quick="the 128-GPU sweep at 64 KiB and 8192 GPUs on the analytic engine")
     bench.parser.add_argument("--case", action="append", choices=sorted({*CASES, *QUICK}), default=None,

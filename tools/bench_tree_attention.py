@@ -36,9 +36,11 @@ tables.  Targets (:func:`targets`) are checked and printed as met / not met.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
+from collections.abc import Sequence
 
 from treecoll.tools import units
 from treecoll.tools.bench.harness import Benchmark, interleaved, slowest_rank
@@ -111,7 +113,7 @@ def _steps(args) -> list[dict]:
             for batch in args.batch for n in args.tokens if not (batch > 1 and n > args.batch_max_tokens)]
 
 
-def run(args) -> dict:
+def run(args: argparse.Namespace) -> dict:
     from treecoll.collectives.launch import spawn
     from treecoll.tools.cmd_decode import summarize
 
@@ -211,7 +213,7 @@ def _draw(result: dict):
     return draw
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_tree_attention", __doc__, repeats=200, json="out/bench_tree_attention.json",
                       plot="out/bench_tree_attention.png",
                       quick="P=2,4, 16k tokens, batch 1, 3 steps, 50 combine repetitions",

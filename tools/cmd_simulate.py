@@ -38,12 +38,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from treecoll.topo.errors import CollectiveError
 from treecoll.topo.fmt import fmt_bytes
 
 from . import units
+
+if TYPE_CHECKING:
+    from treecoll.attention.cost import DecodeShape
+    from treecoll.topo import Topology
+    from treecoll.topo.ranks import RanksArg
 
 
 def parse_sizes(spec: str) -> list[int]:
@@ -65,7 +71,7 @@ def _names(registry) -> str:
     return ", ".join(sorted(registry))
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
     from treecoll.collectives.cost import MODES
     from treecoll.collectives.sim.analytic import ANALYTIC_ABOVE_GPUS, ENGINES
@@ -259,7 +265,7 @@ DEFAULT_ALGOS = {"allreduce": "ring,tree,two_level,auto,nccl", "allgather": "rin
                  "alltoall": "p2p,nccl", "sendrecv": "p2p,nccl"}
 
 
-def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -> None:
+def check_algos(algos: Sequence[str], *, option: str = "--algo", builders_only: bool = False) -> None:
     """Refuse an unknown algorithm name before any work, listing every valid one."""
     from treecoll.collectives.builders import BUILDERS
     for a in algos:
@@ -269,7 +275,8 @@ def check_algos(algos, *, option: str = "--algo", builders_only: bool = False) -
                                   f"{sorted(BUILDERS)} (e.g. kary:4)")
 
 
-def allreduce_data(topology, algos, sizes, ranks=None, profile=None, collective: str = "allreduce", *,
+def allreduce_data(topology: Topology, algos: Sequence[str], sizes: Sequence[int], ranks: RanksArg = None,
+                   profile: str | None = None, collective: str = "allreduce", *,
                    mode: str = "executor", engine: str = "flow") -> dict[str, Any]:
     """The ``simulate <collective>`` table; treecoll's trees in ``mode``; ``engine``: ``flow``, ``analytic``
     or ``auto`` (:func:`treecoll.collectives.sim.analytic.choose_engine`; analytic for allreduce only),
@@ -368,8 +375,8 @@ def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) 
     plt.close(fig)
 
 
-def decode_data(topology, shapes, ranks=None, tree="two_level", profile=None, mode: str = "executor"
-                ) -> dict[str, Any]:
+def decode_data(topology: Topology, shapes: Sequence[DecodeShape], ranks: RanksArg = None, tree: str = "two_level",
+                profile: str | None = None, mode: str = "executor") -> dict[str, Any]:
     from treecoll.attention.cost import decode_step
     from treecoll.collectives.cost import CostModel
     from treecoll.collectives.placement import Placement
@@ -418,7 +425,8 @@ def plot_decode(d: dict, path: str) -> None:
                  f"decode on {d['topology']} ({d['runs'][0]['nranks']} GPUs)", path)
 
 
-def links_data(topology, algo: str, size: int, ranks=None, profile=None, top: int = 10) -> dict[str, Any]:
+def links_data(topology: Topology, algo: str, size: int, ranks: RanksArg = None, profile: str | None = None,
+               top: int = 10) -> dict[str, Any]:
     from treecoll.collectives.sim.simulator import simulate_algorithm
     check_algos([algo])
     name = "double_binary" if algo == "tree" else algo

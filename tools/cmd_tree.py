@@ -29,7 +29,7 @@ import argparse
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path as FsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treecoll.collectives.cost import MODES
 from treecoll.collectives.tree_io import TREE_SUFFIXES
@@ -37,6 +37,10 @@ from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
+
+if TYPE_CHECKING:
+    from treecoll.collectives.tree import MultiTree, Tree
+    from treecoll.topo import Topology
 
 __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "bruteforce_data", "render_bruteforce"]
 
@@ -51,7 +55,7 @@ MODE_HELP = ("how treecoll's trees are predicted: executor (as treecoll's execut
              "from Python per message; the default) or in-kernel (the same tree inside NCCL, its protocols)")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
     p = subparsers.add_parser("tree", help="build, show, check and draw reduction trees",
                               description="Build, show, check and draw reduction trees.")
@@ -133,7 +137,8 @@ def _gpus(topology, n: int):
     return None if topology is None else resolve_gpus(topology, n)
 
 
-def tree_data(plan, topology=None, nbytes: int = 1 << 20, hosts=None, mode: str = "executor") -> dict[str, Any]:
+def tree_data(plan: Tree | MultiTree, topology: Topology | None = None, nbytes: int = 1 << 20,
+              hosts: Sequence[str] | None = None, mode: str = "executor") -> dict[str, Any]:
     """Plain data for a tree (or multitree) on an optional topology: edges with their
     links, edge counts by class, predicted times in ``mode`` (``executor``: as treecoll's
     executor runs the tree; ``in-kernel``: inside the communication library), by
@@ -260,9 +265,9 @@ def _mode_text(p: dict) -> str:
 
 
 # ---------------------------------------------------------------------- commands
-def build_data(topology, builder: str, *, ranks: int | None = None, nbytes: int = 1 << 20,
+def build_data(topology: Topology, builder: str, *, ranks: int | None = None, nbytes: int = 1 << 20,
                intra: str | None = None, inter: str | None = None, rails: str | None = None,
-               mode: str = "executor"):
+               mode: str = "executor") -> tuple[Tree | MultiTree, dict[str, Any]]:
     """What ``tree build`` prints, as ``(plan, data)``: the tree of ``builder`` over the first
     ``ranks`` GPUs of ``topology`` (default all), built and predicted for ``nbytes``.
     ``rails`` is the command's ``auto`` / ``yes`` / ``no``."""
@@ -375,7 +380,7 @@ def _render_check(d: dict) -> str:
     return "\n".join(lines)
 
 
-def bruteforce_data(topology, *, ranks: int | None = None, sizes: Sequence[int] = (8, 1 << 20, 16 << 20),
+def bruteforce_data(topology: Topology, *, ranks: int | None = None, sizes: Sequence[int] = (8, 1 << 20, 16 << 20),
                     trees: str = "symmetry") -> dict[str, Any]:
     """What ``tree bruteforce`` prints: per size, the least predicted allreduce time over the
     ``trees`` (:data:`BRUTE_TREES`) of the first ``ranks`` GPUs of ``topology`` and what ``auto``
@@ -480,7 +485,7 @@ def _draw(args) -> dict:
     return {"output": args.output, "ranks": data["ranks"], "trees": ntrees}
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     cmd = args.tree_cmd
     if cmd == "build":
         return emit(args, _build(args), render_tree)

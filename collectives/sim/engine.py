@@ -99,7 +99,8 @@ class Route:
     owner: np.ndarray
 
     @classmethod
-    def of(cls_, subroutes: tuple, lat: float, cls: str, nccl: str, all_links: np.ndarray | None = None) -> Route:
+    def of(cls_: type[Route], subroutes: tuple[tuple[np.ndarray, float], ...], lat: float, cls: str, nccl: str,
+           all_links: np.ndarray | None = None) -> Route:
         """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
         when the caller has them (every subroute used)."""
         used = [(ids, share) for ids, share in subroutes if share > 0]

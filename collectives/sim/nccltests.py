@@ -86,11 +86,15 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from treecoll.topo.errors import TreecollError
 from treecoll.topo.files import decode_text, read_text
 
 from .result import bus_factor
+
+if TYPE_CHECKING:
+    from treecoll.topo.machines import MachineFacts
 
 __all__ = ["NcclTestsError", "NcclTestsOutput", "Table", "Row", "Measurement", "Device", "RunInfo", "Header",
            "parse", "read", "recognise", "bus_factor", "COLLECTIVES", "BINARIES", "TYPE_BYTES", "MAX_FILE_BYTES"]
@@ -242,7 +246,7 @@ class Table:
         """``"file:line"`` for messages (the table's first line by default)."""
         return f"{self.source}:{self.line if line is None else line}"
 
-    def machine_facts(self):
+    def machine_facts(self) -> MachineFacts:
         """What the file says about the machine, for :func:`treecoll.topo.machines.resolve_machine`:
         hosts only when the device list is complete."""
         from treecoll.topo.machines import MachineFacts

@@ -64,7 +64,7 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology-out", metavar="FILE.yaml", help=f"write the matching Topology YAML here {REPLACES}")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``emu`` command (with its sub-commands) to an argparse ``subparsers`` object."""
     p = subparsers.add_parser("emu", help="emulated multi-host cluster (network namespaces, shaped links)",
                               description=_DESCRIPTION)

@@ -32,8 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from treecoll.topo.errors import TreecollError
+
+if TYPE_CHECKING:
+    from treecoll.collectives.schedule import Schedule
 
 __all__ = ["MachineModel", "fit", "relative_lstsq", "schedule_work", "local_bytes"]
 
@@ -104,14 +108,14 @@ def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None 
     return MachineModel(1.0 / float(inv_rate), max(float(cost), 0.0), fitted_on, local_rate)
 
 
-def schedule_work(schedule, nbytes: int) -> tuple[int, int]:
+def schedule_work(schedule: Schedule, nbytes: int) -> tuple[int, int]:
     """(bytes sent by all ranks, messages sent by all ranks) of ``schedule`` on ``nbytes``."""
     total = sum(schedule.bytes_sent(r, nbytes) for r in range(schedule.nranks))
     messages = sum(1 for steps in schedule.steps for s in steps if s.kind == "send")
     return total, messages
 
 
-def local_bytes(schedule, nbytes: int, host_of: Sequence) -> int:
+def local_bytes(schedule: Schedule, nbytes: int, host_of: Sequence) -> int:
     """Bytes of ``schedule`` on ``nbytes`` sent between ranks with the same ``host_of[rank]``."""
     cb = schedule.chunk_bytes(nbytes)
     return sum(cb[s.chunk] for r, steps in enumerate(schedule.steps) for s in steps

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import IO
+from typing import IO, Any
 
 from treecoll.collectives import launch as _launch
 from treecoll.collectives.launch import TIMEOUT_EXIT
@@ -133,7 +133,7 @@ def run(command: Sequence[str], *, hosts: int, ranks_per_host: int, placement_mo
         rate_bps: int = 10**9, pair_rates: Mapping[tuple[int, int], int] | None = None,
         host_rates: Mapping[int, int] | None = None,
         cid: str | None = None, timeout: float | None = None, topology_out: str | None = None,
-        **launch_kw) -> RunResult:
+        **launch_kw: Any) -> RunResult:
     """Bring a cluster up (or use cluster ``cid`` when it is up), run the job, tear down what was made.
 
     With an existing cluster, ``hosts`` must not exceed its hosts and its

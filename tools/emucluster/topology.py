@@ -33,9 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .netns import EmuClusterError
+
+if TYPE_CHECKING:
+    from treecoll.topo.model import Topology
 
 __all__ = ["PLACEMENTS", "placement", "build_topology", "payload_gbs", "save_topology",
            "LOOPBACK_GBS", "LOOPBACK_LAT_US", "NET_LAT_US", "PROCESS_MEM_BW"]
@@ -85,7 +88,7 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
                    placement_mode: str = "blocked", name: str | None = None,
                    loopback_gbs: float = LOOPBACK_GBS, loopback_lat_us: float = LOOPBACK_LAT_US,
                    net_lat_us: float = NET_LAT_US, process_mem_bw: float = PROCESS_MEM_BW,
-                   meta: Mapping[str, Any] | None = None):
+                   meta: Mapping[str, Any] | None = None) -> Topology:
     """The :class:`topo.Topology` of an emulated cluster with ranks mapped by ``placement_mode``.
 
     ``host_rates`` ({host: bits/s}) are recorded in ``meta`` only: the links keep ``rate_bps``
@@ -122,7 +125,7 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
     return Topology.from_dict(data)
 
 
-def save_topology(topology, path: str | Path) -> Path:
+def save_topology(topology: Topology, path: str | Path) -> Path:
     """Write ``topology`` as YAML (explicit form). Uses ``treecoll.topo.yaml_io.save`` when it exists."""
     path = Path(path)
     try:
