@@ -86,7 +86,8 @@ def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict]:
     t1 = time.perf_counter()
     from treecoll.tools import units
     algos = units.parse_list(ns.algo, what="--algo", kind="algorithms")
-    data = cmd_simulate.allreduce_data(topo, algos, ns.sizes, ns.ranks, ns.profile, ns.engine)
+    data = cmd_simulate.allreduce_data(topo, algos, ns.sizes, ns.ranks, ns.profile, ns.sim_command, mode=ns.mode,
+                                       engine=ns.engine)
     return t1 - t0, time.perf_counter() - t1, data
 
 
