@@ -23,6 +23,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) *.egg-info

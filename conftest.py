@@ -26,8 +26,13 @@ if shutil.which("nvidia-smi") is None:
 
 ROOT = Path(__file__).resolve().parent
 #: folder -> installed package name (pyproject.toml's [tool.setuptools.package-dir])
-PACKAGES = {"topo": "treecoll.topo", "collectives": "treecoll.collectives", "attention": "treecoll.attention",
-            "tools": "treecoll.tools", "treecoll": "treecoll"}
+PACKAGES = {
+    "topo": "treecoll.topo",
+    "collectives": "treecoll.collectives",
+    "attention": "treecoll.attention",
+    "tools": "treecoll.tools",
+    "treecoll": "treecoll",
+}
 
 
 def installed_name(path: Path) -> str | None:

@@ -43,6 +43,7 @@ one-key states ``(v_0, 1)`` and ``(v_1, 0)`` gives the same state:
 >>> torch.equal(attention.merge(empty, first)[0], first[0])
 True
 """
+
 from treecoll.attention.decode import DECODE_BACKENDS, decode_partial
 from treecoll.attention.lse import LN2, LOG2E, to_base2, to_natural_log
 from treecoll.attention.reference import reference
@@ -81,5 +82,13 @@ from treecoll.attention.kv_cache import ShardedKVCache  # noqa: E402
 from treecoll.attention.model import LlamaConfig, LlamaModel  # noqa: E402
 from treecoll.attention.tree_decode import tree_combine, tree_decode  # noqa: E402
 
-__all__ += ["tree_decode", "tree_combine", "gather_decode", "ring_decode", "allreduce3_decode", "ShardedKVCache",
-            "LlamaConfig", "LlamaModel"]
+__all__ += [
+    "tree_decode",
+    "tree_combine",
+    "gather_decode",
+    "ring_decode",
+    "allreduce3_decode",
+    "ShardedKVCache",
+    "LlamaConfig",
+    "LlamaModel",
+]

@@ -43,6 +43,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'gather', ...]
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -70,10 +71,21 @@ def _group_of(placement: Placement | None, group: Any) -> Any:
     return placement.group
 
 
-def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
-                placement: Placement | None = None, group: Any = None, tree: Any = "auto", topology: Any = None,
-                root_only: bool = False, scale: float | None = None, check: bool = True,
-                return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def ring_decode(
+    q: torch.Tensor,
+    k_shard: torch.Tensor,
+    v_shard: torch.Tensor,
+    *,
+    kv_len: Any = None,
+    placement: Placement | None = None,
+    group: Any = None,
+    tree: Any = "auto",
+    topology: Any = None,
+    root_only: bool = False,
+    scale: float | None = None,
+    check: bool = True,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Ring Attention decoding; same parameters and result as :func:`treecoll.attention.tree_decode`
     (of a ``placement``, only its process group matters here).
 
@@ -95,8 +107,18 @@ def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
         prefix = int(lengths.max()) if lengths.numel() else 0
     except AttentionError:
         pass  # agree_on_inputs raises it on this rank and a matching error on the others
-    lengths, scale, table = agree_on_inputs("ring_decode", group, q, k_shard, v_shard, kv_len, scale,
-                                            extra=(prefix,), extra_names=("prefix",), allow_differ=("prefix",))
+    lengths, scale, table = agree_on_inputs(
+        "ring_decode",
+        group,
+        q,
+        k_shard,
+        v_shard,
+        kv_len,
+        scale,
+        extra=(prefix,),
+        extra_names=("prefix",),
+        allow_differ=("prefix",),
+    )
     import torch.distributed as dist
 
     prefixes = table[:, -2].tolist()  # valid positions each rank ships (max of its kv_len)
@@ -107,8 +129,14 @@ def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
     cap = max(prefixes) * per_token
     # double-buffered receive space; the shard in hand is sent while the next one arrives
     dev = k_shard.device
-    bufs = [(torch.empty(cap, dtype=k_shard.dtype, device=dev), torch.empty(cap, dtype=k_shard.dtype, device=dev),
-             torch.empty(batch, dtype=torch.int32, device=dev)) for _ in range(2)]
+    bufs = [
+        (
+            torch.empty(cap, dtype=k_shard.dtype, device=dev),
+            torch.empty(cap, dtype=k_shard.dtype, device=dev),
+            torch.empty(batch, dtype=torch.int32, device=dev),
+        )
+        for _ in range(2)
+    ]
 
     def view(flat, n):
         return flat[: n * per_token].view(batch, n, kv_heads, head_dim)
@@ -127,14 +155,20 @@ def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
             # one batch (NCCL runs it as one group, so the sends to rank+1 and the receives from
             # rank-1 cannot wait for each other); per direction the same order on both ends:
             # lengths, K, V
-            ops = [dist.P2POp(dist.isend, len_cur, nxt, group=group, tag=2),
-                   dist.P2POp(dist.irecv, len_in, prv, group=group, tag=2)]
+            ops = [
+                dist.P2POp(dist.isend, len_cur, nxt, group=group, tag=2),
+                dist.P2POp(dist.irecv, len_in, prv, group=group, tag=2),
+            ]
             if prefixes[src] > 0:
-                ops += [dist.P2POp(dist.isend, k_cur, nxt, group=group, tag=0),
-                        dist.P2POp(dist.isend, v_cur, nxt, group=group, tag=1)]
+                ops += [
+                    dist.P2POp(dist.isend, k_cur, nxt, group=group, tag=0),
+                    dist.P2POp(dist.isend, v_cur, nxt, group=group, tag=1),
+                ]
             if n_in > 0:
-                ops += [dist.P2POp(dist.irecv, k_in, prv, group=group, tag=0),
-                        dist.P2POp(dist.irecv, v_in, prv, group=group, tag=1)]
+                ops += [
+                    dist.P2POp(dist.irecv, k_in, prv, group=group, tag=0),
+                    dist.P2POp(dist.irecv, v_in, prv, group=group, tag=1),
+                ]
             reqs = dist.batch_isend_irecv(ops)
         if prefixes[src] > 0:
             part = decode_partial(q, k_cur, v_cur, kv_len=len_cur, scale=scale)
@@ -147,10 +181,21 @@ def ring_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
     return (out, lse) if return_lse else out
 
 
-def allreduce3_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
-                      placement: Placement | None = None, group: Any = None, tree: Any = "auto",
-                      topology: Any = None, root_only: bool = False, scale: float | None = None, check: bool = True,
-                      return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def allreduce3_decode(
+    q: torch.Tensor,
+    k_shard: torch.Tensor,
+    v_shard: torch.Tensor,
+    *,
+    kv_len: Any = None,
+    placement: Placement | None = None,
+    group: Any = None,
+    tree: Any = "auto",
+    topology: Any = None,
+    root_only: bool = False,
+    scale: float | None = None,
+    check: bool = True,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The paper's three all-reduces (max, numerator, denominator); same
     parameters and result as :func:`treecoll.attention.tree_decode` (of a ``placement``,
     only its process group matters here)."""
@@ -166,8 +211,9 @@ def allreduce3_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Ten
     return (out, lse) if return_lse else out
 
 
-def gather_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any) \
-        -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def gather_decode(
+    q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`treecoll.attention.tree_decode` with ``combine="gather"`` (one all-gather of the packed
     states, then a local merge; vLLM's decode context parallelism); same parameters and result."""
     return tree_decode(q, k_shard, v_shard, combine="gather", **kwargs)

@@ -53,6 +53,7 @@ K/V width is ``n_kv · d_h``; the formulas then use it for the K/V terms.
 >>> paper_volumes(s, 8)["ring"] == 2 * 10_000 * 2048 * 8
 True
 """
+
 from __future__ import annotations
 
 import math
@@ -73,9 +74,22 @@ from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
 from treecoll.topo.ranks import RanksArg
 
-__all__ = ["DecodeShape", "decode_step", "combine_times", "choose_combine", "paper_volumes", "paper_memory",
-           "PAPER_SEQ_LENS", "PAPER_HOSTS", "LLAMA31_8B", "PAPER_SHAPE", "METHODS", "DEFAULT_METHODS", "COMBINES",
-           "BACKENDS"]
+__all__ = [
+    "DecodeShape",
+    "decode_step",
+    "combine_times",
+    "choose_combine",
+    "paper_volumes",
+    "paper_memory",
+    "PAPER_SEQ_LENS",
+    "PAPER_HOSTS",
+    "LLAMA31_8B",
+    "PAPER_SHAPE",
+    "METHODS",
+    "DEFAULT_METHODS",
+    "COMBINES",
+    "BACKENDS",
+]
 
 #: every method the model knows
 METHODS = ("tree", "gather", "allreduce3", "ring")
@@ -86,7 +100,7 @@ COMBINES = ("tree", "gather", "allreduce3")
 #: the process-group backends :func:`combine_times` models
 BACKENDS = ("nccl", "gloo")
 #: sequence lengths of the paper's Fig. 3 (80k to 5.12M tokens, doubling)
-PAPER_SEQ_LENS = tuple(80_000 * 2 ** i for i in range(7))
+PAPER_SEQ_LENS = tuple(80_000 * 2**i for i in range(7))
 #: DGX H100 host counts of the paper's Fig. 3b (1 to 16 nodes of 8 GPUs)
 PAPER_HOSTS = (1, 2, 4, 8, 16)
 
@@ -141,9 +155,17 @@ def paper_memory(shape: DecodeShape, p: int) -> dict[str, float]:
     return {"ring": 4 * b * t * dkv + 2 * b * d, "tree": tree, "allreduce3": tree}
 
 
-def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: RanksArg = None,
-                tree: str = "two_level", nchunks: int = 1, profile: Any = "auto",
-                methods: tuple[str, ...] = DEFAULT_METHODS, mode: str = "executor") -> dict:
+def decode_step(
+    placement: Placement | Topology,
+    shape: DecodeShape,
+    *,
+    ranks: RanksArg = None,
+    tree: str = "two_level",
+    nchunks: int = 1,
+    profile: Any = "auto",
+    methods: tuple[str, ...] = DEFAULT_METHODS,
+    mode: str = "executor",
+) -> dict:
     """Time, volume and memory of one decode step for each method in ``methods`` (plain dict).
 
     ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology with
@@ -158,6 +180,7 @@ def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: R
     """
     from treecoll.collectives.cost import MODES, executor_cost
     from treecoll.collectives.planner import default_planner
+
     if mode not in MODES:
         raise CollectiveError(f"decode model: mode expected one of {list(MODES)}, got {mode!r}")
     bad = [m for m in methods if m not in METHODS]
@@ -171,51 +194,101 @@ def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: R
     t = math.ceil(shape.seq_len / P)
     mem_bw = min(float(topology.node(g).get("mem_bw", 0.0) or 0.0) for g in gpus) * 1e9
     if mem_bw <= 0:
-        raise CollectiveError(f"decode model: GPUs of topology {topology.name!r} carry no mem_bw (GB/s); "
-                              f"add it to the host template's gpus")
+        raise CollectiveError(
+            f"decode model: GPUs of topology {topology.name!r} carry no mem_bw (GB/s); "
+            f"add it to the host template's gpus"
+        )
     kv_bytes = 2 * b * t * Hkv * D * item
     local = kv_bytes / mem_bw
     state_bytes = 4 * b * H * (D + 1)
     q_bytes = b * H * D * item
     vol, mem = paper_volumes(shape, P), paper_memory(shape, P)
-    out = {"shape": asdict(shape), "nranks": P, "hosts": len({topology.host_of(g) for g in gpus}), "mode": mode,
-           "tokens_per_rank": t, "kv_bytes_per_rank": kv_bytes, "local_s": local, "methods": {}}
+    out = {
+        "shape": asdict(shape),
+        "nranks": P,
+        "hosts": len({topology.host_of(g) for g in gpus}),
+        "mode": mode,
+        "tokens_per_rank": t,
+        "kv_bytes_per_rank": kv_bytes,
+        "local_s": local,
+        "methods": {},
+    }
     # gather and the three all-reduces are the backend's own collectives (NCCL's) in either mode
-    combines = combine_times(p, b, H, D, tree=tree, nchunks=nchunks, profile=profile,
-                             methods=tuple(m for m in ("gather", "allreduce3") if m in methods))
+    combines = combine_times(
+        p,
+        b,
+        H,
+        D,
+        tree=tree,
+        nchunks=nchunks,
+        profile=profile,
+        methods=tuple(m for m in ("gather", "allreduce3") if m in methods),
+    )
     if "tree" in methods:
-        if P > 1 and mode == "executor":      # what tree_decode runs: collectives.allreduce of the state
+        if P > 1 and mode == "executor":  # what tree_decode runs: collectives.allreduce of the state
             from treecoll.collectives import builders
             from treecoll.collectives.sim.executor import predict_schedule
+
             # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
-            opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
-                {"nbytes": state_bytes} if tree == "auto" else {})
+            opts = (
+                {"nbytes": state_bytes, "rails": False}
+                if tree == "two_level"
+                else ({"nbytes": state_bytes} if tree == "auto" else {})
+            )
             plan = builders.build(tree, p, **opts)
             best = predict_schedule(p, plan, state_bytes)
-            sched = default_planner().schedule_for(plan, collective="allreduce", nbytes=state_bytes,
-                                                   placement=p, algo="tree")[1]
-            comm, sent, scratch = best.time, max(sched.bytes_sent(r, state_bytes) for r in range(P)), \
-                max(best.peak_scratch)
+            sched = default_planner().schedule_for(
+                plan, collective="allreduce", nbytes=state_bytes, placement=p, algo="tree"
+            )[1]
+            comm, sent, scratch = (
+                best.time,
+                max(sched.bytes_sent(r, state_bytes) for r in range(P)),
+                max(best.peak_scratch),
+            )
             total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))
-        else:                                 # in-kernel: NCCL's protocols (combine_times)
+        else:  # in-kernel: NCCL's protocols (combine_times)
             c = combine_times(p, b, H, D, tree=tree, nchunks=nchunks, profile=profile, methods=("tree",))["tree"]
-            comm, sent, scratch, total_sent = c["time_s"], c["sent_bytes_per_gpu"], c["scratch_bytes"], \
-                c["sent_bytes_total"]
-        out["methods"]["tree"] = _method(local, comm, sent, total_sent, kv_bytes + q_bytes + state_bytes + scratch,
-                                         vol["tree"], mem["tree"], f"{tree} allreduce of {state_bytes} B state")
+            comm, sent, scratch, total_sent = (
+                c["time_s"],
+                c["sent_bytes_per_gpu"],
+                c["scratch_bytes"],
+                c["sent_bytes_total"],
+            )
+        out["methods"]["tree"] = _method(
+            local,
+            comm,
+            sent,
+            total_sent,
+            kv_bytes + q_bytes + state_bytes + scratch,
+            vol["tree"],
+            mem["tree"],
+            f"{tree} allreduce of {state_bytes} B state",
+        )
     if "gather" in methods:
         c = combines["gather"]
-        out["methods"]["gather"] = _method(local, c["time_s"], c["sent_bytes_per_gpu"], c["sent_bytes_total"],
-                                           kv_bytes + q_bytes + state_bytes + c["scratch_bytes"], vol["tree"],
-                                           mem["tree"],
-                                           f"all-gather of {P} x {state_bytes} B states, local merge")
+        out["methods"]["gather"] = _method(
+            local,
+            c["time_s"],
+            c["sent_bytes_per_gpu"],
+            c["sent_bytes_total"],
+            kv_bytes + q_bytes + state_bytes + c["scratch_bytes"],
+            vol["tree"],
+            mem["tree"],
+            f"all-gather of {P} x {state_bytes} B states, local merge",
+        )
     if "allreduce3" in methods:
         c = combines["allreduce3"]
-        bufs = 4 * b * H * (D + 2)   # numerator, denominator, max in fp32
-        out["methods"]["allreduce3"] = _method(local, c["time_s"], c["sent_bytes_per_gpu"], c["sent_bytes_total"],
-                                               kv_bytes + q_bytes + bufs + c["scratch_bytes"],
-                                               vol["allreduce3"], mem["allreduce3"],
-                                               "max(lse), sum(den), sum(num): NCCL's ring, tree or NVLS each")
+        bufs = 4 * b * H * (D + 2)  # numerator, denominator, max in fp32
+        out["methods"]["allreduce3"] = _method(
+            local,
+            c["time_s"],
+            c["sent_bytes_per_gpu"],
+            c["sent_bytes_total"],
+            kv_bytes + q_bytes + bufs + c["scratch_bytes"],
+            vol["allreduce3"],
+            mem["allreduce3"],
+            "max(lse), sum(den), sum(num): NCCL's ring, tree or NVLS each",
+        )
     if "ring" in methods:
         step = 0.0
         if P > 1:
@@ -223,21 +296,38 @@ def decode_step(placement: Placement | Topology, shape: DecodeShape, *, ranks: R
             net = Network(topology, prof)
             lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], kv_bytes) for i in range(P)])
             step = float((lat + drain).max()) + prof.base_lat
-            if mode == "executor":      # every pass is an isend and an irecv from Python
+            if mode == "executor":  # every pass is an isend and an irecv from Python
                 step += 2 * executor_cost(p).step_s
         time_ring = local + (P - 1) * max(local, step)
-        out["methods"]["ring"] = _method(local, time_ring - local, (P - 1) * kv_bytes, (P - 1) * kv_bytes * P,
-                                         2 * kv_bytes + q_bytes + state_bytes, vol["ring"], mem["ring"],
-                                         f"{P - 1} K/V passes of {kv_bytes} B, overlapped with compute")
+        out["methods"]["ring"] = _method(
+            local,
+            time_ring - local,
+            (P - 1) * kv_bytes,
+            (P - 1) * kv_bytes * P,
+            2 * kv_bytes + q_bytes + state_bytes,
+            vol["ring"],
+            mem["ring"],
+            f"{P - 1} K/V passes of {kv_bytes} B, overlapped with compute",
+        )
         out["methods"]["ring"]["step_transfer_s"] = step
     if "tree" in out["methods"] and "ring" in out["methods"]:
         out["speedup_tree_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"]["tree"]["time_s"]
     return out
 
 
-def combine_times(placement: Placement | Topology, batch: int, heads: int, head_dim: int, *, ranks: RanksArg = None,
-                  tree: str = "two_level", nchunks: int = 1, profile: Any = "auto",
-                  methods: tuple[str, ...] = COMBINES, backend: str = "nccl") -> dict[str, dict]:
+def combine_times(
+    placement: Placement | Topology,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    *,
+    ranks: RanksArg = None,
+    tree: str = "two_level",
+    nchunks: int = 1,
+    profile: Any = "auto",
+    methods: tuple[str, ...] = COMBINES,
+    backend: str = "nccl",
+) -> dict[str, dict]:
     """The combine part of a decode step, per method of ``methods`` (some of :data:`COMBINES`), for
     states of ``batch × heads`` rows of ``head_dim`` (packed: ``state_bytes = 4 · batch · heads ·
     (head_dim + 1)``) on ``placement`` (a Placement, or a Topology with ``ranks``).
@@ -267,44 +357,76 @@ def combine_times(placement: Placement | Topology, batch: int, heads: int, head_
     if P == 1:
         return {m: dict(zero) for m in methods}
     if backend == "gloo":
-        return _gloo_combine_times(p, rows, head_dim, tree=tree, profile="ideal" if profile == "auto" else profile,
-                                   methods=methods, mem_bw=mem_bw)
+        return _gloo_combine_times(
+            p,
+            rows,
+            head_dim,
+            tree=tree,
+            profile="ideal" if profile == "auto" else profile,
+            methods=methods,
+            mem_bw=mem_bw,
+        )
     out = {}
     if "tree" in methods:
         from treecoll.collectives import builders
         from treecoll.collectives import compile as compile_
+
         # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
-        opts = {"nbytes": state_bytes, "rails": False} if tree == "two_level" else (
-            {"nbytes": state_bytes} if tree == "auto" else {})
+        opts = (
+            {"nbytes": state_bytes, "rails": False}
+            if tree == "two_level"
+            else ({"nbytes": state_bytes} if tree == "auto" else {})
+        )
         plan = builders.build(tree, p, **opts)
-        sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)   # GPU kernels forward at once
-        best = min((simulate(p, sched, state_bytes, profile=pr.for_tree_allreduce(), **NCCL_TREE_RUN)
-                    for pr in _profiles(profile, state_bytes, topology, gpus)), key=lambda r: r.time)
-        out["tree"] = {"time_s": best.time,
-                       "sent_bytes_per_gpu": float(max(sched.bytes_sent(r, state_bytes) for r in range(P))),
-                       "sent_bytes_total": float(sum(sched.bytes_sent(r, state_bytes) for r in range(P))),
-                       "scratch_bytes": float(max(best.peak_scratch))}
+        sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)  # GPU kernels forward at once
+        best = min(
+            (
+                simulate(p, sched, state_bytes, profile=pr.for_tree_allreduce(), **NCCL_TREE_RUN)
+                for pr in _profiles(profile, state_bytes, topology, gpus)
+            ),
+            key=lambda r: r.time,
+        )
+        out["tree"] = {
+            "time_s": best.time,
+            "sent_bytes_per_gpu": float(max(sched.bytes_sent(r, state_bytes) for r in range(P))),
+            "sent_bytes_total": float(sum(sched.bytes_sent(r, state_bytes) for r in range(P))),
+            "scratch_bytes": float(max(best.peak_scratch)),
+        }
     if "gather" in methods:
         total = P * state_bytes
-        best = min((simulate_ring(p, total, collective="allgather", profile=pr)
-                    for pr in _profiles(profile, total, topology, gpus)), key=lambda r: r.time)
+        best = min(
+            (
+                simulate_ring(p, total, collective="allgather", profile=pr)
+                for pr in _profiles(profile, total, topology, gpus)
+            ),
+            key=lambda r: r.time,
+        )
         merge = (P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0
-        out["gather"] = {"time_s": best.time + merge, "sent_bytes_per_gpu": float((P - 1) * state_bytes),
-                         "sent_bytes_total": float(P * (P - 1) * state_bytes), "scratch_bytes": float(total)}
+        out["gather"] = {
+            "time_s": best.time + merge,
+            "sent_bytes_per_gpu": float((P - 1) * state_bytes),
+            "sent_bytes_total": float(P * (P - 1) * state_bytes),
+            "scratch_bytes": float(total),
+        }
     if "allreduce3" in methods:
         comm, sent, peak = 0.0, 0.0, 0.0
-        for nbytes in (4 * rows, 4 * rows, 4 * rows * head_dim):   # max, denominators, numerators (fp32)
+        for nbytes in (4 * rows, 4 * rows, 4 * rows * head_dim):  # max, denominators, numerators (fp32)
             r = simulate_nccl_allreduce(p, nbytes, profile=profile)[1]
             comm += r.time
             sent += 2 * (P - 1) / P * nbytes
             peak = max(peak, max(r.peak_scratch))
-        out["allreduce3"] = {"time_s": comm, "sent_bytes_per_gpu": sent, "sent_bytes_total": sent * P,
-                             "scratch_bytes": peak}
+        out["allreduce3"] = {
+            "time_s": comm,
+            "sent_bytes_per_gpu": sent,
+            "sent_bytes_total": sent * P,
+            "scratch_bytes": peak,
+        }
     return {m: out[m] for m in methods}
 
 
-def _gloo_combine_times(p: Placement, rows: int, head_dim: int, *, tree: str, profile: Any,
-                        methods: tuple[str, ...], mem_bw: float) -> dict[str, dict]:
+def _gloo_combine_times(
+    p: Placement, rows: int, head_dim: int, *, tree: str, profile: Any, methods: tuple[str, ...], mem_bw: float
+) -> dict[str, dict]:
     """:func:`combine_times` on gloo (the module docstring)."""
     from treecoll.collectives import builders
     from treecoll.collectives.compile import compile_ring_allreduce
@@ -319,30 +441,48 @@ def _gloo_combine_times(p: Placement, rows: int, head_dim: int, *, tree: str, pr
         plan = builders.build(tree, p, **opts)
         r = simulate_executor(p, plan, state_bytes, algo="tree", nchunks=1, profile=profile)
         sent = [plan.parents[i] >= 0 for i in range(P)]
-        up_down = sum(sent) + sum(len(c) for c in plan.children)          # one state per edge each way
-        out["tree"] = {"time_s": r.time, "sent_bytes_per_gpu": float(max(
-            (sent[i] + len(plan.children[i])) * state_bytes for i in range(P))),
-            "sent_bytes_total": float(up_down * state_bytes), "scratch_bytes": float(max(r.peak_scratch))}
+        up_down = sum(sent) + sum(len(c) for c in plan.children)  # one state per edge each way
+        out["tree"] = {
+            "time_s": r.time,
+            "sent_bytes_per_gpu": float(max((sent[i] + len(plan.children[i])) * state_bytes for i in range(P))),
+            "sent_bytes_total": float(up_down * state_bytes),
+            "scratch_bytes": float(max(r.peak_scratch)),
+        }
     if "gather" in methods:
         net = Network(topology, get_profile(profile))
         lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
         merge = (P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0
-        out["gather"] = {"time_s": (P - 1) * float((lat + drain).max()) + merge,
-                         "sent_bytes_per_gpu": float((P - 1) * state_bytes),
-                         "sent_bytes_total": float(P * (P - 1) * state_bytes), "scratch_bytes": float(P * state_bytes)}
+        out["gather"] = {
+            "time_s": (P - 1) * float((lat + drain).max()) + merge,
+            "sent_bytes_per_gpu": float((P - 1) * state_bytes),
+            "sent_bytes_total": float(P * (P - 1) * state_bytes),
+            "scratch_bytes": float(P * state_bytes),
+        }
     if "allreduce3" in methods:
         ring = compile_ring_allreduce(P)
         parts = (4 * rows, 4 * rows, 4 * rows * head_dim)
         runs = [simulate(p, ring, max(nbytes, 4 * P), profile=profile) for nbytes in parts]
         sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
-        out["allreduce3"] = {"time_s": sum(r.time for r in runs), "sent_bytes_per_gpu": sent,
-                             "sent_bytes_total": sent * P, "scratch_bytes": max(max(r.peak_scratch) for r in runs)}
+        out["allreduce3"] = {
+            "time_s": sum(r.time for r in runs),
+            "sent_bytes_per_gpu": sent,
+            "sent_bytes_total": sent * P,
+            "scratch_bytes": max(max(r.peak_scratch) for r in runs),
+        }
     return {m: out[m] for m in methods}
 
 
-def choose_combine(placement: Placement | Topology, batch: int, heads: int, head_dim: int, *,
-                   tree: str = "two_level", profile: Any = "auto", methods: tuple[str, ...] = COMBINES,
-                   backend: str = "nccl") -> str:
+def choose_combine(
+    placement: Placement | Topology,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    *,
+    tree: str = "two_level",
+    profile: Any = "auto",
+    methods: tuple[str, ...] = COMBINES,
+    backend: str = "nccl",
+) -> str:
     """The fastest of ``methods`` by :func:`combine_times` (the first of equals, in :data:`COMBINES`
     order); deterministic, so every rank of a group picks the same.
 
@@ -350,17 +490,27 @@ def choose_combine(placement: Placement | Topology, batch: int, heads: int, head
     >>> choose_combine(Topology(cpu_only_host("h", {0: ""}, 4)), 1, 32, 128, profile="ideal") in COMBINES
     True
     """
-    times = combine_times(placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods,
-                          backend=backend)
+    times = combine_times(
+        placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods, backend=backend
+    )
     return min(times, key=lambda m: (times[m]["time_s"], COMBINES.index(m)))
 
 
 def _profiles(profile, nbytes: int, topology=None, gpus=()):
     from treecoll.collectives.sim.simulator import _profiles as sp
+
     return sp(profile, nbytes, topology, gpus)
 
 
 def _method(local, comm, sent, total, peak, vol_elems, mem_elems, how) -> dict:
-    return {"time_s": local + comm, "local_s": local, "combine_s": comm, "sent_bytes_per_gpu": float(sent),
-            "sent_bytes_total": float(total), "peak_mem_bytes": float(peak),
-            "paper_volume_elements": float(vol_elems), "paper_mem_elements": float(mem_elems), "how": how}
+    return {
+        "time_s": local + comm,
+        "local_s": local,
+        "combine_s": comm,
+        "sent_bytes_per_gpu": float(sent),
+        "sent_bytes_total": float(total),
+        "peak_mem_bytes": float(peak),
+        "paper_volume_elements": float(vol_elems),
+        "paper_mem_elements": float(mem_elems),
+        "how": how,
+    }

@@ -1,4 +1,5 @@
 """``decode_partial``: the partial attention state of one decode step on a local KV shard."""
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,15 @@ DECODE_BACKENDS = {"native": _native_backend, "torch": _torch_backend, "triton":
 
 
 def decode_partial(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_len: KvLen | None = None, scale: float | None = None,
-    num_splits: int | None = None, backend: str = "auto", out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kv_len: KvLen | None = None,
+    scale: float | None = None,
+    num_splits: int | None = None,
+    backend: str = "auto",
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one query per sequence against its local keys, as a mergeable state.
@@ -118,13 +126,16 @@ def _check_out(out, q) -> None:
     batch, q_heads, head_dim = q.shape
     expected = ((batch, q_heads, head_dim), (batch, q_heads))
     ok = (
-        isinstance(out, (tuple, list)) and len(out) == 2
+        isinstance(out, (tuple, list))
+        and len(out) == 2
         and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device == q.device for t in out)
         and tuple(tuple(t.shape) for t in out) == expected
     )
     if not ok:
-        got = tuple((tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else type(t).__name__
-                    for t in (out if isinstance(out, (tuple, list)) else [out]))
+        got = tuple(
+            (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else type(t).__name__
+            for t in (out if isinstance(out, (tuple, list)) else [out])
+        )
         raise AttentionError(
             f"decode_partial: out: expected float32 tensors of shapes {expected} on {q.device}, got {got}"
         )

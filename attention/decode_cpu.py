@@ -30,6 +30,7 @@ are one block or two splits of one key each, merged:
 >>> decode_torch(q, k, v, torch.tensor([0]), 1.0)           # no keys: the merge identity
 (tensor([[[0., 0.]]]), tensor([[-inf]]))
 """
+
 from __future__ import annotations
 
 import math
@@ -78,7 +79,7 @@ def _paged_fetch(k, v, pages, block: int):
         ids = pages[p0:p1]
         kk = torch.index_select(k, 0, ids, out=work["pk"][: p1 - p0]).flatten(0, 1)
         vv = torch.index_select(v, 0, ids, out=work["pv"][: p1 - p0]).flatten(0, 1)
-        return kk[s - p0 * page_size: e - p0 * page_size], vv[s - p0 * page_size: e - p0 * page_size]
+        return kk[s - p0 * page_size : e - p0 * page_size], vv[s - p0 * page_size : e - p0 * page_size]
 
     return fetch
 
@@ -137,16 +138,26 @@ def _thread_pool(workers: int) -> ThreadPoolExecutor:
     with _POOL_LOCK:
         if key not in _POOL:
             _POOL[key] = ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix="treecoll-decode",
-                initializer=torch.set_num_threads, initargs=(1,),
+                max_workers=workers,
+                thread_name_prefix="treecoll-decode",
+                initializer=torch.set_num_threads,
+                initargs=(1,),
             )
         return _POOL[key]
 
 
-def decode_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
-                 num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 block_size: int | None = None,
-                 block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int = 1,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_size: int | None = None,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with torch ops (validated inputs; see
     :func:`attention.decode_partial` for the contract).
 
@@ -172,13 +183,20 @@ def decode_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tor
     def attend(qg, b, s0, s1, work):
         return _attend_range(qg, fetches[b], s0, s1, block, work)
 
-    return run_splits(q, k.shape[2], lengths, scale, attend, num_splits=num_splits, out=out,
-                      min_split_tokens=2 * block)
+    return run_splits(q, k.shape[2], lengths, scale, attend, num_splits=num_splits, out=out, min_split_tokens=2 * block)
 
 
-def run_splits(q: torch.Tensor, kv_heads: int, lengths: torch.Tensor, scale: float, attend: Attend, *,
-               num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
-               min_split_tokens: int = 2 * DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+def run_splits(
+    q: torch.Tensor,
+    kv_heads: int,
+    lengths: torch.Tensor,
+    scale: float,
+    attend: Attend,
+    *,
+    num_splits: int = 1,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    min_split_tokens: int = 2 * DEFAULT_BLOCK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-KV driver of the torch path: scales and groups ``q``, cuts every
     sequence into ``num_splits`` contiguous ranges (at least ``torch.get_num_threads()``
     when a sequence has ``min_split_tokens`` or more, run on that many worker threads),
@@ -219,7 +237,7 @@ def run_splits(q: torch.Tensor, kv_heads: int, lengths: torch.Tensor, scale: flo
         results = [attend(qs[b], b, s0, s1, work) for b, s0, s1 in tasks]
     for b in range(batch):
         outs, lses = [], []
-        for acc, m, l_sum in results[b * num_splits:(b + 1) * num_splits]:
+        for acc, m, l_sum in results[b * num_splits : (b + 1) * num_splits]:
             o, s = online_to_state(acc, m.squeeze(-1), l_sum.squeeze(-1))
             outs.append(o)
             lses.append(s)

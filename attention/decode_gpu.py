@@ -42,6 +42,7 @@ B = 1, 128k-token, 2-KV-head cache on an A100, about 1.26 TB/s).
 >>> round(estimate(batch=1, q_heads=32, kv_heads=8, head_dim=128, tokens=131072, itemsize=2)["seconds"] * 1e6, 1)
 160.4
 """
+
 from __future__ import annotations
 
 import math
@@ -105,8 +106,9 @@ def choose_num_splits(batch: int, kv_heads: int, max_len: int, sms: int, *, bloc
     return next(s for s in candidates if efficiency(s) >= 0.85 * best)
 
 
-def decode_bytes(*, batch: int, q_heads: int, kv_heads: int, head_dim: int, tokens: int, itemsize: int,
-                 splits: int = 1) -> dict:
+def decode_bytes(
+    *, batch: int, q_heads: int, kv_heads: int, head_dim: int, tokens: int, itemsize: int, splits: int = 1
+) -> dict:
     """Bytes one decode call moves through device memory: ``kv`` (K and V, ``2 * batch *
     tokens * kv_heads * head_dim * itemsize``), ``q`` (read once), ``partials`` (the split
     states, float32 ``[splits, batch, q_heads, head_dim + 1]``, written and read back; 0
@@ -122,17 +124,38 @@ def decode_bytes(*, batch: int, q_heads: int, kv_heads: int, head_dim: int, toke
     return parts
 
 
-def estimate(*, batch: int, q_heads: int, kv_heads: int, head_dim: int, tokens: int, itemsize: int,
-             hbm_gbps: float = H100_SXM_HBM_GBPS, sms: int = H100_SXM_SMS) -> dict:
+def estimate(
+    *,
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    tokens: int,
+    itemsize: int,
+    hbm_gbps: float = H100_SXM_HBM_GBPS,
+    sms: int = H100_SXM_SMS,
+) -> dict:
     """The time of one decode call at the full HBM rate (a lower bound; an H100 SXM by
     default): the split count :func:`choose_num_splits` picks for ``sms``, the bytes of
     :func:`decode_bytes`, and ``seconds = total bytes / (hbm_gbps * 1e9)``."""
     splits = choose_num_splits(batch, kv_heads, tokens, sms, block=block_n(head_dim))
-    moved = decode_bytes(batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens,
-                         itemsize=itemsize, splits=splits)
-    return {"splits": splits, "block_n": block_n(head_dim), "bytes": moved, "hbm_gbps": hbm_gbps,
-            "seconds": moved["total"] / (hbm_gbps * 1e9),
-            "formula": "seconds >= (K/V + q + split partials + out bytes) / HBM rate"}
+    moved = decode_bytes(
+        batch=batch,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        tokens=tokens,
+        itemsize=itemsize,
+        splits=splits,
+    )
+    return {
+        "splits": splits,
+        "block_n": block_n(head_dim),
+        "bytes": moved,
+        "hbm_gbps": hbm_gbps,
+        "seconds": moved["total"] / (hbm_gbps * 1e9),
+        "formula": "seconds >= (K/V + q + split partials + out bytes) / HBM rate",
+    }
 
 
 #: The shapes a GPU self-check times: Llama-3.1-8B (32/8/128) and Llama-3.1-70B (64/8/128)
@@ -169,9 +192,29 @@ def selfcheck_cases(*, hbm_gbps: float = H100_SXM_HBM_GBPS, sms: int = H100_SXM_
     """
     cases = []
     for name, batch, hq, hkv, dim, tokens, dtype, page in _SELFCHECK_SHAPES:
-        est = estimate(batch=batch, q_heads=hq, kv_heads=hkv, head_dim=dim, tokens=tokens,
-                       itemsize=_ITEMSIZE[dtype], hbm_gbps=hbm_gbps, sms=sms)
-        cases.append({"name": name, "batch": batch, "q_heads": hq, "kv_heads": hkv, "head_dim": dim,
-                      "tokens": tokens, "dtype": dtype, "page_size": page, "splits": est["splits"],
-                      "bytes": est["bytes"]["kv"], "estimate_s": est["seconds"]})
+        est = estimate(
+            batch=batch,
+            q_heads=hq,
+            kv_heads=hkv,
+            head_dim=dim,
+            tokens=tokens,
+            itemsize=_ITEMSIZE[dtype],
+            hbm_gbps=hbm_gbps,
+            sms=sms,
+        )
+        cases.append(
+            {
+                "name": name,
+                "batch": batch,
+                "q_heads": hq,
+                "kv_heads": hkv,
+                "head_dim": dim,
+                "tokens": tokens,
+                "dtype": dtype,
+                "page_size": page,
+                "splits": est["splits"],
+                "bytes": est["bytes"]["kv"],
+                "estimate_s": est["seconds"],
+            }
+        )
     return cases

@@ -44,6 +44,7 @@ cannot be built, the float64 reference stands in, so the example reads the same)
 >>> read_sum(torch.ones(4096)) if built else 4096.0        # a pure read of memory (bench_decode's rate)
 4096.0
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -97,8 +98,9 @@ def _compile(cc: str, out_dir: Path) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=lib.name + ".", suffix=".tmp", dir=out_dir)
         os.close(fd)
         try:
-            run = subprocess.run([*cmd, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120,
-                                 check=False)
+            run = subprocess.run(
+                [*cmd, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120, check=False
+            )
             if run.returncode == 0:
                 os.replace(tmp, lib)
                 return lib
@@ -149,36 +151,61 @@ def native_status() -> dict:
         lib = _load()
     except AttentionError as exc:
         return {"available": False, "isa": None, "library": None, "reason": str(exc)}
-    return {"available": True, "isa": lib.treecoll_decode_isa().decode(), "library": str(_STATE["path"]),
-            "reason": ""}
+    return {"available": True, "isa": lib.treecoll_decode_isa().decode(), "library": str(_STATE["path"]), "reason": ""}
 
 
 def supports(q, k, v) -> bool:
     """Whether the kernel can read these inputs in place (CPU, a known dtype,
     ``head_dim`` of stride 1); otherwise the caller uses the torch path."""
     return (
-        q.device.type == "cpu" and k.device.type == "cpu" and k.dtype in NATIVE_DTYPES and v.dtype == k.dtype
-        and q.dtype in NATIVE_DTYPES and k.stride(-1) == 1 and v.stride(-1) == 1
+        q.device.type == "cpu"
+        and k.device.type == "cpu"
+        and k.dtype in NATIVE_DTYPES
+        and v.dtype == k.dtype
+        and q.dtype in NATIVE_DTYPES
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
     )
 
 
 class _Args(ctypes.Structure):
     """``treecoll_decode_args`` of csrc/decode_cpu.c (field for field)."""
 
-    _fields_ = [("q", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in ("q_dtype", "q_b", "q_h", "q_d")] + [
-        ("k", ctypes.c_void_p), ("v", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in (
-            "kv_dtype", "batch", "kv_heads", "group", "head_dim", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h")] + [
-        ("lengths", ctypes.c_void_p), ("pages", ctypes.c_void_p), ("pages_b", ctypes.c_int64),
-        ("page_size", ctypes.c_int64), ("out", ctypes.c_void_p)] + [(n, ctypes.c_int64) for n in (
-            "out_b", "out_h", "out_d")] + [("lse", ctypes.c_void_p), ("lse_b", ctypes.c_int64),
-                                           ("lse_h", ctypes.c_int64), ("scale", ctypes.c_double)] + [
-        (n, ctypes.c_int64) for n in ("threads", "isa", "flags", "block_tokens")]
+    _fields_ = (
+        [("q", ctypes.c_void_p)]
+        + [(n, ctypes.c_int64) for n in ("q_dtype", "q_b", "q_h", "q_d")]
+        + [("k", ctypes.c_void_p), ("v", ctypes.c_void_p)]
+        + [
+            (n, ctypes.c_int64)
+            for n in ("kv_dtype", "batch", "kv_heads", "group", "head_dim", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h")
+        ]
+        + [
+            ("lengths", ctypes.c_void_p),
+            ("pages", ctypes.c_void_p),
+            ("pages_b", ctypes.c_int64),
+            ("page_size", ctypes.c_int64),
+            ("out", ctypes.c_void_p),
+        ]
+        + [(n, ctypes.c_int64) for n in ("out_b", "out_h", "out_d")]
+        + [("lse", ctypes.c_void_p), ("lse_b", ctypes.c_int64), ("lse_h", ctypes.c_int64), ("scale", ctypes.c_double)]
+        + [(n, ctypes.c_int64) for n in ("threads", "isa", "flags", "block_tokens")]
+    )
 
 
-def decode_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
-                  num_splits: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  block_table: torch.Tensor | None = None, isa: str | None = None, q_bf16: bool = False,
-                  threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_native(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int = 1,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_table: torch.Tensor | None = None,
+    isa: str | None = None,
+    q_bf16: bool = False,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
     :func:`treecoll.attention.decode_partial` for shapes and the contract).
 
@@ -206,34 +233,58 @@ def decode_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: to
     batch, q_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     if out is None:
-        out = (torch.empty(batch, q_heads, head_dim, dtype=torch.float32),
-               torch.empty(batch, q_heads, dtype=torch.float32))
+        out = (
+            torch.empty(batch, q_heads, head_dim, dtype=torch.float32),
+            torch.empty(batch, q_heads, dtype=torch.float32),
+        )
     out_buf, lse_buf = out
     if batch == 0 or q_heads == 0:
         return out_buf, lse_buf
     lens = lengths if lengths.dtype == torch.int64 and lengths.is_contiguous() else lengths.to(torch.int64).contiguous()
     args = _Args(
-        q=q.data_ptr(), q_dtype=NATIVE_DTYPES[q.dtype], q_b=q.stride(0), q_h=q.stride(1), q_d=q.stride(2),
-        k=k.data_ptr(), v=v.data_ptr(), kv_dtype=NATIVE_DTYPES[k.dtype], batch=batch, kv_heads=kv_heads,
-        group=q_heads // kv_heads, head_dim=head_dim, lengths=lens.data_ptr(),
-        out=out_buf.data_ptr(), out_b=out_buf.stride(0), out_h=out_buf.stride(1), out_d=out_buf.stride(2),
-        lse=lse_buf.data_ptr(), lse_b=lse_buf.stride(0), lse_h=lse_buf.stride(1), scale=float(scale),
-        threads=threads or torch.get_num_threads(), isa=-1 if isa is None else NATIVE_ISAS.index(isa),
+        q=q.data_ptr(),
+        q_dtype=NATIVE_DTYPES[q.dtype],
+        q_b=q.stride(0),
+        q_h=q.stride(1),
+        q_d=q.stride(2),
+        k=k.data_ptr(),
+        v=v.data_ptr(),
+        kv_dtype=NATIVE_DTYPES[k.dtype],
+        batch=batch,
+        kv_heads=kv_heads,
+        group=q_heads // kv_heads,
+        head_dim=head_dim,
+        lengths=lens.data_ptr(),
+        out=out_buf.data_ptr(),
+        out_b=out_buf.stride(0),
+        out_h=out_buf.stride(1),
+        out_d=out_buf.stride(2),
+        lse=lse_buf.data_ptr(),
+        lse_b=lse_buf.stride(0),
+        lse_h=lse_buf.stride(1),
+        scale=float(scale),
+        threads=threads or torch.get_num_threads(),
+        isa=-1 if isa is None else NATIVE_ISAS.index(isa),
         flags=_FLAG_Q_BF16 if q_bf16 else 0,
     )
     itemsize = k.element_size()
     args.k_b, args.k_t, args.k_h = (s * itemsize for s in k.stride()[:3])
     args.v_b, args.v_t, args.v_h = (s * itemsize for s in v.stride()[:3])
     if block_table is not None:
-        table = block_table if block_table.dtype == torch.int64 and block_table.is_contiguous() else \
-            block_table.to(torch.int64).contiguous()
+        table = (
+            block_table
+            if block_table.dtype == torch.int64 and block_table.is_contiguous()
+            else block_table.to(torch.int64).contiguous()
+        )
         args.pages, args.pages_b, args.page_size = table.data_ptr(), table.stride(0), k.shape[1]
     if num_splits > 1 and batch:
         args.block_tokens = max(1, -(-int(lens.max()) // num_splits))
     rc = lib.treecoll_decode(ctypes.byref(args))
     if rc != 0:
-        raise AttentionError(f"decode backend 'native': kernel failed with code {rc} "
-                             f"({'out of memory' if rc == -2 else 'bad arguments'})")
+        raise AttentionError(
+            f"decode backend 'native': kernel failed with code {rc} "
+            f"({'out of memory' if rc == -2 else 'bad arguments'})"
+        )
     return out_buf, lse_buf
 
 
@@ -243,6 +294,7 @@ def read_sum(x: torch.Tensor, threads: int | None = None) -> float:
     read of memory, with which tools/bench_decode measures the read-only rate."""
     lib = _load()
     if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous() or x.data_ptr() % 64:
-        raise AttentionError(f"read_sum: expected a contiguous 64-byte aligned float32 CPU tensor, got {x.dtype} "
-                             f"on {x.device}")
+        raise AttentionError(
+            f"read_sum: expected a contiguous 64-byte aligned float32 CPU tensor, got {x.dtype} on {x.device}"
+        )
     return lib.treecoll_read_sum(x.data_ptr(), x.numel(), threads or torch.get_num_threads())

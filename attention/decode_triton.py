@@ -47,6 +47,7 @@ tokens on an H100's 132 SMs):
 >>> BLOCK_N, block_n(256), choose_num_splits(1, 8, 131072, 132)
 (64, 32, 15)
 """
+
 from __future__ import annotations
 
 import math
@@ -98,20 +99,42 @@ def _max_keep_nan(m, x):
 @triton.jit
 def _decode_split_kernel(
     # Pointers
-    Q, K, V, KV_LEN, OUT, LSE, BLOCK_TABLE,
+    Q,
+    K,
+    V,
+    KV_LEN,
+    OUT,
+    LSE,
+    BLOCK_TABLE,
     # Strides (the last dim of every tensor has stride 1); for a paged cache the
     # K/V "batch" strides step over pages and the "n" strides within a page
-    stride_qb, stride_qh, stride_tb,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_os, stride_ob, stride_oh,
-    stride_ls, stride_lb, stride_lh,
+    stride_qb,
+    stride_qh,
+    stride_tb,
+    stride_kb,
+    stride_kn,
+    stride_kh,
+    stride_vb,
+    stride_vn,
+    stride_vh,
+    stride_os,
+    stride_ob,
+    stride_oh,
+    stride_ls,
+    stride_lb,
+    stride_lh,
     # Sizes and numerics
-    seq, num_splits, qk_scale,
+    seq,
+    num_splits,
+    qk_scale,
     # Meta-parameters
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
 ):
     tl.static_assert(BLOCK_G >= GROUP)
     tl.static_assert(BLOCK_D >= HEAD_DIM)
@@ -190,11 +213,20 @@ def _decode_split_kernel(
 # Stage 2 / many-state merge: one program per row, states walked in blocks.
 @triton.jit
 def _merge_states_kernel(
-    OUT_IN, LSE_IN, OUT, LSE,
+    OUT_IN,
+    LSE_IN,
+    OUT,
+    LSE,
     num_states,
-    stride_os, stride_or, stride_ls, stride_lr,
-    stride_out_r, stride_lse_r,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    stride_os,
+    stride_or,
+    stride_ls,
+    stride_lr,
+    stride_out_r,
+    stride_lse_r,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
@@ -219,7 +251,8 @@ def _merge_states_kernel(
         w = tl.exp2((lse - shift) * 1.4426950408889634)
         o = tl.load(
             OUT_IN + rows_s[:, None] * stride_os + row * stride_or + offs_d[None, :],
-            mask=mask_s[:, None] & mask_d[None, :], other=0.0,
+            mask=mask_s[:, None] & mask_d[None, :],
+            other=0.0,
         ).to(tl.float32)
         acc += tl.sum(o * w[:, None], 0)[None, :]
         den += tl.sum(w, 0)
@@ -258,8 +291,16 @@ def _next_pow2(n: int, floor: int) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
-def decode_stage1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float,
-                  part_out: torch.Tensor, part_lse: torch.Tensor, block_table: torch.Tensor | None = None) -> None:
+def decode_stage1(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+) -> None:
     """Launch stage 1: write one partial state per split.
 
     ``k``/``v`` [batch, seq, kv_heads, head_dim], or paged [num_pages, page_size,
@@ -287,23 +328,53 @@ def decode_stage1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: to
     splits = part_out.shape[0]
     grid = (batch, kv_heads, splits)
     _decode_split_kernel[grid](
-        q, k, v, lengths, part_out, part_lse, block_table,
-        q.stride(0), q.stride(1), block_table.stride(0),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        seq, splits, scale * LOG2E,
-        GROUP=group, HEAD_DIM=head_dim,
-        BLOCK_G=_next_pow2(group, 16), BLOCK_N=block_n(head_dim), BLOCK_D=_next_pow2(head_dim, 16),
-        UPCAST=_INTERPRETED or k.dtype == torch.float32, PAGE_SIZE=page_size,
+        q,
+        k,
+        v,
+        lengths,
+        part_out,
+        part_lse,
+        block_table,
+        q.stride(0),
+        q.stride(1),
+        block_table.stride(0),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        part_lse.stride(2),
+        seq,
+        splits,
+        scale * LOG2E,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_G=_next_pow2(group, 16),
+        BLOCK_N=block_n(head_dim),
+        BLOCK_D=_next_pow2(head_dim, 16),
+        UPCAST=_INTERPRETED or k.dtype == torch.float32,
+        PAGE_SIZE=page_size,
         num_stages=STAGES_FP32 if k.dtype == torch.float32 else STAGES_HALF,
     )
 
 
-def decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float, *,
-                  num_splits: int | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the Triton kernels (validated inputs; see
     :func:`treecoll.attention.decode_partial`).  Returns ``(out, lse)`` float32
     [batch, q_heads, head_dim] and [batch, q_heads], natural log.
@@ -336,8 +407,12 @@ def decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: to
     decode_stage1(q, k, v, lengths, scale, part_out, part_lse, block_table)
     dense = out_buf.is_contiguous() and lse_buf.is_contiguous()
     final_out, final_lse = (out_buf, lse_buf) if dense else (torch.empty_like(out_buf), torch.empty_like(lse_buf))
-    _launch_merge(part_out.view(num_splits, batch * q_heads, head_dim), part_lse.view(num_splits, batch * q_heads),
-                  final_out.view(batch * q_heads, head_dim), final_lse.view(batch * q_heads))
+    _launch_merge(
+        part_out.view(num_splits, batch * q_heads, head_dim),
+        part_lse.view(num_splits, batch * q_heads),
+        final_out.view(batch * q_heads, head_dim),
+        final_lse.view(batch * q_heads),
+    )
     if not dense:
         out_buf.copy_(final_out)
         lse_buf.copy_(final_lse)
@@ -350,11 +425,19 @@ def _launch_merge(outs, lses, out, lse) -> None:
     if rows == 0:
         return
     _merge_states_kernel[(rows,)](
-        outs, lses, out, lse,
+        outs,
+        lses,
+        out,
+        lse,
         num_states,
-        outs.stride(0), outs.stride(1), lses.stride(0), lses.stride(1),
-        out.stride(0), lse.stride(0),
-        HEAD_DIM=head_dim, BLOCK_S=min(16, _next_pow2(max(num_states, 1), 1)),
+        outs.stride(0),
+        outs.stride(1),
+        lses.stride(0),
+        lses.stride(1),
+        out.stride(0),
+        lse.stride(0),
+        HEAD_DIM=head_dim,
+        BLOCK_S=min(16, _next_pow2(max(num_states, 1), 1)),
         BLOCK_D=_next_pow2(head_dim, 16),
     )
 

@@ -16,6 +16,7 @@
 
 Processes are started by :mod:`treecoll.collectives.launch`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,9 @@ def _dist():
     return dist
 
 
-def check_same_signature(values: Sequence[int], names: Sequence[str], where: str, group: Any = None, *,
-                         allow_differ: Collection[str] = ()) -> torch.Tensor:
+def check_same_signature(
+    values: Sequence[int], names: Sequence[str], where: str, group: Any = None, *, allow_differ: Collection[str] = ()
+) -> torch.Tensor:
     """All-gather one int64 vector per rank and raise if ranks disagree.
 
     ``values``: ints (one per ``names`` entry); ``allow_differ``: names whose
@@ -109,14 +111,24 @@ class Traffic:
         ring algorithms: all_reduce ``2(P-1)/P`` of its buffer, all_gather ``P-1``
         times its piece, broadcast/reduce once; point-to-point sends exactly."""
         p = max(int(nranks), 1)
-        factor = {"all_reduce": 2 * (p - 1) / p, "all_gather": p - 1, "all_gather_into_tensor": (p - 1) / p,
-                  "broadcast": 1.0, "reduce": 1.0}
+        factor = {
+            "all_reduce": 2 * (p - 1) / p,
+            "all_gather": p - 1,
+            "all_gather_into_tensor": (p - 1) / p,
+            "broadcast": 1.0,
+            "reduce": 1.0,
+        }
         return self.p2p_sent + sum(factor.get(k, 1.0) * v for k, v in self.collective_bytes.items())
 
     def as_dict(self, nranks: int | None = None) -> dict:
-        d = {"sent": self.sent, "p2p_sent": self.p2p_sent, "p2p_recv": self.p2p_recv,
-             "collective": self.collective, "calls": dict(self.calls),
-             "collective_bytes": dict(self.collective_bytes)}
+        d = {
+            "sent": self.sent,
+            "p2p_sent": self.p2p_sent,
+            "p2p_recv": self.p2p_recv,
+            "collective": self.collective,
+            "calls": dict(self.calls),
+            "collective_bytes": dict(self.collective_bytes),
+        }
         if nranks is not None:
             d["wire_estimate"] = self.wire_estimate(nranks)
         return d
@@ -131,8 +143,14 @@ def _nbytes(x) -> int:
 
 
 _P2P = {"send": "p2p_sent", "isend": "p2p_sent", "recv": "p2p_recv", "irecv": "p2p_recv"}
-_COLL = {"all_reduce": 0, "broadcast": 0, "all_gather": 1, "all_gather_into_tensor": 1, "all_gather_single": 1,
-         "reduce": 0}
+_COLL = {
+    "all_reduce": 0,
+    "broadcast": 0,
+    "all_gather": 1,
+    "all_gather_into_tensor": 1,
+    "all_gather_single": 1,
+    "reduce": 0,
+}
 
 
 @contextlib.contextmanager
@@ -234,7 +252,6 @@ def peak_tensor_bytes(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[
     return result, peak
 
 
-
 def decode_signature(q, k, extra=(), extra_names=()):
     """``(values, names)`` for :func:`check_same_signature` of a decode call:
     batch, q_heads, head_dim, kv_heads and the dtypes of q and k (-1 where an
@@ -264,8 +281,13 @@ def agree_on_inputs(where: str, group, q, k, v, kv_len, scale, *, extra=(), extr
     except AttentionError as e:
         err = e
     values, names = decode_signature(q, k, extra, extra_names)
-    table = check_same_signature(values + [int(err is not None)], names + ["invalid inputs"], where, group,
-                                 allow_differ=tuple(allow_differ) + ("invalid inputs",))
+    table = check_same_signature(
+        values + [int(err is not None)],
+        names + ["invalid inputs"],
+        where,
+        group,
+        allow_differ=tuple(allow_differ) + ("invalid inputs",),
+    )
     if err is not None:
         raise err
     bad = [r for r, f in enumerate(table[:, -1].tolist()) if f]

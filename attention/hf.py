@@ -68,6 +68,7 @@ took its keys).  The model must be a decoder whose attention layers call
 the transformers 5 ``Cache`` API (``CacheLayerMixin``, ``AttentionMaskInterface``);
 tested with 5.23.0.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,8 +88,16 @@ try:
 except ImportError:  # the optional extra is missing: TreeCache() and register() say how to install it
     _Cache = _LayerBase = object
 
-__all__ = ["register", "generate", "tree_attention_forward", "padding_mask", "attn_implementation", "TreeCache",
-           "NAME", "LAYOUTS"]
+__all__ = [
+    "register",
+    "generate",
+    "tree_attention_forward",
+    "padding_mask",
+    "attn_implementation",
+    "TreeCache",
+    "NAME",
+    "LAYOUTS",
+]
 
 #: Name of the attention implementation (``attn_implementation=NAME``).
 NAME = "tree_decode"
@@ -103,8 +112,9 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise MissingDependency("transformers", "treecoll.attention.hf (tree decoding for Hugging Face models)",
-                                extra="hf") from None
+        raise MissingDependency(
+            "transformers", "treecoll.attention.hf (tree decoding for Hugging Face models)", extra="hf"
+        ) from None
     return transformers
 
 
@@ -129,11 +139,21 @@ class _ShardLayer(_LayerBase):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         o = self.owner
         batch, kv_heads, _, head_dim = key_states.shape
-        dtype = key_states.dtype if key_states.dtype in (torch.float16, torch.bfloat16, torch.float32) \
-            else torch.float32
-        self.store = ShardedKVCache(layers=1, batch=batch, kv_heads=kv_heads, head_dim=head_dim,
-                                    max_seq_len=o.max_cache_len, rank=o.rank, world=o.world,
-                                    block_size=o.block_size, dtype=dtype, device=key_states.device)
+        dtype = (
+            key_states.dtype if key_states.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+        )
+        self.store = ShardedKVCache(
+            layers=1,
+            batch=batch,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            max_seq_len=o.max_cache_len,
+            rank=o.rank,
+            world=o.world,
+            block_size=o.block_size,
+            dtype=dtype,
+            device=key_states.device,
+        )
         self.dtype, self.device = dtype, key_states.device
         self.is_initialized = True
 
@@ -141,12 +161,16 @@ class _ShardLayer(_LayerBase):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != self.store.batch:
-            raise AttentionError(f"TreeCache: batch: expected {self.store.batch} sequences (the first forward's), "
-                                 f"got {key_states.shape[0]}; use a new cache (or cache.reset()) for a new batch")
+            raise AttentionError(
+                f"TreeCache: batch: expected {self.store.batch} sequences (the first forward's), "
+                f"got {key_states.shape[0]}; use a new cache (or cache.reset()) for a new batch"
+            )
         if self.seen + key_states.shape[2] > self.owner.max_cache_len:
-            raise AttentionError(f"TreeCache: expected at most max_cache_len={self.owner.max_cache_len} positions, "
-                                 f"got {self.seen + key_states.shape[2]}; build the cache with a larger max_cache_len "
-                                 f"(prompt length + max_new_tokens)")
+            raise AttentionError(
+                f"TreeCache: expected at most max_cache_len={self.owner.max_cache_len} positions, "
+                f"got {self.seen + key_states.shape[2]}; build the cache with a larger max_cache_len "
+                f"(prompt length + max_new_tokens)"
+            )
         self.seen += key_states.shape[2]
         return key_states, value_states
 
@@ -165,8 +189,10 @@ class _ShardLayer(_LayerBase):
         self.seen = 0
 
     def _unsupported(self, what: str):
-        raise AttentionError(f"TreeCache: {what}: not supported by tree decoding (the cache is sharded over the "
-                             f"ranks); use greedy search or sampling with num_beams=1 and no assistant model")
+        raise AttentionError(
+            f"TreeCache: {what}: not supported by tree decoding (the cache is sharded over the "
+            f"ranks); use greedy search or sampling with num_beams=1 and no assistant model"
+        )
 
     def reorder_cache(self, beam_idx):
         self._unsupported("reorder_cache (beam search)")
@@ -206,9 +232,19 @@ class TreeCache(_Cache):
     check : check that the ranks agree at the first forward and the first decode step.
     """
 
-    def __init__(self, config: Any, *, max_cache_len: int, group: Any = None, layout: str = "round_robin",
-                 block_size: int = DEFAULT_BLOCK_SIZE, tree: Any = "auto", topology: Any = None,
-                 method: str = "tree", check: bool = True):
+    def __init__(
+        self,
+        config: Any,
+        *,
+        max_cache_len: int,
+        group: Any = None,
+        layout: str = "round_robin",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        tree: Any = "auto",
+        topology: Any = None,
+        method: str = "tree",
+        check: bool = True,
+    ):
         from treecoll.attention.baselines import method as decode_method
         from treecoll.collectives.group import group_info
 
@@ -234,20 +270,24 @@ class TreeCache(_Cache):
         self._prefill_checked = not check
         super().__init__(layers=[_ShardLayer(self) for _ in range(layers)])
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Count the new positions of ``layer_idx`` and hand the new keys/values to the
         ``tree_decode`` attention (which stores this rank's share: it knows the mask).
         ``key_states``/``value_states`` [batch, kv_heads, new, head_dim]; returns them."""
         pending = _PENDING.get()
         if pending is not None and pending[0] is self:
             _PENDING.set(None)
-            raise AttentionError(f"TreeCache: layer {pending[1]}'s keys were never taken by the {NAME!r} attention: "
-                                 f"expected a model with attn_implementation={NAME!r} (after "
-                                 f"treecoll.attention.hf.register()), got another attention implementation")
+            raise AttentionError(
+                f"TreeCache: layer {pending[1]}'s keys were never taken by the {NAME!r} attention: "
+                f"expected a model with attn_implementation={NAME!r} (after "
+                f"treecoll.attention.hf.register()), got another attention implementation"
+            )
         if not isinstance(layer_idx, int) or not 0 <= layer_idx < len(self.layers):
-            raise AttentionError(f"TreeCache: layer_idx: expected an int in [0, {len(self.layers) - 1}], "
-                                 f"got {layer_idx!r}")
+            raise AttentionError(
+                f"TreeCache: layer_idx: expected an int in [0, {len(self.layers) - 1}], got {layer_idx!r}"
+            )
         keys, values = self.layers[layer_idx].update(key_states, value_states)
         _PENDING.set((self, layer_idx, keys))
         return keys, values
@@ -271,15 +311,18 @@ def check_window(config: Any, total: int) -> None:
     types = getattr(config, "layer_types", None)
     if types is not None and "sliding_attention" not in types:
         return
-    raise AttentionError(f"{NAME}: config.sliding_window: expected none or >= prompt + new tokens = {total}, got "
-                         f"{window}; tree decoding attends to every cached key (no sliding windows)")
+    raise AttentionError(
+        f"{NAME}: config.sliding_window: expected none or >= prompt + new tokens = {total}, got "
+        f"{window}; tree decoding attends to every cached key (no sliding windows)"
+    )
 
 
 # ------------------------------------------------------------------ the attention
 
 
-def padding_mask(batch_size: int, kv_length: int, kv_offset: int = 0, attention_mask: torch.Tensor | None = None,
-                 **kwargs: Any) -> torch.Tensor | None:
+def padding_mask(
+    batch_size: int, kv_length: int, kv_offset: int = 0, attention_mask: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor | None:
     """The ``AttentionMaskInterface`` function registered as ``"tree_decode"``: the 2D
     padding mask, bool [batch, kv_length] (True = a real token), or None when there is
     none.  The attention function applies causality itself.
@@ -290,9 +333,11 @@ def padding_mask(batch_size: int, kv_length: int, kv_offset: int = 0, attention_
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
-        raise AttentionError(f"{NAME} attention: attention_mask: expected a 2D padding mask [batch, length], got "
-                             f"{attention_mask.dim()}D; pass the tokenizer's attention_mask")
-    mask = attention_mask.to(torch.bool)[:, kv_offset:kv_offset + kv_length]
+        raise AttentionError(
+            f"{NAME} attention: attention_mask: expected a 2D padding mask [batch, length], got "
+            f"{attention_mask.dim()}D; pass the tokenizer's attention_mask"
+        )
+    mask = attention_mask.to(torch.bool)[:, kv_offset : kv_offset + kv_length]
     if mask.shape[1] < kv_length:
         mask = F.pad(mask, (0, kv_length - mask.shape[1]))
     return mask
@@ -318,15 +363,24 @@ def _taken(layer: int):
     pending = _PENDING.get()
     _PENDING.set(None)
     if pending is None or pending[1] != layer:
-        raise AttentionError(f"{NAME} attention, layer {layer}: expected the keys of a TreeCache update (pass "
-                             f"past_key_values=treecoll.attention.hf.TreeCache(model.config, max_cache_len=...) to "
-                             f"model.generate or the model), got a call without one")
+        raise AttentionError(
+            f"{NAME} attention, layer {layer}: expected the keys of a TreeCache update (pass "
+            f"past_key_values=treecoll.attention.hf.TreeCache(model.config, max_cache_len=...) to "
+            f"model.generate or the model), got a call without one"
+        )
     return pending
 
 
-def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                           attention_mask: torch.Tensor | None = None, scaling: float | None = None,
-                           dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def tree_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """The ``AttentionInterface`` function registered as ``"tree_decode"``.
 
     ``query`` [batch, q_heads, new, head_dim], ``key``/``value`` [batch, kv_heads,
@@ -343,25 +397,34 @@ def tree_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         raise AttentionError(f"{NAME} attention: {type(module).__name__}: expected an int layer_idx, got {layer!r}")
     cache, _, keys = _taken(layer)
     if keys is not key:
-        raise AttentionError(f"{NAME} attention, layer {layer}: expected the keys TreeCache.update returned, got "
-                             f"other tensors (a model that changes the keys after caching them is not supported)")
+        raise AttentionError(
+            f"{NAME} attention, layer {layer}: expected the keys TreeCache.update returned, got "
+            f"other tensors (a model that changes the keys after caching them is not supported)"
+        )
     shard = cache.layers[layer]
     batch, _, new, _ = query.shape
     problem = _unsupported(module, dropout, kwargs, shard.seen)
     if problem:
         raise AttentionError(f"{NAME} attention, layer {layer}: {problem}")
     if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape != (batch, shard.seen)):
-        raise AttentionError(f"{NAME} attention, layer {layer}: attention_mask: expected the padding mask "
-                             f"[{batch}, {shard.seen}] (a 2D attention_mask given to generate), got "
-                             f"{tuple(attention_mask.shape)}")
-    valid = torch.ones(batch, shard.seen, dtype=torch.bool, device=query.device) if attention_mask is None \
+        raise AttentionError(
+            f"{NAME} attention, layer {layer}: attention_mask: expected the padding mask "
+            f"[{batch}, {shard.seen}] (a 2D attention_mask given to generate), got "
+            f"{tuple(attention_mask.shape)}"
+        )
+    valid = (
+        torch.ones(batch, shard.seen, dtype=torch.bool, device=query.device)
+        if attention_mask is None
         else attention_mask.to(torch.bool)
+    )
     if shard.seen == new:
         _check_prefill(cache, layer, valid, kwargs.get("position_ids"))
         return _prefill(shard, query, key, value, valid, scaling), None
     if new != 1:
-        raise AttentionError(f"{NAME} attention, layer {layer}: expected one new token per sequence after the "
-                             f"first forward, got {new} (assisted or chunked decoding is not supported)")
+        raise AttentionError(
+            f"{NAME} attention, layer {layer}: expected one new token per sequence after the "
+            f"first forward, got {new} (assisted or chunked decoding is not supported)"
+        )
     return _decode(cache, layer, query, key, value, valid, scaling), None
 
 
@@ -379,10 +442,28 @@ def _check_prefill(cache: TreeCache, layer: int, valid: torch.Tensor, position_i
     from treecoll.attention.dist import check_same_signature
 
     cache._prefill_checked = True
-    check_same_signature([valid.shape[0], valid.shape[1], len(cache.layers), cache.max_cache_len, cache.block_size,
-                          _digest(valid), _digest(position_ids)],
-                         ["batch", "prompt length", "layers", "max_cache_len", "block size",
-                          "attention_mask fingerprint", "position_ids fingerprint"], f"{NAME} prefill", cache.group)
+    check_same_signature(
+        [
+            valid.shape[0],
+            valid.shape[1],
+            len(cache.layers),
+            cache.max_cache_len,
+            cache.block_size,
+            _digest(valid),
+            _digest(position_ids),
+        ],
+        [
+            "batch",
+            "prompt length",
+            "layers",
+            "max_cache_len",
+            "block size",
+            "attention_mask fingerprint",
+            "position_ids fingerprint",
+        ],
+        f"{NAME} prefill",
+        cache.group,
+    )
 
 
 def _prefill(shard: _ShardLayer, query, key, value, valid, scaling):
@@ -401,8 +482,9 @@ def _prefill(shard: _ShardLayer, query, key, value, valid, scaling):
     # a masked query row sees itself only (finite, and never seen by a real token)
     mask = (causal & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=query.device)
     rep = hq // hkv
-    out = F.scaled_dot_product_attention(query, key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1),
-                                         attn_mask=mask[:, None], scale=scaling)
+    out = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1), attn_mask=mask[:, None], scale=scaling
+    )
     return out.transpose(1, 2).contiguous()
 
 
@@ -411,15 +493,26 @@ def _decode(cache: TreeCache, layer: int, query, key, value, valid, scaling):
     store = cache.layers[layer].store
     held, valid = store.lengths(0), valid.cpu()  # one small copy per layer and step on a GPU
     if not torch.equal(valid[:, :-1].sum(1), held):
-        raise AttentionError(f"{NAME} attention, layer {layer}: attention_mask: expected the earlier positions' "
-                             f"mask unchanged ({held.tolist()} real tokens per sequence), got "
-                             f"{valid[:, :-1].sum(1).tolist()}")
+        raise AttentionError(
+            f"{NAME} attention, layer {layer}: attention_mask: expected the earlier positions' "
+            f"mask unchanged ({held.tolist()} real tokens per sequence), got "
+            f"{valid[:, :-1].sum(1).tolist()}"
+        )
     store.append(0, key[:, :, 0].to(store.dtype), value[:, :, 0].to(store.dtype), active=valid[:, -1])
     k, v, kv_len = store.shard(0)
     check = not cache._decode_checked and layer == 0
     cache._decode_checked = cache._decode_checked or check
-    out = cache.attend(query[:, :, 0], k, v, kv_len=kv_len, group=cache.group, tree=cache.tree,
-                       topology=cache.topology, scale=scaling, check=check)
+    out = cache.attend(
+        query[:, :, 0],
+        k,
+        v,
+        kv_len=kv_len,
+        group=cache.group,
+        tree=cache.tree,
+        topology=cache.topology,
+        scale=scaling,
+        check=check,
+    )
     return out.to(query.dtype).unsqueeze(1)
 
 
@@ -453,10 +546,20 @@ def attn_implementation(model: torch.nn.Module, name: str = NAME) -> Iterator[to
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int, *, lengths: Any = None,
-             group: Any = None, tree: Any = "auto", topology: Any = None, method: str = "tree",
-             block_size: int = DEFAULT_BLOCK_SIZE, layout: str = "round_robin",
-             return_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    new_tokens: int,
+    *,
+    lengths: Any = None,
+    group: Any = None,
+    tree: Any = "auto",
+    topology: Any = None,
+    method: str = "tree",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    layout: str = "round_robin",
+    return_logits: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding of ``new_tokens`` tokens (no stop on EOS) with a :class:`TreeCache`
     through ``model.generate``.
 
@@ -480,16 +583,24 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int, *
     from treecoll.attention.dist import check_same_signature
 
     tf = _transformers()
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point() \
-            or input_ids.shape[1] == 0:
+    if (
+        not isinstance(input_ids, torch.Tensor)
+        or input_ids.dim() != 2
+        or input_ids.is_floating_point()
+        or input_ids.shape[1] == 0
+    ):
         got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise AttentionError(f"{NAME} generate: input_ids: expected an int tensor [batch, seq] with seq >= 1, "
-                             f"got {got}")
+        raise AttentionError(
+            f"{NAME} generate: input_ids: expected an int tensor [batch, seq] with seq >= 1, got {got}"
+        )
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
         raise AttentionError(f"{NAME} generate: new_tokens: expected an int >= 0, got {new_tokens!r}")
     batch, seq = input_ids.shape
-    lengths = torch.full((batch,), seq, dtype=torch.int64) if lengths is None \
+    lengths = (
+        torch.full((batch,), seq, dtype=torch.int64)
+        if lengths is None
         else torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
+    )
     if lengths.numel() != batch or int(lengths.min()) < 1 or int(lengths.max()) > seq:
         raise AttentionError(f"{NAME} generate: lengths: expected {batch} values in [1, {seq}], got {lengths.tolist()}")
     if method not in METHODS:
@@ -497,12 +608,39 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int, *
 
         decode_method(method)  # raises naming the valid methods
     check_same_signature(
-        [batch, seq, new_tokens, _digest(input_ids), _digest(lengths), model.config.num_hidden_layers, block_size,
-         list(METHODS).index(method)],
-        ["batch", "prompt length", "new_tokens", "input_ids fingerprint", "lengths fingerprint", "num_hidden_layers",
-         "block_size", "method"], f"{NAME} generate", group)
-    cache = TreeCache(model.config, max_cache_len=seq + max(new_tokens, 1), group=group, layout=layout,
-                      block_size=block_size, tree=tree, topology=topology, method=method)
+        [
+            batch,
+            seq,
+            new_tokens,
+            _digest(input_ids),
+            _digest(lengths),
+            model.config.num_hidden_layers,
+            block_size,
+            list(METHODS).index(method),
+        ],
+        [
+            "batch",
+            "prompt length",
+            "new_tokens",
+            "input_ids fingerprint",
+            "lengths fingerprint",
+            "num_hidden_layers",
+            "block_size",
+            "method",
+        ],
+        f"{NAME} generate",
+        group,
+    )
+    cache = TreeCache(
+        model.config,
+        max_cache_len=seq + max(new_tokens, 1),
+        group=group,
+        layout=layout,
+        block_size=block_size,
+        tree=tree,
+        topology=topology,
+        method=method,
+    )
     vocab = model.config.vocab_size
     if new_tokens == 0:
         empty = torch.zeros(batch, 0, dtype=torch.int64)
@@ -511,8 +649,15 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, new_tokens: int, *
     shift = (seq - lengths).tolist()
     left = torch.stack([torch.roll(input_ids[b], shift[b]) for b in range(batch)])
     mask = (torch.arange(seq)[None, :] >= (seq - lengths)[:, None]).to(torch.int64)
-    config = tf.GenerationConfig(max_new_tokens=new_tokens, do_sample=False, num_beams=1, eos_token_id=None,
-                                 pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    config = tf.GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     with attn_implementation(model):
         res = model.generate(left, attention_mask=mask, past_key_values=cache, generation_config=config)
     tokens = res.sequences[:, seq:]

@@ -47,6 +47,7 @@ Rank 1 of 2 with blocks of 2 tokens holds positions 2, 3, 6, 7 of the first 10
 >>> cache.lengths(0).tolist(), cache.kv_len(0).tolist(), cache.k[0][0, 3, 0, 0].item()
 ([8], [4], 7.0)
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -83,9 +84,20 @@ class ShardedKVCache:
     dtype, device : storage of k and v (float16 / bfloat16 / float32).
     """
 
-    def __init__(self, *, layers: int, batch: int, kv_heads: int, head_dim: int, max_seq_len: int,
-                 rank: int = 0, world: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
-                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        *,
+        layers: int,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        max_seq_len: int,
+        rank: int = 0,
+        world: int = 1,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+    ):
         self.layers = _positive("layers", layers)
         self.batch = _positive("batch", batch)
         self.kv_heads = _positive("kv_heads", kv_heads)
@@ -164,8 +176,10 @@ class ShardedKVCache:
         self._check_layer(layer)
         lengths = self._check_lengths("truncate", lengths)
         if bool((lengths > self._lengths[layer]).any()):
-            raise AttentionError(f"ShardedKVCache.truncate: lengths: expected at most the current lengths "
-                                 f"{self._lengths[layer].tolist()}, got {lengths.tolist()}")
+            raise AttentionError(
+                f"ShardedKVCache.truncate: lengths: expected at most the current lengths "
+                f"{self._lengths[layer].tolist()}, got {lengths.tolist()}"
+            )
         self._lengths[layer] = lengths
 
     def _check_layer(self, layer: int) -> None:
@@ -180,8 +194,9 @@ class ShardedKVCache:
     def _check_lengths(self, where: str, lengths) -> torch.Tensor:
         lengths = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
         if lengths.numel() != self.batch:
-            raise AttentionError(f"ShardedKVCache.{where}: lengths: expected {self.batch} values, "
-                                 f"got {lengths.numel()}")
+            raise AttentionError(
+                f"ShardedKVCache.{where}: lengths: expected {self.batch} values, got {lengths.numel()}"
+            )
         if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > self.max_seq_len):
             raise AttentionError(
                 f"ShardedKVCache.{where}: lengths: expected values in [0, max_seq_len={self.max_seq_len}], "
@@ -200,16 +215,19 @@ class ShardedKVCache:
         """
         self._check_layer(layer)
         if not isinstance(k, torch.Tensor) or k.dim() != 4:
-            raise AttentionError("ShardedKVCache.prefill: k: expected [batch, seq, kv_heads, head_dim], got "
-                                 f"{tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__}")
+            raise AttentionError(
+                "ShardedKVCache.prefill: k: expected [batch, seq, kv_heads, head_dim], got "
+                f"{tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__}"
+            )
         seq = k.shape[1]
         shape = (self.batch, seq, self.kv_heads, self.head_dim)
         self._check_kv("prefill", k, shape)
         self._check_kv("prefill", v, shape)
         lengths = self._check_lengths("prefill", [seq] * self.batch if lengths is None else lengths)
         if int(lengths.max()) > seq:
-            raise AttentionError(f"ShardedKVCache.prefill: lengths: expected values <= seq={seq}, "
-                                 f"got {lengths.tolist()}")
+            raise AttentionError(
+                f"ShardedKVCache.prefill: lengths: expected values <= seq={seq}, got {lengths.tolist()}"
+            )
         idx = self.owned_positions(int(lengths.max()))
         self.prefill_local(layer, k[:, idx], v[:, idx], lengths)
 
@@ -221,19 +239,26 @@ class ShardedKVCache:
         self._check_layer(layer)
         lengths = self._check_lengths("prefill_local", lengths)
         n = self.local_count(int(lengths.max()))
-        shape = (self.batch, k_local.shape[1] if isinstance(k_local, torch.Tensor) and k_local.dim() == 4 else -1,
-                 self.kv_heads, self.head_dim)
+        shape = (
+            self.batch,
+            k_local.shape[1] if isinstance(k_local, torch.Tensor) and k_local.dim() == 4 else -1,
+            self.kv_heads,
+            self.head_dim,
+        )
         self._check_kv("prefill_local", k_local, shape)
         self._check_kv("prefill_local", v_local, shape)
         if shape[1] < n:
-            raise AttentionError(f"ShardedKVCache.prefill_local: expected at least {n} local positions for "
-                                 f"lengths {lengths.tolist()} on rank {self.rank}, got {shape[1]}")
+            raise AttentionError(
+                f"ShardedKVCache.prefill_local: expected at least {n} local positions for "
+                f"lengths {lengths.tolist()} on rank {self.rank}, got {shape[1]}"
+            )
         self.k[layer][:, :n].copy_(k_local[:, :n])
         self.v[layer][:, :n].copy_(v_local[:, :n])
         self._lengths[layer] = lengths
 
-    def append(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor,
-               active: Sequence[bool] | torch.Tensor | None = None) -> None:
+    def append(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, active: Sequence[bool] | torch.Tensor | None = None
+    ) -> None:
         """Append one token per sequence to ``layer``, stored on the rank that owns
         each sequence's tail position.
 

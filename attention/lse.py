@@ -10,6 +10,7 @@ use base 2 (``exp2``/``log2`` are the fast instructions). The two constants and 
 >>> torch.equal(to_natural_log(to_base2(lse)), lse)
 True
 """
+
 from __future__ import annotations
 
 import torch

@@ -53,6 +53,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.AttentionError: LlamaConfig.num_heads: expected a multiple of num_kv_heads=2, got 3
 """
+
 from __future__ import annotations
 
 import json
@@ -94,36 +95,55 @@ class LlamaConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise AttentionError(f"LlamaConfig.{name}: expected a positive int, got {v!r}")
         if self.num_heads % self.num_kv_heads:
-            raise AttentionError(f"LlamaConfig.num_heads: expected a multiple of num_kv_heads="
-                                 f"{self.num_kv_heads}, got {self.num_heads}")
+            raise AttentionError(
+                f"LlamaConfig.num_heads: expected a multiple of num_kv_heads={self.num_kv_heads}, got {self.num_heads}"
+            )
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.head_dim % 2:
             raise AttentionError(f"LlamaConfig.head_dim: expected an even number (rotary pairs), got {self.head_dim}")
-        if self.rope_scaling is not None and self.rope_scaling.get("rope_type",
-                                                                    self.rope_scaling.get("type")) not in ("llama3",):
-            raise AttentionError(f"LlamaConfig.rope_scaling: expected None or rope_type 'llama3', got "
-                                 f"{self.rope_scaling!r}")
+        if self.rope_scaling is not None and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) not in (
+            "llama3",
+        ):
+            raise AttentionError(
+                f"LlamaConfig.rope_scaling: expected None or rope_type 'llama3', got {self.rope_scaling!r}"
+            )
 
     @classmethod
     def from_hf(cls, d: dict) -> LlamaConfig:
         """From a Hugging Face Llama ``config.json`` dict."""
         heads = int(d["num_attention_heads"])
-        return cls(vocab_size=int(d["vocab_size"]), hidden_size=int(d["hidden_size"]),
-                   intermediate_size=int(d["intermediate_size"]), num_layers=int(d["num_hidden_layers"]),
-                   num_heads=heads, num_kv_heads=int(d.get("num_key_value_heads", heads)),
-                   head_dim=int(d.get("head_dim") or 0), rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-                   rope_theta=float(d.get("rope_theta", 10000.0)), rope_scaling=d.get("rope_scaling"),
-                   tie_word_embeddings=bool(d.get("tie_word_embeddings", False)))
+        return cls(
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_layers=int(d["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads", heads)),
+            head_dim=int(d.get("head_dim") or 0),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_scaling=d.get("rope_scaling"),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        )
 
     def to_hf(self) -> dict:
         """The Hugging Face ``config.json`` dict of this config."""
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": self.vocab_size,
-                "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-                "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
-                "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-                "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-                "rope_scaling": self.rope_scaling, "tie_word_embeddings": self.tie_word_embeddings}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
 
 
 def _weight_shapes(c: LlamaConfig) -> dict:
@@ -131,13 +151,19 @@ def _weight_shapes(c: LlamaConfig) -> dict:
     shapes = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (c.num_heads * d, h), p + "self_attn.k_proj.weight": (c.num_kv_heads * d, h),
-            p + "self_attn.v_proj.weight": (c.num_kv_heads * d, h), p + "self_attn.o_proj.weight": (h, c.num_heads * d),
-            p + "mlp.gate_proj.weight": (c.intermediate_size, h), p + "mlp.up_proj.weight": (c.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, c.intermediate_size),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (c.num_heads * d, h),
+                p + "self_attn.k_proj.weight": (c.num_kv_heads * d, h),
+                p + "self_attn.v_proj.weight": (c.num_kv_heads * d, h),
+                p + "self_attn.o_proj.weight": (h, c.num_heads * d),
+                p + "mlp.gate_proj.weight": (c.intermediate_size, h),
+                p + "mlp.up_proj.weight": (c.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, c.intermediate_size),
+            }
+        )
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, h)
     return shapes
@@ -189,12 +215,15 @@ class LlamaModel:
         expected = _weight_shapes(config)
         missing = sorted(set(expected) - set(weights))
         if missing:
-            raise AttentionError(f"LlamaModel: weights: expected {len(expected)} tensors, missing {missing[:4]}"
-                                 f"{' ...' if len(missing) > 4 else ''}")
+            raise AttentionError(
+                f"LlamaModel: weights: expected {len(expected)} tensors, missing {missing[:4]}"
+                f"{' ...' if len(missing) > 4 else ''}"
+            )
         for name, shape in expected.items():
             if tuple(weights[name].shape) != shape:
-                raise AttentionError(f"LlamaModel: weights[{name!r}]: expected shape {shape}, "
-                                     f"got {tuple(weights[name].shape)}")
+                raise AttentionError(
+                    f"LlamaModel: weights[{name!r}]: expected shape {shape}, got {tuple(weights[name].shape)}"
+                )
         self.dtype = dtype
         self.w = {k: weights[k].to(dtype).contiguous() for k in expected}
         if config.tie_word_embeddings:
@@ -204,8 +233,9 @@ class LlamaModel:
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def random(cls, config: LlamaConfig | None = None, *, seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> LlamaModel:
+    def random(
+        cls, config: LlamaConfig | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32
+    ) -> LlamaModel:
         """Random weights from ``seed`` (normal, std 1/sqrt(fan_in); norms 1):
         identical in every process that uses the same seed."""
         config = config or LlamaConfig()
@@ -225,13 +255,13 @@ class LlamaModel:
         path = Path(path)
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
-            raise AttentionError(f"{cfg_file}: expected a Hugging Face config.json in the model directory, "
-                                 f"found none")
+            raise AttentionError(f"{cfg_file}: expected a Hugging Face config.json in the model directory, found none")
         try:
             config = LlamaConfig.from_hf(json.loads(cfg_file.read_text()))
         except (KeyError, ValueError, TypeError) as e:
-            raise AttentionError(f"{cfg_file}: expected a Llama config (num_attention_heads, hidden_size, ...), "
-                                 f"got an error: {e}") from None
+            raise AttentionError(
+                f"{cfg_file}: expected a Llama config (num_attention_heads, hidden_size, ...), got an error: {e}"
+            ) from None
         weights: dict = {}
         st = sorted(path.glob("*.safetensors"))
         if st:
@@ -253,13 +283,29 @@ class LlamaModel:
         """Weights by Hugging Face name (``lm_head`` omitted when tied)."""
         return {k: v for k, v in self.w.items() if k in _weight_shapes(self.config)}
 
-    def new_cache(self, batch: int, max_seq_len: int, *, rank: int = 0, world: int = 1,
-                  block_size: int = DEFAULT_BLOCK_SIZE, dtype: torch.dtype | None = None) -> ShardedKVCache:
+    def new_cache(
+        self,
+        batch: int,
+        max_seq_len: int,
+        *,
+        rank: int = 0,
+        world: int = 1,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        dtype: torch.dtype | None = None,
+    ) -> ShardedKVCache:
         """An empty :class:`ShardedKVCache` for this model (``dtype`` default: the model's)."""
         c = self.config
-        return ShardedKVCache(layers=c.num_layers, batch=batch, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                              max_seq_len=max_seq_len, rank=rank, world=world, block_size=block_size,
-                              dtype=dtype or self.dtype)
+        return ShardedKVCache(
+            layers=c.num_layers,
+            batch=batch,
+            kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            max_seq_len=max_seq_len,
+            rank=rank,
+            world=world,
+            block_size=block_size,
+            dtype=dtype or self.dtype,
+        )
 
     # ------------------------------------------------------------ forward
 
@@ -274,8 +320,11 @@ class LlamaModel:
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         w, p, c = self.w, f"model.layers.{i}.", self.config
         x = _rmsnorm(h, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
-        return h + (F.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) \
+        return (
+            h
+            + (F.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T))
             @ w[p + "mlp.down_proj.weight"].T
+        )
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         x = _rmsnorm(h, self.w["model.norm.weight"], self.config.rms_norm_eps)
@@ -300,16 +349,28 @@ class LlamaModel:
             q, k, v = self._qkv(i, x, pos)  # [B, N, H, D]
             cache.prefill(i, k, v, lengths)
             att = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.repeat_interleave(group, 2).transpose(1, 2),
-                v.repeat_interleave(group, 2).transpose(1, 2), is_causal=True)  # [B, Hq, N, D]
+                q.transpose(1, 2),
+                k.repeat_interleave(group, 2).transpose(1, 2),
+                v.repeat_interleave(group, 2).transpose(1, 2),
+                is_causal=True,
+            )  # [B, Hq, N, D]
             att = att.transpose(1, 2).reshape(batch, seq, c.num_heads * c.head_dim)
             h = h + att @ w[f"model.layers.{i}.self_attn.o_proj.weight"].T
             h = self._mlp(i, h)
         last = h[torch.arange(batch), lengths - 1]
         return self._logits(last)
 
-    def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache, *, group: Any = None, tree: Any = "auto",
-                    topology: Topology | None = None, method: str = "tree", check: bool = False) -> torch.Tensor:
+    def decode_step(
+        self,
+        tokens: torch.Tensor,
+        cache: ShardedKVCache,
+        *,
+        group: Any = None,
+        tree: Any = "auto",
+        topology: Topology | None = None,
+        method: str = "tree",
+        check: bool = False,
+    ) -> torch.Tensor:
         """One token per sequence: ``tokens`` int [batch]; appends to ``cache`` and
         returns float32 logits [batch, vocab] (the same on every rank)."""
         from treecoll.attention.baselines import method as decode_method
@@ -323,15 +384,25 @@ class LlamaModel:
             q, k, v = self._qkv(i, x.unsqueeze(1), pos.unsqueeze(1))  # [B, 1, H, D]
             cache.append(i, k[:, 0], v[:, 0])
             kk, vv, kv_len = cache.shard(i)
-            att = attend(q[:, 0], kk, vv, kv_len=kv_len, group=group, tree=tree, topology=topology,
-                         check=check and i == 0)
+            att = attend(
+                q[:, 0], kk, vv, kv_len=kv_len, group=group, tree=tree, topology=topology, check=check and i == 0
+            )
             h = h + att.to(self.dtype).reshape(h.shape[0], -1) @ w[f"model.layers.{i}.self_attn.o_proj.weight"].T
             h = self._mlp(i, h)
         return self._logits(h)
 
-    def generate(self, tokens: torch.Tensor, new_tokens: int, *, lengths: Lengths | None = None, group: Any = None,
-                 tree: Any = "auto", topology: Topology | None = None, method: str = "tree",
-                 block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
+    def generate(
+        self,
+        tokens: torch.Tensor,
+        new_tokens: int,
+        *,
+        lengths: Lengths | None = None,
+        group: Any = None,
+        tree: Any = "auto",
+        topology: Topology | None = None,
+        method: str = "tree",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> torch.Tensor:
         """Greedy generation: int64 [batch, new_tokens].
 
         Prompts ``tokens`` int [batch, seq] (right-padded; ``lengths`` [batch]) are
@@ -351,8 +422,9 @@ class LlamaModel:
             nxt = logits.argmax(-1)
             out.append(nxt)
             if step + 1 < new_tokens:
-                logits = self.decode_step(nxt, cache, group=group, tree=tree, topology=topology, method=method,
-                                          check=step == 0)
+                logits = self.decode_step(
+                    nxt, cache, group=group, tree=tree, topology=topology, method=method, check=step == 0
+                )
         return torch.stack(out, 1) if out else torch.zeros(batch, 0, dtype=torch.int64)
 
 

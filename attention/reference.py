@@ -17,6 +17,7 @@ One query against two keys with scores ``[1, 0]`` (``scale=1``): the weights are
 >>> reference(q, k, v, kv_len=[0])
 (tensor([[[0., 0.]]], dtype=torch.float64), tensor([[-inf]], dtype=torch.float64))
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,9 @@ from treecoll.attention.validate import KvLen, check_decode_inputs
 __all__ = ["reference"]
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_len: KvLen | None = None,
-              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_len: KvLen | None = None, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain softmax attention of one query per sequence, in float64.
 
     ``q`` ``[batch, q_heads, head_dim]``, ``k``/``v`` ``[batch, seq, kv_heads, head_dim]``
@@ -51,8 +53,11 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kv_len: KvLe
     v64 = v.double().masked_fill(~mask, 0.0).repeat_interleave(group, dim=2)
     scores = torch.einsum("bhd,bnhd->bhn", q.double(), k64) * scale  # [B, Hq, N]
     scores = scores.masked_fill(~valid[:, None, :], -math.inf)
-    m = scores.amax(-1, keepdim=True) if scores.shape[-1] else torch.full((batch, q_heads, 1), -math.inf,
-                                                                           dtype=torch.float64, device=k.device)
+    m = (
+        scores.amax(-1, keepdim=True)
+        if scores.shape[-1]
+        else torch.full((batch, q_heads, 1), -math.inf, dtype=torch.float64, device=k.device)
+    )
     shift = torch.where(m == -math.inf, 0.0, m)  # amax keeps NaN and +inf
     p = torch.exp(scores - shift)
     den = p.sum(-1)

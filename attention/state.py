@@ -81,6 +81,7 @@ True
 >>> merge(a, bad)[1].tolist()
 [[0.6931471824645996, nan]]
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -109,8 +110,7 @@ _MERGE_BACKENDS = ("auto", "torch", "triton")
 def _check_pair(out: torch.Tensor, lse: torch.Tensor, name: str) -> None:
     if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
         raise AttentionError(
-            f"{name}: expected a state (out, lse) of two tensors, got "
-            f"({type(out).__name__}, {type(lse).__name__})"
+            f"{name}: expected a state (out, lse) of two tensors, got ({type(out).__name__}, {type(lse).__name__})"
         )
     if out.shape[:-1] != lse.shape or out.dim() != lse.dim() + 1:
         raise AttentionError(
@@ -187,8 +187,13 @@ def online_to_state(acc: torch.Tensor, m: torch.Tensor, l_sum: torch.Tensor) -> 
     return _normalise(acc, _shift(m), l_sum)
 
 
-def merge_states(outs: torch.Tensor | Sequence[torch.Tensor], lses: torch.Tensor | Sequence[torch.Tensor],
-                 dim: int = 0, *, backend: str = "auto") -> State:
+def merge_states(
+    outs: torch.Tensor | Sequence[torch.Tensor],
+    lses: torch.Tensor | Sequence[torch.Tensor],
+    dim: int = 0,
+    *,
+    backend: str = "auto",
+) -> State:
     """Merge many attention states along one dimension.
 
     ``outs``: float ``[..., S, ..., head_dim]`` with the S states at ``dim`` (or a
@@ -257,9 +262,7 @@ def unpack_state(buf: torch.Tensor, batch: int, heads: int, head_dim: int) -> St
     n_out = batch * heads * head_dim
     expected = n_out + batch * heads
     if not isinstance(buf, torch.Tensor) or buf.dim() != 1 or buf.numel() != expected or buf.dtype != torch.float32:
-        got = (
-            f"{buf.dtype} tensor of shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
-        )
+        got = f"{buf.dtype} tensor of shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
         raise AttentionError(
             f"unpack_state: expected a 1-D float32 buffer of {expected} elements "
             f"(batch={batch}, heads={heads}, head_dim={head_dim}), got {got}"
@@ -316,4 +319,3 @@ class MergeOp:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             return merge_packed(a, b, batch=self.batch, heads=self.heads, head_dim=self.head_dim)
         return merge(a, b)
-

@@ -71,6 +71,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.AttentionError: tree: 'double_binary' is a MultiTree of 2 trees (...), expected one Tree: ...
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,8 +89,17 @@ from treecoll.collectives.tree import MultiTree, Tree
 from treecoll.topo import Topology
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["COMBINES", "allreduce3_combine", "choose_combine", "gather_combine", "group_placement", "resolve_tree",
-           "tree_combine", "tree_decode", "tree_root"]
+__all__ = [
+    "COMBINES",
+    "allreduce3_combine",
+    "choose_combine",
+    "gather_combine",
+    "group_placement",
+    "resolve_tree",
+    "tree_combine",
+    "tree_decode",
+    "tree_root",
+]
 
 #: how :func:`tree_combine` returns the merged state to every rank
 BCAST_MODES = ("tree", "separate", "native")
@@ -101,8 +111,9 @@ _CHOSEN = LRU(256)
 _TREE_ALLREDUCE = CollectiveOptions(algo="tree")
 
 
-def group_placement(group: Any = None, topology: Topology | None = None, *,
-                    placement: Placement | None = None) -> Placement:
+def group_placement(
+    group: Any = None, topology: Topology | None = None, *, placement: Placement | None = None
+) -> Placement:
     """The placement a decode call runs on: ``placement`` if given (``group`` and
     ``topology`` must then be None), else one made from the loose arguments (see the
     module docstring): ``topology`` if given, else the group's discovered topology, else
@@ -111,8 +122,7 @@ def group_placement(group: Any = None, topology: Topology | None = None, *,
     group of one."""
     if placement is not None:
         if topology is not None:
-            raise AttentionError("placement: got a placement and a topology; pass the topology inside the "
-                                 "Placement")
+            raise AttentionError("placement: got a placement and a topology; pass the topology inside the Placement")
         return as_placement(placement, group=group)
     size = group_info(group, single_process=True).size
     if topology is None:
@@ -134,13 +144,16 @@ def _discovered(group: Any, size: int) -> Topology:
 def _cpu_local(size: int) -> Topology:
     from treecoll.topo.discover import cpu_only_host
 
-    return Topology(cpu_only_host("local", {0: ""}, size), name="local-cpu",
-                    meta={"source": f"treecoll.attention.tree_decode: CPU-local fallback, one host with {size} "
-                                    f"rank slots"})
+    return Topology(
+        cpu_only_host("local", {0: ""}, size),
+        name="local-cpu",
+        meta={"source": f"treecoll.attention.tree_decode: CPU-local fallback, one host with {size} rank slots"},
+    )
 
 
-def resolve_tree(tree: Any = "auto", *, placement: Placement | None = None, group: Any = None,
-                 topology: Topology | None = None) -> Tree:
+def resolve_tree(
+    tree: Any = "auto", *, placement: Placement | None = None, group: Any = None, topology: Topology | None = None
+) -> Tree:
     """The :class:`collectives.Tree` a call with these arguments reduces over.
 
     ``tree``: anything the executor's ``tree=`` takes, or ``"auto"`` (module docstring);
@@ -155,15 +168,18 @@ def resolve_tree(tree: Any = "auto", *, placement: Placement | None = None, grou
     if isinstance(plan, MultiTree):
         if len(plan.trees) != 1:
             label = f"{tree!r}" if isinstance(tree, str) else "the tree given"
-            raise AttentionError(f"tree: {label} is a MultiTree of {len(plan.trees)} trees (a message split over "
-                                 f"several trees), expected one Tree: the packed attention state is merged whole; "
-                                 f"pick a single-tree builder or tree file")
+            raise AttentionError(
+                f"tree: {label} is a MultiTree of {len(plan.trees)} trees (a message split over "
+                f"several trees), expected one Tree: the packed attention state is merged whole; "
+                f"pick a single-tree builder or tree file"
+            )
         plan = plan.trees[0]
     return plan
 
 
-def tree_root(tree: Any = "auto", *, placement: Placement | None = None, group: Any = None,
-              topology: Topology | None = None) -> int:
+def tree_root(
+    tree: Any = "auto", *, placement: Placement | None = None, group: Any = None, topology: Topology | None = None
+) -> int:
     """Group-local rank of the tree root (where ``root_only`` results are valid).
 
     >>> from treecoll.collectives import Placement
@@ -183,13 +199,21 @@ def _merge_op(batch: int, heads: int, head_dim: int):
     not a state)."""
     from treecoll.collectives.ops import resolve_op
 
-    return resolve_op(MergeOp(batch=batch, heads=heads, head_dim=head_dim),
-                      commutative=True, chunkable=False)
+    return resolve_op(MergeOp(batch=batch, heads=heads, head_dim=head_dim), commutative=True, chunkable=False)
 
 
-def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement | None = None, group: Any = None,
-                 tree: Any = "auto", topology: Topology | None = None, root_only: bool = False,
-                 bcast: str = "tree", combine: str = "tree") -> tuple[torch.Tensor, torch.Tensor]:
+def tree_combine(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    placement: Placement | None = None,
+    group: Any = None,
+    tree: Any = "auto",
+    topology: Topology | None = None,
+    root_only: bool = False,
+    bcast: str = "tree",
+    combine: str = "tree",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge every rank's state through the tree (the communication part of
     :func:`tree_decode`, for states already computed).
 
@@ -248,13 +272,22 @@ def tree_combine(out: torch.Tensor, lse: torch.Tensor, *, placement: Placement |
 
 def _check_combine(combine: Any) -> None:
     if combine not in COMBINES:
-        hint = "; ring moves the K/V shards, not states: call treecoll.attention.ring_decode" \
-            if combine == "ring" else ""
+        hint = (
+            "; ring moves the K/V shards, not states: call treecoll.attention.ring_decode" if combine == "ring" else ""
+        )
         raise AttentionError(f"combine: expected one of {list(COMBINES)}, got {combine!r}{hint}")
 
 
-def choose_combine(batch: int, heads: int, head_dim: int, *, placement: Placement | None = None, group: Any = None,
-                   topology: Topology | None = None, tree: Any = "auto") -> str:
+def choose_combine(
+    batch: int,
+    heads: int,
+    head_dim: int,
+    *,
+    placement: Placement | None = None,
+    group: Any = None,
+    topology: Topology | None = None,
+    tree: Any = "auto",
+) -> str:
     """The method ``combine="auto"`` runs for states ``[batch, heads, head_dim]`` on this placement:
     the fastest of ``tree``, ``gather`` and ``allreduce3`` by
     :func:`treecoll.attention.cost.choose_combine` (the tree given when it is a builder name, else
@@ -267,8 +300,14 @@ def choose_combine(batch: int, heads: int, head_dim: int, *, placement: Placemen
     p = group_placement(group, topology, placement=placement)
     if p.nranks == 1:
         return "tree"
-    name = tree if isinstance(tree, str) and tree != "auto" and "/" not in tree and not tree.endswith(
-        (".yaml", ".yml", ".json")) else "two_level"
+    name = (
+        tree
+        if isinstance(tree, str)
+        and tree != "auto"
+        and "/" not in tree
+        and not tree.endswith((".yaml", ".yml", ".json"))
+        else "two_level"
+    )
     backend = _backend(p.group)
     key = (p, batch, heads, head_dim, name, backend)
     got = _CHOSEN.get(key)
@@ -337,11 +376,23 @@ def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = Non
     return online_to_state(num, m, den)
 
 
-def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *, kv_len: Any = None,
-                placement: Placement | None = None, group: Any = None, tree: Any = "auto",
-                topology: Topology | None = None, root_only: bool = False, scale: float | None = None,
-                check: bool = True, return_lse: bool = False, bcast: str = "tree",
-                combine: str = "tree") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def tree_decode(
+    q: torch.Tensor,
+    k_shard: torch.Tensor,
+    v_shard: torch.Tensor,
+    *,
+    kv_len: Any = None,
+    placement: Placement | None = None,
+    group: Any = None,
+    tree: Any = "auto",
+    topology: Topology | None = None,
+    root_only: bool = False,
+    scale: float | None = None,
+    check: bool = True,
+    return_lse: bool = False,
+    bcast: str = "tree",
+    combine: str = "tree",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a KV cache sharded along the sequence, combined by one tree reduction.
 
     Parameters
@@ -380,9 +431,17 @@ def tree_decode(q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, *
     size = p.nranks
     t = resolve_tree(tree, placement=p) if size > 1 else None
     if check and size > 1:
-        agree_on_inputs("tree_decode", p.group, q, k_shard, v_shard, kv_len, scale,
-                        extra=(_fingerprint_int(t), int(root_only), COMBINES.index(combine)),
-                        extra_names=("tree fingerprint", "root_only", "combine method"))
+        agree_on_inputs(
+            "tree_decode",
+            p.group,
+            q,
+            k_shard,
+            v_shard,
+            kv_len,
+            scale,
+            extra=(_fingerprint_int(t), int(root_only), COMBINES.index(combine)),
+            extra_names=("tree fingerprint", "root_only", "combine method"),
+        )
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
     if size > 1:
         if combine == "auto":

@@ -14,6 +14,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.AttentionError: demo: q_heads: expected a multiple of kv_heads=2, got 7
 """
+
 from __future__ import annotations
 
 import math
@@ -34,10 +35,16 @@ def _shape(x) -> str:
     return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def check_decode_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len: KvLen | None,
-                        scale: float | None, where: str,
-                        dtypes: tuple[torch.dtype, ...] = KV_DTYPES + (torch.float64,),
-                        block_table: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def check_decode_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_len: KvLen | None,
+    scale: float | None,
+    where: str,
+    dtypes: tuple[torch.dtype, ...] = KV_DTYPES + (torch.float64,),
+    block_table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float]:
     """Validate a decode call and return ``(lengths, scale)``.
 
     Contiguous cache: ``k``/``v`` ``[batch, seq, kv_heads, head_dim]``.  Paged cache
@@ -51,8 +58,9 @@ def check_decode_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_le
     force a device sync) and the kernels clamp them to ``[0, seq]``.
     ``scale``: float, default ``1/sqrt(head_dim)``.
     """
-    cache_dims = "[batch, seq, kv_heads, head_dim]" if block_table is None else \
-        "[num_pages, page_size, kv_heads, head_dim]"
+    cache_dims = (
+        "[batch, seq, kv_heads, head_dim]" if block_table is None else "[num_pages, page_size, kv_heads, head_dim]"
+    )
     for name, x, ndim, dims in (
         ("q", q, 3, "[batch, q_heads, head_dim]"),
         ("k", k, 4, cache_dims),
@@ -61,9 +69,7 @@ def check_decode_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_le
         if not isinstance(x, torch.Tensor) or x.dim() != ndim:
             raise AttentionError(f"{where}: {name}: expected a tensor {dims}, got {_shape(x)}")
         if x.dtype not in dtypes:
-            raise AttentionError(
-                f"{where}: {name}: expected dtype in {[str(d) for d in dtypes]}, got {x.dtype}"
-            )
+            raise AttentionError(f"{where}: {name}: expected dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
         if x.device != q.device:
             raise AttentionError(f"{where}: {name}: expected device {q.device} (that of q), got {x.device}")
     if k.shape != v.shape:
@@ -74,18 +80,14 @@ def check_decode_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_le
         seq = _check_block_table(block_table, batch, k.shape[0], seq, q.device, where)
     elif k.shape[0] != batch:
         raise AttentionError(
-            f"{where}: k: expected [batch={batch}, seq, kv_heads, head_dim={head_dim}] to match q, "
-            f"got {tuple(k.shape)}"
+            f"{where}: k: expected [batch={batch}, seq, kv_heads, head_dim={head_dim}] to match q, got {tuple(k.shape)}"
         )
     if k.shape[3] != head_dim:
         raise AttentionError(
-            f"{where}: k: expected [batch={batch}, seq, kv_heads, head_dim={head_dim}] to match q, "
-            f"got {tuple(k.shape)}"
+            f"{where}: k: expected [batch={batch}, seq, kv_heads, head_dim={head_dim}] to match q, got {tuple(k.shape)}"
         )
     if kv_heads == 0 or q_heads % kv_heads:
-        raise AttentionError(
-            f"{where}: q_heads: expected a multiple of kv_heads={kv_heads}, got {q_heads}"
-        )
+        raise AttentionError(f"{where}: q_heads: expected a multiple of kv_heads={kv_heads}, got {q_heads}")
     if head_dim == 0:
         raise AttentionError(f"{where}: head_dim: expected at least 1, got 0")
     lengths = _lengths(kv_len, batch, seq, q.device, where)
@@ -105,31 +107,43 @@ def _lengths(kv_len, batch: int, seq: int, device, where: str) -> torch.Tensor:
         kv_len = torch.full((batch,), kv_len, dtype=torch.int64)
     elif isinstance(kv_len, (list, tuple)):
         kv_len = torch.tensor(kv_len, dtype=torch.int64)
-    if not isinstance(kv_len, torch.Tensor) or kv_len.dtype.is_floating_point or kv_len.dtype == torch.bool \
-            or kv_len.is_complex() or tuple(kv_len.shape) != (batch,):
+    if (
+        not isinstance(kv_len, torch.Tensor)
+        or kv_len.dtype.is_floating_point
+        or kv_len.dtype == torch.bool
+        or kv_len.is_complex()
+        or tuple(kv_len.shape) != (batch,)
+    ):
         got = f"{kv_len.dtype} {_shape(kv_len)}" if isinstance(kv_len, torch.Tensor) else repr(kv_len)
         raise AttentionError(f"{where}: kv_len: expected integers of shape [batch={batch}], got {got}")
     if kv_len.device.type == "cpu" and kv_len.numel():
         lo, hi = int(kv_len.min()), int(kv_len.max())
         if lo < 0 or hi > seq:
-            raise AttentionError(
-                f"{where}: kv_len: expected values in [0, seq={seq}], got min {lo} and max {hi}"
-            )
+            raise AttentionError(f"{where}: kv_len: expected values in [0, seq={seq}], got min {lo} and max {hi}")
     return kv_len.to(device=device, dtype=torch.int32)
 
 
 def _check_block_table(block_table, batch: int, num_pages: int, page_size: int, device, where: str) -> int:
     """Shape/dtype checks of a block table; returns the capacity in tokens per sequence."""
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != batch \
-            or block_table.dtype.is_floating_point or block_table.dtype == torch.bool:
-        got = f"{block_table.dtype} {_shape(block_table)}" if isinstance(block_table, torch.Tensor) else \
-            type(block_table).__name__
+    if (
+        not isinstance(block_table, torch.Tensor)
+        or block_table.dim() != 2
+        or block_table.shape[0] != batch
+        or block_table.dtype.is_floating_point
+        or block_table.dtype == torch.bool
+    ):
+        got = (
+            f"{block_table.dtype} {_shape(block_table)}"
+            if isinstance(block_table, torch.Tensor)
+            else type(block_table).__name__
+        )
         raise AttentionError(f"{where}: block_table: expected integers of shape [batch={batch}, max_pages], got {got}")
     if block_table.device != device:
         raise AttentionError(f"{where}: block_table: expected device {device} (that of q), got {block_table.device}")
     if page_size == 0:
-        raise AttentionError(f"{where}: k: expected page_size >= 1 in [num_pages, page_size, kv_heads, head_dim], "
-                             "got 0")
+        raise AttentionError(
+            f"{where}: k: expected page_size >= 1 in [num_pages, page_size, kv_heads, head_dim], got 0"
+        )
     return block_table.shape[1] * page_size
 
 

@@ -17,16 +17,17 @@ the sum to the root and forwards the root's result to rank 3:
 >>> [(s.kind, s.chunk, s.peer) for s in schedule.steps[2] if s.chunk == 0]
 [('recv', 0, 3), ('reduce', 0, -1), ('send', 0, 0), ('recv', 0, 0), ('send', 0, 3)]
 """
+
 from .builders import BUILDERS, build
 from .compile import (
-                      compile_allgather,
-                      compile_allreduce,
-                      compile_broadcast,
-                      compile_plan,
-                      compile_reduce,
-                      compile_reduce_scatter,
-                      compile_ring_allreduce,
-                      compile_rsag_allreduce,
+    compile_allgather,
+    compile_allreduce,
+    compile_broadcast,
+    compile_plan,
+    compile_reduce,
+    compile_reduce_scatter,
+    compile_ring_allreduce,
+    compile_rsag_allreduce,
 )
 from .cost import CostModel
 from .execute import CollectiveOptions, allreduce, broadcast, reduce
@@ -37,9 +38,37 @@ from .schedule import Schedule, Step
 from .tree import MultiTree, Tree, as_multi
 from .tree_io import dumps_tree, load_nccl_graph, load_tree, loads_tree, save_tree
 
-__all__ = ["Tree", "MultiTree", "as_multi", "Schedule", "Step", "BUILDERS", "build",
-           "compile_reduce", "compile_broadcast", "compile_allreduce", "compile_ring_allreduce",
-           "compile_rsag_allreduce", "compile_reduce_scatter", "compile_allgather", "compile_plan",
-           "CostModel", "Op", "OPS", "resolve_op", "register_op", "allreduce", "broadcast", "reduce",
-           "CollectiveOptions", "Placement", "Planner", "default_planner",
-           "load_tree", "save_tree", "loads_tree", "dumps_tree", "load_nccl_graph"]
+__all__ = [
+    "Tree",
+    "MultiTree",
+    "as_multi",
+    "Schedule",
+    "Step",
+    "BUILDERS",
+    "build",
+    "compile_reduce",
+    "compile_broadcast",
+    "compile_allreduce",
+    "compile_ring_allreduce",
+    "compile_rsag_allreduce",
+    "compile_reduce_scatter",
+    "compile_allgather",
+    "compile_plan",
+    "CostModel",
+    "Op",
+    "OPS",
+    "resolve_op",
+    "register_op",
+    "allreduce",
+    "broadcast",
+    "reduce",
+    "CollectiveOptions",
+    "Placement",
+    "Planner",
+    "default_planner",
+    "load_tree",
+    "save_tree",
+    "loads_tree",
+    "dumps_tree",
+    "load_nccl_graph",
+]

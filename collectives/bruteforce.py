@@ -18,6 +18,7 @@ the same score ``auto`` minimises. The command line runs it against ``auto``:
 >>> sum(1 for _ in rooted_trees(4))   # 4^2 labeled trees x 4 roots
 64
 """
+
 from __future__ import annotations
 
 import heapq
@@ -29,8 +30,15 @@ from treecoll.topo.errors import TreeError
 from .cost import CostModel
 from .tree import MultiTree, Tree
 
-__all__ = ["prufer_edges", "rooted_trees", "shapes", "brute_force", "is_symmetric",
-           "rank_automorphisms", "trees_up_to_symmetry"]
+__all__ = [
+    "prufer_edges",
+    "rooted_trees",
+    "shapes",
+    "brute_force",
+    "is_symmetric",
+    "rank_automorphisms",
+    "trees_up_to_symmetry",
+]
 
 
 def prufer_edges(seq: tuple[int, ...], n: int) -> list[tuple[int, int]]:
@@ -88,6 +96,7 @@ def rooted_trees(n: int) -> Iterator[Tree]:
 def shapes(n: int) -> Iterator[Tree]:
     """One rooted tree per isomorphism class of rooted trees (and a few duplicates)."""
     import networkx as nx
+
     if n <= 2:
         yield from rooted_trees(n)
         return
@@ -124,6 +133,7 @@ def rank_automorphisms(model: CostModel) -> list[tuple[int, ...]]:
     that map the group's GPUs onto themselves are kept. The identity is first.
     """
     from networkx.algorithms.isomorphism import DiGraphMatcher
+
     g = model.topology.graph
     index = {gpu: r for r, gpu in enumerate(model.gpus)}
 
@@ -180,12 +190,13 @@ def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
                 yield t
 
 
-def brute_force(model: CostModel, nbytes: int, collective: str = "allreduce",
-                trees: Iterable[Tree] | None = None) -> tuple[float, Tree | MultiTree]:
+def brute_force(
+    model: CostModel, nbytes: int, collective: str = "allreduce", trees: Iterable[Tree] | None = None
+) -> tuple[float, Tree | MultiTree]:
     """(least predicted seconds, a tree reaching it, the first of equals) over ``trees`` (default:
     every rooted tree), each at its best child order and chunk count (:meth:`CostModel.best_ordered`)."""
     best: tuple[float, Tree | MultiTree] | None = None
-    for t in (rooted_trees(model.nranks) if trees is None else trees):
+    for t in rooted_trees(model.nranks) if trees is None else trees:
         ordered, _, s = model.best_ordered(t, nbytes, collective)
         if best is None or s < best[0]:
             best = (s, ordered)

@@ -43,6 +43,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto', 'binomial', 'chain', ...]
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,21 @@ from .cost import CostModel
 from .placement import Placement, as_placement
 from .tree import MultiTree, Tree
 
-__all__ = ["BUILDERS", "build", "chain", "binomial", "kary", "star", "double_binary", "two_level", "auto",
-           "leader_of", "nccl_btree_parents", "INTRA_KINDS", "INTER_KINDS"]
+__all__ = [
+    "BUILDERS",
+    "build",
+    "chain",
+    "binomial",
+    "kary",
+    "star",
+    "double_binary",
+    "two_level",
+    "auto",
+    "leader_of",
+    "nccl_btree_parents",
+    "INTRA_KINDS",
+    "INTER_KINDS",
+]
 
 INTRA_KINDS = ("auto", "star", "chain", "binomial", "kary", "links")
 INTER_KINDS = ("binomial", "chain", "kary", "star")
@@ -158,9 +172,9 @@ def double_binary(topology: Topology | None, gpus: Sequence[str] | None, nranks:
     t0 = Tree.from_parents(first, name="double_binary/0")
     if n == 1:
         return t0
-    if n % 2 == 0:   # mirror: rank' = n-1-rank
+    if n % 2 == 0:  # mirror: rank' = n-1-rank
         order = [n - 1 - i for i in range(n)]
-    else:            # shift: rank' = (rank+1) % n
+    else:  # shift: rank' = (rank+1) % n
         order = [(i + 1) % n for i in range(n)]
     t1 = Tree.from_parents(first).relabel(order)
     t1 = Tree.from_parents(t1.parents, name="double_binary/1")
@@ -208,7 +222,7 @@ def _links_tree(topology: Topology, gpus: Sequence[str], members: Sequence[int],
         return (NCCL_CLASSES.index(p.nccl), -p.bw, p.lat, depth[u], u, v)
 
     while rest:
-        u, v = min(((u, v) for v in rest for u in parent), key=key)   # keys differ: (u, v) end them
+        u, v = min(((u, v) for v in rest for u in parent), key=key)  # keys differ: (u, v) end them
         parent[v] = u
         depth[v] = depth[u] + 1
         rest.remove(v)
@@ -289,7 +303,7 @@ def _slow_to_leaves(order: list[str], shape: list[int], level: dict[str, int], k
         return order
     if not keep_first:
         head = min(range(len(order)), key=lambda i: (level[order[i]], i))
-        order = [order[head]] + order[:head] + order[head + 1:]
+        order = [order[head]] + order[:head] + order[head + 1 :]
     n = len(order)
     inner = [False] * n
     for p in shape:
@@ -303,8 +317,17 @@ def _slow_to_leaves(order: list[str], shape: list[int], level: dict[str, int], k
     return [order[0]] + [fast.pop(0) if inner[i] else slow.pop(0) for i in range(1, n)]
 
 
-def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[str, int], root_host: str,
-                   intra: str, inter: str, name: str, switched: dict | None = None) -> Tree:
+def _one_two_level(
+    topology,
+    gpus,
+    hosts: dict[str, list[int]],
+    leaders: dict[str, int],
+    root_host: str,
+    intra: str,
+    inter: str,
+    name: str,
+    switched: dict | None = None,
+) -> Tree:
     n = len(gpus)
     parents = [-1] * n
     for h, members in hosts.items():
@@ -316,7 +339,7 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
         hs = [h for h in grp if h in hosts]
         if hs:
             groups.append(hs)
-    groups.sort(key=lambda hs: root_host not in hs)          # stable: the root's group first
+    groups.sort(key=lambda hs: root_host not in hs)  # stable: the root's group first
     groups = [sorted(hs, key=lambda h: h != root_host) for hs in groups]
     kind, k = _parse_kind(inter, INTER_KINDS, "inter")
     level = _speed_levels({h: _network_bw(topology, gpus[leaders[h]]) for h in hosts}) if len(hosts) > 2 else {}
@@ -335,9 +358,19 @@ def _one_two_level(topology, gpus, hosts: dict[str, list[int]], leaders: dict[st
     return Tree.from_parents(parents, name=name)
 
 
-def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, intra: str = "auto",
-              inter: str = "binomial", rails: bool | str = "auto", nbytes: int | None = None, root: int | None = None,
-              collective: str = "allreduce", model: CostModel | None = None) -> Tree | MultiTree:
+def two_level(
+    topology: Topology | None,
+    gpus: Sequence[str] | None,
+    nranks: int,
+    *,
+    intra: str = "auto",
+    inter: str = "binomial",
+    rails: bool | str = "auto",
+    nbytes: int | None = None,
+    root: int | None = None,
+    collective: str = "allreduce",
+    model: CostModel | None = None,
+) -> Tree | MultiTree:
     """Intra-host trees under leaders near a NIC, an inter-host tree over the leaders.
 
     * ``intra``: ``auto`` (NVSwitch hosts: ``star``, shallow and wide; other
@@ -366,7 +399,7 @@ def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int
         raise TreeError("two_level: needs a topology (hosts, links and NICs) and the GPU of each rank; got none")
     hosts = _host_groups(topology, gpus)
     root_host = topology.host_of(gpus[root if root is not None else 0])
-    if root is None and len(hosts) > 2:   # no rank the result must reach: root at a fast host
+    if root is None and len(hosts) > 2:  # no rank the result must reach: root at a fast host
         level = _speed_levels({h: _network_bw(topology, gpus[leader_of(topology, gpus, m)]) for h, m in hosts.items()})
         if level[root_host] > min(level.values()):
             root_host = next(h for h in hosts if level[h] == min(level.values()))
@@ -375,17 +408,19 @@ def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int
         if nbytes is None or root is not None or not rails_possible(topology, gpus):
             rails = False
         else:
-            one = two_level(topology, gpus, nranks, intra=intra, inter=inter, rails=False, nbytes=nbytes,
-                            collective=collective)
-            per_rail = two_level(topology, gpus, nranks, intra=intra, inter=inter, rails=True, nbytes=nbytes,
-                                 collective=collective)
+            one = two_level(
+                topology, gpus, nranks, intra=intra, inter=inter, rails=False, nbytes=nbytes, collective=collective
+            )
+            per_rail = two_level(
+                topology, gpus, nranks, intra=intra, inter=inter, rails=True, nbytes=nbytes, collective=collective
+            )
             model = model or CostModel(topology, gpus)
             t_rails = model.best_nchunks(per_rail, nbytes, collective)[1]
             return per_rail if t_rails < model.best_nchunks(one, nbytes, collective)[1] else one
     if rails not in (True, False):
         raise TreeError(f"two_level: rails expected True, False or 'auto', got {rails!r}")
     label = f"two_level(intra={intra},inter={inter}"
-    switched: dict = {}   # host members -> NVSwitch-connected (computed once for all rails)
+    switched: dict = {}  # host members -> NVSwitch-connected (computed once for all rails)
     if not rails:
         leaders = {h: leader_of(topology, gpus, m) for h, m in hosts.items()}
         if root is not None:
@@ -399,8 +434,9 @@ def two_level(topology: Topology | None, gpus: Sequence[str] | None, nranks: int
     trees, bws = [], []
     for k in range(nrails):
         leaders = {h: leader_of(topology, gpus, m, topology.nics(h)[k]) for h, m in hosts.items()}
-        trees.append(_one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter,
-                                    f"{label},rail={k})", switched))
+        trees.append(
+            _one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter, f"{label},rail={k})", switched)
+        )
         bws.append(min(float(topology.node(topology.nics(h)[k]).get("bw") or 1.0) for h in hosts))
     if len(trees) == 1:
         return trees[0]
@@ -424,11 +460,15 @@ def _reroot(t: Tree, v: int) -> Tree:
     return Tree.from_parents(parents, name=t.name)
 
 
-def _candidates(topology: Topology | None, gpus: Sequence[str] | None, n: int, nbytes: int,
-                root: int | None) -> list[Tree | MultiTree]:
+def _candidates(
+    topology: Topology | None, gpus: Sequence[str] | None, n: int, nbytes: int, root: int | None
+) -> list[Tree | MultiTree]:
     r = 0 if root is None else root
-    out: list[Tree | MultiTree] = [chain(None, gpus, n, root=r), binomial(None, gpus, n, root=r),
-                                   star(None, gpus, n, root=r)]
+    out: list[Tree | MultiTree] = [
+        chain(None, gpus, n, root=r),
+        binomial(None, gpus, n, root=r),
+        star(None, gpus, n, root=r),
+    ]
     out += [kary(None, gpus, n, k=k, root=r) for k in range(2, min(n - 1, 8))]
     if root is None and n > 2:
         out.append(double_binary(None, gpus, n))
@@ -437,8 +477,11 @@ def _candidates(topology: Topology | None, gpus: Sequence[str] | None, n: int, n
             for inter in ("binomial", "chain", "kary:2"):
                 for rails in (False, True):
                     try:
-                        out.append(two_level(topology, gpus, n, intra=intra, inter=inter, rails=rails,
-                                             nbytes=nbytes, root=root))
+                        out.append(
+                            two_level(
+                                topology, gpus, n, intra=intra, inter=inter, rails=rails, nbytes=nbytes, root=root
+                            )
+                        )
                     except TreeError:
                         pass
     seen, uniq = set(), []
@@ -449,10 +492,22 @@ def _candidates(topology: Topology | None, gpus: Sequence[str] | None, n: int, n
     return uniq
 
 
-def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, nbytes: int = 1 << 20,
-         op: Any = None, collective: str = "allreduce", root: int | None = None, search: bool = True,
-         search_limit: int = 8, starts: int = 4, kicks: int = 16, exact_limit: int = 5,
-         model: CostModel | None = None) -> Tree | MultiTree:
+def auto(
+    topology: Topology | None,
+    gpus: Sequence[str] | None,
+    nranks: int,
+    *,
+    nbytes: int = 1 << 20,
+    op: Any = None,
+    collective: str = "allreduce",
+    root: int | None = None,
+    search: bool = True,
+    search_limit: int = 8,
+    starts: int = 4,
+    kicks: int = 16,
+    exact_limit: int = 5,
+    model: CostModel | None = None,
+) -> Tree | MultiTree:
     """The tree with the least predicted time for ``collective`` on ``nbytes``.
 
     Candidates: chain, binomial, star, kary k = 2..7, double_binary and (with a
@@ -473,10 +528,10 @@ def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, 
     result is deterministic.
     """
     from .ops import resolve_op
+
     commutative = resolve_op(op).commutative if op is not None else True
     if not commutative and root not in (None, 0):
-        raise TreeError(f"auto: a non-commutative operator needs an order-preserving tree rooted at 0, "
-                        f"got root {root}")
+        raise TreeError(f"auto: a non-commutative operator needs an order-preserving tree rooted at 0, got root {root}")
     model = model or CostModel(topology, gpus, nranks=nranks if gpus is None else None)
 
     memo: dict = {}
@@ -484,8 +539,11 @@ def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, 
     def score(t) -> float:
         key = (t.parents, t.children) if isinstance(t, Tree) else t.fingerprint()
         if key not in memo:
-            memo[key] = (model.best_ordered(t, nbytes, collective)[2] if commutative
-                         else model.best_nchunks(t, nbytes, collective)[1])
+            memo[key] = (
+                model.best_ordered(t, nbytes, collective)[2]
+                if commutative
+                else model.best_nchunks(t, nbytes, collective)[1]
+            )
         return memo[key]
 
     def finish(t):
@@ -510,6 +568,7 @@ def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, 
         singles.append(min(best.trees, key=score))
     if nranks <= exact_limit and commutative:
         from .bruteforce import rooted_trees
+
         singles.extend(t for t in rooted_trees(nranks) if root is None or t.root == root)
         cur_t, cur = min(((score(t), t) for t in singles), key=lambda x: x[0])
     else:
@@ -518,7 +577,7 @@ def auto(topology: Topology | None, gpus: Sequence[str] | None, nranks: int, *, 
             c, c_t = _local_search(start, score, root=root, commutative=commutative)
             if c_t < cur_t * (1 - 1e-9):
                 cur, cur_t = c, c_t
-        rng = random.Random(nranks)            # iterated local search: deterministic kicks
+        rng = random.Random(nranks)  # iterated local search: deterministic kicks
         for _ in range(kicks):
             p = list(cur.parents)
             for _ in range(2):
@@ -593,8 +652,14 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
-def build(name: str, placement: Placement | Topology | None = None, ranks: RanksArg = None, *,
-          nranks: int | None = None, **opts: Any) -> Tree | MultiTree:
+def build(
+    name: str,
+    placement: Placement | Topology | None = None,
+    ranks: RanksArg = None,
+    *,
+    nranks: int | None = None,
+    **opts: Any,
+) -> Tree | MultiTree:
     """Build the tree ``name`` (``"kary:4"`` passes k=4) over group ranks 0..P-1.
 
     ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology /

@@ -41,6 +41,7 @@ on that send (no overwrite in flight).
 >>> s.bytes_sent(0, 1000), s.bytes_received(0, 1000)
 (2000, 2000)
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -50,9 +51,21 @@ from treecoll.topo.errors import ScheduleError
 from .schedule import Schedule, Step
 from .tree import MultiTree, Tree, as_multi
 
-__all__ = ["compile_reduce", "compile_broadcast", "compile_allreduce", "compile_ring_allreduce",
-           "compile_rsag_allreduce", "compile_direct_allreduce", "compile_reduce_scatter", "compile_allgather",
-           "compile_plan", "merge_schedules", "LOOKAHEAD", "FORWARD_LAG", "ALGOS"]
+__all__ = [
+    "compile_reduce",
+    "compile_broadcast",
+    "compile_allreduce",
+    "compile_ring_allreduce",
+    "compile_rsag_allreduce",
+    "compile_direct_allreduce",
+    "compile_reduce_scatter",
+    "compile_allgather",
+    "compile_plan",
+    "merge_schedules",
+    "LOOKAHEAD",
+    "FORWARD_LAG",
+    "ALGOS",
+]
 
 #: chunks whose receives a rank posts ahead of the one it is reducing
 LOOKAHEAD = 4
@@ -70,18 +83,20 @@ class _Prog:
 
     def __init__(self, n: int):
         self.steps: list[list[Step]] = [[] for _ in range(n)]
-        self.last_send: dict[tuple[int, int], int] = {}   # (rank, chunk) -> index of its last send
+        self.last_send: dict[tuple[int, int], int] = {}  # (rank, chunk) -> index of its last send
 
-    def add(self, r: int, kind: str, chunk: int, peer: int = -1, slot: int = 0, deps=(), right=True,
-            lane: int = 0) -> int:
+    def add(
+        self, r: int, kind: str, chunk: int, peer: int = -1, slot: int = 0, deps=(), right=True, lane: int = 0
+    ) -> int:
         deps = [d for d in deps if d is not None]
         if kind == "recv" and slot == 0:
             last = self.last_send.get((r, chunk))
             if last is not None:
                 deps.append(last)
         lst = self.steps[r]
-        lst.append(Step(kind, chunk, peer, slot, tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps), right,
-                        lane))
+        lst.append(
+            Step(kind, chunk, peer, slot, tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps), right, lane)
+        )
         i = len(lst) - 1
         if kind == "send":
             self.last_send[(r, chunk)] = i
@@ -145,8 +160,15 @@ def _events(multi: MultiTree, k: int, phases: tuple[str, ...], forward_lag: int 
     return ev
 
 
-def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, name: str, collective: str,
-          forward_lag: int = FORWARD_LAG) -> Schedule:
+def _emit(
+    multi: MultiTree,
+    k: int,
+    phases: tuple[str, ...],
+    root: int | None,
+    name: str,
+    collective: str,
+    forward_lag: int = FORWARD_LAG,
+) -> Schedule:
     n = multi.size
     if root is not None and not 0 <= root < n:
         raise ScheduleError(f"compile {collective}: root expected a rank in 0..{n - 1}, got {root}")
@@ -162,8 +184,9 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
         """One in-order stream per (tree, phase): NCCL runs each tree on its own channels and a tree
         allreduce's reduce-up and broadcast-down in separate thread groups (collectives.schedule)."""
         return ti * nph + (1 if nph == 2 and phase == "down" else 0)
-    posted: dict[tuple[int, int, str], list[int]] = {}   # (rank, chunk, phase) -> recv indices
-    last: dict[tuple[int, int], int] = {}                 # (rank, chunk) -> index of the step completing it
+
+    posted: dict[tuple[int, int, str], list[int]] = {}  # (rank, chunk, phase) -> recv indices
+    last: dict[tuple[int, int], int] = {}  # (rank, chunk) -> index of the step completing it
 
     def post(r: int, ti: int, c: int, phase: str) -> None:
         t = multi.trees[ti]
@@ -171,8 +194,9 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
         if key in posted:
             return
         if phase == "up":
-            posted[key] = [prog.add(r, "recv", c, peer=ch, slot=i + 1, lane=lane(ti, "up"))
-                           for i, ch in enumerate(t.children[r])]
+            posted[key] = [
+                prog.add(r, "recv", c, peer=ch, slot=i + 1, lane=lane(ti, "up")) for i, ch in enumerate(t.children[r])
+            ]
         else:
             src = t.parents[r]
             if phase == "down" and root is not None and collective == "broadcast" and r == root:
@@ -189,13 +213,13 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
         lst = ev[r]
         steps_ahead = [e for e in lst if e[4] != "fetch"]
         idx = 0
-        for (_, _, ti, c, phase) in lst:
-            if phase == "fetch":   # the broadcast's receive, forward_lag steps before its use
+        for _, _, ti, c, phase in lst:
+            if phase == "fetch":  # the broadcast's receive, forward_lag steps before its use
                 post(r, ti, c, "down")
                 continue
             # post receives of the next LOOKAHEAD events (same phase kind) ahead of time
             if phase == "up":
-                for (_, _, tj, cj, ph) in steps_ahead[idx: idx + LOOKAHEAD]:
+                for _, _, tj, cj, ph in steps_ahead[idx : idx + LOOKAHEAD]:
                     if ph == "up":
                         post(r, tj, cj, ph)
             else:
@@ -227,9 +251,15 @@ def _emit(multi: MultiTree, k: int, phases: tuple[str, ...], root: int | None, n
                         c = ti * k + j
                         prog.add(r, "recv", c, peer=t.root, lane=lane(ti, "up"))
     sched_root = root if root is not None else multi.trees[0].root
-    return Schedule(collective, n, k * len(multi.trees), tuple(tuple(s) for s in prog.steps),
-                    root=sched_root if collective != "allreduce" else -1, shares=_shares(multi, k),
-                    name=name)
+    return Schedule(
+        collective,
+        n,
+        k * len(multi.trees),
+        tuple(tuple(s) for s in prog.steps),
+        root=sched_root if collective != "allreduce" else -1,
+        shares=_shares(multi, k),
+        name=name,
+    )
 
 
 def _name(multi: MultiTree, what: str) -> str:
@@ -242,8 +272,9 @@ def compile_reduce(plan: Tree | MultiTree, nchunks: int = 1, *, root: int | None
     return _emit(multi, nchunks, ("up",), root, _name(multi, "reduce"), "reduce")
 
 
-def compile_broadcast(plan: Tree | MultiTree, nchunks: int = 1, *, root: int | None = None,
-                      forward_lag: int = FORWARD_LAG) -> Schedule:
+def compile_broadcast(
+    plan: Tree | MultiTree, nchunks: int = 1, *, root: int | None = None, forward_lag: int = FORWARD_LAG
+) -> Schedule:
     """Tree broadcast from ``root`` (default the tree's root), chunks pipelined root to leaves."""
     multi = _check(plan, nchunks)
     return _emit(multi, nchunks, ("down",), root, _name(multi, "broadcast"), "broadcast", forward_lag)
@@ -280,17 +311,19 @@ def compile_ring_allreduce(nranks: int, nchunks: int | None = None, *, order: Se
     pos = {r: i for i, r in enumerate(order)}
     if n > 1:
         for j in range(k):
+
             def ch(seg: int, j: int = j) -> int:  # chunk j of segment seg
                 return (seg % n) * k + j
+
             for r in range(n):
                 i = pos[r]
                 nxt, prv = order[(i + 1) % n], order[(i - 1) % n]
                 dep = None
-                for t in range(n - 1):            # reduce-scatter
+                for t in range(n - 1):  # reduce-scatter
                     prog.add(r, "send", ch(i - t), peer=nxt, deps=(dep,))
                     rv = prog.add(r, "recv", ch(i - t - 1), peer=prv, slot=1)
                     dep = prog.add(r, "reduce", ch(i - t - 1), slot=1, deps=(rv,))
-                for t in range(n - 1):            # all-gather
+                for t in range(n - 1):  # all-gather
                     prog.add(r, "send", ch(i + 1 - t), peer=nxt, deps=(dep,))
                     dep = prog.add(r, "recv", ch(i - t), peer=prv)
     return Schedule("allreduce", n, n * k, tuple(tuple(s) for s in prog.steps), name="ring/allreduce")
@@ -387,8 +420,14 @@ def compile_reduce_scatter(nranks: int, nchunks: int | None = None) -> Schedule:
     if nranks > 1:
         _rs(prog, nranks, k)
     owners = tuple(c // k for c in range(nranks * k))
-    return Schedule("reduce_scatter", nranks, nranks * k, tuple(tuple(s) for s in prog.steps),
-                    name="direct/reduce_scatter", owners=owners)
+    return Schedule(
+        "reduce_scatter",
+        nranks,
+        nranks * k,
+        tuple(tuple(s) for s in prog.steps),
+        name="direct/reduce_scatter",
+        owners=owners,
+    )
 
 
 def compile_allgather(nranks: int, nchunks: int | None = None) -> Schedule:
@@ -400,8 +439,16 @@ def compile_allgather(nranks: int, nchunks: int | None = None) -> Schedule:
     return Schedule("allgather", nranks, nranks * k, tuple(tuple(s) for s in prog.steps), name="direct/allgather")
 
 
-def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 1, *, root: int | None = None,
-                 algo: str = "tree", nranks: int | None = None, forward_lag: int = FORWARD_LAG) -> Schedule:
+def compile_plan(
+    plan: Tree | MultiTree | None,
+    collective: str,
+    nchunks: int = 1,
+    *,
+    root: int | None = None,
+    algo: str = "tree",
+    nranks: int | None = None,
+    forward_lag: int = FORWARD_LAG,
+) -> Schedule:
     """Dispatch: ``algo="tree"`` compiles ``plan`` for ``collective``; ``"ring"`` and
     ``"rsag"`` (allreduce only) need ``nranks`` (or a plan to take it from) and round
     ``nchunks`` up to a multiple of P. ``forward_lag`` applies to tree broadcasts and
@@ -427,8 +474,9 @@ def compile_plan(plan: Tree | MultiTree | None, collective: str, nchunks: int = 
     return (compile_ring_allreduce if algo == "ring" else compile_rsag_allreduce)(n, n * k)
 
 
-def merge_schedules(schedules: Sequence[Schedule], shares: Sequence[float] | None = None, *,
-                    name: str = "") -> Schedule:
+def merge_schedules(
+    schedules: Sequence[Schedule], shares: Sequence[float] | None = None, *, name: str = ""
+) -> Schedule:
     """Run several schedules of one collective side by side on shares of the message
     (e.g. one ring per NCCL channel): chunk ids are renumbered (schedule i's chunks
     follow schedule i-1's), each chunk's share scaled by the schedule's share (equal
@@ -439,9 +487,11 @@ def merge_schedules(schedules: Sequence[Schedule], shares: Sequence[float] | Non
     first = schedules[0]
     for s in schedules:
         if s.collective != first.collective or s.nranks != first.nranks or s.root != first.root:
-            raise ScheduleError(f"merge: schedules must share collective, nranks and root; got "
-                                f"{s.collective}/{s.nranks}/{s.root} and "
-                                f"{first.collective}/{first.nranks}/{first.root}")
+            raise ScheduleError(
+                f"merge: schedules must share collective, nranks and root; got "
+                f"{s.collective}/{s.nranks}/{s.root} and "
+                f"{first.collective}/{first.nranks}/{first.root}"
+            )
     shares = list(shares) if shares is not None else [1.0 / len(schedules)] * len(schedules)
     if len(shares) != len(schedules):
         raise ScheduleError(f"merge: expected {len(schedules)} shares, got {len(shares)}")
@@ -461,9 +511,26 @@ def merge_schedules(schedules: Sequence[Schedule], shares: Sequence[float] | Non
                 if j < len(lst):
                     st = lst[j]
                     index[(si, j)] = len(out)
-                    out.append(Step(st.kind, st.chunk + offsets[si], peer=st.peer, slot=st.slot,
-                                    deps=tuple(index[(si, d)] for d in st.deps), right=st.right, lane=st.lane))
+                    out.append(
+                        Step(
+                            st.kind,
+                            st.chunk + offsets[si],
+                            peer=st.peer,
+                            slot=st.slot,
+                            deps=tuple(index[(si, d)] for d in st.deps),
+                            right=st.right,
+                            lane=st.lane,
+                        )
+                    )
         steps.append(tuple(out))
     owners = tuple(o for s in schedules for o in s.owners)
-    return Schedule(first.collective, first.nranks, off, tuple(steps), root=first.root, shares=tuple(all_shares),
-                    name=name or "+".join(s.name for s in schedules)[:80], owners=owners)
+    return Schedule(
+        first.collective,
+        first.nranks,
+        off,
+        tuple(steps),
+        root=first.root,
+        shares=tuple(all_shares),
+        name=name or "+".join(s.name for s in schedules)[:80],
+        owners=owners,
+    )

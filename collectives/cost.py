@@ -53,6 +53,7 @@ True
 >>> cm.tree_time(chain, 1 << 26, "reduce", nchunks=64) < cm.tree_time(star, 1 << 26, "reduce", nchunks=64)
 True
 """
+
 from __future__ import annotations
 
 import math
@@ -70,10 +71,28 @@ from .in_network import nvls_domains
 from .placement import Placement, as_placement
 from .tree import MultiTree, Tree, as_multi
 
-__all__ = ["CostModel", "uniform_topology", "placed_gpus", "nchunks_for", "p2p_time", "reduce_time",
-           "ExecutorCost", "EXECUTOR_COSTS", "executor_cost", "backend_of", "MODES", "DEFAULT_MODE",
-           "DEFAULT_MEM_BW", "MSG_OVERHEAD", "UNIFORM_BW", "UNIFORM_LAT", "CHUNK_CANDIDATES", "CHUNK_BYTES",
-           "MAX_CHUNKS", "MIN_CHUNK_BYTES"]
+__all__ = [
+    "CostModel",
+    "uniform_topology",
+    "placed_gpus",
+    "nchunks_for",
+    "p2p_time",
+    "reduce_time",
+    "ExecutorCost",
+    "EXECUTOR_COSTS",
+    "executor_cost",
+    "backend_of",
+    "MODES",
+    "DEFAULT_MODE",
+    "DEFAULT_MEM_BW",
+    "MSG_OVERHEAD",
+    "UNIFORM_BW",
+    "UNIFORM_LAT",
+    "CHUNK_CANDIDATES",
+    "CHUNK_BYTES",
+    "MAX_CHUNKS",
+    "MIN_CHUNK_BYTES",
+]
 
 #: GB/s used for the reduction compute when a GPU has no ``mem_bw``: assumed, the
 #: order of an A100-40GB's HBM2 (1555 GB/s, NVIDIA A100 datasheet).
@@ -122,26 +141,35 @@ class ExecutorCost:
     source: str
 
 
-#: Fitted on this project's 2-core machine over gloo (torch.distributed, 127.0.0.1, 2 and 4
-#: processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 20`` (latency-bound
-#: allreduces of 8 B .. 1 KiB; each time divided by the messages in a row of its schedule, as
-#: :mod:`treecoll.collectives.sim.executor` counts them). It printed these values at a load
-#: average of about 20 (other jobs shared the 2 cores): re-run it on the machine you predict for.
-GLOO_STEP_S = 456.4e-6
-GLOO_NATIVE_STEP_S = 564.3e-6
+#: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
+#: 2 and 4 processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30``
+#: (latency-bound allreduces of 8 B .. 1 KiB; each time divided by the messages in a row of its
+#: schedule, as :mod:`treecoll.collectives.sim.executor` counts them); the median of three runs
+#: (GLOO_STEP_S 123.7 .. 128.8 us, GLOO_NATIVE_STEP_S 249.8 .. 389.5 us, PYTHON_STEP_S 56.3 .. 81.5 us).
+#: Re-run it on the machine you predict for.
+GLOO_STEP_S = 125.3e-6
+GLOO_NATIVE_STEP_S = 316.5e-6
 #: The executor's own Python cost per message, without a network library (the same command,
 #: with the in-process transport of :mod:`treecoll.collectives.local`) ...
-PYTHON_STEP_S = 64.7e-6
+PYTHON_STEP_S = 57.4e-6
 #: ... plus one NCCL point-to-point operation: nccl-tests' sendrecv reports about 3 µs for
 #: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
 EXECUTOR_COSTS = {
-    "gloo": ExecutorCost("gloo", GLOO_STEP_S, GLOO_NATIVE_STEP_S,
-                         "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 20"),
-    "nccl": ExecutorCost("nccl", PYTHON_STEP_S + NCCL_P2P_S, None,
-                         "the executor's Python cost per message (fitted with the in-process transport) + "
-                         "NCCL sendrecv small-message time ~3 us (https://github.com/NVIDIA/nccl/issues/1487)"),
+    "gloo": ExecutorCost(
+        "gloo",
+        GLOO_STEP_S,
+        GLOO_NATIVE_STEP_S,
+        "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30",
+    ),
+    "nccl": ExecutorCost(
+        "nccl",
+        PYTHON_STEP_S + NCCL_P2P_S,
+        None,
+        "the executor's Python cost per message (fitted with the in-process transport) + "
+        "NCCL sendrecv small-message time ~3 us (https://github.com/NVIDIA/nccl/issues/1487)",
+    ),
 }
 
 
@@ -152,6 +180,7 @@ def backend_of(placement: Placement) -> str:
     if placement.topology is None:
         return "gloo"
     from treecoll.topo.discover import CPU_SLOT_MODEL
+
     nodes = placement.topology.graph.nodes
     return "gloo" if any(nodes[g].get("model") == CPU_SLOT_MODEL for g in placement.gpus) else "nccl"
 
@@ -261,10 +290,18 @@ class CostModel:
     True
     """
 
-    def __init__(self, placement: Placement | Topology | None = None, ranks: RanksArg = None, *,
-                 nranks: int | None = None, step_overhead: float = 0.0, msg_overhead: float | None = None,
-                 mode: str = DEFAULT_MODE, backend: str | None = None,
-                 chunk_candidates: Sequence[int] = CHUNK_CANDIDATES) -> None:
+    def __init__(
+        self,
+        placement: Placement | Topology | None = None,
+        ranks: RanksArg = None,
+        *,
+        nranks: int | None = None,
+        step_overhead: float = 0.0,
+        msg_overhead: float | None = None,
+        mode: str = DEFAULT_MODE,
+        backend: str | None = None,
+        chunk_candidates: Sequence[int] = CHUNK_CANDIDATES,
+    ) -> None:
         if mode not in MODES:
             raise TreeError(f"cost model: mode expected one of {list(MODES)}, got {mode!r}")
         self.placement = as_placement(placement, ranks, nranks=nranks, what="cost model")
@@ -327,14 +364,16 @@ class CostModel:
         return reduce_time(self._mem_bw[rank], nbytes)
 
     # ------------------------------------------------------------------ trees
-    def tree_time(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
-                  nchunks: int = 1) -> float:
+    def tree_time(
+        self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", nchunks: int = 1
+    ) -> float:
         """Predicted seconds of a (multi)tree ``collective`` on ``nbytes`` split in ``nchunks``
         chunks per tree (see the module docstring for the model)."""
         return self.tree_times(plan, nbytes, collective, (nchunks,))[0]
 
-    def tree_times(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
-                   chunk_counts: Sequence[int] = (1,)) -> list[float]:
+    def tree_times(
+        self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", chunk_counts: Sequence[int] = (1,)
+    ) -> list[float]:
         """:meth:`tree_time` for several chunk counts (link rates computed once)."""
         multi = as_multi(plan)
         if multi.size != self.nranks:
@@ -363,8 +402,9 @@ class CostModel:
                         downs = [(c, self._pair(r, c)[0], 1.0 / rate[(r, c)]) for c in kids] if down else None
                         # an inner rank also issues its messages of the other trees, interleaved: on
                         # average half of them before a given message of this tree
-                        nodes.append((r, ups, downs, 3.0 / (self._mem_bw[r] * 1e9),
-                                      o * (busy[r] + own[r]) / (2 * own[r])))
+                        nodes.append(
+                            (r, ups, downs, 3.0 / (self._mem_bw[r] * 1e9), o * (busy[r] + own[r]) / (2 * own[r]))
+                        )
                 prepared.append((t, share, nodes))
             return prepared
 
@@ -383,7 +423,7 @@ class CostModel:
                 total = 0.0
                 if up:
                     finish = [0.0] * t.size
-                    sends = [o] * t.size          # a rank's cost for its send up
+                    sends = [o] * t.size  # a rank's cost for its send up
                     for r, ups, _, red, o_r in nodes:
                         arrive = max(finish[c] + sends[c] + lat + m * inv for c, lat, inv in ups)
                         finish[r] = max(len(ups) * min(k, LOOKAHEAD) * o_r, arrive) + len(ups) * red * m
@@ -392,7 +432,7 @@ class CostModel:
                 if down:
                     reach = [0.0] * t.size
                     for r, _, downs, _, o_r in reversed(nodes):
-                        free = reach[r]           # the parent sends to its children one after another
+                        free = reach[r]  # the parent sends to its children one after another
                         for i, (c, lat, inv) in enumerate(downs):
                             free = max(free, reach[r] + (i + 1) * o_r) + m * inv
                             reach[c] = free + lat
@@ -400,7 +440,7 @@ class CostModel:
                 # steady state: per chunk a rank handles its messages one after another (CPU)
                 # while its links carry the chunk
                 stage = 0.0
-                for r, ups, downs, red, _ in (prepared_by[False][ti][2] if k > 1 else ()):
+                for r, ups, downs, red, _ in prepared_by[False][ti][2] if k > 1 else ():
                     c = len(ups or downs)
                     msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
                     cpu = msgs * o + (c * red * m if up else 0.0)
@@ -421,13 +461,14 @@ class CostModel:
             out.append(worst)
         return out
 
-    def _tree_rates(self, multi: MultiTree, up: bool, down: bool, by_level: bool = False
-                    ) -> dict[tuple[int, int], float]:
+    def _tree_rates(
+        self, multi: MultiTree, up: bool, down: bool, by_level: bool = False
+    ) -> dict[tuple[int, int], float]:
         """Rates of the tree edges (both ways for an allreduce). All edges of all trees share the
         links at once (a pipeline in steady state), or with ``by_level`` only the edges that are
         busy at the same time with one chunk: going up, those whose child's subtree has the same
         height; going down, those whose child has the same depth."""
-        key = (tuple(t.parents for t in multi.trees), up, down, by_level)   # rates depend on edges only
+        key = (tuple(t.parents for t in multi.trees), up, down, by_level)  # rates depend on edges only
         hit = self._rate_memo.get(key)
         if hit is not None:
             return hit
@@ -437,9 +478,9 @@ class CostModel:
         for t in multi.trees:
             depth, height = _levels(t) if by_level else (None, None)
             for c, p in t.edges():
-                if up:      # a child sends up once its subtree is done: its height says when
+                if up:  # a child sends up once its subtree is done: its height says when
                     groups[("up", height[c]) if by_level else 0].append((c, p))
-                if down:    # a parent forwards down once the chunk reached it (its depth says when), to
+                if down:  # a parent forwards down once the chunk reached it (its depth says when), to
                     # one child after another
                     groups[("down", depth[c], t.children[p].index(c)) if by_level else 0].append((p, c))
         rate: dict[tuple[int, int], float] = {}
@@ -449,8 +490,9 @@ class CostModel:
         self._rate_memo[key] = rate
         return rate
 
-    def order_children(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
-                       nchunks: int | None = None) -> Tree | MultiTree:
+    def order_children(
+        self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", nchunks: int | None = None
+    ) -> Tree | MultiTree:
         """``plan`` with every rank's children reordered so its broadcast phase ends first.
 
         A rank forwards a chunk to its children one after another (each send costs
@@ -487,8 +529,12 @@ class CostModel:
             return trees[0]
         return MultiTree(tuple(trees), multi.shares, name=plan.name)
 
-    def best_ordered(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce",
-                     ) -> tuple[Tree | MultiTree, int, float]:
+    def best_ordered(
+        self,
+        plan: Tree | MultiTree,
+        nbytes: float,
+        collective: str = "allreduce",
+    ) -> tuple[Tree | MultiTree, int, float]:
         """(plan with its best child order, nchunks, seconds): for every candidate chunk
         count, the children ordered by :meth:`order_children` for that count; the least
         time wins (ties: fewer chunks). The least predicted time of ``plan``'s edges
@@ -501,14 +547,25 @@ class CostModel:
                 best = (ordered, k, secs)
         return best
 
-    def _chunk_counts(self, nbytes: float, candidates: Sequence[int] | None = None,
-                      min_chunk_bytes: int = 4096) -> list[int]:
-        ks = [k for k in (self.chunk_candidates if candidates is None else candidates)
-              if k == 1 or nbytes / k >= min_chunk_bytes]
+    def _chunk_counts(
+        self, nbytes: float, candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096
+    ) -> list[int]:
+        ks = [
+            k
+            for k in (self.chunk_candidates if candidates is None else candidates)
+            if k == 1 or nbytes / k >= min_chunk_bytes
+        ]
         return ks or [1]
 
-    def best_nchunks(self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", *,
-                     candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096) -> tuple[int, float]:
+    def best_nchunks(
+        self,
+        plan: Tree | MultiTree,
+        nbytes: float,
+        collective: str = "allreduce",
+        *,
+        candidates: Sequence[int] | None = None,
+        min_chunk_bytes: int = 4096,
+    ) -> tuple[int, float]:
         """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
         ks = self._chunk_counts(nbytes, candidates, min_chunk_bytes)
         times = self.tree_times(plan, nbytes, collective, ks)
@@ -617,7 +674,7 @@ class CostModel:
                 if cut > 0:
                     bw_lb = max(bw_lb, nbytes / (cut * 1e9))
         dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
-        o = min(self.msg_overhead, MSG_OVERHEAD)    # the communication library's own collectives pay less
+        o = min(self.msg_overhead, MSG_OVERHEAD)  # the communication library's own collectives pay less
         lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + o
         # a rank merges at most one more message per overhead o: after t*o it holds <= 2^t values
         lat = max(lat, o * math.ceil(math.log2(n)))

@@ -112,6 +112,7 @@ operation on the process group's stream; the schedules post receives before
 the sends that depend on them and wait on a send only before overwriting its
 buffer, but this path has not been run on GPUs here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -141,8 +142,16 @@ if TYPE_CHECKING:
     #: a collective's value: a tensor or a tuple of tensors (one device)
     Value = torch.Tensor | tuple[torch.Tensor, ...]
 
-__all__ = ["reduce", "broadcast", "allreduce", "CollectiveOptions", "run_schedule", "AUTO_RSAG_BYTES",
-           "AUTO_P2_RSAG_BYTES", "FINGERPRINT_BYTES"]
+__all__ = [
+    "reduce",
+    "broadcast",
+    "allreduce",
+    "CollectiveOptions",
+    "run_schedule",
+    "AUTO_RSAG_BYTES",
+    "AUTO_P2_RSAG_BYTES",
+    "FINGERPRINT_BYTES",
+]
 
 #: what ``op=`` takes: a registered name, an :class:`Op` or a callable ``op(a, b)``
 OpArg = str | Op | Callable[[Any, Any], Any]
@@ -187,8 +196,9 @@ class CollectiveOptions:
         if self.check not in (True, False, "always"):
             raise CollectiveError(f"options: check expected True, False or 'always', got {self.check!r}")
         t = self.timeout
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
-                              or not math.isfinite(t)):
+        if t is not None and (
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or not math.isfinite(t)
+        ):
             raise CollectiveError(f"options: timeout expected a positive number of seconds, got {t!r}")
 
     @property
@@ -211,14 +221,26 @@ def _fail(what: str, s, r: int, err: BaseException, timeout: float, elapsed: flo
     verb = {"recv": "receiving", "send": "sending"}.get(s.kind, "waiting for")
     direction = "from" if s.kind == "recv" else "to"
     when = f"within {timeout:g} s" if elapsed >= 0.9 * timeout else f"after {elapsed:.2g} s (timeout {timeout:g} s)"
-    return CollectiveError(f"{what}: rank {r} failed {verb} chunk {s.chunk} {direction} rank {s.peer} "
-                           f"{when}: {_brief(err)}; "
-                           f"the peer may have died, timed out, or called a different collective "
-                           f"(another tree, shape, dtype or op)")
+    return CollectiveError(
+        f"{what}: rank {r} failed {verb} chunk {s.chunk} {direction} rank {s.peer} "
+        f"{when}: {_brief(err)}; "
+        f"the peer may have died, timed out, or called a different collective "
+        f"(another tree, shape, dtype or op)"
+    )
 
 
-def run_schedule(schedule: Schedule, layout: Layout, buf: Any, op: Op, transport: Any, *, timeout: float,
-                 what: str = "", tag_base: int = 0, scratch: LRU | None = None) -> None:
+def run_schedule(
+    schedule: Schedule,
+    layout: Layout,
+    buf: Any,
+    op: Op,
+    transport: Any,
+    *,
+    timeout: float,
+    what: str = "",
+    tag_base: int = 0,
+    scratch: LRU | None = None,
+) -> None:
     """Run this rank's steps of ``schedule`` on ``buf`` (a buffer of ``layout``); the
     message of chunk c carries tag ``tag_base + c``. ``scratch``: where scratch buffers
     are kept between calls (the planner's, per group; None: new ones). An operator's
@@ -229,8 +251,8 @@ def run_schedule(schedule: Schedule, layout: Layout, buf: Any, op: Op, transport
     steps = schedule.steps[r]
     works: dict[int, Any] = {}
     done: set[int] = set()
-    sends = defaultdict(list)       # chunk -> step indices of sends in flight (reading buf[chunk])
-    writes: dict[tuple[int, int], int] = {}   # (chunk, slot) -> recv step writing it
+    sends = defaultdict(list)  # chunk -> step indices of sends in flight (reading buf[chunk])
+    writes: dict[tuple[int, int], int] = {}  # (chunk, slot) -> recv step writing it
     slots: dict[int, Any] = {}
 
     def wait(i: int) -> None:
@@ -240,7 +262,7 @@ def run_schedule(schedule: Schedule, layout: Layout, buf: Any, op: Op, transport
         if w is not None:
             t0 = time.monotonic()
             try:
-                for x in (w if isinstance(w, list) else (w,)):
+                for x in w if isinstance(w, list) else (w,):
                     transport.wait(x, timeout)
             except Exception as e:  # noqa: BLE001 - backend errors are RuntimeError, DistBackendError, ...
                 raise _fail(what, steps[i], r, e, timeout, time.monotonic() - t0) from e
@@ -311,8 +333,10 @@ def _reduce_chunk(layout: Layout, buf, other, c: int, right: bool, op: Op, reduc
     except TreecollError:
         raise
     except Exception as e:  # the user's operator may raise anything
-        raise CollectiveError(f"{what}: op {op.name!r} raised {type(e).__name__} on rank {r} (chunk {c}): "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise CollectiveError(
+            f"{what}: op {op.name!r} raised {type(e).__name__} on rank {r} (chunk {c}): "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
 
 
 def _post(fn, t, peer: int, tag: int):
@@ -323,10 +347,12 @@ def _post(fn, t, peer: int, tag: int):
 
 def _store(dst, res, what: str, op: Op) -> None:
     import torch
+
     if isinstance(dst, tuple):
         if not isinstance(res, (tuple, list)) or len(res) != len(dst):
-            raise CollectiveError(f"{what}: op {op.name!r} expected to return a tuple of {len(dst)} tensors, "
-                                  f"got {type(res).__name__}")
+            raise CollectiveError(
+                f"{what}: op {op.name!r} expected to return a tuple of {len(dst)} tensors, got {type(res).__name__}"
+            )
         for d, v in zip(dst, res):
             if d.data_ptr() != v.data_ptr():
                 d.copy_(v)
@@ -335,8 +361,10 @@ def _store(dst, res, what: str, op: Op) -> None:
         raise CollectiveError(f"{what}: op {op.name!r} expected to return a tensor, got {type(res).__name__}")
     if res.data_ptr() != dst.data_ptr():
         if res.shape != dst.shape:
-            raise CollectiveError(f"{what}: op {op.name!r} returned shape {tuple(res.shape)}, "
-                                  f"expected {tuple(dst.shape)} (the operands' shape)")
+            raise CollectiveError(
+                f"{what}: op {op.name!r} returned shape {tuple(res.shape)}, "
+                f"expected {tuple(dst.shape)} (the operands' shape)"
+            )
         dst.copy_(res)
 
 
@@ -356,8 +384,10 @@ def _agree(transport: Any, text: str, what: str, timeout: float, agreed: LRU, *,
     except Exception as e:  # noqa: BLE001
         elapsed = time.monotonic() - t0
         when = f"within {timeout:g} s" if elapsed >= 0.9 * timeout else f"after {elapsed:.2g} s"
-        err = CollectiveError(f"{what}: fingerprint exchange failed {when}: {_brief(e)}; a rank may have died, "
-                              f"or ranks called different collectives")
+        err = CollectiveError(
+            f"{what}: fingerprint exchange failed {when}: {_brief(e)}; a rank may have died, "
+            f"or ranks called different collectives"
+        )
         mark_broken(getattr(transport, "comm", None), str(err))
         raise err from e
     entries = []
@@ -371,8 +401,10 @@ def _agree(transport: Any, text: str, what: str, timeout: float, agreed: LRU, *,
         mine = hashes[transport.rank]
         odd = [r for r, h in enumerate(hashes) if h != mine]
         detail = "; ".join(f"rank {r}: {entries[r]['d']}" for r in sorted(set([transport.rank] + odd))[:4])
-        raise CollectiveError(f"{what}: ranks disagree on the collective (tree, shapes, dtypes, op): "
-                        f"ranks {odd} differ from rank {transport.rank}; {detail}")
+        raise CollectiveError(
+            f"{what}: ranks disagree on the collective (tree, shapes, dtypes, op): "
+            f"ranks {odd} differ from rank {transport.rank}; {detail}"
+        )
     agreed[text] = True
 
 
@@ -397,8 +429,19 @@ def _check_root(root: Any, what: str) -> None:
         raise CollectiveError(f"{what}: root expected an integer group rank, got {type(root).__name__} {root!r}")
 
 
-def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, placement: Placement | None,
-         group: Any, out: Any, options: CollectiveOptions | None, transport: Any) -> Any:
+def _run(
+    collective: str,
+    x: Any,
+    *,
+    op: OpArg,
+    tree: Any,
+    root: int | None,
+    placement: Placement | None,
+    group: Any,
+    out: Any,
+    options: CollectiveOptions | None,
+    transport: Any,
+) -> Any:
     what = _label(collective, root)
     _check_root(root, what)
     opts = _DEFAULTS if options is None else options
@@ -407,31 +450,53 @@ def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, pla
     if placement is not None and not isinstance(placement, Placement):
         raise PlacementError(f"{what}: placement expected a Placement or None, got {type(placement).__name__}")
     if placement is not None and group is not None:
-        raise PlacementError(f"{what}: got a placement and a group; pass the group inside the placement "
-                             f"(Placement(topology, ranks, group=group))")
+        raise PlacementError(
+            f"{what}: got a placement and a group; pass the group inside the placement "
+            f"(Placement(topology, ranks, group=group))"
+        )
     planner = default_planner()
     if transport is None:
         transport = TorchTransport(placement.group if placement is not None else group)
     comm = getattr(transport, "comm", None)
     check_usable(comm, what)
     if placement is not None and placement.nranks != transport.size:
-        raise PlacementError(f"{what}: the placement maps {placement.nranks} ranks, the group has {transport.size}; "
-                             f"build the placement for the group (Placement(topology, {transport.size}) or "
-                             f"group=...)")
+        raise PlacementError(
+            f"{what}: the placement maps {placement.nranks} ranks, the group has {transport.size}; "
+            f"build the placement for the group (Placement(topology, {transport.size}) or "
+            f"group=...)"
+        )
     if not (tree is None or isinstance(tree, (Tree, MultiTree))):
-        tree = resolve_tree_arg(tree, files=planner.tree_files)   # a path: read again only when the file changed
+        tree = resolve_tree_arg(tree, files=planner.tree_files)  # a path: read again only when the file changed
     # fast path: the same call shape again (a decode loop) skips planning, layout and probing
-    fkey = (collective, opts.algo, root, opts.nchunks, _ident(op), tree if isinstance(tree, str) else id(tree),
-            placement.plan_key if placement is not None else None, transport.rank, transport.size,
-            bool(opts.check), _value_sig(x))
+    fkey = (
+        collective,
+        opts.algo,
+        root,
+        opts.nchunks,
+        _ident(op),
+        tree if isinstance(tree, str) else id(tree),
+        placement.plan_key if placement is not None else None,
+        transport.rank,
+        transport.size,
+        bool(opts.check),
+        _value_sig(x),
+    )
     hit = planner.calls.get(fkey)
     if hit is not None and (hit[0] is op or isinstance(op, (str, Op))) and (hit[1] is tree or isinstance(tree, str)):
         prep = hit[2]
     else:
         # no placement: the group's P ranks without a topology
-        prep = _prepare(collective, x, op=op, tree=tree, root=root, options=opts, transport=transport,
-                        placement=placement if placement is not None else Placement(ranks=transport.size),
-                        planner=planner)
+        prep = _prepare(
+            collective,
+            x,
+            op=op,
+            tree=tree,
+            root=root,
+            options=opts,
+            transport=transport,
+            placement=placement if placement is not None else Placement(ranks=transport.size),
+            planner=planner,
+        )
         planner.calls[fkey] = (op, tree, prep)
     opx, sched, layout, what, text, tag_base, problem = prep
     me = transport.rank
@@ -447,7 +512,8 @@ def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, pla
     if problem:
         raise CollectiveError(f"{what}: {problem}")
     import torch
-    if sched is None:       # the backend's own allreduce is predicted faster (or as fast)
+
+    if sched is None:  # the backend's own allreduce is predicted faster (or as fast)
         with torch.no_grad():
             dst = x if inplace else out.copy_(x)
             try:
@@ -460,8 +526,9 @@ def _run(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, pla
         keep_x = not inplace or (collective == "reduce" and me != root and _writes_own(sched, me))
         buf = layout.pack(x, reuse=not keep_x)
         try:
-            run_schedule(sched, layout, buf, opx, transport, timeout=timeout, what=what, tag_base=tag_base,
-                         scratch=cache.scratch)
+            run_schedule(
+                sched, layout, buf, opx, transport, timeout=timeout, what=what, tag_base=tag_base, scratch=cache.scratch
+            )
         except BaseException as e:
             mark_broken(comm, str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise
@@ -493,9 +560,11 @@ def _check_writable(x, what: str) -> None:
     for i, p in enumerate(Layout.parts_of(x)[1]):
         if not p.is_contiguous() and any(st == 0 and n > 1 for st, n in zip(p.stride(), p.shape)):
             where = f"x[{i}]" if isinstance(x, (tuple, list)) else "x"
-            raise CollectiveError(f"{what}: {where} cannot take the result in place: elements share memory "
-                                  f"(shape {tuple(p.shape)}, stride {tuple(p.stride())}, e.g. from expand()); "
-                                  f"pass out= or a clone()")
+            raise CollectiveError(
+                f"{what}: {where} cannot take the result in place: elements share memory "
+                f"(shape {tuple(p.shape)}, stride {tuple(p.stride())}, e.g. from expand()); "
+                f"pass out= or a clone()"
+            )
 
 
 def _check_out(out, x, what: str) -> None:
@@ -505,13 +574,25 @@ def _check_out(out, x, what: str) -> None:
         raise CollectiveError(f"{what}: out expected {len(xparts)} tensors like x, got {len(oparts)}")
     for o, p in zip(oparts, xparts):
         if o.shape != p.shape or o.dtype != p.dtype or o.device != p.device:
-            raise CollectiveError(f"{what}: out expected shape {tuple(p.shape)}, dtype {p.dtype} and device "
-                                  f"{p.device}, got {tuple(o.shape)}, {o.dtype} and {o.device}")
+            raise CollectiveError(
+                f"{what}: out expected shape {tuple(p.shape)}, dtype {p.dtype} and device "
+                f"{p.device}, got {tuple(o.shape)}, {o.dtype} and {o.device}"
+            )
     _check_writable(out, what)
 
 
-def _prepare(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None, placement: Placement,
-             options: CollectiveOptions, transport: Any, planner: Planner) -> tuple:
+def _prepare(
+    collective: str,
+    x: Any,
+    *,
+    op: OpArg,
+    tree: Any,
+    root: int | None,
+    placement: Placement,
+    options: CollectiveOptions,
+    transport: Any,
+    planner: Planner,
+) -> tuple:
     """(op, schedule, layout, label, agreement text, tag base, problem) for a call (kept by the caller);
     ``problem`` is what the associativity probe found ('' when nothing)."""
     opx = resolve_op(op)
@@ -525,9 +606,17 @@ def _prepare(collective: str, x: Any, *, op: OpArg, tree: Any, root: int | None,
         text = f"native:{backend}|{layout.descriptor()}|{opx.key()}"
         return opx, None, layout, what, text, 0, ""
     probe = Layout.of(x, opx, [1.0])
-    plan, sched = planner.schedule_for(tree, collective=collective, nbytes=_nbytes(x), placement=placement, op=opx,
-                                       algo=options.algo if collective == "allreduce" else "tree", root=root,
-                                       nchunks=options.nchunks, max_chunks=probe.max_chunks)
+    plan, sched = planner.schedule_for(
+        tree,
+        collective=collective,
+        nbytes=_nbytes(x),
+        placement=placement,
+        op=opx,
+        algo=options.algo if collective == "allreduce" else "tree",
+        root=root,
+        nchunks=options.nchunks,
+        max_chunks=probe.max_chunks,
+    )
     layout = Layout.of(x, opx, sched.shares)
     problem = _associativity_problem(opx, layout, planner.probes) if options.check else ""
     ident = plan.fingerprint() if plan is not None else sched.name.partition("/")[0]
@@ -542,6 +631,7 @@ def _native_backend(collective: str, x: Any, op: Op, tree: Any, options: Collect
     ``algo="auto"``, no tree asked for, a built-in operator (sum, prod, max, min), one tensor,
     over a process group of a backend with a model (:data:`treecoll.collectives.cost.EXECUTOR_COSTS`)."""
     from .cost import EXECUTOR_COSTS
+
     if collective != "allreduce" or options.algo != "auto" or (tree is not None and tree != "auto"):
         return ""
     if not op.torch_name or isinstance(x, (tuple, list)) or not hasattr(transport, "native_allreduce"):
@@ -585,6 +675,7 @@ def _associativity_problem(op: Op, layout: Layout, probes: LRU) -> str:
 
 def _probe(op: Op, layout: Layout) -> str:
     import torch
+
     shapes = [((min(2, s[0]),) + tuple(s[1:])) if layout.split and s else tuple(s) for s in layout.shapes]
     if any(math.prod(s) > PROBE_ELEMENTS or math.prod(s) == 0 for s in shapes):
         return ""
@@ -625,10 +716,12 @@ def _probe(op: Op, layout: Layout) -> str:
         worst = max(worst, float(diff.max()) / scale if diff.numel() else 0.0)
         eps = torch.finfo(lt.dtype).eps if lt.dtype.is_floating_point else 0.0
         if worst > max(1e-4, 64 * eps):
-            return (f"op {op.name!r} is not associative: (a op b) op c and a op (b op c) differ by {worst:.3g} "
-                    f"(relative) on random values of the value's structure, so the result would depend on "
-                    f"the tree; use an associative operator (e.g. carry sums and counts instead of averages), "
-                    f"or set fn.associative = True to skip this probe")
+            return (
+                f"op {op.name!r} is not associative: (a op b) op c and a op (b op c) differ by {worst:.3g} "
+                f"(relative) on random values of the value's structure, so the result would depend on "
+                f"the tree; use an associative operator (e.g. carry sums and counts instead of averages), "
+                f"or set fn.associative = True to skip this probe"
+            )
     return ""
 
 
@@ -643,9 +736,17 @@ def _same(out, x) -> bool:
     return len(a) == len(b) and all(p is q for p, q in zip(a, b))
 
 
-def allreduce(x: Value, *, op: OpArg = "sum", tree: Any = None, placement: Placement | None = None,
-              group: Any = None, out: Value | None = None, options: CollectiveOptions | None = None,
-              _transport: Any = None) -> Value:
+def allreduce(
+    x: Value,
+    *,
+    op: OpArg = "sum",
+    tree: Any = None,
+    placement: Placement | None = None,
+    group: Any = None,
+    out: Value | None = None,
+    options: CollectiveOptions | None = None,
+    _transport: Any = None,
+) -> Value:
     """Every rank gets ``x_0 op x_1 op ... op x_{P-1}``: writes the result into `x` in place and returns it.
 
     ``out=``: the result goes there and ``x`` is left unmodified. ``tree``: a Tree,
@@ -653,30 +754,78 @@ def allreduce(x: Value, *, op: OpArg = "sum", tree: Any = None, placement: Place
     ``group``), ``options``: see the module docstring. ``_transport``: an in-process
     transport (:mod:`treecoll.collectives.local`) in place of the process group.
     """
-    return _run("allreduce", x, op=op, tree=tree, root=None, placement=placement, group=group, out=out,
-                options=options, transport=_transport)
+    return _run(
+        "allreduce",
+        x,
+        op=op,
+        tree=tree,
+        root=None,
+        placement=placement,
+        group=group,
+        out=out,
+        options=options,
+        transport=_transport,
+    )
 
 
-def reduce(x: Value, *, root: int = 0, op: OpArg = "sum", tree: Any = None, placement: Placement | None = None,
-           group: Any = None, out: Value | None = None, options: CollectiveOptions | None = None,
-           _transport: Any = None) -> Value | None:
+def reduce(
+    x: Value,
+    *,
+    root: int = 0,
+    op: OpArg = "sum",
+    tree: Any = None,
+    placement: Placement | None = None,
+    group: Any = None,
+    out: Value | None = None,
+    options: CollectiveOptions | None = None,
+    _transport: Any = None,
+) -> Value | None:
     """Rank ``root`` gets ``x_0 op ... op x_{P-1}``: writes the result into `x` in place and returns it (on ``root``).
 
     Other ranks return None and their ``x`` is left unmodified. ``out=``: the result goes
     there on ``root`` and ``x`` is left unmodified. ``root`` is a group rank. See the
     module docstring (``options.algo`` does not apply: reduce runs a tree).
     """
-    return _run("reduce", x, op=op, tree=tree, root=root, placement=placement, group=group, out=out,
-                options=options, transport=_transport)
+    return _run(
+        "reduce",
+        x,
+        op=op,
+        tree=tree,
+        root=root,
+        placement=placement,
+        group=group,
+        out=out,
+        options=options,
+        transport=_transport,
+    )
 
 
-def broadcast(x: Value, *, root: int = 0, tree: Any = None, placement: Placement | None = None, group: Any = None,
-              out: Value | None = None, options: CollectiveOptions | None = None, _transport: Any = None) -> Value:
+def broadcast(
+    x: Value,
+    *,
+    root: int = 0,
+    tree: Any = None,
+    placement: Placement | None = None,
+    group: Any = None,
+    out: Value | None = None,
+    options: CollectiveOptions | None = None,
+    _transport: Any = None,
+) -> Value:
     """Every rank gets group rank ``root``'s ``x``: writes the result into `x` in place and returns it.
 
     ``x`` needs the same shapes and dtypes on every rank. ``out=``: the result goes there
     and ``x`` is left unmodified. See the module docstring (``options.algo`` does not
     apply: broadcast runs a tree).
     """
-    return _run("broadcast", x, op="sum", tree=tree, root=root, placement=placement, group=group, out=out,
-                options=options, transport=_transport)
+    return _run(
+        "broadcast",
+        x,
+        op="sum",
+        tree=tree,
+        root=root,
+        placement=placement,
+        group=group,
+        out=out,
+        options=options,
+        transport=_transport,
+    )

@@ -33,6 +33,7 @@ NCCL, any backend); tests use an in-process one (see
 ``size``, ``comm`` (the communicator object that per-group state is keyed on,
 or None), ``isend``, ``irecv``, ``wait`` and ``all_gather_bytes``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -42,8 +43,15 @@ from typing import Any
 
 from treecoll.topo.errors import CollectiveError, MissingDependency
 
-__all__ = ["GroupInfo", "group_info", "resolve_group", "TorchTransport", "DEFAULT_TIMEOUT", "mark_broken",
-           "check_usable"]
+__all__ = [
+    "GroupInfo",
+    "group_info",
+    "resolve_group",
+    "TorchTransport",
+    "DEFAULT_TIMEOUT",
+    "mark_broken",
+    "check_usable",
+]
 
 #: seconds any single wait may take when neither the call nor the group says otherwise
 DEFAULT_TIMEOUT = 300.0
@@ -70,8 +78,9 @@ class GroupInfo:
     def to_global(self, r: int) -> int:
         """Global rank of group rank ``r``; a rank outside ``0..size-1`` raises :class:`CollectiveError`."""
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.size:
-            raise CollectiveError(f"group rank {r!r}: expected an integer in 0..{self.size - 1} (the group's size "
-                                  f"is {self.size})")
+            raise CollectiveError(
+                f"group rank {r!r}: expected an integer in 0..{self.size - 1} (the group's size is {self.size})"
+            )
         return self.global_ranks[r]
 
     def to_local(self, g: int) -> int:
@@ -79,8 +88,10 @@ class GroupInfo:
         try:
             return self.global_ranks.index(g)
         except ValueError:
-            raise CollectiveError(f"global rank {g!r}: not a member of the group (its global ranks are "
-                                  f"{list(self.global_ranks[:8])}{'...' if self.size > 8 else ''})") from None
+            raise CollectiveError(
+                f"global rank {g!r}: not a member of the group (its global ranks are "
+                f"{list(self.global_ranks[:8])}{'...' if self.size > 8 else ''})"
+            ) from None
 
 
 #: one process without torch.distributed: the group of one that the attention decoders accept
@@ -97,8 +108,9 @@ def resolve_group(group: Any = None) -> Any:
     current object for None (so a re-initialised default group is a new group)."""
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
-        raise CollectiveError("process group: torch.distributed is not initialised; "
-                              "call torch.distributed.init_process_group first")
+        raise CollectiveError(
+            "process group: torch.distributed is not initialised; call torch.distributed.init_process_group first"
+        )
     return group if group is not None else dist.group.WORLD
 
 
@@ -140,10 +152,12 @@ def check_usable(comm: Any, what: str) -> None:
     """Raise :class:`CollectiveError` at once when a collective already failed on ``comm``."""
     reason = _BROKEN.get(comm) if comm is not None else None
     if reason is not None:
-        raise CollectiveError(f"{what}: the process group is unusable: an earlier collective on it failed "
-                              f"({reason}); destroy it (torch.distributed.destroy_process_group(group)) and create "
-                              f"a new one (init_process_group, or new_group for a subgroup) on every rank before "
-                              f"the next collective")
+        raise CollectiveError(
+            f"{what}: the process group is unusable: an earlier collective on it failed "
+            f"({reason}); destroy it (torch.distributed.destroy_process_group(group)) and create "
+            f"a new one (init_process_group, or new_group for a subgroup) on every rank before "
+            f"the next collective"
+        )
 
 
 class TorchTransport:
@@ -171,13 +185,15 @@ class TorchTransport:
 
     def native_allreduce(self, tensor: Any, op: Any, timeout: float) -> None:
         """The backend's own allreduce of ``tensor`` in place (``op``: an Op with a ``torch_name``)."""
-        work = self._dist.all_reduce(tensor, op=getattr(self._dist.ReduceOp, op.torch_name), group=self._group,
-                                     async_op=True)
+        work = self._dist.all_reduce(
+            tensor, op=getattr(self._dist.ReduceOp, op.torch_name), group=self._group, async_op=True
+        )
         work.wait(timeout=datetime.timedelta(seconds=timeout))
 
     def all_gather_bytes(self, payload: bytes, length: int, timeout: float) -> list[bytes]:
         """Every rank's ``payload`` (padded to ``length`` bytes): one all_gather."""
         import torch
+
         data = torch.zeros(length, dtype=torch.uint8)
         raw = payload[:length]
         data[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)

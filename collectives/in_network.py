@@ -14,6 +14,7 @@ Traceback (most recent call last):
   ...
 treecoll.topo.errors.TreeError: NVLS: needs compute capability 9.0 or later on every GPU, got sm 80
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -37,6 +37,7 @@ treecoll.collectives.launch.LaunchError: environment: expected RANK, WORLD_SIZE,
 >>> exit_code(0), exit_code(3), exit_code(-9), exit_code(None)
 (0, 3, 137, None)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +58,23 @@ from typing import IO, Any
 from treecoll.topo.env import int_var
 from treecoll.topo.errors import CollectiveError, TopologyError
 
-__all__ = ["LaunchError", "Job", "JOB_VARIABLES", "job_from_env", "rendezvous_env", "free_port", "die_with_parent",
-           "RankPool", "spawn", "join", "run", "run_commands", "CommandsResult", "exit_code", "TIMEOUT_EXIT"]
+__all__ = [
+    "LaunchError",
+    "Job",
+    "JOB_VARIABLES",
+    "job_from_env",
+    "rendezvous_env",
+    "free_port",
+    "die_with_parent",
+    "RankPool",
+    "spawn",
+    "join",
+    "run",
+    "run_commands",
+    "CommandsResult",
+    "exit_code",
+    "TIMEOUT_EXIT",
+]
 
 #: the variables of an ``env://`` rendezvous that must all be set to join a launched job
 JOB_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -95,12 +111,26 @@ class Job:
     local_world: int
 
 
-def rendezvous_env(rank: int, world: int, master_addr: str, master_port: int, *, local_rank: int | None = None,
-                   local_world: int | None = None, group_rank: int = 0) -> dict[str, str]:
+def rendezvous_env(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    *,
+    local_rank: int | None = None,
+    local_world: int | None = None,
+    group_rank: int = 0,
+) -> dict[str, str]:
     """The ``env://`` variables of ``rank`` as torchrun sets them (``LOCAL_*`` default to one host)."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": str(master_addr),
-            "MASTER_PORT": str(master_port), "LOCAL_RANK": str(rank if local_rank is None else local_rank),
-            "LOCAL_WORLD_SIZE": str(world if local_world is None else local_world), "GROUP_RANK": str(group_rank)}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": str(master_addr),
+        "MASTER_PORT": str(master_port),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "LOCAL_WORLD_SIZE": str(world if local_world is None else local_world),
+        "GROUP_RANK": str(group_rank),
+    }
 
 
 def _env_int(env: Mapping[str, str], key: str, lo: int, hi: int | None) -> int:
@@ -120,9 +150,11 @@ def job_from_env(environ: Mapping[str, str] | None = None) -> Job | None:
     missing = [k for k in JOB_VARIABLES if not env.get(k)]
     if missing:
         given = [k for k in JOB_VARIABLES if env.get(k)]
-        raise LaunchError(f"environment: expected {', '.join(JOB_VARIABLES[:-1])} and {JOB_VARIABLES[-1]} together "
-                          f"(torchrun or any env:// launcher sets them), got {', '.join(given)} without "
-                          f"{', '.join(missing)}; launch with torchrun, or unset {', '.join(given)}")
+        raise LaunchError(
+            f"environment: expected {', '.join(JOB_VARIABLES[:-1])} and {JOB_VARIABLES[-1]} together "
+            f"(torchrun or any env:// launcher sets them), got {', '.join(given)} without "
+            f"{', '.join(missing)}; launch with torchrun, or unset {', '.join(given)}"
+        )
     world = _env_int(env, "WORLD_SIZE", 1, None)
     rank = _env_int(env, "RANK", 0, world - 1)
     port = _env_int(env, "MASTER_PORT", 1, 65535)
@@ -183,8 +215,9 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     return (f"{type(exc).__name__}: {first}" if first else type(exc).__name__), traceback.format_exc()
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, timeout: float, threads: int, inq, outq,
-               parent: int) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, backend: str, timeout: float, threads: int, inq, outq, parent: int
+) -> None:
     """One rank of a :class:`RankPool`: join the group, then run tasks until told to stop."""
     die_with_parent(parent)
     os.environ.update(rendezvous_env(rank, world, LOCALHOST, port))
@@ -197,8 +230,9 @@ def _rank_main(rank: int, world: int, port: int, backend: str, timeout: float, t
         torch.set_num_threads(threads)
         if backend == "nccl":  # rank r drives GPU r (mod the count), chosen before NCCL's first call
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend, init_method="env://", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout)
+        )
     except BaseException as e:  # reported to the parent, which raises
         outq.put((0, rank, False, _failure(e)))
         return
@@ -230,8 +264,17 @@ class RankPool:
     a context manager; :meth:`close` stops the ranks.
     """
 
-    def __init__(self, nproc: int, *, backend: str = "gloo", threads: int = 1, timeout: float = 60.0,
-                 start_timeout: float = 120.0, grace: float = 5.0, where: str = "launch"):
+    def __init__(
+        self,
+        nproc: int,
+        *,
+        backend: str = "gloo",
+        threads: int = 1,
+        timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        grace: float = 5.0,
+        where: str = "launch",
+    ):
         if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
             raise LaunchError(f"{where}: expected a positive number of processes, got {nproc!r}")
         import multiprocessing
@@ -243,10 +286,15 @@ class RankPool:
         self._outq = ctx.Queue()
         self._inqs = [ctx.Queue() for _ in range(nproc)]
         port = free_port()
-        self._procs = [ctx.Process(target=_rank_main, name=f"treecoll-rank{r}", daemon=True,
-                                   args=(r, nproc, port, backend, self.timeout, threads, self._inqs[r], self._outq,
-                                         os.getpid()))
-                       for r in range(nproc)]
+        self._procs = [
+            ctx.Process(
+                target=_rank_main,
+                name=f"treecoll-rank{r}",
+                daemon=True,
+                args=(r, nproc, port, backend, self.timeout, threads, self._inqs[r], self._outq, os.getpid()),
+            )
+            for r in range(nproc)
+        ]
         try:
             for p in self._procs:
                 p.start()
@@ -261,19 +309,28 @@ class RankPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, ranks: Sequence[int] | None = None,
-            expect: int | None = None) -> list:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+        ranks: Sequence[int] | None = None,
+        expect: int | None = None,
+    ) -> list:
         """Run ``fn(rank, nproc, *args)`` on every rank (or on ``ranks``); results in rank
         order, None for a rank that did not run it. ``expect``: return once that many
         ranks answered (a rank may leave the group on purpose); default all."""
         if self._broken:
-            raise LaunchError(f"{self.where}: expected a working pool, got one stopped earlier ({self._broken}); "
-                              f"start a new one")
+            raise LaunchError(
+                f"{self.where}: expected a working pool, got one stopped earlier ({self._broken}); start a new one"
+            )
         try:
             blob = pickle.dumps((fn, args))
         except Exception as e:  # noqa: BLE001 - any pickling failure is the caller's to fix
-            raise LaunchError(f"{self.where}: expected a module-level function and picklable arguments, got "
-                              f"{getattr(fn, '__qualname__', fn)!r}: {type(e).__name__}: {e}") from None
+            raise LaunchError(
+                f"{self.where}: expected a module-level function and picklable arguments, got "
+                f"{getattr(fn, '__qualname__', fn)!r}: {type(e).__name__}: {e}"
+            ) from None
         ranks = list(range(self.nproc)) if ranks is None else list(ranks)
         bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.nproc]
         if bad or not ranks:
@@ -281,8 +338,13 @@ class RankPool:
         self._tid += 1
         for r in ranks:
             self._inqs[r].put((self._tid, blob))
-        answers = self._wait(self._tid, ranks, len(ranks) if expect is None else expect,
-                             self.timeout if timeout is None else timeout, getattr(fn, "__name__", "call"))
+        answers = self._wait(
+            self._tid,
+            ranks,
+            len(ranks) if expect is None else expect,
+            self.timeout if timeout is None else timeout,
+            getattr(fn, "__name__", "call"),
+        )
         return [pickle.loads(answers[r][1]) if r in answers else None for r in range(self.nproc)]
 
     def _wait(self, tid: int, ranks: list[int], need: int, timeout: float, what: str) -> dict:
@@ -297,8 +359,10 @@ class RankPool:
             if left <= 0:
                 missing = [r for r in ranks if r not in answers]
                 self._stop(f"{what} timed out")
-                raise LaunchError(f"{self.where}: {what}: expected {need} ranks to answer within {timeout:g} s, "
-                                  f"got no answer from ranks {missing}; every rank was killed")
+                raise LaunchError(
+                    f"{self.where}: {what}: expected {need} ranks to answer within {timeout:g} s, "
+                    f"got no answer from ranks {missing}; every rank was killed"
+                )
             try:
                 t, r, ok, payload = self._outq.get(timeout=min(left, 0.25))
             except _queue.Empty:
@@ -307,8 +371,11 @@ class RankPool:
                 if dead and len(answers) + len([r for r in ranks if r not in answers and r not in gone]) < need:
                     rank, code = dead[0]
                     self._stop(f"rank {rank} exited")
-                    raise LaunchError(f"{self.where}: {what}: rank {rank} exited with code {code} without an answer; "
-                                      f"the other ranks were stopped", rank=rank) from None
+                    raise LaunchError(
+                        f"{self.where}: {what}: rank {rank} exited with code {code} without an answer; "
+                        f"the other ranks were stopped",
+                        rank=rank,
+                    ) from None
                 continue
             if t != tid:
                 continue
@@ -323,8 +390,7 @@ class RankPool:
             if stuck:
                 self._stop(f"rank {rank} failed while ranks {stuck} were busy")
             also = f" (ranks {failed[1:]} failed too)" if len(failed) > 1 else ""
-            raise LaunchError(f"{self.where}: rank {rank} failed: {message}{also}", rank=rank,
-                              remote_traceback=remote)
+            raise LaunchError(f"{self.where}: rank {rank} failed: {message}{also}", rank=rank, remote_traceback=remote)
         return answers
 
     def _dead(self, ranks: list[int], answers: dict) -> list[tuple[int, int]]:
@@ -362,8 +428,15 @@ class RankPool:
             q.close()
 
 
-def spawn(fn: Callable[..., Any], nproc: int, *args: Any, timeout: float = 60.0, threads: int = 1,
-          backend: str = "gloo", where: str = "launch") -> list:
+def spawn(
+    fn: Callable[..., Any],
+    nproc: int,
+    *args: Any,
+    timeout: float = 60.0,
+    threads: int = 1,
+    backend: str = "gloo",
+    where: str = "launch",
+) -> list:
     """Run ``fn(rank, nproc, *args)`` in ``nproc`` new processes joined in one group
     (gloo, 127.0.0.1, a free port); return the results in rank order.
 
@@ -376,8 +449,9 @@ def spawn(fn: Callable[..., Any], nproc: int, *args: Any, timeout: float = 60.0,
         return pool.run(fn, *args)
 
 
-def join(fn: Callable[..., Any], *args: Any, backend: str | None = None, timeout: float = 600.0,
-         where: str = "launch") -> list:
+def join(
+    fn: Callable[..., Any], *args: Any, backend: str | None = None, timeout: float = 600.0, where: str = "launch"
+) -> list:
     """Under torchrun (or any ``env://`` launcher): run ``fn(rank, world, *args)`` on this
     rank of the launched job and return every rank's result, in rank order, on every rank.
 
@@ -389,8 +463,10 @@ def join(fn: Callable[..., Any], *args: Any, backend: str | None = None, timeout
     """
     job = job_from_env()
     if job is None:
-        raise LaunchError(f"{where}: expected a launched job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by "
-                          f"torchrun or another env:// launcher), got none; use spawn() to start processes")
+        raise LaunchError(
+            f"{where}: expected a launched job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by "
+            f"torchrun or another env:// launcher), got none; use spawn() to start processes"
+        )
     import datetime
 
     import torch
@@ -418,24 +494,33 @@ def join(fn: Callable[..., Any], *args: Any, backend: str | None = None, timeout
     if failed:
         message, remote = gathered[failed[0]][1]
         also = f" (ranks {failed[1:]} failed too)" if len(failed) > 1 else ""
-        raise LaunchError(f"{where}: rank {failed[0]} failed: {message}{also}", rank=failed[0],
-                          remote_traceback=remote)
+        raise LaunchError(f"{where}: rank {failed[0]} failed: {message}{also}", rank=failed[0], remote_traceback=remote)
     return [value for _, value in gathered]
 
 
-def run(fn: Callable[..., Any], nproc: int | None, *args: Any, timeout: float = 60.0, threads: int = 1,
-        backend: str | None = None, where: str = "launch") -> list:
+def run(
+    fn: Callable[..., Any],
+    nproc: int | None,
+    *args: Any,
+    timeout: float = 60.0,
+    threads: int = 1,
+    backend: str | None = None,
+    where: str = "launch",
+) -> list:
     """:func:`join` the launched job when there is one (``nproc``, if given, must be its
     WORLD_SIZE), else :func:`spawn` ``nproc`` processes. Results in rank order."""
     job = job_from_env()
     if job is not None:
         if nproc is not None and nproc != job.world:
-            raise LaunchError(f"{where}: expected {job.world} processes (the WORLD_SIZE of the launched job) or "
-                              f"none, got {nproc}")
+            raise LaunchError(
+                f"{where}: expected {job.world} processes (the WORLD_SIZE of the launched job) or none, got {nproc}"
+            )
         return join(fn, *args, backend=backend, timeout=timeout, where=where)
     if nproc is None:
-        raise LaunchError(f"{where}: expected a number of processes to start (no launched job: RANK and "
-                          f"WORLD_SIZE are unset), got none")
+        raise LaunchError(
+            f"{where}: expected a number of processes to start (no launched job: RANK and "
+            f"WORLD_SIZE are unset), got none"
+        )
     return spawn(fn, nproc, *args, timeout=timeout, threads=threads, backend=backend or "gloo", where=where)
 
 
@@ -480,9 +565,16 @@ def _terminate(procs: Sequence[subprocess.Popen | None], grace: float) -> None:
         p.wait()
 
 
-def run_commands(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], *, timeout: float | None = None,
-                 grace: float = 3.0, tag_output: bool = False, stdout: IO[str] | None = None,
-                 stderr: IO[str] | None = None) -> CommandsResult:
+def run_commands(
+    argvs: Sequence[Sequence[str]],
+    envs: Sequence[Mapping[str, str]],
+    *,
+    timeout: float | None = None,
+    grace: float = 3.0,
+    tag_output: bool = False,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> CommandsResult:
     """Run rank r as ``argvs[r]`` with environment ``envs[r]`` (complete: nothing is inherited)
     and wait for all of them.
 
@@ -493,8 +585,10 @@ def run_commands(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
     prefixed ``[r<r>] ``; otherwise the ranks inherit this process's outputs.
     """
     if len(argvs) != len(envs) or not argvs or not all(argvs):
-        raise LaunchError(f"run_commands: expected one non-empty command and one environment per rank, got "
-                          f"{len(argvs)} commands and {len(envs)} environments")
+        raise LaunchError(
+            f"run_commands: expected one non-empty command and one environment per rank, got "
+            f"{len(argvs)} commands and {len(envs)} environments"
+        )
     if timeout is not None and timeout <= 0:
         raise LaunchError(f"run_commands: timeout: expected a positive number of seconds, got {timeout!r}")
     prctl, parent = _prctl(), os.getpid()
@@ -507,9 +601,14 @@ def run_commands(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str
         for r, argv in enumerate(argvs):
             pipe = subprocess.PIPE if tag_output else None
             try:
-                procs[r] = subprocess.Popen(list(argv), env=dict(envs[r]), stdout=pipe, stderr=pipe,
-                                            start_new_session=True,
-                                            preexec_fn=lambda: _death_signal(prctl, parent))
+                procs[r] = subprocess.Popen(
+                    list(argv),
+                    env=dict(envs[r]),
+                    stdout=pipe,
+                    stderr=pipe,
+                    start_new_session=True,
+                    preexec_fn=lambda: _death_signal(prctl, parent),
+                )
             except OSError as e:
                 raise LaunchError(f"rank {r}: cannot start {argv[0]!r}: {e}", rank=r) from None
             if tag_output:

@@ -33,6 +33,7 @@ way on every rank since layouts agree).
 >>> lay.mode, lay.bounds, lay.max_chunks
 ('packed', (0, 1, 4), 4)
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -58,9 +59,9 @@ PACK_BYTES = 64 << 10
 ALIGN = 16
 
 
-
 def _torch():
     import torch
+
     return torch
 
 
@@ -118,8 +119,16 @@ class Layout:
             if len(parts) > 1 and sum(p.numel() * p.element_size() for p in parts) <= PACK_BYTES:
                 mode = "packed"
             if rows is None or (not op.chunkable and rows > 1):
-                return cls(mode, is_tuple, shapes, dtypes, next(iter(devs)), 1,
-                           _split(1, [1.0] + [0.0] * (len(shares) - 1)), split=False)
+                return cls(
+                    mode,
+                    is_tuple,
+                    shapes,
+                    dtypes,
+                    next(iter(devs)),
+                    1,
+                    _split(1, [1.0] + [0.0] * (len(shares) - 1)),
+                    split=False,
+                )
         return cls(mode, is_tuple, shapes, dtypes, next(iter(devs)), rows, _split(rows, shares))
 
     @property
@@ -144,7 +153,7 @@ class Layout:
 
     def _row_width(self, i: int) -> int:
         n = 1
-        for d in (self.shapes[i][1:] if self.split else self.shapes[i]):
+        for d in self.shapes[i][1:] if self.split else self.shapes[i]:
             n *= d
         return n
 
@@ -232,7 +241,7 @@ class Layout:
         if self.mode == "flat":
             off = 0
             for o in outs:
-                o.view(-1).copy_(buf[off: off + o.numel()])
+                o.view(-1).copy_(buf[off : off + o.numel()])
                 off += o.numel()
         elif self.mode == "packed":
             for c in range(len(self.bounds) - 1):
@@ -262,7 +271,7 @@ class Layout:
             return buf[a:b]
         if self.mode == "packed":
             start, length, _ = self._segments()[0][c]
-            return buf[start: start + length]
+            return buf[start : start + length]
         return tuple(x[a:b] for x in buf)
 
     def values(self, buf: Tensors, c: int) -> Tensors:
@@ -275,8 +284,10 @@ class Layout:
             v = self._view(buf[a:b], 0, b - a)
             return (v,) if self.is_tuple else v
         if self.mode == "packed":
-            vals = tuple(self._view(buf[off: off + nb].view(self.dtypes[i]), i, b - a)
-                         for i, (off, nb) in enumerate(self._segments()[0][c][2]))
+            vals = tuple(
+                self._view(buf[off : off + nb].view(self.dtypes[i]), i, b - a)
+                for i, (off, nb) in enumerate(self._segments()[0][c][2])
+            )
         else:
             vals = tuple(self._view(x[a:b], i, b - a) for i, x in enumerate(buf))
         return vals if self.is_tuple else vals[0]

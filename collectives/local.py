@@ -15,6 +15,7 @@ as their private ``_transport=`` argument.
 >>> [float(v) for v in res]
 [6.0, 6.0, 6.0]
 """
+
 from __future__ import annotations
 
 import queue
@@ -63,7 +64,7 @@ class LocalTransport:
 
     def __init__(self, fabric: LocalFabric, rank: int):
         self.fabric, self.rank, self.size = fabric, rank, fabric.size
-        self.comm = fabric          # per-group state (failures, agreements, scratch) is keyed on the fabric
+        self.comm = fabric  # per-group state (failures, agreements, scratch) is keyed on the fabric
 
     def isend(self, tensor: Any, peer: int, tag: int) -> _Done:
         self.fabric.box(self.rank, peer, tag).put(tensor.detach().clone())
@@ -80,6 +81,7 @@ class LocalTransport:
             if data.shape != tensor.shape:
                 raise RuntimeError(f"message from rank {peer} has {data.numel()} elements, expected {tensor.numel()}")
             tensor.copy_(data)
+
         return _Done(finish)
 
     @staticmethod

@@ -33,6 +33,7 @@ Traceback (most recent call last):
 treecoll.topo.errors.CollectiveError: op 'avg': unknown; valid names are ['max', 'min', 'prod', 'sum'],
 or pass a callable op(a, b)
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,6 +47,7 @@ __all__ = ["Op", "OPS", "resolve_op", "register_op"]
 
 def _lazy_torch():
     import torch
+
     return torch
 
 
@@ -113,8 +115,7 @@ def register_op(name: str, fn: Callable, *, commutative: bool = False, chunkable
     return op
 
 
-def resolve_op(op: str | Op | Callable, *, commutative: bool | None = None,
-               chunkable: bool | None = None) -> Op:
+def resolve_op(op: str | Op | Callable, *, commutative: bool | None = None, chunkable: bool | None = None) -> Op:
     """An :class:`Op` from a registry name, an :class:`Op`, or a callable ``op(a, b)``.
 
     For callables, ``commutative``/``chunkable`` default to the callable's own
@@ -126,13 +127,15 @@ def resolve_op(op: str | Op | Callable, *, commutative: bool | None = None,
         try:
             return OPS[op]
         except KeyError:
-            raise CollectiveError(f"op {op!r}: unknown; valid names are {sorted(OPS)}, "
-                                  f"or pass a callable op(a, b)") from None
+            raise CollectiveError(
+                f"op {op!r}: unknown; valid names are {sorted(OPS)}, or pass a callable op(a, b)"
+            ) from None
     if callable(op):
         comm = getattr(op, "commutative", False) if commutative is None else commutative
         chunk = getattr(op, "chunkable", True) if chunkable is None else chunkable
         name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None) or type(op).__name__
         mod = getattr(op, "__module__", "") or ""
         return Op(f"{mod}.{name}" if mod else name, op, commutative=bool(comm), chunkable=bool(chunk))
-    raise CollectiveError(f"op: expected a name in {sorted(OPS)}, an Op or a callable op(a, b), "
-                          f"got {type(op).__name__}")
+    raise CollectiveError(
+        f"op: expected a name in {sorted(OPS)}, an Op or a callable op(a, b), got {type(op).__name__}"
+    )

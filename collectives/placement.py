@@ -38,6 +38,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.PlacementError: ranks[1]: expected a GPU of topology 'dgx-h100-x2' (...), got 'h9/gpu0'
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -77,6 +78,7 @@ class Placement:
         group_size = None
         if group is not None:
             from .group import group_info
+
             group_size = group_info(group).size
         if ranks is None and group_size is not None:
             ranks = group_size
@@ -86,20 +88,31 @@ class Placement:
         else:
             gpus = None
             if ranks is None:
-                raise PlacementError("placement: expected a topology, a rank count or a process group, got none of "
-                                     "them")
+                raise PlacementError(
+                    "placement: expected a topology, a rank count or a process group, got none of them"
+                )
             if isinstance(ranks, bool) or not isinstance(ranks, int):
-                raise PlacementError(f"placement: without a topology ranks expected a count, got "
-                                     f"{type(ranks).__name__} {ranks!r}; pass the topology the GPU names belong to")
+                raise PlacementError(
+                    f"placement: without a topology ranks expected a count, got "
+                    f"{type(ranks).__name__} {ranks!r}; pass the topology the GPU names belong to"
+                )
             if ranks < 1:
                 raise PlacementError(f"placement: ranks expected a count >= 1, got {ranks}")
             n = ranks
         if group_size is not None and group_size != n:
-            raise PlacementError(f"placement: the process group has {group_size} ranks, the placement maps {n}; "
-                                 f"pass ranks={group_size} (or that many GPUs)")
+            raise PlacementError(
+                f"placement: the process group has {group_size} ranks, the placement maps {n}; "
+                f"pass ranks={group_size} (or that many GPUs)"
+            )
         key = (topology.fingerprint() if topology is not None else None, gpus, n)
-        for name, value in (("topology", topology), ("gpus", gpus), ("nranks", n), ("group", group),
-                            ("_key", key), ("_hash", hash((key, id(group) if group is not None else None)))):
+        for name, value in (
+            ("topology", topology),
+            ("gpus", gpus),
+            ("nranks", n),
+            ("group", group),
+            ("_key", key),
+            ("_hash", hash((key, id(group) if group is not None else None))),
+        ):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -128,8 +141,14 @@ class Placement:
         return f"Placement({where}nranks={self.nranks}{span}, group={group})"
 
 
-def as_placement(placement: Placement | Topology | None = None, ranks: RanksArg = None, *, group: Any = None,
-                 nranks: int | None = None, what: str = "placement") -> Placement:
+def as_placement(
+    placement: Placement | Topology | None = None,
+    ranks: RanksArg = None,
+    *,
+    group: Any = None,
+    nranks: int | None = None,
+    what: str = "placement",
+) -> Placement:
     """The boundary where loose arguments become a :class:`Placement` (the one conversion).
 
     ``placement``: a Placement (returned as is; ``ranks`` and ``group`` must then be
@@ -146,14 +165,16 @@ def as_placement(placement: Placement | Topology | None = None, ranks: RanksArg 
     """
     if isinstance(placement, Placement):
         if ranks is not None or group is not None:
-            raise PlacementError(f"{what}: got a Placement and loose ranks/group; pass the ranks and the group "
-                                 f"inside the Placement")
+            raise PlacementError(
+                f"{what}: got a Placement and loose ranks/group; pass the ranks and the group inside the Placement"
+            )
         p = placement
     else:
         if ranks is None and group is None:
             ranks = nranks
         p = Placement(placement, ranks, group=group)
     if nranks is not None and p.nranks != nranks:
-        raise PlacementError(f"{what}: maps {p.nranks} ranks, expected {nranks}; build the placement for "
-                             f"{nranks} ranks")
+        raise PlacementError(
+            f"{what}: maps {p.nranks} ranks, expected {nranks}; build the placement for {nranks} ranks"
+        )
     return p

@@ -42,6 +42,7 @@ True
 >>> planner.clear(); len(planner)
 0
 """
+
 from __future__ import annotations
 
 import threading
@@ -62,8 +63,15 @@ from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 from .tree_io import TreeFile, resolve_tree_arg
 
-__all__ = ["LRU", "Planner", "default_planner", "native_allreduce_time", "AUTO_RSAG_BYTES", "AUTO_P2_RSAG_BYTES",
-           "ALGOS"]
+__all__ = [
+    "LRU",
+    "Planner",
+    "default_planner",
+    "native_allreduce_time",
+    "AUTO_RSAG_BYTES",
+    "AUTO_P2_RSAG_BYTES",
+    "ALGOS",
+]
 
 #: ``algo="auto"``: from this many bytes an allreduce without an explicit tree runs ``rsag``
 AUTO_RSAG_BYTES = 256 << 10
@@ -98,12 +106,12 @@ class LRU:
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value of ``key`` (now the most recently used), or ``default``."""
-        value = self._d.get(key, _MISSING)      # one atomic lookup: no lock on the hot path
+        value = self._d.get(key, _MISSING)  # one atomic lookup: no lock on the hot path
         if value is _MISSING:
             return default
         try:
             self._d.move_to_end(key)
-        except KeyError:                        # dropped by another thread in between: still a hit
+        except KeyError:  # dropped by another thread in between: still a hit
             pass
         return value
 
@@ -170,8 +178,17 @@ class Planner:
     def __len__(self) -> int:
         """Entries held in all caches (per-communicator ones included)."""
         per_comm = sum(len(c.agreed) + len(c.scratch) for c in list(self._comms.values()))
-        return (len(self.plans) + len(self.chunks) + len(self.schedules) + len(self.calls) + len(self.probes)
-                + len(self.tree_files) + len(self.native) + per_comm + len(self._topologies))
+        return (
+            len(self.plans)
+            + len(self.chunks)
+            + len(self.schedules)
+            + len(self.calls)
+            + len(self.probes)
+            + len(self.tree_files)
+            + len(self.native)
+            + per_comm
+            + len(self._topologies)
+        )
 
     def clear(self) -> None:
         """Empty every cache (scratch buffers are freed once no call uses them)."""
@@ -203,8 +220,17 @@ class Planner:
         return hit
 
     # ------------------------------------------------------------------ plans and schedules
-    def plan_for(self, tree: Any, *, collective: str, nbytes: int, placement: Placement, op: Op | None = None,
-                 root: int | None = None, builder_opts: Mapping[str, Any] | None = None) -> Tree | MultiTree:
+    def plan_for(
+        self,
+        tree: Any,
+        *,
+        collective: str,
+        nbytes: int,
+        placement: Placement,
+        op: Op | None = None,
+        root: int | None = None,
+        builder_opts: Mapping[str, Any] | None = None,
+    ) -> Tree | MultiTree:
         """The Tree or MultiTree a collective with these arguments runs on (cached).
 
         ``tree``: anything :func:`~treecoll.collectives.tree_io.resolve_tree_arg` takes (a
@@ -228,32 +254,56 @@ class Planner:
         else:
             plan = self._built(tree or "auto", collective, nbytes, placement, op, root, commutative, builder_opts)
         if as_multi(plan).size != n:
-            raise TreeError(f"{label}tree {getattr(plan, 'name', '') or 'given'!r}: spans {as_multi(plan).size} "
-                            f"ranks, the group has {n}; build it for {n} ranks")
+            raise TreeError(
+                f"{label}tree {getattr(plan, 'name', '') or 'given'!r}: spans {as_multi(plan).size} "
+                f"ranks, the group has {n}; build it for {n} ranks"
+            )
         if not commutative and not plan.is_order_preserving():
             if explicit:
-                raise TreeError(f"{label}tree {plan.name or 'given'!r}: op {op.name!r} is not commutative, so the "
-                                f"tree must be order preserving (every subtree a consecutive rank range, children "
-                                f"ascending); use chain, binomial or kary, or declare commutative=True")
+                raise TreeError(
+                    f"{label}tree {plan.name or 'given'!r}: op {op.name!r} is not commutative, so the "
+                    f"tree must be order preserving (every subtree a consecutive rank range, children "
+                    f"ascending); use chain, binomial or kary, or declare commutative=True"
+                )
             raise TreeError(f"op {op.name!r}: no order-preserving tree found")  # pragma: no cover
         return plan
 
-    def _built(self, name: str, collective: str, nbytes: int, placement: Placement, op: Op | None,
-               root: int | None, commutative: bool, builder_opts: Mapping[str, Any] | None) -> Tree | MultiTree:
+    def _built(
+        self,
+        name: str,
+        collective: str,
+        nbytes: int,
+        placement: Placement,
+        op: Op | None,
+        root: int | None,
+        commutative: bool,
+        builder_opts: Mapping[str, Any] | None,
+    ) -> Tree | MultiTree:
         base = name.partition(":")[0]
         extra = tuple(sorted(builder_opts.items())) if builder_opts else ()
-        key = (name, placement.plan_key, nbytes if base in ("auto", "two_level") else None, collective,
-               root if commutative else None, commutative, extra)
+        key = (
+            name,
+            placement.plan_key,
+            nbytes if base in ("auto", "two_level") else None,
+            collective,
+            root if commutative else None,
+            commutative,
+            extra,
+        )
         plan = self.plans.get(key)
         if plan is None:
             opts: dict[str, Any] = {}
             if base == "auto":
-                opts = {"nbytes": nbytes, "op": op, "collective": collective,
-                        "root": root if commutative and collective != "allreduce" else None}
+                opts = {
+                    "nbytes": nbytes,
+                    "op": op,
+                    "collective": collective,
+                    "root": root if commutative and collective != "allreduce" else None,
+                }
             elif base == "two_level":
                 opts = {"nbytes": nbytes, "collective": collective}
             if root is not None and commutative and collective != "allreduce" and base in _ROOTED:
-                opts["root"] = root      # rooted where the result goes: no extra hop
+                opts["root"] = root  # rooted where the result goes: no extra hop
             opts.update(builder_opts or {})
             plan = build(name, placement, **opts)
             self.plans[key] = plan
@@ -267,9 +317,19 @@ class Planner:
             k = self.chunks[key] = nchunks_for(plan, collective, nbytes, placement)
         return k
 
-    def schedule_for(self, tree: Any, *, collective: str, nbytes: int, placement: Placement, op: Op | None = None,
-                     algo: str = "auto", root: int | None = None, nchunks: int | None = None,
-                     max_chunks: int | None = None) -> tuple[Tree | MultiTree | None, Schedule]:
+    def schedule_for(
+        self,
+        tree: Any,
+        *,
+        collective: str,
+        nbytes: int,
+        placement: Placement,
+        op: Op | None = None,
+        algo: str = "auto",
+        root: int | None = None,
+        nchunks: int | None = None,
+        max_chunks: int | None = None,
+    ) -> tuple[Tree | MultiTree | None, Schedule]:
         """``(plan, schedule)`` the executor runs for a call with these arguments: the plan
         (None for ring, rsag and direct) and its compiled schedule (cached).
 
@@ -286,7 +346,7 @@ class Planner:
         if algo == "auto":
             explicit = tree is not None and tree != "auto"
             if collective == "allreduce" and not explicit and n == 2 and nbytes < AUTO_P2_RSAG_BYTES:
-                algo = "direct"    # two ranks: one exchange, both fold in rank order (one round, n bytes each way)
+                algo = "direct"  # two ranks: one exchange, both fold in rank order (one round, n bytes each way)
             else:
                 algo = "rsag" if collective == "allreduce" and not explicit and nbytes >= AUTO_RSAG_BYTES else "tree"
         plan = None
@@ -294,8 +354,10 @@ class Planner:
             if collective != "allreduce":
                 raise CollectiveError(f"{what}: algo {algo!r} implements allreduce only; use algo='tree'")
             if algo == "ring" and op is not None and not op.commutative:
-                raise CollectiveError(f"{what}: algo 'ring' needs a commutative op, got {op.name!r}; "
-                                      f"use algo='rsag' or 'tree', or declare commutative=True")
+                raise CollectiveError(
+                    f"{what}: algo 'ring' needs a commutative op, got {op.name!r}; "
+                    f"use algo='rsag' or 'tree', or declare commutative=True"
+                )
             k = nchunks if nchunks is not None else (1 if algo == "direct" else n)
             ntrees = 1 if algo == "direct" else n
         else:
@@ -308,7 +370,6 @@ class Planner:
         if sched is None:
             sched = self.schedules[key] = compile_plan(plan, collective, per, root=root, algo=algo, nranks=n)
         return plan, sched
-
 
     def prefer_native(self, *, nbytes: int, placement: Placement, backend: str) -> bool:
         """Whether the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes`` is
@@ -324,6 +385,7 @@ class Planner:
 
     def _native_faster(self, nbytes: int, placement: Placement, backend: str) -> bool:
         from .cost import CostModel
+
         if placement.nranks < 2:
             return False
         model = CostModel(placement, backend=backend)
@@ -350,8 +412,10 @@ def native_allreduce_time(model: Any, nbytes: float) -> float:
         return 0.0
     if model.executor.native_step_s is None:
         from .sim.nccl_model import nccl_algos, nccl_predict
-        return min(nccl_predict(model.placement, None, int(nbytes), a)["time"]
-                   for a in nccl_algos(model.topology, model.gpus))
+
+        return min(
+            nccl_predict(model.placement, None, int(nbytes), a)["time"] for a in nccl_algos(model.topology, model.gpus)
+        )
     return model.ring_time(nbytes, overhead=model.executor.native_step_s / 2)
 
 

@@ -25,6 +25,7 @@ timeout; nothing waits forever.
 >>> identity({"GROUP_RANK": "1"}, hostname="node7"), identity({}, hostname="node7")
 ('node7#1', 'node7#')
 """
+
 from __future__ import annotations
 
 import os
@@ -61,7 +62,7 @@ def identity(environ: Mapping[str, str] | None = None, *, hostname: str | None =
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().split(" This is typically caused")[0]    # gloo's advice on its own failures
+    text = str(e).strip().split(" This is typically caused")[0]  # gloo's advice on its own failures
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
@@ -76,8 +77,10 @@ def measure(rank: int, world: int, plan: Plan, hosts: Mapping[int, str], name: s
     import torch.distributed as dist
 
     if world != plan.ranks:
-        raise ProbeError(f"topo probe: topology {name!r} has {plan.ranks} ranks, the job {world}; "
-                         f"give the topology of this job (--topology)")
+        raise ProbeError(
+            f"topo probe: topology {name!r} has {plan.ranks} ranks, the job {world}; "
+            f"give the topology of this job (--topology)"
+        )
     where: list = [None] * world
     dist.all_gather_object(where, identity())
     check_job(hosts, where, name)
@@ -100,8 +103,10 @@ def measure(rank: int, world: int, plan: Plan, hosts: Mapping[int, str], name: s
         except RuntimeError as e:
             peers = sorted({p for f in step.flows if rank in f for p in f if p != rank})
             who = f"with rank(s) {peers}" if peers else "at the barrier"
-            _LAST_FAILURE[:] = [f"topo probe: rank {rank}: step {i} ({step.phase} {step.kind}) {who} failed: "
-                                f"{_first_line(e)}; a peer died or stopped answering"]
+            _LAST_FAILURE[:] = [
+                f"topo probe: rank {rank}: step {i} ({step.phase} {step.kind}) {who} failed: "
+                f"{_first_line(e)}; a peer died or stopped answering"
+            ]
             raise ProbeError(_LAST_FAILURE[0]) from None
     return {"records": records, "seconds": time.perf_counter() - t_start}
 
@@ -133,8 +138,8 @@ def _bandwidth(rank: int, i: int, step, reps: int, send, recv, dist) -> list[dic
         if rep:
             dist.barrier()
         t0 = time.perf_counter()
-        r = dist.irecv(recv[:step.nbytes[mine_in[0][0]]], mine_in[0][1][0]) if mine_in else None
-        s = dist.isend(send[:step.nbytes[mine_out[0][0]]], mine_out[0][1][1]) if mine_out else None
+        r = dist.irecv(recv[: step.nbytes[mine_in[0][0]]], mine_in[0][1][0]) if mine_in else None
+        s = dist.isend(send[: step.nbytes[mine_out[0][0]]], mine_out[0][1][1]) if mine_out else None
         if r is not None:
             r.wait()
             times.append(time.perf_counter() - t0)

@@ -45,6 +45,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.ScheduleError: schedule 'reduce': rank 0 step 0 recv of chunk 0 from rank 1 has no matching send
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -117,8 +118,9 @@ class Schedule:
             raise ScheduleError(f"{what}: nchunks expected >= 1, got {self.nchunks}")
         shares = tuple(self.shares) or tuple([1.0 / self.nchunks] * self.nchunks)
         if len(shares) != self.nchunks or any(s < 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-9:
-            raise ScheduleError(f"{what}: shares expected {self.nchunks} non-negative fractions summing to 1, "
-                                f"got {list(shares)[:8]}")
+            raise ScheduleError(
+                f"{what}: shares expected {self.nchunks} non-negative fractions summing to 1, got {list(shares)[:8]}"
+            )
         object.__setattr__(self, "shares", shares)
         if self.collective in ("reduce", "broadcast") and not 0 <= self.root < self.nranks:
             raise ScheduleError(f"{what}: a {self.collective} needs a root in 0..{self.nranks - 1}, got {self.root}")
@@ -136,29 +138,36 @@ class Schedule:
                     raise ScheduleError(f"{what}: rank {r} step {i}: chunk expected 0..{nchunks - 1}, got {s.chunk}")
                 for d in s.deps:
                     if not 0 <= d < i:
-                        raise ScheduleError(f"{what}: rank {r} step {i}: dependency {d} must be an earlier step "
-                                            f"(0..{i - 1})")
+                        raise ScheduleError(
+                            f"{what}: rank {r} step {i}: dependency {d} must be an earlier step (0..{i - 1})"
+                        )
                 kind = s.kind
                 if kind != "reduce":
                     if not 0 <= s.peer < nranks or s.peer == r:
-                        raise ScheduleError(f"{what}: rank {r} step {i}: peer expected another rank in "
-                                            f"0..{nranks - 1}, got {s.peer}")
+                        raise ScheduleError(
+                            f"{what}: rank {r} step {i}: peer expected another rank in 0..{nranks - 1}, got {s.peer}"
+                        )
                     if kind == "send":
                         sends[(r, s.peer, s.chunk)] += 1
                     else:
                         recvs[(s.peer, r, s.chunk)].append((r, i))
                 if s.slot < 0 or (kind == "reduce" and s.slot == 0):
-                    raise ScheduleError(f"{what}: rank {r} step {i}: a {kind} slot must be "
-                                        f"{'>= 1' if kind == 'reduce' else '>= 0'}, got {s.slot}")
+                    raise ScheduleError(
+                        f"{what}: rank {r} step {i}: a {kind} slot must be "
+                        f"{'>= 1' if kind == 'reduce' else '>= 0'}, got {s.slot}"
+                    )
         for key, lst in recvs.items():
             if len(lst) > sends.get(key, 0):
                 r, i = lst[sends.get(key, 0)]
-                raise ScheduleError(f"{what}: rank {r} step {i} recv of chunk {key[2]} from rank {key[0]} "
-                                    f"has no matching send")
+                raise ScheduleError(
+                    f"{what}: rank {r} step {i} recv of chunk {key[2]} from rank {key[0]} has no matching send"
+                )
         for key, n in sends.items():
             if n > len(recvs.get(key, ())):
-                raise ScheduleError(f"{what}: rank {key[0]} sends chunk {key[2]} to rank {key[1]} {n} time(s) "
-                                    f"but rank {key[1]} receives it {len(recvs.get(key, ()))} time(s)")
+                raise ScheduleError(
+                    f"{what}: rank {key[0]} sends chunk {key[2]} to rank {key[1]} {n} time(s) "
+                    f"but rank {key[1]} receives it {len(recvs.get(key, ()))} time(s)"
+                )
 
     def _check_progress(self, what: str) -> None:
         """Every step completes (no circular wait) under the executor's rules: a rank
@@ -213,8 +222,12 @@ class Schedule:
                         todo.extend(w)
                 i += 1
             started[r] = i
-        waiting = [(r, i) for r in range(self.nranks) for i in range(len(self.steps[r]))
-                   if i >= started[r] or not complete(r, i)]
+        waiting = [
+            (r, i)
+            for r in range(self.nranks)
+            for i in range(len(self.steps[r]))
+            if i >= started[r] or not complete(r, i)
+        ]
         if waiting:
             r, i = waiting[0]
             s = self.steps[r][i]
@@ -223,8 +236,10 @@ class Schedule:
             else:
                 i2 = next(d for d in s.deps if not complete(r, d))
                 s2 = self.steps[r][i2]
-            raise ScheduleError(f"{what}: deadlock: rank {r} waits forever at step {i2} "
-                                f"({s2.kind} chunk {s2.chunk} from rank {s2.peer})")
+            raise ScheduleError(
+                f"{what}: deadlock: rank {r} waits forever at step {i2} "
+                f"({s2.kind} chunk {s2.chunk} from rank {s2.peer})"
+            )
 
     # ------------------------------------------------------------------ accounting
     def chunk_bytes(self, nbytes: int) -> tuple[int, ...]:
@@ -249,9 +264,27 @@ class Schedule:
 
     def as_dict(self) -> dict:
         """Plain data (JSON-able)."""
-        return {"name": self.name, "collective": self.collective, "nranks": self.nranks,
-                "nchunks": self.nchunks, "root": self.root, "shares": list(self.shares),
-                "owners": list(self.owners),
-                "steps": [[{"kind": s.kind, "chunk": s.chunk, "peer": s.peer, "slot": s.slot,
-                            "deps": list(s.deps), "right": s.right, "lane": s.lane} for s in lst]
-                          for lst in self.steps]}
+        return {
+            "name": self.name,
+            "collective": self.collective,
+            "nranks": self.nranks,
+            "nchunks": self.nchunks,
+            "root": self.root,
+            "shares": list(self.shares),
+            "owners": list(self.owners),
+            "steps": [
+                [
+                    {
+                        "kind": s.kind,
+                        "chunk": s.chunk,
+                        "peer": s.peer,
+                        "slot": s.slot,
+                        "deps": list(s.deps),
+                        "right": s.right,
+                        "lane": s.lane,
+                    }
+                    for s in lst
+                ]
+                for lst in self.steps
+            ],
+        }

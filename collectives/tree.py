@@ -19,6 +19,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TreeError: tree: ranks [1, 2] are not connected to the root 0 (a cycle through rank 1)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,8 +74,9 @@ class Tree:
                 raise TreeError(f"tree: children expected one list per rank ({n}), got {len(children)}")
             for r in range(n):
                 if sorted(children[r]) != derived[r]:
-                    raise TreeError(f"tree: children of rank {r} are {list(children[r])}, "
-                                    f"but the parent list gives {derived[r]}")
+                    raise TreeError(
+                        f"tree: children of rank {r} are {list(children[r])}, but the parent list gives {derived[r]}"
+                    )
         # every rank reaches the root
         seen = {roots[0]}
         stack = [roots[0]]
@@ -85,8 +87,9 @@ class Tree:
                 stack.append(c)
         if len(seen) != n:
             lost = sorted(set(range(n)) - seen)
-            raise TreeError(f"tree: ranks {lost[:8]} are not connected to the root {roots[0]} "
-                            f"(a cycle through rank {lost[0]})")
+            raise TreeError(
+                f"tree: ranks {lost[:8]} are not connected to the root {roots[0]} (a cycle through rank {lost[0]})"
+            )
         object.__setattr__(self, "parents", parents)
         object.__setattr__(self, "children", children)
 
@@ -195,8 +198,12 @@ class Tree:
 
     def as_dict(self) -> dict:
         """Plain data: ``{"name", "root", "parents", "children"}``."""
-        return {"name": self.name, "root": self.root, "parents": list(self.parents),
-                "children": [list(c) for c in self.children]}
+        return {
+            "name": self.name,
+            "root": self.root,
+            "parents": list(self.parents),
+            "children": [list(c) for c in self.children],
+        }
 
 
 @dataclass(frozen=True)
@@ -230,8 +237,9 @@ class MultiTree:
             raise TreeError(f"multitree: every tree must span the same ranks, got sizes {sorted(sizes)}")
         shares = tuple(float(s) for s in self.shares) or tuple([1.0 / len(trees)] * len(trees))
         if len(shares) != len(trees) or any(not s > 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-9:
-            raise TreeError(f"multitree: shares expected {len(trees)} positive fractions summing to 1, "
-                            f"got {list(shares)[:8]}")
+            raise TreeError(
+                f"multitree: shares expected {len(trees)} positive fractions summing to 1, got {list(shares)[:8]}"
+            )
         object.__setattr__(self, "trees", trees)
         object.__setattr__(self, "shares", shares)
 

@@ -40,6 +40,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TreeError: t.yaml:1: parents[2]: expected a rank in 0..2 or -1, got 5
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,18 @@ from .compile import compile_allreduce, compile_ring_allreduce, merge_schedules
 from .schedule import Schedule
 from .tree import MultiTree, Tree
 
-__all__ = ["TreeFile", "load_tree", "loads_tree", "dumps_tree", "save_tree", "NcclGraph", "load_nccl_graph",
-           "loads_nccl_graph", "resolve_tree_arg", "TREE_SUFFIXES"]
+__all__ = [
+    "TreeFile",
+    "load_tree",
+    "loads_tree",
+    "dumps_tree",
+    "save_tree",
+    "NcclGraph",
+    "load_nccl_graph",
+    "loads_nccl_graph",
+    "resolve_tree_arg",
+    "TREE_SUFFIXES",
+]
 
 FORMS = ("parents", "children", "nested", "trees")
 #: file name suffixes of tree files (YAML or JSON)
@@ -98,15 +109,21 @@ class TreeFile:
             first, first_host = by_label.setdefault(label, (r, host))
             other, other_label = by_host.setdefault(host, (r, label))
             if first_host != host:
-                problem = (f"ranks {first} and {r} are both labelled {label!r}, but topology {topology.name!r} "
-                           f"puts them on hosts {first_host!r} and {host!r}")
+                problem = (
+                    f"ranks {first} and {r} are both labelled {label!r}, but topology {topology.name!r} "
+                    f"puts them on hosts {first_host!r} and {host!r}"
+                )
             elif other_label != label:
-                problem = (f"ranks {other} and {r} are labelled {other_label!r} and {label!r}, but topology "
-                           f"{topology.name!r} puts both on host {host!r}")
+                problem = (
+                    f"ranks {other} and {r} are labelled {other_label!r} and {label!r}, but topology "
+                    f"{topology.name!r} puts both on host {host!r}"
+                )
             else:
                 continue
-            raise TreeError(f"{where}: hosts: {problem}; the file was made for another rank -> GPU mapping: "
-                            f"rebuild it (treecoll tree build) or pass the ranks= it was made for")
+            raise TreeError(
+                f"{where}: hosts: {problem}; the file was made for another rank -> GPU mapping: "
+                f"rebuild it (treecoll tree build) or pass the ranks= it was made for"
+            )
 
 
 def _rank(doc: _Doc, v: Any, path, n: int, allow_root: bool = False) -> int:
@@ -139,8 +156,11 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
 
         def walk(node, p, parent):
             if len(p) > 2 * MAX_NESTED_DEPTH:
-                doc.fail(p, f"expected a nested tree at most {MAX_NESTED_DEPTH} levels deep; write deep trees "
-                            f"(chains) as 'parents' lists")
+                doc.fail(
+                    p,
+                    f"expected a nested tree at most {MAX_NESTED_DEPTH} levels deep; write deep trees "
+                    f"(chains) as 'parents' lists",
+                )
             doc.mapping(node, p, required=("rank",), optional=("children",))
             r = node["rank"]
             if isinstance(r, bool) or not isinstance(r, int) or r < 0:
@@ -228,8 +248,10 @@ def _read_text(path: str | os.PathLike, what: str) -> tuple[str, str]:
     except OSError as e:
         raise TreeError(f"{p}: cannot read {what}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
-        raise TreeError(f"{p}: cannot read {what}: expected UTF-8 text, got byte 0x{e.object[e.start]:02x} "
-                        f"at offset {e.start}; save the file as UTF-8") from None
+        raise TreeError(
+            f"{p}: cannot read {what}: expected UTF-8 text, got byte 0x{e.object[e.start]:02x} "
+            f"at offset {e.start}; save the file as UTF-8"
+        ) from None
 
 
 def load_tree(path: str | os.PathLike) -> TreeFile:
@@ -247,7 +269,7 @@ def _load_cached(path: str | os.PathLike, files: Any) -> TreeFile:
     try:
         st = os.stat(path)
     except OSError:
-        return load_tree(path)      # the one-line error naming the file
+        return load_tree(path)  # the one-line error naming the file
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size, st.st_ino)
     hit = files.get(key)
     if hit is None:
@@ -256,8 +278,7 @@ def _load_cached(path: str | os.PathLike, files: Any) -> TreeFile:
 
 
 def _looks_like_path(text: str) -> bool:
-    return ("/" in text or os.sep in text or text.startswith(("~", "."))
-            or FsPath(text).suffix.lower() in TREE_SUFFIXES)
+    return "/" in text or os.sep in text or text.startswith(("~", ".")) or FsPath(text).suffix.lower() in TREE_SUFFIXES
 
 
 def resolve_tree_arg(tree: Any, *, files: Any = None) -> Any:
@@ -283,16 +304,19 @@ def resolve_tree_arg(tree: Any, *, files: Any = None) -> Any:
     if isinstance(tree, os.PathLike):
         return _load_cached(tree, files)
     if not isinstance(tree, str):
-        raise TreeError(f"tree: expected a Tree, MultiTree, loaded tree file (TreeFile), tree file path or builder "
-                        f"name, got {type(tree).__name__}")
+        raise TreeError(
+            f"tree: expected a Tree, MultiTree, loaded tree file (TreeFile), tree file path or builder "
+            f"name, got {type(tree).__name__}"
+        )
     if tree.partition(":")[0] in BUILDERS:
         return tree
     if os.path.isfile(tree) or (FsPath(tree).suffix.lower() in TREE_SUFFIXES and os.path.exists(tree)):
         return _load_cached(tree, files)
     if _looks_like_path(tree):
-        raise TreeError(f"tree {tree!r}: no such tree file, and not a builder name "
-                        f"(valid builder names are {sorted(BUILDERS)})")
-    return tree       # the builder registry names the valid builders
+        raise TreeError(
+            f"tree {tree!r}: no such tree file, and not a builder name (valid builder names are {sorted(BUILDERS)})"
+        )
+    return tree  # the builder registry names the valid builders
 
 
 def _tree_dict(t: Tree) -> dict:
@@ -302,8 +326,9 @@ def _tree_dict(t: Tree) -> dict:
     return d
 
 
-def dumps_tree(plan: Tree | MultiTree, *, hosts: Sequence[str] | None = None, name: str | None = None,
-               fmt: str = "yaml") -> str:
+def dumps_tree(
+    plan: Tree | MultiTree, *, hosts: Sequence[str] | None = None, name: str | None = None, fmt: str = "yaml"
+) -> str:
     """Text of a tree file: ``fmt="yaml"`` (flow-style lists, one key per line) or ``"json"``."""
     if fmt not in ("yaml", "json"):
         raise TreeError(f"tree file format: expected 'yaml' or 'json', got {fmt!r}")
@@ -330,8 +355,9 @@ def tree_format(path: str | os.PathLike) -> str:
     return "json" if FsPath(path).suffix.lower() == ".json" else "yaml"
 
 
-def save_tree(plan: Tree | MultiTree, path: str | os.PathLike, *, hosts: Sequence[str] | None = None,
-              name: str | None = None) -> None:
+def save_tree(
+    plan: Tree | MultiTree, path: str | os.PathLike, *, hosts: Sequence[str] | None = None, name: str | None = None
+) -> None:
     """Write :func:`dumps_tree` to ``path`` (JSON for a ``.json`` path, else YAML)."""
     FsPath(path).write_text(dumps_tree(plan, hosts=hosts, name=name, fmt=tree_format(path)), encoding="utf-8")
 
@@ -374,6 +400,7 @@ def loads_nccl_graph(text: str, source: str = "<string>") -> tuple[NcclGraph, ..
     """Parse NCCL_GRAPH_FILE XML text into its graphs (parsing by
     :func:`treecoll.topo.nccl_xml.parse_graph_xml`; this adds the checks a plan needs)."""
     from treecoll.topo.nccl_xml import parse_graph_xml
+
     try:
         data = parse_graph_xml(text, source=source)
     except TopologyError as e:

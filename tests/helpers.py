@@ -5,6 +5,7 @@ its folders are packages, which pytest imports under their full names with the
 repository root on ``sys.path`` (pytest's recommended layout for the default
 ``prepend`` import mode). Fixtures live in the conftest.py files beside the tests.
 """
+
 from __future__ import annotations
 
 import functools

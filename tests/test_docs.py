@@ -14,6 +14,7 @@ Every fenced ``python`` block is one of:
 
 A block that another test runs is listed in :data:`RUN_ELSEWHERE` with that test.
 """
+
 from __future__ import annotations
 
 import doctest
@@ -30,8 +31,10 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 SCRIPT_NAME = re.compile(r"\A# (\w+\.py)\n")
 #: (page, script name) -> the test that runs that block as part of a longer flow
 RUN_ELSEWHERE = {
-    ("README.md", "allreduce_tree.py"):
-        "tests/collectives/test_gloo.py::test_readme_tree_file_flow_four_processes (needs the flow's tree.yaml)",
+    (
+        "README.md",
+        "allreduce_tree.py",
+    ): "tests/collectives/test_gloo.py::test_readme_tree_file_flow_four_processes (needs the flow's tree.yaml)",
 }
 
 
@@ -90,7 +93,7 @@ def test_doctest_examples(page, tmp_path, monkeypatch):
     for text, line in examples:
         test = parser.get_doctest(text, globs, f"{page}:{line}", page, line)
         runner.run(test, clear_globs=False)
-        globs = test.globs   # the next block sees what this one defined (DocTest copies its globals)
+        globs = test.globs  # the next block sees what this one defined (DocTest copies its globals)
     assert runner.summarize(verbose=False).failed == 0, f"{page}: examples failed (doctest output above)"
 
 
@@ -124,8 +127,7 @@ def test_readme_hf_generate_equals_the_models_own_generate(tmp_path, monkeypatch
     from treecoll.attention.model import LlamaConfig, LlamaModel, save_checkpoint
 
     [(page, name, text, _)] = [p.values for p in _scripts() if p.values[1] == "hf_generate.py"]
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                         num_kv_heads=2)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     save_checkpoint(LlamaModel.random(config, seed=1), tmp_path / "llama", format="safetensors")
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "docs_example"}
@@ -135,6 +137,7 @@ def test_readme_hf_generate_equals_the_models_own_generate(tmp_path, monkeypatch
 
     model = tf.AutoModelForCausalLM.from_pretrained("llama").eval()
     prompt = torch.tensor([[1, 5, 7, 9, 11]])
-    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
-                          do_sample=False, pad_token_id=0)[:, prompt.shape[1]:]
+    want = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0
+    )[:, prompt.shape[1] :]
     assert tokens == want.tolist() and len(set(tokens[0])) > 1, (tokens, want)

@@ -1,4 +1,5 @@
 """The distribution as a whole: one package, imports in one direction, every module documented by examples."""
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,12 @@ _layout = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_layout)
 PACKAGES, installed_name = _layout.PACKAGES, _layout.installed_name
 
-FILES = {n: p for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")
-         if p.name != "__main__.py" and (n := installed_name(p))}
+FILES = {
+    n: p
+    for folder in PACKAGES
+    for p in (ROOT / folder).rglob("*.py")
+    if p.name != "__main__.py" and (n := installed_name(p))
+}
 MODULES = sorted(FILES)
 BENCHMARK = "benchmark script: a run prints a table and writes JSON (docs/benchmarks.md)"
 COMMAND = "command-line module: its tests call main([...]) in tests/tools"
@@ -44,12 +49,17 @@ NO_EXAMPLES = {
     "treecoll.tools.emucluster": "package marker; its modules carry the examples",
     "treecoll.tools.validate_sim": COMMAND,
 }
-BARE = re.compile(r"^\s*(?:>>> )?(?:from|import) "
-                  r"(?:topo|collectives|attention|tools|test_\w+|topo_fakes|helpers)\b", re.M)
+BARE = re.compile(
+    r"^\s*(?:>>> )?(?:from|import) "
+    r"(?:topo|collectives|attention|tools|test_\w+|topo_fakes|helpers)\b",
+    re.M,
+)
 #: text about how and when the work was done, issue numbers, or files outside the repository (the research
 #: notes and design card it was built from); "run A" / "run B" only in capitals ("run a command" is fine)
-HISTORY = re.compile(r"(?i:\bsession [0-9]|\bissue #?[0-9]|\.\./shared|shared/reference|shared/fixtures|refuted"
-                     r"|/work/|\bDESIGN\.md\b|\b(?:topo|collectives|attention|paper|style)\.md\b)|\brun [AB]\b")
+HISTORY = re.compile(
+    r"(?i:\bsession [0-9]|\bissue #?[0-9]|\.\./shared|shared/reference|shared/fixtures|refuted"
+    r"|/work/|\bDESIGN\.md\b|\b(?:topo|collectives|attention|paper|style)\.md\b)|\brun [AB]\b"
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -65,10 +75,16 @@ def test_every_module_has_runnable_examples(name):
 def test_nothing_imports_the_folders_as_top_level_packages():
     """Code, tests and docs import ``treecoll.topo``..., never ``topo``, and tests import ``tests.x``, never a bare
     test module: installed, or run from another directory, the bare names do not exist."""
-    files = subprocess.run(["git", "ls-files", "*.py", "*.md"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    bad = [f"{f}:{s.count(chr(10), 0, m.start()) + 1}" for f in files if not f.startswith("tests/fixtures/")
-           for s in [(ROOT / f).read_text(encoding="utf-8")] for m in BARE.finditer(s)]
+    files = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    bad = [
+        f"{f}:{s.count(chr(10), 0, m.start()) + 1}"
+        for f in files
+        if not f.startswith("tests/fixtures/")
+        for s in [(ROOT / f).read_text(encoding="utf-8")]
+        for m in BARE.finditer(s)
+    ]
     assert bad == []
 
 
@@ -79,19 +95,30 @@ def test_importing_the_topology_side_loads_no_torch():
 
 
 def _tracked(pattern: str = "*.py") -> list[str]:
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", pattern], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", pattern],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return sorted(f for f in set(files) if not f.startswith("tests/fixtures/") and (ROOT / f).exists())
 
 
 def _lines_matching(files, regex) -> list[str]:
-    return [f"{f}:{n}: {line.strip()}" for f in files
-            for n, line in enumerate((ROOT / f).read_text(encoding="utf-8").splitlines(), 1) if regex.search(line)]
+    return [
+        f"{f}:{n}: {line.strip()}"
+        for f in files
+        for n, line in enumerate((ROOT / f).read_text(encoding="utf-8").splitlines(), 1)
+        if regex.search(line)
+    ]
 
 
 #: how processes start: only the launcher (treecoll.collectives.launch) starts ranks
-STARTS_PROCESSES = re.compile(r"\bmp\.spawn\(|multiprocessing\.(?:spawn|Process)\b|\.Process\(|start_processes\(|"
-                              r"\bget_context\(|\bos\.fork\(|\bos\.(?:spawn|exec)\w*\(")
+STARTS_PROCESSES = re.compile(
+    r"\bmp\.spawn\(|multiprocessing\.(?:spawn|Process)\b|\.Process\(|start_processes\(|"
+    r"\bget_context\(|\bos\.fork\(|\bos\.(?:spawn|exec)\w*\("
+)
 SUBPROCESS = re.compile(r"\bsubprocess\.(?:Popen|run|call|check_call|check_output)\(")
 #: files that run a subprocess for something other than a rank, and what for
 SUBPROCESS_USES = {
@@ -127,15 +154,17 @@ def test_only_the_launcher_starts_ranks():
 BYTE_FORMATTING = re.compile(
     r"""["'](?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)["']|"""
     r"""\{[^{}]*/\s*\(?\s*(?:1\s*<<\s*\d+|1e\d+|1[0-9_]*\s*\*\*\s*\d+|2\s*\*\*\s*\d+|\d{4,}|[A-Z]{2}B|[A-Z]iB)\b"""
-    r"""[^{}]*\}\s?(?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)(?![/\w])""")
+    r"""[^{}]*\}\s?(?:KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB)(?![/\w])"""
+)
 #: modules that still print sizes their own way (remove each once it uses treecoll.topo.fmt)
 BYTE_FORMATTING_TO_PORT: set[str] = set()
 
 
 def test_one_byte_formatter():
     """Sizes are printed by treecoll.topo.fmt.fmt_bytes alone (binary or SI units)."""
-    files = [f for f in _tracked() if f.split("/")[0] in PACKAGES and f != "topo/fmt.py"
-             and f not in BYTE_FORMATTING_TO_PORT]
+    files = [
+        f for f in _tracked() if f.split("/")[0] in PACKAGES and f != "topo/fmt.py" and f not in BYTE_FORMATTING_TO_PORT
+    ]
     assert _lines_matching(files, BYTE_FORMATTING) == []
     # the check finds what it looks for
     assert BYTE_FORMATTING.search('for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20)):')
@@ -203,15 +232,20 @@ def imported_modules(name: str, source: str, modules) -> set[str]:
 
 def test_the_import_finder_sees_imports_inside_functions():
     modules = {"treecoll.topo", "treecoll.topo.model", "treecoll.topo.paths", "treecoll.collectives.sim.engine"}
-    src = ("from .paths import Path\n"
-           "def f():\n    from treecoll.collectives.sim import engine\n    import treecoll.topo\n")
+    src = (
+        "from .paths import Path\ndef f():\n    from treecoll.collectives.sim import engine\n    import treecoll.topo\n"
+    )
     assert imported_modules("treecoll.topo.model", src, modules) == {
-        "treecoll.topo.paths", "treecoll.collectives.sim.engine", "treecoll.topo"}
+        "treecoll.topo.paths",
+        "treecoll.collectives.sim.engine",
+        "treecoll.topo",
+    }
 
 
 def test_no_import_circles():
     """Modules import each other one way: no circle among treecoll's modules, imports inside functions included."""
     import networkx as nx
+
     g = nx.DiGraph()
     for name, path in FILES.items():
         g.add_node(name)
@@ -258,6 +292,7 @@ def unannotated(fn) -> list[str]:
 def test_the_annotation_finder_sees_missing_hints():
     def typed(a: int, *rest: str, flag: bool = False) -> int: ...
     def loose(a, b: int = 1): ...
+
     assert unannotated(typed) == [] and unannotated(loose) == ["a", "return"]
 
 

@@ -23,6 +23,7 @@ At least :data:`MIN_REPS` repetitions per size; the ranks are started by
 
     python -m treecoll.tools.bench_collectives --procs 2 4 8 --json bench_collectives.json
 """
+
 from __future__ import annotations
 
 import sys
@@ -63,12 +64,16 @@ def _time(ours, theirs, reps: int) -> dict:
 
     t = interleaved({"ours": ours, "theirs": theirs}, reps, before=lambda _: dist.barrier(), combine=slowest_rank)
     a, b = summary(t["ours"]), summary(t["theirs"])
-    return {"median": [a["median"], b["median"]], "min": [a["min"], b["min"]],
-            "paired": paired_ratio(t["ours"], t["theirs"])}
+    return {
+        "median": [a["median"], b["median"]],
+        "min": [a["min"], b["min"]],
+        "paired": paired_ratio(t["ours"], t["theirs"]),
+    }
 
 
-def merge_op(a: tuple[torch.Tensor, torch.Tensor],
-             b: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_op(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention-state merge, in place into ``a`` (out rows re-weighted by addcmul,
     no out-sized temporaries); (0, -inf) stays the identity."""
     import torch
@@ -123,44 +128,77 @@ def _one_size(rank: int, world: int, nbytes: int, reps: int, algo: str, nchunks,
         dist.all_reduce(w)
         return num / w[:, None], m + torch.log(w)
 
-    if check:   # correctness of the merge path, once, before the timed calls merge (out, lse) in place
+    if check:  # correctness of the merge path, once, before the timed calls merge (out, lse) in place
         a = ex.allreduce((out.clone(), lse.clone()), op=merge, options=opts)
         b = three()
         assert torch.allclose(a[0], b[0], rtol=1e-4, atol=1e-5) and torch.allclose(a[1], b[1], rtol=1e-4, atol=1e-5)
     merge_t = _time(tree_merge, three, reps)
     (t_ours, t_torch), (m_ours, m_torch) = sum_t["median"], sum_t["min"]
     (t_merge, t_three), (m_merge, m_three) = merge_t["median"], merge_t["min"]
-    return {"procs": world, "bytes": nbytes, "reps": reps, "ours_us": t_ours * 1e6,
-            "torch_us": t_torch * 1e6, "ratio": sum_t["paired"], "ratio_of_medians": t_ours / t_torch,
-            "merge_bytes": rows * 4 * (HEAD_DIM + 1), "tree_merge_us": t_merge * 1e6,
-            "three_allreduce_us": t_three * 1e6, "merge_ratio": merge_t["paired"],
-            "merge_ratio_of_medians": t_merge / t_three,
-            "min_us": {"ours": m_ours * 1e6, "torch": m_torch * 1e6, "tree_merge": m_merge * 1e6,
-                       "three_allreduce": m_three * 1e6}}
+    return {
+        "procs": world,
+        "bytes": nbytes,
+        "reps": reps,
+        "ours_us": t_ours * 1e6,
+        "torch_us": t_torch * 1e6,
+        "ratio": sum_t["paired"],
+        "ratio_of_medians": t_ours / t_torch,
+        "merge_bytes": rows * 4 * (HEAD_DIM + 1),
+        "tree_merge_us": t_merge * 1e6,
+        "three_allreduce_us": t_three * 1e6,
+        "merge_ratio": merge_t["paired"],
+        "merge_ratio_of_medians": t_merge / t_three,
+        "min_us": {
+            "ours": m_ours * 1e6,
+            "torch": m_torch * 1e6,
+            "tree_merge": m_merge * 1e6,
+            "three_allreduce": m_three * 1e6,
+        },
+    }
 
 
 def _worker(rank: int, world: int, sizes, base_reps: int, algo: str, nchunks=None) -> list[dict]:
     """One rank (:func:`treecoll.collectives.launch.spawn`): every size, both comparisons."""
-    return [_one_size(rank, world, nbytes, _reps(nbytes, base_reps), algo, nchunks, nbytes == sizes[0])
-            for nbytes in sizes]
+    return [
+        _one_size(rank, world, nbytes, _reps(nbytes, base_reps), algo, nchunks, nbytes == sizes[0]) for nbytes in sizes
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark("bench_collectives", __doc__, repeats=20, json="", aliases={"--repeats": ["--reps"]})
     ap = bench.parser
-    ap.add_argument("--procs", type=units.int_arg("--procs"), nargs="+", default=[2, 4, 8],
-                    help="process counts, one group each (default 2 4 8)")
+    ap.add_argument(
+        "--procs",
+        type=units.int_arg("--procs"),
+        nargs="+",
+        default=[2, 4, 8],
+        help="process counts, one group each (default 2 4 8)",
+    )
     ap.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
-    ap.add_argument("--max-bytes", type=units.size_arg("--max-bytes"), default=64 << 20,
-                    help="largest default message size (default 64MiB)")
-    ap.add_argument("--sizes", type=units.size_arg("--sizes"), nargs="+",
-                    help="message sizes (default 8 B .. --max-bytes)")
-    ap.add_argument("--algo", default="auto", choices=("auto", "tree", "ring", "rsag", "direct"),
-                    help="treecoll's allreduce algorithm (default auto)")
-    ap.add_argument("--nchunks", type=units.int_arg("--nchunks"),
-                    help="chunks per message (default: the executor's rule)")
-    ap.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1800.0,
-                    help="seconds one process count may take before its ranks are killed (default 1800)")
+    ap.add_argument(
+        "--max-bytes",
+        type=units.size_arg("--max-bytes"),
+        default=64 << 20,
+        help="largest default message size (default 64MiB)",
+    )
+    ap.add_argument(
+        "--sizes", type=units.size_arg("--sizes"), nargs="+", help="message sizes (default 8 B .. --max-bytes)"
+    )
+    ap.add_argument(
+        "--algo",
+        default="auto",
+        choices=("auto", "tree", "ring", "rsag", "direct"),
+        help="treecoll's allreduce algorithm (default auto)",
+    )
+    ap.add_argument(
+        "--nchunks", type=units.int_arg("--nchunks"), help="chunks per message (default: the executor's rule)"
+    )
+    ap.add_argument(
+        "--timeout",
+        type=units.seconds_arg("--timeout"),
+        default=1800.0,
+        help="seconds one process count may take before its ranks are killed (default 1800)",
+    )
     args = bench.parse(argv)
     sizes = args.sizes or [s for s in SIZES if s <= args.max_bytes]
     for p in args.procs:  # a rank holds the tensor, its copy for torch's all_reduce and a received chunk
@@ -170,14 +208,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for p in args.procs:
         t0 = time.time()
-        ranks = launch.spawn(_worker, p, sizes, args.repeats, args.algo, args.nchunks, timeout=args.timeout,
-                             where="bench_collectives")
+        ranks = launch.spawn(
+            _worker, p, sizes, args.repeats, args.algo, args.nchunks, timeout=args.timeout, where="bench_collectives"
+        )
         results.extend(ranks[0])
         print(f"P={p}: {time.time() - t0:.0f} s", file=sys.stderr)
-    print(table([[r["procs"], fmt_bytes(r["bytes"]), r["ours_us"], r["torch_us"], r["ratio"], r["merge_bytes"],
-                  r["tree_merge_us"], r["three_allreduce_us"], r["merge_ratio"]] for r in results],
-                ["P", "size", "ours us", "gloo us", "ratio", "merge B", "tree us", "3xAR us", "ratio"],
-                formats=[None, None, ".1f", ".1f", ".2f", None, ".1f", ".1f", ".2f"]))
+    print(
+        table(
+            [
+                [
+                    r["procs"],
+                    fmt_bytes(r["bytes"]),
+                    r["ours_us"],
+                    r["torch_us"],
+                    r["ratio"],
+                    r["merge_bytes"],
+                    r["tree_merge_us"],
+                    r["three_allreduce_us"],
+                    r["merge_ratio"],
+                ]
+                for r in results
+            ],
+            ["P", "size", "ours us", "gloo us", "ratio", "merge B", "tree us", "3xAR us", "ratio"],
+            formats=[None, None, ".1f", ".1f", ".2f", None, ".1f", ".1f", ".2f"],
+        )
+    )
     bench.write_json({"algo": args.algo, "results": results}, args.json)
     return 0
 

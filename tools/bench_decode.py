@@ -35,6 +35,7 @@ Triton kernels run and the rates are the device's.
 
 Not a test: it prints a table and writes JSON (with the run's command, date, commit and machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,15 @@ GIB = 1 << 30
 #: the buffer the memory rates are measured on (bytes)
 RATE_BYTES = GIB
 #: what ``--quick`` sets, where the command line leaves an option at its default: one small row
-QUICK = {"tokens": [4096], "batch": [1], "dtypes": ["fp32"], "repeats": 1, "flush_mib": 16, "max_gib": 0.25,
-         "rate_mib": 64}
+QUICK = {
+    "tokens": [4096],
+    "batch": [1],
+    "dtypes": ["fp32"],
+    "repeats": 1,
+    "flush_mib": 16,
+    "max_gib": 0.25,
+    "rate_mib": 64,
+}
 TIMED = tuple[float, float]
 
 
@@ -89,8 +97,9 @@ def _sdpa_anchor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int)
     return lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kt, vt, 0.0, False)
 
 
-def _decode_cases(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int, backends: Sequence[str], *,
-                  anchor: bool) -> dict[str, Callable[[], Any]]:
+def _decode_cases(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int, backends: Sequence[str], *, anchor: bool
+) -> dict[str, Callable[[], Any]]:
     """One decode call per backend on the first ``tokens`` of every sequence, and the SDPA anchor."""
     kv_len = torch.full((q.shape[0],), tokens, dtype=torch.int32, device=q.device)
     cases = {b: (lambda b=b: attention.decode_partial(q, k, v, kv_len=kv_len, backend=b)) for b in backends}
@@ -99,8 +108,13 @@ def _decode_cases(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int
     return cases
 
 
-def _measure_row(cases: dict[str, Callable[[], Any]], rates: dict[str, Callable[[], Any]], device: torch.device,
-                 repeats: int, flush: Callable[[], Any]) -> dict[str, TIMED]:
+def _measure_row(
+    cases: dict[str, Callable[[], Any]],
+    rates: dict[str, Callable[[], Any]],
+    device: torch.device,
+    repeats: int,
+    flush: Callable[[], Any],
+) -> dict[str, TIMED]:
     """Best wall time and the process CPU time of that run, of every rate and decode case, measured in
     ``repeats`` interleaved rounds after one untimed warm-up (library build, thread pools, first touch).
     ``flush()`` runs, untimed, before every decode call."""
@@ -128,12 +142,24 @@ def _measure_row(cases: dict[str, Callable[[], Any]], rates: dict[str, Callable[
     return best
 
 
-def _row_values(best: dict[str, TIMED], backends: Sequence[str], common: dict[str, Any], kv_bytes: int,
-                threads: int, device: torch.device, rate_bytes: int) -> list[dict[str, Any]]:
+def _row_values(
+    best: dict[str, TIMED],
+    backends: Sequence[str],
+    common: dict[str, Any],
+    kv_bytes: int,
+    threads: int,
+    device: torch.device,
+    rate_bytes: int,
+) -> list[dict[str, Any]]:
     copy_gbps = rate_bytes / best["copy"][0] / 1e9
     read_gbps = max(rate_bytes / best[r][0] / 1e9 for r in ("read_torch", "read_native") if r in best)
-    common = {**common, "copy_gbps": copy_gbps, "read_gbps": read_gbps,
-              "read_torch_gbps": rate_bytes / best["read_torch"][0] / 1e9, "loadavg_1min": os.getloadavg()[0]}
+    common = {
+        **common,
+        "copy_gbps": copy_gbps,
+        "read_gbps": read_gbps,
+        "read_torch_gbps": rate_bytes / best["read_torch"][0] / 1e9,
+        "loadavg_1min": os.getloadavg()[0],
+    }
     if "read_native" in best:
         common["read_native_gbps"] = rate_bytes / best["read_native"][0] / 1e9
     if "sdpa" in best:
@@ -141,8 +167,13 @@ def _row_values(best: dict[str, TIMED], backends: Sequence[str], common: dict[st
     rows = []
     for backend in backends:
         t, cpu = best[backend]
-        row = {**common, "backend": backend, "time_s": t, "kv_gbps": kv_bytes / t / 1e9,
-               "busy": cpu / (t * threads) if device.type == "cpu" else None}
+        row = {
+            **common,
+            "backend": backend,
+            "time_s": t,
+            "kv_gbps": kv_bytes / t / 1e9,
+            "busy": cpu / (t * threads) if device.type == "cpu" else None,
+        }
         row["frac_copy"] = row["kv_gbps"] / copy_gbps
         row["frac_read"] = row["kv_gbps"] / read_gbps
         if "torch" in best and backend != "torch":
@@ -171,8 +202,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             per_token = 2 * batch * KV_HEADS * HEAD_DIM * itemsize  # K and V bytes per token
             fits = [n for n in args.tokens if n * per_token <= args.max_gib * GIB]
             for n in sorted(set(args.tokens) - set(fits)):
-                rows.append({"dtype": dname, "batch": batch, "tokens": n, "skipped":
-                             f"KV {fmt_bytes(n * per_token)} > --max-gib {args.max_gib}"})
+                rows.append(
+                    {
+                        "dtype": dname,
+                        "batch": batch,
+                        "tokens": n,
+                        "skipped": f"KV {fmt_bytes(n * per_token)} > --max-gib {args.max_gib}",
+                    }
+                )
                 print(f"{dname} B={batch} tokens={n}: skipped, {rows[-1]['skipped']}", file=sys.stderr)
             if not fits:
                 continue
@@ -187,11 +224,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows += _row_values(best, backends, common, n * per_token, threads, device, rate_bytes)
                 print(f"{dname} B={batch} tokens={n}: done", file=sys.stderr, flush=True)
             k = v = q = None  # free this size's cache before the next one
-    return {"workload": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
-            "device": str(device), "threads": threads, "native": _native_isa(device), "rate_bytes": rate_bytes,
-            "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second; read_gbps = bytes "
-                     "summed per second",
-            "rows": rows}
+    return {
+        "workload": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
+        "device": str(device),
+        "threads": threads,
+        "native": _native_isa(device),
+        "rate_bytes": rate_bytes,
+        "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second; read_gbps = bytes "
+        "summed per second",
+        "rows": rows,
+    }
 
 
 def _native_isa(device: torch.device) -> str | None:
@@ -213,8 +255,23 @@ def _wait_for_quiet(max_load: float, max_wait: float) -> None:
         time.sleep(5)
 
 
-HEADER = ["backend", "dtype", "B", "tokens", "KV", "time ms", "KV GB/s", "read GB/s", "%read", "copy GB/s", "%copy",
-          "vs torch", "sdpa GB/s", "busy", "load"]
+HEADER = [
+    "backend",
+    "dtype",
+    "B",
+    "tokens",
+    "KV",
+    "time ms",
+    "KV GB/s",
+    "read GB/s",
+    "%read",
+    "copy GB/s",
+    "%copy",
+    "vs torch",
+    "sdpa GB/s",
+    "busy",
+    "load",
+]
 FORMATS = [None, None, None, None, None, ".2f", ".2f", ".2f", ".0f", ".2f", ".0f", ".2f", ".2f", ".2f", ".1f"]
 
 
@@ -222,51 +279,102 @@ def table_row(r: dict[str, Any]) -> list[Any]:
     """One JSON row as the cells of :data:`HEADER` (a skipped row: its reason in the ``KV`` column)."""
     if "skipped" in r:
         return ["-", r["dtype"], r["batch"], r["tokens"], f"skipped: {r['skipped']}"] + [None] * 10
-    return [r["backend"], r["dtype"], r["batch"], r["tokens"], fmt_bytes(r["kv_bytes"]), r["time_s"] * 1e3,
-            r["kv_gbps"], r["read_gbps"], 100 * r["frac_read"], r["copy_gbps"], 100 * r["frac_copy"],
-            r.get("vs_torch"), r.get("sdpa_cpu_gbps"), r.get("busy"), r["loadavg_1min"]]
+    return [
+        r["backend"],
+        r["dtype"],
+        r["batch"],
+        r["tokens"],
+        fmt_bytes(r["kv_bytes"]),
+        r["time_s"] * 1e3,
+        r["kv_gbps"],
+        r["read_gbps"],
+        100 * r["frac_read"],
+        r["copy_gbps"],
+        100 * r["frac_copy"],
+        r.get("vs_torch"),
+        r.get("sdpa_cpu_gbps"),
+        r.get("busy"),
+        r["loadavg_1min"],
+    ]
 
 
 def _names(option: str, known: Sequence[str]) -> Callable[[str], list[str]]:
     """argparse ``type=``: a comma list of names from ``known``."""
+
     def parse(text: str) -> list[str]:
         names = units.parse_list(text, what=option, error=units.UsageError)
         bad = [n for n in names if n not in known]
         if bad:
             raise units.UsageError(f"{option}: expected names in {sorted(known)}, got {bad}")
         return names
+
     return parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    bench = Benchmark("bench_decode", __doc__, repeats=3, json="out/bench_decode.json",
-                      quick="one small row (4096 tokens, B = 1, fp32, one round, 64 MiB rate buffer): "
-                            "checks that the script runs; not numbers to record",
-                      helps={"--repeats": "interleaved rounds per row, the best of them"})
+    bench = Benchmark(
+        "bench_decode",
+        __doc__,
+        repeats=3,
+        json="out/bench_decode.json",
+        quick="one small row (4096 tokens, B = 1, fp32, one round, 64 MiB rate buffer): "
+        "checks that the script runs; not numbers to record",
+        helps={"--repeats": "interleaved rounds per row, the best of them"},
+    )
     p = bench.parser
-    p.add_argument("--tokens", type=units.counts_arg("--tokens"),
-                   default=[4096, 8192, 16384, 32768, 65536, 131072, 262144],
-                   help="context lengths, comma-separated; k = 1e3 (default 4096 .. 262144, doubling)")
+    p.add_argument(
+        "--tokens",
+        type=units.counts_arg("--tokens"),
+        default=[4096, 8192, 16384, 32768, 65536, 131072, 262144],
+        help="context lengths, comma-separated; k = 1e3 (default 4096 .. 262144, doubling)",
+    )
     p.add_argument("--batch", type=units.ints_arg("--batch"), default=[1, 8], help="batch sizes (default 1,8)")
-    p.add_argument("--dtypes", type=_names("--dtypes", list(DTYPES)), default=["bf16", "fp32"],
-                   help=f"comma list of {', '.join(sorted(DTYPES))} (default bf16,fp32)")
-    p.add_argument("--backends", type=_names("--backends", list(attention.DECODE_BACKENDS)),
-                   default=["native", "torch"],
-                   help=f"CPU decode backends, side by side: {', '.join(sorted(attention.DECODE_BACKENDS))} "
-                        f"(default native,torch)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="torch device (default cuda when available, else cpu)")
-    p.add_argument("--threads", type=units.int_arg("--threads", minimum=0), default=0,
-                   help="torch threads, also the native kernel's (default: torch's choice)")
+    p.add_argument(
+        "--dtypes",
+        type=_names("--dtypes", list(DTYPES)),
+        default=["bf16", "fp32"],
+        help=f"comma list of {', '.join(sorted(DTYPES))} (default bf16,fp32)",
+    )
+    p.add_argument(
+        "--backends",
+        type=_names("--backends", list(attention.DECODE_BACKENDS)),
+        default=["native", "torch"],
+        help=f"CPU decode backends, side by side: {', '.join(sorted(attention.DECODE_BACKENDS))} "
+        f"(default native,torch)",
+    )
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="torch device (default cuda when available, else cpu)",
+    )
+    p.add_argument(
+        "--threads",
+        type=units.int_arg("--threads", minimum=0),
+        default=0,
+        help="torch threads, also the native kernel's (default: torch's choice)",
+    )
     p.add_argument("--max-gib", type=float, default=4.0, help="largest KV cache (K+V) to allocate, GiB")
-    p.add_argument("--flush-mib", type=units.int_arg("--flush-mib", minimum=0), default=1024,
-                   help="cache-flush buffer written before each run")
-    p.add_argument("--rate-mib", type=units.int_arg("--rate-mib"), default=RATE_BYTES >> 20,
-                   help=f"buffer the copy and read rates are measured on (default {RATE_BYTES >> 20})")
-    p.add_argument("--wait-load", type=float, default=0.0,
-                   help="before each row, wait until the 1-min load average is below this (0: don't wait)")
-    p.add_argument("--wait-max", type=units.seconds_arg("--wait-max"), default=300.0,
-                   help="longest wait per row, seconds")
+    p.add_argument(
+        "--flush-mib",
+        type=units.int_arg("--flush-mib", minimum=0),
+        default=1024,
+        help="cache-flush buffer written before each run",
+    )
+    p.add_argument(
+        "--rate-mib",
+        type=units.int_arg("--rate-mib"),
+        default=RATE_BYTES >> 20,
+        help=f"buffer the copy and read rates are measured on (default {RATE_BYTES >> 20})",
+    )
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        default=0.0,
+        help="before each row, wait until the 1-min load average is below this (0: don't wait)",
+    )
+    p.add_argument(
+        "--wait-max", type=units.seconds_arg("--wait-max"), default=300.0, help="longest wait per row, seconds"
+    )
     p.add_argument("--no-anchor", action="store_true", help="skip torch's fused CPU SDPA anchor")
     args = bench.parse(argv)
     if args.quick:  # the quick values replace the defaults, not what the command line gave

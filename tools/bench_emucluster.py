@@ -32,6 +32,7 @@ by the sibling module ``treecoll.tools.bench_emucluster_decode``.
 Units: bytes, seconds in JSON; µs and GB/s (1e9 B/s) in the table. algbw =
 bytes / time, busbw = algbw * 2 (P - 1) / P (nccl-tests' definitions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,9 +75,14 @@ def schedule_for(method: str, topology: Topology, nranks: int, nbytes: int) -> S
     from treecoll.collectives.planner import default_planner
 
     ring = method in ("gloo", "ring")
-    return default_planner().schedule_for(None if ring else method, collective="allreduce", nbytes=nbytes,
-                                          placement=Placement(topology, nranks), algo="ring" if ring else "tree",
-                                          max_chunks=nbytes // 4)[1]     # float32: one element per chunk at most
+    return default_planner().schedule_for(
+        None if ring else method,
+        collective="allreduce",
+        nbytes=nbytes,
+        placement=Placement(topology, nranks),
+        algo="ring" if ring else "tree",
+        max_chunks=nbytes // 4,
+    )[1]  # float32: one element per chunk at most
 
 
 def make_ours(method: str, topology_path: str | None, nranks: int) -> Callable[[Any], Any]:
@@ -100,8 +106,16 @@ def predict(method: str, topology_path: str, nranks: int, nbytes: int, profile: 
     topology = load_topology(topology_path)
     # gloo over TCP: one socket per pair of ranks, so a rank's messages to a peer go in order,
     # and a message moves once the receiver has posted its recv
-    return float(simulate(topology, schedule_for(method, topology, nranks, nbytes), nbytes, profile=profile,
-                          ordered_pairs=True, rendezvous=True).time)
+    return float(
+        simulate(
+            topology,
+            schedule_for(method, topology, nranks, nbytes),
+            nbytes,
+            profile=profile,
+            ordered_pairs=True,
+            rendezvous=True,
+        ).time
+    )
 
 
 def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: int = 1 << 20) -> dict | None:
@@ -112,6 +126,7 @@ def apply_machine_model(cases: list[dict], calibrate: str = "gloo", min_bytes: i
     from treecoll.collectives.sim.simulator import simulate  # noqa: F401  (the simulator must exist)
     from treecoll.tools.emucluster.machine import fit, local_bytes, schedule_work
     from treecoll.topo import yaml_io
+
     if not cases:
         return None
     fastest = max(c["rate_bps"] for c in cases)
@@ -150,23 +165,41 @@ def machine_model_bound(cases: list[dict], min_bytes: int = 1 << 20) -> dict | N
     *every* row from ``min_bytes`` at the fastest rate (no held-out rows: an in-sample check of
     the roofline's form, not a prediction). Needs :func:`apply_machine_model` first (``work``)."""
     import numpy as np
+
     fastest = max((c["rate_bps"] for c in cases), default=None)
-    rows = [dict(r, shape=c.get("shape", "?")) for c in cases if c["rate_bps"] == fastest for r in c["rows"]
-            if r.get("work") and r.get("predicted") is not None and r["bytes"] >= min_bytes]
+    rows = [
+        dict(r, shape=c.get("shape", "?"))
+        for c in cases
+        if c["rate_bps"] == fastest
+        for r in c["rows"]
+        if r.get("work") and r.get("predicted") is not None and r["bytes"] >= min_bytes
+    ]
     if len(rows) < 3:
         return None
     from treecoll.tools.emucluster.machine import relative_lstsq
-    x = np.array([[r["work"]["bytes"] - r["work"]["local_bytes"], r["work"]["local_bytes"], r["work"]["messages"]]
-                  for r in rows], dtype=float)
+
+    x = np.array(
+        [
+            [r["work"]["bytes"] - r["work"]["local_bytes"], r["work"]["local_bytes"], r["work"]["messages"]]
+            for r in rows
+        ],
+        dtype=float,
+    )
     t = np.array([r["time"] for r in rows])
     coef = relative_lstsq(x, t)
     pred = np.maximum([r["predicted"] for r in rows], x @ coef)
     err = pred / t - 1
     worst = sorted(zip(err.tolist(), rows), key=lambda e: -abs(e[0]))[:5]
-    return {"rows": len(rows), "within_25pct": int(np.sum(np.abs(err) <= 0.25)),
-            "s_per_cross_byte": float(coef[0]), "s_per_local_byte": float(coef[1]), "s_per_message": float(coef[2]),
-            "worst": [{"shape": r["shape"], "method": r["method"], "bytes": r["bytes"], "error": float(e)}
-                      for e, r in worst]}
+    return {
+        "rows": len(rows),
+        "within_25pct": int(np.sum(np.abs(err) <= 0.25)),
+        "s_per_cross_byte": float(coef[0]),
+        "s_per_local_byte": float(coef[1]),
+        "s_per_message": float(coef[2]),
+        "worst": [
+            {"shape": r["shape"], "method": r["method"], "bytes": r["bytes"], "error": float(e)} for e, r in worst
+        ],
+    }
 
 
 # ----------------------------------------------------------------------------- worker (one rank)
@@ -228,19 +261,38 @@ def _measure_size(fns: dict[str, Callable], nbytes: int, rank: int, world: int, 
         ok[m] &= bool(torch.all(x == expected))
 
     # warm-up (connections, buffers), checked and timed: the repetitions follow from the slowest method
-    warm = interleaved({m: (lambda fn=fn: fn(x)) for m, fn in fns.items()}, 1, warmup=0, before=before,
-                       after=after, combine=slowest_rank)
+    warm = interleaved(
+        {m: (lambda fn=fn: fn(x)) for m, fn in fns.items()},
+        1,
+        warmup=0,
+        before=before,
+        after=after,
+        combine=slowest_rank,
+    )
     reps = max(repetitions(nbytes, t[0], args.repeats, args.budget) for t in warm.values())
-    local = interleaved({m: (lambda fn=fn: fn(x)) for m, fn in fns.items()}, reps, warmup=0, before=before,
-                        after=after)
+    local = interleaved({m: (lambda fn=fn: fn(x)) for m, fn in fns.items()}, reps, warmup=0, before=before, after=after)
     slowest = dict(zip(fns, slowest_rank([local[m] for m in fns])))
     # uplink rate while the collective ran (local rank 0 of each host), and whether every call was right
-    up = torch.tensor([[sent[m] * 8 / sum(local[m]) / 1e9 if local0 else 0.0, 1.0 if local0 else 0.0,
-                        0.0 if ok[m] else 1.0] for m in fns], dtype=torch.float64)
+    up = torch.tensor(
+        [
+            [sent[m] * 8 / sum(local[m]) / 1e9 if local0 else 0.0, 1.0 if local0 else 0.0, 0.0 if ok[m] else 1.0]
+            for m in fns
+        ],
+        dtype=torch.float64,
+    )
     dist.all_reduce(up)
-    return [{"method": m, "bytes": nbytes, "reps": reps, "time": statistics.median(slowest[m]),
-             "times": slowest[m], "uplink_gbit_s": float(up[i, 0] / max(up[i, 1], 1)), "correct": bool(up[i, 2] == 0)}
-            for i, m in enumerate(fns)]
+    return [
+        {
+            "method": m,
+            "bytes": nbytes,
+            "reps": reps,
+            "time": statistics.median(slowest[m]),
+            "times": slowest[m],
+            "uplink_gbit_s": float(up[i, 0] / max(up[i, 1], 1)),
+            "correct": bool(up[i, 2] == 0),
+        }
+        for i, m in enumerate(fns)
+    ]
 
 
 #: most repetitions :func:`repetitions` asks for (short collectives on a quiet link)
@@ -268,9 +320,18 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args:
     from treecoll.tools.emucluster import netns
 
     world = raw["world"]
-    case = {"shape": f"{hosts}x{rph}", "hosts": hosts, "ranks_per_host": rph, "rate": rate,
-            "rate_bps": netns.parse_rate(rate), "placement": args.placement, "world": world,
-            "topology": topo_path.read_text(), "skipped": raw["skipped"], "rows": []}
+    case = {
+        "shape": f"{hosts}x{rph}",
+        "hosts": hosts,
+        "ranks_per_host": rph,
+        "rate": rate,
+        "rate_bps": netns.parse_rate(rate),
+        "placement": args.placement,
+        "world": world,
+        "topology": topo_path.read_text(),
+        "skipped": raw["skipped"],
+        "rows": [],
+    }
     pred_skip = None
     for row in raw["rows"]:
         row = dict(row)
@@ -302,25 +363,32 @@ def repredict(cases: list[dict]) -> None:
 
 
 def print_table(cases: list[dict]) -> None:
-    hdr = (f"{'shape':>5} {'rate':>6} {'method':>9} {'size':>8} {'time us':>10} {'algbw':>7} "
-           f"{'busbw':>7} {'uplink':>8} {'pred us':>10} {'err':>6} {'+cores us':>10} {'err':>6}")
+    hdr = (
+        f"{'shape':>5} {'rate':>6} {'method':>9} {'size':>8} {'time us':>10} {'algbw':>7} "
+        f"{'busbw':>7} {'uplink':>8} {'pred us':>10} {'err':>6} {'+cores us':>10} {'err':>6}"
+    )
     print(hdr + "\n" + "-" * len(hdr))
     for c in cases:
         for r in c["rows"]:
             pred = f"{r['predicted'] * 1e6:10.0f}" if r["predicted"] is not None else f"{'-':>10}"
             err = f"{r['error'] * 100:+5.0f}%" if r["error"] is not None else f"{'-':>6}"
             if r.get("predicted_machine") is not None:
-                mach = (f" {r['predicted_machine'] * 1e6:10.0f} {r['error_machine'] * 100:+5.0f}%"
-                        + ("*" if r.get("calibration") else ""))
+                mach = f" {r['predicted_machine'] * 1e6:10.0f} {r['error_machine'] * 100:+5.0f}%" + (
+                    "*" if r.get("calibration") else ""
+                )
             else:
                 mach = f" {'-':>10} {'-':>6}"
-            print(f"{c['shape']:>5} {c['rate']:>6} {r['method']:>9} {fmt_bytes(r['bytes']):>8} "
-                  f"{r['time'] * 1e6:10.0f} {r['algbw_gbs']:7.3f} {r['busbw_gbs']:7.3f} "
-                  f"{r['uplink_gbit_s']:6.3f}Gb {pred} {err}{mach}" + ("" if r["correct"] else "  WRONG RESULT"))
+            print(
+                f"{c['shape']:>5} {c['rate']:>6} {r['method']:>9} {fmt_bytes(r['bytes']):>8} "
+                f"{r['time'] * 1e6:10.0f} {r['algbw_gbs']:7.3f} {r['busbw_gbs']:7.3f} "
+                f"{r['uplink_gbit_s']:6.3f}Gb {pred} {err}{mach}" + ("" if r["correct"] else "  WRONG RESULT")
+            )
         for m, why in c["skipped"].items():
             print(f"{c['shape']:>5} {c['rate']:>6} {m:>9} skipped: {why}")
-    print("algbw, busbw in GB/s; uplink = Gbit/s on host uplinks while the collective ran (wire bytes); "
-          "pred = link-only simulator; +cores = max(simulator, the machine's cores), * = calibration row")
+    print(
+        "algbw, busbw in GB/s; uplink = Gbit/s on host uplinks while the collective ran (wire bytes); "
+        "pred = link-only simulator; +cores = max(simulator, the machine's cores), * = calibration row"
+    )
 
 
 def summarize(cases: list[dict], target_bytes: int = 16 << 20, min_bytes: int = 1 << 20) -> list[dict]:
@@ -330,16 +398,24 @@ def summarize(cases: list[dict], target_bytes: int = 16 << 20, min_bytes: int = 
     for c in cases:
         t = {(r["method"], r["bytes"]): r["time"] for r in c["rows"]}
         errs = [abs(r["error"]) for r in c["rows"] if r["error"] is not None and r["bytes"] >= min_bytes]
-        held = [abs(r["error_machine"]) for r in c["rows"] if r.get("error_machine") is not None
-                and r["bytes"] >= min_bytes and not r.get("calibration")]
+        held = [
+            abs(r["error_machine"])
+            for r in c["rows"]
+            if r.get("error_machine") is not None and r["bytes"] >= min_bytes and not r.get("calibration")
+        ]
         g, tl = t.get(("gloo", target_bytes)), t.get(("two_level", target_bytes))
-        out.append({"shape": c["shape"], "rate": c["rate"],
-                    "two_level_speedup_vs_gloo": (g / tl) if g and tl else None,
-                    "sim_abs_error_max": max(errs) if errs else None,
-                    "sim_abs_error_median": statistics.median(errs) if errs else None,
-                    "cores_abs_error_max": max(held) if held else None,
-                    "cores_abs_error_median": statistics.median(held) if held else None,
-                    "cores_rows_within_25pct": f"{sum(e <= 0.25 for e in held)}/{len(held)}" if held else None})
+        out.append(
+            {
+                "shape": c["shape"],
+                "rate": c["rate"],
+                "two_level_speedup_vs_gloo": (g / tl) if g and tl else None,
+                "sim_abs_error_max": max(errs) if errs else None,
+                "sim_abs_error_median": statistics.median(errs) if errs else None,
+                "cores_abs_error_max": max(held) if held else None,
+                "cores_abs_error_median": statistics.median(held) if held else None,
+                "cores_rows_within_25pct": f"{sum(e <= 0.25 for e in held)}/{len(held)}" if held else None,
+            }
+        )
     return out
 
 
@@ -347,20 +423,30 @@ def print_summary(summary: list[dict]) -> None:
     for s in summary:
         sp = s["two_level_speedup_vs_gloo"]
         em, ed = s["sim_abs_error_max"], s["sim_abs_error_median"]
-        print(f"{s['shape']} {s['rate']}: two_level vs gloo at 16 MiB "
-              + (f"{sp:.2f}x" if sp else "-") + " (target >= 2x at 1gbit); simulator |error| from 1 MiB: "
-              + (f"median {ed * 100:.0f}%, max {em * 100:.0f}%" if em is not None else "-") + " (target <= 25%)"
-              + (f"; with the machine's cores (held-out rows): median {s['cores_abs_error_median'] * 100:.0f}%, "
-                 f"max {s['cores_abs_error_max'] * 100:.0f}%, {s['cores_rows_within_25pct']} within 25%"
-                 if s.get("cores_abs_error_max") is not None else ""))
+        print(
+            f"{s['shape']} {s['rate']}: two_level vs gloo at 16 MiB "
+            + (f"{sp:.2f}x" if sp else "-")
+            + " (target >= 2x at 1gbit); simulator |error| from 1 MiB: "
+            + (f"median {ed * 100:.0f}%, max {em * 100:.0f}%" if em is not None else "-")
+            + " (target <= 25%)"
+            + (
+                f"; with the machine's cores (held-out rows): median {s['cores_abs_error_median'] * 100:.0f}%, "
+                f"max {s['cores_abs_error_max'] * 100:.0f}%, {s['cores_rows_within_25pct']} within 25%"
+                if s.get("cores_abs_error_max") is not None
+                else ""
+            )
+        )
 
 
 def print_bound(bound: dict | None) -> None:
     if bound:
-        print(f"in-sample machine model at the fastest rate (least squares on every row from 1 MiB, no held-out rows): "
-              f"{bound['within_25pct']}/{bound['rows']} within 25%; worst: "
-              + ", ".join(f"{w['shape']} {w['method']} {fmt_bytes(w['bytes'])} {w['error'] * 100:+.0f}%"
-                          for w in bound["worst"]))
+        print(
+            f"in-sample machine model at the fastest rate (least squares on every row from 1 MiB, no held-out rows): "
+            f"{bound['within_25pct']}/{bound['rows']} within 25%; worst: "
+            + ", ".join(
+                f"{w['shape']} {w['method']} {fmt_bytes(w['bytes'])} {w['error'] * 100:+.0f}%" for w in bound["worst"]
+            )
+        )
 
 
 def report(cases: list[dict]) -> tuple:
@@ -397,8 +483,12 @@ def draw(cases: list[dict], ax: Axes) -> None:
         for c in cases:
             for m in sorted({r["method"] for r in c["rows"]}):
                 rows = [r for r in c["rows"] if r["method"] == m]
-                ax.loglog([r["bytes"] for r in rows], [r["time"] * 1e6 for r in rows], "o-",
-                          label=f"{m} {c['shape']} {c['rate']}")
+                ax.loglog(
+                    [r["bytes"] for r in rows],
+                    [r["time"] * 1e6 for r in rows],
+                    "o-",
+                    label=f"{m} {c['shape']} {c['rate']}",
+                )
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("measured time (µs)")
     ax.legend(fontsize=7)
@@ -406,20 +496,37 @@ def draw(cases: list[dict], ax: Axes) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    bench = Benchmark("bench_emucluster", __doc__, repeats=3, json="bench_emucluster.json",
-                      plot="bench_emucluster.png", aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
-                      helps={"--repeats": "least repetitions for sizes >= 1 MiB (10 below)"})
+    bench = Benchmark(
+        "bench_emucluster",
+        __doc__,
+        repeats=3,
+        json="bench_emucluster.json",
+        plot="bench_emucluster.png",
+        aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
+        helps={"--repeats": "least repetitions for sizes >= 1 MiB (10 below)"},
+    )
     p = bench.parser
     emulated.add_options(p, METHODS, rates="1gbit,10gbit", timeout=900, op_timeout=300)
-    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), type=units.sizes_arg("--sizes"),
-                   help="message sizes, comma-separated or A:B (4K, 64M accepted)")
-    p.add_argument("--budget", type=float, default=0.0,
-                   help="seconds of repetitions per method and size: short collectives repeat up to "
-                        f"{MAX_REPS} times to fill it (0: exactly --repeats)")
+    p.add_argument(
+        "--sizes",
+        default=",".join(map(str, DEFAULT_SIZES)),
+        type=units.sizes_arg("--sizes"),
+        help="message sizes, comma-separated or A:B (4K, 64M accepted)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0.0,
+        help="seconds of repetitions per method and size: short collectives repeat up to "
+        f"{MAX_REPS} times to fill it (0: exactly --repeats)",
+    )
     p.add_argument("--from-json", metavar="FILE", help="re-print the table, summary and plot of an earlier run")
-    p.add_argument("--repredict", action="store_true",
-                   help="with --from-json: simulate every row again with the current simulator "
-                        "(the measurements stay as recorded) and write the result to --json")
+    p.add_argument(
+        "--repredict",
+        action="store_true",
+        help="with --from-json: simulate every row again with the current simulator "
+        "(the measurements stay as recorded) and write the result to --json",
+    )
     args = bench.parse(argv)
     emulated.parse_methods(p, args, METHODS)
     if args.worker:
@@ -433,9 +540,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.repredict:
             if Path(args.json).resolve() == Path(args.from_json).resolve():
                 p.error("--json: expected a file other than --from-json (the measurements are kept)")
-            bench.write_json({**{k: v for k, v in earlier.items() if k != "meta"}, "measured": earlier.get("meta"),
-                              "machine_model": machine, "summary": summary, "machine_model_bound": bound,
-                              "cases": cases}, args.json)
+            bench.write_json(
+                {
+                    **{k: v for k, v in earlier.items() if k != "meta"},
+                    "measured": earlier.get("meta"),
+                    "machine_model": machine,
+                    "summary": summary,
+                    "machine_model_bound": bound,
+                    "cases": cases,
+                },
+                args.json,
+            )
         why = bench.plot(args.plot, lambda ax: draw(cases, ax), size=(7, 5.5))
         if why:
             print(f"no plot: {why}")
@@ -446,13 +561,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 1
     t0 = time.time()
-    worker_argv = ["--methods", ",".join(args.methods), "--sizes", ",".join(map(str, args.sizes)),
-                   "--repeats", str(args.repeats), "--budget", str(args.budget)]
-    cases = [make_case(hosts, rph, rate, raw, topo_path, args)
-             for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster", args, worker_argv)]
+    worker_argv = [
+        "--methods",
+        ",".join(args.methods),
+        "--sizes",
+        ",".join(map(str, args.sizes)),
+        "--repeats",
+        str(args.repeats),
+        "--budget",
+        str(args.budget),
+    ]
+    cases = [
+        make_case(hosts, rph, rate, raw, topo_path, args)
+        for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster", args, worker_argv)
+    ]
     machine, summary, bound = report(cases)
-    bench.write_json({"seconds": time.time() - t0, "machine_model": machine, "summary": summary,
-                      "machine_model_bound": bound, "cases": cases}, args.json)
+    bench.write_json(
+        {
+            "seconds": time.time() - t0,
+            "machine_model": machine,
+            "summary": summary,
+            "machine_model_bound": bound,
+            "cases": cases,
+        },
+        args.json,
+    )
     why = bench.plot(args.plot, lambda ax: draw(cases, ax), size=(7, 5.5))
     if why:
         print(f"no plot: {why}")

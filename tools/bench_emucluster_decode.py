@@ -51,6 +51,7 @@ max-min sharing, ``sim_engine.concurrent_times``).
 
 Units: seconds in JSON, ms in the table. Not a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -116,12 +117,14 @@ def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
 def _methods(topo, q):
     from treecoll import attention
 
-    return {"tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
-            "tree_blind": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, tree=BLIND_TREE, check=chk),
-            "gather": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="gather", check=chk),
-            "auto": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="auto", check=chk),
-            "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
-            "allreduce3": lambda k, v, chk: attention.allreduce3_decode(q, k, v, check=chk)}
+    return {
+        "tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
+        "tree_blind": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, tree=BLIND_TREE, check=chk),
+        "gather": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="gather", check=chk),
+        "auto": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="auto", check=chk),
+        "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
+        "allreduce3": lambda k, v, chk: attention.allreduce3_decode(q, k, v, check=chk),
+    }
 
 
 def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, first: bool) -> list[dict]:
@@ -151,10 +154,21 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     host_bytes = _host_bytes({m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}, args.repeats)
     picks = choose_combine(batch, Q_HEADS, HEAD_DIM, topology=topo)
-    return [{"method": m, "batch": batch, "tokens": tokens, "state_bytes": state_bytes(batch),
-             **({"picks": picks} if m == "auto" else {}),
-             "time": statistics.median(times[m]), "times": times[m], "compute": compute,
-             "host_bytes_per_step": host_bytes[m], "max_abs_diff_vs_" + methods[0]: float(diff)} for m in methods]
+    return [
+        {
+            "method": m,
+            "batch": batch,
+            "tokens": tokens,
+            "state_bytes": state_bytes(batch),
+            **({"picks": picks} if m == "auto" else {}),
+            "time": statistics.median(times[m]),
+            "times": times[m],
+            "compute": compute,
+            "host_bytes_per_step": host_bytes[m],
+            "max_abs_diff_vs_" + methods[0]: float(diff),
+        }
+        for m in methods
+    ]
 
 
 def _host_bytes(fns: dict, reps: int) -> dict[str, float]:
@@ -214,8 +228,16 @@ def predict(method: str, topology: Topology, world: int, batch: int, tokens: int
 
     if method in ("tree", "tree_blind", "gather", "allreduce3"):
         combine = "tree" if method == "tree_blind" else method
-        t = combine_times(topology, batch, Q_HEADS, HEAD_DIM, ranks=world, backend="gloo", methods=(combine,),
-                          tree=BLIND_TREE if method == "tree_blind" else "two_level")
+        t = combine_times(
+            topology,
+            batch,
+            Q_HEADS,
+            HEAD_DIM,
+            ranks=world,
+            backend="gloo",
+            methods=(combine,),
+            tree=BLIND_TREE if method == "tree_blind" else "two_level",
+        )
         return compute + t[combine]["time_s"]
     gpus = topology.rank_gpus()
     net = Network(topology, get_profile("ideal"))
@@ -223,8 +245,10 @@ def predict(method: str, topology: Topology, world: int, batch: int, tokens: int
     shards = shard_tokens(tokens, world)
     total = 0.0
     for s in range(world - 1):
-        hops = [(gpus[r], gpus[(r + 1) % world], 2.0 * shards[(r - s) % world] * batch * KV_HEADS * HEAD_DIM
-                 * KV_ITEMSIZE) for r in range(world)]
+        hops = [
+            (gpus[r], gpus[(r + 1) % world], 2.0 * shards[(r - s) % world] * batch * KV_HEADS * HEAD_DIM * KV_ITEMSIZE)
+            for r in range(world)
+        ]
         lat, drain = concurrent_times(net, hops)
         total += max(compute, float((lat + drain).max()))
     return total + compute
@@ -237,13 +261,13 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args:
     rows = []
     for r in raw["rows"]:
         r = dict(r)
-        r["predicted"] = predict(r.get("picks", r["method"]), topology, raw["world"], r["batch"], r["tokens"],
-                                 r["compute"])
+        r["predicted"] = predict(
+            r.get("picks", r["method"]), topology, raw["world"], r["batch"], r["tokens"], r["compute"]
+        )
         r["error"] = r["predicted"] / r["time"] - 1
         r["payload_bytes_per_step"] = payload_bytes(r.get("picks", r["method"]), topology, raw["world"], r["batch"])
         rows.append(r)
-    return {"shape": f"{hosts}x{rph}", "rate": rate, "world": raw["world"], "placement": args.placement,
-            "rows": rows}
+    return {"shape": f"{hosts}x{rph}", "rate": rate, "world": raw["world"], "placement": args.placement, "rows": rows}
 
 
 def print_table(cases: list[dict]) -> None:
@@ -255,31 +279,80 @@ def print_table(cases: list[dict]) -> None:
             diff = next((v for k, v in r.items() if k.startswith("max_abs_diff")), None)
             payload = r.get("payload_bytes_per_step")
             name = f"auto ({r['picks']})" if "picks" in r else r["method"]
-            lines.append([c["shape"], c["rate"], r["batch"], f"{r['tokens'] // 1024}k", name, r["time"] * 1e3,
-                          r["compute"] * 1e3, r["predicted"] * 1e3, f"{r['error'] * 100:+.0f}%",
-                          f"{r['time'] / tree[key]:.2f}x" if key in tree else None,
-                          fmt_bytes(r["host_bytes_per_step"], si=True),
-                          None if payload is None else fmt_bytes(payload, si=True), diff])
-    print(table(lines, ["shape", "rate", "batch", "tokens", "method", "time ms", "compute", "pred ms", "err",
-                        "vs tree", "host bytes", "payload", "max|diff|"],
-                formats=[None, None, None, None, None, ".1f", ".1f", ".1f", None, None, None, None, ".2e"]))
-    print("compute = slowest rank's local decode_partial; vs tree = time / tree's time; host bytes = bytes leaving "
-          "the hosts' uplinks per step (TCP/IP included); payload = the schedule's bytes between hosts; "
-          "max|diff| = largest output difference between methods")
+            lines.append(
+                [
+                    c["shape"],
+                    c["rate"],
+                    r["batch"],
+                    f"{r['tokens'] // 1024}k",
+                    name,
+                    r["time"] * 1e3,
+                    r["compute"] * 1e3,
+                    r["predicted"] * 1e3,
+                    f"{r['error'] * 100:+.0f}%",
+                    f"{r['time'] / tree[key]:.2f}x" if key in tree else None,
+                    fmt_bytes(r["host_bytes_per_step"], si=True),
+                    None if payload is None else fmt_bytes(payload, si=True),
+                    diff,
+                ]
+            )
+    print(
+        table(
+            lines,
+            [
+                "shape",
+                "rate",
+                "batch",
+                "tokens",
+                "method",
+                "time ms",
+                "compute",
+                "pred ms",
+                "err",
+                "vs tree",
+                "host bytes",
+                "payload",
+                "max|diff|",
+            ],
+            formats=[None, None, None, None, None, ".1f", ".1f", ".1f", None, None, None, None, ".2e"],
+        )
+    )
+    print(
+        "compute = slowest rank's local decode_partial; vs tree = time / tree's time; host bytes = bytes leaving "
+        "the hosts' uplinks per step (TCP/IP included); payload = the schedule's bytes between hosts; "
+        "max|diff| = largest output difference between methods"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    bench = Benchmark("bench_emucluster_decode", __doc__, repeats=2, json="bench_emucluster_decode.json",
-                      aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
-                      helps={"--repeats": "repetitions per method"})
+    bench = Benchmark(
+        "bench_emucluster_decode",
+        __doc__,
+        repeats=2,
+        json="bench_emucluster_decode.json",
+        aliases={"--repeats": ["--reps"], "--json": ["--json-out"]},
+        helps={"--repeats": "repetitions per method"},
+    )
     p = bench.parser
     emulated.add_options(p, METHODS, rates="1gbit", timeout=1200, op_timeout=600)
-    p.add_argument("--tokens", default="16384,32768,65536,131072", type=units.counts_arg("--tokens"),
-                   help="KV lengths at batch 1, comma-separated; k = 1e3 (default 16384,32768,65536,131072)")
-    p.add_argument("--batches", default="1,64", type=units.ints_arg("--batches"),
-                   help="batch sizes, comma-separated (default 1,64: 64 makes the packed state 1.06 MB)")
-    p.add_argument("--batch-tokens", default="1024", type=units.count_arg("--batch-tokens"),
-                   help="KV length of the batches above 1 (default 1024)")
+    p.add_argument(
+        "--tokens",
+        default="16384,32768,65536,131072",
+        type=units.counts_arg("--tokens"),
+        help="KV lengths at batch 1, comma-separated; k = 1e3 (default 16384,32768,65536,131072)",
+    )
+    p.add_argument(
+        "--batches",
+        default="1,64",
+        type=units.ints_arg("--batches"),
+        help="batch sizes, comma-separated (default 1,64: 64 makes the packed state 1.06 MB)",
+    )
+    p.add_argument(
+        "--batch-tokens",
+        default="1024",
+        type=units.count_arg("--batch-tokens"),
+        help="KV length of the batches above 1 (default 1024)",
+    )
     args = bench.parse(argv)
     emulated.parse_methods(p, args, METHODS)
     if args.worker:
@@ -294,11 +367,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 1
     t0 = time.time()
-    worker_argv = ["--methods", ",".join(args.methods), "--tokens", ",".join(map(str, args.tokens)),
-                   "--batches", ",".join(map(str, args.batches)), "--batch-tokens", str(args.batch_tokens),
-                   "--repeats", str(args.repeats)]
-    cases = [make_case(hosts, rph, rate, raw, topo_path, args)
-             for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster_decode", args, worker_argv)]
+    worker_argv = [
+        "--methods",
+        ",".join(args.methods),
+        "--tokens",
+        ",".join(map(str, args.tokens)),
+        "--batches",
+        ",".join(map(str, args.batches)),
+        "--batch-tokens",
+        str(args.batch_tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
+    cases = [
+        make_case(hosts, rph, rate, raw, topo_path, args)
+        for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster_decode", args, worker_argv)
+    ]
     print_table(cases)
     bench.write_json({"seconds": time.time() - t0, "cases": cases}, args.json)
     return 0

@@ -21,6 +21,7 @@ Usage (root)::
     python -m treecoll.tools.bench_probe                 # 2, 4, 6 hosts; gain on 4
     python -m treecoll.tools.bench_probe --quick         # 2 and 4 hosts, 3 repetitions
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,18 +61,36 @@ def probe_case(hosts: int, rate: str, slow_rate: str, out: Path, timeout: float)
     slow = slow_host(hosts)
     cmd = [sys.executable, "-m", "treecoll.tools.cli", "topo", "probe", "--json", "--force", "-o", str(out)]
     text, err = io.StringIO(), io.StringIO()
-    res = runner.run(cmd, hosts=hosts, ranks_per_host=1, rate_bps=netns.parse_rate(rate),
-                     host_rates={slow: netns.parse_rate(slow_rate, "--slow-rate")}, timeout=timeout,
-                     tag_output=True, stdout=text, stderr=err)
+    res = runner.run(
+        cmd,
+        hosts=hosts,
+        ranks_per_host=1,
+        rate_bps=netns.parse_rate(rate),
+        host_rates={slow: netns.parse_rate(slow_rate, "--slow-rate")},
+        timeout=timeout,
+        tag_output=True,
+        stdout=text,
+        stderr=err,
+    )
     if res.returncode != 0:
-        raise EmuClusterError(f"bench_probe {hosts} hosts: the probe exited {res.returncode} (rank {res.failed_rank}): "
-                              + " ".join(err.getvalue().strip().splitlines()[-1:]))
+        raise EmuClusterError(
+            f"bench_probe {hosts} hosts: the probe exited {res.returncode} (rank {res.failed_rank}): "
+            + " ".join(err.getvalue().strip().splitlines()[-1:])
+        )
     rank0 = "".join(line[5:] + "\n" for line in text.getvalue().splitlines() if line.startswith("[r0] "))
     s = json.loads(rank0)["summary"]
-    return {"hosts": hosts, "slow_host": f"h{slow}", "job_seconds": round(res.seconds, 3),
-            "probe_seconds": s["seconds"], "steps": s["plan"]["steps"], "transfers": s["plan"]["transfers"],
-            "model_seconds": s["plan"]["model_seconds"], "named": s["slow_names"], "slow_hosts": s["slow_hosts"],
-            "found": s["slow_hosts"] == [f"h{slow}"]}
+    return {
+        "hosts": hosts,
+        "slow_host": f"h{slow}",
+        "job_seconds": round(res.seconds, 3),
+        "probe_seconds": s["seconds"],
+        "steps": s["plan"]["steps"],
+        "transfers": s["plan"]["transfers"],
+        "model_seconds": s["plan"]["model_seconds"],
+        "named": s["slow_names"],
+        "slow_hosts": s["slow_hosts"],
+        "found": s["slow_hosts"] == [f"h{slow}"],
+    }
 
 
 # ----------------------------------------------------------------------------- part 2: allreduce, two trees
@@ -81,8 +100,10 @@ def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     import torch.distributed as dist
     from treecoll.tools.bench_emucluster import make_ours
 
-    fns = {"unprobed": make_ours("two_level", os.environ.get("TREECOLL_EMU_TOPOLOGY"), world),
-           "probed": make_ours("two_level", args.probed, world)}
+    fns = {
+        "unprobed": make_ours("two_level", os.environ.get("TREECOLL_EMU_TOPOLOGY"), world),
+        "probed": make_ours("two_level", args.probed, world),
+    }
     x = torch.empty(args.bytes // 4, dtype=torch.float32)
     ok = dict.fromkeys(fns, True)
 
@@ -93,8 +114,14 @@ def measure(rank: int, world: int, args: argparse.Namespace) -> dict | None:
     def after(m: str) -> None:
         ok[m] &= bool(torch.all(x == world * (world + 1) / 2))
 
-    times = interleaved({m: (lambda fn=fn: fn(x)) for m, fn in fns.items()}, args.repeats, warmup=1,
-                        before=before, after=after, combine=slowest_rank)
+    times = interleaved(
+        {m: (lambda fn=fn: fn(x)) for m, fn in fns.items()},
+        args.repeats,
+        warmup=1,
+        before=before,
+        after=after,
+        combine=slowest_rank,
+    )
     right = torch.tensor([0.0 if ok[m] else 1.0 for m in fns])
     dist.all_reduce(right)
     return {"times": times, "correct": {m: bool(right[i] == 0) for i, m in enumerate(fns)}} if rank == 0 else None
@@ -114,16 +141,21 @@ def trees(unprobed: Path, probed: Path, hosts: int) -> dict[str, list[int]]:
 
 # ----------------------------------------------------------------------------- driver
 def main(argv: Sequence[str] | None = None) -> int:
-    bench = Benchmark("bench_probe", __doc__, repeats=7, json="bench_probe.json",
-                      quick="2 and 4 hosts, 3 repetitions")
+    bench = Benchmark("bench_probe", __doc__, repeats=7, json="bench_probe.json", quick="2 and 4 hosts, 3 repetitions")
     p = bench.parser
     emulated.add_options(p, METHODS, rates="1gbit", timeout=300, op_timeout=120)
     p.set_defaults(shapes=[(2, 1), (4, 1), (6, 1)])
     p.add_argument("--slow-rate", default="100mbit", help="the degraded host's uplink rate (default 100mbit)")
-    p.add_argument("--gain-hosts", type=units.int_arg("--gain-hosts", minimum=3), default=4, metavar="H",
-                   help="hosts of the allreduce comparison (default 4)")
-    p.add_argument("--bytes", type=units.size_arg("--bytes"), default=4 << 20, metavar="S",
-                   help="allreduce size (default 4MiB)")
+    p.add_argument(
+        "--gain-hosts",
+        type=units.int_arg("--gain-hosts", minimum=3),
+        default=4,
+        metavar="H",
+        help="hosts of the allreduce comparison (default 4)",
+    )
+    p.add_argument(
+        "--bytes", type=units.size_arg("--bytes"), default=4 << 20, metavar="S", help="allreduce size (default 4MiB)"
+    )
     p.add_argument("--probed", help=argparse.SUPPRESS)
     args = bench.parse(argv)
     emulated.parse_methods(p, args, METHODS)
@@ -144,10 +176,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         for hosts in counts:
             print(f"# probe on {hosts} hosts ...", file=sys.stderr, flush=True)
             rows.append(probe_case(hosts, rate, args.slow_rate, Path(d) / f"probed-{hosts}.yaml", args.timeout))
-        print(table([[r["hosts"], r["slow_host"], r["steps"], r["transfers"], r["probe_seconds"], r["job_seconds"],
-                      ", ".join(r["named"]) or "-", "yes" if r["found"] else "NO"] for r in rows],
-                    ["hosts", "degraded", "steps", "transfers", "probe s", "job s", "named slow", "alone"],
-                    formats=[None, None, None, None, ".2f", ".2f", None, None]))
+        print(
+            table(
+                [
+                    [
+                        r["hosts"],
+                        r["slow_host"],
+                        r["steps"],
+                        r["transfers"],
+                        r["probe_seconds"],
+                        r["job_seconds"],
+                        ", ".join(r["named"]) or "-",
+                        "yes" if r["found"] else "NO",
+                    ]
+                    for r in rows
+                ],
+                ["hosts", "degraded", "steps", "transfers", "probe s", "job s", "named slow", "alone"],
+                formats=[None, None, None, None, ".2f", ".2f", None, None],
+            )
+        )
         gain = _gain(args, rate, Path(d) / f"probed-{args.gain_hosts}.yaml")
     bench.write_json({"rate": rate, "slow_rate": args.slow_rate, "probe": rows, "gain": gain}, args.json)
     return 0
@@ -164,15 +211,37 @@ def _gain(args, rate: str, probed: Path) -> dict[str, Any]:
     for _, _, _, raw, topo_path in emulated.cases("bench_probe", args, worker_argv, host_rates=slow):
         times, built = raw["times"], trees(topo_path, probed, hosts)
     ratio = paired_ratio(times["unprobed"], times["probed"])
-    out = {"hosts": hosts, "bytes": args.bytes, "trees": built, "correct": raw["correct"],
-           "unprobed": summary(times["unprobed"]), "probed": summary(times["probed"]),
-           "times": times, "gain_unprobed_over_probed": ratio}
-    print(table([[m, str(built[m]), out[m]["median"] * 1e3, out[m]["min"] * 1e3, out[m]["reps"],
-                  "yes" if raw["correct"][m] else "WRONG"] for m in METHODS],
-                ["tree on", "parents", "median ms", "min ms", "reps", "correct"],
-                formats=[None, None, ".1f", ".1f", None, None]))
-    print(f"allreduce {fmt_bytes(args.bytes)} on {hosts} hosts (h{slow_host(hosts)} at {args.slow_rate}): "
-          f"the probed tree is {ratio:.2f}x as fast (median of paired ratios unprobed / probed)")
+    out = {
+        "hosts": hosts,
+        "bytes": args.bytes,
+        "trees": built,
+        "correct": raw["correct"],
+        "unprobed": summary(times["unprobed"]),
+        "probed": summary(times["probed"]),
+        "times": times,
+        "gain_unprobed_over_probed": ratio,
+    }
+    print(
+        table(
+            [
+                [
+                    m,
+                    str(built[m]),
+                    out[m]["median"] * 1e3,
+                    out[m]["min"] * 1e3,
+                    out[m]["reps"],
+                    "yes" if raw["correct"][m] else "WRONG",
+                ]
+                for m in METHODS
+            ],
+            ["tree on", "parents", "median ms", "min ms", "reps", "correct"],
+            formats=[None, None, ".1f", ".1f", None, None],
+        )
+    )
+    print(
+        f"allreduce {fmt_bytes(args.bytes)} on {hosts} hosts (h{slow_host(hosts)} at {args.slow_rate}): "
+        f"the probed tree is {ratio:.2f}x as fast (median of paired ratios unprobed / probed)"
+    )
     return out
 
 

@@ -24,6 +24,7 @@ ana100k     ``--engine analytic --algo ring,two_level,nccl --sizes 64MiB`` on 12
 analytic engine, to check the script runs. Prints a line per case as it ends,
 then a table, and writes JSON (default ``bench_sim_scale.json``).
 """
+
 from __future__ import annotations
 
 import resource
@@ -60,8 +61,10 @@ def cluster_yaml(hosts: int) -> str:
     network: {type: rail_optimized, su_hosts: 32, spines: 16}
     <BLANKLINE>
     """
-    return (f"name: dgx-h100-x{hosts}\nhosts: [{{template: dgx-h100, count: {hosts}}}]\n"
-            "network: {type: rail_optimized, su_hosts: 32, spines: 16}\n")
+    return (
+        f"name: dgx-h100-x{hosts}\nhosts: [{{template: dgx-h100, count: {hosts}}}]\n"
+        "network: {type: rail_optimized, su_hosts: 32, spines: 16}\n"
+    )
 
 
 def _topology_arg(spec, where: Path) -> str:
@@ -80,14 +83,17 @@ def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict]:
     """(load s, simulate s, the table) of the command's work in this process."""
     from treecoll.tools import cmd_simulate
     from treecoll.tools.cli import build_parser
+
     ns = build_parser().parse_args(["simulate", "allreduce", "--topology", topology, *args])
     t0 = time.perf_counter()
     topo = cmd_simulate._resolve(ns)
     t1 = time.perf_counter()
     from treecoll.tools import units
+
     algos = units.parse_list(ns.algo, what="--algo", kind="algorithms")
-    data = cmd_simulate.allreduce_data(topo, algos, ns.sizes, ns.ranks, ns.profile, ns.sim_command, mode=ns.mode,
-                                       engine=ns.engine)
+    data = cmd_simulate.allreduce_data(
+        topo, algos, ns.sizes, ns.ranks, ns.profile, ns.sim_command, mode=ns.mode, engine=ns.engine
+    )
     return t1 - t0, time.perf_counter() - t1, data
 
 
@@ -101,22 +107,43 @@ def run_case(name: str, spec: str | int, args: list[str], target: float | None, 
         if done.returncode:
             raise RuntimeError(f"{name}: the command failed: {done.stderr.strip()[-500:]}")
     load, sim, data = _in_process(topology, args)
-    row = {"case": name, "command": "treecoll simulate allreduce --topology " + " ".join(
-        [str(spec) if isinstance(spec, str) else f"dgx-h100-x{spec}.yaml", *args]),
-        "gpus": data["nranks"], "engine": data["engine"], "command_s": min(walls), "command_runs_s": walls,
-        "load_s": load, "simulate_s": sim, "target_s": target,
+    row = {
+        "case": name,
+        "command": "treecoll simulate allreduce --topology "
+        + " ".join([str(spec) if isinstance(spec, str) else f"dgx-h100-x{spec}.yaml", *args]),
+        "gpus": data["nranks"],
+        "engine": data["engine"],
+        "command_s": min(walls),
+        "command_runs_s": walls,
+        "load_s": load,
+        "simulate_s": sim,
+        "target_s": target,
         "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
-        "results": [{"size": r["size"], **{a: v["time_us"] for a, v in r["algos"].items()}} for r in data["rows"]]}
-    print(f"{name:<10} {row['gpus']:>7} GPUs {row['engine']:<8} command {row['command_s']:7.2f} s  load "
-          f"{load:6.2f} s  simulate {sim:7.2f} s  (target {target or '-'} s)", flush=True)
+        "results": [{"size": r["size"], **{a: v["time_us"] for a, v in r["algos"].items()}} for r in data["rows"]],
+    }
+    print(
+        f"{name:<10} {row['gpus']:>7} GPUs {row['engine']:<8} command {row['command_s']:7.2f} s  load "
+        f"{load:6.2f} s  simulate {sim:7.2f} s  (target {target or '-'} s)",
+        flush=True,
+    )
     return row
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    bench = Benchmark("bench_sim_scale", __doc__, repeats=1, json="bench_sim_scale.json",
-                      quick="the 128-GPU sweep at 64 KiB and 8192 GPUs on the analytic engine")
-    bench.parser.add_argument("--case", action="append", choices=sorted({*CASES, *QUICK}), default=None,
-                              help="run only these cases (repeatable; default every case)")
+    bench = Benchmark(
+        "bench_sim_scale",
+        __doc__,
+        repeats=1,
+        json="bench_sim_scale.json",
+        quick="the 128-GPU sweep at 64 KiB and 8192 GPUs on the analytic engine",
+    )
+    bench.parser.add_argument(
+        "--case",
+        action="append",
+        choices=sorted({*CASES, *QUICK}),
+        default=None,
+        help="run only these cases (repeatable; default every case)",
+    )
     args = bench.parse(argv)
     cases = QUICK if args.quick else CASES
     if args.case:
@@ -125,10 +152,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, (spec, cargs, target) in cases.items():
             rows.append(run_case(name, spec, cargs, target, Path(tmp), args.repeats))
-    print(table([[r["case"], r["gpus"], r["engine"], r["command_s"], r["load_s"], r["simulate_s"],
-                  r["target_s"] if r["target_s"] is not None else "-", r["rss_mb"]] for r in rows],
-                ["case", "GPUs", "engine", "command s", "load s", "simulate s", "target s", "rss MB"],
-                formats=[None, None, None, ".2f", ".2f", ".2f", None, ".0f"]))
+    print(
+        table(
+            [
+                [
+                    r["case"],
+                    r["gpus"],
+                    r["engine"],
+                    r["command_s"],
+                    r["load_s"],
+                    r["simulate_s"],
+                    r["target_s"] if r["target_s"] is not None else "-",
+                    r["rss_mb"],
+                ]
+                for r in rows
+            ],
+            ["case", "GPUs", "engine", "command s", "load s", "simulate s", "target s", "rss MB"],
+            formats=[None, None, None, ".2f", ".2f", ".2f", None, ".0f"],
+        )
+    )
     bench.write_json({"rows": rows}, args.json)
     return 0
 

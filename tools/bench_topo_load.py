@@ -11,6 +11,7 @@ and path cases take every second round). Prints a table (median and min over
 the repetitions, seconds) and writes JSON (default ``bench_topo_load.json`` in
 the current directory).
 """
+
 from __future__ import annotations
 
 import random
@@ -28,8 +29,9 @@ PAIRS = 1000
 
 
 def main(argv: list[str] | None = None) -> int:
-    bench = Benchmark("bench_topo_load", __doc__, repeats=5, json="bench_topo_load.json",
-                      aliases={"--repeats": ["--repeat"]})
+    bench = Benchmark(
+        "bench_topo_load", __doc__, repeats=5, json="bench_topo_load.json", aliases={"--repeats": ["--repeat"]}
+    )
     args = bench.parse(argv)
     loaded = {name: topo.load(topo.shipped(name)) for name in FILES}  # shapes for the table; warms the imports
     big = loaded[FILES[-1]]
@@ -50,24 +52,39 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: topo.load(path)
 
     cases = {f"load {name}": load(name) for name in FILES}
-    cases |= {f"dumps (explicit form) {big.name}": lambda: topo.dumps(big),
-              f"loads (explicit form) {big.name}": lambda: topo.loads(text),
-              f"copy + fingerprint {big.name}": lambda: fresh().fingerprint(),
-              f"path, random GPU pair, per query {big.name}": paths}
+    cases |= {
+        f"dumps (explicit form) {big.name}": lambda: topo.dumps(big),
+        f"loads (explicit form) {big.name}": lambda: topo.loads(text),
+        f"copy + fingerprint {big.name}": lambda: fresh().fingerprint(),
+        f"path, random GPU pair, per query {big.name}": paths,
+    }
     half = max(1, args.repeats // 2)
     repeats = {c: args.repeats if c.startswith("load ") else half for c in cases}
     times = interleaved(cases, repeats, warmup=0, setup={f"path, random GPU pair, per query {big.name}": fresh})
-    times[f"path, random GPU pair, per query {big.name}"] = [t / PAIRS for t in
-                                                             times[f"path, random GPU pair, per query {big.name}"]]
+    times[f"path, random GPU pair, per query {big.name}"] = [
+        t / PAIRS for t in times[f"path, random GPU pair, per query {big.name}"]
+    ]
     rows = []
     for case, ts in times.items():
-        t = loaded[case[len("load "):]] if case.startswith("load ") else big
-        rows.append({"case": case, "gpus": len(t.gpus()), "nodes": t.graph.number_of_nodes(),
-                     "links": t.graph.number_of_edges(), "times_s": ts,
-                     "median_s": summary(ts)["median"], "min_s": summary(ts)["min"]})
-    print(table([[r["case"], r["gpus"], r["nodes"], r["links"], r["median_s"], r["min_s"]] for r in rows],
-                ["case", "GPUs", "nodes", "links", "median s", "min s"],
-                formats=[None, None, None, None, ".5f", ".5f"]))
+        t = loaded[case[len("load ") :]] if case.startswith("load ") else big
+        rows.append(
+            {
+                "case": case,
+                "gpus": len(t.gpus()),
+                "nodes": t.graph.number_of_nodes(),
+                "links": t.graph.number_of_edges(),
+                "times_s": ts,
+                "median_s": summary(ts)["median"],
+                "min_s": summary(ts)["min"],
+            }
+        )
+    print(
+        table(
+            [[r["case"], r["gpus"], r["nodes"], r["links"], r["median_s"], r["min_s"]] for r in rows],
+            ["case", "GPUs", "nodes", "links", "median s", "min s"],
+            formats=[None, None, None, None, ".5f", ".5f"],
+        )
+    )
     bench.write_json({"repeats": args.repeats, "rows": rows}, args.json)
     return 0
 

@@ -34,6 +34,7 @@ Usage::
 Writes JSON (``--json``) and a plot (``--plot``; needs matplotlib) and prints
 tables.  Targets (:func:`targets`) are checked and printed as met / not met.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,17 +71,23 @@ def _combine_bench(rank: int, world: int, batch: int, repeats: int) -> dict:
         buf = packed.clone()
         dist.all_reduce(buf)
 
-    fns = {"tree": lambda: tree_combine(out, lse, tree=t),
-           "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
-           "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
-           "tree_separate": lambda: tree_combine(out, lse, tree=t, bcast="separate"),
-           "gather": lambda: tree_combine(out, lse, combine="gather"),
-           "allreduce3": lambda: tree_combine(out, lse, combine="allreduce3"),
-           "auto": lambda: tree_combine(out, lse, combine="auto"),
-           "floor": floor}
+    fns = {
+        "tree": lambda: tree_combine(out, lse, tree=t),
+        "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
+        "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
+        "tree_separate": lambda: tree_combine(out, lse, tree=t, bcast="separate"),
+        "gather": lambda: tree_combine(out, lse, combine="gather"),
+        "allreduce3": lambda: tree_combine(out, lse, combine="allreduce3"),
+        "auto": lambda: tree_combine(out, lse, combine="auto"),
+        "floor": floor,
+    }
     times = interleaved(fns, repeats, warmup=10, before=lambda _: dist.barrier(), combine=slowest_rank)
-    return {"times": times, "bytes": packed.numel() * 4, "tree": list(t.parents),
-            "auto_picks": choose_combine(batch, HEADS, HEAD_DIM)}
+    return {
+        "times": times,
+        "bytes": packed.numel() * 4,
+        "tree": list(t.parents),
+        "auto_picks": choose_combine(batch, HEADS, HEAD_DIM),
+    }
 
 
 def _group_worker(rank: int, world: int, plan: dict) -> dict:
@@ -106,11 +113,26 @@ def _summarize_combine(rank0: dict) -> dict:
 
 def _steps(args) -> list[dict]:
     """The decode configurations (``treecoll decode``'s) one process group runs in turn."""
-    return [{"seq_len": n, "batch": batch, "layers": 1, "heads": HEADS, "kv_heads": KV_HEADS,
-             "head_dim": HEAD_DIM, "new_tokens": args.steps, "dtype": "bfloat16",
-             "block_size": 256, "methods": list(STEP_METHODS), "seed": 0,
-             "topology": None, "check": n <= args.check_max_tokens}
-            for batch in args.batch for n in args.tokens if not (batch > 1 and n > args.batch_max_tokens)]
+    return [
+        {
+            "seq_len": n,
+            "batch": batch,
+            "layers": 1,
+            "heads": HEADS,
+            "kv_heads": KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "new_tokens": args.steps,
+            "dtype": "bfloat16",
+            "block_size": 256,
+            "methods": list(STEP_METHODS),
+            "seed": 0,
+            "topology": None,
+            "check": n <= args.check_max_tokens,
+        }
+        for batch in args.batch
+        for n in args.tokens
+        if not (batch > 1 and n > args.batch_max_tokens)
+    ]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -142,20 +164,43 @@ def step_table(runs: list[dict]) -> str:
     for s in runs:
         c = s["config"]
         for name, m in s["methods"].items():
-            rows.append([s["nproc"], c["batch"], c["seq_len"], name, m["median_step_s"] * 1e3,
-                         m["median_step_s"] / s["methods"]["tree"]["median_step_s"],
-                         fmt_bytes(max(m["bytes_sent_per_rank"]), si=True),
-                         fmt_bytes(max(m["peak_bytes_per_rank"]), si=True), m["max_abs_err"]])
-    return table(rows, ["P", "batch", "tokens", "method", "step ms", "vs tree", "sent/rank", "peak/rank",
-                        "max|err|"], formats=[None, None, None, None, ".2f", ".2f", None, None, ".0e"])
+            rows.append(
+                [
+                    s["nproc"],
+                    c["batch"],
+                    c["seq_len"],
+                    name,
+                    m["median_step_s"] * 1e3,
+                    m["median_step_s"] / s["methods"]["tree"]["median_step_s"],
+                    fmt_bytes(max(m["bytes_sent_per_rank"]), si=True),
+                    fmt_bytes(max(m["peak_bytes_per_rank"]), si=True),
+                    m["max_abs_err"],
+                ]
+            )
+    return table(
+        rows,
+        ["P", "batch", "tokens", "method", "step ms", "vs tree", "sent/rank", "peak/rank", "max|err|"],
+        formats=[None, None, None, None, ".2f", ".2f", None, None, ".0e"],
+    )
 
 
 def combine_table(combine: list[dict]) -> str:
     """(b): one row per (P, batch), one column per combine method (median microseconds)."""
-    rows = [[c["nproc"], c["batch"], fmt_bytes(c["bytes"], si=True), *(c[k]["median_s"] * 1e6 for k in COMBINE),
-             c["auto_picks"]] for c in combine]
-    return table(rows, ["P", "batch", "state", *(f"{k} us" for k in COMBINE), "auto picks"],
-                 formats=[None, None, None, *(".0f" for _ in COMBINE), None])
+    rows = [
+        [
+            c["nproc"],
+            c["batch"],
+            fmt_bytes(c["bytes"], si=True),
+            *(c[k]["median_s"] * 1e6 for k in COMBINE),
+            c["auto_picks"],
+        ]
+        for c in combine
+    ]
+    return table(
+        rows,
+        ["P", "batch", "state", *(f"{k} us" for k in COMBINE), "auto picks"],
+        formats=[None, None, None, *(".0f" for _ in COMBINE), None],
+    )
 
 
 def targets(result: dict) -> list[dict]:
@@ -164,76 +209,139 @@ def targets(result: dict) -> list[dict]:
     for c in result["combine"]:
         if c["nproc"] == 4:
             r = c["allreduce3"]["median_s"] / c["tree"]["median_s"]
-            out.append({"target": f"(b) P=4 B={c['batch']}: tree >= 2.5x faster than three all-reduces",
-                        "value": round(r, 2), "met": r >= 2.5})
+            out.append(
+                {
+                    "target": f"(b) P=4 B={c['batch']}: tree >= 2.5x faster than three all-reduces",
+                    "value": round(r, 2),
+                    "met": r >= 2.5,
+                }
+            )
             r = c["tree"]["median_s"] / c["floor"]["median_s"]
-            out.append({"target": f"(b) P=4 B={c['batch']}: tree within 1.2x of one all_reduce",
-                        "value": round(r, 2), "met": r <= 1.2})
+            out.append(
+                {
+                    "target": f"(b) P=4 B={c['batch']}: tree within 1.2x of one all_reduce",
+                    "value": round(r, 2),
+                    "met": r <= 1.2,
+                }
+            )
         best = min(c[k]["median_s"] for k in ("tree", "gather", "allreduce3"))
         r = c["auto"]["median_s"] / best
-        out.append({"target": f"(b) P={c['nproc']} B={c['batch']}: auto ({c['auto_picks']}) within 1.2x of the "
-                              f"fastest of tree, gather, allreduce3", "value": round(r, 2), "met": r <= 1.2})
+        out.append(
+            {
+                "target": f"(b) P={c['nproc']} B={c['batch']}: auto ({c['auto_picks']}) within 1.2x of the "
+                f"fastest of tree, gather, allreduce3",
+                "value": round(r, 2),
+                "met": r <= 1.2,
+            }
+        )
     for s in result["runs"]:
         m, c = s["methods"], s["config"]
         tag = f"P={s['nproc']} B={c['batch']} N={c['seq_len']}"
         r = m["tree"]["median_step_s"] / m["allreduce3"]["median_step_s"]
-        out.append({"target": f"(a) {tag}: tree step not slower than three all-reduces",
-                    "value": round(r, 3), "met": r <= 1.0})
+        out.append(
+            {"target": f"(a) {tag}: tree step not slower than three all-reduces", "value": round(r, 3), "met": r <= 1.0}
+        )
         r = max(m["tree"]["peak_bytes_per_rank"]) / max(m["ring"]["peak_bytes_per_rank"])
         out.append({"target": f"(a) {tag}: tree peak memory <= 0.6x ring's", "value": round(r, 3), "met": r <= 0.6})
         if s["nproc"] == 4 and c["seq_len"] == 65536:
             r = m["ring"]["median_step_s"] / m["tree"]["median_step_s"]
-            out.append({"target": f"(a) {tag}: tree >= 10x faster than ring", "value": round(r, 2),
-                        "met": r >= 10})
+            out.append({"target": f"(a) {tag}: tree >= 10x faster than ring", "value": round(r, 2), "met": r >= 10})
     by = {}
     for s in result["runs"]:
         by.setdefault((s["nproc"], s["config"]["batch"]), set()).add(tuple(s["methods"]["tree"]["bytes_sent_per_rank"]))
     for (p, b), v in sorted(by.items()):
-        out.append({"target": f"(a) P={p} B={b}: tree bytes per step independent of context",
-                    "value": sorted(v), "met": len(v) == 1})
+        out.append(
+            {
+                "target": f"(a) P={p} B={b}: tree bytes per step independent of context",
+                "value": sorted(v),
+                "met": len(v) == 1,
+            }
+        )
     return out
 
 
 def _draw(result: dict):
     """(a) decode step latency against the context, one line per (method, P, batch)."""
+
     def draw(ax):
-        for (p, b), style in zip(sorted({(s["nproc"], s["config"]["batch"]) for s in result["runs"]}),
-                                 ["-", "--", ":", "-."]):
-            runs = sorted((s for s in result["runs"] if s["nproc"] == p and s["config"]["batch"] == b),
-                          key=lambda s: s["config"]["seq_len"])
+        for (p, b), style in zip(
+            sorted({(s["nproc"], s["config"]["batch"]) for s in result["runs"]}), ["-", "--", ":", "-."]
+        ):
+            runs = sorted(
+                (s for s in result["runs"] if s["nproc"] == p and s["config"]["batch"] == b),
+                key=lambda s: s["config"]["seq_len"],
+            )
             xs = [s["config"]["seq_len"] for s in runs]
             for i, name in enumerate(STEP_METHODS):
-                ax.plot(xs, [s["methods"][name]["median_step_s"] * 1e3 for s in runs], style, color=f"C{i}",
-                        marker="o", label=f"{name} P={p} B={b}")
+                ax.plot(
+                    xs,
+                    [s["methods"][name]["median_step_s"] * 1e3 for s in runs],
+                    style,
+                    color=f"C{i}",
+                    marker="o",
+                    label=f"{name} P={p} B={b}",
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("total context tokens")
         ax.set_ylabel("decode step (ms)")
         ax.legend(fontsize=6)
+
     return draw
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    bench = Benchmark("bench_tree_attention", __doc__, repeats=200, json="out/bench_tree_attention.json",
-                      plot="out/bench_tree_attention.png",
-                      quick="P=2,4, 16k tokens, batch 1, 3 steps, 50 combine repetitions",
-                      aliases={"--repeats": ["--iters"]}, helps={"--repeats": "combine repetitions per method"})
+    bench = Benchmark(
+        "bench_tree_attention",
+        __doc__,
+        repeats=200,
+        json="out/bench_tree_attention.json",
+        plot="out/bench_tree_attention.png",
+        quick="P=2,4, 16k tokens, batch 1, 3 steps, 50 combine repetitions",
+        aliases={"--repeats": ["--iters"]},
+        helps={"--repeats": "combine repetitions per method"},
+    )
     p = bench.parser
-    p.add_argument("--nprocs", type=units.ints_arg("--nprocs"), default=[2, 4],
-                   help="process counts, comma-separated (default 2,4)")
+    p.add_argument(
+        "--nprocs",
+        type=units.ints_arg("--nprocs"),
+        default=[2, 4],
+        help="process counts, comma-separated (default 2,4)",
+    )
     p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
-    p.add_argument("--tokens", type=units.counts_arg("--tokens"), default=[16384, 65536, 262144],
-                   help="total context tokens, comma-separated; k = 1e3 (default 16384,65536,262144)")
-    p.add_argument("--batch", type=units.ints_arg("--batch"), default=[1, 4],
-                   help="batch sizes, comma-separated (default 1,4)")
-    p.add_argument("--batch-max-tokens", type=units.count_arg("--batch-max-tokens"), default=65536,
-                   help="largest context for batch > 1 (memory)")
-    p.add_argument("--check-max-tokens", type=units.count_arg("--check-max-tokens"), default=16384,
-                   help="check against one process up to this context (the check replays every step)")
-    p.add_argument("--steps", type=units.int_arg("--steps", minimum=2), default=6,
-                   help="decode steps per method (the first is a warm-up)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=1800.0,
-                   help="seconds per process group before it is killed (default 1800)")
+    p.add_argument(
+        "--tokens",
+        type=units.counts_arg("--tokens"),
+        default=[16384, 65536, 262144],
+        help="total context tokens, comma-separated; k = 1e3 (default 16384,65536,262144)",
+    )
+    p.add_argument(
+        "--batch", type=units.ints_arg("--batch"), default=[1, 4], help="batch sizes, comma-separated (default 1,4)"
+    )
+    p.add_argument(
+        "--batch-max-tokens",
+        type=units.count_arg("--batch-max-tokens"),
+        default=65536,
+        help="largest context for batch > 1 (memory)",
+    )
+    p.add_argument(
+        "--check-max-tokens",
+        type=units.count_arg("--check-max-tokens"),
+        default=16384,
+        help="check against one process up to this context (the check replays every step)",
+    )
+    p.add_argument(
+        "--steps",
+        type=units.int_arg("--steps", minimum=2),
+        default=6,
+        help="decode steps per method (the first is a warm-up)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=units.seconds_arg("--timeout"),
+        default=1800.0,
+        help="seconds per process group before it is killed (default 1800)",
+    )
     args = bench.parse(argv)
     if args.quick:
         args.tokens, args.batch, args.steps, args.repeats = [16384], [1], 3, 50

@@ -36,6 +36,7 @@ is replaced; every such option says "(replaced if it exists)" in ``--help``
 {...NV18...}
 0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,9 +55,25 @@ import yaml
 from treecoll.tools.units import UsageError, positive
 from treecoll.topo.errors import TreecollError
 
-__all__ = ["main", "build_parser", "common_options", "emit", "UsageError", "COMMANDS", "output_path", "walk",
-           "subcommands", "refuse_empty_values", "guarded", "script_main", "write_output", "atomic_output",
-           "positive", "REPLACES", "IMAGE_SUFFIXES"]
+__all__ = [
+    "main",
+    "build_parser",
+    "common_options",
+    "emit",
+    "UsageError",
+    "COMMANDS",
+    "output_path",
+    "walk",
+    "subcommands",
+    "refuse_empty_values",
+    "guarded",
+    "script_main",
+    "write_output",
+    "atomic_output",
+    "positive",
+    "REPLACES",
+    "IMAGE_SUFFIXES",
+]
 
 #: subcommand modules, in the order ``--help`` lists them (one line per module)
 COMMANDS = [
@@ -81,12 +98,12 @@ class _Parser(argparse.ArgumentParser):
 
 def subcommands(parser: argparse.ArgumentParser) -> list[str]:
     """The subcommand names of ``parser``, in the order its help lists them."""
-    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-            for name in a.choices]
+    return [name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
 
 
-def walk(parser: argparse.ArgumentParser,
-         path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+def walk(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every (sub)parser of ``parser`` with its command path: ``(("topo", "show"), parser)``, ..."""
     yield path, parser
     for a in parser._actions:
@@ -97,10 +114,10 @@ def walk(parser: argparse.ArgumentParser,
 
 def common_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``--json`` and ``--debug`` to a (sub)parser, so they work after the command name too."""
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print the result as JSON instead of text")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the traceback of an error")
+    p.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the result as JSON instead of text"
+    )
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     return p
 
 
@@ -120,8 +137,9 @@ REPLACES = "(replaced if it exists)"
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
 
 
-def output_path(path: str, option: str = "-o", *, inputs: Sequence[str | None] = (),
-                suffixes: Sequence[str] | None = None) -> str:
+def output_path(
+    path: str, option: str = "-o", *, inputs: Sequence[str | None] = (), suffixes: Sequence[str] | None = None
+) -> str:
     """Check a file the user asked a command to write, before the command does any work.
 
     Raises :class:`UsageError` (one line naming ``option``) when the path is a
@@ -134,15 +152,21 @@ def output_path(path: str, option: str = "-o", *, inputs: Sequence[str | None] =
     if not str(path).strip():
         raise UsageError(f"{option}: expected a file name, got an empty string")
     if p.is_dir():
-        raise UsageError(f"{where}: expected a file name, got a directory; name a file inside it, "
-                         f"e.g. {p / ('out' + (suffixes[0] if suffixes else ''))}")
+        raise UsageError(
+            f"{where}: expected a file name, got a directory; name a file inside it, "
+            f"e.g. {p / ('out' + (suffixes[0] if suffixes else ''))}"
+        )
     if suffixes is not None and p.suffix.lower() not in suffixes:
-        raise UsageError(f"{where}: expected a file name ending in {', '.join(suffixes)}, got "
-                         f"{repr(p.suffix) if p.suffix else 'no suffix'}")
+        raise UsageError(
+            f"{where}: expected a file name ending in {', '.join(suffixes)}, got "
+            f"{repr(p.suffix) if p.suffix else 'no suffix'}"
+        )
     parent = p.parent
     if not parent.exists():
-        raise UsageError(f"{where}: expected an existing directory, got {str(parent)!r} which does not exist; "
-                         f"create it first (mkdir -p {parent})")
+        raise UsageError(
+            f"{where}: expected an existing directory, got {str(parent)!r} which does not exist; "
+            f"create it first (mkdir -p {parent})"
+        )
     if not parent.is_dir():
         raise UsageError(f"{where}: expected {str(parent)!r} to be a directory, got a file")
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -151,8 +175,10 @@ def output_path(path: str, option: str = "-o", *, inputs: Sequence[str | None] =
         if inp is not None and p.exists() and Path(inp).exists():
             with contextlib.suppress(OSError):
                 if os.path.samefile(p, inp):
-                    raise UsageError(f"{where}: expected a new file, got the input file {inp} itself "
-                                     f"(writing would destroy it); choose another name")
+                    raise UsageError(
+                        f"{where}: expected a new file, got the input file {inp} itself "
+                        f"(writing would destroy it); choose another name"
+                    )
     return str(path)
 
 
@@ -221,10 +247,15 @@ def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
     of its own :func:`treecoll.tools.units.text_arg`: an empty ``--topology ""`` or ``--id ""`` is an error,
     never a silent default (or every cluster)."""
     from treecoll.tools.units import text_arg
+
     for _, p in walk(parser):
         for a in p._actions:
-            if (isinstance(a, argparse._StoreAction) and a.type is None and a.choices is None
-                    and a.nargs not in (argparse.REMAINDER, 0)):
+            if (
+                isinstance(a, argparse._StoreAction)
+                and a.type is None
+                and a.choices is None
+                and a.nargs not in (argparse.REMAINDER, 0)
+            ):
                 name = "/".join(a.option_strings) or a.metavar or a.dest
                 a.type = text_arg(name, "a value")
 
@@ -243,7 +274,7 @@ def script_main(main_fn: Callable[[list[str]], int], argv: Sequence[str] | None 
 
 
 def _wants_debug(argv: list[str]) -> bool:
-    return "--debug" in (argv[:argv.index("--")] if "--" in argv else argv)
+    return "--debug" in (argv[: argv.index("--")] if "--" in argv else argv)
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -292,8 +323,10 @@ def _io_message(e: OSError | UnicodeDecodeError | yaml.YAMLError) -> str:
     if isinstance(e, yaml.YAMLError):
         return "invalid YAML: " + " ".join(str(e).split())
     if isinstance(e, UnicodeDecodeError):
-        return (f"input file: expected UTF-8 text, got byte 0x{e.object[e.start]:02x} at offset {e.start}; "
-                f"save the file as UTF-8")
+        return (
+            f"input file: expected UTF-8 text, got byte 0x{e.object[e.start]:02x} at offset {e.start}; "
+            f"save the file as UTF-8"
+        )
     name = f"{e.filename}: " if getattr(e, "filename", None) else ""
     return f"{name}cannot read or write: {e.strerror or e}"
 

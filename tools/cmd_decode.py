@@ -33,6 +33,7 @@ Measurements, per method and rank:
   of tensor bytes allocated and alive at once during one step (torch profiler
   memory events: :func:`treecoll.attention.dist.peak_tensor_bytes`), in one extra untimed step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,39 +55,76 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from treecoll.tools.cli import common_options
     from treecoll.tools.resources import OVERSUBSCRIBE_HELP
 
-    p = subparsers.add_parser("decode", help="sharded tree-attention decoding vs ring and three all-reduces",
-                              description="Sharded decoding of a random context over gloo processes (or the "
-                                          "torchrun group): tree attention beside ring attention and the paper's "
-                                          "three all-reduces, every method checked against one process.")
+    p = subparsers.add_parser(
+        "decode",
+        help="sharded tree-attention decoding vs ring and three all-reduces",
+        description="Sharded decoding of a random context over gloo processes (or the "
+        "torchrun group): tree attention beside ring attention and the paper's "
+        "three all-reduces, every method checked against one process.",
+    )
     common_options(p)
-    p.add_argument("--nproc", type=units.int_arg("--nproc"), default=4, metavar="P",
-                   help="processes to spawn (ignored under torchrun; default 4)")
+    p.add_argument(
+        "--nproc",
+        type=units.int_arg("--nproc"),
+        default=4,
+        metavar="P",
+        help="processes to spawn (ignored under torchrun; default 4)",
+    )
     p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--topology", metavar="F",
-                     help="topology YAML file, shipped name or 'default' for the tree; rank r runs on its r-th GPU")
-    src.add_argument("--discover", action="store_true",
-                     help="discover the group's topology (topo.discover_cluster; the default)")
-    p.add_argument("--seq-len", type=units.count_arg("--seq-len"), default=32768, metavar="N",
-                   help="context tokens per sequence; k = 1e3, M = 1e6 (default 32768)")
+    src.add_argument(
+        "--topology",
+        metavar="F",
+        help="topology YAML file, shipped name or 'default' for the tree; rank r runs on its r-th GPU",
+    )
+    src.add_argument(
+        "--discover", action="store_true", help="discover the group's topology (topo.discover_cluster; the default)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=units.count_arg("--seq-len"),
+        default=32768,
+        metavar="N",
+        help="context tokens per sequence; k = 1e3, M = 1e6 (default 32768)",
+    )
     p.add_argument("--batch", type=units.int_arg("--batch"), default=1, help="sequences (default 1)")
     p.add_argument("--layers", type=units.int_arg("--layers"), default=2, help="attention layers (default 2)")
     p.add_argument("--heads", type=units.int_arg("--heads"), default=32, help="query heads (default 32)")
-    p.add_argument("--kv-heads", type=units.int_arg("--kv-heads"), default=8,
-                   help="K/V heads, dividing --heads (default 8)")
+    p.add_argument(
+        "--kv-heads", type=units.int_arg("--kv-heads"), default=8, help="K/V heads, dividing --heads (default 8)"
+    )
     p.add_argument("--head-dim", type=units.int_arg("--head-dim"), default=128, help="head dimension (default 128)")
-    p.add_argument("--new-tokens", type=units.int_arg("--new-tokens", minimum=2), default=16,
-                   help="decode steps, at least 2: the first is a warm-up (default 16)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16",
-                   help=f"KV cache dtype: {', '.join(sorted(_DTYPES))} (default bf16)")
-    p.add_argument("--block-size", type=units.int_arg("--block-size"), default=256,
-                   help="tokens per round-robin block of the cache (default 256)")
-    p.add_argument("--compare", default="ring,allreduce3", metavar="M[,M...]",
-                   help="methods to run beside tree: comma list of gather, ring, allreduce3, or 'none' "
-                        "(default ring,allreduce3)")
+    p.add_argument(
+        "--new-tokens",
+        type=units.int_arg("--new-tokens", minimum=2),
+        default=16,
+        help="decode steps, at least 2: the first is a warm-up (default 16)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(_DTYPES),
+        default="bf16",
+        help=f"KV cache dtype: {', '.join(sorted(_DTYPES))} (default bf16)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=units.int_arg("--block-size"),
+        default=256,
+        help="tokens per round-robin block of the cache (default 256)",
+    )
+    p.add_argument(
+        "--compare",
+        default="ring,allreduce3",
+        metavar="M[,M...]",
+        help="methods to run beside tree: comma list of gather, ring, allreduce3, or 'none' (default ring,allreduce3)",
+    )
     p.add_argument("--seed", type=units.int_arg("--seed", minimum=0), default=0, help="random seed (default 0)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=600.0,
-                   help="seconds before the group gives up (default 600)")
+    p.add_argument(
+        "--timeout",
+        type=units.seconds_arg("--timeout"),
+        default=600.0,
+        help="seconds before the group gives up (default 600)",
+    )
     p.add_argument("--no-check", action="store_true", help="skip the one-process reference check")
     return p
 
@@ -94,12 +132,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _methods(compare: str) -> list[str]:
     from treecoll.tools import units
 
-    names = [] if compare.strip() == "none" else units.parse_list(compare, what="--compare", kind="methods",
-                                                                   error=AttentionError)
+    names = (
+        []
+        if compare.strip() == "none"
+        else units.parse_list(compare, what="--compare", kind="methods", error=AttentionError)
+    )
     for m in names:
         if m not in METHOD_ORDER[1:]:
-            raise AttentionError(f"--compare: expected a comma list of gather, ring, allreduce3 or 'none', "
-                                 f"got {m!r}")
+            raise AttentionError(f"--compare: expected a comma list of gather, ring, allreduce3 or 'none', got {m!r}")
     return ["tree"] + [m for m in METHOD_ORDER if m in names]
 
 
@@ -111,10 +151,21 @@ def _config(args) -> dict:
         from treecoll import topo
 
         topology = topo.resolve(args.topology).to_dict()  # plain data crosses the process boundary
-    return {"seq_len": args.seq_len, "batch": args.batch, "layers": args.layers, "heads": args.heads,
-            "kv_heads": args.kv_heads, "head_dim": args.head_dim, "new_tokens": args.new_tokens,
-            "dtype": _DTYPES[args.dtype], "block_size": args.block_size, "methods": _methods(args.compare),
-            "seed": args.seed, "topology": topology, "check": not args.no_check}
+    return {
+        "seq_len": args.seq_len,
+        "batch": args.batch,
+        "layers": args.layers,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "new_tokens": args.new_tokens,
+        "dtype": _DTYPES[args.dtype],
+        "block_size": args.block_size,
+        "methods": _methods(args.compare),
+        "seed": args.seed,
+        "topology": topology,
+        "check": not args.no_check,
+    }
 
 
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -192,17 +243,26 @@ def build_cache(cfg, rank: int, world: int, device=None):
     from treecoll.attention.kv_cache import ShardedKVCache
 
     n, bs = cfg["seq_len"], cfg["block_size"]
-    cache = ShardedKVCache(layers=cfg["layers"], batch=cfg["batch"], kv_heads=cfg["kv_heads"],
-                           head_dim=cfg["head_dim"], max_seq_len=n + cfg["new_tokens"] + 1, rank=rank, world=world,
-                           block_size=bs, dtype=getattr(torch, cfg["dtype"]), device=device)
+    cache = ShardedKVCache(
+        layers=cfg["layers"],
+        batch=cfg["batch"],
+        kv_heads=cfg["kv_heads"],
+        head_dim=cfg["head_dim"],
+        max_seq_len=n + cfg["new_tokens"] + 1,
+        rank=rank,
+        world=world,
+        block_size=bs,
+        dtype=getattr(torch, cfg["dtype"]),
+        device=device,
+    )
     lengths = [n] * cfg["batch"]
     for layer in range(cfg["layers"]):
         slot = 0
         for j in range(rank, -(-n // bs), world):
             cnt = min(bs, n - j * bs)
             k, v = _block(cfg, layer, j, cnt)
-            cache.k[layer][:, slot:slot + cnt].copy_(k)
-            cache.v[layer][:, slot:slot + cnt].copy_(v)
+            cache.k[layer][:, slot : slot + cnt].copy_(k)
+            cache.v[layer][:, slot : slot + cnt].copy_(v)
             slot += cnt
         cache.set_lengths(layer, lengths)
     return cache
@@ -256,7 +316,7 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     sync = device is not None and torch.cuda.is_available()
     for step in range(cfg["new_tokens"]):
         spent = dict.fromkeys(names, 0.0)
-        order = names[step % len(names):] + names[:step % len(names)]
+        order = names[step % len(names) :] + names[: step % len(names)]
         for layer in range(cfg["layers"]):
             q, kn, vn = _step_inputs(cfg, step, layer)
             cache.append(layer, kn.to(device), vn.to(device))
@@ -278,10 +338,14 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
     for layer in range(cfg["layers"]):
         _, kn, vn = _step_inputs(cfg, cfg["new_tokens"], layer)
         cache.append(layer, kn.to(device), vn.to(device))
-    res: dict[str, Any] = {"rank": rank, "cache_bytes": cache.nbytes(), "methods": {},
-                           "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name},
-                           "gpus": None if topology is None else list(resolve_gpus(topology, world)),
-                           "topology_gpus": None if topology is None else len(topology.gpus())}
+    res: dict[str, Any] = {
+        "rank": rank,
+        "cache_bytes": cache.nbytes(),
+        "methods": {},
+        "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name},
+        "gpus": None if topology is None else list(resolve_gpus(topology, world)),
+        "topology_gpus": None if topology is None else len(topology.gpus()),
+    }
     for name in names:
         if world > 1:
             dist.barrier()
@@ -290,8 +354,12 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
         if world > 1:
             dist.barrier()
         _, peak = peak_tensor_bytes(_attend_all_layers, fns[name], cache, cfg, cfg["new_tokens"], device, topology)
-        res["methods"][name] = {"times": times[name], "bytes_sent": traffic.sent, "traffic": traffic.as_dict(world),
-                                "peak_transient": peak}
+        res["methods"][name] = {
+            "times": times[name],
+            "bytes_sent": traffic.sent,
+            "traffic": traffic.as_dict(world),
+            "peak_transient": peak,
+        }
     if world > 1:
         dist.barrier()
     if rank == 0 and cfg["check"]:
@@ -344,12 +412,17 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
             "peak_transient_bytes_per_rank": [m["peak_transient"] for m in per_rank],
             "max_abs_err": ranks[0]["methods"][name].get("max_abs_err"),
         }
-    out = {"nproc": world, "config": {k: v for k, v in cfg.items() if k != "topology"},
-           "topology": None if cfg["topology"] is None else cfg["topology"].get("name"),
-           "gpus": ranks[0].get("gpus"), "topology_gpus": ranks[0].get("topology_gpus"),
-           "tree": ranks[0]["tree"], "cache_bytes_per_rank": [r["cache_bytes"] for r in ranks],
-           "max_rss_bytes_per_rank": [r.get("max_rss_bytes") for r in ranks],
-           "methods": methods}
+    out = {
+        "nproc": world,
+        "config": {k: v for k, v in cfg.items() if k != "topology"},
+        "topology": None if cfg["topology"] is None else cfg["topology"].get("name"),
+        "gpus": ranks[0].get("gpus"),
+        "topology_gpus": ranks[0].get("topology_gpus"),
+        "tree": ranks[0]["tree"],
+        "cache_bytes_per_rank": [r["cache_bytes"] for r in ranks],
+        "max_rss_bytes_per_rank": [r.get("max_rss_bytes") for r in ranks],
+        "methods": methods,
+    }
     if "tree" in methods:
         for m in methods.values():
             m["speedup_of_tree"] = m["median_step_s"] / methods["tree"]["median_step_s"]
@@ -402,11 +475,14 @@ def check_start(cfg: dict, nproc: int, *, oversubscribe: bool = False, option: s
 
     check_topology_ranks(cfg["topology"], nproc, option=option)
     mem = memory_estimate(cfg, nproc)
-    return check_processes(nproc, option=f"{option} {nproc}",
-                           per_process_bytes=mem["cache_per_rank"] + mem["transient_per_rank"],
-                           extra_bytes=mem["reference"], baseline_bytes=RANK_BASELINE_BYTES,
-                           oversubscribe=oversubscribe)
-
+    return check_processes(
+        nproc,
+        option=f"{option} {nproc}",
+        per_process_bytes=mem["cache_per_rank"] + mem["transient_per_rank"],
+        extra_bytes=mem["reference"],
+        baseline_bytes=RANK_BASELINE_BYTES,
+        oversubscribe=oversubscribe,
+    )
 
 
 def _where(d: dict) -> str:
@@ -424,10 +500,12 @@ def _where(d: dict) -> str:
 
 def render(d: dict) -> str:
     c = d["config"]
-    lines = [f"decode: {d['nproc']} ranks, batch {c['batch']}, {c['seq_len']} context tokens, {c['layers']} layers, "
-             f"{c['heads']}/{c['kv_heads']} heads x {c['head_dim']}, KV {c['dtype']}, {c['new_tokens']} steps",
-             f"topology: {_where(d)}; tree parents: {d['tree']['parents'] if d['tree'] else '-'}",
-             f"KV cache per rank: {', '.join(fmt_bytes(b, si=True) for b in d['cache_bytes_per_rank'])}"]
+    lines = [
+        f"decode: {d['nproc']} ranks, batch {c['batch']}, {c['seq_len']} context tokens, {c['layers']} layers, "
+        f"{c['heads']}/{c['kv_heads']} heads x {c['head_dim']}, KV {c['dtype']}, {c['new_tokens']} steps",
+        f"topology: {_where(d)}; tree parents: {d['tree']['parents'] if d['tree'] else '-'}",
+        f"KV cache per rank: {', '.join(fmt_bytes(b, si=True) for b in d['cache_bytes_per_rank'])}",
+    ]
     if all(d.get("max_rss_bytes_per_rank") or [None]):
         rss = ", ".join(fmt_bytes(b, si=True) for b in d["max_rss_bytes_per_rank"])
         lines.append(f"process peak RSS per rank: {rss}")
@@ -436,16 +514,24 @@ def render(d: dict) -> str:
     lines += [head, "-" * len(head)]
     for name, m in d["methods"].items():
         err = "-" if m["max_abs_err"] is None else f"{m['max_abs_err']:.1e}"
-        lines.append(f"{name:<11} {m['median_step_s'] * 1e6:>11.0f} {m.get('speedup_of_tree', 1.0):>7.2f}x "
-                     f"{err:>10}  {', '.join(fmt_bytes(b, si=True) for b in m['bytes_sent_per_rank']):<28} "
-                     f"{', '.join(fmt_bytes(b, si=True) for b in m['peak_bytes_per_rank'])}")
+        lines.append(
+            f"{name:<11} {m['median_step_s'] * 1e6:>11.0f} {m.get('speedup_of_tree', 1.0):>7.2f}x "
+            f"{err:>10}  {', '.join(fmt_bytes(b, si=True) for b in m['bytes_sent_per_rank']):<28} "
+            f"{', '.join(fmt_bytes(b, si=True) for b in m['peak_bytes_per_rank'])}"
+        )
     lines.append("")
-    lines.append("step = the attention calls of all layers for one token (methods interleaved), max over ranks, "
-                 "median over steps 2..n; "
-                 "error vs the same steps in one process")
-    lines.append("bytes sent = bytes passed to torch.distributed; on the wire with ring collectives: "
-                 + "; ".join(f"{name} {fmt_bytes(max(m['wire_bytes_estimate_per_rank']), si=True)}"
-                             for name, m in d["methods"].items()) + " (max over ranks)")
+    lines.append(
+        "step = the attention calls of all layers for one token (methods interleaved), max over ranks, "
+        "median over steps 2..n; "
+        "error vs the same steps in one process"
+    )
+    lines.append(
+        "bytes sent = bytes passed to torch.distributed; on the wire with ring collectives: "
+        + "; ".join(
+            f"{name} {fmt_bytes(max(m['wire_bytes_estimate_per_rank']), si=True)}" for name, m in d["methods"].items()
+        )
+        + " (max over ranks)"
+    )
     for name, m in d["methods"].items():
         lines.append(f"  {name} per-step (us): " + " ".join(f"{t * 1e6:.0f}" for t in m["step_s"]))
     return "\n".join(lines)

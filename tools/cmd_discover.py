@@ -14,6 +14,7 @@
 
 Hooked into ``treecoll topo`` through ``treecoll.tools.cmd_topo.SUBMODULES``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,24 +33,33 @@ __all__ = ["add_parser", "run", "discover_data", "hints_data", "render_discover"
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     me = sys.modules[__name__]
-    p = sub.add_parser("discover", help="discover this host (NVML, sysfs; CPU-only without a driver)",
-                       description="discover this host's topology (NVML + sysfs, NCCL_TOPO_FILE if set)")
+    p = sub.add_parser(
+        "discover",
+        help="discover this host (NVML, sysfs; CPU-only without a driver)",
+        description="discover this host's topology (NVML + sysfs, NCCL_TOPO_FILE if set)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("-o", "--output", metavar="FILE.yaml", help="write the explicit YAML form")
     out.add_argument("--xml", metavar="FILE.xml", help="write an NCCL topology XML (NCCL_TOPO_FILE format)")
     p.add_argument("--sysfs-root", default="/", help="directory holding sys/ (default /)")
     p.add_argument("--host", help="host name for node ids (default: this host's name)")
     common_options(p).set_defaults(_topo_module=me, _discover_cmd="discover")
-    q = sub.add_parser("import", help="import an NCCL topology XML or nvidia-smi topo -m text",
-                       description="import an NCCL topology XML or 'nvidia-smi topo -m' output (detected by content)")
+    q = sub.add_parser(
+        "import",
+        help="import an NCCL topology XML or nvidia-smi topo -m text",
+        description="import an NCCL topology XML or 'nvidia-smi topo -m' output (detected by content)",
+    )
     q.add_argument("file", metavar="FILE", help="NCCL topology XML or saved 'nvidia-smi topo -m' output")
     out = q.add_mutually_exclusive_group()
     out.add_argument("-o", "--output", metavar="FILE.yaml", help="write the explicit YAML form")
     out.add_argument("--xml", metavar="FILE.xml", help="write an NCCL topology XML")
     q.add_argument("--host", default="host0", help="host name for node ids (default host0)")
     common_options(q).set_defaults(_topo_module=me, _discover_cmd="import")
-    h = sub.add_parser("hints", help="topology-related environment variables and their effect",
-                       description="which NCCL / CUDA / launcher variables are set and what each changes")
+    h = sub.add_parser(
+        "hints",
+        help="topology-related environment variables and their effect",
+        description="which NCCL / CUDA / launcher variables are set and what each changes",
+    )
     return common_options(h).set_defaults(_topo_module=me, _discover_cmd="hints") or h
 
 
@@ -80,11 +90,14 @@ def _write(t, args) -> str | None:
 def discover_data(t: Topology, source: str, written: str | None) -> dict[str, Any]:
     """Summary (``topo show``'s), the host matrix, discovery notes and the written file."""
     from .cmd_topo import matrix_data, show_data
+
     d = show_data(t, source)
     d["notes"] = list(t.meta.get("notes", []))
     if t.meta.get("smi_mismatches"):
-        d["notes"].append(f"{len(t.meta['smi_mismatches'])} nvidia-smi codes not reproducible: "
-                          + "; ".join(t.meta["smi_mismatches"][:4]))
+        d["notes"].append(
+            f"{len(t.meta['smi_mismatches'])} nvidia-smi codes not reproducible: "
+            + "; ".join(t.meta["smi_mismatches"][:4])
+        )
     d["matrix"] = matrix_data(t) if t.gpus() else None
     d["written"] = written
     return d
@@ -92,6 +105,7 @@ def discover_data(t: Topology, source: str, written: str | None) -> dict[str, An
 
 def render_discover(d: dict[str, Any]) -> str:
     from .cmd_topo import render_matrix, render_show
+
     out = render_show(d)
     if d.get("matrix") and len(d["matrix"]["devices"]) <= 40:
         out += "\n" + render_matrix(d["matrix"])
@@ -104,6 +118,7 @@ def render_discover(d: dict[str, Any]) -> str:
 
 def hints_data(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     from treecoll.topo.env import hints_report
+
     return hints_report(os.environ if env is None else env)
 
 
@@ -119,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if c == "hints":
         return emit(args, hints_data(), render_hints)
     from treecoll import topo
+
     _outputs(args)
     if c == "discover":
         t = topo.discover(sysfs_root=args.sysfs_root, host=args.host)

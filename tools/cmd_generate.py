@@ -31,6 +31,7 @@ decoded the same way) and it has no EOS token.
 >>> spec["kind"], spec["config"]["num_attention_heads"], spec["config"]["num_key_value_heads"]
 ('builtin', 4, 2)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,19 @@ __all__ = ["add_parser", "run", "BUILTIN", "resolve_model", "render", "summarize
 
 #: built-in model configurations (transformers ``LlamaConfig`` arguments): name -> config
 BUILTIN = {
-    "tiny-random-llama": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                              rope_theta=10000.0, bos_token_id=None, eos_token_id=None, pad_token_id=0),
+    "tiny-random-llama": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    ),
 }
 #: peak resident memory of one rank before the model's weights (bytes): torch, gloo and transformers
 #: imported; :data:`treecoll.tools.resources.PROCESS_BASELINE_BYTES` plus transformers' modules
@@ -61,37 +72,83 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from treecoll.tools.cli import common_options
     from treecoll.tools.resources import OVERSUBSCRIBE_HELP
 
-    p = subparsers.add_parser("generate", help="model.generate() with the KV cache sharded, tree attention decoding",
-                              description="A Hugging Face model's generate() over gloo processes (or the torchrun "
-                                          "group): every rank holds a shard of the KV cache (TreeCache) and each "
-                                          "decode step combines the shards' attention through a tree.")
+    p = subparsers.add_parser(
+        "generate",
+        help="model.generate() with the KV cache sharded, tree attention decoding",
+        description="A Hugging Face model's generate() over gloo processes (or the torchrun "
+        "group): every rank holds a shard of the KV cache (TreeCache) and each "
+        "decode step combines the shards' attention through a tree.",
+    )
     common_options(p)
-    p.add_argument("--model", default="tiny-random-llama", metavar="NAME_OR_PATH",
-                   help=f"built-in {', '.join(BUILTIN)}, a local checkpoint directory (config.json, weights) or a "
-                        f"hub id (default tiny-random-llama)")
+    p.add_argument(
+        "--model",
+        default="tiny-random-llama",
+        metavar="NAME_OR_PATH",
+        help=f"built-in {', '.join(BUILTIN)}, a local checkpoint directory (config.json, weights) or a "
+        f"hub id (default tiny-random-llama)",
+    )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer; the built-in model "
-                                                      "reads UTF-8 bytes)")
-    src.add_argument("--prompt-tokens", type=units.int_arg("--prompt-tokens"), metavar="N",
-                     help="a random prompt of N token ids from --seed (default 16)")
-    p.add_argument("--max-new-tokens", type=units.int_arg("--max-new-tokens"), default=16, metavar="K",
-                   help="tokens to generate (default 16; fewer if the model emits EOS)")
+    src.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="prompt text (needs the model's tokenizer; the built-in model reads UTF-8 bytes)",
+    )
+    src.add_argument(
+        "--prompt-tokens",
+        type=units.int_arg("--prompt-tokens"),
+        metavar="N",
+        help="a random prompt of N token ids from --seed (default 16)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=units.int_arg("--max-new-tokens"),
+        default=16,
+        metavar="K",
+        help="tokens to generate (default 16; fewer if the model emits EOS)",
+    )
     p.add_argument("--do-sample", action="store_true", help="sample (the model's generation config) instead of greedy")
-    p.add_argument("--seed", type=units.int_arg("--seed", minimum=0), default=0,
-                   help="seed of the sampling and of --prompt-tokens, the same on every rank (default 0)")
-    p.add_argument("--nproc", type=units.int_arg("--nproc"), default=2, metavar="P",
-                   help="processes to spawn (ignored under torchrun; default 2)")
+    p.add_argument(
+        "--seed",
+        type=units.int_arg("--seed", minimum=0),
+        default=0,
+        help="seed of the sampling and of --prompt-tokens, the same on every rank (default 0)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=units.int_arg("--nproc"),
+        default=2,
+        metavar="P",
+        help="processes to spawn (ignored under torchrun; default 2)",
+    )
     p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
-    p.add_argument("--layout", choices=("round_robin", "contiguous"), default="round_robin",
-                   help="how positions are spread over the ranks (default round_robin)")
-    p.add_argument("--block-size", type=units.int_arg("--block-size"), default=8,
-                   help="tokens per round-robin block (default 8: a short prompt spans the ranks)")
-    p.add_argument("--topology", metavar="F",
-                   help="topology YAML file or shipped name for the tree (default: discover the group's)")
-    p.add_argument("--check", action="store_true",
-                   help="compare with the same generate() in one process (exit code 1 if the tokens differ)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=600.0,
-                   help="seconds before the group gives up (default 600)")
+    p.add_argument(
+        "--layout",
+        choices=("round_robin", "contiguous"),
+        default="round_robin",
+        help="how positions are spread over the ranks (default round_robin)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=units.int_arg("--block-size"),
+        default=8,
+        help="tokens per round-robin block (default 8: a short prompt spans the ranks)",
+    )
+    p.add_argument(
+        "--topology",
+        metavar="F",
+        help="topology YAML file or shipped name for the tree (default: discover the group's)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with the same generate() in one process (exit code 1 if the tokens differ)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=units.seconds_arg("--timeout"),
+        default=600.0,
+        help="seconds before the group gives up (default 600)",
+    )
     return p
 
 
@@ -110,12 +167,16 @@ def resolve_model(name: str) -> dict[str, Any]:
     builtin = ", ".join(repr(b) for b in BUILTIN)
     if os.path.isdir(name):
         if not os.path.isfile(os.path.join(name, "config.json")):
-            raise UsageError(f"--model {name}: expected a checkpoint directory holding config.json "
-                             f"(save_pretrained writes one), got a directory without it")
+            raise UsageError(
+                f"--model {name}: expected a checkpoint directory holding config.json "
+                f"(save_pretrained writes one), got a directory without it"
+            )
         kind = "path"
     elif name.startswith((".", "/", "~")) or os.path.exists(name):
-        raise UsageError(f"--model {name}: expected a checkpoint directory, got no such directory; "
-                         f"give a directory, a hub id or the built-in {builtin}")
+        raise UsageError(
+            f"--model {name}: expected a checkpoint directory, got no such directory; "
+            f"give a directory, a hub id or the built-in {builtin}"
+        )
     else:
         close = difflib.get_close_matches(name, list(BUILTIN), n=1, cutoff=0.8)
         if close:
@@ -126,11 +187,14 @@ def resolve_model(name: str) -> dict[str, Any]:
             config = transformers.AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"--model {name}: expected a local checkpoint directory, a hub id reachable from here or "
-                         f"the built-in {builtin}, got a model that cannot be loaded ({first})") from None
+        raise UsageError(
+            f"--model {name}: expected a local checkpoint directory, a hub id reachable from here or "
+            f"the built-in {builtin}, got a model that cannot be loaded ({first})"
+        ) from None
     if getattr(config, "is_encoder_decoder", False):
-        raise UsageError(f"--model {name}: expected a decoder-only causal LM, got an encoder-decoder "
-                         f"({type(config).__name__})")
+        raise UsageError(
+            f"--model {name}: expected a decoder-only causal LM, got an encoder-decoder ({type(config).__name__})"
+        )
     return {"kind": kind, "name": name, "config": config.to_dict()}
 
 
@@ -165,8 +229,9 @@ def prompt_ids(args: argparse.Namespace, spec: dict, tokenizer: Any) -> list[int
         if spec["kind"] == "builtin":
             ids = list(args.prompt.encode("utf-8"))
         elif tokenizer is None:
-            raise UsageError(f"--prompt: expected a tokenizer with --model {spec['name']}, got none; "
-                             f"use --prompt-tokens N")
+            raise UsageError(
+                f"--prompt: expected a tokenizer with --model {spec['name']}, got none; use --prompt-tokens N"
+            )
         else:
             ids = list(tokenizer(args.prompt)["input_ids"])
         if not ids:
@@ -181,9 +246,11 @@ def prompt_ids(args: argparse.Namespace, spec: dict, tokenizer: Any) -> list[int
 def _check_length(spec: dict, n_prompt: int, new: int) -> None:
     limit = spec["config"].get("max_position_embeddings")
     if limit is not None and n_prompt + new > int(limit):
-        raise UsageError(f"prompt: expected prompt + --max-new-tokens <= {limit} (the model's "
-                         f"max_position_embeddings), got {n_prompt} + {new} = {n_prompt + new} tokens; "
-                         f"shorten the prompt or lower --max-new-tokens")
+        raise UsageError(
+            f"prompt: expected prompt + --max-new-tokens <= {limit} (the model's "
+            f"max_position_embeddings), got {n_prompt} + {new} = {n_prompt + new} tokens; "
+            f"shorten the prompt or lower --max-new-tokens"
+        )
 
 
 def _weight_bytes(spec: dict) -> int:
@@ -194,8 +261,11 @@ def _weight_bytes(spec: dict) -> int:
         return 4 * (2 * c["vocab_size"] * c["hidden_size"] + c["num_hidden_layers"] * layer)
     if spec["kind"] != "path":
         return 0
-    return sum(os.path.getsize(os.path.join(spec["name"], f)) for f in os.listdir(spec["name"])
-               if f.endswith((".safetensors", ".bin")))
+    return sum(
+        os.path.getsize(os.path.join(spec["name"], f))
+        for f in os.listdir(spec["name"])
+        if f.endswith((".safetensors", ".bin"))
+    )
 
 
 # ------------------------------------------------------------------ the per-rank work
@@ -212,8 +282,9 @@ def load_model(cfg: dict, attn: str, device: Any = None) -> Any:
         model = transformers.LlamaForCausalLM(config)
         model.set_attn_implementation(attn)
     else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(cfg["model"]["name"], dtype=torch.float32,
-                                                                  attn_implementation=attn)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            cfg["model"]["name"], dtype=torch.float32, attn_implementation=attn
+        )
     return model.to(device or "cpu").eval()
 
 
@@ -247,9 +318,15 @@ def _generate(model, cfg: dict, **kw):
     pad = model.generation_config.pad_token_id
     if pad is None:
         pad = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else 0
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=cfg["max_new_tokens"],
-                         do_sample=cfg["do_sample"], pad_token_id=pad, **kw)
-    return out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=cfg["max_new_tokens"],
+        do_sample=cfg["do_sample"],
+        pad_token_id=pad,
+        **kw,
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def worker(rank: int, world: int, cfg: dict) -> dict:
@@ -265,14 +342,25 @@ def worker(rank: int, world: int, cfg: dict) -> dict:
 
         topology = Topology.from_dict(cfg["topology"])
     model = load_model(cfg, hf.NAME, _device())
-    cache = hf.TreeCache(model.config, max_cache_len=len(cfg["prompt"]) + cfg["max_new_tokens"],
-                         layout=cfg["layout"], block_size=cfg["block_size"], topology=topology)
+    cache = hf.TreeCache(
+        model.config,
+        max_cache_len=len(cfg["prompt"]) + cfg["max_new_tokens"],
+        layout=cfg["layout"],
+        block_size=cfg["block_size"],
+        topology=topology,
+    )
     with count_traffic() as traffic:
         clock = _StepClock(traffic)
         tokens = _generate(model, cfg, past_key_values=cache, streamer=clock)
     times, sent = clock.intervals()
-    res = {"rank": rank, "tokens": tokens, "times": times, "bytes": sent, "bytes_sent": traffic.sent,
-           "cache_tokens": cache.shard_lengths(0).tolist()}
+    res = {
+        "rank": rank,
+        "tokens": tokens,
+        "times": times,
+        "bytes": sent,
+        "bytes_sent": traffic.sent,
+        "cache_tokens": cache.shard_lengths(0).tolist(),
+    }
     if cfg["check"] and rank == 0:
         res["reference"] = _generate(load_model(cfg, "sdpa", _device()), cfg)
     return res
@@ -299,16 +387,26 @@ def summarize(cfg: dict, ranks: list[dict]) -> dict:
     reference = ranks[0].get("reference")
     steps = [max(ts) for ts in zip(*(r["times"] for r in ranks))]
     decode = steps[1:]
-    return {"model": cfg["model"]["name"], "nproc": len(ranks), "layout": cfg["layout"],
-            "block_size": cfg["block_size"] if cfg["layout"] == "round_robin" else None,
-            "do_sample": cfg["do_sample"], "seed": cfg["seed"], "prompt_tokens": cfg["prompt"],
-            "tokens": tokens, "text": cfg.get("text"), "ranks_agree": agree,
-            "reference_tokens": reference, "match": None if reference is None else (agree and reference == tokens),
-            "prefill_s": steps[0] if steps else None, "step_s": decode,
-            "median_step_s": statistics.median(decode[1:] or decode) if decode else None,
-            "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
-            "bytes_per_step_per_rank": [r["bytes"] for r in ranks],
-            "cache_tokens_per_rank": [r["cache_tokens"][0] if r["cache_tokens"] else 0 for r in ranks]}
+    return {
+        "model": cfg["model"]["name"],
+        "nproc": len(ranks),
+        "layout": cfg["layout"],
+        "block_size": cfg["block_size"] if cfg["layout"] == "round_robin" else None,
+        "do_sample": cfg["do_sample"],
+        "seed": cfg["seed"],
+        "prompt_tokens": cfg["prompt"],
+        "tokens": tokens,
+        "text": cfg.get("text"),
+        "ranks_agree": agree,
+        "reference_tokens": reference,
+        "match": None if reference is None else (agree and reference == tokens),
+        "prefill_s": steps[0] if steps else None,
+        "step_s": decode,
+        "median_step_s": statistics.median(decode[1:] or decode) if decode else None,
+        "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
+        "bytes_per_step_per_rank": [r["bytes"] for r in ranks],
+        "cache_tokens_per_rank": [r["cache_tokens"][0] if r["cache_tokens"] else 0 for r in ranks],
+    }
 
 
 def _config(args) -> tuple[dict, Any]:
@@ -325,9 +423,20 @@ def _config(args) -> tuple[dict, Any]:
         from treecoll import topo
 
         topology = topo.resolve(args.topology).to_dict()  # plain data crosses the process boundary
-    return ({"model": spec, "prompt": prompt, "max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
-             "seed": args.seed, "layout": args.layout, "block_size": args.block_size, "topology": topology,
-             "check": args.check}, tokenizer)
+    return (
+        {
+            "model": spec,
+            "prompt": prompt,
+            "max_new_tokens": args.max_new_tokens,
+            "do_sample": args.do_sample,
+            "seed": args.seed,
+            "layout": args.layout,
+            "block_size": args.block_size,
+            "topology": topology,
+            "check": args.check,
+        },
+        tokenizer,
+    )
 
 
 def _text(cfg: dict, tokenizer, tokens: list[int]) -> str | None:
@@ -348,8 +457,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
     else:
         _check_start(cfg, args)
-        ranks = [worker(0, 1, cfg)] if args.nproc == 1 else \
-            launch.spawn(worker, args.nproc, cfg, timeout=args.timeout, where="generate")
+        ranks = (
+            [worker(0, 1, cfg)]
+            if args.nproc == 1
+            else launch.spawn(worker, args.nproc, cfg, timeout=args.timeout, where="generate")
+        )
     cfg["text"] = _text(cfg, tokenizer, ranks[0]["tokens"])
     data = summarize(cfg, ranks)
     code = emit(args, data, render)
@@ -362,28 +474,43 @@ def _check_start(cfg: dict, args) -> None:
 
     check_topology_ranks(cfg["topology"], args.nproc)
     weights = _weight_bytes(cfg["model"])
-    check_processes(args.nproc, option=f"--nproc {args.nproc}", per_process_bytes=weights,
-                    extra_bytes=weights if cfg["check"] else 0, baseline_bytes=RANK_BASELINE_BYTES,
-                    oversubscribe=args.oversubscribe)
+    check_processes(
+        args.nproc,
+        option=f"--nproc {args.nproc}",
+        per_process_bytes=weights,
+        extra_bytes=weights if cfg["check"] else 0,
+        baseline_bytes=RANK_BASELINE_BYTES,
+        oversubscribe=args.oversubscribe,
+    )
 
 
 def render(d: dict) -> str:
     layout = d["layout"] + (f" blocks of {d['block_size']}" if d["block_size"] else "")
     mode = f"sampling, seed {d['seed']}" if d["do_sample"] else "greedy"
-    lines = [f"generate: {d['model']}, {d['nproc']} ranks, KV cache {layout}, {mode}",
-             f"prompt: {len(d['prompt_tokens'])} tokens; generated {len(d['tokens'])}: {d['tokens']}"]
+    lines = [
+        f"generate: {d['model']}, {d['nproc']} ranks, KV cache {layout}, {mode}",
+        f"prompt: {len(d['prompt_tokens'])} tokens; generated {len(d['tokens'])}: {d['tokens']}",
+    ]
     if d["text"] is not None:
         lines.append(f"text: {d['text']!r}")
     lines.append(f"cache tokens per rank: {d['cache_tokens_per_rank']}; ranks agree: {d['ranks_agree']}")
     if d["prefill_s"] is not None:
         med = "-" if d["median_step_s"] is None else f"{d['median_step_s'] * 1e3:.2f} ms"
-        lines.append(f"prefill + first token: {d['prefill_s'] * 1e3:.2f} ms; decode step: {med} median "
-                     f"(max over ranks, steps 2..n)")
+        lines.append(
+            f"prefill + first token: {d['prefill_s'] * 1e3:.2f} ms; decode step: {med} median "
+            f"(max over ranks, steps 2..n)"
+        )
     per_step = [b[-1] if b else 0 for b in d["bytes_per_step_per_rank"]]
     lines.append(f"bytes sent per rank: {d['bytes_sent_per_rank']} in all, {per_step} in the last step")
     if d["match"] is not None:
-        lines.append("check: " + ("tokens equal one-process generate()" if d["match"] else
-                                  f"MISMATCH, one-process generate() gave {d['reference_tokens']}"))
+        lines.append(
+            "check: "
+            + (
+                "tokens equal one-process generate()"
+                if d["match"]
+                else f"MISMATCH, one-process generate() gave {d['reference_tokens']}"
+            )
+        )
     return "\n".join(lines)
 
 
@@ -408,9 +535,18 @@ def selfcheck(nproc: int) -> list[dict]:
             data = summarize(cfg, launch.spawn(worker, nproc, cfg, timeout=args.timeout, where="selfcheck generate"))
             result = "passed" if data["match"] else "failed"
             detail = f"{nproc} ranks, {len(data['tokens'])} tokens " + (
-                "equal one-process generate()" if data["match"] else "differ from one-process generate()")
+                "equal one-process generate()" if data["match"] else "differ from one-process generate()"
+            )
         except TreecollError as e:
             result, detail = "failed", str(e)
-        rows.append({"path": f"generate ({'sampled' if sampled else 'greedy'})", "backend": "gloo", "device": "cpu",
-                     "result": result, "seconds": time.perf_counter() - t0, "detail": detail})
+        rows.append(
+            {
+                "path": f"generate ({'sampled' if sampled else 'greedy'})",
+                "backend": "gloo",
+                "device": "cpu",
+                "result": result,
+                "seconds": time.perf_counter() - t0,
+                "detail": detail,
+            }
+        )
     return rows

@@ -56,6 +56,7 @@ chosen before Triton is imported, an NCCL pool on CUDA machines).
 >>> exit_code([row("a", "b", "cpu", "failed", 0.0, "max rel err 1 > 1e-05")])
 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,8 +92,14 @@ def row(path: str, backend: str, device: str, result: str, seconds: float, detai
     """One line of the table (plain data): ``result`` one of :data:`RESULTS`."""
     if result not in RESULTS:
         raise ValueError(f"selfcheck row: result expected one of {RESULTS}, got {result!r}")
-    return {"path": path, "backend": backend, "device": device, "result": result, "seconds": float(seconds),
-            "detail": detail}
+    return {
+        "path": path,
+        "backend": backend,
+        "device": device,
+        "result": result,
+        "seconds": float(seconds),
+        "detail": detail,
+    }
 
 
 def exit_code(rows: list[dict]) -> int:
@@ -144,7 +151,7 @@ def kernel_case(case: dict, device: str = "cpu", seed: int = 0) -> dict:
         pad = per * page - seq
         kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(3 * per, page, hkv, d)
         vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(3 * per, page, hkv, d)
-        order = table.reshape(-1)           # logical page i of the flat cache lives at slot order[i]
+        order = table.reshape(-1)  # logical page i of the flat cache lives at slot order[i]
         k_pages, v_pages = torch.empty_like(kp), torch.empty_like(vp)
         k_pages[order], v_pages[order] = kp, vp
         out.update(k=k_pages, v=v_pages, block_table=table.to(torch.int32))
@@ -163,16 +170,19 @@ def _check_kernel_cases(backend: str, device: str, cases: list[dict]) -> dict:
     worst, detail = ("passed", ""), []
     for i, case in enumerate(cases):
         x = kernel_case(case, device, seed=i)
-        out, lse = decode_partial(x["q"], x["k"], x["v"], kv_len=x["kv_len"], block_table=x["block_table"],
-                                  backend=backend)
+        out, lse = decode_partial(
+            x["q"], x["k"], x["v"], kv_len=x["kv_len"], block_table=x["block_table"], backend=backend
+        )
         err = max(_rel_err(out, x["ref"][0]), _lse_err(lse, x["ref"][1]))
         result, text = _verdict(err, KERNEL_TOL[case["dtype"]])
         if result == "failed":
             worst = ("failed", "")
             detail.append(f"{case['name']}: {text}")
     if worst[0] == "passed":
-        detail = [f"{len(cases)} cases (bf16/fp16/fp32, GQA, lengths 0 / half / all, paged) = float64 reference "
-                  f"within {', '.join(f'{k} {v:.0e}' for k, v in KERNEL_TOL.items())}"]
+        detail = [
+            f"{len(cases)} cases (bf16/fp16/fp32, GQA, lengths 0 / half / all, paged) = float64 reference "
+            f"within {', '.join(f'{k} {v:.0e}' for k, v in KERNEL_TOL.items())}"
+        ]
     return row("kernel decode_partial", backend, device, worst[0], time.perf_counter() - t0, "; ".join(detail))
 
 
@@ -256,8 +266,9 @@ def _expected(op: str, values: list):
         out = (torch.stack([s[0].double() for s in states]) * w[..., None]).sum(0)
         return torch.cat([out.reshape(-1), torch.logsumexp(lse, 0).reshape(-1)])
     stacked = torch.stack([v.cpu() for v in values])
-    return {"sum": stacked.sum(0), "prod": stacked.prod(0), "max": stacked.max(0).values,
-            "min": stacked.min(0).values}[op]
+    return {"sum": stacked.sum(0), "prod": stacked.prod(0), "max": stacked.max(0).values, "min": stacked.min(0).values}[
+        op
+    ]
 
 
 def _op_arg(op: str, rows: int):
@@ -287,8 +298,9 @@ def executor_checks(rank: int, world: int, device_kind: str) -> list[dict]:
     placement = group_placement()
     backend = "nccl" if device_kind == "cuda" else "gloo"
     rows = []
-    plans = [(b, "tree", ("allreduce", "reduce", "broadcast")) for b in BUILDERS] + \
-        [("auto", a, ("allreduce",)) for a in ALGOS if a not in ("auto", "tree")]
+    plans = [(b, "tree", ("allreduce", "reduce", "broadcast")) for b in BUILDERS] + [
+        ("auto", a, ("allreduce",)) for a in ALGOS if a not in ("auto", "tree")
+    ]
     for builder, algo, kinds in plans:
         t0 = time.perf_counter()
         bad = []
@@ -303,11 +315,13 @@ def executor_checks(rank: int, world: int, device_kind: str) -> list[dict]:
                 root = world - 1
                 try:
                     if kind == "allreduce":
-                        got = collectives.allreduce(x, op=_op_arg(op, 3), tree=builder, placement=placement,
-                                                    options=opts)
+                        got = collectives.allreduce(
+                            x, op=_op_arg(op, 3), tree=builder, placement=placement, options=opts
+                        )
                     elif kind == "reduce":
-                        got = collectives.reduce(x, op=_op_arg(op, 3), root=root, tree=builder,
-                                                 placement=placement, options=opts)
+                        got = collectives.reduce(
+                            x, op=_op_arg(op, 3), root=root, tree=builder, placement=placement, options=opts
+                        )
                     else:
                         got = collectives.broadcast(x, root=root, tree=builder, placement=placement, options=opts)
                 except Exception as e:  # noqa: BLE001 - reported as a failed row
@@ -325,8 +339,16 @@ def executor_checks(rank: int, world: int, device_kind: str) -> list[dict]:
         name = builder if algo == "tree" else f"algo={algo}"
         ops = ", ".join(o for o in EXECUTOR_OPS if algo == "tree" or o != "merge")
         detail = "; ".join(bad) or f"{'/'.join(kinds)} x {ops} on {world} ranks = float64 result"
-        rows.append(row(f"executor {name}", backend, device_kind, "failed" if bad else "passed",
-                        time.perf_counter() - t0, detail))
+        rows.append(
+            row(
+                f"executor {name}",
+                backend,
+                device_kind,
+                "failed" if bad else "passed",
+                time.perf_counter() - t0,
+                detail,
+            )
+        )
     return rows
 
 
@@ -368,8 +390,11 @@ def tree_decode_checks(rank: int, world: int, device_kind: str, sizes: list[int]
             k = torch.randn(3, 57, 2, 32, generator=g).to(dtype)
             v = torch.randn(3, 57, 2, 32, generator=g).to(dtype)
             ref_out, ref_lse = reference(q, k, v, kv_len=lengths)
-            one_gpu = decode_partial(q.to(device), k.to(device), v.to(device), kv_len=lengths) \
-                if device_kind == "cuda" else None
+            one_gpu = (
+                decode_partial(q.to(device), k.to(device), v.to(device), kv_len=lengths)
+                if device_kind == "cuda"
+                else None
+            )
             bounds = [57 * r // size for r in range(size + 1)]
             s, e = bounds[rank], bounds[rank + 1]
             local = [max(0, min(n, e) - s) for n in lengths]
@@ -379,8 +404,9 @@ def tree_decode_checks(rank: int, world: int, device_kind: str, sizes: list[int]
                     if method == "ring":
                         out, lse = ring_decode(q.to(device), ks, vs, kv_len=local, group=group, return_lse=True)
                     else:
-                        out, lse = tree_decode(q.to(device), ks, vs, kv_len=local, group=group, combine=method,
-                                               return_lse=True)
+                        out, lse = tree_decode(
+                            q.to(device), ks, vs, kv_len=local, group=group, combine=method, return_lse=True
+                        )
                 except Exception as ex:  # noqa: BLE001 - reported as a failed row
                     bad.append(f"{method} {str(dtype)[6:]}: {_brief(ex)}")
                     continue
@@ -392,8 +418,16 @@ def tree_decode_checks(rank: int, world: int, device_kind: str, sizes: list[int]
                     bad.append(f"{method} {str(dtype)[6:]}: max rel err {err:.1e} > {tol:.0e}")
         against = "the float64 reference" + (" and one GPU" if device_kind == "cuda" else "")
         detail = "; ".join(bad) if bad else f"{', '.join(DECODE_METHODS)} (fp32, bf16 K/V) = {against}"
-        rows.append(row(f"tree_decode P={size}", backend, device_kind, "failed" if bad else "passed",
-                        time.perf_counter() - t0, detail))
+        rows.append(
+            row(
+                f"tree_decode P={size}",
+                backend,
+                device_kind,
+                "failed" if bad else "passed",
+                time.perf_counter() - t0,
+                detail,
+            )
+        )
     return rows
 
 
@@ -443,8 +477,16 @@ def cuda_kernels(rank: int, world: int, repeats: int) -> list[dict]:
     except Exception as e:  # noqa: BLE001 - a broken path is a failed row
         rows.append(row("kernel decode_partial", "triton", "cuda", "failed", 0.0, _brief(e)))
     copy = copy_rate(repeats)
-    rows.append(row("device copy bandwidth", "torch", "cuda", "passed", copy["seconds"],
-                    f"{copy['gbps']:.0f} GB/s (read + write of {copy['bytes'] >> 20} MiB, CUDA events)"))
+    rows.append(
+        row(
+            "device copy bandwidth",
+            "torch",
+            "cuda",
+            "passed",
+            copy["seconds"],
+            f"{copy['gbps']:.0f} GB/s (read + write of {copy['bytes'] >> 20} MiB, CUDA events)",
+        )
+    )
     for case in cases:
         rows.append(_time_kernel(case, repeats, copy["gbps"]))
     return rows
@@ -508,20 +550,37 @@ def _time_kernel(case: dict, repeats: int, copy_gbps: float) -> dict:
     out = (torch.empty(b, hq, d, device=dev), torch.empty(b, hq, device=dev))
     # validated once here: decode_partial's checks read the lengths and the block table on the host, and the
     # timed loop must not wait for the device; decode_triton itself never synchronises
-    lengths, scale = check_decode_inputs(q, k, v, torch.full((b,), n, dtype=torch.int32, device=dev), None,
-                                         "selfcheck", dtypes=KV_DTYPES, block_table=table)
+    lengths, scale = check_decode_inputs(
+        q,
+        k,
+        v,
+        torch.full((b,), n, dtype=torch.int32, device=dev),
+        None,
+        "selfcheck",
+        dtypes=KV_DTYPES,
+        block_table=table,
+    )
     seconds = _event_time(lambda: decode_triton(q, k, v, lengths, scale, out=out, block_table=table), repeats)
     gbps = case["bytes"] / seconds / 1e9
-    return row(name, "triton", "cuda", "passed", time.perf_counter() - t0,
-               f"{seconds * 1e6:.0f} us, {gbps:.0f} GB/s K/V read = {gbps / copy_gbps:.0%} of the copy rate "
-               f"({case['splits']} splits estimated for an H100: {case['estimate_s'] * 1e6:.0f} us)")
+    return row(
+        name,
+        "triton",
+        "cuda",
+        "passed",
+        time.perf_counter() - t0,
+        f"{seconds * 1e6:.0f} us, {gbps:.0f} GB/s K/V read = {gbps / copy_gbps:.0%} of the copy rate "
+        f"({case['splits']} splits estimated for an H100: {case['estimate_s'] * 1e6:.0f} us)",
+    )
 
 
 def nccl_checks(rank: int, world: int, repeats: int) -> list[dict]:
     """Everything the NCCL pool runs: executor and tree_decode against NCCL / one GPU, and the
     combine timing."""
-    return (_nccl_executor(rank, world) + tree_decode_checks(rank, world, "cuda", [world])
-            + combine_times_cuda(rank, world, repeats))
+    return (
+        _nccl_executor(rank, world)
+        + tree_decode_checks(rank, world, "cuda", [world])
+        + combine_times_cuda(rank, world, repeats)
+    )
 
 
 def _nccl_executor(rank: int, world: int) -> list[dict]:
@@ -544,20 +603,29 @@ def _nccl_executor(rank: int, world: int) -> list[dict]:
         bad = []
         for op, native in reduce_ops.items():
             g = torch.Generator().manual_seed(rank + 17)
-            x = torch.randn(1 << 16, generator=g).to(device)   # 256 KiB of float32
+            x = torch.randn(1 << 16, generator=g).to(device)  # 256 KiB of float32
             want = x.clone()
             dist.all_reduce(want, op=native)
             try:
-                got = collectives.allreduce(x.clone(), op=op, tree=builder, placement=placement,
-                                            options=CollectiveOptions(timeout=60))
+                got = collectives.allreduce(
+                    x.clone(), op=op, tree=builder, placement=placement, options=CollectiveOptions(timeout=60)
+                )
             except Exception as e:  # noqa: BLE001 - reported as a failed row
                 bad.append(f"{op}: {_brief(e)}")
                 continue
             err = _rel_err(got, want)
             if not err <= 1e-5 or got.device != x.device:
                 bad.append(f"{op}: max rel err {err:.1e} > 1e-05 against all_reduce (on {got.device})")
-        rows.append(row(f"executor {builder} vs all_reduce", "nccl", "cuda", "failed" if bad else "passed",
-                        time.perf_counter() - t0, "; ".join(bad) or "sum/max/min of 256 KiB = NCCL all_reduce"))
+        rows.append(
+            row(
+                f"executor {builder} vs all_reduce",
+                "nccl",
+                "cuda",
+                "failed" if bad else "passed",
+                time.perf_counter() - t0,
+                "; ".join(bad) or "sum/max/min of 256 KiB = NCCL all_reduce",
+            )
+        )
     return rows + executor_checks(rank, world, "cuda")
 
 
@@ -577,18 +645,26 @@ def combine_times_cuda(rank: int, world: int, repeats: int) -> list[dict]:
         g = torch.Generator().manual_seed(rank)
         out = torch.randn(batch, 32, 128, generator=g).to(device)
         lse = (torch.randn(batch, 32, generator=g) * 3).to(device)
-        packed = pack_state(out, lse)   # all-reduced in place: the sums grow, the timing does not care
+        packed = pack_state(out, lse)  # all-reduced in place: the sums grow, the timing does not care
         times = {"all_reduce": _event_time(lambda buf=packed: dist.all_reduce(buf), repeats)}
         for method in ("tree", "gather", "allreduce3"):
-            times[method] = _event_time(lambda m=method, o=out, s=lse: tree_combine(o, s, placement=placement,
-                                                                                   combine=m), repeats)
+            times[method] = _event_time(
+                lambda m=method, o=out, s=lse: tree_combine(o, s, placement=placement, combine=m), repeats
+            )
         slowest = torch.tensor(list(times.values()), dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         times = dict(zip(times, slowest.tolist()))
         detail = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in times.items())
-        rows.append(row(f"combine time B={batch} ({packed.numel() * 4} B)", "nccl", "cuda", "passed",
-                        time.perf_counter() - t0,
-                        f"{detail}; tree / all_reduce {times['tree'] / times['all_reduce']:.2f}"))
+        rows.append(
+            row(
+                f"combine time B={batch} ({packed.numel() * 4} B)",
+                "nccl",
+                "cuda",
+                "passed",
+                time.perf_counter() - t0,
+                f"{detail}; tree / all_reduce {times['tree'] / times['all_reduce']:.2f}",
+            )
+        )
     return rows
 
 
@@ -629,16 +705,26 @@ def _cuda_rows(nproc: int, timeout: float, repeats: int) -> list[dict]:
     gpus = _cuda_devices()
     if gpus == 0:
         why = "no CUDA device"
-        return [row(path, backend, "cuda", "skipped", 0.0, why) for path, backend in (
-            ("kernel decode_partial", "triton"), ("kernel bandwidth", "triton"), ("executor vs all_reduce", "nccl"),
-            ("tree_decode", "nccl"), ("combine time", "nccl"))]
+        return [
+            row(path, backend, "cuda", "skipped", 0.0, why)
+            for path, backend in (
+                ("kernel decode_partial", "triton"),
+                ("kernel bandwidth", "triton"),
+                ("executor vs all_reduce", "nccl"),
+                ("tree_decode", "nccl"),
+                ("combine time", "nccl"),
+            )
+        ]
     rows = spawn(cuda_kernels, 1, repeats, timeout=timeout, where="selfcheck cuda kernels")[0]
     world = min(gpus, nproc)
     if world < 2:
-        return rows + [row(path, "nccl", "cuda", "skipped", 0.0, f"needs 2 CUDA devices, found {gpus}")
-                       for path in ("executor vs all_reduce", "tree_decode", "combine time")]
-    return rows + merge_ranks(spawn(nccl_checks, world, repeats, timeout=timeout, backend="nccl",
-                                    where="selfcheck nccl"))
+        return rows + [
+            row(path, "nccl", "cuda", "skipped", 0.0, f"needs 2 CUDA devices, found {gpus}")
+            for path in ("executor vs all_reduce", "tree_decode", "combine time")
+        ]
+    return rows + merge_ranks(
+        spawn(nccl_checks, world, repeats, timeout=timeout, backend="nccl", where="selfcheck nccl")
+    )
 
 
 def _guard(path: str, backend: str, device: str, fn: Callable[[], list[dict]]) -> list[dict]:
@@ -669,9 +755,19 @@ def selfcheck(args: argparse.Namespace) -> dict:
         (path, backend, device), fn = CHECKS[name]
         rows += _guard(path, backend, device, lambda fn=fn: fn(args))
     counts = {k: sum(r["result"] == k for r in rows) for k in RESULTS}
-    return {"rows": rows, "counts": counts, "ok": exit_code(rows) == 0, "seconds": time.perf_counter() - t0,
-            "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                        "torch": _version("torch"), "triton": _version("triton"), "cuda_devices": _cuda_devices()}}
+    return {
+        "rows": rows,
+        "counts": counts,
+        "ok": exit_code(rows) == 0,
+        "seconds": time.perf_counter() - t0,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": _version("torch"),
+            "triton": _version("triton"),
+            "cuda_devices": _cuda_devices(),
+        },
+    }
 
 
 def _version(name: str) -> str | None:
@@ -684,12 +780,18 @@ def _version(name: str) -> str | None:
 def render(data: dict) -> str:
     from treecoll.topo.fmt import table
 
-    lines = [table([[r["path"], r["backend"], r["device"], r["result"], r["seconds"], r["detail"]]
-                    for r in data["rows"]], ["path", "backend", "device", "result", "time s", "detail"],
-                   formats=[None, None, None, None, ".1f", None])]
+    lines = [
+        table(
+            [[r["path"], r["backend"], r["device"], r["result"], r["seconds"], r["detail"]] for r in data["rows"]],
+            ["path", "backend", "device", "result", "time s", "detail"],
+            formats=[None, None, None, None, ".1f", None],
+        )
+    ]
     c = data["counts"]
-    lines.append(f"\n{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in {data['seconds']:.0f} s: "
-                 + ("every available path works" if data["ok"] else "SOME PATHS FAILED"))
+    lines.append(
+        f"\n{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in {data['seconds']:.0f} s: "
+        + ("every available path works" if data["ok"] else "SOME PATHS FAILED")
+    )
     return "\n".join(lines)
 
 
@@ -702,18 +804,37 @@ def _only(text: str) -> list[str]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("selfcheck", help="run every path on this machine (kernels, executor, tree_decode; "
-                                                "CUDA ones where there is a GPU) and report which work",
-                              description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser(
+        "selfcheck",
+        help="run every path on this machine (kernels, executor, tree_decode; "
+        "CUDA ones where there is a GPU) and report which work",
+        description=__doc__.split("\n\n")[0],
+    )
     common_options(p)
-    p.add_argument("--nproc", type=units.int_arg("--nproc", minimum=2), default=4,
-                   help="most processes of the distributed checks (default 4)")
-    p.add_argument("--only", default=",".join(CHECKS), metavar="GROUPS",
-                   help=f"comma list of the groups to run: {', '.join(CHECKS)} (default all)")
-    p.add_argument("--repeats", type=units.int_arg("--repeats"), default=20,
-                   help="timed repetitions of the CUDA benchmarks (default 20)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=300.0,
-                   help="seconds per group of processes (default 300)")
+    p.add_argument(
+        "--nproc",
+        type=units.int_arg("--nproc", minimum=2),
+        default=4,
+        help="most processes of the distributed checks (default 4)",
+    )
+    p.add_argument(
+        "--only",
+        default=",".join(CHECKS),
+        metavar="GROUPS",
+        help=f"comma list of the groups to run: {', '.join(CHECKS)} (default all)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=units.int_arg("--repeats"),
+        default=20,
+        help="timed repetitions of the CUDA benchmarks (default 20)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=units.seconds_arg("--timeout"),
+        default=300.0,
+        help="seconds per group of processes (default 300)",
+    )
     return p
 
 

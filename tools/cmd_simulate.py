@@ -34,6 +34,7 @@ flow simulation, or the analytic engine for clusters of identical hosts
 ``calibrate`` compare the simulator with nccl-tests tables and fit a profile
 to them (:mod:`treecoll.tools.validation`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,9 +80,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
     from treecoll.tools.cmd_tree import MODE_HELP
-    p = subparsers.add_parser("simulate", help="simulate collectives and decode steps on a topology",
-                              description="Predict collectives and decode steps on a topology you may not have "
-                                          "(flow-level simulator, NCCL's model).")
+
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate collectives and decode steps on a topology",
+        description="Predict collectives and decode steps on a topology you may not have "
+        "(flow-level simulator, NCCL's model).",
+    )
     common_options(p)
     sub = p.add_subparsers(dest="sim_command", metavar="WHAT")
     sub.required = True
@@ -90,61 +95,131 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     def base(name, help_, description):
         q = sub.add_parser(name, help=help_, description=description)
         common_options(q)
-        q.add_argument("--topology", default="default", metavar="F",
-                       help="topology YAML file, shipped name or 'default' (default: default)")
-        q.add_argument("--ranks", type=units.int_arg("--ranks"), default=None, metavar="N",
-                       help="use the GPUs of the first N ranks (default: every GPU)")
-        q.add_argument("--profile", default=None, metavar="P",
-                       help=f"simulator profile: auto (the fastest NCCL protocol per size, the default), "
-                            f"{_names(PROFILES)}, or a calibrated profile YAML file")
+        q.add_argument(
+            "--topology",
+            default="default",
+            metavar="F",
+            help="topology YAML file, shipped name or 'default' (default: default)",
+        )
+        q.add_argument(
+            "--ranks",
+            type=units.int_arg("--ranks"),
+            default=None,
+            metavar="N",
+            help="use the GPUs of the first N ranks (default: every GPU)",
+        )
+        q.add_argument(
+            "--profile",
+            default=None,
+            metavar="P",
+            help=f"simulator profile: auto (the fastest NCCL protocol per size, the default), "
+            f"{_names(PROFILES)}, or a calibrated profile YAML file",
+        )
         return q
 
     for coll, default in DEFAULT_ALGOS.items():
-        a = base(coll, f"{coll}: time, algbw and busbw per size and algorithm (nccl-tests style)",
-                 f"Simulate a{'n' if coll[0] in 'a' else ''} {coll} of each size with each algorithm and print "
-                 f"time, algbw and busbw (nccl-tests' definitions; sizes as nccl-tests prints them).")
-        a.add_argument("--algo", default=default, metavar="A[,A...]",
-                       help=f"comma list of algorithms: {algos} (default {default})")
-        a.add_argument("--sizes", default="8B:1GiB", type=units.sizes_arg("--sizes"), metavar="A:B|S[,S...]",
-                       help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 "
-                            "(default 8B:1GiB)")
-        a.add_argument("--plot", default=None, metavar="OUT.png",
-                       help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}")
+        a = base(
+            coll,
+            f"{coll}: time, algbw and busbw per size and algorithm (nccl-tests style)",
+            f"Simulate a{'n' if coll[0] in 'a' else ''} {coll} of each size with each algorithm and print "
+            f"time, algbw and busbw (nccl-tests' definitions; sizes as nccl-tests prints them).",
+        )
+        a.add_argument(
+            "--algo", default=default, metavar="A[,A...]", help=f"comma list of algorithms: {algos} (default {default})"
+        )
+        a.add_argument(
+            "--sizes",
+            default="8B:1GiB",
+            type=units.sizes_arg("--sizes"),
+            metavar="A:B|S[,S...]",
+            help="A:B (doubling from A to B) or a comma list of sizes; 64K = 64KiB, 64KB = 64000 (default 8B:1GiB)",
+        )
+        a.add_argument(
+            "--plot", default=None, metavar="OUT.png", help=f"write a log-log busbw plot (needs matplotlib) {REPLACES}"
+        )
         a.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
-        a.add_argument("--engine", default="auto", choices=ENGINES,
-                       help=f"flow: the flow-level simulation; analytic: closed forms from a few hosts' sample, "
-                            f"for 100k+ GPUs of identical hosts (allreduce: ring, tree, two_level, auto); auto: "
-                            f"analytic above {ANALYTIC_ABOVE_GPUS} GPUs (default auto)")
-    d = base("decode", "tree attention vs three allreduces vs ring attention, one decode step",
-             "Model one decode step's attention on the topology: tree attention (local attention + one "
-             "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
-             "(K/V passed around the ring).")
-    d.add_argument("--seq-len", default="1M", type=units.counts_arg("--seq-len"), metavar="N[,N...]",
-                   help="tokens of KV cache, comma list allowed; k = 1e3, M = 1e6 (default 1M)")
+        a.add_argument(
+            "--engine",
+            default="auto",
+            choices=ENGINES,
+            help=f"flow: the flow-level simulation; analytic: closed forms from a few hosts' sample, "
+            f"for 100k+ GPUs of identical hosts (allreduce: ring, tree, two_level, auto); auto: "
+            f"analytic above {ANALYTIC_ABOVE_GPUS} GPUs (default auto)",
+        )
+    d = base(
+        "decode",
+        "tree attention vs three allreduces vs ring attention, one decode step",
+        "Model one decode step's attention on the topology: tree attention (local attention + one "
+        "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
+        "(K/V passed around the ring).",
+    )
+    d.add_argument(
+        "--seq-len",
+        default="1M",
+        type=units.counts_arg("--seq-len"),
+        metavar="N[,N...]",
+        help="tokens of KV cache, comma list allowed; k = 1e3, M = 1e6 (default 1M)",
+    )
     d.add_argument("--heads", type=units.int_arg("--heads"), default=16, help="query heads (default 16)")
-    d.add_argument("--head-dim", type=units.int_arg("--head-dim"), default=128,
-                   help="dimension of one head (default 128)")
-    d.add_argument("--kv-heads", type=units.int_arg("--kv-heads"), default=None,
-                   help="K/V heads, dividing --heads (default: --heads, no grouped-query attention)")
+    d.add_argument(
+        "--head-dim", type=units.int_arg("--head-dim"), default=128, help="dimension of one head (default 128)"
+    )
+    d.add_argument(
+        "--kv-heads",
+        type=units.int_arg("--kv-heads"),
+        default=None,
+        help="K/V heads, dividing --heads (default: --heads, no grouped-query attention)",
+    )
     d.add_argument("--batch", type=units.int_arg("--batch"), default=1, help="sequences (default 1)")
-    d.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_SIZES), metavar="T",
-                   help=f"KV cache dtype: {_names(DTYPE_SIZES)} (default bfloat16)")
-    d.add_argument("--tree", default="two_level", metavar="B",
-                   help=f"tree builder for tree attention: {_names(BUILDERS)} or kary:K (default two_level)")
-    d.add_argument("--plot", default=None, metavar="OUT.png",
-                   help=f"write a log-log time vs sequence length plot (needs matplotlib) {REPLACES}")
-    d.add_argument("--mode", choices=MODES, default="executor",
-                   help=MODE_HELP + "; applies to tree and ring (allreduce3 is NCCL's own)")
-    lk = base("links", "the busiest links of one run",
-              "Simulate one allreduce and list the links that carry the most bytes, and the bytes per link kind.")
-    lk.add_argument("--algo", default="two_level", metavar="A",
-                    help=f"the algorithm: {', '.join(x for x in SIM_ALGOS if x != 'nccl')}, or a tree builder "
-                         f"({_names(BUILDERS)}; kary:K) (default two_level)")
-    lk.add_argument("--size", default="1GiB", type=units.size_arg("--size"), metavar="S",
-                    help="allreduce size (default 1GiB)")
-    lk.add_argument("--top", type=units.int_arg("--top"), default=10, metavar="N",
-                    help="how many of the busiest links to list (default 10)")
+    d.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=sorted(DTYPE_SIZES),
+        metavar="T",
+        help=f"KV cache dtype: {_names(DTYPE_SIZES)} (default bfloat16)",
+    )
+    d.add_argument(
+        "--tree",
+        default="two_level",
+        metavar="B",
+        help=f"tree builder for tree attention: {_names(BUILDERS)} or kary:K (default two_level)",
+    )
+    d.add_argument(
+        "--plot",
+        default=None,
+        metavar="OUT.png",
+        help=f"write a log-log time vs sequence length plot (needs matplotlib) {REPLACES}",
+    )
+    d.add_argument(
+        "--mode",
+        choices=MODES,
+        default="executor",
+        help=MODE_HELP + "; applies to tree and ring (allreduce3 is NCCL's own)",
+    )
+    lk = base(
+        "links",
+        "the busiest links of one run",
+        "Simulate one allreduce and list the links that carry the most bytes, and the bytes per link kind.",
+    )
+    lk.add_argument(
+        "--algo",
+        default="two_level",
+        metavar="A",
+        help=f"the algorithm: {', '.join(x for x in SIM_ALGOS if x != 'nccl')}, or a tree builder "
+        f"({_names(BUILDERS)}; kary:K) (default two_level)",
+    )
+    lk.add_argument(
+        "--size", default="1GiB", type=units.size_arg("--size"), metavar="S", help="allreduce size (default 1GiB)"
+    )
+    lk.add_argument(
+        "--top",
+        type=units.int_arg("--top"),
+        default=10,
+        metavar="N",
+        help="how many of the busiest links to list (default 10)",
+    )
     from treecoll.tools import validation
+
     validation.add_parsers(sub, common_options)
     return p
 
@@ -152,18 +227,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _resolve(args):
     """The topology of ``--topology``, with ``--ranks`` checked against its GPUs."""
     from treecoll.topo.yaml_io import resolve
+
     topology = resolve(args.topology)
     total = len(topology.rank_gpus())
     if args.ranks is not None and args.ranks > total:
-        raise CollectiveError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), "
-                              f"got {args.ranks}")
+        raise CollectiveError(
+            f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), got {args.ranks}"
+        )
     return topology
 
 
 def run(args: argparse.Namespace) -> int:
     from treecoll.tools.cli import IMAGE_SUFFIXES, emit, output_path
+
     if args.sim_command in ("validate", "calibrate"):
         from treecoll.tools import validation
+
         return validation.run(args)
     plot = getattr(args, "plot", None)
     _check_profile(args.profile)
@@ -173,18 +252,29 @@ def run(args: argparse.Namespace) -> int:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos)
         topology = _resolve(args)
-        data = allreduce_data(topology, algos, args.sizes, args.ranks, args.profile, args.sim_command,
-                              mode=args.mode, engine=args.engine)
+        data = allreduce_data(
+            topology, algos, args.sizes, args.ranks, args.profile, args.sim_command, mode=args.mode, engine=args.engine
+        )
         if plot:
             plot_allreduce(data, plot)
             data["plot"] = plot
         return emit(args, data, render_allreduce)
     if args.sim_command == "decode":
         from treecoll.attention.cost import DecodeShape
+
         check_algos([args.tree], option="--tree", builders_only=True)
         topology = _resolve(args)
-        shapes = [DecodeShape(seq_len=n, heads=args.heads, head_dim=args.head_dim, kv_heads=args.kv_heads,
-                              batch=args.batch, dtype=args.dtype) for n in args.seq_len]
+        shapes = [
+            DecodeShape(
+                seq_len=n,
+                heads=args.heads,
+                head_dim=args.head_dim,
+                kv_heads=args.kv_heads,
+                batch=args.batch,
+                dtype=args.dtype,
+            )
+            for n in args.seq_len
+        ]
         data = decode_data(topology, shapes, args.ranks, args.tree, args.profile, args.mode)
         if plot:
             plot_decode(data, plot)
@@ -201,39 +291,53 @@ def _check_profile(profile: str | None) -> None:
     import os
 
     from treecoll.collectives.sim.profiles import PROFILES, get_profile
+
     if profile in (None, "auto") or profile in PROFILES:
         return
     if not (profile.endswith((".yaml", ".yml")) or os.path.exists(profile)):
-        raise CollectiveError(f"--profile {profile!r}: expected auto, {_names(PROFILES)} or a profile YAML file, "
-                              f"got an unknown name")
+        raise CollectiveError(
+            f"--profile {profile!r}: expected auto, {_names(PROFILES)} or a profile YAML file, got an unknown name"
+        )
     get_profile(profile)  # a file: read now, so a bad one fails before any work
 
 
-def _one(topology, algo: str, size: int, ranks, profile, collective: str = "allreduce", mode: str = "executor",
-         engine: str = "flow"):
+def _one(
+    topology,
+    algo: str,
+    size: int,
+    ranks,
+    profile,
+    collective: str = "allreduce",
+    mode: str = "executor",
+    engine: str = "flow",
+):
     """(time s, busbw, algbw, label) of one algorithm at one size; treecoll's trees in ``mode``;
     ``engine`` ``analytic``: every algorithm in-kernel, from :mod:`treecoll.collectives.sim.analytic`."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
+
     p = topology if isinstance(topology, Placement) else Placement(topology, ranks)
     topology = p.topology
     if algo == "nccl":
         from treecoll.collectives.sim.nccl_model import nccl_best
+
         best = nccl_best(p, None, size, collective)
         alg, bus = bandwidths(collective, size, p.nranks, best["time"])
         return best["time"], bus, alg, f"{best['algo']}/{best['proto']}"
     if engine == "analytic":
         from treecoll.collectives.sim.analytic import analytic_allreduce
+
         r = analytic_allreduce(p, algo, size, profile=profile or "auto")
         return r.time, r.busbw, r.algbw, f"{r.profile} ({r.stats['engine']})"
-    if algo in SIM_ALGOS:       # NCCL's own algorithms: as NCCL runs them
+    if algo in SIM_ALGOS:  # NCCL's own algorithms: as NCCL runs them
         name = "double_binary" if algo == "tree" else algo
         r = simulate_algorithm(p, name, size, collective=collective, profile=profile or "auto")
         return r.time, r.busbw, r.algbw, r.profile
-    if mode == "executor" and algo == "auto" and collective == "allreduce":   # what collectives.allreduce(x) runs
+    if mode == "executor" and algo == "auto" and collective == "allreduce":  # what collectives.allreduce(x) runs
         return _auto_executor(p, size)
     if mode == "executor":
         from treecoll.collectives.sim.executor import predict_tree
+
         r = predict_tree(p, algo, size, collective=collective, mode="executor")
         return r.time, r.busbw, r.algbw, r.profile
     r = simulate_algorithm(p, algo, size, collective=collective, profile=profile or "auto")
@@ -248,6 +352,7 @@ def _auto_executor(p, size: int):
     from treecoll.collectives.planner import default_planner, native_allreduce_time
     from treecoll.collectives.sim.executor import predict_schedule
     from treecoll.collectives.sim.simulator import bandwidths
+
     backend = backend_of(p)
     if default_planner().prefer_native(nbytes=size, placement=p, backend=backend):
         t = native_allreduce_time(CostModel(p, backend=backend), size)
@@ -260,29 +365,46 @@ def _auto_executor(p, size: int):
 #: --algo names besides the tree builders of collectives.builders
 SIM_ALGOS = ("ring", "tree", "nvls", "p2p", "nccl")
 #: the collectives ``simulate`` runs (nccl-tests' seven) and their default --algo
-DEFAULT_ALGOS = {"allreduce": "ring,tree,two_level,auto,nccl", "allgather": "ring,nccl",
-                 "reduce_scatter": "ring,nccl", "broadcast": "ring,two_level,nccl", "reduce": "ring,two_level,nccl",
-                 "alltoall": "p2p,nccl", "sendrecv": "p2p,nccl"}
+DEFAULT_ALGOS = {
+    "allreduce": "ring,tree,two_level,auto,nccl",
+    "allgather": "ring,nccl",
+    "reduce_scatter": "ring,nccl",
+    "broadcast": "ring,two_level,nccl",
+    "reduce": "ring,two_level,nccl",
+    "alltoall": "p2p,nccl",
+    "sendrecv": "p2p,nccl",
+}
 
 
 def check_algos(algos: Sequence[str], *, option: str = "--algo", builders_only: bool = False) -> None:
     """Refuse an unknown algorithm name before any work, listing every valid one."""
     from treecoll.collectives.builders import BUILDERS
+
     for a in algos:
         if (builders_only or a not in SIM_ALGOS) and a.partition(":")[0] not in BUILDERS:
             known = "" if builders_only else f"one of {list(SIM_ALGOS)} or "
-            raise CollectiveError(f"{option} {a!r}: unknown; expected {known}a tree builder "
-                                  f"{sorted(BUILDERS)} (e.g. kary:4)")
+            raise CollectiveError(
+                f"{option} {a!r}: unknown; expected {known}a tree builder {sorted(BUILDERS)} (e.g. kary:4)"
+            )
 
 
-def allreduce_data(topology: Topology, algos: Sequence[str], sizes: Sequence[int], ranks: RanksArg = None,
-                   profile: str | None = None, collective: str = "allreduce", *,
-                   mode: str = "executor", engine: str = "flow") -> dict[str, Any]:
+def allreduce_data(
+    topology: Topology,
+    algos: Sequence[str],
+    sizes: Sequence[int],
+    ranks: RanksArg = None,
+    profile: str | None = None,
+    collective: str = "allreduce",
+    *,
+    mode: str = "executor",
+    engine: str = "flow",
+) -> dict[str, Any]:
     """The ``simulate <collective>`` table; treecoll's trees in ``mode``; ``engine``: ``flow``, ``analytic``
     or ``auto`` (:func:`treecoll.collectives.sim.analytic.choose_engine`; analytic for allreduce only),
     named in the output. The analytic engine predicts every algorithm in-kernel (the output says so)."""
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.analytic import ANALYTIC_ALGOS, choose_engine
+
     check_algos(algos)
     placement = Placement(topology, ranks)
     P = placement.nranks
@@ -293,8 +415,10 @@ def allreduce_data(topology: Topology, algos: Sequence[str], sizes: Sequence[int
     if engine == "analytic":
         bad = [a for a in algos if a not in ANALYTIC_ALGOS and a != "nccl"]
         if bad:
-            raise CollectiveError(f"--algo {','.join(bad)}: not modelled by the analytic engine (it models "
-                                  f"{', '.join(ANALYTIC_ALGOS)} and nccl); drop them or pass --engine flow")
+            raise CollectiveError(
+                f"--algo {','.join(bad)}: not modelled by the analytic engine (it models "
+                f"{', '.join(ANALYTIC_ALGOS)} and nccl); drop them or pass --engine flow"
+            )
     rows = []
     total = len(algos) * len(sizes)
     k = 0
@@ -304,17 +428,30 @@ def allreduce_data(topology: Topology, algos: Sequence[str], sizes: Sequence[int
             _progress(k, total, f"{a} {size} B")
             eng = "flow" if a == "nccl" else engine
             t, bus, alg, label = _one(placement, a, size, ranks, profile, collective, mode, eng)
-            row["algos"][a] = {"time_us": t * 1e6, "algbw": alg, "busbw": bus, "how": label,
-                               "mode": "in-kernel" if a in SIM_ALGOS or eng == "analytic" else mode}
+            row["algos"][a] = {
+                "time_us": t * 1e6,
+                "algbw": alg,
+                "busbw": bus,
+                "how": label,
+                "mode": "in-kernel" if a in SIM_ALGOS or eng == "analytic" else mode,
+            }
             k += 1
         rows.append(row)
     _progress(total, total, "")
     from treecoll.collectives.cost import CostModel
+
     cm = CostModel(placement)
-    return {"topology": topology.name, "nranks": P, "collective": collective, "algos": list(algos),
-            "profile": profile or "auto (fastest NCCL protocol)", "engine": engine,
-            "mode": mode if engine == "flow" else "in-kernel",
-            "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6}, "rows": rows}
+    return {
+        "topology": topology.name,
+        "nranks": P,
+        "collective": collective,
+        "algos": list(algos),
+        "profile": profile or "auto (fastest NCCL protocol)",
+        "engine": engine,
+        "mode": mode if engine == "flow" else "in-kernel",
+        "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6},
+        "rows": rows,
+    }
 
 
 def render_allreduce(d: dict) -> str:
@@ -323,11 +460,17 @@ def render_allreduce(d: dict) -> str:
     engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
     head = f"# {d.get('collective', 'allreduce')} on {d['topology']} ({d['nranks']} ranks), {engine}\n"
     if ours:
-        auto = "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster" \
-            if "auto" in ours else ""
-        how = (f"executor mode (treecoll's executor on {d['executor']['backend']}: "
-               f"{d['executor']['step_cost_us']:.1f} us per message{auto})" if d.get("mode", "executor") == "executor"
-               else f"in-kernel mode (inside NCCL, profile {d['profile']})")
+        auto = (
+            "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster"
+            if "auto" in ours
+            else ""
+        )
+        how = (
+            f"executor mode (treecoll's executor on {d['executor']['backend']}: "
+            f"{d['executor']['step_cost_us']:.1f} us per message{auto})"
+            if d.get("mode", "executor") == "executor"
+            else f"in-kernel mode (inside NCCL, profile {d['profile']})"
+        )
         head += f"# {', '.join(ours)}: {how}\n"
     if nccl:
         head += f"# {', '.join(nccl)}: NCCL's own, in-kernel; profile {d['profile']}\n"
@@ -335,8 +478,10 @@ def render_allreduce(d: dict) -> str:
     sub = "".join(f" | {'time(us)':>10} {'algbw':>9} {'busbw':>9}" for _ in d["algos"])
     lines = [head + f"{'':>12}{cols}", f"{'size (B)':>12}{sub}"]
     for r in d["rows"]:
-        cells = "".join(f" | {v['time_us']:>10.1f} {v['algbw']:>9.2f} {v['busbw']:>9.2f}"
-                        for v in (r["algos"][a] for a in d["algos"]))
+        cells = "".join(
+            f" | {v['time_us']:>10.1f} {v['algbw']:>9.2f} {v['busbw']:>9.2f}"
+            for v in (r["algos"][a] for a in d["algos"])
+        )
         lines.append(f"{r['size']:>12}{cells}")
     return "\n".join(lines) + "\n(algbw, busbw in GB/s as nccl-tests defines them)"
 
@@ -344,10 +489,12 @@ def render_allreduce(d: dict) -> str:
 def _plt():
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         from treecoll.topo.errors import MissingDependency
+
         raise MissingDependency("--plot needs matplotlib: pip install 'treecoll[plot]'") from None
     return plt
 
@@ -359,8 +506,15 @@ def plot_allreduce(d: dict, path: str) -> None:
     for a in d["algos"]:
         ax.plot(xs, [max(r["algos"][a]["busbw"], 1e-6) for r in d["rows"]], marker="o", ms=3, label=a)
     ax.set_xscale("log", base=2)
-    _finish_plot(plt, fig, ax, "message size (bytes)", "busbw (GB/s)",
-                 f"{d['collective']} on {d['topology']} ({d['nranks']} ranks)", path)
+    _finish_plot(
+        plt,
+        fig,
+        ax,
+        "message size (bytes)",
+        "busbw (GB/s)",
+        f"{d['collective']} on {d['topology']} ({d['nranks']} ranks)",
+        path,
+    )
 
 
 def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) -> None:
@@ -375,43 +529,62 @@ def _finish_plot(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: str) 
     plt.close(fig)
 
 
-def decode_data(topology: Topology, shapes: Sequence[DecodeShape], ranks: RanksArg = None, tree: str = "two_level",
-                profile: str | None = None, mode: str = "executor") -> dict[str, Any]:
+def decode_data(
+    topology: Topology,
+    shapes: Sequence[DecodeShape],
+    ranks: RanksArg = None,
+    tree: str = "two_level",
+    profile: str | None = None,
+    mode: str = "executor",
+) -> dict[str, Any]:
     from treecoll.attention.cost import decode_step
     from treecoll.collectives.cost import CostModel
     from treecoll.collectives.placement import Placement
+
     runs = []
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
         runs.append(decode_step(topology, s, ranks=ranks, tree=tree, profile=profile or "auto", mode=mode))
     _progress(len(shapes), len(shapes), "")
     cm = CostModel(Placement(topology, ranks))
-    return {"topology": topology.name, "tree": tree, "mode": mode,
-            "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6}, "runs": runs}
+    return {
+        "topology": topology.name,
+        "tree": tree,
+        "mode": mode,
+        "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6},
+        "runs": runs,
+    }
 
 
 def render_decode(d: dict) -> str:
     if d.get("mode", "executor") == "executor":
-        lines = [f"# tree and ring: executor mode (treecoll's executor on {d['executor']['backend']}: "
-                 f"{d['executor']['step_cost_us']:.1f} us per message); allreduce3: NCCL's own allreduce"]
+        lines = [
+            f"# tree and ring: executor mode (treecoll's executor on {d['executor']['backend']}: "
+            f"{d['executor']['step_cost_us']:.1f} us per message); allreduce3: NCCL's own allreduce"
+        ]
     else:
         lines = ["# tree and ring: in-kernel mode (inside NCCL); allreduce3: NCCL's own allreduce"]
     for r in d["runs"]:
         s = r["shape"]
-        lines.append(f"# decode step on {d['topology']}: {r['nranks']} GPUs ({r['hosts']} hosts), "
-                     f"{s['seq_len']} tokens ({r['tokens_per_rank']}/GPU), b={s['batch']}, heads={s['heads']} "
-                     f"(kv {s['kv_heads']}) x {s['head_dim']}, {s['dtype']}")
-        lines.append(f"{'method':<12} {'time(us)':>11} {'local(us)':>10} {'combine(us)':>12} {'sent/GPU':>12} "
-                     f"{'peak mem/GPU':>13} {'paper vol(el)':>14}")
+        lines.append(
+            f"# decode step on {d['topology']}: {r['nranks']} GPUs ({r['hosts']} hosts), "
+            f"{s['seq_len']} tokens ({r['tokens_per_rank']}/GPU), b={s['batch']}, heads={s['heads']} "
+            f"(kv {s['kv_heads']}) x {s['head_dim']}, {s['dtype']}"
+        )
+        lines.append(
+            f"{'method':<12} {'time(us)':>11} {'local(us)':>10} {'combine(us)':>12} {'sent/GPU':>12} "
+            f"{'peak mem/GPU':>13} {'paper vol(el)':>14}"
+        )
         for name, m in r["methods"].items():
-            lines.append(f"{name:<12} {m['time_s'] * 1e6:>11.1f} {m['local_s'] * 1e6:>10.1f} "
-                         f"{m['combine_s'] * 1e6:>12.1f} {fmt_bytes(m['sent_bytes_per_gpu'], si=True):>12} "
-                         f"{fmt_bytes(m['peak_mem_bytes'], si=True):>13} {m['paper_volume_elements']:>14.4g}")
+            lines.append(
+                f"{name:<12} {m['time_s'] * 1e6:>11.1f} {m['local_s'] * 1e6:>10.1f} "
+                f"{m['combine_s'] * 1e6:>12.1f} {fmt_bytes(m['sent_bytes_per_gpu'], si=True):>12} "
+                f"{fmt_bytes(m['peak_mem_bytes'], si=True):>13} {m['paper_volume_elements']:>14.4g}"
+            )
         if "speedup_tree_vs_ring" in r:
             lines.append(f"tree attention vs ring attention: {r['speedup_tree_vs_ring']:.1f}x faster")
         lines.append("")
     return "\n".join(lines)
-
 
 
 def plot_decode(d: dict, path: str) -> None:
@@ -421,31 +594,52 @@ def plot_decode(d: dict, path: str) -> None:
     for m in d["runs"][0]["methods"]:
         ax.plot(xs, [r["methods"][m]["time_s"] * 1e6 for r in d["runs"]], marker="o", label=m)
     ax.set_xscale("log")
-    _finish_plot(plt, fig, ax, "sequence length (tokens)", "decode step attention time (µs)",
-                 f"decode on {d['topology']} ({d['runs'][0]['nranks']} GPUs)", path)
+    _finish_plot(
+        plt,
+        fig,
+        ax,
+        "sequence length (tokens)",
+        "decode step attention time (µs)",
+        f"decode on {d['topology']} ({d['runs'][0]['nranks']} GPUs)",
+        path,
+    )
 
 
-def links_data(topology: Topology, algo: str, size: int, ranks: RanksArg = None, profile: str | None = None,
-               top: int = 10) -> dict[str, Any]:
+def links_data(
+    topology: Topology, algo: str, size: int, ranks: RanksArg = None, profile: str | None = None, top: int = 10
+) -> dict[str, Any]:
     from treecoll.collectives.sim.simulator import simulate_algorithm
+
     check_algos([algo])
     name = "double_binary" if algo == "tree" else algo
     if name == "nccl":
-        raise CollectiveError("simulate links: 'nccl' is an analytical model without links; "
-                              "pick ring, tree, nvls or a builder name")
+        raise CollectiveError(
+            "simulate links: 'nccl' is an analytical model without links; pick ring, tree, nvls or a builder name"
+        )
     r = simulate_algorithm(topology, name, size, ranks=ranks, profile=profile or "auto", top=top)
-    return {"topology": topology.name, "algo": algo, "nranks": r.nranks, "size": size, "time_us": r.time * 1e6,
-            "busbw": r.busbw, "profile": r.profile, "mode": "in-kernel", "kind_bytes": r.kind_bytes,
-            "busiest": list(r.busiest),
-            "peak_scratch_max_bytes": max(r.peak_scratch, default=0.0)}
+    return {
+        "topology": topology.name,
+        "algo": algo,
+        "nranks": r.nranks,
+        "size": size,
+        "time_us": r.time * 1e6,
+        "busbw": r.busbw,
+        "profile": r.profile,
+        "mode": "in-kernel",
+        "kind_bytes": r.kind_bytes,
+        "busiest": list(r.busiest),
+        "peak_scratch_max_bytes": max(r.peak_scratch, default=0.0),
+    }
 
 
 def render_links(d: dict) -> str:
-    lines = [f"# {d['algo']} allreduce of {d['size']} B on {d['topology']} ({d['nranks']} ranks): "
-             f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']}, in-kernel mode: as NCCL's "
-             f"kernels would run it)",
-             "bytes per link kind: " + ", ".join(f"{k} {fmt_bytes(v, si=True)}" for k, v in d["kind_bytes"].items()),
-             f"{'link':<44} {'kind':<7} {'bytes':>10} {'busy':>6}"]
+    lines = [
+        f"# {d['algo']} allreduce of {d['size']} B on {d['topology']} ({d['nranks']} ranks): "
+        f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']}, in-kernel mode: as NCCL's "
+        f"kernels would run it)",
+        "bytes per link kind: " + ", ".join(f"{k} {fmt_bytes(v, si=True)}" for k, v in d["kind_bytes"].items()),
+        f"{'link':<44} {'kind':<7} {'bytes':>10} {'busy':>6}",
+    ]
     for b in d["busiest"]:
         lines.append(f"{b['link']:<44} {b['kind']:<7} {fmt_bytes(b['bytes'], si=True):>10} {100 * b['busy']:>5.1f}%")
     lines.append(f"peak scratch per GPU: {fmt_bytes(d['peak_scratch_max_bytes'], si=True)}")

@@ -19,6 +19,7 @@ Each command builds a plain dict (``--json`` prints it); the text view is a
 second renderer. More ``treecoll topo <x>`` subcommands: add a module to
 :data:`SUBMODULES` exposing ``add_parser(topo_subparsers)`` and ``run(args)``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,18 @@ from treecoll import topo
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
 
-__all__ = ["add_parser", "run", "show_data", "matrix_data", "path_data", "render_show", "render_matrix",
-           "render_path", "endpoint", "SUBMODULES"]
+__all__ = [
+    "add_parser",
+    "run",
+    "show_data",
+    "matrix_data",
+    "path_data",
+    "render_show",
+    "render_matrix",
+    "render_path",
+    "endpoint",
+    "SUBMODULES",
+]
 
 #: modules adding more ``treecoll topo`` subcommands (e.g. discovery); one line each
 SUBMODULES: list[str] = ["treecoll.tools.cmd_discover", "treecoll.tools.cmd_probe"]
@@ -52,9 +63,12 @@ SMI_LEGEND = [
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("topo", help="inspect, discover and import cluster topologies",
-                              description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
-                                          "a shipped name (topologies/<name>.yaml) or 'default'.")
+    p = subparsers.add_parser(
+        "topo",
+        help="inspect, discover and import cluster topologies",
+        description="Inspect, discover and import cluster topologies. FILE is a YAML path, "
+        "a shipped name (topologies/<name>.yaml) or 'default'.",
+    )
     common_options(p)
     sub = p.add_subparsers(dest="topo_cmd", metavar="SUBCOMMAND")
     sub.required = True
@@ -71,13 +85,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     q.add_argument("a", metavar="A", help="first endpoint: a node id (h0/gpu3, h1/nic0) or a rank (r3)")
     q.add_argument("b", metavar="B", help="second endpoint, as A")
     q = cmd("export", "write the topology as YAML (explicit form), JSON or DOT")
-    q.add_argument("--format", choices=("yaml", "json", "dot"), required=True,
-                   help="yaml (the explicit form), json (Topology.to_dict) or dot (Graphviz, a cluster per host)")
+    q.add_argument(
+        "--format",
+        choices=("yaml", "json", "dot"),
+        required=True,
+        help="yaml (the explicit form), json (Topology.to_dict) or dot (Graphviz, a cluster per host)",
+    )
     q.add_argument("-o", "--output", metavar="FILE", help=f"file to write {REPLACES} (default: standard output)")
     q = cmd("draw", "draw hosts, switches and links to an image (needs matplotlib)")
     q.add_argument("-o", "--output", required=True, metavar="FILE", help=f"image file (.png, .svg, .pdf) {REPLACES}")
-    q.add_argument("--max-hosts", type=units.int_arg("--max-hosts"), default=8, metavar="N",
-                   help="hosts to draw (default 8)")
+    q.add_argument(
+        "--max-hosts", type=units.int_arg("--max-hosts"), default=8, metavar="N", help="hosts to draw (default 8)"
+    )
     for name in SUBMODULES:
         mod = importlib.import_module(name)
         mod.add_parser(sub).set_defaults(_topo_module=mod)
@@ -101,10 +120,17 @@ def run(args: argparse.Namespace) -> int:
     if c == "export":
         return _export(args, t)
     from treecoll.topo.render import draw
+
     with atomic_output(args.output) as tmp:
         data = dict(draw(t, tmp, max_hosts=args.max_hosts), output=args.output)
-    return emit(args, data, lambda d: f"wrote {d['output']} ({d['hosts_drawn']} of {d['hosts_total']} hosts, "
-                                      f"{d['nodes']} nodes, {d['links']} links)")
+    return emit(
+        args,
+        data,
+        lambda d: (
+            f"wrote {d['output']} ({d['hosts_drawn']} of {d['hosts_total']} hosts, "
+            f"{d['nodes']} nodes, {d['links']} links)"
+        ),
+    )
 
 
 # ------------------------------------------------------------------------------------------ show
@@ -127,16 +153,24 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
     hosts = t.hosts()
     nic_lat = [float(g.nodes[n]["lat"]) for n in t.nics() if "lat" in g.nodes[n]]
     return {
-        "name": t.name, "source": str(source), "fingerprint": t.fingerprint(),
-        "hosts": len(hosts), "host_names": [hosts[0], hosts[-1]] if hosts else [],
+        "name": t.name,
+        "source": str(source),
+        "fingerprint": t.fingerprint(),
+        "hosts": len(hosts),
+        "host_names": [hosts[0], hosts[-1]] if hosts else [],
         "gpus": len(t.gpus()),
         "gpus_per_host": {str(k): v for k, v in sorted(Counter(per_host.values()).items())},
         "gpu_models": dict(Counter(g.nodes[n].get("model", "?") for n in t.gpus())),
         "nodes": {k: len(t.nodes(k)) for k in topo.NODE_KINDS if t.nodes(k)},
-        "links": {k: {"pairs": int(v["pairs"]), "bw_GBps": _range(v["bw"]), "lat_us": _range(v["lat"])}
-                  for k, v in sorted(links.items(), key=lambda kv: topo.LINK_KINDS.index(kv[0]))},
-        "network": {"switches_by_tier": {str(k): v for k, v in sorted(tiers.items())},
-                    "leaf_groups": len(groups), "largest_leaf_group": max((len(x) for x in groups), default=0)},
+        "links": {
+            k: {"pairs": int(v["pairs"]), "bw_GBps": _range(v["bw"]), "lat_us": _range(v["lat"])}
+            for k, v in sorted(links.items(), key=lambda kv: topo.LINK_KINDS.index(kv[0]))
+        },
+        "network": {
+            "switches_by_tier": {str(k): v for k, v in sorted(tiers.items())},
+            "leaf_groups": len(groups),
+            "largest_leaf_group": max((len(x) for x in groups), default=0),
+        },
         **({"nic_lat_us": _range(nic_lat)} if nic_lat else {}),
     }
 
@@ -147,11 +181,13 @@ def render_show(d: dict[str, Any]) -> str:
     span = f"{hosts[0]} .. {hosts[1]}" if len(hosts) == 2 and hosts[0] != hosts[1] else (hosts[0] if hosts else "-")
     per = ", ".join(f"{n} hosts x {k} GPUs" if n > 1 else f"{n} host x {k} GPUs" for k, n in d["gpus_per_host"].items())
     models = ", ".join(f"{n} x {m}" for m, n in d["gpu_models"].items())
-    out = [f"{d['name'] or '(unnamed)'}{src}  fingerprint {d['fingerprint']}",
-           f"hosts    {d['hosts']} ({span}): {per}",
-           f"gpus     {d['gpus']}: {models}",
-           "nodes    " + ", ".join(f"{n} {k}" for k, n in d["nodes"].items()),
-           f"links    {'kind':<8}{'pairs':>8}   {'bw GB/s':<18}lat us"]
+    out = [
+        f"{d['name'] or '(unnamed)'}{src}  fingerprint {d['fingerprint']}",
+        f"hosts    {d['hosts']} ({span}): {per}",
+        f"gpus     {d['gpus']}: {models}",
+        "nodes    " + ", ".join(f"{n} {k}" for k, n in d["nodes"].items()),
+        f"links    {'kind':<8}{'pairs':>8}   {'bw GB/s':<18}lat us",
+    ]
 
     def rng(v: list[float]) -> str:
         return "-" if not v else (f"{v[0]:g}" if v[0] == v[1] else f"{v[0]:g} - {v[1]:g}")
@@ -163,13 +199,17 @@ def render_show(d: dict[str, Any]) -> str:
     if tiers:
         names = {"0": ("leaf", "leaves"), "1": ("spine", "spines"), "2": ("core", "cores")}
         sw = ", ".join(f"{n} {names.get(k, ('tier ' + k, 'tier ' + k))[n > 1]}" for k, n in tiers.items())
-        out.append(f"network  {sw}; {net['leaf_groups']} leaf group(s), up to {net['largest_leaf_group']} hosts "
-                   f"one switch hop apart on every rail")
+        out.append(
+            f"network  {sw}; {net['leaf_groups']} leaf group(s), up to {net['largest_leaf_group']} hosts "
+            f"one switch hop apart on every rail"
+        )
     else:
         out.append("network  none")
     if d.get("nic_lat_us"):
-        out.append(f"nic lat  {rng(d['nic_lat_us'])} us per message (the transport's own latency, as an NCCL net "
-                   f"plugin reports it)")
+        out.append(
+            f"nic lat  {rng(d['nic_lat_us'])} us per message (the transport's own latency, as an NCCL net "
+            f"plugin reports it)"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -177,6 +217,7 @@ def render_show(d: dict[str, Any]) -> str:
 def matrix_data(t: topo.Topology, host: str | None = None) -> dict[str, Any]:
     """The ``nvidia-smi topo -m`` matrix of one host as plain data."""
     from treecoll.topo.smi import smi_matrix
+
     if not t.hosts():
         raise TopologyError(f"topology {t.name!r}: has no hosts to show a matrix for")
     host = host or t.hosts()[0]
@@ -199,8 +240,16 @@ def matrix_data(t: topo.Topology, host: str | None = None) -> dict[str, Any]:
             ni += 1
             names[lab] = d.get("name", n)
         labels.append(lab)
-    return {"host": host, "devices": labels, "ids": ids, "codes": codes, "nic_names": names,
-            "cpu_affinity": cpu_aff, "numa_affinity": numa_aff, "legend": dict(SMI_LEGEND)}
+    return {
+        "host": host,
+        "devices": labels,
+        "ids": ids,
+        "codes": codes,
+        "nic_names": names,
+        "cpu_affinity": cpu_aff,
+        "numa_affinity": numa_aff,
+        "legend": dict(SMI_LEGEND),
+    }
 
 
 def render_matrix(d: dict[str, Any]) -> str:
@@ -244,9 +293,11 @@ def render_path(d: dict[str, Any]) -> str:
         return n if r is None else f"{n} (rank {r})"
 
     smi = d["smi"] or "-"
-    out = [f"{who(d['src'], d['src_rank'])} -> {who(d['dst'], d['dst_rank'])}",
-           f"class    NCCL {d['nccl']}, nvidia-smi {smi}",
-           f"hops     {d['hops']}, bottleneck {d['bw_GBps']:g} GB/s, latency {d['lat_us']:g} us"]
+    out = [
+        f"{who(d['src'], d['src_rank'])} -> {who(d['dst'], d['dst_rank'])}",
+        f"class    NCCL {d['nccl']}, nvidia-smi {smi}",
+        f"hops     {d['hops']}, bottleneck {d['bw_GBps']:g} GB/s, latency {d['lat_us']:g} us",
+    ]
     route = d["nodes"][0] + "".join(f" -{k}-> {n}" for k, n in zip(d["kinds"], d["nodes"][1:]))
     out.append(f"route    {route}")
     if len(d["routes"]) > 1:
@@ -264,13 +315,22 @@ def _export(args: argparse.Namespace, t: topo.Topology) -> int:
         text = json.dumps(t.to_dict(), indent=1, ensure_ascii=False, default=str) + "\n"
     else:
         from treecoll.topo.render import to_dot
+
         text = to_dot(t)
     if args.output:
         nbytes = write_output(args.output, text)
-        data = {"format": args.format, "output": args.output, "bytes": nbytes,
-                "nodes": t.graph.number_of_nodes(), "links": t.graph.number_of_edges()}
-        return emit(args, data, lambda d: f"wrote {d['output']} ({d['format']}, {d['nodes']} nodes, "
-                                          f"{d['links']} directed links)")
+        data = {
+            "format": args.format,
+            "output": args.output,
+            "bytes": nbytes,
+            "nodes": t.graph.number_of_nodes(),
+            "links": t.graph.number_of_edges(),
+        }
+        return emit(
+            args,
+            data,
+            lambda d: f"wrote {d['output']} ({d['format']}, {d['nodes']} nodes, {d['links']} directed links)",
+        )
     if getattr(args, "json", False):
         return emit(args, {"format": args.format, "text": text})
     print(text, end="")

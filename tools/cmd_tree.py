@@ -23,6 +23,7 @@
 
 Every command builds a plain dict first (``--json`` prints it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,79 +48,150 @@ __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "brute
 #: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (9^7 = 4.8 million at 9)
 MAX_BRUTE_RANKS = 9
 #: ``tree bruteforce --trees``: which trees are enumerated
-BRUTE_TREES = {"symmetry": "every rooted tree up to the topology's automorphisms (exhaustive)",
-               "shapes": "one tree per shape (exhaustive where every rank is equivalent, e.g. one NVSwitch fabric)",
-               "all": "every rooted labeled tree, P^(P-1) of them"}
+BRUTE_TREES = {
+    "symmetry": "every rooted tree up to the topology's automorphisms (exhaustive)",
+    "shapes": "one tree per shape (exhaustive where every rank is equivalent, e.g. one NVSwitch fabric)",
+    "all": "every rooted labeled tree, P^(P-1) of them",
+}
 
-MODE_HELP = ("how treecoll's trees are predicted: executor (as treecoll's executor runs them, one isend/irecv "
-             "from Python per message; the default) or in-kernel (the same tree inside NCCL, its protocols)")
+MODE_HELP = (
+    "how treecoll's trees are predicted: executor (as treecoll's executor runs them, one isend/irecv "
+    "from Python per message; the default) or in-kernel (the same tree inside NCCL, its protocols)"
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
-    p = subparsers.add_parser("tree", help="build, show, check and draw reduction trees",
-                              description="Build, show, check and draw reduction trees.")
+
+    p = subparsers.add_parser(
+        "tree",
+        help="build, show, check and draw reduction trees",
+        description="Build, show, check and draw reduction trees.",
+    )
     common_options(p)
     sub = p.add_subparsers(dest="tree_cmd", metavar="SUBCOMMAND")
     sub.required = True
     builders = f"{', '.join(sorted(BUILDERS))}; kary:K for fan-out K"
-    b = common_options(sub.add_parser(
-        "build", help="build a tree with a registered builder",
-        description="Build a tree with a registered builder over the first N ranks of a topology, print it with "
-                    "each edge's link and the predicted times, and optionally save it as a tree file."))
+    b = common_options(
+        sub.add_parser(
+            "build",
+            help="build a tree with a registered builder",
+            description="Build a tree with a registered builder over the first N ranks of a topology, print it with "
+            "each edge's link and the predicted times, and optionally save it as a tree file.",
+        )
+    )
     b.add_argument("--topology", required=True, metavar="F", help="topology YAML file, shipped name or 'default'")
-    b.add_argument("--ranks", type=units.int_arg("--ranks"), metavar="N",
-                   help="use the first N ranks (default: every GPU)")
+    b.add_argument(
+        "--ranks", type=units.int_arg("--ranks"), metavar="N", help="use the first N ranks (default: every GPU)"
+    )
     b.add_argument("--builder", required=True, metavar="B", help=f"the builder: {builders}")
-    b.add_argument("--bytes", default=1 << 20, type=units.size_arg("--bytes"), metavar="S",
-                   help="message size for auto/two_level and the predictions (default 1MiB)")
-    b.add_argument("--intra", metavar="SHAPE",
-                   help=f"two_level: the tree inside a host: {', '.join(INTRA_KINDS)} (kary:K) (default auto)")
-    b.add_argument("--inter", metavar="SHAPE",
-                   help=f"two_level: the tree between hosts: {', '.join(INTER_KINDS)} (kary:K) (default binomial)")
-    b.add_argument("--rails", choices=("auto", "yes", "no"),
-                   help="two_level: one tree per NIC rail: auto, yes or no (default auto)")
+    b.add_argument(
+        "--bytes",
+        default=1 << 20,
+        type=units.size_arg("--bytes"),
+        metavar="S",
+        help="message size for auto/two_level and the predictions (default 1MiB)",
+    )
+    b.add_argument(
+        "--intra",
+        metavar="SHAPE",
+        help=f"two_level: the tree inside a host: {', '.join(INTRA_KINDS)} (kary:K) (default auto)",
+    )
+    b.add_argument(
+        "--inter",
+        metavar="SHAPE",
+        help=f"two_level: the tree between hosts: {', '.join(INTER_KINDS)} (kary:K) (default binomial)",
+    )
+    b.add_argument(
+        "--rails",
+        choices=("auto", "yes", "no"),
+        help="two_level: one tree per NIC rail: auto, yes or no (default auto)",
+    )
     b.add_argument("-o", "--output", metavar="FILE", help=f"tree file to write (.yaml, .yml or .json) {REPLACES}")
     b.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
     for name, help_, description in (
-            ("show", "ASCII drawing with link kinds and predicted times",
-             "Draw a tree file in ASCII; with --topology, each edge's link and the predicted times over the "
-             "first ranks of the topology. An NCCL_GRAPH_FILE XML lists its graphs and channels."),
-            ("check", "check a tree file against a topology",
-             "Check that a tree file fits a topology: it covers every GPU (or the --ranks N given), its host "
-             "labels match, and how it compares with the auto builder. Exit code 1 when it does not fit."),
-            ("draw", "draw a tree to an image (needs matplotlib)",
-             "Draw a tree file to an image: over the topology picture with --topology, else ranks by depth.")):
+        (
+            "show",
+            "ASCII drawing with link kinds and predicted times",
+            "Draw a tree file in ASCII; with --topology, each edge's link and the predicted times over the "
+            "first ranks of the topology. An NCCL_GRAPH_FILE XML lists its graphs and channels.",
+        ),
+        (
+            "check",
+            "check a tree file against a topology",
+            "Check that a tree file fits a topology: it covers every GPU (or the --ranks N given), its host "
+            "labels match, and how it compares with the auto builder. Exit code 1 when it does not fit.",
+        ),
+        (
+            "draw",
+            "draw a tree to an image (needs matplotlib)",
+            "Draw a tree file to an image: over the topology picture with --topology, else ranks by depth.",
+        ),
+    ):
         q = common_options(sub.add_parser(name, help=help_, description=description))
-        q.add_argument("file", metavar="FILE",
-                       help="tree file (YAML/JSON)" + (" or NCCL graph XML" if name == "show" else ""))
-        q.add_argument("--topology", required=name == "check", metavar="F",
-                       help="topology YAML file, shipped name or 'default'")
-        q.add_argument("--bytes", default=1 << 20, type=units.size_arg("--bytes"), metavar="S",
-                       help="message size for the predictions (default 1MiB)")
+        q.add_argument(
+            "file", metavar="FILE", help="tree file (YAML/JSON)" + (" or NCCL graph XML" if name == "show" else "")
+        )
+        q.add_argument(
+            "--topology", required=name == "check", metavar="F", help="topology YAML file, shipped name or 'default'"
+        )
+        q.add_argument(
+            "--bytes",
+            default=1 << 20,
+            type=units.size_arg("--bytes"),
+            metavar="S",
+            help="message size for the predictions (default 1MiB)",
+        )
         if name in ("show", "check"):
             q.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
         if name == "check":
-            q.add_argument("--ranks", type=units.int_arg("--ranks"), metavar="N",
-                           help="the tree is meant for the first N ranks of the topology (default: every GPU; "
-                                "a tree over fewer ranks fails without it)")
+            q.add_argument(
+                "--ranks",
+                type=units.int_arg("--ranks"),
+                metavar="N",
+                help="the tree is meant for the first N ranks of the topology (default: every GPU; "
+                "a tree over fewer ranks fails without it)",
+            )
         if name == "draw":
-            q.add_argument("-o", "--output", required=True, metavar="FILE",
-                           help=f"image file (.png, .svg, .pdf) {REPLACES}")
-            q.add_argument("--max-hosts", type=units.int_arg("--max-hosts"), default=4, metavar="N",
-                           help="with --topology: hosts drawn (default 4; edges to others are left out)")
-    f = common_options(sub.add_parser(
-        "bruteforce", help="auto against the best of every spanning tree",
-        description="Compare the auto builder with the least predicted allreduce time over every spanning tree "
-                    "(each at its best child order and chunk count, under the cost model auto minimises), on "
-                    f"at most {MAX_BRUTE_RANKS} ranks."))
+            q.add_argument(
+                "-o", "--output", required=True, metavar="FILE", help=f"image file (.png, .svg, .pdf) {REPLACES}"
+            )
+            q.add_argument(
+                "--max-hosts",
+                type=units.int_arg("--max-hosts"),
+                default=4,
+                metavar="N",
+                help="with --topology: hosts drawn (default 4; edges to others are left out)",
+            )
+    f = common_options(
+        sub.add_parser(
+            "bruteforce",
+            help="auto against the best of every spanning tree",
+            description="Compare the auto builder with the least predicted allreduce time over every spanning tree "
+            "(each at its best child order and chunk count, under the cost model auto minimises), on "
+            f"at most {MAX_BRUTE_RANKS} ranks.",
+        )
+    )
     f.add_argument("--topology", required=True, metavar="F", help="topology YAML file, shipped name or 'default'")
-    f.add_argument("--ranks", type=units.int_arg("--ranks", maximum=MAX_BRUTE_RANKS), metavar="N",
-                   help=f"use the first N ranks (default: every GPU; at most {MAX_BRUTE_RANKS})")
-    f.add_argument("--sizes", default=[8, 1 << 20, 16 << 20], type=units.sizes_arg("--sizes"), metavar="S[,S...]",
-                   help="message sizes, a comma list or A:B doubling (default 8B,1MiB,16MiB)")
-    f.add_argument("--trees", choices=tuple(BRUTE_TREES), default="symmetry",
-                   help="; ".join(f"{k}: {v}" for k, v in BRUTE_TREES.items()) + " (default symmetry)")
+    f.add_argument(
+        "--ranks",
+        type=units.int_arg("--ranks", maximum=MAX_BRUTE_RANKS),
+        metavar="N",
+        help=f"use the first N ranks (default: every GPU; at most {MAX_BRUTE_RANKS})",
+    )
+    f.add_argument(
+        "--sizes",
+        default=[8, 1 << 20, 16 << 20],
+        type=units.sizes_arg("--sizes"),
+        metavar="S[,S...]",
+        help="message sizes, a comma list or A:B doubling (default 8B,1MiB,16MiB)",
+    )
+    f.add_argument(
+        "--trees",
+        choices=tuple(BRUTE_TREES),
+        default="symmetry",
+        help="; ".join(f"{k}: {v}" for k, v in BRUTE_TREES.items()) + " (default symmetry)",
+    )
     return p
 
 
@@ -128,17 +200,24 @@ def _topology(spec):
     if spec is None:
         return None
     from treecoll import topo
+
     return topo.resolve(spec)
 
 
 def _gpus(topology, n: int):
     """The GPUs of the first ``n`` ranks (the one rank rule), or None without a topology."""
     from treecoll.topo.ranks import resolve_gpus
+
     return None if topology is None else resolve_gpus(topology, n)
 
 
-def tree_data(plan: Tree | MultiTree, topology: Topology | None = None, nbytes: int = 1 << 20,
-              hosts: Sequence[str] | None = None, mode: str = "executor") -> dict[str, Any]:
+def tree_data(
+    plan: Tree | MultiTree,
+    topology: Topology | None = None,
+    nbytes: int = 1 << 20,
+    hosts: Sequence[str] | None = None,
+    mode: str = "executor",
+) -> dict[str, Any]:
     """Plain data for a tree (or multitree) on an optional topology: edges with their
     links, edge counts by class, predicted times in ``mode`` (``executor``: as treecoll's
     executor runs the tree; ``in-kernel``: inside the communication library), by
@@ -148,6 +227,7 @@ def tree_data(plan: Tree | MultiTree, topology: Topology | None = None, nbytes: 
     from treecoll.collectives.sim.executor import predict_tree
     from treecoll.collectives.sim.nccl_model import nccl_algos, nccl_predict
     from treecoll.collectives.tree import as_multi
+
     multi = as_multi(plan)
     n = multi.size
     gpus = _gpus(topology, n)
@@ -159,21 +239,42 @@ def tree_data(plan: Tree | MultiTree, topology: Topology | None = None, nbytes: 
             e: dict[str, Any] = {"child": c, "parent": p}
             if gpus is not None:
                 path = topology.path(gpus[c], gpus[p])
-                e.update({"child_gpu": gpus[c], "parent_gpu": gpus[p], "nccl": path.nccl,
-                          "kinds": sorted(set(path.kinds)), "bw_GBps": path.bw, "lat_us": path.lat,
-                          "inter_host": topology.host_of(gpus[c]) != topology.host_of(gpus[p])})
+                e.update(
+                    {
+                        "child_gpu": gpus[c],
+                        "parent_gpu": gpus[p],
+                        "nccl": path.nccl,
+                        "kinds": sorted(set(path.kinds)),
+                        "bw_GBps": path.bw,
+                        "lat_us": path.lat,
+                        "inter_host": topology.host_of(gpus[c]) != topology.host_of(gpus[p]),
+                    }
+                )
                 classes[path.nccl] += 1
                 if any("measured" in topology.link(a, b) for a, b in zip(path.nodes, path.nodes[1:])):
-                    e["measured"] = True   # a link on the route carries a probe's numbers (treecoll topo probe)
+                    e["measured"] = True  # a link on the route carries a probe's numbers (treecoll topo probe)
             elif hosts is not None:
                 e["inter_host"] = hosts[c] != hosts[p]
             edges.append(e)
-        trees.append({"root": t.root, "height": t.height, "parents": list(t.parents),
-                      "children": [list(x) for x in t.children], "edges": edges,
-                      "share": multi.shares[ti], "name": t.name})
-    data: dict[str, Any] = {"name": multi.name, "ranks": n, "trees": trees,
-                            "order_preserving": plan.is_order_preserving(), "fingerprint": plan.fingerprint(),
-                            "bytes": nbytes}
+        trees.append(
+            {
+                "root": t.root,
+                "height": t.height,
+                "parents": list(t.parents),
+                "children": [list(x) for x in t.children],
+                "edges": edges,
+                "share": multi.shares[ti],
+                "name": t.name,
+            }
+        )
+    data: dict[str, Any] = {
+        "name": multi.name,
+        "ranks": n,
+        "trees": trees,
+        "order_preserving": plan.is_order_preserving(),
+        "fingerprint": plan.fingerprint(),
+        "bytes": nbytes,
+    }
     if hosts is not None:
         data["hosts"] = list(hosts)
     if gpus is not None:
@@ -188,13 +289,19 @@ def tree_data(plan: Tree | MultiTree, topology: Topology | None = None, nbytes: 
                 continue
             r = predict_tree(Placement(topology, gpus), plan, nbytes, collective=coll, mode=mode)
             pred[coll] = {"time_us": r.time * 1e6, "nchunks": r.stats.get("chunks", 1)}
-        if mode == "executor":          # what the planner weighs (a test bounds its distance to the above)
+        if mode == "executor":  # what the planner weighs (a test bounds its distance to the above)
             k = pred["allreduce"]["nchunks"]
             pred["cost_model_allreduce_us"] = model.tree_time(plan, nbytes, "allreduce", k) * 1e6
         pred["lower_bound_allreduce_us"] = model.lower_bound(nbytes, "allreduce") * 1e6
         try:
-            pred["nccl"] = {a: {k: v for k, v in nccl_predict(topology, gpus, nbytes, a).items()
-                                if k in ("proto", "time_us", "busbw")} for a in nccl_algos(topology, gpus)}
+            pred["nccl"] = {
+                a: {
+                    k: v
+                    for k, v in nccl_predict(topology, gpus, nbytes, a).items()
+                    if k in ("proto", "time_us", "busbw")
+                }
+                for a in nccl_algos(topology, gpus)
+            }
         except TreeError:
             pass
         data["predicted"] = pred
@@ -228,8 +335,10 @@ def render_tree(data: dict) -> str:
             return s
 
         out.append(label(t["root"]))
-        stack = [(c, "", i == len(t["children"][t["root"]]) - 1)
-                 for i, c in reversed(list(enumerate(t["children"][t["root"]])))]
+        stack = [
+            (c, "", i == len(t["children"][t["root"]]) - 1)
+            for i, c in reversed(list(enumerate(t["children"][t["root"]])))
+        ]
         while stack:
             r, prefix, last = stack.pop()
             out.append(f"{prefix}{'└── ' if last else '├── '}{label(r)}")
@@ -242,14 +351,19 @@ def render_tree(data: dict) -> str:
     out.append(f"order preserving: {'yes' if data['order_preserving'] else 'no'}; fingerprint {data['fingerprint']}")
     p = data.get("predicted")
     if p:
-        parts = [f"{k} {v['time_us']:.1f} us ({v['nchunks']} chunks)" for k, v in p.items()
-                 if isinstance(v, dict) and "nchunks" in v]
+        parts = [
+            f"{k} {v['time_us']:.1f} us ({v['nchunks']} chunks)"
+            for k, v in p.items()
+            if isinstance(v, dict) and "nchunks" in v
+        ]
         out.append(f"predicted for {data['bytes']} B, {_mode_text(p)}: " + ", ".join(parts))
         if "cost_model_allreduce_us" in p:
             out.append(f"(the planner's cost model, collectives.cost: allreduce {p['cost_model_allreduce_us']:.1f} us)")
         if "nccl" in p:
-            out.append("NCCL's own allreduce (its tuning model): " + ", ".join(
-                f"{a} {v['proto']} {v['time_us']:.1f} us" for a, v in p["nccl"].items()))
+            out.append(
+                "NCCL's own allreduce (its tuning model): "
+                + ", ".join(f"{a} {v['proto']} {v['time_us']:.1f} us" for a, v in p["nccl"].items())
+            )
         out.append(f"allreduce lower bound {p['lower_bound_allreduce_us']:.1f} us (any algorithm above)")
     if data.get("output"):
         out.append(f"wrote {data['output']}")
@@ -259,19 +373,30 @@ def render_tree(data: dict) -> str:
 def _mode_text(p: dict) -> str:
     """How a prediction was made, as the commands print it."""
     if p["mode"] == "executor":
-        return (f"executor mode (treecoll's executor on {p['backend']}: {p['step_cost_us']:.1f} us per message, "
-                f"flow simulation)")
+        return (
+            f"executor mode (treecoll's executor on {p['backend']}: {p['step_cost_us']:.1f} us per message, "
+            f"flow simulation)"
+        )
     return "in-kernel mode (the tree inside NCCL: its protocols and pipelining, flow simulation)"
 
 
 # ---------------------------------------------------------------------- commands
-def build_data(topology: Topology, builder: str, *, ranks: int | None = None, nbytes: int = 1 << 20,
-               intra: str | None = None, inter: str | None = None, rails: str | None = None,
-               mode: str = "executor") -> tuple[Tree | MultiTree, dict[str, Any]]:
+def build_data(
+    topology: Topology,
+    builder: str,
+    *,
+    ranks: int | None = None,
+    nbytes: int = 1 << 20,
+    intra: str | None = None,
+    inter: str | None = None,
+    rails: str | None = None,
+    mode: str = "executor",
+) -> tuple[Tree | MultiTree, dict[str, Any]]:
     """What ``tree build`` prints, as ``(plan, data)``: the tree of ``builder`` over the first
     ``ranks`` GPUs of ``topology`` (default all), built and predicted for ``nbytes``.
     ``rails`` is the command's ``auto`` / ``yes`` / ``no``."""
     from treecoll.collectives.builders import build
+
     opts: dict[str, Any] = {}
     base = builder.partition(":")[0]
     if base in ("two_level", "auto"):
@@ -297,11 +422,20 @@ def build_data(topology: Topology, builder: str, *, ranks: int | None = None, nb
 
 def _build(args) -> dict:
     from treecoll.collectives.tree_io import dumps_tree, tree_format
+
     if args.output:
         output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
     topology = _topology(args.topology)
-    plan, data = build_data(topology, args.builder, ranks=args.ranks, nbytes=args.bytes, intra=args.intra,
-                            inter=args.inter, rails=args.rails, mode=args.mode)
+    plan, data = build_data(
+        topology,
+        args.builder,
+        ranks=args.ranks,
+        nbytes=args.bytes,
+        intra=args.intra,
+        inter=args.inter,
+        rails=args.rails,
+        mode=args.mode,
+    )
     if args.output:
         hosts = [topology.host_of(g) for g in data["gpus"]]
         write_output(args.output, dumps_tree(plan, hosts=hosts, fmt=tree_format(args.output)))
@@ -311,17 +445,27 @@ def _build(args) -> dict:
 
 def _load(args):
     from treecoll.collectives.tree_io import load_tree
+
     return load_tree(args.file)
 
 
 def _show(args) -> dict:
     if FsPath(args.file).suffix.lower() == ".xml":
         from treecoll.collectives.tree_io import load_nccl_graph
+
         graphs = load_nccl_graph(args.file)
-        return {"nccl_graphs": [{"id": g.id, "pattern": g.pattern, "kind": g.kind,
-                                 "channels": [list(c) for c in g.channels],
-                                 "schedule": {"name": g.schedule().name, "nchunks": g.schedule().nchunks}}
-                                for g in graphs]}
+        return {
+            "nccl_graphs": [
+                {
+                    "id": g.id,
+                    "pattern": g.pattern,
+                    "kind": g.kind,
+                    "channels": [list(c) for c in g.channels],
+                    "schedule": {"name": g.schedule().name, "nchunks": g.schedule().nchunks},
+                }
+                for g in graphs
+            ]
+        }
     f = _load(args)
     return tree_data(f.plan, _topology(args.topology), args.bytes, hosts=f.hosts, mode=args.mode)
 
@@ -330,6 +474,7 @@ def _check(args) -> dict:
     from treecoll.collectives.builders import build
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.executor import predict_tree
+
     f = _load(args)
     topology = _topology(args.topology)
     nbytes = args.bytes
@@ -337,21 +482,28 @@ def _check(args) -> dict:
     all_gpus = topology.rank_gpus()
     total = len(all_gpus)
     if args.ranks is not None and args.ranks > total:
-        raise TreeError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), "
-                        f"got {args.ranks}")
+        raise TreeError(f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), got {args.ranks}")
     want = total if args.ranks is None else args.ranks
     problems = []
     if n > total:
         problems.append(f"the tree has {n} ranks, topology {topology.name!r} has {total} GPUs")
     elif n != want and args.ranks is None:
-        problems.append(f"the tree has {n} ranks, topology {topology.name!r} has {total} GPUs: ranks {n}..{total - 1} "
-                        f"({all_gpus[n]} .. {all_gpus[-1]}) would have no tree; pass --ranks {n} if the tree is "
-                        f"meant for the first {n} GPUs")
+        problems.append(
+            f"the tree has {n} ranks, topology {topology.name!r} has {total} GPUs: ranks {n}..{total - 1} "
+            f"({all_gpus[n]} .. {all_gpus[-1]}) would have no tree; pass --ranks {n} if the tree is "
+            f"meant for the first {n} GPUs"
+        )
     elif n != want:
         problems.append(f"the tree has {n} ranks, --ranks says {want}")
     if problems:
-        return {"file": args.file, "ok": False, "problems": problems, "ranks": n, "topology": topology.name,
-                "topology_gpus": total}
+        return {
+            "file": args.file,
+            "ok": False,
+            "problems": problems,
+            "ranks": n,
+            "topology": topology.name,
+            "topology_gpus": total,
+        }
     gpus = _gpus(topology, n)
     if f.hosts is not None:
         for r, (h, g) in enumerate(zip(f.hosts, gpus)):
@@ -363,9 +515,16 @@ def _check(args) -> dict:
     best = build("auto", topology, gpus, nbytes=nbytes, search=n <= 8)
     mine = data["predicted"]["allreduce"]["time_us"] * 1e-6
     theirs = predict_tree(Placement(topology, gpus), best, nbytes, mode=args.mode).time
-    data.update({"file": args.file, "ok": not problems, "problems": problems, "topology_gpus": total,
-                 "auto": {"name": best.name, "allreduce_us": theirs * 1e6},
-                 "ratio_to_auto": mine / theirs if theirs > 0 else 1.0})
+    data.update(
+        {
+            "file": args.file,
+            "ok": not problems,
+            "problems": problems,
+            "topology_gpus": total,
+            "auto": {"name": best.name, "allreduce_us": theirs * 1e6},
+            "ratio_to_auto": mine / theirs if theirs > 0 else 1.0,
+        }
+    )
     return data
 
 
@@ -373,15 +532,22 @@ def _render_check(d: dict) -> str:
     if "trees" not in d:
         return "\n".join([f"{d['file']}: does not fit"] + [f"  {p}" for p in d["problems"]])
     lines = [render_tree(d)]
-    lines.append(f"auto ({d['auto']['name']}): allreduce {d['auto']['allreduce_us']:.1f} us; "
-                 f"this tree is {d['ratio_to_auto']:.2f}x of it")
+    lines.append(
+        f"auto ({d['auto']['name']}): allreduce {d['auto']['allreduce_us']:.1f} us; "
+        f"this tree is {d['ratio_to_auto']:.2f}x of it"
+    )
     lines.append("OK: the tree fits the topology" if d["ok"] else "PROBLEMS:")
     lines += [f"  {p}" for p in d["problems"]]
     return "\n".join(lines)
 
 
-def bruteforce_data(topology: Topology, *, ranks: int | None = None, sizes: Sequence[int] = (8, 1 << 20, 16 << 20),
-                    trees: str = "symmetry") -> dict[str, Any]:
+def bruteforce_data(
+    topology: Topology,
+    *,
+    ranks: int | None = None,
+    sizes: Sequence[int] = (8, 1 << 20, 16 << 20),
+    trees: str = "symmetry",
+) -> dict[str, Any]:
     """What ``tree bruteforce`` prints: per size, the least predicted allreduce time over the
     ``trees`` (:data:`BRUTE_TREES`) of the first ``ranks`` GPUs of ``topology`` and what ``auto``
     builds; times in µs, ``gap_ns`` = auto − least."""
@@ -390,11 +556,14 @@ def bruteforce_data(topology: Topology, *, ranks: int | None = None, sizes: Sequ
     from treecoll.collectives import bruteforce
     from treecoll.collectives.builders import build
     from treecoll.collectives.cost import CostModel
+
     total = len(topology.rank_gpus())
     n = total if ranks is None else ranks
     if n > min(total, MAX_BRUTE_RANKS):
-        raise TreeError(f"tree bruteforce: expected at most {min(total, MAX_BRUTE_RANKS)} ranks (the GPUs of "
-                        f"topology {topology.name!r}, and the enumeration's limit), got {n}; pass --ranks")
+        raise TreeError(
+            f"tree bruteforce: expected at most {min(total, MAX_BRUTE_RANKS)} ranks (the GPUs of "
+            f"topology {topology.name!r}, and the enumeration's limit), got {n}; pass --ranks"
+        )
     if trees not in BRUTE_TREES:
         raise TreeError(f"tree bruteforce: trees expected one of {list(BRUTE_TREES)}, got {trees!r}")
     gpus = _gpus(topology, n)
@@ -402,28 +571,43 @@ def bruteforce_data(topology: Topology, *, ranks: int | None = None, sizes: Sequ
     rows = []
     for nbytes in sizes:
         t0 = time.perf_counter()
-        candidates = {"symmetry": lambda: bruteforce.trees_up_to_symmetry(model), "all": lambda: None,
-                      "shapes": lambda: bruteforce.shapes(n)}[trees]()
+        candidates = {
+            "symmetry": lambda: bruteforce.trees_up_to_symmetry(model),
+            "all": lambda: None,
+            "shapes": lambda: bruteforce.shapes(n),
+        }[trees]()
         least, best = bruteforce.brute_force(model, nbytes, trees=candidates)
         a = build("auto", topology, gpus, nbytes=nbytes, model=model)
         auto_s = model.best_nchunks(a, nbytes)[1]
-        rows.append({"bytes": nbytes, "brute_force_us": least * 1e6, "best_parents": list(best.parents),
-                     "auto": a.name, "auto_us": auto_s * 1e6, "gap_ns": (auto_s - least) * 1e9,
-                     "seconds": time.perf_counter() - t0})
+        rows.append(
+            {
+                "bytes": nbytes,
+                "brute_force_us": least * 1e6,
+                "best_parents": list(best.parents),
+                "auto": a.name,
+                "auto_us": auto_s * 1e6,
+                "gap_ns": (auto_s - least) * 1e9,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
     return {"topology": topology.name, "ranks": n, "gpus": list(gpus), "trees": trees, "rows": rows}
 
 
 def render_bruteforce(d: dict) -> str:
     """The text view of :func:`bruteforce_data`: one line per size."""
-    return "\n".join(f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
-                     f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
-                     f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s" for r in d["rows"])
+    return "\n".join(
+        f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
+        f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
+        f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s"
+        for r in d["rows"]
+    )
 
 
 def _draw(args) -> dict:
     output_path(args.output, inputs=[args.file, args.topology], suffixes=IMAGE_SUFFIXES)
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -431,21 +615,49 @@ def _draw(args) -> dict:
     f = _load(args)
     topology = _topology(args.topology)
     data = tree_data(f.plan, topology, args.bytes, hosts=f.hosts)
-    colors = {"NVL": "tab:green", "NVB": "tab:olive", "PIX": "tab:blue", "PXB": "tab:blue", "PHB": "tab:purple",
-              "SYS": "tab:red", "NET": "tab:orange", "C2C": "tab:cyan"}
+    colors = {
+        "NVL": "tab:green",
+        "NVB": "tab:olive",
+        "PIX": "tab:blue",
+        "PXB": "tab:blue",
+        "PHB": "tab:purple",
+        "SYS": "tab:red",
+        "NET": "tab:orange",
+        "C2C": "tab:cyan",
+    }
     ntrees = len(data["trees"])
     if topology is not None:
         # the tree over the topology picture: one arrow per edge, child GPU -> parent GPU
         from treecoll.topo.render import draw
+
         palette = ["crimson", "darkorange", "gold", "teal", "navy", "purple", "brown", "magenta"]
-        overlay = [(e["child_gpu"], e["parent_gpu"], palette[ti % len(palette)] if ntrees > 1 else
-                    ("tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")))
-                   for ti, t in enumerate(data["trees"]) for e in t["edges"]]
+        overlay = [
+            (
+                e["child_gpu"],
+                e["parent_gpu"],
+                palette[ti % len(palette)]
+                if ntrees > 1
+                else ("tab:orange" if e.get("inter_host") else colors.get(e.get("nccl"), "gray")),
+            )
+            for ti, t in enumerate(data["trees"])
+            for e in t["edges"]
+        ]
         with atomic_output(args.output) as tmp:
-            out = draw(topology, tmp, overlay=overlay, max_hosts=args.max_hosts,
-                       title=f"{data['name']} over {topology.name} ({ntrees} tree(s), child -> parent)")
-        return {"output": args.output, "ranks": data["ranks"], "trees": ntrees, "over_topology": True,
-                "edges_drawn": out["overlay"], "hosts_drawn": out["hosts_drawn"]}
+            out = draw(
+                topology,
+                tmp,
+                overlay=overlay,
+                max_hosts=args.max_hosts,
+                title=f"{data['name']} over {topology.name} ({ntrees} tree(s), child -> parent)",
+            )
+        return {
+            "output": args.output,
+            "ranks": data["ranks"],
+            "trees": ntrees,
+            "over_topology": True,
+            "edges_drawn": out["overlay"],
+            "hosts_drawn": out["hosts_drawn"],
+        }
     fig, axes = plt.subplots(1, ntrees, figsize=(max(6, min(0.25 * data["ranks"], 30)), 5), squeeze=False)
     for ax, t in zip(axes[0], data["trees"]):
         depth = {t["root"]: 0}
@@ -492,9 +704,15 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "show":
         d = _show(args)
         if "nccl_graphs" in d:
-            return emit(args, d, lambda d: "\n".join(
-                f"graph {g['id']} {g['kind']} (pattern {g['pattern']}): "
-                + "; ".join(" ".join(map(str, c)) for c in g["channels"]) for g in d["nccl_graphs"]))
+            return emit(
+                args,
+                d,
+                lambda d: "\n".join(
+                    f"graph {g['id']} {g['kind']} (pattern {g['pattern']}): "
+                    + "; ".join(" ".join(map(str, c)) for c in g["channels"])
+                    for g in d["nccl_graphs"]
+                ),
+            )
         return emit(args, d, render_tree)
     if cmd == "check":
         d = _check(args)

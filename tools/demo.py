@@ -10,6 +10,7 @@ paths, including cross-host ones; then the steps of
 :mod:`treecoll.tools.demo_decode` (the tree, simulated tree versus ring, a real
 checked decode over processes).
 """
+
 from __future__ import annotations
 
 import sys
@@ -34,10 +35,12 @@ def step_matrix(state: dict) -> None:
 
 def step_paths(state: dict) -> None:
     t = state["topology"]
-    for a, b, why in [("h0/gpu0", "h0/gpu5", "inside a host: 4 NVSwitches in parallel"),
-                      ("h0/gpu2", "h0/nic2", "a GPU to its own NIC: one PCIe switch"),
-                      ("h0/gpu0", "h1/gpu0", "across hosts on the same rail: one leaf switch"),
-                      ("h0/gpu0", "h1/gpu3", "across hosts and rails: up through a spine")]:
+    for a, b, why in [
+        ("h0/gpu0", "h0/gpu5", "inside a host: 4 NVSwitches in parallel"),
+        ("h0/gpu2", "h0/nic2", "a GPU to its own NIC: one PCIe switch"),
+        ("h0/gpu0", "h1/gpu0", "across hosts on the same rail: one leaf switch"),
+        ("h0/gpu0", "h1/gpu3", "across hosts and rails: up through a spine"),
+    ]:
         print(f"# {why}")
         print(render_path(path_data(t, a, b)))
 

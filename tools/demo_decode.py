@@ -13,6 +13,7 @@ Steps 1 and 2 call the functions the commands call, with the same arguments
 (:data:`TREE_ARGV`, :data:`SIMULATE_ARGV`), and print the command line: every
 number they show is the number the command prints.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,15 +30,49 @@ STATE_BYTES = HEADS * (HEAD_DIM + 1) * 4
 #: context lengths of the simulated comparison
 CONTEXTS = (32768, 131072, 1048576)
 #: the decode the demo runs (small enough for about half a minute on 2 busy cores)
-DEMO_DECODE = {"seq_len": 8192, "batch": 1, "layers": 1, "heads": HEADS, "kv_heads": KV_HEADS,
-               "head_dim": HEAD_DIM, "new_tokens": 4, "dtype": "bfloat16", "block_size": 256,
-               "methods": ["tree", "ring", "allreduce3"], "seed": 0, "topology": None, "check": True}
+DEMO_DECODE = {
+    "seq_len": 8192,
+    "batch": 1,
+    "layers": 1,
+    "heads": HEADS,
+    "kv_heads": KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "new_tokens": 4,
+    "dtype": "bfloat16",
+    "block_size": 256,
+    "methods": ["tree", "ring", "allreduce3"],
+    "seed": 0,
+    "topology": None,
+    "check": True,
+}
 
 #: the ``treecoll`` command each step's numbers equal (tests/tools/test_demo.py runs both and compares)
-TREE_ARGV = ["tree", "build", "--topology", "default", "--builder", "two_level", "--rails", "no",
-             "--bytes", str(STATE_BYTES)]
-SIMULATE_ARGV = ["simulate", "decode", "--topology", "default", "--seq-len", ",".join(map(str, CONTEXTS)),
-                 "--heads", str(HEADS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM)]
+TREE_ARGV = [
+    "tree",
+    "build",
+    "--topology",
+    "default",
+    "--builder",
+    "two_level",
+    "--rails",
+    "no",
+    "--bytes",
+    str(STATE_BYTES),
+]
+SIMULATE_ARGV = [
+    "simulate",
+    "decode",
+    "--topology",
+    "default",
+    "--seq-len",
+    ",".join(map(str, CONTEXTS)),
+    "--heads",
+    str(HEADS),
+    "--kv-heads",
+    str(KV_HEADS),
+    "--head-dim",
+    str(HEAD_DIM),
+]
 
 
 def tree_case(topology: Topology) -> dict[str, Any]:
@@ -71,16 +106,22 @@ def step_simulate(state: dict) -> None:
     t = state["topology"]
     d = simulate_case(t)
     print("$ treecoll " + " ".join(SIMULATE_ARGV))
-    print("(the decode model, attention.cost: each GPU reads its K/V shard at HBM bandwidth, and the flow "
-          "simulator times the communication)")
+    print(
+        "(the decode model, attention.cost: each GPU reads its K/V shard at HBM bandwidth, and the flow "
+        "simulator times the communication)"
+    )
     print(f"{'context':>9} {'tree step (us)':>15} {'tree combine (us)':>18} {'ring step (us)':>15} {'ring/tree':>10}")
     for r in d["runs"]:
         tree, ring = r["methods"]["tree"], r["methods"]["ring"]
-        print(f"{r['shape']['seq_len']:>9} {tree['time_s'] * 1e6:>15.1f} {tree['combine_s'] * 1e6:>18.1f} "
-              f"{ring['time_s'] * 1e6:>15.1f} {r['speedup_tree_vs_ring']:>9.1f}x")
-    print(f"tree combine: the two_level allreduce of the {STATE_BYTES} B packed state as treecoll's executor "
-          f"runs it ({d['mode']} mode), whatever the context: the allreduce the tree above prints; ring: every "
-          f"K/V shard visits every rank")
+        print(
+            f"{r['shape']['seq_len']:>9} {tree['time_s'] * 1e6:>15.1f} {tree['combine_s'] * 1e6:>18.1f} "
+            f"{ring['time_s'] * 1e6:>15.1f} {r['speedup_tree_vs_ring']:>9.1f}x"
+        )
+    print(
+        f"tree combine: the two_level allreduce of the {STATE_BYTES} B packed state as treecoll's executor "
+        f"runs it ({d['mode']} mode), whatever the context: the allreduce the tree above prints; ring: every "
+        f"K/V shard visits every rank"
+    )
 
 
 def step_decode(state: dict) -> None:

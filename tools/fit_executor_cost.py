@@ -26,6 +26,7 @@ on a quiet machine::
 >>> round(fit_through_origin([(2.0, 1.0), (4.0, 2.0)]), 6)
 2.0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,8 @@ def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
     from treecoll.collectives.cost import uniform_topology
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.executor import simulate_executor_schedule
-    topo = uniform_topology(nranks, bw=1e3, lat=0.0)      # 1 KiB in 1 ns: free next to 1 ms per message
+
+    topo = uniform_topology(nranks, bw=1e3, lat=0.0)  # 1 KiB in 1 ns: free next to 1 ms per message
     sched = compile_allreduce(build(tree, nranks=nranks), 1)
     o = 1e-3
     return round(simulate_executor_schedule(Placement(topo, nranks), sched, nbytes, step_cost=o).time / o, 3)
@@ -73,6 +75,7 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
     import torch
     import torch.distributed as dist
     from treecoll.collectives.execute import CollectiveOptions, allreduce
+
     opts = CollectiveOptions(algo="tree", nchunks=1, check=False)
     out = {}
     for size in SIZES:
@@ -83,7 +86,7 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
             for _ in range(10):
                 fn()
             times = []
-            for _ in range(reps):        # rounds of CALLS calls after a barrier: seconds per call
+            for _ in range(reps):  # rounds of CALLS calls after a barrier: seconds per call
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(CALLS):
@@ -100,9 +103,12 @@ def _time_local(nranks: int, reps: int) -> float:
     from treecoll.collectives.compile import compile_allreduce
     from treecoll.collectives.execute import CollectiveOptions, allreduce
     from treecoll.collectives.local import run_ranks
+
     opts = CollectiveOptions(algo="tree", nchunks=1, check=False)
-    msgs = sum(len([s for s in steps if s.kind != "reduce"])
-               for steps in compile_allreduce(build("binomial", nranks=nranks), 1).steps)
+    msgs = sum(
+        len([s for s in steps if s.kind != "reduce"])
+        for steps in compile_allreduce(build("binomial", nranks=nranks), 1).steps
+    )
 
     def body(r, t):
         x = torch.ones(2)
@@ -118,6 +124,7 @@ def _time_local(nranks: int, reps: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from treecoll.collectives.launch import RankPool
+
     ap = argparse.ArgumentParser(prog="python -m treecoll.tools.fit_executor_cost", description=__doc__.split("\n")[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="gloo process counts (default 2 4)")
     ap.add_argument("--reps", type=int, default=30, help=f"rounds of {CALLS} calls timed per case (default 30)")
@@ -135,17 +142,29 @@ def main(argv: list[str] | None = None) -> int:
             s = 2 * (p - 1) if name == "native" else serial_messages(name, p, int(size))
             (native_pairs if name == "native" else tree_pairs).append((t, s))
             rows.append({"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s})
-            print(f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message",
-                  flush=True)
+            print(
+                f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message",
+                flush=True,
+            )
         local.append(_time_local(p, args.reps))
-    fit = {"GLOO_STEP_S": fit_through_origin(tree_pairs), "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
-           "PYTHON_STEP_S": min(local)}
+    fit = {
+        "GLOO_STEP_S": fit_through_origin(tree_pairs),
+        "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
+        "PYTHON_STEP_S": min(local),
+    }
     for k, v in fit.items():
         print(f"{k} = {v * 1e6:.1f}e-6")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"command": "python -m treecoll.tools.fit_executor_cost " + " ".join(argv or sys.argv[1:]),
-                       "rows": rows, "fit": fit}, f, indent=1)
+            json.dump(
+                {
+                    "command": "python -m treecoll.tools.fit_executor_cost " + " ".join(argv or sys.argv[1:]),
+                    "rows": rows,
+                    "fit": fit,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -22,6 +22,7 @@ Traceback (most recent call last):
 ...
 treecoll.tools.units.UsageError: --gpu 'H999': no machine template for this GPU; expected a template (a100-pcie, ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,15 @@ from treecoll.topo.errors import TopologyError
 from treecoll.topo.machines import Machine, MachineFacts, MachineFlags
 from treecoll.topo.model import Topology
 
-__all__ = ["add_machine_flags", "machine_flags", "machine_from_args", "parse_machine_flags", "nic_arg", "gpu_arg",
-           "describe"]
+__all__ = [
+    "add_machine_flags",
+    "machine_flags",
+    "machine_from_args",
+    "parse_machine_flags",
+    "nic_arg",
+    "gpu_arg",
+    "describe",
+]
 
 
 def nic_arg(text: str) -> machines.Nic:
@@ -55,34 +63,63 @@ def gpu_arg(text: str) -> str:
     return text
 
 
-def add_machine_flags(parser: argparse.ArgumentParser, *,
-                      topology_help: str | None = None) -> argparse._ArgumentGroup:
+def add_machine_flags(parser: argparse.ArgumentParser, *, topology_help: str | None = None) -> argparse._ArgumentGroup:
     """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic`` (one group) to ``parser``."""
-    g = parser.add_argument_group("machine", "the machine a run is on, where its file does not say it (flags win "
-                                             "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic")
-    g.add_argument("--topology", default=None, metavar="FILE|name",
-                   help=topology_help or "a topology YAML, NCCL XML or nvidia-smi file, or a shipped name")
-    g.add_argument("--hosts", type=int_arg("--hosts", maximum=machines.MAX_HOSTS), default=None, metavar="N",
-                   help="number of hosts")
-    g.add_argument("--gpus-per-host", type=int_arg("--gpus-per-host", maximum=1024), default=None, metavar="G",
-                   help="GPUs per host (default: the machine template's)")
-    g.add_argument("--gpu", type=gpu_arg, default=None, metavar="MODEL",
-                   help="GPU model: a machine template (h100-sxm, hgx-b200, ...) or a name as nvidia-smi prints it")
-    g.add_argument("--nic", type=nic_arg, default=None, metavar="COUNTxSPEEDG-FABRIC",
-                   help=f"NICs per host, e.g. 8x400G-ib; FABRIC one of {', '.join(machines.FABRICS)} "
-                        f"(default: the template's NICs)")
+    g = parser.add_argument_group(
+        "machine",
+        "the machine a run is on, where its file does not say it (flags win "
+        "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic",
+    )
+    g.add_argument(
+        "--topology",
+        default=None,
+        metavar="FILE|name",
+        help=topology_help or "a topology YAML, NCCL XML or nvidia-smi file, or a shipped name",
+    )
+    g.add_argument(
+        "--hosts",
+        type=int_arg("--hosts", maximum=machines.MAX_HOSTS),
+        default=None,
+        metavar="N",
+        help="number of hosts",
+    )
+    g.add_argument(
+        "--gpus-per-host",
+        type=int_arg("--gpus-per-host", maximum=1024),
+        default=None,
+        metavar="G",
+        help="GPUs per host (default: the machine template's)",
+    )
+    g.add_argument(
+        "--gpu",
+        type=gpu_arg,
+        default=None,
+        metavar="MODEL",
+        help="GPU model: a machine template (h100-sxm, hgx-b200, ...) or a name as nvidia-smi prints it",
+    )
+    g.add_argument(
+        "--nic",
+        type=nic_arg,
+        default=None,
+        metavar="COUNTxSPEEDG-FABRIC",
+        help=f"NICs per host, e.g. 8x400G-ib; FABRIC one of {', '.join(machines.FABRICS)} "
+        f"(default: the template's NICs)",
+    )
     return g
 
 
 def machine_flags(args: argparse.Namespace) -> MachineFlags:
     """The machine flags of parsed ``args`` (absent attributes count as not given)."""
-    return MachineFlags(topology=getattr(args, "topology", None), hosts=getattr(args, "hosts", None),
-                        gpus_per_host=getattr(args, "gpus_per_host", None), gpu=getattr(args, "gpu", None),
-                        nic=getattr(args, "nic", None))
+    return MachineFlags(
+        topology=getattr(args, "topology", None),
+        hosts=getattr(args, "hosts", None),
+        gpus_per_host=getattr(args, "gpus_per_host", None),
+        gpu=getattr(args, "gpu", None),
+        nic=getattr(args, "nic", None),
+    )
 
 
-def machine_from_args(args: argparse.Namespace,
-                      facts: MachineFacts | None = None) -> tuple[Topology, Machine | None]:
+def machine_from_args(args: argparse.Namespace, facts: MachineFacts | None = None) -> tuple[Topology, Machine | None]:
     """``(Topology, Machine or None)`` for parsed ``args`` and what a file says
     (:func:`treecoll.topo.machines.machine_topology`)."""
     return machines.machine_topology(machine_flags(args), facts)

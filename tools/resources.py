@@ -35,6 +35,7 @@ Traceback (most recent call last):
 ...
 treecoll.tools.units.UsageError: --nproc 4: ... got an estimated 5 GiB (4 x (256 MiB per process + 1 GiB data)); ...
 """
+
 from __future__ import annotations
 
 import os
@@ -44,16 +45,25 @@ from treecoll.topo.fmt import fmt_bytes
 
 from .units import UsageError
 
-__all__ = ["check_processes", "check_topology_ranks", "usable_cores", "available_memory", "proc_bytes",
-           "PROCESS_BASELINE_BYTES", "RANKS_PER_CORE", "OVERSUBSCRIBE_HELP"]
+__all__ = [
+    "check_processes",
+    "check_topology_ranks",
+    "usable_cores",
+    "available_memory",
+    "proc_bytes",
+    "PROCESS_BASELINE_BYTES",
+    "RANKS_PER_CORE",
+    "OVERSUBSCRIBE_HELP",
+]
 
 #: processes per usable core before a command refuses without --oversubscribe
 RANKS_PER_CORE = 4
 #: peak memory of one process with torch imported and a gloo group joined (see the module docstring)
 PROCESS_BASELINE_BYTES = 256 << 20
 #: the help text of every --oversubscribe flag
-OVERSUBSCRIBE_HELP = (f"start the processes even when they exceed {RANKS_PER_CORE} per core or the memory "
-                      f"available (default: refuse)")
+OVERSUBSCRIBE_HELP = (
+    f"start the processes even when they exceed {RANKS_PER_CORE} per core or the memory available (default: refuse)"
+)
 
 
 def usable_cores() -> int:
@@ -89,9 +99,17 @@ def available_memory() -> int | None:
         return None
 
 
-def check_processes(nproc: int, *, option: str, per_process_bytes: int = 0, extra_bytes: int = 0,
-                    baseline_bytes: int = PROCESS_BASELINE_BYTES, oversubscribe: bool = False,
-                    cores: int | None = None, memory: int | None = None) -> dict[str, Any]:
+def check_processes(
+    nproc: int,
+    *,
+    option: str,
+    per_process_bytes: int = 0,
+    extra_bytes: int = 0,
+    baseline_bytes: int = PROCESS_BASELINE_BYTES,
+    oversubscribe: bool = False,
+    cores: int | None = None,
+    memory: int | None = None,
+) -> dict[str, Any]:
     """Refuse (:class:`~tools.units.UsageError`, one line starting with ``option``, e.g.
     ``"--nproc 9"``) to start ``nproc``
     processes that exceed :data:`RANKS_PER_CORE` per core or the memory available, unless
@@ -104,20 +122,30 @@ def check_processes(nproc: int, *, option: str, per_process_bytes: int = 0, extr
     cores = usable_cores() if cores is None else cores
     memory = available_memory() if memory is None else memory
     need = nproc * (baseline_bytes + per_process_bytes) + extra_bytes
-    plan = {"processes": nproc, "cores": cores, "max_processes": cores * RANKS_PER_CORE,
-            "memory_needed_bytes": need, "memory_available_bytes": memory, "oversubscribe": oversubscribe}
+    plan = {
+        "processes": nproc,
+        "cores": cores,
+        "max_processes": cores * RANKS_PER_CORE,
+        "memory_needed_bytes": need,
+        "memory_available_bytes": memory,
+        "oversubscribe": oversubscribe,
+    }
     if oversubscribe:
         return plan
     hint = "; pass --oversubscribe to start them anyway"
     if nproc > cores * RANKS_PER_CORE:
-        raise UsageError(f"{option}: expected at most {cores * RANKS_PER_CORE} processes on this machine "
-                         f"({cores} cores x {RANKS_PER_CORE} per core){hint}")
+        raise UsageError(
+            f"{option}: expected at most {cores * RANKS_PER_CORE} processes on this machine "
+            f"({cores} cores x {RANKS_PER_CORE} per core){hint}"
+        )
     if memory is not None and need > memory:
         data = f" + {fmt_bytes(per_process_bytes)} data" if per_process_bytes else ""
         more = f" + {fmt_bytes(extra_bytes)} in one of them" if extra_bytes else ""
-        raise UsageError(f"{option}: expected processes that fit in the {fmt_bytes(memory)} of memory available, "
-                         f"got an estimated {fmt_bytes(need)} ({nproc} x ({fmt_bytes(baseline_bytes)} per process"
-                         f"{data}){more}){hint}")
+        raise UsageError(
+            f"{option}: expected processes that fit in the {fmt_bytes(memory)} of memory available, "
+            f"got an estimated {fmt_bytes(need)} ({nproc} x ({fmt_bytes(baseline_bytes)} per process"
+            f"{data}){more}){hint}"
+        )
     return plan
 
 
@@ -134,5 +162,7 @@ def check_topology_ranks(topology: dict | None, nproc: int, *, option: str = "--
         return
     gpus = sum(1 for n in topology["nodes"] if n.get("kind") == "gpu")
     if nproc > gpus:
-        raise UsageError(f"{option} {nproc}: expected at most {gpus} (the GPUs of topology "
-                         f"{topology.get('name')!r}), got {nproc}; give a larger topology")
+        raise UsageError(
+            f"{option} {nproc}: expected at most {gpus} (the GPUs of topology "
+            f"{topology.get('name')!r}), got {nproc}; give a larger topology"
+        )

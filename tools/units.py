@@ -35,6 +35,7 @@ Traceback (most recent call last):
 ...
 treecoll.tools.units.UsageError: --nproc: expected a positive integer, got -2
 """
+
 from __future__ import annotations
 
 import math
@@ -46,10 +47,31 @@ from treecoll.topo.errors import TreecollError
 #: the exception class a parser raises: TreecollError or a subclass (UsageError, CollectiveError ...)
 ErrorType = type[TreecollError]
 
-__all__ = ["parse_bytes", "parse_sizes", "parse_count", "parse_counts", "parse_int", "parse_seconds", "parse_list",
-           "parse_shapes", "parse_fraction", "fraction_arg", "positive", "size_arg", "sizes_arg", "count_arg",
-           "counts_arg", "int_arg",
-           "ints_arg", "seconds_arg", "shapes_arg", "text_arg", "UsageError", "BYTE_UNITS", "COUNT_UNITS"]
+__all__ = [
+    "parse_bytes",
+    "parse_sizes",
+    "parse_count",
+    "parse_counts",
+    "parse_int",
+    "parse_seconds",
+    "parse_list",
+    "parse_shapes",
+    "parse_fraction",
+    "fraction_arg",
+    "positive",
+    "size_arg",
+    "sizes_arg",
+    "count_arg",
+    "counts_arg",
+    "int_arg",
+    "ints_arg",
+    "seconds_arg",
+    "shapes_arg",
+    "text_arg",
+    "UsageError",
+    "BYTE_UNITS",
+    "COUNT_UNITS",
+]
 
 
 class UsageError(TreecollError):
@@ -57,10 +79,22 @@ class UsageError(TreecollError):
 
 
 #: multipliers of byte sizes (lower-case unit -> bytes)
-BYTE_UNITS = {"": 1, "b": 1,
-              "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-              "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
-              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 #: multipliers of counts (tokens): decimal, or binary with ``binary=True``
 COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY_COUNT_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -78,8 +112,7 @@ def _parse(text, units: dict, what: str, example: str, error, minimum: int, unit
     if value != int(value):
         raise error(f"{what}: expected a whole number, got {text!r} = {value:g}")
     if value < minimum:
-        raise error(f"{what}: expected a {'size' if unit else 'count'} of at least {minimum}{unit}, "
-                    f"got {text!r}")
+        raise error(f"{what}: expected a {'size' if unit else 'count'} of at least {minimum}{unit}, got {text!r}")
     return int(value)
 
 
@@ -89,8 +122,9 @@ def parse_bytes(text: str | float, *, what: str = "size", error: ErrorType = Tre
     return _parse(text, BYTE_UNITS, what, _SIZE_EXAMPLE, error, minimum, " B")
 
 
-def parse_count(text: str | float, *, what: str = "count", binary: bool = False, error: ErrorType = TreecollError,
-                minimum: int = 1) -> int:
+def parse_count(
+    text: str | float, *, what: str = "count", binary: bool = False, error: ErrorType = TreecollError, minimum: int = 1
+) -> int:
     """A count such as a sequence length: ``"128k"`` -> 128000 (``binary``: 131072), at least ``minimum``."""
     return _parse(text, _BINARY_COUNT_UNITS if binary else COUNT_UNITS, what, _COUNT_EXAMPLE, error, minimum, "")
 
@@ -123,28 +157,36 @@ def parse_sizes(spec: str, *, what: str = "sizes", error: ErrorType = TreecollEr
     return [parse_bytes(x, what=what, error=error) for x in parse_list(spec, what=what, kind="sizes", error=error)]
 
 
-def parse_counts(spec: str, *, what: str = "counts", binary: bool = False,
-                 error: ErrorType = TreecollError) -> list[int]:
+def parse_counts(
+    spec: str, *, what: str = "counts", binary: bool = False, error: ErrorType = TreecollError
+) -> list[int]:
     """A comma list of counts (``"32k,1M"``), each as :func:`parse_count` reads it."""
     items = parse_list(spec, what=what, kind="counts", error=error)
     return [parse_count(x, what=what, binary=binary, error=error) for x in items]
 
 
-def positive(option: str, value: float, *, minimum: int = 1, maximum: int | None = None,
-             error: ErrorType | None = None) -> None:
+def positive(
+    option: str, value: float, *, minimum: int = 1, maximum: int | None = None, error: ErrorType | None = None
+) -> None:
     """Raise :class:`UsageError` (or ``error``) unless ``minimum <= value <= maximum``:
     ``"--ranks: expected a positive integer, got 0"``."""
     error = error or UsageError
     if value < minimum:
-        want = ("a positive integer" if minimum == 1 else "a non-negative integer" if minimum == 0
-                else f"an integer >= {minimum}")
+        want = (
+            "a positive integer"
+            if minimum == 1
+            else "a non-negative integer"
+            if minimum == 0
+            else f"an integer >= {minimum}"
+        )
         raise error(f"{option}: expected {want}, got {value}")
     if maximum is not None and value > maximum:
         raise error(f"{option}: expected at most {maximum}, got {value}")
 
 
-def parse_int(text: str | float, *, what: str, minimum: int = 1, maximum: int | None = None,
-              error: ErrorType | None = None) -> int:
+def parse_int(
+    text: str | float, *, what: str, minimum: int = 1, maximum: int | None = None, error: ErrorType | None = None
+) -> int:
     """A plain integer (no unit) in ``minimum..maximum``."""
     try:
         value = int(str(text).strip())
@@ -217,17 +259,24 @@ def int_arg(option: str, *, minimum: int = 1, maximum: int | None = None) -> Cal
 
 def ints_arg(option: str, *, minimum: int = 1) -> Callable[[str], list[int]]:
     """argparse ``type=`` for a comma list of plain integers (``--nprocs 2,4``)."""
-    return _named(lambda text: [parse_int(x, what=option, minimum=minimum)
-                                for x in parse_list(text, what=option, kind="integers", error=UsageError)], "ints")
+    return _named(
+        lambda text: [
+            parse_int(x, what=option, minimum=minimum)
+            for x in parse_list(text, what=option, kind="integers", error=UsageError)
+        ],
+        "ints",
+    )
 
 
 def text_arg(option: str, what: str = "a name") -> Callable[[str], str]:
     """argparse ``type=`` for a file name, id or name: any text but an empty or blank one (an empty
     ``--topology ""`` must not silently mean the default, nor ``--id ""`` every cluster)."""
+
     def parse(text: str) -> str:
         if not str(text).strip():
             raise UsageError(f"{option}: expected {what}, got an empty string")
         return text
+
     return _named(parse, "text")
 
 

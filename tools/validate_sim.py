@@ -9,6 +9,7 @@ folder included). Every other argument goes to the command unchanged. The
 error table per set (``fit`` and ``heldout`` tables apart, leave-one-out
 calibration) is the benchmark :mod:`treecoll.tools.bench_validate`.
 """
+
 from __future__ import annotations
 
 import sys
@@ -39,6 +40,7 @@ def expand(args: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from treecoll.tools.cli import main as cli_main
+
     return cli_main(["simulate", "validate", *expand(list(sys.argv[1:] if argv is None else argv))])
 
 

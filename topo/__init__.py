@@ -7,25 +7,46 @@ Importing ``topo`` never imports torch, triton or pynvml.
 >>> t.path("h0/gpu0", "h0/gpu5").smi, t.path("h0/gpu0", "h1/gpu0").nccl
 ('NV18', 'NET')
 """
+
 from .errors import (
-                     AttentionError,
-                     CollectiveError,
-                     DiscoveryError,
-                     MissingDependency,
-                     PlacementError,
-                     ScheduleError,
-                     TopologyError,
-                     TreecollError,
-                     TreeError,
+    AttentionError,
+    CollectiveError,
+    DiscoveryError,
+    MissingDependency,
+    PlacementError,
+    ScheduleError,
+    TopologyError,
+    TreecollError,
+    TreeError,
 )
 from .model import LINK_KINDS, NODE_KINDS, Topology
 from .paths import NCCL_CLASSES, SMI_CODES, Path
 from .yaml_io import default, dumps, load, loads, resolve, save, shipped
 
-__all__ = ["Topology", "Path", "NODE_KINDS", "LINK_KINDS", "NCCL_CLASSES", "SMI_CODES",
-           "TreecollError", "TopologyError", "DiscoveryError", "TreeError", "ScheduleError",
-           "PlacementError", "CollectiveError", "AttentionError", "MissingDependency",
-           "load", "loads", "save", "dumps", "default", "shipped", "resolve"]
+__all__ = [
+    "Topology",
+    "Path",
+    "NODE_KINDS",
+    "LINK_KINDS",
+    "NCCL_CLASSES",
+    "SMI_CODES",
+    "TreecollError",
+    "TopologyError",
+    "DiscoveryError",
+    "TreeError",
+    "ScheduleError",
+    "PlacementError",
+    "CollectiveError",
+    "AttentionError",
+    "MissingDependency",
+    "load",
+    "loads",
+    "save",
+    "dumps",
+    "default",
+    "shipped",
+    "resolve",
+]
 
 # ---- discovery
 from .cluster import discover_cluster  # noqa: E402

@@ -32,6 +32,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TopologyError: x.yaml:2: a.b: expected a positive number, got -1
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -66,8 +67,12 @@ def _check_depth(text: str) -> None:
             depth += 1
             if depth > MAX_YAML_DEPTH:
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels of mappings and lists: expected a "
-                                f"topology document (at most a few levels deep)", ev.start_mark)
+                    None,
+                    None,
+                    f"nested deeper than {MAX_YAML_DEPTH} levels of mappings and lists: expected a "
+                    f"topology document (at most a few levels deep)",
+                    ev.start_mark,
+                )
         elif isinstance(ev, _CLOSE):
             depth -= 1
 
@@ -83,7 +88,7 @@ def _children(node: yaml.Node) -> list:
 def _check_aliases(root: yaml.Node) -> None:
     """Refuse recursive aliases and alias expansion beyond the limits (memoised: linear in the composed nodes)."""
     size: dict[int, int] = {}
-    order: list[yaml.Node] = []   # post-order: every node after its children
+    order: list[yaml.Node] = []  # post-order: every node after its children
     entered: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -101,7 +106,8 @@ def _check_aliases(root: yaml.Node) -> None:
         for c in _children(node):
             if id(c) in entered:
                 raise yaml.constructor.ConstructorError(
-                    None, None, "recursive alias (a node that contains itself): expected plain data", c.start_mark)
+                    None, None, "recursive alias (a node that contains itself): expected plain data", c.start_mark
+                )
             if id(c) not in size:
                 stack.append((c, False))
     limit = max(ALIAS_FLOOR, ALIAS_RATIO * len(size))
@@ -109,9 +115,13 @@ def _check_aliases(root: yaml.Node) -> None:
         return
     first = next(n for n in order if size[id(n)] > limit)  # the smallest part that is already too big
     raise yaml.constructor.ConstructorError(
-        None, None, f"aliases expand the document to {size[id(root)]:,} values from {len(size):,} written: expected "
-                    f"at most {limit:,} ({ALIAS_RATIO} times the values written, at least {ALIAS_FLOOR:,}); "
-                    f"an alias bomb? write the data out instead", first.start_mark)
+        None,
+        None,
+        f"aliases expand the document to {size[id(root)]:,} values from {len(size):,} written: expected "
+        f"at most {limit:,} ({ALIAS_RATIO} times the values written, at least {ALIAS_FLOOR:,}); "
+        f"an alias bomb? write the data out instead",
+        first.start_mark,
+    )
 
 
 class YAML_LOADER(_BASE_LOADER):  # type: ignore[misc, valid-type]
@@ -135,8 +145,9 @@ class YAML_LOADER(_BASE_LOADER):  # type: ignore[misc, valid-type]
             return build(self, node)
         except (ValueError, OverflowError) as e:
             why = str(e).split(";")[0]  # Python's hint on its digit limit does not help a file's author
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} {node.value[:40]!r}: {why}",
-                                                    node.start_mark) from None
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {what} {node.value[:40]!r}: {why}", node.start_mark
+            ) from None
 
     def construct_yaml_timestamp(self, node):
         return self._scalar(node, _BASE_LOADER.construct_yaml_timestamp, "the date/time")
@@ -148,9 +159,11 @@ class YAML_LOADER(_BASE_LOADER):  # type: ignore[misc, valid-type]
         return self._scalar(node, _BASE_LOADER.construct_yaml_float, "the number")
 
 
-for _tag, _fn in (("tag:yaml.org,2002:timestamp", YAML_LOADER.construct_yaml_timestamp),
-                  ("tag:yaml.org,2002:int", YAML_LOADER.construct_yaml_int),
-                  ("tag:yaml.org,2002:float", YAML_LOADER.construct_yaml_float)):
+for _tag, _fn in (
+    ("tag:yaml.org,2002:timestamp", YAML_LOADER.construct_yaml_timestamp),
+    ("tag:yaml.org,2002:int", YAML_LOADER.construct_yaml_int),
+    ("tag:yaml.org,2002:float", YAML_LOADER.construct_yaml_float),
+):
     YAML_LOADER.add_constructor(_tag, _fn)
 
 
@@ -165,8 +178,14 @@ def fmt_path(path: Sequence[Any]) -> str:
 def _type_name(v: Any) -> str:
     if v is None:
         return "nothing (null)"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(type(v), type(v).__name__)
 
 
 def _show(v: Any) -> str:
@@ -232,8 +251,9 @@ class Doc:
             self.fail(path, msg)
 
     # ----------------------------------------------------------------- checks
-    def mapping(self, v: Any, path: Sequence[Any], *, required: Iterable[str] = (),
-                optional: Iterable[str] = ()) -> dict:
+    def mapping(
+        self, v: Any, path: Sequence[Any], *, required: Iterable[str] = (), optional: Iterable[str] = ()
+    ) -> dict:
         """Check ``v`` is a mapping with all ``required`` keys and no key outside required+optional."""
         if not isinstance(v, dict):
             self.fail(path, f"expected a mapping, got {_type_name(v)}")

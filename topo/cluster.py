@@ -42,6 +42,7 @@ so that it is reachable.
 >>> host_identity({"TREECOLL_HOST_ID": "a", "NCCL_HOSTID": "b"}), host_identity({"NCCL_HOSTID": "b"})
 ('a', 'b')
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -102,6 +103,7 @@ def _local_device() -> str | int | None:
     else its CUDA ordinal; None without an initialised CUDA context."""
     try:
         import torch
+
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             dev = int(torch.cuda.current_device())
             uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
@@ -111,9 +113,14 @@ def _local_device() -> str | int | None:
     return None
 
 
-def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = None,
-                     env: Mapping[str, str] | None = None, discover_kwargs: Mapping[str, Any] | None = None,
-                     check: bool = True) -> Topology:
+def discover_cluster(
+    group: Any = None,
+    *,
+    network: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    discover_kwargs: Mapping[str, Any] | None = None,
+    check: bool = True,
+) -> Topology:
     """The cluster of ``group`` (default: the world), identical on every rank.
 
     Collective: every rank of the group must call it. ``discover_kwargs`` go to
@@ -124,19 +131,22 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
     except ImportError:
         raise MissingDependency("torch", "topo.discover_cluster") from None
     if not dist.is_available() or not dist.is_initialized():
-        raise DiscoveryError("discover_cluster: expected an initialised torch.distributed process group, got none; "
-                             "call torch.distributed.init_process_group first")
+        raise DiscoveryError(
+            "discover_cluster: expected an initialised torch.distributed process group, got none; "
+            "call torch.distributed.init_process_group first"
+        )
     env = dict(os.environ if env is None else env)
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     mine = (host_identity(env), _local_device())
     ids: list[Any] = [None] * world
     dist.all_gather_object(ids, mine, group=group)
-    order = list(dict.fromkeys(i for i, _ in ids))           # hosts by lowest rank
+    order = list(dict.fromkeys(i for i, _ in ids))  # hosts by lowest rank
     leader = {h: min(r for r in range(world) if ids[r][0] == h) for h in order}
     probe = None
     if leader[mine[0]] == rank:
         from .discover import discover
+
         hname = f"h{order.index(mine[0])}"
         e = dict(env)
         e["LOCAL_WORLD_SIZE"] = str(sum(1 for i, _ in ids if i == mine[0]))
@@ -146,8 +156,13 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
             h = parse_hints(env)
             with _held_warnings(rank != 0) as held:
                 t = discover(env=e, host=hname, **dict(discover_kwargs or {}))
-            probe = {"topology": t.to_dict(), "identity": mine[0], "hostname": socket.gethostname(),
-                     "topology_addr": list(h.topology_addr) if h.topology_addr else None, "warnings": held}
+            probe = {
+                "topology": t.to_dict(),
+                "identity": mine[0],
+                "hostname": socket.gethostname(),
+                "topology_addr": list(h.topology_addr) if h.topology_addr else None,
+                "warnings": held,
+            }
         except Exception as exc:  # every rank must reach the gather, then all raise together
             probe = {"error": f"{type(exc).__name__}: {exc}"}
     probes: list[Any] = [None] * world
@@ -166,13 +181,16 @@ def discover_cluster(group: Any = None, *, network: Mapping[str, Any] | None = N
         dist.all_gather_object(prints, topo.fingerprint(), group=group)
         bad = [r for r in range(world) if prints[r] != prints[0]]
         if bad:
-            raise DiscoveryError(f"discover_cluster: expected the same topology on every rank, ranks {bad} "
-                                 f"differ from rank 0 ({prints[0]})")
+            raise DiscoveryError(
+                f"discover_cluster: expected the same topology on every rank, ranks {bad} "
+                f"differ from rank 0 ({prints[0]})"
+            )
     return topo
 
 
-def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
-             network: Mapping[str, Any] | None = None) -> Topology:
+def assemble(
+    probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]], network: Mapping[str, Any] | None = None
+) -> Topology:
     """Pure assembly: per host (in order) its probe, per rank ``(host index, GPU UUID | CUDA ordinal | None)``.
 
     ``probes[i]["topology"]`` is the explicit form of host ``h<i>``. Rack-level
@@ -182,13 +200,23 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
     """
     g = nx.DiGraph()
     tops = [Topology.from_dict(p["topology"]) for p in probes]
-    domains = sorted({_domain(d) for t in tops for _, d in t.graph.nodes(data=True)
-                      if d["kind"] == "nvswitch" and "host" not in d}, key=str)
+    domains = sorted(
+        {_domain(d) for t in tops for _, d in t.graph.nodes(data=True) if d["kind"] == "nvswitch" and "host" not in d},
+        key=str,
+    )
     for t in tops:
         if len(domains) > 1:  # several NVLink domains (racks, cliques): nvl<d>/sw<k>, as the YAML names them
-            t = Topology(nx.relabel_nodes(nx.DiGraph(t.graph), {
-                n: f"nvl{domains.index(_domain(d))}/{n.split('/', 1)[1]}" for n, d in t.graph.nodes(data=True)
-                if d["kind"] == "nvswitch" and "host" not in d}), name=t.name)
+            t = Topology(
+                nx.relabel_nodes(
+                    nx.DiGraph(t.graph),
+                    {
+                        n: f"nvl{domains.index(_domain(d))}/{n.split('/', 1)[1]}"
+                        for n, d in t.graph.nodes(data=True)
+                        if d["kind"] == "nvswitch" and "host" not in d
+                    },
+                ),
+                name=t.name,
+            )
         for n, d in t.graph.nodes(data=True):
             if n in g:  # rack-level NVLink switches (nvl/sw<k>) are shared by the hosts of a domain
                 continue
@@ -204,8 +232,10 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
 
         from ._schema import Doc
         from .network import add_network
-        add_network(Doc("<network>", yaml.safe_dump(dict(network)), dict(network)), dict(network), ("network",),
-                    g, host_nics)
+
+        add_network(
+            Doc("<network>", yaml.safe_dump(dict(network)), dict(network)), dict(network), ("network",), g, host_nics
+        )
         how = f"network section {dict(network).get('type')}"
     elif all(addrs) and len(hosts) > 1:
         _slurm_tree(g, host_nics, addrs)
@@ -218,9 +248,19 @@ def assemble(probes: list[Mapping[str, Any]], ranks: list[tuple[int, Any]],
         how = "one switch at the NICs' speed"
     else:
         how = "single host"
-    meta = {"source": "discover_cluster", "network": how,
-            "hosts": [{"name": h, "identity": p.get("identity"), "hostname": p.get("hostname"),
-                       "notes": (p["topology"].get("meta") or {}).get("notes", [])} for h, p in zip(hosts, probes)]}
+    meta = {
+        "source": "discover_cluster",
+        "network": how,
+        "hosts": [
+            {
+                "name": h,
+                "identity": p.get("identity"),
+                "hostname": p.get("hostname"),
+                "notes": (p["topology"].get("meta") or {}).get("notes", []),
+            }
+            for h, p in zip(hosts, probes)
+        ],
+    }
     return Topology(g, name="cluster", meta=meta)
 
 
@@ -235,9 +275,10 @@ def _ranks(g: nx.DiGraph, hosts: list[str], ranks: list[tuple[int, Any]]) -> Non
     for r, (hi, _) in enumerate(ranks):
         per_host.setdefault(hi, []).append(r)
     for hi, rs in per_host.items():
-        gpus = sorted((n for n, d in g.nodes(data=True) if d["kind"] == "gpu" and d.get("host") == hosts[hi]),
-                      key=lambda n: (g.nodes[n].get("x_cuda") is None, g.nodes[n].get("x_cuda") or 0,
-                                     g.nodes[n].get("index", 0)))
+        gpus = sorted(
+            (n for n, d in g.nodes(data=True) if d["kind"] == "gpu" and d.get("host") == hosts[hi]),
+            key=lambda n: (g.nodes[n].get("x_cuda") is None, g.nodes[n].get("x_cuda") or 0, g.nodes[n].get("index", 0)),
+        )
         by_dev = {g.nodes[n]["x_cuda"]: n for n in gpus if g.nodes[n].get("x_cuda") is not None}
         by_dev.update({g.nodes[n]["uuid"]: n for n in gpus if g.nodes[n].get("uuid")})
         free = list(gpus)
@@ -246,8 +287,10 @@ def _ranks(g: nx.DiGraph, hosts: list[str], ranks: list[tuple[int, Any]]) -> Non
             n = by_dev.get(dev) if dev is not None else None
             if n is None or n not in free:
                 if not free:
-                    raise DiscoveryError(f"rank {r}: host {hosts[hi]} has {len(gpus)} GPUs for {len(rs)} ranks; "
-                                         "expected at most one rank per GPU")
+                    raise DiscoveryError(
+                        f"rank {r}: host {hosts[hi]} has {len(gpus)} GPUs for {len(rs)} ranks; "
+                        "expected at most one rank per GPU"
+                    )
                 n = free[0]
             free.remove(n)
             g.nodes[n]["rank"] = r
@@ -256,11 +299,15 @@ def _ranks(g: nx.DiGraph, hosts: list[str], ranks: list[tuple[int, Any]]) -> Non
 def _ensure_nics(g: nx.DiGraph, hosts: list[str]) -> list[tuple[str, list[tuple[str, int, float]]]]:
     out = []
     for h in hosts:
-        nics = sorted((n for n, d in g.nodes(data=True) if d["kind"] == "nic" and d.get("host") == h),
-                      key=lambda n: int(n.rsplit("nic", 1)[-1]) if n.rsplit("nic", 1)[-1].isdigit() else 0)
+        nics = sorted(
+            (n for n, d in g.nodes(data=True) if d["kind"] == "nic" and d.get("host") == h),
+            key=lambda n: int(n.rsplit("nic", 1)[-1]) if n.rsplit("nic", 1)[-1].isdigit() else 0,
+        )
         if not nics:
-            cpus = sorted((n for n, d in g.nodes(data=True) if d["kind"] == "cpu" and d.get("host") == h),
-                          key=lambda n: g.nodes[n].get("numa", 0))
+            cpus = sorted(
+                (n for n, d in g.nodes(data=True) if d["kind"] == "cpu" and d.get("host") == h),
+                key=lambda n: g.nodes[n].get("numa", 0),
+            )
             nic = f"{h}/nic0"
             g.add_node(nic, kind="nic", host=h, name="socket", bw=net_bw(0), x_assumed=True)
             for a, b in ((nic, cpus[0]), (cpus[0], nic)):
@@ -269,8 +316,9 @@ def _ensure_nics(g: nx.DiGraph, hosts: list[str]) -> list[tuple[str, list[tuple[
         if not any(g.nodes[n].get("rail") is not None for n in nics):
             for k, n in enumerate(nics):  # no compute-fabric NIC identified: every NIC is a rail
                 g.nodes[n]["rail"] = k
-        ns = [(n, g.nodes[n]["rail"], g.nodes[n].get("bw", net_bw(0))) for n in nics
-              if g.nodes[n].get("rail") is not None]  # storage/management NICs stay off the fabric
+        ns = [
+            (n, g.nodes[n]["rail"], g.nodes[n].get("bw", net_bw(0))) for n in nics if g.nodes[n].get("rail") is not None
+        ]  # storage/management NICs stay off the fabric
         out.append((h, ns))
     return out
 

@@ -41,6 +41,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TopologyError: x.yaml: t.gpus.count: one host of template 'big' would make 1,000,000,001 ...
 """
+
 from __future__ import annotations
 
 import math
@@ -98,9 +99,12 @@ class HostTemplate:
 def check_cpulist(doc: Doc, text: str, path: tuple) -> None:
     """A Linux CPU list (``"0-55,112-167"``): ascending ranges of CPU ids below sysfs.MAX_CPU_ID."""
     from .sysfs import MAX_CPU_ID, parse_cpulist
+
     if not parse_cpulist(text):
-        doc.fail(path, f"expected a CPU list like '0-55,112-167' (ascending ranges, ids below {MAX_CPU_ID}), "
-                       f"got {text[:40]!r}")
+        doc.fail(
+            path,
+            f"expected a CPU list like '0-55,112-167' (ascending ranges, ids below {MAX_CPU_ID}), got {text[:40]!r}",
+        )
 
 
 def _link(kind: str, bw: float, lat: float, count: int = 1) -> dict:
@@ -162,7 +166,7 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
             doc.fail((*path, "smp"), "missing key 'bw': expected the SMP bandwidth in GB/s per direction")
         numas = sorted(cpus)
         for i, a in enumerate(numas):  # full mesh, as NCCL links every pair of CPU nodes
-            for b in numas[i + 1:]:
+            for b in numas[i + 1 :]:
                 ht.links.append((cpus[a], cpus[b], _link("smp", bw, lat)))
     elif "smp" in t:
         _link_spec(doc, t["smp"], (*path, "smp"), PCIE_HOP_LAT)
@@ -191,8 +195,11 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
     if "pci" in gd:
         for i, v in enumerate(doc.seq(gd["pci"], (*gp, "pci"), length=ngpu, what="PCI bus ids (one per GPU)")):
             gpus[i]["pci"] = doc.string(v, (*gp, "pci", i)).lower()
-    gpu_numa = (doc.per_item(gd["numa"], (*gp, "numa"), ngpu, numa_of, what="NUMA domains (one per GPU)")
-                if "numa" in gd else [None] * ngpu)
+    gpu_numa = (
+        doc.per_item(gd["numa"], (*gp, "numa"), ngpu, numa_of, what="NUMA domains (one per GPU)")
+        if "numa" in gd
+        else [None] * ngpu
+    )
 
     # ---- NICs
     nics: list[dict] = []
@@ -202,32 +209,43 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         nd = doc.mapping(t["nics"], np_, required=("count", "bw"), optional=NIC_KEYS)
         nnic = doc.integer(nd["count"], (*np_, "count"), minimum=0)
         tally.add((*np_, "count"), nnic, 2 * nnic)
-        bws = doc.per_item(nd["bw"], (*np_, "bw"), nnic, lambda v, p: doc.number(v, p, unit="GB/s"),
-                           what="bandwidths (one per NIC)")
+        bws = doc.per_item(
+            nd["bw"], (*np_, "bw"), nnic, lambda v, p: doc.number(v, p, unit="GB/s"), what="bandwidths (one per NIC)"
+        )
         nics = [{"kind": "nic", "bw": bws[k]} for k in range(nnic)]
         if "names" in nd:
             for k, v in enumerate(doc.seq(nd["names"], (*np_, "names"), length=nnic, what="names (one per NIC)")):
                 nics[k]["name"] = doc.string(v, (*np_, "names", k))
-        rails = (doc.seq(nd["rails"], (*np_, "rails"), length=nnic, what="rails (one per NIC, null = none)")
-                 if "rails" in nd else list(range(nnic)))
+        rails = (
+            doc.seq(nd["rails"], (*np_, "rails"), length=nnic, what="rails (one per NIC, null = none)")
+            if "rails" in nd
+            else list(range(nnic))
+        )
         for k, r in enumerate(rails):
             if r is not None:
                 nics[k]["rail"] = doc.integer(r, (*np_, "rails", k), minimum=0)
         if "pci" in nd:
             for k, v in enumerate(doc.seq(nd["pci"], (*np_, "pci"), length=nnic, what="PCI bus ids (one per NIC)")):
                 nics[k]["pci"] = doc.string(v, (*np_, "pci", k)).lower()
-        if "lat" in nd:   # the transport's own latency per message (an NCCL net plugin's `latency`)
-            lats = doc.per_item(nd["lat"], (*np_, "lat"), nnic,
-                                lambda v, p: doc.number(v, p, positive=False, unit="µs"),
-                                what="latencies (one per NIC)")
+        if "lat" in nd:  # the transport's own latency per message (an NCCL net plugin's `latency`)
+            lats = doc.per_item(
+                nd["lat"],
+                (*np_, "lat"),
+                nnic,
+                lambda v, p: doc.number(v, p, positive=False, unit="µs"),
+                what="latencies (one per NIC)",
+            )
             for k, v in enumerate(lats):
                 nics[k]["lat"] = v
         if "link_layer" in nd:
             ll = doc.string(nd["link_layer"], (*np_, "link_layer"))
             for a in nics:
                 a["link_layer"] = ll
-        nic_numa = (doc.per_item(nd["numa"], (*np_, "numa"), nnic, numa_of, what="NUMA domains (one per NIC)")
-                    if "numa" in nd else [None] * nnic)
+        nic_numa = (
+            doc.per_item(nd["numa"], (*np_, "numa"), nnic, numa_of, what="NUMA domains (one per NIC)")
+            if "numa" in nd
+            else [None] * nnic
+        )
 
     # ---- PCIe tree
     pcie_bw, pcie_lat = None, PCIE_HOP_LAT
@@ -289,15 +307,20 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         c2c = _link_spec(doc, gd["c2c"], (*gp, "c2c"), PCIE_HOP_LAT)
         if c2c[0] is None:
             doc.fail((*gp, "c2c"), "missing key 'bw': expected the NVLink-C2C bandwidth in GB/s per direction")
-    for kind, devs, numas, placed, key in (("GPU", gpus, gpu_numa, placed_gpu, "gpus"),
-                                           ("NIC", nics, nic_numa, placed_nic, "nics")):
+    for kind, devs, numas, placed, key in (
+        ("GPU", gpus, gpu_numa, placed_gpu, "gpus"),
+        ("NIC", nics, nic_numa, placed_nic, "nics"),
+    ):
         prefix = "gpu" if kind == "GPU" else "nic"
         for i, a in enumerate(devs):
             if i in placed:
                 s = placed[i]
                 if numas[i] is not None and numas[i] != sw_numa[s]:
-                    doc.fail((*path, key, "numa"), f"{kind} {i}: numa {numas[i]} disagrees with its PCIe switch "
-                                                   f"{s} under NUMA domain {sw_numa[s]}")
+                    doc.fail(
+                        (*path, key, "numa"),
+                        f"{kind} {i}: numa {numas[i]} disagrees with its PCIe switch "
+                        f"{s} under NUMA domain {sw_numa[s]}",
+                    )
                 a["numa"] = sw_numa[s]
                 ht.links.append((f"{prefix}{i}", f"pcisw{s}", _link("pcie", pcie_bw, pcie_lat)))
             elif numas[i] is not None:
@@ -309,8 +332,11 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
                         doc.fail(path, f"missing key 'pcie': {kind} {i} attaches to a CPU over PCIe; give pcie.bw")
                     ht.links.append((f"{prefix}{i}", cpus[numas[i]], _link("pcie", pcie_bw, pcie_lat)))
             else:
-                doc.fail((*path, key), f"{kind} {i}: expected it under a PCIe switch (pcie.switches[].{key}) "
-                                       f"or a 'numa' to attach it to a CPU directly")
+                doc.fail(
+                    (*path, key),
+                    f"{kind} {i}: expected it under a PCIe switch (pcie.switches[].{key}) "
+                    f"or a 'numa' to attach it to a CPU directly",
+                )
             if kind == "GPU" and c2c is not None and i in placed:
                 ht.links.append((f"gpu{i}", cpus[a["numa"]], _link("c2c", c2c[0], c2c[1])))
     ht.nodes[:0] = [(f"gpu{i}", a) for i, a in enumerate(gpus)]
@@ -326,8 +352,13 @@ def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int, ta
     sd = doc.mapping(v, sp, required=("count", "links", "link_bw"), optional=NVSWITCH_KEYS)
     nsw = doc.integer(sd["count"], (*sp, "count"), minimum=1)
     tally.add((*sp, "count"), nsw, 2 * nsw * ngpu)  # every GPU links to every switch
-    links = doc.per_item(sd["links"], (*sp, "links"), nsw, lambda x, p: doc.integer(x, p, minimum=1),
-                         what="integers (NVLinks from each GPU to each switch)")
+    links = doc.per_item(
+        sd["links"],
+        (*sp, "links"),
+        nsw,
+        lambda x, p: doc.integer(x, p, minimum=1),
+        what="integers (NVLinks from each GPU to each switch)",
+    )
     link_bw = doc.number(sd["link_bw"], (*sp, "link_bw"), unit="GB/s per NVLink per direction")
     if not math.isfinite(max(links) * link_bw):
         doc.fail((*sp, "link_bw"), f"{max(links)} links x {link_bw:g} GB/s overflows: expected a bandwidth in GB/s")
@@ -340,8 +371,7 @@ def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int, ta
         if scope != "rack":
             doc.fail((*sp, "domain_hosts"), "only valid with scope: rack")
         ht.domain_hosts = doc.integer(sd["domain_hosts"], (*sp, "domain_hosts"), minimum=1)
-    pci = (doc.seq(sd["pci"], (*sp, "pci"), length=nsw, what="PCI bus ids (one per switch)")
-           if "pci" in sd else None)
+    pci = doc.seq(sd["pci"], (*sp, "pci"), length=nsw, what="PCI bus ids (one per switch)") if "pci" in sd else None
     if scope == "rack":
         if pci is not None:
             doc.fail((*sp, "pci"), "rack-level NVLink switches have no PCI address in a host")
@@ -359,8 +389,7 @@ def _parse_nvswitch(doc: Doc, v: Any, sp: tuple, ht: HostTemplate, ngpu: int, ta
             a["pci"] = doc.string(pci[k], (*sp, "pci", k)).lower()
         ht.nodes.append((f"nvswitch{k}", a))
     for i in range(ngpu):
-        ht.links.extend((f"gpu{i}", f"nvswitch{k}", _link("nvlink", n * link_bw, lat, n))
-                        for k, n in enumerate(links))
+        ht.links.extend((f"gpu{i}", f"nvswitch{k}", _link("nvlink", n * link_bw, lat, n)) for k, n in enumerate(links))
 
 
 def rack_switch_id(domain: int | None, k: int) -> str:

@@ -29,6 +29,7 @@ kept in ``meta["hints"]`` for tree building.
 >>> t.gpus(), t.node("box/gpu0")["model"], t.nodes("cpu")
 (('box/gpu0',), 'cpu-process', ('box/cpu0',))
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,14 +69,20 @@ def _cpuinfo(root: str) -> dict[str, Any]:
     except OSError:
         return {}
     out: dict[str, Any] = {}
-    for key, name in (("vendor_id", "vendor"), ("cpu family", "family"), ("model", "model"),
-                      ("CPU implementer", "implementer"), ("model name", "model_name")):
+    for key, name in (
+        ("vendor_id", "vendor"),
+        ("cpu family", "family"),
+        ("model", "model"),
+        ("CPU implementer", "implementer"),
+        ("model name", "model_name"),
+    ):
         m = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
         if m:
             out[name] = m.group(1).strip()
     if "model_name" in out:  # "Intel(R) Xeon(R) Platinum 8480C" -> "Intel Xeon Platinum 8480C"
-        out["model_name"] = re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)|\bCPU\b|@.*$|\d+-Core Processor", "",
-                                                        out["model_name"])).strip()
+        out["model_name"] = re.sub(
+            r"\s+", " ", re.sub(r"\((R|TM)\)|\bCPU\b|@.*$|\d+-Core Processor", "", out["model_name"])
+        ).strip()
     out["arch"] = "arm64" if "implementer" in out else "x86_64" if "vendor" in out else None
     return out
 
@@ -85,8 +92,11 @@ def _socket(root: str | None, cpulist: str | None) -> int | None:
     if root is None or not cpus:
         return None
     try:
-        return int((Path(root) / "sys/devices/system/cpu" / f"cpu{cpus[0]}" / "topology/physical_package_id")
-                   .read_text().strip())
+        return int(
+            (Path(root) / "sys/devices/system/cpu" / f"cpu{cpus[0]}" / "topology/physical_package_id")
+            .read_text()
+            .strip()
+        )
     except (OSError, ValueError):
         return None
 
@@ -94,18 +104,32 @@ def _socket(root: str | None, cpulist: str | None) -> int | None:
 def _cpus(b: HostBuilder, numa: dict[int, str], cpu: dict[str, Any], root: str | None = None) -> list[int]:
     ids = sorted(numa) or [0]
     for n in ids:
-        b.add(("cpu", n), "cpu", numa=n, affinity=numa.get(n) or None, socket=_socket(root, numa.get(n)),
-              model=cpu.get("model_name"))
+        b.add(
+            ("cpu", n),
+            "cpu",
+            numa=n,
+            affinity=numa.get(n) or None,
+            socket=_socket(root, numa.get(n)),
+            model=cpu.get("model_name"),
+        )
     bw = smp_bw(cpu.get("arch"), cpu.get("vendor"), cpu.get("family"), cpu.get("model"))
     for i, a in enumerate(ids):
-        for c in ids[i + 1:]:
+        for c in ids[i + 1 :]:
             b.link(("cpu", a), ("cpu", c), "smp", bw)
     return ids
 
 
-def cpu_only_host(host: str, numa: dict[int, str], slots: int, cpu: Mapping[str, Any] | None = None,
-                  g: nx.DiGraph | None = None, *, sysfs_root: str | None = None, h: Hints | None = None,
-                  notes: list | None = None) -> nx.DiGraph:
+def cpu_only_host(
+    host: str,
+    numa: dict[int, str],
+    slots: int,
+    cpu: Mapping[str, Any] | None = None,
+    g: nx.DiGraph | None = None,
+    *,
+    sysfs_root: str | None = None,
+    h: Hints | None = None,
+    notes: list | None = None,
+) -> nx.DiGraph:
     """The graph of a host without GPUs: NUMA domains joined by smp links, and
     ``slots`` rank slots (kind ``gpu``, model ``"cpu-process"``) spread in blocks over
     them; with ``sysfs_root``, the host's NICs too."""
@@ -116,8 +140,7 @@ def cpu_only_host(host: str, numa: dict[int, str], slots: int, cpu: Mapping[str,
         b.add(("gpu", i), "gpu", index=i, model=CPU_SLOT_MODEL, numa=n)
         b.link(("gpu", i), ("cpu", n), "pcie", CPU_SLOT_BW, lat=CPU_SLOT_LAT)
     if sysfs_root is not None:
-        _nics(b, sysfs_root, sysfs.pci_devices(sysfs_root), numa, h or Hints(), ids[0],
-              [] if notes is None else notes)
+        _nics(b, sysfs_root, sysfs.pci_devices(sysfs_root), numa, h or Hints(), ids[0], [] if notes is None else notes)
     return b.build(g)
 
 
@@ -137,10 +160,15 @@ def _attach(b: HostBuilder, key: Any, dev: sysfs.PciDevice | None, devs: dict, n
     for s in dev.switches:
         b.add(("sw", s), "pcie_switch", pci=s)
     if dev.downtrained:
-        notes.append(f"PCIe link of {dev.bdf} is downtrained: {dev.link_speed} x{dev.link_width} "
-                     f"of {dev.max_link_speed} x{dev.max_link_width}")
-        b.add(key, b.items[key]["kind"], x_downtrained=f"{dev.link_speed} x{dev.link_width} of "
-                                                       f"{dev.max_link_speed} x{dev.max_link_width}")
+        notes.append(
+            f"PCIe link of {dev.bdf} is downtrained: {dev.link_speed} x{dev.link_width} "
+            f"of {dev.max_link_speed} x{dev.max_link_width}"
+        )
+        b.add(
+            key,
+            b.items[key]["kind"],
+            x_downtrained=f"{dev.link_speed} x{dev.link_width} of {dev.max_link_speed} x{dev.max_link_width}",
+        )
     chain = [key, *(("sw", s) for s in dev.switches), ("cpu", numa)]
     below = dev
     for lo, hi in zip(chain, chain[1:]):
@@ -181,13 +209,13 @@ def _nics(b: HostBuilder, root: str, devs: dict, numa: dict[int, str], h: Hints,
             notes.append(f"NIC {nic.name}: no PCI path in sysfs, attached to cpu{default} (as NCCL does)")
         key = ("nic", nic.name, nic.port)
         n = _numa_of(dev, None, numa, default)
-        b.add(key, "nic", pci=nic.pci, name=nic.name, bw=net_bw((nic.rate or 0) * 1000),
-              link_layer=nic.link_layer, numa=n)
+        b.add(
+            key, "nic", pci=nic.pci, name=nic.name, bw=net_bw((nic.rate or 0) * 1000), link_layer=nic.link_layer, numa=n
+        )
         _attach(b, key, dev, devs, n, notes)
 
 
-def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], notes: list,
-              meta: dict) -> nx.DiGraph:
+def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], notes: list, meta: dict) -> nx.DiGraph:
     numa = sysfs.numa_nodes(root)
     devs = sysfs.pci_devices(root)
     b = HostBuilder(host)
@@ -207,9 +235,19 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
         if f is not NA:
             fabric[g.index] = f
         model, mem_bw = GPU_MODELS.get(g.name or "", (g.name or None, g.mem_bw or None))
-        b.add(("gpu", g.index), "gpu", pci=g.pci or None, index=g.index, uuid=g.uuid or None,
-              model=model, mem_bw=mem_bw, numa=n, sm=g.sm or None,
-              x_memory=g.memory or None, x_cuda=order.index(g.index) if g.index in order else None)
+        b.add(
+            ("gpu", g.index),
+            "gpu",
+            pci=g.pci or None,
+            index=g.index,
+            uuid=g.uuid or None,
+            model=model,
+            mem_bw=mem_bw,
+            numa=n,
+            sm=g.sm or None,
+            x_memory=g.memory or None,
+            x_cuda=order.index(g.index) if g.index in order else None,
+        )
         c2c = nv.c2c(g.index)
         if c2c is not NA:  # Grace: C2C is the GPU's host interface (NCCL prefers it over PCIe)
             b.link(("gpu", g.index), ("cpu", n), "c2c", c2c[0] * c2c[1] / 1000, count=c2c[0])
@@ -227,8 +265,15 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
                 f = fabric.get(g.index)
                 if f is not None:  # NVL72 wiring: link l of every GPU goes to NVLink switch chip l
                     tgt = ("nvl", ln.link)
-                    b.add(tgt, "nvswitch", id=f"nvl/sw{ln.link}", rack=True, assumed=True,
-                          x_cluster_uuid=f.cluster_uuid, x_clique=f.clique_id)
+                    b.add(
+                        tgt,
+                        "nvswitch",
+                        id=f"nvl/sw{ln.link}",
+                        rack=True,
+                        assumed=True,
+                        x_cluster_uuid=f.cluster_uuid,
+                        x_clique=f.clique_id,
+                    )
                 else:
                     tgt = ("nvs", None)
                     b.add(tgt, "nvswitch", assumed=True)
@@ -254,8 +299,9 @@ def _open_nvml(nvml: Any) -> Nvml:
     return Nvml.open(module=nvml)
 
 
-def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] | None = None,
-             host: str | None = None) -> Topology:
+def discover(
+    *, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] | None = None, host: str | None = None
+) -> Topology:
     """The topology of this host.
 
     Parameters
@@ -271,8 +317,10 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
     unreadable NCCL_TOPO_FILE.
     """
     if not os.path.isdir(sysfs_root):
-        raise TopologyError(f"sysfs root {sysfs_root}: expected a directory holding sys/ (as / does), "
-                            f"got {'a file' if os.path.exists(sysfs_root) else 'no such directory'}")
+        raise TopologyError(
+            f"sysfs root {sysfs_root}: expected a directory holding sys/ (as / does), "
+            f"got {'a file' if os.path.exists(sysfs_root) else 'no such directory'}"
+        )
     env = dict(os.environ if env is None else env)
     h = parse_hints(env)
     host = host or socket.gethostname() or "localhost"
@@ -289,6 +337,7 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
     try:
         if h.topo_file:
             from .nccl_xml import import_xml
+
             g = nx.DiGraph(import_xml(h.topo_file, host=host, require_gpus=False).graph)  # may be partial
             if nv is not None:
                 _add_nvml_nvlinks(g, host, nv, notes)
@@ -299,15 +348,29 @@ def discover(*, sysfs_root: str = "/", nvml: Any = None, env: Mapping[str, str] 
         if nv is not None and nvml is None:  # we opened it
             nv.close()
     if not h.topo_file and nv is None:
-        g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
-                          sysfs_root=sysfs_root, h=h, notes=notes)
+        g = cpu_only_host(
+            host,
+            sysfs.numa_nodes(sysfs_root),
+            _local_slots(h),
+            _cpuinfo(sysfs_root),
+            sysfs_root=sysfs_root,
+            h=h,
+            notes=notes,
+        )
     elif not h.topo_file:
         if not any(d["kind"] == "gpu" for _, d in g.nodes(data=True)):
             notes.append("NVML found no GPU; topology is a CPU-only host")
-            g = cpu_only_host(host, sysfs.numa_nodes(sysfs_root), _local_slots(h), _cpuinfo(sysfs_root),
-                              sysfs_root=sysfs_root, h=h, notes=notes)
+            g = cpu_only_host(
+                host,
+                sysfs.numa_nodes(sysfs_root),
+                _local_slots(h),
+                _cpuinfo(sysfs_root),
+                sysfs_root=sysfs_root,
+                h=h,
+                notes=notes,
+            )
     g = _rails(Topology(g), h).graph
-    for n in notes[1 if nv is None and nvml is not False else 0:]:
+    for n in notes[1 if nv is None and nvml is not False else 0 :]:
         log.info("treecoll discover: %s", n)
     meta["notes"] = notes
     meta["hints"] = h.as_dict()
@@ -325,6 +388,7 @@ def _rails(t: Topology, h: Hints) -> Topology:
     NCCL_IB_HCA (``name:port:rail``) wins. NICs that already carry a rail keep it.
     """
     from .paths import NCCL_CLASSES
+
     g = nx.DiGraph(t.graph)
     for host in t.hosts():
         nics = [n for n in t.nics(host) if "rail" not in g.nodes[n]]
@@ -372,8 +436,9 @@ def _add_nvml_nvlinks(g: nx.DiGraph, host: str, nv: Nvml, notes: list) -> None:
             per[tgt] = per.get(tgt, 0) + 1
         if gi.sm is not NA:
             g.nodes[node].setdefault("sm", gi.sm)
-    switches = sorted({t[1] for per in per_gpu.values() for t in per if isinstance(t, tuple)},
-                      key=lambda p: (p is None, p or ""))
+    switches = sorted(
+        {t[1] for per in per_gpu.values() for t in per if isinstance(t, tuple)}, key=lambda p: (p is None, p or "")
+    )
     sw_id = {p: f"{host}/nvswitch{k}" for k, p in enumerate(switches)}
     for p, n in sw_id.items():
         g.add_node(n, kind="nvswitch", host=host, **({"pci": p} if p else {"assumed": True}))

@@ -20,6 +20,7 @@ on a Topology or on later tree building is in :data:`EFFECTS` (what
 >>> expand_hostlist("gpu[01-03,7],login")
 ('gpu01', 'gpu02', 'gpu03', 'gpu7', 'login')
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,8 +32,19 @@ from typing import Any
 
 from .errors import TopologyError
 
-__all__ = ["Hints", "NameFilter", "hints", "hints_report", "expand_hostlist", "int_var", "EFFECTS", "HOST_ID_VAR",
-           "PATH_LEVELS", "transport", "gdr"]
+__all__ = [
+    "Hints",
+    "NameFilter",
+    "hints",
+    "hints_report",
+    "expand_hostlist",
+    "int_var",
+    "EFFECTS",
+    "HOST_ID_VAR",
+    "PATH_LEVELS",
+    "transport",
+    "gdr",
+]
 
 #: the variable that overrides treecoll's host identity (tests: 4 processes pretending to be 2 hosts)
 HOST_ID_VAR = "TREECOLL_HOST_ID"
@@ -43,36 +55,41 @@ _LEGACY = {0: "LOC", 1: "PIX", 2: "PXB", 3: "PHB", 4: "SYS"}
 EFFECTS: dict[str, str] = {
     "NCCL_TOPO_FILE": "discovery imports this NCCL topology XML as the host's PCIe tree (NVML adds NVLinks it lacks)",
     "NCCL_GRAPH_FILE": "recorded; an NCCL_GRAPH_FILE can be imported as custom rings/trees "
-                       "(topo.nccl_xml.parse_graph_xml)",
+    "(topo.nccl_xml.parse_graph_xml)",
     "NCCL_P2P_DISABLE": "GPU pairs never use P2P: every intra-host GPU pair talks through host memory "
-                        "(as level LOC; topo.env.transport)",
+    "(as level LOC; topo.env.transport)",
     "NCCL_P2P_LEVEL": "GPU pairs whose path class is beyond this level talk through host memory (SHM) instead "
-                      "of P2P (default PXB; topo.env.transport)",
+    "of P2P (default PXB; topo.env.transport)",
     "NCCL_SHM_DISABLE": "no host-memory transport: GPU pairs without P2P talk through the network even inside "
-                        "a host (topo.env.transport)",
+    "a host (topo.env.transport)",
     "NCCL_IB_DISABLE": "InfiniBand/RoCE NICs are dropped from discovery; hosts talk over IP sockets NICs",
     "NCCL_IB_HCA": "only the selected verbs NICs/ports are kept (^ excludes, = exact names, :port selects a port); "
-                   "a :port:rail field sets the NIC's rail",
+    "a :port:rail field sets the NIC's rail",
     "NCCL_SOCKET_IFNAME": "only the selected socket interfaces are kept as NICs (^ excludes, = exact names)",
     "NCCL_NET_GDR_LEVEL": "GPU-NIC pairs beyond this path class stage network traffic through host memory "
-                          "(default P2C; topo.env.gdr)",
+    "(default P2C; topo.env.gdr)",
     "NCCL_CROSS_NIC": "0: rings/trees keep each channel on one rail; 1: may cross NICs; 2 (default): prefer one rail",
     "NCCL_HOSTID": "host identity for multi-host assembly (replaces hostname + boot id, as in NCCL)",
     HOST_ID_VAR: "host identity for multi-host assembly; overrides NCCL_HOSTID "
-                 "(tests: fake several hosts on one machine)",
+    "(tests: fake several hosts on one machine)",
     "TREECOLL_MAX_NODES": "cap on the nodes of a topology read from a file (default 1,000,000; topo.limits)",
     "TREECOLL_MAX_LINKS": "cap on the directed links of a topology read from a file (default 4,000,000; topo.limits)",
     "CUDA_VISIBLE_DEVICES": "which GPUs (CUDA ordinals or GPU-UUIDs) this process sees; others get no rank",
     "CUDA_DEVICE_ORDER": "CUDA ordinal order: PCI_BUS_ID or FASTEST_FIRST (default)",
-    "RANK": "torchrun: global rank of this process", "LOCAL_RANK": "torchrun: rank on this host",
-    "WORLD_SIZE": "torchrun: number of ranks", "LOCAL_WORLD_SIZE": "torchrun: ranks per host (CPU-only rank slots)",
+    "RANK": "torchrun: global rank of this process",
+    "LOCAL_RANK": "torchrun: rank on this host",
+    "WORLD_SIZE": "torchrun: number of ranks",
+    "LOCAL_WORLD_SIZE": "torchrun: ranks per host (CPU-only rank slots)",
     "GROUP_RANK": "torchrun: index of this host's worker group (the node rank)",
-    "SLURM_PROCID": "Slurm: global rank", "SLURM_LOCALID": "Slurm: rank on this node",
-    "SLURM_NODEID": "Slurm: node index", "SLURM_NTASKS": "Slurm: number of ranks",
+    "SLURM_PROCID": "Slurm: global rank",
+    "SLURM_LOCALID": "Slurm: rank on this node",
+    "SLURM_NODEID": "Slurm: node index",
+    "SLURM_NTASKS": "Slurm: number of ranks",
     "SLURM_JOB_NODELIST": "Slurm: host names of the job (bracket ranges expanded)",
     "SLURM_TOPOLOGY_ADDR": "Slurm: this node's switch path; multi-host assembly builds the network from these paths",
     "SLURM_TOPOLOGY_ADDR_PATTERN": "Slurm: which parts of SLURM_TOPOLOGY_ADDR are switches",
-    "OMPI_COMM_WORLD_RANK": "Open MPI: global rank", "OMPI_COMM_WORLD_SIZE": "Open MPI: number of ranks",
+    "OMPI_COMM_WORLD_RANK": "Open MPI: global rank",
+    "OMPI_COMM_WORLD_SIZE": "Open MPI: number of ranks",
     "OMPI_COMM_WORLD_LOCAL_RANK": "Open MPI: rank on this node",
     "OMPI_COMM_WORLD_LOCAL_SIZE": "Open MPI: ranks on this node (CPU-only rank slots)",
 }
@@ -89,15 +106,17 @@ class NameFilter:
     entries: tuple[tuple[str, int | None], ...]
     exclude: bool = False
     exact: bool = False
-    rails: tuple[tuple[str, int], ...] = ()   # NCCL 2.30 ``name:port:rail``: (name, rail) when rail >= 0
+    rails: tuple[tuple[str, int], ...] = ()  # NCCL 2.30 ``name:port:rail``: (name, rail) when rail >= 0
 
     def rail_of(self, name: str) -> int | None:
         """The rail NCCL_IB_HCA assigns to device ``name`` (exact name), or None."""
         return next((r for n, r in self.rails if n == name), None)
 
     def selects(self, name: str, port: int | None = None) -> bool:
-        hit = any((name == n if self.exact else name.startswith(n)) and (p is None or port is None or p == port)
-                  for n, p in self.entries)
+        hit = any(
+            (name == n if self.exact else name.startswith(n)) and (p is None or port is None or p == port)
+            for n, p in self.entries
+        )
         return hit != self.exclude
 
 
@@ -107,17 +126,17 @@ class Hints:
 
     topo_file: str | None = None
     graph_file: str | None = None
-    p2p_level: str | None = None        # effective level (NCCL_P2P_DISABLE=1 -> "LOC")
+    p2p_level: str | None = None  # effective level (NCCL_P2P_DISABLE=1 -> "LOC")
     shm_disable: bool = False
     ib_disable: bool = False
     ib_hca: NameFilter | None = None
     socket_ifname: NameFilter | None = None
     net_gdr_level: str | None = None
     cross_nic: int | None = None
-    host_id: str | None = None          # TREECOLL_HOST_ID, else NCCL_HOSTID
+    host_id: str | None = None  # TREECOLL_HOST_ID, else NCCL_HOSTID
     cuda_visible_devices: tuple[str, ...] | None = None
     cuda_device_order: str | None = None
-    launcher: str | None = None         # "torchrun" | "slurm" | "openmpi"
+    launcher: str | None = None  # "torchrun" | "slurm" | "openmpi"
     rank: int | None = None
     world_size: int | None = None
     local_rank: int | None = None
@@ -259,21 +278,33 @@ def expand_hostlist(expr: str, var: str = "SLURM_JOB_NODELIST") -> tuple[str, ..
 
 def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
     if any(k in env for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")):
-        return {"launcher": "torchrun", "rank": int_var(env, "RANK"),
-                "world_size": int_var(env, "WORLD_SIZE", minimum=1), "local_rank": int_var(env, "LOCAL_RANK"),
-                "local_world_size": int_var(env, "LOCAL_WORLD_SIZE", minimum=1),
-                "node_rank": int_var(env, "GROUP_RANK")}
+        return {
+            "launcher": "torchrun",
+            "rank": int_var(env, "RANK"),
+            "world_size": int_var(env, "WORLD_SIZE", minimum=1),
+            "local_rank": int_var(env, "LOCAL_RANK"),
+            "local_world_size": int_var(env, "LOCAL_WORLD_SIZE", minimum=1),
+            "node_rank": int_var(env, "GROUP_RANK"),
+        }
     if "SLURM_PROCID" in env:
         per_node = int_var(env, "SLURM_NTASKS_PER_NODE", minimum=1)
-        return {"launcher": "slurm", "rank": int_var(env, "SLURM_PROCID"),
-                "world_size": int_var(env, "SLURM_NTASKS", minimum=1),
-                "local_rank": int_var(env, "SLURM_LOCALID"), "local_world_size": per_node,
-                "node_rank": int_var(env, "SLURM_NODEID")}
+        return {
+            "launcher": "slurm",
+            "rank": int_var(env, "SLURM_PROCID"),
+            "world_size": int_var(env, "SLURM_NTASKS", minimum=1),
+            "local_rank": int_var(env, "SLURM_LOCALID"),
+            "local_world_size": per_node,
+            "node_rank": int_var(env, "SLURM_NODEID"),
+        }
     if "OMPI_COMM_WORLD_RANK" in env:
-        return {"launcher": "openmpi", "rank": int_var(env, "OMPI_COMM_WORLD_RANK"),
-                "world_size": int_var(env, "OMPI_COMM_WORLD_SIZE", minimum=1),
-                "local_rank": int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-                "local_world_size": int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1), "node_rank": None}
+        return {
+            "launcher": "openmpi",
+            "rank": int_var(env, "OMPI_COMM_WORLD_RANK"),
+            "world_size": int_var(env, "OMPI_COMM_WORLD_SIZE", minimum=1),
+            "local_rank": int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+            "local_world_size": int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1),
+            "node_rank": None,
+        }
     return {}
 
 
@@ -288,8 +319,10 @@ def _topology_addr(env: Mapping[str, str]) -> tuple[str, ...] | None:
     if pattern:
         kinds = pattern.strip().split(".")
         if len(kinds) != len(parts):
-            raise TopologyError(f"SLURM_TOPOLOGY_ADDR_PATTERN={pattern!r}: expected {len(parts)} parts like "
-                                f"SLURM_TOPOLOGY_ADDR={addr!r}, got {len(kinds)}")
+            raise TopologyError(
+                f"SLURM_TOPOLOGY_ADDR_PATTERN={pattern!r}: expected {len(parts)} parts like "
+                f"SLURM_TOPOLOGY_ADDR={addr!r}, got {len(kinds)}"
+            )
         return tuple(p for p, k in zip(parts, kinds) if k == "switch")
     return tuple(parts[:-1])  # last part is the node itself
 
@@ -305,21 +338,29 @@ def hints(env: Mapping[str, str] | None = None) -> Hints:
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     host_id = env.get(HOST_ID_VAR) or env.get("NCCL_HOSTID") or None
     return Hints(
-        topo_file=env.get("NCCL_TOPO_FILE") or None, graph_file=env.get("NCCL_GRAPH_FILE") or None,
-        p2p_level=p2p, shm_disable=_bool(env, "NCCL_SHM_DISABLE"), ib_disable=_bool(env, "NCCL_IB_DISABLE"),
-        ib_hca=_filter(env, "NCCL_IB_HCA", ports=True), socket_ifname=_filter(env, "NCCL_SOCKET_IFNAME", ports=False),
-        net_gdr_level=_level(env, "NCCL_NET_GDR_LEVEL"), cross_nic=int_var(env, "NCCL_CROSS_NIC", maximum=2),
+        topo_file=env.get("NCCL_TOPO_FILE") or None,
+        graph_file=env.get("NCCL_GRAPH_FILE") or None,
+        p2p_level=p2p,
+        shm_disable=_bool(env, "NCCL_SHM_DISABLE"),
+        ib_disable=_bool(env, "NCCL_IB_DISABLE"),
+        ib_hca=_filter(env, "NCCL_IB_HCA", ports=True),
+        socket_ifname=_filter(env, "NCCL_SOCKET_IFNAME", ports=False),
+        net_gdr_level=_level(env, "NCCL_NET_GDR_LEVEL"),
+        cross_nic=int_var(env, "NCCL_CROSS_NIC", maximum=2),
         host_id=host_id,
         cuda_visible_devices=None if cvd is None else tuple(t.strip() for t in cvd.split(",") if t.strip()),
         cuda_device_order=(order or "").strip() or None,
         nodelist=expand_hostlist(nodelist) if nodelist else None,
-        topology_addr=_topology_addr(env), **_launcher(env))
+        topology_addr=_topology_addr(env),
+        **_launcher(env),
+    )
 
 
 def hints_report(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Plain data for ``treecoll topo hints``: every known variable that is set, its
     value and its effect, plus the parsed :class:`Hints` (raises on an invalid value)."""
     from .limits import limits
+
     env = os.environ if env is None else env
     h = hints(env)
     limits(env=env)  # an invalid TREECOLL_MAX_NODES / _LINKS is a one-line error naming it

@@ -11,6 +11,7 @@ dependency chain ``topo <- collectives <- attention <- tools``.
 >>> issubclass(TopologyError, TreecollError) and issubclass(TopologyError, ValueError)
 True
 """
+
 from __future__ import annotations
 
 __all__ = [

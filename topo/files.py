@@ -21,6 +21,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TopologyError: x.yaml:2: cannot read topology file: not UTF-8 text (byte 0xff at offset 8); ...
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,12 @@ from .errors import TopologyError, TreecollError
 
 __all__ = ["decode_text", "read_text"]
 
-_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _fail(error: type[TreecollError], where: str, message: str):
@@ -41,8 +46,7 @@ def _fail(error: type[TreecollError], where: str, message: str):
     raise error(f"{where}: {message}")
 
 
-def read_text(path: str | os.PathLike, what: str, *, error: type[TreecollError] = TopologyError,
-              hint: str = "") -> str:
+def read_text(path: str | os.PathLike, what: str, *, error: type[TreecollError] = TopologyError, hint: str = "") -> str:
     """The UTF-8 text of the regular file ``path``; ``what`` names the file in messages
     ("topology file"), ``hint`` is appended to the "no such file" message."""
     p = Path(path)
@@ -82,5 +86,8 @@ def decode_text(data: bytes, where: str, what: str, *, error: type[TreecollError
     except UnicodeDecodeError as e:
         at = e.start + skip
         line = data.count(b"\n", 0, at) + 1
-        _fail(error, f"{where}:{line}", f"cannot read {what}: not UTF-8 text (byte 0x{data[at]:02x} at offset "
-                                        f"{at}); save the file as UTF-8")
+        _fail(
+            error,
+            f"{where}:{line}",
+            f"cannot read {what}: not UTF-8 text (byte 0x{data[at]:02x} at offset {at}); save the file as UTF-8",
+        )

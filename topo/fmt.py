@@ -25,6 +25,7 @@ algo         bytes  time us
 ring         65536     45.6
 two_level  1048576     18.7
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,13 @@ def _cell(value: object, spec: str | None) -> str:
     return str(value)
 
 
-def table(rows: Sequence[Sequence[object]], header: Sequence[str], *, formats: Sequence[str | None] | None = None,
-          sep: str = "  ") -> str:
+def table(
+    rows: Sequence[Sequence[object]],
+    header: Sequence[str],
+    *,
+    formats: Sequence[str | None] | None = None,
+    sep: str = "  ",
+) -> str:
     """Plain-text table of ``rows`` (one sequence of cells per row) under ``header``.
 
     ``formats``: a format spec per column for numeric cells (``".1f"``; None keeps
@@ -78,15 +84,17 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str], *, formats: S
     cell in it is a number, left-aligned otherwise."""
     formats = list(formats) if formats is not None else [None] * len(header)
     if len(formats) != len(header) or any(len(r) != len(header) for r in rows):
-        raise TreecollError(f"table: expected {len(header)} cells per row and format, got rows of "
-                         f"{sorted({len(r) for r in rows})} and {len(formats)} formats")
+        raise TreecollError(
+            f"table: expected {len(header)} cells per row and format, got rows of "
+            f"{sorted({len(r) for r in rows})} and {len(formats)} formats"
+        )
     cells = [[_cell(v, formats[i]) for i, v in enumerate(r)] for r in rows]
-    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and bool(rows)
-               for i in range(len(header))]
+    numeric = [
+        all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and bool(rows) for i in range(len(header))
+    ]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
 
     def line(values: Sequence[str]) -> str:
-        return sep.join(v.rjust(w) if num else v.ljust(w)
-                        for v, w, num in zip(values, widths, numeric)).rstrip()
+        return sep.join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in cells])

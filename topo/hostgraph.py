@@ -14,6 +14,7 @@ the naming conventions shared with the YAML expander (docs/topology-yaml.md):
 
 Plain data in, a ``networkx.DiGraph`` out; no I/O.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,17 @@ import networkx as nx
 from .compact import NVLINK_HOP_LAT, PCIE_HOP_LAT
 from .network import NIC_LEAF_LAT
 
-__all__ = ["HostBuilder", "nvlink_bw", "smp_bw", "net_bw", "LAT", "GPU_CLASS", "NIC_CLASSES", "GPU_MODELS",
-           "GPU_PCI_IDS"]
+__all__ = [
+    "HostBuilder",
+    "nvlink_bw",
+    "smp_bw",
+    "net_bw",
+    "LAT",
+    "GPU_CLASS",
+    "NIC_CLASSES",
+    "GPU_MODELS",
+    "GPU_PCI_IDS",
+]
 
 #: per-link NVLink bandwidth, GB/s per direction, by compute capability
 #: (NCCL 2.30.7 src/graph/topo.h SM60/70/80/86/90/100_NVLINK_BW, ncclTopoNVLinkBw)
@@ -34,24 +44,27 @@ _NVLINK_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
 _NVLINK_BY_GEN = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1, 6: 40.1}
 #: per-link latency in µs, the YAML expander's defaults (topo.compact / topo.network:
 #: NCCL's per-step hwLatencies split over the links of the usual route)
-LAT = {"nvlink": NVLINK_HOP_LAT, "c2c": PCIE_HOP_LAT, "pcie": PCIE_HOP_LAT, "smp": PCIE_HOP_LAT,
-       "net": NIC_LEAF_LAT}
+LAT = {"nvlink": NVLINK_HOP_LAT, "c2c": PCIE_HOP_LAT, "pcie": PCIE_HOP_LAT, "smp": PCIE_HOP_LAT, "net": NIC_LEAF_LAT}
 #: NVML device name -> (model as the shipped YAML spells it, memory bandwidth GB/s from the datasheet)
 GPU_MODELS = {
-    "NVIDIA H100 80GB HBM3": ("H100-SXM5-80GB", 3350.0),       # H100 SXM5 datasheet: 3.35 TB/s
-    "NVIDIA H200": ("H200-SXM-141GB", 4800.0),                 # H200 datasheet: 4.8 TB/s
-    "NVIDIA A100-SXM4-40GB": ("A100-SXM4-40GB", 1555.0),       # A100 datasheet: 1,555 GB/s
-    "NVIDIA A100-SXM4-80GB": ("A100-SXM4-80GB", 2039.0),       # A100 80GB datasheet: 2,039 GB/s
-    "NVIDIA GeForce RTX 3090": ("GeForce-RTX-3090", 936.0),    # RTX 3090 spec: 936 GB/s
-    "NVIDIA GB200": ("B200 (GB200)", 8000.0),                  # GB200 NVL72 spec: 8 TB/s per GPU
+    "NVIDIA H100 80GB HBM3": ("H100-SXM5-80GB", 3350.0),  # H100 SXM5 datasheet: 3.35 TB/s
+    "NVIDIA H200": ("H200-SXM-141GB", 4800.0),  # H200 datasheet: 4.8 TB/s
+    "NVIDIA A100-SXM4-40GB": ("A100-SXM4-40GB", 1555.0),  # A100 datasheet: 1,555 GB/s
+    "NVIDIA A100-SXM4-80GB": ("A100-SXM4-80GB", 2039.0),  # A100 80GB datasheet: 2,039 GB/s
+    "NVIDIA GeForce RTX 3090": ("GeForce-RTX-3090", 936.0),  # RTX 3090 spec: 936 GB/s
+    "NVIDIA GB200": ("B200 (GB200)", 8000.0),  # GB200 NVL72 spec: 8 TB/s per GPU
     "NVIDIA B200": ("B200", 8000.0),
 }
 #: PCI device id (NCCL XML ``device``) -> (model, memory bandwidth GB/s, compute capability x10);
 #: bandwidths from the NVIDIA datasheets (A10G: AWS G5 page, 600 GB/s)
 GPU_PCI_IDS = {
-    0x1DB1: ("V100-SXM2-16GB", 900.0, 70), 0x20B0: ("A100-SXM4-40GB", 1555.0, 80),
-    0x20B2: ("A100-SXM4-80GB", 2039.0, 80), 0x20B5: ("A100-PCIE-80GB", 1935.0, 80),
-    0x2237: ("A10G", 600.0, 86), 0x2330: ("H100-SXM5-80GB", 3350.0, 90), 0x2335: ("H200-SXM-141GB", 4800.0, 90),
+    0x1DB1: ("V100-SXM2-16GB", 900.0, 70),
+    0x20B0: ("A100-SXM4-40GB", 1555.0, 80),
+    0x20B2: ("A100-SXM4-80GB", 2039.0, 80),
+    0x20B5: ("A100-PCIE-80GB", 1935.0, 80),
+    0x2237: ("A10G", 600.0, 86),
+    0x2330: ("H100-SXM5-80GB", 3350.0, 90),
+    0x2335: ("H200-SXM-141GB", 4800.0, 90),
     0x2901: ("B200", 8000.0, 100),
 }
 GPU_CLASS = 0x0302
@@ -124,7 +137,7 @@ class HostBuilder:
 
     def __init__(self, host: str):
         self.host = host
-        self.items: dict[Any, dict] = {}     # key -> {"kind": ..., "attrs": {...}, "order": (bus, seq)}
+        self.items: dict[Any, dict] = {}  # key -> {"kind": ..., "attrs": {...}, "order": (bus, seq)}
         self.links: list[tuple[Any, Any, dict]] = []
         self._seq = 0
         self._linked: set = set()
@@ -149,8 +162,12 @@ class HostBuilder:
         if (a, b) in self._linked or (b, a) in self._linked:
             return
         self._linked.add((a, b))
-        d = {"kind": kind, "bw": float(round(bw, 4)), "lat": attrs.pop("lat") if "lat" in attrs else LAT[kind],
-             "count": int(count)}
+        d = {
+            "kind": kind,
+            "bw": float(round(bw, 4)),
+            "lat": attrs.pop("lat") if "lat" in attrs else LAT[kind],
+            "count": int(count),
+        }
         d.update({k: v for k, v in attrs.items() if v is not None})
         self.links.append((a, b, d))
 

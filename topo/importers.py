@@ -7,6 +7,7 @@ before it reads a file as YAML.
 >>> import_text("name: two", "t.yaml") is None     # neither XML nor nvidia-smi text: the caller decides
 True
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ from .smi import import_smi, looks_like_smi
 __all__ = ["import_file", "import_text"]
 
 
-def import_text(text: str, where: str, *, host: str = "host0", max_nodes: int | None = None,
-                max_links: int | None = None) -> Topology | None:
+def import_text(
+    text: str, where: str, *, host: str = "host0", max_nodes: int | None = None, max_links: int | None = None
+) -> Topology | None:
     """The topology in ``text`` (read from file ``where``) when it is an NCCL topology XML or
     ``nvidia-smi topo -m`` output, else None. ``max_nodes`` / ``max_links``: the caps of
     :mod:`treecoll.topo.limits`."""
@@ -34,8 +36,9 @@ def import_text(text: str, where: str, *, host: str = "host0", max_nodes: int | 
     return None
 
 
-def import_file(path: str | os.PathLike, *, host: str = "host0", max_nodes: int | None = None,
-                max_links: int | None = None) -> Topology:
+def import_file(
+    path: str | os.PathLike, *, host: str = "host0", max_nodes: int | None = None, max_links: int | None = None
+) -> Topology:
     """An NCCL topology XML or ``nvidia-smi topo -m`` text, detected by content.
 
     Errors name the file (and the line where there is one); a path that is a
@@ -46,6 +49,7 @@ def import_file(path: str | os.PathLike, *, host: str = "host0", max_nodes: int 
     where = os.fspath(path)
     t = import_text(read_text(where, "topology file"), where, host=host, max_nodes=max_nodes, max_links=max_links)
     if t is None:
-        raise TopologyError(f"{where}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, "
-                            "got neither")
+        raise TopologyError(
+            f"{where}: expected an NCCL topology XML (<system ...>) or 'nvidia-smi topo -m' output, got neither"
+        )
     return t

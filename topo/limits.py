@@ -28,6 +28,7 @@ variables TREECOLL_MAX_NODES / TREECOLL_MAX_LINKS'
 >>> lim.excess(99, 10, "x") is None
 True
 """
+
 from __future__ import annotations
 
 import os
@@ -57,10 +58,12 @@ class Limits:
         """The error message when ``nodes`` or ``links`` (what ``what`` makes) exceed the caps, else None."""
         if nodes <= self.max_nodes and links <= self.max_links:
             return None
-        return (f"{what} make {nodes:,} nodes and {links:,} directed links: expected at most {self.max_nodes:,} "
-                f"nodes and {self.max_links:,} links (the caps); to load it anyway raise the caps: "
-                f"topo.load(..., max_nodes=N, max_links=M) or the environment variables {ENV_MAX_NODES} / "
-                f"{ENV_MAX_LINKS}")
+        return (
+            f"{what} make {nodes:,} nodes and {links:,} directed links: expected at most {self.max_nodes:,} "
+            f"nodes and {self.max_links:,} links (the caps); to load it anyway raise the caps: "
+            f"topo.load(..., max_nodes=N, max_links=M) or the environment variables {ENV_MAX_NODES} / "
+            f"{ENV_MAX_LINKS}"
+        )
 
 
 def _cap(value: int | None, name: str, env: Mapping[str, str], var: str, default: int) -> int:
@@ -71,8 +74,9 @@ def _cap(value: int | None, name: str, env: Mapping[str, str], var: str, default
         try:
             value = int(text.strip().replace(",", "_"))
         except ValueError:
-            raise TopologyError(f"{var}={text!r}: expected a positive integer (a cap on the {name} of a "
-                                f"topology), got {text!r}") from None
+            raise TopologyError(
+                f"{var}={text!r}: expected a positive integer (a cap on the {name} of a topology), got {text!r}"
+            ) from None
         if value < 1:
             raise TopologyError(f"{var}={text!r}: expected a positive integer, got {value}")
         return value
@@ -81,9 +85,10 @@ def _cap(value: int | None, name: str, env: Mapping[str, str], var: str, default
     return value
 
 
-def limits(max_nodes: int | None = None, max_links: int | None = None,
-           env: Mapping[str, str] | None = None) -> Limits:
+def limits(max_nodes: int | None = None, max_links: int | None = None, env: Mapping[str, str] | None = None) -> Limits:
     """The caps for one read: the keywords when given, else the environment variables, else the defaults."""
     env = os.environ if env is None else env
-    return Limits(_cap(max_nodes, "nodes", env, ENV_MAX_NODES, DEFAULT_MAX_NODES),
-                  _cap(max_links, "links", env, ENV_MAX_LINKS, DEFAULT_MAX_LINKS))
+    return Limits(
+        _cap(max_nodes, "nodes", env, ENV_MAX_NODES, DEFAULT_MAX_NODES),
+        _cap(max_links, "links", env, ENV_MAX_LINKS, DEFAULT_MAX_LINKS),
+    )

@@ -42,6 +42,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.TopologyError: --gpu 'H999': no machine template for this GPU; expected a template (a100-pcie, ...
 """
+
 from __future__ import annotations
 
 import copy
@@ -57,9 +58,27 @@ from .errors import TopologyError
 if TYPE_CHECKING:
     from .model import Topology
 
-__all__ = ["Fabric", "FABRICS", "Nic", "parse_nic", "MachineTemplate", "MACHINES", "GPU_VARIANTS", "UNNAMED",
-           "GpuChoice", "resolve_gpu", "MachineFacts", "MachineFlags", "Machine", "resolve_machine",
-           "machine_topology", "template_data", "known_gpus", "MAX_NICS", "MAX_HOSTS"]
+__all__ = [
+    "Fabric",
+    "FABRICS",
+    "Nic",
+    "parse_nic",
+    "MachineTemplate",
+    "MACHINES",
+    "GPU_VARIANTS",
+    "UNNAMED",
+    "GpuChoice",
+    "resolve_gpu",
+    "MachineFacts",
+    "MachineFlags",
+    "Machine",
+    "resolve_machine",
+    "machine_topology",
+    "template_data",
+    "known_gpus",
+    "MAX_NICS",
+    "MAX_HOSTS",
+]
 
 #: NICs per host and hosts accepted from flags (a typo of 10**6 is refused before anything is built)
 MAX_NICS = 256
@@ -79,20 +98,25 @@ class Fabric:
 
 
 #: the fabrics of ``--nic``, by flag value
-FABRICS: dict[str, Fabric] = {f.name: f for f in (
-    Fabric("ib", "InfiniBand", "InfiniBand (verbs, GPUDirect RDMA)"),
-    Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)"),
-    # aws/aws-ofi-nccl src/platform-aws.cpp: the plugin's default net latency, 75 us (p4d, p4de,
-    # p5, g5.48xlarge; 35 us on p5en/p6, pass a topology file for those)
-    Fabric("efa", "EFA", "AWS Elastic Fabric Adapter (aws-ofi-nccl plugin)", lat=75.0),
-    Fabric("tcpx", "TCPX", "Google Cloud GPUDirect-TCPX (A3 High)"),
-    Fabric("tcpxo", "TCPXO", "Google Cloud GPUDirect-TCPXO (A3 Mega)"),
-    Fabric("slingshot", "Slingshot", "HPE Slingshot (libfabric CXI through the aws-ofi-nccl plugin)"),
-    Fabric("socket", "Socket", "NCCL's TCP socket transport (no RDMA)"),
-)}
+FABRICS: dict[str, Fabric] = {
+    f.name: f
+    for f in (
+        Fabric("ib", "InfiniBand", "InfiniBand (verbs, GPUDirect RDMA)"),
+        Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)"),
+        # aws/aws-ofi-nccl src/platform-aws.cpp: the plugin's default net latency, 75 us (p4d, p4de,
+        # p5, g5.48xlarge; 35 us on p5en/p6, pass a topology file for those)
+        Fabric("efa", "EFA", "AWS Elastic Fabric Adapter (aws-ofi-nccl plugin)", lat=75.0),
+        Fabric("tcpx", "TCPX", "Google Cloud GPUDirect-TCPX (A3 High)"),
+        Fabric("tcpxo", "TCPXO", "Google Cloud GPUDirect-TCPXO (A3 Mega)"),
+        Fabric("slingshot", "Slingshot", "HPE Slingshot (libfabric CXI through the aws-ofi-nccl plugin)"),
+        Fabric("socket", "Socket", "NCCL's TCP socket transport (no RDMA)"),
+    )
+}
 
-_NIC_SPEC = re.compile(r"\s*(\d{1,6})\s*[xX*]\s*(\d{1,6}(?:\.\d{1,3})?)\s*([GgTtMm])(?:b|bps|b/s|bit/s)?"
-                       r"\s*-\s*(\S*)\s*")
+_NIC_SPEC = re.compile(
+    r"\s*(\d{1,6})\s*[xX*]\s*(\d{1,6}(?:\.\d{1,3})?)\s*([GgTtMm])(?:b|bps|b/s|bit/s)?"
+    r"\s*-\s*(\S*)\s*"
+)
 _NIC_FORM = "COUNTxSPEEDG-FABRIC (e.g. 8x400G-ib, 32x100G-efa, 8x200G-tcpxo, 1x200G-slingshot)"
 _SPEED_UNITS = {"g": 1.0, "t": 1000.0, "m": 0.001}
 
@@ -130,8 +154,9 @@ def parse_nic(text: str, *, what: str = "--nic") -> Nic:
     count, gbps = int(m.group(1)), float(m.group(2)) * _SPEED_UNITS[m.group(3).lower()]
     fabric = m.group(4).lower()
     if fabric not in FABRICS:
-        raise TopologyError(f"{what} {text!r}: unknown fabric {fabric!r}; expected one of {', '.join(FABRICS)} in "
-                            f"{_NIC_FORM}")
+        raise TopologyError(
+            f"{what} {text!r}: unknown fabric {fabric!r}; expected one of {', '.join(FABRICS)} in {_NIC_FORM}"
+        )
     if not 1 <= count <= MAX_NICS:
         raise TopologyError(f"{what} {text!r}: expected 1 to {MAX_NICS} NICs per host, got {count}")
     if not 0 < gbps <= 100_000:
@@ -153,8 +178,9 @@ class MachineTemplate:
 
 #: the one table from GPU names to machine templates (sources: each template file's header)
 MACHINES: tuple[MachineTemplate, ...] = (
-    MachineTemplate("h100-sxm", 8, ("NVIDIA H100 80GB HBM3",), ("H100", "H100-SXM5-80GB", "H100 SXM", "HGX H100",
-                                                              "DGX H100")),
+    MachineTemplate(
+        "h100-sxm", 8, ("NVIDIA H100 80GB HBM3",), ("H100", "H100-SXM5-80GB", "H100 SXM", "HGX H100", "DGX H100")
+    ),
     MachineTemplate("h200-sxm", 8, ("NVIDIA H200",), ("H200", "H200-SXM-141GB", "HGX H200", "DGX H200")),
     MachineTemplate("h100-pcie", 8, ("NVIDIA H100 PCIe",), ("H100-PCIe-80GB",)),
     MachineTemplate("h20", 8, ("NVIDIA H20",)),
@@ -163,8 +189,9 @@ MACHINES: tuple[MachineTemplate, ...] = (
     MachineTemplate("gh200", 1, ("NVIDIA GH200 120GB", "NVIDIA GH200 480GB"), ("GH200",)),
     MachineTemplate("gh200-x4", 4, ("NVIDIA GH200 120GB", "NVIDIA GH200 480GB"), ("GH200",)),
     MachineTemplate("a100-sxm-4", 4, ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"), ("HGX A100 4-GPU",)),
-    MachineTemplate("a100-sxm", 8, ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"), ("A100", "HGX A100",
-                                                                                    "DGX A100")),
+    MachineTemplate(
+        "a100-sxm", 8, ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"), ("A100", "HGX A100", "DGX A100")
+    ),
     MachineTemplate("a100-pcie", 8, ("NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB"), ("A100 PCIe",)),
     MachineTemplate("a10g", 8, ("NVIDIA A10G",), ("g5.48xlarge",)),
     MachineTemplate("l40s", 8, ("NVIDIA L40S",)),
@@ -174,9 +201,9 @@ MACHINES: tuple[MachineTemplate, ...] = (
 )
 #: GPU names whose memory differs from their template's GPUs: name -> the GPU attributes to use
 GPU_VARIANTS: dict[str, dict[str, Any]] = {
-    "NVIDIA A100-SXM4-40GB": {"model": "A100-SXM4-40GB", "mem_bw": 1555.0},   # A100 40GB datasheet: 1,555 GB/s
-    "NVIDIA A100-PCIE-40GB": {"model": "A100-PCIE-40GB", "mem_bw": 1555.0},   # A100 PCIe 40GB: 1,555 GB/s
-    "Tesla V100-PCIE-16GB": {"model": "V100-PCIE-16GB"},                      # same HBM2 bandwidth
+    "NVIDIA A100-SXM4-40GB": {"model": "A100-SXM4-40GB", "mem_bw": 1555.0},  # A100 40GB datasheet: 1,555 GB/s
+    "NVIDIA A100-PCIE-40GB": {"model": "A100-PCIE-40GB", "mem_bw": 1555.0},  # A100 PCIe 40GB: 1,555 GB/s
+    "Tesla V100-PCIE-16GB": {"model": "V100-PCIE-16GB"},  # same HBM2 bandwidth
 }
 #: names a driver prints for GPUs it does not know (pre-release drivers): GPUs per host -> template.
 #: CoreWeave's GB200 NVL72 runs print "NVIDIA Graphics Device" with 4 GPUs per tray (coreweave/nccl-tests README)
@@ -213,7 +240,8 @@ _BY_NAME = {mt.name: mt for mt in MACHINES}
 def known_gpus() -> list[str]:
     """The template names, then every GPU name the table knows (for messages and ``--help``)."""
     return [mt.name for mt in sorted(MACHINES, key=lambda m: m.name)] + sorted(
-        {n for mt in MACHINES for n in mt.names} | set(UNNAMED))
+        {n for mt in MACHINES for n in mt.names} | set(UNNAMED)
+    )
 
 
 @dataclass(frozen=True)
@@ -228,9 +256,11 @@ class GpuChoice:
 
 def _unknown(name: str, what: str) -> TopologyError:
     names = ", ".join(mt.name for mt in sorted(MACHINES, key=lambda m: m.name))
-    return TopologyError(f"{what} {name!r}: no machine template for this GPU; expected a template ({names}) or a "
-                         f"GPU name as nvidia-smi prints it (e.g. 'NVIDIA H100 80GB HBM3'); pass --gpu TEMPLATE, "
-                         f"or --topology FILE|name for another machine")
+    return TopologyError(
+        f"{what} {name!r}: no machine template for this GPU; expected a template ({names}) or a "
+        f"GPU name as nvidia-smi prints it (e.g. 'NVIDIA H100 80GB HBM3'); pass --gpu TEMPLATE, "
+        f"or --topology FILE|name for another machine"
+    )
 
 
 def resolve_gpu(name: str, gpus_per_host: int | None = None, *, what: str = "--gpu") -> GpuChoice:
@@ -249,12 +279,17 @@ def resolve_gpu(name: str, gpus_per_host: int | None = None, *, what: str = "--g
         if key == _key(unnamed):
             if gpus_per_host in by_count:
                 t = by_count[gpus_per_host]
-                return GpuChoice(t, note=f"{unnamed!r} with {gpus_per_host} GPUs per host read as {t} (the name a "
-                                         f"driver prints for a GPU it does not know); pass --gpu to change")
+                return GpuChoice(
+                    t,
+                    note=f"{unnamed!r} with {gpus_per_host} GPUs per host read as {t} (the name a "
+                    f"driver prints for a GPU it does not know); pass --gpu to change",
+                )
             counts = ", ".join(f"{g} GPUs per host: {t}" for g, t in by_count.items())
-            raise TopologyError(f"{what} {name!r}: the driver did not name this GPU; it is read only as ({counts}), "
-                                f"got {gpus_per_host or 'an unknown number of'} GPUs per host; pass --gpu TEMPLATE "
-                                f"(one of {', '.join(sorted(_BY_NAME))}) or --topology FILE|name")
+            raise TopologyError(
+                f"{what} {name!r}: the driver did not name this GPU; it is read only as ({counts}), "
+                f"got {gpus_per_host or 'an unknown number of'} GPUs per host; pass --gpu TEMPLATE "
+                f"(one of {', '.join(sorted(_BY_NAME))}) or --topology FILE|name"
+            )
     temps = _NAMES.get(key)
     if not temps:
         raise _unknown(name, what)
@@ -264,15 +299,19 @@ def resolve_gpu(name: str, gpus_per_host: int | None = None, *, what: str = "--g
         return GpuChoice(temps[0], overrides)
     if gpus_per_host is None:
         named = [t for t in temps if _key(t) == key]
-        if named:   # the template's own name, and no GPU count to choose by
+        if named:  # the template's own name, and no GPU count to choose by
             return GpuChoice(named[0], overrides)
         sizes = ", ".join(f"{_BY_NAME[t].gpus}: {t}" for t in temps)
-        raise TopologyError(f"{what} {name!r}: several machine templates have this GPU ({sizes} GPUs per host); "
-                            f"pass --gpus-per-host G or --gpu TEMPLATE")
+        raise TopologyError(
+            f"{what} {name!r}: several machine templates have this GPU ({sizes} GPUs per host); "
+            f"pass --gpus-per-host G or --gpu TEMPLATE"
+        )
     fit = next((t for t in temps if _BY_NAME[t].gpus >= gpus_per_host), None)
     if fit is None:
-        raise TopologyError(f"{what} {name!r}: {gpus_per_host} GPUs per host; the machine templates of this GPU "
-                            f"hold at most {_BY_NAME[temps[-1]].gpus}; pass --topology FILE|name")
+        raise TopologyError(
+            f"{what} {name!r}: {gpus_per_host} GPUs per host; the machine templates of this GPU "
+            f"hold at most {_BY_NAME[temps[-1]].gpus}; pass --topology FILE|name"
+        )
     return GpuChoice(fit, overrides)
 
 
@@ -286,6 +325,7 @@ def template_data(name: str) -> tuple[str, dict]:
     """
     from .files import read_text
     from .yaml_io import shipped
+
     path = shipped(name)
     doc = yaml.load(read_text(path, "topology file"), Loader=YAML_LOADER)
     temps = doc.get("templates") if isinstance(doc, dict) else None
@@ -304,8 +344,10 @@ def _trim(t: dict, gpus: int, template: str) -> None:
     g = t["gpus"]
     have = int(g["count"])
     if gpus > have:
-        raise TopologyError(f"--gpus-per-host {gpus}: the machine template {template} has {have} GPUs per host; "
-                            f"expected at most {have}, or pass --topology FILE|name")
+        raise TopologyError(
+            f"--gpus-per-host {gpus}: the machine template {template} has {have} GPUs per host; "
+            f"expected at most {have}, or pass --topology FILE|name"
+        )
     if gpus == have:
         return
     g["count"] = gpus
@@ -342,7 +384,7 @@ def _set_nics(t: dict, nic: Nic) -> None:
     else:
         cpus = [c["numa"] for c in t.get("cpus", []) if isinstance(c, dict) and "numa" in c]
         nics["numa"] = [n if (n := _gpu_numa(t, g)) is not None else cpus[0] for g in near]
-        t.setdefault("pcie", {"bw": 48.0})   # PCIe Gen5 x16 (topo.h) for a template that lists no PCIe
+        t.setdefault("pcie", {"bw": 48.0})  # PCIe Gen5 x16 (topo.h) for a template that lists no PCIe
     t["nics"] = nics
 
 
@@ -407,15 +449,25 @@ class Machine:
         if self.nic is not None:
             _set_nics(t, self.nic)
         if self.hosts > 1 and not (t.get("nics") or {}).get("count"):
-            raise TopologyError(f"{self.hosts} hosts of {self.template}: the template lists no NICs; pass --nic "
-                                f"{_NIC_FORM}")
+            raise TopologyError(
+                f"{self.hosts} hosts of {self.template}: the template lists no NICs; pass --nic {_NIC_FORM}"
+            )
         ll = (t.get("nics") or {}).get("link_layer")
         fabric = self.nic.fabric if self.nic else next((f for f, fab in FABRICS.items() if fab.link_layer == ll), None)
-        meta = {"template": self.template, "hosts": self.hosts, "gpus_per_host": self.gpus_per_host, "gpu": self.gpu,
-                "nic": str(self.nic) if self.nic else "template", "fabric": fabric}
-        doc: dict[str, Any] = {"name": self.template if self.hosts == 1 else f"{self.template}-x{self.hosts}",
-                               "meta": {"machine": meta}, "templates": {key: t},
-                               "hosts": [{"template": key, "count": self.hosts}]}
+        meta = {
+            "template": self.template,
+            "hosts": self.hosts,
+            "gpus_per_host": self.gpus_per_host,
+            "gpu": self.gpu,
+            "nic": str(self.nic) if self.nic else "template",
+            "fabric": fabric,
+        }
+        doc: dict[str, Any] = {
+            "name": self.template if self.hosts == 1 else f"{self.template}-x{self.hosts}",
+            "meta": {"machine": meta},
+            "templates": {key: t},
+            "hosts": [{"template": key, "count": self.hosts}],
+        }
         if self.hosts > 1:
             doc["network"] = {"type": "rail_optimized"}
         return doc
@@ -423,6 +475,7 @@ class Machine:
     def topology(self) -> Topology:
         """The :class:`~treecoll.topo.model.Topology`, through the compact YAML reader."""
         from .yaml_io import loads
+
         text = yaml.safe_dump(self.document(), sort_keys=False, default_flow_style=None)
         return loads(text, source=f"<machine {self.describe()}>")
 
@@ -432,8 +485,11 @@ def _uniform(hosts: tuple[tuple[str, int], ...], where: str) -> int | None:
     if not counts:
         return None
     if len(counts) > 1:
-        raise TopologyError(f"the hosts have different GPU counts {counts}: expected the same on every host; pass "
-                            f"--gpus-per-host G, or --topology FILE|name", where=where or None)
+        raise TopologyError(
+            f"the hosts have different GPU counts {counts}: expected the same on every host; pass "
+            f"--gpus-per-host G, or --topology FILE|name",
+            where=where or None,
+        )
     return counts[0]
 
 
@@ -456,8 +512,11 @@ def resolve_machine(flags: MachineFlags, facts: MachineFacts | None = None) -> M
     where = facts.source or None
     notes: list[str] = []
     if len(set(facts.gpu_names)) > 1 and flags.gpu is None:
-        raise TopologyError(f"the device lines name several GPUs {list(facts.gpu_names)}: expected one model; pass "
-                            f"--gpu MODEL, or --topology FILE|name", where=where)
+        raise TopologyError(
+            f"the device lines name several GPUs {list(facts.gpu_names)}: expected one model; pass "
+            f"--gpu MODEL, or --topology FILE|name",
+            where=where,
+        )
     gpu = flags.gpu or (facts.gpu_names[0] if facts.gpu_names else None)
     hosts = flags.hosts or (len(facts.hosts) if facts.hosts else None)
     per = flags.gpus_per_host or _uniform(facts.hosts, facts.source)
@@ -471,11 +530,16 @@ def resolve_machine(flags: MachineFlags, facts: MachineFacts | None = None) -> M
     if gpu is None:
         missing = [x for x, v in (("--hosts N", hosts), ("--gpus-per-host G", per)) if v is None]
         if not facts.gpu_names and not facts.hosts and flags == MachineFlags():
-            raise TopologyError("the file does not say the machine (no complete device list): pass --hosts N "
-                                "--gpus-per-host G --gpu MODEL [--nic COUNTxSPEEDG-FABRIC], or --topology "
-                                "FILE|name", where=where)
-        raise TopologyError(f"the GPU model is not known: pass --gpu MODEL{''.join(' ' + m for m in missing)}, or "
-                            f"--topology FILE|name", where=where)
+            raise TopologyError(
+                "the file does not say the machine (no complete device list): pass --hosts N "
+                "--gpus-per-host G --gpu MODEL [--nic COUNTxSPEEDG-FABRIC], or --topology "
+                "FILE|name",
+                where=where,
+            )
+        raise TopologyError(
+            f"the GPU model is not known: pass --gpu MODEL{''.join(' ' + m for m in missing)}, or --topology FILE|name",
+            where=where,
+        )
     choice = resolve_gpu(gpu, per, what="--gpu" if flags.gpu else "GPU")
     if choice.note:
         notes.append(choice.note)
@@ -486,8 +550,11 @@ def resolve_machine(flags: MachineFlags, facts: MachineFacts | None = None) -> M
             hosts = n // per
             notes.append(f"hosts: {hosts} = {n} ranks / {per} GPUs per host")
     if hosts is None:
-        raise TopologyError(f"the number of hosts is not known ({per} GPUs per host of {choice.template}): pass "
-                            f"--hosts N, or --topology FILE|name", where=where)
+        raise TopologyError(
+            f"the number of hosts is not known ({per} GPUs per host of {choice.template}): pass "
+            f"--hosts N, or --topology FILE|name",
+            where=where,
+        )
     if not 1 <= hosts <= MAX_HOSTS:
         raise TopologyError(f"--hosts {hosts}: expected 1 to {MAX_HOSTS:,} hosts", where=where)
     if flags.nic is None:
@@ -502,9 +569,12 @@ def machine_topology(flags: MachineFlags, facts: MachineFacts | None = None) -> 
     machine of :func:`resolve_machine` built (None for a topology given whole)."""
     if flags.topology is not None:
         if flags.counts_given():
-            raise TopologyError("--topology names the whole machine: expected it alone, got it with --hosts, "
-                                "--gpus-per-host, --gpu or --nic; pass one or the other")
+            raise TopologyError(
+                "--topology names the whole machine: expected it alone, got it with --hosts, "
+                "--gpus-per-host, --gpu or --nic; pass one or the other"
+            )
         from .yaml_io import resolve
+
         return resolve(flags.topology), None
     m = resolve_machine(flags, facts)
     return m.topology(), m

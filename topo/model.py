@@ -47,6 +47,7 @@ GPUs host by host, by local index.
 >>> p.nccl, p.smi, p.bw
 ('NVL', 'NV2', 41.2)
 """
+
 from __future__ import annotations
 
 import functools
@@ -130,8 +131,10 @@ class Topology:
         return hash(self.fingerprint())
 
     def __repr__(self) -> str:
-        return (f"Topology(name={self.name!r}, hosts={len(self.hosts())}, gpus={len(self.gpus())}, "
-                f"nodes={self._g.number_of_nodes()}, links={self._g.number_of_edges()})")
+        return (
+            f"Topology(name={self.name!r}, hosts={len(self.hosts())}, gpus={len(self.gpus())}, "
+            f"nodes={self._g.number_of_nodes()}, links={self._g.number_of_edges()})"
+        )
 
     @functools.cached_property
     def _fingerprint(self) -> str:
@@ -155,7 +158,7 @@ class Topology:
     def link(self, a: str, b: str) -> Mapping[str, Any]:
         """The attributes of the directed link a -> b."""
         try:
-            return MappingProxyType(self._g._adj[a][b])   # the edge's attribute dict (networkx adjacency)
+            return MappingProxyType(self._g._adj[a][b])  # the edge's attribute dict (networkx adjacency)
         except KeyError:
             raise TopologyError(f"link {a!r} -> {b!r}: not in topology {self.name!r}") from None
 

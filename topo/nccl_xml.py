@@ -47,6 +47,7 @@ attribute NCCL requires is present for nodes that did not come from XML).
 :func:`parse_graph_xml` reads the other NCCL format (``NCCL_GRAPH_FILE``:
 rings/trees as channels) into plain data for the custom-tree import.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,12 +65,19 @@ from .model import Topology
 from .nvml import norm_busid
 from .sysfs import pcie_bw
 
-__all__ = ["import_xml", "export_xml", "parse_graph_xml", "GRAPH_PATTERNS", "looks_like_nccl_xml",
-           "mask_to_cpulist", "cpulist_to_mask"]
+__all__ = [
+    "import_xml",
+    "export_xml",
+    "parse_graph_xml",
+    "GRAPH_PATTERNS",
+    "looks_like_nccl_xml",
+    "mask_to_cpulist",
+    "cpulist_to_mask",
+]
 
 #: NCCL graph patterns (src/graph/search.cc, NCCL_TOPO_PATTERN_*)
 GRAPH_PATTERNS = {1: "balanced_tree", 2: "split_tree", 3: "tree", 4: "ring", 5: "nvls", 6: "collnet_direct"}
-_INVISIBLE = "fffffff:ff:ff.0"   # NCCL's target for an NVLink peer not visible on PCI
+_INVISIBLE = "fffffff:ff:ff.0"  # NCCL's target for an NVLink peer not visible on PCI
 _MODELLED = {"cpu": {"numaid"}, "pci": {"busid"}, "gpu": {"dev", "sm"}, "net": {"name", "speed"}, "nic": set()}
 _NVSWITCH_CLASS = "0x068000"
 _GPU_CLASS = "0x030200"
@@ -125,8 +133,10 @@ def _parse(where: str, text: str) -> tuple[ET.Element, _Where]:
         parser.Parse(text, True)
         root = builder.close()
     except expat.ExpatError as e:
-        raise TopologyError(f"{where}:{e.lineno}: expected well-formed XML, got {expat.ErrorString(e.code)}: "
-                            f"line {e.lineno}, column {e.offset + 1}") from None
+        raise TopologyError(
+            f"{where}:{e.lineno}: expected well-formed XML, got {expat.ErrorString(e.code)}: "
+            f"line {e.lineno}, column {e.offset + 1}"
+        ) from None
     except ValueError as e:  # e.g. a document with no element at all
         raise TopologyError(f"{where}: expected well-formed XML, got {e}") from None
     w = _Where(where)
@@ -165,9 +175,16 @@ def _cls(el: ET.Element) -> int | None:
         return None
 
 
-def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str | None = None,
-               source: str | None = None, max_nodes: int | None = None, max_links: int | None = None,
-               require_gpus: bool = True) -> Topology:
+def import_xml(
+    src: str | bytes | os.PathLike,
+    *,
+    host: str = "host0",
+    name: str | None = None,
+    source: str | None = None,
+    max_nodes: int | None = None,
+    max_links: int | None = None,
+    require_gpus: bool = True,
+) -> Topology:
     """An NCCL topology XML (a path, or the text itself or its bytes) as a Topology.
 
     ``host`` names the host (``"<host>/gpu0"``...); a multi-host dump gets
@@ -184,8 +201,9 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
     if root.tag != "system":
         raise TopologyError(f"{where}: root element expected <system>, got <{root.tag[:40]}>")
     if root.get("version", "1") != "1":
-        raise TopologyError(f"{where.at(root)}: <system version> expected \"1\" (NCCL_TOPO_XML_VERSION), got "
-                            f"{root.get('version')[:40]!r}")
+        raise TopologyError(
+            f'{where.at(root)}: <system version> expected "1" (NCCL_TOPO_XML_VERSION), got {root.get("version")[:40]!r}'
+        )
     cpus = [c for c in root if c.tag == "cpu"]
     hashes = list(dict.fromkeys(c.get("host_hash", "") for c in cpus))
     hostname = {hh: (host if len(hashes) <= 1 else f"{host}-{i}") for i, hh in enumerate(hashes)}
@@ -194,8 +212,11 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
     pending_nvlinks: list[tuple[HostBuilder, Any, ET.Element, int | None]] = []
     busids: set[tuple[str, str]] = set()
     elements = sum(1 for _ in root.iter())
-    msg = lim.excess(elements, 2 * elements + len(cpus) * (len(cpus) - 1), f"{elements:,} XML elements and "
-                                                                            f"{len(cpus):,} CPUs (linked pairwise)")
+    msg = lim.excess(
+        elements,
+        2 * elements + len(cpus) * (len(cpus) - 1),
+        f"{elements:,} XML elements and {len(cpus):,} CPUs (linked pairwise)",
+    )
     if msg is not None:
         raise TopologyError(msg, where=where)
     declared: dict[str, set] = {}  # per host: the NUMA ids the -1 domains of a VM must not take
@@ -214,23 +235,27 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
             avoid = taken | declared[cpu.get("host_hash", "")]
             numa = next(k for k in range(len(avoid) + 1) if k not in avoid)
         elif numa in taken:
-            raise TopologyError(f"{where.at(cpu)}: <cpu> #{ci}: numaid {numa} appears twice in host {h!r}: "
-                                f"expected one <cpu> per NUMA node")
+            raise TopologyError(
+                f"{where.at(cpu)}: <cpu> #{ci}: numaid {numa} appears twice in host {h!r}: "
+                f"expected one <cpu> per NUMA node"
+            )
         ck = ("cpu", numa)
         b.add(ck, "cpu", numa=numa, affinity=mask_to_cpulist(cpu.get("affinity")), x_nccl={"cpu": xcpu})
         for child in cpu:
             _walk(b, child, ck, ck, where, gpus_by_pci, pending_nvlinks, h, busids)
     if not gpus_by_pci and require_gpus:
-        raise TopologyError(f"{where}: expected at least one GPU (a <gpu> element, or a <pci> of class 0x03....), "
-                            f"got none: a topology without GPUs has no ranks (a partial vendor file may list only "
-                            f"PCIe bridges, NCCL adds the GPUs it finds when it runs)")
+        raise TopologyError(
+            f"{where}: expected at least one GPU (a <gpu> element, or a <pci> of class 0x03....), "
+            f"got none: a topology without GPUs has no ranks (a partial vendor file may list only "
+            f"PCIe bridges, NCCL adds the GPUs it finds when it runs)"
+        )
     for b in builders.values():
         _number_gpus(b)
         cpu_keys = [k for k, it in b.items.items() if it["kind"] == "cpu"]
         for i, a in enumerate(cpu_keys):
             xa = b.items[a]["attrs"]["x_nccl"]["cpu"]
             bw = smp_bw(xa.get("arch"), xa.get("vendor"), xa.get("familyid"), xa.get("modelid"))
-            for c in cpu_keys[i + 1:]:
+            for c in cpu_keys[i + 1 :]:
                 b.link(a, c, "smp", bw)
     for b, gk, gpu_el, sm in pending_nvlinks:
         _nvlinks(b, gk, gpu_el, sm, gpus_by_pci, where)
@@ -243,33 +268,49 @@ def import_xml(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
     return Topology(g, name=name or root.get("name") or host, meta=meta)
 
 
-def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpus_by_pci: dict,
-          pending: list, h: str, seen: set, depth: int = 1) -> None:
+def _walk(
+    b: HostBuilder,
+    el: ET.Element,
+    parent: Any,
+    cpu: Any,
+    where: str,
+    gpus_by_pci: dict,
+    pending: list,
+    h: str,
+    seen: set,
+    depth: int = 1,
+) -> None:
     if depth > MAX_PCI_DEPTH:
-        raise TopologyError(f"{where.at(el)}: <pci busid={el.get('busid')!r}>: nested deeper than {MAX_PCI_DEPTH} "
-                            f"levels of <pci>: expected a PCIe tree a few switches deep")
+        raise TopologyError(
+            f"{where.at(el)}: <pci busid={el.get('busid')!r}>: nested deeper than {MAX_PCI_DEPTH} "
+            f"levels of <pci>: expected a PCIe tree a few switches deep"
+        )
     if el.tag == "nic":  # NIC not on PCI: directly under the CPU
         for k in _nic(b, el, None, where):
             b.link(k, parent, "pcie", pcie_bw(None, None))
         return
     if el.tag != "pci":
         b.items[parent]["attrs"].setdefault("x_nccl", {}).setdefault("children", []).append(
-            {"tag": el.tag, **el.attrib})  # pcilink and unknown elements: preserved
+            {"tag": el.tag, **el.attrib}
+        )  # pcilink and unknown elements: preserved
         return
     busid = el.get("busid")
     if not busid:
-        raise TopologyError(f"{where.at(el)}: <pci> under {b.items[parent]['kind']} {parent[1]!r}: attribute busid "
-                            f"is required")
+        raise TopologyError(
+            f"{where.at(el)}: <pci> under {b.items[parent]['kind']} {parent[1]!r}: attribute busid is required"
+        )
     pci = norm_busid(busid) or busid.lower()
     if (h, pci) in seen:
-        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}>: bus id appears twice in host {h!r}: "
-                            f"expected each PCI device once")
+        raise TopologyError(
+            f"{where.at(el)}: <pci busid={busid!r}>: bus id appears twice in host {h!r}: expected each PCI device once"
+        )
     seen.add((h, pci))
     cls = _cls(el)
     width = _int(el.get("link_width") or 0, where.at(el), f"<pci busid={busid!r}> link_width")
     if not 0 <= width <= 64:
-        raise TopologyError(f"{where.at(el)}: <pci busid={busid!r}> link_width: expected 1..64 lanes (0: unknown), "
-                            f"got {width}")
+        raise TopologyError(
+            f"{where.at(el)}: <pci busid={busid!r}> link_width: expected 1..64 lanes (0: unknown), got {width}"
+        )
     bw = pcie_bw(el.get("link_speed"), width)
     gpu_el = el.find("gpu")
     nic_el = el.find("nic")
@@ -286,8 +327,10 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
             if gpu_el.get("dev") is not None:
                 dev = attrs["index"] = _int(gpu_el.get("dev"), where.at(gpu_el), f"<gpu> of {busid!r} dev")
                 if dev < 0 or ("dev", h, dev) in seen:
-                    raise TopologyError(f"{where.at(gpu_el)}: <gpu dev={dev}> of {busid!r}: expected each GPU dev once "
-                                        f"in host {h!r}, as a non-negative integer")
+                    raise TopologyError(
+                        f"{where.at(gpu_el)}: <gpu dev={dev}> of {busid!r}: expected each GPU dev once "
+                        f"in host {h!r}, as a non-negative integer"
+                    )
                 seen.add(("dev", h, dev))
             if gpu_el.get("sm") is not None:
                 sm = attrs["sm"] = _int(gpu_el.get("sm"), where.at(gpu_el), f"<gpu> of {busid!r} sm")
@@ -299,7 +342,7 @@ def _walk(b: HostBuilder, el: ET.Element, parent: Any, cpu: Any, where: str, gpu
         b.add(key, "gpu", pci=pci, numa=cpu[1], x_nccl=xml, **attrs)
         gpus_by_pci[(h, pci)] = key
         b.link(key, parent, "pcie", bw)
-        for c2c in (gpu_el.findall("c2c") if gpu_el is not None else []):
+        for c2c in gpu_el.findall("c2c") if gpu_el is not None else []:
             cnt = _int(c2c.get("count", "1"), where.at(c2c), f"<c2c> of {busid!r} count")
             per = _number(c2c.get("bw", "0") or "0", where.at(c2c), f"<c2c> of {busid!r} bw (MB/s per link)")
             if cnt < 1 or cnt > 1024:
@@ -343,9 +386,16 @@ def _nic(b: HostBuilder, nic_el: ET.Element, pci: str | None, where: str) -> lis
         if nic_el.attrib:
             xml["nic"] = dict(nic_el.attrib)
         rail = _digits(net.get("rail"))  # NCCL 2.30 net attribute (kept in x_nccl as well)
-        k = b.add(("nic", pci, name), "nic", pci=pci, name=name, rail=rail,
-                  bw=net_bw(_int(speed, where.at(net), f"<net name={name!r}> speed") if speed else 0),
-                  lat=_net_latency(net, name, where), x_nccl=xml)
+        k = b.add(
+            ("nic", pci, name),
+            "nic",
+            pci=pci,
+            name=name,
+            rail=rail,
+            bw=net_bw(_int(speed, where.at(net), f"<net name={name!r}> speed") if speed else 0),
+            lat=_net_latency(net, name, where),
+            x_nccl=xml,
+        )
         keys.append(k)
     return keys
 
@@ -397,8 +447,11 @@ def _nvlinks(b: HostBuilder, gk: Any, gpu_el: ET.Element, sm: int | None, gpus_b
                 continue
             b.link(gk, peer, "nvlink", cnt * per_link, count=cnt)
         elif tclass == "0x068001":  # NVLink to a CPU (POWER9)
-            cpu = next(k for k, it in b.items.items() if it["kind"] == "cpu"
-                       and it["attrs"]["numa"] == b.items[gk]["attrs"]["numa"])
+            cpu = next(
+                k
+                for k, it in b.items.items()
+                if it["kind"] == "cpu" and it["attrs"]["numa"] == b.items[gk]["attrs"]["numa"]
+            )
             b.link(gk, cpu, "nvlink", cnt * per_link, count=cnt)
         else:
             sk = ("nvs", tpci)
@@ -435,6 +488,7 @@ def mask_to_cpulist(mask: str | None) -> str | None:
 def cpulist_to_mask(cpulist: str) -> str:
     """Inverse of :func:`mask_to_cpulist` (at least one 32-bit word)."""
     from .sysfs import parse_cpulist
+
     cpus = set(parse_cpulist(cpulist))
     bits = "".join("1" if c in cpus else "0" for c in range(max(cpus, default=0), -1, -1))
     v = int(bits, 2)  # linear in the number of CPUs
@@ -445,8 +499,14 @@ def cpulist_to_mask(cpulist: str) -> str:
 # ---------------------------------------------------------------------------------------- export
 def _fmt_speed(bw: float, width: int) -> str:
     code = bw * 80 / max(width, 1)
-    for s, c in (("2.5 GT/s", 15), ("5 GT/s", 30), ("8 GT/s", 60), ("16 GT/s", 120), ("32.0 GT/s PCIe", 240),
-                 ("64.0 GT/s PCIe", 480)):
+    for s, c in (
+        ("2.5 GT/s", 15),
+        ("5 GT/s", 30),
+        ("8 GT/s", 60),
+        ("16 GT/s", 120),
+        ("32.0 GT/s PCIe", 240),
+        ("64.0 GT/s PCIe", 480),
+    ):
         if abs(code - c) < 1e-6:
             return s
     return "8 GT/s"
@@ -493,8 +553,13 @@ def export_xml(topo: Topology, host: str | None = None) -> str:
     for n in sorted(topo.nodes(host=host)) + sorted(n for n in topo.nodes("nvswitch") if "host" not in g.nodes[n]):
         d = g.nodes[n]
         nic_on_cpu = d["kind"] == "nic" and g.nodes.get(parent.get(n), {}).get("kind") == "cpu"
-        if d["kind"] in ("gpu", "nic", "pcie_switch", "nvswitch") and not d.get("pci") and not nic_on_cpu \
-                and not d.get("assumed") and not (d["kind"] == "gpu" and str(d.get("model", "")).startswith("cpu")):
+        if (
+            d["kind"] in ("gpu", "nic", "pcie_switch", "nvswitch")
+            and not d.get("pci")
+            and not nic_on_cpu
+            and not d.get("assumed")
+            and not (d["kind"] == "gpu" and str(d.get("model", "")).startswith("cpu"))
+        ):
             k = len(synth)
             synth[n] = f"fffe:{k // 32:02x}:{k % 32:02x}.0"
     g = _with_pci(g, synth)
@@ -548,7 +613,7 @@ def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> N
         nel = ET.SubElement(holder, "nic", dict((first.get("x_nccl") or {}).get("nic") or {}))
         for i, n in enumerate(nics):
             d = g.nodes[n]
-            x = (d.get("x_nccl") or {})
+            x = d.get("x_nccl") or {}
             if "net" not in x and not d.get("name") and "nic" in x:
                 continue  # a NIC element without <net> in the source
             attrs = {"name": d.get("name") or n.split("/")[-1], **(x.get("net") or {"dev": str(i)})}
@@ -573,9 +638,12 @@ def _pci_attrs(g: nx.DiGraph, v: str, up: str) -> dict[str, str]:
 
 def _export_gpu(g: nx.DiGraph, v: str, pel: ET.Element) -> None:
     d = g.nodes[v]
-    x = (d.get("x_nccl") or {})
-    if "gpu" not in x and "x_nccl" in d \
-            and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v)):
+    x = d.get("x_nccl") or {}
+    if (
+        "gpu" not in x
+        and "x_nccl" in d
+        and not any(g.edges[v, w]["kind"] in ("nvlink", "c2c") for w in g.successors(v))
+    ):
         return  # partial file: bare <pci> for this GPU
     attrs = {"dev": str(d.get("index", 0))}
     if d.get("sm") is not None:
@@ -620,27 +688,45 @@ def parse_graph_xml(src: str | os.PathLike, *, source: str | None = None) -> dic
         raise TopologyError(f"{where}: root element expected <graphs>, got <{root.tag[:40]}>")
     out: dict[str, Any] = {"version": _int(root.get("version", "1"), where, "<graphs> version"), "graphs": []}
     for gi, gel in enumerate(root.findall("graph")):
+
         def num(k, conv=int, default="0", gel=gel, gi=gi):
             v = gel.get(k, default)
             try:
                 return conv(v)
             except ValueError:
                 raise TopologyError(f"{where.at(gel)}: <graph> #{gi} {k} expected a number, got {v[:40]!r}") from None
+
         pat = num("pattern")
         chans = []
         for ch in gel.findall("channel"):
             nets = [_int(n.get("dev"), where.at(n), "<net> dev") for n in ch.findall("net")]
             gpus = ch.findall("gpu")
-            chans.append({"gpus": [_int(x.get("dev"), where.at(x), "<gpu> dev") for x in gpus],
-                          "ranks": [_int(x.get("rank"), where.at(x), "<gpu> rank") if x.get("rank") is not None
-                                    else None
-                                    for x in gpus],
-                          "net_in": nets[0] if nets else None, "net_out": nets[-1] if nets else None})
+            chans.append(
+                {
+                    "gpus": [_int(x.get("dev"), where.at(x), "<gpu> dev") for x in gpus],
+                    "ranks": [
+                        _int(x.get("rank"), where.at(x), "<gpu> rank") if x.get("rank") is not None else None
+                        for x in gpus
+                    ],
+                    "net_in": nets[0] if nets else None,
+                    "net_out": nets[-1] if nets else None,
+                }
+            )
         nch = num("nchannels", int, str(len(chans)))
-        out["graphs"].append({
-            "id": num("id"), "pattern": pat, "pattern_name": GRAPH_PATTERNS.get(pat, f"pattern{pat}"),
-            "nchannels": nch, "crossnic": num("crossnic"), "speedintra": num("speedintra", float),
-            "speedinter": num("speedinter", float), "latencyinter": num("latencyinter", float),
-            "typeintra": gel.get("typeintra"), "typeinter": gel.get("typeinter"),
-            "samechannels": num("samechannels"), "channels": chans})
+        out["graphs"].append(
+            {
+                "id": num("id"),
+                "pattern": pat,
+                "pattern_name": GRAPH_PATTERNS.get(pat, f"pattern{pat}"),
+                "nchannels": nch,
+                "crossnic": num("crossnic"),
+                "speedintra": num("speedintra", float),
+                "speedinter": num("speedinter", float),
+                "latencyinter": num("latencyinter", float),
+                "typeintra": gel.get("typeintra"),
+                "typeinter": gel.get("typeinter"),
+                "samechannels": num("samechannels"),
+                "channels": chans,
+            }
+        )
     return out

@@ -40,6 +40,7 @@ UNCERTAIN: blog figures of dev.ure.us and kentino.com).
 >>> t.link("leaf0", "spine0")["bw"]    # one 50 GB/s port to each spine (the NICs' speed)
 50.0
 """
+
 from __future__ import annotations
 
 import math
@@ -77,8 +78,9 @@ def _spec(doc: Doc, v: Any, path: tuple, lat: float) -> tuple[float | None, floa
     return bw, (doc.number(d["lat"], (*path, "lat"), positive=False, unit="µs") if "lat" in d else lat)
 
 
-def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
-                host_nics: list[tuple[str, list[tuple[str, int, float]]]]) -> None:
+def add_network(
+    doc: Doc, spec: Any, path: tuple, g: nx.DiGraph, host_nics: list[tuple[str, list[tuple[str, int, float]]]]
+) -> None:
     """Validate ``spec`` and add its switches and links to ``g``.
 
     ``host_nics``: per host in order, ``(host, [(nic_id, rail, bw GB/s), ...])``
@@ -93,8 +95,9 @@ def add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
                 g.nodes[n]["sharp"] = True
 
 
-def _add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
-                 host_nics: list[tuple[str, list[tuple[str, int, float]]]]) -> None:
+def _add_network(
+    doc: Doc, spec: Any, path: tuple, g: nx.DiGraph, host_nics: list[tuple[str, list[tuple[str, int, float]]]]
+) -> None:
     if not isinstance(spec, dict):
         doc.fail(path, f"expected a mapping with 'type' (one of {list(NETWORKS)}), got {type(spec).__name__}")
     kind = spec.get("type")
@@ -130,19 +133,27 @@ def _add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
             doc.fail(path, "missing key 'leaf_size': expected the number of NIC ports per leaf switch")
         nleaves = -(-len(all_nics) // size)
     else:
-        su = (doc.integer(d["su_hosts"], (*path, "su_hosts"), minimum=1) if "su_hosts" in d
-              else len(host_nics))
+        su = doc.integer(d["su_hosts"], (*path, "su_hosts"), minimum=1) if "su_hosts" in d else len(host_nics)
         size = su
         nleaves = len({(rail, hi // su) for hi, (_, ns) in enumerate(host_nics) for _, rail, _ in ns})
     ratio = size / over  # uplink ports per leaf
     if not ratio <= doc.limits.max_links:
-        doc.fail((*path, "oversubscription"), f"{size} ports per leaf / oversubscription {over:g} ask for "
-                                              f"{ratio:.3g} uplink ports per leaf: expected at most "
-                                              f"{doc.limits.max_links:,} (the links cap)")
+        doc.fail(
+            (*path, "oversubscription"),
+            f"{size} ports per leaf / oversubscription {over:g} ask for "
+            f"{ratio:.3g} uplink ports per leaf: expected at most "
+            f"{doc.limits.max_links:,} (the links cap)",
+        )
     uplinks = max(1, math.ceil(ratio))
     spines = doc.integer(d["spines"], (*path, "spines"), minimum=1) if "spines" in d else uplinks
-    _budget(doc, (*path, "spines") if "spines" in d else path, g, nleaves + spines,
-            2 * len(all_nics) + 2 * nleaves * spines, f"{nleaves:,} leaves x {spines:,} spines")
+    _budget(
+        doc,
+        (*path, "spines") if "spines" in d else path,
+        g,
+        nleaves + spines,
+        2 * len(all_nics) + 2 * nleaves * spines,
+        f"{nleaves:,} leaves x {spines:,} spines",
+    )
     if kind == "fat_tree":
         for i, (nic, _, bw) in enumerate(all_nics):
             leaf = f"leaf{i // size}"
@@ -172,8 +183,7 @@ def _add_network(doc: Doc, spec: Any, path: tuple, g: nx.DiGraph,
 
 
 def _budget(doc: Doc, path: tuple, g: nx.DiGraph, nodes: int, links: int, what: str) -> None:
-    doc.budget(path, g.number_of_nodes() + nodes, g.number_of_edges() + links,
-               f"the hosts and a network of {what}")
+    doc.budget(path, g.number_of_nodes() + nodes, g.number_of_edges() + links, f"the hosts and a network of {what}")
 
 
 def _torus(doc, d, path, g, host_nics, attach, bw, lat) -> None:
@@ -184,12 +194,21 @@ def _torus(doc, d, path, g, host_nics, attach, bw, lat) -> None:
         doc.fail((*path, "dims"), f"expected 2 or 3 dimensions, got {len(dims)}")
     dims = [doc.integer(x, (*path, "dims", i), minimum=1) for i, x in enumerate(dims)]
     if math.prod(dims) != len(host_nics):
-        doc.fail((*path, "dims"), f"expected dimensions whose product is the host count {len(host_nics)}, "
-                                  f"got {dims} (product {math.prod(dims)})")
+        doc.fail(
+            (*path, "dims"),
+            f"expected dimensions whose product is the host count {len(host_nics)}, "
+            f"got {dims} (product {math.prod(dims)})",
+        )
 
     nics = sum(len(ns) for _, ns in host_nics)
-    _budget(doc, (*path, "dims"), g, len(host_nics), 2 * nics + 4 * len(dims) * len(host_nics),
-            f"{len(host_nics):,} torus routers")
+    _budget(
+        doc,
+        (*path, "dims"),
+        g,
+        len(host_nics),
+        2 * nics + 4 * len(dims) * len(host_nics),
+        f"{len(host_nics):,} torus routers",
+    )
 
     def rid(c):
         return "torus" + "_".join(map(str, c))

@@ -28,6 +28,7 @@ for the NVLink version enum):
 The module object is injectable (``Nvml(module=fake)``) so tests replay
 recorded answers of real machines.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,8 +37,19 @@ from typing import Any
 
 from .errors import DiscoveryError
 
-__all__ = ["NA", "NotAvailable", "NVMLUnavailable", "Nvml", "GpuInfo", "LinkInfo", "FabricInfo",
-           "norm_busid", "NVLINK_VERSION_GENERATION", "P2P_STATUS", "cuda_order"]
+__all__ = [
+    "NA",
+    "NotAvailable",
+    "NVMLUnavailable",
+    "Nvml",
+    "GpuInfo",
+    "LinkInfo",
+    "FabricInfo",
+    "norm_busid",
+    "NVLINK_VERSION_GENERATION",
+    "P2P_STATUS",
+    "cuda_order",
+]
 
 
 class NotAvailable:
@@ -136,10 +148,10 @@ class LinkInfo:
     """One active NVLink of a GPU: ``remote_pci`` None when the peer is invisible."""
 
     link: int
-    version: Any          # NVML enum value
-    generation: Any       # NVLink generation (1..6) or NA
+    version: Any  # NVML enum value
+    generation: Any  # NVLink generation (1..6) or NA
     remote_pci: str | None
-    remote_type: Any      # "gpu" | "switch" | "ibmnpu" | "unknown" | NA
+    remote_type: Any  # "gpu" | "switch" | "ibmnpu" | "unknown" | NA
 
 
 @dataclass(frozen=True)
@@ -220,20 +232,27 @@ class Nvml:
         sm = NA if cc is NA else int(cc[0]) * 10 + int(cc[1])
         numa = self._q("nvmlDeviceGetNumaNodeId", h)  # only coherent (GH/GB200) systems answer
         aff = self._q("nvmlDeviceGetCpuAffinity", h, 64)
-        cpus = NA if aff is NA else [w64 * 64 + b for w64, word in enumerate(aff) for b in range(64)
-                                     if int(word) >> b & 1]
+        cpus = (
+            NA if aff is NA else [w64 * 64 + b for w64, word in enumerate(aff) for b in range(64) if int(word) >> b & 1]
+        )
         clk = self._q("nvmlDeviceGetMaxClockInfo", h, getattr(self.m, "NVML_CLOCK_MEM", 2))
         width = self._q("nvmlDeviceGetMemoryBusWidth", h)
         mem_bw = NA if NA in (clk, width) else round(float(clk) * 1e6 * 2 * int(width) / 8 / 1e9, 1)
         return GpuInfo(
-            index=i, uuid=_s(self._q("nvmlDeviceGetUUID", h, what=w)), pci=busid,
+            index=i,
+            uuid=_s(self._q("nvmlDeviceGetUUID", h, what=w)),
+            pci=busid,
             name=_s(self._q("nvmlDeviceGetName", h, what=w)),
-            memory=NA if mem is NA else int(mem.total), sm=sm,
-            numa=NA if numa is NA or int(numa) < 0 else int(numa), cpus=cpus, mem_bw=mem_bw,
+            memory=NA if mem is NA else int(mem.total),
+            sm=sm,
+            numa=NA if numa is NA or int(numa) < 0 else int(numa),
+            cpus=cpus,
+            mem_bw=mem_bw,
             pcie_gen=self._q("nvmlDeviceGetCurrPcieLinkGeneration", h),
             pcie_width=self._q("nvmlDeviceGetCurrPcieLinkWidth", h),
             pcie_max_gen=self._q("nvmlDeviceGetMaxPcieLinkGeneration", h),
-            pcie_max_width=self._q("nvmlDeviceGetMaxPcieLinkWidth", h))
+            pcie_max_width=self._q("nvmlDeviceGetMaxPcieLinkWidth", h),
+        )
 
     def nvlinks(self, i: int) -> list[LinkInfo]:
         """Active NVLinks of GPU ``i`` (NCCL's order: state, then remote PCI info).
@@ -251,8 +270,10 @@ class Nvml:
                 state = self.m.nvmlDeviceGetNvLinkState(h, link)
             except err as e:
                 code = self._code(e)
-                if code not in (getattr(self.m, "NVML_ERROR_INVALID_ARGUMENT", _ERR_INVALID_ARGUMENT),
-                                getattr(self.m, "NVML_ERROR_NOT_SUPPORTED", _ERR_NOT_SUPPORTED)):
+                if code not in (
+                    getattr(self.m, "NVML_ERROR_INVALID_ARGUMENT", _ERR_INVALID_ARGUMENT),
+                    getattr(self.m, "NVML_ERROR_NOT_SUPPORTED", _ERR_NOT_SUPPORTED),
+                ):
                     self.notes.append(f"gpu{i}: NVLink {link} state failed ({e}); later links skipped")
                 break
             if state != getattr(self.m, "NVML_FEATURE_ENABLED", 1):
@@ -260,10 +281,15 @@ class Nvml:
             ver = self._q("nvmlDeviceGetNvLinkVersion", h, link)
             rpci = self._q("nvmlDeviceGetNvLinkRemotePciInfo", h, link, what=f"gpu{i} link {link}")
             rtype = self._q("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
-            out.append(LinkInfo(link=link, version=ver,
-                                generation=NA if ver is NA else NVLINK_VERSION_GENERATION.get(int(ver), NA),
-                                remote_pci=None if rpci is NA else norm_busid(getattr(rpci, "busId", "")),
-                                remote_type=NA if rtype is NA else _REMOTE_TYPE.get(int(rtype), "unknown")))
+            out.append(
+                LinkInfo(
+                    link=link,
+                    version=ver,
+                    generation=NA if ver is NA else NVLINK_VERSION_GENERATION.get(int(ver), NA),
+                    remote_pci=None if rpci is NA else norm_busid(getattr(rpci, "busId", "")),
+                    remote_type=NA if rtype is NA else _REMOTE_TYPE.get(int(rtype), "unknown"),
+                )
+            )
         return out
 
     def p2p(self, i: int, j: int, cap: str = "read") -> Any:
@@ -310,9 +336,12 @@ class Nvml:
         if not any(uuid):
             return NA
         hx = uuid.hex()
-        return FabricInfo(cluster_uuid=f"{hx[:8]}-{hx[8:12]}-{hx[12:16]}-{hx[16:20]}-{hx[20:32]}",
-                          clique_id=int(info.cliqueId), state=int(info.state),
-                          health_mask=int(getattr(info, "healthMask", 0)))
+        return FabricInfo(
+            cluster_uuid=f"{hx[:8]}-{hx[8:12]}-{hx[12:16]}-{hx[16:20]}-{hx[20:32]}",
+            clique_id=int(info.cliqueId),
+            state=int(info.state),
+            health_mask=int(getattr(info, "healthMask", 0)),
+        )
 
 
 def _s(v: Any) -> Any:
@@ -322,6 +351,7 @@ def _s(v: Any) -> Any:
 def _byref(obj: Any) -> Any:
     try:
         import ctypes
+
         return ctypes.byref(obj)
     except TypeError:  # test doubles are plain objects
         return obj

@@ -21,6 +21,7 @@ True
 >>> shifts(6), shifts(2), shifts(1)
 ([1, 3], [1], [])
 """
+
 from __future__ import annotations
 
 import random
@@ -46,7 +47,7 @@ def round_robin(n: int) -> list[Round]:
         raise TreecollError(f"round_robin: expected a non-negative integer count, got {n!r}")
     if n < 2:
         return []
-    m = n + (n % 2)              # with a phantom endpoint m - 1 when n is odd
+    m = n + (n % 2)  # with a phantom endpoint m - 1 when n is odd
     ring = list(range(1, m))
     rounds: list[Round] = []
     for _ in range(m - 1):

@@ -58,6 +58,7 @@ finds the routes and keeps them.
 >>> q.nccl, q.smi, q.nodes[3], t.nearest_nic("h0/gpu3")
 ('NET', None, 'rail0/leaf0', 'h0/nic3')
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,6 +108,15 @@ class Path:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
-        return {"src": self.src, "dst": self.dst, "nodes": list(self.nodes), "kinds": list(self.kinds),
-                "hops": self.hops, "bw_GBps": self.bw, "lat_us": self.lat, "nccl": self.nccl,
-                "smi": self.smi, "routes": [[list(n), s] for n, s in self.routes]}
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "nodes": list(self.nodes),
+            "kinds": list(self.kinds),
+            "hops": self.hops,
+            "bw_GBps": self.bw,
+            "lat_us": self.lat,
+            "nccl": self.nccl,
+            "smi": self.smi,
+            "routes": [[list(n), s] for n, s in self.routes],
+        }

@@ -78,6 +78,7 @@ Bandwidths are GB/s (1e9 B/s) per direction, as in the topology; latencies µs.
 >>> c.link("h2/nic0", "sw0")["bw"], c.link("h2/nic0", "sw0")["measured"], c.link("h0/nic0", "sw0")["bw"]
 (0.01, '2026-01-01', 0.1)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,8 +93,21 @@ from .errors import TopologyError
 from .model import Topology
 from .pairing import round_robin, sample_rounds, shifts
 
-__all__ = ["THRESHOLD", "MAX_ROUNDS", "Step", "Plan", "make_plan", "expected", "assess", "calibrate",
-           "link_name", "table_rows", "latency_rows", "rank_hosts", "check_job"]
+__all__ = [
+    "THRESHOLD",
+    "MAX_ROUNDS",
+    "Step",
+    "Plan",
+    "make_plan",
+    "expected",
+    "assess",
+    "calibrate",
+    "link_name",
+    "table_rows",
+    "latency_rows",
+    "rank_hosts",
+    "check_job",
+]
 
 #: a link is slow below this fraction of the model's bandwidth
 THRESHOLD = 0.7
@@ -157,11 +171,15 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         """Counts for the report: steps by kind, transfers, rounds, budget."""
-        return {"ranks": self.ranks, "steps": len(self.steps),
-                "transfers": sum(len(s.flows) for s in self.steps if s.kind == "bw"),
-                "latency_pairs": sum(len(s.flows) for s in self.steps if s.kind == "lat"),
-                "reps": self.reps, "rounds": {k: {"measured": a, "of": b} for k, (a, b) in self.rounds.items()},
-                "model_seconds": round(self.budget_seconds, 3)}
+        return {
+            "ranks": self.ranks,
+            "steps": len(self.steps),
+            "transfers": sum(len(s.flows) for s in self.steps if s.kind == "bw"),
+            "latency_pairs": sum(len(s.flows) for s in self.steps if s.kind == "lat"),
+            "reps": self.reps,
+            "rounds": {k: {"measured": a, "of": b} for k, (a, b) in self.rounds.items()},
+            "model_seconds": round(self.budget_seconds, 3),
+        }
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -200,8 +218,14 @@ def _size(gbs: float, nbytes: int | None) -> int:
     return min(MAX_BYTES, max(MIN_BYTES, (want + 4095) // 4096 * 4096))
 
 
-def _step_pair(topology: Topology, gpus: Sequence[str], phase: str, pairs: list[tuple[int, int]],
-               classes: list[str], nbytes: int | None) -> list[Step]:
+def _step_pair(
+    topology: Topology,
+    gpus: Sequence[str],
+    phase: str,
+    pairs: list[tuple[int, int]],
+    classes: list[str],
+    nbytes: int | None,
+) -> list[Step]:
     """The latency step and the two bandwidth steps (a -> b, b -> a) of one round."""
     if not pairs:
         return []
@@ -212,13 +236,28 @@ def _step_pair(topology: Topology, gpus: Sequence[str], phase: str, pairs: list[
     return out
 
 
-def _bw_step(topology: Topology, gpus: Sequence[str], phase: str, flows: list[tuple[int, int]],
-             classes: list[str], nbytes: int | None) -> Step:
+def _bw_step(
+    topology: Topology,
+    gpus: Sequence[str],
+    phase: str,
+    flows: list[tuple[int, int]],
+    classes: list[str],
+    nbytes: int | None,
+) -> Step:
     exp = expected(topology, [(gpus[a], gpus[b]) for a, b in flows])
-    routes = tuple(tuple(lk for links, _ in _route_links(topology.path(gpus[a], gpus[b])) for lk in links)
-                   for a, b in flows)
-    return Step("bw", phase, tuple(flows), tuple(classes), tuple(round(e, 9) for e, _ in exp),
-                tuple(_size(e, nbytes) for e, _ in exp), tuple(b for _, b in exp), routes)
+    routes = tuple(
+        tuple(lk for links, _ in _route_links(topology.path(gpus[a], gpus[b])) for lk in links) for a, b in flows
+    )
+    return Step(
+        "bw",
+        phase,
+        tuple(flows),
+        tuple(classes),
+        tuple(round(e, 9) for e, _ in exp),
+        tuple(_size(e, nbytes) for e, _ in exp),
+        tuple(b for _, b in exp),
+        routes,
+    )
 
 
 def _rails(topology: Topology, gpus: Sequence[str], members: list[int]) -> dict[int, int]:
@@ -233,8 +272,16 @@ def _rails(topology: Topology, gpus: Sequence[str], members: list[int]) -> dict[
     return out or {0: members[0]}
 
 
-def make_plan(topology: Topology, *, reps: int = 3, max_rounds: int = MAX_ROUNDS, seed: int = 0,
-              nbytes: int | None = None, load: bool = True, lat_iters: int = LAT_ITERS) -> Plan:
+def make_plan(
+    topology: Topology,
+    *,
+    reps: int = 3,
+    max_rounds: int = MAX_ROUNDS,
+    seed: int = 0,
+    nbytes: int | None = None,
+    load: bool = True,
+    lat_iters: int = LAT_ITERS,
+) -> Plan:
     """The probe of every rank of ``topology`` (its ranks mapped: :meth:`Topology.rank_gpus`).
 
     ``nbytes``: bytes per transfer (default: what the model moves in :data:`TARGET_SECONDS`,
@@ -255,8 +302,9 @@ def make_plan(topology: Topology, *, reps: int = 3, max_rounds: int = MAX_ROUNDS
     steps: list[Step] = []
     rounds: dict[str, tuple[int, int]] = {}
     # intra: every host's own tournament, the hosts side by side
-    per_host = {h: sample_rounds(round_robin(len(m)), max_rounds, seed=seed) if len(m) > 1 else []
-                for h, m in hosts.items()}
+    per_host = {
+        h: sample_rounds(round_robin(len(m)), max_rounds, seed=seed) if len(m) > 1 else [] for h, m in hosts.items()
+    }
     full = max((len(m) - 1 + len(m) % 2 for m in hosts.values() if len(m) > 1), default=0)
     n_intra = max((len(v) for v in per_host.values()), default=0)
     if n_intra:
@@ -284,8 +332,12 @@ def make_plan(topology: Topology, *, reps: int = 3, max_rounds: int = MAX_ROUNDS
             ks = shifts(len(names))
             rounds["load"] = (len(ks), len(ks))
             for k in ks:
-                flows = [(local[h][i], local[names[(j + k) % len(names)]][i])
-                         for j, h in enumerate(names) for i in local[h] if i in local[names[(j + k) % len(names)]]]
+                flows = [
+                    (local[h][i], local[names[(j + k) % len(names)]][i])
+                    for j, h in enumerate(names)
+                    for i in local[h]
+                    if i in local[names[(j + k) % len(names)]]
+                ]
                 steps.append(_bw_step(topology, gpus, "load", flows, [f"loaded shift {k}"] * len(flows), nbytes))
     return Plan(len(gpus), tuple(steps), reps, lat_iters, rounds)
 
@@ -311,21 +363,27 @@ the job runs them on one machine (a#); give the topology of this job (--topology
 of the topology
     """
     if len(where) != len(hosts):
-        raise TopologyError(f"topo probe: topology {name!r} has {len(hosts)} ranks, the job {len(where)}; "
-                            f"give the topology of this job (--topology)")
+        raise TopologyError(
+            f"topo probe: topology {name!r} has {len(hosts)} ranks, the job {len(where)}; "
+            f"give the topology of this job (--topology)"
+        )
     first_of_host: dict[str, int] = {}
     first_of_place: dict[str, int] = {}
     for r in range(len(where)):
         h, w = hosts[r], where[r]
         if h in first_of_host and where[first_of_host[h]] != w:
             q = first_of_host[h]
-            raise TopologyError(f"topo probe: topology {name!r} puts ranks {q} and {r} on host {h}, the job runs "
-                                f"them on two machines ({where[q]}, {w}); give the topology of this job (--topology)")
+            raise TopologyError(
+                f"topo probe: topology {name!r} puts ranks {q} and {r} on host {h}, the job runs "
+                f"them on two machines ({where[q]}, {w}); give the topology of this job (--topology)"
+            )
         if w in first_of_place and hosts[first_of_place[w]] != h:
             q = first_of_place[w]
-            raise TopologyError(f"topo probe: topology {name!r} puts ranks {q} and {r} on different hosts "
-                                f"({hosts[q]}, {h}), the job runs them on one machine ({w}); give the topology of "
-                                f"this job (--topology), or launch one process per host of the topology")
+            raise TopologyError(
+                f"topo probe: topology {name!r} puts ranks {q} and {r} on different hosts "
+                f"({hosts[q]}, {h}), the job runs them on one machine ({w}); give the topology of "
+                f"this job (--topology), or launch one process per host of the topology"
+            )
         first_of_host.setdefault(h, r)
         first_of_place.setdefault(w, r)
 
@@ -367,8 +425,9 @@ def _check_records(plan: Plan, records: Sequence[Mapping[str, Any]]) -> None:
             raise TopologyError(f"probe record {i}: seconds expected positive finite times, got {vals!r}")
 
 
-def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]], *,
-           threshold: float = THRESHOLD) -> dict[str, Any]:
+def assess(
+    plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]], *, threshold: float = THRESHOLD
+) -> dict[str, Any]:
     """The verdict on ``records`` of ``plan`` run on ``topology``.
 
     ``records``: ``{"step": i, "src": rank, "dst": rank, "seconds": [...]}``, one per
@@ -383,11 +442,11 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
     gpus = topology.rank_gpus()
     g = topology.graph
     pairs: list[dict[str, Any]] = []
-    best: dict[Link, float] = {}            # directed link -> best ratio of the transfers it limited
+    best: dict[Link, float] = {}  # directed link -> best ratio of the transfers it limited
     flows_of: dict[Link, int] = {}
-    excess: dict[Link, list[float]] = {}    # directed link -> its share of measured latency excess (µs)
+    excess: dict[Link, list[float]] = {}  # directed link -> its share of measured latency excess (µs)
     slow_flows = []
-    limits: list[tuple[dict[str, Any], tuple[Link, ...]]] = []   # bandwidth pair, its bottleneck links
+    limits: list[tuple[dict[str, Any], tuple[Link, ...]]] = []  # bandwidth pair, its bottleneck links
     for rec in records:
         step = plan.steps[rec["step"]]
         i = step.flows.index((rec["src"], rec["dst"]))
@@ -396,11 +455,13 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
         base = {"phase": step.phase, "class": step.classes[i], "a": a, "b": b, "ranks": [rec["src"], rec["dst"]]}
         if step.kind == "lat":
             lat_us = med * 1e6
-            pairs.append({**base, "kind": "latency", "lat_us": round(lat_us, 1),
-                          "expected_lat_us": round(step.expected[i], 1)})
+            pairs.append(
+                {**base, "kind": "latency", "lat_us": round(lat_us, 1), "expected_lat_us": round(step.expected[i], 1)}
+            )
             p = topology.path(a, b)
-            hops = [lk for lk, kind in zip(zip(p.nodes[:-1], p.nodes[1:]), p.kinds)
-                    if p.nccl != "NET" or kind == "net"] or list(zip(p.nodes[:-1], p.nodes[1:]))
+            hops = [
+                lk for lk, kind in zip(zip(p.nodes[:-1], p.nodes[1:]), p.kinds) if p.nccl != "NET" or kind == "net"
+            ] or list(zip(p.nodes[:-1], p.nodes[1:]))
             for lk in hops:
                 for d in (lk, lk[::-1]):
                     excess.setdefault(d, []).append((lat_us - step.expected[i]) / len(hops))
@@ -408,18 +469,34 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
         gbs = step.nbytes[i] / med / 1e9
         ratio = gbs / step.expected[i]
         spread = [step.nbytes[i] / max(rec["seconds"]) / 1e9, step.nbytes[i] / min(rec["seconds"]) / 1e9]
-        pairs.append({**base, "kind": "bandwidth", "bytes": step.nbytes[i], "measured_gbps": round(gbs, 6),
-                      "expected_gbps": round(step.expected[i], 6), "ratio": round(ratio, 4),
-                      "spread_gbps": [round(x, 6) for x in spread]})
+        pairs.append(
+            {
+                **base,
+                "kind": "bandwidth",
+                "bytes": step.nbytes[i],
+                "measured_gbps": round(gbs, 6),
+                "expected_gbps": round(step.expected[i], 6),
+                "ratio": round(ratio, 4),
+                "spread_gbps": [round(x, 6) for x in spread],
+            }
+        )
         limits.append((pairs[-1], step.bottlenecks[i]))
         for lk in step.bottlenecks[i]:
             best[lk] = max(best.get(lk, 0.0), ratio)
             flows_of[lk] = flows_of.get(lk, 0) + 1
         if ratio < threshold:
             slow_flows.append((step, i, a, b, gbs))
-    links = {f"{a}|{b}": {"a": a, "b": b, "ratio": round(r, 4), "model_gbps": g.edges[a, b]["bw"],
-                          "measured_gbps": round(r * g.edges[a, b]["bw"], 6), "transfers": flows_of[(a, b)]}
-             for (a, b), r in best.items()}
+    links = {
+        f"{a}|{b}": {
+            "a": a,
+            "b": b,
+            "ratio": round(r, 4),
+            "model_gbps": g.edges[a, b]["bw"],
+            "measured_gbps": round(r * g.edges[a, b]["bw"], 6),
+            "transfers": flows_of[(a, b)],
+        }
+        for (a, b), r in best.items()
+    }
     for (a, b), xs in excess.items():
         e = links.setdefault(f"{a}|{b}", {"a": a, "b": b, "model_gbps": g.edges[a, b]["bw"]})
         e["lat_us"] = round(max(0.0, float(g.edges[a, b].get("lat", 0.0)) + _median(xs)), 1)
@@ -427,19 +504,40 @@ def assess(plan: Plan, topology: Topology, records: Sequence[Mapping[str, Any]],
     for p, lks in limits:
         p["via_slow"] = any(best[lk] < threshold for lk in lks)
     for step, i, a, b, gbs in slow_flows:
-        if all(best[lk] >= threshold for lk in step.bottlenecks[i]):    # no slow link explains it
+        if all(best[lk] >= threshold for lk in step.bottlenecks[i]):  # no slow link explains it
             ha, hb = topology.host_of(a), topology.host_of(b)
-            slow.append({"a": ha if ha != hb else a, "b": hb if ha != hb else b, "measured_gbps": round(gbs, 6),
-                         "expected_gbps": round(step.expected[i], 6), "name": _host_pair(topology, a, b)})
+            slow.append(
+                {
+                    "a": ha if ha != hb else a,
+                    "b": hb if ha != hb else b,
+                    "measured_gbps": round(gbs, 6),
+                    "expected_gbps": round(step.expected[i], 6),
+                    "name": _host_pair(topology, a, b),
+                }
+            )
     names = sorted({s["name"] for s in slow})
     nics = sorted({n for s in slow for n in (s["a"], s["b"]) if n in g and g.nodes[n]["kind"] == "nic"})
-    hosts = sorted({h for s in slow for n in (s["a"], s["b"])
-                    for h in ([g.nodes[n].get("host")] if n in g else [n]) if h}, key=topology.hosts().index)
-    summary = {"threshold": threshold, "units": {"bandwidth": "GB/s (1e9 B/s) per direction", "latency": "us"},
-               "plan": plan.as_dict(), "links_assessed": len(best), "slow_names": names, "slow_nics": nics,
-               "slow_hosts": hosts, "classes": table_rows(pairs), "latency": latency_rows(pairs)}
-    return {"pairs": pairs, "slow": [{k: s[k] for k in ("a", "b", "measured_gbps", "expected_gbps")} for s in slow],
-            "summary": summary, "links": list(links.values())}
+    hosts = sorted(
+        {h for s in slow for n in (s["a"], s["b"]) for h in ([g.nodes[n].get("host")] if n in g else [n]) if h},
+        key=topology.hosts().index,
+    )
+    summary = {
+        "threshold": threshold,
+        "units": {"bandwidth": "GB/s (1e9 B/s) per direction", "latency": "us"},
+        "plan": plan.as_dict(),
+        "links_assessed": len(best),
+        "slow_names": names,
+        "slow_nics": nics,
+        "slow_hosts": hosts,
+        "classes": table_rows(pairs),
+        "latency": latency_rows(pairs),
+    }
+    return {
+        "pairs": pairs,
+        "slow": [{k: s[k] for k in ("a", "b", "measured_gbps", "expected_gbps")} for s in slow],
+        "summary": summary,
+        "links": list(links.values()),
+    }
 
 
 def _slow_links(topology: Topology, best: Mapping[Link, float], threshold: float) -> list[dict[str, Any]]:
@@ -453,8 +551,14 @@ def _slow_links(topology: Topology, best: Mapping[Link, float], threshold: float
         if g.nodes[b]["kind"] == "nic" and g.nodes[a]["kind"] != "nic":
             a, b = b, a
         bw = g.edges[a, b]["bw"]
-        e = {"a": a, "b": b, "measured_gbps": round(r * bw, 6), "expected_gbps": bw, "name": link_name(topology, a, b),
-             "ratio": r}
+        e = {
+            "a": a,
+            "b": b,
+            "measured_gbps": round(r * bw, 6),
+            "expected_gbps": bw,
+            "name": link_name(topology, a, b),
+            "ratio": r,
+        }
         key = frozenset((a, b))
         if key not in merged or r < merged[key]["ratio"]:
             merged[key] = e
@@ -468,10 +572,18 @@ def table_rows(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for p in pairs:
         if p["kind"] == "bandwidth":
             groups.setdefault(p["class"] + (" via slow" if p.get("via_slow") else ""), []).append(p)
-    return [{"class": c, "transfers": len(ps), "expected_gbps": _median(p["expected_gbps"] for p in ps),
-             "measured_gbps": _median(p["measured_gbps"] for p in ps),
-             "min_gbps": min(p["measured_gbps"] for p in ps), "max_gbps": max(p["measured_gbps"] for p in ps),
-             "ratio": round(_median(p["ratio"] for p in ps), 4)} for c, ps in sorted(groups.items())]
+    return [
+        {
+            "class": c,
+            "transfers": len(ps),
+            "expected_gbps": _median(p["expected_gbps"] for p in ps),
+            "measured_gbps": _median(p["measured_gbps"] for p in ps),
+            "min_gbps": min(p["measured_gbps"] for p in ps),
+            "max_gbps": max(p["measured_gbps"] for p in ps),
+            "ratio": round(_median(p["ratio"] for p in ps), 4),
+        }
+        for c, ps in sorted(groups.items())
+    ]
 
 
 def latency_rows(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -480,9 +592,17 @@ def latency_rows(pairs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for p in pairs:
         if p["kind"] == "latency":
             groups.setdefault(p["class"], []).append(p)
-    return [{"class": c, "pairs": len(ps), "expected_us": _median(p["expected_lat_us"] for p in ps),
-             "measured_us": _median(p["lat_us"] for p in ps), "min_us": min(p["lat_us"] for p in ps),
-             "max_us": max(p["lat_us"] for p in ps)} for c, ps in groups.items()]
+    return [
+        {
+            "class": c,
+            "pairs": len(ps),
+            "expected_us": _median(p["expected_lat_us"] for p in ps),
+            "measured_us": _median(p["lat_us"] for p in ps),
+            "min_us": min(p["lat_us"] for p in ps),
+            "max_us": max(p["lat_us"] for p in ps),
+        }
+        for c, ps in groups.items()
+    ]
 
 
 # ------------------------------------------------------------------------------------------ calibrate
@@ -494,8 +614,10 @@ def calibrate(topology: Topology, report: Mapping[str, Any], *, date: str) -> To
     for e in report.get("links", ()):
         a, b = e["a"], e["b"]
         if not g.has_edge(a, b):
-            raise TopologyError(f"calibrate: link {a!r} -> {b!r} is not in topology {topology.name!r}; "
-                                f"probe and calibrate the same topology")
+            raise TopologyError(
+                f"calibrate: link {a!r} -> {b!r} is not in topology {topology.name!r}; "
+                f"probe and calibrate the same topology"
+            )
         attrs = dict(g.edges[a, b])
         if "ratio" in e:
             attrs["bw"] = round(e["measured_gbps"], 6) if e["measured_gbps"] > 0 else attrs["bw"]
@@ -505,6 +627,10 @@ def calibrate(topology: Topology, report: Mapping[str, Any], *, date: str) -> To
         g.add_edge(a, b, **attrs)
     summary = report.get("summary", {})
     meta = dict(topology.meta)
-    meta["probe"] = {"date": str(date), "threshold": summary.get("threshold", THRESHOLD),
-                     "slow": list(summary.get("slow_names", [])), "links_measured": len(report.get("links", ()))}
+    meta["probe"] = {
+        "date": str(date),
+        "threshold": summary.get("threshold", THRESHOLD),
+        "slow": list(summary.get("slow_names", [])),
+        "links_measured": len(report.get("links", ())),
+    }
     return Topology(g, name=topology.name, meta=meta)

@@ -21,6 +21,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.PlacementError: ranks: expected a count in 1..16 (the GPUs of topology 'dgx-h100-x2'), got 17; ...
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -52,12 +53,16 @@ def resolve_gpus(topology: RankedGraph, ranks: RanksArg = None) -> tuple[str, ..
     if ranks is None:
         return tuple(order)
     if isinstance(ranks, (bool, str, bytes)) or not isinstance(ranks, (int, Iterable)):
-        raise PlacementError(f"ranks: expected None, a count or a sequence of GPU ids / topology ranks, "
-                             f"got {type(ranks).__name__} {ranks!r}")
+        raise PlacementError(
+            f"ranks: expected None, a count or a sequence of GPU ids / topology ranks, "
+            f"got {type(ranks).__name__} {ranks!r}"
+        )
     if isinstance(ranks, int):
         if not 1 <= ranks <= len(order):
-            raise PlacementError(f"ranks: expected a count in 1..{len(order)} (the GPUs of topology "
-                                 f"{topology.name!r}), got {ranks}; pass fewer ranks or a larger topology")
+            raise PlacementError(
+                f"ranks: expected a count in 1..{len(order)} (the GPUs of topology "
+                f"{topology.name!r}), got {ranks}; pass fewer ranks or a larger topology"
+            )
         return tuple(order[:ranks])
     nodes = topology.graph.nodes
     out: list[str] = []
@@ -65,12 +70,16 @@ def resolve_gpus(topology: RankedGraph, ranks: RanksArg = None) -> tuple[str, ..
     for r, g in enumerate(ranks):
         if isinstance(g, int) and not isinstance(g, bool):
             if not 0 <= g < len(order):
-                raise PlacementError(f"ranks[{r}]: expected a topology rank in 0..{len(order) - 1} of topology "
-                                     f"{topology.name!r}, got {g}")
+                raise PlacementError(
+                    f"ranks[{r}]: expected a topology rank in 0..{len(order) - 1} of topology "
+                    f"{topology.name!r}, got {g}"
+                )
             g = order[g]
         elif not isinstance(g, str) or g not in nodes or nodes[g].get("kind") != "gpu":
-            raise PlacementError(f"ranks[{r}]: expected a GPU of topology {topology.name!r} (an id like "
-                                 f"{order[0]!r} or a topology rank), got {g!r}")
+            raise PlacementError(
+                f"ranks[{r}]: expected a GPU of topology {topology.name!r} (an id like "
+                f"{order[0]!r} or a topology rank), got {g!r}"
+            )
         if g in first:
             raise PlacementError(f"ranks[{r}]: GPU {g!r} is already rank {first[g]}; each GPU takes one rank")
         first[g] = r

@@ -12,6 +12,7 @@ above them by tier; matplotlib is optional (``pip install 'treecoll[plot]'``).
 >>> dot.splitlines()[0], dot.splitlines()[4]
 ('graph "cpu-local" {', '  subgraph "cluster_h0" {')
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,12 @@ __all__ = ["to_dot", "draw", "NODE_STYLE"]
 
 #: DOT shape and fill colour per node kind
 NODE_STYLE = {
-    "gpu": ("box", "#76b900"), "nvswitch": ("hexagon", "#9ecae1"), "pcie_switch": ("diamond", "#dddddd"),
-    "cpu": ("box3d", "#fdd0a2"), "nic": ("ellipse", "#c6dbef"), "net_switch": ("octagon", "#bcbddc"),
+    "gpu": ("box", "#76b900"),
+    "nvswitch": ("hexagon", "#9ecae1"),
+    "pcie_switch": ("diamond", "#dddddd"),
+    "cpu": ("box3d", "#fdd0a2"),
+    "nic": ("ellipse", "#c6dbef"),
+    "net_switch": ("octagon", "#bcbddc"),
 }
 _EDGE_COLOR = {"nvlink": "#76b900", "c2c": "#31a354", "pcie": "#636363", "smp": "#e6550d", "net": "#3182bd"}
 
@@ -47,8 +52,12 @@ def _pairs(topo: Topology):
 def to_dot(topo: Topology) -> str:
     """DOT text of the whole topology (one ``cluster_<host>`` per host)."""
     g = topo.graph
-    out = [f"graph {_q(topo.name or 'topology')} {{", "  graph [rankdir=TB, fontsize=10];",
-           "  node [style=filled, fontsize=9];", "  edge [fontsize=8];"]
+    out = [
+        f"graph {_q(topo.name or 'topology')} {{",
+        "  graph [rankdir=TB, fontsize=10];",
+        "  node [style=filled, fontsize=9];",
+        "  edge [fontsize=8];",
+    ]
 
     def node_line(n: str, indent: str) -> str:
         d = g.nodes[n]
@@ -57,7 +66,7 @@ def to_dot(topo: Topology) -> str:
         extra = d.get("model") or d.get("name") or ""
         if extra:
             label += "\\n" + str(extra)
-        return f"{indent}{_q(n)} [shape={shape}, fillcolor={_q(color)}, label=\"{label}\"];"
+        return f'{indent}{_q(n)} [shape={shape}, fillcolor={_q(color)}, label="{label}"];'
 
     for h in topo.hosts():
         out.append(f"  subgraph {_q('cluster_' + h)} {{")
@@ -73,8 +82,15 @@ def to_dot(topo: Topology) -> str:
     return "\n".join(out) + "\n"
 
 
-def draw(topo: Topology, path: str, *, max_hosts: int = 8, dpi: int = 120,
-         overlay: list[tuple[str, str, str]] | None = None, title: str | None = None) -> dict:
+def draw(
+    topo: Topology,
+    path: str,
+    *,
+    max_hosts: int = 8,
+    dpi: int = 120,
+    overlay: list[tuple[str, str, str]] | None = None,
+    title: str | None = None,
+) -> dict:
     """Draw the first ``max_hosts`` hosts and the switches they reach into ``path`` (PNG, SVG, PDF).
 
     ``overlay``: extra directed edges ``(node_a, node_b, color)`` drawn as thick
@@ -84,6 +100,7 @@ def draw(topo: Topology, path: str, *, max_hosts: int = 8, dpi: int = 120,
     """
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -102,8 +119,7 @@ def draw(topo: Topology, path: str, *, max_hosts: int = 8, dpi: int = 120,
                 pos[n] = (x0 + (i + 0.5) * width / max(len(ns), 1), y)
                 keep.add(n)
         x0 += width + 1.5
-    others = [n for n, d in g.nodes(data=True) if not d.get("host")
-              and any(nb in keep for nb in g.successors(n))]
+    others = [n for n, d in g.nodes(data=True) if not d.get("host") and any(nb in keep for nb in g.successors(n))]
     seen_up = set(others)
     for n in others:  # spines etc. above the leaves
         seen_up.update(s for s in g.successors(n) if not g.nodes[s].get("host"))
@@ -129,21 +145,28 @@ def draw(topo: Topology, path: str, *, max_hosts: int = 8, dpi: int = 120,
     for a, b, color in overlay or ():
         if a in pos and b in pos:
             (xa, ya), (xb, yb) = pos[a], pos[b]
-            bend = 0.25 if ya == yb else 0.0   # same-row edges (GPU to GPU) arc above the row
-            ax.annotate("", xy=(xb, yb), xytext=(xa, ya), zorder=3,
-                        arrowprops=dict(arrowstyle="-|>", color=color, lw=1.8, alpha=0.9,
-                                        connectionstyle=f"arc3,rad={-bend}"))
+            bend = 0.25 if ya == yb else 0.0  # same-row edges (GPU to GPU) arc above the row
+            ax.annotate(
+                "",
+                xy=(xb, yb),
+                xytext=(xa, ya),
+                zorder=3,
+                arrowprops=dict(arrowstyle="-|>", color=color, lw=1.8, alpha=0.9, connectionstyle=f"arc3,rad={-bend}"),
+            )
             drawn_overlay += 1
     for n, (x, y) in pos.items():
-        ax.scatter([x], [y], s=60, color=NODE_STYLE[g.nodes[n]["kind"]][1], edgecolors="black",
-                   linewidths=0.4, zorder=2)
+        ax.scatter(
+            [x], [y], s=60, color=NODE_STYLE[g.nodes[n]["kind"]][1], edgecolors="black", linewidths=0.4, zorder=2
+        )
     for h in hosts:
         xs = [pos[n][0] for n in topo.nodes(host=h)]
         ax.text(sum(xs) / len(xs), -1.0, h, ha="center", fontsize=8)
     from matplotlib.lines import Line2D
+
     kinds = sorted({g.nodes[n]["kind"] for n in pos}, key=list(NODE_STYLE).index)
-    handles = [Line2D([], [], marker="o", ls="", color=NODE_STYLE[k][1], markeredgecolor="black", label=k)
-               for k in kinds]
+    handles = [
+        Line2D([], [], marker="o", ls="", color=NODE_STYLE[k][1], markeredgecolor="black", label=k) for k in kinds
+    ]
     handles += [Line2D([], [], color=c, label=k) for k, c in _EDGE_COLOR.items() if k in drawn_kinds]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     ax.set_title(title or f"{topo.name}: {len(hosts)} of {len(topo.hosts())} hosts")
@@ -151,5 +174,11 @@ def draw(topo: Topology, path: str, *, max_hosts: int = 8, dpi: int = 120,
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    return {"output": str(path), "hosts_drawn": len(hosts), "hosts_total": len(topo.hosts()),
-            "nodes": len(pos), "links": nlinks, "overlay": drawn_overlay}
+    return {
+        "output": str(path),
+        "hosts_drawn": len(hosts),
+        "hosts_total": len(topo.hosts()),
+        "nodes": len(pos),
+        "links": nlinks,
+        "overlay": drawn_overlay,
+    }

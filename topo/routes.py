@@ -18,6 +18,7 @@ per network switch its distance from every other switch.
 >>> t.routes.clear(); len(t.routes)
 0
 """
+
 from __future__ import annotations
 
 import zlib
@@ -52,11 +53,11 @@ class RouteTable:
         self.graph = graph
         self.name = name
         self.max_routes = max_routes
-        self._routes: dict[tuple[str, str], Path] = {}        # (a, b) -> the route, oldest first
-        self._pci: dict[tuple[str, str], Path | None] = {}    # (a, b) in one host -> PCIe route or None
-        self._nic: dict[str, str | None] = {}                 # endpoint -> its nearest NIC
-        self._switch_dist: dict[str, dict[str, int]] = {}     # switch -> hops to it from every switch
-        self._leaf_dist: dict[tuple[str, ...], dict[str, int]] = {}   # a NIC's leaves -> hops to the NIC
+        self._routes: dict[tuple[str, str], Path] = {}  # (a, b) -> the route, oldest first
+        self._pci: dict[tuple[str, str], Path | None] = {}  # (a, b) in one host -> PCIe route or None
+        self._nic: dict[str, str | None] = {}  # endpoint -> its nearest NIC
+        self._switch_dist: dict[str, dict[str, int]] = {}  # switch -> hops to it from every switch
+        self._leaf_dist: dict[tuple[str, ...], dict[str, int]] = {}  # a NIC's leaves -> hops to the NIC
         self._nodes: dict[str, tuple[str, str | None]] | None = None  # node -> (kind, host)
         self._switch_preds: dict[str, list[str]] | None = None
         self._nics: dict[str | None, list[str]] | None = None
@@ -82,7 +83,7 @@ class RouteTable:
         if p is None:
             p = self._route(a, b)
             if len(self._routes) >= self.max_routes:
-                del self._routes[next(iter(self._routes))]   # the oldest
+                del self._routes[next(iter(self._routes))]  # the oldest
             self._routes[key] = p
         return p
 
@@ -152,7 +153,7 @@ class RouteTable:
         table = self._table
         (ka, ha), (kb, hb) = table[a], table[b]
         nv = None
-        if ka == "gpu" and kb == "gpu":   # NVLink may cross hosts (GB200 trays of one NVL72 domain)
+        if ka == "gpu" and kb == "gpu":  # NVLink may cross hosts (GB200 trays of one NVL72 domain)
             nv = self._nvlink_route(a, b)
             if nv is not None and nv.nccl == "NVL":
                 return nv
@@ -170,12 +171,15 @@ class RouteTable:
         succ, table = g._succ, self._table
         d = succ[a].get(b)
         if d is not None and d["kind"] == "nvlink":
-            return Path(a, b, (a, b), ("nvlink",), d["bw"], d.get("lat", 0.0), "NVL", f"NV{d.get('count', 1)}",
-                        (((a, b), 1.0),))
+            return Path(
+                a, b, (a, b), ("nvlink",), d["bw"], d.get("lat", 0.0), "NVL", f"NV{d.get('count', 1)}", (((a, b), 1.0),)
+            )
         # parallel one-switch routes: a -> s -> b for every NVSwitch s adjacent to both
-        hops = [(s, up, succ[s][b]) for s, up in succ[a].items()
-                if table[s][0] == "nvswitch" and up["kind"] == "nvlink" and b in succ[s]
-                and succ[s][b]["kind"] == "nvlink"]
+        hops = [
+            (s, up, succ[s][b])
+            for s, up in succ[a].items()
+            if table[s][0] == "nvswitch" and up["kind"] == "nvlink" and b in succ[s] and succ[s][b]["kind"] == "nvlink"
+        ]
         if hops:
             sw = [s for s, _, _ in hops]
             caps = [min(up["bw"], down["bw"]) for _, up, down in hops]
@@ -224,7 +228,7 @@ class RouteTable:
                 passable = kind in _PCI_NODE_KINDS and h == host
                 if v in want or passable:
                     prev[v] = u
-                if passable:             # a target CPU is still crossed on the way to other targets
+                if passable:  # a target CPU is still crossed on the way to other targets
                     q.append(v)
         for t in want:
             if t not in prev:
@@ -265,8 +269,7 @@ class RouteTable:
         nb = b if g.nodes[b]["kind"] == "nic" else self.nearest_nic(b)
         if na is None or nb is None:
             lonely = a if na is None else b
-            raise TopologyError(f"path {a!r} -> {b!r}: host {self._table[lonely][1]!r} has no NIC to reach "
-                                f"other hosts")
+            raise TopologyError(f"path {a!r} -> {b!r}: host {self._table[lonely][1]!r} has no NIC to reach other hosts")
         mid = self._ecmp_route(na, nb)
         if mid is None:
             raise TopologyError(f"path {a!r} -> {b!r}: NICs {na!r} and {nb!r} are not connected by the network")
@@ -280,9 +283,14 @@ class RouteTable:
         if self._switch_preds is None:
             g = self.graph
             self._switch_preds = {
-                s: [v for v in g.predecessors(s)
-                    if g.nodes[v]["kind"] == "net_switch" and g.edges[v, s]["kind"] == "net"]
-                for s, d in g.nodes(data=True) if d["kind"] == "net_switch"}
+                s: [
+                    v
+                    for v in g.predecessors(s)
+                    if g.nodes[v]["kind"] == "net_switch" and g.edges[v, s]["kind"] == "net"
+                ]
+                for s, d in g.nodes(data=True)
+                if d["kind"] == "net_switch"
+            }
         return self._switch_preds
 
     def _dist_to_switch(self, target: str) -> dict[str, int]:
@@ -322,8 +330,11 @@ class RouteTable:
         """
         g = self.graph
         succ, table = g._succ, self._table
-        dist = dict(self._dist_to_leaves(tuple(s for s, d in g._pred[nb].items()
-                                               if table[s][0] == "net_switch" and d["kind"] == "net")))
+        dist = dict(
+            self._dist_to_leaves(
+                tuple(s for s, d in g._pred[nb].items() if table[s][0] == "net_switch" and d["kind"] == "net")
+            )
+        )
         dist[nb] = 0
         best = None
         for v, d in succ[na].items():
@@ -336,8 +347,11 @@ class RouteTable:
         out = [na]
         while out[-1] != nb:
             u = out[-1]
-            nxt = [v for v, d in succ[u].items() if dist.get(v, -1) == dist[u] - 1 and d["kind"] == "net"
-                   and (v == nb or table[v][0] == "net_switch")]
+            nxt = [
+                v
+                for v, d in succ[u].items()
+                if dist.get(v, -1) == dist[u] - 1 and d["kind"] == "net" and (v == nb or table[v][0] == "net_switch")
+            ]
             out.append(nxt[h % len(nxt)])
             h //= max(len(nxt), 1)
             h = h or zlib.crc32(f"{u}|{nb}".encode())
@@ -350,8 +364,9 @@ def _chain(g: nx.DiGraph, nodes: tuple[str, ...]) -> tuple[tuple[str, ...], floa
     return tuple(d["kind"] for d in attrs), min(d["bw"] for d in attrs), sum(d.get("lat", 0.0) for d in attrs)
 
 
-def _bfs(g: nx.DiGraph, a: str, b: str, node_ok: Callable[[str], bool],
-         link_kinds: frozenset[str]) -> tuple[str, ...] | None:
+def _bfs(
+    g: nx.DiGraph, a: str, b: str, node_ok: Callable[[str], bool], link_kinds: frozenset[str]
+) -> tuple[str, ...] | None:
     """Fewest-hop route a -> b whose intermediate nodes satisfy node_ok; deterministic."""
     succ = g._succ
     prev: dict[str, str | None] = {a: None}

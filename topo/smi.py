@@ -36,6 +36,7 @@ mismatch is listed in ``meta["smi_mismatches"]`` and logged.
 >>> t.path("host0/gpu0", "host0/gpu1").smi, t.nodes("cpu"), t.meta["smi_mismatches"]
 ('SYS', ('host0/cpu1',), [])
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,9 +59,9 @@ _CODE = re.compile(r"^(X|SYS|SOC|NODE|PHB|PXB|PIX|NV[1-9][0-9]{0,5})$", re.ASCII
 _GPU = re.compile(r"GPU(0|[1-9][0-9]{0,5})", re.ASCII)
 _LEVEL = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 _EXTRA = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
-PCIE_BW = 24.0   # NCCL: x16 Gen4 = 16 * 120 / 80 GB/s (assumed: the text has no speeds)
+PCIE_BW = 24.0  # NCCL: x16 Gen4 = 16 * 120 / 80 GB/s (assumed: the text has no speeds)
 NVLINK_BW = 20.0  # NCCL SM80_NVLINK_BW, its default for unknown GPUs
-SMP_BW = 10.0    # NCCL SKL_QPI_BW (CPU unknown)
+SMP_BW = 10.0  # NCCL SKL_QPI_BW (CPU unknown)
 
 
 def looks_like_smi(text: str) -> bool:
@@ -76,13 +77,15 @@ def _header(line: str, where: str, lineno: int) -> tuple[list[str], list[str]]:
     extras: list[str] = []
     i = 0
     while i < len(toks):
-        multi = next((e for e in _EXTRA if toks[i:i + len(e.split())] == e.split()), None)
+        multi = next((e for e in _EXTRA if toks[i : i + len(e.split())] == e.split()), None)
         if multi is not None:
             extras.append(multi)
             i += len(multi.split())
         elif extras:
-            raise TopologyError(f"{where}:{lineno}: header column {toks[i]!r} after the affinity columns: "
-                                f"expected one of {list(_EXTRA)}")
+            raise TopologyError(
+                f"{where}:{lineno}: header column {toks[i]!r} after the affinity columns: "
+                f"expected one of {list(_EXTRA)}"
+            )
         else:
             devices.append(toks[i])
             i += 1
@@ -111,8 +114,14 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
     "codes": {(a, b): code}, "cpu_affinity": {gpu: str|None}, "numa_affinity": {gpu: int|None},
     "gpu_numa": {gpu: int|None}, "legacy": bool}``. Codes keep the text's spelling (SOC stays SOC)."""
     lines = _ANSI.sub("", text).replace("\r", "").split("\n")
-    hi = next((i for i, ln in enumerate(lines) if not ln.lstrip().startswith("#")
-               and "GPU0" in ln.split() and not re.match(r"^\s*GPU0\s+X\b", ln)), None)
+    hi = next(
+        (
+            i
+            for i, ln in enumerate(lines)
+            if not ln.lstrip().startswith("#") and "GPU0" in ln.split() and not re.match(r"^\s*GPU0\s+X\b", ln)
+        ),
+        None,
+    )
     if hi is None:
         raise TopologyError(f"{where}: expected an 'nvidia-smi topo -m' matrix (a header line with GPU0), found none")
     head, extras = _header(lines[hi], where, hi + 1)
@@ -131,10 +140,11 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
     seen: set[str] = set()
     legacy = False
     for li, tok in rows:
-        name, vals, rest = tok[0], tok[1:1 + n], tok[1 + n:]
+        name, vals, rest = tok[0], tok[1 : 1 + n], tok[1 + n :]
         if name not in devices:
-            raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected one of the header's devices "
-                                f"{devices[:6]}...")
+            raise TopologyError(
+                f"{where}:{li + 1}: row {name!r}: expected one of the header's devices {devices[:6]}..."
+            )
         if name in seen:
             raise TopologyError(f"{where}:{li + 1}: row {name!r} appears twice: expected one row per device")
         seen.add(name)
@@ -142,11 +152,14 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
             raise TopologyError(f"{where}:{li + 1}: row {name!r}: expected {n} codes, got {len(vals)}")
         for col, v in zip(devices, vals):
             if not _CODE.match(v):
-                raise TopologyError(f"{where}:{li + 1}: row {name!r}, column {col!r}: expected one of X, SYS, SOC, "
-                                    f"NODE, PHB, PXB, PIX, NV<n>, got {v[:20]!r}")
+                raise TopologyError(
+                    f"{where}:{li + 1}: row {name!r}, column {col!r}: expected one of X, SYS, SOC, "
+                    f"NODE, PHB, PXB, PIX, NV<n>, got {v[:20]!r}"
+                )
             if (v == "X") != (col == name):
-                raise TopologyError(f"{where}:{li + 1}: row {name!r}, column {col!r}: 'X' expected exactly on the "
-                                    f"diagonal, got {v!r}")
+                raise TopologyError(
+                    f"{where}:{li + 1}: row {name!r}, column {col!r}: 'X' expected exactly on the diagonal, got {v!r}"
+                )
             legacy |= v == "SOC"
             codes[(name, col)] = v
         for k, v in zip(extras, rest):
@@ -166,9 +179,17 @@ def parse_smi(text: str, where: str = "<text>") -> dict[str, Any]:
         if m and m.group(1) in names:
             names[m.group(1)] = m.group(2)
     gpus = [d for d in devices if _GPU.fullmatch(d)]
-    return {"devices": devices, "gpus": gpus, "nics": [d for d in devices if d not in gpus], "names": names,
-            "codes": codes, "cpu_affinity": cpu_aff, "numa_affinity": numa_aff, "gpu_numa": gpu_numa,
-            "legacy": legacy}
+    return {
+        "devices": devices,
+        "gpus": gpus,
+        "nics": [d for d in devices if d not in gpus],
+        "names": names,
+        "codes": codes,
+        "cpu_affinity": cpu_aff,
+        "numa_affinity": numa_aff,
+        "gpu_numa": gpu_numa,
+        "legacy": legacy,
+    }
 
 
 def _small_int(v: str | None) -> int | None:
@@ -223,8 +244,15 @@ def _read(src: str | bytes | os.PathLike, source: str | None) -> tuple[str, str]
     return source or str(path), read_text(path, "the nvidia-smi output")
 
 
-def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str | None = None,
-               source: str | None = None, max_nodes: int | None = None, max_links: int | None = None) -> Topology:
+def import_smi(
+    src: str | bytes | os.PathLike,
+    *,
+    host: str = "host0",
+    name: str | None = None,
+    source: str | None = None,
+    max_nodes: int | None = None,
+    max_links: int | None = None,
+) -> Topology:
     """Build the host of an ``nvidia-smi topo -m`` output (a path, or the text or its bytes).
 
     ``source`` names the text in errors and in ``meta["source"]`` (default: the
@@ -249,9 +277,12 @@ def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
         for qi, quad in enumerate(quads):
             for hi, hb in enumerate(_split(quad, codes, 4)):
                 for phb in _split(hb, codes, 3):
-                    top = b.add(("sw", phb[0], "top"), "pcie_switch",
-                                host_bridge=f"{numa}.{qi}.{hi}" if use_hb else None,
-                                quadrant=qi if len(quads) > 1 else None)
+                    top = b.add(
+                        ("sw", phb[0], "top"),
+                        "pcie_switch",
+                        host_bridge=f"{numa}.{qi}.{hi}" if use_hb else None,
+                        quadrant=qi if len(quads) > 1 else None,
+                    )
                     b.link(top, ck, "pcie", PCIE_BW)
                     pix = _split(phb, codes, 2)
                     for grp in pix:
@@ -264,12 +295,18 @@ def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
                             b.link(("dev", d), up, "pcie", PCIE_BW)
     cpus = [k for k, it in b.items.items() if it["kind"] == "cpu"]
     for i, a in enumerate(cpus):
-        for c in cpus[i + 1:]:
+        for c in cpus[i + 1 :]:
             b.link(a, c, "smp", SMP_BW)
     _nvlinks(b, gpus, codes)
-    t = Topology(b.build(), name=name or host,
-                 meta={"source": f"nvidia-smi:{where}", "legacy_legend": p["legacy"],
-                       "assumed": {"pcie_bw": PCIE_BW, "nvlink_bw_per_link": NVLINK_BW, "smp_bw": SMP_BW}})
+    t = Topology(
+        b.build(),
+        name=name or host,
+        meta={
+            "source": f"nvidia-smi:{where}",
+            "legacy_legend": p["legacy"],
+            "assumed": {"pcie_bw": PCIE_BW, "nvlink_bw_per_link": NVLINK_BW, "smp_bw": SMP_BW},
+        },
+    )
     ids = b.ids()
     mism = []
     for (a, c), code in codes.items():
@@ -278,8 +315,12 @@ def import_smi(src: str | bytes | os.PathLike, *, host: str = "host0", name: str
         if got != want:
             mism.append(f"{a}-{c}: {want} expected, structure gives {got}")
     if mism:
-        log.warning("treecoll: %s: %d nvidia-smi codes not reproducible (inconsistent matrix?): %s",
-                    where, len(mism), "; ".join(mism[:4]))
+        log.warning(
+            "treecoll: %s: %d nvidia-smi codes not reproducible (inconsistent matrix?): %s",
+            where,
+            len(mism),
+            "; ".join(mism[:4]),
+        )
     meta = dict(t.meta, smi_mismatches=mism, columns={d: ids[("dev", d)] for d in devs})
     return Topology(t.graph, name=t.name, meta=meta)
 

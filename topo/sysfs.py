@@ -23,6 +23,7 @@ path component), root and downstream ports are not nodes. The root complex
 Nothing here raises on a missing or unreadable file: the field is None and the
 caller decides (and says so).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PciDevice", "NicInfo", "read_pci", "pci_devices", "nics", "numa_nodes", "pcie_bw",
-           "parse_cpulist", "speed_gen"]
+__all__ = [
+    "PciDevice",
+    "NicInfo",
+    "read_pci",
+    "pci_devices",
+    "nics",
+    "numa_nodes",
+    "pcie_bw",
+    "parse_cpulist",
+    "speed_gen",
+]
 
 _BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _ROOT = re.compile(r"^pci([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2})$")
@@ -193,17 +203,25 @@ def read_pci(root: str | os.PathLike, bdf: str) -> PciDevice | None:
     if idx is not None:
         m = _ROOT.match(comps[idx])
         host_bridge = f"{int(m.group(1), 16) & 0xFFFF:04x}:{m.group(2).lower()}"
-        chain = [c.lower() for c in comps[idx + 1:] if _BDF.match(c)]
+        chain = [c.lower() for c in comps[idx + 1 :] if _BDF.match(c)]
     parents = chain[:-1]  # root port, usp, dsp, usp, dsp, ...
     switches = tuple(reversed(parents[1::2]))
     numa = _int(_read(real / "numa_node"))
     return PciDevice(
-        bdf=bdf.lower(), cls=_int(_read(real / "class"), 16), vendor=_int(_read(real / "vendor"), 16),
-        device=_int(_read(real / "device"), 16), numa=None if numa is None or numa < 0 else numa,
-        link_speed=_read(real / "current_link_speed"), link_width=_int(_read(real / "current_link_width")),
-        max_link_speed=_read(real / "max_link_speed"), max_link_width=_int(_read(real / "max_link_width")),
-        switches=switches, host_bridge=host_bridge, cpulist=_read(real / "local_cpulist"),
-        root_port=parents[0] if parents else None)
+        bdf=bdf.lower(),
+        cls=_int(_read(real / "class"), 16),
+        vendor=_int(_read(real / "vendor"), 16),
+        device=_int(_read(real / "device"), 16),
+        numa=None if numa is None or numa < 0 else numa,
+        link_speed=_read(real / "current_link_speed"),
+        link_width=_int(_read(real / "current_link_width")),
+        max_link_speed=_read(real / "max_link_speed"),
+        max_link_width=_int(_read(real / "max_link_width")),
+        switches=switches,
+        host_bridge=host_bridge,
+        cpulist=_read(real / "local_cpulist"),
+        root_port=parents[0] if parents else None,
+    )
 
 
 def pci_devices(root: str | os.PathLike = "/") -> dict[str, PciDevice]:
@@ -248,9 +266,17 @@ def nics(root: str | os.PathLike = "/") -> list[NicInfo]:
         for p in ports:
             pd = d / "ports" / p
             m = _RATE.search(_read(pd / "rate") or "")
-            out.append(NicInfo(name=hca, kind="ib", pci=pci, port=_int(p) or 1,
-                               rate=float(m.group(1)) if m else None, link_layer=_read(pd / "link_layer"),
-                               state=_read(pd / "state")))
+            out.append(
+                NicInfo(
+                    name=hca,
+                    kind="ib",
+                    pci=pci,
+                    port=_int(p) or 1,
+                    rate=float(m.group(1)) if m else None,
+                    link_layer=_read(pd / "link_layer"),
+                    state=_read(pd / "state"),
+                )
+            )
             if pci:
                 ib_pci[pci] = len(out) - 1
     try:
@@ -267,9 +293,18 @@ def nics(root: str | os.PathLike = "/") -> list[NicInfo]:
             out[i] = NicInfo(**{**out[i].__dict__, "netdev": ifn})
             continue
         speed = _int(_read(d / "speed"))
-        out.append(NicInfo(name=ifn, kind="net", pci=pci, port=1,
-                           rate=speed / 1000 if speed and speed > 0 else None, link_layer="Ethernet",
-                           state=_read(d / "operstate"), netdev=ifn))
+        out.append(
+            NicInfo(
+                name=ifn,
+                kind="net",
+                pci=pci,
+                port=1,
+                rate=speed / 1000 if speed and speed > 0 else None,
+                link_layer="Ethernet",
+                state=_read(d / "operstate"),
+                netdev=ifn,
+            )
+        )
     return out
 
 

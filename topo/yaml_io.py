@@ -36,6 +36,7 @@ treecoll.topo.errors.TopologyError: <string>:5: network: a network needs NICs: e
 >>> loads(dumps(t)) == t
 True
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -56,8 +57,19 @@ from .limits import limits as make_limits
 from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
 from .network import add_network
 
-__all__ = ["load", "loads", "save", "dumps", "default", "resolve", "SHIPPED_DIR", "MACHINES_DIR", "NODE_ATTRS",
-           "shipped", "shipped_names"]
+__all__ = [
+    "load",
+    "loads",
+    "save",
+    "dumps",
+    "default",
+    "resolve",
+    "SHIPPED_DIR",
+    "MACHINES_DIR",
+    "NODE_ATTRS",
+    "shipped",
+    "shipped_names",
+]
 
 #: the shipped topologies: the package data ``treecoll.topologies`` (``topologies/`` in a checkout)
 SHIPPED_DIR = FsPath(importlib.util.find_spec("treecoll.topologies").origin).parent
@@ -96,7 +108,6 @@ class _Loader(YAML_LOADER):  # type: ignore[misc, valid-type]
         return super().construct_mapping(node, deep=deep)
 
 
-
 class _Duplicate(Exception):
     def __init__(self, key: str, line: int):
         self.key, self.line = key, line
@@ -106,15 +117,19 @@ def _parse(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except _Duplicate as e:
-        raise TopologyError(f"duplicate key {e.key!r}: each key may appear once in a mapping",
-                            where=f"{source}:{e.line}") from None
+        raise TopologyError(
+            f"duplicate key {e.key!r}: each key may appear once in a mapping", where=f"{source}:{e.line}"
+        ) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark else ""
         what = e.problem or e.context or "cannot parse"
         if e.context and e.problem:
-            started = (f" started on line {e.context_mark.line + 1}"
-                       if e.context_mark and mark and e.context_mark.line != mark.line else "")
+            started = (
+                f" started on line {e.context_mark.line + 1}"
+                if e.context_mark and mark and e.context_mark.line != mark.line
+                else ""
+            )
             what = f"{e.problem} ({e.context}{started})"
         raise TopologyError(f"invalid YAML: {what}", where=f"{source}{line}") from None
     except yaml.reader.ReaderError as e:
@@ -126,8 +141,9 @@ def _parse(text: str, source: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- public API
-def load(path_or_stream: str | os.PathLike | IO[str], *, max_nodes: int | None = None,
-         max_links: int | None = None) -> Topology:
+def load(
+    path_or_stream: str | os.PathLike | IO[str], *, max_nodes: int | None = None, max_links: int | None = None
+) -> Topology:
     """Read a topology from a YAML file path or an open text stream.
 
     ``max_nodes`` / ``max_links`` raise (or lower) the caps on the topology's
@@ -144,8 +160,14 @@ def _read(p: FsPath) -> str:
     return read_text(p, "topology file", hint=f"; shipped topologies are in {SHIPPED_DIR} and its machines/")
 
 
-def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | None = None, *,
-          max_nodes: int | None = None, max_links: int | None = None) -> Topology:
+def loads(
+    text: str,
+    source: str = "<string>",
+    base_dir: str | os.PathLike | None = None,
+    *,
+    max_nodes: int | None = None,
+    max_links: int | None = None,
+) -> Topology:
     """Read a topology from YAML text (or UTF-8 bytes); ``source`` names it in errors, ``base_dir``
     resolves relative template paths (default: the current directory); ``max_nodes`` /
     ``max_links``: see :func:`load`."""
@@ -168,8 +190,9 @@ def loads(text: str, source: str = "<string>", base_dir: str | os.PathLike | Non
         raise
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as e:
         # a guard: a malformed file must never produce a traceback, even through a checker's blind spot
-        raise TopologyError(f"cannot read topology ({type(e).__name__}: {e}); please report this file",
-                            where=source) from None
+        raise TopologyError(
+            f"cannot read topology ({type(e).__name__}: {e}); please report this file", where=source
+        ) from None
 
 
 def _fast_explicit(text: str) -> tuple[dict, dict] | None:
@@ -230,8 +253,10 @@ def _unique_pairs(pairs):
 def dumps(topology: Topology) -> str:
     """The explicit form as YAML text: one flow mapping per node and per link."""
     d = topology.to_dict()
-    out = ["# treecoll topology, explicit form (written by topo.save; topo.load reads it back)",
-           f"name: {_flow(d['name'])}"]
+    out = [
+        "# treecoll topology, explicit form (written by topo.save; topo.load reads it back)",
+        f"name: {_flow(d['name'])}",
+    ]
     if d.get("meta"):
         out.append(f"meta: {_flow(d['meta'])}")
     out.append("nodes:")
@@ -298,7 +323,7 @@ def resolve(spec: str | os.PathLike, *, max_nodes: int | None = None, max_links:
         return default()
     caps = {"max_nodes": max_nodes, "max_links": max_links}
     p = FsPath(s)
-    if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):   # another format, recognised by content
+    if p.is_file() and p.suffix.lower() not in (".yaml", ".yml"):  # another format, recognised by content
         where = os.fspath(p)
         text = read_text(where, "topology file")
         other = import_text(text, where, **caps)
@@ -316,8 +341,9 @@ def _item(d: dict) -> str:
 
 
 def _plain(d: dict) -> bool:
-    return all(type(v) in (str, int, float, bool) and v == v and v not in (float("inf"), float("-inf"))
-               for v in d.values())
+    return all(
+        type(v) in (str, int, float, bool) and v == v and v not in (float("inf"), float("-inf")) for v in d.values()
+    )
 
 
 def _flow(v: Any) -> str:
@@ -360,9 +386,11 @@ def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
     if "nodes" in d or "links" in d:
         _explicit(doc, d, g)
     if not any(kind == "gpu" for _, kind in g.nodes(data="kind")):
-        doc.fail(("nodes",) if "nodes" in d else ("hosts",),
-                 "expected at least one node of kind gpu, got none: a topology without GPUs has no ranks "
-                 "(a CPU-only host has one gpu-kind rank slot per process, see topologies/cpu-local.yaml)")
+        doc.fail(
+            ("nodes",) if "nodes" in d else ("hosts",),
+            "expected at least one node of kind gpu, got none: a topology without GPUs has no ranks "
+            "(a CPU-only host has one gpu-kind rank slot per process, see topologies/cpu-local.yaml)",
+        )
     try:
         return Topology._adopt(g, name=name, meta=meta)
     except TopologyError as e:
@@ -391,16 +419,22 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
         made = _host_budget(doc, (*gp, "count"), made, ht, count)
         pattern = doc.string(grp.get("names", "h{i}"), (*gp, "names"))
         if "{i}" not in pattern and "{j}" not in pattern and count > 1:
-            doc.fail((*gp, "names"), f"expected a pattern with {{i}} (cluster index) or {{j}} (index in the group) "
-                                     f"for {count} hosts, got {pattern!r}")
+            doc.fail(
+                (*gp, "names"),
+                f"expected a pattern with {{i}} (cluster index) or {{j}} (index in the group) "
+                f"for {count} hosts, got {pattern!r}",
+            )
         names = []
         for j in range(count):
             h = pattern.replace("{i}", str(hi)).replace("{j}", str(j))
             if len(h) > MAX_HOST_NAME:
                 doc.fail((*gp, "names"), f"host name of {len(h):,} characters: expected at most {MAX_HOST_NAME}")
             if "/" in h or h in seen_hosts:
-                doc.fail((*gp, "names"), f"host name {h!r} is {'used twice' if h in seen_hosts else 'invalid'}: "
-                                         f"expected unique names without '/'")
+                doc.fail(
+                    (*gp, "names"),
+                    f"host name {h!r} is {'used twice' if h in seen_hosts else 'invalid'}: "
+                    f"expected unique names without '/'",
+                )
             seen_hosts.add(h)
             names.append(h)
             hi += 1
@@ -410,8 +444,10 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
     if "network" in d:
         add_network(doc, d["network"], ("network",), g, host_nics)
     elif len(host_nics) > 1:
-        doc.fail(("hosts",), f"{len(host_nics)} hosts need a 'network' (one of single_switch, fat_tree, "
-                             f"rail_optimized, torus)")
+        doc.fail(
+            ("hosts",),
+            f"{len(host_nics)} hosts need a 'network' (one of single_switch, fat_tree, rail_optimized, torus)",
+        )
 
 
 def _host_budget(doc: Doc, path: tuple, made: tuple[int, int], ht: HostTemplate, count: int) -> tuple[int, int]:
@@ -421,8 +457,13 @@ def _host_budget(doc: Doc, path: tuple, made: tuple[int, int], ht: HostTemplate,
     domains = 1 if ht.domain_hosts is None else -(-count // ht.domain_hosts)
     nodes = made[0] + count * per_nodes + ht.rack_switches * domains
     links = made[1] + count * per_links
-    doc.budget(path, nodes, links, f"{count:,} hosts of template {ht.name!r} ({per_nodes} nodes and {per_links} "
-                                   f"directed links each, with the hosts before them)")
+    doc.budget(
+        path,
+        nodes,
+        links,
+        f"{count:,} hosts of template {ht.name!r} ({per_nodes} nodes and {per_links} "
+        f"directed links each, with the hosts before them)",
+    )
     return nodes, links
 
 
@@ -437,8 +478,11 @@ def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiti
         candidates = [base / f"{ref}.yaml", SHIPPED_DIR / f"{ref}.yaml", MACHINES_DIR / f"{ref}.yaml"]
     fp = next((c for c in candidates if c.is_file()), None)
     if fp is None:
-        doc.fail(path, f"unknown template {ref!r}: expected one of this file's templates {sorted(local)} or a file "
-                       f"{' or '.join(str(c) for c in candidates)}")
+        doc.fail(
+            path,
+            f"unknown template {ref!r}: expected one of this file's templates {sorted(local)} or a file "
+            f"{' or '.join(str(c) for c in candidates)}",
+        )
     key = str(fp.resolve())
     if key in visiting:
         doc.fail(path, f"template {ref!r}: {fp} refers back to itself")
@@ -457,8 +501,12 @@ def _template(doc: Doc, local: dict, ref: str, path: tuple, base: FsPath, visiti
 def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
     nodes = doc.seq(d.get("nodes", []), ("nodes",), what="nodes")
     links = doc.seq(d.get("links", []), ("links",), what="links")
-    doc.budget(("nodes",), g.number_of_nodes() + len(nodes), g.number_of_edges() + 2 * len(links),
-               f"{len(nodes):,} nodes and {len(links):,} links listed (with the ones expanded from hosts)")
+    doc.budget(
+        ("nodes",),
+        g.number_of_nodes() + len(nodes),
+        g.number_of_edges() + 2 * len(links),
+        f"{len(nodes):,} nodes and {len(links):,} links listed (with the ones expanded from hosts)",
+    )
     ranks: dict[int, int] = {}
     for i, nd in enumerate(nodes):
         p = ("nodes", i)
@@ -470,8 +518,11 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
         allowed = ("id", "kind", "host") + NODE_ATTRS[kind]
         for k in nd:
             if not (isinstance(k, str) and (k in allowed or k.startswith("x_"))):
-                doc.fail((*p, k), f"unknown key {k!r} for a {kind}: expected one of {sorted(allowed)} "
-                                  f"or an extension key starting with 'x_'")
+                doc.fail(
+                    (*p, k),
+                    f"unknown key {k!r} for a {kind}: expected one of {sorted(allowed)} "
+                    f"or an extension key starting with 'x_'",
+                )
         if "id" not in nd:
             doc.fail(p, "missing key 'id'")
         nid = doc.string(nd["id"], (*p, "id"))
@@ -498,8 +549,10 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
         g.add_node(nid, **attrs)
     if ranks and len(ranks) != max(ranks) + 1:
         missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
-        doc.fail(("nodes", ranks[max(ranks)], "rank"), f"ranks must be 0..P-1, each on one GPU: rank {max(ranks)} "
-                                                     f"is given but ranks {missing[:8]} are not")
+        doc.fail(
+            ("nodes", ranks[max(ranks)], "rank"),
+            f"ranks must be 0..P-1, each on one GPU: rank {max(ranks)} is given but ranks {missing[:8]} are not",
+        )
     pairs: set[tuple[str, str]] = set()
     for i, ld in enumerate(links):
         p = ("links", i)
@@ -507,8 +560,10 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
         a, b = ld["a"], ld["b"]
         for k in ("a", "b"):
             if not isinstance(ld[k], str) or ld[k] not in g:
-                doc.fail((*p, k), f"dangling link end {ld[k]!r}: expected the id of a node listed in nodes "
-                                  f"(or expanded from hosts)")
+                doc.fail(
+                    (*p, k),
+                    f"dangling link end {ld[k]!r}: expected the id of a node listed in nodes (or expanded from hosts)",
+                )
         if a == b:
             doc.fail(p, f"a link cannot join {a!r} to itself")
         if ld["kind"] not in LINK_KINDS:

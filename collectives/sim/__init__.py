@@ -18,15 +18,23 @@ Nothing here does I/O but :func:`.profiles.load_profile`, and nothing imports to
 """
 
 from .simulator import (
-           SimResult,
-           bandwidths,
-           bus_factor,
-           simulate,
-           simulate_algorithm,
-           simulate_nccl,
-           simulate_nccl_allreduce,
-           simulate_ring,
+    SimResult,
+    bandwidths,
+    bus_factor,
+    simulate,
+    simulate_algorithm,
+    simulate_nccl,
+    simulate_nccl_allreduce,
+    simulate_ring,
 )
 
-__all__ = ["SimResult", "bandwidths", "bus_factor", "simulate", "simulate_algorithm", "simulate_nccl",
-           "simulate_nccl_allreduce", "simulate_ring"]
+__all__ = [
+    "SimResult",
+    "bandwidths",
+    "bus_factor",
+    "simulate",
+    "simulate_algorithm",
+    "simulate_nccl",
+    "simulate_nccl_allreduce",
+    "simulate_ring",
+]

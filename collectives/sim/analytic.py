@@ -38,6 +38,7 @@ True
 >>> r.stats["engine"]
 'analytic'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -91,8 +92,9 @@ def _hosts(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
     hosts = list(by_host.values())
     counts = {len(h) for h in hosts}
     if len(counts) > 1:
-        raise CollectiveError(f"analytic engine: expected the same number of GPUs on every host, got "
-                              f"{sorted(counts)}; use --engine flow")
+        raise CollectiveError(
+            f"analytic engine: expected the same number of GPUs on every host, got {sorted(counts)}; use --engine flow"
+        )
     return hosts
 
 
@@ -102,15 +104,17 @@ def _sample_hosts(topology: Topology, hosts: list[list[str]]) -> int:
     if len(hosts) <= RING_SAMPLE_HOSTS:
         return len(hosts)
     nodes = topology.graph.nodes
-    leaves = [topology.leaves_of(nodes[h[0]]["host"]) for h in hosts[:RING_SAMPLE_HOSTS + 1]]
-    ends = [k for k in range(1, len(leaves)) if leaves[k] != leaves[k - 1]]   # where a group ends
+    leaves = [topology.leaves_of(nodes[h[0]]["host"]) for h in hosts[: RING_SAMPLE_HOSTS + 1]]
+    ends = [k for k in range(1, len(leaves)) if leaves[k] != leaves[k - 1]]  # where a group ends
     return max(ends) if ends else RING_SAMPLE_HOSTS
 
 
-def _ring(topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile, collective: str,
-          dtype: str) -> SimResult:
+def _ring(
+    topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile, collective: str, dtype: str
+) -> SimResult:
     """NCCL's ring on ``H`` identical hosts from the sample of :func:`_sample_hosts` (module docstring)."""
     from .simulator import _mem_bw, _nccl_send_bw, default_channels, hop_times, nccl_rings
+
     H, G = len(hosts), len(hosts[0])
     P = H * G
     S = _sample_hosts(topology, hosts)
@@ -122,7 +126,7 @@ def _ring(topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile
     ag = (P - 1) if collective in ("allreduce", "allgather") else 0
     makespan = 0.0
     if P > 1:
-        hop_rings = nccl_rings(topology, sample, C)          # NCCL's rings over the NICs (PXN hops too)
+        hop_rings = nccl_rings(topology, sample, C)  # NCCL's rings over the NICs (PXN hops too)
         n = len(sample)
         lat, drain = hop_times(net, [h for ring in hop_rings for h in ring], [chunk] * (C * n))
         lat = lat.reshape(C, n)
@@ -136,12 +140,34 @@ def _ring(topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile
     t = makespan + prof.base_lat
     alg, bus = bandwidths(collective, nbytes, P, t)
     stats = {"engine": "analytic", "model": f"lockstep ring, {S}-host sample", "channels": C, "steps": rs + ag}
-    return SimResult(collective, "ring", P, nbytes, t, (t,) * P, alg, bus, {}, {}, (), (chunk * C if rs else 0.0,) * P,
-                     prof.name, dtype, stats)
+    return SimResult(
+        collective,
+        "ring",
+        P,
+        nbytes,
+        t,
+        (t,) * P,
+        alg,
+        bus,
+        {},
+        {},
+        (),
+        (chunk * C if rs else 0.0,) * P,
+        prof.name,
+        dtype,
+        stats,
+    )
 
 
-def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[list[tuple]], lat: np.ndarray,
-                net: Network, nsteps: int) -> float:
+def _ring_chain(
+    topology: Topology,
+    hosts: list[list[str]],
+    S: int,
+    rings: list[list[tuple]],
+    lat: np.ndarray,
+    net: Network,
+    nsteps: int,
+) -> float:
     """Largest summed latency of ``nsteps`` consecutive hops of any channel's full ring of ``H`` hosts.
 
     ``lat[c]``: the hop latencies of channel ``c``'s ring on the sample of ``S`` hosts (per host its
@@ -155,7 +181,7 @@ def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[
     if H == S:
         cycle = lat.sum(axis=1)
     else:
-        inter_idx = [k * G + G - 1 for k in range(S)]      # the hop leaving each sample host
+        inter_idx = [k * G + G - 1 for k in range(S)]  # the hop leaving each sample host
         near = lat[:, inter_idx].mean(axis=1)
         per_host = (lat.sum(axis=1) - lat[:, inter_idx].sum(axis=1)) / S
         nodes = topology.graph.nodes
@@ -165,7 +191,8 @@ def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[
         if far_hops:
             j = next(i for i in range(H) if leaves[i] != leaves[0])
             from .simulator import hop_times
-            for c, ring in enumerate(rings):      # hops (src, dst, via): the hop leaving the first host
+
+            for c, ring in enumerate(rings):  # hops (src, dst, via): the hop leaving the first host
                 src, dst, via = ring[G - 1]
                 far[c] = hop_times(net, [(src, _entry(hosts[j], dst, hosts[1]), via)], [1.0])[0][0]
         cycle = H * per_host + (H - far_hops) * near + far_hops * far
@@ -176,7 +203,7 @@ def _ring_chain(topology: Topology, hosts: list[list[str]], S: int, rings: list[
     skip = min(P - rem, n)
     ext = np.concatenate([lat, lat], axis=1)
     cs = np.concatenate([np.zeros((C, 1)), np.cumsum(ext, axis=1)], axis=1)
-    least = (cs[:, skip:skip + n] - cs[:, :n]).min(axis=1) * ((P - rem) / skip)
+    least = (cs[:, skip : skip + n] - cs[:, :n]).min(axis=1) * ((P - rem) / skip)
     return float((full * cycle + cycle - least).max())
 
 
@@ -185,10 +212,12 @@ def _entry(host: list[str], sample_gpu: str, sample_host: list[str]) -> str:
     return host[sample_host.index(sample_gpu)]
 
 
-def _tree(placement: Placement, hosts: list[list[str]], algo: str, nbytes: int, profile, collective: str,
-          dtype: str) -> SimResult:
+def _tree(
+    placement: Placement, hosts: list[list[str]], algo: str, nbytes: int, profile, collective: str, dtype: str
+) -> SimResult:
     """A pipelined tree allreduce on ``H`` hosts: ``a + b * ceil(log2 H)`` fitted on flow runs of 2 and 4 hosts."""
     from .simulator import simulate_algorithm
+
     H = len(hosts)
     P = H * len(hosts[0])
     topology = placement.topology
@@ -204,13 +233,23 @@ def _tree(placement: Placement, hosts: list[list[str]], algo: str, nbytes: int, 
     slope = (r2.time - r1.time) / (d2 - d1)
     t = r2.time + slope * (d - d2)
     alg, bus = bandwidths(collective, nbytes, P, t)
-    stats = {"engine": "analytic", "model": f"pipelined tree, a + b*ceil(log2 hosts) from flow runs on "
-                                            f"{h1} and {h2} hosts", "sample_time_s": [r1.time, r2.time]}
+    stats = {
+        "engine": "analytic",
+        "model": f"pipelined tree, a + b*ceil(log2 hosts) from flow runs on {h1} and {h2} hosts",
+        "sample_time_s": [r1.time, r2.time],
+    }
     return SimResult(collective, algo, P, nbytes, t, (t,) * P, alg, bus, {}, {}, (), (), r2.profile, dtype, stats)
 
 
-def analytic_allreduce(placement: Placement | Topology, algo: str, nbytes: int, *, ranks: RanksArg = None,
-                       profile: Profile | str | None = "auto", dtype: str = "float32") -> SimResult:
+def analytic_allreduce(
+    placement: Placement | Topology,
+    algo: str,
+    nbytes: int,
+    *,
+    ranks: RanksArg = None,
+    profile: Profile | str | None = "auto",
+    dtype: str = "float32",
+) -> SimResult:
     """``algo``'s allreduce of ``nbytes`` bytes per rank on ``placement`` by the analytic engine (module docstring).
 
     ``algo``: one of :data:`ANALYTIC_ALGOS`; ``profile`` as
@@ -218,10 +257,13 @@ def analytic_allreduce(placement: Placement | Topology, algo: str, nbytes: int, 
     NCCL protocol). ``stats["wall_s"]``: seconds the answer took.
     """
     from .simulator import _profiles
+
     check_size(nbytes, dtype)
     if algo not in ANALYTIC_ALGOS:
-        raise CollectiveError(f"analytic engine: algorithm {algo!r} is not modelled; expected one of "
-                              f"{list(ANALYTIC_ALGOS)}, or use --engine flow")
+        raise CollectiveError(
+            f"analytic engine: algorithm {algo!r} is not modelled; expected one of "
+            f"{list(ANALYTIC_ALGOS)}, or use --engine flow"
+        )
     t0 = _time.perf_counter()
     p = as_placement(placement, ranks, what=f"analytic {algo}")
     if p.topology is None:
@@ -229,8 +271,13 @@ def analytic_allreduce(placement: Placement | Topology, algo: str, nbytes: int, 
     hosts = _hosts(p.topology, p.gpus)
     if algo == "ring":
         sample = [g for h in hosts[:2] for g in h]
-        best = min((_ring(p.topology, hosts, nbytes, pr, "allreduce", dtype)
-                    for pr in _profiles(profile, nbytes, p.topology, sample)), key=lambda r: r.time)
+        best = min(
+            (
+                _ring(p.topology, hosts, nbytes, pr, "allreduce", dtype)
+                for pr in _profiles(profile, nbytes, p.topology, sample)
+            ),
+            key=lambda r: r.time,
+        )
     else:
         names = ("two_level", "double_binary") if algo == "auto" else ("double_binary" if algo == "tree" else algo,)
         best = min((_tree(p, hosts, a, nbytes, profile, "allreduce", dtype) for a in names), key=lambda r: r.time)

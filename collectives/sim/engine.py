@@ -48,6 +48,7 @@ Model
 Memory is linear in links used plus subflows plus steps (no P×P tables).
 Everything is deterministic: ties are broken by insertion order.
 """
+
 from __future__ import annotations
 
 import gc
@@ -65,8 +66,17 @@ from treecoll.topo.errors import CollectiveError
 from ..schedule import Schedule, Step
 from .profiles import Profile
 
-__all__ = ["Network", "Route", "maxmin_rates", "FlowEngine", "concurrent_times", "drain_times", "RawRun",
-           "route_class", "gc_paused"]
+__all__ = [
+    "Network",
+    "Route",
+    "maxmin_rates",
+    "FlowEngine",
+    "concurrent_times",
+    "drain_times",
+    "RawRun",
+    "route_class",
+    "gc_paused",
+]
 
 _REL_EPS = 1e-9
 
@@ -99,21 +109,29 @@ class Route:
     owner: np.ndarray
 
     @classmethod
-    def of(cls_: type[Route], subroutes: tuple[tuple[np.ndarray, float], ...], lat: float, cls: str, nccl: str,
-           all_links: np.ndarray | None = None) -> Route:
+    def of(
+        cls_: type[Route],
+        subroutes: tuple[tuple[np.ndarray, float], ...],
+        lat: float,
+        cls: str,
+        nccl: str,
+        all_links: np.ndarray | None = None,
+    ) -> Route:
         """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
         when the caller has them (every subroute used)."""
         used = [(ids, share) for ids, share in subroutes if share > 0]
         key = (tuple(len(ids) for ids, _ in used), tuple(share for _, share in used))
         shape = _SHAPES.get(key)
-        if shape is None:   # routes come in few shapes (an H100's NVLink route: 4 subroutes, 5/5/4/4 links)
+        if shape is None:  # routes come in few shapes (an H100's NVLink route: 4 subroutes, 5/5/4/4 links)
             nlinks = np.array(key[0], dtype=np.int64)
-            shape = _SHAPES[key] = (np.array(key[1], dtype=np.float64), nlinks,
-                                    np.repeat(np.arange(len(used), dtype=np.int64), nlinks))
+            shape = _SHAPES[key] = (
+                np.array(key[1], dtype=np.float64),
+                nlinks,
+                np.repeat(np.arange(len(used), dtype=np.int64), nlinks),
+            )
         links = tuple(ids for ids, _ in used)
         if all_links is None or len(used) != len(subroutes):
-            all_links = (links[0] if len(links) == 1 else np.concatenate(links) if links
-                         else np.zeros(0, dtype=np.int64))
+            all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
         return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2])
 
 
@@ -134,8 +152,8 @@ class Network:
         self._ids: dict[tuple[str, str], int] = {}
         self.ends: list[tuple[str, str]] = []
         self.kinds: list[str] = []
-        self._cap = np.zeros(256)           # grown by doubling; the first len(ends) entries are used
-        self._eff: dict[str, float] = {}    # link kind -> the profile's efficiency
+        self._cap = np.zeros(256)  # grown by doubling; the first len(ends) entries are used
+        self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
         self._routes: dict[tuple[str, str], Route] = {}
 
     def link_id(self, a: str, b: str) -> int:
@@ -158,7 +176,7 @@ class Network:
     @property
     def cap(self) -> np.ndarray:
         """Capacity of each numbered link, bytes/s (a view: index it, do not keep it across new links)."""
-        return self._cap[:len(self.ends)]
+        return self._cap[: len(self.ends)]
 
     def link_load(self, transfers: Iterable[tuple[str, str, float]]) -> np.ndarray:
         """Bytes each numbered link carries for ``transfers`` = ``[(src_gpu, dst_gpu, nbytes)]``."""
@@ -186,11 +204,10 @@ class Network:
         if r is None:
             p = self.topology.path(a, b)
             link_id = self.link_id
-            flat = np.array([link_id(u, v) for nodes, _ in p.routes for u, v in zip(nodes, nodes[1:])],
-                            dtype=np.int64)
+            flat = np.array([link_id(u, v) for nodes, _ in p.routes for u, v in zip(nodes, nodes[1:])], dtype=np.int64)
             subs, o = [], 0
-            for nodes, share in p.routes:   # each subroute's ids: a view of the flat array
-                subs.append((flat[o:o + len(nodes) - 1], float(share)))
+            for nodes, share in p.routes:  # each subroute's ids: a view of the flat array
+                subs.append((flat[o : o + len(nodes) - 1], float(share)))
                 o += len(nodes) - 1
             cls = route_class(p.nccl)
             lat = max(p.lat * 1e-6, self.profile.step_lat(cls)) + self._nic_lat(p.nodes)
@@ -255,7 +272,7 @@ def _dense(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """
     n = len(ids)
     scratch[ids] = np.arange(n)
-    rep = scratch[ids]                         # one position per distinct id
+    rep = scratch[ids]  # one position per distinct id
     first = np.zeros(n, dtype=bool)
     first[rep] = True
     dense = np.cumsum(first) - 1
@@ -344,7 +361,7 @@ class _Flows:
         self.ninc = 0
         self.nalive_inc = 0
         self.links: list = []
-        self.pending: list = []   # (route, bytes, transfer) queued by add_route, not yet in the arrays
+        self.pending: list = []  # (route, bytes, transfer) queued by add_route, not yet in the arrays
 
     def add_route(self, route: Route, nbytes: float, xfer: int) -> int:
         """Queue one subflow per used subroute of ``route`` carrying ``share × nbytes`` for transfer
@@ -373,9 +390,9 @@ class _Flows:
         self._grow(("rem", "rate", "size", "xfer", "alive", "nl"), i + k)
         sl = slice(i, i + k)
         # rate stays 0 until the next allocation: subflow slots are never reused
-        self.rem[sl] = self.size[sl] = (np.concatenate([r.shares for r in routes])
-                                        * np.repeat(np.fromiter((q[1] for q in queued), dtype=np.float64,
-                                                                count=len(queued)), ks))
+        self.rem[sl] = self.size[sl] = np.concatenate([r.shares for r in routes]) * np.repeat(
+            np.fromiter((q[1] for q in queued), dtype=np.float64, count=len(queued)), ks
+        )
         self.xfer[sl] = np.repeat(np.fromiter((q[2] for q in queued), dtype=np.int64, count=len(queued)), ks)
         self.alive[sl] = True
         self.nl[sl] = np.concatenate([r.nlinks for r in routes])
@@ -385,19 +402,20 @@ class _Flows:
         m = len(all_links)
         per_route = np.fromiter((len(r.all_links) for r in routes), dtype=np.int64, count=len(routes))
         self._grow(("inc_f", "inc_l"), self.ninc + m)
-        self.inc_f[self.ninc:self.ninc + m] = (np.concatenate([r.owner for r in routes])
-                                               + np.repeat(i + np.cumsum(ks) - ks, per_route))
-        self.inc_l[self.ninc:self.ninc + m] = all_links
+        self.inc_f[self.ninc : self.ninc + m] = np.concatenate([r.owner for r in routes]) + np.repeat(
+            i + np.cumsum(ks) - ks, per_route
+        )
+        self.inc_l[self.ninc : self.ninc + m] = all_links
         self.ninc += m
         self.nalive_inc += m
         self.n += k
 
     def compact(self) -> None:
-        keep = self.alive[self.inc_f[:self.ninc]]
-        f, l_ = self.inc_f[:self.ninc][keep], self.inc_l[:self.ninc][keep]
+        keep = self.alive[self.inc_f[: self.ninc]]
+        f, l_ = self.inc_f[: self.ninc][keep], self.inc_l[: self.ninc][keep]
         self.ninc = len(f)
-        self.inc_f[:self.ninc] = f
-        self.inc_l[:self.ninc] = l_
+        self.inc_f[: self.ninc] = f
+        self.inc_l[: self.ninc] = l_
 
 
 def _lane_queues(steps) -> list[list[int]]:
@@ -479,9 +497,19 @@ class FlowEngine:
     (2697.5, 1, 4)
     """
 
-    def __init__(self, net: Network, schedule: Schedule, chunk_bytes: Sequence[float], rank_gpus: Sequence[str],
-                 mem_bw: Sequence[float], *, reduce_cost: bool = True, ordered_pairs: bool = False,
-                 rendezvous: bool = False, lanes: bool = False):
+    def __init__(
+        self,
+        net: Network,
+        schedule: Schedule,
+        chunk_bytes: Sequence[float],
+        rank_gpus: Sequence[str],
+        mem_bw: Sequence[float],
+        *,
+        reduce_cost: bool = True,
+        ordered_pairs: bool = False,
+        rendezvous: bool = False,
+        lanes: bool = False,
+    ):
         P = schedule.nranks
         if len(rank_gpus) < P:
             raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
@@ -500,31 +528,31 @@ class FlowEngine:
         nsteps = [len(s) for s in steps]
         self.done_t: list[list[float | None]] = [[None] * n for n in nsteps]
         self.queues = [_lane_queues(steps[r]) if lanes else [range(nsteps[r])] for r in range(P)]
-        self.pos = [[0] * len(q) for q in self.queues]       # next position in each stream
-        self.ready = [set(range(len(q))) for q in self.queues]   # streams whose head may start now
+        self.pos = [[0] * len(q) for q in self.queues]  # next position in each stream
+        self.ready = [set(range(len(q))) for q in self.queues]  # streams whose head may start now
         self.blocked_on: dict[tuple[int, int], list[int]] = {}  # (rank, step) -> streams waiting for it
-        self.compute_free = [0.0] * P                         # when each rank's GPU can start a reduce
+        self.compute_free = [0.0] * P  # when each rank's GPU can start a reduce
         self.recv_k = [_recv_indices(steps[r], r) for r in range(P)]
         # messages, named (src, dst, chunk, k)
         self.send_count: dict[tuple[int, int, int], int] = {}
         # connection -> (step, Step, message) of the sends waiting for it (present while one drains)
         self.pair_queue: dict[tuple[int, int, int], deque[tuple[int, Step, tuple]]] = {}
-        self.posted: set[tuple] = set()           # messages whose recv is posted (rendezvous)
-        self.held: dict[tuple, tuple] = {}        # message -> (rank, step, Step) of its send, until posted
-        self.arrived: dict[tuple, float] = {}     # message -> arrival time, until its recv is posted
-        self.waiting: dict[tuple, tuple[int, int]] = {}   # message -> (rank, step) of its posted recv
+        self.posted: set[tuple] = set()  # messages whose recv is posted (rendezvous)
+        self.held: dict[tuple, tuple] = {}  # message -> (rank, step, Step) of its send, until posted
+        self.arrived: dict[tuple, float] = {}  # message -> arrival time, until its recv is posted
+        self.waiting: dict[tuple, tuple[int, int]] = {}  # message -> (rank, step) of its posted recv
         # scratch memory: per rank, (time, +bytes / -bytes) events and the bytes held per (chunk, slot)
         self.scratch_ev: list[list[tuple[float, float]]] = [[] for _ in range(P)]
         self.open_slot: list[dict[tuple[int, int], float]] = [{} for _ in range(P)]
         # transfers and their subflows
         self.flows = _Flows()
-        self.x_pending: list[int] = []   # subflows left per transfer
-        self.x_info: list[tuple] = []    # per transfer: (src rank, step, message, lat)
-        self.active = np.zeros(0, dtype=np.int64)   # subflows draining, as of the last rate update
-        self.dirty: list[np.ndarray] = []           # link ids where a subflow started or ended since then
-        self.changed = False                        # whether the rates need an update
+        self.x_pending: list[int] = []  # subflows left per transfer
+        self.x_info: list[tuple] = []  # per transfer: (src rank, step, message, lat)
+        self.active = np.zeros(0, dtype=np.int64)  # subflows draining, as of the last rate update
+        self.dirty: list[np.ndarray] = []  # link ids where a subflow started or ended since then
+        self.changed = False  # whether the rates need an update
         self.recomputes = 0
-        self._fscratch = np.zeros(0, dtype=np.int64)   # for _dense: flow ids, link ids
+        self._fscratch = np.zeros(0, dtype=np.int64)  # for _dense: flow ids, link ids
         self._lscratch = np.zeros(0, dtype=np.int64)
         # events: (time, sequence number, kind, a, b) and the clock
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -564,7 +592,7 @@ class FlowEngine:
         fl.flush()
         if fl.ninc > 2 * max(fl.nalive_inc, 1024):
             fl.compact()
-        f_all, l_all = fl.inc_f[:fl.ninc], fl.inc_l[:fl.ninc]
+        f_all, l_all = fl.inc_f[: fl.ninc], fl.inc_l[: fl.ninc]
         keep = fl.alive[f_all]
         f_a, l_a = f_all[keep], l_all[keep]
         dmask = np.zeros(len(self.net.ends), dtype=bool)
@@ -635,7 +663,7 @@ class FlowEngine:
         until its head waits for a dependency (the stream is ready again when that completes)."""
         lst, dt, rd, ps, queues = self.steps[r], self.done_t[r], self.ready[r], self.pos[r], self.queues[r]
         while rd:
-            qi = min(rd)   # lowest lane first: deterministic
+            qi = min(rd)  # lowest lane first: deterministic
             rd.discard(qi)
             q = queues[qi]
             while ps[qi] < len(q):
@@ -724,7 +752,7 @@ class FlowEngine:
         if self.ordered_pairs and float(self.chunk_bytes[s.chunk]) > 0:
             conn = self._conn(r, s)
             q = self.pair_queue.get(conn)
-            if q is not None:       # the connection is busy: go after its earlier messages
+            if q is not None:  # the connection is busy: go after its earlier messages
                 q.append((i, s, key))
                 return
             self.pair_queue[conn] = deque()
@@ -779,8 +807,10 @@ class FlowEngine:
         for r, done in enumerate(self.done_t):
             for i, d in enumerate(done):
                 if d is None:
-                    raise CollectiveError(f"simulate: rank {r} never completed step {i} "
-                                          f"({self.steps[r][i].kind}); the schedule cannot progress")
+                    raise CollectiveError(
+                        f"simulate: rank {r} never completed step {i} "
+                        f"({self.steps[r][i].kind}); the schedule cannot progress"
+                    )
 
     def _peak_scratch(self) -> list[float]:
         """Per rank, the largest sum of scratch bytes held at any time."""
@@ -795,11 +825,12 @@ class FlowEngine:
         return peaks
 
     def _result(self) -> RawRun:
-        finish = [max(cast("list[float]", done), default=0.0) for done in self.done_t]   # all done by now
+        finish = [max(cast("list[float]", done), default=0.0) for done in self.done_t]  # all done by now
         link_bytes = np.zeros(len(self.net.ends))
         fl = self.flows
         fl.flush()
         if fl.n:
-            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[:fl.n], fl.nl[:fl.n]))
-        return RawRun(max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n,
-                      self.recomputes)
+            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[: fl.n], fl.nl[: fl.n]))
+        return RawRun(
+            max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n, self.recomputes
+        )

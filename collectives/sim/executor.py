@@ -25,6 +25,7 @@ NCCL's protocol constants) is :func:`treecoll.collectives.sim.simulator.simulate
 >>> round(r.time * 1e6, 1)    # rank 1 sends while rank 0 posts its receive, then back: 2 x (10 + 0.6 us NVLink)
 21.2
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,7 @@ __all__ = ["ExecutorEngine", "simulate_executor_schedule", "predict_schedule", "
 #: how the backends move treecoll's point-to-point messages: in order per pair of ranks, each once
 #: its receive is posted
 EXECUTOR_RUN = {"ordered_pairs": True, "rendezvous": True}
-_ARRIVAL, _ISSUE = 0, 2          # event kind: a send or receive whose software cost has elapsed takes effect
+_ARRIVAL, _ISSUE = 0, 2  # event kind: a send or receive whose software cost has elapsed takes effect
 
 
 class ExecutorEngine(FlowEngine):
@@ -73,7 +74,7 @@ class ExecutorEngine(FlowEngine):
 
     def _start_reduce(self, r: int, i: int, s: Step, t: float) -> None:
         begin = max(t, self.cpu_free[r], self.compute_free[r])
-        if begin > t:                   # the CPU is still posting earlier steps: start then
+        if begin > t:  # the CPU is still posting earlier steps: start then
             self.compute_free[r] = begin
         super()._start_reduce(r, i, s, t)
         self.cpu_free[r] = max(self.cpu_free[r], self.compute_free[r])
@@ -96,8 +97,16 @@ class ExecutorEngine(FlowEngine):
 
 
 @gc_paused()
-def simulate_executor_schedule(placement: Placement | Any, schedule: Schedule, nbytes: int, *, step_cost: float,
-                               dtype: str = "float32", ranks: RanksArg = None, top: int = 10) -> SimResult:
+def simulate_executor_schedule(
+    placement: Placement | Any,
+    schedule: Schedule,
+    nbytes: int,
+    *,
+    step_cost: float,
+    dtype: str = "float32",
+    ranks: RanksArg = None,
+    top: int = 10,
+) -> SimResult:
     """Simulate ``schedule`` on ``nbytes`` as treecoll's executor runs it, each send and receive costing
     its rank ``step_cost`` seconds (module docstring)."""
     check_size(nbytes, dtype)
@@ -106,19 +115,50 @@ def simulate_executor_schedule(placement: Placement | Any, schedule: Schedule, n
     net = Network(topology, prof)
     mem = [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
     t0 = _time.perf_counter()
-    raw = ExecutorEngine(net, schedule, schedule.chunk_bytes(nbytes), gpus, mem, step_cost=step_cost,
-                         **EXECUTOR_RUN).run()
-    stats = {"engine": "events (executor)", "transfers": raw.transfers, "subflows": raw.subflows,
-             "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0, "step_cost_s": step_cost}
-    return make_result(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
-                       schedule.nranks, raw.makespan, raw.finish, raw.link_bytes, raw.peak_scratch, prof, dtype,
-                       stats, top)
+    raw = ExecutorEngine(
+        net, schedule, schedule.chunk_bytes(nbytes), gpus, mem, step_cost=step_cost, **EXECUTOR_RUN
+    ).run()
+    stats = {
+        "engine": "events (executor)",
+        "transfers": raw.transfers,
+        "subflows": raw.subflows,
+        "rate_updates": raw.recomputes,
+        "wall_s": _time.perf_counter() - t0,
+        "step_cost_s": step_cost,
+    }
+    return make_result(
+        net,
+        schedule.collective,
+        schedule.name or schedule.collective,
+        nbytes,
+        nbytes,
+        schedule.nranks,
+        raw.makespan,
+        raw.finish,
+        raw.link_bytes,
+        raw.peak_scratch,
+        prof,
+        dtype,
+        stats,
+        top,
+    )
 
 
-def predict_schedule(placement: Placement | Any, tree: Any, nbytes: int, *, collective: str = "allreduce",
-                     ranks: RanksArg = None, algo: str = "tree", root: int | None = None,
-                     nchunks: int | None = None, backend: str | None = None, step_cost: float | None = None,
-                     dtype: str = "float32", top: int = 10) -> SimResult:
+def predict_schedule(
+    placement: Placement | Any,
+    tree: Any,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    ranks: RanksArg = None,
+    algo: str = "tree",
+    root: int | None = None,
+    nchunks: int | None = None,
+    backend: str | None = None,
+    step_cost: float | None = None,
+    dtype: str = "float32",
+    top: int = 10,
+) -> SimResult:
     """What treecoll's executor takes for ``collective`` of ``nbytes`` with ``tree`` (a builder name,
     Tree, MultiTree or tree file, as the collectives take it) and ``algo`` (``tree``, ``ring``,
     ``rsag``, ``direct``): the planner's schedule (its plan and chunks), simulated with
@@ -129,22 +169,41 @@ def predict_schedule(placement: Placement | Any, tree: Any, nbytes: int, *, coll
     from ..cost import executor_cost
     from ..planner import default_planner
     from ..tree import as_multi
+
     check_size(nbytes, dtype)
     p = as_placement(placement, ranks, what="executor prediction")
     cost = executor_cost(p, backend)
     o = cost.step_s if step_cost is None else float(step_cost)
     plan, sched = default_planner().schedule_for(
-        tree, collective=collective, nbytes=nbytes, placement=p, algo=algo if collective == "allreduce" else "tree",
-        root=root, nchunks=nchunks, max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]))
+        tree,
+        collective=collective,
+        nbytes=nbytes,
+        placement=p,
+        algo=algo if collective == "allreduce" else "tree",
+        root=root,
+        nchunks=nchunks,
+        max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]),
+    )
     r = simulate_executor_schedule(p, sched, nbytes, step_cost=o, dtype=dtype, top=top)
     per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
-    return dataclasses.replace(r, profile=f"executor ({cost.backend})",
-                               stats=dict(r.stats, chunks=per, mode="executor", backend=cost.backend))
+    return dataclasses.replace(
+        r, profile=f"executor ({cost.backend})", stats=dict(r.stats, chunks=per, mode="executor", backend=cost.backend)
+    )
 
 
-def predict_tree(placement: Placement | Any, plan: Any, nbytes: int, *, collective: str = "allreduce",
-                 mode: str = "executor", backend: str | None = None, ranks: RanksArg = None,
-                 root: int | None = None, dtype: str = "float32", top: int = 10) -> SimResult:
+def predict_tree(
+    placement: Placement | Any,
+    plan: Any,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    mode: str = "executor",
+    backend: str | None = None,
+    ranks: RanksArg = None,
+    root: int | None = None,
+    dtype: str = "float32",
+    top: int = 10,
+) -> SimResult:
     """THE prediction of a treecoll tree (a Tree, MultiTree or builder name) that every command
     prints: ``mode`` ``executor`` (:func:`predict_schedule`: as ``collectives.allreduce`` runs it)
     or ``in-kernel`` (the same tree inside the communication library, NCCL's protocols and
@@ -153,16 +212,20 @@ def predict_tree(placement: Placement | Any, plan: Any, nbytes: int, *, collecti
     from treecoll.topo.errors import CollectiveError
 
     from ..cost import MODES
+
     if mode not in MODES:
         raise CollectiveError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     p = as_placement(placement, ranks, what="prediction")
     if mode == "executor":
-        return predict_schedule(p, plan, nbytes, collective=collective, backend=backend, root=root, dtype=dtype,
-                                top=top)
+        return predict_schedule(
+            p, plan, nbytes, collective=collective, backend=backend, root=root, dtype=dtype, top=top
+        )
     from ..tree import as_multi
     from .simulator import simulate_algorithm
+
     if root is None and collective != "allreduce" and not isinstance(plan, str):
         root = as_multi(plan).roots[0]
-    r = simulate_algorithm(p, plan, nbytes, collective=collective, dtype=dtype, top=top,
-                           root=0 if root is None else root)
+    r = simulate_algorithm(
+        p, plan, nbytes, collective=collective, dtype=dtype, top=top, root=0 if root is None else root
+    )
     return dataclasses.replace(r, stats=dict(r.stats, mode="in-kernel", backend="nccl"))

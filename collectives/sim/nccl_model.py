@@ -33,6 +33,7 @@ Inputs NCCL gets from its topology search are derived from the
 >>> r["proto"], round(r["lat_us"], 1)
 ('LL', 15.0)
 """
+
 from __future__ import annotations
 
 import math
@@ -47,11 +48,27 @@ from ..cost import placed_gpus
 from ..in_network import min_sm, nvls_domains
 from ..placement import Placement, as_placement
 
-__all__ = ["nccl_predict", "nccl_best", "run_channels", "ring_run_bw", "collnet_available", "COLLECTIVES",
-           "COLLECTIVE_ALGOS",
-           "ll128_enabled", "nvls_domains", "nccl_algos", "generation", "PROTOS", "BASE_LAT",
-           "HW_LAT", "LL_MAX_BW", "PER_CH_MAX_RING_LL128_BW", "PER_CH_MAX_TREE_LL128_BW", "PER_CH_MAX_TREE_BW",
-           "TREE_CORRECTION"]
+__all__ = [
+    "nccl_predict",
+    "nccl_best",
+    "run_channels",
+    "ring_run_bw",
+    "collnet_available",
+    "COLLECTIVES",
+    "COLLECTIVE_ALGOS",
+    "ll128_enabled",
+    "nvls_domains",
+    "nccl_algos",
+    "generation",
+    "PROTOS",
+    "BASE_LAT",
+    "HW_LAT",
+    "LL_MAX_BW",
+    "PER_CH_MAX_RING_LL128_BW",
+    "PER_CH_MAX_TREE_LL128_BW",
+    "PER_CH_MAX_TREE_BW",
+    "TREE_CORRECTION",
+]
 
 PROTOS = ("LL", "LL128", "Simple")
 # NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (µs), protocol order (LL, LL128, Simple)
@@ -69,9 +86,34 @@ PER_CH_MAX_TREE_LL128_BW = ((20.0,) * 3, (20.0,) * 3, (36.7, 36.7, 29.0), (55.6,
 PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
 #: tuning.cc treeCorrectionFactor[proto][log2(nBytes/64)]
 TREE_CORRECTION = {
-    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1),
-    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1),
-    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+    "LL": (1, 1, 1, 1, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8, 0.9, 0.9, 0.9, 0.9, 1, 1, 1),
+    "Simple": (
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.8,
+        0.7,
+        0.6,
+        0.6,
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.7,
+        0.7,
+        0.8,
+        0.9,
+        0.9,
+        0.9,
+    ),
 }
 #: NVLS (NVLink SHARP) constants, tuning.cc: nvlsEfficiency (Hopper, Blackwell), hwLatencies NVLINK and NET of
 #: NVLS/NVLSTree with Simple (µs; baseLatencies of both are 0), perChMaxNVLSTreeBws (GB/s, nNodes 1, 2, >=3)
@@ -82,11 +124,14 @@ PER_CH_MAX_NVLS_TREE_BW = {2: (0.0, 57.7, 45.5), 3: (0.0, 96.0, 80.0)}
 #: NCCL_MAX_NVLS_ARITY (device.h): NVLS heads (channels) per NVLink domain
 MAX_NVLS_ARITY = 32
 #: the NVLS search's per-channel speeds, GB/s (search.cc sm90/sm100 SpeedArrayIntra and SpeedArrayInter)
-NVLS_SPEEDS_INTRA = {2: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
-                     3: (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)}
-NVLS_SPEEDS_INTER = {2: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
-                     3: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
-                         3.0, 2.4, 1.2)}
+NVLS_SPEEDS_INTRA = {
+    2: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    3: (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+}
+NVLS_SPEEDS_INTER = {
+    2: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
+    3: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
+}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -96,10 +141,13 @@ def _check_nvidia(topology: Topology, gpus: Sequence[str]) -> None:
     """Raise :class:`TreeError` when a rank is a CPU process slot: NCCL runs on NVIDIA GPUs
     only, and its tuning constants (link latencies, bandwidths) say nothing about CPUs."""
     from treecoll.topo.discover import CPU_SLOT_MODEL
+
     for x in gpus:
         if topology.graph.nodes[x].get("model") == CPU_SLOT_MODEL:
-            raise TreeError(f"nccl model: rank slot {x!r} is a CPU process (model {CPU_SLOT_MODEL!r}); NCCL and its "
-                            f"tuning model apply to NVIDIA GPUs only")
+            raise TreeError(
+                f"nccl model: rank slot {x!r} is a CPU process (model {CPU_SLOT_MODEL!r}); NCCL and its "
+                f"tuning model apply to NVIDIA GPUs only"
+            )
 
 
 def generation(topology: Topology, gpus: Sequence[str]) -> int:
@@ -142,7 +190,7 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
         if nic_bw <= 0:
             raise TreeError("nccl model: several hosts but a host has no NIC bandwidth")
         total = min(total, nic_bw)
-    if not math.isfinite(total):    # one rank per host
+    if not math.isfinite(total):  # one rank per host
         total = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in hosts) or 12.0
     if nchannels is None:
         if nvlink and math.isfinite(link_bw):
@@ -150,8 +198,11 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
         else:
             nchannels = 2
     nchannels = max(1, min(MAX_CHANNELS, int(nchannels)))
-    lat_inter = max((float(topology.node(n).get("lat") or 0.0) for h in hosts for n in topology.nics(h)),
-                    default=0.0) if n_nodes > 1 else 0.0
+    lat_inter = (
+        max((float(topology.node(n).get("lat") or 0.0) for h in hosts for n in topology.nics(h)), default=0.0)
+        if n_nodes > 1
+        else 0.0
+    )
     return n_nodes, gen, "NVLINK" if nvlink else "PCI", total, nchannels, lat_inter
 
 
@@ -179,8 +230,9 @@ def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     return True
 
 
-def nccl_algos(topology: Topology, gpus: Sequence[str], proto: str | None = None,
-               collective: str = "allreduce") -> tuple[str, ...]:
+def nccl_algos(
+    topology: Topology, gpus: Sequence[str], proto: str | None = None, collective: str = "allreduce"
+) -> tuple[str, ...]:
     """The algorithms NCCL offers for ``collective`` on these GPUs (:data:`COLLECTIVE_ALGOS`):
     allreduce ``ring``, ``tree`` and ``nvls`` (NVLS on one NVLink domain, NVLSTree across several)
     where :func:`nvls_domains` allows it and ``proto`` (a protocol NCCL is restricted to, e.g. by
@@ -239,10 +291,8 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
     if n_nodes > 1:
         nics = [topology.nearest_nic(x) for x in gpus]
         if None in nics:
-            raise TreeError(f"nccl model: NVLSTree across NVLink domains but GPU {gpus[nics.index(None)]!r} "
-                            f"has no NIC")
-        path_bw = min(min(topology.path(x, c).bw, float(topology.node(c).get("bw") or 0.0))
-                      for x, c in zip(gpus, nics))
+            raise TreeError(f"nccl model: NVLSTree across NVLink domains but GPU {gpus[nics.index(None)]!r} has no NIC")
+        path_bw = min(min(topology.path(x, c).bw, float(topology.node(c).get("bw") or 0.0)) for x, c in zip(gpus, nics))
         inter = _quantize(path_bw, NVLS_SPEEDS_INTER[gen]) * (2 if n_nodes <= 2 else 1)
         bw = min(intra, inter, PER_CH_MAX_NVLS_TREE_BW[gen][1 if n_nodes == 2 else 2])
         lat_inter = max(float(topology.node(c).get("lat") or 0.0) for c in nics)
@@ -254,17 +304,29 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
             alg *= TREE_CORRECTION["Simple"][idx]
     t_us = lat + nbytes / (1000.0 * alg)
     algbw = nbytes / (t_us * 1e3)
-    return {"algo": "nvls_tree" if n_nodes > 1 else "nvls", "proto": "Simple", "time": t_us * 1e-6,
-            "time_us": t_us, "lat_us": lat, "model_algbw": alg, "algbw": algbw,
-            "busbw": algbw * 2 * (nranks - 1) / nranks, "nchannels": nch, "nnodes": n_nodes, "nranks": nranks,
-            "protocols": {"Simple": t_us}}
+    return {
+        "algo": "nvls_tree" if n_nodes > 1 else "nvls",
+        "proto": "Simple",
+        "time": t_us * 1e-6,
+        "time_us": t_us,
+        "lat_us": lat,
+        "model_algbw": alg,
+        "algbw": algbw,
+        "busbw": algbw * 2 * (nranks - 1) / nranks,
+        "nchannels": nch,
+        "nnodes": n_nodes,
+        "nranks": nranks,
+        "protocols": {"Simple": t_us},
+    }
 
 
 def _arm_hosts(topology: Topology) -> bool:
     """Whether the CPUs are Arm (NVIDIA Grace): NCCL's x86-only NVLSTree correction then does not apply."""
-    return any("grace" in str(topology.node(c).get("model", "")).lower() or
-               str(topology.node(c).get("arch", "")).lower() in ("arm", "arm64", "aarch64")
-               for c in topology.nodes("cpu"))
+    return any(
+        "grace" in str(topology.node(c).get("model", "")).lower()
+        or str(topology.node(c).get("arch", "")).lower() in ("arm", "arm64", "aarch64")
+        for c in topology.nodes("cpu")
+    )
 
 
 #: the collectives nccl-tests measures (its binaries all_reduce_perf ... sendrecv_perf)
@@ -272,9 +334,15 @@ COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"
 #: algorithms NCCL's tuner models per collective (tuning.cc ncclTopoTuneModel: broadcast and reduce
 #: ring only; reduce_scatter and allgather ring, PAT, NVLS, CollNetDirect); alltoall and sendrecv are
 #: NCCL point-to-point operations, which the tuner does not model ("p2p" here)
-COLLECTIVE_ALGOS = {"allreduce": ("ring", "tree", "nvls", "collnet"), "allgather": ("ring", "pat", "nvls"),
-                    "reduce_scatter": ("ring", "pat", "nvls"), "broadcast": ("ring",), "reduce": ("ring",),
-                    "alltoall": ("p2p",), "sendrecv": ("p2p",)}
+COLLECTIVE_ALGOS = {
+    "allreduce": ("ring", "tree", "nvls", "collnet"),
+    "allgather": ("ring", "pat", "nvls"),
+    "reduce_scatter": ("ring", "pat", "nvls"),
+    "broadcast": ("ring",),
+    "reduce": ("ring",),
+    "alltoall": ("p2p",),
+    "sendrecv": ("p2p",),
+}
 #: CollNet (in-network reduction, SHARP; tuning.cc, Simple only): hwLatencies NVLINK/PCI (intra) and NET
 #: (inter) of CollNetDirect and CollNetChain (µs; base latencies 0), the 0.4 µs arity serialization per
 #: local GPU of CollNetDirect, its 0.85 bandwidth factor on Hopper and later; NCCL_MAX_DIRECT_ARITY + 1 = 8
@@ -296,8 +364,9 @@ PCI_BW = 12.0
 CHANNEL_DUP, MAXCHANNELS = 2, 64
 
 
-def run_channels(nbytes: int, algo: str, proto: str, graph_channels: int, nranks: int,
-                 graph_bw: float = math.inf) -> tuple[int, int]:
+def run_channels(
+    nbytes: int, algo: str, proto: str, graph_channels: int, nranks: int, graph_bw: float = math.inf
+) -> tuple[int, int]:
     """``(channels NCCL runs a collective of nbytes on, channels it has)`` for ring and tree, as
     enqueue.cc ``topoGetAlgoInfo`` (NCCL 2.30) shrinks them: one channel fewer while
     ``nbytes < nc × nThreads × threadThreshold``. ``graph_channels`` × ``graph_bw``: the
@@ -334,9 +403,17 @@ def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str
     return total * nc / have
 
 
-def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes: int, algo: str = "ring",
-                 proto: str | None = None, *, nranks: int | None = None, nchannels: int | None = None,
-                 collective: str = "allreduce") -> dict:
+def nccl_predict(
+    placement: Placement | Topology | None,
+    ranks: RanksArg,
+    nbytes: int,
+    algo: str = "ring",
+    proto: str | None = None,
+    *,
+    nranks: int | None = None,
+    nchannels: int | None = None,
+    collective: str = "allreduce",
+) -> dict:
     """NCCL's predicted time of ``collective`` with ``algo`` on ``nbytes`` (the size nccl-tests prints:
     the total of all ranks' pieces for allgather, reduce_scatter and alltoall).
 
@@ -358,8 +435,9 @@ def nccl_predict(placement: Placement | Topology | None, ranks: RanksArg, nbytes
     if collective not in COLLECTIVES:
         raise TreeError(f"nccl model: collective expected one of {list(COLLECTIVES)}, got {collective!r}")
     if algo not in COLLECTIVE_ALGOS[collective]:
-        raise TreeError(f"nccl model: algo for {collective} expected one of {list(COLLECTIVE_ALGOS[collective])}, "
-                        f"got {algo!r}")
+        raise TreeError(
+            f"nccl model: algo for {collective} expected one of {list(COLLECTIVE_ALGOS[collective])}, got {algo!r}"
+        )
     if proto is not None and proto not in PROTOS:
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
     topology, gpus = placed_gpus(as_placement(placement, ranks, nranks=nranks, what="nccl model"))
@@ -384,41 +462,79 @@ def _with_run(r: dict, nbytes: int) -> dict:
     return {**r, "run_channels": r["nchannels"], "run_time_us": r["time_us"], "collective": "allreduce"}
 
 
-def _result(collective: str, algo: str, proto: str, nbytes: int, n: int, t_us: float, lat: float, alg: float,
-            nch: int, n_nodes: int, times: dict, run: tuple[int, float] | None = None) -> dict:
+def _result(
+    collective: str,
+    algo: str,
+    proto: str,
+    nbytes: int,
+    n: int,
+    t_us: float,
+    lat: float,
+    alg: float,
+    nch: int,
+    n_nodes: int,
+    times: dict,
+    run: tuple[int, float] | None = None,
+) -> dict:
     algbw = nbytes / (t_us * 1e3) if t_us > 0 else math.inf
     from .result import bus_factor
+
     run_nc, run_t = run if run is not None else (nch, t_us)
-    return {"collective": collective, "algo": algo, "proto": proto, "time": t_us * 1e-6, "time_us": t_us,
-            "lat_us": lat, "model_algbw": alg, "algbw": algbw, "busbw": algbw * bus_factor(collective, n),
-            "nchannels": nch, "nnodes": n_nodes, "nranks": n, "protocols": dict(times), "run_channels": run_nc,
-            "run_time_us": run_t}
+    return {
+        "collective": collective,
+        "algo": algo,
+        "proto": proto,
+        "time": t_us * 1e-6,
+        "time_us": t_us,
+        "lat_us": lat,
+        "model_algbw": alg,
+        "algbw": algbw,
+        "busbw": algbw * bus_factor(collective, n),
+        "nchannels": nch,
+        "nnodes": n_nodes,
+        "nranks": n,
+        "protocols": dict(times),
+        "run_channels": run_nc,
+        "run_time_us": run_t,
+    }
 
 
-def _ring_tree_predict(topology: Topology, gpus: Sequence[str], nbytes: int, algo: str, proto: str | None,
-                       nchannels: int | None, collective: str) -> dict:
+def _ring_tree_predict(
+    topology: Topology,
+    gpus: Sequence[str],
+    nbytes: int,
+    algo: str,
+    proto: str | None,
+    nchannels: int | None,
+    collective: str,
+) -> dict:
     """Ring, tree and PAT as tuning.cc ncclTopoTuneModel / ncclTopoGetAlgoTime compute them."""
     n = len(gpus)
     n_nodes, gen, intra_kind, total, nch, lat_inter = _inputs(topology, gpus, nchannels)
     if algo == "pat" and n_nodes != n:
-        raise TreeError(f"nccl model: PAT runs with one GPU per node only (ncclPatEnable), got {n} ranks on "
-                        f"{n_nodes} nodes")
+        raise TreeError(
+            f"nccl model: PAT runs with one GPU per node only (ncclPatEnable), got {n} ranks on {n_nodes} nodes"
+        )
     col = 0 if n_nodes == 1 else 1 if n_nodes == 2 else 2
     bw_ch = total / nch
-    nsteps = 2 * (n - 1) if collective == "allreduce" else n - 1 if collective in ("allgather", "reduce_scatter") \
-        else n
+    nsteps = 2 * (n - 1) if collective == "allreduce" else n - 1 if collective in ("allgather", "reduce_scatter") else n
     times, detail = {}, {}
     protos = ("Simple",) if algo == "pat" else PROTOS
     for pr in protos:
         pi = PROTOS.index(pr)
         alg = _algo_bw(algo, pr, collective, nch * bw_ch, nch, gen, n_nodes, col, n, nsteps)
         lat = 0.0 if n == 1 else _latency(algo, pr, pi, collective, intra_kind, n, n_nodes, nsteps, lat_inter)
-        if algo == "ring" and collective == "allreduce" and n_nodes > 1 and pr == "Simple" \
-                and nbytes / (CHANNEL_DUP * nch * n) >= 64:
+        if (
+            algo == "ring"
+            and collective == "allreduce"
+            and n_nodes > 1
+            and pr == "Simple"
+            and nbytes / (CHANNEL_DUP * nch * n) >= 64
+        ):
             lat *= 1.4 if gen >= 1 else 1.9  # "plateau effect" (ncclTopoGetAlgoTime; nBytes / (comm nCh x nRanks))
         if algo == "tree" and collective == "allreduce":
             idx = _log2i(max(nbytes, 1) / 64)
-            if 0 <= idx < 23:           # ncclTopoGetAlgoTime: logSize < 23
+            if 0 <= idx < 23:  # ncclTopoGetAlgoTime: logSize < 23
                 alg *= TREE_CORRECTION[pr][idx]
         times[pr] = lat + nbytes / (1000.0 * alg) if alg > 0 else math.inf
         detail[pr] = (lat, alg)
@@ -432,8 +548,9 @@ def _ring_tree_predict(topology: Topology, gpus: Sequence[str], nbytes: int, alg
     return _result(collective, algo, chosen, nbytes, n, times[chosen], lat, alg, nch, n_nodes, times, (nc, run_t))
 
 
-def _algo_bw(algo: str, pr: str, collective: str, bus: float, nch: int, gen: int, n_nodes: int, col: int, n: int,
-             nsteps: int) -> float:
+def _algo_bw(
+    algo: str, pr: str, collective: str, bus: float, nch: int, gen: int, n_nodes: int, col: int, n: int, nsteps: int
+) -> float:
     """The algorithm bandwidth NCCL's tuner gives ``algo`` / ``pr`` (tuning.cc "Various model refinements"
     and "Convert bus BW to algorithm BW"), GB/s."""
     ll_max = LL_MAX_BW[gen if n_nodes == 1 else 0][col]
@@ -444,7 +561,7 @@ def _algo_bw(algo: str, pr: str, collective: str, bus: float, nch: int, gen: int
             bus = min(bus * 0.92, nch * PER_CH_MAX_RING_LL128_BW[gen][col])
         return bus * n / nsteps if n > 1 else bus
     if algo == "pat":
-        return bus * PAT_BW_FACTOR          # no busBw -> algBw conversion for PAT (allgather, reduce_scatter)
+        return bus * PAT_BW_FACTOR  # no busBw -> algBw conversion for PAT (allgather, reduce_scatter)
     bus = min(bus * 0.92, nch * PER_CH_MAX_TREE_BW[gen][col])
     if pr == "LL":
         bus = min(bus / 3.8, ll_max)
@@ -453,8 +570,9 @@ def _algo_bw(algo: str, pr: str, collective: str, bus: float, nch: int, gen: int
     return bus * 0.5
 
 
-def _latency(algo: str, pr: str, pi: int, collective: str, intra_kind: str, n: int, n_nodes: int, nsteps: int,
-             lat_inter: float) -> float:
+def _latency(
+    algo: str, pr: str, pi: int, collective: str, intra_kind: str, n: int, n_nodes: int, nsteps: int, lat_inter: float
+) -> float:
     """NCCL's latency of ``algo`` / ``pr`` for ``collective``, µs (tuning.cc ncclTopoTuneModel)."""
     table = "tree" if algo == "tree" else "ring"
     intra = HW_LAT[intra_kind][table][pi]
@@ -467,7 +585,7 @@ def _latency(algo: str, pr: str, pi: int, collective: str, intra_kind: str, n: i
     if algo == "tree":
         return base + 2 * ((ppn - 1) * intra + _log2i(n_nodes) * inter)
     hw = HW_LAT["NET" if n_nodes > 1 else intra_kind]
-    if collective in ("broadcast", "reduce"):   # graph sameChannels assumed: one hop's latency
+    if collective in ("broadcast", "reduce"):  # graph sameChannels assumed: one hop's latency
         return base + hw["ring"][pi]
     if n_nodes > 1:
         intra = max(intra, NET_OVERHEAD * (3 if pr == "Simple" else 1))
@@ -480,8 +598,9 @@ def _nvls_gather_predict(topology: Topology, gpus: Sequence[str], nbytes: int, c
     across nodes NCCL needs CollNet for them, which this model does not offer)."""
     domains = nvls_domains(topology, gpus)
     if len(domains) > 1:
-        raise TreeError(f"nccl model: NVLS {collective} across NVLink domains needs CollNet (tuning.cc), "
-                        f"got {len(domains)} domains")
+        raise TreeError(
+            f"nccl model: NVLS {collective} across NVLink domains needs CollNet (tuning.cc), got {len(domains)} domains"
+        )
     g = topology.graph
     n = len(gpus)
     gen = generation(topology, gpus)
@@ -509,14 +628,17 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
     if collective == "alltoall":
         any_net = False
         for h, members in hosts.items():
-            rep = members[0]        # peers over NVLink (also across hosts of one NVLink domain) or the NICs
+            rep = members[0]  # peers over NVLink (also across hosts of one NVLink domain) or the NICs
             paths = [topology.path(rep, b) for b in gpus if b != rep]
             nvl = [p.bw for p in paths if p.nccl != "NET"]
             net = len(paths) - len(nvl)
             any_net = any_net or net > 0
             nic_bw = sum(float(topology.node(c).get("bw") or 0.0) for c in topology.nics(h)) / len(members)
-            t_bw = max(t_bw, nbytes * len(nvl) / n / min(nvl) if nvl else 0.0,
-                       nbytes * net / n / nic_bw if net and nic_bw > 0 else 0.0)
+            t_bw = max(
+                t_bw,
+                nbytes * len(nvl) / n / min(nvl) if nvl else 0.0,
+                nbytes * net / n / nic_bw if net and nic_bw > 0 else 0.0,
+            )
         hop = net_lat if any_net else HW_LAT[intra_kind]["ring"][pi]
     else:
         hop = 0.0
@@ -526,12 +648,30 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
             hop = max(hop, net_lat if p.nccl == "NET" else HW_LAT[intra_kind]["ring"][pi])
     lat = BASE_LAT["ring"][pi] + hop
     t_us = lat + t_bw / 1000.0
-    return _result(collective, "p2p", "Simple", nbytes, n, t_us, lat, nbytes / t_bw if t_bw else math.inf,
-                   nch, n_nodes, {"Simple": t_us})
+    return _result(
+        collective,
+        "p2p",
+        "Simple",
+        nbytes,
+        n,
+        t_us,
+        lat,
+        nbytes / t_bw if t_bw else math.inf,
+        nch,
+        n_nodes,
+        {"Simple": t_us},
+    )
 
 
-def nccl_best(placement: Placement | Topology | None, ranks: RanksArg, nbytes: int, collective: str = "allreduce",
-              proto: str | None = None, *, nranks: int | None = None) -> dict:
+def nccl_best(
+    placement: Placement | Topology | None,
+    ranks: RanksArg,
+    nbytes: int,
+    collective: str = "allreduce",
+    proto: str | None = None,
+    *,
+    nranks: int | None = None,
+) -> dict:
     """What NCCL's tuner picks for ``collective``: the least predicted time over :func:`nccl_algos`
     (enqueue.cc ``topoGetAlgoInfo``: argmin over algorithm and protocol), as :func:`nccl_predict` returns it.
 
@@ -543,8 +683,10 @@ def nccl_best(placement: Placement | Topology | None, ranks: RanksArg, nbytes: i
     p = as_placement(placement, ranks, nranks=nranks, what="nccl model")
     topology, gpus = placed_gpus(p)
     algos = nccl_algos(topology, gpus, proto, collective)
-    return min((nccl_predict(p, None, nbytes, algo=a, proto=proto, collective=collective) for a in algos),
-               key=lambda r: r["time"])
+    return min(
+        (nccl_predict(p, None, nbytes, algo=a, proto=proto, collective=collective) for a in algos),
+        key=lambda r: r["time"],
+    )
 
 
 def collnet_available(topology: Topology, gpus: Sequence[str]) -> bool:
@@ -577,8 +719,10 @@ def _collnet_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> di
     Latency: CollNetDirect ``2 (min(1, ppn − 1) intra + (ppn − 1) 0.4) + inter``, CollNetChain
     ``2 (ppn − 1) intra + inter``; inter adds the NIC's latency twice (Simple)."""
     if not collnet_available(topology, gpus):
-        raise TreeError("nccl model: CollNet needs several hosts of at most 8 ranks whose network switches "
-                        "reduce (network 'sharp: true' in the topology)")
+        raise TreeError(
+            "nccl model: CollNet needs several hosts of at most 8 ranks whose network switches "
+            "reduce (network 'sharp: true' in the topology)"
+        )
     n = len(gpus)
     n_nodes, gen, intra_kind, total, _, lat_inter = _inputs(topology, gpus, None)
     hosts = _by_host(topology, gpus)

@@ -78,6 +78,7 @@ Traceback (most recent call last):
 ...
 treecoll.collectives.sim.nccltests.NcclTestsError: empty.log: no nccl-tests table: expected rows like '1048576 ...
 """
+
 from __future__ import annotations
 
 import math
@@ -96,24 +97,60 @@ from .result import bus_factor
 if TYPE_CHECKING:
     from treecoll.topo.machines import MachineFacts
 
-__all__ = ["NcclTestsError", "NcclTestsOutput", "Table", "Row", "Measurement", "Device", "RunInfo", "Header",
-           "parse", "read", "recognise", "bus_factor", "COLLECTIVES", "BINARIES", "TYPE_BYTES", "MAX_FILE_BYTES"]
+__all__ = [
+    "NcclTestsError",
+    "NcclTestsOutput",
+    "Table",
+    "Row",
+    "Measurement",
+    "Device",
+    "RunInfo",
+    "Header",
+    "parse",
+    "read",
+    "recognise",
+    "bus_factor",
+    "COLLECTIVES",
+    "BINARIES",
+    "TYPE_BYTES",
+    "MAX_FILE_BYTES",
+]
 
 #: the collectives nccl-tests measures that treecoll knows, in the order results list them
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv")
 #: nccl-tests binary -> collective (other binaries, e.g. ``gather_perf``, are recognised and refused)
-BINARIES = {"all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "reduce_scatter_perf": "reduce_scatter",
-            "alltoall_perf": "alltoall", "broadcast_perf": "broadcast", "reduce_perf": "reduce",
-            "sendrecv_perf": "sendrecv"}
+BINARIES = {
+    "all_reduce_perf": "allreduce",
+    "all_gather_perf": "allgather",
+    "reduce_scatter_perf": "reduce_scatter",
+    "alltoall_perf": "alltoall",
+    "broadcast_perf": "broadcast",
+    "reduce_perf": "reduce",
+    "sendrecv_perf": "sendrecv",
+}
 #: bytes per element of nccl-tests' type names (``test_typenames`` in src/common.cu; ``char``/``int``: NCCL 1)
-TYPE_BYTES = {"int8": 1, "uint8": 1, "char": 1, "f8e4m3": 1, "f8e5m2": 1, "half": 2, "bfloat16": 2, "int32": 4,
-              "uint32": 4, "int": 4, "float": 4, "int64": 8, "uint64": 8, "double": 8}
+TYPE_BYTES = {
+    "int8": 1,
+    "uint8": 1,
+    "char": 1,
+    "f8e4m3": 1,
+    "f8e5m2": 1,
+    "half": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int": 4,
+    "float": 4,
+    "int64": 8,
+    "uint64": 8,
+    "double": 8,
+}
 #: files larger than this are refused before they are read (a day of NCCL_DEBUG=INFO logs is far smaller)
 MAX_FILE_BYTES = 256 << 20
 
-_PER_RANK = ("allgather", "reduce_scatter", "alltoall")   # count column = elements per rank
-_UNIT = ("broadcast", "reduce", "sendrecv")               # bus factor 1
-_NO_INPLACE_CHECK = ("sendrecv", "alltoall")              # in-place #wrong is N/A (reportErrors = !in_place)
+_PER_RANK = ("allgather", "reduce_scatter", "alltoall")  # count column = elements per rank
+_UNIT = ("broadcast", "reduce", "sendrecv")  # bus factor 1
+_NO_INPLACE_CHECK = ("sendrecv", "alltoall")  # in-place #wrong is N/A (reportErrors = !in_place)
 _EXAMPLE_ROW = "'1048576  262144  float  sum  -1  63.16  16.60  24.90  0 ...'"
 
 
@@ -250,8 +287,13 @@ class Table:
         """What the file says about the machine, for :func:`treecoll.topo.machines.resolve_machine`:
         hosts only when the device list is complete."""
         from treecoll.topo.machines import MachineFacts
-        return MachineFacts(source=self.where(), hosts=self.hosts() if self.devices_complete else (),
-                            gpu_names=self.gpu_names(), nranks=self.nranks)
+
+        return MachineFacts(
+            source=self.where(),
+            hosts=self.hosts() if self.devices_complete else (),
+            gpu_names=self.gpu_names(),
+            nranks=self.nranks,
+        )
 
 
 @dataclass(frozen=True)
@@ -265,26 +307,35 @@ class NcclTestsOutput:
 
 
 # ---------------------------------------------------------------------------------------------- lines
-_PREFIX = re.compile(r"""\A(?:
+_PREFIX = re.compile(
+    r"""\A(?:
       \s*\[\d{1,9}(?:,\d{1,9})*\]<std(?:out|err)>:?   # Open MPI --tag-output
     | \s*\d{1,9}:\s                                  # srun -l, mpirun --prefix-rank style "0: "
     | \s*\[\d{1,9}\]\s                               # MPICH -prepend-rank "[0] "
     | \s*\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s   # kubectl logs --timestamps
-    )""", re.X)
-_NTHREAD = re.compile(r"nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})\s+minBytes\s+(\d{1,20})\s+maxBytes\s+(\d{1,20})"
-                      r"\s+step:\s*(\d{1,20})\s*\((\w+)\)(.*)")
+    )""",
+    re.X,
+)
+_NTHREAD = re.compile(
+    r"nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})\s+minBytes\s+(\d{1,20})\s+maxBytes\s+(\d{1,20})"
+    r"\s+step:\s*(\d{1,20})\s*\((\w+)\)(.*)"
+)
 _SETTING = re.compile(r"([A-Za-z][A-Za-z ]{0,40}?):\s*(-?\d{1,12})\b")
 _TESTS_VERSION = re.compile(r"nccl-tests version (\S+)(?:.*?nccl-library=(\d{1,9}))?")
 _COLL_TEST = re.compile(r"Collective test (starting|concluded):\s*(\S+)")
 _NCCL_VERSION = re.compile(r"NCCL version (\S+)")
-_DEVICE = re.compile(r"Rank\s+(\d{1,9})(?:\s+Group\s+(\d{1,9}))?\s+Pid\s+(\d{1,12})\s+on\s+(\S+)\s+device\s+(\d{1,9})"
-                     r"\s+\[([^\]]*)\]\s*(.*)")
+_DEVICE = re.compile(
+    r"Rank\s+(\d{1,9})(?:\s+Group\s+(\d{1,9}))?\s+Pid\s+(\d{1,12})\s+on\s+(\S+)\s+device\s+(\d{1,9})"
+    r"\s+\[([^\]]*)\]\s*(.*)"
+)
 _HEADER_KEY = re.compile(r"(source|machine|nccl|env|note):\s*(.*)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\d{1,20})")
 _AVG = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
 _ELISION = re.compile(r"(?:\.{3,}|\u2026)|Truncated\b.*", re.I)
-_BINARY = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoallv?|broadcast|reduce|sendrecv|gather|scatter"
-                     r"|hypercube)_perf(?:_mpi)?\b")
+_BINARY = re.compile(
+    r"\b(all_reduce|all_gather|reduce_scatter|alltoallv?|broadcast|reduce|sendrecv|gather|scatter"
+    r"|hypercube)_perf(?:_mpi)?\b"
+)
 _INT = re.compile(r"-?\d{1,19}")
 _FLOAT = re.compile(r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE]([-+]?\d{1,3}))?")
 _WORD = re.compile(r"[A-Za-z_][\w.]{0,40}")
@@ -298,7 +349,7 @@ def _strip_prefix(line: str) -> str:
         m = _PREFIX.match(line)
         if not m:
             break
-        line = line[m.end():]
+        line = line[m.end() :]
     return line
 
 
@@ -335,13 +386,13 @@ _GROUP4 = ("time", "algbw", "busbw", "#wrong")
 def _header_layout(tokens: list[str]) -> _Layout | None:
     names = [t.lstrip("#").lower() for t in tokens]
     times = [i for i, t in enumerate(names) if t in _TIME]
-    if not times or any(n not in _LEAD for n in names[:times[0]]) or names[:3] != ["size", "count", "type"]:
+    if not times or any(n not in _LEAD for n in names[: times[0]]) or names[:3] != ["size", "count", "type"]:
         return None
     end = times[1] if len(times) > 1 else len(names)
-    group = tuple("#wrong" if n in _WRONG else n for n in names[times[0]:end])
+    group = tuple("#wrong" if n in _WRONG else n for n in names[times[0] : end])
     if not {"algbw", "busbw"} <= set(group):
         return None
-    return _Layout(tuple(names[:times[0]]), group, 2 if len(times) > 1 else 1)
+    return _Layout(tuple(names[: times[0]]), group, 2 if len(times) > 1 else 1)
 
 
 def _infer_layout(tokens: list[str]) -> _Layout:
@@ -352,7 +403,7 @@ def _infer_layout(tokens: list[str]) -> _Layout:
         lead.append("redop")
         i += 1
     rest = len(tokens) - i
-    if rest >= 5 and _INT.fullmatch(tokens[i]) and rest % 4 == 1:   # a root before whole runs of 4 columns
+    if rest >= 5 and _INT.fullmatch(tokens[i]) and rest % 4 == 1:  # a root before whole runs of 4 columns
         lead.append("root")
     return _Layout(tuple(lead), _GROUP4)
 
@@ -401,11 +452,19 @@ def _parse_row(tokens: list[str], lay: _Layout, no: int) -> tuple[Row, list]:
     g = len(lay.group)
     runs, bws = [], []
     for k in range(lay.groups):
-        m, bw = _measure(tokens[nlead + k * g: nlead + (k + 1) * g], lay.group)
+        m, bw = _measure(tokens[nlead + k * g : nlead + (k + 1) * g], lay.group)
         runs.append(m)
         bws.extend(bw)
-    row = Row(no, int(lead["size"]), int(lead["count"]), lead["type"], redop, None if root is None else int(root),
-              runs[0], runs[1] if len(runs) > 1 else None)
+    row = Row(
+        no,
+        int(lead["size"]),
+        int(lead["count"]),
+        lead["type"],
+        redop,
+        None if root is None else int(root),
+        runs[0],
+        runs[1] if len(runs) > 1 else None,
+    )
     return row, bws
 
 
@@ -420,7 +479,7 @@ class _Block:
     tests_version: str | None = None
     nccl_version: str | None = None
     binary: str | None = None
-    used: bool = False   # a table took this block's facts
+    used: bool = False  # a table took this block's facts
 
 
 @dataclass
@@ -445,7 +504,7 @@ class _Reader:
         self.source = source
         self.header: dict[str, str] = {}
         self.block = _Block()
-        self.hint: str | None = None          # a binary named by chatter (a command line) before a table
+        self.hint: str | None = None  # a binary named by chatter (a command line) before a table
         self.open: _Open | None = None
         self.done: list[_Open] = []
         self.warnings: list[str] = []
@@ -471,9 +530,14 @@ class _Reader:
         self._close()
         if self.block.used:
             prev = self.block
-            self.block = _Block(run=prev.run, devices=prev.devices, devices_elided=prev.devices_elided,
-                                tests_version=prev.tests_version, nccl_version=prev.nccl_version,
-                                binary=prev.binary)
+            self.block = _Block(
+                run=prev.run,
+                devices=prev.devices,
+                devices_elided=prev.devices_elided,
+                tests_version=prev.tests_version,
+                nccl_version=prev.nccl_version,
+                binary=prev.binary,
+            )
         self.open = _Open(no, layout, columns, self.block, self.hint)
 
     # -- one line
@@ -507,8 +571,16 @@ class _Reader:
         if m:
             self._fresh_block()
             settings = tuple((k.strip().lower(), int(v)) for k, v in _SETTING.findall(m.group(7)))
-            self.block.run = RunInfo(no, int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)),
-                                     int(m.group(5)), m.group(6), settings)
+            self.block.run = RunInfo(
+                no,
+                int(m.group(1)),
+                int(m.group(2)),
+                int(m.group(3)),
+                int(m.group(4)),
+                int(m.group(5)),
+                m.group(6),
+                settings,
+            )
             return True
         m = _TESTS_VERSION.match(body)
         if m:
@@ -531,8 +603,11 @@ class _Reader:
             if self.open is not None or self.block.used:
                 self._fresh_block()
             g = m.group
-            self.block.devices.append(Device(no, int(g(1)), None if g(2) is None else int(g(2)), int(g(3)), g(4),
-                                             int(g(5)), g(6), g(7).strip()))
+            self.block.devices.append(
+                Device(
+                    no, int(g(1)), None if g(2) is None else int(g(2)), int(g(3)), g(4), int(g(5)), g(6), g(7).strip()
+                )
+            )
             return True
         m = _NCCL_VERSION.match(body)
         if m:
@@ -586,7 +661,7 @@ class _Reader:
         if t is None:
             self._open(no, None, ())
             t = self.open
-        if t.layout is None:   # no header: the first row read fixes the layout of the table
+        if t.layout is None:  # no header: the first row read fixes the layout of the table
             t.layout = lay
         t.rows.append(row)
         t.bws.append(bws)
@@ -598,8 +673,10 @@ class _Reader:
         if not self.done:
             where = f"{self.source}:{dropped_open[0][0]}" if dropped_open else self.source
             why = f" ({dropped_open[0][1]})" if dropped_open else ""
-            raise NcclTestsError(f"{where}: no nccl-tests table{why}: expected rows like {_EXAMPLE_ROW} (size, "
-                                 f"count, type, ... time, algbw, busbw per run)")
+            raise NcclTestsError(
+                f"{where}: no nccl-tests table{why}: expected rows like {_EXAMPLE_ROW} (size, "
+                f"count, type, ... time, algbw, busbw per run)"
+            )
         header = Header(**{k: self.header.get(k) for k in ("source", "machine", "nccl", "env", "note")})
         file_hint = _header_binary(header)
         tables = tuple(_finish(self.source, i, t, file_hint) for i, t in enumerate(self.done))
@@ -633,7 +710,7 @@ def _ratio_interval(bws: list[list]) -> tuple[float, float] | None:
                 ratios.append(b / a)
     if not ratios:
         return None
-    if lo <= hi * (1 + 1e-7):   # nccl-tests prints busbw = algbw x factor: the intervals of all rows meet
+    if lo <= hi * (1 + 1e-7):  # nccl-tests prints busbw = algbw x factor: the intervals of all rows meet
         return lo * (1 - 1e-7), hi * (1 + 1e-7)
     m = statistics.median(ratios)
     return m * 0.99, m * 1.01
@@ -643,11 +720,11 @@ def _nranks_by_ratio(collective: str, lo: float, hi: float) -> tuple[int, float]
     """``(smallest, largest)`` GPU counts (``math.inf`` unbounded) whose bus factor lies in [lo, hi], or None."""
     if collective in _UNIT:
         return (1, math.inf) if lo <= 1.0 <= hi else None
-    scale = 2.0 if collective == "allreduce" else 1.0   # factor = scale (n-1)/n: n = scale / (scale - f)
+    scale = 2.0 if collective == "allreduce" else 1.0  # factor = scale (n-1)/n: n = scale / (scale - f)
     nlo = scale / (scale - lo) if lo < scale else math.inf
     nhi = scale / (scale - hi) if hi < scale else math.inf
     first, last = max(2, math.ceil(nlo - 1e-9)), nhi
-    if hi < 1e-9:            # busbw 0 at every size: one rank
+    if hi < 1e-9:  # busbw 0 at every size: one rank
         return 1, 1
     return (first, last) if first <= last + 1e-9 else None
 
@@ -671,9 +748,14 @@ def _count_ranks(rows: tuple[Row, ...]) -> tuple[int | None, str | None]:
     return None, f"the count column disagrees with size / type size between rows (lines {lines[0]}..{lines[-1]})"
 
 
-def recognise(rows: tuple[Row, ...], columns: tuple[str, ...], binary: str | None, *,
-              nranks: int | None = None, bws: list | None = None) -> tuple[str | None, tuple[str, ...],
-                                                                          tuple[str, ...], list[str]]:
+def recognise(
+    rows: tuple[Row, ...],
+    columns: tuple[str, ...],
+    binary: str | None,
+    *,
+    nranks: int | None = None,
+    bws: list | None = None,
+) -> tuple[str | None, tuple[str, ...], tuple[str, ...], list[str]]:
     """Which collective a table measured: ``(collective or None, candidates, evidence, warnings)``.
 
     ``columns``: the header's names (empty without a header: the rows' own fields decide);
@@ -734,19 +816,29 @@ def recognise(rows: tuple[Row, ...], columns: tuple[str, ...], binary: str | Non
     if interval is not None:
         lo, hi = interval
         if nranks is not None:
-            keep([c for c in cand if lo <= bus_factor(c, nranks) <= hi],
-                 f"busbw/algbw {(lo + hi) / 2:.4f} with {nranks} ranks")
+            keep(
+                [c for c in cand if lo <= bus_factor(c, nranks) <= hi],
+                f"busbw/algbw {(lo + hi) / 2:.4f} with {nranks} ranks",
+            )
         else:
             keep([c for c in cand if _nranks_by_ratio(c, lo, hi) is not None], f"busbw/algbw {(lo + hi) / 2:.4f}")
     if binary is not None:
         b = BINARIES.get(binary)
         if b is None:
-            return None, (), (*ev, f"binary {binary}"), [*warn, f"{binary}: not one of the collectives treecoll "
-                                                                  f"reads ({', '.join(BINARIES)})"]
+            return (
+                None,
+                (),
+                (*ev, f"binary {binary}"),
+                [*warn, f"{binary}: not one of the collectives treecoll reads ({', '.join(BINARIES)})"],
+            )
         if b in cand:
             return b, (b,), (f"binary {binary}", *ev), warn
-        return None, tuple(dict.fromkeys((b, *cand))), (f"binary {binary}", *ev), [
-            *warn, f"the binary {binary} and the table's columns ({'; '.join(ev)}) disagree"]
+        return (
+            None,
+            tuple(dict.fromkeys((b, *cand))),
+            (f"binary {binary}", *ev),
+            [*warn, f"the binary {binary} and the table's columns ({'; '.join(ev)}) disagree"],
+        )
     if len(cand) == 1:
         return cand[0], tuple(cand), tuple(ev), warn
     if not cand:
@@ -754,8 +846,9 @@ def recognise(rows: tuple[Row, ...], columns: tuple[str, ...], binary: str | Non
     return None, tuple(cand), tuple(ev), warn
 
 
-def _ranks(cands: tuple[str, ...], t: _Open, devices: tuple[Device, ...], complete: bool,
-           warn: list[str]) -> tuple[int | None, str]:
+def _ranks(
+    cands: tuple[str, ...], t: _Open, devices: tuple[Device, ...], complete: bool, warn: list[str]
+) -> tuple[int | None, str]:
     """The GPU count and which evidence gave it (``cands``: the collective, or the candidates when it is
     ambiguous; the count and ratio tests count only where every candidate agrees); contradictions
     become warnings."""
@@ -769,10 +862,13 @@ def _ranks(cands: tuple[str, ...], t: _Open, devices: tuple[Device, ...], comple
     if cands and interval is not None and not any(c in _UNIT for c in cands):
         fits = {_nranks_by_ratio(c, *interval) for c in cands}
         rng = fits.pop() if len(fits) == 1 else None
-        if rng is not None and math.floor(rng[1] + 1e-9) == rng[0]:   # one whole number fits
+        if rng is not None and math.floor(rng[1] + 1e-9) == rng[0]:  # one whole number fits
             n_ratio = rng[0]
-    found = [(n, why) for n, why in ((n_dev, "device lines"), (n_count, "count column"), (n_ratio, "busbw/algbw"))
-             if n is not None]
+    found = [
+        (n, why)
+        for n, why in ((n_dev, "device lines"), (n_count, "count column"), (n_ratio, "busbw/algbw"))
+        if n is not None
+    ]
     if not found:
         return None, ""
     n, src = found[0]
@@ -789,25 +885,47 @@ def _ranks(cands: tuple[str, ...], t: _Open, devices: tuple[Device, ...], comple
 def _finish(source: str, index: int, t: _Open, file_hint: str | None) -> Table:
     blk = t.block
     devices = tuple(blk.devices)
-    complete = (bool(devices) and not blk.devices_elided
-                and sorted(d.rank for d in devices) == list(range(len(devices))))
+    complete = bool(devices) and not blk.devices_elided and sorted(d.rank for d in devices) == list(range(len(devices)))
     rows = tuple(t.rows)
     binary = blk.binary or t.binary_hint or file_hint
     coll, cand, ev, warn = recognise(rows, t.columns, binary, nranks=len(devices) if complete else None, bws=t.bws)
     if blk.binary is None and binary is not None and coll is None and cand and BINARIES.get(binary) == cand[0]:
         # a command line or the fixture header named it; the table disagrees: do not trust the hint
-        coll2, cand2, ev2, warn2 = recognise(rows, t.columns, None, nranks=len(devices) if complete else None,
-                                             bws=t.bws)
+        coll2, cand2, ev2, warn2 = recognise(
+            rows, t.columns, None, nranks=len(devices) if complete else None, bws=t.bws
+        )
         if coll2 is not None:
-            coll, cand, ev, warn = coll2, cand2, ev2, [*warn2, f"ignored the binary {binary} named outside the "
-                                                              f"output: the table is {coll2}"]
+            coll, cand, ev, warn = (
+                coll2,
+                cand2,
+                ev2,
+                [*warn2, f"ignored the binary {binary} named outside the output: the table is {coll2}"],
+            )
             binary = None
     n, src = _ranks((coll,) if coll else cand, t, devices, complete, warn)
-    return Table(source=source, index=index, line=t.line, rows=rows, columns=t.columns, collective=coll,
-                 candidates=cand, evidence=ev, nranks=n, nranks_from=src, binary=binary, devices=devices,
-                 devices_complete=complete, run=blk.run, nccl_version=blk.nccl_version,
-                 tests_version=blk.tests_version, avg_busbw=t.avg_busbw, complete=t.complete,
-                 elided=tuple(t.elided), dropped=tuple(t.dropped), warnings=tuple(warn))
+    return Table(
+        source=source,
+        index=index,
+        line=t.line,
+        rows=rows,
+        columns=t.columns,
+        collective=coll,
+        candidates=cand,
+        evidence=ev,
+        nranks=n,
+        nranks_from=src,
+        binary=binary,
+        devices=devices,
+        devices_complete=complete,
+        run=blk.run,
+        nccl_version=blk.nccl_version,
+        tests_version=blk.tests_version,
+        avg_busbw=t.avg_busbw,
+        complete=t.complete,
+        elided=tuple(t.elided),
+        dropped=tuple(t.dropped),
+        warnings=tuple(warn),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -832,6 +950,8 @@ def read(path: str | os.PathLike) -> NcclTestsOutput:
     except OSError:
         size = 0
     if size > MAX_FILE_BYTES:
-        raise NcclTestsError(f"{p}: {size:,} bytes: expected an nccl-tests output of at most {MAX_FILE_BYTES:,} "
-                             f"bytes; cut the table out of the log")
+        raise NcclTestsError(
+            f"{p}: {size:,} bytes: expected an nccl-tests output of at most {MAX_FILE_BYTES:,} "
+            f"bytes; cut the table out of the log"
+        )
     return parse(read_text(p, "nccl-tests output", error=NcclTestsError), str(p))

@@ -47,6 +47,7 @@ True
 No GPU reduces and no scratch memory is counted (NCCL's NVLS buffers are
 set up once, at communicator creation).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,10 +67,15 @@ from .result import SimResult, check_size, make_result, placed
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
 
 #: the NCCL constants of NVLS as a profile (efficiency and cap are applied per GPU generation on top)
-NVLS_PROFILE = Profile("nccl-nvls", 0.0, {"nvlink": nm.NVLS_LAT, "net": nm.NVLS_TREE_NET_LAT}, {},
-                       source="NCCL 2.30 src/graph/tuning.cc: NVLS/NVLSTree baseLatencies 0, hwLatencies "
-                              "NVLINK 25 us, NET 20.9 us (Simple), nvlsEfficiency, perChMaxNVLSTreeBws",
-                       nic_lat_mult=2.0)
+NVLS_PROFILE = Profile(
+    "nccl-nvls",
+    0.0,
+    {"nvlink": nm.NVLS_LAT, "net": nm.NVLS_TREE_NET_LAT},
+    {},
+    source="NCCL 2.30 src/graph/tuning.cc: NVLS/NVLSTree baseLatencies 0, hwLatencies "
+    "NVLINK 25 us, NET 20.9 us (Simple), nvlsEfficiency, perChMaxNVLSTreeBws",
+    nic_lat_mult=2.0,
+)
 
 
 def _profile(profile: Profile | str | None, gen: int) -> tuple[Profile, bool]:
@@ -82,8 +88,15 @@ def _profile(profile: Profile | str | None, gen: int) -> tuple[Profile, bool]:
     return get_profile(profile), False
 
 
-def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ranks: RanksArg = None,
-                  profile: Profile | str | None = "auto", top: int = 10) -> SimResult:
+def simulate_nvls(
+    topology: Topology,
+    nbytes: int,
+    *,
+    dtype: str = "float32",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = "auto",
+    top: int = 10,
+) -> SimResult:
     """Simulate NCCL's NVLS allreduce (NVLSTree across NVLink domains) of ``nbytes`` per rank.
 
     Raises :class:`~topo.errors.CollectiveError` saying why when NVLS cannot
@@ -102,11 +115,14 @@ def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ra
     net = Network(topology, prof)
     n, P = len(domains[0]), len(gpus)
     links, sizes = [], []
-    per_gpu = nbytes * (n + 1) / n        # up: S read + S/n stored; down: S/n reduced + S delivered
+    per_gpu = nbytes * (n + 1) / n  # up: S read + S/n stored; down: S/n reduced + S delivered
     intra_lat = 0.0
     for x in gpus:
-        sws = [(v, float(d["bw"]), float(d.get("lat", 0.0))) for v, d in g[x].items()
-               if g.nodes[v].get("kind") == "nvswitch"]
+        sws = [
+            (v, float(d["bw"]), float(d.get("lat", 0.0)))
+            for v, d in g[x].items()
+            if g.nodes[v].get("kind") == "nvswitch"
+        ]
         total = sum(bw for _, bw, _ in sws)
         for v, bw, lat in sws:
             for a, b in ((x, v), (v, x)):
@@ -117,28 +133,48 @@ def simulate_nvls(topology: Topology, nbytes: int, *, dtype: str = "float32", ra
     hop_lat, height = 0.0, 0
     if len(domains) > 1:
         from ..builders import double_binary
+
         trees = as_multi(double_binary(None, None, len(domains)))
         height = trees.height
         for tree, w in zip(trees.trees, trees.shares):
             for child, parent in tree.edges():
                 for i in range(n):
                     a, b = domains[child][i], domains[parent][i]
-                    for src, dst in ((a, b), (b, a)):     # up to reduce, back down with the sum
+                    for src, dst in ((a, b), (b, a)):  # up to reduce, back down with the sum
                         r = net.route(src, dst)
                         hop_lat = max(hop_lat, r.lat)
                         for ids, share in r.subroutes:
                             links.append(ids)
                             sizes.append(w * nbytes / n * share)
     drain = float(drain_times(net, links, sizes).max()) if sizes else 0.0
-    if nccl and len(domains) > 1:    # NCCL's per-channel NVLSTree cap, as algbw: nCh × cap × P / (2(P − 1))
+    if nccl and len(domains) > 1:  # NCCL's per-channel NVLSTree cap, as algbw: nCh × cap × P / (2(P − 1))
         cap = nm.PER_CH_MAX_NVLS_TREE_BW[gen][1 if len(domains) == 2 else 2]
         drain = max(drain, nbytes / (min(nm.MAX_NVLS_ARITY, n) * cap * 1e9 * P / (2 * (P - 1))))
     makespan = intra_lat + 2 * height * hop_lat + drain
     link_bytes = np.zeros(len(net.ends))
-    np.add.at(link_bytes, np.concatenate(links), np.concatenate(
-        [np.full(len(ids), s) for ids, s in zip(links, sizes)]))
-    stats = {"engine": "nvls", "domains": len(domains), "gpus_per_domain": n, "tree_height": height,
-             "nvls_efficiency": prof.efficiency("nvlink") if nccl else None, "wall_s": _time.perf_counter() - t0}
+    np.add.at(link_bytes, np.concatenate(links), np.concatenate([np.full(len(ids), s) for ids, s in zip(links, sizes)]))
+    stats = {
+        "engine": "nvls",
+        "domains": len(domains),
+        "gpus_per_domain": n,
+        "tree_height": height,
+        "nvls_efficiency": prof.efficiency("nvlink") if nccl else None,
+        "wall_s": _time.perf_counter() - t0,
+    }
     algo = "nvls_tree" if len(domains) > 1 else "nvls"
-    return make_result(net, "allreduce", algo, nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
-                   prof, dtype, stats, top)
+    return make_result(
+        net,
+        "allreduce",
+        algo,
+        nbytes,
+        nbytes,
+        P,
+        makespan,
+        [makespan] * P,
+        link_bytes,
+        [0.0] * P,
+        prof,
+        dtype,
+        stats,
+        top,
+    )

@@ -41,6 +41,7 @@ Traceback (most recent call last):
 ...
 treecoll.topo.errors.CollectiveError: profile 'fast': expected one of [...], got an unknown name; or give a YAML file
 """
+
 from __future__ import annotations
 
 import os
@@ -75,12 +76,15 @@ class Profile:
             raise CollectiveError(f"{what}: base_lat_us expected a non-negative number, got {self.base_lat_us!r}")
         for k, v in dict(self.lat_floor_us).items():
             if k not in ROUTE_CLASSES or not isinstance(v, (int, float)) or v < 0:
-                raise CollectiveError(f"{what}: lat_floor_us.{k} expected a class in {list(ROUTE_CLASSES)} "
-                                      f"with a non-negative µs value, got {v!r}")
+                raise CollectiveError(
+                    f"{what}: lat_floor_us.{k} expected a class in {list(ROUTE_CLASSES)} "
+                    f"with a non-negative µs value, got {v!r}"
+                )
         for k, v in dict(self.bw_eff).items():
             if k not in LINK_KINDS or not isinstance(v, (int, float)) or not 0 < v <= 1:
-                raise CollectiveError(f"{what}: bw_eff.{k} expected a link kind in {list(LINK_KINDS)} "
-                                      f"with a value in (0, 1], got {v!r}")
+                raise CollectiveError(
+                    f"{what}: bw_eff.{k} expected a link kind in {list(LINK_KINDS)} with a value in (0, 1], got {v!r}"
+                )
         if not (_number(self.nic_lat_mult) and self.nic_lat_mult >= 0):
             raise CollectiveError(f"{what}: nic_lat_mult expected a non-negative number, got {self.nic_lat_mult!r}")
         if not (_number(self.tree_eff) and 0 < self.tree_eff <= 1):
@@ -93,8 +97,10 @@ class Profile:
         if self.tree_eff == 1.0:
             return self
         import dataclasses
-        return dataclasses.replace(self, bw_eff={k: self.efficiency(k) * self.tree_eff for k in LINK_KINDS},
-                                   tree_eff=1.0)
+
+        return dataclasses.replace(
+            self, bw_eff={k: self.efficiency(k) * self.tree_eff for k in LINK_KINDS}, tree_eff=1.0
+        )
 
     def step_lat(self, cls: str) -> float:
         """Latency floor of one transfer on a route of class ``cls``, seconds."""
@@ -110,9 +116,16 @@ class Profile:
         return self.base_lat_us * 1e-6
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "base_lat_us": self.base_lat_us, "lat_floor_us": dict(self.lat_floor_us),
-                "bw_eff": dict(self.bw_eff), "reduce_cost": self.reduce_cost, "source": self.source,
-                "nic_lat_mult": self.nic_lat_mult, "tree_eff": self.tree_eff}
+        return {
+            "name": self.name,
+            "base_lat_us": self.base_lat_us,
+            "lat_floor_us": dict(self.lat_floor_us),
+            "bw_eff": dict(self.bw_eff),
+            "reduce_cost": self.reduce_cost,
+            "source": self.source,
+            "nic_lat_mult": self.nic_lat_mult,
+            "tree_eff": self.tree_eff,
+        }
 
 
 def _number(v: Any) -> bool:
@@ -123,21 +136,37 @@ def _uniform(e: float) -> dict[str, float]:
     return {k: e for k in LINK_KINDS}
 
 
-_TUNING = ("NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (ring baseLat, hwLat NVLINK/PCI/NET); "
-           "tree allreduce busBw x 0.92 (ncclTopoTuneModel)")
+_TUNING = (
+    "NCCL 2.30 src/graph/tuning.cc ncclTunerConstantsDefaults (ring baseLat, hwLat NVLINK/PCI/NET); "
+    "tree allreduce busBw x 0.92 (ncclTopoTuneModel)"
+)
 #: NCCL's tree allreduce bandwidth factor (tuning.cc: busBw * .92)
 NCCL_TREE_EFF = 0.92
 PROFILES: dict[str, Profile] = {
     "ideal": Profile("ideal", source="the topology's link bw and lat, no protocol overhead"),
     # LL: 8-byte stores of 4 data bytes + 4 flag bytes -> half the bandwidth (NCCL: ring LL busBw * 0.5)
-    "nccl-ll": Profile("nccl-ll", 6.6, {"nvlink": 0.6, "pci": 1.0, "net": 2.7}, _uniform(0.5), source=_TUNING,
-                       tree_eff=NCCL_TREE_EFF),
+    "nccl-ll": Profile(
+        "nccl-ll", 6.6, {"nvlink": 0.6, "pci": 1.0, "net": 2.7}, _uniform(0.5), source=_TUNING, tree_eff=NCCL_TREE_EFF
+    ),
     # LL128: NCCL models ring LL128 busBw * 0.92
-    "nccl-ll128": Profile("nccl-ll128", 14.0, {"nvlink": 1.9, "pci": 2.5, "net": 4.0}, _uniform(0.92),
-                          source=_TUNING, tree_eff=NCCL_TREE_EFF),
+    "nccl-ll128": Profile(
+        "nccl-ll128",
+        14.0,
+        {"nvlink": 1.9, "pci": 2.5, "net": 4.0},
+        _uniform(0.92),
+        source=_TUNING,
+        tree_eff=NCCL_TREE_EFF,
+    ),
     # Simple: NCCL adds the net plugin's latency twice ("Also add the flush extra latency", tuning.cc)
-    "nccl-simple": Profile("nccl-simple", 8.4, {"nvlink": 3.4, "pci": 5.7, "net": 14.0}, _uniform(1.0),
-                           source=_TUNING, nic_lat_mult=2.0, tree_eff=NCCL_TREE_EFF),
+    "nccl-simple": Profile(
+        "nccl-simple",
+        8.4,
+        {"nvlink": 3.4, "pci": 5.7, "net": 14.0},
+        _uniform(1.0),
+        source=_TUNING,
+        nic_lat_mult=2.0,
+        tree_eff=NCCL_TREE_EFF,
+    ),
 }
 #: the protocols NCCL chooses among; "auto" in the simulator takes the fastest of these per size
 NCCL_PROTOCOLS = ("nccl-ll", "nccl-ll128", "nccl-simple")
@@ -153,13 +182,15 @@ def get_profile(name_or_path: str | Profile | None) -> Profile:
         return PROFILES[name_or_path]
     if str(name_or_path).endswith((".yaml", ".yml")) or os.path.exists(str(name_or_path)):
         return load_profile(name_or_path)
-    raise CollectiveError(f"profile {name_or_path!r}: expected one of {sorted(PROFILES)}, got an unknown name; "
-                          f"or give a YAML file")
+    raise CollectiveError(
+        f"profile {name_or_path!r}: expected one of {sorted(PROFILES)}, got an unknown name; or give a YAML file"
+    )
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
     """Read a profile written by :func:`save_profile`; errors name the file."""
     import yaml
+
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
@@ -180,6 +211,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
 def save_profile(profile: Profile, path: str | os.PathLike, fit: Mapping[str, Any] | None = None) -> None:
     """Write ``profile`` (and optional fit statistics) as YAML."""
     import yaml
+
     d = profile.as_dict()
     if fit:
         d["fit"] = dict(fit)

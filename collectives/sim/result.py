@@ -13,6 +13,7 @@ Traceback (most recent call last):
   ...
 treecoll.topo.errors.CollectiveError: message size 6 B: expected a multiple of the float32 element size 4 B
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,12 +29,20 @@ from ..placement import Placement, as_placement
 from .engine import Network
 from .profiles import Profile
 
-__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "placed", "check_size",
-           "make_result"]
+__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "placed", "check_size", "make_result"]
 
 #: bytes per element of the dtypes the simulator accepts
-DTYPE_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int64": 8, "int32": 4,
-               "int8": 1, "uint8": 1}
+DTYPE_SIZES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8": 1,
+    "int64": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+}
 
 
 #: the collectives nccl-tests measures, by their busbw/algbw factor (nccl-tests src/*.cu ``*GetBw``)
@@ -55,8 +64,9 @@ def bus_factor(collective: str, nranks: int) -> float:
         return (n - 1) / n if n > 0 else 0.0
     if collective in UNIT_COLLECTIVES:
         return 1.0
-    raise CollectiveError(f"collective {collective!r}: expected one of allreduce, "
-                          f"{', '.join(PER_RANK_COLLECTIVES + UNIT_COLLECTIVES)}")
+    raise CollectiveError(
+        f"collective {collective!r}: expected one of allreduce, {', '.join(PER_RANK_COLLECTIVES + UNIT_COLLECTIVES)}"
+    )
 
 
 def bandwidths(collective: str, nbytes: int, nranks: int, seconds: float) -> tuple[float, float]:
@@ -96,12 +106,23 @@ class SimResult:
 
     def as_dict(self, links: bool = False) -> dict[str, Any]:
         """Plain data (``links=True`` adds every link's bytes)."""
-        d = {"collective": self.collective, "algorithm": self.algorithm, "nranks": self.nranks,
-             "nbytes": self.nbytes, "dtype": self.dtype, "profile": self.profile, "time_s": self.time,
-             "time_us": self.time * 1e6, "algbw_GBps": self.algbw, "busbw_GBps": self.busbw,
-             "finish_max_s": max(self.finish, default=0.0), "kind_bytes": dict(self.kind_bytes),
-             "busiest": [dict(b) for b in self.busiest],
-             "peak_scratch_max_bytes": max(self.peak_scratch, default=0.0), "stats": dict(self.stats)}
+        d = {
+            "collective": self.collective,
+            "algorithm": self.algorithm,
+            "nranks": self.nranks,
+            "nbytes": self.nbytes,
+            "dtype": self.dtype,
+            "profile": self.profile,
+            "time_s": self.time,
+            "time_us": self.time * 1e6,
+            "algbw_GBps": self.algbw,
+            "busbw_GBps": self.busbw,
+            "finish_max_s": max(self.finish, default=0.0),
+            "kind_bytes": dict(self.kind_bytes),
+            "busiest": [dict(b) for b in self.busiest],
+            "peak_scratch_max_bytes": max(self.peak_scratch, default=0.0),
+            "stats": dict(self.stats),
+        }
         if links:
             d["link_bytes"] = dict(self.link_bytes)
             d["finish_s"] = list(self.finish)
@@ -112,15 +133,17 @@ class SimResult:
 #: the ranks a simulation is given: GPU ids (rank r on the r-th), a count of the first ranks, or None for all
 
 
-def placed(placement: Placement | Topology, ranks: RanksArg = None, *, nranks: int | None = None,
-           what: str = "simulate") -> tuple[Topology, tuple[str, ...]]:
+def placed(
+    placement: Placement | Topology, ranks: RanksArg = None, *, nranks: int | None = None, what: str = "simulate"
+) -> tuple[Topology, tuple[str, ...]]:
     """The topology and the GPU of every rank a simulation runs on: ``placement`` (a
     :class:`~treecoll.collectives.placement.Placement`, or a Topology with ``ranks``)
     through :func:`~treecoll.collectives.placement.as_placement`; a simulation needs a topology."""
     p = as_placement(placement, ranks, nranks=nranks, what=what)
     if p.topology is None:
-        raise PlacementError(f"{what}: expected a placement with a topology (the simulator moves bytes over its "
-                             f"links), got one without")
+        raise PlacementError(
+            f"{what}: expected a placement with a topology (the simulator moves bytes over its links), got one without"
+        )
     return p.topology, p.gpus
 
 
@@ -131,13 +154,27 @@ def check_size(nbytes: int, dtype: str) -> None:
     if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
         raise CollectiveError(f"message size: expected a non-negative integer number of bytes, got {nbytes!r}")
     if nbytes % DTYPE_SIZES[dtype]:
-        raise CollectiveError(f"message size {nbytes} B: expected a multiple of the {dtype} element size "
-                              f"{DTYPE_SIZES[dtype]} B")
+        raise CollectiveError(
+            f"message size {nbytes} B: expected a multiple of the {dtype} element size {DTYPE_SIZES[dtype]} B"
+        )
 
 
-def make_result(net: Network, collective: str, algorithm: str, nbytes: int, count_bytes: int, P: int,
-                makespan: float, finish: Sequence[float], link_bytes: np.ndarray, peaks: Sequence[float],
-                profile: Profile, dtype: str, stats: dict[str, Any], top: int) -> SimResult:
+def make_result(
+    net: Network,
+    collective: str,
+    algorithm: str,
+    nbytes: int,
+    count_bytes: int,
+    P: int,
+    makespan: float,
+    finish: Sequence[float],
+    link_bytes: np.ndarray,
+    peaks: Sequence[float],
+    profile: Profile,
+    dtype: str,
+    stats: dict[str, Any],
+    top: int,
+) -> SimResult:
     """The :class:`SimResult` of a run that took ``makespan`` seconds (plus the profile's base latency):
     per-link bytes by name and by kind, the ``top`` busiest links, bandwidths as nccl-tests counts them."""
     t = makespan + profile.base_lat
@@ -156,7 +193,28 @@ def make_result(net: Network, collective: str, algorithm: str, nbytes: int, coun
         order = nz[np.lexsort((nz, -link_bytes[nz] / cap))][:top]
         for i in order.tolist():
             a, b = net.ends[i]
-            busiest.append({"link": f"{a}->{b}", "kind": net.kinds[i], "bytes": int(round(float(link_bytes[i]))),
-                            "busy": float(link_bytes[i] / net.cap[i] / t) if t > 0 else 0.0})
-    return SimResult(collective, algorithm, P, nbytes, t, tuple(f + profile.base_lat for f in finish), alg, bus,
-                     lb, dict(sorted(kinds.items())), tuple(busiest), tuple(peaks), profile.name, dtype, stats)
+            busiest.append(
+                {
+                    "link": f"{a}->{b}",
+                    "kind": net.kinds[i],
+                    "bytes": int(round(float(link_bytes[i]))),
+                    "busy": float(link_bytes[i] / net.cap[i] / t) if t > 0 else 0.0,
+                }
+            )
+    return SimResult(
+        collective,
+        algorithm,
+        P,
+        nbytes,
+        t,
+        tuple(f + profile.base_lat for f in finish),
+        alg,
+        bus,
+        lb,
+        dict(sorted(kinds.items())),
+        tuple(busiest),
+        tuple(peaks),
+        profile.name,
+        dtype,
+        stats,
+    )

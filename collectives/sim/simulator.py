@@ -34,6 +34,7 @@ for reduce_scatter and allgather, ``× 1`` for reduce and broadcast.
 >>> round(r.time * 1e6, 3), r.kind_bytes
 (1001.0, {'nvlink': 100000000})
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,10 +54,22 @@ from .engine import FlowEngine, Network, drain_times, gc_paused
 from .profiles import Profile, get_profile
 from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, placed
 
-__all__ = ["SimResult", "simulate", "simulate_ring", "simulate_p2p", "simulate_algorithm", "simulate_executor",
-           "simulate_nccl_allreduce", "simulate_nccl", "nccl_rings", "hop_times", "bus_factor", "bandwidths",
-           "DTYPE_SIZES", "placed"]
-
+__all__ = [
+    "SimResult",
+    "simulate",
+    "simulate_ring",
+    "simulate_p2p",
+    "simulate_algorithm",
+    "simulate_executor",
+    "simulate_nccl_allreduce",
+    "simulate_nccl",
+    "nccl_rings",
+    "hop_times",
+    "bus_factor",
+    "bandwidths",
+    "DTYPE_SIZES",
+    "placed",
+]
 
 
 def _mem_bw(topology, gpus) -> list[float]:
@@ -64,9 +77,19 @@ def _mem_bw(topology, gpus) -> list[float]:
 
 
 @gc_paused()
-def simulate(placement: Placement | Topology, schedule: Schedule, nbytes: int, *, dtype: str = "float32",
-             ranks: RanksArg = None, profile: Profile | str | None = None, top: int = 10,
-             ordered_pairs: bool = False, rendezvous: bool = False, lanes: bool = False) -> SimResult:
+def simulate(
+    placement: Placement | Topology,
+    schedule: Schedule,
+    nbytes: int,
+    *,
+    dtype: str = "float32",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = None,
+    top: int = 10,
+    ordered_pairs: bool = False,
+    rendezvous: bool = False,
+    lanes: bool = False,
+) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``placement``.
 
     ``placement``: a :class:`~treecoll.collectives.placement.Placement`, or a Topology
@@ -85,14 +108,40 @@ def simulate(placement: Placement | Topology, schedule: Schedule, nbytes: int, *
     topology, gpus = placed(placement, ranks, nranks=schedule.nranks)
     net = Network(topology, prof)
     t0 = _time.perf_counter()
-    raw = FlowEngine(net, schedule, schedule.chunk_bytes(nbytes), gpus, _mem_bw(topology, gpus),
-                     reduce_cost=prof.reduce_cost, ordered_pairs=ordered_pairs, rendezvous=rendezvous,
-                     lanes=lanes).run()
-    stats = {"engine": "events", "transfers": raw.transfers, "subflows": raw.subflows,
-             "rate_updates": raw.recomputes, "wall_s": _time.perf_counter() - t0}
-    return make_result(net, schedule.collective, schedule.name or schedule.collective, nbytes, nbytes,
-                   schedule.nranks, raw.makespan, raw.finish, raw.link_bytes, raw.peak_scratch, prof, dtype,
-                   stats, top)
+    raw = FlowEngine(
+        net,
+        schedule,
+        schedule.chunk_bytes(nbytes),
+        gpus,
+        _mem_bw(topology, gpus),
+        reduce_cost=prof.reduce_cost,
+        ordered_pairs=ordered_pairs,
+        rendezvous=rendezvous,
+        lanes=lanes,
+    ).run()
+    stats = {
+        "engine": "events",
+        "transfers": raw.transfers,
+        "subflows": raw.subflows,
+        "rate_updates": raw.recomputes,
+        "wall_s": _time.perf_counter() - t0,
+    }
+    return make_result(
+        net,
+        schedule.collective,
+        schedule.name or schedule.collective,
+        nbytes,
+        nbytes,
+        schedule.nranks,
+        raw.makespan,
+        raw.finish,
+        raw.link_bytes,
+        raw.peak_scratch,
+        prof,
+        dtype,
+        stats,
+        top,
+    )
 
 
 def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict:
@@ -191,8 +240,9 @@ def _hop_route(net: Network, src: str, dst: str, via: str | None) -> tuple[list[
         return list(r.subroutes), r.lat
     r2 = net.route(via, dst)
     lat1 = net.topology.path(src, via).lat * 1e-6
-    subs = [(np.concatenate([ids, ids2]), share * share2)
-            for ids, share in r.subroutes for ids2, share2 in r2.subroutes]
+    subs = [
+        (np.concatenate([ids, ids2]), share * share2) for ids, share in r.subroutes for ids2, share2 in r2.subroutes
+    ]
     return subs, r2.lat + lat1
 
 
@@ -209,8 +259,9 @@ def _hop_subflows(net: Network, hops: Sequence[tuple[str, str, str | None]], siz
     return links, subsizes, owner, lats
 
 
-def hop_times(net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]
-              ) -> tuple[np.ndarray, np.ndarray]:
+def hop_times(
+    net: Network, hops: Sequence[tuple[str, str, str | None]], sizes: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
     """``(latency, drain)`` in seconds of hops ``(src, dst, via)`` that all start together, moving
     ``sizes[i]`` bytes each; rates from one max-min allocation (as
     :func:`~treecoll.collectives.sim.engine.concurrent_times`, with PXN hops through ``via``)."""
@@ -239,12 +290,20 @@ def _chain_latency(lat: np.ndarray, nsteps: int) -> float:
         return float((full * tot).max())
     ext = np.concatenate([lat, lat], axis=1)
     cs = np.concatenate([np.zeros((C, 1)), np.cumsum(ext, axis=1)], axis=1)
-    windows = cs[:, rem:rem + P] - cs[:, :P]
+    windows = cs[:, rem : rem + P] - cs[:, :P]
     return float((full * tot + windows.max(axis=1)).max())
 
 
-def _inputs(placement: Placement | Topology, ranks: RanksArg, nbytes: int, dtype: str, profile: Profile | str | None,
-            collective: str, kind: str, allowed: Sequence[str]) -> tuple[Profile, Topology, tuple[str, ...]]:
+def _inputs(
+    placement: Placement | Topology,
+    ranks: RanksArg,
+    nbytes: int,
+    dtype: str,
+    profile: Profile | str | None,
+    collective: str,
+    kind: str,
+    allowed: Sequence[str],
+) -> tuple[Profile, Topology, tuple[str, ...]]:
     """The checked inputs of a lockstep simulation: its profile, topology and rank GPUs."""
     if collective not in allowed:
         raise CollectiveError(f"{kind} collective {collective!r}: expected one of {', '.join(allowed)}")
@@ -264,9 +323,18 @@ PIPELINE_CHUNK_BYTES = {"nccl-ll": 32 << 10, "nccl-ll128": 120 * 640 * 8 * 120 /
 
 
 @gc_paused()
-def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
-                  dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
-                  channels: int | None = None, top: int = 10, root: int = 0) -> SimResult:
+def simulate_ring(
+    placement: Placement | Topology,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    dtype: str = "float32",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = None,
+    channels: int | None = None,
+    top: int = 10,
+    root: int = 0,
+) -> SimResult:
     """NCCL's ring ``allreduce`` (reduce-scatter then all-gather), ``reduce_scatter``, ``allgather``,
     ``broadcast`` or ``reduce`` (``root``: a rank), over one ring per channel (:func:`nccl_rings`:
     each channel enters and leaves every host through one NIC, the channels spread over the NICs).
@@ -302,8 +370,9 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
     if collective in ("broadcast", "reduce"):
         chunk = nbytes / C
         if P > 1:
-            makespan, link_bytes, k = _ring_chain(net, rings, root, gpus, chunk, prof, reduce_bw,
-                                                  collective == "reduce", send_bw)
+            makespan, link_bytes, k = _ring_chain(
+                net, rings, root, gpus, chunk, prof, reduce_bw, collective == "reduce", send_bw
+            )
             stats.update(steps=k + P - 2, pipeline_chunks=k, transfers_per_step=(P - 1) * C)
         peaks = [0.0] * P
     else:
@@ -316,14 +385,16 @@ def simulate_ring(placement: Placement | Topology, nbytes: int, *, collective: s
             lat, drain = hop_times(net, hops, sizes)
             red = 3.0 * chunk * C / reduce_bw if reduce_bw else 0.0
             step = max(float(drain.max()), chunk * C / (send_bw * 1e9))
-            makespan = _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) \
-                + ag_steps * step
+            makespan = (
+                _chain_latency(lat.reshape(C, P), rs_steps + ag_steps) + rs_steps * max(step, red) + ag_steps * step
+            )
             link_bytes = _hop_load(net, hops, sizes) * (rs_steps + ag_steps)
         peaks = [chunk * C if rs_steps else 0.0] * P
         stats.update(steps=rs_steps + ag_steps, transfers_per_step=P * C)
     stats["wall_s"] = _time.perf_counter() - t0
-    return make_result(net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof,
-                       dtype, stats, top)
+    return make_result(
+        net, collective, "ring", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, peaks, prof, dtype, stats, top
+    )
 
 
 def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Profile) -> float:
@@ -336,17 +407,27 @@ def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Pr
     from treecoll.topo.discover import CPU_SLOT_MODEL
 
     from .nccl_model import ring_run_bw
+
     if any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
         return math.inf
     try:
         bw = ring_run_bw(topology, gpus, nbytes, proto)
-    except TreeError:      # no NCCL ring bandwidth to derive (e.g. hosts without NIC bandwidth)
+    except TreeError:  # no NCCL ring bandwidth to derive (e.g. hosts without NIC bandwidth)
         return math.inf
     return bw * min(prof.efficiency(k) for k in ("nvlink", "pcie", "net"))
 
 
-def _ring_chain(net: Network, rings, root: int, gpus: Sequence[str], chunk: float, prof: Profile, reduce_bw: float,
-                reduce: bool, send_bw: float = math.inf) -> tuple[float, np.ndarray, int]:
+def _ring_chain(
+    net: Network,
+    rings,
+    root: int,
+    gpus: Sequence[str],
+    chunk: float,
+    prof: Profile,
+    reduce_bw: float,
+    reduce: bool,
+    send_bw: float = math.inf,
+) -> tuple[float, np.ndarray, int]:
     """(seconds, link bytes, chunks per channel) of a broadcast (or, ``reduce``, a reduce) of ``chunk``
     bytes per channel down each ring from rank ``root`` (to it): the P−1 hops that do not enter
     (leave) the root, every hop busy at once in the pipeline's steady state."""
@@ -379,9 +460,16 @@ MAX_ALLTOALL_RANKS = 1024
 
 
 @gc_paused()
-def simulate_p2p(placement: Placement | Topology, nbytes: int, *, collective: str = "alltoall",
-                 dtype: str = "float32", ranks: RanksArg = None, profile: Profile | str | None = None,
-                 top: int = 10) -> SimResult:
+def simulate_p2p(
+    placement: Placement | Topology,
+    nbytes: int,
+    *,
+    collective: str = "alltoall",
+    dtype: str = "float32",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = None,
+    top: int = 10,
+) -> SimResult:
     """nccl-tests' ``alltoall`` or ``sendrecv`` of ``nbytes`` (the size it prints: a rank's send
     buffer), every transfer at once: the time is the largest of each transfer's route latency
     plus its drain under one max-min allocation (:func:`hop_times`), plus the profile's base latency.
@@ -392,8 +480,10 @@ def simulate_p2p(placement: Placement | Topology, nbytes: int, *, collective: st
     prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "p2p", P2P_COLLECTIVES)
     P = len(gpus)
     if collective == "alltoall" and P > MAX_ALLTOALL_RANKS:
-        raise CollectiveError(f"alltoall on {P} ranks: the simulator runs it on at most {MAX_ALLTOALL_RANKS} "
-                              f"(P(P-1) transfers); use the NCCL model (nccl_predict) beyond")
+        raise CollectiveError(
+            f"alltoall on {P} ranks: the simulator runs it on at most {MAX_ALLTOALL_RANKS} "
+            f"(P(P-1) transfers); use the NCCL model (nccl_predict) beyond"
+        )
     t0 = _time.perf_counter()
     net = Network(topology, prof)
     if collective == "alltoall":
@@ -408,8 +498,22 @@ def simulate_p2p(placement: Placement | Topology, nbytes: int, *, collective: st
         makespan = float((lat + drain).max())
         link_bytes = _hop_load(net, hops, sizes)
     stats = {"engine": "p2p", "transfers": len(hops), "wall_s": _time.perf_counter() - t0}
-    return make_result(net, collective, "p2p", nbytes, nbytes, P, makespan, [makespan] * P, link_bytes, [0.0] * P,
-                       prof, dtype, stats, top)
+    return make_result(
+        net,
+        collective,
+        "p2p",
+        nbytes,
+        nbytes,
+        P,
+        makespan,
+        [makespan] * P,
+        link_bytes,
+        [0.0] * P,
+        prof,
+        dtype,
+        stats,
+        top,
+    )
 
 
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
@@ -441,24 +545,40 @@ LL_MAX_BYTES = 8 << 20
 NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 
-def _profiles(profile: Profile | str | None, nbytes: int = 0, topology: Topology | None = None,
-              gpus: Sequence[str] = ()) -> list[Profile]:
+def _profiles(
+    profile: Profile | str | None, nbytes: int = 0, topology: Topology | None = None, gpus: Sequence[str] = ()
+) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
     :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs), anything
     else that one profile."""
     from .nccl_model import ll128_enabled
     from .profiles import NCCL_PROTOCOLS
+
     if profile == "auto":
         ll128 = topology is None or ll128_enabled(topology, gpus)
-        return [get_profile(p) for p in NCCL_PROTOCOLS
-                if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) and (ll128 or p != "nccl-ll128")]
+        return [
+            get_profile(p)
+            for p in NCCL_PROTOCOLS
+            if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) and (ll128 or p != "nccl-ll128")
+        ]
     return [get_profile(profile)]
 
 
-def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, *, collective: str = "allreduce",
-                       ranks: RanksArg = None, profile: Profile | str | None = "auto", nchunks: int | None = None,
-                       dtype: str = "float32", root: int = 0, top: int = 10, forward_lag: int = 0,
-                       **opts: Any) -> SimResult:
+def simulate_algorithm(
+    placement: Placement | Topology,
+    algo: str,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = "auto",
+    nchunks: int | None = None,
+    dtype: str = "float32",
+    root: int = 0,
+    top: int = 10,
+    forward_lag: int = 0,
+    **opts: Any,
+) -> SimResult:
     """Simulate one named algorithm: ``ring``, ``nvls`` (allreduce only) or any tree builder name
     (``two_level``, ``kary:4``, ...; or a Tree / MultiTree) on ``placement`` (a Placement, or a Topology
     with ``ranks``), as NCCL's kernels run it.
@@ -478,19 +598,27 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
     p = as_placement(placement, ranks, what=f"simulate {getattr(algo, 'name', algo)}")
     topology, gpus = placed(p, what=f"simulate {getattr(algo, 'name', algo)}")
     if (algo in P2P_ALGOS) != (collective in P2P_COLLECTIVES):
-        raise CollectiveError(f"{collective} with algorithm {algo!r}: alltoall and sendrecv run as 'p2p', "
-                              f"the other collectives on a ring, NVLS or a tree")
+        raise CollectiveError(
+            f"{collective} with algorithm {algo!r}: alltoall and sendrecv run as 'p2p', "
+            f"the other collectives on a ring, NVLS or a tree"
+        )
     if algo in P2P_ALGOS:
-        return min((simulate_p2p(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
-                    for pr in _profiles(profile, nbytes, topology, gpus)), key=lambda r: r.time)
+        return min(
+            (
+                simulate_p2p(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
+                for pr in _profiles(profile, nbytes, topology, gpus)
+            ),
+            key=lambda r: r.time,
+        )
     if algo in NVLS_ALGOS:
         if collective != "allreduce":
             raise CollectiveError(f"nvls: simulated for allreduce only, got collective {collective!r}")
         from .nvls import simulate_nvls
+
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
     profs = _profiles(profile, nbytes, topology, gpus)
     best = None
-    if algo in RING_ALGOS:     # PAT (NCCL's allgather / reduce_scatter at one GPU per node) runs as the ring
+    if algo in RING_ALGOS:  # PAT (NCCL's allgather / reduce_scatter at one GPU per node) runs as the ring
         for pr in profs:
             r = simulate_ring(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top, root=root)
             best = r if best is None or r.time < best.time else best
@@ -498,11 +626,15 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
     from .. import builders
     from .. import compile as compile_
     from ..tree import MultiTree, Tree
-    if isinstance(algo, (Tree, MultiTree)):     # a tree given as is: the in-kernel mode of a built tree
+
+    if isinstance(algo, (Tree, MultiTree)):  # a tree given as is: the in-kernel mode of a built tree
         tree = algo
     else:
-        tree = builders.build(algo, p, nbytes=nbytes, **opts) if algo.partition(":")[0] in (
-            "auto", "two_level") else builders.build(algo, p, **opts)
+        tree = (
+            builders.build(algo, p, nbytes=nbytes, **opts)
+            if algo.partition(":")[0] in ("auto", "two_level")
+            else builders.build(algo, p, **opts)
+        )
     want = nchunks if nchunks is not None else max(1, nbytes // NCCL_TREE_CHUNK_BYTES)
     k = want if nchunks is not None else _sim_chunks(want, len(gpus))
     rt = root if collective in ("reduce", "broadcast") else None
@@ -513,8 +645,7 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
     for pr in profs:
         r = simulate(p, sched, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
         if half is not None:
-            r = _extrapolate(r, simulate(p, half, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN),
-                             k, want)
+            r = _extrapolate(r, simulate(p, half, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN), k, want)
         best = r if best is None or r.time < best.time else best
     return best
 
@@ -524,10 +655,22 @@ def simulate_algorithm(placement: Placement | Topology, algo: str, nbytes: int, 
 GLOO_RUN = {"ordered_pairs": True, "rendezvous": True}
 
 
-def simulate_executor(placement: Placement | Topology, tree: Any, nbytes: int, *, collective: str = "allreduce",
-                      ranks: RanksArg = None, op: Any = None, algo: str = "auto", root: int | None = None,
-                      nchunks: int | None = None, profile: Profile | str | None = "ideal", dtype: str = "float32",
-                      top: int = 10, run: dict | None = None) -> SimResult:
+def simulate_executor(
+    placement: Placement | Topology,
+    tree: Any,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    ranks: RanksArg = None,
+    op: Any = None,
+    algo: str = "auto",
+    root: int | None = None,
+    nchunks: int | None = None,
+    profile: Profile | str | None = "ideal",
+    dtype: str = "float32",
+    top: int = 10,
+    run: dict | None = None,
+) -> SimResult:
     """What treecoll's executor runs for these arguments, simulated: the planner's schedule
     (:meth:`treecoll.collectives.planner.Planner.schedule_for`: the same plan, the same
     algorithm choice and the same chunks, from the one chunking policy
@@ -540,12 +683,20 @@ def simulate_executor(placement: Placement | Topology, tree: Any, nbytes: int, *
     from ..ops import resolve_op
     from ..planner import default_planner
     from ..tree import as_multi
+
     check_size(nbytes, dtype)
     p = as_placement(placement, ranks, what="simulate_executor")
     plan, sched = default_planner().schedule_for(
-        tree, collective=collective, nbytes=nbytes, placement=p, op=resolve_op(op) if op is not None else None,
-        algo=algo if collective == "allreduce" else "tree", root=root, nchunks=nchunks,
-        max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]))
+        tree,
+        collective=collective,
+        nbytes=nbytes,
+        placement=p,
+        op=resolve_op(op) if op is not None else None,
+        algo=algo if collective == "allreduce" else "tree",
+        root=root,
+        nchunks=nchunks,
+        max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]),
+    )
     r = simulate(p, sched, nbytes, dtype=dtype, profile=profile, top=top, **(GLOO_RUN if run is None else run))
     per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
     return dataclasses.replace(r, stats=dict(r.stats, chunks=per))
@@ -554,23 +705,40 @@ def simulate_executor(placement: Placement | Topology, tree: Any, nbytes: int, *
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);
 #: NCCL's tree is a chain inside each host under a tree over hosts, one per NIC rail for large messages
 NCCL_ALLREDUCE: dict[str, tuple[str, dict[str, Any]]] = {
-    "ring": ("ring", {}), "tree": ("two_level", {"intra": "chain"}), "nvls": ("nvls", {})}
+    "ring": ("ring", {}),
+    "tree": ("two_level", {"intra": "chain"}),
+    "nvls": ("nvls", {}),
+}
 #: message size from which the simulated NCCL tree runs one tree per NIC rail: NCCL spreads a
 #: message over fewer channels (so fewer NICs) the smaller it is (enqueue.cc); this size stands in
 #: for that rule (an approximation: NCCL's count depends on threads and protocol)
 NCCL_TREE_RAIL_BYTES = 4 << 20
 
 
-def simulate_nccl_allreduce(placement: Placement | Topology, nbytes: int, *, ranks: RanksArg = None,
-                            profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
-                            **kw: Any) -> tuple[str, SimResult]:
+def simulate_nccl_allreduce(
+    placement: Placement | Topology,
+    nbytes: int,
+    *,
+    ranks: RanksArg = None,
+    profile: Profile | str | None = "auto",
+    algos: Sequence[str] | None = None,
+    **kw: Any,
+) -> tuple[str, SimResult]:
     """What NCCL would run for an allreduce: :func:`simulate_nccl` with ``collective="allreduce"``."""
     return simulate_nccl(placement, nbytes, collective="allreduce", ranks=ranks, profile=profile, algos=algos, **kw)
 
 
-def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: str = "allreduce",
-                  ranks: RanksArg = None, profile: Profile | str | None = "auto", algos: Sequence[str] | None = None,
-                  choose: str = "fastest", **kw: Any) -> tuple[str, SimResult]:
+def simulate_nccl(
+    placement: Placement | Topology,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = "auto",
+    algos: Sequence[str] | None = None,
+    choose: str = "fastest",
+    **kw: Any,
+) -> tuple[str, SimResult]:
     """What NCCL would run for ``collective`` (one of nccl-tests' seven): the fastest of the algorithms
     NCCL offers for it, simulated, as ``(NCCL name, result)``.
 
@@ -588,25 +756,33 @@ def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: s
     """
     from .. import builders
     from .nccl_model import COLLECTIVES, nccl_algos
+
     if collective not in COLLECTIVES:
         raise CollectiveError(f"NCCL collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
     p = as_placement(placement, ranks, what=f"simulate NCCL {collective}")
     topology, gpus = placed(p, what=f"simulate NCCL {collective}")
-    offered = nccl_algos(topology, gpus, {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile)
-                         if isinstance(profile, str) else None, collective)
+    offered = nccl_algos(
+        topology,
+        gpus,
+        {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile) if isinstance(profile, str) else None,
+        collective,
+    )
     offered = tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
     names = [a for a in (algos or offered) if a in offered]
     if not names:
-        raise CollectiveError(f"NCCL {collective}: none of {list(algos or ())} is offered here; "
-                              f"expected some of {list(offered)}")
+        raise CollectiveError(
+            f"NCCL {collective}: none of {list(algos or ())} is offered here; expected some of {list(offered)}"
+        )
 
     if choose not in ("fastest", "tuner"):
         raise CollectiveError(f"simulate NCCL: choose expected 'fastest' or 'tuner', got {choose!r}")
     prof_of = {a: profile for a in names}
     if choose == "tuner" and profile == "auto" and len(gpus) > 1:
         from .nccl_model import nccl_predict
-        pick = min((nccl_predict(p, None, nbytes, algo=a, collective=collective) for a in names),
-                   key=lambda r: r["time"])
+
+        pick = min(
+            (nccl_predict(p, None, nbytes, algo=a, collective=collective) for a in names), key=lambda r: r["time"]
+        )
         names = [pick["algo"] if pick["algo"] != "nvls_tree" else "nvls"]
         if names[0] in ("ring", "tree", "pat"):
             prof_of[names[0]] = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
@@ -617,7 +793,7 @@ def simulate_nccl(placement: Placement | Topology, nbytes: int, *, collective: s
             opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
         return a, simulate_algorithm(p, name, nbytes, collective=collective, profile=prof_of[a], **opts, **kw)
 
-    return min((run(a) for a in names), key=lambda ar: ar[1].time)   # the first of equals
+    return min((run(a) for a in names), key=lambda ar: ar[1].time)  # the first of equals
 
 
 def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResult:
@@ -638,5 +814,6 @@ def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResul
     t = r.time - cut
     alg, bus = bandwidths(r.collective, r.nbytes, r.nranks, t)
     stats = dict(r.stats, extrapolated_from_chunks=[k2, k], chunks=want)
-    return dataclasses.replace(r, time=t, finish=tuple(max(f - cut, 0.0) for f in r.finish), algbw=alg,
-                               busbw=bus, stats=stats)
+    return dataclasses.replace(
+        r, time=t, finish=tuple(max(f - cut, 0.0) for f in r.finish), algbw=alg, busbw=bus, stats=stats
+    )

@@ -3,6 +3,7 @@
 The Triton kernels run on CPU tensors under the Triton interpreter (the
 repository's conftest.py sets TRITON_INTERPRET before any test imports them).
 """
+
 import pytest
 import torch
 

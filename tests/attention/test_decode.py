@@ -1,4 +1,5 @@
 """decode_partial: validation, dispatch, and splitting a sequence anywhere."""
+
 import subprocess
 import sys
 
@@ -60,18 +61,23 @@ def test_split_anywhere_and_merge_equals_whole(length, cuts, seed):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(q=torch.zeros(2, 4)),
-         r"decode_partial: q: expected a tensor \[batch, q_heads, head_dim\], got \(2, 4\)"),
-        (dict(k=torch.zeros(2, 5, 2, 9), v=torch.zeros(2, 5, 2, 9)),
-         r"k: expected \[batch=2, seq, kv_heads, head_dim=8\] to match q, got \(2, 5, 2, 9\)"),
+        (dict(q=torch.zeros(2, 4)), r"decode_partial: q: expected a tensor \[batch, q_heads, head_dim\], got \(2, 4\)"),
+        (
+            dict(k=torch.zeros(2, 5, 2, 9), v=torch.zeros(2, 5, 2, 9)),
+            r"k: expected \[batch=2, seq, kv_heads, head_dim=8\] to match q, got \(2, 5, 2, 9\)",
+        ),
         (dict(v=torch.zeros(2, 6, 2, 8)), r"v: expected the shape of k \(2, 5, 2, 8\), got \(2, 6, 2, 8\)"),
         (dict(q=torch.zeros(2, 3, 8)), r"q_heads: expected a multiple of kv_heads=2, got 3"),
         (dict(q=torch.zeros(2, 4, 8, dtype=torch.float64)), r"q: expected dtype in .*, got torch.float64"),
-        (dict(v=torch.zeros(2, 5, 2, 8, dtype=torch.bfloat16)),
-         r"v: expected the dtype of k \(torch.float32\), got torch.bfloat16"),
+        (
+            dict(v=torch.zeros(2, 5, 2, 8, dtype=torch.bfloat16)),
+            r"v: expected the dtype of k \(torch.float32\), got torch.bfloat16",
+        ),
         (dict(kv_len=[1, 6]), r"kv_len: expected values in \[0, seq=5\], got min 1 and max 6"),
-        (dict(kv_len=torch.zeros(3, dtype=torch.int32)),
-         r"kv_len: expected integers of shape \[batch=2\], got torch.int32 \(3,\)"),
+        (
+            dict(kv_len=torch.zeros(3, dtype=torch.int32)),
+            r"kv_len: expected integers of shape \[batch=2\], got torch.int32 \(3,\)",
+        ),
         (dict(kv_len=torch.zeros(2)), r"kv_len: expected integers of shape \[batch=2\], got torch.float32"),
         (dict(scale=float("nan")), r"scale: expected a finite float, got nan"),
         (dict(num_splits=0), r"num_splits: expected a positive int or None, got 0"),
@@ -95,6 +101,7 @@ def test_mixed_query_dtype_is_accepted(make_inputs, check_state):
 
 # ---- paged cache ---------------------------------------------------------------------------------
 
+
 def to_paged(k, v, lengths, page_size, *, seed=0):
     """Scatter a contiguous cache into shuffled pages; unused slots hold NaN and
     table entries past each length are -1, so reading either would show."""
@@ -111,8 +118,8 @@ def to_paged(k, v, lengths, page_size, *, seed=0):
             page = int(perm[b * max_pages + p])
             table[b, p] = page
             n = min(page_size, lengths[b] - p * page_size)
-            kp[page, :n] = k[b, p * page_size: p * page_size + n]
-            vp[page, :n] = v[b, p * page_size: p * page_size + n]
+            kp[page, :n] = k[b, p * page_size : p * page_size + n]
+            vp[page, :n] = v[b, p * page_size : p * page_size + n]
     return kp, vp, table
 
 
@@ -144,12 +151,18 @@ def test_paged_cache_equals_contiguous(backend, page_size, make_inputs, check_st
 def test_paged_cache_validation():
     q, kp = torch.zeros(2, 4, 8), torch.zeros(6, 4, 2, 8)
     table = torch.tensor([[0, 1], [2, 7]], dtype=torch.int32)
-    with pytest.raises(AttentionError, match=r"block_table: expected page ids in \[0, num_pages=6\) "
-                                             r"for the pages within kv_len, got 7"):
+    with pytest.raises(
+        AttentionError,
+        match=r"block_table: expected page ids in \[0, num_pages=6\) "
+        r"for the pages within kv_len, got 7",
+    ):
         decode_partial(q, kp, kp, kv_len=[8, 5], block_table=table)
     decode_partial(q, kp, kp, kv_len=[8, 4], block_table=table)  # page 7 lies past kv_len: fine
     with pytest.raises(AttentionError, match=r"kv_len: expected values in \[0, seq=8\], got min 8 and max 9"):
         decode_partial(q, kp, kp, kv_len=[8, 9], block_table=table)
-    with pytest.raises(AttentionError, match=r"block_table: expected integers of shape \[batch=2, max_pages\], "
-                                             r"got torch.float32 \(2, 2\)"):
+    with pytest.raises(
+        AttentionError,
+        match=r"block_table: expected integers of shape \[batch=2, max_pages\], "
+        r"got torch.float32 \(2, 2\)",
+    ):
         decode_partial(q, kp, kp, kv_len=[1, 1], block_table=table.float())

@@ -1,5 +1,6 @@
 """treecoll.attention.cost, the decode-step model: the paper's volume and memory formulas, and the
 simulated volumes behind them."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,8 +52,8 @@ def test_tree_volume_does_not_grow_with_the_sequence(hosts):
     p = 8 * hosts
     for n_kv in (16, 4):
         v = [paper_volumes(DecodeShape(seq_len=n, heads=16, head_dim=128, kv_heads=n_kv), p) for n in PAPER_SEQ_LENS]
-        assert len({x["tree"] for x in v}) == 1                        # the state only
-        assert [x["ring"] / v[0]["ring"] for x in v] == pytest.approx([2 ** i for i in range(len(v))])
+        assert len({x["tree"] for x in v}) == 1  # the state only
+        assert [x["ring"] / v[0]["ring"] for x in v] == pytest.approx([2**i for i in range(len(v))])
 
 
 # simulated decode step on a star of P GPUs (100 GB/s, 1 us per link, 2000 GB/s HBM), 64,000 tokens,
@@ -64,8 +65,8 @@ def test_simulated_volumes_and_times(P, kv_heads):
     s = DecodeShape(seq_len=64_000, heads=16, head_dim=128, kv_heads=kv_heads)
     out = decode_step(topo, s, profile="ideal", tree="binomial", mode="in-kernel")
     m = out["methods"]
-    t = 64_000 // P                                  # tokens per GPU
-    block = 2 * t * kv_heads * 128 * 2               # K and V of the shard, bf16 bytes
+    t = 64_000 // P  # tokens per GPU
+    block = 2 * t * kv_heads * 128 * 2  # K and V of the shard, bf16 bytes
     assert out["kv_bytes_per_rank"] == block
     # local attention reads the shard once at 2000 GB/s
     assert out["local_s"] == pytest.approx(block / 2000e9, rel=1e-12)
@@ -81,6 +82,7 @@ def test_simulated_volumes_and_times(P, kv_heads):
     # as treecoll runs it, every pass also costs an isend and an irecv from Python
     from treecoll.collectives.cost import executor_cost
     from treecoll.collectives.placement import Placement
+
     ex = decode_step(topo, s, profile="ideal", tree="binomial", methods=("ring",))
     o = executor_cost(Placement(topo, P)).step_s
     assert ex["mode"] == "executor"
@@ -96,7 +98,8 @@ def test_gqa_shrinks_ring_traffic_not_the_state():
     mha = decode_step(topo, DecodeShape(seq_len=32_768, heads=32, head_dim=128), profile="ideal")
     gqa = decode_step(topo, LLAMA31_8B, profile="ideal")
     assert gqa["methods"]["ring"]["sent_bytes_per_gpu"] * 4 == pytest.approx(
-        mha["methods"]["ring"]["sent_bytes_per_gpu"])
+        mha["methods"]["ring"]["sent_bytes_per_gpu"]
+    )
     assert gqa["methods"]["tree"]["sent_bytes_total"] == mha["methods"]["tree"]["sent_bytes_total"]
     assert gqa["kv_bytes_per_rank"] * 4 == mha["kv_bytes_per_rank"]
 
@@ -105,11 +108,12 @@ def test_peak_memory_per_method():
     """Ring holds its K/V shard and the one arriving; tree its shard, the query, the state and
     the received states it merges (a binomial root over 4 ranks: 2 children)."""
     topo = star_topology(4, mem_bw=1000.0)
-    out = decode_step(topo, DecodeShape(seq_len=400_000, heads=8, head_dim=64, kv_heads=2), profile="ideal",
-                      tree="binomial")
-    kv = 2 * 100_000 * 2 * 64 * 2             # K and V of 100,000 tokens, 2 KV heads x 64, bf16
-    q = 8 * 64 * 2                             # the query, bf16
-    state = 4 * 8 * (64 + 1)                   # out + lse, fp32
+    out = decode_step(
+        topo, DecodeShape(seq_len=400_000, heads=8, head_dim=64, kv_heads=2), profile="ideal", tree="binomial"
+    )
+    kv = 2 * 100_000 * 2 * 64 * 2  # K and V of 100,000 tokens, 2 KV heads x 64, bf16
+    q = 8 * 64 * 2  # the query, bf16
+    state = 4 * 8 * (64 + 1)  # out + lse, fp32
     assert out["kv_bytes_per_rank"] == kv
     assert out["methods"]["ring"]["peak_mem_bytes"] == 2 * kv + q + state
     assert out["methods"]["tree"]["peak_mem_bytes"] == kv + q + state + 2 * state
@@ -132,15 +136,16 @@ def test_gather_combine_time_and_bytes(P):
     successor through the star's switch: two 1 us links at 100 GB/s), then a local merge reading the P
     states and writing one at 2000 GB/s."""
     topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
-    state = 4 * 2 * 16 * (128 + 1)                   # batch 2, 16 heads x 128, fp32 out + lse
+    state = 4 * 2 * 16 * (128 + 1)  # batch 2, 16 heads x 128, fp32 out + lse
     got = combine_times(topo, 2, 16, 128, profile="ideal")
     g = got["gather"]
     assert g["sent_bytes_per_gpu"] == (P - 1) * state and g["sent_bytes_total"] == P * (P - 1) * state
     assert g["time_s"] == pytest.approx((P - 1) * (2e-6 + state / 100e9) + (P + 1) * state / 2000e9, rel=1e-9)
     # the tree sends every state up and down each of its P - 1 edges: the same total as the gather at P = 2
     assert got["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
-    step = decode_step(topo, DecodeShape(seq_len=64_000, heads=16, head_dim=128, batch=2), profile="ideal",
-                       methods=("tree", "gather"))
+    step = decode_step(
+        topo, DecodeShape(seq_len=64_000, heads=16, head_dim=128, batch=2), profile="ideal", methods=("tree", "gather")
+    )
     assert step["methods"]["gather"]["combine_s"] == pytest.approx(g["time_s"], rel=1e-12)
 
 
@@ -166,8 +171,7 @@ def test_gloo_combine_times_by_hand():
     each over 2 links, and 3 reduces of that quarter (3 x bytes / mem_bw)."""
     P, state = 4, 4 * 2 * 16 * 129
     t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
-    assert t["gather"]["time_s"] == pytest.approx((P - 1) * (2e-6 + state / 100e9) + (P + 1) * state / 2000e9,
-                                                  rel=1e-9)
+    assert t["gather"]["time_s"] == pytest.approx((P - 1) * (2e-6 + state / 100e9) + (P + 1) * state / 2000e9, rel=1e-9)
 
     def ring(n):
         return 2 * (P - 1) * (2e-6 + n / P / 100e9) + (P - 1) * 3 * (n / P) / 2000e9
@@ -186,8 +190,9 @@ def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():
         topo = build_topology(hosts, per, 10**9, placement_mode="interleaved")
         for batch in (1, 64):
             t = combine_times(topo, batch, 32, 128, backend="gloo")
-            assert min(t, key=lambda m: t[m]["time_s"]) == "tree" == choose_combine(topo, batch, 32, 128,
-                                                                                  backend="gloo")
+            assert (
+                min(t, key=lambda m: t[m]["time_s"]) == "tree" == choose_combine(topo, batch, 32, 128, backend="gloo")
+            )
         assert choose_combine(topo, 64, 32, 128) == "allreduce3"
     with pytest.raises(CollectiveError, match=r"backend expected one of \['nccl', 'gloo'\], got 'mpi'"):
         combine_times(topo, 1, 1, 1, backend="mpi")

@@ -1,4 +1,5 @@
 """The torch (CPU) decode path against the float64 reference, at larger shapes."""
+
 import pytest
 import torch
 from treecoll.attention import decode_partial, reference

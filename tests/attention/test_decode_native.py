@@ -1,5 +1,6 @@
 """The fused C decode kernel ('native' backend) against the float64 reference, on every
 instruction-set tier this CPU can run (portable C, AVX2, AVX-512, AVX-512 BF16)."""
+
 import re
 
 import pytest
@@ -20,8 +21,19 @@ ISAS = list(native_mod.NATIVE_ISAS[: native_mod.NATIVE_ISAS.index(STATUS["isa"])
 
 def _native(q, k, v, lengths, *, isa=None, num_splits=1, block_table=None, out=None, threads=1, q_bf16=False):
     lens, scale = check_decode_inputs(q, k, v, lengths, None, "test", block_table=block_table)
-    return native_mod.decode_native(q, k, v, lens, scale, isa=isa, num_splits=num_splits, block_table=block_table,
-                                    out=out, threads=threads, q_bf16=q_bf16)
+    return native_mod.decode_native(
+        q,
+        k,
+        v,
+        lens,
+        scale,
+        isa=isa,
+        num_splits=num_splits,
+        block_table=block_table,
+        out=out,
+        threads=threads,
+        q_bf16=q_bf16,
+    )
 
 
 @needs_native
@@ -131,8 +143,11 @@ def test_isa_names_and_status():
     assert STATUS["isa"] in native_mod.NATIVE_ISAS
     q, k, v = torch.zeros(1, 2, 8), torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 1, 8)
     lens, scale = check_decode_inputs(q, k, v, None, None, "test")
-    with pytest.raises(AttentionError, match=r"decode_native: isa: expected one of \['portable', 'avx2', 'avx512', "
-                                             r"'avx512_bf16'\] or None, got 'sse'"):
+    with pytest.raises(
+        AttentionError,
+        match=r"decode_native: isa: expected one of \['portable', 'avx2', 'avx512', "
+        r"'avx512_bf16'\] or None, got 'sse'",
+    ):
         native_mod.decode_native(q, k, v, lens, scale, isa="sse")
 
 
@@ -146,8 +161,10 @@ def test_read_sum():
 
 def test_unavailable_native_falls_back_and_explains(monkeypatch, make_inputs, check_state):
     q, k, v = make_inputs(2, 4, 2, 16, 30, torch.float32, seed=1)
-    for env, reason in (({"TREECOLL_NATIVE": "0"}, r"disabled by TREECOLL_NATIVE=0"),
-                        ({"CC": "/nonexistent/cc"}, r"no C compiler: '/nonexistent/cc' is not on PATH")):
+    for env, reason in (
+        ({"TREECOLL_NATIVE": "0"}, r"disabled by TREECOLL_NATIVE=0"),
+        ({"CC": "/nonexistent/cc"}, r"no C compiler: '/nonexistent/cc' is not on PATH"),
+    ):
         with monkeypatch.context() as mp:
             mp.setattr(native_mod, "_STATE", {})  # forget the loaded library
             for name, value in env.items():

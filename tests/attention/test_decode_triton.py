@@ -104,8 +104,9 @@ def test_num_splits_heuristic():
 def test_cpu_tensors_need_the_interpreter(monkeypatch, make_inputs):
     q, k, v = make_inputs(1, 2, 1, 16, 8, torch.float32)
     monkeypatch.setattr(dt, "_INTERPRETED", False)
-    with pytest.raises(AttentionError,
-                       match="decode_stage1: expected CUDA tensors, got CPU tensors; set TRITON_INTERPRET=1"):
+    with pytest.raises(
+        AttentionError, match="decode_stage1: expected CUDA tensors, got CPU tensors; set TRITON_INTERPRET=1"
+    ):
         decode_partial(q, k, v, backend="triton")
 
 
@@ -165,8 +166,9 @@ def test_kernels_compile_for_gpu_targets():
 
     if "nvidia" not in backends:
         pytest.skip("triton has no NVIDIA backend here")
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, timeout=300,
-                         check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, timeout=300, check=False
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     shared = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(shared) == {f"{d}-{h}" for d in ("bf16", "fp32") for h in (64, 128, 256)} | {"merge"}
@@ -196,8 +198,9 @@ def test_block_sizes_per_head_dim(head_dim, make_inputs, check_state):
     ref = reference(q, k, v, kv_len=lengths)
     q, k, v = _to(DEVICE, q, k, v)
     for splits in (1, 2):
-        out, lse = decode_partial(q, k, v, kv_len=torch.tensor(lengths, device=DEVICE), num_splits=splits,
-                                  backend="triton")
+        out, lse = decode_partial(
+            q, k, v, kv_len=torch.tensor(lengths, device=DEVICE), num_splits=splits, backend="triton"
+        )
         check_state(out.cpu(), lse.cpu(), *ref, 1e-2)
 
 

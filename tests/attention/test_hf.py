@@ -4,6 +4,7 @@ The reference is the Hugging Face model itself in one process (its own
 ``generate`` with its own KV cache and attention); the sharded runs load the
 same ``save_pretrained`` directory in every rank (real gloo processes).
 """
+
 import sys
 
 import pytest
@@ -25,8 +26,16 @@ def tf():
 
 def _config(tf, **kw):
     """A small Llama: 3 layers, GQA 8 query heads over 2 KV heads, head_dim 8."""
-    args = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
-                num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0)
+    args = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+    )
     args.update(kw)
     return tf.LlamaConfig(**args)
 
@@ -48,10 +57,17 @@ def reference(tf, model_dir):
     model = tf.LlamaForCausalLM.from_pretrained(model_dir).eval()
     out = []
     for b, n in enumerate(LENGTHS):
-        prompt = PROMPTS[b:b + 1, :n]
-        res = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW,
-                             min_new_tokens=NEW, do_sample=False, pad_token_id=0, output_logits=True,
-                             return_dict_in_generate=True)
+        prompt = PROMPTS[b : b + 1, :n]
+        res = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            do_sample=False,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         out.append((res.sequences[0, n:], torch.stack(res.logits, 1)[0].float()))
     return out
 
@@ -85,8 +101,11 @@ def test_register_name_and_attn_implementation(tf, model_dir):
     assert tf.masking_utils.AttentionMaskInterface._global_mapping["tree_decode"] is hf.padding_mask
     model = tf.LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="tree_decode").eval()
     assert model.config._attn_implementation == "tree_decode"
-    with pytest.raises(AttentionError, match=r"tree_decode attention, layer 0: expected the keys of a TreeCache "
-                                             r"update \(pass past_key_values=treecoll.attention.hf.TreeCache"):
+    with pytest.raises(
+        AttentionError,
+        match=r"tree_decode attention, layer 0: expected the keys of a TreeCache "
+        r"update \(pass past_key_values=treecoll.attention.hf.TreeCache",
+    ):
         model(PROMPTS)  # a plain forward: transformers' own DynamicCache
     assert hf.generate(model, PROMPTS, 2).shape == (2, 2)  # a model built for tree_decode generates
     assert model.config._attn_implementation == "tree_decode"
@@ -118,17 +137,21 @@ def _sharded_worker(rank, nproc, model_dir):
 
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir).eval()
     res = {}
-    for name, kw in {"tree": dict(block_size=2), "tree_one_rank_holds_all": dict(block_size=256),
-                     "contiguous": dict(layout="contiguous"),
-                     "ring": dict(block_size=3, method="ring"),
-                     "allreduce3": dict(block_size=3, method="allreduce3")}.items():
+    for name, kw in {
+        "tree": dict(block_size=2),
+        "tree_one_rank_holds_all": dict(block_size=256),
+        "contiguous": dict(layout="contiguous"),
+        "ring": dict(block_size=3, method="ring"),
+        "allreduce3": dict(block_size=3, method="allreduce3"),
+    }.items():
         if nproc > 2 and name in ("tree_one_rank_holds_all", "ring", "allreduce3"):
             continue  # run on 2 ranks: 4 ranks on a small CI machine make every step slow
         tokens, logits = hf.generate(model, PROMPTS, NEW, lengths=LENGTHS, return_logits=True, **kw)
         res[name] = (tokens.tolist(), logits.tolist())  # plain data: tensors would go through shared memory
     # a cache shard per rank: block_size 2, 14 positions -> 8/6 over 2 ranks, 4/4/4/2 over 4
-    res["local_count"] = ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=1, max_seq_len=14, rank=rank,
-                                        world=nproc, block_size=2).local_count(14)
+    res["local_count"] = ShardedKVCache(
+        layers=1, batch=1, kv_heads=1, head_dim=1, max_seq_len=14, rank=rank, world=nproc, block_size=2
+    ).local_count(14)
     return res
 
 
@@ -170,11 +193,13 @@ class _Recorder:
 
 def _generate_cases(eos):
     """name -> (generate kwargs, seed or None); ``eos``: the EOS ids of the EOS case."""
-    return {"greedy": (dict(max_new_tokens=NEW), None),
-            "sample": (dict(max_new_tokens=NEW, do_sample=True, top_k=0), 11),
-            "sample_contiguous": (dict(max_new_tokens=NEW, do_sample=True, temperature=0.7), 12),
-            "eos": (dict(max_new_tokens=NEW, eos_token_id=eos), None),
-            "max_length": (dict(max_length=PROMPT_LEN + 3), None)}
+    return {
+        "greedy": (dict(max_new_tokens=NEW), None),
+        "sample": (dict(max_new_tokens=NEW, do_sample=True, top_k=0), 11),
+        "sample_contiguous": (dict(max_new_tokens=NEW, do_sample=True, temperature=0.7), 12),
+        "eos": (dict(max_new_tokens=NEW, eos_token_id=eos), None),
+        "max_length": (dict(max_length=PROMPT_LEN + 3), None),
+    }
 
 
 def _generate_all(model, eos, cache_for=None):
@@ -186,8 +211,15 @@ def _generate_all(model, eos, cache_for=None):
             torch.manual_seed(seed)
         streamer = _Recorder()
         cache = cache_for(name) if cache_for else None
-        seq = model.generate(LEFT, attention_mask=MASK, pad_token_id=0, streamer=streamer, past_key_values=cache,
-                             do_sample=kw.pop("do_sample", False), **kw)
+        seq = model.generate(
+            LEFT,
+            attention_mask=MASK,
+            pad_token_id=0,
+            streamer=streamer,
+            past_key_values=cache,
+            do_sample=kw.pop("do_sample", False),
+            **kw,
+        )
         assert streamer.ended
         out[name] = (seq.tolist(), streamer.puts)
     return out
@@ -242,8 +274,9 @@ def test_model_generate_with_tree_cache_equals_hf_generate(tf, model_dir, genera
     # 9 + 5 real tokens of row 0 and 5 + 5 of row 1 (the pads are not stored) in blocks of 2 tokens
     # (the last generated token is never fed back: NEW - 1 decoded), dealt round-robin over the ranks
     p = pool.nproc
-    held = [[sum(1 for j in range(n) if (j // 2) % p == r) for n in (PROMPT_LEN + NEW - 1, 5 + NEW - 1)]
-            for r in range(p)]
+    held = [
+        [sum(1 for j in range(n) if (j // 2) % p == r) for n in (PROMPT_LEN + NEW - 1, 5 + NEW - 1)] for r in range(p)
+    ]
     assert [res["shard_lengths_greedy"] for res in results] == held
     # contiguous: rank r holds positions [r * c, (r + 1) * c) of the 15-position cache, c = ceil(15 / P)
     c = -(-(PROMPT_LEN + NEW) // p)
@@ -256,16 +289,28 @@ def _disagree_worker(rank, nproc, mask):
     from treecoll.attention import hf
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1)).eval()
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).eval()
     if mask:  # model.generate with a TreeCache, the ranks given different attention masks
         hf.register()
         model.set_attn_implementation(hf.NAME)
         m = torch.ones(1, 4, dtype=torch.int64)
         m[0, 0] = rank % 2
-        model.generate(torch.ones(1, 4, dtype=torch.int64), attention_mask=m, max_new_tokens=2, pad_token_id=0,
-                       past_key_values=hf.TreeCache(model.config, max_cache_len=6))
+        model.generate(
+            torch.ones(1, 4, dtype=torch.int64),
+            attention_mask=m,
+            max_new_tokens=2,
+            pad_token_id=0,
+            past_key_values=hf.TreeCache(model.config, max_cache_len=6),
+        )
     prompt = torch.full((1, 4), rank)  # the ranks were given different prompts
     hf.generate(model, prompt, 2)
 
@@ -296,11 +341,22 @@ def test_unsupported_options_raise(tf, model_dir):
     with pytest.raises(AttentionError, match=r"layer 0: dropout: expected 0.0 \(call model.eval\(\)\), got 0.1"):
         hf.generate(drop, PROMPTS, 2)
     # a sliding window shorter than prompt + new tokens
-    mistral = tf.MistralForCausalLM(tf.MistralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=8,
-        num_key_value_heads=2, sliding_window=8)).eval()
-    with pytest.raises(AttentionError, match=r"config.sliding_window: expected none or >= prompt \+ new tokens "
-                                             r"= 11, got 8"):
+    mistral = tf.MistralForCausalLM(
+        tf.MistralConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            sliding_window=8,
+        )
+    ).eval()
+    with pytest.raises(
+        AttentionError,
+        match=r"config.sliding_window: expected none or >= prompt \+ new tokens "
+        r"= 11, got 8",
+    ):
         hf.generate(mistral, PROMPTS, 2)
     assert hf.generate(mistral, PROMPTS[:, :4], 2).shape == (2, 2)  # a window longer than the sequence is exact
     # options the attention function refuses, on a cache update of layer 0 (prompt of 3 tokens)
@@ -308,15 +364,21 @@ def test_unsupported_options_raise(tf, model_dir):
     q, kv = torch.zeros(2, 8, 3, 8), torch.zeros(2, 2, 3, 8)
     cache = hf.TreeCache(model.config, max_cache_len=4)
     k, v = cache.update(kv, kv, 0)
-    with pytest.raises(AttentionError, match=r"tree_decode attention, layer 0: attention_mask: expected the padding "
-                                             r"mask \[2, 3\] .*, got \(2, 1, 3, 3\)"):
+    with pytest.raises(
+        AttentionError,
+        match=r"tree_decode attention, layer 0: attention_mask: expected the padding "
+        r"mask \[2, 3\] .*, got \(2, 1, 3, 3\)",
+    ):
         hf.tree_attention_forward(attn, q, k, v, torch.ones(2, 1, 3, 3, dtype=torch.bool))
     cache.reset()
     k, v = cache.update(kv, kv, 0)
     with pytest.raises(AttentionError, match=r"softcap: expected None"):
         hf.tree_attention_forward(attn, q, k, v, softcap=30.0)
-    with pytest.raises(AttentionError, match=r"TreeCache: layout: expected one of \['round_robin', 'contiguous'\], "
-                                             r"got 'striped'"):
+    with pytest.raises(
+        AttentionError,
+        match=r"TreeCache: layout: expected one of \['round_robin', 'contiguous'\], "
+        r"got 'striped'",
+    ):
         hf.TreeCache(model.config, max_cache_len=4, layout="striped")
     with pytest.raises(AttentionError, match=r"TreeCache: max_cache_len: expected a positive int, got 0"):
         hf.TreeCache(model.config, max_cache_len=0)
@@ -330,14 +392,23 @@ def test_cache_misuse_raises(tf, model_dir):
     kw = dict(pad_token_id=0, do_sample=False)
     with hf.attn_implementation(model):
         with pytest.raises(AttentionError, match=r"TreeCache: expected at most max_cache_len=12 positions, got 13"):
-            model.generate(PROMPTS, max_new_tokens=5, past_key_values=hf.TreeCache(model.config, max_cache_len=12),
-                           **kw)
+            model.generate(
+                PROMPTS, max_new_tokens=5, past_key_values=hf.TreeCache(model.config, max_cache_len=12), **kw
+            )
         with pytest.raises(AttentionError, match=r"TreeCache: reorder_cache \(beam search\): not supported"):
-            model.generate(PROMPTS, max_new_tokens=3, num_beams=2,
-                           past_key_values=hf.TreeCache(model.config, max_cache_len=12), **kw)
+            model.generate(
+                PROMPTS,
+                max_new_tokens=3,
+                num_beams=2,
+                past_key_values=hf.TreeCache(model.config, max_cache_len=12),
+                **kw,
+            )
     assert model.config._attn_implementation == "sdpa"  # restored
-    with pytest.raises(AttentionError, match=r"TreeCache: layer 0's keys were never taken by the 'tree_decode' "
-                                             r"attention: expected a model with attn_implementation='tree_decode'"):
+    with pytest.raises(
+        AttentionError,
+        match=r"TreeCache: layer 0's keys were never taken by the 'tree_decode' "
+        r"attention: expected a model with attn_implementation='tree_decode'",
+    ):
         model.generate(PROMPTS, max_new_tokens=3, past_key_values=hf.TreeCache(model.config, max_cache_len=12), **kw)
 
 

@@ -3,6 +3,7 @@
 P caches (one per simulated rank) live in one process here; the multi-process
 use of the cache is tested through the model (test_model.py).
 """
+
 import pytest
 import torch
 from treecoll.attention import decode_partial, merge_states, reference
@@ -36,16 +37,17 @@ def test_prefill_append_and_decode_equal_reference():
     total = max(prompt) + new
     k = torch.randn(batch, total, hkv, d, generator=g)
     v = torch.randn(batch, total, hkv, d, generator=g)
-    caches = _caches(world, layers=2, batch=batch, kv_heads=hkv, head_dim=d, max_seq_len=40, block_size=block,
-                     dtype=torch.float32)
+    caches = _caches(
+        world, layers=2, batch=batch, kv_heads=hkv, head_dim=d, max_seq_len=40, block_size=block, dtype=torch.float32
+    )
     for c in caches:
-        c.prefill(1, k[:, :max(prompt)], v[:, :max(prompt)], prompt)
+        c.prefill(1, k[:, : max(prompt)], v[:, : max(prompt)], prompt)
     lengths = torch.tensor(prompt)
     full_k = torch.zeros(batch, total, hkv, d)
     full_v = torch.zeros(batch, total, hkv, d)
     for b in range(batch):  # sequence b's tokens: its prompt, then the new tokens
-        full_k[b, :prompt[b]] = k[b, :prompt[b]]
-        full_v[b, :prompt[b]] = v[b, :prompt[b]]
+        full_k[b, : prompt[b]] = k[b, : prompt[b]]
+        full_v[b, : prompt[b]] = v[b, : prompt[b]]
     for _ in range(new):
         kn = torch.randn(batch, hkv, d, generator=g)
         vn = torch.randn(batch, hkv, d, generator=g)
@@ -65,7 +67,7 @@ def test_prefill_append_and_decode_equal_reference():
         for b in range(batch):
             pos = c.owned_positions(int(lengths[b]))
             assert int(kv_len[b]) == len(pos)
-            assert torch.equal(kk[b, :len(pos)], full_k[b, pos])
+            assert torch.equal(kk[b, : len(pos)], full_k[b, pos])
         o, s = decode_partial(q, kk, vv, kv_len=kv_len)
         outs.append(o)
         lses.append(s)
@@ -75,8 +77,7 @@ def test_prefill_append_and_decode_equal_reference():
 
 
 def test_rank_without_tokens_gives_empty_state():
-    caches = _caches(4, layers=1, batch=2, kv_heads=1, head_dim=4, max_seq_len=32, block_size=8,
-                     dtype=torch.float32)
+    caches = _caches(4, layers=1, batch=2, kv_heads=1, head_dim=4, max_seq_len=32, block_size=8, dtype=torch.float32)
     k = torch.randn(2, 10, 1, 4)
     for c in caches:
         c.prefill(0, k, k, [10, 3])
@@ -102,8 +103,9 @@ def test_errors():
     with pytest.raises(AttentionError, match=r"layer: expected an int in \[0, 0\], got 1"):
         c.kv_len(1)
     c.truncate(0, [1])
-    with pytest.raises(AttentionError,
-                       match=r"truncate: lengths: expected at most the current lengths \[1\], got \[2\]"):
+    with pytest.raises(
+        AttentionError, match=r"truncate: lengths: expected at most the current lengths \[1\], got \[2\]"
+    ):
         c.truncate(0, [2])
 
 
@@ -123,8 +125,9 @@ def test_prefill_without_lengths_takes_the_whole_prompt_of_every_sequence():
     g = torch.Generator().manual_seed(1)
     k = torch.randn(batch, seq, 2, 4, generator=g)
     v = torch.randn(batch, seq, 2, 4, generator=g)
-    for c in _caches(world, layers=1, batch=batch, kv_heads=2, head_dim=4, max_seq_len=16, block_size=3,
-                     dtype=torch.float32):
+    for c in _caches(
+        world, layers=1, batch=batch, kv_heads=2, head_dim=4, max_seq_len=16, block_size=3, dtype=torch.float32
+    ):
         c.prefill(0, k, v)
         assert c.lengths(0).tolist() == [seq] * batch
         n = c.local_count(seq)

@@ -1,5 +1,6 @@
 """The Llama-style model: decode path vs prefill, sharded greedy generation vs one
 process (real gloo processes, one group for every method), weight loading."""
+
 import pytest
 import torch
 from treecoll.attention.model import LlamaConfig, LlamaModel, save_checkpoint
@@ -24,8 +25,9 @@ def _worker(rank, nproc):
     from treecoll.collectives import Tree
 
     model = LlamaModel.random(CFG, seed=1)
-    out["chain"] = model.generate(PROMPTS, NEW, lengths=LENGTHS, tree=Tree.from_parents([-1, 0, 1]),
-                                  block_size=BLOCK).tolist()
+    out["chain"] = model.generate(
+        PROMPTS, NEW, lengths=LENGTHS, tree=Tree.from_parents([-1, 0, 1]), block_size=BLOCK
+    ).tolist()
     return out
 
 
@@ -47,7 +49,7 @@ def test_decode_matches_prefill_of_the_longer_prompt():
     model = LlamaModel.random(CFG, seed=1)
     cache = model.new_cache(2, 32, block_size=3)
     logits = model.prefill(PROMPTS, cache, LENGTHS)
-    seqs = [PROMPTS[b, :LENGTHS[b]].tolist() for b in range(2)]
+    seqs = [PROMPTS[b, : LENGTHS[b]].tolist() for b in range(2)]
     for _ in range(3):
         nxt = logits.argmax(-1)
         for b in range(2):
@@ -72,8 +74,10 @@ def test_safetensors_checkpoint(tmp_path):
     try:
         import safetensors  # noqa: F401
     except ImportError:
-        (tmp_path / "config.json").write_text('{"num_attention_heads": 8, "hidden_size": 64, "vocab_size": 384, '
-                                              '"intermediate_size": 160, "num_hidden_layers": 2}')
+        (tmp_path / "config.json").write_text(
+            '{"num_attention_heads": 8, "hidden_size": 64, "vocab_size": 384, '
+            '"intermediate_size": 160, "num_hidden_layers": 2}'
+        )
         (tmp_path / "model.safetensors").write_bytes(b"")
         with pytest.raises(MissingDependency, match=r"needs safetensors: pip install 'treecoll\[hf\]'"):
             LlamaModel.from_pretrained(tmp_path)
@@ -98,9 +102,19 @@ def test_llama3_rope_scaling_keeps_high_frequencies():
     from treecoll.attention.model import _inv_freq
 
     base = LlamaConfig(hidden_size=128, num_heads=1, num_kv_heads=1, rope_theta=500000.0)
-    scaled = LlamaConfig(hidden_size=128, num_heads=1, num_kv_heads=1, rope_theta=500000.0,
-                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    scaled = LlamaConfig(
+        hidden_size=128,
+        num_heads=1,
+        num_kv_heads=1,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     a, b = _inv_freq(base), _inv_freq(scaled)
     assert torch.equal(a[:8], b[:8])  # short wavelengths untouched
     assert torch.allclose(a[-1] / 8, b[-1])  # longest wavelengths divided by the factor

@@ -7,6 +7,7 @@ per sequence over its valid keys; the lse is checked against the float64
 reference.  Every decode backend runs the same table, whole and split; the
 states of three parts of the keys, merged by every merge, must equal the whole.
 """
+
 import itertools
 import math
 
@@ -75,12 +76,31 @@ def _poison(name, q, k, v):
         raise KeyError(name)
 
 
-CASES = ["clean", "nan_k", "k_pinf_score", "k_ninf_score", "k_inf_times_zero_q", "k_inf_both_signs", "nan_v",
-         "pinf_v", "ninf_v", "nan_q", "pinf_q", "all_scores_ninf", "ninf_score_nan_v"]
+CASES = [
+    "clean",
+    "nan_k",
+    "k_pinf_score",
+    "k_ninf_score",
+    "k_inf_times_zero_q",
+    "k_inf_both_signs",
+    "nan_v",
+    "pinf_v",
+    "ninf_v",
+    "nan_q",
+    "pinf_q",
+    "all_scores_ninf",
+    "ninf_score_nan_v",
+]
 #: (batch, head) rows whose out and lse are NaN in each case (independently derived from the
 #: arithmetic in the comments of _poison; test_sdpa_agrees checks SDPA says the same for out)
-NAN_ROWS = {"nan_k": [(0, 2), (0, 3)], "k_pinf_score": [(0, 2), (0, 3)], "k_inf_times_zero_q": [(0, 2)],
-            "k_inf_both_signs": [(0, 2), (0, 3)], "nan_q": [(0, 1)], "pinf_q": [(0, 1)]}
+NAN_ROWS = {
+    "nan_k": [(0, 2), (0, 3)],
+    "k_pinf_score": [(0, 2), (0, 3)],
+    "k_inf_times_zero_q": [(0, 2)],
+    "k_inf_both_signs": [(0, 2), (0, 3)],
+    "nan_q": [(0, 1)],
+    "pinf_q": [(0, 1)],
+}
 
 
 def case_inputs(name, dtype=torch.float32):
@@ -239,8 +259,9 @@ def test_merge_table(how):
             w = torch.tensor(row, dtype=torch.float64).softmax(0)
             want = (outs[:, 0, h].double() * w[:, None]).sum(0)
             torch.testing.assert_close(o.double(), want, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(s.double(), torch.tensor(row, dtype=torch.float64).logsumexp(0),
-                                       rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                s.double(), torch.tensor(row, dtype=torch.float64).logsumexp(0), rtol=1e-6, atol=1e-6
+            )
     single = next(h for h, (row, _) in enumerate(MERGE_ROWS) if row == (-INF, 1.0, -INF))
     assert torch.equal(out[0, single], outs[1, 0, single]) and lse[0, single] == 1.0  # exact identity
 

@@ -1,4 +1,5 @@
 """The float64 reference itself, checked by hand-written softmax on tiny inputs."""
+
 import math
 
 import torch

@@ -1,4 +1,5 @@
 """Attention-state merge: identity, no NaN, commutativity, associativity, packing, LSE base."""
+
 import dataclasses
 import math
 
@@ -98,8 +99,11 @@ def test_bad_lse_propagates_to_its_row_only(bad):
     b[1][0, 1] = bad
     want = merge64([(a[0][:, :1], a[1][:, :1]), (b[0][:, :1], b[1][:, :1])])
     op = MergeOp(batch=1, heads=2, head_dim=4)
-    results = [merge(a, b), merge_states(torch.stack([a[0], b[0]]), torch.stack([a[1], b[1]]), 0),
-               unpack_state(op(pack_state(*a), pack_state(*b)), 1, 2, 4)]
+    results = [
+        merge(a, b),
+        merge_states(torch.stack([a[0], b[0]]), torch.stack([a[1], b[1]]), 0),
+        unpack_state(op(pack_state(*a), pack_state(*b)), 1, 2, 4),
+    ]
     for out, lse in results:
         assert torch.isnan(out[0, 1]).all() and torch.isnan(lse[0, 1])
         torch.testing.assert_close(out[:, :1].double(), want[0], rtol=1e-5, atol=1e-6)
@@ -122,6 +126,7 @@ def test_malformed_states_rejected():
 
 
 # ---- associativity and order independence -------------------------------------------------
+
 
 @st.composite
 def merge_plans(draw):
@@ -149,7 +154,7 @@ def merge_plans(draw):
 def merge_bracketed(states, order, picks):
     items = [states[i] for i in order]
     for p in picks:
-        items[p:p + 2] = [merge(items[p], items[p + 1])]
+        items[p : p + 2] = [merge(items[p], items[p + 1])]
     return items[0]
 
 
@@ -173,10 +178,7 @@ def test_any_bracketing_and_order_gives_the_same_state(plan):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.booleans(), min_size=1, max_size=6), st.integers(0, 1000))
 def test_no_nan_for_any_mix_of_empty_states(empties, seed):
-    states = [
-        random_state((3,), 2, seed=seed + i, empty_mask=torch.full((3,), e))
-        for i, e in enumerate(empties)
-    ]
+    states = [random_state((3,), 2, seed=seed + i, empty_mask=torch.full((3,), e)) for i, e in enumerate(empties)]
     acc = states[0]
     for s in states[1:]:
         acc = merge(acc, s)
@@ -206,18 +208,22 @@ def test_merge_states_dims_and_sequences():
 
 # ---- packing -----------------------------------------------------------------------------------
 
+
 def test_pack_unpack_round_trip_and_views():
     out, lse = random_state((2, 3), 5, seed=30)
     buf = pack_state(out, lse)
     assert buf.shape == (2 * 3 * 6,) and buf.dtype == torch.float32 and buf.is_contiguous()
-    assert torch.equal(buf[: 2 * 3 * 5], out.reshape(-1)) and torch.equal(buf[2 * 3 * 5:], lse.reshape(-1))
+    assert torch.equal(buf[: 2 * 3 * 5], out.reshape(-1)) and torch.equal(buf[2 * 3 * 5 :], lse.reshape(-1))
     o2, l2 = unpack_state(buf, 2, 3, 5)
     assert torch.equal(o2, out) and torch.equal(l2, lse)
     o2.zero_()
-    assert (buf[: 30] == 0).all()  # views, not copies
-    with pytest.raises(AttentionError, match=r"unpack_state: expected a 1-D float32 buffer of 36 elements "
-                                             r"\(batch=2, heads=3, head_dim=5\), "
-                                             r"got torch.float32 tensor of shape \(35,\)"):
+    assert (buf[:30] == 0).all()  # views, not copies
+    with pytest.raises(
+        AttentionError,
+        match=r"unpack_state: expected a 1-D float32 buffer of 36 elements "
+        r"\(batch=2, heads=3, head_dim=5\), "
+        r"got torch.float32 tensor of shape \(35,\)",
+    ):
         unpack_state(buf[:35], 2, 3, 5)
 
 
@@ -240,6 +246,7 @@ def test_merge_packed_and_merge_op_match_merge():
 
 
 # ---- LSE base ----------------------------------------------------------------------------------
+
 
 def test_lse_base_conversion_round_trip_and_meaning():
     g = torch.Generator().manual_seed(40)

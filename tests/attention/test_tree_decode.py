@@ -3,6 +3,7 @@
 All multi-process cases run in ONE spawned group of 4 gloo processes (module
 fixture); each case returns numbers that the tests below assert on.
 """
+
 from functools import partial
 
 import pytest
@@ -55,8 +56,12 @@ def _worker(rank, nproc):
     from treecoll.attention.tree_decode import resolve_tree, tree_decode
     from treecoll.topo.errors import AttentionError
 
-    methods = {"tree": tree_decode, "ring": ring_decode, "allreduce3": allreduce3_decode,
-               "gather": partial(tree_decode, combine="gather")}
+    methods = {
+        "tree": tree_decode,
+        "ring": ring_decode,
+        "allreduce3": allreduce3_decode,
+        "gather": partial(tree_decode, combine="gather"),
+    }
     res = {"cases": {}}
     for i, (name, b, hq, hkv, d, n, lengths, bounds, dtype, tree) in enumerate(_cases()):
         g = torch.Generator().manual_seed(100 + i)
@@ -66,12 +71,19 @@ def _worker(rank, nproc):
         ref_out, _ = reference(q, k, v, kv_len=lengths)
         ks, vs, local = _shard(k, v, lengths, bounds, rank)
         case = {}
-        for mname, fn in dict(methods, tree_native=partial(tree_decode, bcast="native"),
-                              tree_separate=partial(tree_decode, bcast="separate"),
-                              **{f"combine_{c}": partial(tree_decode, combine=c) for c in COMBINE_ARGS}).items():
+        for mname, fn in dict(
+            methods,
+            tree_native=partial(tree_decode, bcast="native"),
+            tree_separate=partial(tree_decode, bcast="separate"),
+            **{f"combine_{c}": partial(tree_decode, combine=c) for c in COMBINE_ARGS},
+        ).items():
             out = fn(q, ks, vs, kv_len=local, tree=tree)
-            case[mname] = {"err": _rel_err(out, ref_out), "dtype": str(out.dtype), "nan": bool(out.isnan().any()),
-                           "tol": TOL[dtype]}
+            case[mname] = {
+                "err": _rel_err(out, ref_out),
+                "dtype": str(out.dtype),
+                "nan": bool(out.isnan().any()),
+                "tol": TOL[dtype],
+            }
         t = resolve_tree(tree)
         out = tree_decode(q, ks, vs, kv_len=local, tree=tree, root_only=True)
         case["root_only"] = {"root": t.root, "err": _rel_err(out, ref_out), "tol": TOL[dtype]}
@@ -115,11 +127,13 @@ BAD_TOKEN, BAD_ROWS = 12, [0, 1]
 
 def _rows_report(out, lse, ref_out, ref_lse, good):
     """NaN rows of out and lse, and the relative error of the other rows against the reference."""
-    return {"nan_out_rows": torch.isnan(out[0]).all(-1).nonzero().flatten().tolist(),
-            "any_nan_in_good": bool(torch.isnan(out[0, good]).any() or torch.isnan(lse[0, good]).any()),
-            "nan_lse_rows": torch.isnan(lse[0]).nonzero().flatten().tolist(),
-            "err": _rel_err(out[0, good], ref_out[0, good]),
-            "lse_err": (lse[0, good].double() - ref_lse[0, good]).abs().max().item()}
+    return {
+        "nan_out_rows": torch.isnan(out[0]).all(-1).nonzero().flatten().tolist(),
+        "any_nan_in_good": bool(torch.isnan(out[0, good]).any() or torch.isnan(lse[0, good]).any()),
+        "nan_lse_rows": torch.isnan(lse[0]).nonzero().flatten().tolist(),
+        "err": _rel_err(out[0, good], ref_out[0, good]),
+        "lse_err": (lse[0, good].double() - ref_lse[0, good]).abs().max().item(),
+    }
 
 
 def _bad_shard(rank, methods):
@@ -135,8 +149,11 @@ def _bad_shard(rank, methods):
     ks, vs, local = _shard(k, v, [20], [0, 5, 10, 15, 20], rank)
     good = [h for h in range(4) if h not in BAD_ROWS]
     report = {}
-    for mname, fn in dict(methods, tree_native=partial(methods["tree"], bcast="native"),
-                          tree_separate=partial(methods["tree"], bcast="separate")).items():
+    for mname, fn in dict(
+        methods,
+        tree_native=partial(methods["tree"], bcast="native"),
+        tree_separate=partial(methods["tree"], bcast="separate"),
+    ).items():
         out, lse = fn(q, ks, vs, kv_len=local, return_lse=True)
         report[mname] = _rows_report(out, lse, ref_out, ref_lse, good)
     return report
@@ -174,11 +191,15 @@ def _bad_state(rank):
     ref_out[0, good] = (torch.stack([s[0][0, good].double() for s in states]) * w[..., None]).sum(0)
     ref_lse[0, good] = lses[:, 0, good].logsumexp(0)
     report = {}
-    for name, fn in {"tree": partial(tree_combine, bcast="tree"), "separate": partial(tree_combine, bcast="separate"),
-                     "native": partial(tree_combine, bcast="native"), "allreduce3": allreduce3_combine,
-                     "gather": partial(tree_combine, combine="gather"),
-                     "combine_allreduce3": partial(tree_combine, combine="allreduce3"),
-                     "auto": partial(tree_combine, combine="auto")}.items():
+    for name, fn in {
+        "tree": partial(tree_combine, bcast="tree"),
+        "separate": partial(tree_combine, bcast="separate"),
+        "native": partial(tree_combine, bcast="native"),
+        "allreduce3": allreduce3_combine,
+        "gather": partial(tree_combine, combine="gather"),
+        "combine_allreduce3": partial(tree_combine, combine="allreduce3"),
+        "auto": partial(tree_combine, combine="auto"),
+    }.items():
         out, lse = fn(*[t.clone() for t in states[rank]])
         report[name] = _rows_report(out, lse, ref_out, ref_lse, good)
     out, lse = tree_combine(*[t.clone() for t in states[rank]], root_only=True)
@@ -192,8 +213,15 @@ def group_results():
     return spawn(_worker, P, timeout=90)
 
 
-ALL_METHODS = ["tree", "tree_native", "tree_separate", "ring", "allreduce3", "gather",
-               *(f"combine_{c}" for c in COMBINE_ARGS)]
+ALL_METHODS = [
+    "tree",
+    "tree_native",
+    "tree_separate",
+    "ring",
+    "allreduce3",
+    "gather",
+    *(f"combine_{c}" for c in COMBINE_ARGS),
+]
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -222,8 +250,9 @@ def test_nan_in_one_ranks_shard_reaches_every_rank(group_results, method):
         assert not r["any_nan_in_good"] and r["err"] <= 1e-5 and r["lse_err"] <= 1e-5, (rank, r)
 
 
-@pytest.mark.parametrize("mode", ["tree", "separate", "native", "allreduce3", "root_only", "gather",
-                                  "combine_allreduce3", "auto"])
+@pytest.mark.parametrize(
+    "mode", ["tree", "separate", "native", "allreduce3", "root_only", "gather", "combine_allreduce3", "auto"]
+)
 def test_bad_state_of_one_rank_reaches_every_rank(group_results, mode):
     """A rank's +inf or NaN lse makes that row NaN everywhere (not the empty state, and
     not dropped); the valid rows are the float64 merge of every rank's state."""
@@ -296,7 +325,7 @@ def test_tree_of_wrong_size_is_rejected(monkeypatch):
     from treecoll.topo.errors import TreeError
 
     with pytest.raises(TreeError, match=r"^tree 'given': spans 3 ranks, the group has 1; build it for 1 ranks$"):
-        resolve_tree(Tree.from_parents([-1, 0, 0]))        # no process group: a group of one
+        resolve_tree(Tree.from_parents([-1, 0, 0]))  # no process group: a group of one
 
 
 def test_resolve_tree_takes_what_the_executor_takes(tmp_path):
@@ -309,8 +338,13 @@ def test_resolve_tree_takes_what_the_executor_takes(tmp_path):
     p = Placement(resolve("cpu-local"), 4)
     chain = Tree.from_parents([-1, 0, 1, 2], name="mine")
     save_tree(chain, tmp_path / "chain.yaml")
-    for tree in (chain, MultiTree((chain,), (1.0,)), load_tree(tmp_path / "chain.yaml"), tmp_path / "chain.yaml",
-                 str(tmp_path / "chain.yaml")):
+    for tree in (
+        chain,
+        MultiTree((chain,), (1.0,)),
+        load_tree(tmp_path / "chain.yaml"),
+        tmp_path / "chain.yaml",
+        str(tmp_path / "chain.yaml"),
+    ):
         assert resolve_tree(tree, placement=p).parents == (-1, 0, 1, 2), tree
     assert resolve_tree("auto", placement=p) == build("two_level", p, rails=False)
     assert tree_root(Tree.from_parents([2, 2, -1, 2]), placement=p) == 2
@@ -320,15 +354,20 @@ def test_resolve_tree_takes_what_the_executor_takes(tmp_path):
         resolve_tree("auto", placement=p, topology=resolve("cpu-local"))
 
 
-
 def test_unknown_combine_is_rejected():
     from treecoll.attention.tree_decode import tree_combine, tree_decode
     from treecoll.topo.errors import AttentionError
 
     q, k = torch.randn(1, 2, 4), torch.randn(1, 3, 1, 4)
-    with pytest.raises(AttentionError, match=r"^combine: expected one of \['tree', 'gather', 'allreduce3', 'auto'\], "
-                                             r"got 'flash'$"):
+    with pytest.raises(
+        AttentionError,
+        match=r"^combine: expected one of \['tree', 'gather', 'allreduce3', 'auto'\], "
+        r"got 'flash'$",
+    ):
         tree_decode(q, k, k, combine="flash")
-    with pytest.raises(AttentionError, match=r"got 'ring'; ring moves the K/V shards, not states: call "
-                                             r"treecoll.attention.ring_decode$"):
+    with pytest.raises(
+        AttentionError,
+        match=r"got 'ring'; ring moves the K/V shards, not states: call "
+        r"treecoll.attention.ring_decode$",
+    ):
         tree_combine(torch.zeros(1, 2, 4), torch.zeros(1, 2), combine="ring")

@@ -1,4 +1,5 @@
 """Tasks run on every rank of a :class:`treecoll.collectives.launch.RankPool`: ``task(rank, world, *args)``."""
+
 from __future__ import annotations
 
 import os
@@ -79,8 +80,11 @@ def run_cases(rank: int, world: int, cases: list) -> list:
             ok = _is(res, x) and _close(res, reference(op, values))
         elif collective == "reduce":
             res = reduce(x, op=opx, root=root, **kw)
-            ok = (_is(res, x) and _close(res, reference(op, values))) if rank == root else (
-                res is None and _close(x, values[rank]))
+            ok = (
+                (_is(res, x) and _close(res, reference(op, values)))
+                if rank == root
+                else (res is None and _close(x, values[rank]))
+            )
         else:
             res = broadcast(x, root=root, **kw)
             ok = _is(res, x) and _close(res, values[root])
@@ -90,8 +94,9 @@ def run_cases(rank: int, world: int, cases: list) -> list:
 
 def tree_mismatch(rank: int, world: int) -> str:
     try:
-        allreduce(torch.ones(8), tree="chain" if rank == 0 else "binomial",
-                  options=CollectiveOptions(nchunks=1, timeout=10))
+        allreduce(
+            torch.ones(8), tree="chain" if rank == 0 else "binomial", options=CollectiveOptions(nchunks=1, timeout=10)
+        )
     except CollectiveError as e:
         return str(e)
     return "no error"
@@ -110,16 +115,20 @@ def die_early(rank: int, world: int) -> list:
     every later call (another collective too) at once, saying the group is unusable.
     Returns [(seconds, message)] for the three calls after rank 1 left."""
     import time
+
     x = torch.ones(1000)
     allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5))
     import torch.distributed as dist
-    dist.barrier()      # everybody finished the first call before rank 1 leaves
+
+    dist.barrier()  # everybody finished the first call before rank 1 leaves
     if rank == 1:
         os._exit(0)
     out = []
-    for call in (lambda: allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5)),
-                 lambda: allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5)),
-                 lambda: broadcast(x, root=0, tree="binomial", options=CollectiveOptions(timeout=5))):
+    for call in (
+        lambda: allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5)),
+        lambda: allreduce(x, tree="chain", options=CollectiveOptions(nchunks=2, timeout=5)),
+        lambda: broadcast(x, root=0, tree="binomial", options=CollectiveOptions(timeout=5)),
+    ):
         t0 = time.monotonic()
         try:
             call()
@@ -136,6 +145,7 @@ def same_tree_everywhere(rank: int, world: int, builder: str) -> str:
 def never_arrives(rank: int, world: int) -> str:
     """Rank 1 does not call; rank 0's reduce must time out naming it."""
     import time
+
     if rank == 1:
         time.sleep(2.5)
         return "skipped"
@@ -149,16 +159,20 @@ def never_arrives(rank: int, world: int) -> str:
 def subgroup(rank: int, world: int) -> list:
     """Ranks 1..world-1 form a group; group-local ranks and roots are translated to global ones."""
     import torch.distributed as dist
+
     members = list(range(1, world))
-    g = dist.new_group(members)          # every rank must call new_group
+    g = dist.new_group(members)  # every rank must call new_group
     if rank == 0:
         return ["not a member"]
-    me = members.index(rank)             # group-local rank
+    me = members.index(rank)  # group-local rank
     out = []
-    out.append(float(allreduce(torch.tensor([float(rank)]), group=g, tree="chain",
-                               options=CollectiveOptions(timeout=10))[0]) == sum(members))
-    res = reduce(torch.tensor([float(rank)]), root=1, group=g, tree="binomial",
-                 options=CollectiveOptions(timeout=10))  # group rank 1 = global 2
+    out.append(
+        float(allreduce(torch.tensor([float(rank)]), group=g, tree="chain", options=CollectiveOptions(timeout=10))[0])
+        == sum(members)
+    )
+    res = reduce(
+        torch.tensor([float(rank)]), root=1, group=g, tree="binomial", options=CollectiveOptions(timeout=10)
+    )  # group rank 1 = global 2
     out.append((float(res[0]) == sum(members)) if me == 1 else res is None)
     b = broadcast(torch.tensor([float(rank)]), root=len(members) - 1, group=g, options=CollectiveOptions(timeout=10))
     out.append(float(b[0]) == members[-1])
@@ -178,6 +192,7 @@ def shapes_differ_after_agreement(rank: int, world: int) -> tuple:
     import time
 
     import torch.distributed as dist
+
     g = dist.new_group(list(range(world)))
     for n in (8, 9):
         allreduce(torch.ones(n), tree="chain", group=g, options=CollectiveOptions(timeout=10))
@@ -206,27 +221,38 @@ def destroyed_group_is_freed(rank: int, world: int) -> dict:
     from treecoll.collectives.planner import default_planner
 
     g = dist.new_group(list(range(world)))
-    twin = dist.new_group(list(range(world)))          # the same ranks: another communicator
-    same = {"equal": Placement(group=g) == Placement(group=g) and hash(Placement(group=g)) == hash(Placement(group=g)),
-            "twin_differs": Placement(group=g) != Placement(group=twin),
-            "default_differs": Placement(group=g) != Placement(ranks=world)}
+    twin = dist.new_group(list(range(world)))  # the same ranks: another communicator
+    same = {
+        "equal": Placement(group=g) == Placement(group=g) and hash(Placement(group=g)) == hash(Placement(group=g)),
+        "twin_differs": Placement(group=g) != Placement(group=twin),
+        "default_differs": Placement(group=g) != Placement(ranks=world),
+    }
     dist.destroy_process_group(twin)
     opts = CollectiveOptions(timeout=10)
     a = allreduce(torch.full((4,), float(rank)), tree="chain", group=g, options=opts)
     p = Placement(shipped("cpu-local"), world, group=g)
     b = allreduce(torch.ones(3, 2), tree="two_level", placement=p, options=opts)
-    gen = torch.Generator().manual_seed(5)              # the same query and keys on every rank
+    gen = torch.Generator().manual_seed(5)  # the same query and keys on every rank
     q, k = torch.randn(1, 2, 8, generator=gen), torch.randn(1, 3, 2, 8, generator=gen)
     out = tree_decode(q, k, k, group=g)
     planner = default_planner()
-    held = {"agreements": len(planner.comm_cache(g).agreed), "topology": g in planner._topologies,
-            "info": g in group_mod._INFO}
+    held = {
+        "agreements": len(planner.comm_cache(g).agreed),
+        "topology": g in planner._topologies,
+        "info": g in group_mod._INFO,
+    }
     ref = weakref.ref(g)
     dist.destroy_process_group(g)
     del g, p
     gc.collect()
-    return {"sum": a.tolist(), "two_level": b.tolist(), "decoded": bool(torch.isfinite(out).all()),
-            "held": held, "freed": ref() is None, "placement": same}
+    return {
+        "sum": a.tolist(),
+        "two_level": b.tolist(),
+        "decoded": bool(torch.isfinite(out).all()),
+        "held": held,
+        "freed": ref() is None,
+        "placement": same,
+    }
 
 
 def readme_snippet(rank: int, world: int, source: str, cwd: str, func: str = "work"):
@@ -247,6 +273,7 @@ def readme_snippet(rank: int, world: int, source: str, cwd: str, func: str = "wo
 def whoami(rank: int, world: int) -> tuple:
     """This rank's arguments, its env:// variables and the sum of the ranks over the group."""
     import torch.distributed as dist
+
     total = torch.tensor([float(rank)])
     dist.all_reduce(total)
     env = tuple(os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
@@ -271,6 +298,7 @@ def unpicklable_on(rank: int, world: int, bad: int):
 def sleep_on(rank: int, world: int, who: int, seconds: float, pid_dir: str) -> int:
     """Write this rank's pid to ``pid_dir``; rank ``who`` then sleeps ``seconds``."""
     import time
+
     with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
     if rank == who:
@@ -284,6 +312,7 @@ def native_choice(rank: int, world: int, sizes: list[int]) -> list[tuple]:
     user operator (never native)."""
     from treecoll.collectives import group
     from treecoll.collectives.planner import default_planner
+
     calls = []
     original = group.TorchTransport.native_allreduce
 

@@ -1,4 +1,5 @@
 """Hand-built topologies and schedules for the simulator tests (no builder/compile dependency)."""
+
 from __future__ import annotations
 
 import networkx as nx

@@ -1,4 +1,5 @@
 """Builders: registry, shapes, two-level trees on the shipped topologies, optimality of auto."""
+
 from __future__ import annotations
 
 import math
@@ -51,9 +52,8 @@ def test_nccl_double_binary_tree():
         inner = [{r for r in range(n) if t.children[r]} for t in m.trees]
         # complementary (Sanders): no rank is an inner node of both trees (except where NCCL's shape forces one)
         assert len(inner[0] & inner[1]) <= 1
-        if n % 2 == 0:   # mirror
-            assert m.trees[1].parents == tuple(-1 if p == -1 else n - 1 - p
-                                               for p in reversed(m.trees[0].parents))
+        if n % 2 == 0:  # mirror
+            assert m.trees[1].parents == tuple(-1 if p == -1 else n - 1 - p for p in reversed(m.trees[0].parents))
 
 
 def _builder_cases():
@@ -70,12 +70,12 @@ def test_every_builder_on_every_shipped_topology(topo_name, builder):
     two_level keeps every host's ranks together with one edge into each non-root host."""
     t = shipped(topo_name)
     gpus = t.rank_gpus()
-    if len(gpus) > 128:   # the 8192-rank cluster: the first 16 hosts
+    if len(gpus) > 128:  # the 8192-rank cluster: the first 16 hosts
         hosts = t.hosts()[:16]
         gpus = tuple(g for g in gpus if t.host_of(g) in hosts)
     opts = {"nbytes": 1 << 20} if builder in ("auto", "two_level") else {}
     if builder == "auto":
-        opts["search"] = False     # the search itself is checked by the optimality tests below
+        opts["search"] = False  # the search itself is checked by the optimality tests below
     plan = build(builder, t, gpus, **opts)
     again = build(builder, t, gpus, **opts)
     assert plan == again and plan.fingerprint() == again.fingerprint()
@@ -116,16 +116,17 @@ def test_two_level_rails_give_one_tree_per_nic():
     assert isinstance(m, MultiTree) and len(m) == len(t.nics(t.hosts()[0]))
     nics = set()
     for tree in m.trees:
-        (c, p), = [(c, p) for c, p in tree.edges() if t.host_of(gpus[c]) != t.host_of(gpus[p])]
+        ((c, p),) = [(c, p) for c, p in tree.edges() if t.host_of(gpus[c]) != t.host_of(gpus[p])]
         nics.add(t.nearest_nic(gpus[c]))
-    assert len(nics) == len(m)            # every NIC carries a share
-    assert build("two_level", t, nbytes=64 << 20).fingerprint() == m.fingerprint()   # rails="auto", large
+    assert len(nics) == len(m)  # every NIC carries a share
+    assert build("two_level", t, nbytes=64 << 20).fingerprint() == m.fingerprint()  # rails="auto", large
 
 
 def _slow_rail(name: str):
     """``name`` with the network links of every host's NIC 1 at 50 µs: its rail's tree is slow
     for small messages, while large ones still gain from the extra NIC."""
     from treecoll.topo import Topology
+
     g = shipped(name).graph.copy()
     for u, v, d in g.edges(data=True):
         if d["kind"] == "net" and (u.endswith("/nic1") or v.endswith("/nic1")):
@@ -151,7 +152,7 @@ def test_two_level_rails_auto_follows_the_cost_model(topo_name, nbytes):
     assert chosen == (per_rail if t_rails < t_one else one)
     if topo_name == "slow-rail" and nbytes <= 3 << 20:
         assert t_one < t_rails and isinstance(chosen, Tree)
-    elif nbytes >= 64 << 20 and topo_name.startswith("dgx"):   # hosts joined by NICs only: the rails share the bytes
+    elif nbytes >= 64 << 20 and topo_name.startswith("dgx"):  # hosts joined by NICs only: the rails share the bytes
         assert t_rails < t_one and isinstance(chosen, MultiTree)
 
 
@@ -160,14 +161,14 @@ def test_two_level_pcie_keeps_sockets_together():
     gpus = t.rank_gpus()
     tree = build("two_level", t)
     paths = {(c, p): t.path(gpus[c], gpus[p]) for c, p in tree.edges()}
-    assert sum(p.nccl == "SYS" for p in paths.values()) == 1      # one edge crosses the sockets
+    assert sum(p.nccl == "SYS" for p in paths.values()) == 1  # one edge crosses the sockets
     # GPUs under one PCIe switch are joined directly
     assert sum(p.nccl == "PIX" for p in paths.values()) == 4
 
 
 # ---------------------------------------------------------------------- optimality
 SINGLE_HOST = [n for n in SHIPPED if len(shipped(n).hosts()) == 1 and len(shipped(n).rank_gpus()) <= 8]
-FAST = (1, 8)   # chunk counts tried by both auto and the brute force (same score either way)
+FAST = (1, 8)  # chunk counts tried by both auto and the brute force (same score either way)
 
 
 def _optimality_cases():
@@ -204,8 +205,8 @@ def test_auto_optimal_on_eight_gpu_switch_hosts(topo_name, nbytes):
 
 
 def test_enumerations_are_complete():
-    assert sum(1 for _ in rooted_trees(5)) == 5 ** 4
-    assert len({t.parents for t in rooted_trees(4)}) == 4 ** 3
+    assert sum(1 for _ in rooted_trees(5)) == 5**4
+    assert len({t.parents for t in rooted_trees(4)}) == 4**3
     assert not is_symmetric(CostModel(shipped("pcie-8gpu")))
 
 
@@ -229,7 +230,7 @@ def test_auto_gap_to_lower_bound_on_large_groups(topo_name, factor):
     GPUs (double binary trees: 7 levels to fill, no host boundary) within 3x; 16 hosts
     (inner hosts with two children) within 4x."""
     t = shipped(topo_name)
-    model = CostModel(t, mode="in-kernel")      # the trees' physics, without the executor's per-message cost
+    model = CostModel(t, mode="in-kernel")  # the trees' physics, without the executor's per-message cost
     plan = build("auto", t, nbytes=64 << 20, model=model)
     secs = model.best_nchunks(plan, 64 << 20)[1]
     lb = model.lower_bound(64 << 20, in_network=False)
@@ -243,10 +244,11 @@ def test_automorphisms_keep_every_cost():
     import random
 
     from treecoll.collectives.bruteforce import _relabel_parents, rank_automorphisms
+
     t = shipped("pcie-8gpu")
     model = CostModel(t, chunk_candidates=FAST)
     perms = rank_automorphisms(model)
-    assert len(perms) == 128            # 4 switches x 2 GPUs, 2 switches per socket, 2 sockets
+    assert len(perms) == 128  # 4 switches x 2 GPUs, 2 switches per socket, 2 sockets
     assert perms[0] == tuple(range(8))
     rng = random.Random(7)
     for _ in range(40):
@@ -259,16 +261,18 @@ def test_automorphisms_keep_every_cost():
 @pytest.mark.parametrize("nbytes", [8, 16 << 20])
 def test_symmetry_reduction_finds_the_full_minimum(nbytes):
     from treecoll.collectives.bruteforce import trees_up_to_symmetry
+
     t = shipped("pcie-8gpu")
     model = CostModel(t, t.rank_gpus()[:5], chunk_candidates=FAST)
     kept = list(trees_up_to_symmetry(model))
-    assert len(kept) < 5 ** 4
+    assert len(kept) < 5**4
     assert brute_force(model, nbytes, trees=kept)[0] == pytest.approx(brute_force(model, nbytes)[0], rel=1e-12)
 
 
 @pytest.fixture(scope="module")
 def pcie8_trees():
     from treecoll.collectives.bruteforce import trees_up_to_symmetry
+
     return list(trees_up_to_symmetry(CostModel(shipped("pcie-8gpu"))))
 
 
@@ -285,11 +289,11 @@ def test_auto_reaches_the_minimum_on_eight_pcie_ranks(nbytes, pcie8_trees):
 
 def test_order_children_sends_to_the_deepest_subtree_first():
     model = CostModel(nranks=6)
-    tree = Tree.from_children([[1, 2, 3], [], [4], [], [5], []])    # 2 -> 4 -> 5 is the long branch
+    tree = Tree.from_children([[1, 2, 3], [], [4], [], [5], []])  # 2 -> 4 -> 5 is the long branch
     ordered = model.order_children(tree, 8)
     assert ordered.children[0][0] == 2 and ordered.parents == tree.parents
     assert model.tree_time(ordered, 8, "broadcast") < model.tree_time(tree, 8, "broadcast")
-    assert model.order_children(tree, 8, "reduce") is tree          # no broadcast phase: unchanged
+    assert model.order_children(tree, 8, "reduce") is tree  # no broadcast phase: unchanged
 
 
 @pytest.mark.parametrize("spec", ["kary:0", "kary:-2", "chain:3"])

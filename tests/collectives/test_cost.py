@@ -1,4 +1,5 @@
 """Cost model (alpha-beta with link sharing) and the NCCL-parity predictor."""
+
 from __future__ import annotations
 
 import math
@@ -38,10 +39,10 @@ def test_point_to_point_is_alpha_beta_on_the_path():
 def test_link_sharing_divides_bandwidth():
     cm = CostModel(_pcie_pair_topology())
     alone = cm.rates([(1, 0)])[(1, 0)]
-    both = cm.rates([(1, 0), (2, 0)])            # share the switch -> gpu0 link
+    both = cm.rates([(1, 0), (2, 0)])  # share the switch -> gpu0 link
     assert alone == pytest.approx(12e9)
     assert both[(1, 0)] == pytest.approx(6e9) and both[(2, 0)] == pytest.approx(6e9)
-    assert cm.rates([(1, 0), (0, 2)])[(1, 0)] == pytest.approx(12e9)   # other directions do not share
+    assert cm.rates([(1, 0), (0, 2)])[(1, 0)] == pytest.approx(12e9)  # other directions do not share
 
 
 def test_nvswitch_parallel_routes_share_per_link():
@@ -108,6 +109,7 @@ def test_lower_bound_holds_for_every_algorithm_shown(name):
     """``tree build`` prints the lower bound next to the builders' predictions and NCCL's
     (ring, tree, nvls): it must bound every one of them, at every size."""
     from treecoll.collectives.sim.nccl_model import nccl_algos
+
     t = shipped(name)
     gpus = _lb_gpus(t)
     cm = CostModel(t, gpus)
@@ -116,7 +118,7 @@ def test_lower_bound_holds_for_every_algorithm_shown(name):
     try:
         nccl = nccl_algos(t, gpus)
         nccl_predict(t, gpus, 8, "ring")
-    except TreeError:        # CPU rank slots: no NCCL
+    except TreeError:  # CPU rank slots: no NCCL
         nccl = ()
     for nbytes in (8, 64 << 10, 4 << 20, 1 << 30):
         lb = cm.lower_bound(nbytes)
@@ -125,8 +127,9 @@ def test_lower_bound_holds_for_every_algorithm_shown(name):
         shown.update({p.name: cm.best_nchunks(p, nbytes)[1] for p in plans})
         shown["two_level"] = cm.best_nchunks(build("two_level", t, gpus, nbytes=nbytes), nbytes)[1]
         if two_hosts:
-            shown["two_level rails"] = cm.best_nchunks(build("two_level", t, gpus, nbytes=nbytes, rails=True),
-                                                       nbytes)[1]
+            shown["two_level rails"] = cm.best_nchunks(build("two_level", t, gpus, nbytes=nbytes, rails=True), nbytes)[
+                1
+            ]
         shown["ring"], shown["rsag"] = cm.ring_time(nbytes), cm.rsag_time(nbytes)
         below = {k: v for k, v in shown.items() if v < lb}
         assert not below, (nbytes, lb, below)
@@ -135,8 +138,10 @@ def test_lower_bound_holds_for_every_algorithm_shown(name):
 def _port(t) -> float:
     """GB/s of the slowest GPU's links, the smaller direction."""
     g = t.graph
-    return min(min(sum(d["bw"] for _, _, d in g.out_edges(x, data=True)),
-                   sum(d["bw"] for _, _, d in g.in_edges(x, data=True))) for x in t.rank_gpus())
+    return min(
+        min(sum(d["bw"] for _, _, d in g.out_edges(x, data=True)), sum(d["bw"] for _, _, d in g.in_edges(x, data=True)))
+        for x in t.rank_gpus()
+    )
 
 
 def test_lower_bound_per_gpu_volume_with_and_without_in_network_reduction():
@@ -191,8 +196,9 @@ def test_nccl_latencies_match_the_reference_examples():
     """NCCL's latency model (tuning.cc baseLat + hwLat per step) worked out by hand for 8 GPUs on
     one NVSwitch host and 16 such hosts (latencyInter 0)."""
     one = _switch_host(1, 8)
-    lat = {(a, p): nccl_predict(one, None, 8, a, p)["lat_us"]
-           for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")}
+    lat = {
+        (a, p): nccl_predict(one, None, 8, a, p)["lat_us"] for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")
+    }
     assert lat[("ring", "LL")] == pytest.approx(15.0) and lat[("ring", "LL128")] == pytest.approx(40.6)
     assert lat[("ring", "Simple")] == pytest.approx(56.0)
     assert lat[("tree", "LL")] == pytest.approx(15.2) and lat[("tree", "LL128")] == pytest.approx(31.5)
@@ -212,7 +218,7 @@ def test_nccl_model_adds_the_nics_latency_per_inter_node_step(algo, inter_steps)
     for proto, times in (("LL", 1), ("LL128", 1), ("Simple", 2)):
         d = nccl_predict(efa, None, 8, algo, proto)["lat_us"] - nccl_predict(plain, None, 8, algo, proto)["lat_us"]
         assert d == pytest.approx(inter_steps * times * 75.0)
-    one = _switch_host(1, 8, nic_lat=75.0)   # one host: no network step, no plugin latency
+    one = _switch_host(1, 8, nic_lat=75.0)  # one host: no network step, no plugin latency
     assert nccl_predict(one, None, 8, algo)["lat_us"] == nccl_predict(_switch_host(1, 8), None, 8, algo)["lat_us"]
 
 
@@ -220,6 +226,7 @@ def test_ll128_only_where_nccl_enables_it():
     """NCCL 2.30 enables LL128 by default only over NVLink inside hosts, PCIe-switch-close NICs
     across hosts and one compute capability (tuning.cc); a PCIe-only box gets LL and Simple."""
     from treecoll.collectives.sim.simulator import _profiles
+
     nv, pcie = _switch_host(2, 8), _pcie_pair_topology()
     assert ll128_enabled(nv, nv.rank_gpus()) and not ll128_enabled(pcie, pcie.rank_gpus())
     assert not ll128_enabled(_switch_host(1, 4, sm=60), _switch_host(1, 4, sm=60).rank_gpus())
@@ -232,7 +239,7 @@ def test_ll128_only_where_nccl_enables_it():
     assert [p.name for p in _profiles("auto", 1 << 20, nv, nv.rank_gpus())] == ["nccl-ll", "nccl-ll128", "nccl-simple"]
     for size in (8, 1 << 16, 1 << 20, 1 << 24, 1 << 30):
         assert nccl_predict(pcie, None, size, "ring")["proto"] != "LL128"
-    assert nccl_predict(nv, None, 1 << 22, "ring")["proto"] == "LL128"   # enabled, and the fastest here
+    assert nccl_predict(nv, None, 1 << 22, "ring")["proto"] == "LL128"  # enabled, and the fastest here
 
 
 def test_nccl_protocol_choice_and_bandwidth():
@@ -272,6 +279,9 @@ def test_nccl_model_is_finite_on_other_shipped_topologies():
     for name in ("pcie-8gpu", "dgx-h100-x2", "gb200-nvl72"):
         r = nccl_predict(shipped(name), None, 1 << 26, "ring")
         assert math.isfinite(r["time"]) and r["time"] > 0 and r["busbw"] > 0
-    with pytest.raises(TreeError, match=r"nccl model: rank slot 'h0/gpu0' is a CPU process \(model 'cpu-process'\); "
-                                        r"NCCL and its tuning model apply to NVIDIA GPUs only"):
+    with pytest.raises(
+        TreeError,
+        match=r"nccl model: rank slot 'h0/gpu0' is a CPU process \(model 'cpu-process'\); "
+        r"NCCL and its tuning model apply to NVIDIA GPUs only",
+    ):
         nccl_predict(shipped("cpu-local"), None, 8, "ring")

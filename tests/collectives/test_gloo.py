@@ -5,6 +5,7 @@ fixture of conftest.py is started once: spawning is slow on 2 cores) that run
 many cases per task (_coll_tasks.py). Every wait is bounded: the pool's own
 timeouts and the collectives' ``timeout=``.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,12 +30,24 @@ def _cases(world: int, builders, *, topology=None, ranks=None, rows=7):
             ops = ["sum"] if coll == "broadcast" else ["sum", "pair", "matmul"]
             for op in ops:
                 if op == "matmul" and b in ("double_binary", "two_level", "star"):
-                    continue      # not order preserving: covered by the error test
+                    continue  # not order preserving: covered by the error test
                 root = (len(cases) % world) if coll != "allreduce" else None
                 if op == "matmul" and root not in (None, 0) and b != "auto":
                     root = 0
-                cases.append((coll, b, op, 1 + len(cases) % 3, root, rows, len(cases), "tree",
-                              topology if topo_builder else None, ranks if topo_builder else None))
+                cases.append(
+                    (
+                        coll,
+                        b,
+                        op,
+                        1 + len(cases) % 3,
+                        root,
+                        rows,
+                        len(cases),
+                        "tree",
+                        topology if topo_builder else None,
+                        ranks if topo_builder else None,
+                    )
+                )
     for algo in ("ring", "rsag"):
         cases.append(("allreduce", None, "sum", world * 2, None, 33, 99, algo, None, None))
     cases.append(("allreduce", None, "matmul", world, None, 9, 98, "rsag", None, None))
@@ -76,10 +89,13 @@ def test_shapes_that_differ_after_agreement_time_out_never_mix(pool4):
     res = pool4.run(tasks.shapes_differ_after_agreement, timeout=90)
     for r, got in enumerate(res):
         (t_first, first), (t_again, again) = got[0]
-        assert 1.9 < t_first < 10 and re.match(rf"allreduce: rank {r} failed (receiving|sending) chunk 0 (from|to) "
-                                               r"rank \d within 2 s: ", first), first
+        assert 1.9 < t_first < 10 and re.match(
+            rf"allreduce: rank {r} failed (receiving|sending) chunk 0 (from|to) "
+            r"rank \d within 2 s: ",
+            first,
+        ), first
         assert t_again < 0.5 and "the process group is unusable" in again
-        assert got[1] == 4.0            # the default group still works
+        assert got[1] == 4.0  # the default group still works
 
 
 def test_a_destroyed_group_is_not_kept_alive(pool4):
@@ -99,7 +115,7 @@ def _readme_tree_files():
     """The README's "Tree files" section: its fenced blocks as (language, text)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index("### Tree files\n")
-    section = text[start: text.index("\n## ", start)]
+    section = text[start : text.index("\n## ", start)]
     return re.findall(r"```(\w*)\n(.*?)```", section, re.DOTALL)
 
 
@@ -121,7 +137,7 @@ def _shown_in(shown: list[str], got: str) -> None:
         if line.strip() == "...":
             continue
         assert line in rest, f"README line not in the output (or out of order): {line!r}\n{got}"
-        rest = rest[rest.index(line) + 1:]
+        rest = rest[rest.index(line) + 1 :]
 
 
 def test_readme_tree_file_flow_four_processes(pool4, tmp_path, monkeypatch, capsys):
@@ -133,6 +149,7 @@ def test_readme_tree_file_flow_four_processes(pool4, tmp_path, monkeypatch, caps
 
     from treecoll.collectives.tree_io import loads_tree
     from treecoll.tools.cli import main
+
     blocks = _readme_tree_files()
     yamls = [b for lang, b in blocks if lang == "yaml"]
     assert len(yamls) == 5
@@ -174,8 +191,10 @@ def test_rank_exiting_early_is_an_error_naming_the_peer_then_the_group_is_unusab
             # later calls fail at once, say why (the first failure) and what to do
             for t, msg, what in ((t_again, again, "allreduce"), (t_other, other, "broadcast(root=0)")):
                 assert t < 0.5, (t, msg)
-                assert msg.startswith(f"{what}: the process group is unusable: an earlier collective on it failed ("
-                                      + first.splitlines()[0][:60]), msg
+                assert msg.startswith(
+                    f"{what}: the process group is unusable: an earlier collective on it failed ("
+                    + first.splitlines()[0][:60]
+                ), msg
                 assert "destroy it (torch.distributed.destroy_process_group(group)) and create a new one" in msg
         assert time.time() - t0 < 30
 

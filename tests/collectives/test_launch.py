@@ -1,5 +1,6 @@
 """treecoll.collectives.launch, the one launcher: spawned ranks, the rank pool, joining a job started
 with torchrun's variables, and ranks that are commands. Real processes throughout."""
+
 from __future__ import annotations
 
 import io
@@ -24,15 +25,21 @@ PY = sys.executable
 # --------------------------------------------------------------------------- the env:// variables
 
 
-@pytest.mark.parametrize("env, msg", [
-    ({"RANK": "0"}, "environment: expected RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together (torchrun or "
-                    "any env:// launcher sets them), got RANK without WORLD_SIZE, MASTER_ADDR, MASTER_PORT; launch "
-                    "with torchrun, or unset RANK"),
-    ({**JOB, "RANK": "2"}, "environment: RANK='2': expected an integer 0..1"),
-    ({**JOB, "WORLD_SIZE": "0"}, "environment: WORLD_SIZE='0': expected an integer >= 1"),
-    ({**JOB, "MASTER_PORT": "http"}, "environment: MASTER_PORT='http': expected an integer 1..65535"),
-    ({**JOB, "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "environment: LOCAL_RANK='2': expected an integer 0..1"),
-])
+@pytest.mark.parametrize(
+    "env, msg",
+    [
+        (
+            {"RANK": "0"},
+            "environment: expected RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together (torchrun or "
+            "any env:// launcher sets them), got RANK without WORLD_SIZE, MASTER_ADDR, MASTER_PORT; launch "
+            "with torchrun, or unset RANK",
+        ),
+        ({**JOB, "RANK": "2"}, "environment: RANK='2': expected an integer 0..1"),
+        ({**JOB, "WORLD_SIZE": "0"}, "environment: WORLD_SIZE='0': expected an integer >= 1"),
+        ({**JOB, "MASTER_PORT": "http"}, "environment: MASTER_PORT='http': expected an integer 1..65535"),
+        ({**JOB, "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "environment: LOCAL_RANK='2': expected an integer 0..1"),
+    ],
+)
 def test_half_a_job_is_refused_naming_the_variable(env, msg):
     with pytest.raises(LaunchError) as info:
         launch.job_from_env(env)
@@ -55,8 +62,11 @@ def test_run_spawns_without_a_job_and_joins_one_of_the_same_size(monkeypatch):
         launch.run(tasks.whoami, None)
     for key, value in JOB.items():
         monkeypatch.setenv(key, value)
-    with pytest.raises(LaunchError, match=r"^launch: expected 2 processes \(the WORLD_SIZE of the launched job\) "
-                                          r"or none, got 3$"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^launch: expected 2 processes \(the WORLD_SIZE of the launched job\) "
+        r"or none, got 3$",
+    ):
         launch.run(tasks.whoami, 3)
     with pytest.raises(LaunchError, match=r"^launch: expected a positive number of processes, got 0$"):
         launch.RankPool(0)
@@ -75,15 +85,21 @@ def test_a_failing_rank_is_named_and_the_pool_goes_on(pool4):
         pool4.run(tasks.refuse_on, 2)
     assert isinstance(info.value, CollectiveError) and info.value.rank == 2
     assert 'raise ValueError(f"rank {bad} refuses")' in info.value.remote_traceback
-    with pytest.raises(LaunchError, match=r"^launch: rank 0 failed: AttributeError: Can't pickle local object "
-                                          r"'unpicklable_on.<locals>.<lambda>'$"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^launch: rank 0 failed: AttributeError: Can't pickle local object "
+        r"'unpicklable_on.<locals>.<lambda>'$",
+    ):
         pool4.run(tasks.unpicklable_on, 0)
     assert pool4.run(tasks.rank_only) == [0, 10, 20, 30]
 
 
 def test_what_cannot_reach_the_ranks_is_refused_before_sending(pool4):
-    with pytest.raises(LaunchError, match=r"^launch: expected a module-level function and picklable arguments, "
-                                          r"got 'test_what_cannot_reach_the_ranks_is_refused_before_sending.<locals>"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^launch: expected a module-level function and picklable arguments, "
+        r"got 'test_what_cannot_reach_the_ranks_is_refused_before_sending.<locals>",
+    ):
         pool4.run(lambda rank, world: rank)
     with pytest.raises(LaunchError, match=r"^launch: ranks: expected ranks in 0\.\.3, got \[4\]$"):
         pool4.run(tasks.rank_only, ranks=[4])
@@ -114,8 +130,11 @@ def test_spawn_reraises_the_first_failing_rank():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_rank_past_the_timeout_is_killed_with_its_group(tmp_path):
     t0 = time.monotonic()
-    with pytest.raises(LaunchError, match=r"^launch: sleep_on: expected 2 ranks to answer within 2 s, got no "
-                                          r"answer from ranks \[0\]; every rank was killed$"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^launch: sleep_on: expected 2 ranks to answer within 2 s, got no "
+        r"answer from ranks \[0\]; every rank was killed$",
+    ):
         launch.spawn(tasks.sleep_on, 2, 0, 120, str(tmp_path), timeout=2)
     assert time.monotonic() - t0 < 60
     pids = _pids(tmp_path)
@@ -146,7 +165,7 @@ def _kill_parent_then_check_ranks(script: str, tmp_path) -> None:
     assert not survivors, f"ranks {survivors} outlived their parent"
 
 
-_SPAWN_PARENT = '''
+_SPAWN_PARENT = """
 import os, sys, time
 from treecoll.collectives import launch
 
@@ -157,16 +176,16 @@ def wait_forever(rank, world, out):
 
 if __name__ == "__main__":
     launch.spawn(wait_forever, 2, sys.argv[1], timeout=120)
-'''
+"""
 
-_COMMANDS_PARENT = '''
+_COMMANDS_PARENT = """
 import os, sys
 from treecoll.collectives import launch
 
 rank = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 argvs = [[sys.executable, "-c", rank, os.path.join(sys.argv[1], f"rank{r}.pid")] for r in range(2)]
 launch.run_commands(argvs, [dict(os.environ)] * 2, timeout=120)
-'''
+"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
@@ -178,7 +197,7 @@ def test_ranks_die_with_a_killed_parent(script, tmp_path):
 # --------------------------------------------------------------------------- joining a launched job
 
 
-_JOINED = '''
+_JOINED = """
 import json
 import torch.distributed as dist
 from treecoll.collectives import launch
@@ -203,7 +222,7 @@ if __name__ == "__main__":
     print(json.dumps(out))
     dist.barrier()   # leave together: a group alive at exit aborts the process
     dist.destroy_process_group()
-'''
+"""
 
 
 def test_join_a_job_started_with_torchrun_variables(tmp_path):
@@ -215,9 +234,13 @@ def test_join_a_job_started_with_torchrun_variables(tmp_path):
     res = launch.run_commands([[PY, str(script)]] * 2, envs, timeout=120, tag_output=True, stdout=log, stderr=log)
     assert res == CommandsResult(0, (0, 0), None, False, res.seconds), log.getvalue()[-2000:]
     printed = sorted(line for line in log.getvalue().splitlines() if line[5:6] == "{")
-    expected = {"created": [[0, 2, "x", "gloo"], [1, 2, "x", "gloo"]], "after": False,
-                "existing": [[0, 2, "y", "gloo"], [1, 2, "y", "gloo"]],
-                "error": ["launch: rank 1 failed: ValueError: rank 1 refuses", 1], "still": True}
+    expected = {
+        "created": [[0, 2, "x", "gloo"], [1, 2, "x", "gloo"]],
+        "after": False,
+        "existing": [[0, 2, "y", "gloo"], [1, 2, "y", "gloo"]],
+        "error": ["launch: rank 1 failed: ValueError: rank 1 refuses", 1],
+        "still": True,
+    }
     assert [(line[:5], json.loads(line[5:])) for line in printed] == [("[r0] ", expected), ("[r1] ", expected)]
 
 
@@ -227,25 +250,34 @@ def test_join_a_job_started_with_torchrun_variables(tmp_path):
 def test_the_first_failing_command_stops_the_others():
     argvs = [[PY, "-c", "import time; time.sleep(60)"], [PY, "-c", "import sys; sys.exit(3)"]]
     res = launch.run_commands(argvs, [dict(os.environ)] * 2, grace=2.0)
-    assert (res.returncode, res.returncodes, res.failed_rank, res.timed_out) == (3, (128 + signal.SIGTERM, 3), 1,
-                                                                                 False)
+    assert (res.returncode, res.returncodes, res.failed_rank, res.timed_out) == (3, (128 + signal.SIGTERM, 3), 1, False)
     assert res.seconds < 20
 
 
 def test_commands_past_the_timeout_are_killed_and_output_is_tagged():
     log = io.StringIO()
-    argvs = [[PY, "-c", "import sys, time; print('a'); print('b', file=sys.stderr, flush=True); time.sleep(60)"],
-             [PY, "-c", "import time; print('c', flush=True); time.sleep(60)"]]
-    res = launch.run_commands(argvs, [dict(os.environ)] * 2, timeout=2.0, grace=1.0, tag_output=True, stdout=log,
-                              stderr=log)
+    argvs = [
+        [PY, "-c", "import sys, time; print('a'); print('b', file=sys.stderr, flush=True); time.sleep(60)"],
+        [PY, "-c", "import time; print('c', flush=True); time.sleep(60)"],
+    ]
+    res = launch.run_commands(
+        argvs, [dict(os.environ)] * 2, timeout=2.0, grace=1.0, tag_output=True, stdout=log, stderr=log
+    )
     assert (res.returncode, res.returncodes, res.failed_rank, res.timed_out) == (
-        launch.TIMEOUT_EXIT, (128 + signal.SIGTERM,) * 2, None, True)
+        launch.TIMEOUT_EXIT,
+        (128 + signal.SIGTERM,) * 2,
+        None,
+        True,
+    )
     assert sorted(log.getvalue().splitlines()) == ["[r0] a", "[r0] b", "[r1] c"]
 
 
 def test_commands_that_cannot_start_are_refused():
-    with pytest.raises(LaunchError, match=r"^run_commands: expected one non-empty command and one environment per "
-                                          r"rank, got 1 commands and 0 environments$"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^run_commands: expected one non-empty command and one environment per "
+        r"rank, got 1 commands and 0 environments$",
+    ):
         launch.run_commands([[PY]], [])
     with pytest.raises(LaunchError, match=r"^rank 1: cannot start '/nonexistent/rank': \[Errno 2\] No such file"):
         launch.run_commands([[PY, "-c", "import time; time.sleep(60)"], ["/nonexistent/rank"]], [{}, {}], grace=1.0)

@@ -6,6 +6,7 @@ from the source's own description in tests/fixtures/README.md), not from the rea
 table contradicts its description (busbw/algbw printed for another GPU count), the expected GPU count was
 worked out by hand from the printed columns: busbw/algbw = 2(n-1)/n for allreduce.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,91 +28,386 @@ EXPECTED = {
     "a100-16gpu-2node-allreduce-aws-p4de-efa.txt": (29, 8, 2147483648, "allreduce", 16, None, None, "a100-sxm"),
     "a100-4gpu-1node-allreduce.txt": (25, 8, 134217728, "allreduce", 4, 1, "NVIDIA A100-SXM4-80GB", "a100-sxm-4"),
     "b200-16gpu-2node-allgather.txt": (24, 1024, 8589934592, "allgather", 16, 2, "NVIDIA B200", "hgx-b200"),
-    "gh200-8gpu-2node-allreduce-slingshot.txt": (25, 8, 134217728, "allreduce", 8, 2, "NVIDIA GH200 120GB",
-                                                 "gh200-x4"),
-    "h100-16gpu-2node-allreduce-ring.txt": (14, 1048576, 8589934592, "allreduce", 16, 2, "NVIDIA H100 80GB HBM3",
-                                            "h100-sxm"),
+    "gh200-8gpu-2node-allreduce-slingshot.txt": (25, 8, 134217728, "allreduce", 8, 2, "NVIDIA GH200 120GB", "gh200-x4"),
+    "h100-16gpu-2node-allreduce-ring.txt": (
+        14,
+        1048576,
+        8589934592,
+        "allreduce",
+        16,
+        2,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
     "h100-16gpu-2node-allreduce.txt": (32, 8, 17179869184, "allreduce", 16, 2, "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "h200-2gpu-2node-allreduce-gke-mpioperator.txt": (24, 1024, 8589934592, "allreduce", 2, 2, "NVIDIA H200",
-                                                      "h200-sxm"),
+    "h200-2gpu-2node-allreduce-gke-mpioperator.txt": (
+        24,
+        1024,
+        8589934592,
+        "allreduce",
+        2,
+        2,
+        "NVIDIA H200",
+        "h200-sxm",
+    ),
     "l40s-2gpu-2node-allreduce-pcie.txt": (31, 8, 8589934592, "allreduce", 2, 2, "NVIDIA L40S", "l40s"),
-    "rtx5090-4gpu-1node-allreduce-pcie.txt": (25, 8, 134217728, "allreduce", 4, 1, "NVIDIA GeForce RTX 5090",
-                                              "rtx5090"),
-    "v100pcie-4gpu-1node-allreduce-oldformat.txt": (25, 8, 134217728, "allreduce", 4, 1, "Tesla V100-PCIE-32GB",
-                                                    "v100-pcie"),
+    "rtx5090-4gpu-1node-allreduce-pcie.txt": (
+        25,
+        8,
+        134217728,
+        "allreduce",
+        4,
+        1,
+        "NVIDIA GeForce RTX 5090",
+        "rtx5090",
+    ),
+    "v100pcie-4gpu-1node-allreduce-oldformat.txt": (
+        25,
+        8,
+        134217728,
+        "allreduce",
+        4,
+        1,
+        "Tesla V100-PCIE-32GB",
+        "v100-pcie",
+    ),
     # 5 device lines then "...": the list is incomplete; busbw/algbw 115.64/59.68 = 1.9377 -> n = 32
-    "heldout/a100-128gpu-16node-allreduce-ib-oldformat.txt": (31, 8, 8589934592, "allreduce", 32, None,
-                                                              "NVIDIA A100-SXM4-80GB", "a100-sxm"),
+    "heldout/a100-128gpu-16node-allreduce-ib-oldformat.txt": (
+        31,
+        8,
+        8589934592,
+        "allreduce",
+        32,
+        None,
+        "NVIDIA A100-SXM4-80GB",
+        "a100-sxm",
+    ),
     # sendrecv's bus factor is 1 whatever the GPU count, and no device lines: unknown
-    "heldout/a100-8gpu-1node-sendrecv-noheader.txt": (4, 134217728, 1073741824, "sendrecv", None, None, None,
-                                                      "a100-sxm"),
-    "heldout/b200-16gpu-2node-allreduce-gcp-a4-nohash.txt": (11, 8388608, 8589934592, "allreduce", 16, None, None,
-                                                             "hgx-b200"),
-    "heldout/b200-16gpu-2node-allreduce-lambda-ib-nohash.txt": (29, 8, 2147483648, "allreduce", 16, None, None,
-                                                                "hgx-b200"),
-    "heldout/b200-2gpu-1node-allgather-nvlink-ellipsis.txt": (8, 67108864, 8589934592, "allgather", 2, 1,
-                                                              "NVIDIA B200", "hgx-b200"),
-    "heldout/b200-2gpu-2node-allgather-gke-dranet-1nic.txt": (28, 0, 1073741824, "allgather", 2, 2, "NVIDIA B200",
-                                                              "hgx-b200"),
+    "heldout/a100-8gpu-1node-sendrecv-noheader.txt": (
+        4,
+        134217728,
+        1073741824,
+        "sendrecv",
+        None,
+        None,
+        None,
+        "a100-sxm",
+    ),
+    "heldout/b200-16gpu-2node-allreduce-gcp-a4-nohash.txt": (
+        11,
+        8388608,
+        8589934592,
+        "allreduce",
+        16,
+        None,
+        None,
+        "hgx-b200",
+    ),
+    "heldout/b200-16gpu-2node-allreduce-lambda-ib-nohash.txt": (
+        29,
+        8,
+        2147483648,
+        "allreduce",
+        16,
+        None,
+        None,
+        "hgx-b200",
+    ),
+    "heldout/b200-2gpu-1node-allgather-nvlink-ellipsis.txt": (
+        8,
+        67108864,
+        8589934592,
+        "allgather",
+        2,
+        1,
+        "NVIDIA B200",
+        "hgx-b200",
+    ),
+    "heldout/b200-2gpu-2node-allgather-gke-dranet-1nic.txt": (
+        28,
+        0,
+        1073741824,
+        "allgather",
+        2,
+        2,
+        "NVIDIA B200",
+        "hgx-b200",
+    ),
     # (n-1)/n between 89.695/90.405 and 89.705/90.395 fits 128 and 129: unknown
-    "heldout/gb200-128gpu-32node-alltoall-2rack-oci-truncated.txt": (2, 4294967296, 8589934592, "alltoall", None,
-                                                                     None, None, "gb200-nvl72"),
+    "heldout/gb200-128gpu-32node-alltoall-2rack-oci-truncated.txt": (
+        2,
+        4294967296,
+        8589934592,
+        "alltoall",
+        None,
+        None,
+        None,
+        "gb200-nvl72",
+    ),
     # one device line (rank 1439); 2(n-1)/n = 405.74/203.01 fits 1376..1538: unknown
-    "heldout/gb200-1440gpu-360node-allreduce-20rack.txt": (6, 536870912, 17179869184, "allreduce", None, None,
-                                                           "NVIDIA GB200", "gb200-nvl72"),
+    "heldout/gb200-1440gpu-360node-allreduce-20rack.txt": (
+        6,
+        536870912,
+        17179869184,
+        "allreduce",
+        None,
+        None,
+        "NVIDIA GB200",
+        "gb200-nvl72",
+    ),
     # busbw/algbw 810.41/408.40 = 1.98435 = 2 x 127/128 although the device line shows rank 143
-    "heldout/gb200-144gpu-36node-allreduce-2rack.txt": (6, 536870912, 17179869184, "allreduce", 128, None,
-                                                        "NVIDIA Graphics Device", "gb200-nvl72"),
-    "heldout/gb200-64gpu-16node-alltoall-nvl72-oci-truncated.txt": (2, 4294967296, 8589934592, "alltoall", 64, None,
-                                                                    None, "gb200-nvl72"),
-    "heldout/gb200-72gpu-18node-allreduce-nvl72-mnnvl.txt": (5, 536870912, 8589934592, "allreduce", 72, None,
-                                                             "NVIDIA Graphics Device", "gb200-nvl72"),
-    "heldout/gh200-2gpu-2node-allreduce-slingshot-sarus.txt": (8, 1048576, 134217728, "allreduce", 2, 2,
-                                                               "NVIDIA GH200 120GB", "gh200"),
-    "heldout/gh200-8gpu-2node-allreduce-slingshot-nocxi-degraded.txt": (25, 8, 134217728, "allreduce", 8, 2,
-                                                                        "NVIDIA GH200 120GB", "gh200-x4"),
-    "heldout/h100-16gpu-2node-allgather-gcp-a3high-tcpx-nohash.txt": (11, 8388608, 8589934592, "allgather", 16, None,
-                                                                      None, "h100-sxm"),
-    "heldout/h100-16gpu-2node-allgather-gcp-a3mega-tcpxo-nohash.txt": (11, 8388608, 8589934592, "allgather", 16,
-                                                                       None, None, "h100-sxm"),
-    "heldout/h100-16gpu-2node-allreduce-gcp-a3mega-tcpxo.txt": (31, 8, 8589934592, "allreduce", 16, 2,
-                                                                "NVIDIA H100 80GB HBM3", "h100-sxm"),
+    "heldout/gb200-144gpu-36node-allreduce-2rack.txt": (
+        6,
+        536870912,
+        17179869184,
+        "allreduce",
+        128,
+        None,
+        "NVIDIA Graphics Device",
+        "gb200-nvl72",
+    ),
+    "heldout/gb200-64gpu-16node-alltoall-nvl72-oci-truncated.txt": (
+        2,
+        4294967296,
+        8589934592,
+        "alltoall",
+        64,
+        None,
+        None,
+        "gb200-nvl72",
+    ),
+    "heldout/gb200-72gpu-18node-allreduce-nvl72-mnnvl.txt": (
+        5,
+        536870912,
+        8589934592,
+        "allreduce",
+        72,
+        None,
+        "NVIDIA Graphics Device",
+        "gb200-nvl72",
+    ),
+    "heldout/gh200-2gpu-2node-allreduce-slingshot-sarus.txt": (
+        8,
+        1048576,
+        134217728,
+        "allreduce",
+        2,
+        2,
+        "NVIDIA GH200 120GB",
+        "gh200",
+    ),
+    "heldout/gh200-8gpu-2node-allreduce-slingshot-nocxi-degraded.txt": (
+        25,
+        8,
+        134217728,
+        "allreduce",
+        8,
+        2,
+        "NVIDIA GH200 120GB",
+        "gh200-x4",
+    ),
+    "heldout/h100-16gpu-2node-allgather-gcp-a3high-tcpx-nohash.txt": (
+        11,
+        8388608,
+        8589934592,
+        "allgather",
+        16,
+        None,
+        None,
+        "h100-sxm",
+    ),
+    "heldout/h100-16gpu-2node-allgather-gcp-a3mega-tcpxo-nohash.txt": (
+        11,
+        8388608,
+        8589934592,
+        "allgather",
+        16,
+        None,
+        None,
+        "h100-sxm",
+    ),
+    "heldout/h100-16gpu-2node-allreduce-gcp-a3mega-tcpxo.txt": (
+        31,
+        8,
+        8589934592,
+        "allreduce",
+        16,
+        2,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
     # busbw/algbw 386.56/195.31 = 1.97921 = 2 x 95/96, not the 64 GPUs the manifest names
-    "heldout/h100-64gpu-8node-allreduce-ib-sharp-ellipsis.txt": (5, 536870912, 8589934592, "allreduce", 96, None,
-                                                                 None, "h100-sxm"),
-    "heldout/h100-80gpu-10node-allgather.txt": (10, 33553920, 17179868160, "allgather", 80, 10,
-                                                "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "heldout/h100-80gpu-10node-allreduce.txt": (10, 33554432, 17179869184, "allreduce", 80, 10,
-                                                "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "heldout/h100-80gpu-10node-alltoall.txt": (10, 33553920, 17179868160, "alltoall", 80, 10,
-                                               "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "heldout/h100-80gpu-10node-reducescatter.txt": (10, 33553920, 17179868160, "reduce_scatter", 80, 10,
-                                                    "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "heldout/h100-80gpu-10node-sendrecv.txt": (10, 33554432, 17179869184, "sendrecv", 80, 10,
-                                               "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "heldout/h100-8gpu-1node-allgather.txt": (10, 33554432, 17179869184, "allgather", 8, 1, "NVIDIA H100 80GB HBM3",
-                                              "h100-sxm"),
-    "heldout/h100-8gpu-1node-allreduce-aws-p5-batch-tagoutput.txt": (32, 8, 17179869184, "allreduce", 8, None, None,
-                                                                     "h100-sxm"),
-    "heldout/h100-8gpu-1node-alltoall.txt": (10, 33554432, 17179869184, "alltoall", 8, 1, "NVIDIA H100 80GB HBM3",
-                                             "h100-sxm"),
-    "heldout/h100-8gpu-1node-reducescatter.txt": (10, 33554432, 17179869184, "reduce_scatter", 8, 1,
-                                                  "NVIDIA H100 80GB HBM3", "h100-sxm"),
-    "heldout/h100-8gpu-1node-sendrecv.txt": (10, 33554432, 17179869184, "sendrecv", 8, 1, "NVIDIA H100 80GB HBM3",
-                                             "h100-sxm"),
-    "heldout/h200-16gpu-2node-allreduce-nebius-ib.txt": (5, 1073741824, 17179869184, "allreduce", 16, 2,
-                                                         "NVIDIA H200", "h200-sxm"),
-    "heldout/h200-16gpu-2node-allreduce-ring-socket-singlenic.txt": (32, 8, 17179869184, "allreduce", 16, 2,
-                                                                     "NVIDIA H200", "h200-sxm"),
-    "heldout/h200-2gpu-2node-allgather-gcp-a3ultra-gib.txt": (24, 1024, 8589934592, "allgather", 2, 2, "NVIDIA H200",
-                                                              "h200-sxm"),
+    "heldout/h100-64gpu-8node-allreduce-ib-sharp-ellipsis.txt": (
+        5,
+        536870912,
+        8589934592,
+        "allreduce",
+        96,
+        None,
+        None,
+        "h100-sxm",
+    ),
+    "heldout/h100-80gpu-10node-allgather.txt": (
+        10,
+        33553920,
+        17179868160,
+        "allgather",
+        80,
+        10,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-80gpu-10node-allreduce.txt": (
+        10,
+        33554432,
+        17179869184,
+        "allreduce",
+        80,
+        10,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-80gpu-10node-alltoall.txt": (
+        10,
+        33553920,
+        17179868160,
+        "alltoall",
+        80,
+        10,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-80gpu-10node-reducescatter.txt": (
+        10,
+        33553920,
+        17179868160,
+        "reduce_scatter",
+        80,
+        10,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-80gpu-10node-sendrecv.txt": (
+        10,
+        33554432,
+        17179869184,
+        "sendrecv",
+        80,
+        10,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-8gpu-1node-allgather.txt": (
+        10,
+        33554432,
+        17179869184,
+        "allgather",
+        8,
+        1,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-8gpu-1node-allreduce-aws-p5-batch-tagoutput.txt": (
+        32,
+        8,
+        17179869184,
+        "allreduce",
+        8,
+        None,
+        None,
+        "h100-sxm",
+    ),
+    "heldout/h100-8gpu-1node-alltoall.txt": (
+        10,
+        33554432,
+        17179869184,
+        "alltoall",
+        8,
+        1,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-8gpu-1node-reducescatter.txt": (
+        10,
+        33554432,
+        17179869184,
+        "reduce_scatter",
+        8,
+        1,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h100-8gpu-1node-sendrecv.txt": (
+        10,
+        33554432,
+        17179869184,
+        "sendrecv",
+        8,
+        1,
+        "NVIDIA H100 80GB HBM3",
+        "h100-sxm",
+    ),
+    "heldout/h200-16gpu-2node-allreduce-nebius-ib.txt": (
+        5,
+        1073741824,
+        17179869184,
+        "allreduce",
+        16,
+        2,
+        "NVIDIA H200",
+        "h200-sxm",
+    ),
+    "heldout/h200-16gpu-2node-allreduce-ring-socket-singlenic.txt": (
+        32,
+        8,
+        17179869184,
+        "allreduce",
+        16,
+        2,
+        "NVIDIA H200",
+        "h200-sxm",
+    ),
+    "heldout/h200-2gpu-2node-allgather-gcp-a3ultra-gib.txt": (
+        24,
+        1024,
+        8589934592,
+        "allgather",
+        2,
+        2,
+        "NVIDIA H200",
+        "h200-sxm",
+    ),
     # the node count is not stated; busbw/algbw 369.86/186.39 = 1.98433 -> 128
-    "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": (3, 8, 17179869184, "allreduce", 128, None,
-                                                                      None, "h200-sxm"),
-    "heldout/rtx4090-2gpu-1node-allreduce-pcie-k8s.txt": (29, 8, 2147483648, "allreduce", 2, 1,
-                                                          "NVIDIA GeForce RTX 4090", "rtx4090"),
-    "heldout/rtx4090-4gpu-1node-allreduce-pcie-docker.txt": (29, 8, 2147483648, "allreduce", 4, 1,
-                                                             "NVIDIA GeForce RTX 4090", "rtx4090"),
+    "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": (
+        3,
+        8,
+        17179869184,
+        "allreduce",
+        128,
+        None,
+        None,
+        "h200-sxm",
+    ),
+    "heldout/rtx4090-2gpu-1node-allreduce-pcie-k8s.txt": (
+        29,
+        8,
+        2147483648,
+        "allreduce",
+        2,
+        1,
+        "NVIDIA GeForce RTX 4090",
+        "rtx4090",
+    ),
+    "heldout/rtx4090-4gpu-1node-allreduce-pcie-docker.txt": (
+        29,
+        8,
+        2147483648,
+        "allreduce",
+        4,
+        1,
+        "NVIDIA GeForce RTX 4090",
+        "rtx4090",
+    ),
 }
 
 
@@ -141,7 +437,7 @@ def test_reader_on_every_fixture(name):
     assert t.gpu_names() == ((gpu,) if gpu else ())
     assert out.header.source.startswith("https://github.com/")
     assert not t.dropped
-    for r in t.rows:   # algbw as nccl-tests computes it: size / time (total bytes for AG/RS/A2A)
+    for r in t.rows:  # algbw as nccl-tests computes it: size / time (total bytes for AG/RS/A2A)
         m = r.out_of_place
         if m.algbw >= 1:
             assert m.algbw == pytest.approx(r.size / m.time_us / 1e3, rel=0.01, abs=0.006)
@@ -152,6 +448,7 @@ def test_every_fixture_machine_resolves(name):
     """The file's machine facts and the index's flags build the template the source names."""
     from treecoll.tools.machine_flags import parse_machine_flags
     from treecoll.topo.machines import resolve_machine
+
     template = EXPECTED[name][-1]
     entry = yaml.safe_load((FIX / "tables.yaml").read_text())[name]
     m = resolve_machine(parse_machine_flags(entry["flags"]), read(FIX / name).tables[0].machine_facts())
@@ -183,13 +480,15 @@ def test_special_cases_in_the_fixtures():
     assert t.elided == (9,) and "count column disagrees" in t.warnings[0]
     t = read(FIX / "heldout/h100-16gpu-2node-allgather-gcp-a3mega-tcpxo-nohash.txt").tables[0]
     assert t.run.setting("validation") == 0 and t.rows[0].out_of_place.wrong is None
-    assert t.nranks_from == "count column"   # 8388608 B / (131072 x 4 B) = 16 ranks
+    assert t.nranks_from == "count column"  # 8388608 B / (131072 x 4 B) = 16 ranks
     assert read(FIX / "a100-4gpu-1node-allreduce.txt").header.nccl.startswith("not stated")
 
 
 # ---------------------------------------------------------------------------------------------- formats
-HEAD = ("#       size         count      type   redop    root     time   algbw   busbw #wrong"
-        "     time   algbw   busbw #wrong")
+HEAD = (
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+    "     time   algbw   busbw #wrong"
+)
 
 
 def _row(size, count, typ="float", op="sum", root=-1, t=100.0, alg=1.0, bus=1.0, w="0", w2="0"):
@@ -198,36 +497,59 @@ def _row(size, count, typ="float", op="sum", root=-1, t=100.0, alg=1.0, bus=1.0,
 
 
 def test_several_tables_in_one_file_with_their_own_blocks():
-    text = "\n".join([
-        "# Collective test starting: all_reduce_perf", "# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)",
-        "#  Rank  0 Group  0 Pid 1 on a device  0 [0000:01:00] NVIDIA B200",
-        "#  Rank  1 Group  0 Pid 2 on a device  1 [0000:02:00] NVIDIA B200", HEAD,
-        _row(1048576, 262144, alg="10.00", bus="10.00"), "# Avg bus bandwidth    : 10",
-        "# Collective test concluded: all_reduce_perf",
-        "# Collective test starting: all_gather_perf", "# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)",
-        "#  Rank  0 Group  0 Pid 1 on a device  0 [0000:01:00] NVIDIA B200",
-        "#  Rank  1 Group  0 Pid 2 on a device  1 [0000:02:00] NVIDIA B200", HEAD,
-        _row(1048576, 131072, op="none", alg="10.00", bus="5.00"), "# Avg bus bandwidth    : 5",
-    ])
+    text = "\n".join(
+        [
+            "# Collective test starting: all_reduce_perf",
+            "# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)",
+            "#  Rank  0 Group  0 Pid 1 on a device  0 [0000:01:00] NVIDIA B200",
+            "#  Rank  1 Group  0 Pid 2 on a device  1 [0000:02:00] NVIDIA B200",
+            HEAD,
+            _row(1048576, 262144, alg="10.00", bus="10.00"),
+            "# Avg bus bandwidth    : 10",
+            "# Collective test concluded: all_reduce_perf",
+            "# Collective test starting: all_gather_perf",
+            "# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)",
+            "#  Rank  0 Group  0 Pid 1 on a device  0 [0000:01:00] NVIDIA B200",
+            "#  Rank  1 Group  0 Pid 2 on a device  1 [0000:02:00] NVIDIA B200",
+            HEAD,
+            _row(1048576, 131072, op="none", alg="10.00", bus="5.00"),
+            "# Avg bus bandwidth    : 5",
+        ]
+    )
     out = parse(text, "log")
     assert [(t.collective, t.binary, t.nranks, t.line) for t in out.tables] == [
-        ("allreduce", "all_reduce_perf", 2, 5), ("allgather", "all_gather_perf", 2, 13)]
+        ("allreduce", "all_reduce_perf", 2, 5),
+        ("allgather", "all_gather_perf", 2, 13),
+    ]
     assert all(t.complete and len(t.devices) == 2 for t in out.tables)
 
 
 def test_one_binary_sweeping_two_types_gives_two_tables():
-    text = "\n".join([HEAD, _row(1024, 256, alg="0.10", bus="0.18"), _row(2048, 512, alg="0.20", bus="0.35"),
-                      _row(1024, 128, typ="double", alg="0.10", bus="0.18"),
-                      _row(2048, 256, typ="double", alg="0.20", bus="0.35")])
+    text = "\n".join(
+        [
+            HEAD,
+            _row(1024, 256, alg="0.10", bus="0.18"),
+            _row(2048, 512, alg="0.20", bus="0.35"),
+            _row(1024, 128, typ="double", alg="0.10", bus="0.18"),
+            _row(2048, 256, typ="double", alg="0.20", bus="0.35"),
+        ]
+    )
     out = parse(text, "sweep")
     assert [(t.rows[0].type, len(t.rows), t.line, t.complete) for t in out.tables] == [
-        ("float", 2, 1, True), ("double", 2, 4, False)]
+        ("float", 2, 1, True),
+        ("double", 2, 4, False),
+    ]
 
 
 def test_a_row_cut_mid_line_is_dropped_and_reported():
-    text = "\n".join(["# nThread 1 nGpus 8 minBytes 8 maxBytes 64 step: 2(factor)", HEAD,
-                      _row(1048576, 262144, alg="10.00", bus="17.50"),
-                      "     2097152        524288     float     sum      -1    131.9   15.90"])
+    text = "\n".join(
+        [
+            "# nThread 1 nGpus 8 minBytes 8 maxBytes 64 step: 2(factor)",
+            HEAD,
+            _row(1048576, 262144, alg="10.00", bus="17.50"),
+            "     2097152        524288     float     sum      -1    131.9   15.90",
+        ]
+    )
     t = parse(text, "cut.log").tables[0]
     assert len(t.rows) == 1 and not t.complete
     assert t.dropped == ((4, "row ends after 7 of 13 columns (cut mid-line?)"),)
@@ -243,31 +565,47 @@ def test_launcher_prefixes_and_indentation(prefix):
 
 
 def test_comment_lines_without_hash_and_chatter():
-    text = "\n".join(["$ dstack apply -f nccl.yml", "Provisioning...", "---> 100%",
-                      "nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor) warmup iters: 5 iters: 20",
-                      HEAD.lstrip("#").replace("#wrong", "wrong"), "     (B)    (elements)",
-                      _row(8388608, 2097152, alg="53.47", bus="100.25"), "Out of bounds values : 0 OK",
-                      "Avg bus bandwidth    : 100.25", "Warning: Permanently added 'x' to the list of known hosts."])
+    text = "\n".join(
+        [
+            "$ dstack apply -f nccl.yml",
+            "Provisioning...",
+            "---> 100%",
+            "nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor) warmup iters: 5 iters: 20",
+            HEAD.lstrip("#").replace("#wrong", "wrong"),
+            "     (B)    (elements)",
+            _row(8388608, 2097152, alg="53.47", bus="100.25"),
+            "Out of bounds values : 0 OK",
+            "Avg bus bandwidth    : 100.25",
+            "Warning: Permanently added 'x' to the list of known hosts.",
+        ]
+    )
     t = parse(text).tables[0]
     assert t.collective == "allreduce" and t.nranks == 16 and t.complete and t.avg_busbw == 100.25
     assert t.run.ngpus == 1 and t.run.setting("iters") == 20
 
 
 def test_old_formats_without_root_or_redop_columns():
-    gather = "\n".join(["#  size   count  type  time  algbw  busbw  error  time  algbw  busbw  error",
-                        "  1048576  65536  float  80.00  13.11   9.83  0e+00  80.00  13.11   9.83  0e+00"])
-    t = parse(gather).tables[0]   # count per rank: 1048576 / (65536 x 4) = 4 ranks; bus 3/4
+    gather = "\n".join(
+        [
+            "#  size   count  type  time  algbw  busbw  error  time  algbw  busbw  error",
+            "  1048576  65536  float  80.00  13.11   9.83  0e+00  80.00  13.11   9.83  0e+00",
+        ]
+    )
+    t = parse(gather).tables[0]  # count per rank: 1048576 / (65536 x 4) = 4 ranks; bus 3/4
     assert t.columns[3] == "time" and t.rows[0].redop is None and t.collective == "allgather" and t.nranks == 4
-    bcast = "\n".join(["#  size   count  type  root  time  algbw  busbw  error  time  algbw  busbw  error",
-                       "  1048576  262144  float  0  80.00  13.11  13.11  0e+00  80.00  13.11  13.11  0e+00"])
+    bcast = "\n".join(
+        [
+            "#  size   count  type  root  time  algbw  busbw  error  time  algbw  busbw  error",
+            "  1048576  262144  float  0  80.00  13.11  13.11  0e+00  80.00  13.11  13.11  0e+00",
+        ]
+    )
     t = parse(bcast).tables[0]
     assert t.rows[0].root == 0 and t.collective == "broadcast"
 
 
 def test_reduce_broadcast_and_ambiguity_are_said():
     assert parse(_row(1048576, 262144, op="sum", root=0, alg="13.11", bus="13.11")).tables[0].collective == "reduce"
-    assert parse(_row(1048576, 262144, op="none", root=2, alg="13.11", bus="13.11")).tables[0].collective == \
-        "broadcast"
+    assert parse(_row(1048576, 262144, op="none", root=2, alg="13.11", bus="13.11")).tables[0].collective == "broadcast"
     # validation off (N/A everywhere): all_gather and alltoall print the same columns
     t = parse(_row(4194304, 131072, op="none", alg="41.31", bus="36.15", w="N/A", w2="N/A")).tables[0]
     assert t.collective is None and t.candidates == ("allgather", "alltoall") and t.nranks == 8
@@ -277,41 +615,61 @@ def test_reduce_broadcast_and_ambiguity_are_said():
 
 
 def test_a_binary_that_contradicts_the_columns_is_not_trusted_silently():
-    text = "\n".join(["# Collective test starting: all_reduce_perf", HEAD,
-                      _row(4194304, 131072, op="none", alg="41.31", bus="36.15")])
+    text = "\n".join(
+        [
+            "# Collective test starting: all_reduce_perf",
+            HEAD,
+            _row(4194304, 131072, op="none", alg="41.31", bus="36.15"),
+        ]
+    )
     t = parse(text).tables[0]
     assert t.collective is None and t.candidates == ("allreduce", "allgather")
     assert "disagree" in t.warnings[-1]
-    other = parse("# Collective test starting: gather_perf\n" + _row(4194304, 131072, op="none", alg="41.31",
-                                                                      bus="36.15")).tables[0]
+    other = parse(
+        "# Collective test starting: gather_perf\n" + _row(4194304, 131072, op="none", alg="41.31", bus="36.15")
+    ).tables[0]
     assert other.collective is None and other.candidates == () and "gather_perf" in other.warnings[-1]
     # a command line naming another binary than the table is ignored, and said so
-    hint = parse("$ srun all_reduce_perf -b 8\n" + _row(4194304, 131072, op="none", alg="41.31",
-                                                         bus="36.15")).tables[0]
+    hint = parse("$ srun all_reduce_perf -b 8\n" + _row(4194304, 131072, op="none", alg="41.31", bus="36.15")).tables[0]
     assert hint.collective == "allgather" and "ignored the binary all_reduce_perf" in hint.warnings[-1]
 
 
 def test_per_iteration_columns_cputime_and_exponents():
-    head = ("#       size  count  type  redop  root  cputime  algbw  busbw  #wrong  i_min  i_max  i_p99  i_cv%  "
-            "cputime  algbw  busbw  #wrong  i_min  i_max  i_p99  i_cv%")
-    row = ("  1073741824  268435456  float  sum  -1  1.2e+05  8.95  15.66  0  1.1e+05  1.3e+05  1.3e+05  1.5  "
-           "1.2e+05  8.95  15.66  0  1.1e+05  1.3e+05  1.3e+05  1.5")
+    head = (
+        "#       size  count  type  redop  root  cputime  algbw  busbw  #wrong  i_min  i_max  i_p99  i_cv%  "
+        "cputime  algbw  busbw  #wrong  i_min  i_max  i_p99  i_cv%"
+    )
+    row = (
+        "  1073741824  268435456  float  sum  -1  1.2e+05  8.95  15.66  0  1.1e+05  1.3e+05  1.3e+05  1.5  "
+        "1.2e+05  8.95  15.66  0  1.1e+05  1.3e+05  1.3e+05  1.5"
+    )
     t = parse(head + "\n" + row).tables[0]
     m = t.rows[0].in_place
     assert (m.time_us, m.algbw, m.busbw) == (1.2e5, 8.95, 15.66) and t.collective == "allreduce" and t.nranks == 8
 
 
 def test_recognise_uses_the_gpu_count_when_the_devices_give_it():
-    row = nccltests.Row(1, 1048576, 262144, "float", "sum", -1, nccltests.Measurement(63.16, 16.60, 24.90, 0),
-                        nccltests.Measurement(63.08, 16.62, 24.94, 0))
+    row = nccltests.Row(
+        1,
+        1048576,
+        262144,
+        "float",
+        "sum",
+        -1,
+        nccltests.Measurement(63.16, 16.60, 24.90, 0),
+        nccltests.Measurement(63.08, 16.62, 24.94, 0),
+    )
     assert recognise((row,), (), None, nranks=4)[0] == "allreduce"
-    coll, cand, ev, warn = recognise((row,), (), None, nranks=8)   # 2 x 7/8 = 1.75 is not 1.5
+    coll, cand, ev, warn = recognise((row,), (), None, nranks=8)  # 2 x 7/8 = 1.75 is not 1.5
     assert coll is None and cand == () and "contradict" in warn[0]
 
 
 def test_file_errors_are_one_line(tmp_path):
-    for data, want in ((b"", "the file is empty"), (b"\xff\xfe\x00x", "not UTF-8"),
-                       (b"just chatter\n", "no nccl-tests table")):
+    for data, want in (
+        (b"", "the file is empty"),
+        (b"\xff\xfe\x00x", "not UTF-8"),
+        (b"just chatter\n", "no nccl-tests table"),
+    ):
         p = tmp_path / "x.txt"
         p.write_bytes(data)
         with pytest.raises(NcclTestsError) as e:
@@ -323,10 +681,27 @@ def test_file_errors_are_one_line(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- fuzz
 SEED = (FIX / "heldout" / "h100-8gpu-1node-alltoall.txt").read_bytes()[-2500:]
-PIECES = [HEAD, _row(1048576, 262144, alg="10.00", bus="17.50"), "...", "# Using devices",
-          "#  Rank  0 Group  0 Pid 1 on a device  0 [0000:01:00] NVIDIA H100 80GB HBM3", "0: ", "[1,0]<stdout>:",
-          "# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)", "N/A", "nan", "inf", "-1", "1e999",
-          "# Avg bus bandwidth    : 1", "size count type", "(B)", "\t", "#", " 99999999999999999999999 "]
+PIECES = [
+    HEAD,
+    _row(1048576, 262144, alg="10.00", bus="17.50"),
+    "...",
+    "# Using devices",
+    "#  Rank  0 Group  0 Pid 1 on a device  0 [0000:01:00] NVIDIA H100 80GB HBM3",
+    "0: ",
+    "[1,0]<stdout>:",
+    "# nThread 1 nGpus 1 minBytes 8 maxBytes 16 step: 2(factor)",
+    "N/A",
+    "nan",
+    "inf",
+    "-1",
+    "1e999",
+    "# Avg bus bandwidth    : 1",
+    "size count type",
+    "(B)",
+    "\t",
+    "#",
+    " 99999999999999999999999 ",
+]
 PER_FILE_S = 1.0
 
 
@@ -358,7 +733,7 @@ def test_fuzz_text_gives_a_result_or_a_treecoll_error(parts):
 def test_fuzz_bytes_of_a_real_table_give_a_result_or_a_treecoll_error(noise, at, cut):
     t0 = time.perf_counter()
     try:
-        res = parse(SEED[:at] + noise + SEED[at + cut:], "fuzz.txt")
+        res = parse(SEED[:at] + noise + SEED[at + cut :], "fuzz.txt")
     except TreecollError as e:
         res = e
     assert time.perf_counter() - t0 < PER_FILE_S
@@ -371,9 +746,15 @@ def test_out_of_place_and_in_place_runs_are_kept_apart():
     both = parse(HEAD + "\n    8388608   2097152  float  sum  -1  101.5  82.65  144.64  0  99.0  84.73  148.28  0")
     r = both.tables[0].rows[0]
     assert (r.out_of_place.time_us, r.out_of_place.busbw, r.in_place.time_us, r.in_place.busbw) == (
-        101.5, 144.64, 99.0, 148.28)
-    one = parse("#  size  count  type  redop  root  time  algbw  busbw  #wrong\n"
-                "   1048576  262144  float  sum  -1  63.16  16.60  24.90  0\n"
-                "   2097152  524288  float  sum  -1  120.00  17.48  26.21  0\n").tables[0]
+        101.5,
+        144.64,
+        99.0,
+        148.28,
+    )
+    one = parse(
+        "#  size  count  type  redop  root  time  algbw  busbw  #wrong\n"
+        "   1048576  262144  float  sum  -1  63.16  16.60  24.90  0\n"
+        "   2097152  524288  float  sum  -1  120.00  17.48  26.21  0\n"
+    ).tables[0]
     assert [r.in_place for r in one.rows] == [None, None] and one.rows[1].out_of_place.time_us == 120.0
     assert one.collective == "allreduce" and one.nranks == 4 and not one.dropped

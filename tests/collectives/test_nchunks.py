@@ -1,5 +1,6 @@
 """How many chunks a tree collective is split into when the caller gives none: one policy
 (:func:`treecoll.collectives.cost.nchunks_for`) for the executor and the simulator."""
+
 from __future__ import annotations
 
 import networkx as nx
@@ -47,11 +48,11 @@ def test_slow_links_get_more_chunks_never_below_the_floor():
         plan = build("two_level", t, nbytes=n)
         ks[name] = nchunks_for(plan, "allreduce", n, Placement(t))
         assert 1 <= ks[name] and n / ks[name] >= MIN_CHUNK_BYTES
-        assert planner.nchunks_for(plan, "allreduce", n, Placement(t)) == ks[name]      # the planner asks the same
-    assert ks["slow"] > 16        # a 1 Gbit/s hop: smaller chunks than the 1 MiB of the no-topology rule
-    assert ks["fast"] <= ks["slow"]       # both pipeline the reductions (mem_bw 20 GB/s); the slow hop no less
+        assert planner.nchunks_for(plan, "allreduce", n, Placement(t)) == ks[name]  # the planner asks the same
+    assert ks["slow"] > 16  # a 1 Gbit/s hop: smaller chunks than the 1 MiB of the no-topology rule
+    assert ks["fast"] <= ks["slow"]  # both pipeline the reductions (mem_bw 20 GB/s); the slow hop no less
     small = build("two_level", slow, nbytes=64 << 10)
-    assert nchunks_for(small, "allreduce", 64 << 10, Placement(slow)) == 1       # below the floor: one message
+    assert nchunks_for(small, "allreduce", 64 << 10, Placement(slow)) == 1  # below the floor: one message
 
 
 def test_the_simulator_pipelines_as_the_executor_does():
@@ -60,8 +61,9 @@ def test_the_simulator_pipelines_as_the_executor_does():
     for net in (0.125, 50.0):
         p = Placement(two_hosts(net))
         for n in (64 << 10, 4 << 20, 16 << 20):
-            plan, sched = Planner().schedule_for("two_level", collective="allreduce", nbytes=n, placement=p,
-                                                 algo="tree")
+            plan, sched = Planner().schedule_for(
+                "two_level", collective="allreduce", nbytes=n, placement=p, algo="tree"
+            )
             assert plan == build("two_level", p, nbytes=n, collective="allreduce")
             r = simulate_executor(p, "two_level", n, algo="tree")
             assert r.stats["chunks"] == sched.nchunks // len(as_multi(plan)) == nchunks_for(plan, "allreduce", n, p)

@@ -1,4 +1,5 @@
 """Trees, multitrees, schedules and the schedule compiler (no processes)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,19 +20,36 @@ from treecoll.collectives import (
 from treecoll.collectives.compile import compile_plan, merge_schedules
 from treecoll.topo.errors import ScheduleError, TreeError
 
-MODULES = ["tree", "schedule", "builders", "compile", "cost", "ops", "layout", "local", "nccl_model",
-           "tree_io", "bruteforce", "execute", "group", "sim_nvls"]
+MODULES = [
+    "tree",
+    "schedule",
+    "builders",
+    "compile",
+    "cost",
+    "ops",
+    "layout",
+    "local",
+    "nccl_model",
+    "tree_io",
+    "bruteforce",
+    "execute",
+    "group",
+    "sim_nvls",
+]
 
 
 # ---------------------------------------------------------------------- Tree and MultiTree
-@pytest.mark.parametrize("parents, match", [
-    ([], "at least one rank"),
-    ([-1, -1], "exactly one root"),
-    ([-1, 5], "parent of rank 1 is 5"),
-    ([-1, 1], "rank 1 is its own parent"),
-    ([-1, 2, 1], r"ranks \[1, 2\] are not connected"),
-    ([-1, "0"], "parent of rank 1 expected an integer"),
-])
+@pytest.mark.parametrize(
+    "parents, match",
+    [
+        ([], "at least one rank"),
+        ([-1, -1], "exactly one root"),
+        ([-1, 5], "parent of rank 1 is 5"),
+        ([-1, 1], "rank 1 is its own parent"),
+        ([-1, 2, 1], r"ranks \[1, 2\] are not connected"),
+        ([-1, "0"], "parent of rank 1 expected an integer"),
+    ],
+)
 def test_tree_rejects_invalid_parents(parents, match):
     with pytest.raises(TreeError, match=match):
         Tree(tuple(parents))
@@ -48,7 +66,7 @@ def test_tree_queries_and_fingerprint():
     t = Tree.from_children([[2, 1], [3], [], []])
     assert t.root == 0 and t.height == 2 and t.depth(3) == 2
     assert t.postorder() == (2, 3, 1, 0)
-    assert t.fingerprint() != Tree.from_parents(t.parents).fingerprint()   # child order counts
+    assert t.fingerprint() != Tree.from_parents(t.parents).fingerprint()  # child order counts
     assert not t.is_order_preserving()
     assert Tree.from_parents([-1, 0, 1, 0]).is_order_preserving()
     assert not Tree.from_parents([-1, 0, 0, 1]).is_order_preserving()  # subtree of 1 = {1, 3}
@@ -71,9 +89,15 @@ def test_multitree_validation():
 def test_schedule_detects_unmatched_and_deadlock():
     with pytest.raises(ScheduleError, match="rank 1 sends chunk 0 to rank 0 1 time"):
         Schedule("reduce", 2, 1, ((), (Step("send", 0, peer=0),)), root=0)
+
     # both ranks wait for the other's data before sending: a circular wait
-    lst = lambda peer: (Step("recv", 0, peer=peer, slot=1), Step("reduce", 0, slot=1, deps=(0,)),  # noqa: E731
-                        Step("send", 0, peer=peer, deps=(1,)))
+    def lst(peer):
+        return (
+            Step("recv", 0, peer=peer, slot=1),
+            Step("reduce", 0, slot=1, deps=(0,)),
+            Step("send", 0, peer=peer, deps=(1,)),
+        )
+
     with pytest.raises(ScheduleError, match="deadlock: rank 0 waits forever"):
         Schedule("allreduce", 2, 1, (lst(1), lst(0)))
     with pytest.raises(ScheduleError, match="dependency 3 must be an earlier step"):
@@ -105,8 +129,12 @@ def test_tree_schedules_move_the_expected_bytes(tree, k):
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_ring_and_rsag_send_two_p_minus_one_over_p(n):
     nbytes = 60 * n
-    for s in (compile_ring_allreduce(n), compile_ring_allreduce(n, 2 * n, order=list(reversed(range(n)))),
-              compile_rsag_allreduce(n), compile_rsag_allreduce(n, 3 * n)):
+    for s in (
+        compile_ring_allreduce(n),
+        compile_ring_allreduce(n, 2 * n, order=list(reversed(range(n)))),
+        compile_rsag_allreduce(n),
+        compile_rsag_allreduce(n, 3 * n),
+    ):
         for r in range(n):
             assert s.bytes_sent(r, nbytes) == 2 * (n - 1) * nbytes // n
     rs, ag = compile_reduce_scatter(n), compile_allgather(n)
@@ -119,9 +147,9 @@ def test_reduce_and_broadcast_to_another_root_add_one_hop():
     t = build("binomial", nranks=4)
     s = compile_reduce(t, 2, root=3)
     assert s.root == 3
-    assert s.bytes_sent(0, 100) == 100 and s.bytes_received(3, 100) == 100   # tree root -> 3
+    assert s.bytes_sent(0, 100) == 100 and s.bytes_received(3, 100) == 100  # tree root -> 3
     b = compile_broadcast(t, 1, root=3)
-    assert b.bytes_sent(3, 100) == 100 and b.bytes_received(3, 100) == 0     # 3 -> tree root only
+    assert b.bytes_sent(3, 100) == 100 and b.bytes_received(3, 100) == 0  # 3 -> tree root only
     assert sum(b.bytes_received(r, 100) for r in range(4)) == 300
 
 

@@ -1,6 +1,7 @@
 """One predictor: the planner's cost model against the executor simulation, the executor's
 per-message cost in closed form, the commands printing the same number for the same case, and
 ``auto`` running the backend's own allreduce where the model says it is faster (real gloo ranks)."""
+
 from __future__ import annotations
 
 import functools
@@ -32,7 +33,7 @@ WITHIN_10 = 0.85
 @functools.cache
 def _placement(name: str) -> Placement:
     t = shipped(name)
-    return Placement(t, min(len(t.rank_gpus()), 16))     # two hosts of the multi-host machines
+    return Placement(t, min(len(t.rank_gpus()), 16))  # two hosts of the multi-host machines
 
 
 def test_cost_model_tracks_the_executor_simulation():
@@ -44,8 +45,9 @@ def test_cost_model_tracks_the_executor_simulation():
         p = _placement(name)
         for b in BUILDERS:
             for n in SIZES:
-                plan, sched = default_planner().schedule_for(b, collective="allreduce", nbytes=n, placement=p,
-                                                             algo="tree")
+                plan, sched = default_planner().schedule_for(
+                    b, collective="allreduce", nbytes=n, placement=p, algo="tree"
+                )
                 k = sched.nchunks // len(as_multi(plan))
                 model = CostModel(p).tree_time(plan, n, "allreduce", k)
                 errors[(name, b, n)] = model / predict_schedule(p, plan, n).time - 1
@@ -92,10 +94,22 @@ def test_commands_print_one_number_per_case(capsys):
     say which mode it is, and the lower bound tree build prints is below every number beside it."""
     n = 16512
     for mode in ("executor", "in-kernel"):
-        built = _json(capsys, "tree", "build", "--topology", "default", "--builder", "two_level", "--bytes", n,
-                      "--mode", mode)
-        sim = _json(capsys, "simulate", "allreduce", "--topology", "default", "--algo", "two_level,nccl",
-                    "--sizes", n, "--mode", mode)
+        built = _json(
+            capsys, "tree", "build", "--topology", "default", "--builder", "two_level", "--bytes", n, "--mode", mode
+        )
+        sim = _json(
+            capsys,
+            "simulate",
+            "allreduce",
+            "--topology",
+            "default",
+            "--algo",
+            "two_level,nccl",
+            "--sizes",
+            n,
+            "--mode",
+            mode,
+        )
         pred = built["predicted"]
         assert pred["mode"] == mode and sim["mode"] == mode
         cell = sim["rows"][0]["algos"]
@@ -106,13 +120,28 @@ def test_commands_print_one_number_per_case(capsys):
         shown += [v["time_us"] for v in pred["nccl"].values()]
         assert all(pred["lower_bound_allreduce_us"] <= s for s in shown)
     # the decode model's tree combine is tree build's allreduce of the same tree (no rails: one tree)
-    built = _json(capsys, "tree", "build", "--topology", "default", "--builder", "two_level", "--rails", "no",
-                  "--bytes", n)
-    dec = _json(capsys, "simulate", "decode", "--topology", "default", "--seq-len", "32k", "--heads", 32,
-                "--kv-heads", 8, "--head-dim", 128)
+    built = _json(
+        capsys, "tree", "build", "--topology", "default", "--builder", "two_level", "--rails", "no", "--bytes", n
+    )
+    dec = _json(
+        capsys,
+        "simulate",
+        "decode",
+        "--topology",
+        "default",
+        "--seq-len",
+        "32k",
+        "--heads",
+        32,
+        "--kv-heads",
+        8,
+        "--head-dim",
+        128,
+    )
     assert dec["mode"] == "executor"
     assert dec["runs"][0]["methods"]["tree"]["combine_s"] * 1e6 == pytest.approx(
-        built["predicted"]["allreduce"]["time_us"], rel=1e-9)
+        built["predicted"]["allreduce"]["time_us"], rel=1e-9
+    )
 
 
 def test_auto_runs_the_backends_allreduce_where_the_model_says_it_is_faster(pool4):

@@ -1,5 +1,6 @@
 """Schedule validation: the linear-time deadlock check against a plain round-robin reference,
 and compiled schedules against a step-by-step reference of the event order."""
+
 from __future__ import annotations
 
 import random
@@ -49,8 +50,10 @@ def _reference_deadlock(steps, what: str):
                 s = steps[r][i]
                 i2 = i if i < started[r] else next(d for d in s.deps if not complete(r, d))
                 s2 = steps[r][i2]
-                return (f"{what}: deadlock: rank {r} waits forever at step {i2} "
-                        f"({s2.kind} chunk {s2.chunk} from rank {s2.peer})")
+                return (
+                    f"{what}: deadlock: rank {r} waits forever at step {i2} "
+                    f"({s2.kind} chunk {s2.chunk} from rank {s2.peer})"
+                )
     return None
 
 
@@ -144,7 +147,7 @@ def test_events_follow_tree_depth_and_height(name, n, k, lag):
 
 
 def test_forward_lag_moves_only_an_inner_ranks_forwarding():
-    t = build("chain", nranks=3)                      # 0 <- 1 <- 2: rank 1 is the only inner rank
+    t = build("chain", nranks=3)  # 0 <- 1 <- 2: rank 1 is the only inner rank
     now, late = (compile_.compile_allreduce(t, 6, forward_lag=g) for g in (0, 3))
     assert now.steps[0] == late.steps[0] and now.steps[2] == late.steps[2]
 
@@ -152,10 +155,11 @@ def test_forward_lag_moves_only_an_inner_ranks_forwarding():
         steps = sched.steps[1]
         first = next(i for i, s in enumerate(steps) if s.kind == "send" and s.peer == 2)
         return sum(1 for s in steps[:first] if s.kind == "send" and s.peer == 0)
+
     assert ups_before_first_forward(late) == ups_before_first_forward(now) + 3
     fwd = [i for i, s in enumerate(late.steps[1]) if s.kind == "send" and s.peer == 2]
     got = [i for i, s in enumerate(late.steps[1]) if s.kind == "recv" and s.peer == 0]
-    assert all(f > g for f, g in zip(fwd, got))      # each chunk received before it is forwarded
+    assert all(f > g for f, g in zip(fwd, got))  # each chunk received before it is forwarded
     with pytest.raises(ScheduleError, match="forward_lag expected an integer >= 0, got -1"):
         compile_.compile_allreduce(t, 2, forward_lag=-1)
 
@@ -165,6 +169,7 @@ def test_lanes_are_one_stream_per_tree_and_phase():
     single-phase collective: lane ti), as NCCL runs each tree on its own channels, up and down in
     separate thread groups; the executor ignores lanes (list order stays valid)."""
     from treecoll.collectives import MultiTree
+
     a = build("chain", nranks=4)
     multi = MultiTree((a, a.relabel([3, 2, 1, 0])))
     k = 3

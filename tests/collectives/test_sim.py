@@ -1,4 +1,5 @@
 """Closed forms and invariants of the flow-level simulator (collectives.sim)."""
+
 from __future__ import annotations
 
 import math
@@ -96,8 +97,11 @@ def test_rendezvous_waits_for_the_posted_recv():
     without rendezvous rank 0's data moves at once (both halves arrive at t = n/2/bw);
     with it, rank 0's transfer starts when the recv is posted and ends at n/bw."""
     topo = ring_topology(3, bw=10.0, lat=0.0)
-    steps = [[Step("send", 1, peer=1)], [Step("recv", 0, peer=2), Step("recv", 1, peer=0, deps=(0,))],
-             [Step("send", 0, peer=1)]]
+    steps = [
+        [Step("send", 1, peer=1)],
+        [Step("recv", 0, peer=2), Step("recv", 1, peer=0, deps=(0,))],
+        [Step("send", 0, peer=1)],
+    ]
     sched = Schedule("broadcast", 3, 2, steps, root=0, name="late-recv")
     n = 2 * 10**9
     half = n / 2 / 10e9
@@ -155,6 +159,7 @@ def test_bytes_sent_equal_bytes_received_and_link_accounting():
 def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     """The simulations pause Python's cyclic collector while they run (sim_engine.gc_paused)."""
     import gc
+
     topo, P = ring_topology(4, 10.0, 1.0), 4
     seen, engine, lockstep = [], sim.FlowEngine.run, sim.hop_times
 
@@ -162,16 +167,19 @@ def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
         def wrapper(*a, **k):
             seen.append(gc.isenabled())
             return real(*a, **k)
+
         return wrapper
+
     monkeypatch.setattr(sim.FlowEngine, "run", record(engine))
     monkeypatch.setattr(sim, "hop_times", record(lockstep))
 
     def both():
         simulate(topo, ring_allreduce_schedule(P), 1 << 20)
         simulate_ring(topo, 1 << 20)
+
     assert gc.isenabled()
     both()
-    assert gc.isenabled() and seen == [False, False]     # paused inside both engines, back on after
+    assert gc.isenabled() and seen == [False, False]  # paused inside both engines, back on after
     gc.disable()
     try:
         both()
@@ -236,8 +244,11 @@ def test_user_errors_are_collective_errors():
         simulate(topo, s, 6)
     with pytest.raises(CollectiveError, match="dtype 'float7'"):
         simulate(topo, s, 8, dtype="float7")
-    with pytest.raises(PlacementError, match=r"ranks: expected a count in 1\.\.2 \(the GPUs of topology 'star2'\), "
-                                             r"got 3"):
+    with pytest.raises(
+        PlacementError,
+        match=r"ranks: expected a count in 1\.\.2 \(the GPUs of topology 'star2'\), "
+        r"got 3",
+    ):
         simulate(topo, send_schedule(3, [(0, 2)]), 8)
     with pytest.raises(CollectiveError, match="profile 'fast'"):
         simulate(topo, s, 8, profile="fast")
@@ -264,6 +275,7 @@ def test_a_nics_lat_adds_to_every_message_it_sends():
     adds once per route leaving through it: time = route lat + NIC lat + n / bw; NCCL's Simple
     protocol adds it twice (the flush)."""
     from treecoll import topo
+
     t = topo.loads(TWO_BOXES)
     a, b = t.rank_gpus()
     route = t.path(a, b).lat * 1e-6
@@ -272,7 +284,8 @@ def test_a_nics_lat_adds_to_every_message_it_sends():
     assert simulate(t, send, n).time == pytest.approx(route + 75e-6 + n / 10e9, rel=1e-12)
     simple = sim_profiles.get_profile("nccl-simple")
     assert simulate(t, send, n, profile=simple).time == pytest.approx(
-        max(route, 14e-6) + 2 * 75e-6 + n / 10e9 + simple.base_lat, rel=1e-12)
+        max(route, 14e-6) + 2 * 75e-6 + n / 10e9 + simple.base_lat, rel=1e-12
+    )
     plain = topo.loads(TWO_BOXES.replace(", lat: 75.0}", "}"))
     assert simulate(plain, send, n).time == pytest.approx(route + n / 10e9, rel=1e-12)
 
@@ -285,6 +298,7 @@ def test_lanes_let_a_tree_broadcast_overlap_its_reduce(K):
     next one up, so its time grows with K."""
     compile_ = pytest.importorskip("treecoll.collectives.compile")
     from treecoll.collectives.tree import Tree
+
     L, bw, n = 50e-6, 100e9, 3 * 2**20
     topo_ = ring_topology(3, bw=bw / 1e9, lat=L * 1e6)
     s = compile_.compile_allreduce(Tree((-1, 0, 1)), K, forward_lag=0)
@@ -313,8 +327,7 @@ def test_tree_allreduce_profile_scales_bandwidth_by_tree_eff():
 
 
 def test_profile_yaml_round_trip(tmp_path):
-    p = sim_profiles.Profile("mine", 3.0, {"net": 5.0}, {"net": 0.8}, source="fit", nic_lat_mult=2.0,
-                             tree_eff=0.9)
+    p = sim_profiles.Profile("mine", 3.0, {"net": 5.0}, {"net": 0.8}, source="fit", nic_lat_mult=2.0, tree_eff=0.9)
     sim_profiles.save_profile(p, tmp_path / "mine.yaml", fit={"tables": 2})
     assert sim_profiles.get_profile(str(tmp_path / "mine.yaml")) == p
     (tmp_path / "bad.yaml").write_text("name: x\nbw_eff: {net: 1.5}\n")

@@ -1,4 +1,5 @@
 """The analytic engine (collectives.sim.analytic) against the flow engine where both run, and its command-line face."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,7 @@ def test_ring_equals_the_lockstep_ring(size):
 
 
 #: 12 DGX H100 in 3 leaf groups of 4: the ring crosses between groups 3 times
-GROUPS = ("name: g3\nhosts: [{template: dgx-h100, count: 12}]\n"
-          "network: {type: rail_optimized, su_hosts: 4, spines: 2}\n")
+GROUPS = "name: g3\nhosts: [{template: dgx-h100, count: 12}]\nnetwork: {type: rail_optimized, su_hosts: 4, spines: 2}\n"
 
 
 @pytest.mark.parametrize("size", [1 << 16, 1 << 30])
@@ -37,6 +37,7 @@ def test_ring_from_a_sample_of_leaf_groups_equals_the_lockstep_ring(size, monkey
     """A sample of 2 of the 3 leaf groups: the hops between groups take the longer route (through the
     spines), counted per crossing (3 in the full ring, 2 in the sample)."""
     from treecoll.collectives.sim import analytic
+
     monkeypatch.setattr(analytic, "RING_SAMPLE_HOSTS", 9)
     t = topo.loads(GROUPS)
     a = analytic_allreduce(t, "ring", size, profile="nccl-simple")
@@ -80,13 +81,44 @@ def test_choices_and_refusals():
 
 
 def test_the_command_names_its_engine(capsys):
-    assert main(["simulate", "allreduce", "--topology", "dgx-h100-x16", "--algo", "ring,nccl", "--sizes", "1M",
-                 "--engine", "analytic", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "allreduce",
+                "--topology",
+                "dgx-h100-x16",
+                "--algo",
+                "ring,nccl",
+                "--sizes",
+                "1M",
+                "--engine",
+                "analytic",
+                "--json",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert d["engine"] == "analytic" and d["rows"][0]["algos"]["ring"]["how"].endswith("(analytic)")
     assert main(["simulate", "allreduce", "--topology", "dgx-h100-x2", "--algo", "ring", "--sizes", "1M"]) == 0
     assert "flow simulation" in capsys.readouterr().out.splitlines()[0]
-    assert main(["simulate", "allreduce", "--topology", "dgx-h100-x2", "--algo", "nvls", "--sizes", "1M",
-                 "--engine", "analytic"]) != 0
+    assert (
+        main(
+            [
+                "simulate",
+                "allreduce",
+                "--topology",
+                "dgx-h100-x2",
+                "--algo",
+                "nvls",
+                "--sizes",
+                "1M",
+                "--engine",
+                "analytic",
+            ]
+        )
+        != 0
+    )
     err = capsys.readouterr().err.strip()
     assert "--algo nvls: not modelled by the analytic engine" in err and "\n" not in err

@@ -1,4 +1,5 @@
 """`treecoll simulate` and the validation helpers (tools/validation.py, tools/validate_sim.py) on small inputs."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,19 @@ def test_bad_seq_len_is_one_line(capsys):
 
 
 def test_simulate_allreduce_json(capsys):
-    rc = main(["simulate", "allreduce", "--topology", "dgx-h100-x2", "--algo", "ring,two_level,nccl",
-               "--sizes", "1K:4K", "--json"])
+    rc = main(
+        [
+            "simulate",
+            "allreduce",
+            "--topology",
+            "dgx-h100-x2",
+            "--algo",
+            "ring,two_level,nccl",
+            "--sizes",
+            "1K:4K",
+            "--json",
+        ]
+    )
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["size"] for r in d["rows"]] == [1024, 2048, 4096] and d["nranks"] == 16
@@ -38,12 +50,28 @@ def test_simulate_allreduce_json(capsys):
 
 
 def test_simulate_decode_and_links_text(capsys):
-    assert main(["simulate", "decode", "--topology", "dgx-h100", "--seq-len", "32k", "--heads", "32",
-                 "--head-dim", "128", "--kv-heads", "8"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "decode",
+                "--topology",
+                "dgx-h100",
+                "--seq-len",
+                "32k",
+                "--heads",
+                "32",
+                "--head-dim",
+                "128",
+                "--kv-heads",
+                "8",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "tree attention vs ring attention" in out and "allreduce3" in out
-    assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "ring", "--size", "1MiB",
-                 "--top", "3"]) == 0
+    assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "ring", "--size", "1MiB", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert out.count("nvlink ") >= 3 and "busbw" in out
 
@@ -72,7 +100,7 @@ def test_validate_reads_both_formats_and_skips_with_reason(tmp_path):
     old = _case("v100pcie-4gpu-1node-allreduce-oldformat.txt")
     assert old.table.nranks == 4 and (old.table.rows[0].size, old.table.rows[0].out_of_place.time_us) == (8, 13.37)
     assert len(old.table.rows) == 25
-    trunc = _case("a100-16gpu-2node-allreduce-aws-p4de-efa.txt")   # no device lines: the index's flags say it
+    trunc = _case("a100-16gpu-2node-allreduce-aws-p4de-efa.txt")  # no device lines: the index's flags say it
     topo, desc, _ = validation.topology_for(trunc)
     assert desc == "2 x a100-sxm (8 GPUs each), NICs 4x100G-efa" and len(topo.gpus()) == 16
     assert trunc.table.rows[-1].size == 2147483648 and trunc.table.rows[-1].out_of_place.time_us == 51406.0
@@ -106,5 +134,4 @@ def test_validate_sim_is_the_command_over_folders(tmp_path):
     sub.mkdir()
     (sub / "b.txt").write_text("x")
     (sub / "a.txt").write_text("x")
-    assert validate_sim.expand([str(sub), "--hosts", "2"]) == [str(sub / "a.txt"), str(sub / "b.txt"), "--hosts",
-                                                                 "2"]
+    assert validate_sim.expand([str(sub), "--hosts", "2"]) == [str(sub / "a.txt"), str(sub / "b.txt"), "--hosts", "2"]

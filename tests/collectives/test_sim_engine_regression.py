@@ -9,6 +9,7 @@ refactoring must keep them: times to 1e-12 relative, bytes and counters exactly.
 lockstep rings are no longer pinned here: they now follow NCCL's per-NIC channel layout,
 tested in test_sim_nccl.py.)
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,41 +29,91 @@ GLOO = {"ordered_pairs": True, "rendezvous": True}
 # recorded from the pre-refactor engine (see the module docstring)
 EXPECTED = {
     "two_level x2 allreduce 16MiB k8 nccl-tree": (
-        0.00010412760859521165, 0.001560864838556731,
-        {"net": 67108864, "nvlink": 939524096, "pcie": 134217728}, 2359296.0, (1920, 7296, 54)),
+        0.00010412760859521165,
+        0.001560864838556731,
+        {"net": 67108864, "nvlink": 939524096, "pcie": 134217728},
+        2359296.0,
+        (1920, 7296, 54),
+    ),
     "two_level x16 allreduce 64MiB k4 nccl-tree": (
-        0.001596030589756717, 0.1811793236096799,
-        {"net": 4026531840, "nvlink": 30064771072, "pcie": 8053063680}, 75497472.0, (8128, 29632, 138)),
+        0.001596030589756717,
+        0.1811793236096799,
+        {"net": 4026531840, "nvlink": 30064771072, "pcie": 8053063680},
+        75497472.0,
+        (8128, 29632, 138),
+    ),
     "kary:2 x2 reduce 1MiB k4 ideal": (
-        3.9509069211869435e-05, 0.0002298141494546683,
-        {"net": 8388608, "nvlink": 27262976, "pcie": 8388608}, 2097152.0, (60, 216, 52)),
+        3.9509069211869435e-05,
+        0.0002298141494546683,
+        {"net": 8388608, "nvlink": 27262976, "pcie": 8388608},
+        2097152.0,
+        (60, 216, 52),
+    ),
     "chain h1 broadcast 8MiB k8 gloo": (
-        4.3790248112189864e-05, 0.00027413661272923407, {"nvlink": 117440512}, 0.0, (56, 224, 63)),
+        4.3790248112189864e-05,
+        0.00027413661272923407,
+        {"nvlink": 117440512},
+        0.0,
+        (56, 224, 63),
+    ),
     "binomial pcie allreduce 4MiB k4 gloo": (
-        0.0018509796410256408, 0.013481658358974358, {"pcie": 167772160, "smp": 8388608}, 8388608.0,
-        (56, 56, 55)),
+        0.0018509796410256408,
+        0.013481658358974358,
+        {"pcie": 167772160, "smp": 8388608},
+        8388608.0,
+        (56, 56, 55),
+    ),
     "double_binary x2 allreduce 32MiB k2 lanes": (
-        0.0019179578904755805, 0.02977627895650023,
-        {"net": 402653184, "nvlink": 1744830464, "pcie": 536870912}, 33554432.0, (120, 432, 72)),
+        0.0019179578904755805,
+        0.02977627895650023,
+        {"net": 402653184, "nvlink": 1744830464, "pcie": 536870912},
+        33554432.0,
+        (120, 432, 72),
+    ),
     "star pcie reduce 0B": (2.4999999999999998e-06, 2.4999999999999998e-06, {}, 0.0, (7, 0, 0)),
     "ring schedule x2 allreduce 1MiB engine": (
-        0.00016373696431757067, 0.0025726370644640864,
-        {"net": 15728640, "nvlink": 55050240, "pcie": 15728640}, 65536.0, (480, 1740, 139)),
+        0.00016373696431757067,
+        0.0025726370644640864,
+        {"net": 15728640, "nvlink": 55050240, "pcie": 15728640},
+        65536.0,
+        (480, 1740, 139),
+    ),
     "rsag h1 allreduce 2MiB rendezvous": (
-        1.274085277431612e-05, 0.00010192682219452896, {"nvlink": 58720256}, 1835008.0, (112, 448, 4)),
+        1.274085277431612e-05,
+        0.00010192682219452896,
+        {"nvlink": 58720256},
+        1835008.0,
+        (112, 448, 4),
+    ),
     "two_level x2 allreduce 1GiB k16 ll128-tree": (
-        0.00600308307934818, 0.09604932926957091,
-        {"net": 4294967296, "nvlink": 60129542144, "pcie": 8589934592}, 75497472.0, (3840, 14592, 121)),
+        0.00600308307934818,
+        0.09604932926957091,
+        {"net": 4294967296, "nvlink": 60129542144, "pcie": 8589934592},
+        75497472.0,
+        (3840, 14592, 121),
+    ),
     "kary:4 x2 allreduce 64KiB k1 ll-tree": (
-        3.3228330231101424e-05, 0.00044646810476605287,
-        {"net": 1572864, "nvlink": 3145728, "pcie": 1572864}, 262144.0, (30, 102, 21)),
+        3.3228330231101424e-05,
+        0.00044646810476605287,
+        {"net": 1572864, "nvlink": 3145728, "pcie": 1572864},
+        262144.0,
+        (30, 102, 21),
+    ),
     "ring lockstep pcie reduce_scatter 8MiB": (
-        0.0012353386666666666, 0.009882709333333335, {"pcie": 176160768, "smp": 14680064}, 1048576.0,
-        (None, None, None)),
+        0.0012353386666666666,
+        0.009882709333333335,
+        {"pcie": 176160768, "smp": 14680064},
+        1048576.0,
+        (None, None, None),
+    ),
     "nvls h1 256MiB": (0.000983150542547116, 0.007865204340376929, {"nvlink": 4831838208}, 0.0, (None, None, None)),
     "nvls_tree x2 1GiB ideal": (
-        0.003267711844660195, 0.05228338951456312,
-        {"net": 4294967296, "nvlink": 38654705664, "pcie": 8589934592}, 0.0, (None, None, None)),
+        0.003267711844660195,
+        0.05228338951456312,
+        {"net": 4294967296, "nvlink": 38654705664, "pcie": 8589934592},
+        0.0,
+        (None, None, None),
+    ),
 }
 
 
@@ -81,29 +132,50 @@ def _run(name: str):
     tree = {p: get_profile(p).for_tree_allreduce() for p in ("nccl-ll128", "nccl-ll")}
     runs = {
         "two_level x2 allreduce 16MiB k8 nccl-tree": lambda: simulate(
-            h2, _schedule(h2, "two_level", "allreduce", 8, forward_lag=0), 1 << 24, profile="nccl-simple",
-            **NCCL_TREE_RUN),
+            h2,
+            _schedule(h2, "two_level", "allreduce", 8, forward_lag=0),
+            1 << 24,
+            profile="nccl-simple",
+            **NCCL_TREE_RUN,
+        ),
         "two_level x16 allreduce 64MiB k4 nccl-tree": lambda: simulate(
-            h16, _schedule(h16, "two_level", "allreduce", 4, forward_lag=0), 1 << 26, profile="nccl-simple",
-            **NCCL_TREE_RUN),
+            h16,
+            _schedule(h16, "two_level", "allreduce", 4, forward_lag=0),
+            1 << 26,
+            profile="nccl-simple",
+            **NCCL_TREE_RUN,
+        ),
         "kary:2 x2 reduce 1MiB k4 ideal": lambda: simulate(h2, _schedule(h2, "kary:2", "reduce", 4), 1 << 20),
-        "chain h1 broadcast 8MiB k8 gloo": lambda: simulate(h1, _schedule(h1, "chain", "broadcast", 8), 1 << 23,
-                                                            **GLOO),
+        "chain h1 broadcast 8MiB k8 gloo": lambda: simulate(
+            h1, _schedule(h1, "chain", "broadcast", 8), 1 << 23, **GLOO
+        ),
         "binomial pcie allreduce 4MiB k4 gloo": lambda: simulate(
-            pcie, _schedule(pcie, "binomial", "allreduce", 4), 1 << 22, **GLOO),
+            pcie, _schedule(pcie, "binomial", "allreduce", 4), 1 << 22, **GLOO
+        ),
         "double_binary x2 allreduce 32MiB k2 lanes": lambda: simulate(
-            h2, _schedule(h2, "double_binary", "allreduce", 2), 1 << 25, profile="nccl-ll128", lanes=True),
+            h2, _schedule(h2, "double_binary", "allreduce", 2), 1 << 25, profile="nccl-ll128", lanes=True
+        ),
         "star pcie reduce 0B": lambda: simulate(pcie, _schedule(pcie, "star", "reduce", 1), 0),
         "ring schedule x2 allreduce 1MiB engine": lambda: simulate(
-            h2, compile_.compile_ring_allreduce(16), 1 << 20, profile="nccl-simple"),
-        "rsag h1 allreduce 2MiB rendezvous": lambda: simulate(h1, compile_.compile_rsag_allreduce(8), 1 << 21,
-                                                              rendezvous=True),
+            h2, compile_.compile_ring_allreduce(16), 1 << 20, profile="nccl-simple"
+        ),
+        "rsag h1 allreduce 2MiB rendezvous": lambda: simulate(
+            h1, compile_.compile_rsag_allreduce(8), 1 << 21, rendezvous=True
+        ),
         "two_level x2 allreduce 1GiB k16 ll128-tree": lambda: simulate(
-            h2, _schedule(h2, "two_level", "allreduce", 16, forward_lag=0), 1 << 30, profile=tree["nccl-ll128"],
-            **NCCL_TREE_RUN),
+            h2,
+            _schedule(h2, "two_level", "allreduce", 16, forward_lag=0),
+            1 << 30,
+            profile=tree["nccl-ll128"],
+            **NCCL_TREE_RUN,
+        ),
         "kary:4 x2 allreduce 64KiB k1 ll-tree": lambda: simulate(
-            h2, _schedule(h2, "kary:4", "allreduce", 1, forward_lag=0), 1 << 16, profile=tree["nccl-ll"],
-            **NCCL_TREE_RUN),
+            h2,
+            _schedule(h2, "kary:4", "allreduce", 1, forward_lag=0),
+            1 << 16,
+            profile=tree["nccl-ll"],
+            **NCCL_TREE_RUN,
+        ),
         "ring lockstep pcie reduce_scatter 8MiB": lambda: simulate_ring(pcie, 1 << 23, collective="reduce_scatter"),
         "nvls h1 256MiB": lambda: simulate_nvls(h1, 1 << 28),
         "nvls_tree x2 1GiB ideal": lambda: simulate_nvls(h2, 1 << 30, profile="ideal"),

@@ -1,5 +1,6 @@
 """NCCL's collectives in the simulator and in its analytic model: every nccl-tests collective on
 closed-form cases, rings spread over the NICs, the channels NCCL runs per size, protocol choice."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from treecoll.topo.errors import CollectiveError, TopologyError, TreeError
 from tests.collectives.sim_helpers import ring_topology, star_topology
 from treecoll import topo
 
-S = 1 << 24     # 16 MiB
+S = 1 << 24  # 16 MiB
 
 
 def test_sendrecv_on_one_link_is_bytes_over_bw_plus_latency():
@@ -40,8 +41,9 @@ def test_alltoall_on_a_switch_sends_p_minus_1_pieces_through_each_uplink():
     assert r.busbw == pytest.approx(r.algbw * (P - 1) / P)
 
 
-@pytest.mark.parametrize("collective, steps, factor", [("allreduce", 6, 2 * 3 / 4), ("allgather", 3, 3 / 4),
-                                                        ("reduce_scatter", 3, 3 / 4)])
+@pytest.mark.parametrize(
+    "collective, steps, factor", [("allreduce", 6, 2 * 3 / 4), ("allgather", 3, 3 / 4), ("reduce_scatter", 3, 3 / 4)]
+)
 def test_ring_on_a_uniform_switch(collective, steps, factor):
     P, bw, lat = 4, 100.0, 1.0
     r = simulate_ring(star_topology(P, bw, lat), S, collective=collective, profile="ideal")
@@ -56,7 +58,7 @@ def test_ring_broadcast_and_reduce_pipeline_chunks_down_the_chain(collective):
     P, bw, lat = 4, 100.0, 1.0
     size = 4 << 20
     r = simulate_ring(star_topology(P, bw, lat), size, collective=collective, profile="ideal", root=2)
-    k = size // PIPELINE_CHUNK_BYTES["nccl-simple"]       # 8 chunks of 512 KiB
+    k = size // PIPELINE_CHUNK_BYTES["nccl-simple"]  # 8 chunks of 512 KiB
     # the chain's P-1 hop latencies, then k + P - 2 steps of one chunk
     assert r.time == pytest.approx((P - 1) * 2 * lat * 1e-6 + (k + P - 2) * size / k / (bw * 1e9))
     assert r.busbw == pytest.approx(r.algbw)
@@ -80,7 +82,7 @@ def test_every_collective_in_the_nccl_path_and_the_model():
 
 
 def test_nccl_model_closed_forms_for_broadcast_and_allgather():
-    t = topo.resolve("dgx-h100")     # 8 GPUs, 18 NVLinks of 20.6 GB/s: 18 ring channels
+    t = topo.resolve("dgx-h100")  # 8 GPUs, 18 NVLinks of 20.6 GB/s: 18 ring channels
     b = nm.nccl_predict(t, None, 1 << 30, "ring", "Simple", collective="broadcast")
     # tuning.cc: broadcast ring, sameChannels: base 8.4 + one NVLink hop 3.4 µs; algBw = busBw x nRanks / nRanks
     assert b["lat_us"] == pytest.approx(8.4 + 3.4)
@@ -142,10 +144,10 @@ def test_rings_enter_and_leave_every_host_through_one_nic():
                 assert via is None
                 continue
             exit_nic = t.nearest_nic(via or src)
-            assert exit_nic == t.nics(t.host_of(src))[c]        # channel c: the host's NIC c, out ...
-            assert t.nearest_nic(dst) == t.nics(t.host_of(dst))[c]   # ... and in, on the same rail
+            assert exit_nic == t.nics(t.host_of(src))[c]  # channel c: the host's NIC c, out ...
+            assert t.nearest_nic(dst) == t.nics(t.host_of(dst))[c]  # ... and in, on the same rail
             nics_used.add(exit_nic)
-    assert len(nics_used) == 16                                 # every NIC of both hosts
+    assert len(nics_used) == 16  # every NIC of both hosts
 
 
 def test_ring_stays_on_its_rail():
@@ -160,13 +162,13 @@ def test_ring_busbw_on_16_dgx_h100_reaches_the_nccl_model_asymptote():
     t = topo.resolve("dgx-h100-x16")
     r = simulate_ring(t, 1 << 30, profile="nccl-simple")
     model = nm.nccl_predict(t, None, 1 << 30, "ring", "Simple")
-    asymptote = model["model_algbw"] * bus_factor("allreduce", 128)     # NCCL's nChannels x bw: 370.8 GB/s
+    asymptote = model["model_algbw"] * bus_factor("allreduce", 128)  # NCCL's nChannels x bw: 370.8 GB/s
     assert asymptote == pytest.approx(18 * 20.6)
     # NCCL's ring over all 8 NICs per host: within 80-100% of the model's asymptotic bus bandwidth, and
     # within 15% of its prediction at 1 GiB (which adds its latencies)
     assert 0.8 * asymptote <= r.busbw <= asymptote
     assert r.busbw == pytest.approx(model["busbw"], rel=0.15)
-    assert r.busbw > 5 * 50          # more than 5 of a host's 8 NICs of 50 GB/s: the channels use every NIC
+    assert r.busbw > 5 * 50  # more than 5 of a host's 8 NICs of 50 GB/s: the channels use every NIC
 
 
 def test_simulate_cli_runs_every_collective(capsys):
@@ -197,14 +199,15 @@ def test_collnet_where_the_network_reduces(tmp_path):
     assert nm.collnet_available(t, t.rank_gpus()) and "collnet" in nm.nccl_algos(t, t.rank_gpus())
     plain = topo.resolve("dgx-h100-x2")
     assert not nm.collnet_available(plain, plain.rank_gpus()) and "collnet" not in nm.nccl_algos(
-        plain, plain.rank_gpus())
+        plain, plain.rank_gpus()
+    )
     r = nm.nccl_predict(t, None, 1 << 30, "collnet")
     # CollNetDirect: 8 heads (NICs) x min(50 GB/s, 370.8 / 8), GPU/NIC factor 1, x 0.85 (Hopper), algBw x 0.5
     assert r["collnet"] == "direct" and r["proto"] == "Simple"
     assert r["model_algbw"] == pytest.approx(370.8 * 0.85 * 0.5)
     lat_nic = max(float(t.node(c).get("lat") or 0.0) for c in t.nics("h0"))
     assert r["lat_us"] == pytest.approx(2 * (3.7 + 7 * 0.4) + 31.0 + 2 * lat_nic)
-    name, _ = simulate_nccl(t, 1 << 20)        # the simulator offers what it simulates: not CollNet
+    name, _ = simulate_nccl(t, 1 << 20)  # the simulator offers what it simulates: not CollNet
     assert name != "collnet"
     with pytest.raises(TreeError, match="CollNet needs several hosts"):
         nm.nccl_predict(plain, None, 8, "collnet")
@@ -220,13 +223,13 @@ def test_tuner_choice_simulates_what_nccls_tuner_picks():
         name, r = simulate_nccl(t, size, choose="tuner")
         assert name == pick["algo"]
         assert r.profile == {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
-        assert r.time >= simulate_nccl(t, size)[1].time       # never faster than the fastest simulated
+        assert r.time >= simulate_nccl(t, size)[1].time  # never faster than the fastest simulated
     with pytest.raises(CollectiveError, match="choose expected 'fastest' or 'tuner', got 'best'"):
         simulate_nccl(t, 8, choose="best")
 
 
 def test_alltoall_model_uses_nvlink_across_the_hosts_of_one_nvlink_domain():
-    t = topo.resolve("gb200-nvl72")          # 4-GPU trays, one NVLink domain
+    t = topo.resolve("gb200-nvl72")  # 4-GPU trays, one NVLink domain
     gpus = t.rank_gpus()[:16]
     assert len({t.host_of(g) for g in gpus}) == 4
     r = nm.nccl_predict(t, gpus, 1 << 30, "p2p", collective="alltoall")

@@ -1,4 +1,5 @@
 """NVLS / NVLSTree: the simulator (collectives.sim.nvls) and NCCL's model of it (collectives.sim.nccl_model)."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,12 +43,12 @@ def test_one_domain_ideal_is_lat_plus_s_times_n_plus_1_over_n_over_b(n):
 
 
 def test_nccl_profile_applies_the_switch_efficiency_and_nccl_latency():
-    h100 = yaml_io.resolve("dgx-h100")     # 18 NVLinks x 20.6 GB/s per GPU over 4 switches
+    h100 = yaml_io.resolve("dgx-h100")  # 18 NVLinks x 20.6 GB/s per GPU over 4 switches
     r = simulate_nvls(h100, GIB)
-    b = 18 * 20.6e9 * 0.85                  # nvlsEfficiency, Hopper
+    b = 18 * 20.6e9 * 0.85  # nvlsEfficiency, Hopper
     assert r.time == pytest.approx(25e-6 + GIB * 9 / 8 / b, rel=1e-9)
     assert r.profile == "nccl-nvls" and r.kind_bytes == {"nvlink": pytest.approx(8 * 2 * GIB * 9 / 8, rel=1e-9)}
-    b200 = yaml_io.resolve("hgx-b200")      # Blackwell: 0.74
+    b200 = yaml_io.resolve("hgx-b200")  # Blackwell: 0.74
     assert simulate_nvls(b200, GIB).time == pytest.approx(25e-6 + GIB * 9 / 8 / (18 * 40.1e9 * 0.74), rel=1e-9)
     # through simulate_algorithm, with NCCL's auto protocol choice (NVLS: Simple only)
     assert simulate_algorithm(h100, "nvls", GIB).time == r.time
@@ -70,7 +71,7 @@ def test_nvls_tree_nccl_cap_and_nccl_model_agree_on_two_dgx_h100():
     topo = yaml_io.resolve("dgx-h100-x2")
     big = 16 * GIB
     r = simulate_nvls(topo, big)
-    cap_busbw = 8 * 57.7       # perChMaxNVLSTreeBws Hopper, 2 nodes, 8 channels
+    cap_busbw = 8 * 57.7  # perChMaxNVLSTreeBws Hopper, 2 nodes, 8 channels
     assert r.busbw == pytest.approx(cap_busbw, rel=0.01) and r.busbw <= cap_busbw
     m = nm.nccl_predict(topo, None, big, "nvls")
     assert m["algo"] == "nvls_tree" and m["proto"] == "Simple" and m["nchannels"] == 8
@@ -86,7 +87,7 @@ def test_nccl_model_nvls_one_node_from_the_search_speeds():
     assert m["model_algbw"] == pytest.approx(8 * 40 * 0.85 * 7 / 8 * 2 * 8 / 14)
     assert m["lat_us"] == 25.0 and m["nnodes"] == 1
     b200 = nm.nccl_predict(yaml_io.resolve("hgx-b200"), None, GIB, "nvls")
-    assert b200["model_algbw"] == pytest.approx(8 * 80 * 0.74 * 7 / 8 * 2 * 8 / 14)   # 721.8 / 9 -> 80
+    assert b200["model_algbw"] == pytest.approx(8 * 80 * 0.74 * 7 / 8 * 2 * 8 / 14)  # 721.8 / 9 -> 80
     assert nm.nccl_algos(h100, h100.rank_gpus()) == ("ring", "tree", "nvls")
     with pytest.raises(TreeError, match="Simple protocol only"):
         nm.nccl_predict(h100, None, GIB, "nvls", "LL")
@@ -96,7 +97,7 @@ def test_nvl72_is_one_nvls_domain():
     nvl = yaml_io.resolve("gb200-nvl72")
     doms = nm.nvls_domains(nvl, nvl.rank_gpus())
     assert [len(d) for d in doms] == [72]
-    assert nm.nccl_predict(nvl, None, GIB, "nvls")["nchannels"] == 32     # NCCL_MAX_NVLS_ARITY
+    assert nm.nccl_predict(nvl, None, GIB, "nvls")["nchannels"] == 32  # NCCL_MAX_NVLS_ARITY
 
 
 def test_where_nvls_cannot_run_the_error_says_why():

@@ -1,4 +1,5 @@
 """Fuzzing the tree-file reader: any bytes end in a TreecollError or a valid TreeFile, quickly."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def _read(data: bytes):
         plan.fingerprint()
     else:
         msg = str(res)
-        assert msg and "\n" not in msg.strip() and msg.startswith(path), msg   # one line naming the file
+        assert msg and "\n" not in msg.strip() and msg.startswith(path), msg  # one line naming the file
     return res
 
 
@@ -70,11 +71,33 @@ def mutated(draw):
         elif op == "insert":
             data[i:i] = draw(st.binary(min_size=1, max_size=8))
         elif op == "delete" and data:
-            del data[i: i + draw(st.integers(1, 8))]
+            del data[i : i + draw(st.integers(1, 8))]
         else:
-            data[i:i] = draw(st.sampled_from([b"-1", b"99999999999", b"1e308", b"[", b"]", b"{", b"}", b"&a ", b"*a",
-                                              b"!!python/object ", b"\t", b"\x00", b"null", b"true", b" - ",
-                                              b"nested:", b"children: [[0]]", b"share: -1", b"\xff\xfe"]))
+            data[i:i] = draw(
+                st.sampled_from(
+                    [
+                        b"-1",
+                        b"99999999999",
+                        b"1e308",
+                        b"[",
+                        b"]",
+                        b"{",
+                        b"}",
+                        b"&a ",
+                        b"*a",
+                        b"!!python/object ",
+                        b"\t",
+                        b"\x00",
+                        b"null",
+                        b"true",
+                        b" - ",
+                        b"nested:",
+                        b"children: [[0]]",
+                        b"share: -1",
+                        b"\xff\xfe",
+                    ]
+                )
+            )
     return bytes(data)
 
 
@@ -84,13 +107,21 @@ def test_mutated_real_files(data):
     _read(data)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("parents: " + "[" * 5000 + "]" * 5000 + "\n", r"t.yaml"),
-    ("nested: " + "{rank: 0, children: [" * 600 + "]}" * 600 + "\n", r"t.yaml"),
-    (("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-      "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nparents: [-1]\n"), r"t.yaml"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("parents: " + "[" * 5000 + "]" * 5000 + "\n", r"t.yaml"),
+        ("nested: " + "{rank: 0, children: [" * 600 + "]}" * 600 + "\n", r"t.yaml"),
+        (
+            (
+                "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nparents: [-1]\n"
+            ),
+            r"t.yaml",
+        ),
+    ],
+)
 def test_deep_and_aliased_files_end_in_one_error(text, match, tmp_path):
     p = tmp_path / "t.yaml"
     p.write_text(text)

@@ -5,6 +5,7 @@ regenerate them as a separate step and review the diff before committing:
 
     .venv/bin/python -m tests.tools.golden_cases        # from the repository root
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +30,7 @@ CASES = {
 def regenerate() -> list[str]:
     """Run every case and write its output to its golden file; returns the files that changed."""
     from treecoll.tools.cli import main
+
     changed = []
     for name, argv in CASES.items():
         buf = io.StringIO()

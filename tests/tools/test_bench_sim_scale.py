@@ -1,4 +1,5 @@
 """tools/bench_sim_scale: its in-process timing runs the command's own work and gets its numbers."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """`treecoll --help` at every level: every subcommand describes itself, every option says what
 it takes, enumerations list their values from the registries they come from."""
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,12 @@ def test_enumerations_list_their_values_from_the_registries():
 
     for cmd in ("allreduce", "decode", "links"):
         assert all(name in _help_of("simulate", cmd, "--profile") for name in PROFILES), cmd
-    for where in (("simulate", "allreduce", "--algo"), ("simulate", "links", "--algo"),
-                  ("simulate", "decode", "--tree"), ("tree", "build", "--builder")):
+    for where in (
+        ("simulate", "allreduce", "--algo"),
+        ("simulate", "links", "--algo"),
+        ("simulate", "decode", "--tree"),
+        ("tree", "build", "--builder"),
+    ):
         assert all(name in _help_of(*where) for name in BUILDERS), where
     assert all(name in _help_of("simulate", "allreduce", "--algo") for name in SIM_ALGOS)
     assert all(name in _help_of("simulate", "decode", "--dtype") for name in DTYPE_SIZES)
@@ -63,14 +68,26 @@ def test_enumerations_list_their_values_from_the_registries():
     assert all(name in _help_of("tree", "build", "--inter") for name in INTER_KINDS)
 
 
-@pytest.mark.parametrize("argv, msg", [
-    ([], "treecoll: error: expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck; "
-         "see 'treecoll --help'"),
-    (["tree"], "treecoll: error: treecoll tree: expected a command, one of build, show, check, draw, bruteforce; "
-               "see 'treecoll tree --help'"),
-    (["simulate", "links", "--topology", "default", "--bogus"],
-     "treecoll: error: treecoll simulate links: unrecognized arguments: --bogus; see 'treecoll simulate links --help'"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (
+            [],
+            "treecoll: error: expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck; "
+            "see 'treecoll --help'",
+        ),
+        (
+            ["tree"],
+            "treecoll: error: treecoll tree: expected a command, one of build, show, check, draw, bruteforce; "
+            "see 'treecoll tree --help'",
+        ),
+        (
+            ["simulate", "links", "--topology", "default", "--bogus"],
+            "treecoll: error: treecoll simulate links: unrecognized arguments: --bogus; "
+            "see 'treecoll simulate links --help'",
+        ),
+    ],
+)
 def test_missing_command_and_unknown_option_name_the_level(capsys, argv, msg):
     assert main(argv) == 1
     out, err = capsys.readouterr()

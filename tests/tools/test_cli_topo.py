@@ -3,6 +3,7 @@
 The golden files are only read here; ``tests/tools/golden_cases.py`` lists the commands and
 regenerates the files as a separate, explicit step (see its docstring).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,15 @@ def test_matrix_of_dgx_h100_shows_nv18_and_own_nic_pix(capsys):
     assert d["numa_affinity"]["GPU5"] == 1 and d["nic_names"]["NIC1"] == "mlx5_3"
 
 
-@pytest.mark.parametrize("argv", [
-    ["topo", "show", "default"], ["topo", "matrix", "default"], ["topo", "path", "default", "r0", "r15"],
-    ["topo", "export", "cpu-local", "--format", "dot"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topo", "show", "default"],
+        ["topo", "matrix", "default"],
+        ["topo", "path", "default", "r0", "r15"],
+        ["topo", "export", "cpu-local", "--format", "dot"],
+    ],
+)
 def test_json_on_every_command(argv, capsys):
     for args in (argv + ["--json"], ["--json"] + argv):
         rc, out, _ = run(capsys, *args)
@@ -93,6 +99,7 @@ def test_draw(tmp_path, capsys):
 
 def test_draw_without_matplotlib_gives_an_install_hint(tmp_path, capsys, monkeypatch):
     import sys
+
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rc, out, err = run(capsys, "topo", "draw", "cpu-local", "-o", str(tmp_path / "x.png"))
     assert rc == 1 and out == ""
@@ -107,8 +114,9 @@ def test_malformed_yaml_is_one_line_with_file_and_line(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith(f"treecoll: error: {bad}:4: invalid YAML")
     rc, _, err = run(capsys, "topo", "show", str(bad), "--debug")
     assert rc == 1 and "Traceback" in err
-    assert err.splitlines()[-1].endswith("invalid YAML: did not find expected ',' or '}' "
-                                         "(while parsing a flow mapping started on line 3)")
+    assert err.splitlines()[-1].endswith(
+        "invalid YAML: did not find expected ',' or '}' (while parsing a flow mapping started on line 3)"
+    )
 
 
 def test_bad_values_are_one_line_errors(tmp_path, capsys):
@@ -118,18 +126,23 @@ def test_bad_values_are_one_line_errors(tmp_path, capsys):
     assert rc == 1 and err == (f"treecoll: error: {bad}:3: network.leaf_size: expected an integer >= 1, got 0\n")
 
 
-@pytest.mark.parametrize("argv,pattern", [
-    (["topo", "show", "no-such.yaml"], "no-such.yaml: cannot read topology file: no such file"),
-    (["topo", "path", "default", "r0", "r99"], r"rank 99: expected an integer in 0..15"),
-    (["topo", "path", "default", "h0/gpu0", "spine0"], "path endpoint 'spine0': expected a gpu, nic or cpu"),
-    (["topo", "matrix", "default", "--host", "h7"], "--host 'h7': not in topology 'dgx-h100-x2'"),
-    (["topo", "draw", "default", "-o", "x.png", "--max-hosts", "0"], "--max-hosts: expected a positive integer"),
-    (["topo", "frobnicate"], "treecoll topo: argument SUBCOMMAND: invalid choice: 'frobnicate'"),
-    (["topo", "show", "default", "--colour"],
-     r"treecoll topo show: unrecognized arguments: --colour; see 'treecoll topo show --help'"),
-    (["topo", "export", "default"], "the following arguments are required: --format"),
-    ([], "expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck"),
-])
+@pytest.mark.parametrize(
+    "argv,pattern",
+    [
+        (["topo", "show", "no-such.yaml"], "no-such.yaml: cannot read topology file: no such file"),
+        (["topo", "path", "default", "r0", "r99"], r"rank 99: expected an integer in 0..15"),
+        (["topo", "path", "default", "h0/gpu0", "spine0"], "path endpoint 'spine0': expected a gpu, nic or cpu"),
+        (["topo", "matrix", "default", "--host", "h7"], "--host 'h7': not in topology 'dgx-h100-x2'"),
+        (["topo", "draw", "default", "-o", "x.png", "--max-hosts", "0"], "--max-hosts: expected a positive integer"),
+        (["topo", "frobnicate"], "treecoll topo: argument SUBCOMMAND: invalid choice: 'frobnicate'"),
+        (
+            ["topo", "show", "default", "--colour"],
+            r"treecoll topo show: unrecognized arguments: --colour; see 'treecoll topo show --help'",
+        ),
+        (["topo", "export", "default"], "the following arguments are required: --format"),
+        ([], "expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck"),
+    ],
+)
 def test_user_errors_exit_1_with_one_line(argv, pattern, capsys):
     rc, out, err = run(capsys, *argv)
     assert rc == 1 and out == "" and err.count("\n") == 1
@@ -143,6 +156,7 @@ def test_help_returns_0(capsys):
 
 def test_demo_runs_its_steps(capsys):
     from treecoll.tools import demo
+
     assert demo.main() == 0
     out = capsys.readouterr().out
     assert out.count("=== ") == len(demo.STEPS) >= 3
@@ -152,8 +166,11 @@ def test_demo_runs_its_steps(capsys):
 def test_building_the_parser_imports_no_heavy_dependency():
     import subprocess
     import sys
-    code = ("import sys, tools.cli; tools.cli.build_parser(); "
-            "print(sorted(m for m in ('torch', 'triton', 'matplotlib') if m in sys.modules))")
+
+    code = (
+        "import sys, tools.cli; tools.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'triton', 'matplotlib') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -161,17 +178,24 @@ def test_building_the_parser_imports_no_heavy_dependency():
 
 def test_unbounded_and_malicious_files_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
     huge = tmp_path / "huge.yaml"
-    huge.write_text("templates:\n  box: {gpus: {count: 1000000000, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 24.0}}\n"
-                    "hosts: [{template: box, count: 1}]\n")
+    huge.write_text(
+        "templates:\n  box: {gpus: {count: 1000000000, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 24.0}}\n"
+        "hosts: [{template: box, count: 1}]\n"
+    )
     rc, out, err = run(capsys, "topo", "show", str(huge))
     assert (rc, out) == (1, "") and err.count("\n") == 1
-    assert err.startswith(f"treecoll: error: {huge}:2: templates.box.gpus.count: one host of template 'box' would "
-                          f"make 1,000,000,001 nodes and 2,000,000,000 directed links: expected at most 1,000,000 "
-                          f"nodes and 4,000,000 links (the caps)")
+    assert err.startswith(
+        f"treecoll: error: {huge}:2: templates.box.gpus.count: one host of template 'box' would "
+        f"make 1,000,000,001 nodes and 2,000,000,000 directed links: expected at most 1,000,000 "
+        f"nodes and 4,000,000 links (the caps)"
+    )
     bomb = tmp_path / "bomb.yaml"
     levels = "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
-    bomb.write_text("meta:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + levels +
-                    "hosts: [{template: dgx-h100, count: 1}]\n")
+    bomb.write_text(
+        "meta:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+        + levels
+        + "hosts: [{template: dgx-h100, count: 1}]\n"
+    )
     rc, out, err = run(capsys, "topo", "export", str(bomb), "--format", "json")
     assert (rc, out) == (1, "") and err.count("\n") == 1
     assert err.startswith(f"treecoll: error: {bomb}:7: invalid YAML: aliases expand the document to ")
@@ -186,15 +210,24 @@ def test_unbounded_and_malicious_files_are_refused_in_one_line(tmp_path, capsys,
     assert rc == 0 and out.startswith("dgx-h100-x2")
 
 
-@pytest.mark.parametrize("what, make, message", [
-    ("directory", lambda p: p.mkdir(), "cannot read topology file: it is a directory; expected a file"),
-    ("device", None, r"cannot read topology file: not a regular file \(a character device\); expected a file"),
-    ("empty", lambda p: p.write_text(""), r"cannot read topology file: the file is empty \(0 bytes\)"),
-    ("no GPU", lambda p: p.write_text('<system version="1"><cpu numaid="0"/></system>\n'),
-     r"expected at least one GPU \(a <gpu> element, or a <pci> of class 0x03\.\.\.\.\), got none"),
-    ("bad XML", lambda p: p.write_text('<system version="1">\n<cpu numaid="x"/></system>\n'),
-     r":2: <cpu> #0 numaid expected an integer, got 'x'"),
-])
+@pytest.mark.parametrize(
+    "what, make, message",
+    [
+        ("directory", lambda p: p.mkdir(), "cannot read topology file: it is a directory; expected a file"),
+        ("device", None, r"cannot read topology file: not a regular file \(a character device\); expected a file"),
+        ("empty", lambda p: p.write_text(""), r"cannot read topology file: the file is empty \(0 bytes\)"),
+        (
+            "no GPU",
+            lambda p: p.write_text('<system version="1"><cpu numaid="0"/></system>\n'),
+            r"expected at least one GPU \(a <gpu> element, or a <pci> of class 0x03\.\.\.\.\), got none",
+        ),
+        (
+            "bad XML",
+            lambda p: p.write_text('<system version="1">\n<cpu numaid="x"/></system>\n'),
+            r":2: <cpu> #0 numaid expected an integer, got 'x'",
+        ),
+    ],
+)
 def test_topo_import_names_the_file_and_what_is_wrong(what, make, message, tmp_path, capsys):
     p = tmp_path / "in.xml"
     if make is None:
@@ -203,5 +236,6 @@ def test_topo_import_names_the_file_and_what_is_wrong(what, make, message, tmp_p
         make(p)
     rc, out, err = run(capsys, "topo", "import", str(p))
     assert (rc, out) == (1, "") and err.count("\n") == 1
-    assert re.match(rf"treecoll: error: {p}:?\S*:? ?{message}", err) or re.match(rf"treecoll: error: {p}{message}",
-                                                                              err), err
+    assert re.match(rf"treecoll: error: {p}:?\S*:? ?{message}", err) or re.match(
+        rf"treecoll: error: {p}{message}", err
+    ), err

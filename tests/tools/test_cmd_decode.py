@@ -1,12 +1,31 @@
 """``treecoll decode``: spawns a gloo group, checks every method against one process."""
+
 import json
 
 import pytest
 from treecoll.tools import cmd_decode
 from treecoll.tools.cli import main
 
-SMALL = ["decode", "--nproc", "3", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-         "--new-tokens", "3", "--block-size", "8", "--batch", "2", "--json"]
+SMALL = [
+    "decode",
+    "--nproc",
+    "3",
+    "--layers",
+    "1",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--head-dim",
+    "16",
+    "--new-tokens",
+    "3",
+    "--block-size",
+    "8",
+    "--batch",
+    "2",
+    "--json",
+]
 
 
 def _run(capsys, argv):
@@ -34,13 +53,13 @@ def test_decode_json_every_method_matches_reference(capsys):
     tree = d["tree"]["parents"]
     children = [sum(1 for p in tree if p == r) for r in range(3)]
     # tree: the state once up to the parent and once down to each child
-    assert d["methods"]["tree"]["bytes_sent_per_rank"] == [
-        state * (children[r] + (tree[r] != -1)) for r in range(3)]
+    assert d["methods"]["tree"]["bytes_sent_per_rank"] == [state * (children[r] + (tree[r] != -1)) for r in range(3)]
     # ring: a rank sends the shard in hand to the next rank P - 1 = 2 times (its own, then its
     # predecessor's), with the lengths (int32 [batch]) each time, after one all-gather of the
     # 8-entry int64 agreement row (decode_signature's 6 fields, the shipped prefix, the flag)
     assert d["methods"]["ring"]["bytes_sent_per_rank"] == [
-        (held[r] + held[r - 1]) * kv_token + 2 * 2 * 4 + 8 * 8 for r in range(3)]
+        (held[r] + held[r - 1]) * kv_token + 2 * 2 * 4 + 8 * 8 for r in range(3)
+    ]
     # allreduce3: max(lse) [B, H], sum(den) [B, H], sum(num) [B, H, D] in float32
     assert d["methods"]["allreduce3"]["bytes_sent_per_rank"] == [4 * 2 * 4 * (16 + 2)] * 3
     _memory_estimate_bounds_the_run(d)
@@ -65,8 +84,10 @@ def _memory_estimate_bounds_the_run(d: dict) -> None:
 
 
 def test_decode_text_one_process_with_topology(capsys):
-    code, out, err = _run(capsys, [a for a in SMALL if a not in ("--json",)] + [
-        "--seq-len", "24", "--nproc", "1", "--topology", "default"])
+    code, out, err = _run(
+        capsys,
+        [a for a in SMALL if a not in ("--json",)] + ["--seq-len", "24", "--nproc", "1", "--topology", "default"],
+    )
     assert code == 0, err
     table = out.split("-----\n")[1].split("\n\n")[0]
     assert [line.split()[0] for line in table.splitlines()] == ["tree", "ring", "allreduce3"]
@@ -76,33 +97,41 @@ def test_decode_text_one_process_with_topology(capsys):
 
 
 def test_decode_json_names_the_gpus_of_a_larger_topology(capsys):
-    code, out, err = _run(capsys, SMALL + ["--seq-len", "24", "--nproc", "1", "--topology", "dgx-h100-x2",
-                                           "--compare", "none"])
+    code, out, err = _run(
+        capsys, SMALL + ["--seq-len", "24", "--nproc", "1", "--topology", "dgx-h100-x2", "--compare", "none"]
+    )
     assert code == 0, err
     d = json.loads(out)
     assert (d["topology"], d["gpus"], d["topology_gpus"]) == ("dgx-h100-x2", ["h0/gpu0"], 16)
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--heads", "6", "--kv-heads", "4"], "--heads: expected a multiple of --kv-heads=4, got 6"),
-    (["--compare", "ring,bogus"],
-     "--compare: expected a comma list of gather, ring, allreduce3 or 'none', got 'bogus'"),
-    (["--compare", ""], "--compare: expected a value, got an empty string"),
-    (["--compare", "ring,"], "--compare: expected a comma list of methods, got an empty item in 'ring,'"),
-    (["--topology", ""], "--topology: expected a value, got an empty string"),
-    (["--new-tokens", "1"], "--new-tokens: expected an integer >= 2, got 1"),
-    (["--topology", "nope.yaml"], "nope.yaml"),
-    (["--seq-len", "0"], "--seq-len: expected a count of at least 1, got '0'"),
-    (["--seq-len", "1MiB"], "--seq-len: expected a count like 32768, 128k or 5.12M, got '1MiB'"),
-    (["--nproc", "-1"], "--nproc: expected a positive integer, got -1"),
-    (["--nproc", "4.5"], "--nproc: expected an integer, got '4.5'"),
-    (["--seed", "-1"], "--seed: expected a non-negative integer, got -1"),
-    (["--timeout", "0"], "--timeout: expected a positive number of seconds, got '0'"),
-    (["--timeout", "nan"], "--timeout: expected a positive number of seconds, got 'nan'"),
-    (["--topology", "dgx-h100", "--nproc", "9"],
-     "--nproc 9: expected at most 8 (the GPUs of topology 'dgx-h100'), got 9; give a larger topology"),
-    (["--topology", "default", "--discover"], "argument --discover: not allowed with argument --topology"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--heads", "6", "--kv-heads", "4"], "--heads: expected a multiple of --kv-heads=4, got 6"),
+        (
+            ["--compare", "ring,bogus"],
+            "--compare: expected a comma list of gather, ring, allreduce3 or 'none', got 'bogus'",
+        ),
+        (["--compare", ""], "--compare: expected a value, got an empty string"),
+        (["--compare", "ring,"], "--compare: expected a comma list of methods, got an empty item in 'ring,'"),
+        (["--topology", ""], "--topology: expected a value, got an empty string"),
+        (["--new-tokens", "1"], "--new-tokens: expected an integer >= 2, got 1"),
+        (["--topology", "nope.yaml"], "nope.yaml"),
+        (["--seq-len", "0"], "--seq-len: expected a count of at least 1, got '0'"),
+        (["--seq-len", "1MiB"], "--seq-len: expected a count like 32768, 128k or 5.12M, got '1MiB'"),
+        (["--nproc", "-1"], "--nproc: expected a positive integer, got -1"),
+        (["--nproc", "4.5"], "--nproc: expected an integer, got '4.5'"),
+        (["--seed", "-1"], "--seed: expected a non-negative integer, got -1"),
+        (["--timeout", "0"], "--timeout: expected a positive number of seconds, got '0'"),
+        (["--timeout", "nan"], "--timeout: expected a positive number of seconds, got 'nan'"),
+        (
+            ["--topology", "dgx-h100", "--nproc", "9"],
+            "--nproc 9: expected at most 8 (the GPUs of topology 'dgx-h100'), got 9; give a larger topology",
+        ),
+        (["--topology", "default", "--discover"], "argument --discover: not allowed with argument --topology"),
+    ],
+)
 def test_user_errors(capsys, argv, msg):
     code, out, err = _run(capsys, ["decode"] + argv)
     assert code == 1 and msg in err and len(err.strip().splitlines()) == 1 and out == ""
@@ -111,6 +140,7 @@ def test_user_errors(capsys, argv, msg):
 def test_seq_len_reads_like_simulate():
     """The README: token counts are decimal, for every command."""
     from treecoll.tools.cli import build_parser
+
     p = build_parser()
     assert p.parse_args(["decode", "--seq-len", "1M"]).seq_len == 10**6
     assert p.parse_args(["simulate", "decode", "--seq-len", "1M"]).seq_len == [10**6]

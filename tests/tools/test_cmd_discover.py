@@ -1,4 +1,5 @@
 """treecoll topo discover / import / hints."""
+
 import json
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_discover_refuses_a_directory_output_before_discovering(capsys, tmp_path
     assert main(["topo", "discover", "-o", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"-o {tmp_path}: expected a file name, got a directory" in err
-    assert called == []   # refused before any work
+    assert called == []  # refused before any work
 
 
 def test_discover_refuses_a_missing_sysfs_root(capsys, tmp_path):

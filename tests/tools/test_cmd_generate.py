@@ -3,6 +3,7 @@
 The reference is the same model's own ``generate()`` in one process (``--check``, on rank 0);
 the byte counts are derived from the built-in model's sizes.
 """
+
 import json
 import os
 import subprocess
@@ -27,8 +28,22 @@ def _run(capsys, argv):
 
 @pytest.mark.timeout(240)
 def test_generate_two_ranks_json_matches_one_process(capsys):
-    code, out, err = _run(capsys, ["generate", "--prompt-tokens", "12", "--max-new-tokens", "5", "--nproc", "2",
-                                   "--block-size", "4", "--check", "--json"])
+    code, out, err = _run(
+        capsys,
+        [
+            "generate",
+            "--prompt-tokens",
+            "12",
+            "--max-new-tokens",
+            "5",
+            "--nproc",
+            "2",
+            "--block-size",
+            "4",
+            "--check",
+            "--json",
+        ],
+    )
     assert code == 0, err
     d = json.loads(out)
     assert d["match"] is True and d["ranks_agree"] is True and d["tokens"] == d["reference_tokens"]
@@ -46,8 +61,20 @@ def test_generate_two_ranks_json_matches_one_process(capsys):
 
 def test_generate_one_process_text_prompt(capsys):
     """--nproc 1: the built-in model reads UTF-8 bytes; sampling with a seed equals one-process generate()."""
-    argv = ["generate", "--prompt", "héllo", "--max-new-tokens", "3", "--nproc", "1", "--do-sample", "--seed", "4",
-            "--check", "--json"]
+    argv = [
+        "generate",
+        "--prompt",
+        "héllo",
+        "--max-new-tokens",
+        "3",
+        "--nproc",
+        "1",
+        "--do-sample",
+        "--seed",
+        "4",
+        "--check",
+        "--json",
+    ]
     code, out, err = _run(capsys, argv)
     assert code == 0, err
     d = json.loads(out)
@@ -57,20 +84,30 @@ def test_generate_one_process_text_prompt(capsys):
     assert "generate: tiny-random-llama, 1 ranks" in text and "check: tokens equal one-process generate()" in text
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--model", "./no-such-dir"], "--model ./no-such-dir: expected a checkpoint directory, got no such directory"),
-    (["--model", "tiny-random-lama"], "--model tiny-random-lama: unknown model; did you mean the built-in "
-                                      "'tiny-random-llama'?"),
-    (["--prompt-tokens", "500", "--max-new-tokens", "13"],
-     "prompt: expected prompt + --max-new-tokens <= 512 (the model's max_position_embeddings), got 500 + 13 = 513"),
-    (["--nproc", "100000"], "--nproc 100000: expected at most"),
-    (["--prompt", ""], "--prompt: expected a value, got an empty string"),
-    (["--prompt", "a", "--prompt-tokens", "3"], "argument --prompt-tokens: not allowed with argument --prompt"),
-    (["--max-new-tokens", "0"], "--max-new-tokens: expected a positive integer, got 0"),
-    (["--layout", "striped"], "argument --layout: invalid choice: 'striped'"),
-    (["--topology", "dgx-h100", "--nproc", "9"],
-     "--nproc 9: expected at most 8 (the GPUs of topology 'dgx-h100'), got 9; give a larger topology"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--model", "./no-such-dir"], "--model ./no-such-dir: expected a checkpoint directory, got no such directory"),
+        (
+            ["--model", "tiny-random-lama"],
+            "--model tiny-random-lama: unknown model; did you mean the built-in 'tiny-random-llama'?",
+        ),
+        (
+            ["--prompt-tokens", "500", "--max-new-tokens", "13"],
+            "prompt: expected prompt + --max-new-tokens <= 512 (the model's max_position_embeddings), "
+            "got 500 + 13 = 513",
+        ),
+        (["--nproc", "100000"], "--nproc 100000: expected at most"),
+        (["--prompt", ""], "--prompt: expected a value, got an empty string"),
+        (["--prompt", "a", "--prompt-tokens", "3"], "argument --prompt-tokens: not allowed with argument --prompt"),
+        (["--max-new-tokens", "0"], "--max-new-tokens: expected a positive integer, got 0"),
+        (["--layout", "striped"], "argument --layout: invalid choice: 'striped'"),
+        (
+            ["--topology", "dgx-h100", "--nproc", "9"],
+            "--nproc 9: expected at most 8 (the GPUs of topology 'dgx-h100'), got 9; give a larger topology",
+        ),
+    ],
+)
 def test_user_errors(capsys, argv, msg):
     code, out, err = _run(capsys, ["generate"] + argv)
     assert code == 1 and msg in err and len(err.strip().splitlines()) == 1 and out == "", err
@@ -88,8 +125,22 @@ def test_checkpoint_without_tokenizer(capsys, tmp_path):
     assert code == 1 and "--prompt: expected a tokenizer with --model" in err and "--prompt-tokens N" in err
     code, out, err = _run(capsys, ["generate", "--model", str(tmp_path), "--nproc", "1"])
     assert code == 1 and "expected a checkpoint directory holding config.json" in err
-    code, out, err = _run(capsys, ["generate", "--model", str(tmp_path / "ckpt"), "--nproc", "1", "--prompt-tokens",
-                                   "4", "--max-new-tokens", "2", "--check", "--json"])
+    code, out, err = _run(
+        capsys,
+        [
+            "generate",
+            "--model",
+            str(tmp_path / "ckpt"),
+            "--nproc",
+            "1",
+            "--prompt-tokens",
+            "4",
+            "--max-new-tokens",
+            "2",
+            "--check",
+            "--json",
+        ],
+    )
     assert code == 0, err
     assert json.loads(out)["match"] is True
 
@@ -98,15 +149,34 @@ def test_checkpoint_without_tokenizer(capsys, tmp_path):
 def test_torchrun_two_ranks_sampling():
     """A real torchrun job (torch.distributed.run --standalone, 2 ranks): rank 0 prints the JSON, the
     sampled tokens equal one process's, and discovery's notice is logged once, not once per rank."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "treecoll", "generate", "--prompt-tokens", "10", "--max-new-tokens", "4", "--do-sample",
-            "--seed", "7", "--check", "--json", "--timeout", "120"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "treecoll",
+        "generate",
+        "--prompt-tokens",
+        "10",
+        "--max-new-tokens",
+        "4",
+        "--do-sample",
+        "--seed",
+        "7",
+        "--check",
+        "--json",
+        "--timeout",
+        "120",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(var, None)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    d = json.loads(proc.stdout[proc.stdout.index("{"):])
+    d = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert d["nproc"] == 2 and d["do_sample"] is True and d["match"] is True and len(d["tokens"]) == 4
     notices = [line for line in proc.stderr.splitlines() if line.startswith("treecoll: no NVML")]
     assert len(notices) <= 1, proc.stderr

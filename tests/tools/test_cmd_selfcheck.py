@@ -1,4 +1,5 @@
 """``treecoll selfcheck``: the CPU run (real processes), its JSON, and a failing path making the exit non-zero."""
+
 import json
 
 import pytest
@@ -60,7 +61,7 @@ def test_json_shape(cpu_run):
     assert set(d["counts"]) == set(cmd_selfcheck.RESULTS)
     for r in d["rows"]:
         assert set(r) == ROW_KEYS and r["result"] in cmd_selfcheck.RESULTS and r["seconds"] >= 0
-        assert r["result"] == "passed" or r["detail"], r     # a skip or a failure says why
+        assert r["result"] == "passed" or r["detail"], r  # a skip or a failure says why
     assert {"torch", "cuda_devices", "platform"} <= set(d["machine"])
 
 
@@ -68,7 +69,7 @@ def _broken_torch_backend(q, k, v, lengths, scale, num_splits, out, block_table)
     from treecoll.attention.decode_cpu import decode_torch
 
     o, lse = decode_torch(q, k, v, lengths, scale, num_splits=1, out=out, block_table=block_table)
-    return o * 1.001, lse                    # 1e-3 off: beyond float32's 1e-5, within bf16's 1e-2
+    return o * 1.001, lse  # 1e-3 off: beyond float32's 1e-5, within bf16's 1e-2
 
 
 def test_a_broken_kernel_fails_the_command(monkeypatch, capsys):
@@ -79,9 +80,14 @@ def test_a_broken_kernel_fails_the_command(monkeypatch, capsys):
 
     monkeypatch.setitem(decode_mod.DECODE_BACKENDS, "torch", _broken_torch_backend)
     cases = [c for c in selfcheck_cases() if c["name"] in ("llama8b-b1-8k", "llama8b-b1-32k-fp32")]
-    monkeypatch.setitem(cmd_selfcheck.CHECKS, "kernels", (
-        ("kernel decode_partial", "torch", "cpu"),
-        lambda a: [cmd_selfcheck._check_kernel_cases("torch", "cpu", cases)]))
+    monkeypatch.setitem(
+        cmd_selfcheck.CHECKS,
+        "kernels",
+        (
+            ("kernel decode_partial", "torch", "cpu"),
+            lambda a: [cmd_selfcheck._check_kernel_cases("torch", "cpu", cases)],
+        ),
+    )
     assert main(["selfcheck", "--only", "kernels", "--json"]) == 1
     d = json.loads(capsys.readouterr().out)
     (r,) = d["rows"]
@@ -99,8 +105,11 @@ def test_a_group_that_cannot_run_is_one_failed_row(monkeypatch, capsys):
     monkeypatch.setitem(cmd_selfcheck.CHECKS, "gloo", (("executor and tree_decode", "gloo", "cpu"), boom))
     assert main(["selfcheck", "--only", "gloo", "--json"]) == 1
     (r,) = json.loads(capsys.readouterr().out)["rows"]
-    assert (r["path"], r["result"], r["detail"]) == ("executor and tree_decode", "failed",
-                                                     "RuntimeError: no such backend")
+    assert (r["path"], r["result"], r["detail"]) == (
+        "executor and tree_decode",
+        "failed",
+        "RuntimeError: no such backend",
+    )
 
 
 def test_generate_hook_is_used_when_installed(monkeypatch, capsys):
@@ -116,12 +125,17 @@ def test_generate_hook_is_used_when_installed(monkeypatch, capsys):
     assert (r["result"], r["detail"]) == ("passed", "2 procs")
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["--only", "kernels,bogus"], "--only: expected a comma list of kernels, gloo, generate, cuda, got "
-                                  "'kernels,bogus'"),
-    (["--nproc", "1"], "--nproc: expected an integer >= 2, got 1"),
-    (["--timeout", "0"], "--timeout"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (
+            ["--only", "kernels,bogus"],
+            "--only: expected a comma list of kernels, gloo, generate, cuda, got 'kernels,bogus'",
+        ),
+        (["--nproc", "1"], "--nproc: expected an integer >= 2, got 1"),
+        (["--timeout", "0"], "--timeout"),
+    ],
+)
 def test_bad_options_are_one_line(capsys, argv, msg):
     assert main(["selfcheck", *argv]) == 1
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
 """`treecoll tree check`: a tree that covers fewer ranks than the topology does not pass quietly."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,11 @@ def tree8(tmp_path):
 def test_a_tree_over_part_of_the_topology_fails_without_ranks(capsys, tree8):
     rc, out, err = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2")
     assert (rc, err) == (1, "")
-    assert out == (f"{tree8}: does not fit\n"
-                   "  the tree has 8 ranks, topology 'dgx-h100-x2' has 16 GPUs: ranks 8..15 (h1/gpu0 .. h1/gpu7) "
-                   "would have no tree; pass --ranks 8 if the tree is meant for the first 8 GPUs\n")
+    assert out == (
+        f"{tree8}: does not fit\n"
+        "  the tree has 8 ranks, topology 'dgx-h100-x2' has 16 GPUs: ranks 8..15 (h1/gpu0 .. h1/gpu7) "
+        "would have no tree; pass --ranks 8 if the tree is meant for the first 8 GPUs\n"
+    )
     rc, out, _ = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2", "--json")
     d = json.loads(out)
     assert (rc, d["ok"], d["ranks"], d["topology_gpus"]) == (1, False, 8, 16)
@@ -42,11 +45,14 @@ def test_ranks_says_the_tree_is_meant_for_the_first_gpus(capsys, tree8):
     assert rc == 0 and out.rstrip().endswith("OK: the tree fits the topology")
 
 
-@pytest.mark.parametrize("ranks, rc, expected", [
-    ("4", 1, "  the tree has 8 ranks, --ranks says 4\n"),
-    ("40", 1, "treecoll: error: --ranks: expected at most 16 (the GPUs of topology 'dgx-h100-x2'), got 40\n"),
-    ("0", 1, "treecoll: error: --ranks: expected a positive integer, got 0\n"),
-])
+@pytest.mark.parametrize(
+    "ranks, rc, expected",
+    [
+        ("4", 1, "  the tree has 8 ranks, --ranks says 4\n"),
+        ("40", 1, "treecoll: error: --ranks: expected at most 16 (the GPUs of topology 'dgx-h100-x2'), got 40\n"),
+        ("0", 1, "treecoll: error: --ranks: expected a positive integer, got 0\n"),
+    ],
+)
 def test_ranks_that_do_not_match(capsys, tree8, ranks, rc, expected):
     got_rc, out, err = run(capsys, "tree", "check", tree8, "--topology", "dgx-h100-x2", "--ranks", ranks)
     assert got_rc == rc and expected in (out + err)
@@ -58,21 +64,31 @@ def test_a_tree_larger_than_the_topology(capsys, tmp_path):
     rc, out, _ = run(capsys, "tree", "check", f, "--topology", "dgx-h100")
     assert (rc, out) == (1, f"{f}: does not fit\n  the tree has 12 ranks, topology 'dgx-h100' has 8 GPUs\n")
     rc, _, err = run(capsys, "tree", "show", f, "--topology", "dgx-h100")
-    assert (rc, err) == (1, "treecoll: error: ranks: expected a count in 1..8 (the GPUs of topology 'dgx-h100'), "
-                            "got 12; pass fewer ranks or a larger topology\n")
+    assert (rc, err) == (
+        1,
+        "treecoll: error: ranks: expected a count in 1..8 (the GPUs of topology 'dgx-h100'), "
+        "got 12; pass fewer ranks or a larger topology\n",
+    )
 
 
 def test_build_names_the_model_of_its_predictions(capsys):
     from treecoll.collectives.cost import EXECUTOR_COSTS
+
     rc, out, _ = run(capsys, "tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "4K")
-    assert rc == 0 and ("predicted for 4096 B, executor mode (treecoll's executor on gloo: "
-                        f"{EXECUTOR_COSTS['gloo'].step_s * 1e6:.1f} us per message, flow simulation): ") in out
-    rc, out, _ = run(capsys, "tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "4K",
-                     "--mode", "in-kernel")
+    assert (
+        rc == 0
+        and (
+            "predicted for 4096 B, executor mode (treecoll's executor on gloo: "
+            f"{EXECUTOR_COSTS['gloo'].step_s * 1e6:.1f} us per message, flow simulation): "
+        )
+        in out
+    )
+    rc, out, _ = run(
+        capsys, "tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "4K", "--mode", "in-kernel"
+    )
     assert rc == 0 and "predicted for 4096 B, in-kernel mode (the tree inside NCCL" in out
     rc, _, err = run(capsys, "tree", "build", "--topology", "dgx-h100", "--builder", "chain", "--ranks", "9")
-    assert (rc, err) == (1, "treecoll: error: --ranks: expected at most 8 (the GPUs of topology 'dgx-h100'), "
-                            "got 9\n")
+    assert (rc, err) == (1, "treecoll: error: --ranks: expected at most 8 (the GPUs of topology 'dgx-h100'), got 9\n")
 
 
 def test_bruteforce_symmetry_reduction_finds_the_least_of_every_tree(capsys):
@@ -82,6 +98,7 @@ def test_bruteforce_symmetry_reduction_finds_the_least_of_every_tree(capsys):
     from treecoll.collectives.tree import Tree
 
     from treecoll import topo
+
     base = ("tree", "bruteforce", "--topology", "pcie-8gpu", "--ranks", "4", "--sizes", "8,1MiB", "--json")
     rows = {}
     for trees in ("all", "symmetry"):

@@ -1,4 +1,5 @@
 """`make demo` prints, for every case it shows, the number the matching `treecoll` command prints."""
+
 from __future__ import annotations
 
 import json
@@ -30,30 +31,41 @@ def default():
 def test_tree_section_is_tree_build(capsys, default):
     cli, out = _demo_and_cli(capsys, demo_decode.TREE_ARGV, demo_decode.tree_case, demo_decode.step_tree, default)
     p = cli["predicted"]
-    assert (f"predicted for {demo_decode.STATE_BYTES} B, executor mode (treecoll's executor on nccl: "
-            f"{p['step_cost_us']:.1f} us per message, flow simulation): reduce {p['reduce']['time_us']:.1f} us") in out
+    assert (
+        f"predicted for {demo_decode.STATE_BYTES} B, executor mode (treecoll's executor on nccl: "
+        f"{p['step_cost_us']:.1f} us per message, flow simulation): reduce {p['reduce']['time_us']:.1f} us"
+    ) in out
     assert f"allreduce {p['allreduce']['time_us']:.1f} us" in out
 
 
 def test_simulated_section_is_simulate_decode(capsys, default):
-    cli, out = _demo_and_cli(capsys, demo_decode.SIMULATE_ARGV, demo_decode.simulate_case,
-                             demo_decode.step_simulate, default)
-    rows = out.split("ring/tree\n")[1].splitlines()[:len(cli["runs"])]
+    cli, out = _demo_and_cli(
+        capsys, demo_decode.SIMULATE_ARGV, demo_decode.simulate_case, demo_decode.step_simulate, default
+    )
+    rows = out.split("ring/tree\n")[1].splitlines()[: len(cli["runs"])]
     for row, r in zip(rows, cli["runs"]):
         tree, ring = r["methods"]["tree"], r["methods"]["ring"]
-        assert row.split() == [str(r["shape"]["seq_len"]), f"{tree['time_s'] * 1e6:.1f}",
-                               f"{tree['combine_s'] * 1e6:.1f}", f"{ring['time_s'] * 1e6:.1f}",
-                               f"{r['speedup_tree_vs_ring']:.1f}x"]
+        assert row.split() == [
+            str(r["shape"]["seq_len"]),
+            f"{tree['time_s'] * 1e6:.1f}",
+            f"{tree['combine_s'] * 1e6:.1f}",
+            f"{ring['time_s'] * 1e6:.1f}",
+            f"{r['speedup_tree_vs_ring']:.1f}x",
+        ]
     # the same tree allreduce appears in both sections, the same number
     tree_cli = json.loads((main(list(demo_decode.TREE_ARGV) + ["--json"]), capsys.readouterr().out)[1])
-    assert all(r["methods"]["tree"]["combine_s"] * 1e6 == pytest.approx(tree_cli["predicted"]["allreduce"]["time_us"],
-                                                                       rel=1e-9) for r in cli["runs"])
+    assert all(
+        r["methods"]["tree"]["combine_s"] * 1e6
+        == pytest.approx(tree_cli["predicted"]["allreduce"]["time_us"], rel=1e-9)
+        for r in cli["runs"]
+    )
     assert "executor mode" in out
 
 
 def test_the_demo_decode_is_checked_like_the_command(monkeypatch):
     """The real decode of the demo passes the process and memory check of `treecoll decode` first."""
     from treecoll.tools import cmd_decode, resources
+
     monkeypatch.setattr(resources, "usable_cores", lambda: 1)
     monkeypatch.setattr(resources, "available_memory", lambda: 1 << 30)
     monkeypatch.setattr(cmd_decode, "decode_data", lambda *a, **k: pytest.fail("processes were started"))

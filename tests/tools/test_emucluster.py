@@ -5,6 +5,7 @@ them they skip with the reason. They create clusters with their own ids
 (``t<pid>...``), touch no address outside those namespaces and loopback, and
 check that nothing with the id is left behind.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 # ----------------------------------------------------------------------------- no privileges needed
 
 
-@pytest.mark.parametrize("text,bps", [("1gbit", 10**9), ("10Gbit", 10**10), ("2.5mbit", 2_500_000),
-                                      ("100kbit", 100_000), (64000, 64000)])
+@pytest.mark.parametrize(
+    "text,bps", [("1gbit", 10**9), ("10Gbit", 10**10), ("2.5mbit", 2_500_000), ("100kbit", 100_000), (64000, 64000)]
+)
 def test_parse_rate(text, bps):
     assert netns.parse_rate(text) == bps
     assert netns.parse_rate(netns.format_rate(bps)) == bps
@@ -97,10 +99,12 @@ def test_topology_yaml_roundtrip(tmp_path):
     p = topology.save_topology(t, tmp_path / "emu.yaml")
     try:
         from treecoll.topo import yaml_io
+
         back = yaml_io.load(p)
     except (ImportError, AttributeError):
         import yaml
         from treecoll.topo.model import Topology
+
         back = Topology.from_dict(yaml.safe_load(p.read_text()))
     assert back == t
 
@@ -128,18 +132,35 @@ def test_cli_errors_are_one_line(capsys, monkeypatch):
 
 def test_cli_mounts_under_a_parent_parser():
     import argparse
+
     parser = argparse.ArgumentParser(prog="treecoll")
     parser.add_argument("--json", action="store_true")
     sub = parser.add_subparsers(dest="cmd")
     cli.add_parser(sub)
-    args = parser.parse_args(["--json", "emu", "run", "--hosts", "2", "--ranks-per-host", "2",
-                              "--placement", "interleaved", "--", "python", "-c", "pass"])
+    args = parser.parse_args(
+        [
+            "--json",
+            "emu",
+            "run",
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--placement",
+            "interleaved",
+            "--",
+            "python",
+            "-c",
+            "pass",
+        ]
+    )
     assert args.func is cli.run and args.json is True and args.emu_cmd == "run"
     assert args.command[-3:] == ["python", "-c", "pass"] and args.placement == "interleaved"
 
 
 def test_mounted_in_treecoll_cli(monkeypatch, capsys):
     from treecoll.tools import cli as main_cli
+
     assert "treecoll.tools.emucluster.cli" in main_cli.COMMANDS
     assert main_cli.main(["emu", "up", "--hosts", "0"]) == 1
     assert capsys.readouterr().err.strip() == "treecoll: error: --hosts: expected a positive integer, got 0"
@@ -200,8 +221,9 @@ def test_allreduce_across_two_hosts(tmp_path):
     worker.write_text(WORKER)
     state = netns.create(netns.ClusterSpec(cid, 2, 10**9))
     try:
-        res = runner.launch(state, [sys.executable, str(worker), str(tmp_path)], 2,
-                            placement_mode="interleaved", timeout=90)
+        res = runner.launch(
+            state, [sys.executable, str(worker), str(tmp_path)], 2, placement_mode="interleaved", timeout=90
+        )
     finally:
         netns.destroy(cid)
     assert res.returncode == 0, res
@@ -224,10 +246,29 @@ def test_failing_rank_kills_the_others_and_cleans_up(tmp_path):
     cid = _cid("f")
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    cmd = [sys.executable, "-m", "treecoll.tools.emucluster", "run", "--id", cid, "--hosts", "2",
-           "--ranks-per-host", "2", "--placement", "interleaved", "--timeout", "90",
-           "--topology-out", str(tmp_path / "emu.yaml"), "--",
-           sys.executable, str(worker), str(tmp_path), "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "treecoll.tools.emucluster",
+        "run",
+        "--id",
+        cid,
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "2",
+        "--placement",
+        "interleaved",
+        "--timeout",
+        "90",
+        "--topology-out",
+        str(tmp_path / "emu.yaml"),
+        "--",
+        sys.executable,
+        str(worker),
+        str(tmp_path),
+        "1",
+    ]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=110)
     assert p.returncode == 3, p.stderr[-2000:]
     assert "rank 1 exited with 3; other ranks killed" in p.stderr
@@ -240,8 +281,14 @@ def test_failing_rank_kills_the_others_and_cleans_up(tmp_path):
 @pytest.mark.timeout(60)
 def test_timeout_kills_ranks():
     cid = _cid("o")
-    res = runner.run([sys.executable, "-c", "import time; time.sleep(60)"], hosts=2, ranks_per_host=1,
-                     cid=cid, timeout=1.0, grace=1.0)
+    res = runner.run(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        hosts=2,
+        ranks_per_host=1,
+        cid=cid,
+        timeout=1.0,
+        grace=1.0,
+    )
     assert res.timed_out and res.returncode == runner.TIMEOUT_EXIT
     assert all(c is not None and c != 0 for c in res.returncodes)
     assert res.seconds < 10
@@ -323,13 +370,37 @@ def test_probe_names_the_slow_host_and_the_tree_leaves_it_out(tmp_path):
 
     cid = _cid("p")
     out = tmp_path / "probed.yaml"
-    cmd = [sys.executable, "-m", "treecoll.tools.emucluster", "run", "--id", cid, "--hosts", "4",
-           "--ranks-per-host", "1", "--rate", "1gbit", "--host-rate", "2=100mbit", "--timeout", "60", "--",
-           sys.executable, "-m", "treecoll.tools.cli", "topo", "probe", "--json", "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "treecoll.tools.emucluster",
+        "run",
+        "--id",
+        cid,
+        "--hosts",
+        "4",
+        "--ranks-per-host",
+        "1",
+        "--rate",
+        "1gbit",
+        "--host-rate",
+        "2=100mbit",
+        "--timeout",
+        "60",
+        "--",
+        sys.executable,
+        "-m",
+        "treecoll.tools.cli",
+        "topo",
+        "probe",
+        "--json",
+        "-o",
+        str(out),
+    ]
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=110)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert time.monotonic() - t0 < 75          # the job's own 60 s plus making and removing the cluster
+    assert time.monotonic() - t0 < 75  # the job's own 60 s plus making and removing the cluster
     r = json.loads(p.stdout)
     assert set(r) == {"pairs", "slow", "summary"}
     assert r["summary"]["slow_hosts"] == ["h2"] and r["summary"]["slow_nics"] == ["h2/nic0"]

@@ -1,4 +1,5 @@
 """The machine flags helper (treecoll.tools.machine_flags) and `treecoll simulate validate` on the fixtures."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,13 +20,22 @@ def _parser():
     return p
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--nic", "8x400G-xyz"], "--nic '8x400G-xyz': unknown fabric 'xyz'; expected one of ib, roce, efa, tcpx, "
-                              "tcpxo, slingshot, socket in COUNTxSPEEDG-FABRIC (e.g. 8x400G-ib"),
-    (["--gpu", "H999"], "--gpu 'H999': no machine template for this GPU; expected a template (a100-pcie, a100-sxm, "),
-    (["--hosts", "0"], "--hosts: expected a positive integer, got 0"),
-    (["--gpus-per-host", "x"], "--gpus-per-host: expected an integer, got 'x'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--nic", "8x400G-xyz"],
+            "--nic '8x400G-xyz': unknown fabric 'xyz'; expected one of ib, roce, efa, tcpx, "
+            "tcpxo, slingshot, socket in COUNTxSPEEDG-FABRIC (e.g. 8x400G-ib",
+        ),
+        (
+            ["--gpu", "H999"],
+            "--gpu 'H999': no machine template for this GPU; expected a template (a100-pcie, a100-sxm, ",
+        ),
+        (["--hosts", "0"], "--hosts: expected a positive integer, got 0"),
+        (["--gpus-per-host", "x"], "--gpus-per-host: expected an integer, got 'x'"),
+    ],
+)
 def test_bad_flag_values_are_one_line_usage_errors(argv, message):
     with pytest.raises(UsageError) as e:
         _parser().parse_args(argv)
@@ -47,32 +57,41 @@ def test_flags_to_a_topology_and_the_cli_errors():
 def test_validate_sim_reports_every_table_with_a_status(capsys):
     """A small run: a fit table and a held-out alltoall predicted, held-out tables skipped with the reason
     that applies."""
-    files = [FIX / "v100pcie-4gpu-1node-allreduce-oldformat.txt", FIX / "heldout/h100-8gpu-1node-alltoall.txt",
-             FIX / "heldout/gb200-144gpu-36node-allreduce-2rack.txt",
-             FIX / "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt"]
+    files = [
+        FIX / "v100pcie-4gpu-1node-allreduce-oldformat.txt",
+        FIX / "heldout/h100-8gpu-1node-alltoall.txt",
+        FIX / "heldout/gb200-144gpu-36node-allreduce-2rack.txt",
+        FIX / "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt",
+    ]
     assert validate_sim.main([str(f) for f in files] + ["--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     got = {e["file"]: (e["status"], e["set"], e["health"]) for e in d["files"]}
-    assert got == {"v100pcie-4gpu-1node-allreduce-oldformat.txt": ("ok", "fit", "unstated"),
-                   "heldout/h100-8gpu-1node-alltoall.txt": ("ok", "heldout", "unstated"),
-                   "heldout/gb200-144gpu-36node-allreduce-2rack.txt": ("skipped", "heldout", "healthy"),
-                   "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": ("skipped", "heldout", "unstated")}
+    assert got == {
+        "v100pcie-4gpu-1node-allreduce-oldformat.txt": ("ok", "fit", "unstated"),
+        "heldout/h100-8gpu-1node-alltoall.txt": ("ok", "heldout", "unstated"),
+        "heldout/gb200-144gpu-36node-allreduce-2rack.txt": ("skipped", "heldout", "healthy"),
+        "heldout/h200-NAgpu-NAnode-allreduce-aws-p5en-efa-ellipsis.txt": ("skipped", "heldout", "unstated"),
+    }
     reasons = [e["reason"] for e in d["files"]]
     assert reasons[0] == reasons[1] == ""
-    assert reasons[2].startswith("the table ran on 128 ranks (busbw/algbw) (the busbw/algbw imply 128 ranks, but "
-                                 "the device lines show rank 143), the machine has 144 GPUs")
+    assert reasons[2].startswith(
+        "the table ran on 128 ranks (busbw/algbw) (the busbw/algbw imply 128 ranks, but "
+        "the device lines show rank 143), the machine has 144 GPUs"
+    )
     assert reasons[3].startswith("128 GPUs: more than --max-gpus 64 (") and "pass --max-gpus 128" in reasons[3]
     v100, a2a = (e for e in d["files"] if e["status"] == "ok")
     assert len(v100["rows"]) == 25 and v100["machine"] == "1 x v100-pcie (4 GPUs each), NICs the template's"
     assert a2a["collective"] == "alltoall" and d["geomean"]["tables"] == 2
     lo, hi = sorted((v100["geomean_large"], a2a["geomean_large"]))
-    assert lo <= d["geomean"]["large"] <= hi            # the total spans both tables
+    assert lo <= d["geomean"]["large"] <= hi  # the total spans both tables
 
 
 def test_validate_sim_flags_win_and_bad_flags_are_one_line(capsys, tmp_path):
-    f = tmp_path / "t.txt"   # no device lines, no index: the machine comes from the flags alone
-    f.write_text("#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
-                 "  1048576  262144  float  sum  -1  63.16  16.60  24.90  0  63.08  16.62  24.94  0\n")
+    f = tmp_path / "t.txt"  # no device lines, no index: the machine comes from the flags alone
+    f.write_text(
+        "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong\n"
+        "  1048576  262144  float  sum  -1  63.16  16.60  24.90  0  63.08  16.62  24.94  0\n"
+    )
     d = validation.validate([f])
     reason = d["files"][0]["reason"]
     assert reason.startswith(f"machine: {f}:1: the file does not say the machine (no complete device list): pass")

@@ -1,4 +1,5 @@
 """treecoll.tools.units: the one size and count parser of every command and benchmark."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,10 +12,24 @@ from treecoll.topo.errors import TreecollError
 from treecoll.topo.fmt import fmt_bytes
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("8", 8), ("8B", 8), ("1k", 1024), ("1KiB", 1024), ("1KB", 1000), ("64M", 64 << 20), ("64mib", 64 << 20),
-    ("2GB", 2 * 10**9), ("1GiB", 1 << 30), ("1.5MiB", 3 << 19), (" 4 KiB ", 4096), ("1T", 1 << 40), ("1TB", 10**12),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8", 8),
+        ("8B", 8),
+        ("1k", 1024),
+        ("1KiB", 1024),
+        ("1KB", 1000),
+        ("64M", 64 << 20),
+        ("64mib", 64 << 20),
+        ("2GB", 2 * 10**9),
+        ("1GiB", 1 << 30),
+        ("1.5MiB", 3 << 19),
+        (" 4 KiB ", 4096),
+        ("1T", 1 << 40),
+        ("1TB", 10**12),
+    ],
+)
 def test_parse_bytes_units(text, expected):
     assert units.parse_bytes(text) == expected
 
@@ -26,15 +41,18 @@ def test_parse_bytes_rejects_with_one_line(text):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("spec, msg", [
-    ("0", "--sizes: expected a size of at least 1 B, got '0'"),
-    ("", "--sizes: expected one or more sizes, got an empty list ''"),
-    (" , ", "--sizes: expected one or more sizes, got an empty list ' , '"),
-    ("1K,,2K", "--sizes: expected a comma list of sizes, got an empty item in '1K,,2K'"),
-    ("1K,1K", "--sizes: expected each of the sizes once, got '1K' twice in '1K,1K'"),
-    ("0:1K", "--sizes: expected a size of at least 1 B, got '0'"),
-    ("8K:1K", "--sizes: expected A:B with 1 <= A <= B, got '8K:1K'"),
-])
+@pytest.mark.parametrize(
+    "spec, msg",
+    [
+        ("0", "--sizes: expected a size of at least 1 B, got '0'"),
+        ("", "--sizes: expected one or more sizes, got an empty list ''"),
+        (" , ", "--sizes: expected one or more sizes, got an empty list ' , '"),
+        ("1K,,2K", "--sizes: expected a comma list of sizes, got an empty item in '1K,,2K'"),
+        ("1K,1K", "--sizes: expected each of the sizes once, got '1K' twice in '1K,1K'"),
+        ("0:1K", "--sizes: expected a size of at least 1 B, got '0'"),
+        ("8K:1K", "--sizes: expected A:B with 1 <= A <= B, got '8K:1K'"),
+    ],
+)
 def test_zero_and_empty_sizes_are_refused(spec, msg):
     with pytest.raises(TreecollError) as e:
         units.parse_sizes(spec, what="--sizes")
@@ -59,11 +77,17 @@ def test_every_option_parses_through_tools_units():
     assert len(seen) > 50
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "TEXT"], ("bytes",)),
-    (["simulate", "links", "--topology", "cpu-local", "--algo", "ring", "--size", "TEXT"], ("size",)),
-    (["simulate", "allreduce", "--topology", "cpu-local", "--algo", "ring", "--sizes", "TEXT"], ("rows", 0, "size")),
-])
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["tree", "build", "--topology", "cpu-local", "--builder", "chain", "--bytes", "TEXT"], ("bytes",)),
+        (["simulate", "links", "--topology", "cpu-local", "--algo", "ring", "--size", "TEXT"], ("size",)),
+        (
+            ["simulate", "allreduce", "--topology", "cpu-local", "--algo", "ring", "--sizes", "TEXT"],
+            ("rows", 0, "size"),
+        ),
+    ],
+)
 @pytest.mark.parametrize("text", ["64MB", "64MiB", "64M", "4096"])
 def test_every_command_reads_sizes_alike(capsys, argv, key, text):
     """`treecoll tree` and `treecoll simulate` used to disagree on MB (10^6 vs 2^20)."""
@@ -74,29 +98,41 @@ def test_every_command_reads_sizes_alike(capsys, argv, key, text):
     assert d == units.parse_bytes(text)
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["simulate", "allreduce", "--sizes", "0"], "--sizes: expected a size of at least 1 B, got '0'"),
-    (["simulate", "allreduce", "--sizes", ""], "--sizes: expected one or more sizes, got an empty list ''"),
-    (["simulate", "links", "--top", "-1"], "--top: expected a positive integer, got -1"),
-    (["simulate", "links", "--top", "0"], "--top: expected a positive integer, got 0"),
-    (["simulate", "links", "--size", "0"], "--size: expected a size of at least 1 B, got '0'"),
-    (["simulate", "decode", "--seq-len", "0"], "--seq-len: expected a count of at least 1, got '0'"),
-    (["simulate", "decode", "--seq-len", ""], "--seq-len: expected one or more counts, got an empty list ''"),
-    (["simulate", "decode", "--heads", "0"], "--heads: expected a positive integer, got 0"),
-    (["simulate", "allreduce", "--ranks", "0"], "--ranks: expected a positive integer, got 0"),
-    (["tree", "build", "--topology", "default", "--builder", "chain", "--bytes", "0"],
-     "--bytes: expected a size of at least 1 B, got '0'"),
-    (["tree", "check", "x.yaml", "--topology", "default", "--bytes", ""],
-     "--bytes: expected a size like 4096, 64KiB, 1M (binary) or 2GB (decimal), got ''"),
-    (["topo", "draw", "default", "-o", "x.png", "--max-hosts", "-2"],
-     "--max-hosts: expected a positive integer, got -2"),
-    (["emu", "measure", "--bytes", "0"], "--bytes: expected a size of at least 1 B, got '0'"),
-    (["topo", "export", "default", "--format", "yaml", "-o", ""], "-o/--output: expected a value, got an empty string"),
-    (["topo", "matrix", "default", "--host", " "], "--host: expected a value, got an empty string"),
-    (["topo", "show", ""], "FILE: expected a value, got an empty string"),
-    (["emu", "down", "--id", ""], "--id: expected a value, got an empty string"),
-    (["simulate", "allreduce", "--algo", ""], "--algo: expected a value, got an empty string"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["simulate", "allreduce", "--sizes", "0"], "--sizes: expected a size of at least 1 B, got '0'"),
+        (["simulate", "allreduce", "--sizes", ""], "--sizes: expected one or more sizes, got an empty list ''"),
+        (["simulate", "links", "--top", "-1"], "--top: expected a positive integer, got -1"),
+        (["simulate", "links", "--top", "0"], "--top: expected a positive integer, got 0"),
+        (["simulate", "links", "--size", "0"], "--size: expected a size of at least 1 B, got '0'"),
+        (["simulate", "decode", "--seq-len", "0"], "--seq-len: expected a count of at least 1, got '0'"),
+        (["simulate", "decode", "--seq-len", ""], "--seq-len: expected one or more counts, got an empty list ''"),
+        (["simulate", "decode", "--heads", "0"], "--heads: expected a positive integer, got 0"),
+        (["simulate", "allreduce", "--ranks", "0"], "--ranks: expected a positive integer, got 0"),
+        (
+            ["tree", "build", "--topology", "default", "--builder", "chain", "--bytes", "0"],
+            "--bytes: expected a size of at least 1 B, got '0'",
+        ),
+        (
+            ["tree", "check", "x.yaml", "--topology", "default", "--bytes", ""],
+            "--bytes: expected a size like 4096, 64KiB, 1M (binary) or 2GB (decimal), got ''",
+        ),
+        (
+            ["topo", "draw", "default", "-o", "x.png", "--max-hosts", "-2"],
+            "--max-hosts: expected a positive integer, got -2",
+        ),
+        (["emu", "measure", "--bytes", "0"], "--bytes: expected a size of at least 1 B, got '0'"),
+        (
+            ["topo", "export", "default", "--format", "yaml", "-o", ""],
+            "-o/--output: expected a value, got an empty string",
+        ),
+        (["topo", "matrix", "default", "--host", " "], "--host: expected a value, got an empty string"),
+        (["topo", "show", ""], "FILE: expected a value, got an empty string"),
+        (["emu", "down", "--id", ""], "--id: expected a value, got an empty string"),
+        (["simulate", "allreduce", "--algo", ""], "--algo: expected a value, got an empty string"),
+    ],
+)
 def test_zero_empty_and_negative_are_one_line_errors_before_any_work(capsys, argv, msg):
     assert main(argv) == 1
     out, err = capsys.readouterr()

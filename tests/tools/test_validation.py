@@ -5,6 +5,7 @@ time, algbw, busbw, #wrong for the out-of-place and the in-place run; algbw = si
 (n-1)/n for all_gather) from times the simulator gives with known parameters, so the parameters a fit must
 find are known exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,18 @@ TRUTH = {"eff_net": 0.6, "eff_nvlink": 0.8, "lat_net": 9.0, "lat_nvlink": 2.0}
 def _table(hosts: int, per: int, times_us: dict[int, float], head: str = "#") -> str:
     """An all_gather_perf output of ``hosts`` x ``per`` GPUs with the given out-of-place times."""
     n = hosts * per
-    lines = ["# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 64(factor) warmup iters: 5 iters: 20",
-             "# Using devices"]
-    lines += [f"#  Rank {r:2d} Group  0 Pid {100 + r:5d} on  node{r // per} device {r % per:2d} [0000:{r:02x}:00] {GPU}"
-              for r in range(n)]
-    lines.append(f"{head}       size         count      type   redop    root     time   algbw   busbw #wrong"
-                 "     time   algbw   busbw #wrong")
+    lines = [
+        "# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 64(factor) warmup iters: 5 iters: 20",
+        "# Using devices",
+    ]
+    lines += [
+        f"#  Rank {r:2d} Group  0 Pid {100 + r:5d} on  node{r // per} device {r % per:2d} [0000:{r:02x}:00] {GPU}"
+        for r in range(n)
+    ]
+    lines.append(
+        f"{head}       size         count      type   redop    root     time   algbw   busbw #wrong"
+        "     time   algbw   busbw #wrong"
+    )
     for size, t in times_us.items():
         alg = size / t / 1e3
         run = f"{t:8.2f} {alg:7.2f} {alg * (n - 1) / n:7.2f}"
@@ -38,8 +45,9 @@ def _table(hosts: int, per: int, times_us: dict[int, float], head: str = "#") ->
     return "\n".join(lines) + "\n"
 
 
-def _synthetic(tmp_path: Path, hosts: int, per: int, values: dict, sizes=(1024, 65536, 16 << 20, 1 << 30),
-               scale: float = 1.0) -> Path:
+def _synthetic(
+    tmp_path: Path, hosts: int, per: int, values: dict, sizes=(1024, 65536, 16 << 20, 1 << 30), scale: float = 1.0
+) -> Path:
     facts = MachineFacts(hosts=tuple((f"node{h}", per) for h in range(hosts)), gpu_names=(GPU,), nranks=hosts * per)
     topo, _ = machine_topology(MachineFlags(), facts)
     prof = validation.profile_from(values)
@@ -63,8 +71,9 @@ def test_calibration_recovers_known_parameters(tmp_path):
 
 
 def test_pattern_search_finds_a_bounded_minimum():
-    x, fx, calls = validation.pattern_search(lambda v: (v[0] - 3.0) ** 2, [0.0], step=1.0, tol=1e-3,
-                                             bounds=[(-1.0, 2.0)])
+    x, fx, calls = validation.pattern_search(
+        lambda v: (v[0] - 3.0) ** 2, [0.0], step=1.0, tol=1e-3, bounds=[(-1.0, 2.0)]
+    )
     assert x == [2.0] and fx == 1.0 and calls < 50
 
 
@@ -100,7 +109,7 @@ def test_degraded_runs_are_marked_and_left_out_of_the_total(tmp_path):
     ok, bad = d["files"]
     assert not ok["degraded"] and bad["degraded"] and bad["status"] == "ok"
     assert "of the" in bad["reason"] and "links allow" in bad["reason"]
-    assert bad["geomean_large"] == pytest.approx(9.0, rel=1e-3)   # measured 10x the predicted time
+    assert bad["geomean_large"] == pytest.approx(9.0, rel=1e-3)  # measured 10x the predicted time
     assert d["geomean"]["tables"] == 1 and d["geomean"]["large"] < 1e-3
     text = validation.render(d)
     assert "[DEGRADED]" in text and "1 degraded" in text
@@ -123,15 +132,18 @@ def test_skipped_tables_name_the_flag_that_fixes_them(tmp_path, capsys):
     assert e["status"] == "skipped" and "pass --collective allgather" in e["reason"]
     e = validation.validate([amb], collective="allgather")["files"][0]
     assert "the file does not say the machine" in e["reason"] and "--gpu MODEL" in e["reason"]
-    e = validation.validate([amb], flags=MachineFlags(hosts=1, gpus_per_host=8, gpu="H100"),
-                            collective="allgather")["files"][0]
+    e = validation.validate([amb], flags=MachineFlags(hosts=1, gpus_per_host=8, gpu="H100"), collective="allgather")[
+        "files"
+    ][0]
     assert e["status"] == "ok" and e["nranks"] == 8
-    e = validation.validate([amb], flags=MachineFlags(hosts=1, gpus_per_host=4, gpu="H100"),
-                            collective="allgather")["files"][0]
+    e = validation.validate([amb], flags=MachineFlags(hosts=1, gpus_per_host=4, gpu="H100"), collective="allgather")[
+        "files"
+    ][0]
     assert "ran on 8 ranks" in e["reason"] and "--gpus-per-host" in e["reason"]
-    e = validation.validate([amb], flags=MachineFlags(hosts=1, gpus_per_host=8, gpu="H100"),
-                            collective="alltoall")["files"][0]
-    assert e["status"] == "ok" and e["collective"] == "alltoall"      # alltoall is predicted too
+    e = validation.validate([amb], flags=MachineFlags(hosts=1, gpus_per_host=8, gpu="H100"), collective="alltoall")[
+        "files"
+    ][0]
+    assert e["status"] == "ok" and e["collective"] == "alltoall"  # alltoall is predicted too
 
 
 def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
@@ -141,7 +153,7 @@ def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
     assert main(["simulate", "calibrate", str(f), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "the file exists; pass --force" in err and err.count("\n") == 1 and out.read_text() == "keep me\n"
-    assert main(["simulate", "calibrate", str(f), "-o", str(f), "--force"]) == 1   # an input is never written
+    assert main(["simulate", "calibrate", str(f), "-o", str(f), "--force"]) == 1  # an input is never written
     assert main(["simulate", "calibrate", str(f), "-o", str(out), "--force"]) == 0
     text = capsys.readouterr().out
     assert "eff_nvlink" in text and f"saved {out}" in text
@@ -156,9 +168,11 @@ def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests"
 #: tables whose busbw/algbw ratio was printed for another GPU count than their source describes
 #: (tests/fixtures/README.md): skipped with the rank count and the flags to pass
-INCONSISTENT = {"heldout/a100-128gpu-16node-allreduce-ib-oldformat.txt": 32,
-                "heldout/gb200-144gpu-36node-allreduce-2rack.txt": 128,
-                "heldout/h100-64gpu-8node-allreduce-ib-sharp-ellipsis.txt": 96}
+INCONSISTENT = {
+    "heldout/a100-128gpu-16node-allreduce-ib-oldformat.txt": 32,
+    "heldout/gb200-144gpu-36node-allreduce-2rack.txt": 128,
+    "heldout/h100-64gpu-8node-allreduce-ib-sharp-ellipsis.txt": 96,
+}
 
 
 @pytest.mark.parametrize("name", sorted(p.relative_to(FIX).as_posix() for p in FIX.rglob("*.txt")))
@@ -172,8 +186,9 @@ def test_every_fixture_table_is_accepted(name):
         assert e["status"] == "skipped" and f"ran on {INCONSISTENT[name]} ranks" in e["reason"]
         assert "pass --hosts N --gpus-per-host G" in e["reason"]
     else:
-        assert e["status"] == "ok" and e["collective"] in name.replace("-", "_").replace("reducescatter",
-                                                                                          "reduce_scatter")
+        assert e["status"] == "ok" and e["collective"] in name.replace("-", "_").replace(
+            "reducescatter", "reduce_scatter"
+        )
         assert e["degraded"] == (health == "degraded")
 
 
@@ -182,28 +197,39 @@ def test_several_tables_in_one_file_are_validated_apart(tmp_path, capsys):
     two = tmp_path / "two.txt"
     two.write_text(one + one.replace("# nThread", "# Collective test starting: all_gather_perf\n# nThread"))
     d = validation.validate([two], validation.profile_from(TRUTH, "truth"))
-    assert [(e["table"], e["status"], e["collective"]) for e in d["files"]] == [(0, "ok", "allgather"),
-                                                                                (1, "ok", "allgather")]
+    assert [(e["table"], e["status"], e["collective"]) for e in d["files"]] == [
+        (0, "ok", "allgather"),
+        (1, "ok", "allgather"),
+    ]
     assert d["geomean"]["tables"] == 2
     assert main(["simulate", "validate", str(tmp_path / "missing.txt")]) == 1
     err = capsys.readouterr().err
     assert "missing.txt: no such file; expected an nccl-tests output" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("name, flagged", [("heldout/rtx4090-2gpu-1node-allreduce-pcie-k8s.txt", True),
-                                           ("heldout/rtx4090-4gpu-1node-allreduce-pcie-docker.txt", True),
-                                           ("heldout/h100-80gpu-10node-sendrecv.txt", False),
-                                           ("heldout/h100-8gpu-1node-alltoall.txt", False),
-                                           ("h100-16gpu-2node-allreduce-ring.txt", False)])
+@pytest.mark.parametrize(
+    "name, flagged",
+    [
+        ("heldout/rtx4090-2gpu-1node-allreduce-pcie-k8s.txt", True),
+        ("heldout/rtx4090-4gpu-1node-allreduce-pcie-docker.txt", True),
+        ("heldout/h100-80gpu-10node-sendrecv.txt", False),
+        ("heldout/h100-8gpu-1node-alltoall.txt", False),
+        ("h100-16gpu-2node-allreduce-ring.txt", False),
+    ],
+)
 def test_the_busbw_rule_on_real_tables(name, flagged):
     """The RTX 4090 boxes reach 3.85 and 2.59 GB/s busbw at 2 GiB (the files' last rows) on PCIe Gen4 links;
     the 80-GPU sendrecv's 15 GB/s goes through one 400 Gb/s NIC per host pair (50 GB/s): not degraded."""
     from treecoll.collectives.sim.nccltests import bus_factor
+
     c = validation.cases([FIX / name])[0][0]
     topo = validation.topology_for(c, max_gpus=None)[0]
     n = len(topo.rank_gpus())
-    rows = [{"size": r.size, "meas_busbw": r.size / (r.out_of_place.time_us * 1e3) * bus_factor(c.table.collective, n)}
-            for r in c.table.rows if r.size > 0]
+    rows = [
+        {"size": r.size, "meas_busbw": r.size / (r.out_of_place.time_us * 1e3) * bus_factor(c.table.collective, n)}
+        for r in c.table.rows
+        if r.size > 0
+    ]
     why = validation.degraded(c, topo, c.table.collective, rows)
     assert bool(why) == flagged, why
     if flagged:
@@ -230,8 +256,10 @@ def test_a_broken_index_is_one_line(tmp_path, capsys):
 def test_flags_win_over_the_device_lines(tmp_path, capsys):
     """The file's device lines say one host of 4 GPUs; the command line says two hosts of 2: the flags win."""
     f = _synthetic(tmp_path, 1, 4, TRUTH, sizes=(1024, 1 << 30))
-    assert main(["simulate", "validate", str(f), "--hosts", "2", "--gpus-per-host", "2", "--nic", "2x400G-ib",
-                 "--json"]) == 0
+    assert (
+        main(["simulate", "validate", str(f), "--hosts", "2", "--gpus-per-host", "2", "--nic", "2x400G-ib", "--json"])
+        == 0
+    )
     e = json.loads(capsys.readouterr().out)["files"][0]
     assert e["status"] == "ok" and e["machine"] == "2 x h100-sxm (2 GPUs each), NICs 2x400G-ib"
 

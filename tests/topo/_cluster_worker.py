@@ -5,6 +5,7 @@ test_cluster.py starts it with :func:`treecoll.collectives.launch.run_commands` 
 (:func:`treecoll.collectives.launch.join`), probes this "host", and rank 0 writes every
 rank's result (fingerprint and topology, or the error) to the file named by argv[1].
 """
+
 import json
 import os
 import sys

@@ -1,4 +1,5 @@
 """Multi-host assembly over torch.distributed (gloo, real processes, 4 ranks pretending to be 2 hosts)."""
+
 import io
 import json
 import os
@@ -21,8 +22,9 @@ def _run(tmp_path, env_of_rank, world=4, network=None, output=None):
     port = launch.free_port()
     envs = [{**base, **launch.rendezvous_env(r, world, "127.0.0.1", port), **env_of_rank(r)} for r in range(world)]
     out, log = tmp_path / "ranks.json", io.StringIO() if output is None else output
-    res = launch.run_commands([[sys.executable, str(WORKER), str(out)]] * world, envs, timeout=120,
-                              tag_output=True, stdout=log, stderr=log)
+    res = launch.run_commands(
+        [[sys.executable, str(WORKER), str(out)]] * world, envs, timeout=120, tag_output=True, stdout=log, stderr=log
+    )
     assert res.returncode == 0, log.getvalue()[-2000:]
     return json.loads(out.read_text())
 
@@ -50,15 +52,23 @@ def test_probe_warnings_are_logged_once_by_rank_zero(tmp_path):
     assert len({x["fingerprint"] for x in res}) == 1
     notices = [line for line in log.getvalue().splitlines() if "no NVML" in line]
     want = "NVML: expected a working NVIDIA driver, got RuntimeError: no driver here); topology is a CPU-only host"
-    assert notices == [f"[r0] treecoll: no NVML ({want}",
-                       f"[r0] treecoll: no NVML ({want} (host h1, probed by rank 2)"], log.getvalue()
+    assert notices == [
+        f"[r0] treecoll: no NVML ({want}",
+        f"[r0] treecoll: no NVML ({want} (host h1, probed by rank 2)",
+    ], log.getvalue()
 
 
 @pytest.mark.timeout(180)
 def test_interleaved_hosts_slurm_addr_tree(tmp_path):
     addr = {0: "core.sw1.n0", 1: "core.sw2.n1", 2: "core.sw1.n0", 3: "core.sw2.n1"}
-    res = _run(tmp_path, lambda r: {"TREECOLL_HOST_ID": f"x{r % 2}", "SLURM_TOPOLOGY_ADDR": addr[r],
-                                    "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.node"})
+    res = _run(
+        tmp_path,
+        lambda r: {
+            "TREECOLL_HOST_ID": f"x{r % 2}",
+            "SLURM_TOPOLOGY_ADDR": addr[r],
+            "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.node",
+        },
+    )
     assert len({x["fingerprint"] for x in res}) == 1
     t = Topology.from_dict(res[0]["topology"])
     # ranks 0 and 2 share host x0 = h0 (its lowest rank is 0)
@@ -71,16 +81,21 @@ def test_interleaved_hosts_slurm_addr_tree(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_a_failing_probe_fails_every_rank_instead_of_hanging(tmp_path):
-    res = _run(tmp_path, lambda r: {"TREECOLL_HOST_ID": "a" if r < 2 else "b",
-                                    **({"NCCL_P2P_LEVEL": "FAST"} if r == 2 else {})})
+    res = _run(
+        tmp_path,
+        lambda r: {"TREECOLL_HOST_ID": "a" if r < 2 else "b", **({"NCCL_P2P_LEVEL": "FAST"} if r == 2 else {})},
+    )
     assert all("error" in x for x in res)
-    assert {x["error"] for x in res} == {"DiscoveryError: discover_cluster: rank 2 (probe of host h1) failed: "
-                                         "TopologyError: NCCL_P2P_LEVEL='FAST': expected one of LOC, NVL, PIX, "
-                                         "PXB, PHB, SYS or an integer 0..4"}
+    assert {x["error"] for x in res} == {
+        "DiscoveryError: discover_cluster: rank 2 (probe of host h1) failed: "
+        "TopologyError: NCCL_P2P_LEVEL='FAST': expected one of LOC, NVL, PIX, "
+        "PXB, PHB, SYS or an integer 0..4"
+    }
 
 
 def test_assemble_network_section_and_host_identity():
     from treecoll.topo.discover import cpu_only_host
+
     probes = []
     for i in range(2):
         g = cpu_only_host(f"h{i}", {0: "0-1"}, 2)
@@ -97,6 +112,7 @@ def test_assemble_network_section_and_host_identity():
 def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
     from tests.topo.topo_fakes import FakePynvml, build_sysfs, load
     from treecoll import topo
+
     probes = []
     for i, clique in enumerate((7, 7, 9)):
         rec = load("gb200-tray")
@@ -116,14 +132,20 @@ def test_assemble_gb200_trays_share_the_nvlink_domain(tmp_path):
 def test_assemble_maps_ranks_by_gpu_uuid_then_cuda_ordinal(tmp_path):
     from tests.topo.topo_fakes import FakePynvml, build_sysfs, load
     from treecoll import topo
+
     rec = load("dgx-h100")
     root = build_sysfs(tmp_path, rec["sysfs"])
-    t = topo.discover(sysfs_root=str(root), nvml=FakePynvml(rec), env={"CUDA_VISIBLE_DEVICES": "4,5,6,7",
-                                                                        "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, host="h0")
+    t = topo.discover(
+        sysfs_root=str(root),
+        nvml=FakePynvml(rec),
+        env={"CUDA_VISIBLE_DEVICES": "4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+        host="h0",
+    )
     probe = [{"topology": t.to_dict()}]
     uuid7 = t.node("h0/gpu7")["uuid"]
     c = assemble(probe, [(0, uuid7), (0, 0), (0, None)])
     assert [c.gpu_of_rank(r) for r in range(3)] == ["h0/gpu7", "h0/gpu4", "h0/gpu5"]
     from treecoll.topo.errors import DiscoveryError
+
     with pytest.raises(DiscoveryError, match="rank 8: host h0 has 8 GPUs for 9 ranks"):
         assemble(probe, [(0, None)] * 9)

@@ -1,4 +1,5 @@
 """discover(): recorded NVML answers of real machines + synthetic sysfs trees, compared with the shipped YAML."""
+
 import logging
 from pathlib import Path
 
@@ -44,8 +45,14 @@ def normalise(t, host, drop=frozenset()):
             hb[v] = labels.setdefault(g.nodes[v].get("host_bridge"), len(labels))
     nodes = {}
     for n in keep:
-        d = {k: v for k, v in g.nodes[n].items() if k not in MACHINE_SPECIFIC | drop and not k.startswith("x_")
-             and k != "host_bridge" and not (k == "model" and g.nodes[n]["kind"] == "cpu")}
+        d = {
+            k: v
+            for k, v in g.nodes[n].items()
+            if k not in MACHINE_SPECIFIC | drop
+            and not k.startswith("x_")
+            and k != "host_bridge"
+            and not (k == "model" and g.nodes[n]["kind"] == "cpu")
+        }
         if n in hb:
             d["host_bridge"] = hb[n]
         nodes[n] = d
@@ -141,12 +148,14 @@ def test_no_driver_gives_cpu_only_host_with_notice(tmp_path, caplog):
 
 def test_missing_pynvml_module_is_a_cpu_only_host(monkeypatch, tmp_path):
     import builtins
+
     real_import = builtins.__import__
 
     def fake_import(name, *a, **k):
         if name == "pynvml":
             raise ImportError("No module named 'pynvml'")
         return real_import(name, *a, **k)
+
     monkeypatch.setattr(builtins, "__import__", fake_import)
     monkeypatch.setattr("importlib.import_module", lambda n: fake_import(n))
     t = topo.discover(sysfs_root=str(tmp_path), env={}, host="x")
@@ -158,8 +167,7 @@ def test_nic_filters_from_env(tmp_path):
     names = sorted(t.node(n)["name"] for n in t.nics())
     assert names == ["mlx5_10", "mlx5_11", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9"]
     t1, _, _ = _discover(tmp_path / "p", "dgx-h100", env={"NCCL_IB_HCA": "^mlx5_1"})  # prefix: also mlx5_10, _11
-    assert sorted(t1.node(n)["name"] for n in t1.nics()) == ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6",
-                                                            "mlx5_9"]
+    assert sorted(t1.node(n)["name"] for n in t1.nics()) == ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9"]
     t3, _, _ = _discover(tmp_path / "q", "dgx-h100", env={"NCCL_IB_HCA": "mlx5_0:2"})  # port 2 does not exist
     assert t3.nics() == ()
     t2, _, _ = _discover(tmp_path / "b", "dgx-h100", env={"NCCL_IB_DISABLE": "1"})
@@ -192,8 +200,10 @@ def test_discovered_topology_saves_and_loads_as_yaml(tmp_path):
 
 
 def test_nccl_topo_file_plus_nvml_adds_the_nvlinks(tmp_path):
-    gpus = "".join(f'<pci busid="0000:{b}:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16"/>'
-                   for b in ("1b", "43", "52"))
+    gpus = "".join(
+        f'<pci busid="0000:{b}:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16"/>'
+        for b in ("1b", "43", "52")
+    )
     f = tmp_path / "partial.xml"
     f.write_text(f'<system version="1"><cpu numaid="0">{gpus}</cpu></system>')
     rec = load("dgx-h100")
@@ -209,9 +219,12 @@ def test_cpu_only_host_matches_cpu_local_yaml(tmp_path):
 
     Equal to the host of topologies/cpu-local.yaml except the NIC, whose speed comes
     from sysfs here and from the emulator's shaped 1 Gbit/s link in the YAML (not compared)."""
-    spec = {"nodes": {"0": "0-1"}, "sockets": {"0": 0},
-            "pci": [{"path": ["pci0000:00", "0000:00:03.0"], "class": "0x020000", "numa": -1}],
-            "net": [{"name": "eth0", "pci": "0000:00:03.0"}]}
+    spec = {
+        "nodes": {"0": "0-1"},
+        "sockets": {"0": 0},
+        "pci": [{"path": ["pci0000:00", "0000:00:03.0"], "class": "0x020000", "numa": -1}],
+        "net": [{"name": "eth0", "pci": "0000:00:03.0"}],
+    }
     root = build_sysfs(tmp_path, spec)
     t = topo.discover(sysfs_root=str(root), nvml=False, env={"LOCAL_WORLD_SIZE": "2"}, host="h0")
     y = topo.load(REPO / "topologies" / "cpu-local.yaml")

@@ -1,4 +1,5 @@
 """Environment hints: valid values parse, invalid ones name the variable."""
+
 import pytest
 from treecoll.topo.env import EFFECTS, expand_hostlist, hints, hints_report
 
@@ -10,27 +11,35 @@ def test_empty_environment():
     assert h.p2p_level is None and h.launcher is None and h.nodelist is None and not h.ib_disable
 
 
-@pytest.mark.parametrize("env, field, value", [
-    ({"NCCL_P2P_LEVEL": "nvl"}, "p2p_level", "NVL"),
-    ({"NCCL_P2P_LEVEL": "2"}, "p2p_level", "PXB"),     # legacy integers: 0 LOC 1 PIX 2 PXB 3 PHB 4 SYS
-    ({"NCCL_P2P_LEVEL": "7"}, "p2p_level", "SYS"),     # > 4 means SYS
-    ({"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}, "p2p_level", "LOC"),
-    ({"NCCL_NET_GDR_LEVEL": "PHB"}, "net_gdr_level", "PHB"),
-    ({"NCCL_SHM_DISABLE": "1"}, "shm_disable", True),
-    ({"NCCL_IB_DISABLE": "0"}, "ib_disable", False),
-    ({"NCCL_CROSS_NIC": "0"}, "cross_nic", 0),
-    ({"NCCL_HOSTID": "node-a"}, "host_id", "node-a"),
-    ({"NCCL_HOSTID": "node-a", "TREECOLL_HOST_ID": "fake"}, "host_id", "fake"),
-    ({"CUDA_VISIBLE_DEVICES": "2, GPU-8932f937"}, "cuda_visible_devices", ("2", "GPU-8932f937")),
-    ({"CUDA_VISIBLE_DEVICES": ""}, "cuda_visible_devices", ()),
-    ({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "cuda_device_order", "PCI_BUS_ID"),
-    ({"NCCL_TOPO_FILE": "/x.xml"}, "topo_file", "/x.xml"),
-    ({"SLURM_JOB_NODELIST": "gnode[10,20,25-26]"}, "nodelist", ("gnode10", "gnode20", "gnode25", "gnode26")),
-    ({"SLURM_TOPOLOGY_ADDR": "root_switch.CELL1.iswi1r4s0c1l1.belenos386",
-      "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.switch.node"},
-     "topology_addr", ("root_switch", "CELL1", "iswi1r4s0c1l1")),
-    ({"SLURM_TOPOLOGY_ADDR": "traverse"}, "topology_addr", ()),
-])
+@pytest.mark.parametrize(
+    "env, field, value",
+    [
+        ({"NCCL_P2P_LEVEL": "nvl"}, "p2p_level", "NVL"),
+        ({"NCCL_P2P_LEVEL": "2"}, "p2p_level", "PXB"),  # legacy integers: 0 LOC 1 PIX 2 PXB 3 PHB 4 SYS
+        ({"NCCL_P2P_LEVEL": "7"}, "p2p_level", "SYS"),  # > 4 means SYS
+        ({"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS"}, "p2p_level", "LOC"),
+        ({"NCCL_NET_GDR_LEVEL": "PHB"}, "net_gdr_level", "PHB"),
+        ({"NCCL_SHM_DISABLE": "1"}, "shm_disable", True),
+        ({"NCCL_IB_DISABLE": "0"}, "ib_disable", False),
+        ({"NCCL_CROSS_NIC": "0"}, "cross_nic", 0),
+        ({"NCCL_HOSTID": "node-a"}, "host_id", "node-a"),
+        ({"NCCL_HOSTID": "node-a", "TREECOLL_HOST_ID": "fake"}, "host_id", "fake"),
+        ({"CUDA_VISIBLE_DEVICES": "2, GPU-8932f937"}, "cuda_visible_devices", ("2", "GPU-8932f937")),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "cuda_visible_devices", ()),
+        ({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "cuda_device_order", "PCI_BUS_ID"),
+        ({"NCCL_TOPO_FILE": "/x.xml"}, "topo_file", "/x.xml"),
+        ({"SLURM_JOB_NODELIST": "gnode[10,20,25-26]"}, "nodelist", ("gnode10", "gnode20", "gnode25", "gnode26")),
+        (
+            {
+                "SLURM_TOPOLOGY_ADDR": "root_switch.CELL1.iswi1r4s0c1l1.belenos386",
+                "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.switch.node",
+            },
+            "topology_addr",
+            ("root_switch", "CELL1", "iswi1r4s0c1l1"),
+        ),
+        ({"SLURM_TOPOLOGY_ADDR": "traverse"}, "topology_addr", ()),
+    ],
+)
 def test_valid_values(env, field, value):
     assert getattr(hints(env), field) == value
 
@@ -50,39 +59,63 @@ def test_ib_hca_syntax():
 
 def test_launchers():
     t = hints({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"})
-    assert (t.launcher, t.rank, t.world_size, t.local_rank, t.local_world_size, t.node_rank) == \
-        ("torchrun", 5, 8, 1, 4, 1)
-    s = hints({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-               "SLURM_NTASKS_PER_NODE": "2"})
+    assert (t.launcher, t.rank, t.world_size, t.local_rank, t.local_world_size, t.node_rank) == (
+        "torchrun",
+        5,
+        8,
+        1,
+        4,
+        1,
+    )
+    s = hints(
+        {
+            "SLURM_PROCID": "3",
+            "SLURM_NTASKS": "4",
+            "SLURM_LOCALID": "1",
+            "SLURM_NODEID": "1",
+            "SLURM_NTASKS_PER_NODE": "2",
+        }
+    )
     assert (s.launcher, s.rank, s.world_size, s.local_rank, s.local_world_size, s.node_rank) == ("slurm", 3, 4, 1, 2, 1)
-    o = hints({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-               "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    o = hints(
+        {
+            "OMPI_COMM_WORLD_RANK": "0",
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        }
+    )
     assert (o.launcher, o.world_size, o.local_world_size) == ("openmpi", 2, 2)
     both = hints({"RANK": "1", "SLURM_PROCID": "7"})
     assert both.launcher == "torchrun" and both.rank == 1  # torchrun's variables win inside an srun step
 
 
-@pytest.mark.parametrize("env, msg", [
-    ({"NCCL_P2P_LEVEL": "FAST"}, r"NCCL_P2P_LEVEL='FAST': expected one of LOC, NVL, PIX, PXB, PHB, SYS"),
-    ({"NCCL_NET_GDR_LEVEL": "-1"}, r"NCCL_NET_GDR_LEVEL='-1': expected one of"),
-    ({"NCCL_P2P_DISABLE": "yes"}, r"NCCL_P2P_DISABLE='yes': expected 0 or 1"),
-    ({"NCCL_CROSS_NIC": "3"}, r"NCCL_CROSS_NIC='3': expected an integer 0..2"),
-    ({"NCCL_IB_HCA": "mlx5_0:x"}, r"NCCL_IB_HCA='mlx5_0:x': port of 'mlx5_0' expected a positive integer"),
-    ({"NCCL_IB_HCA": "mlx5_0,,mlx5_1"}, r"NCCL_IB_HCA=.*empty entry"),
-    ({"NCCL_IB_HCA": "mlx5_0:1:a"}, r"rail/plane of 'mlx5_0' expected an integer"),
-    ({"NCCL_SOCKET_IFNAME": "eth0:1"}, r"NCCL_SOCKET_IFNAME='eth0:1': expected interface names without ':port'"),
-    ({"CUDA_DEVICE_ORDER": "SLOWEST"}, r"CUDA_DEVICE_ORDER='SLOWEST': expected PCI_BUS_ID or FASTEST_FIRST"),
-    ({"RANK": "-1"}, r"RANK='-1': expected an integer >= 0"),
-    ({"WORLD_SIZE": "0", "RANK": "0"}, r"WORLD_SIZE='0': expected an integer >= 1"),
-    ({"RANK": "4", "WORLD_SIZE": "4"}, r"rank=4: expected less than world_size=4"),
-    ({"SLURM_PROCID": "two"}, r"SLURM_PROCID='two': expected an integer"),
-    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "x"}, r"OMPI_COMM_WORLD_LOCAL_SIZE='x'"),
-    ({"SLURM_JOB_NODELIST": "a[1-3"}, r"SLURM_JOB_NODELIST='a\[1-3': expected balanced brackets"),
-    ({"SLURM_JOB_NODELIST": "a[3-1]"}, r"range '3-1' expected N or N-M with N <= M"),
-    ({"SLURM_TOPOLOGY_ADDR": "a..b"}, r"SLURM_TOPOLOGY_ADDR='a..b': expected dot-separated names"),
-    ({"SLURM_TOPOLOGY_ADDR": "a.b", "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.node"},
-     r"SLURM_TOPOLOGY_ADDR_PATTERN=.*expected 2 parts"),
-])
+@pytest.mark.parametrize(
+    "env, msg",
+    [
+        ({"NCCL_P2P_LEVEL": "FAST"}, r"NCCL_P2P_LEVEL='FAST': expected one of LOC, NVL, PIX, PXB, PHB, SYS"),
+        ({"NCCL_NET_GDR_LEVEL": "-1"}, r"NCCL_NET_GDR_LEVEL='-1': expected one of"),
+        ({"NCCL_P2P_DISABLE": "yes"}, r"NCCL_P2P_DISABLE='yes': expected 0 or 1"),
+        ({"NCCL_CROSS_NIC": "3"}, r"NCCL_CROSS_NIC='3': expected an integer 0..2"),
+        ({"NCCL_IB_HCA": "mlx5_0:x"}, r"NCCL_IB_HCA='mlx5_0:x': port of 'mlx5_0' expected a positive integer"),
+        ({"NCCL_IB_HCA": "mlx5_0,,mlx5_1"}, r"NCCL_IB_HCA=.*empty entry"),
+        ({"NCCL_IB_HCA": "mlx5_0:1:a"}, r"rail/plane of 'mlx5_0' expected an integer"),
+        ({"NCCL_SOCKET_IFNAME": "eth0:1"}, r"NCCL_SOCKET_IFNAME='eth0:1': expected interface names without ':port'"),
+        ({"CUDA_DEVICE_ORDER": "SLOWEST"}, r"CUDA_DEVICE_ORDER='SLOWEST': expected PCI_BUS_ID or FASTEST_FIRST"),
+        ({"RANK": "-1"}, r"RANK='-1': expected an integer >= 0"),
+        ({"WORLD_SIZE": "0", "RANK": "0"}, r"WORLD_SIZE='0': expected an integer >= 1"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, r"rank=4: expected less than world_size=4"),
+        ({"SLURM_PROCID": "two"}, r"SLURM_PROCID='two': expected an integer"),
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "x"}, r"OMPI_COMM_WORLD_LOCAL_SIZE='x'"),
+        ({"SLURM_JOB_NODELIST": "a[1-3"}, r"SLURM_JOB_NODELIST='a\[1-3': expected balanced brackets"),
+        ({"SLURM_JOB_NODELIST": "a[3-1]"}, r"range '3-1' expected N or N-M with N <= M"),
+        ({"SLURM_TOPOLOGY_ADDR": "a..b"}, r"SLURM_TOPOLOGY_ADDR='a..b': expected dot-separated names"),
+        (
+            {"SLURM_TOPOLOGY_ADDR": "a.b", "SLURM_TOPOLOGY_ADDR_PATTERN": "switch.switch.node"},
+            r"SLURM_TOPOLOGY_ADDR_PATTERN=.*expected 2 parts",
+        ),
+    ],
+)
 def test_invalid_values_name_the_variable(env, msg):
     with pytest.raises(topo.TopologyError, match=msg):
         hints(env)
@@ -108,6 +141,7 @@ def test_hints_report_lists_set_variables_with_effects():
 
 def test_transport_and_gdr_follow_the_levels():
     from treecoll.topo.env import gdr, transport
+
     t = topo.load(__import__("pathlib").Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100.yaml")
     same_top = t.path("h0/gpu0", "h0/gpu1")  # PXB on PCIe, but NVLink wins
     assert transport(same_top.nccl) == "p2p"

@@ -4,6 +4,7 @@ Any byte string, and any mutation of a real file (bytes flipped, cut short, line
 swapped), ends in a valid Topology or a one-line TreecollError, within a per-example deadline. Examples are
 derandomized (the same inputs every run) and few enough that the whole file runs in seconds.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,13 @@ from treecoll import topo
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-FUZZ = settings(max_examples=400, deadline=timedelta(seconds=2), derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=400,
+    deadline=timedelta(seconds=2),
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 BOX = b"""templates:
   box:
     gpus: {count: 2, model: G}
@@ -38,8 +44,12 @@ network: {type: fat_tree, leaf_size: 2, oversubscription: 2}
 def _seeds() -> dict[str, list[bytes]]:
     h100 = topo.load(ROOT / "topologies" / "dgx-h100.yaml")
     return {
-        "yaml": [BOX, (ROOT / "topologies" / "dgx-h100.yaml").read_bytes(),
-                 (ROOT / "topologies" / "dgx-h100-x16.yaml").read_bytes(), topo.dumps(topo.loads(BOX)).encode()],
+        "yaml": [
+            BOX,
+            (ROOT / "topologies" / "dgx-h100.yaml").read_bytes(),
+            (ROOT / "topologies" / "dgx-h100-x16.yaml").read_bytes(),
+            topo.dumps(topo.loads(BOX)).encode(),
+        ],
         "xml": [export_xml(h100).encode(), export_xml(topo.loads(BOX)).encode()],
         "smi": [p.read_bytes() for p in sorted((HERE / "smi").glob("*.txt"))] + [render_smi(h100).encode()],
     }
@@ -50,9 +60,38 @@ READERS = {"yaml": topo.loads, "xml": import_xml, "smi": import_smi}
 
 
 _VALUE = re.compile(rb'(?:: |=")([^,"{}\[\]\n\t]+)|\t([^\t\n]+)')
-ODD_VALUES = [b"0", b"-1", b"1.5", b"x", b"[]", b"{}", b"null", b"true", b".nan", b".inf", b"-.inf", b"1e999",
-              b"99999999999999999999", b"9" * 5000, b"0x", b"", b" ", b"NV0", b"NV99999999", b"GPU0", b"SYS",
-              b"h0/gpu0", b"&a", b"*a", b"!!binary x", b"\xc3\xa9", b"\xff", b"N/A", b"-", b"0-99999999999"]
+ODD_VALUES = [
+    b"0",
+    b"-1",
+    b"1.5",
+    b"x",
+    b"[]",
+    b"{}",
+    b"null",
+    b"true",
+    b".nan",
+    b".inf",
+    b"-.inf",
+    b"1e999",
+    b"99999999999999999999",
+    b"9" * 5000,
+    b"0x",
+    b"",
+    b" ",
+    b"NV0",
+    b"NV99999999",
+    b"GPU0",
+    b"SYS",
+    b"h0/gpu0",
+    b"&a",
+    b"*a",
+    b"!!binary x",
+    b"\xc3\xa9",
+    b"\xff",
+    b"N/A",
+    b"-",
+    b"0-99999999999",
+]
 
 
 @st.composite
@@ -65,13 +104,13 @@ def mutated(draw, kind: str) -> bytes:
         j = draw(st.integers(0, len(lines) - 1))
         k = draw(st.integers(0, len(lines) - 1))
         if op == "flip" and data:
-            data = data[:i] + bytes([data[i] ^ (1 << draw(st.integers(0, 7)))]) + data[i + 1:]
+            data = data[:i] + bytes([data[i] ^ (1 << draw(st.integers(0, 7)))]) + data[i + 1 :]
         elif op == "cut":
             data = data[:i]
         elif op == "dup":
-            data = b"\n".join(lines[:j] + [lines[j]] * draw(st.integers(2, 50)) + lines[j + 1:])
+            data = b"\n".join(lines[:j] + [lines[j]] * draw(st.integers(2, 50)) + lines[j + 1 :])
         elif op == "drop":
-            data = b"\n".join(lines[:j] + lines[j + 1:])
+            data = b"\n".join(lines[:j] + lines[j + 1 :])
         elif op == "swap":
             lines[j], lines[k] = lines[k], lines[j]
             data = b"\n".join(lines)
@@ -80,7 +119,7 @@ def mutated(draw, kind: str) -> bytes:
             if values:
                 m = draw(st.sampled_from(values))
                 g = m.lastindex
-                data = data[:m.start(g)] + draw(st.sampled_from(ODD_VALUES)) + data[m.end(g):]
+                data = data[: m.start(g)] + draw(st.sampled_from(ODD_VALUES)) + data[m.end(g) :]
         else:
             data = data[:i] + draw(st.binary(min_size=1, max_size=8)) + data[i:]
     return data

@@ -1,4 +1,5 @@
 """Machine templates, GPU names and machine flags -> topologies (treecoll.topo.machines)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,15 +9,15 @@ import yaml
 from treecoll.topo import machines
 from treecoll.topo.errors import TopologyError
 from treecoll.topo.machines import (
-                                    FABRICS,
-                                    MACHINES,
-                                    Machine,
-                                    MachineFacts,
-                                    MachineFlags,
-                                    machine_topology,
-                                    parse_nic,
-                                    resolve_gpu,
-                                    resolve_machine,
+    FABRICS,
+    MACHINES,
+    Machine,
+    MachineFacts,
+    MachineFlags,
+    machine_topology,
+    parse_nic,
+    resolve_gpu,
+    resolve_machine,
 )
 from treecoll.topo.yaml_io import MACHINES_DIR, SHIPPED_DIR, shipped, shipped_names
 
@@ -56,7 +57,7 @@ def test_the_name_table_and_the_files_agree():
     assert set(files) <= set(shipped_names()) and {"hgx-b200", "dgx-h100-x2"} <= set(shipped_names())
     for mt in MACHINES:
         assert resolve_gpu(mt.name).template == mt.name
-        for n in (*mt.names, *mt.aliases):    # every name resolves to a template of that name
+        for n in (*mt.names, *mt.aliases):  # every name resolves to a template of that name
             assert mt.name in {resolve_gpu(n, g).template for g in range(1, mt.gpus + 1)}, n
     for name, by_count in machines.UNNAMED.items():
         assert all(t in TEMPLATES for t in by_count.values()), name
@@ -77,18 +78,19 @@ def test_every_template_loads_by_name_with_its_numbers(name):
     if name in ("gb200-nvl72", "hgx-b200"):
         return
     text = shipped(name).read_text()
-    assert "Sources" in text   # (no paths outside the repository: tests/test_package.py)
+    assert "Sources" in text  # (no paths outside the repository: tests/test_package.py)
     assert shipped(name).parent == MACHINES_DIR
 
 
 def test_templates_are_usable_by_the_compact_form(tmp_path):
     """``template: h100-sxm`` in a user's file finds the shipped machine template."""
     f = tmp_path / "mine.yaml"
-    f.write_text("hosts: [{template: h100-sxm, count: 2}, {template: l40s, count: 1}]\n"
-                 "network: {type: rail_optimized}\n")
+    f.write_text(
+        "hosts: [{template: h100-sxm, count: 2}, {template: l40s, count: 1}]\nnetwork: {type: rail_optimized}\n"
+    )
     t = topo.load(f)
     assert len(t.gpus()) == 24 and t.path("h0/gpu0", "h1/gpu0").nccl == "NET"
-    assert t.path("h2/gpu0", "h2/gpu1").nccl == "PIX"   # two L40S behind one PCIe switch
+    assert t.path("h2/gpu0", "h2/gpu1").nccl == "PIX"  # two L40S behind one PCIe switch
     with pytest.raises(TopologyError, match=r"shipped topology 'nope': not found; expected one of \[.*'a10g'"):
         shipped("nope")
     assert SHIPPED_DIR / "machines" == MACHINES_DIR
@@ -105,7 +107,7 @@ def test_flags_build_a_machine_on_each_fabric(fabric):
         d = t.node(n)
         assert d["bw"] == 25.0 and d["link_layer"] == FABRICS[fabric].link_layer and d["rail"] == k
         assert d.get("lat") == FABRICS[fabric].lat
-    assert t.path("h0/gpu3", "h0/nic3").nccl == "PIX"      # NIC k beside GPU k
+    assert t.path("h0/gpu3", "h0/nic3").nccl == "PIX"  # NIC k beside GPU k
     assert t.path("h0/gpu0", "h1/gpu0").nccl == "NET"
 
 
@@ -133,23 +135,34 @@ def test_gpus_per_host_trims_the_template_and_refuses_more():
 def test_gb200_racks_are_nvlink_domains_of_18_trays():
     t = resolve_machine(MachineFlags(hosts=36, gpus_per_host=4, gpu="GB200", nic=parse_nic("4x400G-ib"))).topology()
     assert len(t.gpus()) == 144
-    assert t.path("h0/gpu0", "h17/gpu3").nccl == "NVL"     # one rack
-    assert t.path("h0/gpu0", "h18/gpu0").nccl == "NET"     # the next rack: over the network
+    assert t.path("h0/gpu0", "h17/gpu3").nccl == "NVL"  # one rack
+    assert t.path("h0/gpu0", "h18/gpu0").nccl == "NET"  # the next rack: over the network
 
 
-GPU_NAMES_SEEN = {   # every GPU name printed in tests/fixtures/nccl-tests, with the GPUs per host of its table
-    ("NVIDIA A100-SXM4-80GB", 4): "a100-sxm-4", ("NVIDIA A100-SXM4-80GB", 8): "a100-sxm",
-    ("NVIDIA B200", 8): "hgx-b200", ("NVIDIA B200", 2): "hgx-b200", ("NVIDIA B200", 1): "hgx-b200",
-    ("NVIDIA GB200", 4): "gb200-nvl72", ("NVIDIA Graphics Device", 4): "gb200-nvl72",
-    ("NVIDIA GH200 120GB", 4): "gh200-x4", ("NVIDIA GH200 120GB", 1): "gh200",
-    ("NVIDIA H100 80GB HBM3", 8): "h100-sxm", ("NVIDIA H200", 8): "h200-sxm", ("NVIDIA H200", 1): "h200-sxm",
-    ("NVIDIA L40S", 1): "l40s", ("NVIDIA GeForce RTX 4090", 2): "rtx4090", ("NVIDIA GeForce RTX 4090", 4): "rtx4090",
-    ("NVIDIA GeForce RTX 5090", 4): "rtx5090", ("Tesla V100-PCIE-32GB", 4): "v100-pcie",
+GPU_NAMES_SEEN = {  # every GPU name printed in tests/fixtures/nccl-tests, with the GPUs per host of its table
+    ("NVIDIA A100-SXM4-80GB", 4): "a100-sxm-4",
+    ("NVIDIA A100-SXM4-80GB", 8): "a100-sxm",
+    ("NVIDIA B200", 8): "hgx-b200",
+    ("NVIDIA B200", 2): "hgx-b200",
+    ("NVIDIA B200", 1): "hgx-b200",
+    ("NVIDIA GB200", 4): "gb200-nvl72",
+    ("NVIDIA Graphics Device", 4): "gb200-nvl72",
+    ("NVIDIA GH200 120GB", 4): "gh200-x4",
+    ("NVIDIA GH200 120GB", 1): "gh200",
+    ("NVIDIA H100 80GB HBM3", 8): "h100-sxm",
+    ("NVIDIA H200", 8): "h200-sxm",
+    ("NVIDIA H200", 1): "h200-sxm",
+    ("NVIDIA L40S", 1): "l40s",
+    ("NVIDIA GeForce RTX 4090", 2): "rtx4090",
+    ("NVIDIA GeForce RTX 4090", 4): "rtx4090",
+    ("NVIDIA GeForce RTX 5090", 4): "rtx5090",
+    ("Tesla V100-PCIE-32GB", 4): "v100-pcie",
 }
 
 
 def test_every_gpu_name_of_the_fixtures_resolves():
     from treecoll.collectives.sim.nccltests import read
+
     seen = set()
     for p in (ROOT / "tests" / "fixtures" / "nccl-tests").rglob("*.txt"):
         t = read(p).tables[0]
@@ -160,37 +173,64 @@ def test_every_gpu_name_of_the_fixtures_resolves():
     assert {n for n, _ in seen} == {n for n, _ in GPU_NAMES_SEEN}
     for (name, g), template in GPU_NAMES_SEEN.items():
         assert resolve_gpu(name, g).template == template, name
-    assert resolve_gpu("geforce rtx-4090").template == "rtx4090"           # case, dashes, prefixes
+    assert resolve_gpu("geforce rtx-4090").template == "rtx4090"  # case, dashes, prefixes
     assert dict(resolve_gpu("NVIDIA A100-SXM4-40GB", 8).overrides) == {"model": "A100-SXM4-40GB", "mem_bw": 1555.0}
     t = resolve_machine(MachineFlags(hosts=1, gpus_per_host=8, gpu="NVIDIA A100-SXM4-40GB")).topology()
     assert t.node("h0/gpu0")["mem_bw"] == 1555.0
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: parse_nic("8x400G-xyz"), "--nic '8x400G-xyz': unknown fabric 'xyz'; expected one of ib, roce, efa, "
-                                      "tcpx, tcpxo, slingshot, socket in COUNTxSPEEDG-FABRIC"),
-    (lambda: parse_nic("8x400"), "--nic '8x400': expected COUNTxSPEEDG-FABRIC (e.g. 8x400G-ib"),
-    (lambda: parse_nic("0x400G-ib"), "--nic '0x400G-ib': expected 1 to 256 NICs per host, got 0"),
-    (lambda: resolve_gpu("H999"), "--gpu 'H999': no machine template for this GPU; expected a template (a100-pcie"),
-    (lambda: resolve_gpu("NVIDIA H200 NVL"), "--gpu 'NVIDIA H200 NVL': no machine template for this GPU"),
-    (lambda: resolve_gpu("NVIDIA Graphics Device", 8), "the driver did not name this GPU; it is read only as "
-                                                       "(4 GPUs per host: gb200-nvl72), got 8 GPUs per host"),
-    (lambda: resolve_gpu("NVIDIA GH200 120GB"), "several machine templates have this GPU (1: gh200, 4: gh200-x4 "
-                                                "GPUs per host); pass --gpus-per-host G or --gpu TEMPLATE"),
-    (lambda: resolve_gpu("GH200", 8), "'GH200': 8 GPUs per host; the machine templates of this GPU hold at most 4"),
-    (lambda: resolve_machine(MachineFlags(hosts=2, gpu="L40S")).topology(),
-     "2 hosts of l40s: the template lists no NICs; pass --nic COUNTxSPEEDG-FABRIC"),
-    (lambda: resolve_machine(MachineFlags(), MachineFacts("t.log:3", hosts=(("a", 8), ("b", 4)), gpu_names=("B200",))),
-     "t.log:3: the hosts have different GPU counts [4, 8]"),
-    (lambda: resolve_machine(MachineFlags(), MachineFacts("t.log:3", hosts=(("a", 1),), gpu_names=("B200", "H200"))),
-     "t.log:3: the device lines name several GPUs"),
-    (lambda: resolve_machine(MachineFlags(gpu="H100"), MachineFacts("t.log:3")),
-     "t.log:3: the number of hosts is not known (8 GPUs per host of h100-sxm): pass --hosts N"),
-    (lambda: resolve_machine(MachineFlags(hosts=2), MachineFacts("t.log:3")),
-     "t.log:3: the GPU model is not known: pass --gpu MODEL --gpus-per-host G, or --topology FILE|name"),
-    (lambda: machine_topology(MachineFlags(topology="dgx-h100", hosts=2)),
-     "--topology names the whole machine: expected it alone"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: parse_nic("8x400G-xyz"),
+            "--nic '8x400G-xyz': unknown fabric 'xyz'; expected one of ib, roce, efa, "
+            "tcpx, tcpxo, slingshot, socket in COUNTxSPEEDG-FABRIC",
+        ),
+        (lambda: parse_nic("8x400"), "--nic '8x400': expected COUNTxSPEEDG-FABRIC (e.g. 8x400G-ib"),
+        (lambda: parse_nic("0x400G-ib"), "--nic '0x400G-ib': expected 1 to 256 NICs per host, got 0"),
+        (lambda: resolve_gpu("H999"), "--gpu 'H999': no machine template for this GPU; expected a template (a100-pcie"),
+        (lambda: resolve_gpu("NVIDIA H200 NVL"), "--gpu 'NVIDIA H200 NVL': no machine template for this GPU"),
+        (
+            lambda: resolve_gpu("NVIDIA Graphics Device", 8),
+            "the driver did not name this GPU; it is read only as (4 GPUs per host: gb200-nvl72), got 8 GPUs per host",
+        ),
+        (
+            lambda: resolve_gpu("NVIDIA GH200 120GB"),
+            "several machine templates have this GPU (1: gh200, 4: gh200-x4 "
+            "GPUs per host); pass --gpus-per-host G or --gpu TEMPLATE",
+        ),
+        (lambda: resolve_gpu("GH200", 8), "'GH200': 8 GPUs per host; the machine templates of this GPU hold at most 4"),
+        (
+            lambda: resolve_machine(MachineFlags(hosts=2, gpu="L40S")).topology(),
+            "2 hosts of l40s: the template lists no NICs; pass --nic COUNTxSPEEDG-FABRIC",
+        ),
+        (
+            lambda: resolve_machine(
+                MachineFlags(), MachineFacts("t.log:3", hosts=(("a", 8), ("b", 4)), gpu_names=("B200",))
+            ),
+            "t.log:3: the hosts have different GPU counts [4, 8]",
+        ),
+        (
+            lambda: resolve_machine(
+                MachineFlags(), MachineFacts("t.log:3", hosts=(("a", 1),), gpu_names=("B200", "H200"))
+            ),
+            "t.log:3: the device lines name several GPUs",
+        ),
+        (
+            lambda: resolve_machine(MachineFlags(gpu="H100"), MachineFacts("t.log:3")),
+            "t.log:3: the number of hosts is not known (8 GPUs per host of h100-sxm): pass --hosts N",
+        ),
+        (
+            lambda: resolve_machine(MachineFlags(hosts=2), MachineFacts("t.log:3")),
+            "t.log:3: the GPU model is not known: pass --gpu MODEL --gpus-per-host G, or --topology FILE|name",
+        ),
+        (
+            lambda: machine_topology(MachineFlags(topology="dgx-h100", hosts=2)),
+            "--topology names the whole machine: expected it alone",
+        ),
+    ],
+)
 def test_bad_flags_are_one_line_errors(call, message):
     with pytest.raises(TopologyError) as e:
         call()
@@ -201,7 +241,7 @@ def test_facts_fill_what_the_flags_leave_and_flags_win():
     facts = MachineFacts("t.log:9", hosts=(("a", 8), ("b", 8)), gpu_names=("NVIDIA H200",), nranks=16)
     m = resolve_machine(MachineFlags(nic=parse_nic("8x400G-ib")), facts)
     assert (m.template, m.hosts, m.gpus_per_host, m.notes) == ("h200-sxm", 2, 8, ())
-    m = resolve_machine(MachineFlags(hosts=4, gpu="B200"), facts)     # flags win over the file
+    m = resolve_machine(MachineFlags(hosts=4, gpu="B200"), facts)  # flags win over the file
     assert (m.template, m.hosts, m.gpus_per_host) == ("hgx-b200", 4, 8)
     assert m.notes[-1] == "the table ran on 16 ranks; the machine has 4 x 8 = 32 GPUs"
     # no device lines: the ranks and the GPUs per host give the hosts

@@ -1,4 +1,5 @@
 """NCCL topology XML import/export round trips on the real vendor files; NCCL graph XML."""
+
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -17,8 +18,8 @@ def test_every_file_imports_and_round_trips(f):
     t = import_xml(f, require_gpus=False)  # aws-g5-48xl lists only PCIe bridges
     text = export_xml(t)
     t2 = import_xml(text, require_gpus=False)
-    assert t2 == t                     # import -> export -> import is the identity
-    assert export_xml(t2) == text      # and the export is stable
+    assert t2 == t  # import -> export -> import is the identity
+    assert export_xml(t2) == text  # and the export is stable
     if t.gpus():
         assert topo.loads(topo.dumps(t)) == t  # the YAML form keeps the preserved attributes too
     else:  # a partial vendor file (PCIe bridges only) has no ranks: the YAML form refuses it
@@ -26,10 +27,15 @@ def test_every_file_imports_and_round_trips(f):
             topo.loads(topo.dumps(t))
     src = ET.parse(f).getroot()
     out = ET.fromstring(text)
+
     # every attribute of every cpu/pci element of the source comes back (busids normalised to lower case)
     def attrs(root):
-        return sorted((e.tag, tuple(sorted((k, v.lower() if k == "busid" else v) for k, v in e.attrib.items())))
-                      for e in root.iter() if e.tag in ("cpu", "pci", "gpu", "net", "nvlink"))
+        return sorted(
+            (e.tag, tuple(sorted((k, v.lower() if k == "busid" else v) for k, v in e.attrib.items())))
+            for e in root.iter()
+            if e.tag in ("cpu", "pci", "gpu", "net", "nvlink")
+        )
+
     assert attrs(out) == attrs(src)
 
 
@@ -139,8 +145,11 @@ def test_a_net_plugins_latency_becomes_the_nics_lat():
     g.nodes["h0/nic0"]["lat"] = 35.0
     assert 'latency="35.000000"' in export_xml(topo.Topology(g, name="x"))
     for bad in ("fast", "-1", "inf"):
-        with pytest.raises(topo.TopologyError, match=rf"<net name='mlx5_0'> latency: expected a number >= 0 \(µs\), "
-                                                     rf"got '{bad}'"):
+        with pytest.raises(
+            topo.TopologyError,
+            match=rf"<net name='mlx5_0'> latency: expected a number >= 0 \(µs\), "
+            rf"got '{bad}'",
+        ):
             import_xml(FULL.replace('latency="0.000000"', f'latency="{bad}"'), host="n")
 
 
@@ -159,14 +168,17 @@ def test_export_of_a_yaml_topology_is_readable_again():
     assert mask_to_cpulist(cpulist_to_mask("3,9-11")) == "3,9-11"
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ("<system version='1'><cpu><pci busid='0000:01:00.0'/></cpu></system>", "attribute numaid is required"),
-    ("<system version='2'></system>", r"<system version> expected \"1\""),
-    ("<graphs/>", "root element expected <system>"),
-    ("<system version='1'><cpu numaid='0'><pci class='0x030200'/></cpu>", "expected well-formed XML"),
-    ("<system version='1'><cpu numaid='0'><pci class='0x030200'/></cpu></system>", "attribute busid is required"),
-    ("<system version='1'><cpu numaid='zero'/></system>", "numaid expected an integer"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ("<system version='1'><cpu><pci busid='0000:01:00.0'/></cpu></system>", "attribute numaid is required"),
+        ("<system version='2'></system>", r"<system version> expected \"1\""),
+        ("<graphs/>", "root element expected <system>"),
+        ("<system version='1'><cpu numaid='0'><pci class='0x030200'/></cpu>", "expected well-formed XML"),
+        ("<system version='1'><cpu numaid='0'><pci class='0x030200'/></cpu></system>", "attribute busid is required"),
+        ("<system version='1'><cpu numaid='zero'/></system>", "numaid expected an integer"),
+    ],
+)
 def test_errors_name_the_problem(bad, msg):
     with pytest.raises(topo.TopologyError, match=msg):
         import_xml(bad)
@@ -184,8 +196,10 @@ def test_graph_file_parses_to_plain_data():
     assert ring["nchannels"] == 2 and [c["gpus"] for c in ring["channels"]] == [[0, 1, 2, 3], [0, 3, 2, 1]]
     assert (ring["typeintra"], ring["speedintra"], ring["channels"][0]["net_in"]) == ("SYS", 12.0, None)
     assert len(d["graphs"][2]["channels"]) == 4
-    text = '<graphs version="1"><graph id="0" pattern="4" nchannels="1"><channel><net dev="1"/>' \
-           '<gpu dev="0" rank="8"/><gpu dev="1" rank="9"/><net dev="1"/></channel></graph></graphs>'
+    text = (
+        '<graphs version="1"><graph id="0" pattern="4" nchannels="1"><channel><net dev="1"/>'
+        '<gpu dev="0" rank="8"/><gpu dev="1" rank="9"/><net dev="1"/></channel></graph></graphs>'
+    )
     ch = parse_graph_xml(text)["graphs"][0]["channels"][0]
     assert ch == {"gpus": [0, 1], "ranks": [8, 9], "net_in": 1, "net_out": 1}
     with pytest.raises(topo.TopologyError, match="speedintra expected a number"):
@@ -196,8 +210,10 @@ def test_graph_file_parses_to_plain_data():
 # 8x A100 HGX NCCL dump: three levels of Broadcom PEX bridges above each GPU, a bonded NIC straight
 # under the CPU, another beside GPU1 one level down.
 # every GPU: two NVLinks to each of the six NVSwitches
-A100_NVLINKS = "\n".join(f'              <nvlink target="0000:{bus}:00.0" count="2" tclass="0x068000"/>'
-                         for bus in ("c3", "c0", "c2", "c5", "c1", "c4"))
+A100_NVLINKS = "\n".join(
+    f'              <nvlink target="0000:{bus}:00.0" count="2" tclass="0x068000"/>'
+    for bus in ("c3", "c0", "c2", "c5", "c1", "c4")
+)
 SIMAI = f"""<system version="1">
   <cpu numaid="0" affinity="00000000,ffffffff,00000000,ffffffff"
        arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="106">

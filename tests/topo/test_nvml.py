@@ -1,4 +1,5 @@
 """The NVML adapter: typed N/A values, the pitfalls listed in treecoll.topo.nvml, CUDA vs NVML order."""
+
 import pytest
 from treecoll.topo.nvml import NA, NVLINK_VERSION_GENERATION, GpuInfo, Nvml, NVMLUnavailable, cuda_order, norm_busid
 
@@ -7,14 +8,25 @@ from tests.topo.topo_fakes import FakePynvml, load
 
 def test_na_is_a_falsy_singleton():
     from treecoll.topo.nvml import NotAvailable
+
     assert NotAvailable() is NA and not NA and str(NA) == "N/A"
 
 
-@pytest.mark.parametrize("raw, want", [
-    ("00000000:1B:00.0", "0000:1b:00.0"), (b"00000008:01:00.0", "0008:01:00.0"), ("0000:18:00.0", "0000:18:00.0"),
-    ("FFFFFFFF:FF:FF.0", None), ("fffffff:ff:ff.0", None), ("", None), (b"\x00", None), ("00000000:00:00.0", None),
-    ("garbage", None), ("ffff:ff:01.0", "ffff:ff:01.0"),
-])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("00000000:1B:00.0", "0000:1b:00.0"),
+        (b"00000008:01:00.0", "0008:01:00.0"),
+        ("0000:18:00.0", "0000:18:00.0"),
+        ("FFFFFFFF:FF:FF.0", None),
+        ("fffffff:ff:ff.0", None),
+        ("", None),
+        (b"\x00", None),
+        ("00000000:00:00.0", None),
+        ("garbage", None),
+        ("ffff:ff:01.0", "ffff:ff:01.0"),
+    ],
+)
 def test_busid_normalisation(raw, want):
     assert norm_busid(raw) == want
 
@@ -72,6 +84,7 @@ def test_fabric_info_v_first_and_deprecated_fallback():
 
     class OldPynvml(FakePynvml):  # a pynvml without the V call
         nvmlDeviceGetGpuFabricInfoV = None
+
     old = OldPynvml(rec)
     assert Nvml.open(old).fabric(0).clique_id == 32766
     assert old.calls["nvmlDeviceGetGpuFabricInfo"] == 1

@@ -1,4 +1,5 @@
 """Paths on the shipped topologies against the real `nvidia-smi topo -m` outputs (tests/fixtures/smi)."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ SMI = FIXTURES / "smi"
 def _fixture(name: str) -> dict:
     p = SMI / name
     from treecoll.topo.smi import parse_smi
+
     return parse_smi(p.read_text(), where=str(p))
 
 
@@ -39,12 +41,15 @@ def _compare(t, fx, rows, cols):
     return diff
 
 
-@pytest.mark.parametrize("topology,fixture,with_nics", [
-    ("dgx-a100", "dgx-a100.txt", True),
-    ("dgx-h100", "h100-sxm-8.txt", False),
-    ("hgx-b200", "b200-8-gke-a4.txt", True),
-    ("pcie-8gpu", "rtx3090-8-pcie-xeon-e5v4.txt", False),
-])
+@pytest.mark.parametrize(
+    "topology,fixture,with_nics",
+    [
+        ("dgx-a100", "dgx-a100.txt", True),
+        ("dgx-h100", "h100-sxm-8.txt", False),
+        ("hgx-b200", "b200-8-gke-a4.txt", True),
+        ("pcie-8gpu", "rtx3090-8-pcie-xeon-e5v4.txt", False),
+    ],
+)
 def test_matrix_equals_the_real_nvidia_smi_output(topology, fixture, with_nics):
     t, fx = shipped(topology), _fixture(fixture)
     gpus = fx["gpus"]
@@ -57,10 +62,15 @@ def test_matrix_equals_the_real_nvidia_smi_output(topology, fixture, with_nics):
         assert _compare(t, fx, nics, nics) == []
 
 
-@pytest.mark.parametrize("topology,fixture", [
-    ("dgx-a100", "dgx-a100.txt"), ("dgx-h100", "h100-sxm-8.txt"), ("pcie-8gpu", "rtx3090-8-pcie-xeon-e5v4.txt"),
-    ("hgx-b200", "b200-8-gke-a4.txt"),
-])
+@pytest.mark.parametrize(
+    "topology,fixture",
+    [
+        ("dgx-a100", "dgx-a100.txt"),
+        ("dgx-h100", "h100-sxm-8.txt"),
+        ("pcie-8gpu", "rtx3090-8-pcie-xeon-e5v4.txt"),
+        ("hgx-b200", "b200-8-gke-a4.txt"),
+    ],
+)
 def test_numa_affinity_matches_the_fixture(topology, fixture):
     t, fx = shipped(topology), _fixture(fixture)
     ends = _ours(t)
@@ -122,14 +132,20 @@ def test_cpu_local_is_four_rank_slots_with_a_slow_network():
     assert inter.bw < intra.bw
 
 
-@pytest.mark.parametrize("network,hosts", [("{type: torus, dims: [4, 2, 2]}", 16),
-                                           ("{type: fat_tree, leaf_size: 3, oversubscription: 2, spines: 2}", 6),
-                                           ("{type: rail_optimized, su_hosts: 2, spines: 3}", 6)])
+@pytest.mark.parametrize(
+    "network,hosts",
+    [
+        ("{type: torus, dims: [4, 2, 2]}", 16),
+        ("{type: fat_tree, leaf_size: 3, oversubscription: 2, spines: 2}", 6),
+        ("{type: rail_optimized, su_hosts: 2, spines: 3}", 6),
+    ],
+)
 def test_network_routes_are_shortest_and_deterministic(network, hosts):
     import networkx as nx
 
     from tests.helpers import edit
     from treecoll import topo
+
     text = edit("count: 2}", f"count: {hosts}}}").replace("{type: single_switch}", network)
     t, again = topo.loads(text), topo.loads(text)
     g = t.graph

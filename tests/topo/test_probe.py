@@ -5,6 +5,7 @@ model: on one switch, a transfer between hosts runs at the least of its sender's
 transfers leaving that host in the step, its receiver's uplink over the transfers entering it, and
 the 4 GB/s host links over the transfers sharing them.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,20 +22,29 @@ from treecoll.topo.pairing import round_robin, sample_rounds, shifts
 
 from treecoll import topo
 
-SETTINGS = settings(max_examples=60, deadline=timedelta(seconds=2), derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
-HOST_BW = 4.0     # p - cpu and cpu - nic links, GB/s
-UPLINK = 0.125    # nic - sw0, GB/s
+SETTINGS = settings(
+    max_examples=60,
+    deadline=timedelta(seconds=2),
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+HOST_BW = 4.0  # p - cpu and cpu - nic links, GB/s
+UPLINK = 0.125  # nic - sw0, GB/s
 
 
 def cluster(hosts: int, rph: int = 1, uplink: float = UPLINK) -> Topology:
     """``hosts`` hosts of ``rph`` rank processes, one NIC each on one switch (ranks host by host)."""
     nodes, links = [{"id": "sw0", "kind": "net_switch"}], []
     for h in range(hosts):
-        nodes += [{"id": f"h{h}/cpu0", "kind": "cpu", "host": f"h{h}"},
-                  {"id": f"h{h}/nic0", "kind": "nic", "host": f"h{h}"}]
-        links += [{"a": f"h{h}/cpu0", "b": f"h{h}/nic0", "kind": "pcie", "bw": HOST_BW, "lat": 1.0},
-                  {"a": f"h{h}/nic0", "b": "sw0", "kind": "net", "bw": uplink, "lat": 2.0}]
+        nodes += [
+            {"id": f"h{h}/cpu0", "kind": "cpu", "host": f"h{h}"},
+            {"id": f"h{h}/nic0", "kind": "nic", "host": f"h{h}"},
+        ]
+        links += [
+            {"a": f"h{h}/cpu0", "b": f"h{h}/nic0", "kind": "pcie", "bw": HOST_BW, "lat": 1.0},
+            {"a": f"h{h}/nic0", "b": "sw0", "kind": "net", "bw": uplink, "lat": 2.0},
+        ]
         for j in range(rph):
             nodes.append({"id": f"h{h}/p{j}", "kind": "gpu", "host": f"h{h}", "index": j, "rank": h * rph + j})
             links.append({"a": f"h{h}/p{j}", "b": f"h{h}/cpu0", "kind": "pcie", "bw": HOST_BW, "lat": 1.0})
@@ -64,8 +74,14 @@ def records(plan: probe.Plan, rph: int, uplink: dict[int, float], noise: random.
     for i, s in enumerate(plan.steps):
         if s.kind == "bw":
             for (a, b), n, gbs in zip(s.flows, s.nbytes, truth_gbs(s, rph, uplink)):
-                out.append({"step": i, "src": a, "dst": b,
-                            "seconds": [n / (gbs * 1e9) * noise.uniform(0.9, 1.1) for _ in range(plan.reps)]})
+                out.append(
+                    {
+                        "step": i,
+                        "src": a,
+                        "dst": b,
+                        "seconds": [n / (gbs * 1e9) * noise.uniform(0.9, 1.1) for _ in range(plan.reps)],
+                    }
+                )
         else:
             out += [{"step": i, "src": a, "dst": b, "seconds": [50e-6, 60e-6]} for a, b in s.flows]
     return out
@@ -81,8 +97,8 @@ def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n):
     assert sorted(met, key=sorted) == sorted((frozenset(p) for p in itertools.combinations(range(n), 2)), key=sorted)
     for r in rounds:
         ends = [x for p in r for x in p]
-        assert len(ends) == len(set(ends)), r             # disjoint
-        assert len(r) == n // 2                            # everybody plays (one sits out when n is odd)
+        assert len(ends) == len(set(ends)), r  # disjoint
+        assert len(r) == n // 2  # everybody plays (one sits out when n is odd)
 
 
 @SETTINGS
@@ -119,11 +135,15 @@ def test_plan_steps_use_every_rank_at_most_once_each_way(hosts, rph, max_rounds)
             assert len(set(ends)) == len(ends), s
             (intra if s.phase == "intra" else inter).update(frozenset(p) for p in s.flows)
     host_rounds = len(round_robin(hosts))
-    if max_rounds >= max(host_rounds, len(round_robin(rph))):   # nothing sampled: every pair measured
-        assert intra == {frozenset((h * rph + i, h * rph + j)) for h in range(hosts)
-                         for i, j in itertools.combinations(range(rph), 2)}
-        assert {frozenset((a // rph, b // rph)) for a, b in map(tuple, inter)} == \
-            {frozenset(p) for p in itertools.combinations(range(hosts), 2)}
+    if max_rounds >= max(host_rounds, len(round_robin(rph))):  # nothing sampled: every pair measured
+        assert intra == {
+            frozenset((h * rph + i, h * rph + j))
+            for h in range(hosts)
+            for i, j in itertools.combinations(range(rph), 2)
+        }
+        assert {frozenset((a // rph, b // rph)) for a, b in map(tuple, inter)} == {
+            frozenset(p) for p in itertools.combinations(range(hosts), 2)
+        }
     if hosts > 1:
         assert plan.rounds["inter"] == (min(max_rounds, host_rounds), host_rounds)
         assert [s.phase for s in plan.steps].count("load") == len(shifts(hosts))
@@ -154,7 +174,7 @@ def test_expected_shares_an_overloaded_uplink():
     (e1, b1), (e2, _) = probe.expected(t, [("h0/p0", "h1/p0"), ("h0/p1", "h1/p1")])
     assert e1 == e2 == pytest.approx(UPLINK / 2)
     assert set(b1) == {("h0/nic0", "sw0"), ("sw0", "h1/nic0")}
-    (e3, b3), = probe.expected(t, [("h0/p0", "h0/p1")])
+    ((e3, b3),) = probe.expected(t, [("h0/p0", "h0/p1")])
     assert e3 == HOST_BW and set(b3) == {("h0/p0", "h0/cpu0"), ("h0/cpu0", "h0/p1")}
 
 
@@ -171,13 +191,13 @@ def test_one_slow_uplink_is_found_and_nothing_else(hosts, rph, data, factor, see
     assert r["summary"]["slow_hosts"] == [f"h{slow}"]
     assert r["summary"]["slow_names"] == [f"h{slow}/nic0"]
     assert [(s["a"], s["b"]) for s in r["slow"]] == [(f"h{slow}/nic0", "sw0")]
-    rows = r["summary"]["classes"]      # the glance table: transfers a slow link limited apart
+    rows = r["summary"]["classes"]  # the glance table: transfers a slow link limited apart
     assert all(x["ratio"] <= factor / 0.9 for x in rows if x["class"].endswith(" via slow"))
     assert all(x["ratio"] >= 1 / 1.1 for x in rows if not x["class"].endswith(" via slow"))
     assert sum(x["transfers"] for x in rows) == sum(len(s.flows) for s in plan.steps if s.kind == "bw")
     (s,) = r["slow"]
     assert s["expected_gbps"] == UPLINK
-    assert factor * UPLINK / 1.1 <= s["measured_gbps"] <= factor * UPLINK / 0.9     # times within 10%
+    assert factor * UPLINK / 1.1 <= s["measured_gbps"] <= factor * UPLINK / 0.9  # times within 10%
 
 
 @SETTINGS
@@ -238,8 +258,12 @@ def test_calibrated_topology_carries_the_measurements_and_round_trips():
     # latency: 50-60 µs one way measured against 4 x 1 µs + 2 x 2 µs modelled, the excess over the 2 net hops
     assert c.link("h0/nic0", "sw0")["lat"] == pytest.approx(2.0 + (55.0 - 8.0) / 2, abs=0.1)
     assert "measured" not in c.link("h0/p0", "h0/cpu0") and c.link("h0/p0", "h0/cpu0") == t.link("h0/p0", "h0/cpu0")
-    assert c.meta["probe"] == {"date": "2026-01-02T03:04:05Z", "threshold": 0.7, "slow": ["h2/nic0"],
-                               "links_measured": 8}
+    assert c.meta["probe"] == {
+        "date": "2026-01-02T03:04:05Z",
+        "threshold": 0.7,
+        "slow": ["h2/nic0"],
+        "links_measured": 8,
+    }
     back = topo.loads(topo.dumps(c))
     assert back == c and back.link("sw0", "h2/nic0")["measured"] == "2026-01-02T03:04:05Z"
 

@@ -1,4 +1,5 @@
 """The route table a Topology owns: routes kept, bounded, clearable, the same answers whatever it holds."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,7 @@ def test_a_topology_owns_one_table_and_a_new_topology_a_new_one():
     t = topo.resolve("dgx-h100-x2")
     assert t.routes is t.routes and len(t.routes) == 0
     p = t.path("h0/gpu0", "h1/gpu3")
-    assert len(t.routes) == 1 and t.path("h0/gpu0", "h1/gpu3") is p      # kept, not found again
+    assert len(t.routes) == 1 and t.path("h0/gpu0", "h1/gpu3") is p  # kept, not found again
     r = t.with_ranks(reversed(t.gpus()))
     assert r.routes is not t.routes and len(r.routes) == 0 and r.path("h0/gpu0", "h1/gpu3") == p
 

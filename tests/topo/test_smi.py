@@ -1,4 +1,5 @@
 """nvidia-smi topo -m import: every real paste rebuilds a host whose own matrix prints the same codes."""
+
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,9 @@ def test_every_fixture_prints_back_its_codes(f):
     nic_ids = list(t.nics())
     for i, n in enumerate(nic_ids):
         label[f"NIC{i}"] = next(c for c, v in t.meta["columns"].items() if v == n)
-    assert {(label[a], label[b]): c for (a, b), c in again["codes"].items()} == \
-        {k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()}
+    assert {(label[a], label[b]): c for (a, b), c in again["codes"].items()} == {
+        k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()
+    }
 
 
 def test_structures_are_the_expected_ones():
@@ -50,12 +52,14 @@ def test_structures_are_the_expected_ones():
     assert rtx.node("host0/gpu0")["numa"] == 0 and "x_gpu_numa" not in rtx.node("host0/gpu0")
 
 
-ANSI = ("\x1b[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
-        "GPU0\t X \tSOC\tPHB\t0-7\t0\t\tN/A\n"
-        "GPU1\tSOC\t X \tSOC\t8-15\t1\t\tN/A\n"
-        "NIC0\tPHB\tSOC\t X \n\nLegend:\n\n  X    = Self\n"
-        "  SOC  = Connection traversing PCIe as well as the SMP link between CPU sockets(e.g. QPI)\n\n"
-        "NIC Legend:\n\n  NIC0: mlx5_bond_0\n")
+ANSI = (
+    "\x1b[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \tSOC\tPHB\t0-7\t0\t\tN/A\n"
+    "GPU1\tSOC\t X \tSOC\t8-15\t1\t\tN/A\n"
+    "NIC0\tPHB\tSOC\t X \n\nLegend:\n\n  X    = Self\n"
+    "  SOC  = Connection traversing PCIe as well as the SMP link between CPU sockets(e.g. QPI)\n\n"
+    "NIC Legend:\n\n  NIC0: mlx5_bond_0\n"
+)
 
 
 def test_ansi_legacy_soc_and_nic_legend():
@@ -71,17 +75,22 @@ def test_inconsistent_matrix_is_reported_not_hidden():
     text = "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tPIX\tPIX\nGPU1\tPIX\t X \tPXB\nGPU2\tPIX\tPXB\t X \n"
     t = import_smi(text)
     # single linkage at the PIX level puts all three GPUs under one switch: GPU1-GPU2 can only be PIX
-    assert t.meta["smi_mismatches"] == ["GPU1-GPU2: PXB expected, structure gives PIX",
-                                        "GPU2-GPU1: PXB expected, structure gives PIX"]
+    assert t.meta["smi_mismatches"] == [
+        "GPU1-GPU2: PXB expected, structure gives PIX",
+        "GPU2-GPU1: PXB expected, structure gives PIX",
+    ]
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ("hello\n", "expected an 'nvidia-smi topo -m' matrix"),
-    ("\tGPU0\tGPU1\nGPU0\t X \tFOO\nGPU1\tPIX\t X \n", r"column 'GPU1': expected one of X, SYS, SOC.*got 'FOO'"),
-    ("\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU7\tPIX\t X \n", "row 'GPU7': expected one of the header's devices"),
-    ("\tGPU0\tGPU1\nGPU0\t X \tPIX\n", r"rows missing for \['GPU1'\]"),
-    ("\tGPU0\tGPU1\nGPU0\tPIX\t X \nGPU1\tPIX\t X \n", "'X' expected exactly on the diagonal"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ("hello\n", "expected an 'nvidia-smi topo -m' matrix"),
+        ("\tGPU0\tGPU1\nGPU0\t X \tFOO\nGPU1\tPIX\t X \n", r"column 'GPU1': expected one of X, SYS, SOC.*got 'FOO'"),
+        ("\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU7\tPIX\t X \n", "row 'GPU7': expected one of the header's devices"),
+        ("\tGPU0\tGPU1\nGPU0\t X \tPIX\n", r"rows missing for \['GPU1'\]"),
+        ("\tGPU0\tGPU1\nGPU0\tPIX\t X \nGPU1\tPIX\t X \n", "'X' expected exactly on the diagonal"),
+    ],
+)
 def test_errors_name_line_and_column(bad, msg):
     with pytest.raises(topo.TopologyError, match=msg):
         parse_smi(bad)
@@ -116,9 +125,13 @@ PASTES = sorted(DATA.glob("*.txt"))
 
 
 def test_the_repository_pastes_are_there():
-    assert [p.name for p in PASTES] == ["glued-header-mlx5.txt", "go-gpuallocator-17-rtx4090x8.txt",
-                                        "nvidia-forum-68452-skylake-1socket.txt", "quda-669-8gpu-mlx5.txt",
-                                        "r7525-2xa100-epyc.txt"]
+    assert [p.name for p in PASTES] == [
+        "glued-header-mlx5.txt",
+        "go-gpuallocator-17-rtx4090x8.txt",
+        "nvidia-forum-68452-skylake-1socket.txt",
+        "quda-669-8gpu-mlx5.txt",
+        "r7525-2xa100-epyc.txt",
+    ]
 
 
 @pytest.mark.parametrize("f", PASTES, ids=lambda p: p.name)
@@ -129,10 +142,15 @@ def test_every_repository_paste_round_trips_exactly(f):
     _check_round_trip(t, p)
     assert (len(t.gpus()), len(t.nics())) == (len(p["gpus"]), len(p["nics"]))
     again = parse_smi(render_smi(t))  # the rendered matrix (NICs renamed NIC<k> in column order) says the same
-    label = dict(zip(again["devices"], [c for c, _ in sorted(t.meta["columns"].items(),
-                                                             key=lambda kv: list(t.gpus() + t.nics()).index(kv[1]))]))
-    assert {(label[a], label[b]): c for (a, b), c in again["codes"].items()} == \
-        {k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()}
+    label = dict(
+        zip(
+            again["devices"],
+            [c for c, _ in sorted(t.meta["columns"].items(), key=lambda kv: list(t.gpus() + t.nics()).index(kv[1]))],
+        )
+    )
+    assert {(label[a], label[b]): c for (a, b), c in again["codes"].items()} == {
+        k: ("SYS" if v == "SOC" else v) for k, v in p["codes"].items()
+    }
 
 
 def test_r7525_gpus_of_one_numa_node_are_sys_apart_through_two_quadrants():
@@ -154,8 +172,11 @@ def test_a_real_4090_box_with_sys_inside_each_numa_node():
     assert [t.node(g)["numa"] for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all(t.path(a, b).smi == "SYS" for a in gpus for b in gpus if a != b)
     nic0, nic1 = t.nics()
-    assert t.path(gpus[6], nic0).smi == "PHB" and t.path(nic0, nic1).smi == "PIX" and t.nearest_nic(gpus[6]) in (
-        nic0, nic1)
+    assert (
+        t.path(gpus[6], nic0).smi == "PHB"
+        and t.path(nic0, nic1).smi == "PIX"
+        and t.nearest_nic(gpus[6]) in (nic0, nic1)
+    )
     assert t.node("host0/cpu1")["affinity"] == "56-111,168-223"
 
 

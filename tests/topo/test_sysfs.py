@@ -1,4 +1,5 @@
 """sysfs reader on synthetic trees (root is a parameter)."""
+
 import pytest
 from treecoll.topo import sysfs
 
@@ -34,14 +35,22 @@ def test_nics_ports_rates_and_netdev_folding(h100):
     nics = sysfs.nics(h100)
     assert [n.name for n in nics][:2] == ["mlx5_0", "mlx5_10"]
     n0 = next(n for n in nics if n.name == "mlx5_0")
-    assert (n0.kind, n0.pci, n0.port, n0.rate, n0.link_layer, n0.netdev) == \
-        ("ib", "0000:18:00.0", 1, 400.0, "InfiniBand", "ibp24s0")
+    assert (n0.kind, n0.pci, n0.port, n0.rate, n0.link_layer, n0.netdev) == (
+        "ib",
+        "0000:18:00.0",
+        1,
+        400.0,
+        "InfiniBand",
+        "ibp24s0",
+    )
     assert not [n for n in nics if n.kind == "net"]  # ibp* netdevs folded into their verbs devices
 
 
 def test_ethernet_virtio_and_virtual_interfaces(tmp_path):
-    spec = {"pci": [{"path": ["pci0000:00", "0000:00:03.0"], "class": "0x020000", "numa": -1}],
-            "net": [{"name": "eth0", "pci": "0000:00:03.0", "speed": 25000}, {"name": "docker0"}]}
+    spec = {
+        "pci": [{"path": ["pci0000:00", "0000:00:03.0"], "class": "0x020000", "numa": -1}],
+        "net": [{"name": "eth0", "pci": "0000:00:03.0", "speed": 25000}, {"name": "docker0"}],
+    }
     root = build_sysfs(tmp_path, spec)
     (root / "sys/class/net/lo").mkdir()
     nics = sysfs.nics(root)
@@ -54,8 +63,15 @@ def test_numa_nodes_and_cpulists(h100, tmp_path):
     assert sysfs.parse_cpulist("0-2,7,9-10") == [0, 1, 2, 7, 9, 10] and sysfs.parse_cpulist("x") == []
 
 
-@pytest.mark.parametrize("speed, width, bw", [("2.5 GT/s", 1, 0.1875), ("8 GT/s", 16, 12.0),
-                                              ("16.0 GT/s PCIe", 8, 12.0), ("64.0 GT/s PCIe", 16, 96.0),
-                                              ("Unknown", 16, 12.0)])
+@pytest.mark.parametrize(
+    "speed, width, bw",
+    [
+        ("2.5 GT/s", 1, 0.1875),
+        ("8 GT/s", 16, 12.0),
+        ("16.0 GT/s PCIe", 8, 12.0),
+        ("64.0 GT/s PCIe", 16, 96.0),
+        ("Unknown", 16, 12.0),
+    ],
+)
 def test_pcie_bw_is_nccls(speed, width, bw):
     assert sysfs.pcie_bw(speed, width) == bw

@@ -1,4 +1,5 @@
 """Model queries on every shipped topology (tests/topo/_shipped.py loads each once)."""
+
 from __future__ import annotations
 
 import itertools
@@ -11,9 +12,15 @@ from tests.helpers import SHIPPED, shipped
 from treecoll import topo
 
 EXPECTED = {  # name: (hosts, GPUs per host, NICs per host)
-    "cpu-local": (2, 2, 1), "dgx-a100": (1, 8, 12), "dgx-h100": (1, 8, 8), "dgx-h100-x2": (2, 8, 8),
-    "dgx-h100-x16": (16, 8, 8), "dgx-h100-x1024": (1024, 8, 8), "gb200-nvl72": (18, 4, 4),
-    "hgx-b200": (1, 8, 8), "pcie-8gpu": (1, 8, 0),
+    "cpu-local": (2, 2, 1),
+    "dgx-a100": (1, 8, 12),
+    "dgx-h100": (1, 8, 8),
+    "dgx-h100-x2": (2, 8, 8),
+    "dgx-h100-x16": (16, 8, 8),
+    "dgx-h100-x1024": (1024, 8, 8),
+    "gb200-nvl72": (18, 4, 4),
+    "hgx-b200": (1, 8, 8),
+    "pcie-8gpu": (1, 8, 0),
 }
 
 

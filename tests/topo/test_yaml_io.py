@@ -1,4 +1,5 @@
 """YAML topologies: round trips, template reuse, network templates, and every validation error."""
+
 from __future__ import annotations
 
 import io
@@ -70,15 +71,19 @@ def test_cluster_files_reuse_the_single_host_template():
 def test_template_from_a_relative_path(tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "mybox.yaml").write_text(BOX4.split("hosts:")[0])
-    (tmp_path / "c.yaml").write_text("hosts: [{template: lib/mybox.yaml, count: 3, names: 'n{j}'}]\n"
-                                     "network: {type: single_switch}\n")
+    (tmp_path / "c.yaml").write_text(
+        "hosts: [{template: lib/mybox.yaml, count: 3, names: 'n{j}'}]\nnetwork: {type: single_switch}\n"
+    )
     t = topo.load(tmp_path / "c.yaml")
     assert t.hosts() == ("n0", "n1", "n2") and len(t.gpus()) == 12
 
 
 def test_fat_tree_oversubscription_and_leaf_size():
-    t = topo.loads(edit("network: {type: single_switch}",
-                        "network: {type: fat_tree, leaf_size: 2, oversubscription: 2, spines: 1}"))
+    t = topo.loads(
+        edit(
+            "network: {type: single_switch}", "network: {type: fat_tree, leaf_size: 2, oversubscription: 2, spines: 1}"
+        )
+    )
     assert {n for n in t.nodes("net_switch")} == {"leaf0", "leaf1", "spine0"}
     # 2 ports of 25 GB/s per leaf, 2:1 -> one 25 GB/s port up
     assert t.link("leaf0", "spine0")["bw"] == 25.0
@@ -87,8 +92,9 @@ def test_fat_tree_oversubscription_and_leaf_size():
 
 
 def test_rail_optimized_groups_scalable_units():
-    t = topo.loads(edit("count: 2}", "count: 4}").replace("{type: single_switch}",
-                                                          "{type: rail_optimized, su_hosts: 2}"))
+    t = topo.loads(
+        edit("count: 2}", "count: 4}").replace("{type: single_switch}", "{type: rail_optimized, su_hosts: 2}")
+    )
     assert t.leaf_groups() == (("h0", "h1"), ("h2", "h3"))
     p = t.path("h0/gpu0", "h1/gpu1")  # same rail (nic0), same unit: one leaf
     assert [n for n in p.nodes if "/" in n and n.startswith("rail")] == ["rail0/leaf0"]
@@ -100,8 +106,9 @@ def test_torus(dims, hops):
     n = 1
     for x in dims:
         n *= x
-    t = topo.loads(edit("count: 2}", f"count: {n}}}").replace("{type: single_switch}",
-                                                            f"{{type: torus, dims: {dims}}}"))
+    t = topo.loads(
+        edit("count: 2}", f"count: {n}}}").replace("{type: single_switch}", f"{{type: torus, dims: {dims}}}")
+    )
     assert len(t.nodes("net_switch")) == n
     p = t.path("h0/nic0", f"h{n - 1}/nic0")  # opposite corner
     routers = [x for x in p.nodes if x.startswith("torus")]
@@ -133,48 +140,98 @@ def test_explicit_and_compact_mixed():
 ERRORS = [
     # (old, new, regex): each edit of BOX4 must raise TopologyError matching regex (file:line: key path: ...)
     ("hosts:\n", "hostz: 1\nhosts:\n", r"^<string>:16: hostz: unknown key 'hostz': expected one of"),
-    ("    gpus: {count: 4, model: X, mem_bw: 100.0}\n", "",
-     r"^<string>:3: templates\.box: missing key 'gpus'"),
+    ("    gpus: {count: 4, model: X, mem_bw: 100.0}\n", "", r"^<string>:3: templates\.box: missing key 'gpus'"),
     ("count: 4,", "count: four,", r"^<string>:4: templates\.box\.gpus\.count: expected an integer, got 'four'"),
-    ("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 0}",
-     r"^<string>:15: templates\.box\.nics\.bw: expected a positive number \(GB/s\), got 0"),
+    (
+        "nics: {count: 2, bw: 25.0}",
+        "nics: {count: 2, bw: 0}",
+        r"^<string>:15: templates\.box\.nics\.bw: expected a positive number \(GB/s\), got 0",
+    ),
     ("smp: {bw: 8.0}", "smp: {bw: -1}", r"^<string>:9: templates\.box\.smp\.bw: expected a positive number"),
-    ("nics: {count: 2, bw: 25.0}", "nics: {count: 2, bw: 25.0, lat: [1.0, -2]}",
-     r"^<string>:15: templates\.box\.nics\.lat\[1\]: expected a non-negative number \(µs\), got -2"),
-    ("links: [3, 3]", "links: [3, 3, 3]",
-     r"^<string>:5: templates\.box\.nvswitch\.links: expected 2 integers \(NVLinks from each GPU"),
-    ("gpus: {count: 4, model: X,", "gpus: {count: 4, pci: [a, b], model: X,",
-     r"^<string>:4: templates\.box\.gpus\.pci: expected 4 PCI bus ids \(one per GPU\), got 2"),
-    ("gpus: [2, 3], nics: [1]", "gpus: [2], nics: [1]",
-     r"^<string>:4: templates\.box\.gpus: GPU 3: expected it under a PCIe switch"),
-    ("gpus: [2, 3], nics: [1]", "gpus: [2, 3, 1], nics: [1]",
-     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.gpus\[2\]: GPU 1 is already under PCIe switch 0"),
-    ("gpus: [2, 3], nics: [1]", "gpus: [2, 7], nics: [1]",
-     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.gpus\[1\]: expected a GPU index in 0\.\.3, got 7"),
-    ("- {cpu: 1, gpus", "- {parent: 1, gpus",
-     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.parent: expected the index of an earlier switch"),
-    ("- {cpu: 1, gpus", "- {cpu: 5, gpus",
-     r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.cpu: expected a NUMA domain listed in cpus \(\[0, 1\]\)"),
-    ("- {numa: 1, socket: 1}", "- {numa: 0, socket: 1}",
-     r"^<string>:8: templates\.box\.cpus\[1\]\.numa: NUMA domain 0 defined twice"),
-    ("{template: box, count: 2}", "{template: boxx, count: 2}",
-     r"^<string>:17: hosts\[0\]\.template: unknown template 'boxx': expected one of this file's templates \['box'\]"),
-    ("{template: box, count: 2}", "{template: box, count: 0}",
-     r"^<string>:17: hosts\[0\]\.count: expected an integer >= 1, got 0"),
-    ("{template: box, count: 2}", "{template: box, count: 2, names: node}",
-     r"^<string>:17: hosts\[0\]\.names: expected a pattern with \{i\}"),
+    (
+        "nics: {count: 2, bw: 25.0}",
+        "nics: {count: 2, bw: 25.0, lat: [1.0, -2]}",
+        r"^<string>:15: templates\.box\.nics\.lat\[1\]: expected a non-negative number \(µs\), got -2",
+    ),
+    (
+        "links: [3, 3]",
+        "links: [3, 3, 3]",
+        r"^<string>:5: templates\.box\.nvswitch\.links: expected 2 integers \(NVLinks from each GPU",
+    ),
+    (
+        "gpus: {count: 4, model: X,",
+        "gpus: {count: 4, pci: [a, b], model: X,",
+        r"^<string>:4: templates\.box\.gpus\.pci: expected 4 PCI bus ids \(one per GPU\), got 2",
+    ),
+    (
+        "gpus: [2, 3], nics: [1]",
+        "gpus: [2], nics: [1]",
+        r"^<string>:4: templates\.box\.gpus: GPU 3: expected it under a PCIe switch",
+    ),
+    (
+        "gpus: [2, 3], nics: [1]",
+        "gpus: [2, 3, 1], nics: [1]",
+        r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.gpus\[2\]: GPU 1 is already under PCIe switch 0",
+    ),
+    (
+        "gpus: [2, 3], nics: [1]",
+        "gpus: [2, 7], nics: [1]",
+        r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.gpus\[1\]: expected a GPU index in 0\.\.3, got 7",
+    ),
+    (
+        "- {cpu: 1, gpus",
+        "- {parent: 1, gpus",
+        r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.parent: expected the index of an earlier switch",
+    ),
+    (
+        "- {cpu: 1, gpus",
+        "- {cpu: 5, gpus",
+        r"^<string>:14: templates\.box\.pcie\.switches\[1\]\.cpu: expected a NUMA domain listed in cpus \(\[0, 1\]\)",
+    ),
+    (
+        "- {numa: 1, socket: 1}",
+        "- {numa: 0, socket: 1}",
+        r"^<string>:8: templates\.box\.cpus\[1\]\.numa: NUMA domain 0 defined twice",
+    ),
+    (
+        "{template: box, count: 2}",
+        "{template: boxx, count: 2}",
+        r"^<string>:17: hosts\[0\]\.template: unknown template 'boxx': expected one of this file's templates \['box'\]",
+    ),
+    (
+        "{template: box, count: 2}",
+        "{template: box, count: 0}",
+        r"^<string>:17: hosts\[0\]\.count: expected an integer >= 1, got 0",
+    ),
+    (
+        "{template: box, count: 2}",
+        "{template: box, count: 2, names: node}",
+        r"^<string>:17: hosts\[0\]\.names: expected a pattern with \{i\}",
+    ),
     ("network: {type: single_switch}\n", "", r"^<string>:16: hosts: 2 hosts need a 'network'"),
-    ("{type: single_switch}", "{type: dragonfly}",
-     r"^<string>:18: network\.type: expected one of \['single_switch', 'fat_tree', 'rail_optimized', 'torus'\], "
-     r"got 'dragonfly'"),
-    ("{type: single_switch}", "{type: torus, dims: [3, 3]}",
-     r"^<string>:18: network\.dims: expected dimensions whose product is the host count 2"),
+    (
+        "{type: single_switch}",
+        "{type: dragonfly}",
+        r"^<string>:18: network\.type: expected one of \['single_switch', 'fat_tree', 'rail_optimized', 'torus'\], "
+        r"got 'dragonfly'",
+    ),
+    (
+        "{type: single_switch}",
+        "{type: torus, dims: [3, 3]}",
+        r"^<string>:18: network\.dims: expected dimensions whose product is the host count 2",
+    ),
     ("{type: single_switch}", "{type: fat_tree}", r"^<string>:18: network: missing key 'leaf_size'"),
-    ("{type: single_switch}", "{type: single_switch, leaf_size: 4}",
-     r"^<string>:18: network\.leaf_size: unknown key 'leaf_size'"),
+    (
+        "{type: single_switch}",
+        "{type: single_switch, leaf_size: 4}",
+        r"^<string>:18: network\.leaf_size: unknown key 'leaf_size'",
+    ),
     ("    smp: {bw: 8.0}\n", "", r"^<string>:3: templates\.box: missing key 'smp': 2 NUMA domains"),
-    ("nvswitch: {count: 2,", "nvswitch: {scope: global, count: 2,",
-     r"^<string>:5: templates\.box\.nvswitch\.scope: expected 'host' or 'rack', got 'global'"),
+    (
+        "nvswitch: {count: 2,",
+        "nvswitch: {scope: global, count: 2,",
+        r"^<string>:5: templates\.box\.nvswitch\.scope: expected 'host' or 'rack', got 'global'",
+    ),
     # YAML-level problems
     ("count: 4, model: X,", "count: 4, count: 5, model: X,", r"^<string>:4: duplicate key 'count'"),
     ("    smp: {bw: 8.0}\n", "    smp: {bw: 8.0\n", r"^<string>:1\d: invalid YAML: .*"),
@@ -200,17 +257,26 @@ EXPLICIT = textwrap.dedent("""\
 EXPLICIT_ERRORS = [
     ("b: h0/gpu1,", "b: h0/gpu9,", r"^<string>:6: links\[0\]\.b: dangling link end 'h0/gpu9'"),
     ("id: h0/gpu1,", "id: h0/gpu0,", r"^<string>:4: nodes\[1\]\.id: duplicate node id 'h0/gpu0'"),
-    ("kind: gpu, host: h0, index: 1", "kind: tpu, host: h0, index: 1",
-     r"^<string>:4: nodes\[1\]\.kind: expected one of \['gpu'"),
+    (
+        "kind: gpu, host: h0, index: 1",
+        "kind: tpu, host: h0, index: 1",
+        r"^<string>:4: nodes\[1\]\.kind: expected one of \['gpu'",
+    ),
     ("index: 1}", "index: 1, colour: red}", r"^<string>:4: nodes\[1\]\.colour: unknown key 'colour' for a gpu"),
     ("index: 1}", "index: -1}", r"^<string>:4: nodes\[1\]\.index: expected an integer >= 0, got -1"),
     ("kind: gpu, host: h0, index: 1", "kind: gpu, index: 1", r"^<string>:4: nodes\[1\]: missing key 'host'"),
     ("bw: 40.0", "bw: -40.0", r"^<string>:6: links\[0\]\.bw: expected a positive number \(GB/s\), got -40\.0"),
     ("kind: nvlink,", "kind: infiniband,", r"^<string>:6: links\[0\]\.kind: expected one of \['nvlink'"),
-    ("count: 2}", "count: 2}\n  - {a: h0/gpu1, b: h0/gpu0, kind: nvlink, bw: 40.0}",
-     r"^<string>:7: links\[1\]: duplicate link 'h0/gpu1' -> 'h0/gpu0'"),
-    ("count: 2}", "count: 2, directed: true}",
-     r"^<string>: link 'h0/gpu0' -> 'h0/gpu1': the reverse direction is missing"),
+    (
+        "count: 2}",
+        "count: 2}\n  - {a: h0/gpu1, b: h0/gpu0, kind: nvlink, bw: 40.0}",
+        r"^<string>:7: links\[1\]: duplicate link 'h0/gpu1' -> 'h0/gpu0'",
+    ),
+    (
+        "count: 2}",
+        "count: 2, directed: true}",
+        r"^<string>: link 'h0/gpu0' -> 'h0/gpu1': the reverse direction is missing",
+    ),
     ("count: 2}", "count: 0}", r"^<string>:6: links\[0\]\.count: expected an integer >= 1, got 0"),
 ]
 
@@ -232,18 +298,24 @@ def test_errors_in_saved_files_name_the_line(tmp_path):
         topo.load(p)
 
 
-@pytest.mark.parametrize("text,pattern", [
-    ("", r"^<string>:.*expected a mapping, got nothing"),
-    ("[1, 2]", r"^<string>:1: \(top level\): expected a mapping, got a list"),
-    ("name: x\n", r"^<string>:1: \(top level\): expected 'hosts' \(compact form\) or 'nodes'"),
-    ("name: x\nhosts: 3\n", r"^<string>:2: hosts: expected a list of host groups, got 3"),
-    ("a: [unclosed\n", r"^<string>:2: invalid YAML"),
-    ("a: !!python/object:os.system x\n", r"^<string>:1: invalid YAML"),
-    ("name: x\nhosts: [\x00]\n", r"^<string>:2: invalid YAML: control characters are not allowed: '\\x00'$"),
-    (b"name: \xff\n", r"^<string>:1: cannot read topology: not UTF-8 text \(byte 0xff at offset 6\); save the "
-                     r"file as UTF-8$"),
-    (b"hosts: [{template: dgx-h100}]\n", None),
-])
+@pytest.mark.parametrize(
+    "text,pattern",
+    [
+        ("", r"^<string>:.*expected a mapping, got nothing"),
+        ("[1, 2]", r"^<string>:1: \(top level\): expected a mapping, got a list"),
+        ("name: x\n", r"^<string>:1: \(top level\): expected 'hosts' \(compact form\) or 'nodes'"),
+        ("name: x\nhosts: 3\n", r"^<string>:2: hosts: expected a list of host groups, got 3"),
+        ("a: [unclosed\n", r"^<string>:2: invalid YAML"),
+        ("a: !!python/object:os.system x\n", r"^<string>:1: invalid YAML"),
+        ("name: x\nhosts: [\x00]\n", r"^<string>:2: invalid YAML: control characters are not allowed: '\\x00'$"),
+        (
+            b"name: \xff\n",
+            r"^<string>:1: cannot read topology: not UTF-8 text \(byte 0xff at offset 6\); save the "
+            r"file as UTF-8$",
+        ),
+        (b"hosts: [{template: dgx-h100}]\n", None),
+    ],
+)
 def test_malformed_documents(text, pattern):
     if pattern is None:  # bytes are read as UTF-8
         assert len(topo.loads(text).gpus()) == 8
@@ -282,6 +354,7 @@ def test_mutated_files_never_escape_as_other_exceptions():
     raises one TopologyError of one line that is not the loader's last-resort guard."""
     import random
     import re
+
     rnd = random.Random(2)
     values = ["0", "-1", "1.5", "x", "[]", "{}", "null", "true", "[1, 2]", "{a: 1}", "99", "h0/gpu0", "[0, 0]", ".nan"]
     bases = [BOX4, EXPLICIT, topo.dumps(topo.loads(BOX4))]
@@ -293,10 +366,10 @@ def test_mutated_files_never_escape_as_other_exceptions():
             scalars = list(re.finditer(r"(?<=: )[^,{}\[\]\n]+|(?<=\[)[^,\]\n]+", s))
             if op < 0.5 and scalars:
                 m = rnd.choice(scalars)
-                s = s[:m.start()] + rnd.choice(values) + s[m.end():]
+                s = s[: m.start()] + rnd.choice(values) + s[m.end() :]
             elif op < 0.8:
                 j = rnd.randrange(len(s))
-                s = s[:j] + s[j + rnd.randint(1, 5):]
+                s = s[:j] + s[j + rnd.randint(1, 5) :]
             else:
                 lines = s.split("\n")
                 del lines[rnd.randrange(len(lines))]
@@ -313,14 +386,20 @@ def test_mutated_files_never_escape_as_other_exceptions():
 
 def _random_cluster(draw):
     from hypothesis import strategies as st
+
     ngpu = draw(st.integers(1, 6))
     ncpu = draw(st.integers(1, 3))
     nnic = draw(st.integers(1, 3))
     hosts = draw(st.integers(1, 5))
     nsw = draw(st.integers(0, 3))
-    lines = ["templates:", "  t:", f"    gpus: {{count: {ngpu}, model: G, mem_bw: 100.0}}",
-             "    cpus: [" + ", ".join(f"{{numa: {c}}}" for c in range(ncpu)) + "]",
-             "    smp: {bw: 10.0}", f"    nics: {{count: {nnic}, bw: 25.0}}"]
+    lines = [
+        "templates:",
+        "  t:",
+        f"    gpus: {{count: {ngpu}, model: G, mem_bw: 100.0}}",
+        "    cpus: [" + ", ".join(f"{{numa: {c}}}" for c in range(ncpu)) + "]",
+        "    smp: {bw: 10.0}",
+        f"    nics: {{count: {nnic}, bw: 25.0}}",
+    ]
     if nsw:
         links = [draw(st.integers(1, 5)) for _ in range(nsw)]
         lines.append(f"    nvswitch: {{count: {nsw}, links: {links}, link_bw: 20.0}}")
@@ -358,8 +437,15 @@ def _random_cluster(draw):
         numas = [direct_nic[i] if i in direct_nic else under["nics", i] for i in range(nnic)]
         lines[5] = lines[5][:-1] + f", numa: {numas}}}"
     lines.append(f"hosts: [{{template: t, count: {hosts}}}]")
-    net = draw(st.sampled_from(["{type: single_switch}", "{type: rail_optimized, su_hosts: 2}",
-                                "{type: fat_tree, leaf_size: 2, oversubscription: 2}"]))
+    net = draw(
+        st.sampled_from(
+            [
+                "{type: single_switch}",
+                "{type: rail_optimized, su_hosts: 2}",
+                "{type: fat_tree, leaf_size: 2, oversubscription: 2}",
+            ]
+        )
+    )
     lines.append(f"network: {net}")
     return "\n".join(lines) + "\n", ngpu, hosts
 

@@ -11,6 +11,7 @@ A recording (tests/topo/recordings/<machine>.json) has two parts:
 
 Each recording says where its values come from (``source``).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,12 @@ from types import SimpleNamespace
 import pynvml as _real
 
 RECORDINGS = Path(__file__).with_name("recordings")
-_ERR = {"invalid_argument": _real.NVML_ERROR_INVALID_ARGUMENT, "not_supported": _real.NVML_ERROR_NOT_SUPPORTED,
-        "driver_not_loaded": _real.NVML_ERROR_DRIVER_NOT_LOADED,
-        "library_not_found": _real.NVML_ERROR_LIBRARY_NOT_FOUND}
+_ERR = {
+    "invalid_argument": _real.NVML_ERROR_INVALID_ARGUMENT,
+    "not_supported": _real.NVML_ERROR_NOT_SUPPORTED,
+    "driver_not_loaded": _real.NVML_ERROR_DRIVER_NOT_LOADED,
+    "library_not_found": _real.NVML_ERROR_LIBRARY_NOT_FOUND,
+}
 
 
 def load(name: str) -> dict:
@@ -48,8 +52,13 @@ class FakePynvml:
     def __init__(self, rec: dict):
         self.rec = rec["nvml"]
         self.calls: dict[str, int] = {}
-        for k in ("NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT_SUPPORTED", "NVML_FEATURE_ENABLED",
-                  "NVML_NVLINK_MAX_LINKS", "NVML_CLOCK_MEM"):
+        for k in (
+            "NVML_ERROR_INVALID_ARGUMENT",
+            "NVML_ERROR_NOT_SUPPORTED",
+            "NVML_FEATURE_ENABLED",
+            "NVML_NVLINK_MAX_LINKS",
+            "NVML_CLOCK_MEM",
+        ):
             setattr(self, k, getattr(_real, k))
         self.c_nvmlGpuFabricInfo_v2_t = _FabricInfo
         self.c_nvmlGpuFabricInfo_t = _FabricInfo
@@ -101,8 +110,9 @@ class FakePynvml:
 
     def nvmlDeviceGetCpuAffinity(self, h, n):
         from treecoll.topo.sysfs import parse_cpulist
+
         v = sum(1 << c for c in parse_cpulist(self._g(h)["cpu_affinity"]))
-        return [(v >> (64 * i)) & (2 ** 64 - 1) for i in range(n)]
+        return [(v >> (64 * i)) & (2**64 - 1) for i in range(n)]
 
     def nvmlDeviceGetMaxClockInfo(self, h, clock):
         return self._g(h)["mem_clock_mhz"]
@@ -147,8 +157,13 @@ class FakePynvml:
     def nvmlDeviceGetFieldValues(self, h, ids):
         c2c = self._g(h).get("c2c")
         vals = {170: c2c[0], 172: c2c[1]} if c2c else {}
-        return [SimpleNamespace(nvmlReturn=0 if i in vals else _real.NVML_ERROR_NOT_SUPPORTED,
-                                value=SimpleNamespace(uiVal=vals.get(i, 0))) for i in ids]
+        return [
+            SimpleNamespace(
+                nvmlReturn=0 if i in vals else _real.NVML_ERROR_NOT_SUPPORTED,
+                value=SimpleNamespace(uiVal=vals.get(i, 0)),
+            )
+            for i in ids
+        ]
 
 
 def _w(p: Path, text) -> None:
@@ -174,12 +189,16 @@ def build_sysfs(root: Path, spec: dict) -> Path:
             comp = path[comp_i]
             link = sysd / "bus/pci/devices" / comp
             if not link.is_symlink():
-                os.symlink(os.path.relpath(sysd / "devices" / Path(*path[:comp_i + 1]), link.parent), link)
-            cd = sysd / "devices" / Path(*path[:comp_i + 1])
+                os.symlink(os.path.relpath(sysd / "devices" / Path(*path[: comp_i + 1]), link.parent), link)
+            cd = sysd / "devices" / Path(*path[: comp_i + 1])
             if not (cd / "class").exists():
                 _w(cd / "class", "0x060400")
-        files = {"class": dev.get("class", "0x060400"), "numa_node": dev.get("numa", -1),
-                 "vendor": dev.get("vendor", "0x10de"), "device": dev.get("device", "0x0000")}
+        files = {
+            "class": dev.get("class", "0x060400"),
+            "numa_node": dev.get("numa", -1),
+            "vendor": dev.get("vendor", "0x10de"),
+            "device": dev.get("device", "0x0000"),
+        }
         for k in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width"):
             if k in dev:
                 files[k] = dev[k]

@@ -20,6 +20,7 @@ every rank), runs the benchmark's measurement and writes rank 0's result.
 >>> parse_methods(p, args, ("gloo", "ring")), args.shapes, args.rates, args.placement
 (['ring'], [(2, 3)], ['1gbit'], 'interleaved')
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,23 +53,43 @@ def load_topology(path: str | None) -> Topology:
     return yaml_io.load(path)
 
 
-def add_options(p: argparse.ArgumentParser, methods: Sequence[str], *, rates: str, timeout: float,
-                op_timeout: float) -> None:
+def add_options(
+    p: argparse.ArgumentParser, methods: Sequence[str], *, rates: str, timeout: float, op_timeout: float
+) -> None:
     """The options of an emulated-cluster benchmark (shapes, rates, methods, placement, timeouts)
     and the hidden ones of its ranks (``--worker``, ``--out``)."""
-    p.add_argument("--shapes", default="2x2,2x3", type=units.shapes_arg("--shapes"),
-                   help="hosts x ranks per host, comma-separated (default 2x2,2x3)")
+    p.add_argument(
+        "--shapes",
+        default="2x2,2x3",
+        type=units.shapes_arg("--shapes"),
+        help="hosts x ranks per host, comma-separated (default 2x2,2x3)",
+    )
     p.add_argument("--oversubscribe", action="store_true", help=OVERSUBSCRIBE_HELP)
-    p.add_argument("--rates", default=rates, type=lambda s: units.parse_list(s, what="--rates", kind="rates",
-                                                                             error=units.UsageError),
-                   help=f"uplink rates, comma-separated (tc units; default {rates})")
+    p.add_argument(
+        "--rates",
+        default=rates,
+        type=lambda s: units.parse_list(s, what="--rates", kind="rates", error=units.UsageError),
+        help=f"uplink rates, comma-separated (tc units; default {rates})",
+    )
     p.add_argument("--methods", default=",".join(methods), help=f"comma list of {', '.join(methods)}")
-    p.add_argument("--placement", default="interleaved", choices=("blocked", "interleaved"),
-                   help="rank placement on the hosts (default interleaved)")
-    p.add_argument("--timeout", type=units.seconds_arg("--timeout"), default=timeout,
-                   help=f"seconds per case before all ranks are killed (default {timeout:g})")
-    p.add_argument("--op-timeout", type=units.seconds_arg("--op-timeout"), default=op_timeout,
-                   help=f"torch.distributed timeout in the ranks (default {op_timeout:g})")
+    p.add_argument(
+        "--placement",
+        default="interleaved",
+        choices=("blocked", "interleaved"),
+        help="rank placement on the hosts (default interleaved)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=units.seconds_arg("--timeout"),
+        default=timeout,
+        help=f"seconds per case before all ranks are killed (default {timeout:g})",
+    )
+    p.add_argument(
+        "--op-timeout",
+        type=units.seconds_arg("--op-timeout"),
+        default=op_timeout,
+        help=f"torch.distributed timeout in the ranks (default {op_timeout:g})",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
 
@@ -86,16 +107,21 @@ def ready(args: argparse.Namespace, per_process_bytes: Callable[[int, int], int]
     """Check every shape's process count (``per_process_bytes(hosts, ranks_per_host)`` each) against
     this machine, then that namespaces can be made; returns why not, or None."""
     for hosts, rph in args.shapes:
-        check_processes(hosts * rph, option=f"--shapes {hosts}x{rph}", oversubscribe=args.oversubscribe,
-                        per_process_bytes=per_process_bytes(hosts, rph))
+        check_processes(
+            hosts * rph,
+            option=f"--shapes {hosts}x{rph}",
+            oversubscribe=args.oversubscribe,
+            per_process_bytes=per_process_bytes(hosts, rph),
+        )
     from treecoll.tools.emucluster import netns
 
     ok, why = netns.namespaces_available()
     return None if ok else why
 
 
-def cases(benchmark: str, args: argparse.Namespace, worker_argv: Sequence[str],
-          host_rates: Mapping[int, int] | None = None) -> Iterator[tuple[int, int, str, dict, Path]]:
+def cases(
+    benchmark: str, args: argparse.Namespace, worker_argv: Sequence[str], host_rates: Mapping[int, int] | None = None
+) -> Iterator[tuple[int, int, str, dict, Path]]:
     """Run ``benchmark``'s ranks on a cluster of every shape and rate; yields ``(hosts,
     ranks_per_host, rate, rank 0's result, the cluster's Topology YAML path)`` (the YAML is
     removed after the last case). ``host_rates``: hosts whose uplink runs at another rate
@@ -109,15 +135,33 @@ def cases(benchmark: str, args: argparse.Namespace, worker_argv: Sequence[str],
                 tag = f"{hosts}x{rph}-{rate}"
                 print(f"# case {hosts}x{rph} at {rate} ...", file=sys.stderr, flush=True)
                 topo_path, out = Path(d) / f"emu-{tag}.yaml", Path(d) / f"raw-{tag}.json"
-                cmd = [sys.executable, "-m", f"treecoll.tools.{benchmark}", "--worker", "--out", str(out),
-                       "--op-timeout", str(args.op_timeout), *worker_argv]
-                res = runner.run(cmd, hosts=hosts, ranks_per_host=rph, placement_mode=args.placement,
-                                 rate_bps=netns.parse_rate(rate), timeout=args.timeout, topology_out=str(topo_path),
-                                 tag_output=True, host_rates={h: r for h, r in (host_rates or {}).items() if h < hosts})
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    f"treecoll.tools.{benchmark}",
+                    "--worker",
+                    "--out",
+                    str(out),
+                    "--op-timeout",
+                    str(args.op_timeout),
+                    *worker_argv,
+                ]
+                res = runner.run(
+                    cmd,
+                    hosts=hosts,
+                    ranks_per_host=rph,
+                    placement_mode=args.placement,
+                    rate_bps=netns.parse_rate(rate),
+                    timeout=args.timeout,
+                    topology_out=str(topo_path),
+                    tag_output=True,
+                    host_rates={h: r for h, r in (host_rates or {}).items() if h < hosts},
+                )
                 if res.returncode != 0:
-                    raise EmuClusterError(f"{benchmark} {tag}: expected every rank to exit 0, got exit "
-                                          f"{res.returncode} (rank {res.failed_rank})"
-                                          + (" after the timeout" if res.timed_out else ""))
+                    raise EmuClusterError(
+                        f"{benchmark} {tag}: expected every rank to exit 0, got exit "
+                        f"{res.returncode} (rank {res.failed_rank})" + (" after the timeout" if res.timed_out else "")
+                    )
                 yield hosts, rph, rate, json.loads(out.read_text()), topo_path
 
 

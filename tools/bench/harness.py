@@ -30,6 +30,7 @@ prints a table and writes JSON, and is not a test. Its ``main(argv)``:
 >>> args.repeats, args.json, bench.command
 (3, '', "python -m treecoll.tools.bench_example --repeats 3 --json ''")
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,16 @@ from treecoll.tools import units
 __all__ = ["Benchmark", "interleaved", "slowest_rank", "paired_ratio", "summary", "machine_info", "git_commit"]
 
 
-def interleaved(cases: Mapping[str, Callable[..., Any]], repeats: int | Mapping[str, int], *, warmup: int = 1,
-                setup: Mapping[str, Callable[[], Any]] | None = None, before: Callable[[str], Any] | None = None,
-                after: Callable[[str], Any] | None = None,
-                combine: Callable[[list[list[float]]], list[list[float]]] | None = None) -> dict[str, list[float]]:
+def interleaved(
+    cases: Mapping[str, Callable[..., Any]],
+    repeats: int | Mapping[str, int],
+    *,
+    warmup: int = 1,
+    setup: Mapping[str, Callable[[], Any]] | None = None,
+    before: Callable[[str], Any] | None = None,
+    after: Callable[[str], Any] | None = None,
+    combine: Callable[[list[list[float]]], list[list[float]]] | None = None,
+) -> dict[str, list[float]]:
     """Wall times (seconds) of every case, repetitions interleaved: case order within a
     round, then the next round.
 
@@ -127,25 +134,45 @@ def _read(path: str) -> str:
 def machine_info() -> dict[str, Any]:
     """What ran the benchmark: CPU model, cores (all and usable by this process), memory (bytes),
     OS, Python and torch versions, the 1-minute load average."""
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine())
-    mem = next((int(line.split()[1]) * 1024 for line in _read("/proc/meminfo").splitlines()
-                if line.startswith("MemTotal:")), None)
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in _read("/proc/cpuinfo").splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
+    mem = next(
+        (int(line.split()[1]) * 1024 for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal:")),
+        None,
+    )
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch = sys.modules.get("torch")
-    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable, "memory_bytes": mem,
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": getattr(torch, "__version__", None), "loadavg_1min": os.getloadavg()[0]}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_bytes": mem,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": getattr(torch, "__version__", None),
+        "loadavg_1min": os.getloadavg()[0],
+    }
 
 
 def git_commit(where: Path | None = None) -> str | None:
     """The commit the code ran from (``+dirty`` with uncommitted changes), None outside a git checkout."""
     where = where or Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
@@ -165,27 +192,54 @@ class Benchmark:
     of a common option that says more than the generic one.
     """
 
-    def __init__(self, name: str, doc: str, *, repeats: int | None = None, json: str | None = None,
-                 plot: str | None = None, quick: str | None = None, aliases: Mapping[str, Sequence[str]] = (),
-                 helps: Mapping[str, str] = ()):
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        *,
+        repeats: int | None = None,
+        json: str | None = None,
+        plot: str | None = None,
+        quick: str | None = None,
+        aliases: Mapping[str, Sequence[str]] = (),
+        helps: Mapping[str, str] = (),
+    ):
         self.name = name
         self.argv: list[str] = []
-        self.parser = argparse.ArgumentParser(prog=f"python -m treecoll.tools.{name}",
-                                              description=(doc or "").strip().split("\n\n")[0])
+        self.parser = argparse.ArgumentParser(
+            prog=f"python -m treecoll.tools.{name}", description=(doc or "").strip().split("\n\n")[0]
+        )
         aliases, helps = dict(aliases), dict(helps)
         if json is not None:
-            self.parser.add_argument("--json", *aliases.get("--json", ()), dest="json", default=json, metavar="OUT",
-                                     help=f"write the results as JSON to OUT, '' for none (default {json})")
+            self.parser.add_argument(
+                "--json",
+                *aliases.get("--json", ()),
+                dest="json",
+                default=json,
+                metavar="OUT",
+                help=f"write the results as JSON to OUT, '' for none (default {json})",
+            )
         if repeats is not None:
-            self.parser.add_argument("--repeats", *aliases.get("--repeats", ()), dest="repeats", default=repeats,
-                                     type=units.int_arg("--repeats"), metavar="N",
-                                     help=helps.get("--repeats", "timed repetitions of every case")
-                                     + f" (default {repeats})")
+            self.parser.add_argument(
+                "--repeats",
+                *aliases.get("--repeats", ()),
+                dest="repeats",
+                default=repeats,
+                type=units.int_arg("--repeats"),
+                metavar="N",
+                help=helps.get("--repeats", "timed repetitions of every case") + f" (default {repeats})",
+            )
         if quick is not None:
             self.parser.add_argument("--quick", action="store_true", help=quick)
         if plot is not None:
-            self.parser.add_argument("--plot", *aliases.get("--plot", ()), dest="plot", default=plot, metavar="OUT",
-                                     help=f"write a plot to OUT (needs matplotlib), '' for none (default {plot})")
+            self.parser.add_argument(
+                "--plot",
+                *aliases.get("--plot", ()),
+                dest="plot",
+                default=plot,
+                metavar="OUT",
+                help=f"write a plot to OUT (needs matplotlib), '' for none (default {plot})",
+            )
 
     @property
     def command(self) -> str:
@@ -199,9 +253,13 @@ class Benchmark:
 
     def meta(self) -> dict[str, Any]:
         """The record of this run: benchmark, command, UTC date, git commit, machine."""
-        return {"benchmark": self.name, "command": self.command,
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "git_commit": git_commit(), "machine": machine_info()}
+        return {
+            "benchmark": self.name,
+            "command": self.command,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(),
+            "machine": machine_info(),
+        }
 
     def write_json(self, data: Mapping[str, Any], path: str | os.PathLike | None) -> Path | None:
         """Write ``{"meta": ..., **data}`` to ``path`` (its folder created; None or ``''``: nothing)
@@ -214,8 +272,9 @@ class Benchmark:
         print(f"wrote {out}")
         return out
 
-    def plot(self, path: str | os.PathLike | None, draw: Callable[[Any], Any], *,
-             size: tuple[float, float] = (7.0, 5.0)) -> str | None:
+    def plot(
+        self, path: str | os.PathLike | None, draw: Callable[[Any], Any], *, size: tuple[float, float] = (7.0, 5.0)
+    ) -> str | None:
         """Draw with ``draw(ax)`` on one matplotlib axes and save to ``path``; returns None
         when written, else why not (no path, matplotlib not installed)."""
         if not path:

@@ -6,21 +6,37 @@ torch.distributed environment of a real multi-host launch. Requires root
 (CAP_NET_ADMIN) and iproute2. See :mod:`.netns` for the layout, :mod:`.runner`
 for the rank environment, :mod:`.topology` for the matching Topology.
 """
+
 from .netns import (
-                    ClusterSpec,
-                    EmuClusterError,
-                    create,
-                    destroy,
-                    destroy_all,
-                    host_addr,
-                    namespaces_available,
-                    ns_name,
-                    parse_rate,
-                    status,
+    ClusterSpec,
+    EmuClusterError,
+    create,
+    destroy,
+    destroy_all,
+    host_addr,
+    namespaces_available,
+    ns_name,
+    parse_rate,
+    status,
 )
 from .runner import RunResult, launch, run
 from .topology import build_topology, placement, save_topology
 
-__all__ = ["EmuClusterError", "ClusterSpec", "create", "destroy", "destroy_all", "status",
-           "namespaces_available", "parse_rate", "ns_name", "host_addr", "RunResult", "launch", "run",
-           "placement", "build_topology", "save_topology"]
+__all__ = [
+    "EmuClusterError",
+    "ClusterSpec",
+    "create",
+    "destroy",
+    "destroy_all",
+    "status",
+    "namespaces_available",
+    "parse_rate",
+    "ns_name",
+    "host_addr",
+    "RunResult",
+    "launch",
+    "run",
+    "placement",
+    "build_topology",
+    "save_topology",
+]

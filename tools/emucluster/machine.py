@@ -28,6 +28,7 @@ whichever resource binds.
 >>> round(m.predict(0.003, 8e6, 24), 6)        # the cores bind, not the link
 0.0064
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -55,9 +56,11 @@ class MachineModel:
 
     def __post_init__(self):
         if not self.copy_rate > 0 or not self.msg_cost >= 0:
-            raise TreecollError(f"machine model: expected copy_rate > 0 and msg_cost >= 0, got "
-                                f"{self.copy_rate!r} B/s and {self.msg_cost!r} s; the calibration "
-                                f"({self.fitted_on or 'no label'}) is not bound by the machine")
+            raise TreecollError(
+                f"machine model: expected copy_rate > 0 and msg_cost >= 0, got "
+                f"{self.copy_rate!r} B/s and {self.msg_cost!r} s; the calibration "
+                f"({self.fitted_on or 'no label'}) is not bound by the machine"
+            )
         if self.local_rate is not None and not self.local_rate > 0:
             raise TreecollError(f"machine model: expected local_rate > 0 B/s or None, got {self.local_rate!r}")
 
@@ -72,15 +75,19 @@ class MachineModel:
         return max(sim_time, self.time(total_bytes, messages, local_bytes))
 
     def as_dict(self) -> dict:
-        return {"copy_rate_GBps": self.copy_rate / 1e9, "msg_cost_us": self.msg_cost * 1e6,
-                "local_rate_GBps": None if self.local_rate is None else self.local_rate / 1e9,
-                "fitted_on": self.fitted_on}
+        return {
+            "copy_rate_GBps": self.copy_rate / 1e9,
+            "msg_cost_us": self.msg_cost * 1e6,
+            "local_rate_GBps": None if self.local_rate is None else self.local_rate / 1e9,
+            "fitted_on": self.fitted_on,
+        }
 
 
 def relative_lstsq(x: Sequence[Sequence[float]], t: Sequence[float]) -> list[float]:
     """Coefficients ``k`` minimising the squared relative error of ``x @ k`` against ``t``
     (rows of ``x``: the work terms of one measurement; ``t``: its seconds)."""
     import numpy as np
+
     a = np.asarray(x, dtype=float) / np.asarray(t, dtype=float)[:, None]
     return [float(v) for v in np.linalg.lstsq(a, np.ones(len(a)), rcond=None)[0]]
 
@@ -99,12 +106,16 @@ def fit(samples: Sequence[tuple], fitted_on: str = "", local_rate: float | None 
             raise TreecollError("machine model: samples with local bytes need local_rate (bytes/s)")
         rows.append((b - local, m, t - local / local_rate if local else t))
     if len(rows) < 2 or len({round(b / max(m, 1)) for b, m, _ in rows}) < 2:
-        raise TreecollError(f"machine model: expected >= 2 calibration samples with different bytes per "
-                            f"message, got {len(rows)}; measure more sizes")
+        raise TreecollError(
+            f"machine model: expected >= 2 calibration samples with different bytes per "
+            f"message, got {len(rows)}; measure more sizes"
+        )
     inv_rate, cost = relative_lstsq([(b, m) for b, m, _ in rows], [t for _, _, t in rows])
     if not inv_rate > 0:
-        raise TreecollError(f"machine model: calibration gives a non-positive cost per byte ({inv_rate:.3g} s/B) "
-                            f"on {fitted_on or 'the samples'}: the machine does not bind there")
+        raise TreecollError(
+            f"machine model: calibration gives a non-positive cost per byte ({inv_rate:.3g} s/B) "
+            f"on {fitted_on or 'the samples'}: the machine does not bind there"
+        )
     return MachineModel(1.0 / float(inv_rate), max(float(cost), 0.0), fitted_on, local_rate)
 
 
@@ -118,5 +129,9 @@ def schedule_work(schedule: Schedule, nbytes: int) -> tuple[int, int]:
 def local_bytes(schedule: Schedule, nbytes: int, host_of: Sequence) -> int:
     """Bytes of ``schedule`` on ``nbytes`` sent between ranks with the same ``host_of[rank]``."""
     cb = schedule.chunk_bytes(nbytes)
-    return sum(cb[s.chunk] for r, steps in enumerate(schedule.steps) for s in steps
-               if s.kind == "send" and host_of[s.peer] == host_of[r])
+    return sum(
+        cb[s.chunk]
+        for r, steps in enumerate(schedule.steps)
+        for s in steps
+        if s.kind == "send" and host_of[s.peer] == host_of[r]
+    )

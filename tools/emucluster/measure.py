@@ -8,6 +8,7 @@ Round trip time is the median of 200 one-byte ping-pongs (TCP_NODELAY).
 Used to check that the shaped rate is what was configured, and to measure the
 intra-host (loopback) link written into the Topology YAML.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,23 +60,30 @@ def _py(ns: str, code: str, *args: str) -> list[str]:
     return ["ip", "netns", "exec", ns, sys.executable, "-c", code, *map(str, args)]
 
 
-def measure_pair(cid: str, src: int, dst: int, nbytes: int = 64 << 20, pings: int = 200,
-                 timeout: float = 60) -> dict[str, Any]:
+def measure_pair(
+    cid: str, src: int, dst: int, nbytes: int = 64 << 20, pings: int = 200, timeout: float = 60
+) -> dict[str, Any]:
     """Stream ``nbytes`` from host ``src`` to host ``dst`` of cluster ``cid`` (src == dst: loopback
     through the host's own address) and return {bytes, seconds, gbit_s, gb_s, rtt_us}.
 
     ``gb_s`` is GB/s (1e9 B/s) of payload; ``rtt_us`` the median round trip in µs."""
     sns, dns = ns_name(cid, src), ns_name(cid, dst)
     addr = host_addr(dst)
-    srv = subprocess.Popen(_py(dns, _SERVER, addr, pings), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    srv = subprocess.Popen(
+        _py(dns, _SERVER, addr, pings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         port = srv.stdout.readline().strip()
         if not port.isdigit():
             raise EmuClusterError(f"measure {src}->{dst}: server did not start: {srv.stderr.read().strip()}")
         try:
-            cli = subprocess.run(_py(sns, _CLIENT, addr, port, nbytes, pings), capture_output=True,
-                                 text=True, timeout=timeout)
+            cli = subprocess.run(
+                _py(sns, _CLIENT, addr, port, nbytes, pings), capture_output=True, text=True, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             raise EmuClusterError(f"measure {src}->{dst}: no result within {timeout}s") from None
         if cli.returncode != 0:
@@ -98,8 +106,15 @@ def rates(src: int, dst: int, nbytes: int, seconds: float, rtt_s: float | None) 
     {'src': 0, 'dst': 1, 'bytes': 125000000, 'seconds': 1.0, 'gbit_s': 1.0, 'gb_s': 0.125, 'rtt_us': 250.0}
     """
     bps = nbytes / seconds
-    return {"src": src, "dst": dst, "bytes": nbytes, "seconds": seconds,
-            "gbit_s": bps * 8 / 1e9, "gb_s": bps / 1e9, "rtt_us": None if rtt_s is None else rtt_s * 1e6}
+    return {
+        "src": src,
+        "dst": dst,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "gbit_s": bps * 8 / 1e9,
+        "gb_s": bps / 1e9,
+        "rtt_us": None if rtt_s is None else rtt_s * 1e6,
+    }
 
 
 def measure_link(cid: str, hosts: int, nbytes: int = 64 << 20) -> dict[str, Any]:

@@ -35,6 +35,7 @@ owner pid and the next :func:`create` or :func:`destroy` sweeps it.
 All functions here shell out to ``ip`` and ``tc`` (iproute2) and raise
 :class:`EmuClusterError` with the failing command and its stderr.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,9 +53,26 @@ from typing import Any
 from treecoll.topo.errors import TreecollError
 
 __all__ = [
-    "EmuClusterError", "PREFIX", "UPLINK", "SUBNET", "ClusterSpec", "parse_rate", "format_rate",
-    "parse_pair_rate", "parse_host_rate", "check_prerequisites", "namespaces_available", "create", "destroy",
-    "destroy_all", "sweep_stale", "load_state", "list_states", "status", "ns_name", "host_addr",
+    "EmuClusterError",
+    "PREFIX",
+    "UPLINK",
+    "SUBNET",
+    "ClusterSpec",
+    "parse_rate",
+    "format_rate",
+    "parse_pair_rate",
+    "parse_host_rate",
+    "check_prerequisites",
+    "namespaces_available",
+    "create",
+    "destroy",
+    "destroy_all",
+    "sweep_stale",
+    "load_state",
+    "list_states",
+    "status",
+    "ns_name",
+    "host_addr",
     "state_dir",
 ]
 
@@ -88,8 +106,9 @@ def parse_rate(text: str | int | float, what: str = "rate") -> int:
     else:
         m = _RATE_RE.match(str(text))
         if not m:
-            raise EmuClusterError(f"{what}: expected a number with a unit in {list(_RATE_UNITS)} "
-                                  f"(e.g. 1gbit), got {text!r}")
+            raise EmuClusterError(
+                f"{what}: expected a number with a unit in {list(_RATE_UNITS)} (e.g. 1gbit), got {text!r}"
+            )
         value = int(float(m.group(1)) * _RATE_UNITS[(m.group(2) or "bit").lower()])
     if value < 8000:
         raise EmuClusterError(f"{what}: expected at least 8kbit, got {text!r}")
@@ -196,11 +215,14 @@ def check_prerequisites() -> None:
     """Raise EmuClusterError (one line) unless ``ip``/``tc`` exist and we hold CAP_NET_ADMIN."""
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            raise EmuClusterError(f"emulated cluster: needs `{tool}` (iproute2) on PATH; "
-                                  "install it with `apt-get install -y iproute2`")
+            raise EmuClusterError(
+                f"emulated cluster: needs `{tool}` (iproute2) on PATH; install it with `apt-get install -y iproute2`"
+            )
     if not _has_cap_net_admin():
-        raise EmuClusterError("emulated cluster: needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to manage "
-                              "network namespaces; run as root, e.g. with sudo")
+        raise EmuClusterError(
+            "emulated cluster: needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to manage "
+            "network namespaces; run as root, e.g. with sudo"
+        )
 
 
 def _has_cap_net_admin() -> bool:
@@ -225,8 +247,25 @@ def namespaces_available() -> tuple[bool, str]:
         _run(["ip", "netns", "add", probe])
         try:
             _run(["ip", "-n", probe, "link", "add", "pa", "type", "veth", "peer", "name", "pb"])
-            _run(["tc", "-n", probe, "qdisc", "add", "dev", "pa", "root", "tbf", "rate", "1gbit",
-                  "burst", "128kb", "latency", "50ms"])
+            _run(
+                [
+                    "tc",
+                    "-n",
+                    probe,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "pa",
+                    "root",
+                    "tbf",
+                    "rate",
+                    "1gbit",
+                    "burst",
+                    "128kb",
+                    "latency",
+                    "50ms",
+                ]
+            )
         finally:
             _run(["ip", "netns", "del", probe], check=False)
     except EmuClusterError as e:
@@ -291,8 +330,23 @@ def _tbf(ns: str, dev: str, rate_bps: int) -> list[str]:
     # bucket: at least one 64 KiB GSO segment and one timer tick (1 ms) of tokens at the rate;
     # latency bounds the queue (tbf's `limit`) at 50 ms worth of bytes.
     burst = max(64 * 1024, rate_bps // 8 // 1000)
-    return ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_bps}bit",
-            "burst", str(burst), "latency", "50ms"]
+    return [
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{rate_bps}bit",
+        "burst",
+        str(burst),
+        "latency",
+        "50ms",
+    ]
 
 
 def _ns_sysctl(ns: str, key: str, value: str) -> None:
@@ -310,17 +364,27 @@ def create(spec: ClusterSpec, *, owner_pid: int | None = None, extra: Mapping[st
     sweep_stale()
     existing = load_state(spec.cid)
     if existing is not None or _namespaces(spec.cid):
-        raise EmuClusterError(f"cluster {spec.cid!r}: already exists; use it with --id {spec.cid}, "
-                              f"or remove it with `treecoll emu down --id {spec.cid}`")
+        raise EmuClusterError(
+            f"cluster {spec.cid!r}: already exists; use it with --id {spec.cid}, "
+            f"or remove it with `treecoll emu down --id {spec.cid}`"
+        )
     hosts = [ns_name(spec.cid, i) for i in range(spec.hosts)]
     sw = ns_name(spec.cid, "sw")
     state = {
-        "id": spec.cid, "hosts": spec.hosts, "rate_bps": spec.rate_bps, "rate": format_rate(spec.rate_bps),
+        "id": spec.cid,
+        "hosts": spec.hosts,
+        "rate_bps": spec.rate_bps,
+        "rate": format_rate(spec.rate_bps),
         "pair_rates": {f"{a}-{b}": r for (a, b), r in spec.pair_rates.items()},
         "host_rates": {str(h): r for h, r in spec.host_rates.items()},
-        "namespaces": hosts + [sw], "switch": sw, "uplink": UPLINK,
+        "namespaces": hosts + [sw],
+        "switch": sw,
+        "uplink": UPLINK,
         "addresses": [host_addr(i) for i in range(spec.hosts)],
-        "owner_pid": os.getpid(), "status": "creating", "created": time.time(), **dict(extra or {}),
+        "owner_pid": os.getpid(),
+        "status": "creating",
+        "created": time.time(),
+        **dict(extra or {}),
     }
     _write_state(state)  # first, so that a crash half-way is swept later
     try:
@@ -333,8 +397,7 @@ def create(spec: ClusterSpec, *, owner_pid: int | None = None, extra: Mapping[st
         _run(["ip", "-n", sw, "link", "set", BRIDGE, "up"])
         for i, ns in enumerate(hosts):
             port = f"p{i}"
-            _run(["ip", "link", "add", "name", UPLINK, "netns", ns, "type", "veth",
-                  "peer", "name", port, "netns", sw])
+            _run(["ip", "link", "add", "name", UPLINK, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw])
             _run(["ip", "-n", sw, "link", "set", port, "master", BRIDGE])
             _run(["ip", "-n", sw, "link", "set", port, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{host_addr(i)}/24", "dev", UPLINK])
@@ -343,13 +406,28 @@ def create(spec: ClusterSpec, *, owner_pid: int | None = None, extra: Mapping[st
             _run(_tbf(sw, port, spec.uplink_rate(i)))
         for (a, b), rate in spec.pair_rates.items():
             da, db = f"to-h{b}", f"to-h{a}"
-            _run(["ip", "link", "add", "name", da, "netns", hosts[a], "type", "veth",
-                  "peer", "name", db, "netns", hosts[b]])
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    "name",
+                    da,
+                    "netns",
+                    hosts[a],
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    db,
+                    "netns",
+                    hosts[b],
+                ]
+            )
             for ns, dev, me, peer in ((hosts[a], da, a, b), (hosts[b], db, b, a)):
                 _run(["ip", "-n", ns, "link", "set", dev, "up"])
                 _run(_tbf(ns, dev, rate))
-                _run(["ip", "-n", ns, "route", "add", f"{host_addr(peer)}/32", "dev", dev,
-                      "src", host_addr(me)])
+                _run(["ip", "-n", ns, "route", "add", f"{host_addr(peer)}/32", "dev", dev, "src", host_addr(me)])
     except BaseException:
         _teardown(spec.cid, [*hosts, sw])
         raise
@@ -471,6 +549,9 @@ def status() -> dict:
             "qdiscs": [x.strip() for x in qd if x.strip() and "noqueue" not in x],
         }
     p = _run(["ip", "-o", "link", "show"], check=False)
-    out["root_links"] = [ln.split(":")[1].strip() for ln in p.stdout.splitlines()
-                         if len(ln.split(":")) > 1 and ln.split(":")[1].strip().startswith(PREFIX)]
+    out["root_links"] = [
+        ln.split(":")[1].strip()
+        for ln in p.stdout.splitlines()
+        if len(ln.split(":")) > 1 and ln.split(":")[1].strip().startswith(PREFIX)
+    ]
     return out

@@ -29,6 +29,7 @@ adds nothing measurable. Hence a same-host one-way of RTT/2 = 2 hops x
 :data:`LOOPBACK_LAT_US`, and ``net`` hops of 0 µs. ``treecoll emu up --measure``
 replaces these defaults with numbers measured on the spot.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -40,8 +41,17 @@ from .netns import EmuClusterError
 if TYPE_CHECKING:
     from treecoll.topo.model import Topology
 
-__all__ = ["PLACEMENTS", "placement", "build_topology", "payload_gbs", "save_topology",
-           "LOOPBACK_GBS", "LOOPBACK_LAT_US", "NET_LAT_US", "PROCESS_MEM_BW"]
+__all__ = [
+    "PLACEMENTS",
+    "placement",
+    "build_topology",
+    "payload_gbs",
+    "save_topology",
+    "LOOPBACK_GBS",
+    "LOOPBACK_LAT_US",
+    "NET_LAT_US",
+    "PROCESS_MEM_BW",
+]
 
 #: loopback TCP throughput inside one namespace, GB/s: one stream, 256 MiB,
 #: measured 2.2 / 3.8 / 4.4 GB/s on this 2-core VM (tools.emucluster.measure); the median.
@@ -82,13 +92,21 @@ def payload_gbs(rate_bps: int) -> float:
     return rate_bps / 8 / 1e9 * PAYLOAD_FRACTION
 
 
-def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
-                   pair_rates: Mapping[tuple[int, int], int] | None = None,
-                   host_rates: Mapping[int, int] | None = None,
-                   placement_mode: str = "blocked", name: str | None = None,
-                   loopback_gbs: float = LOOPBACK_GBS, loopback_lat_us: float = LOOPBACK_LAT_US,
-                   net_lat_us: float = NET_LAT_US, process_mem_bw: float = PROCESS_MEM_BW,
-                   meta: Mapping[str, Any] | None = None) -> Topology:
+def build_topology(
+    hosts: int,
+    ranks_per_host: int,
+    rate_bps: int,
+    *,
+    pair_rates: Mapping[tuple[int, int], int] | None = None,
+    host_rates: Mapping[int, int] | None = None,
+    placement_mode: str = "blocked",
+    name: str | None = None,
+    loopback_gbs: float = LOOPBACK_GBS,
+    loopback_lat_us: float = LOOPBACK_LAT_US,
+    net_lat_us: float = NET_LAT_US,
+    process_mem_bw: float = PROCESS_MEM_BW,
+    meta: Mapping[str, Any] | None = None,
+) -> Topology:
     """The :class:`topo.Topology` of an emulated cluster with ranks mapped by ``placement_mode``.
 
     ``host_rates`` ({host: bits/s}) are recorded in ``meta`` only: the links keep ``rate_bps``
@@ -104,23 +122,37 @@ def build_topology(hosts: int, ranks_per_host: int, rate_bps: int, *,
         hn = f"h{h}"
         nodes.append({"id": f"{hn}/cpu0", "kind": "cpu", "host": hn, "numa": 0})
         for j in range(ranks_per_host):
-            nodes.append({"id": f"{hn}/p{j}", "kind": "gpu", "host": hn, "index": j,
-                          "model": "cpu-process", "mem_bw": process_mem_bw,
-                          "rank": rank_of[(h, j)]})
-            links.append({"a": f"{hn}/p{j}", "b": f"{hn}/cpu0", "kind": "pcie",
-                          "bw": loopback_gbs, "lat": loopback_lat_us})
+            nodes.append(
+                {
+                    "id": f"{hn}/p{j}",
+                    "kind": "gpu",
+                    "host": hn,
+                    "index": j,
+                    "model": "cpu-process",
+                    "mem_bw": process_mem_bw,
+                    "rank": rank_of[(h, j)],
+                }
+            )
+            links.append(
+                {"a": f"{hn}/p{j}", "b": f"{hn}/cpu0", "kind": "pcie", "bw": loopback_gbs, "lat": loopback_lat_us}
+            )
         nodes.append({"id": f"{hn}/nic0", "kind": "nic", "host": hn, "bw": nic_bw, "name": "emu0"})
         links.append({"a": f"{hn}/cpu0", "b": f"{hn}/nic0", "kind": "pcie", "bw": loopback_gbs, "lat": 0.0})
         links.append({"a": f"{hn}/nic0", "b": "sw0", "kind": "net", "bw": nic_bw, "lat": net_lat_us})
     nodes.append({"id": "sw0", "kind": "net_switch", "tier": 0})
     for (a, b), r in sorted((pair_rates or {}).items()):
-        links.append({"a": f"h{a}/nic0", "b": f"h{b}/nic0", "kind": "net",
-                      "bw": round(payload_gbs(r), 6), "lat": net_lat_us})
-    info = {"source": "treecoll emu", "rate_bps": rate_bps, "placement": placement_mode,
-            "ranks_per_host": ranks_per_host,
-            "pair_rates": {f"{a}-{b}": r for (a, b), r in sorted((pair_rates or {}).items())},
-            **({"host_rates": {str(h): r for h, r in sorted(host_rates.items())}} if host_rates else {}),
-            **dict(meta or {})}
+        links.append(
+            {"a": f"h{a}/nic0", "b": f"h{b}/nic0", "kind": "net", "bw": round(payload_gbs(r), 6), "lat": net_lat_us}
+        )
+    info = {
+        "source": "treecoll emu",
+        "rate_bps": rate_bps,
+        "placement": placement_mode,
+        "ranks_per_host": ranks_per_host,
+        "pair_rates": {f"{a}-{b}": r for (a, b), r in sorted((pair_rates or {}).items())},
+        **({"host_rates": {str(h): r for h, r in sorted(host_rates.items())}} if host_rates else {}),
+        **dict(meta or {}),
+    }
     data = {"name": name or f"emu-{hosts}x{ranks_per_host}", "meta": info, "nodes": nodes, "links": links}
     return Topology.from_dict(data)
 
@@ -130,6 +162,7 @@ def save_topology(topology: Topology, path: str | Path) -> Path:
     path = Path(path)
     try:
         from treecoll.topo import yaml_io  # written by another part of the project
+
         save = getattr(yaml_io, "save", None)
     except ImportError:
         save = None
@@ -137,6 +170,7 @@ def save_topology(topology: Topology, path: str | Path) -> Path:
         save(topology, path)
         return path
     import yaml
+
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(topology.to_dict(), sort_keys=False, default_flow_style=None))
     return path

@@ -35,6 +35,7 @@ only to be consistent (distinct, ascending) — tests never depend on its value.
   fields 170/172. SYNTHETIC: C2C count 10 x 22500 MB/s (225 GB/s per direction,
   the shipped YAML's figure; real field values not found), bus ids, UUIDs.
 """
+
 import json
 from pathlib import Path
 
@@ -44,15 +45,31 @@ FULL = {"state": 1}
 
 def gpu(i, bus, name, cc, mem, clk, width, links, link_error, affinity, **kw):
     short_domain = bus.count(":") == 2 and len(bus.split(":")[0]) == 4  # NVML spells the domain with 8 digits
-    return {"busId": bus.upper().replace("0000:", "00000000:", 1) if short_domain else bus,
-            "uuid": f"GPU-{i:08x}-0000-4000-8000-{0xABC000 + i:012x}", "name": name, "cc": cc, "memory": mem,
-            "mem_clock_mhz": clk, "mem_bus_width": width, "links": links, "link_error": link_error,
-            "cpu_affinity": affinity, **kw}
+    return {
+        "busId": bus.upper().replace("0000:", "00000000:", 1) if short_domain else bus,
+        "uuid": f"GPU-{i:08x}-0000-4000-8000-{0xABC000 + i:012x}",
+        "name": name,
+        "cc": cc,
+        "memory": mem,
+        "mem_clock_mhz": clk,
+        "mem_bus_width": width,
+        "links": links,
+        "link_error": link_error,
+        "cpu_affinity": affinity,
+        **kw,
+    }
 
 
 def pcidev(path, cls, numa, speed, width, cur_speed=None, cur_width=None):
-    return {"path": path, "class": cls, "numa": numa, "max_link_speed": speed, "max_link_width": width,
-            "current_link_speed": cur_speed or speed, "current_link_width": cur_width or width}
+    return {
+        "path": path,
+        "class": cls,
+        "numa": numa,
+        "max_link_speed": speed,
+        "max_link_width": width,
+        "current_link_speed": cur_speed or speed,
+        "current_link_width": cur_width or width,
+    }
 
 
 def dgx_h100():
@@ -74,15 +91,35 @@ def dgx_h100():
         ib.append({"name": names[k], "pci": f"0000:{nic_bus[k]:02x}:00.0", "rate": "400 Gb/sec (4X NDR)"})
         net.append({"name": f"ibp{nic_bus[k]}s0", "pci": f"0000:{nic_bus[k]:02x}:00.0", "speed": 400000})
         links = [{"state": 1, "version": 6, "remote": sw[split[link]], "type": 2} for link in range(18)]
-        gpus.append(gpu(k, f"00000000:{gpu_bus[k]:02X}:00.0", "NVIDIA H100 80GB HBM3", [9, 0], 85520809984,
-                        2619, 5120, links, "invalid_argument", aff[numa]))
-    return {"source": __doc__.split("* DGX H100:")[1].split("* DGX A100:")[0].strip(),
-            "yaml": "dgx-h100", "host": "h0",
-            "nvml": {"gpus": gpus, "p2p": [[0] * 8 for _ in range(8)]},
-            "sysfs": {"cpuinfo": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
-                                 "model name\t: Intel(R) Xeon(R) Platinum 8480C",
-                      "nodes": {"0": aff[0], "1": aff[1]}, "sockets": {"0": 0, "56": 1},
-                      "pci": pci, "ib": ib, "net": net}}
+        gpus.append(
+            gpu(
+                k,
+                f"00000000:{gpu_bus[k]:02X}:00.0",
+                "NVIDIA H100 80GB HBM3",
+                [9, 0],
+                85520809984,
+                2619,
+                5120,
+                links,
+                "invalid_argument",
+                aff[numa],
+            )
+        )
+    return {
+        "source": __doc__.split("* DGX H100:")[1].split("* DGX A100:")[0].strip(),
+        "yaml": "dgx-h100",
+        "host": "h0",
+        "nvml": {"gpus": gpus, "p2p": [[0] * 8 for _ in range(8)]},
+        "sysfs": {
+            "cpuinfo": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+            "model name\t: Intel(R) Xeon(R) Platinum 8480C",
+            "nodes": {"0": aff[0], "1": aff[1]},
+            "sockets": {"0": 0, "56": 1},
+            "pci": pci,
+            "ib": ib,
+            "net": net,
+        },
+    }
 
 
 def dgx_a100():
@@ -94,15 +131,28 @@ def dgx_a100():
     sw = [f"00000000:{b:02X}:00.0" for b in range(0xC4, 0xCA)]
     pci, ib, gpus = [], [], []
     # switch groups in the order of the shipped YAML (bus numbers of switches SYNTHETIC, ascending)
-    groups = [(3, [0, 1], [0, 1], 0x01), (1, [2, 3], [2, 3], 0x41), (2, [], [4, 5], 0x5D),
-              (7, [4, 5], [6, 7], 0x81), (5, [6, 7], [8, 9], 0xB1), (6, [], [10, 11], 0xDD)]
+    groups = [
+        (3, [0, 1], [0, 1], 0x01),
+        (1, [2, 3], [2, 3], 0x41),
+        (2, [], [4, 5], 0x5D),
+        (7, [4, 5], [6, 7], 0x81),
+        (5, [6, 7], [8, 9], 0xB1),
+        (6, [], [10, 11], 0xDD),
+    ]
     for numa, gs, ns, base in groups:
         top = [f"pci0000:{base:02x}", f"0000:{base:02x}:01.0", f"0000:{base + 1:02x}:00.0"]
         pci.append(pcidev(top, "0x060400", numa, g4, 16))
         if not gs:  # storage NICs: both on the top switch
             for j, n in enumerate(ns):
-                pci.append(pcidev(top + [f"0000:{base + 2:02x}:{j:02x}.0", f"0000:{nic_bus[n]:02x}:00.0"],
-                                  "0x020700", numa, g4, 16))
+                pci.append(
+                    pcidev(
+                        top + [f"0000:{base + 2:02x}:{j:02x}.0", f"0000:{nic_bus[n]:02x}:00.0"],
+                        "0x020700",
+                        numa,
+                        g4,
+                        16,
+                    )
+                )
             continue
         devs = [(b, "0x030200") for b in (gpu_bus[i] for i in gs)] + [(nic_bus[n], "0x020700") for n in ns]
         for j, (bus, cls) in enumerate(devs):
@@ -114,30 +164,76 @@ def dgx_a100():
         ib.append({"name": f"mlx5_{n}", "pci": f"0000:{nic_bus[n]:02x}:00.0", "rate": "200 Gb/sec (4X HDR)"})
     for k in range(8):
         links = [{"state": 1, "version": 5, "remote": sw[link // 2], "type": 2} for link in range(12)]
-        gpus.append(gpu(k, f"00000000:{gpu_bus[k]:02X}:00.0", "NVIDIA A100-SXM4-40GB", [8, 0], 42949672960,
-                        1215, 5120, links, "invalid_argument", nodes[numa_gpu[k]]))
-    return {"source": __doc__.split("* DGX A100:")[1].split("* H200 VM")[0].strip(),
-            "yaml": "dgx-a100", "host": "h0",
-            "nvml": {"gpus": gpus, "p2p": [[0] * 8 for _ in range(8)]},
-            "sysfs": {"cpuinfo": "vendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 49\n"
-                                 "model name\t: AMD EPYC 7742 64-Core Processor",
-                      "nodes": {str(n): c for n, c in nodes.items()},
-                      "sockets": {str(16 * n): n // 4 for n in range(8)}, "pci": pci, "ib": ib}}
+        gpus.append(
+            gpu(
+                k,
+                f"00000000:{gpu_bus[k]:02X}:00.0",
+                "NVIDIA A100-SXM4-40GB",
+                [8, 0],
+                42949672960,
+                1215,
+                5120,
+                links,
+                "invalid_argument",
+                nodes[numa_gpu[k]],
+            )
+        )
+    return {
+        "source": __doc__.split("* DGX A100:")[1].split("* H200 VM")[0].strip(),
+        "yaml": "dgx-a100",
+        "host": "h0",
+        "nvml": {"gpus": gpus, "p2p": [[0] * 8 for _ in range(8)]},
+        "sysfs": {
+            "cpuinfo": "vendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 49\n"
+            "model name\t: AMD EPYC 7742 64-Core Processor",
+            "nodes": {str(n): c for n, c in nodes.items()},
+            "sockets": {str(16 * n): n // 4 for n in range(8)},
+            "pci": pci,
+            "ib": ib,
+        },
+    }
 
 
 def h200_vm():
     pci, gpus = [], []
     for k in range(8):
         bus = 0x0A + k
-        pci.append(pcidev(["pci0000:00", f"0000:00:{2 + k:02x}.0", f"0000:{bus:02x}:00.0"], "0x030200", -1,
-                          "32.0 GT/s PCIe", 16, cur_speed="16.0 GT/s PCIe"))
+        pci.append(
+            pcidev(
+                ["pci0000:00", f"0000:00:{2 + k:02x}.0", f"0000:{bus:02x}:00.0"],
+                "0x030200",
+                -1,
+                "32.0 GT/s PCIe",
+                16,
+                cur_speed="16.0 GT/s PCIe",
+            )
+        )
         links = [{"state": 1, "version": 6, "remote": "FFFFFFFF:FF:FF.0"} for _ in range(18)]
-        gpus.append(gpu(k, f"00000000:{bus:02X}:00.0", "NVIDIA H200", [9, 0], 150754820096, 3201, 6144, links,
-                        "invalid_argument", "0-95"))
-    return {"source": __doc__.split("* H200 VM")[1].split("* PCIe box")[0].strip(), "yaml": None, "host": "vm0",
-            "nvml": {"gpus": gpus, "p2p": [[0] * 8 for _ in range(8)]},
-            "sysfs": {"cpuinfo": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143",
-                      "nodes": {"0": "0-95"}, "pci": pci}}
+        gpus.append(
+            gpu(
+                k,
+                f"00000000:{bus:02X}:00.0",
+                "NVIDIA H200",
+                [9, 0],
+                150754820096,
+                3201,
+                6144,
+                links,
+                "invalid_argument",
+                "0-95",
+            )
+        )
+    return {
+        "source": __doc__.split("* H200 VM")[1].split("* PCIe box")[0].strip(),
+        "yaml": None,
+        "host": "vm0",
+        "nvml": {"gpus": gpus, "p2p": [[0] * 8 for _ in range(8)]},
+        "sysfs": {
+            "cpuinfo": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143",
+            "nodes": {"0": "0-95"},
+            "pci": pci,
+        },
+    }
 
 
 def pcie_box():
@@ -149,16 +245,37 @@ def pcie_box():
         bus = rc + 0x04 + 4 * (pair % 2) + (k % 2)
         up = [f"pci0000:{rc:02x}", f"0000:{rc:02x}:{2 + pair % 2:02x}.0", f"0000:{rc + 2 + pair % 2:02x}:00.0"]
         pci.append(pcidev(up, "0x060400", numa, "8 GT/s", 16))
-        pci.append(pcidev(up + [f"0000:{rc + 0x10 + k:02x}:00.0", f"0000:{bus:02x}:00.0"], "0x030000", numa,
-                          "8 GT/s", 16))
-        gpus.append(gpu(k, f"00000000:{bus:02X}:00.0", "NVIDIA GeForce RTX 3090", [8, 6], 25769803776, 9751, 384,
-                        [], "not_supported", aff[numa]))
+        pci.append(
+            pcidev(up + [f"0000:{rc + 0x10 + k:02x}:00.0", f"0000:{bus:02x}:00.0"], "0x030000", numa, "8 GT/s", 16)
+        )
+        gpus.append(
+            gpu(
+                k,
+                f"00000000:{bus:02X}:00.0",
+                "NVIDIA GeForce RTX 3090",
+                [8, 6],
+                25769803776,
+                9751,
+                384,
+                [],
+                "not_supported",
+                aff[numa],
+            )
+        )
     p2p = [[0 if a == b else 2 for b in range(8)] for a in range(8)]
-    return {"source": __doc__.split("* PCIe box")[1].split("* GB200 tray")[0].strip(), "yaml": "pcie-8gpu",
-            "host": "h0", "nvml": {"gpus": gpus, "p2p": p2p},
-            "sysfs": {"cpuinfo": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 79\n"
-                                 "model name\t: Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz",
-                      "nodes": {"0": aff[0], "1": aff[1]}, "sockets": {"0": 0, "14": 1}, "pci": pci}}
+    return {
+        "source": __doc__.split("* PCIe box")[1].split("* GB200 tray")[0].strip(),
+        "yaml": "pcie-8gpu",
+        "host": "h0",
+        "nvml": {"gpus": gpus, "p2p": p2p},
+        "sysfs": {
+            "cpuinfo": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 79\n"
+            "model name\t: Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz",
+            "nodes": {"0": aff[0], "1": aff[1]},
+            "sockets": {"0": 0, "14": 1},
+            "pci": pci,
+        },
+    }
 
 
 def gb200_tray():
@@ -168,25 +285,62 @@ def gb200_tray():
     pci, ib, gpus = [], [], []
     for k in range(4):
         numa = k // 2
-        pci.append(pcidev([f"pci{doms[k]:04x}:00", f"{doms[k]:04x}:00:00.0", f"{doms[k]:04x}:01:00.0"], "0x030200",
-                          numa, "32.0 GT/s PCIe", 16))
+        pci.append(
+            pcidev(
+                [f"pci{doms[k]:04x}:00", f"{doms[k]:04x}:00:00.0", f"{doms[k]:04x}:01:00.0"],
+                "0x030200",
+                numa,
+                "32.0 GT/s PCIe",
+                16,
+            )
+        )
         nb = f"{nic_doms[k]:04x}:03:00.0"
-        pci.append(pcidev([f"pci{nic_doms[k]:04x}:00", f"{nic_doms[k]:04x}:00:00.0", nb], "0x020700", numa,
-                          "32.0 GT/s PCIe", 16))
+        pci.append(
+            pcidev(
+                [f"pci{nic_doms[k]:04x}:00", f"{nic_doms[k]:04x}:00:00.0", nb], "0x020700", numa, "32.0 GT/s PCIe", 16
+            )
+        )
         ib.append({"name": f"mlx5_{k}", "pci": nb, "rate": "400 Gb/sec (4X NDR)"})
         links = [{"state": 1, "version": 7, "remote": "FFFFFFFF:FF:FF.0", "type": 2} for _ in range(18)]
-        gpus.append(gpu(k, f"{doms[k]:08X}:01:00.0", "NVIDIA GB200", [10, 0], 199715979264, 3996, 8192, links,
-                        "invalid_argument", aff[numa], numa_node_id=[2, 10, 18, 26][k],
-                        fabric={"clusterUuid": "8f1a7c2e-6b4d-4e3a-9c5f-0123456789ab", "cliqueId": 32766,
-                                "state": 3}, c2c=[10, 22500]))
-    return {"source": __doc__.split("* GB200 tray")[1].split('"""')[0].strip(), "yaml": "gb200-nvl72",
-            "host": "tray0", "nvml": {"gpus": gpus, "p2p": [[0] * 4 for _ in range(4)]},
-            "sysfs": {"cpuinfo": "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU architecture: 8",
-                      "nodes": {"0": aff[0], "1": aff[1]}, "sockets": {"0": 0, "72": 1}, "pci": pci, "ib": ib}}
+        gpus.append(
+            gpu(
+                k,
+                f"{doms[k]:08X}:01:00.0",
+                "NVIDIA GB200",
+                [10, 0],
+                199715979264,
+                3996,
+                8192,
+                links,
+                "invalid_argument",
+                aff[numa],
+                numa_node_id=[2, 10, 18, 26][k],
+                fabric={"clusterUuid": "8f1a7c2e-6b4d-4e3a-9c5f-0123456789ab", "cliqueId": 32766, "state": 3},
+                c2c=[10, 22500],
+            )
+        )
+    return {
+        "source": __doc__.split("* GB200 tray")[1].split('"""')[0].strip(),
+        "yaml": "gb200-nvl72",
+        "host": "tray0",
+        "nvml": {"gpus": gpus, "p2p": [[0] * 4 for _ in range(4)]},
+        "sysfs": {
+            "cpuinfo": "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU architecture: 8",
+            "nodes": {"0": aff[0], "1": aff[1]},
+            "sockets": {"0": 0, "72": 1},
+            "pci": pci,
+            "ib": ib,
+        },
+    }
 
 
 if __name__ == "__main__":
-    for name, fn in (("dgx-h100", dgx_h100), ("dgx-a100", dgx_a100), ("h200-vm", h200_vm),
-                     ("pcie-8gpu", pcie_box), ("gb200-tray", gb200_tray)):
+    for name, fn in (
+        ("dgx-h100", dgx_h100),
+        ("dgx-a100", dgx_a100),
+        ("h200-vm", h200_vm),
+        ("pcie-8gpu", pcie_box),
+        ("gb200-tray", gb200_tray),
+    ):
         (HERE / f"{name}.json").write_text(json.dumps(fn(), indent=1) + "\n")
         print("wrote", name)
