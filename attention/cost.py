@@ -179,7 +179,6 @@ def decode_step(
     chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
     """
     from treecoll.collectives.cost import MODES, executor_cost
-    from treecoll.collectives.planner import default_planner
 
     if mode not in MODES:
         raise CollectiveError(f"decode model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -225,35 +224,13 @@ def decode_step(
         methods=tuple(m for m in ("gather", "allreduce3") if m in methods),
     )
     if "tree" in methods:
-        if P > 1 and mode == "executor":  # what tree_decode runs: collectives.allreduce of the state
-            from treecoll.collectives import builders
-            from treecoll.collectives.sim.executor import predict_schedule
-
-            # the packed state is merged whole (attention.tree_decode): one tree, never split over rails
-            opts = (
-                {"nbytes": state_bytes, "rails": False}
-                if tree == "two_level"
-                else ({"nbytes": state_bytes} if tree == "auto" else {})
-            )
-            plan = builders.build(tree, p, **opts)
-            best = predict_schedule(p, plan, state_bytes)
-            sched = default_planner().schedule_for(
-                plan, collective="allreduce", nbytes=state_bytes, placement=p, algo="tree"
-            )[1]
-            comm, sent, scratch = (
-                best.time,
-                max(sched.bytes_sent(r, state_bytes) for r in range(P)),
-                max(best.peak_scratch),
-            )
-            total_sent = sum(sched.bytes_sent(r, state_bytes) for r in range(P))
-        else:  # in-kernel: NCCL's protocols (combine_times)
-            c = combine_times(p, b, H, D, tree=tree, nchunks=nchunks, profile=profile, methods=("tree",))["tree"]
-            comm, sent, scratch, total_sent = (
-                c["time_s"],
-                c["sent_bytes_per_gpu"],
-                c["scratch_bytes"],
-                c["sent_bytes_total"],
-            )
+        c = combine_times(p, b, H, D, tree=tree, nchunks=nchunks, profile=profile, methods=("tree",), mode=mode)["tree"]
+        comm, sent, scratch, total_sent = (
+            c["time_s"],
+            c["sent_bytes_per_gpu"],
+            c["scratch_bytes"],
+            c["sent_bytes_total"],
+        )
         out["methods"]["tree"] = _method(
             local,
             comm,
@@ -327,6 +304,7 @@ def combine_times(
     profile: Any = "auto",
     methods: tuple[str, ...] = COMBINES,
     backend: str = "nccl",
+    mode: str = "executor",
 ) -> dict[str, dict]:
     """The combine part of a decode step, per method of ``methods`` (some of :data:`COMBINES`), for
     states of ``batch × heads`` rows of ``head_dim`` (packed: ``state_bytes = 4 · batch · heads ·
@@ -334,7 +312,11 @@ def combine_times(
 
     Returns ``{method: {"time_s", "sent_bytes_per_gpu", "sent_bytes_total", "scratch_bytes"}}`` (seconds,
     bytes); the terms are the module docstring's, for ``backend`` ``"nccl"`` or ``"gloo"`` (where
-    ``profile="auto"`` means ``ideal``). GPUs without ``mem_bw`` merge for free.
+    ``profile="auto"`` means ``ideal``). GPUs without ``mem_bw`` merge for free. ``tree`` in
+    ``mode`` ``executor`` (the default: what ``tree_decode`` runs, the state's allreduce issued by
+    treecoll's executor, :func:`treecoll.collectives.sim.executor.predict_schedule` with the
+    backend's per-message cost) or ``in-kernel`` (the same tree inside NCCL's kernels); ``gather``
+    and ``allreduce3`` are the backend's own collectives in either mode.
 
     >>> from treecoll.topo.discover import cpu_only_host
     >>> topo = Topology(cpu_only_host("h", {0: ""}, 4))
@@ -365,6 +347,7 @@ def combine_times(
             profile="ideal" if profile == "auto" else profile,
             methods=methods,
             mem_bw=mem_bw,
+            mode=mode,
         )
     out = {}
     if "tree" in methods:
@@ -378,20 +361,23 @@ def combine_times(
             else ({"nbytes": state_bytes} if tree == "auto" else {})
         )
         plan = builders.build(tree, p, **opts)
-        sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)  # GPU kernels forward at once
-        best = min(
-            (
-                simulate(p, sched, state_bytes, profile=pr.for_tree_allreduce(), **NCCL_TREE_RUN)
-                for pr in _profiles(profile, state_bytes, topology, gpus)
-            ),
-            key=lambda r: r.time,
-        )
-        out["tree"] = {
-            "time_s": best.time,
-            "sent_bytes_per_gpu": float(max(sched.bytes_sent(r, state_bytes) for r in range(P))),
-            "sent_bytes_total": float(sum(sched.bytes_sent(r, state_bytes) for r in range(P))),
-            "scratch_bytes": float(max(best.peak_scratch)),
-        }
+        if mode == "executor":
+            out["tree"] = _executor_tree(p, plan, state_bytes, backend)
+        else:
+            sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)  # GPU kernels forward at once
+            best = min(
+                (
+                    simulate(p, sched, state_bytes, profile=pr.for_tree_allreduce(), **NCCL_TREE_RUN)
+                    for pr in _profiles(profile, state_bytes, topology, gpus)
+                ),
+                key=lambda r: r.time,
+            )
+            out["tree"] = {
+                "time_s": best.time,
+                "sent_bytes_per_gpu": float(max(sched.bytes_sent(r, state_bytes) for r in range(P))),
+                "sent_bytes_total": float(sum(sched.bytes_sent(r, state_bytes) for r in range(P))),
+                "scratch_bytes": float(max(best.peak_scratch)),
+            }
     if "gather" in methods:
         total = P * state_bytes
         best = min(
@@ -424,12 +410,40 @@ def combine_times(
     return {m: out[m] for m in methods}
 
 
+def _executor_tree(p: Placement, plan: Any, state_bytes: int, backend: str) -> dict:
+    """The tree combine as ``tree_decode`` runs it: ``collectives.allreduce`` of the packed state by
+    treecoll's executor (the planner's schedule, the backend's per-message cost)."""
+    from treecoll.collectives.planner import default_planner
+    from treecoll.collectives.sim.executor import predict_schedule
+
+    P = p.nranks
+    best = predict_schedule(p, plan, state_bytes, backend=backend)
+    _, sched = default_planner().schedule_for(
+        plan, collective="allreduce", nbytes=state_bytes, placement=p, algo="tree"
+    )
+    return {
+        "time_s": best.time,
+        "sent_bytes_per_gpu": float(max(sched.bytes_sent(r, state_bytes) for r in range(P))),
+        "sent_bytes_total": float(sum(sched.bytes_sent(r, state_bytes) for r in range(P))),
+        "scratch_bytes": float(max(best.peak_scratch)),
+    }
+
+
 def _gloo_combine_times(
-    p: Placement, rows: int, head_dim: int, *, tree: str, profile: Any, methods: tuple[str, ...], mem_bw: float
+    p: Placement,
+    rows: int,
+    head_dim: int,
+    *,
+    tree: str,
+    profile: Any,
+    methods: tuple[str, ...],
+    mem_bw: float,
+    mode: str = "executor",
 ) -> dict[str, dict]:
     """:func:`combine_times` on gloo (the module docstring)."""
     from treecoll.collectives import builders
     from treecoll.collectives.compile import compile_ring_allreduce
+    from treecoll.collectives.sim.executor import predict_schedule
     from treecoll.collectives.sim.profiles import get_profile
     from treecoll.collectives.sim.simulator import simulate_executor
 
@@ -439,7 +453,10 @@ def _gloo_combine_times(
     if "tree" in methods:
         opts = {"rails": False} if tree == "two_level" else {}
         plan = builders.build(tree, p, **opts)
-        r = simulate_executor(p, plan, state_bytes, algo="tree", nchunks=1, profile=profile)
+        if mode == "executor":  # the backend's per-message cost on top of the links
+            r = predict_schedule(p, plan, state_bytes, nchunks=1, backend="gloo")
+        else:
+            r = simulate_executor(p, plan, state_bytes, algo="tree", nchunks=1, profile=profile)
         sent = [plan.parents[i] >= 0 for i in range(P)]
         up_down = sum(sent) + sum(len(c) for c in plan.children)  # one state per edge each way
         out["tree"] = {
@@ -482,6 +499,7 @@ def choose_combine(
     profile: Any = "auto",
     methods: tuple[str, ...] = COMBINES,
     backend: str = "nccl",
+    mode: str = "executor",
 ) -> str:
     """The fastest of ``methods`` by :func:`combine_times` (the first of equals, in :data:`COMBINES`
     order); deterministic, so every rank of a group picks the same.
@@ -491,7 +509,7 @@ def choose_combine(
     True
     """
     times = combine_times(
-        placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods, backend=backend
+        placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods, backend=backend, mode=mode
     )
     return min(times, key=lambda m: (times[m]["time_s"], COMBINES.index(m)))
 

@@ -15,6 +15,8 @@ from treecoll.attention.cost import (
     paper_memory,
     paper_volumes,
 )
+from treecoll.collectives.cost import executor_cost
+from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import CollectiveError
 
 from tests.collectives.sim_helpers import star_topology
@@ -150,16 +152,23 @@ def test_gather_combine_time_and_bytes(P):
 
 
 def test_choose_combine_follows_the_model():
-    """auto, with NCCL's protocols: one step of the gather beats the tree's up-and-down at P = 2; at
-    P = 8 and batch 1 the tree's three levels beat the gather's seven ring steps, and both beat three
-    collective calls (each pays NCCL's per-call latency)."""
+    """auto, with NCCL's protocols. In-kernel (the tree inside NCCL's kernels): one step of the gather
+    beats the tree's up-and-down at P = 2; at P = 8 and batch 1 the tree's three levels beat the
+    gather's seven ring steps, and both beat three collective calls (each pays NCCL's per-call
+    latency). In executor mode (what tree_decode runs) every message of the tree also costs its
+    rank the executor's per-message time, at least two in a row (up, then down): the gather wins."""
     two, eight = star_topology(2, mem_bw=2000.0), star_topology(8, mem_bw=2000.0)
-    assert choose_combine(two, 1, 32, 128) == "gather"
-    assert choose_combine(eight, 1, 32, 128) == "tree"
+    assert choose_combine(two, 1, 32, 128, mode="in-kernel") == "gather"
+    assert choose_combine(eight, 1, 32, 128, mode="in-kernel") == "tree"
     for topo in (two, eight):
-        t = combine_times(topo, 1, 32, 128)
-        assert choose_combine(topo, 1, 32, 128) == min(t, key=lambda m: t[m]["time_s"])
+        for mode in ("in-kernel", "executor"):
+            t = combine_times(topo, 1, 32, 128, mode=mode)
+            assert choose_combine(topo, 1, 32, 128, mode=mode) == min(t, key=lambda m: t[m]["time_s"])
+        t = combine_times(topo, 1, 32, 128, mode="in-kernel")
         assert t["allreduce3"]["time_s"] > max(t["tree"]["time_s"], t["gather"]["time_s"])
+        step = executor_cost(Placement(topo, None), "nccl").step_s
+        assert combine_times(topo, 1, 32, 128)["tree"]["time_s"] >= 2 * step
+    assert choose_combine(eight, 1, 32, 128) == "gather"
     with pytest.raises(CollectiveError, match=r"combine methods \['ring'\]"):
         combine_times(two, 1, 1, 1, methods=("ring",))
 
@@ -183,7 +192,8 @@ def test_gloo_combine_times_by_hand():
 def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():
     """Two hosts at 1 Gbit/s, ranks alternating between them (the emulated cluster's interleaved
     placement): every hop of gloo's rank-order rings crosses the network, the two-level tree crosses it
-    once each way. With NCCL's host-ordered rings the three all-reduces win the 1 MiB state instead."""
+    once each way. With NCCL's host-ordered rings the three all-reduces win the 1 MiB state against the
+    tree inside NCCL's kernels (in-kernel)."""
     from treecoll.tools.emucluster.topology import build_topology
 
     for hosts, per in ((2, 2), (2, 3)):
@@ -193,6 +203,8 @@ def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():
             assert (
                 min(t, key=lambda m: t[m]["time_s"]) == "tree" == choose_combine(topo, batch, 32, 128, backend="gloo")
             )
-        assert choose_combine(topo, 64, 32, 128) == "allreduce3"
+        assert choose_combine(topo, 64, 32, 128, mode="in-kernel") == "allreduce3"
+        t = combine_times(topo, 64, 32, 128)  # NCCL, the tree by treecoll's executor: the model decides
+        assert choose_combine(topo, 64, 32, 128) == min(t, key=lambda m: t[m]["time_s"])
     with pytest.raises(CollectiveError, match=r"backend expected one of \['nccl', 'gloo'\], got 'mpi'"):
         combine_times(topo, 1, 1, 1, backend="mpi")

@@ -306,21 +306,28 @@ def sleep_on(rank: int, world: int, who: int, seconds: float, pid_dir: str) -> i
     return rank
 
 
-def native_choice(rank: int, world: int, sizes: list[int]) -> list[tuple]:
+def native_choice(rank: int, world: int, sizes: list[int], step_s: float | None = None) -> list[tuple]:
     """Per size: (whether allreduce(x) with its defaults ran gloo's own all_reduce, whether the
     planner prefers it, the result == the sum); then the same with an explicit tree and with a
-    user operator (never native)."""
-    from treecoll.collectives import group
+    user operator (never native). ``step_s``: the executor's per-message cost on gloo in this rank
+    (default: the fitted one), so that a test can make the model prefer either side."""
+    import dataclasses
+
+    from treecoll.collectives import cost, group
     from treecoll.collectives.planner import default_planner
 
     calls = []
     original = group.TorchTransport.native_allreduce
+    fitted = cost.EXECUTOR_COSTS["gloo"]
 
     def counting(self, tensor, op, timeout):
         calls.append(op.name)
         return original(self, tensor, op, timeout)
 
     group.TorchTransport.native_allreduce = counting
+    if step_s is not None:
+        cost.EXECUTOR_COSTS["gloo"] = dataclasses.replace(fitted, step_s=step_s)
+    default_planner().clear()
     try:
         out = []
         for n in sizes:
@@ -337,3 +344,5 @@ def native_choice(rank: int, world: int, sizes: list[int]) -> list[tuple]:
         return out
     finally:
         group.TorchTransport.native_allreduce = original
+        cost.EXECUTOR_COSTS["gloo"] = fitted
+        default_planner().clear()

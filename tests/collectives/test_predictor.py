@@ -146,14 +146,20 @@ def test_commands_print_one_number_per_case(capsys):
 
 def test_auto_runs_the_backends_allreduce_where_the_model_says_it_is_faster(pool4):
     """Four gloo ranks: allreduce(x) with its defaults runs torch.distributed.all_reduce exactly
-    where the planner predicts it no slower (the model says: not for small messages, where a
-    tree's few messages beat gloo's 2 (P - 1) ring steps; yes from 1 MiB), the result is right
-    either way, and an explicit tree or a user operator never does."""
+    where the planner predicts it no slower, the result is right either way, and an explicit tree
+    or a user operator never does. With the fitted costs the model keeps treecoll's trees at these
+    sizes (gloo's own allreduce pays more per ring step here than the executor per message); with
+    the executor's per-message cost made 100 times larger it hands every size to gloo."""
+    from treecoll.collectives.cost import EXECUTOR_COSTS
+
     sizes = [8, 4 << 10, 1 << 20, 4 << 20]
-    res = pool4.run(tasks.native_choice, sizes, timeout=240)
-    for per_rank in res:
-        *by_size, (_, other_native, _, _) = per_rank
-        for n, native, prefer, correct in by_size:
-            assert correct and native == prefer, n
-        assert not other_native
-        assert {prefer for _, _, prefer, _ in by_size} == {True, False}
+    prefers = set()
+    for step_s in (None, 100 * EXECUTOR_COSTS["gloo"].step_s):
+        res = pool4.run(tasks.native_choice, sizes, step_s, timeout=240)
+        for per_rank in res:
+            *by_size, (_, other_native, _, _) = per_rank
+            for n, native, prefer, correct in by_size:
+                assert correct and native == prefer, (n, step_s)
+                prefers.add(prefer)
+            assert not other_native
+    assert prefers == {True, False}
