@@ -146,8 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = bench.parse(argv)
     cases = QUICK if args.quick else CASES
-    if args.case:
-        cases = {k: v for k, v in {**CASES, **QUICK}.items() if k in args.case}
+    if args.case:  # the full case, or its quick form with --quick
+        missing = sorted(set(args.case) - set(cases))
+        if missing:
+            bench.parser.error(
+                f"--case {','.join(missing)}: not among the {'--quick ' if args.quick else ''}cases {sorted(cases)}"
+            )
+        cases = {k: v for k, v in cases.items() if k in args.case}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, (spec, cargs, target) in cases.items():
