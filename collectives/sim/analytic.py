@@ -113,7 +113,8 @@ def _ring(
     topology: Topology, hosts: list[list[str]], nbytes: int, prof: Profile, collective: str, dtype: str
 ) -> SimResult:
     """NCCL's ring on ``H`` identical hosts from the sample of :func:`_sample_hosts` (module docstring)."""
-    from .simulator import _mem_bw, _nccl_send_bw, default_channels, hop_times, nccl_rings
+    from .result import mem_bw_of
+    from .simulator import _nccl_send_bw, default_channels, hop_times, nccl_rings
 
     H, G = len(hosts), len(hosts[0])
     P = H * G
@@ -133,7 +134,7 @@ def _ring(
         # what a rank sends is capped by the channels NCCL runs at this size (as simulate_ring)
         send_bw = _nccl_send_bw(topology, [g for h in hosts for g in h], nbytes, prof)
         step = max(float(drain.max()), chunk * C / (send_bw * 1e9))
-        memb = min(_mem_bw(topology, sample))
+        memb = min(mem_bw_of(topology, sample))
         red = 3.0 * chunk * C / memb if (prof.reduce_cost and memb > 0) else 0.0
         chain = _ring_chain(topology, hosts, S, hop_rings, lat, net, rs + ag)
         makespan = chain + rs * max(step, red) + ag * step

@@ -39,7 +39,7 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule, Step
 from .engine import FlowEngine, Network, gc_paused
 from .profiles import get_profile
-from .result import DTYPE_SIZES, SimResult, check_size, make_result, placed
+from .result import DTYPE_SIZES, SimResult, check_size, mem_bw_of, placed, schedule_result
 
 __all__ = ["ExecutorEngine", "simulate_executor_schedule", "predict_schedule", "predict_tree", "EXECUTOR_RUN"]
 
@@ -113,7 +113,7 @@ def simulate_executor_schedule(
     prof = get_profile("ideal")
     topology, gpus = placed(placement, ranks, nranks=schedule.nranks)
     net = Network(topology, prof)
-    mem = [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
+    mem = mem_bw_of(topology, gpus)
     t0 = _time.perf_counter()
     raw = ExecutorEngine(
         net, schedule, schedule.chunk_bytes(nbytes), gpus, mem, step_cost=step_cost, **EXECUTOR_RUN
@@ -126,22 +126,7 @@ def simulate_executor_schedule(
         "wall_s": _time.perf_counter() - t0,
         "step_cost_s": step_cost,
     }
-    return make_result(
-        net,
-        schedule.collective,
-        schedule.name or schedule.collective,
-        nbytes,
-        nbytes,
-        schedule.nranks,
-        raw.makespan,
-        raw.finish,
-        raw.link_bytes,
-        raw.peak_scratch,
-        prof,
-        dtype,
-        stats,
-        top,
-    )
+    return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
 
 
 def predict_schedule(

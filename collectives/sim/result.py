@@ -29,7 +29,17 @@ from ..placement import Placement, as_placement
 from .engine import Network
 from .profiles import Profile
 
-__all__ = ["SimResult", "DTYPE_SIZES", "bus_factor", "bandwidths", "placed", "check_size", "make_result"]
+__all__ = [
+    "SimResult",
+    "DTYPE_SIZES",
+    "bus_factor",
+    "bandwidths",
+    "placed",
+    "mem_bw_of",
+    "schedule_result",
+    "check_size",
+    "make_result",
+]
 
 #: bytes per element of the dtypes the simulator accepts
 DTYPE_SIZES = {
@@ -217,4 +227,39 @@ def make_result(
         profile.name,
         dtype,
         stats,
+    )
+
+
+def mem_bw_of(topology: Topology, gpus: Sequence[str]) -> list[float]:
+    """Each GPU's memory bandwidth in B/s (its ``mem_bw`` GB/s; 0: reductions are free)."""
+    return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
+
+
+def schedule_result(
+    net: Network,
+    schedule: Any,
+    nbytes: int,
+    raw: Any,
+    profile: Profile,
+    dtype: str,
+    stats: dict[str, Any],
+    top: int,
+) -> SimResult:
+    """:func:`make_result` of an engine's run ``raw`` of ``schedule`` (a
+    :class:`~treecoll.collectives.schedule.Schedule`) on ``nbytes``."""
+    return make_result(
+        net,
+        schedule.collective,
+        schedule.name or schedule.collective,
+        nbytes,
+        nbytes,
+        schedule.nranks,
+        raw.makespan,
+        raw.finish,
+        raw.link_bytes,
+        raw.peak_scratch,
+        profile,
+        dtype,
+        stats,
+        top,
     )

@@ -52,7 +52,17 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule
 from .engine import FlowEngine, Network, drain_times, gc_paused
 from .profiles import Profile, get_profile
-from .result import DTYPE_SIZES, SimResult, bandwidths, bus_factor, check_size, make_result, placed
+from .result import (
+    DTYPE_SIZES,
+    SimResult,
+    bandwidths,
+    bus_factor,
+    check_size,
+    make_result,
+    mem_bw_of,
+    placed,
+    schedule_result,
+)
 
 __all__ = [
     "SimResult",
@@ -70,10 +80,6 @@ __all__ = [
     "DTYPE_SIZES",
     "placed",
 ]
-
-
-def _mem_bw(topology, gpus) -> list[float]:
-    return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
 
 
 @gc_paused()
@@ -113,7 +119,7 @@ def simulate(
         schedule,
         schedule.chunk_bytes(nbytes),
         gpus,
-        _mem_bw(topology, gpus),
+        mem_bw_of(topology, gpus),
         reduce_cost=prof.reduce_cost,
         ordered_pairs=ordered_pairs,
         rendezvous=rendezvous,
@@ -126,22 +132,7 @@ def simulate(
         "rate_updates": raw.recomputes,
         "wall_s": _time.perf_counter() - t0,
     }
-    return make_result(
-        net,
-        schedule.collective,
-        schedule.name or schedule.collective,
-        nbytes,
-        nbytes,
-        schedule.nranks,
-        raw.makespan,
-        raw.finish,
-        raw.link_bytes,
-        raw.peak_scratch,
-        prof,
-        dtype,
-        stats,
-        top,
-    )
+    return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
 
 
 def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict:
@@ -362,7 +353,7 @@ def simulate_ring(
     link_bytes = np.zeros(0)
     makespan = 0.0
     stats: dict[str, Any] = {"engine": "lockstep ring", "channels": C}
-    memb = _mem_bw(topology, gpus)
+    memb = mem_bw_of(topology, gpus)
     reduce_bw = min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
     rings = nccl_rings(topology, gpus, C) if P > 1 else []
     send_bw = _nccl_send_bw(topology, gpus, nbytes, prof) if P > 1 else math.inf
