@@ -309,7 +309,7 @@ def choose_combine(
         else "two_level"
     )
     backend = _backend(p.group)
-    key = (p, batch, heads, head_dim, name, backend)
+    key = (p.plan_key, batch, heads, head_dim, name, backend)  # never the group: it may be destroyed
     got = _CHOSEN.get(key)
     if got is None:
         from treecoll.attention.cost import choose_combine as model_choice

@@ -371,3 +371,21 @@ def test_unknown_combine_is_rejected():
         r"treecoll.attention.ring_decode$",
     ):
         tree_combine(torch.zeros(1, 2, 4), torch.zeros(1, 2), combine="ring")
+
+
+def test_the_combine_choice_cache_keeps_no_process_group_alive():
+    """auto's choice is cached by what it depends on (topology, GPUs, shape, backend), never by the
+    placement that names a process group, so a destroyed group is not kept alive by the cache."""
+    import importlib
+
+    from treecoll.collectives import Placement
+    from treecoll.collectives.placement import Placement as PlacementType
+
+    from treecoll import topo
+
+    td = importlib.import_module("treecoll.attention.tree_decode")
+    td._CHOSEN.clear()
+    p = Placement(topo.resolve("dgx-h100-x2"), 4)
+    assert td.choose_combine(1, 32, 128, placement=p) in ("tree", "gather", "allreduce3")
+    (key,) = td._CHOSEN.keys()
+    assert p.plan_key in key and not any(isinstance(x, PlacementType) for x in key)
