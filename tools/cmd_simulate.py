@@ -408,10 +408,9 @@ def allreduce_data(
     check_algos(algos)
     placement = Placement(topology, ranks)
     P = placement.nranks
-    asked = engine
-    engine = choose_engine(engine, P) if collective == "allreduce" or asked == "analytic" else "flow"
-    if engine == "analytic" and collective != "allreduce":
+    if collective != "allreduce" and engine == "analytic":
         raise CollectiveError(f"--engine analytic: models allreduce only, got {collective}; pass --engine flow")
+    engine = choose_engine(engine, P) if collective == "allreduce" else "flow"
     if engine == "analytic":
         bad = [a for a in algos if a not in ANALYTIC_ALGOS and a != "nccl"]
         if bad:
