@@ -69,7 +69,7 @@ NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 NATIVE_ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
 # The second set when the compiler rejects the x86 target attributes of the first.
 _FLAG_SETS = (["-O3", "-pthread"], ["-O3", "-pthread", "-DTREECOLL_PORTABLE_ONLY"])
-_FLAG_Q_BF16 = 1
+_FLAG_FAST_BF16 = 1
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -203,7 +203,7 @@ def decode_native(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_table: torch.Tensor | None = None,
     isa: str | None = None,
-    q_bf16: bool = False,
+    fast_bf16: bool = False,
     threads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
@@ -265,7 +265,7 @@ def decode_native(
         scale=float(scale),
         threads=threads or torch.get_num_threads(),
         isa=-1 if isa is None else NATIVE_ISAS.index(isa),
-        flags=_FLAG_Q_BF16 if q_bf16 else 0,
+        flags=_FLAG_FAST_BF16 if fast_bf16 else 0,
     )
     itemsize = k.element_size()
     args.k_b, args.k_t, args.k_h = (s * itemsize for s in k.stride()[:3])

@@ -61,7 +61,9 @@
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3 };
-enum { FLAG_Q_BF16 = 1 };
+enum { FLAG_FAST_BF16 = 1 };
+/* Element order of qf and the accumulators within each CHUNK (see chunk_dim). */
+enum { PERM_NATURAL = 0, PERM_EVEN_ODD = 1, PERM_UNPACK = 2 };
 #define TILE 32        /* tokens per online-softmax step (at most, see task512_dt) */
 #define CHUNK 32       /* head_dim elements per load group (padding unit of the buffers) */
 #define MAX_THREADS 64
@@ -146,11 +148,11 @@ struct call {
     int64_t H, G, D, Dp, Hs, slices, tb, tl, ntasks, slot_floats, scratch_floats;
     int64_t *task_off;  /* [batch + 1]: first task of each sequence */
     float *qf;          /* [batch, q_heads, Dp] scaled query, float32, in the kernel's element order */
-    uint16_t *qbf;      /* [batch, q_heads, Dp] scaled query rounded to bf16 (FLAG_Q_BF16), natural order */
+    uint16_t *qbf;      /* [batch, q_heads, Dp] scaled query rounded to bf16 (FLAG_FAST_BF16), natural order */
     float *slots;       /* [ntasks, slot_floats] */
     float *scratch;     /* [threads, scratch_floats] */
     task_fn task;
-    int perm_even_odd;  /* qf and the accumulators hold [even | odd] per CHUNK (bf16 AVX-512) */
+    int perm;           /* order of qf and the accumulators per CHUNK: PERM_* (chunk_dim) */
     atomic_llong next;
 };
 
@@ -434,6 +436,66 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
     }
 }
 
+/* values_block with vdpbf16ps (bf16 caches, FLAG_FAST_BF16): the weights p[g][i] rounded
+ * to bf16 (pb[g], TILE entries, zero from n on), tokens taken two at a time: the rows of
+ * tokens i and i + 1 interleaved element by element (vpunpck{l,h}wd) against the pair
+ * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
+ * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
+T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
+                                     const uint16_t *const *pb, float *const *ag, const char *const *pfrow,
+                                     int64_t npf, int64_t pfbytes) {
+    const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
+    for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
+        __m512 acc[16];
+        __mmask32 mk[8];
+        UNROLL
+        for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
+        UNROLL
+        for (int g = 0; g < GB; g++)
+            UNROLL
+            for (int j = 0; j < 2 * CCH; j++)
+                acc[g * 2 * CCH + j] = _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0,
+                                                             ag[g] + c0 * CHUNK + 16 * j);
+        for (int64_t i = 0; i < n; i += 2) {
+            const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
+            const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
+            if (c0 == 0 && i < npf) prefetch_l2(pfrow[i], pfbytes);
+            if (c0 == 0 && i + 1 < npf) prefetch_l2(pfrow[i + 1], pfbytes);
+            __m512i x[16];
+            UNROLL
+            for (int j = 0; j < CCH; j++) {
+                const __m512i r0 = _mm512_maskz_loadu_epi16(mk[j], vrow[i] + (c0 + j) * CHUNK * 2);
+                const __m512i r1 = _mm512_maskz_loadu_epi16(mk[j] & m1, vrow[i1] + (c0 + j) * CHUNK * 2);
+                x[2 * j] = _mm512_unpacklo_epi16(r0, r1);
+                x[2 * j + 1] = _mm512_unpackhi_epi16(r0, r1);
+            }
+            UNROLL
+            for (int g = 0; g < GB; g++) {
+                uint32_t pair;
+                memcpy(&pair, pb[g] + i, sizeof pair);
+                const __m512bh pg = (__m512bh)_mm512_set1_epi32((int)pair);
+                UNROLL
+                for (int j = 0; j < 2 * CCH; j++)
+                    acc[g * 2 * CCH + j] = _mm512_dpbf16_ps(acc[g * 2 * CCH + j], pg, (__m512bh)x[j]);
+            }
+        }
+        UNROLL
+        for (int g = 0; g < GB; g++)
+            UNROLL
+            for (int j = 0; j < 2 * CCH; j++)
+                if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+    }
+}
+
+/* p[0..n) (float32, n <= TILE) rounded to bf16 into pb[0..TILE), zeros from n on. */
+T512BF static INL void weights_bf16(const float *p, int64_t n, uint16_t *pb) {
+    UNROLL
+    for (int i = 0; i < TILE; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : n > i ? (__mmask16)((1u << (n - i)) - 1u) : 0;
+        _mm256_storeu_si256((__m256i *)(pb + i), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, p + i)));
+    }
+}
+
 /* One load per 4 KiB page spanned by heads [h0, h1) of the rows row[0..n): the page
  * walks happen now, so that the software prefetches of these rows (which this CPU may
  * drop on a TLB miss) reach memory.  (Measured: 5-8% faster for bf16 at 128k tokens.) */
@@ -478,7 +540,8 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                                   int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
     const int64_t G = c->G, D = c->D, Dp = c->Dp, nch = (D + CHUNK - 1) / CHUNK, isz = itemsize_of(dt);
-    float *sc = scratch; /* [G][TILE] */
+    float *sc = scratch;                            /* [G][TILE] */
+    uint16_t *pbf = (uint16_t *)(scratch + G * TILE); /* [G][TILE]: sc rounded to bf16 (dot_bf16) */
     float *ms = slot_m(c, slot), *ls = slot_l(c, slot), *accs = slot_acc(c, slot);
     const char *krow[2][TILE], *vrow[2][TILE]; /* rows of this tile and of the next */
     const int64_t tl = c->tl; /* tokens per tile, <= TILE */
@@ -531,6 +594,20 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
             const char *vr[TILE], *vp[TILE];
             for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
             for (int64_t i = 0; i < pf; i++) vp[i] = vn[i] + h * a->v_h;
+            if (dot_bf16) {
+                for (int64_t g = 0; g < G; g++) weights_bf16(sc + g * TILE, n, pbf + g * TILE);
+                for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
+                    const int GB = group_block(G - g0);
+                    const uint16_t *pb[8];
+                    float *ag[8];
+                    for (int g = 0; g < GB; g++) {
+                        pb[g] = pbf + (g0 + g) * TILE;
+                        ag[g] = accs + (j + g0 + g) * Dp;
+                    }
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, vp, g0 == 0 ? pf : 0, D * isz));
+                }
+                continue;
+            }
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0);
                 const float *p[8];
@@ -723,17 +800,27 @@ static void run_tasks(void *arg, int worker) {
     }
 }
 
+/* The element of a CHUNK held at position k (0 .. CHUNK-1) in the kernel's order:
+ * PERM_EVEN_ODD (bf16 converted by shift and mask): [even | odd] elements;
+ * PERM_UNPACK (values by vdpbf16ps on two rows interleaved by vpunpck{l,h}wd, which
+ * work per 128-bit lane): [0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31]. */
+static inline int64_t chunk_dim(int perm, int64_t k) {
+    const int64_t half = k / (CHUNK / 2), i = k % (CHUNK / 2);
+    if (perm == PERM_EVEN_ODD) return 2 * i + half;
+    if (perm == PERM_UNPACK) return 8 * (i / 4) + 4 * half + i % 4;
+    return k;
+}
+
 /* row (Dp floats, kernel order) -> out[d * stride] (natural order, d < D). */
 static void write_row(const call_t *c, const float *row, float scale, float *out, int64_t stride) {
-    if (!c->perm_even_odd) {
+    if (c->perm == PERM_NATURAL) {
         for (int64_t d = 0; d < c->D; d++) out[d * stride] = row[d] * scale;
         return;
     }
-    for (int64_t base = 0; base < c->D; base += CHUNK) /* [even | odd] per chunk */
-        for (int64_t k = 0; k < CHUNK / 2; k++) {
-            const int64_t d0 = base + 2 * k, d1 = d0 + 1;
-            if (d0 < c->D) out[d0 * stride] = row[base + k] * scale;
-            if (d1 < c->D) out[d1 * stride] = row[base + CHUNK / 2 + k] * scale;
+    for (int64_t base = 0; base < c->D; base += CHUNK)
+        for (int64_t k = 0; k < CHUNK; k++) {
+            const int64_t d = base + chunk_dim(c->perm, k);
+            if (d < c->D) out[d * stride] = row[base + k] * scale;
         }
 }
 
@@ -799,15 +886,8 @@ static void prepare_query(const call_t *c, float *tmp) {
             for (int64_t d = D; d < Dp; d++) tmp[d] = 0.0f;
             if (c->qbf)
                 for (int64_t d = 0; d < Dp; d++) c->qbf[(b * Hq + hq) * Dp + d] = f32_to_bf16(tmp[d]);
-            if (!c->perm_even_odd) {
-                memcpy(qf, tmp, (size_t)Dp * sizeof(float));
-                continue;
-            }
-            for (int64_t base = 0; base < Dp; base += CHUNK) /* [even | odd] per chunk */
-                for (int64_t k = 0; k < CHUNK / 2; k++) {
-                    qf[base + k] = tmp[base + 2 * k];
-                    qf[base + CHUNK / 2 + k] = tmp[base + 2 * k + 1];
-                }
+            for (int64_t base = 0; base < Dp; base += CHUNK)
+                for (int64_t k = 0; k < CHUNK; k++) qf[base + k] = tmp[base + chunk_dim(c->perm, k)];
         }
 }
 
@@ -831,9 +911,9 @@ static int decode_locked(const treecoll_decode_args *a) {
     c.Dp = (c.D + CHUNK - 1) / CHUNK * CHUNK;
     int isa = best_isa();
     if (a->isa >= 0 && a->isa < isa) isa = (int)a->isa;
-    const int dt = (int)a->kv_dtype, dot = (a->flags & FLAG_Q_BF16) && dt == DT_BF16 && isa >= ISA_AVX512BF16;
+    const int dt = (int)a->kv_dtype, dot = (a->flags & FLAG_FAST_BF16) && dt == DT_BF16 && isa >= ISA_AVX512BF16;
     c.task = pick_task(isa, dt, dot);
-    c.perm_even_odd = isa >= ISA_AVX512 && dt == DT_BF16;
+    c.perm = dot ? PERM_UNPACK : isa >= ISA_AVX512 && dt == DT_BF16 ? PERM_EVEN_ODD : PERM_NATURAL;
     int threads = pool_threads((int)(a->threads > MAX_THREADS ? MAX_THREADS : a->threads));
     int64_t total = 0;
     for (int64_t b = 0; b < a->batch; b++) total += a->lengths[b];
@@ -857,7 +937,7 @@ static int decode_locked(const treecoll_decode_args *a) {
     c.tl = 2 * c.Hs * c.D * itemsize_of(dt) > 4096 ? TILE / 2 : TILE;
     c.ntasks = nblocks * c.slices;
     c.slot_floats = c.Hs * c.G * (2 + c.Dp);
-    c.scratch_floats = (c.D * TILE + c.G * TILE + c.Dp + 15) / 16 * 16;
+    c.scratch_floats = (c.D * TILE + c.G * TILE + c.G * TILE / 2 + c.Dp + 15) / 16 * 16;
     if (threads > c.ntasks) threads = (int)(c.ntasks > 0 ? c.ntasks : 1);
     c.task_off = ws_get(0, (size_t)(a->batch + 1) * sizeof(int64_t));
     c.qf = ws_get(1, (size_t)(a->batch * c.H * c.G * c.Dp) * sizeof(float));
