@@ -25,9 +25,13 @@
  * 32-element load gives the even elements by a shift and the odd ones by a
  * mask); the query and the accumulators are kept in the same even/odd order,
  * so no shuffle is needed.  All arithmetic is float32, except with
- * TREECOLL_Q_BF16: the scores then use vdpbf16ps on the raw bf16 keys with
- * the query rounded to bfloat16 (as GPU kernels do), which halves the work of
- * the score pass and changes the scores by up to ~2^-9 relative.
+ * FLAG_FAST_BF16 (bf16 caches on AVX-512 BF16 CPUs), where vdpbf16ps (pairs of
+ * bf16 products summed into float32) does the multiplications on the raw bf16
+ * keys and values, as GPU kernels do with their bf16 matrix units: the scores
+ * with the query rounded to bfloat16, the values with the softmax weights
+ * rounded to bfloat16 (the running max and sum stay float32).  Each rounding
+ * is a relative error of at most 2^-9 per factor; the multiplications take
+ * half the instructions.
  *
  * Instruction sets, chosen once per process from the CPU (and capped by the
  * caller's `isa`): AVX-512 with BF16 (F, BW, VL, DQ + vdpbf16ps), AVX-512
@@ -312,11 +316,34 @@ T512 static INL void load32(const char *p, const int dt, __mmask32 mk, __m512 *x
     }
 }
 
-/* Every cache line of [p, p + bytes) towards L2. */
-T512 static INL void prefetch_l2(const char *p, int64_t bytes) {
-    for (uintptr_t x = (uintptr_t)p & ~(uintptr_t)63; x < (uintptr_t)p + (uintptr_t)bytes; x += 64)
-        _mm_prefetch((const char *)x, _MM_HINT_T1);
+/* Software prefetch of a list of byte ranges (row[i] + off, span bytes), i < n, one
+ * cache line at a time: pf_lines issues the next `lines` of them, so that a tile's
+ * prefetches are spread over the work of the tile before. */
+typedef struct {
+    const char *const *row;
+    int64_t n, off, span, i;
+    uintptr_t at, end; /* the next line of row i and the end of its range */
+} pf_cursor;
+
+static inline void pf_start(pf_cursor *c, const char *const *row, int64_t n, int64_t off, int64_t span) {
+    c->row = row, c->n = n, c->off = off, c->span = span, c->i = 0, c->at = c->end = 0;
 }
+
+T512 static INL void pf_lines(pf_cursor *c, int64_t lines) {
+    for (; lines > 0; lines--) {
+        if (c->at >= c->end) {
+            if (c->i >= c->n) return;
+            c->at = (uintptr_t)(c->row[c->i] + c->off) & ~(uintptr_t)63;
+            c->end = (uintptr_t)(c->row[c->i] + c->off) + (uintptr_t)c->span;
+            c->i++;
+        }
+        _mm_prefetch((const char *)c->at, _MM_HINT_T1);
+        c->at += 64;
+    }
+}
+
+/* Lines of the ranges still to prefetch (an upper bound: one per 64 bytes, plus one per range). */
+static inline int64_t pf_left(const pf_cursor *c) { return (c->n - c->i) * (c->span / 64 + 2); }
 
 /* Sums of 16 vectors: lane j of the result is the sum of the lanes of v[j]. */
 T512 static INL __m512 reduce16(const __m512 v[16]) {
@@ -399,10 +426,9 @@ T512BF static INL void scores_dpbf16(const int GB, const char *const *kr, const 
 
 /* acc[g] += sum_i p[g][i] * v_i over the tile for GB queries, CB vectors (CB/2 chunks)
  * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
- * pass, the rows pfrow[i < npf] (pfbytes long) are prefetched, one per token. */
+ * pass, pf_per lines of the cursor pf per token. */
 T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
-                                  int64_t D, const float *const *p, float *const *ag, const char *const *pfrow,
-                                  int64_t npf, int64_t pfbytes) {
+                                  int64_t D, const float *const *p, float *const *ag, pf_cursor *pf, int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     const int64_t isz = itemsize_of(dt);
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
@@ -417,7 +443,7 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
                 acc[g * 2 * CCH + j] = _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0,
                                                              ag[g] + c0 * CHUNK + 16 * j);
         for (int64_t i = 0; i < n; i++) {
-            if (c0 == 0 && i < npf) prefetch_l2(pfrow[i], pfbytes);
+            if (c0 == 0) pf_lines(pf, pf_per);
             __m512 x[16];
             UNROLL
             for (int j = 0; j < CCH; j++) load32(vrow[i] + (c0 + j) * CHUNK * isz, dt, mk[j], &x[2 * j], &x[2 * j + 1]);
@@ -442,8 +468,7 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
  * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
  * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
 T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
-                                     const uint16_t *const *pb, float *const *ag, const char *const *pfrow,
-                                     int64_t npf, int64_t pfbytes) {
+                                     const uint16_t *const *pb, float *const *ag, pf_cursor *pf, int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
@@ -459,8 +484,7 @@ T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int6
         for (int64_t i = 0; i < n; i += 2) {
             const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
             const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
-            if (c0 == 0 && i < npf) prefetch_l2(pfrow[i], pfbytes);
-            if (c0 == 0 && i + 1 < npf) prefetch_l2(pfrow[i + 1], pfbytes);
+            if (c0 == 0) pf_lines(pf, 2 * pf_per);
             __m512i x[16];
             UNROLL
             for (int j = 0; j < CCH; j++) {
@@ -513,6 +537,15 @@ static inline void touch_pages(const char *const *row, int64_t n, int64_t stride
     page_sink += acc;
 }
 
+/* The K and V rows (head 0) of tokens s .. s + n - 1 of sequence b. */
+static inline void tile_rows(const call_t *c, int64_t b, int64_t s, int64_t n, const char **kr, const char **vr) {
+    const treecoll_decode_args *a = c->a;
+    for (int64_t i = 0; i < n; i++) {
+        kr[i] = token_row(a->k, b, s + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
+        vr[i] = token_row(a->v, b, s + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
+    }
+}
+
 /* Query-group blocks: the largest of 8, 4, 2, 1 that fits the remaining queries. */
 static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1; }
 
@@ -525,17 +558,22 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
     }
 
 /* One task on the AVX-512 tiers: per tile of c->tl tokens and per KV head, the scores of
- * the head's queries, their online-softmax step and the values.  While a head's K (V)
- * rows of this tile are read, the same head's rows of the next tile are prefetched into
- * L2, one token at a time: one head's rows are kv_heads * head_dim * itemsize bytes
- * apart, so each 4 KiB page holds few of them and the hardware prefetchers (which stop
- * at page boundaries) fall behind.  The tile is 32 tokens, or 16 when a token's K and V
- * rows (all heads of the slice) exceed 4 KiB, so that the tile being read and the one
- * being prefetched stay well inside L2.  (Measured on a Zen 4 VM, one thread, 128k
- * tokens, Llama-3.1-8B shapes: without the prefetch bf16 runs about 2x slower; with tiles
- * twice as long fp32 runs 1.3x slower.  A cache in 2 MiB pages (transparent huge pages,
- * e.g. torch's THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new
- * 4 KiB page every few rows.) */
+ * the head's queries, their online-softmax step and the values.  While the tile is
+ * computed, the next tile's K and V rows are prefetched into L2 (prefetcht1), a few
+ * lines per step of the score and value loops (pf_cursor): one head's rows are
+ * kv_heads * head_dim * itemsize bytes apart, so each 4 KiB page holds few of them and
+ * the hardware prefetchers (which stop at page boundaries) fall behind.  When the heads
+ * of a token are adjacent in memory (k_h = head_dim * itemsize, the usual layouts), the
+ * work of head h prefetches its share of the next tile's tokens, all heads of the slice,
+ * in address order; otherwise head h prefetches its own rows of the next tile.  The tile
+ * is 32 tokens, or 16 when a token's K and V rows (all heads of the slice) exceed 4 KiB,
+ * so that the tile being read and the one being prefetched stay well inside L2.
+ * (Measured on a Zen 4 VM, one thread, 128k tokens, Llama-3.1-8B shapes: without the
+ * prefetch bf16 runs about 2x slower; with tiles twice as long fp32 runs 1.3x slower;
+ * prefetching into L1 (prefetcht0) instead runs about 1.7x slower, and two tiles ahead instead
+ * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, e.g. torch's
+ * THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new 4 KiB page
+ * every few rows.) */
 T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
                                   int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
@@ -546,23 +584,28 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
     const char *krow[2][TILE], *vrow[2][TILE]; /* rows of this tile and of the next */
     const int64_t tl = c->tl; /* tokens per tile, <= TILE */
     int cur = 0;
-    const int64_t n0 = t1 - t0 < tl ? t1 - t0 : tl;
-    for (int64_t i = 0; i < n0; i++) {
-        krow[0][i] = token_row(a->k, b, t0 + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
-        vrow[0][i] = token_row(a->v, b, t0 + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
-    }
+    tile_rows(c, b, t0, t1 - t0 < tl ? t1 - t0 : tl, krow[0], vrow[0]);
     for (int64_t s = t0; s < t1; s += tl, cur ^= 1) {
         const int64_t n = t1 - s < tl ? t1 - s : tl;
         const int64_t pf = t1 - s - n < tl ? t1 - s - n : tl; /* tokens of the next tile */
         const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
-        for (int64_t i = 0; i < pf; i++) {
-            krow[cur ^ 1][i] = token_row(a->k, b, s + n + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
-            vrow[cur ^ 1][i] = token_row(a->v, b, s + n + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
-        }
+        tile_rows(c, b, s + n, pf, krow[cur ^ 1], vrow[cur ^ 1]);
+        const int adjacent = a->k_h == D * isz && a->v_h == D * isz;
         touch_pages(kn, pf, a->k_h, h0, h1, D * isz);
         touch_pages(vn, pf, a->v_h, h0, h1, D * isz);
         for (int64_t h = h0; h < h1; h++) {
-            const int64_t j = (h - h0) * G;
+            const int64_t j = (h - h0) * G, nh = h1 - h0;
+            pf_cursor pk, pv;
+            if (adjacent) { /* this head's share of the next tile's rows, all heads of the slice */
+                const int64_t lo = (h - h0) * pf / nh, hi = (h - h0 + 1) * pf / nh;
+                pf_start(&pk, kn + lo, hi - lo, h0 * a->k_h, nh * D * isz);
+                pf_start(&pv, vn + lo, hi - lo, h0 * a->v_h, nh * D * isz);
+            } else { /* this head's rows of the next tile */
+                pf_start(&pk, kn, pf, h * a->k_h, D * isz);
+                pf_start(&pv, vn, pf, h * a->v_h, D * isz);
+            }
+            const int64_t tb0 = 16 / group_block(G), pk_per = (pf_left(&pk) + (n + tb0 - 1) / tb0 - 1) / ((n + tb0 - 1) / tb0);
+            const int64_t pv_per = (pf_left(&pv) + n - 1) / n;
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0), TB = 16 / GB;
                 for (int64_t i = 0; i < n; i += TB) {
@@ -570,8 +613,7 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     const char *kr[16];
                     UNROLL
                     for (int t = 0; t < 16; t++) kr[t] = krow[cur][i + (t < tn ? t : 0)] + h * a->k_h;
-                    if (g0 == 0) /* the same tokens of the next tile, this head */
-                        for (int64_t t = i; t < i + tn && t < pf; t++) prefetch_l2(kn[t] + h * a->k_h, D * isz);
+                    if (g0 == 0) pf_lines(&pk, pk_per);
                     if (dot_bf16) {
                         const uint16_t *qr[8];
                         for (int g = 0; g < GB; g++) qr[g] = c->qbf + ((b * c->H + h) * G + g0 + g) * Dp;
@@ -583,6 +625,7 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     }
                 }
             }
+            pf_lines(&pk, pf_left(&pk));
             for (int64_t g = 0; g < G; g++) {
                 const float alpha = softmax_step512(sc + g * TILE, n, ms + j + g, ls + j + g);
                 if (alpha != 1.0f) {
@@ -591,9 +634,8 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     for (int64_t d = 0; d < Dp; d += 16) _mm512_storeu_ps(ag + d, _mm512_mul_ps(va, _mm512_loadu_ps(ag + d)));
                 }
             }
-            const char *vr[TILE], *vp[TILE];
+            const char *vr[TILE];
             for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
-            for (int64_t i = 0; i < pf; i++) vp[i] = vn[i] + h * a->v_h;
             if (dot_bf16) {
                 for (int64_t g = 0; g < G; g++) weights_bf16(sc + g * TILE, n, pbf + g * TILE);
                 for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
@@ -604,8 +646,9 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                         pb[g] = pbf + (g0 + g) * TILE;
                         ag[g] = accs + (j + g0 + g) * Dp;
                     }
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, vp, g0 == 0 ? pf : 0, D * isz));
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, &pv, g0 == 0 ? pv_per : 0));
                 }
+                pf_lines(&pv, pf_left(&pv));
                 continue;
             }
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
@@ -616,8 +659,9 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     p[g] = sc + (g0 + g) * TILE;
                     ag[g] = accs + (j + g0 + g) * Dp;
                 }
-                DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, vp, g0 == 0 ? pf : 0, D * isz));
+                DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, &pv, g0 == 0 ? pv_per : 0));
             }
+            pf_lines(&pv, pf_left(&pv));
         }
     }
 }
