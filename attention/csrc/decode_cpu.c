@@ -424,6 +424,30 @@ T512BF static INL void scores_dpbf16(const int GB, const char *const *kr, const 
     store_scores(reduce16(acc), TB, tn, gn, sc);
 }
 
+/* The value accumulators of GB queries for the CCH chunks of head_dim from chunk c0 (2 vectors
+ * per chunk, zero past nch) into acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
+T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *const *ag,
+                              __m512 *acc, __mmask32 *mk) {
+    UNROLL
+    for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
+    UNROLL
+    for (int g = 0; g < GB; g++)
+        UNROLL
+        for (int j = 0; j < 2 * CCH; j++)
+            acc[g * 2 * CCH + j] =
+                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag[g] + c0 * CHUNK + 16 * j);
+}
+
+/* acc_load's vectors back (the chunks before nch). */
+T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t nch, float *const *ag,
+                               const __m512 *acc) {
+    UNROLL
+    for (int g = 0; g < GB; g++)
+        UNROLL
+        for (int j = 0; j < 2 * CCH; j++)
+            if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+}
+
 /* acc[g] += sum_i p[g][i] * v_i over the tile for GB queries, CB vectors (CB/2 chunks)
  * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
  * pass, pf_per lines of the cursor pf per token. */
@@ -434,14 +458,7 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        UNROLL
-        for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
-        UNROLL
-        for (int g = 0; g < GB; g++)
-            UNROLL
-            for (int j = 0; j < 2 * CCH; j++)
-                acc[g * 2 * CCH + j] = _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0,
-                                                             ag[g] + c0 * CHUNK + 16 * j);
+        acc_load(GB, CCH, c0, nch, D, ag, acc, mk);
         for (int64_t i = 0; i < n; i++) {
             if (c0 == 0) pf_lines(pf, pf_per);
             __m512 x[16];
@@ -454,11 +471,7 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
                 for (int j = 0; j < 2 * CCH; j++) acc[g * 2 * CCH + j] = _mm512_fmadd_ps(pg, x[j], acc[g * 2 * CCH + j]);
             }
         }
-        UNROLL
-        for (int g = 0; g < GB; g++)
-            UNROLL
-            for (int j = 0; j < 2 * CCH; j++)
-                if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+        acc_store(GB, CCH, c0, nch, ag, acc);
     }
 }
 
@@ -473,14 +486,7 @@ T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int6
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        UNROLL
-        for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
-        UNROLL
-        for (int g = 0; g < GB; g++)
-            UNROLL
-            for (int j = 0; j < 2 * CCH; j++)
-                acc[g * 2 * CCH + j] = _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0,
-                                                             ag[g] + c0 * CHUNK + 16 * j);
+        acc_load(GB, CCH, c0, nch, D, ag, acc, mk);
         for (int64_t i = 0; i < n; i += 2) {
             const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
             const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
@@ -503,11 +509,7 @@ T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int6
                     acc[g * 2 * CCH + j] = _mm512_dpbf16_ps(acc[g * 2 * CCH + j], pg, (__m512bh)x[j]);
             }
         }
-        UNROLL
-        for (int g = 0; g < GB; g++)
-            UNROLL
-            for (int j = 0; j < 2 * CCH; j++)
-                if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+        acc_store(GB, CCH, c0, nch, ag, acc);
     }
 }
 
@@ -636,30 +638,22 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
             }
             const char *vr[TILE];
             for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
-            if (dot_bf16) {
+            if (dot_bf16)
                 for (int64_t g = 0; g < G; g++) weights_bf16(sc + g * TILE, n, pbf + g * TILE);
-                for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
-                    const int GB = group_block(G - g0);
-                    const uint16_t *pb[8];
-                    float *ag[8];
-                    for (int g = 0; g < GB; g++) {
-                        pb[g] = pbf + (g0 + g) * TILE;
-                        ag[g] = accs + (j + g0 + g) * Dp;
-                    }
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, &pv, g0 == 0 ? pv_per : 0));
-                }
-                pf_lines(&pv, pf_left(&pv));
-                continue;
-            }
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0);
                 const float *p[8];
+                const uint16_t *pb[8];
                 float *ag[8];
                 for (int g = 0; g < GB; g++) {
                     p[g] = sc + (g0 + g) * TILE;
+                    pb[g] = pbf + (g0 + g) * TILE;
                     ag[g] = accs + (j + g0 + g) * Dp;
                 }
-                DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, &pv, g0 == 0 ? pv_per : 0));
+                if (dot_bf16)
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, &pv, g0 == 0 ? pv_per : 0))
+                else
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, &pv, g0 == 0 ? pv_per : 0))
             }
             pf_lines(&pv, pf_left(&pv));
         }
@@ -668,7 +662,7 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
 
 /* The AVX-512 tiers.  Both are compiled with the BF16 target because the score pass
  * may use vdpbf16ps; with DOT = 0 no BF16 instruction is executed (the code uses
- * none but that intrinsic), so the plain tier runs on AVX-512 CPUs without BF16.
+ * none outside the dot_bf16 branches), so the plain tier runs on AVX-512 CPUs without BF16.
  * The vdpbf16ps tier exists for bf16 caches only (pick_task). */
 T512BF static void task_avx512(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
                                float *slot, float *scratch) {
