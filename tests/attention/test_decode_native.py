@@ -288,3 +288,33 @@ def test_decode_partial_passes_fast_bf16(make_inputs):
     assert STATUS["fast_bf16"] == (STATUS["isa"] == "avx512_bf16")
     with pytest.raises(AttentionError, match=r"decode_partial: fast_bf16: expected a bool, got 1"):
         decode_partial(q, k, v, fast_bf16=1)
+
+
+@needs_native
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("layout", ["heads_apart", "paged"])
+def test_heads_apart_and_paged_caches(fast, layout, make_inputs, check_state):
+    """A cache stored [batch, kv_heads, seq, head_dim] and read through a transposed view (a head's
+    rows adjacent, the heads of a token far apart: the prefetch walks each head's rows), and a
+    paged cache, with and without fast_bf16 (held to its rounding bound)."""
+    from tests.attention.test_decode import to_paged
+
+    if fast and not STATUS["fast_bf16"]:
+        pytest.skip("no AVX512_BF16")
+    lengths = [3 * TILE + 7, 1, 50]
+    q, k, v = make_inputs(3, 8, 2, 96, 3 * TILE + 7, torch.bfloat16, seed=17)
+    q = q.float()
+    if layout == "heads_apart":
+        kc, vc = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+        assert kc.stride(2) == kc.shape[1] * kc.shape[3]
+        out, lse = _native(q, kc, vc, lengths, num_splits=2, threads=2, fast_bf16=fast)
+    else:
+        kp, vp, table = to_paged(k, v, lengths, 5, seed=3)
+        out, lse = _native(q, kp, vp, lengths, block_table=table, num_splits=2, threads=2, fast_bf16=fast)
+    ref = reference(q, k, v, kv_len=lengths)
+    if not fast:
+        check_state(out, lse, *ref, 1e-5)
+        return
+    out_bound, lse_bound = _fast_bf16_bounds(q, k, v, lengths, 96**-0.5)
+    assert ((out.double() - ref[0]).abs().amax(-1) <= out_bound).all()
+    assert ((lse.double() - ref[1]).abs() <= lse_bound).all()
