@@ -11,6 +11,11 @@ first beyond it, and found again when asked); the rest is bounded by the
 topology: a PCIe route per pair of endpoints of one host, a NIC per GPU, and
 per network switch its distance from every other switch.
 
+Hosts built alike (the same local nodes, attributes and links: the hosts of one
+template in a compact file) share their routes: the routes inside such a host
+and its GPUs' nearest NICs are the first such host's, renamed, so a cluster of
+12,500 identical hosts searches one host, not 12,500.
+
 >>> from treecoll import topo
 >>> t = topo.default()
 >>> t.routes.path("h0/gpu0", "h1/gpu0").nccl, len(t.routes)
@@ -44,15 +49,18 @@ class RouteTable:
     """The routes of one frozen graph (a :class:`~treecoll.topo.model.Topology`'s), found on first use and kept.
 
     ``graph``: the topology's frozen ``networkx.DiGraph``; ``name``: the topology's name, for
-    messages; ``max_routes``: the endpoint pairs kept (:data:`MAX_ROUTES`).
+    messages; ``max_routes``: the endpoint pairs kept (:data:`MAX_ROUTES`); ``alike``: routes inside
+    a host built like an earlier host are that host's, renamed (:meth:`_rep_host`; False: every
+    host searched on its own, the same routes).
     """
 
-    def __init__(self, graph: nx.DiGraph, name: str = "", *, max_routes: int = MAX_ROUTES):
+    def __init__(self, graph: nx.DiGraph, name: str = "", *, max_routes: int = MAX_ROUTES, alike: bool = True):
         if max_routes < 1:
             raise TopologyError(f"route table: max_routes expected >= 1, got {max_routes}")
         self.graph = graph
         self.name = name
         self.max_routes = max_routes
+        self.alike = alike
         self._routes: dict[tuple[str, str], Path] = {}  # (a, b) -> the route, oldest first
         self._pci: dict[tuple[str, str], Path | None] = {}  # (a, b) in one host -> PCIe route or None
         self._nic: dict[str, str | None] = {}  # endpoint -> its nearest NIC
@@ -315,7 +323,7 @@ class RouteTable:
         renamed: the searches visit the same nodes in the same order. 12,500 DGX H100 hosts ask for
         one host's routes, not 12,500.
         """
-        if host is None:
+        if host is None or not self.alike:
             return None
         if host in self._class_of:
             return self._class_of[host]
