@@ -169,13 +169,14 @@ class Topology:
     @functools.cached_property
     def _node_index(self) -> dict[tuple[str | None, str | None], tuple[str, ...]]:
         idx: dict[tuple[str | None, str | None], list[str]] = {(None, None): []}
-        for n, d in self._g.nodes(data=True):
-            h = d.get("host")
-            keys = [(None, None), (d["kind"], None)]
+        get = idx.setdefault
+        for n, d in self._g._node.items():
+            h, kind = d.get("host"), d["kind"]
+            get((None, None), []).append(n)
+            get((kind, None), []).append(n)
             if h is not None:
-                keys += [(None, h), (d["kind"], h)]
-            for k in keys:
-                idx.setdefault(k, []).append(n)
+                get((None, h), []).append(n)
+                get((kind, h), []).append(n)
         return {k: tuple(v) for k, v in idx.items()}
 
     def links(self, kind: str | None = None) -> tuple[tuple[str, str], ...]:

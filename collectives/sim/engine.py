@@ -636,6 +636,9 @@ class FlowEngine:
         lists = self.flows.lists
         ninc = sum(len(lists[f]) for f in comp)
         cap = self.net.cap
+        one = lists[comp[0]]
+        if len(comp) == 1 and len(set(one)) == len(one):  # one subflow: its slowest link (the filling's 0.0 + it)
+            return [max(min(float(cap[lk]) for lk in one), 0.0)]
         if ninc <= _PY_FILL_MAX:
             fls = [lists[f] for f in comp]
             caps = {lk: float(cap[lk]) for ls in fls for lk in ls}
