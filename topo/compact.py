@@ -399,8 +399,9 @@ def rack_switch_id(domain: int | None, k: int) -> str:
 
 def _add_host(g: nx.DiGraph, nodes: list[tuple[str, dict]], links: list[tuple[str, str, dict]]) -> None:
     """``g.add_nodes_from(nodes)``, then ``g.add_edges_from`` of ``links`` and of their reverses, written
-    into networkx's adjacency dicts directly (the same dicts in the same order; a third of the time on
-    12,500 hosts). Falls back to the networkx calls when a node is already in ``g``."""
+    into networkx's adjacency dicts directly (the same graph in the same order, each link's attributes
+    the template's dict, shared by the hosts: a third of the time and of the memory on 12,500 hosts).
+    Falls back to the networkx calls when a node is already in ``g``."""
     node, succ, pred = g._node, g._succ, g._pred
     if any(n in node for n, _ in nodes):
         g.add_nodes_from(nodes)
@@ -417,9 +418,9 @@ def _add_host(g: nx.DiGraph, nodes: list[tuple[str, dict]], links: list[tuple[st
                 g.add_edge(u, v, **d)
                 continue
             dd = succ[u].get(v)
-            if dd is None:
-                dd = succ[u][v] = pred[v][u] = {}
-            dd.update(d)
+            # the template's attribute dict itself, shared by every host (the graph is frozen: nothing
+            # writes to it); a link listed twice gets a merged copy, as networkx would merge them
+            succ[u][v] = pred[v][u] = d if dd is None else {**dd, **d}
     nx._clear_cache(g)
 
 
