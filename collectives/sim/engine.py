@@ -155,6 +155,7 @@ class Network:
         self.ends: list[tuple[str, str]] = []
         self.kinds: list[str] = []
         self._cap = np.zeros(256)  # grown by doubling; the first len(ends) entries are used
+        self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
         self._routes: dict[tuple[str, str], Route] = {}
 
@@ -173,6 +174,7 @@ class Network:
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
             self._cap[i] = float(d["bw"]) * 1e9 * eff
+            self.cap_list.append(float(self._cap[i]))
         return i
 
     @property
@@ -282,43 +284,48 @@ def _dense(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 #: components up to this many link incidences are filled in Python (numpy's per-call cost dominates below)
-_PY_FILL_MAX = 256
+_PY_FILL_MAX = 96
 
 
 def _fill_small(flow_links: list[tuple[int, ...]], cap: dict[int, float]) -> list[float]:
-    """:func:`_fill` on a small component, in Python: the same operations in the same order, so the same
-    rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap``: link id -> capacity
-    (consumed).
+    """:func:`_fill` on a small component, in Python: the same operations on the same numbers (counts
+    of unfrozen flows per link, the least share, every link's capacity less count x share), so the
+    same rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap``: link id ->
+    capacity (consumed).
 
     >>> _fill_small([(0,), (0, 1)], {0: 10.0, 1: 2.0})
     [8.0, 2.0]
     """
     nf = len(flow_links)
     rate = [0.0] * nf
-    active = list(range(nf))
+    cnt: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+    for f, ls in enumerate(flow_links):
+        for lk in ls:
+            cnt[lk] = cnt.get(lk, 0) + 1
+            users.setdefault(lk, []).append(f)
+    frozen = [False] * nf
+    left = nf
+    live = list(cnt)
     level = 0.0
-    while active:
-        cnt: dict[int, int] = {}
-        for f in active:
-            for lk in flow_links[f]:
-                cnt[lk] = cnt.get(lk, 0) + 1
-        share = {lk: cap[lk] / c for lk, c in cnt.items()}
-        m = max(min(share.values()), 0.0)
+    while left:
+        share = [cap[lk] / cnt[lk] for lk in live]
+        m = max(min(share), 0.0)
         thr = m * (1 + _REL_EPS) + 1e-12
-        bott = set()
-        for lk, c in cnt.items():
-            if share[lk] <= thr:
-                bott.add(lk)
-            left = cap[lk] - c * m
-            cap[lk] = left if left > 0.0 else 0.0
+        bott = [lk for lk, s in zip(live, share) if s <= thr]
+        for lk in live:
+            v = cap[lk] - cnt[lk] * m
+            cap[lk] = v if v > 0.0 else 0.0
         level += m
-        still = []
-        for f in active:
-            if bott.isdisjoint(flow_links[f]):
-                still.append(f)
-            else:
-                rate[f] = level
-        active = still
+        for lk in bott:
+            for f in users[lk]:
+                if not frozen[f]:
+                    frozen[f] = True
+                    rate[f] = level
+                    left -= 1
+                    for l2 in flow_links[f]:
+                        cnt[l2] -= 1
+        live = [lk for lk in live if cnt[lk] > 0]
     return rate
 
 
@@ -564,10 +571,10 @@ class FlowEngine:
         self.dirty: set[int] = set()  # link ids where a subflow ended since the last rate update
         self.changed = False  # whether the rates need an update
         self.recomputes = 0
-        # when each draining subflow ends at its current rate, and when it is within the drain
-        # tolerance of its end: (time, subflow, version) heaps, entries of older versions stale
-        self.fin_heap: list[tuple[float, int, int]] = []
-        self.tol_heap: list[tuple[float, int, int]] = []
+        # when each draining subflow ends at its current rate and when it is within the drain
+        # tolerance of that end: a heap of (end, within tolerance, subflow, version), entries of older
+        # versions stale
+        self.fin_heap: list[tuple[float, float, int, int]] = []
         self._lscratch = np.zeros(0, dtype=np.int64)
         # events: (time, sequence number, kind, a, b) and the clock
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -607,42 +614,49 @@ class FlowEngine:
         dirty = self.dirty
         for f in fl.flush(self.now, len(self.net.ends)):
             dirty.update(fl.lists[f])
-        comp = self._component(dirty)
+        comp, ninc = self._component(dirty)
         dirty.clear()
         if comp:
-            self._set_rates(comp, self._rates_of(comp))
+            self._set_rates(comp, self._rates_of(comp, ninc))
         self.recomputes += 1
         self.changed = False
 
-    def _component(self, links: set[int]) -> list[int]:
-        """The draining subflows connected to ``links`` through shared links, in ascending id order."""
+    def _component(self, links: set[int]) -> tuple[list[int], int]:
+        """The draining subflows connected to ``links`` through shared links (in the order found) and
+        their link incidences."""
         fl = self.flows
         on_link, lists = fl.on_link, fl.lists
         seen_l = set(links)
         stack = list(seen_l)
         seen_f: set[int] = set()
+        comp: list[int] = []
+        ninc = 0
         while stack:
             for f in on_link[stack.pop()]:
                 if f not in seen_f:
                     seen_f.add(f)
-                    for lk in lists[f]:
+                    comp.append(f)
+                    ls = lists[f]
+                    ninc += len(ls)
+                    for lk in ls:
                         if lk not in seen_l:
                             seen_l.add(lk)
                             stack.append(lk)
-        return sorted(seen_f)
+        return comp, ninc
 
-    def _rates_of(self, comp: list[int]) -> list[float]:
-        """Max-min rates of the subflows ``comp`` (a whole component) on the links' capacities."""
+    def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
+        """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
+        links' capacities (the filling does not depend on the order of flows or links)."""
         lists = self.flows.lists
-        ninc = sum(len(lists[f]) for f in comp)
-        cap = self.net.cap
+        cap = self.net.cap_list
         one = lists[comp[0]]
         if len(comp) == 1 and len(set(one)) == len(one):  # one subflow: its slowest link (the filling's 0.0 + it)
-            return [max(min(float(cap[lk]) for lk in one), 0.0)]
+            return [max(min(cap[lk] for lk in one), 0.0)]
         if ninc <= _PY_FILL_MAX:
             fls = [lists[f] for f in comp]
-            caps = {lk: float(cap[lk]) for ls in fls for lk in ls}
+            caps = {lk: cap[lk] for ls in fls for lk in ls}
             return _fill_small(fls, caps)
+        cap = self.net.cap
         links = self.flows.links
         inc_l = np.concatenate([links[f] for f in comp])
         fi = np.repeat(np.arange(len(comp)), [len(lists[f]) for f in comp])
@@ -656,7 +670,7 @@ class FlowEngine:
         now, and its end (and its drain tolerance's) is pushed on the heaps."""
         fl, now = self.flows, self.now
         rem, t_last, rate, size, ver = fl.rem, fl.t_last, fl.rate, fl.size, fl.ver
-        fin_heap, tol_heap = self.fin_heap, self.tol_heap
+        fin_heap = self.fin_heap
         push = heapq.heappush
         for f, r in zip(comp, rates):
             old = rate[f]
@@ -669,14 +683,13 @@ class FlowEngine:
             v = ver[f] = ver[f] + 1
             if r > 0.0:
                 left = rem[f]
-                push(fin_heap, (now + left / r, f, v))
-                push(tol_heap, (now + (left - (_REL_EPS * size[f] + 1e-6)) / r, f, v))
+                push(fin_heap, (now + left / r, now + (left - (_REL_EPS * size[f] + 1e-6)) / r, f, v))
 
     def _next_drain(self) -> float:
         """When the next draining subflow ends at the current rates (inf: none drains)."""
         heap, ver, alive = self.fin_heap, self.flows.ver, self.flows.alive
         while heap:
-            t, f, v = heap[0]
+            t, _, f, v = heap[0]
             if v == ver[f] and alive[f]:
                 return t
             heapq.heappop(heap)
@@ -684,15 +697,21 @@ class FlowEngine:
 
     def _drain_until(self, t_next: float) -> None:
         """Move the clock to ``t_next``; the subflows within the drain tolerance of their end by then
-        end, and so do the transfers they finish."""
+        end (taken in the order of their ends), and so do the transfers they finish."""
         self.now = now = t_next
-        heap, fl = self.tol_heap, self.flows
+        heap, fl = self.fin_heap, self.flows
         ver, alive = fl.ver, fl.alive
         fin = []
-        while heap and heap[0][0] <= now:
-            _, f, v = heapq.heappop(heap)
-            if v == ver[f] and alive[f]:
+        pop = heapq.heappop
+        while heap:
+            _, within, f, v = heap[0]
+            if v != ver[f] or not alive[f]:
+                pop(heap)
+            elif within <= now:
+                pop(heap)
                 fin.append(f)
+            else:
+                break
         if not fin:
             return
         fin.sort()
