@@ -10,7 +10,11 @@ Model
   reaches its 4 NVSwitches with 5/5/4/4 links: 4 subflows).
 * Concurrent subflows share each link max-min fairly (progressive filling,
   :func:`maxmin_rates`); rates are recomputed whenever a subflow starts or
-  ends (events at the same instant are handled together, one recomputation).
+  ends (events at the same instant are handled together, one recomputation),
+  for the subflows connected through shared links to the links where that
+  happened: max-min allocation splits over such components, so the others
+  keep their rates, and an event costs the size of its component, not the
+  number of subflows in flight.
 * A transfer started at ``t0`` drains at ``t1`` (all its subflows done); its
   data has fully arrived at ``t1 + lat``, where ``lat`` is the summed link
   latency of the route, floored by the profile's per-step latency of the
@@ -697,7 +701,7 @@ class FlowEngine:
 
     def _drain_until(self, t_next: float) -> None:
         """Move the clock to ``t_next``; the subflows within the drain tolerance of their end by then
-        end (taken in the order of their ends), and so do the transfers they finish."""
+        end (handled in the order they were added), and so do the transfers they finish."""
         self.now = now = t_next
         heap, fl = self.fin_heap, self.flows
         ver, alive = fl.ver, fl.alive
