@@ -65,7 +65,7 @@ class Placement:
     size needs it initialised).
     """
 
-    __slots__ = ("topology", "gpus", "nranks", "group", "_key")
+    __slots__ = ("topology", "gpus", "nranks", "group", "_key", "_hash")
 
     topology: Topology | None
     gpus: tuple[str, ...] | None
@@ -104,7 +104,14 @@ class Placement:
                 f"placement: the process group has {group_size} ranks, the placement maps {n}; "
                 f"pass ranks={group_size} (or that many GPUs)"
             )
-        for name, value in (("topology", topology), ("gpus", gpus), ("nranks", n), ("group", group), ("_key", None)):
+        for name, value in (
+            ("topology", topology),
+            ("gpus", gpus),
+            ("nranks", n),
+            ("group", group),
+            ("_key", None),
+            ("_hash", None),
+        ):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -130,7 +137,11 @@ class Placement:
         return self.plan_key == other.plan_key and self.group is other.group
 
     def __hash__(self) -> int:
-        return hash((self.plan_key, id(self.group) if self.group is not None else None))
+        h = self._hash
+        if h is None:
+            h = hash((self.plan_key, id(self.group) if self.group is not None else None))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __repr__(self) -> str:
         where = f"topology={self.topology.name!r}, " if self.topology is not None else ""
