@@ -421,7 +421,9 @@ def _add_host(g: nx.DiGraph, nodes: list[tuple[str, dict]], links: list[tuple[st
             # the template's attribute dict itself, shared by every host (the graph is frozen: nothing
             # writes to it); a link listed twice gets a merged copy, as networkx would merge them
             succ[u][v] = pred[v][u] = d if dd is None else {**dd, **d}
-    nx._clear_cache(g)
+    clear = getattr(nx, "_clear_cache", None)  # networkx >= 3.3 caches views of a graph
+    if clear is not None:
+        clear(g)
 
 
 def expand(g: nx.DiGraph, ht: HostTemplate, hosts: list[str]) -> None:
