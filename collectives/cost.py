@@ -101,6 +101,7 @@ __all__ = [
     "UNIFORM_LAT",
     "CHUNK_CANDIDATES",
     "STEP_BUDGET",
+    "SEARCH_CHUNKS",
     "CHUNK_BYTES",
     "MAX_CHUNKS",
     "MIN_CHUNK_BYTES",
@@ -117,6 +118,9 @@ MSG_OVERHEAD = 1.0e-6
 #: most steps (ranks x trees x chunks x steps per edge) of a schedule that :meth:`CostModel.tree_times`
 #: steps through as the executor runs it; larger schedules get the closed form
 STEP_BUDGET = 50_000
+#: the chunk count whose schedule must be within :data:`STEP_BUDGET` for :meth:`CostModel.best_nchunks`
+#: to step through its candidates (larger ones stop the search); else the closed form ranks them all
+SEARCH_CHUNKS = 8
 #: chunk counts tried by :meth:`CostModel.best_nchunks`
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: :func:`nchunks_for` without a topology: target bytes per chunk ...
@@ -400,6 +404,13 @@ class CostModel:
         """:meth:`tree_time` for several chunk counts: the compiled schedule stepped through as the
         executor runs it (:func:`~treecoll.collectives.sim.executor.estimate_executor_schedule`),
         or, past :data:`STEP_BUDGET` steps, the closed form (module docstring)."""
+        multi = self._checked(plan, collective, chunk_counts)
+        big = [k for k in chunk_counts if not self.steps_through(multi, collective, k)]
+        closed = dict(zip(big, self._closed_form_times(multi, nbytes, collective, big))) if big else {}
+        return [closed[k] if k in closed else self._stepped_time(plan, nbytes, collective, k) for k in chunk_counts]
+
+    def _checked(self, plan: Tree | MultiTree, collective: str, chunk_counts: Sequence[int]) -> MultiTree:
+        """``plan`` as a MultiTree, once its size, the collective and the chunk counts are valid."""
         multi = as_multi(plan)
         if multi.size != self.nranks:
             raise TreeError(f"cost: tree has {multi.size} ranks, the model {self.nranks}")
@@ -407,9 +418,7 @@ class CostModel:
             raise TreeError(f"cost: collective expected one of {list(COLLECTIVE_PHASES)}, got {collective!r}")
         if any(k < 1 for k in chunk_counts):
             raise TreeError(f"cost: nchunks expected >= 1, got {list(chunk_counts)}")
-        big = [k for k in chunk_counts if not self.steps_through(multi, collective, k)]
-        closed = dict(zip(big, self._closed_form_times(multi, nbytes, collective, big))) if big else {}
-        return [closed[k] if k in closed else self._stepped_time(plan, nbytes, collective, k) for k in chunk_counts]
+        return multi
 
     def steps_through(self, plan: Tree | MultiTree, collective: str, nchunks: int) -> bool:
         """Whether :meth:`tree_times` steps through the schedule of ``plan`` with ``nchunks`` chunks
@@ -646,16 +655,30 @@ class CostModel:
         (ties: fewer chunks, the reordered plan). The least predicted time of ``plan``'s
         edges over every child order and chunk count."""
         best = None
+        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
         for k in sorted(self._chunk_counts(nbytes)):
-            if best is not None and self.step_through and self.cpu_bound(plan, nbytes, collective, k) >= best[2]:
+            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[2]):
                 break
             ordered = self.order_children(plan, nbytes, collective, k)
             # the order rule is exact in the closed form, a heuristic for the stepped schedule
-            for p in (ordered, plan) if self.step_through and ordered != plan else (ordered,):
-                secs = self.tree_time(p, nbytes, collective, k)
+            for p in (ordered, plan) if stepped and ordered != plan else (ordered,):
+                secs = self._search_time(p, nbytes, collective, k, stepped)
                 if best is None or secs < best[2]:
                     best = (p, k, secs)
         return best
+
+    def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
+        """:meth:`tree_time` in a search: stepped through, or all in the closed form."""
+        if stepped:
+            return self.tree_time(plan, nbytes, collective, k)
+        return self._closed_form_times(self._checked(plan, collective, (k,)), nbytes, collective, (k,))[0]
+
+    def _search_ends(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, best: float) -> bool:
+        """Whether a search over chunk counts stepping through schedules stops before ``k``: a
+        rank's thread handles every message and reduce of its own, so once :meth:`cpu_bound`
+        reaches the best time found no larger count wins (the bound grows with ``k``); and a
+        schedule past :data:`STEP_BUDGET` steps is not stepped through (nor compared with ones that are)."""
+        return self.cpu_bound(plan, nbytes, collective, k) >= best or not self.steps_through(plan, collective, k)
 
     def _chunk_counts(
         self, nbytes: float, candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096
@@ -678,12 +701,11 @@ class CostModel:
     ) -> tuple[int, float]:
         """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
         best: tuple[int, float] | None = None
+        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
         for k in sorted(self._chunk_counts(nbytes, candidates, min_chunk_bytes)):
-            # a rank's thread handles every message and reduce of its own: more chunks than this
-            # cannot win (the bound grows with k)
-            if best is not None and self.step_through and self.cpu_bound(plan, nbytes, collective, k) >= best[1]:
+            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[1]):
                 break
-            secs = self.tree_time(plan, nbytes, collective, k)
+            secs = self._search_time(plan, nbytes, collective, k, stepped)
             if best is None or secs < best[1]:
                 best = (k, secs)
         return best
