@@ -58,6 +58,9 @@ __all__ = [
     "COLLECTIVE_ALGOS",
     "ll128_enabled",
     "nvls_domains",
+    "nvls_run",
+    "nvls_chunk",
+    "nvls_fill",
     "nccl_algos",
     "generation",
     "PROTOS",
@@ -132,6 +135,15 @@ NVLS_SPEEDS_INTER = {
     2: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
     3: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
 }
+#: NVLS run parameters of NCCL 2.30 src/transport/nvls.cc ncclNvlsTuning: channels (CTAs) NVLS and
+#: NVLSTree run on (NVLS_NCHANNELS_SM90 16; SM100 32 across nodes, NVLS_NCHANNELS_SM100_NVL 24 on one),
+#: NCCL_NVLS_CHUNKSIZE 128 KiB, and NVLSTree's largest chunk (NCCL_NVLSTREE_MAX_CHUNKSIZE: 64 KiB from
+#: 4 nodes on, else the chunk size; ncclNvlsTreeSm100Tuning adjusts all three on Blackwell)
+NVLS_RUN_CHANNELS = {2: (16, 16), 3: (24, 32)}  # generation -> (one node, several nodes)
+NVLS_CHUNK = 128 << 10
+#: resources an NVLS loop passes one after the other, each a pipeline stage: the NVLink up to the
+#: switches (multimem reduce) and back down (multicast); NVLSTree puts the inter-node tree between
+NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -320,6 +332,91 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
     }
 
 
+def nvls_run(topology: Topology, gpus: Sequence[str]) -> dict:
+    """How NCCL runs NVLS / NVLSTree on these GPUs (NCCL 2.30 src/transport/nvls.cc ``ncclNvlsTuning``):
+    ``{channels, chunk, tree_max_chunk, heads, nodes}``; ``heads``: GPUs per NVLink domain (each heads
+    one part of every loop, enqueue.cc ``nchunksPerLoop = nHeads``), ``nodes``: NVLink domains.
+
+    >>> from treecoll import topo
+    >>> nvls_run(topo.resolve("dgx-h100-x2"), topo.resolve("dgx-h100-x2").rank_gpus())
+    {'channels': 16, 'chunk': 131072, 'tree_max_chunk': 131072, 'heads': 8, 'nodes': 2}
+    """
+    domains = nvls_domains(topology, gpus)
+    gen, n_nodes, heads = generation(topology, gpus), len(domains), len(domains[0])
+    nch = NVLS_RUN_CHANNELS.get(gen, NVLS_RUN_CHANNELS[2])[1 if n_nodes > 1 else 0]
+    chunk, tree_max = NVLS_CHUNK, 0
+    if gen >= 3 and n_nodes > 1:  # ncclNvlsTreeSm100Tuning
+        nics = [topology.nearest_nic(x) for x in gpus]
+        nic_bw = min((float(topology.node(c).get("bw") or 0.0) for c in nics if c is not None), default=0.0)
+        pxb = all(
+            c is not None and NCCL_CLASSES.index(topology.path(x, c).nccl) <= NCCL_CLASSES.index("PXB")
+            for x, c in zip(gpus, nics)
+        )
+        ppn = min(len(d) for d in domains)
+        if n_nodes == 2 and nic_bw >= 48.0:
+            nch, tree_max = 32, 128 << 10
+            if ppn <= 4:
+                chunk = tree_max = 256 << 10
+            elif ppn >= 16 or (ppn <= 8 and pxb and nic_bw < 96.0):
+                tree_max = 64 << 10
+        elif nic_bw >= 96.0:
+            if ppn <= 8:
+                nch, chunk, tree_max = 24, 256 << 10, 256 << 10
+            else:
+                nch, tree_max = 32, (128 << 10) if ppn < 32 else (64 << 10)
+        elif nic_bw >= 48.0:
+            nch, tree_max = 24, (64 << 10) if pxb else (128 << 10)
+    if tree_max == 0:
+        tree_max = (64 << 10) if n_nodes >= 4 else chunk
+    return {"channels": nch, "chunk": chunk, "tree_max_chunk": tree_max, "heads": heads, "nodes": n_nodes}
+
+
+def nvls_chunk(nbytes: int, run: dict) -> int:
+    """Bytes per chunk NCCL moves ``nbytes`` (a rank's buffer) in with NVLS (one domain) or NVLSTree
+    (several), as src/enqueue.cc ``calcCollChunking`` (NCCL 2.30) shrinks the chunk for small messages:
+    ``concurrentOps = channels × heads``; NVLS 64 / 32 / 16 KiB below 64 / 8 / 2 ``concurrentOps``
+    chunks, NVLSTree 256 / 128 / 64 / 32 KiB below 32 / 16 / 4 / 1.
+
+    >>> run = {"channels": 16, "chunk": 128 << 10, "tree_max_chunk": 128 << 10, "heads": 8, "nodes": 2}
+    >>> [nvls_chunk(s << 20, run) >> 10 for s in (4, 16, 64, 1024)]
+    [32, 64, 128, 128]
+    """
+    ops = run["channels"] * run["heads"]
+    if run["nodes"] > 1:
+        c = min(run["chunk"], run["tree_max_chunk"])
+        for times, size in ((32, 256 << 10), (16, 128 << 10), (4, 64 << 10), (1, 32 << 10)):
+            if nbytes < times * ops * c and c > size:
+                c = size
+        return c
+    c = run["chunk"]
+    for times, size in ((64, 64 << 10), (8, 32 << 10), (2, 16 << 10)):
+        if nbytes < times * ops * c and c > size:
+            c = size
+    return c
+
+
+def nvls_fill(nbytes: int, run: dict) -> float:
+    """The pipeline fill of NCCL's NVLS kernels as a fraction of the time the bytes take to drain.
+
+    Each channel moves its share in loops of ``heads`` chunks (:func:`nvls_chunk`; enqueue.cc:
+    ``loopSize = nChannels × nHeads × chunkSize``); a loop passes :data:`NVLS_STAGES` resources
+    one after another (NVLink to the switches, for NVLSTree the network, NVLink back), so ``L``
+    loops take ``L + stages − 1`` loop times (one loop time: the drain / ``L``), and a message
+    of at most one loop takes ``stages`` drains. Fraction: ``(stages − 1) × min(1, loopSize / nbytes)``.
+
+    >>> run = {"channels": 16, "chunk": 128 << 10, "tree_max_chunk": 128 << 10, "heads": 8, "nodes": 2}
+    >>> nvls_fill(64 << 20, run)          # 4 loops of 16 MiB through 3 stages: 2 loops of fill
+    0.5
+    >>> nvls_fill(1 << 20, run)           # less than one loop: the stages one after another
+    2.0
+    """
+    if nbytes <= 0:
+        return 0.0
+    loop = run["channels"] * run["heads"] * nvls_chunk(nbytes, run)
+    stages = NVLS_STAGES["nvls_tree" if run["nodes"] > 1 else "nvls"]
+    return (stages - 1) * min(1.0, loop / nbytes)
+
+
 def _arm_hosts(topology: Topology) -> bool:
     """Whether the CPUs are Arm (NVIDIA Grace): NCCL's x86-only NVLSTree correction then does not apply."""
     return any(
@@ -427,8 +524,9 @@ def nccl_predict(
     time (s), time_us, lat_us, algbw, busbw (GB/s, nccl-tests definitions), nchannels, nnodes,
     nranks, protocols: {proto: time_us}, run_channels, run_time_us}``: ``time`` is NCCL's own
     estimate (what its tuner compares); ``run_channels`` the channels NCCL then runs the
-    collective on at this size (:func:`run_channels`) and ``run_time_us`` the same model with
-    only those channels' share of the bandwidth. ``alltoall`` and ``sendrecv`` (``p2p``) are
+    collective on at this size (:func:`run_channels`; NVLS: :func:`nvls_run`) and ``run_time_us``
+    the same model with only those channels' share of the bandwidth (NVLS: on all its channels,
+    plus its pipeline fill, :func:`nvls_fill`). ``alltoall`` and ``sendrecv`` (``p2p``) are
     not modelled by NCCL: there the time is one point-to-point latency plus each GPU's bytes
     over its bottleneck (NVLink inside a host, its share of the host's NICs across).
     """
@@ -447,7 +545,7 @@ def nccl_predict(
             raise TreeError(f"nccl model: NVLS runs the Simple protocol only, got proto {proto!r}")
         if collective != "allreduce":
             return _nvls_gather_predict(topology, gpus, nbytes, collective)
-        return _with_run(_nvls_predict(topology, gpus, nbytes), nbytes)
+        return _with_run(_nvls_predict(topology, gpus, nbytes), nbytes, nvls_run(topology, gpus))
     if algo == "p2p":
         return _p2p_predict(topology, gpus, nbytes, collective)
     if algo == "collnet":
@@ -457,9 +555,16 @@ def nccl_predict(
     return _ring_tree_predict(topology, gpus, nbytes, algo, proto, nchannels, collective)
 
 
-def _with_run(r: dict, nbytes: int) -> dict:
-    """``r`` with NVLS's run fields: NVLS runs on all its channels (enqueue.cc)."""
-    return {**r, "run_channels": r["nchannels"], "run_time_us": r["time_us"], "collective": "allreduce"}
+def _with_run(r: dict, nbytes: int, run: dict) -> dict:
+    """``r`` with NVLS's run fields: NVLS runs on all its channels (``run``: :func:`nvls_run`;
+    enqueue.cc), its bytes through a pipeline of chunks (:func:`nvls_fill` added to the drain)."""
+    drain = r["time_us"] - r["lat_us"]
+    return {
+        **r,
+        "run_channels": run["channels"],
+        "run_time_us": r["time_us"] + drain * nvls_fill(nbytes, run),
+        "collective": "allreduce",
+    }
 
 
 def _result(
