@@ -53,6 +53,9 @@ __all__ = [
     "nccl_best",
     "run_channels",
     "ring_run_bw",
+    "tree_chunk",
+    "tree_slice_bytes",
+    "PROTO_CHUNK_BYTES",
     "collnet_available",
     "COLLECTIVES",
     "COLLECTIVE_ALGOS",
@@ -144,6 +147,12 @@ NVLS_CHUNK = 128 << 10
 #: resources an NVLS loop passes one after the other, each a pipeline stage: the NVLink up to the
 #: switches (multimem reduce) and back down (multicast); NVLSTree puts the inter-node tree between
 NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
+#: bytes of one chunk per channel by protocol: one buffer step (src/enqueue.cc calcCollChunking,
+#: ``stepSize = buffSize / NCCL_STEPS``, NCCL_STEPS 8; src/init.cc DEFAULT_BUFFSIZE 4 MiB for Simple,
+#: DEFAULT_LL_BUFFSIZE 512 KiB of which LL carries half, DEFAULT_LL128_BUFFSIZE 120 x 640 x 8 x 8 B of
+#: which LL128 carries 15/16; src/include/device.h); trees and NCCL's ring broadcast / reduce move one
+#: step per chunk (chunkSteps 1)
+PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": 512 << 10}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -483,6 +492,44 @@ def run_channels(
     while nc >= 2 and nbytes < nc * nt * thr:
         nc -= 1
     return nc, have
+
+
+def tree_chunk(nbytes: int, proto: str, channels: int, n_nodes: int, nranks: int) -> int:
+    """Bytes per chunk of each of ``channels`` channels NCCL's tree moves ``nbytes`` in
+    (src/enqueue.cc ``calcCollChunking``, NCCL 2.30): :data:`PROTO_CHUNK_BYTES`; with LL128 halved
+    while a channel's share is under ``64 × nsteps / ppn`` chunks (down to 128 KiB), then under
+    ``16 × nsteps / ppn`` (down to 32 KiB), ``nsteps = 1 + log2(nNodes) + 0.1 ppn``.
+
+    >>> tree_chunk(1 << 30, "Simple", 16, 2, 16), tree_chunk(1 << 30, "LL128", 16, 2, 16)
+    (524288, 576000)
+    >>> tree_chunk(16 << 20, "LL128", 16, 2, 16)     # 1 MiB a channel: under 64 x 2.8 / 8 chunks of 576000
+    72000
+    """
+    chunk = PROTO_CHUNK_BYTES[proto]
+    if proto == "LL128":
+        ppn = nranks / max(n_nodes, 1)
+        steps = 1 + _log2i(n_nodes) + 0.1 * ppn
+        per_channel = nbytes // max(channels, 1)
+        while per_channel // chunk < steps * 64 / ppn and chunk > 131072:
+            chunk //= 2
+        while per_channel // chunk < steps * 16 / ppn and chunk > 32768:
+            chunk //= 2
+    return chunk
+
+
+def tree_slice_bytes(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> int:
+    """Bytes NCCL's tree moves per pipeline step summed over the channels it runs ``nbytes`` on:
+    :func:`run_channels` (tree) times :func:`tree_chunk`. Each channel pipelines its own share
+    down its tree in chunks, so a tree carrying all channels moves ``channels × chunk`` per step.
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100-x2")
+    >>> [tree_slice_bytes(t, t.rank_gpus(), s, "Simple") >> 10 for s in (1 << 20, 1 << 30)]  # 32, 36 channels
+    [16384, 18432]
+    """
+    n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
+    nc, _ = run_channels(nbytes, "tree", proto, nch, len(gpus), total / nch)
+    return nc * tree_chunk(nbytes, proto, nc, n_nodes, len(gpus))
 
 
 def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> float:

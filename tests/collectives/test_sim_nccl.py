@@ -236,3 +236,34 @@ def test_alltoall_model_uses_nvlink_across_the_hosts_of_one_nvlink_domain():
     # every peer over NVLink: busbw = algbw (n-1)/n -> the NVLink path bandwidth, less the latency
     bw = min(t.path(gpus[0], b).bw for b in gpus[1:])
     assert r["busbw"] == pytest.approx(bw, rel=0.02) and r["busbw"] < bw
+
+
+def test_tree_chunks_per_channel_as_nccl_sizes_them():
+    # enqueue.cc calcCollChunking: one buffer step per chunk (4 MiB / 8 Simple; LL 64 KiB / 2; LL128 614400 x 15/16)
+    assert nm.PROTO_CHUNK_BYTES == {"LL": 32768, "LL128": 576000, "Simple": 524288}
+    assert nm.tree_chunk(1 << 20, "Simple", 64, 8, 64) == 524288  # only LL128 shrinks
+    # LL128, 2 nodes x 8: nsteps 1 + 1 + 0.8 = 2.8; a channel's 1 MiB is under 2.8 x 64 / 8 = 22.4 chunks of
+    # 576000, 288000, 144000 (halved while > 128 KiB) -> 72000; 1 MiB / 72000 = 14 >= 2.8 x 16 / 8: stays
+    assert nm.tree_chunk(16 << 20, "LL128", 16, 2, 16) == 72000
+    # a big share keeps the full chunk: 64 MiB / 576000 = 116 chunks >= 22.4
+    assert nm.tree_chunk(1 << 30, "LL128", 16, 2, 16) == 576000
+
+
+def test_simulated_nccl_tree_pipelines_a_chunk_per_channel():
+    t = topo.resolve("dgx-h100-x2")
+    g = t.rank_gpus()
+    # 2 hosts, 8 NICs: NCCL's graph has 18 channels (370.8 / 20.6), duplicated to 36, all running at 64 MiB
+    slice_ = nm.tree_slice_bytes(t, g, 64 << 20, "Simple")
+    assert slice_ == 36 * 524288
+    k = -(-(64 << 20) // slice_)  # 4 steps of 36 chunks of 512 KiB
+    from treecoll.collectives import builders
+    from treecoll.collectives import compile as compile_
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import NCCL_TREE_RUN, simulate
+
+    tree = builders.build("two_level", t, nbytes=64 << 20, intra="chain")
+    sched = compile_.compile_plan(tree, "allreduce", k, forward_lag=0)
+    prof = get_profile("nccl-simple").for_tree_allreduce()
+    want = simulate(t, sched, 64 << 20, profile=prof, **NCCL_TREE_RUN).time
+    got = simulate_algorithm(t, "two_level", 64 << 20, profile="nccl-simple", intra="chain")
+    assert got.time == pytest.approx(want, rel=1e-12)
