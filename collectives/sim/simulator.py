@@ -74,6 +74,7 @@ __all__ = [
     "simulate_nccl_allreduce",
     "simulate_nccl",
     "nccl_rings",
+    "nccl_hop_profile",
     "hop_times",
     "bus_factor",
     "bandwidths",
@@ -342,6 +343,7 @@ def simulate_ring(
     chunks per channel take the chain's latency plus ``k + P − 2`` chunk steps.
     """
     prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "ring", RING_COLLECTIVES)
+    prof = nccl_hop_profile(prof, "ring", one_per_host=len(_host_groups(topology, gpus)) == len(gpus))
     P = len(gpus)
     C = channels or default_channels(topology, gpus)
     if C < 1:
@@ -638,6 +640,7 @@ def simulate_algorithm(
     for pr in profs:
         want = nchunks if nchunks is not None else max(1, -(-nbytes // _tree_slice(topology, gpus, nbytes, pr)))
         k = want if nchunks is not None else _sim_chunks(want, len(gpus))
+        pr = nccl_hop_profile(pr, "tree")
         if collective == "allreduce":
             pr = pr.for_tree_allreduce()
         r = simulate(p, plan(k), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
@@ -646,6 +649,33 @@ def simulate_algorithm(
             r = _extrapolate(r, r_half, k, want)
         best = r if best is None or r.time < best.time else best
     return best
+
+
+def nccl_hop_profile(prof: Profile, algo: str, one_per_host: bool = False) -> Profile:
+    """``prof`` with NCCL's base and per-hop latencies of ``algo`` (``ring`` or ``tree``) when it is one of
+    NCCL's built-in protocol profiles (a calibrated or other profile is returned as it is).
+
+    NCCL 2.30 src/graph/tuning.cc: trees have their own ``baseLatencies`` and ``hwLatencies``
+    (a network hop of a tree costs more than a ring's: 5.0 / 8.5 / 14 µs against 2.7 / 4.0 / 14 for
+    LL / LL128 / Simple), and with one rank per node a ring's network hops take the tree's ("With
+    ppn=1 latencies are fully exposed, use the Tree network latency"), as :mod:`.nccl_model` does.
+
+    >>> from treecoll.collectives.sim.profiles import get_profile
+    >>> p = nccl_hop_profile(get_profile("nccl-ll"), "tree")
+    >>> p.base_lat_us, p.lat_floor_us
+    (6.8, {'nvlink': 0.6, 'pci': 1.0, 'net': 5.0})
+    >>> nccl_hop_profile(get_profile("nccl-ll"), "ring", one_per_host=True).lat_floor_us["net"]
+    5.0
+    """
+    from .nccl_model import BASE_LAT, HW_LAT, PROTOS
+    from .profiles import NCCL_PROTOCOLS, PROFILES
+
+    if prof.name not in NCCL_PROTOCOLS or prof != PROFILES[prof.name]:
+        return prof
+    pi = PROTOS.index({"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}[prof.name])
+    net = HW_LAT["NET"]["tree" if one_per_host else algo][pi]
+    floors = {"nvlink": HW_LAT["NVLINK"][algo][pi], "pci": HW_LAT["PCI"][algo][pi], "net": net}
+    return dataclasses.replace(prof, base_lat_us=BASE_LAT[algo][pi], lat_floor_us=floors)
 
 
 def _tree_slice(topology: Topology, gpus: Sequence[str], nbytes: int, profile: Profile) -> int:

@@ -10,6 +10,7 @@ from treecoll.collectives.sim import nccl_model as nm
 from treecoll.collectives.sim.result import bus_factor
 from treecoll.collectives.sim.simulator import (
     PIPELINE_CHUNK_BYTES,
+    nccl_hop_profile,
     nccl_rings,
     simulate_algorithm,
     simulate_nccl,
@@ -263,7 +264,25 @@ def test_simulated_nccl_tree_pipelines_a_chunk_per_channel():
 
     tree = builders.build("two_level", t, nbytes=64 << 20, intra="chain")
     sched = compile_.compile_plan(tree, "allreduce", k, forward_lag=0)
-    prof = get_profile("nccl-simple").for_tree_allreduce()
+    prof = nccl_hop_profile(get_profile("nccl-simple"), "tree").for_tree_allreduce()
     want = simulate(t, sched, 64 << 20, profile=prof, **NCCL_TREE_RUN).time
     got = simulate_algorithm(t, "two_level", 64 << 20, profile="nccl-simple", intra="chain")
     assert got.time == pytest.approx(want, rel=1e-12)
+
+
+def test_nccl_hop_latencies_per_algorithm_and_one_rank_per_node():
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.topo.machines import MachineFlags, machine_topology, parse_nic
+
+    # tuning.cc: a tree's hops (base 6.8, NVLink 0.6, PCI 1.0, NET 5.0 us with LL) differ from a ring's (NET 2.7)
+    tree = nccl_hop_profile(get_profile("nccl-ll"), "tree")
+    assert (tree.base_lat_us, tree.lat_floor_us) == (6.8, {"nvlink": 0.6, "pci": 1.0, "net": 5.0})
+    assert nccl_hop_profile(get_profile("nccl-simple"), "ring") == get_profile("nccl-simple")
+    calibrated = get_profile("nccl-ll").__class__("mine", 1.0, {"net": 1.0})
+    assert nccl_hop_profile(calibrated, "tree") is calibrated  # a profile of one's own is used as it is
+    # one GPU per node: the ring's two network hops (route 4.7 us) take the tree's 5.0 us, as NCCL models them
+    t = machine_topology(MachineFlags(hosts=2, gpus_per_host=1, gpu="H100", nic=parse_nic("1x400G-ib")))[0]
+    assert t.path(*t.rank_gpus()).lat == pytest.approx(4.7)
+    r = simulate_ring(t, 8, profile="nccl-ll")
+    assert r.time == pytest.approx(6.6e-6 + 2 * 5.0e-6, abs=5e-9)
+    assert nm.nccl_predict(t, None, 8, algo="ring", proto="LL")["lat_us"] == pytest.approx(6.6 + 2 * 5.0)
