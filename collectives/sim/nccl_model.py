@@ -343,15 +343,16 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
 
 def nvls_run(topology: Topology, gpus: Sequence[str]) -> dict:
     """How NCCL runs NVLS / NVLSTree on these GPUs (NCCL 2.30 src/transport/nvls.cc ``ncclNvlsTuning``):
-    ``{channels, chunk, tree_max_chunk, heads, nodes}``; ``heads``: GPUs per NVLink domain (each heads
-    one part of every loop, enqueue.cc ``nchunksPerLoop = nHeads``), ``nodes``: NVLink domains.
+    ``{channels, chunk, tree_max_chunk, heads, nodes}``; ``heads``: the NVLS graph's channels, one per
+    GPU of a domain up to :data:`MAX_NVLS_ARITY` (each heads one part of every loop, enqueue.cc
+    ``nchunksPerLoop = nHeads``), ``nodes``: NVLink domains.
 
     >>> from treecoll import topo
     >>> nvls_run(topo.resolve("dgx-h100-x2"), topo.resolve("dgx-h100-x2").rank_gpus())
     {'channels': 16, 'chunk': 131072, 'tree_max_chunk': 131072, 'heads': 8, 'nodes': 2}
     """
     domains = nvls_domains(topology, gpus)
-    gen, n_nodes, heads = generation(topology, gpus), len(domains), len(domains[0])
+    gen, n_nodes, heads = generation(topology, gpus), len(domains), min(MAX_NVLS_ARITY, len(domains[0]))
     nch = NVLS_RUN_CHANNELS.get(gen, NVLS_RUN_CHANNELS[2])[1 if n_nodes > 1 else 0]
     chunk, tree_max = NVLS_CHUNK, 0
     if gen >= 3 and n_nodes > 1:  # ncclNvlsTreeSm100Tuning
