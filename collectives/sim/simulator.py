@@ -51,6 +51,7 @@ from treecoll.topo.ranks import RanksArg
 from ..placement import Placement, as_placement
 from ..schedule import Schedule
 from .engine import FlowEngine, Network, drain_times, gc_paused
+from .nccl_model import PROTO_CHUNK_BYTES
 from .profiles import Profile, get_profile
 from .result import (
     DTYPE_SIZES,
@@ -308,10 +309,9 @@ def _inputs(
 #: collectives NCCL runs on its rings (broadcast and reduce: a pipelined chain from / to the root)
 RING_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 #: bytes of one pipeline chunk of NCCL's ring broadcast / reduce per protocol profile: a buffer step
-#: (NCCL 2.30 src/init.cc DEFAULT_BUFFSIZE 4 MiB, DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE over
-#: NCCL_STEPS 8, src/include/device.h) times BROADCAST_CHUNKSTEPS = REDUCE_CHUNKSTEPS = 1
-#: (src/include/collectives.h); LL carries 8 data bytes per 16-byte line, LL128 120 per 128
-PIPELINE_CHUNK_BYTES = {"nccl-ll": 32 << 10, "nccl-ll128": 120 * 640 * 8 * 15 // 16, "nccl-simple": 512 << 10}
+#: (:data:`treecoll.collectives.sim.nccl_model.PROTO_CHUNK_BYTES`) times BROADCAST_CHUNKSTEPS =
+#: REDUCE_CHUNKSTEPS = 1 (src/include/collectives.h)
+PIPELINE_CHUNK_BYTES = {f"nccl-{p.lower()}": b for p, b in PROTO_CHUNK_BYTES.items()}
 
 
 @gc_paused()
