@@ -9,16 +9,18 @@ from treecoll.topo.errors import AttentionError
 __all__ = ["DECODE_BACKENDS", "decode_partial"]
 
 
-def _torch_backend(q, k, v, lengths, scale, num_splits, out, block_table):
+def _torch_backend(q, k, v, lengths, scale, num_splits, out, block_table, fast_bf16=False):
     from treecoll.attention.decode_cpu import decode_torch
 
     return decode_torch(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
 
 
-def _native_backend(q, k, v, lengths, scale, num_splits, out, block_table):
+def _native_backend(q, k, v, lengths, scale, num_splits, out, block_table, fast_bf16=False):
     from treecoll.attention.decode_native import decode_native
 
-    return decode_native(q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table)
+    return decode_native(
+        q, k, v, lengths, scale, num_splits=num_splits or 1, out=out, block_table=block_table, fast_bf16=fast_bf16
+    )
 
 
 def _auto_cpu_backend(q, k, v) -> str:
@@ -30,7 +32,7 @@ def _auto_cpu_backend(q, k, v) -> str:
     return "torch"
 
 
-def _triton_backend(q, k, v, lengths, scale, num_splits, out, block_table):
+def _triton_backend(q, k, v, lengths, scale, num_splits, out, block_table, fast_bf16=False):
     from treecoll.attention.decode_triton import decode_triton
 
     return decode_triton(q, k, v, lengths, scale, num_splits=num_splits, out=out, block_table=block_table)
@@ -52,6 +54,7 @@ def decode_partial(
     backend: str = "auto",
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_table: torch.Tensor | None = None,
+    fast_bf16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one query per sequence against its local keys, as a mergeable state.
 
@@ -89,6 +92,13 @@ def decode_partial(
         ``max_pages * page_size``.  Entries past ``kv_len`` are never read.
     out : (Tensor, Tensor), optional
         Preallocated float32 ``[batch, q_heads, head_dim]`` and ``[batch, q_heads]``.
+    fast_bf16 : bool
+        Allow bf16 products for bfloat16 caches where the backend has them: 'native'
+        on CPUs with AVX512_BF16 (``native_status()['fast_bf16']``) then multiplies
+        with ``vdpbf16ps``, the query rounded to bf16 for the scores and the softmax
+        weights rounded to bf16 for the values, as GPU kernels do (each rounding at
+        most 2**-9 relative; about half the instructions).  Elsewhere, and for other
+        cache dtypes, the arithmetic stays float32 and the option changes nothing.
 
     Returns
     -------
@@ -119,7 +129,10 @@ def decode_partial(
         )
     if out is not None:
         _check_out(out, q)
-    return DECODE_BACKENDS[backend](q, k, v, lengths, scale, num_splits, out, block_table)
+    if not isinstance(fast_bf16, bool):
+        raise AttentionError(f"decode_partial: fast_bf16: expected a bool, got {fast_bf16!r}")
+    extra = {"fast_bf16": True} if fast_bf16 else {}  # backends' positional signature unchanged by default
+    return DECODE_BACKENDS[backend](q, k, v, lengths, scale, num_splits, out, block_table, **extra)
 
 
 def _check_out(out, q) -> None:

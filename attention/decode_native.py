@@ -13,10 +13,12 @@ releases the GIL during the call.
 Instruction sets: the library is compiled for the baseline of the machine's
 architecture, with AVX-512 BF16, AVX-512 and AVX2 variants selected at run time
 (chosen once per process from the CPU; :func:`native_status` reports which).
-``q_bf16=True`` (AVX-512 BF16 CPUs, bf16 caches) computes the scores with
-``vdpbf16ps`` on the query rounded to bfloat16, as GPU kernels do: the scores
-change by up to about ``2**-9 * |q| |k|``, beyond the float32 tolerance, so it is
-off by default.
+``fast_bf16=True`` (AVX-512 BF16 CPUs, bf16 caches; ``native_status()['fast_bf16']``)
+multiplies with ``vdpbf16ps`` on the raw bf16 keys and values, as GPU kernels do
+with their bf16 matrix units: the scores with the query rounded to bfloat16, the
+values with the softmax weights rounded to bfloat16 (the running max and sum stay
+float32).  Each rounding is at most ``2**-9`` relative, so a score changes by up to
+``2**-9 * sum_d |q_d k_d| * scale``, beyond the float32 tolerance: off by default.
 
 Build: the system C compiler (``$CC``, else ``cc``) with ``-O3``, once per source /
 compiler / machine, into ``$TREECOLL_CACHE_DIR`` (default
@@ -36,7 +38,7 @@ cannot be built, the float64 reference stands in, so the example reads the same)
 >>> v = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]]]])
 >>> status = native_status()
 >>> sorted(status), status["isa"] in NATIVE_ISAS + (None,)
-(['available', 'isa', 'library', 'reason'], True)
+(['available', 'fast_bf16', 'isa', 'library', 'reason'], True)
 >>> built = status["available"]
 >>> out, lse = decode_native(q, k, v, torch.tensor([2]), 1.0) if built else reference(q, k, v, scale=1.0)
 >>> [round(x, 5) for x in out.flatten().tolist()], round(lse.item(), 5)
@@ -69,7 +71,7 @@ NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 NATIVE_ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
 # The second set when the compiler rejects the x86 target attributes of the first.
 _FLAG_SETS = (["-O3", "-pthread"], ["-O3", "-pthread", "-DTREECOLL_PORTABLE_ONLY"])
-_FLAG_Q_BF16 = 1
+_FLAG_FAST_BF16 = 1
 
 _LOCK = threading.Lock()
 _STATE: dict = {}
@@ -145,13 +147,21 @@ def _load():
 
 
 def native_status() -> dict:
-    """``{'available': bool, 'isa': one of NATIVE_ISAS or None, 'library': path, 'reason': str}``
-    (builds the kernel on first call; ``isa`` is the tier chosen for this CPU)."""
+    """``{'available': bool, 'isa': one of NATIVE_ISAS or None, 'fast_bf16': bool, 'library': path,
+    'reason': str}`` (builds the kernel on first call; ``isa`` is the tier chosen for this CPU;
+    ``fast_bf16``: whether ``fast_bf16=True`` has its ``vdpbf16ps`` path here)."""
     try:
         lib = _load()
     except AttentionError as exc:
-        return {"available": False, "isa": None, "library": None, "reason": str(exc)}
-    return {"available": True, "isa": lib.treecoll_decode_isa().decode(), "library": str(_STATE["path"]), "reason": ""}
+        return {"available": False, "isa": None, "fast_bf16": False, "library": None, "reason": str(exc)}
+    isa = lib.treecoll_decode_isa().decode()
+    return {
+        "available": True,
+        "isa": isa,
+        "fast_bf16": isa == "avx512_bf16",
+        "library": str(_STATE["path"]),
+        "reason": "",
+    }
 
 
 def supports(q, k, v) -> bool:
@@ -203,7 +213,7 @@ def decode_native(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_table: torch.Tensor | None = None,
     isa: str | None = None,
-    q_bf16: bool = False,
+    fast_bf16: bool = False,
     threads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial decode attention with the fused C kernel (validated CPU inputs; see
@@ -216,10 +226,11 @@ def decode_native(
     at least that many blocks (the kernel chooses otherwise); ``threads`` defaults to
     ``torch.get_num_threads()``.  ``isa`` caps the instruction set (one of
     :data:`NATIVE_ISAS`, for tests and comparisons; default: the best the CPU has).
-    ``q_bf16``: scores by ``vdpbf16ps`` with the query rounded to bfloat16 (bf16
-    caches on AVX-512 BF16 CPUs; elsewhere ignored): up to ~2**-9 relative error
-    in the scores.  Returns ``(out, lse)``: float32 [batch, q_heads, head_dim] and
-    [batch, q_heads], natural log; ``(0, -inf)`` for no keys.
+    ``fast_bf16``: scores and values by ``vdpbf16ps``, the query and the softmax
+    weights rounded to bfloat16 (bf16 caches on AVX-512 BF16 CPUs; elsewhere
+    ignored): up to 2**-9 relative error in each of them.  Returns ``(out, lse)``:
+    float32 [batch, q_heads, head_dim] and [batch, q_heads], natural log; ``(0, -inf)``
+    for no keys.
     """
     lib = _load()
     if not supports(q, k, v):
@@ -265,7 +276,7 @@ def decode_native(
         scale=float(scale),
         threads=threads or torch.get_num_threads(),
         isa=-1 if isa is None else NATIVE_ISAS.index(isa),
-        flags=_FLAG_Q_BF16 if q_bf16 else 0,
+        flags=_FLAG_FAST_BF16 if fast_bf16 else 0,
     )
     itemsize = k.element_size()
     args.k_b, args.k_t, args.k_h = (s * itemsize for s in k.stride()[:3])

@@ -104,14 +104,13 @@ class Placement:
                 f"placement: the process group has {group_size} ranks, the placement maps {n}; "
                 f"pass ranks={group_size} (or that many GPUs)"
             )
-        key = (topology.fingerprint() if topology is not None else None, gpus, n)
         for name, value in (
             ("topology", topology),
             ("gpus", gpus),
             ("nranks", n),
             ("group", group),
-            ("_key", key),
-            ("_hash", hash((key, id(group) if group is not None else None))),
+            ("_key", None),
+            ("_hash", None),
         ):
             object.__setattr__(self, name, value)
 
@@ -123,16 +122,26 @@ class Placement:
 
     @property
     def plan_key(self) -> tuple:
-        """What plans depend on: (topology fingerprint or None, GPUs, nranks); never the group."""
-        return self._key
+        """What plans depend on: (topology fingerprint or None, GPUs, nranks); never the group.
+        Made on first use (a 100,000-GPU topology's fingerprint takes seconds; the analytic
+        engine never asks for it)."""
+        key = self._key
+        if key is None:
+            key = (self.topology.fingerprint() if self.topology is not None else None, self.gpus, self.nranks)
+            object.__setattr__(self, "_key", key)
+        return key
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Placement):
             return NotImplemented
-        return self._key == other._key and self.group is other.group
+        return self.plan_key == other.plan_key and self.group is other.group
 
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if h is None:
+            h = hash((self.plan_key, id(self.group) if self.group is not None else None))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __repr__(self) -> str:
         where = f"topology={self.topology.name!r}, " if self.topology is not None else ""

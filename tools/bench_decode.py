@@ -23,8 +23,10 @@ cache.  The machine is shared, so each row records the 1-minute load average and
 threads); below 1, other jobs held the cores.
 
 On CPU the backends of ``--backends`` run side by side (default: ``native``, the
-fused C kernel, and ``torch``, block-wise float32 matmuls; ``vs torch`` is the
-speed-up over the latter), and as an anchor (unless ``--no-anchor``) torch's own
+fused C kernel; for bf16 rows on CPUs with AVX512_BF16 also ``native_fast_bf16``,
+the same kernel with ``fast_bf16=True``: ``vdpbf16ps`` products, the query and the
+softmax weights rounded to bf16; and ``torch``, block-wise float32 matmuls;
+``vs torch`` is the speed-up over the latter), and as an anchor (unless ``--no-anchor``) torch's own
 fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``,
 query heads of a group as rows, full length) on the same cache.  On CUDA the
 Triton kernels run and the rates are the device's.
@@ -69,6 +71,8 @@ QUICK = {
     "rate_mib": 64,
 }
 TIMED = tuple[float, float]
+#: the native kernel with ``fast_bf16=True`` (a bench-only name: bf16 rows only)
+FAST = "native_fast_bf16"
 
 
 def _sync(device: torch.device) -> None:
@@ -102,7 +106,13 @@ def _decode_cases(
 ) -> dict[str, Callable[[], Any]]:
     """One decode call per backend on the first ``tokens`` of every sequence, and the SDPA anchor."""
     kv_len = torch.full((q.shape[0],), tokens, dtype=torch.int32, device=q.device)
-    cases = {b: (lambda b=b: attention.decode_partial(q, k, v, kv_len=kv_len, backend=b)) for b in backends}
+    cases = {}
+    for b in backends:
+        fast = b == FAST
+        backend = "native" if fast else b
+        cases[b] = lambda backend=backend, fast=fast: attention.decode_partial(
+            q, k, v, kv_len=kv_len, backend=backend, fast_bf16=fast
+        )
     if anchor:
         cases["sdpa"] = _sdpa_anchor(q, k, v, tokens)
     return cases
@@ -216,12 +226,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             k = torch.empty(batch, max(fits), KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_()
             v = torch.empty_like(k).normal_()
             q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device).to(dtype)
+            row_backends = [b for b in backends if b != FAST or dtype == torch.bfloat16]  # the same code otherwise
             for n in fits:
                 _wait_for_quiet(args.wait_load, args.wait_max)
-                cases = _decode_cases(q, k, v, n, backends, anchor=device.type == "cpu" and not args.no_anchor)
+                cases = _decode_cases(q, k, v, n, row_backends, anchor=device.type == "cpu" and not args.no_anchor)
                 best = _measure_row(cases, rates, device, args.repeats, scratch.zero_)
                 common = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": n * per_token, "threads": threads}
-                rows += _row_values(best, backends, common, n * per_token, threads, device, rate_bytes)
+                rows += _row_values(best, row_backends, common, n * per_token, threads, device, rate_bytes)
                 print(f"{dname} B={batch} tokens={n}: done", file=sys.stderr, flush=True)
             k = v = q = None  # free this size's cache before the next one
     return {
@@ -337,10 +348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--backends",
-        type=_names("--backends", list(attention.DECODE_BACKENDS)),
-        default=["native", "torch"],
-        help=f"CPU decode backends, side by side: {', '.join(sorted(attention.DECODE_BACKENDS))} "
-        f"(default native,torch)",
+        type=_names("--backends", [*attention.DECODE_BACKENDS, FAST]),
+        default=None,
+        help=f"CPU decode backends, side by side: {', '.join(sorted([*attention.DECODE_BACKENDS, FAST]))} "
+        f"({FAST}: the native kernel with fast_bf16=True, bf16 rows only; default native,{FAST},torch, "
+        f"without {FAST} where the CPU has no AVX512_BF16)",
     )
     p.add_argument(
         "--device",
@@ -381,12 +393,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for dest, value in QUICK.items():
             if getattr(args, dest) == p.get_default(dest):
                 setattr(args, dest, value)
-    if "native" in args.backends and args.device == "cpu":
+    given = args.backends is not None
+    if not given:
+        args.backends = ["native", FAST, "torch"]
+    if {"native", FAST} & set(args.backends) and args.device == "cpu":
         from treecoll.attention.decode_native import native_status
 
         status = native_status()
         if not status["available"]:
             raise units.UsageError(f"--backends native: {status['reason']}")
+        if FAST in args.backends and not status["fast_bf16"]:
+            if given:
+                raise units.UsageError(f"--backends {FAST}: the CPU has no AVX512_BF16 (native tier {status['isa']})")
+            args.backends.remove(FAST)
         print(f"native kernel: {status['isa']} ({status['library']})")
     print(f"device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
     result = run(args)

@@ -7,8 +7,10 @@ Each case is one ``treecoll simulate allreduce`` command. Measured per case:
 process: interpreter start, imports, topology load, simulation, output), and
 in this process the same work split in two: ``load s`` (reading the topology
 file) and ``simulate s`` (the table: :func:`treecoll.tools.cmd_simulate.allreduce_data`
-on the loaded topology, routes computed cold). ``rss MB``: peak resident
-memory of the commands run so far (the largest child). Cases and targets:
+on the loaded topology, routes computed cold). ``cpu s``: the CPU time of
+those two (what the work costs on a busy machine, where the wall times
+stretch). ``rss MB``: peak resident memory of the commands run so far (the
+largest child). Cases and targets:
 
 ==========  ==========================================================================  ======
 case        command                                                                     target
@@ -79,22 +81,22 @@ def _command(topology: str, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "treecoll.tools.cli", "simulate", "allreduce", "--topology", topology, *args]
 
 
-def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict]:
-    """(load s, simulate s, the table) of the command's work in this process."""
+def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict, float, float]:
+    """(load s, simulate s, the table, load CPU s, simulate CPU s) of the command's work in this process."""
     from treecoll.tools import cmd_simulate
     from treecoll.tools.cli import build_parser
 
     ns = build_parser().parse_args(["simulate", "allreduce", "--topology", topology, *args])
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     topo = cmd_simulate._resolve(ns)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     from treecoll.tools import units
 
     algos = units.parse_list(ns.algo, what="--algo", kind="algorithms")
     data = cmd_simulate.allreduce_data(
         topo, algos, ns.sizes, ns.ranks, ns.profile, ns.sim_command, mode=ns.mode, engine=ns.engine
     )
-    return t1 - t0, time.perf_counter() - t1, data
+    return t1 - t0, time.perf_counter() - t1, data, c1 - c0, time.process_time() - c1
 
 
 def run_case(name: str, spec: str | int, args: list[str], target: float | None, where: Path, repeats: int) -> dict:
@@ -106,7 +108,7 @@ def run_case(name: str, spec: str | int, args: list[str], target: float | None, 
         walls.append(time.perf_counter() - t0)
         if done.returncode:
             raise RuntimeError(f"{name}: the command failed: {done.stderr.strip()[-500:]}")
-    load, sim, data = _in_process(topology, args)
+    load, sim, data, load_cpu, sim_cpu = _in_process(topology, args)
     row = {
         "case": name,
         "command": "treecoll simulate allreduce --topology "
@@ -117,13 +119,15 @@ def run_case(name: str, spec: str | int, args: list[str], target: float | None, 
         "command_runs_s": walls,
         "load_s": load,
         "simulate_s": sim,
+        "load_cpu_s": load_cpu,
+        "simulate_cpu_s": sim_cpu,
         "target_s": target,
         "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
         "results": [{"size": r["size"], **{a: v["time_us"] for a, v in r["algos"].items()}} for r in data["rows"]],
     }
     print(
         f"{name:<10} {row['gpus']:>7} GPUs {row['engine']:<8} command {row['command_s']:7.2f} s  load "
-        f"{load:6.2f} s  simulate {sim:7.2f} s  (target {target or '-'} s)",
+        f"{load:6.2f} s  simulate {sim:7.2f} s  (CPU {load_cpu:.2f} + {sim_cpu:.2f} s; target {target or '-'} s)",
         flush=True,
     )
     return row
@@ -167,13 +171,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     r["command_s"],
                     r["load_s"],
                     r["simulate_s"],
+                    r["load_cpu_s"] + r["simulate_cpu_s"],
                     r["target_s"] if r["target_s"] is not None else "-",
                     r["rss_mb"],
                 ]
                 for r in rows
             ],
-            ["case", "GPUs", "engine", "command s", "load s", "simulate s", "target s", "rss MB"],
-            formats=[None, None, None, ".2f", ".2f", ".2f", None, ".0f"],
+            ["case", "GPUs", "engine", "command s", "load s", "simulate s", "cpu s", "target s", "rss MB"],
+            formats=[None, None, None, ".2f", ".2f", ".2f", ".2f", None, ".0f"],
         )
     )
     bench.write_json({"rows": rows}, args.json)

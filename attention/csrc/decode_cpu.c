@@ -25,9 +25,13 @@
  * 32-element load gives the even elements by a shift and the odd ones by a
  * mask); the query and the accumulators are kept in the same even/odd order,
  * so no shuffle is needed.  All arithmetic is float32, except with
- * TREECOLL_Q_BF16: the scores then use vdpbf16ps on the raw bf16 keys with
- * the query rounded to bfloat16 (as GPU kernels do), which halves the work of
- * the score pass and changes the scores by up to ~2^-9 relative.
+ * FLAG_FAST_BF16 (bf16 caches on AVX-512 BF16 CPUs), where vdpbf16ps (pairs of
+ * bf16 products summed into float32) does the multiplications on the raw bf16
+ * keys and values, as GPU kernels do with their bf16 matrix units: the scores
+ * with the query rounded to bfloat16, the values with the softmax weights
+ * rounded to bfloat16 (the running max and sum stay float32).  Each rounding
+ * is a relative error of at most 2^-9 per factor; the multiplications take
+ * half the instructions.
  *
  * Instruction sets, chosen once per process from the CPU (and capped by the
  * caller's `isa`): AVX-512 with BF16 (F, BW, VL, DQ + vdpbf16ps), AVX-512
@@ -61,7 +65,9 @@
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3 };
-enum { FLAG_Q_BF16 = 1 };
+enum { FLAG_FAST_BF16 = 1 };
+/* Element order of qf and the accumulators within each CHUNK (see chunk_dim). */
+enum { PERM_NATURAL = 0, PERM_EVEN_ODD = 1, PERM_UNPACK = 2 };
 #define TILE 32        /* tokens per online-softmax step (at most, see task512_dt) */
 #define CHUNK 32       /* head_dim elements per load group (padding unit of the buffers) */
 #define MAX_THREADS 64
@@ -146,11 +152,11 @@ struct call {
     int64_t H, G, D, Dp, Hs, slices, tb, tl, ntasks, slot_floats, scratch_floats;
     int64_t *task_off;  /* [batch + 1]: first task of each sequence */
     float *qf;          /* [batch, q_heads, Dp] scaled query, float32, in the kernel's element order */
-    uint16_t *qbf;      /* [batch, q_heads, Dp] scaled query rounded to bf16 (FLAG_Q_BF16), natural order */
+    uint16_t *qbf;      /* [batch, q_heads, Dp] scaled query rounded to bf16 (FLAG_FAST_BF16), natural order */
     float *slots;       /* [ntasks, slot_floats] */
     float *scratch;     /* [threads, scratch_floats] */
     task_fn task;
-    int perm_even_odd;  /* qf and the accumulators hold [even | odd] per CHUNK (bf16 AVX-512) */
+    int perm;           /* order of qf and the accumulators per CHUNK: PERM_* (chunk_dim) */
     atomic_llong next;
 };
 
@@ -310,11 +316,34 @@ T512 static INL void load32(const char *p, const int dt, __mmask32 mk, __m512 *x
     }
 }
 
-/* Every cache line of [p, p + bytes) towards L2. */
-T512 static INL void prefetch_l2(const char *p, int64_t bytes) {
-    for (uintptr_t x = (uintptr_t)p & ~(uintptr_t)63; x < (uintptr_t)p + (uintptr_t)bytes; x += 64)
-        _mm_prefetch((const char *)x, _MM_HINT_T1);
+/* Software prefetch of a list of byte ranges (row[i] + off, span bytes), i < n, one
+ * cache line at a time: pf_lines issues the next `lines` of them, so that a tile's
+ * prefetches are spread over the work of the tile before. */
+typedef struct {
+    const char *const *row;
+    int64_t n, off, span, i;
+    uintptr_t at, end; /* the next line of row i and the end of its range */
+} pf_cursor;
+
+static inline void pf_start(pf_cursor *c, const char *const *row, int64_t n, int64_t off, int64_t span) {
+    c->row = row, c->n = n, c->off = off, c->span = span, c->i = 0, c->at = c->end = 0;
 }
+
+T512 static INL void pf_lines(pf_cursor *c, int64_t lines) {
+    for (; lines > 0; lines--) {
+        if (c->at >= c->end) {
+            if (c->i >= c->n) return;
+            c->at = (uintptr_t)(c->row[c->i] + c->off) & ~(uintptr_t)63;
+            c->end = (uintptr_t)(c->row[c->i] + c->off) + (uintptr_t)c->span;
+            c->i++;
+        }
+        _mm_prefetch((const char *)c->at, _MM_HINT_T1);
+        c->at += 64;
+    }
+}
+
+/* Lines of the ranges still to prefetch (an upper bound: one per 64 bytes, plus one per range). */
+static inline int64_t pf_left(const pf_cursor *c) { return (c->n - c->i) * (c->span / 64 + 2); }
 
 /* Sums of 16 vectors: lane j of the result is the sum of the lanes of v[j]. */
 T512 static INL __m512 reduce16(const __m512 v[16]) {
@@ -395,27 +424,43 @@ T512BF static INL void scores_dpbf16(const int GB, const char *const *kr, const 
     store_scores(reduce16(acc), TB, tn, gn, sc);
 }
 
+/* The value accumulators of GB queries for the CCH chunks of head_dim from chunk c0 (2 vectors
+ * per chunk, zero past nch) into acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
+T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *const *ag,
+                              __m512 *acc, __mmask32 *mk) {
+    UNROLL
+    for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
+    UNROLL
+    for (int g = 0; g < GB; g++)
+        UNROLL
+        for (int j = 0; j < 2 * CCH; j++)
+            acc[g * 2 * CCH + j] =
+                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag[g] + c0 * CHUNK + 16 * j);
+}
+
+/* acc_load's vectors back (the chunks before nch). */
+T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t nch, float *const *ag,
+                               const __m512 *acc) {
+    UNROLL
+    for (int g = 0; g < GB; g++)
+        UNROLL
+        for (int j = 0; j < 2 * CCH; j++)
+            if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+}
+
 /* acc[g] += sum_i p[g][i] * v_i over the tile for GB queries, CB vectors (CB/2 chunks)
  * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
- * pass, the rows pfrow[i < npf] (pfbytes long) are prefetched, one per token. */
+ * pass, pf_per lines of the cursor pf per token. */
 T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
-                                  int64_t D, const float *const *p, float *const *ag, const char *const *pfrow,
-                                  int64_t npf, int64_t pfbytes) {
+                                  int64_t D, const float *const *p, float *const *ag, pf_cursor *pf, int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     const int64_t isz = itemsize_of(dt);
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        UNROLL
-        for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
-        UNROLL
-        for (int g = 0; g < GB; g++)
-            UNROLL
-            for (int j = 0; j < 2 * CCH; j++)
-                acc[g * 2 * CCH + j] = _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0,
-                                                             ag[g] + c0 * CHUNK + 16 * j);
+        acc_load(GB, CCH, c0, nch, D, ag, acc, mk);
         for (int64_t i = 0; i < n; i++) {
-            if (c0 == 0 && i < npf) prefetch_l2(pfrow[i], pfbytes);
+            if (c0 == 0) pf_lines(pf, pf_per);
             __m512 x[16];
             UNROLL
             for (int j = 0; j < CCH; j++) load32(vrow[i] + (c0 + j) * CHUNK * isz, dt, mk[j], &x[2 * j], &x[2 * j + 1]);
@@ -426,11 +471,54 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
                 for (int j = 0; j < 2 * CCH; j++) acc[g * 2 * CCH + j] = _mm512_fmadd_ps(pg, x[j], acc[g * 2 * CCH + j]);
             }
         }
-        UNROLL
-        for (int g = 0; g < GB; g++)
+        acc_store(GB, CCH, c0, nch, ag, acc);
+    }
+}
+
+/* values_block with vdpbf16ps (bf16 caches, FLAG_FAST_BF16): the weights p[g][i] rounded
+ * to bf16 (pb[g], TILE entries, zero from n on), tokens taken two at a time: the rows of
+ * tokens i and i + 1 interleaved element by element (vpunpck{l,h}wd) against the pair
+ * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
+ * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
+T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
+                                     const uint16_t *const *pb, float *const *ag, pf_cursor *pf, int64_t pf_per) {
+    const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
+    for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
+        __m512 acc[16];
+        __mmask32 mk[8];
+        acc_load(GB, CCH, c0, nch, D, ag, acc, mk);
+        for (int64_t i = 0; i < n; i += 2) {
+            const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
+            const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
+            if (c0 == 0) pf_lines(pf, 2 * pf_per);
+            __m512i x[16];
             UNROLL
-            for (int j = 0; j < 2 * CCH; j++)
-                if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+            for (int j = 0; j < CCH; j++) {
+                const __m512i r0 = _mm512_maskz_loadu_epi16(mk[j], vrow[i] + (c0 + j) * CHUNK * 2);
+                const __m512i r1 = _mm512_maskz_loadu_epi16(mk[j] & m1, vrow[i1] + (c0 + j) * CHUNK * 2);
+                x[2 * j] = _mm512_unpacklo_epi16(r0, r1);
+                x[2 * j + 1] = _mm512_unpackhi_epi16(r0, r1);
+            }
+            UNROLL
+            for (int g = 0; g < GB; g++) {
+                uint32_t pair;
+                memcpy(&pair, pb[g] + i, sizeof pair);
+                const __m512bh pg = (__m512bh)_mm512_set1_epi32((int)pair);
+                UNROLL
+                for (int j = 0; j < 2 * CCH; j++)
+                    acc[g * 2 * CCH + j] = _mm512_dpbf16_ps(acc[g * 2 * CCH + j], pg, (__m512bh)x[j]);
+            }
+        }
+        acc_store(GB, CCH, c0, nch, ag, acc);
+    }
+}
+
+/* p[0..n) (float32, n <= TILE) rounded to bf16 into pb[0..TILE), zeros from n on. */
+T512BF static INL void weights_bf16(const float *p, int64_t n, uint16_t *pb) {
+    UNROLL
+    for (int i = 0; i < TILE; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : n > i ? (__mmask16)((1u << (n - i)) - 1u) : 0;
+        _mm256_storeu_si256((__m256i *)(pb + i), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, p + i)));
     }
 }
 
@@ -451,6 +539,15 @@ static inline void touch_pages(const char *const *row, int64_t n, int64_t stride
     page_sink += acc;
 }
 
+/* The K and V rows (head 0) of tokens s .. s + n - 1 of sequence b. */
+static inline void tile_rows(const call_t *c, int64_t b, int64_t s, int64_t n, const char **kr, const char **vr) {
+    const treecoll_decode_args *a = c->a;
+    for (int64_t i = 0; i < n; i++) {
+        kr[i] = token_row(a->k, b, s + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
+        vr[i] = token_row(a->v, b, s + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
+    }
+}
+
 /* Query-group blocks: the largest of 8, 4, 2, 1 that fits the remaining queries. */
 static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1; }
 
@@ -463,43 +560,54 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
     }
 
 /* One task on the AVX-512 tiers: per tile of c->tl tokens and per KV head, the scores of
- * the head's queries, their online-softmax step and the values.  While a head's K (V)
- * rows of this tile are read, the same head's rows of the next tile are prefetched into
- * L2, one token at a time: one head's rows are kv_heads * head_dim * itemsize bytes
- * apart, so each 4 KiB page holds few of them and the hardware prefetchers (which stop
- * at page boundaries) fall behind.  The tile is 32 tokens, or 16 when a token's K and V
- * rows (all heads of the slice) exceed 4 KiB, so that the tile being read and the one
- * being prefetched stay well inside L2.  (Measured on a Zen 4 VM, one thread, 128k
- * tokens, Llama-3.1-8B shapes: without the prefetch bf16 runs about 2x slower; with tiles
- * twice as long fp32 runs 1.3x slower.  A cache in 2 MiB pages (transparent huge pages,
- * e.g. torch's THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new
- * 4 KiB page every few rows.) */
+ * the head's queries, their online-softmax step and the values.  While the tile is
+ * computed, the next tile's K and V rows are prefetched into L2 (prefetcht1), a few
+ * lines per step of the score and value loops (pf_cursor): one head's rows are
+ * kv_heads * head_dim * itemsize bytes apart, so each 4 KiB page holds few of them and
+ * the hardware prefetchers (which stop at page boundaries) fall behind.  When the heads
+ * of a token are adjacent in memory (k_h = head_dim * itemsize, the usual layouts), the
+ * work of head h prefetches its share of the next tile's tokens, all heads of the slice,
+ * in address order; otherwise head h prefetches its own rows of the next tile.  The tile
+ * is 32 tokens, or 16 when a token's K and V rows (all heads of the slice) exceed 4 KiB,
+ * so that the tile being read and the one being prefetched stay well inside L2.
+ * (Measured on a Zen 4 VM, one thread, 128k tokens, Llama-3.1-8B shapes: without the
+ * prefetch bf16 runs about 2x slower; with tiles twice as long fp32 runs 1.3x slower;
+ * prefetching into L1 (prefetcht0) instead runs about 1.7x slower, and two tiles ahead instead
+ * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, e.g. torch's
+ * THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new 4 KiB page
+ * every few rows.) */
 T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
                                   int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
     const int64_t G = c->G, D = c->D, Dp = c->Dp, nch = (D + CHUNK - 1) / CHUNK, isz = itemsize_of(dt);
-    float *sc = scratch; /* [G][TILE] */
+    float *sc = scratch;                            /* [G][TILE] */
+    uint16_t *pbf = (uint16_t *)(scratch + G * TILE); /* [G][TILE]: sc rounded to bf16 (dot_bf16) */
     float *ms = slot_m(c, slot), *ls = slot_l(c, slot), *accs = slot_acc(c, slot);
     const char *krow[2][TILE], *vrow[2][TILE]; /* rows of this tile and of the next */
     const int64_t tl = c->tl; /* tokens per tile, <= TILE */
     int cur = 0;
-    const int64_t n0 = t1 - t0 < tl ? t1 - t0 : tl;
-    for (int64_t i = 0; i < n0; i++) {
-        krow[0][i] = token_row(a->k, b, t0 + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
-        vrow[0][i] = token_row(a->v, b, t0 + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
-    }
+    tile_rows(c, b, t0, t1 - t0 < tl ? t1 - t0 : tl, krow[0], vrow[0]);
     for (int64_t s = t0; s < t1; s += tl, cur ^= 1) {
         const int64_t n = t1 - s < tl ? t1 - s : tl;
         const int64_t pf = t1 - s - n < tl ? t1 - s - n : tl; /* tokens of the next tile */
         const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
-        for (int64_t i = 0; i < pf; i++) {
-            krow[cur ^ 1][i] = token_row(a->k, b, s + n + i, a->k_b, a->k_t, a->pages, a->pages_b, a->page_size);
-            vrow[cur ^ 1][i] = token_row(a->v, b, s + n + i, a->v_b, a->v_t, a->pages, a->pages_b, a->page_size);
-        }
+        tile_rows(c, b, s + n, pf, krow[cur ^ 1], vrow[cur ^ 1]);
+        const int adjacent = a->k_h == D * isz && a->v_h == D * isz;
         touch_pages(kn, pf, a->k_h, h0, h1, D * isz);
         touch_pages(vn, pf, a->v_h, h0, h1, D * isz);
         for (int64_t h = h0; h < h1; h++) {
-            const int64_t j = (h - h0) * G;
+            const int64_t j = (h - h0) * G, nh = h1 - h0;
+            pf_cursor pk, pv;
+            if (adjacent) { /* this head's share of the next tile's rows, all heads of the slice */
+                const int64_t lo = (h - h0) * pf / nh, hi = (h - h0 + 1) * pf / nh;
+                pf_start(&pk, kn + lo, hi - lo, h0 * a->k_h, nh * D * isz);
+                pf_start(&pv, vn + lo, hi - lo, h0 * a->v_h, nh * D * isz);
+            } else { /* this head's rows of the next tile */
+                pf_start(&pk, kn, pf, h * a->k_h, D * isz);
+                pf_start(&pv, vn, pf, h * a->v_h, D * isz);
+            }
+            const int64_t tb0 = 16 / group_block(G), pk_per = (pf_left(&pk) + (n + tb0 - 1) / tb0 - 1) / ((n + tb0 - 1) / tb0);
+            const int64_t pv_per = (pf_left(&pv) + n - 1) / n;
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0), TB = 16 / GB;
                 for (int64_t i = 0; i < n; i += TB) {
@@ -507,8 +615,7 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     const char *kr[16];
                     UNROLL
                     for (int t = 0; t < 16; t++) kr[t] = krow[cur][i + (t < tn ? t : 0)] + h * a->k_h;
-                    if (g0 == 0) /* the same tokens of the next tile, this head */
-                        for (int64_t t = i; t < i + tn && t < pf; t++) prefetch_l2(kn[t] + h * a->k_h, D * isz);
+                    if (g0 == 0) pf_lines(&pk, pk_per);
                     if (dot_bf16) {
                         const uint16_t *qr[8];
                         for (int g = 0; g < GB; g++) qr[g] = c->qbf + ((b * c->H + h) * G + g0 + g) * Dp;
@@ -520,6 +627,7 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     }
                 }
             }
+            pf_lines(&pk, pf_left(&pk));
             for (int64_t g = 0; g < G; g++) {
                 const float alpha = softmax_step512(sc + g * TILE, n, ms + j + g, ls + j + g);
                 if (alpha != 1.0f) {
@@ -528,26 +636,33 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     for (int64_t d = 0; d < Dp; d += 16) _mm512_storeu_ps(ag + d, _mm512_mul_ps(va, _mm512_loadu_ps(ag + d)));
                 }
             }
-            const char *vr[TILE], *vp[TILE];
+            const char *vr[TILE];
             for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
-            for (int64_t i = 0; i < pf; i++) vp[i] = vn[i] + h * a->v_h;
+            if (dot_bf16)
+                for (int64_t g = 0; g < G; g++) weights_bf16(sc + g * TILE, n, pbf + g * TILE);
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0);
                 const float *p[8];
+                const uint16_t *pb[8];
                 float *ag[8];
                 for (int g = 0; g < GB; g++) {
                     p[g] = sc + (g0 + g) * TILE;
+                    pb[g] = pbf + (g0 + g) * TILE;
                     ag[g] = accs + (j + g0 + g) * Dp;
                 }
-                DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, vp, g0 == 0 ? pf : 0, D * isz));
+                if (dot_bf16)
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, &pv, g0 == 0 ? pv_per : 0))
+                else
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, &pv, g0 == 0 ? pv_per : 0))
             }
+            pf_lines(&pv, pf_left(&pv));
         }
     }
 }
 
 /* The AVX-512 tiers.  Both are compiled with the BF16 target because the score pass
  * may use vdpbf16ps; with DOT = 0 no BF16 instruction is executed (the code uses
- * none but that intrinsic), so the plain tier runs on AVX-512 CPUs without BF16.
+ * none outside the dot_bf16 branches), so the plain tier runs on AVX-512 CPUs without BF16.
  * The vdpbf16ps tier exists for bf16 caches only (pick_task). */
 T512BF static void task_avx512(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
                                float *slot, float *scratch) {
@@ -723,17 +838,27 @@ static void run_tasks(void *arg, int worker) {
     }
 }
 
+/* The element of a CHUNK held at position k (0 .. CHUNK-1) in the kernel's order:
+ * PERM_EVEN_ODD (bf16 converted by shift and mask): [even | odd] elements;
+ * PERM_UNPACK (values by vdpbf16ps on two rows interleaved by vpunpck{l,h}wd, which
+ * work per 128-bit lane): [0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31]. */
+static inline int64_t chunk_dim(int perm, int64_t k) {
+    const int64_t half = k / (CHUNK / 2), i = k % (CHUNK / 2);
+    if (perm == PERM_EVEN_ODD) return 2 * i + half;
+    if (perm == PERM_UNPACK) return 8 * (i / 4) + 4 * half + i % 4;
+    return k;
+}
+
 /* row (Dp floats, kernel order) -> out[d * stride] (natural order, d < D). */
 static void write_row(const call_t *c, const float *row, float scale, float *out, int64_t stride) {
-    if (!c->perm_even_odd) {
+    if (c->perm == PERM_NATURAL) {
         for (int64_t d = 0; d < c->D; d++) out[d * stride] = row[d] * scale;
         return;
     }
-    for (int64_t base = 0; base < c->D; base += CHUNK) /* [even | odd] per chunk */
-        for (int64_t k = 0; k < CHUNK / 2; k++) {
-            const int64_t d0 = base + 2 * k, d1 = d0 + 1;
-            if (d0 < c->D) out[d0 * stride] = row[base + k] * scale;
-            if (d1 < c->D) out[d1 * stride] = row[base + CHUNK / 2 + k] * scale;
+    for (int64_t base = 0; base < c->D; base += CHUNK)
+        for (int64_t k = 0; k < CHUNK; k++) {
+            const int64_t d = base + chunk_dim(c->perm, k);
+            if (d < c->D) out[d * stride] = row[base + k] * scale;
         }
 }
 
@@ -799,15 +924,8 @@ static void prepare_query(const call_t *c, float *tmp) {
             for (int64_t d = D; d < Dp; d++) tmp[d] = 0.0f;
             if (c->qbf)
                 for (int64_t d = 0; d < Dp; d++) c->qbf[(b * Hq + hq) * Dp + d] = f32_to_bf16(tmp[d]);
-            if (!c->perm_even_odd) {
-                memcpy(qf, tmp, (size_t)Dp * sizeof(float));
-                continue;
-            }
-            for (int64_t base = 0; base < Dp; base += CHUNK) /* [even | odd] per chunk */
-                for (int64_t k = 0; k < CHUNK / 2; k++) {
-                    qf[base + k] = tmp[base + 2 * k];
-                    qf[base + CHUNK / 2 + k] = tmp[base + 2 * k + 1];
-                }
+            for (int64_t base = 0; base < Dp; base += CHUNK)
+                for (int64_t k = 0; k < CHUNK; k++) qf[base + k] = tmp[base + chunk_dim(c->perm, k)];
         }
 }
 
@@ -831,9 +949,9 @@ static int decode_locked(const treecoll_decode_args *a) {
     c.Dp = (c.D + CHUNK - 1) / CHUNK * CHUNK;
     int isa = best_isa();
     if (a->isa >= 0 && a->isa < isa) isa = (int)a->isa;
-    const int dt = (int)a->kv_dtype, dot = (a->flags & FLAG_Q_BF16) && dt == DT_BF16 && isa >= ISA_AVX512BF16;
+    const int dt = (int)a->kv_dtype, dot = (a->flags & FLAG_FAST_BF16) && dt == DT_BF16 && isa >= ISA_AVX512BF16;
     c.task = pick_task(isa, dt, dot);
-    c.perm_even_odd = isa >= ISA_AVX512 && dt == DT_BF16;
+    c.perm = dot ? PERM_UNPACK : isa >= ISA_AVX512 && dt == DT_BF16 ? PERM_EVEN_ODD : PERM_NATURAL;
     int threads = pool_threads((int)(a->threads > MAX_THREADS ? MAX_THREADS : a->threads));
     int64_t total = 0;
     for (int64_t b = 0; b < a->batch; b++) total += a->lengths[b];
@@ -857,7 +975,7 @@ static int decode_locked(const treecoll_decode_args *a) {
     c.tl = 2 * c.Hs * c.D * itemsize_of(dt) > 4096 ? TILE / 2 : TILE;
     c.ntasks = nblocks * c.slices;
     c.slot_floats = c.Hs * c.G * (2 + c.Dp);
-    c.scratch_floats = (c.D * TILE + c.G * TILE + c.Dp + 15) / 16 * 16;
+    c.scratch_floats = (c.D * TILE + c.G * TILE + c.G * TILE / 2 + c.Dp + 15) / 16 * 16;
     if (threads > c.ntasks) threads = (int)(c.ntasks > 0 ? c.ntasks : 1);
     c.task_off = ws_get(0, (size_t)(a->batch + 1) * sizeof(int64_t));
     c.qf = ws_get(1, (size_t)(a->batch * c.H * c.G * c.Dp) * sizeof(float));

@@ -10,7 +10,11 @@ Model
   reaches its 4 NVSwitches with 5/5/4/4 links: 4 subflows).
 * Concurrent subflows share each link max-min fairly (progressive filling,
   :func:`maxmin_rates`); rates are recomputed whenever a subflow starts or
-  ends (events at the same instant are handled together, one recomputation).
+  ends (events at the same instant are handled together, one recomputation),
+  for the subflows connected through shared links to the links where that
+  happened: max-min allocation splits over such components, so the others
+  keep their rates, and an event costs the size of its component, not the
+  number of subflows in flight.
 * A transfer started at ``t0`` drains at ``t1`` (all its subflows done); its
   data has fully arrived at ``t1 + lat``, where ``lat`` is the summed link
   latency of the route, floored by the profile's per-step latency of the
@@ -107,6 +111,7 @@ class Route:
     nlinks: np.ndarray
     all_links: np.ndarray
     owner: np.ndarray
+    link_lists: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def of(
@@ -132,7 +137,8 @@ class Route:
         links = tuple(ids for ids, _ in used)
         if all_links is None or len(used) != len(subroutes):
             all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2])
+        lists = tuple(tuple(ids.tolist()) for ids in links)
+        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists)
 
 
 #: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
@@ -153,6 +159,7 @@ class Network:
         self.ends: list[tuple[str, str]] = []
         self.kinds: list[str] = []
         self._cap = np.zeros(256)  # grown by doubling; the first len(ends) entries are used
+        self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
         self._routes: dict[tuple[str, str], Route] = {}
 
@@ -171,6 +178,7 @@ class Network:
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
             self._cap[i] = float(d["bw"]) * 1e9 * eff
+            self.cap_list.append(float(self._cap[i]))
         return i
 
     @property
@@ -279,20 +287,50 @@ def _dense(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids[first], dense[rep]
 
 
-def _component(inc_f: np.ndarray, inc_l: np.ndarray, dirty: np.ndarray, nflows: int) -> np.ndarray:
-    """Incidence mask of the flows connected (through shared links) to the ``dirty`` links."""
-    lm = dirty
-    fm = np.zeros(nflows, dtype=bool)
-    count = 0
-    while True:
-        fm[inc_f[lm[inc_l]]] = True
-        sel = fm[inc_f]
-        c = int(sel.sum())
-        if c == count:
-            return sel
-        count = c
-        lm = lm.copy()
-        lm[inc_l[sel]] = True
+#: components up to this many link incidences are filled in Python (numpy's per-call cost dominates below)
+_PY_FILL_MAX = 96
+
+
+def _fill_small(flow_links: list[tuple[int, ...]], cap: dict[int, float]) -> list[float]:
+    """:func:`_fill` on a small component, in Python: the same operations on the same numbers (counts
+    of unfrozen flows per link, the least share, every link's capacity less count x share), so the
+    same rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap``: link id ->
+    capacity (consumed).
+
+    >>> _fill_small([(0,), (0, 1)], {0: 10.0, 1: 2.0})
+    [8.0, 2.0]
+    """
+    nf = len(flow_links)
+    rate = [0.0] * nf
+    cnt: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+    for f, ls in enumerate(flow_links):
+        for lk in ls:
+            cnt[lk] = cnt.get(lk, 0) + 1
+            users.setdefault(lk, []).append(f)
+    frozen = [False] * nf
+    left = nf
+    live = list(cnt)
+    level = 0.0
+    while left:
+        share = [cap[lk] / cnt[lk] for lk in live]
+        m = max(min(share), 0.0)
+        thr = m * (1 + _REL_EPS) + 1e-12
+        bott = [lk for lk, s in zip(live, share) if s <= thr]
+        for lk in live:
+            v = cap[lk] - cnt[lk] * m
+            cap[lk] = v if v > 0.0 else 0.0
+        level += m
+        for lk in bott:
+            for f in users[lk]:
+                if not frozen[f]:
+                    frozen[f] = True
+                    rate[f] = level
+                    left -= 1
+                    for l2 in flow_links[f]:
+                        cnt[l2] -= 1
+        live = [lk for lk in live if cnt[lk] > 0]
+    return rate
 
 
 def drain_times(net: Network, links: Sequence[np.ndarray], sizes: Sequence[float]) -> np.ndarray:
@@ -346,76 +384,62 @@ class RawRun:
 
 
 class _Flows:
-    """Growable arrays of subflows and their link incidences."""
+    """The subflows of a run: per subflow (ids 0, 1, ... in the order added, never reused) its bytes
+    left as of ``t_last``, its rate since then, its size, transfer, links and whether it still drains;
+    per link id, the subflows draining over it. Python lists: the engine reads and writes them one
+    subflow at a time, on the few subflows a rate update touches."""
 
     def __init__(self) -> None:
         self.n = 0
-        self.rem = np.zeros(64)
-        self.rate = np.zeros(64)
-        self.size = np.zeros(64)
-        self.xfer = np.zeros(64, dtype=np.int64)
-        self.alive = np.zeros(64, dtype=bool)
-        self.nl = np.zeros(64, dtype=np.int64)
-        self.inc_f = np.zeros(256, dtype=np.int64)
-        self.inc_l = np.zeros(256, dtype=np.int64)
-        self.ninc = 0
-        self.nalive_inc = 0
-        self.links: list = []
-        self.pending: list = []  # (route, bytes, transfer) queued by add_route, not yet in the arrays
+        self.rem: list[float] = []  # bytes left at t_last
+        self.t_last: list[float] = []
+        self.rate: list[float] = []
+        self.size: list[float] = []
+        self.xfer: list[int] = []
+        self.alive: list[bool] = []
+        self.ver: list[int] = []  # bumped at every rate change: older heap entries are stale
+        self.links: list[np.ndarray] = []
+        self.lists: list[tuple[int, ...]] = []
+        self.on_link: list[set[int]] = []  # link id -> the subflows draining over it
+        self.pending: list = []  # (route, bytes, transfer) queued by add_route, not yet in the lists
 
     def add_route(self, route: Route, nbytes: float, xfer: int) -> int:
         """Queue one subflow per used subroute of ``route`` carrying ``share × nbytes`` for transfer
-        ``xfer``; returns how many. They join the arrays at the next :meth:`flush` (in the order
-        queued), before anything reads them: adding thousands of transfers between two rate
-        updates then costs a few array operations, not a few per transfer."""
+        ``xfer``; returns how many. They join at the next :meth:`flush` (in the order queued), before
+        anything reads them."""
         k = len(route.used)
         if k:
             self.pending.append((route, nbytes, xfer))
         return k
 
-    def _grow(self, names: tuple, need: int) -> None:
-        while need > len(getattr(self, names[0])):
-            for name in names:
-                a = getattr(self, name)
-                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
-
-    def flush(self) -> None:
-        """Move the queued subflows into the arrays (subflow ids in queue order)."""
+    def flush(self, now: float, nlinks: int) -> list[int]:
+        """Move the queued subflows into the lists (ids in queue order); returns the new ids."""
         if not self.pending:
-            return
+            return []
         queued, self.pending = self.pending, []
-        routes = [q[0] for q in queued]
-        ks = np.fromiter((len(r.used) for r in routes), dtype=np.int64, count=len(routes))
-        k, i = int(ks.sum()), self.n
-        self._grow(("rem", "rate", "size", "xfer", "alive", "nl"), i + k)
-        sl = slice(i, i + k)
-        # rate stays 0 until the next allocation: subflow slots are never reused
-        self.rem[sl] = self.size[sl] = np.concatenate([r.shares for r in routes]) * np.repeat(
-            np.fromiter((q[1] for q in queued), dtype=np.float64, count=len(queued)), ks
-        )
-        self.xfer[sl] = np.repeat(np.fromiter((q[2] for q in queued), dtype=np.int64, count=len(queued)), ks)
-        self.alive[sl] = True
-        self.nl[sl] = np.concatenate([r.nlinks for r in routes])
-        for r in routes:
-            self.links.extend(r.used)
-        all_links = np.concatenate([r.all_links for r in routes])
-        m = len(all_links)
-        per_route = np.fromiter((len(r.all_links) for r in routes), dtype=np.int64, count=len(routes))
-        self._grow(("inc_f", "inc_l"), self.ninc + m)
-        self.inc_f[self.ninc : self.ninc + m] = np.concatenate([r.owner for r in routes]) + np.repeat(
-            i + np.cumsum(ks) - ks, per_route
-        )
-        self.inc_l[self.ninc : self.ninc + m] = all_links
-        self.ninc += m
-        self.nalive_inc += m
-        self.n += k
-
-    def compact(self) -> None:
-        keep = self.alive[self.inc_f[: self.ninc]]
-        f, l_ = self.inc_f[: self.ninc][keep], self.inc_l[: self.ninc][keep]
-        self.ninc = len(f)
-        self.inc_f[: self.ninc] = f
-        self.inc_l[: self.ninc] = l_
+        on_link = self.on_link
+        if len(on_link) < nlinks:
+            on_link.extend(set() for _ in range(nlinks - len(on_link)))
+        first = f = self.n
+        for route, nbytes, xi in queued:
+            for ids, lst, share in zip(route.used, route.link_lists, route.shares.tolist()):
+                n = share * nbytes
+                self.rem.append(n)
+                self.size.append(n)
+                self.links.append(ids)
+                self.lists.append(lst)
+                for lk in lst:
+                    on_link[lk].add(f)
+                f += 1
+            k = len(route.used)
+            self.xfer.extend([xi] * k)
+        added = f - first
+        self.t_last.extend([now] * added)
+        self.rate.extend([0.0] * added)  # 0 until the next allocation
+        self.alive.extend([True] * added)
+        self.ver.extend([0] * added)
+        self.n = f
+        return list(range(first, f))
 
 
 def _lane_queues(steps) -> list[list[int]]:
@@ -548,11 +572,13 @@ class FlowEngine:
         self.flows = _Flows()
         self.x_pending: list[int] = []  # subflows left per transfer
         self.x_info: list[tuple] = []  # per transfer: (src rank, step, message, lat)
-        self.active = np.zeros(0, dtype=np.int64)  # subflows draining, as of the last rate update
-        self.dirty: list[np.ndarray] = []  # link ids where a subflow started or ended since then
+        self.dirty: set[int] = set()  # link ids where a subflow ended since the last rate update
         self.changed = False  # whether the rates need an update
         self.recomputes = 0
-        self._fscratch = np.zeros(0, dtype=np.int64)  # for _dense: flow ids, link ids
+        # when each draining subflow ends at its current rate and when it is within the drain
+        # tolerance of that end: a heap of (end, within tolerance, subflow, version), entries of older
+        # versions stale
+        self.fin_heap: list[tuple[float, float, int, int]] = []
         self._lscratch = np.zeros(0, dtype=np.int64)
         # events: (time, sequence number, kind, a, b) and the clock
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -585,62 +611,124 @@ class FlowEngine:
         self.seq += 1
 
     def _update_rates(self) -> None:
-        """New max-min rates for the flows connected (through shared links) to a link where a flow
-        started or ended; the others keep theirs."""
+        """New max-min rates for the subflows connected (through shared links) to a link where a
+        subflow started or ended; the others keep theirs (max-min allocation splits over such
+        components, so this is the allocation of all subflows)."""
         fl = self.flows
-        n_before = fl.n
-        fl.flush()
-        if fl.ninc > 2 * max(fl.nalive_inc, 1024):
-            fl.compact()
-        f_all, l_all = fl.inc_f[: fl.ninc], fl.inc_l[: fl.ninc]
-        keep = fl.alive[f_all]
-        f_a, l_a = f_all[keep], l_all[keep]
-        dmask = np.zeros(len(self.net.ends), dtype=bool)
-        dmask[np.concatenate(self.dirty)] = True
-        self.dirty.clear()
-        sel = _component(f_a, l_a, dmask, fl.n)
-        if sel.any():
-            if len(self._fscratch) < fl.n:
-                self._fscratch = np.zeros(2 * fl.n, dtype=np.int64)
-            if len(self._lscratch) < len(self.net.ends):
-                self._lscratch = np.zeros(2 * len(self.net.ends), dtype=np.int64)
-            uf, fi = _dense(f_a[sel], self._fscratch)
-            ul, li = _dense(l_a[sel], self._lscratch)
-            fl.rate[uf] = _fill(fi, li, self.net.cap[ul].astype(np.float64), len(uf))
-        # the subflows alive: those of the last update still draining (_drain_until keeps them in order), then
-        # the ones added since, whose ids are all larger (np.nonzero(fl.alive[:fl.n]) without the pass over all)
-        self.active = np.concatenate([self.active, np.arange(n_before, fl.n)]) if fl.n > n_before else self.active
+        dirty = self.dirty
+        for f in fl.flush(self.now, len(self.net.ends)):
+            dirty.update(fl.lists[f])
+        comp, ninc = self._component(dirty)
+        dirty.clear()
+        if comp:
+            self._set_rates(comp, self._rates_of(comp, ninc))
         self.recomputes += 1
         self.changed = False
 
+    def _component(self, links: set[int]) -> tuple[list[int], int]:
+        """The draining subflows connected to ``links`` through shared links (in the order found) and
+        their link incidences."""
+        fl = self.flows
+        on_link, lists = fl.on_link, fl.lists
+        seen_l = set(links)
+        stack = list(seen_l)
+        seen_f: set[int] = set()
+        comp: list[int] = []
+        ninc = 0
+        while stack:
+            for f in on_link[stack.pop()]:
+                if f not in seen_f:
+                    seen_f.add(f)
+                    comp.append(f)
+                    ls = lists[f]
+                    ninc += len(ls)
+                    for lk in ls:
+                        if lk not in seen_l:
+                            seen_l.add(lk)
+                            stack.append(lk)
+        return comp, ninc
+
+    def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
+        """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
+        links' capacities (the filling does not depend on the order of flows or links)."""
+        lists = self.flows.lists
+        cap = self.net.cap_list
+        one = lists[comp[0]]
+        if len(comp) == 1 and len(set(one)) == len(one):  # one subflow: its slowest link (the filling's 0.0 + it)
+            return [max(min(cap[lk] for lk in one), 0.0)]
+        if ninc <= _PY_FILL_MAX:
+            fls = [lists[f] for f in comp]
+            caps = {lk: cap[lk] for ls in fls for lk in ls}
+            return _fill_small(fls, caps)
+        cap = self.net.cap
+        links = self.flows.links
+        inc_l = np.concatenate([links[f] for f in comp])
+        fi = np.repeat(np.arange(len(comp)), [len(lists[f]) for f in comp])
+        if len(self._lscratch) < len(self.net.ends):
+            self._lscratch = np.zeros(2 * len(self.net.ends), dtype=np.int64)
+        ul, li = _dense(inc_l, self._lscratch)
+        return _fill(fi, li, cap[ul].astype(np.float64), len(comp)).tolist()
+
+    def _set_rates(self, comp: list[int], rates: list[float]) -> None:
+        """Give the subflows ``comp`` their new ``rates``: the bytes each has left are brought up to
+        now, and its end (and its drain tolerance's) is pushed on the heaps."""
+        fl, now = self.flows, self.now
+        rem, t_last, rate, size, ver = fl.rem, fl.t_last, fl.rate, fl.size, fl.ver
+        fin_heap = self.fin_heap
+        push = heapq.heappush
+        for f, r in zip(comp, rates):
+            old = rate[f]
+            if r == old:
+                continue
+            if old > 0.0:
+                rem[f] -= old * (now - t_last[f])
+            t_last[f] = now
+            rate[f] = r
+            v = ver[f] = ver[f] + 1
+            if r > 0.0:
+                left = rem[f]
+                push(fin_heap, (now + left / r, now + (left - (_REL_EPS * size[f] + 1e-6)) / r, f, v))
+
     def _next_drain(self) -> float:
-        """When the next active subflow drains at the current rates (inf: none active)."""
-        active, fl = self.active, self.flows
-        if not len(active):
-            return np.inf
-        return self.now + float(np.min(fl.rem[active] / fl.rate[active]))
+        """When the next draining subflow ends at the current rates (inf: none drains)."""
+        heap, ver, alive = self.fin_heap, self.flows.ver, self.flows.alive
+        while heap:
+            t, _, f, v = heap[0]
+            if v == ver[f] and alive[f]:
+                return t
+            heapq.heappop(heap)
+        return np.inf
 
     def _drain_until(self, t_next: float) -> None:
-        """Move the clock to ``t_next``; the subflows drained by then end, and so do the transfers
-        they finish."""
-        active, fl = self.active, self.flows
-        if len(active) and t_next > self.now:
-            fl.rem[active] -= fl.rate[active] * (t_next - self.now)
+        """Move the clock to ``t_next``; the subflows within the drain tolerance of their end by then
+        end (handled in the order they were added), and so do the transfers they finish."""
         self.now = now = t_next
-        if not len(active):
+        heap, fl = self.fin_heap, self.flows
+        ver, alive = fl.ver, fl.alive
+        fin = []
+        pop = heapq.heappop
+        while heap:
+            _, within, f, v = heap[0]
+            if v != ver[f] or not alive[f]:
+                pop(heap)
+            elif within <= now:
+                pop(heap)
+                fin.append(f)
+            else:
+                break
+        if not fin:
             return
-        tol = _REL_EPS * fl.size[active] + 1e-6
-        fin = active[fl.rem[active] <= tol]
-        if not len(fin):
-            return
-        fl.alive[fin] = False
-        fl.rem[fin] = 0.0
-        self.active = active[fl.alive[active]]
+        fin.sort()
         self.changed = True
-        fl.nalive_inc -= int(fl.nl[fin].sum())  # incidences are dropped lazily by compact()
-        links, dirty, x_pending = fl.links, self.dirty, self.x_pending
-        for f, xi in zip(fin.tolist(), fl.xfer[fin].tolist()):
-            dirty.append(links[f])
+        lists, on_link, rem, dirty, x_pending, xfer = fl.lists, fl.on_link, fl.rem, self.dirty, self.x_pending, fl.xfer
+        for f in fin:
+            alive[f] = False
+            rem[f] = 0.0
+            for lk in lists[f]:
+                on_link[lk].discard(f)
+            dirty.update(lists[f])
+        for f in fin:
+            xi = xfer[f]
             x_pending[xi] -= 1
             if x_pending[xi] == 0:
                 self._transfer_drained(xi, now)
@@ -774,8 +862,6 @@ class FlowEngine:
         cnt = 0
         if n > 0:
             cnt = self.flows.add_route(route, n, xi)
-            if cnt:
-                self.dirty.append(route.all_links)
         self.x_pending.append(cnt)
         if cnt == 0:
             self._complete(r, i, t)
@@ -828,9 +914,10 @@ class FlowEngine:
         finish = [max(cast("list[float]", done), default=0.0) for done in self.done_t]  # all done by now
         link_bytes = np.zeros(len(self.net.ends))
         fl = self.flows
-        fl.flush()
+        fl.flush(self.now, len(self.net.ends))
         if fl.n:
-            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(fl.size[: fl.n], fl.nl[: fl.n]))
+            nl = np.fromiter((len(ls) for ls in fl.lists), dtype=np.int64, count=fl.n)
+            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(np.asarray(fl.size), nl))
         return RawRun(
             max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n, self.recomputes
         )

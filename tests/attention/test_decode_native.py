@@ -19,7 +19,7 @@ needs_native = pytest.mark.skipif(not STATUS["available"], reason=f"native kerne
 ISAS = list(native_mod.NATIVE_ISAS[: native_mod.NATIVE_ISAS.index(STATUS["isa"]) + 1]) if STATUS["available"] else []
 
 
-def _native(q, k, v, lengths, *, isa=None, num_splits=1, block_table=None, out=None, threads=1, q_bf16=False):
+def _native(q, k, v, lengths, *, isa=None, num_splits=1, block_table=None, out=None, threads=1, fast_bf16=False):
     lens, scale = check_decode_inputs(q, k, v, lengths, None, "test", block_table=block_table)
     return native_mod.decode_native(
         q,
@@ -32,7 +32,7 @@ def _native(q, k, v, lengths, *, isa=None, num_splits=1, block_table=None, out=N
         block_table=block_table,
         out=out,
         threads=threads,
-        q_bf16=q_bf16,
+        fast_bf16=fast_bf16,
     )
 
 
@@ -119,23 +119,80 @@ def test_default_threads_follow_torch(make_inputs, check_state):
         torch.set_num_threads(threads)
 
 
+needs_fast = pytest.mark.skipif(not STATUS["available"] or not STATUS["fast_bf16"], reason="no AVX512_BF16")
+BF16_UNIT = 2.0**-9  # bf16 keeps 8 significant bits: rounding to nearest changes a value by at most 2**-9 of it
+
+
+def _fast_bf16_bounds(q, k, v, lengths, scale):
+    """Per (sequence, query head) bounds on |out - ref| (largest element) and |lse - ref| of the
+    fast_bf16 path, derived from its two roundings (float64, from the inputs):
+
+    * the scaled query rounded to bf16 changes score t by at most d = 2**-9 sum_d |scale q_d k_td|;
+      the softmax weights then change by a factor within exp(+-2 D), D = max_t d, so the
+      weights move by at most expm1(2 D) in sum, and lse by at most D;
+    * each weight rounded to bf16 (the sum they are divided by is not rounded) adds at most
+      2**-9 of itself;
+
+    so |out - ref| <= (expm1(2 D) + 2**-9) max_t |v_t| per row.  float32 arithmetic adds
+    about 1e-6 relative; 1e-5 of slack covers it."""
+    batch, q_heads, _ = q.shape
+    group = q_heads // k.shape[2]
+    out_bound = torch.zeros(batch, q_heads, dtype=torch.float64)
+    lse_bound = torch.zeros(batch, q_heads, dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        if n == 0:
+            continue
+        kb = k[b, :n].double().repeat_interleave(group, dim=1)  # [n, q_heads, D]
+        vb = v[b, :n].double().repeat_interleave(group, dim=1)
+        drift = BF16_UNIT * (scale * q[b].double().abs() * kb.abs()).sum(-1).max(0).values  # [q_heads]
+        vmax = vb.abs().amax(dim=(0, 2))
+        out_bound[b] = (torch.expm1(2 * drift) + BF16_UNIT) * vmax + 1e-5 * vmax
+        lse_bound[b] = drift + 1e-5 * (1 + drift)
+    return out_bound, lse_bound
+
+
 @needs_native
-@pytest.mark.skipif("avx512_bf16" not in ISAS, reason="the CPU has no AVX512_BF16")
-def test_q_rounded_to_bf16_option(make_inputs, check_state):
-    """q_bf16: scores by vdpbf16ps with the query rounded to bf16.  The error then comes from
-    the query's rounding (2**-9 relative): within the bf16 tolerance on ordinary scores,
-    far outside float32's; without the option the same inputs hold 1e-5."""
+@needs_fast
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (2, 256), (3, 40), (4, 128), (5, 7), (8, 33)])
+def test_fast_bf16_within_its_rounding_bound(group, head_dim, make_inputs):
+    """fast_bf16 (vdpbf16ps scores with the query rounded to bf16, vdpbf16ps values with the
+    weights rounded to bf16) against the float64 reference, every row within the bound its
+    roundings allow (_fast_bf16_bounds); GQA groups 1-8, head_dim 7-256, lengths 0, 1, a
+    tile, a tile + 1 and odd (the values take tokens in pairs), and several blocks."""
+    kv_heads, seq = 2, 3 * TILE + 5
+    q, k, v = make_inputs(5, kv_heads * group, kv_heads, head_dim, seq, torch.bfloat16, seed=3 * group + head_dim)
+    qf = q.float() + torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) * 1e-2  # not bf16-exact
+    lengths = [0, 1, TILE, TILE + 1, seq]
+    scale = head_dim**-0.5
+    ref_out, ref_lse = reference(qf, k, v, kv_len=lengths)
+    out_bound, lse_bound = _fast_bf16_bounds(qf, k, v, lengths, scale)
+    for splits in (1, 3):
+        out, lse = _native(qf, k, v, lengths, num_splits=splits, threads=2, fast_bf16=True)
+        empty = torch.tensor(lengths) == 0
+        assert (out[empty] == 0).all() and torch.isneginf(lse[empty]).all()
+        out_err = (out.double() - ref_out).abs().amax(-1)
+        lse_err = (lse.double() - ref_lse).abs()
+        assert (out_err[~empty] <= out_bound[~empty]).all(), (out_err - out_bound).max()
+        assert (lse_err[~empty] <= lse_bound[~empty]).all(), (lse_err - lse_bound).max()
+
+
+@needs_native
+@needs_fast
+def test_fast_bf16_is_a_precision_change_only_for_bf16_caches(make_inputs, check_state):
+    """The roundings show (beyond float32's tolerance) with bf16 caches; float32 and float16
+    caches, and a CPU tier without AVX512_BF16, ignore the option (float32 arithmetic)."""
     q, k, v = make_inputs(3, 8, 2, 128, 200, torch.bfloat16, seed=21)
     lengths = [200, 65, 0]
-    qf = q.float() + torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) * 1e-3  # not bf16-exact
+    qf = q.float() + torch.randn(q.shape, generator=torch.Generator().manual_seed(1)) * 1e-3
     ref = reference(qf, k, v, kv_len=lengths)
-    out, lse = _native(qf, k, v, lengths, q_bf16=True)
-    check_state(out, lse, *ref, 1e-2)
+    out, _ = _native(qf, k, v, lengths, fast_bf16=True)
     err = (out.double() - ref[0]).abs().max().item() / ref[0].abs().max().item()
-    assert err > 1e-5  # the rounding shows: the option is a precision change
+    assert err > 1e-5
     check_state(*_native(qf, k, v, lengths), *ref, 1e-5)
-    same = _native(qf, k.float(), v.float(), lengths, q_bf16=True)  # fp32 caches ignore the option
-    check_state(*same, *ref, 1e-5)
+    check_state(*_native(qf, k, v, lengths, isa="avx512", fast_bf16=True), *ref, 1e-5)
+    for dtype in (torch.float32, torch.float16):
+        kd, vd = k.to(dtype), v.to(dtype)
+        check_state(*_native(qf, kd, vd, lengths, fast_bf16=True), *reference(qf, kd, vd, kv_len=lengths), 1e-5)
 
 
 @needs_native
@@ -214,3 +271,50 @@ def test_half_precision_conversion_edge_values(isa):
     q = torch.zeros(1, 1, 8)  # uniform softmax: out = mean of the values rows
     out, _ = _native(q, k, v, [8], isa=isa)
     torch.testing.assert_close(out[0, 0], vals.float() / 8, rtol=0, atol=0)
+
+
+@needs_native
+def test_decode_partial_passes_fast_bf16(make_inputs):
+    """decode_partial(fast_bf16=True) runs the native kernel's option (the same bits), the torch
+    path ignores it; a non-bool is refused by name."""
+    q, k, v = make_inputs(2, 8, 2, 64, 90, torch.bfloat16, seed=2)
+    lens, scale = check_decode_inputs(q, k, v, [90, 33], None, "test")
+    fast = decode_partial(q, k, v, kv_len=[90, 33], backend="native", fast_bf16=True)
+    direct = native_mod.decode_native(q, k, v, lens, scale, fast_bf16=True)
+    assert torch.equal(fast[0], direct[0]) and torch.equal(fast[1], direct[1])
+    plain = decode_partial(q, k, v, kv_len=[90, 33], backend="torch")
+    same = decode_partial(q, k, v, kv_len=[90, 33], backend="torch", fast_bf16=True)
+    assert torch.equal(plain[0], same[0]) and torch.equal(plain[1], same[1])
+    assert STATUS["fast_bf16"] == (STATUS["isa"] == "avx512_bf16")
+    with pytest.raises(AttentionError, match=r"decode_partial: fast_bf16: expected a bool, got 1"):
+        decode_partial(q, k, v, fast_bf16=1)
+
+
+@needs_native
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("layout", ["heads_apart", "paged"])
+def test_heads_apart_and_paged_caches(fast, layout, make_inputs, check_state):
+    """A cache stored [batch, kv_heads, seq, head_dim] and read through a transposed view (a head's
+    rows adjacent, the heads of a token far apart: the prefetch walks each head's rows), and a
+    paged cache, with and without fast_bf16 (held to its rounding bound)."""
+    from tests.attention.test_decode import to_paged
+
+    if fast and not STATUS["fast_bf16"]:
+        pytest.skip("no AVX512_BF16")
+    lengths = [3 * TILE + 7, 1, 50]
+    q, k, v = make_inputs(3, 8, 2, 96, 3 * TILE + 7, torch.bfloat16, seed=17)
+    q = q.float()
+    if layout == "heads_apart":
+        kc, vc = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+        assert kc.stride(2) == kc.shape[1] * kc.shape[3]
+        out, lse = _native(q, kc, vc, lengths, num_splits=2, threads=2, fast_bf16=fast)
+    else:
+        kp, vp, table = to_paged(k, v, lengths, 5, seed=3)
+        out, lse = _native(q, kp, vp, lengths, block_table=table, num_splits=2, threads=2, fast_bf16=fast)
+    ref = reference(q, k, v, kv_len=lengths)
+    if not fast:
+        check_state(out, lse, *ref, 1e-5)
+        return
+    out_bound, lse_bound = _fast_bf16_bounds(q, k, v, lengths, 96**-0.5)
+    assert ((out.double() - ref[0]).abs().amax(-1) <= out_bound).all()
+    assert ((lse.double() - ref[1]).abs() <= lse_bound).all()

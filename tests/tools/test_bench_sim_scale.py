@@ -10,8 +10,8 @@ from treecoll.tools.cli import main
 
 def test_in_process_case_prints_what_the_command_prints(capsys):
     args = ["--sizes", "64K,1M", "--algo", "ring,two_level"]
-    load_s, sim_s, data = bench_sim_scale._in_process("default", args)
-    assert load_s >= 0 and sim_s > 0
+    load_s, sim_s, data, load_cpu, sim_cpu = bench_sim_scale._in_process("default", args)
+    assert load_s >= 0 and sim_s > 0 and load_cpu >= 0 and sim_cpu > 0
     assert main(["simulate", "allreduce", "--topology", "default", *args, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [r["size"] for r in data["rows"]] == [65536, 1 << 20]

@@ -48,3 +48,39 @@ def test_unknown_endpoints_name_the_topology():
         t.path("h0/gpu0", "h0/gpu9")
     with pytest.raises(TopologyError, match=r"node 'x': not in topology 'dgx-h100'"):
         t.nearest_nic("x")
+
+
+def _changed_host(t, host: str):
+    """``t`` with one PCIe link of ``host`` slower (both directions): that host is no longer built like the others."""
+    import networkx as nx
+
+    g = nx.DiGraph(t.graph)
+    a, b = next((a, b) for a, b, d in g.edges(data=True) if d["kind"] == "pcie" and g.nodes[a].get("host") == host)
+    for u, v in ((a, b), (b, a)):
+        g.edges[u, v]["bw"] = g.edges[u, v]["bw"] / 4
+    return topo.Topology(g, name=t.name + "-changed")
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-x16", "dgx-a100", "gb200-nvl72"])
+def test_hosts_built_alike_share_routes_and_give_the_routes_of_their_own_search(name):
+    t = topo.resolve(name)
+    if len(t.hosts()) > 2:
+        t = _changed_host(t, t.hosts()[3])
+    alone = RouteTable(t.graph, t.name, alike=False)
+    gpus = t.gpus()
+    for g in gpus:
+        assert t.nearest_nic(g) == alone.nearest_nic(g)
+    for host in t.hosts():
+        mine = t.gpus(host)
+        nics = t.nics(host)
+        for a in mine:
+            for b in mine + nics:
+                assert t.path(a, b) == alone.path(a, b), (a, b)
+    for a, b in zip(gpus, gpus[len(gpus) // 2 :] + gpus[: len(gpus) // 2]):  # across hosts too
+        assert t.path(a, b) == alone.path(a, b)
+    reps = {h: t.routes._rep_host(h) for h in t.hosts()}
+    if name == "dgx-h100-x16":  # every host like h0 but the changed one, which stands alone
+        assert reps["h3"] is None and reps["h0"] is None
+        assert all(reps[h] == "h0" for h in t.hosts() if h not in ("h0", "h3"))
+    if name == "gb200-nvl72":  # trays joined by NVLink to rack switches: never shared
+        assert set(reps.values()) == {None}
