@@ -11,18 +11,29 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   links; a flow's rate is the sum over its routes. Without contention this is
   exactly ``Path.bw``.
 * Reduction compute: combining n bytes reads two operands and writes one,
-  ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); :data:`DEFAULT_MEM_BW`
-  when the topology has none.
+  ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); free when the topology
+  gives none (as in the simulator, :func:`treecoll.collectives.sim.result.mem_bw_of`).
 * Per-message cost ``o``: treecoll's executor issues every send and receive
   from Python, one after another on each rank (``mode="executor"``, the
   default: ``o`` is the backend's :class:`ExecutorCost`, fitted on gloo, and
   for NCCL the Python cost plus NCCL's published point-to-point time);
   ``mode="in-kernel"`` is the same tree inside the communication library
-  (``o`` = :data:`MSG_OVERHEAD`). The flow simulation of the executor,
-  :mod:`treecoll.collectives.sim.executor`, is what the commands print; this
-  model is the planner's fast stand-in (a test bounds their difference).
-* Trees (analytical, pipelined, in the executor's step order): with ``K``
-  chunks of ``m = share * n / K`` bytes, the first chunk goes up the tree: a
+  (``o`` = :data:`MSG_OVERHEAD`).
+* Trees in ``executor`` mode (:meth:`CostModel.tree_times`), as the executor runs them: the plan is
+  compiled to the schedule the executor runs
+  (:func:`~treecoll.collectives.compile.compile_plan`, the same chunks and
+  step order) and stepped through as the flow simulation of the executor
+  (:mod:`treecoll.collectives.sim.executor`, what the commands print) runs it:
+  the same per-message cost, rendezvous, in-order connections, route
+  latencies and link capacities
+  (:func:`~treecoll.collectives.sim.executor.estimate_executor_schedule`).
+  Only link sharing is simpler (a subflow gets its tightest link's capacity
+  divided by the subflows crossing it, no max-min redistribution), so the
+  two cannot drift apart; a test holds them within 10% for every builder on
+  every shipped topology at four sizes.
+* Trees in ``in-kernel`` mode, and past :data:`STEP_BUDGET` steps (thousands of
+  ranks): a closed form, pipelined, in the executor's step order. With ``K`` chunks of
+  ``m = share * n / K`` bytes, the first chunk goes up the tree: a
   rank posts its children's receives first (``c * min(K, LOOKAHEAD) * o``),
   a child's chunk arrives ``o + lat + m / rate`` after the child finished
   (its send, the path, the bytes), and the rank combines (``reduce(m)`` per
@@ -60,10 +71,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 from treecoll.topo import Path, Topology
-from treecoll.topo.errors import TreeError
+from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 
 from .compile import LOOKAHEAD
@@ -84,19 +96,17 @@ __all__ = [
     "backend_of",
     "MODES",
     "DEFAULT_MODE",
-    "DEFAULT_MEM_BW",
     "MSG_OVERHEAD",
     "UNIFORM_BW",
     "UNIFORM_LAT",
     "CHUNK_CANDIDATES",
+    "STEP_BUDGET",
+    "SEARCH_CHUNKS",
     "CHUNK_BYTES",
     "MAX_CHUNKS",
     "MIN_CHUNK_BYTES",
 ]
 
-#: GB/s used for the reduction compute when a GPU has no ``mem_bw``: assumed, the
-#: order of an A100-40GB's HBM2 (1555 GB/s, NVIDIA A100 datasheet).
-DEFAULT_MEM_BW = 1555.0
 #: GB/s per direction of each rank's port in :func:`uniform_topology` (assumed: NCCL's NET_BW 12.0
 #: for a 100 Gb/s NIC, src/graph/topo.h of NCCL 2.30.7).
 UNIFORM_BW = 12.0
@@ -105,6 +115,12 @@ UNIFORM_LAT = 0.5
 #: seconds a rank spends per message it sends or receives, serially (assumed: the order of NCCL's
 #: NCCL_NET_OVERHEAD default of 1.0 µs on Intel x86, src/graph/tuning.cc of NCCL 2.30.7)
 MSG_OVERHEAD = 1.0e-6
+#: most steps (ranks x trees x chunks x steps per edge) of a schedule that :meth:`CostModel.tree_times`
+#: steps through as the executor runs it; larger schedules get the closed form
+STEP_BUDGET = 50_000
+#: the chunk count whose schedule must be within :data:`STEP_BUDGET` for :meth:`CostModel.best_nchunks`
+#: to step through its candidates (larger ones stop the search); else the closed form ranks them all
+SEARCH_CHUNKS = 8
 #: chunk counts tried by :meth:`CostModel.best_nchunks`
 CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: :func:`nchunks_for` without a topology: target bytes per chunk ...
@@ -198,6 +214,10 @@ def executor_cost(placement: Placement, backend: str | None = None) -> ExecutorC
     return EXECUTOR_COSTS[name]
 
 
+#: :meth:`CostModel.tree_times` stepped through, shared by the models of one placement (the planner makes
+#: one per call): (placement, costs, plan, bytes, collective, chunks) -> seconds
+_STEPPED: dict[tuple, float] = {}
+
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
 
 
@@ -222,8 +242,9 @@ def p2p_time(topology: Topology, src: str, dst: str, nbytes: float) -> float:
 
 
 def reduce_time(mem_bw_gbps: float, nbytes: float) -> float:
-    """Seconds to combine two ``nbytes`` operands into one: read 2, write 1."""
-    return 3.0 * nbytes / (mem_bw_gbps * 1e9)
+    """Seconds to combine two ``nbytes`` operands into one: read 2, write 1 (``mem_bw_gbps`` 0:
+    unknown, free as in the simulator)."""
+    return 3.0 * nbytes / (mem_bw_gbps * 1e9) if mem_bw_gbps > 0 else 0.0
 
 
 def placed_gpus(placement: Placement) -> tuple[Topology, tuple[str, ...]]:
@@ -253,7 +274,8 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     """
     if placement.topology is None:
         return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
-    return CostModel(placement).best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
+    model = CostModel(placement, step_through=True)
+    return model.best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
 def _levels(t: Tree) -> tuple[list[int], list[int]]:
@@ -282,7 +304,9 @@ class CostModel:
     :data:`MSG_OVERHEAD` per message), ``backend`` (``gloo`` or ``nccl``; None:
     :func:`backend_of`), ``msg_overhead`` (seconds a rank spends per message it handles,
     serially; None: what ``mode`` says), ``chunk_candidates`` (chunk counts
-    :meth:`best_nchunks` tries by default).
+    :meth:`best_nchunks` tries by default), ``step_through`` (trees in ``executor`` mode: step
+    through the compiled schedule as the executor simulation does, what the planner's chunk and
+    backend choices use; False: the closed form, cheaper, what ``auto``'s tree search scores).
 
     >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].step_s
     True
@@ -301,6 +325,7 @@ class CostModel:
         mode: str = DEFAULT_MODE,
         backend: str | None = None,
         chunk_candidates: Sequence[int] = CHUNK_CANDIDATES,
+        step_through: bool = False,
     ) -> None:
         if mode not in MODES:
             raise TreeError(f"cost model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -312,13 +337,15 @@ class CostModel:
             msg_overhead = self.executor.step_s if mode == "executor" else MSG_OVERHEAD
         self.msg_overhead = float(msg_overhead)
         self.chunk_candidates = tuple(chunk_candidates)
+        self.step_through = bool(step_through)
         self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
         self._pairs: dict[tuple[int, int], tuple] = {}
         self._rate_memo: dict = {}
+        self._net: Any = None
         g = self.topology.graph
-        self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or DEFAULT_MEM_BW) for x in self.gpus)
+        self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or 0.0) for x in self.gpus)
 
     # ------------------------------------------------------------------ pairs and flows
     def path(self, i: int, j: int) -> Path:
@@ -374,16 +401,102 @@ class CostModel:
     def tree_times(
         self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", chunk_counts: Sequence[int] = (1,)
     ) -> list[float]:
-        """:meth:`tree_time` for several chunk counts (link rates computed once)."""
+        """:meth:`tree_time` for several chunk counts: the compiled schedule stepped through as the
+        executor runs it (:func:`~treecoll.collectives.sim.executor.estimate_executor_schedule`),
+        or, past :data:`STEP_BUDGET` steps, the closed form (module docstring)."""
+        multi = self._checked(plan, collective, chunk_counts)
+        big = [k for k in chunk_counts if not self.steps_through(multi, collective, k)]
+        closed = dict(zip(big, self._closed_form_times(multi, nbytes, collective, big))) if big else {}
+        return [closed[k] if k in closed else self._stepped_time(plan, nbytes, collective, k) for k in chunk_counts]
+
+    def _checked(self, plan: Tree | MultiTree, collective: str, chunk_counts: Sequence[int]) -> MultiTree:
+        """``plan`` as a MultiTree, once its size, the collective and the chunk counts are valid."""
         multi = as_multi(plan)
         if multi.size != self.nranks:
             raise TreeError(f"cost: tree has {multi.size} ranks, the model {self.nranks}")
-        try:
-            phases = COLLECTIVE_PHASES[collective]
-        except KeyError:
-            raise TreeError(f"cost: collective expected one of {list(COLLECTIVE_PHASES)}, got {collective!r}") from None
+        if collective not in COLLECTIVE_PHASES:
+            raise TreeError(f"cost: collective expected one of {list(COLLECTIVE_PHASES)}, got {collective!r}")
         if any(k < 1 for k in chunk_counts):
             raise TreeError(f"cost: nchunks expected >= 1, got {list(chunk_counts)}")
+        return multi
+
+    def steps_through(self, plan: Tree | MultiTree, collective: str, nchunks: int) -> bool:
+        """Whether :meth:`tree_times` steps through the schedule of ``plan`` with ``nchunks`` chunks
+        per tree as the executor runs it (``step_through`` set, ``executor`` mode, at most
+        :data:`STEP_BUDGET` steps) rather than use the closed form (``in-kernel`` mode: the tree
+        inside the communication library, no executor to step through)."""
+        if not self.step_through or self.mode != "executor":
+            return False
+        multi = as_multi(plan)
+        per_edge = 5 if collective == "allreduce" else 3  # send, recv (and reduce) per edge and phase
+        return len(multi) * nchunks * per_edge * (multi.size - 1) <= STEP_BUDGET
+
+    def _stepped_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int) -> float:
+        from .compile import compile_plan
+        from .sim.executor import estimate_executor_schedule
+
+        multi = as_multi(plan)
+        key = (
+            self.placement.plan_key,
+            self.msg_overhead,
+            self.step_overhead,
+            tuple((t.parents, t.children) for t in multi.trees),
+            multi.shares,
+            nbytes,
+            collective,
+            k,
+        )
+        hit = _STEPPED.get(key)
+        if hit is None:
+            if len(_STEPPED) > 4096:
+                _STEPPED.clear()
+            # a reduce or broadcast of trees with different roots ends (starts) at the first tree's root
+            root = multi.roots[0] if collective != "allreduce" and len(set(multi.roots)) > 1 else None
+            sched = compile_plan(plan, collective, k, root=root)
+            try:
+                hit = estimate_executor_schedule(
+                    self._network(),
+                    sched,
+                    sched.chunk_bytes(int(round(nbytes))),
+                    self.gpus,
+                    [b * 1e9 for b in self._mem_bw],
+                    step_cost=self.msg_overhead,
+                    extra_lat=self.step_overhead,
+                )
+            except CollectiveError:  # the executor would wait forever (in-order connections): never pick it
+                hit = math.inf
+            _STEPPED[key] = hit
+        return hit
+
+    def _network(self) -> Any:
+        """The simulator's view of the links: a :class:`~treecoll.collectives.sim.engine.Network` of the
+        ``ideal`` profile (the topology as written, the NIC's own latency on its routes)."""
+        if self._net is None:
+            from .sim.engine import Network
+            from .sim.profiles import get_profile
+
+            self._net = Network(self.topology, get_profile("ideal"))
+        return self._net
+
+    def cpu_bound(self, plan: Tree | MultiTree, nbytes: float, collective: str, nchunks: int) -> float:
+        """Seconds the busiest rank's one thread spends on ``plan`` with ``nchunks`` chunks per tree:
+        :attr:`msg_overhead` per send and receive and its reduces, a lower bound on the time."""
+        multi = as_multi(plan)
+        phases = COLLECTIVE_PHASES[collective]
+        busy = [0.0] * multi.size
+        for t, share in zip(multi.trees, multi.shares):
+            for r in range(t.size):
+                c = len(t.children[r])
+                msgs = (c + (t.parents[r] >= 0)) * len(phases)
+                red = c * self.reduce_cost(r, nbytes * share) if "up" in phases else 0.0
+                busy[r] += nchunks * msgs * self.msg_overhead + red
+        return max(busy)
+
+    def _closed_form_times(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """The closed form of :meth:`tree_times` (module docstring), for schedules past the budget."""
+        phases = COLLECTIVE_PHASES[collective]
         up, down = "up" in phases, "down" in phases
         o = self.msg_overhead
         prepared_by: dict[bool, list] = {}
@@ -403,7 +516,7 @@ class CostModel:
                         # an inner rank also issues its messages of the other trees, interleaved: on
                         # average half of them before a given message of this tree
                         nodes.append(
-                            (r, ups, downs, 3.0 / (self._mem_bw[r] * 1e9), o * (busy[r] + own[r]) / (2 * own[r]))
+                            (r, ups, downs, reduce_time(self._mem_bw[r], 1.0), o * (busy[r] + own[r]) / (2 * own[r]))
                         )
                 prepared.append((t, share, nodes))
             return prepared
@@ -536,16 +649,36 @@ class CostModel:
         collective: str = "allreduce",
     ) -> tuple[Tree | MultiTree, int, float]:
         """(plan with its best child order, nchunks, seconds): for every candidate chunk
-        count, the children ordered by :meth:`order_children` for that count; the least
-        time wins (ties: fewer chunks). The least predicted time of ``plan``'s edges
-        over every child order and chunk count."""
+        count, the children ordered by :meth:`order_children` for that count (stepping
+        through schedules: or as given, when that is faster; there counts whose
+        :meth:`cpu_bound` exceeds the best time found are not tried); the least time wins
+        (ties: fewer chunks, the reordered plan). The least predicted time of ``plan``'s
+        edges over every child order and chunk count."""
         best = None
-        for k in self._chunk_counts(nbytes):
+        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
+        for k in sorted(self._chunk_counts(nbytes)):
+            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[2]):
+                break
             ordered = self.order_children(plan, nbytes, collective, k)
-            secs = self.tree_times(ordered, nbytes, collective, (k,))[0]
-            if best is None or secs < best[2]:
-                best = (ordered, k, secs)
+            # the order rule is exact in the closed form, a heuristic for the stepped schedule
+            for p in (ordered, plan) if stepped and ordered != plan else (ordered,):
+                secs = self._search_time(p, nbytes, collective, k, stepped)
+                if best is None or secs < best[2]:
+                    best = (p, k, secs)
         return best
+
+    def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
+        """:meth:`tree_time` in a search: stepped through, or all in the closed form."""
+        if stepped:
+            return self.tree_time(plan, nbytes, collective, k)
+        return self._closed_form_times(self._checked(plan, collective, (k,)), nbytes, collective, (k,))[0]
+
+    def _search_ends(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, best: float) -> bool:
+        """Whether a search over chunk counts stepping through schedules stops before ``k``: a
+        rank's thread handles every message and reduce of its own, so once :meth:`cpu_bound`
+        reaches the best time found no larger count wins (the bound grows with ``k``); and a
+        schedule past :data:`STEP_BUDGET` steps is not stepped through (nor compared with ones that are)."""
+        return self.cpu_bound(plan, nbytes, collective, k) >= best or not self.steps_through(plan, collective, k)
 
     def _chunk_counts(
         self, nbytes: float, candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096
@@ -567,10 +700,15 @@ class CostModel:
         min_chunk_bytes: int = 4096,
     ) -> tuple[int, float]:
         """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
-        ks = self._chunk_counts(nbytes, candidates, min_chunk_bytes)
-        times = self.tree_times(plan, nbytes, collective, ks)
-        i = min(range(len(ks)), key=lambda j: (times[j], j))
-        return ks[i], times[i]
+        best: tuple[int, float] | None = None
+        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
+        for k in sorted(self._chunk_counts(nbytes, candidates, min_chunk_bytes)):
+            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[1]):
+                break
+            secs = self._search_time(plan, nbytes, collective, k, stepped)
+            if best is None or secs < best[1]:
+                best = (k, secs)
+        return best
 
     # ------------------------------------------------------------------ ring and rsag
     def ring_time(self, nbytes: float, order: Sequence[int] | None = None, *, overhead: float | None = None) -> float:

@@ -388,7 +388,7 @@ class Planner:
 
         if placement.nranks < 2:
             return False
-        model = CostModel(placement, backend=backend)
+        model = CostModel(placement, backend=backend, step_through=True)
         plan, sched = self.schedule_for(None, collective="allreduce", nbytes=nbytes, placement=placement)
         if plan is not None:
             ours = model.tree_time(plan, nbytes, "allreduce", max(1, sched.nchunks // len(as_multi(plan))))

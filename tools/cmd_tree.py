@@ -282,7 +282,7 @@ def tree_data(
         data["gpus"] = list(gpus)
         data["edge_classes"] = dict(sorted(classes.items()))
         data["inter_host_edges"] = sum(e.get("inter_host", False) for t in trees for e in t["edges"])
-        model = CostModel(topology, gpus)
+        model = CostModel(topology, gpus, step_through=True)
         pred = {"mode": mode, "backend": model.backend, "step_cost_us": model.executor.step_s * 1e6}
         for coll in ("reduce", "broadcast", "allreduce"):
             if coll != "allreduce" and len(set(multi.roots)) > 1:

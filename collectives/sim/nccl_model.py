@@ -53,11 +53,17 @@ __all__ = [
     "nccl_best",
     "run_channels",
     "ring_run_bw",
+    "tree_chunk",
+    "tree_slice_bytes",
+    "PROTO_CHUNK_BYTES",
     "collnet_available",
     "COLLECTIVES",
     "COLLECTIVE_ALGOS",
     "ll128_enabled",
     "nvls_domains",
+    "nvls_run",
+    "nvls_chunk",
+    "nvls_fill",
     "nccl_algos",
     "generation",
     "PROTOS",
@@ -132,6 +138,21 @@ NVLS_SPEEDS_INTER = {
     2: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
     3: (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2),
 }
+#: NVLS run parameters of NCCL 2.30 src/transport/nvls.cc ncclNvlsTuning: channels (CTAs) NVLS and
+#: NVLSTree run on (NVLS_NCHANNELS_SM90 16; SM100 32 across nodes, NVLS_NCHANNELS_SM100_NVL 24 on one),
+#: NCCL_NVLS_CHUNKSIZE 128 KiB, and NVLSTree's largest chunk (NCCL_NVLSTREE_MAX_CHUNKSIZE: 64 KiB from
+#: 4 nodes on, else the chunk size; ncclNvlsTreeSm100Tuning adjusts all three on Blackwell)
+NVLS_RUN_CHANNELS = {2: (16, 16), 3: (24, 32)}  # generation -> (one node, several nodes)
+NVLS_CHUNK = 128 << 10
+#: resources an NVLS loop passes one after the other, each a pipeline stage: the NVLink up to the
+#: switches (multimem reduce) and back down (multicast); NVLSTree puts the inter-node tree between
+NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
+#: bytes of one chunk per channel by protocol: one buffer step (src/enqueue.cc calcCollChunking,
+#: ``stepSize = buffSize / NCCL_STEPS``, NCCL_STEPS 8; src/init.cc DEFAULT_BUFFSIZE 4 MiB for Simple,
+#: DEFAULT_LL_BUFFSIZE 512 KiB of which LL carries half, DEFAULT_LL128_BUFFSIZE 120 x 640 x 8 x 8 B of
+#: which LL128 carries 15/16; src/include/device.h); trees and NCCL's ring broadcast / reduce move one
+#: step per chunk (chunkSteps 1)
+PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": 512 << 10}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -348,6 +369,92 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
     }
 
 
+def nvls_run(topology: Topology, gpus: Sequence[str]) -> dict:
+    """How NCCL runs NVLS / NVLSTree on these GPUs (NCCL 2.30 src/transport/nvls.cc ``ncclNvlsTuning``):
+    ``{channels, chunk, tree_max_chunk, heads, nodes}``; ``heads``: the NVLS graph's channels, one per
+    GPU of a domain up to :data:`MAX_NVLS_ARITY` (each heads one part of every loop, enqueue.cc
+    ``nchunksPerLoop = nHeads``), ``nodes``: NVLink domains.
+
+    >>> from treecoll import topo
+    >>> nvls_run(topo.resolve("dgx-h100-x2"), topo.resolve("dgx-h100-x2").rank_gpus())
+    {'channels': 16, 'chunk': 131072, 'tree_max_chunk': 131072, 'heads': 8, 'nodes': 2}
+    """
+    domains = nvls_domains(topology, gpus)
+    gen, n_nodes, heads = generation(topology, gpus), len(domains), min(MAX_NVLS_ARITY, len(domains[0]))
+    nch = NVLS_RUN_CHANNELS.get(gen, NVLS_RUN_CHANNELS[2])[1 if n_nodes > 1 else 0]
+    chunk, tree_max = NVLS_CHUNK, 0
+    if gen >= 3 and n_nodes > 1:  # ncclNvlsTreeSm100Tuning
+        nics = [topology.nearest_nic(x) for x in gpus]
+        nic_bw = min((float(topology.node(c).get("bw") or 0.0) for c in nics if c is not None), default=0.0)
+        pxb = all(
+            c is not None and NCCL_CLASSES.index(topology.path(x, c).nccl) <= NCCL_CLASSES.index("PXB")
+            for x, c in zip(gpus, nics)
+        )
+        ppn = min(len(d) for d in domains)
+        if n_nodes == 2 and nic_bw >= 48.0:
+            nch, tree_max = 32, 128 << 10
+            if ppn <= 4:
+                chunk = tree_max = 256 << 10
+            elif ppn >= 16 or (ppn <= 8 and pxb and nic_bw < 96.0):
+                tree_max = 64 << 10
+        elif nic_bw >= 96.0:
+            if ppn <= 8:
+                nch, chunk, tree_max = 24, 256 << 10, 256 << 10
+            else:
+                nch, tree_max = 32, (128 << 10) if ppn < 32 else (64 << 10)
+        elif nic_bw >= 48.0:
+            nch, tree_max = 24, (64 << 10) if pxb else (128 << 10)
+    if tree_max == 0:
+        tree_max = (64 << 10) if n_nodes >= 4 else chunk
+    return {"channels": nch, "chunk": chunk, "tree_max_chunk": tree_max, "heads": heads, "nodes": n_nodes}
+
+
+def nvls_chunk(nbytes: int, run: dict) -> int:
+    """Bytes per chunk NCCL moves ``nbytes`` (a rank's buffer) in with NVLS (one domain) or NVLSTree
+    (several), as src/enqueue.cc ``calcCollChunking`` (NCCL 2.30) shrinks the chunk for small messages:
+    ``concurrentOps = channels × heads``; NVLS 64 / 32 / 16 KiB below 64 / 8 / 2 ``concurrentOps``
+    chunks, NVLSTree 256 / 128 / 64 / 32 KiB below 32 / 16 / 4 / 1.
+
+    >>> run = {"channels": 16, "chunk": 128 << 10, "tree_max_chunk": 128 << 10, "heads": 8, "nodes": 2}
+    >>> [nvls_chunk(s << 20, run) >> 10 for s in (4, 16, 64, 1024)]
+    [32, 64, 128, 128]
+    """
+    ops = run["channels"] * run["heads"]
+    if run["nodes"] > 1:
+        c = min(run["chunk"], run["tree_max_chunk"])
+        for times, size in ((32, 256 << 10), (16, 128 << 10), (4, 64 << 10), (1, 32 << 10)):
+            if nbytes < times * ops * c and c > size:
+                c = size
+        return c
+    c = run["chunk"]
+    for times, size in ((64, 64 << 10), (8, 32 << 10), (2, 16 << 10)):
+        if nbytes < times * ops * c and c > size:
+            c = size
+    return c
+
+
+def nvls_fill(nbytes: int, run: dict) -> float:
+    """The pipeline fill of NCCL's NVLS kernels as a fraction of the time the bytes take to drain.
+
+    Each channel moves its share in loops of ``heads`` chunks (:func:`nvls_chunk`; enqueue.cc:
+    ``loopSize = nChannels × nHeads × chunkSize``); a loop passes :data:`NVLS_STAGES` resources
+    one after another (NVLink to the switches, for NVLSTree the network, NVLink back), so ``L``
+    loops take ``L + stages − 1`` loop times (one loop time: the drain / ``L``), and a message
+    of at most one loop takes ``stages`` drains. Fraction: ``(stages − 1) × min(1, loopSize / nbytes)``.
+
+    >>> run = {"channels": 16, "chunk": 128 << 10, "tree_max_chunk": 128 << 10, "heads": 8, "nodes": 2}
+    >>> nvls_fill(64 << 20, run)          # 4 loops of 16 MiB through 3 stages: 2 loops of fill
+    0.5
+    >>> nvls_fill(1 << 20, run)           # less than one loop: the stages one after another
+    2.0
+    """
+    if nbytes <= 0:
+        return 0.0
+    loop = run["channels"] * run["heads"] * nvls_chunk(nbytes, run)
+    stages = NVLS_STAGES["nvls_tree" if run["nodes"] > 1 else "nvls"]
+    return (stages - 1) * min(1.0, loop / nbytes)
+
+
 def _arm_hosts(topology: Topology) -> bool:
     """Whether the CPUs are Arm (NVIDIA Grace): NCCL's x86-only NVLSTree correction then does not apply."""
     return any(
@@ -416,6 +523,44 @@ def run_channels(
     return nc, have
 
 
+def tree_chunk(nbytes: int, proto: str, channels: int, n_nodes: int, nranks: int) -> int:
+    """Bytes per chunk of each of ``channels`` channels NCCL's tree moves ``nbytes`` in
+    (src/enqueue.cc ``calcCollChunking``, NCCL 2.30): :data:`PROTO_CHUNK_BYTES`; with LL128 halved
+    while a channel's share is under ``64 × nsteps / ppn`` chunks (down to 128 KiB), then under
+    ``16 × nsteps / ppn`` (down to 32 KiB), ``nsteps = 1 + log2(nNodes) + 0.1 ppn``.
+
+    >>> tree_chunk(1 << 30, "Simple", 16, 2, 16), tree_chunk(1 << 30, "LL128", 16, 2, 16)
+    (524288, 576000)
+    >>> tree_chunk(16 << 20, "LL128", 16, 2, 16)     # 1 MiB a channel: under 64 x 2.8 / 8 chunks of 576000
+    72000
+    """
+    chunk = PROTO_CHUNK_BYTES[proto]
+    if proto == "LL128":
+        ppn = nranks / max(n_nodes, 1)
+        steps = 1 + _log2i(n_nodes) + 0.1 * ppn
+        per_channel = nbytes // max(channels, 1)
+        while per_channel // chunk < steps * 64 / ppn and chunk > 131072:
+            chunk //= 2
+        while per_channel // chunk < steps * 16 / ppn and chunk > 32768:
+            chunk //= 2
+    return chunk
+
+
+def tree_slice_bytes(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> int:
+    """Bytes NCCL's tree moves per pipeline step summed over the channels it runs ``nbytes`` on:
+    :func:`run_channels` (tree) times :func:`tree_chunk`. Each channel pipelines its own share
+    down its tree in chunks, so a tree carrying all channels moves ``channels × chunk`` per step.
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100-x2")
+    >>> [tree_slice_bytes(t, t.rank_gpus(), s, "Simple") >> 10 for s in (1 << 20, 1 << 30)]  # 32, 36 channels
+    [16384, 18432]
+    """
+    n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
+    nc, _ = run_channels(nbytes, "tree", proto, nch, len(gpus), total / nch)
+    return nc * tree_chunk(nbytes, proto, nc, n_nodes, len(gpus))
+
+
 def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> float:
     """GB/s a rank's ring sends at when NCCL runs ``nbytes`` on :func:`run_channels` of its channels:
     the search's ring bandwidth (``nChannels × bw``, as :func:`nccl_predict` derives it) times the
@@ -455,8 +600,9 @@ def nccl_predict(
     time (s), time_us, lat_us, algbw, busbw (GB/s, nccl-tests definitions), nchannels, nnodes,
     nranks, protocols: {proto: time_us}, run_channels, run_time_us}``: ``time`` is NCCL's own
     estimate (what its tuner compares); ``run_channels`` the channels NCCL then runs the
-    collective on at this size (:func:`run_channels`) and ``run_time_us`` the same model with
-    only those channels' share of the bandwidth. ``alltoall`` and ``sendrecv`` (``p2p``) are
+    collective on at this size (:func:`run_channels`; NVLS: :func:`nvls_run`) and ``run_time_us``
+    the same model with only those channels' share of the bandwidth (NVLS: on all its channels,
+    plus its pipeline fill, :func:`nvls_fill`). ``alltoall`` and ``sendrecv`` (``p2p``) are
     not modelled by NCCL: there the time is one point-to-point latency plus each GPU's bytes
     over its bottleneck (NVLink inside a host, its share of the host's NICs across).
     """
@@ -475,7 +621,7 @@ def nccl_predict(
             raise TreeError(f"nccl model: NVLS runs the Simple protocol only, got proto {proto!r}")
         if collective != "allreduce":
             return _nvls_gather_predict(topology, gpus, nbytes, collective)
-        return _with_run(_nvls_predict(topology, gpus, nbytes), nbytes)
+        return _with_run(_nvls_predict(topology, gpus, nbytes), nbytes, nvls_run(topology, gpus))
     if algo == "p2p":
         return _p2p_predict(topology, gpus, nbytes, collective)
     if algo == "collnet":
@@ -485,9 +631,16 @@ def nccl_predict(
     return _ring_tree_predict(topology, gpus, nbytes, algo, proto, nchannels, collective)
 
 
-def _with_run(r: dict, nbytes: int) -> dict:
-    """``r`` with NVLS's run fields: NVLS runs on all its channels (enqueue.cc)."""
-    return {**r, "run_channels": r["nchannels"], "run_time_us": r["time_us"], "collective": "allreduce"}
+def _with_run(r: dict, nbytes: int, run: dict) -> dict:
+    """``r`` with NVLS's run fields: NVLS runs on all its channels (``run``: :func:`nvls_run`;
+    enqueue.cc), its bytes through a pipeline of chunks (:func:`nvls_fill` added to the drain)."""
+    drain = r["time_us"] - r["lat_us"]
+    return {
+        **r,
+        "run_channels": run["channels"],
+        "run_time_us": r["time_us"] + drain * nvls_fill(nbytes, run),
+        "collective": "allreduce",
+    }
 
 
 def _result(

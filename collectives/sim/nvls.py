@@ -33,7 +33,12 @@ NVLS step, 20.9 µs per inter-node NVLSTree hop plus twice the NIC's
 ``lat``, the switches' reduction efficiency ``nvlsEfficiency`` (0.85
 Hopper, 0.74 Blackwell) on NVLink, and NVLSTree's per-channel busbw cap
 ``perChMaxNVLSTreeBws`` (Hopper 57.7 GB/s on 2 nodes, 45.5 on more;
-Blackwell 96 / 80) over ``min(n, 32)`` channels. Any other profile (``ideal``,
+Blackwell 96 / 80) over ``min(n, 32)`` channels, and NCCL's pipeline: the
+bytes move in loops of chunks (src/enqueue.cc ``calcCollChunking``, chunks of
+16 KiB to 256 KiB by message size, src/transport/nvls.cc channel counts) through
+two stages (NVLink up, NVLink down) or, NVLSTree, three (the network between),
+which adds the fill of :func:`treecoll.collectives.sim.nccl_model.nvls_fill`
+to the drain. Any other profile (``ideal``,
 a calibrated YAML) is used as it is, without those: with ``ideal`` on one
 domain the time is ``lat + S (n + 1) / n / B`` exactly, ``B`` a GPU's NVLink
 bandwidth to its switches:
@@ -150,7 +155,8 @@ def simulate_nvls(
     if nccl and len(domains) > 1:  # NCCL's per-channel NVLSTree cap, as algbw: nCh × cap × P / (2(P − 1))
         cap = nm.PER_CH_MAX_NVLS_TREE_BW[gen][1 if len(domains) == 2 else 2]
         drain = max(drain, nbytes / (min(nm.MAX_NVLS_ARITY, n) * cap * 1e9 * P / (2 * (P - 1))))
-    makespan = intra_lat + 2 * height * hop_lat + drain
+    fill = drain * nm.nvls_fill(nbytes, nm.nvls_run(topology, gpus)) if nccl else 0.0
+    makespan = intra_lat + 2 * height * hop_lat + drain + fill
     link_bytes = np.zeros(len(net.ends))
     np.add.at(link_bytes, np.concatenate(links), np.concatenate([np.full(len(ids), s) for ids, s in zip(links, sizes)]))
     stats = {
@@ -159,6 +165,7 @@ def simulate_nvls(
         "gpus_per_domain": n,
         "tree_height": height,
         "nvls_efficiency": prof.efficiency("nvlink") if nccl else None,
+        "pipeline_fill_s": fill,
         "wall_s": _time.perf_counter() - t0,
     }
     algo = "nvls_tree" if len(domains) > 1 else "nvls"

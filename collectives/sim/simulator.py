@@ -51,6 +51,7 @@ from treecoll.topo.ranks import RanksArg
 from ..placement import Placement, as_placement
 from ..schedule import Schedule
 from .engine import FlowEngine, Network, drain_times, gc_paused
+from .nccl_model import PROTO_CHUNK_BYTES
 from .profiles import Profile, get_profile
 from .result import (
     DTYPE_SIZES,
@@ -74,6 +75,7 @@ __all__ = [
     "simulate_nccl_allreduce",
     "simulate_nccl",
     "nccl_rings",
+    "nccl_hop_profile",
     "hop_times",
     "bus_factor",
     "bandwidths",
@@ -307,10 +309,9 @@ def _inputs(
 #: collectives NCCL runs on its rings (broadcast and reduce: a pipelined chain from / to the root)
 RING_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 #: bytes of one pipeline chunk of NCCL's ring broadcast / reduce per protocol profile: a buffer step
-#: (NCCL 2.30 src/init.cc DEFAULT_BUFFSIZE 4 MiB, DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE over
-#: NCCL_STEPS 8, src/include/device.h) times BROADCAST_CHUNKSTEPS = REDUCE_CHUNKSTEPS = 1
-#: (src/include/collectives.h); LL carries 8 data bytes per 16-byte line, LL128 120 per 128
-PIPELINE_CHUNK_BYTES = {"nccl-ll": 32 << 10, "nccl-ll128": 120 * 640 * 8 * 120 // 128, "nccl-simple": 512 << 10}
+#: (:data:`treecoll.collectives.sim.nccl_model.PROTO_CHUNK_BYTES`) times BROADCAST_CHUNKSTEPS =
+#: REDUCE_CHUNKSTEPS = 1 (src/include/collectives.h)
+PIPELINE_CHUNK_BYTES = {f"nccl-{p.lower()}": b for p, b in PROTO_CHUNK_BYTES.items()}
 
 
 @gc_paused()
@@ -342,6 +343,7 @@ def simulate_ring(
     chunks per channel take the chain's latency plus ``k + P − 2`` chunk steps.
     """
     prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "ring", RING_COLLECTIVES)
+    prof = nccl_hop_profile(prof, "ring", one_per_host=len(_host_groups(topology, gpus)) == len(gpus))
     P = len(gpus)
     C = channels or default_channels(topology, gpus)
     if C < 1:
@@ -512,9 +514,10 @@ def simulate_p2p(
 RING_ALGOS = ("ring", "pat")
 NVLS_ALGOS = ("nvls",)
 P2P_ALGOS = ("p2p",)
-#: NCCL's tree kernels pipeline a message in slices of this order: :func:`simulate_algorithm` runs
-#: trees as NCCL's kernels run them (:data:`NCCL_TREE_RUN`), so in chunks of this many bytes
-#: (NCCL's pipelining as modelled here; what treecoll's executor runs is :func:`simulate_executor`)
+#: NCCL's tree kernels pipeline each channel's share in chunks of one buffer step (Simple: 512 KiB);
+#: :func:`simulate_algorithm` runs trees as NCCL's kernels run them (:data:`NCCL_TREE_RUN`), a step
+#: moving a chunk on every channel (:func:`_tree_slice`), this many bytes where no channel count can
+#: be derived (what treecoll's executor runs is :func:`simulate_executor`)
 NCCL_TREE_CHUNK_BYTES = 512 << 10
 #: most pipeline chunks per tree the engine simulates exactly (its cost grows with chunks x tree edges);
 #: beyond, and beyond 8192 / P, a run is extrapolated from two (:func:`_extrapolate`)
@@ -576,8 +579,8 @@ def simulate_algorithm(
 
     Trees are built for ``nbytes`` by :func:`treecoll.collectives.builders.build` and
     compiled by :func:`treecoll.collectives.compile.compile_plan` with ``nchunks``
-    pipeline chunks per tree (default: NCCL's slices, ``nbytes /``
-    :data:`NCCL_TREE_CHUNK_BYTES`; more than the engine simulates exactly are
+    pipeline chunks per tree (default: NCCL's pipeline steps per protocol, ``nbytes /``
+    (channels × chunk), :func:`_tree_slice`; more than the engine simulates exactly are
     extrapolated from two runs). ``profile="auto"``
     simulates each NCCL protocol profile and keeps the fastest (what NCCL's
     tuner aims for; LL only up to :data:`LL_MAX_BYTES`); ``opts`` go to the
@@ -626,19 +629,67 @@ def simulate_algorithm(
             if algo.partition(":")[0] in ("auto", "two_level")
             else builders.build(algo, p, **opts)
         )
-    want = nchunks if nchunks is not None else max(1, nbytes // NCCL_TREE_CHUNK_BYTES)
-    k = want if nchunks is not None else _sim_chunks(want, len(gpus))
     rt = root if collective in ("reduce", "broadcast") else None
-    sched = compile_.compile_plan(tree, collective, k, root=rt, forward_lag=forward_lag)
-    half = compile_.compile_plan(tree, collective, k // 2, root=rt, forward_lag=forward_lag) if want > k >= 4 else None
-    if collective == "allreduce":
-        profs = [pr.for_tree_allreduce() for pr in profs]
+    plans: dict[int, Schedule] = {}
+
+    def plan(k: int) -> Schedule:
+        if k not in plans:
+            plans[k] = compile_.compile_plan(tree, collective, k, root=rt, forward_lag=forward_lag)
+        return plans[k]
+
     for pr in profs:
-        r = simulate(p, sched, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
-        if half is not None:
-            r = _extrapolate(r, simulate(p, half, nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN), k, want)
+        want = nchunks if nchunks is not None else max(1, -(-nbytes // _tree_slice(topology, gpus, nbytes, pr)))
+        k = want if nchunks is not None else _sim_chunks(want, len(gpus))
+        pr = nccl_hop_profile(pr, "tree")
+        if collective == "allreduce":
+            pr = pr.for_tree_allreduce()
+        r = simulate(p, plan(k), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
+        if want > k >= 4:
+            r_half = simulate(p, plan(k // 2), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
+            r = _extrapolate(r, r_half, k, want)
         best = r if best is None or r.time < best.time else best
     return best
+
+
+def nccl_hop_profile(prof: Profile, algo: str, one_per_host: bool = False) -> Profile:
+    """``prof`` with NCCL's base and per-hop latencies of ``algo`` (``ring`` or ``tree``) when it is one of
+    NCCL's built-in protocol profiles (a calibrated or other profile is returned as it is).
+
+    NCCL 2.30 src/graph/tuning.cc: trees have their own ``baseLatencies`` and ``hwLatencies``
+    (a network hop of a tree costs more than a ring's: 5.0 / 8.5 / 14 µs against 2.7 / 4.0 / 14 for
+    LL / LL128 / Simple), and with one rank per node a ring's network hops take the tree's ("With
+    ppn=1 latencies are fully exposed, use the Tree network latency"), as :mod:`.nccl_model` does.
+
+    >>> from treecoll.collectives.sim.profiles import get_profile
+    >>> p = nccl_hop_profile(get_profile("nccl-ll"), "tree")
+    >>> p.base_lat_us, p.lat_floor_us
+    (6.8, {'nvlink': 0.6, 'pci': 1.0, 'net': 5.0})
+    >>> nccl_hop_profile(get_profile("nccl-ll"), "ring", one_per_host=True).lat_floor_us["net"]
+    5.0
+    """
+    from .nccl_model import BASE_LAT, HW_LAT, PROTOS
+    from .profiles import NCCL_PROTOCOLS, PROFILES
+
+    if prof.name not in NCCL_PROTOCOLS or prof != PROFILES[prof.name]:
+        return prof
+    pi = PROTOS.index({"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}[prof.name])
+    net = HW_LAT["NET"]["tree" if one_per_host else algo][pi]
+    floors = {"nvlink": HW_LAT["NVLINK"][algo][pi], "pci": HW_LAT["PCI"][algo][pi], "net": net}
+    return dataclasses.replace(prof, base_lat_us=BASE_LAT[algo][pi], lat_floor_us=floors)
+
+
+def _tree_slice(topology: Topology, gpus: Sequence[str], nbytes: int, profile: Profile) -> int:
+    """Bytes a tree moves per pipeline step as NCCL's kernels run it with ``profile``'s protocol
+    (Simple for a profile that is not one of NCCL's): a chunk on every channel it runs on
+    (:func:`treecoll.collectives.sim.nccl_model.tree_slice_bytes`); :data:`NCCL_TREE_CHUNK_BYTES`
+    where the GPUs give NCCL no channels to derive (hosts without NIC bandwidth)."""
+    from .nccl_model import tree_slice_bytes
+
+    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile.name, "Simple")
+    try:
+        return tree_slice_bytes(topology, gpus, nbytes, proto)
+    except TreeError:
+        return NCCL_TREE_CHUNK_BYTES
 
 
 #: how treecoll's executor runs a schedule over gloo: one TCP connection per pair of ranks (a rank's

@@ -24,10 +24,8 @@ from tests.helpers import SHIPPED, shipped
 BUILDERS = ("chain", "binomial", "kary:4", "star", "double_binary", "two_level")
 #: latency-bound, mid, pipelined, bandwidth-bound
 SIZES = (8, 64 << 10, 4 << 20, 64 << 20)
-#: every case within this of the simulation ...
-MAX_ERROR = 0.5
-#: ... and this share of the cases within 10%
-WITHIN_10 = 0.85
+#: every case within this of the simulation
+MAX_ERROR = 0.10
 
 
 @functools.cache
@@ -36,25 +34,46 @@ def _placement(name: str) -> Placement:
     return Placement(t, min(len(t.rank_gpus()), 16))  # two hosts of the multi-host machines
 
 
+def _links_seen(p: Placement) -> tuple:
+    """What a simulation of ``p`` sees: every pair's latency and routes (links numbered in order of
+    first use, with their bandwidth and latency) and every GPU's memory bandwidth. Two placements
+    that see the same get the same prediction from the model and from the simulation."""
+    g, ids, pairs = p.topology.graph, {}, []
+    for a in p.gpus:
+        for b in p.gpus:
+            if a != b:
+                path = p.topology.path(a, b)
+                routes = tuple(
+                    (tuple((ids.setdefault(e, len(ids)), g.edges[e]["bw"]) for e in zip(ns, ns[1:])), share)
+                    for ns, share in path.routes
+                )
+                pairs.append((path.lat, tuple(g.nodes[x].get("lat") for x in path.nodes), routes))
+    return tuple(pairs), tuple(g.nodes[x].get("mem_bw") for x in p.gpus)
+
+
 def test_cost_model_tracks_the_executor_simulation():
-    """The planner's analytical model (collectives.cost) and the flow simulation of the same
-    schedule as the executor runs it (collectives.sim.executor), for every builder on every
-    shipped topology (its first 16 GPUs) at four sizes."""
-    errors = {}
+    """The planner's model (collectives.cost: the schedule stepped through with simpler link
+    sharing) and the flow simulation of the same schedule as the executor runs it
+    (collectives.sim.executor), for every builder on every shipped topology (its first 16 GPUs)
+    at four sizes, at the chunk count the planner picks: every case within MAX_ERROR."""
+    errors, seen, same = {}, {}, {}
     for name in SHIPPED:
         p = _placement(name)
+        view = seen.setdefault(_links_seen(p), name)  # the 16 GPUs of dgx-h100-x2, -x16, -x1024 look alike
         for b in BUILDERS:
             for n in SIZES:
                 plan, sched = default_planner().schedule_for(
                     b, collective="allreduce", nbytes=n, placement=p, algo="tree"
                 )
                 k = sched.nchunks // len(as_multi(plan))
-                model = CostModel(p).tree_time(plan, n, "allreduce", k)
-                errors[(name, b, n)] = model / predict_schedule(p, plan, n).time - 1
-    worst = max(errors, key=lambda c: abs(errors[c]))
-    assert abs(errors[worst]) <= MAX_ERROR, (worst, errors[worst])
-    within = sum(abs(e) <= 0.10 for e in errors.values()) / len(errors)
-    assert within >= WITHIN_10, sorted(errors.items(), key=lambda kv: -abs(kv[1]))[:10]
+                case = (view, plan.fingerprint(), n)
+                if case not in same:  # star and two_level on one host are one tree: simulated once
+                    model = CostModel(p, step_through=True).tree_time(plan, n, "allreduce", k)
+                    same[case] = model / predict_schedule(p, plan, n).time - 1
+                errors[(name, b, n, k)] = same[case]
+    assert len(errors) == len(SHIPPED) * len(BUILDERS) * len(SIZES) and len(same) < len(errors)
+    outside = {c: round(e, 3) for c, e in errors.items() if abs(e) > MAX_ERROR}
+    assert not outside, outside
 
 
 def test_executor_messages_in_closed_form():
@@ -65,8 +84,12 @@ def test_executor_messages_in_closed_form():
     for P in (2, 3, 5):
         free = Placement(uniform_topology(P, bw=1e3, lat=0.0), P)
         for shape in ("chain", "star"):
-            r = simulate_executor_schedule(free, compile_allreduce(build(shape, nranks=P), 1), 8, step_cost=o)
+            tree = build(shape, nranks=P)
+            r = simulate_executor_schedule(free, compile_allreduce(tree, 1), 8, step_cost=o)
             assert r.time == pytest.approx(2 * (P - 1) * o, rel=1e-6), (shape, P)
+            # the planner's model steps through the same schedule
+            model = CostModel(free, msg_overhead=o, step_through=True)
+            assert model.tree_time(tree, 8) == pytest.approx(2 * (P - 1) * o, rel=1e-6)
     # with a link latency L per hop (uniform: two links of L), each message adds its path
     lat = 0.5
     one = Placement(uniform_topology(2, bw=1e3, lat=lat), 2)

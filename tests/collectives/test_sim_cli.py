@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from treecoll.collectives.sim.nccl_model import nccl_predict
 from treecoll.tools import cmd_simulate, validate_sim, validation
 from treecoll.tools.cli import main
 from treecoll.topo.errors import CollectiveError
@@ -120,7 +121,10 @@ def test_validation_offers_nvls_where_nccl_does():
     assert algos == ["ring", "tree", "nvls"]
     t, label = validation.predict(topo, "allreduce", 1 << 30, ["ring", "nvls"], "auto")
     assert label == "nvls_tree/nccl-nvls" and (1 << 30) / t / 1e9 * 30 / 16 > 440
-    assert validation.nccl_model_time(topo, "allreduce", 1 << 30, algos) == pytest.approx(t, rel=0.01)
+    # NCCL's own estimate leaves out its pipeline fill (3% at 1 GiB); the model's run time adds it as the simulator does
+    assert validation.nccl_model_time(topo, "allreduce", 1 << 30, algos) == pytest.approx(t, rel=0.04)
+    run = nccl_predict(topo, None, 1 << 30, algo="nvls")["run_time_us"] * 1e-6
+    assert run == pytest.approx(t, rel=0.01)
     ring = _case("h100-16gpu-2node-allreduce-ring.txt")
     assert validation.algorithms(ring, "allreduce", validation.topology_for(ring)[0])[0] == ["ring"]
     gh = _case("gh200-8gpu-2node-allreduce-slingshot.txt")

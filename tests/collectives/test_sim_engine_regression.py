@@ -106,6 +106,8 @@ EXPECTED = {
         1048576.0,
         (None, None, None),
     ),
+    # recorded before NCCL's NVLS pipeline fill was modelled; the fill (one 8 MiB loop of 32: 16 channels x
+    # 8 heads x 64 KiB chunks, collectives.sim.nccl_model.nvls_fill) is added to the drain (time - 25 us) below
     "nvls h1 256MiB": (0.000983150542547116, 0.007865204340376929, {"nvlink": 4831838208}, 0.0, (None, None, None)),
     "nvls_tree x2 1GiB ideal": (
         0.003267711844660195,
@@ -186,6 +188,9 @@ def _run(name: str):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_engine_outputs_equal_the_pre_refactor_engine(name):
     time_s, finish_sum, kind_bytes, peak, counters = EXPECTED[name]
+    if name == "nvls h1 256MiB":
+        fill = (time_s - 25e-6) / 32
+        time_s, finish_sum = time_s + fill, finish_sum + 8 * fill
     r = _run(name)
     assert r.time == pytest.approx(time_s, rel=1e-12, abs=0)
     assert sum(r.finish) == pytest.approx(finish_sum, rel=1e-12, abs=0)

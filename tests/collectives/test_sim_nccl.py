@@ -10,6 +10,7 @@ from treecoll.collectives.sim import nccl_model as nm
 from treecoll.collectives.sim.result import bus_factor
 from treecoll.collectives.sim.simulator import (
     PIPELINE_CHUNK_BYTES,
+    nccl_hop_profile,
     nccl_rings,
     simulate_algorithm,
     simulate_nccl,
@@ -236,6 +237,55 @@ def test_alltoall_model_uses_nvlink_across_the_hosts_of_one_nvlink_domain():
     # every peer over NVLink: busbw = algbw (n-1)/n -> the NVLink path bandwidth, less the latency
     bw = min(t.path(gpus[0], b).bw for b in gpus[1:])
     assert r["busbw"] == pytest.approx(bw, rel=0.02) and r["busbw"] < bw
+
+
+def test_tree_chunks_per_channel_as_nccl_sizes_them():
+    # enqueue.cc calcCollChunking: one buffer step per chunk (4 MiB / 8 Simple; LL 64 KiB / 2; LL128 614400 x 15/16)
+    assert nm.PROTO_CHUNK_BYTES == {"LL": 32768, "LL128": 576000, "Simple": 524288}
+    assert nm.tree_chunk(1 << 20, "Simple", 64, 8, 64) == 524288  # only LL128 shrinks
+    # LL128, 2 nodes x 8: nsteps 1 + 1 + 0.8 = 2.8; a channel's 1 MiB is under 2.8 x 64 / 8 = 22.4 chunks of
+    # 576000, 288000, 144000 (halved while > 128 KiB) -> 72000; 1 MiB / 72000 = 14 >= 2.8 x 16 / 8: stays
+    assert nm.tree_chunk(16 << 20, "LL128", 16, 2, 16) == 72000
+    # a big share keeps the full chunk: 64 MiB / 576000 = 116 chunks >= 22.4
+    assert nm.tree_chunk(1 << 30, "LL128", 16, 2, 16) == 576000
+
+
+def test_simulated_nccl_tree_pipelines_a_chunk_per_channel():
+    t = topo.resolve("dgx-h100-x2")
+    g = t.rank_gpus()
+    # 2 hosts, 8 NICs: NCCL's graph has 18 channels (370.8 / 20.6), duplicated to 36, all running at 64 MiB
+    slice_ = nm.tree_slice_bytes(t, g, 64 << 20, "Simple")
+    assert slice_ == 36 * 524288
+    k = -(-(64 << 20) // slice_)  # 4 steps of 36 chunks of 512 KiB
+    from treecoll.collectives import builders
+    from treecoll.collectives import compile as compile_
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.collectives.sim.simulator import NCCL_TREE_RUN, simulate
+
+    tree = builders.build("two_level", t, nbytes=64 << 20, intra="chain")
+    sched = compile_.compile_plan(tree, "allreduce", k, forward_lag=0)
+    prof = nccl_hop_profile(get_profile("nccl-simple"), "tree").for_tree_allreduce()
+    want = simulate(t, sched, 64 << 20, profile=prof, **NCCL_TREE_RUN).time
+    got = simulate_algorithm(t, "two_level", 64 << 20, profile="nccl-simple", intra="chain")
+    assert got.time == pytest.approx(want, rel=1e-12)
+
+
+def test_nccl_hop_latencies_per_algorithm_and_one_rank_per_node():
+    from treecoll.collectives.sim.profiles import get_profile
+    from treecoll.topo.machines import MachineFlags, machine_topology, parse_nic
+
+    # tuning.cc: a tree's hops (base 6.8, NVLink 0.6, PCI 1.0, NET 5.0 us with LL) differ from a ring's (NET 2.7)
+    tree = nccl_hop_profile(get_profile("nccl-ll"), "tree")
+    assert (tree.base_lat_us, tree.lat_floor_us) == (6.8, {"nvlink": 0.6, "pci": 1.0, "net": 5.0})
+    assert nccl_hop_profile(get_profile("nccl-simple"), "ring") == get_profile("nccl-simple")
+    calibrated = get_profile("nccl-ll").__class__("mine", 1.0, {"net": 1.0})
+    assert nccl_hop_profile(calibrated, "tree") is calibrated  # a profile of one's own is used as it is
+    # one GPU per node: the ring's two network hops (route 4.7 us) take the tree's 5.0 us, as NCCL models them
+    t = machine_topology(MachineFlags(hosts=2, gpus_per_host=1, gpu="H100", nic=parse_nic("1x400G-ib")))[0]
+    assert t.path(*t.rank_gpus()).lat == pytest.approx(4.7)
+    r = simulate_ring(t, 8, profile="nccl-ll")
+    assert r.time == pytest.approx(6.6e-6 + 2 * 5.0e-6, abs=5e-9)
+    assert nm.nccl_predict(t, None, 8, algo="ring", proto="LL")["lat_us"] == pytest.approx(6.6 + 2 * 5.0)
 
 
 @pytest.mark.parametrize("change", [False, True])

@@ -46,10 +46,12 @@ def test_nccl_profile_applies_the_switch_efficiency_and_nccl_latency():
     h100 = yaml_io.resolve("dgx-h100")  # 18 NVLinks x 20.6 GB/s per GPU over 4 switches
     r = simulate_nvls(h100, GIB)
     b = 18 * 20.6e9 * 0.85  # nvlsEfficiency, Hopper
-    assert r.time == pytest.approx(25e-6 + GIB * 9 / 8 / b, rel=1e-9)
+    # pipeline fill: 16 channels x 8 heads x 128 KiB chunks = 16 MiB loops, 2 stages: one loop of 64
+    assert r.time == pytest.approx(25e-6 + GIB * 9 / 8 / b * (1 + 1 / 64), rel=1e-9)
     assert r.profile == "nccl-nvls" and r.kind_bytes == {"nvlink": pytest.approx(8 * 2 * GIB * 9 / 8, rel=1e-9)}
-    b200 = yaml_io.resolve("hgx-b200")  # Blackwell: 0.74
-    assert simulate_nvls(b200, GIB).time == pytest.approx(25e-6 + GIB * 9 / 8 / (18 * 40.1e9 * 0.74), rel=1e-9)
+    b200 = yaml_io.resolve("hgx-b200")  # Blackwell: 0.74; 24 channels, 1 GiB < 64 x 192 x 128 KiB: 64 KiB chunks
+    drain = GIB * 9 / 8 / (18 * 40.1e9 * 0.74)
+    assert simulate_nvls(b200, GIB).time == pytest.approx(25e-6 + drain * (1 + 24 * 8 * 65536 / GIB), rel=1e-9)
     # through simulate_algorithm, with NCCL's auto protocol choice (NVLS: Simple only)
     assert simulate_algorithm(h100, "nvls", GIB).time == r.time
 
@@ -126,3 +128,48 @@ def test_multicast_key_in_yaml():
     assert again.node("h1/nvswitch0")["multicast"] is False
     with pytest.raises(TopologyError, match=r"templates.box.nvswitch.multicast: expected true or false, got 1"):
         yaml_io.loads(_two_boxes(", multicast: 1"), source="<bad>")
+
+
+def test_nvls_run_follows_nccls_channel_and_chunk_tuning():
+    from treecoll.topo.machines import MachineFlags, machine_topology, parse_nic
+
+    def run(name=None, **flags):
+        t = yaml_io.resolve(name) if name else machine_topology(MachineFlags(**flags))[0]
+        return nm.nvls_run(t, t.rank_gpus())
+
+    # nvls.cc: Hopper 16 channels and 128 KiB chunks; NVLSTree's largest chunk the chunk below 4 nodes
+    assert run("dgx-h100") == {"channels": 16, "chunk": 128 << 10, "tree_max_chunk": 128 << 10, "heads": 8, "nodes": 1}
+    assert run("dgx-h100-x16")["tree_max_chunk"] == 64 << 10  # 16 nodes: 64 KiB
+    assert run("hgx-b200")["channels"] == 24  # NVLS_NCHANNELS_SM100_NVL
+    # ncclNvlsTreeSm100Tuning: 2 nodes, 400G NICs (50 GB/s >= 48) behind PCIe switches, 8 per node: 32 channels, 64 KiB
+    b200x2 = run(hosts=2, gpus_per_host=8, gpu="B200", nic=parse_nic("8x400G-ib"))
+    assert b200x2 == {"channels": 32, "chunk": 128 << 10, "tree_max_chunk": 64 << 10, "heads": 8, "nodes": 2}
+
+
+def test_nvls_chunk_and_pipeline_fill_by_hand():
+    one = {"channels": 16, "chunk": 128 << 10, "tree_max_chunk": 128 << 10, "heads": 8, "nodes": 1}
+    ops = 16 * 8
+    # enqueue.cc calcCollChunking, NVLS: 64 KiB below 64 ops chunks, 32 KiB below 8 ops, 16 KiB below 2 ops
+    assert nm.nvls_chunk(64 * ops * (128 << 10), one) == 128 << 10
+    assert nm.nvls_chunk(64 * ops * (128 << 10) - 1, one) == 64 << 10
+    assert nm.nvls_chunk(8 * ops * (64 << 10) - 1, one) == 32 << 10
+    assert nm.nvls_chunk(2 * ops * (32 << 10) - 1, one) == 16 << 10
+    # NVLSTree (tree chunk 64 KiB): 32 KiB below one ops chunk
+    tree = dict(one, nodes=2, tree_max_chunk=64 << 10)
+    assert nm.nvls_chunk(1 << 30, tree) == 64 << 10 and nm.nvls_chunk(ops * (64 << 10) - 1, tree) == 32 << 10
+    # fill: (stages - 1) loops of channels x heads x chunk, at most (stages - 1) drains
+    assert nm.nvls_fill(1 << 30, one) == pytest.approx(ops * (128 << 10) / (1 << 30))  # 2 stages, 64 loops
+    assert nm.nvls_fill(1 << 30, tree) == pytest.approx(2 * ops * (64 << 10) / (1 << 30))  # 3 stages
+    assert nm.nvls_fill(1 << 10, tree) == 2.0 and nm.nvls_fill(0, tree) == 0.0
+
+
+def test_nvls_tree_time_on_two_dgx_h100_is_latency_drain_and_two_loops_of_fill():
+    t = yaml_io.resolve("dgx-h100-x2")
+    size = 64 << 20  # 16 channels x 8 heads x 128 KiB: 16 MiB loops, 4 of them; 3 stages: 2 loops of fill
+    r = simulate_nvls(t, size)
+    model = nm.nccl_predict(t, None, size, algo="nvls")
+    drain = r.time - r.stats["pipeline_fill_s"] - (model["lat_us"] * 1e-6)
+    assert r.stats["pipeline_fill_s"] == pytest.approx(drain * 2 / 4, rel=1e-9)
+    # the NCCL model's run time adds the same fill to its own drain
+    m_drain = model["time_us"] - model["lat_us"]
+    assert model["run_time_us"] == pytest.approx(model["time_us"] + m_drain / 2, rel=1e-9)
