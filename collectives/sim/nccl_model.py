@@ -183,8 +183,9 @@ def _log2i(x: float) -> int:
 
 def _by_host(topology: Topology, gpus: Sequence[str]) -> dict[str, list[str]]:
     hosts: dict[str, list[str]] = {}
+    node = topology.graph._node  # networkx's node dict (Topology.host_of per GPU costs more than the work)
     for x in gpus:
-        hosts.setdefault(topology.host_of(x), []).append(x)
+        hosts.setdefault(node[x].get("host"), []).append(x)
     return hosts
 
 
