@@ -17,8 +17,9 @@ for allreduce the fastest of the algorithms NCCL offers on these GPUs
 NVLS / NVLSTree on Hopper-or-later NVSwitch systems), restricted by a file's
 ``NCCL_ALGO`` / ``NCCL_PROTO`` as they restrict NCCL; other collectives by
 :func:`treecoll.collectives.sim.simulate_algorithm` with the ring. With
-``--profile`` every algorithm runs that profile (a calibrated YAML, or a
-built-in name) instead of the fastest of NCCL's protocols.
+``--profile`` a calibration (what :func:`calibrate` writes) corrects those
+defaults with its factors; a plain profile (a built-in name or a profile YAML)
+is run by every algorithm instead of the fastest of NCCL's protocols.
 
 **Error**: per row ``(pred − meas) / meas`` of busbw (the measured busbw is
 recomputed from the out-of-place time, as nccl-tests computes it, since small
@@ -52,23 +53,32 @@ collective (``--collective``), an unknown machine (``--topology`` or
 machine's, more GPUs than ``--max-gpus``, a collective the simulator does not
 predict (no flag: said so).
 
-**Calibration** (:func:`calibrate`) fits one :class:`~treecoll.collectives.sim.profiles.Profile`
-to the tables: the bandwidth efficiency of each link class the tables' routes
-use (``net``; ``nvlink`` with ``c2c``; ``pcie`` with ``smp``) and the per-hop
-latency floor of each route class (``nvlink``, ``pci``, ``net``), starting from
-NCCL's Simple protocol (whose base latency, NIC-latency count and tree factor
-it keeps). It minimises the sum of squared ``ln(pred / meas)`` of the time over
-the rows the errors count (small and large messages; every row of a table
-that has neither), at most :data:`FIT_ROWS` per table spread over its sizes,
-by a pattern search in log space (:func:`pattern_search`); a
-parameter no row responds to keeps its start value. During the fit the tree
+**Calibration** (:func:`calibrate`) fits a
+:class:`~treecoll.collectives.sim.profiles.Calibration`: the simulator's
+defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
+corrected by factors, each 1 by default: ``link_scale.nvlink`` /
+``.pcie`` / ``.net`` on the bandwidth of a link class, shared by every
+algorithm, and ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p`` on the
+latencies of one algorithm family. Only the factors the tables identify
+move: a factor is identified when scaling it by :data:`PROBE` changes some
+fitted row's predicted time by :data:`IDENTIFY` or more (a sendrecv table depends on ``lat_scale.p2p`` and the
+links it crosses, never on NVLS; an allreduce on the families NCCL would
+choose among whose times are near the fastest); the others stay 1 and the
+output says so. The objective is the mean ``|ln(pred / meas)|`` of the time
+(the geometric-mean error) over the fitted rows, each table's small and large
+messages weighing alike, plus :data:`PRIOR` × ``|ln factor|`` per factor, so
+a factor moves only when that lowers the error; each factor stays within
+:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows: at
+most :data:`FIT_ROWS` per table, half small and half large messages spread
+over the sizes (every row of a table that has neither). The minimiser is a
+pattern search over the logarithms (:func:`pattern_search`), run again when
+the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
-(its flow simulation takes seconds per larger size); the error printed after the
-fit is that of a full validation with the fitted profile. The protocol
-switch points are not fitted: one profile stands for the protocols NCCL
-mixes. ``--profile profile.yaml`` then predicts other sizes, collectives and
-machine scales with it (``treecoll simulate validate``, ``simulate
-allreduce``).
+(its flow simulation takes seconds per larger size); the error printed after
+the fit is that of a full validation with the calibration. Protocol switch
+points are not factors: the simulator takes the fastest protocol per size.
+``--profile profile.yaml`` then predicts other sizes, collectives and machine
+scales with it (``treecoll simulate validate``, ``simulate allreduce``).
 
 >>> geo_error([(110.0, 100.0), (100.0, 110.0)])   # 10 % over and 10 % under
 0.1
@@ -92,7 +102,7 @@ from treecoll.topo.errors import CollectiveError, TreecollError
 from treecoll.topo.machines import MachineFlags, machine_topology
 
 if TYPE_CHECKING:
-    from treecoll.collectives.sim.profiles import Profile
+    from treecoll.collectives.sim.profiles import Calibration, Profile
     from treecoll.topo import Topology
 
 __all__ = [
@@ -113,7 +123,8 @@ __all__ = [
     "calibrate",
     "pattern_search",
     "fit_parameters",
-    "profile_from",
+    "calibration_from",
+    "default_values",
     "render_calibration",
     "counted",
     "LARGE",
@@ -542,40 +553,18 @@ def profile_is_default(d: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- calibration
-#: rows per table the fit simulates (spread over the table's sizes; every row counts in ``before``/``after``)
+#: rows per table the fit simulates: half of them small messages, half large, spread over the sizes
 FIT_ROWS = 12
-#: the fitted parameters: name -> (Profile field, keys of that field it sets)
-PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "eff_net": ("bw_eff", ("net",)),
-    "eff_nvlink": ("bw_eff", ("nvlink", "c2c")),
-    "eff_pcie": ("bw_eff", ("pcie", "smp")),
-    "lat_nvlink": ("lat_floor_us", ("nvlink",)),
-    "lat_pci": ("lat_floor_us", ("pci",)),
-    "lat_net": ("lat_floor_us", ("net",)),
-}
-
-
-def profile_from(values: dict[str, float], name: str = "calibrated", source: str = "") -> Profile:
-    """A Profile: NCCL's Simple protocol with ``values`` (:data:`PARAMS` names) set."""
-    import dataclasses
-
-    from treecoll.collectives.sim.profiles import PROFILES
-
-    base = PROFILES["nccl-simple"]
-    eff, floor = dict(base.bw_eff), dict(base.lat_floor_us)
-    for k, v in values.items():
-        fld, keys = PARAMS[k]
-        for key in keys:
-            (eff if fld == "bw_eff" else floor)[key] = min(v, 1.0) if fld == "bw_eff" else v
-    return dataclasses.replace(base, name=name, bw_eff=eff, lat_floor_us=floor, source=source)
-
-
-def start_values() -> dict[str, float]:
-    """Where the fit starts: NCCL's Simple protocol (efficiency 1, NCCL's latency floors)."""
-    p = profile_from({})
-    return {
-        k: (p.efficiency(keys[0]) if fld == "bw_eff" else p.lat_floor_us[keys[0]]) for k, (fld, keys) in PARAMS.items()
-    }
+#: pull of every factor back to its default, per unit of ``|ln factor|``, against the objective (a mean
+#: ``|ln(pred / meas)|``): a factor moves only where that buys a larger drop of the error
+PRIOR = 0.01
+#: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
+#: row's predicted time by :data:`IDENTIFY` or more: the row's time depends on it, not only in its last
+#: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
+PROBE = 1.25
+IDENTIFY = 0.05
+#: the algorithm family of each NCCL algorithm name (:data:`~treecoll.collectives.sim.profiles.FAMILIES`)
+ALGO_FAMILY = {"ring": "ring", "pat": "ring", "tree": "tree", "nvls": "nvls", "p2p": "p2p"}
 
 
 def pattern_search(
@@ -619,14 +608,22 @@ class _FitRow:
     size: int
     algos: tuple[str, ...]
     meas: float  # seconds
+    table: str = ""
+    group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
 
 
 def _spread(rows: list, n: int | None) -> list:
     """At most ``n`` of ``rows`` (sorted by size), evenly spread over the list, the first and last kept."""
     if n is None or len(rows) <= n:
         return rows
+    if n <= 1:
+        return rows[-1:]
     idx = sorted({round(i * (len(rows) - 1) / (n - 1)) for i in range(n)})
     return [rows[i] for i in idx]
+
+
+def _group(size: int) -> str:
+    return "small" if size <= SMALL else "large" if size >= LARGE else "mid"
 
 
 def _fit_rows(
@@ -649,57 +646,163 @@ def _fit_rows(
         if c.entry.get("health") == "degraded":
             skipped.append({"file": c.label, "reason": "degraded (tables.yaml): not fitted"})
             continue
+        if len(topo.rank_gpus()) < 2:
+            skipped.append({"file": c.label, "reason": "one GPU: nothing to fit"})
+            continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        rows_c = _row_sizes(c, counted) or _row_sizes(c, None)  # the rows the errors count, where it has any
-        for r in _spread(rows_c, max_rows):
+        counted_rows = _row_sizes(c, counted)
+        half = None if max_rows is None else max(1, max_rows // 2)
+        picked = (
+            _spread([r for r in counted_rows if r.size <= SMALL], half)
+            + _spread([r for r in counted_rows if r.size >= LARGE], half)
+            if counted_rows
+            else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
+        )
+        for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
-            rows.append(_FitRow(topo, coll, r.size, use, r.out_of_place.time_us * 1e-6))
+            rows.append(_FitRow(topo, coll, r.size, use, r.out_of_place.time_us * 1e-6, c.label, _group(r.size)))
     return rows, skipped
 
 
+def _row_families(row: _FitRow) -> list[tuple[str, list[str] | None]]:
+    """``(family, algos)`` of every algorithm the row's prediction takes the fastest of: for allreduce one
+    per NCCL algorithm of ``row.algos``, for the other collectives the one family NCCL runs them with."""
+    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES
+
+    if row.collective == "allreduce":
+        return [(ALGO_FAMILY[a], [a]) for a in row.algos if a in ALGO_FAMILY]
+    return [("p2p" if row.collective in P2P_COLLECTIVES else "ring", None)]
+
+
+class _Predictor:
+    """Predicted times of the fit rows for given factors, each (row, family) simulated once per value of
+    the factors it depends on (its family's latency factor and the link factors)."""
+
+    def __init__(self, rows: list[_FitRow]):
+        self.rows = rows
+        self.families = [_row_families(r) for r in rows]
+        self.cache: dict[tuple, float] = {}
+        self.simulations = 0
+
+    def _time(self, i: int, family: str, algos: list[str] | None, values: dict[str, float]) -> float:
+        from treecoll.collectives.sim.profiles import LINK_CLASSES
+        from treecoll.collectives.sim.simulator import simulate_nccl
+
+        key = (i, family, tuple(values[f"link_scale.{k}"] for k in LINK_CLASSES), values[f"lat_scale.{family}"])
+        t = self.cache.get(key)
+        if t is None:
+            r = self.rows[i]
+            cal = calibration_from(values)
+            try:
+                t = simulate_nccl(r.topology, r.size, collective=r.collective, profile=cal, algos=algos)[1].time
+            except CollectiveError:
+                t = math.inf
+            self.cache[key] = t
+            self.simulations += 1
+        return t
+
+    def times(self, values: dict[str, float]) -> list[float]:
+        """The predicted time (s) of every row: the fastest of its families."""
+        return [min(self._time(i, f, a, values) for f, a in fams) for i, fams in enumerate(self.families)]
+
+    def error(self, values: dict[str, float]) -> float:
+        """The mean over (table, size group) of the mean ``|ln(pred / meas)|`` of its rows."""
+        groups: dict[tuple[str, str], list[float]] = {}
+        for r, t in zip(self.rows, self.times(values)):
+            if 0 < t < math.inf:
+                groups.setdefault((r.table, r.group), []).append(abs(math.log(t / r.meas)))
+        return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
+
+
+def calibration_from(values: dict[str, float], name: str = "calibrated", source: str = "", fitted=()) -> Calibration:
+    """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (factor name -> value,
+    names of :func:`~treecoll.collectives.sim.profiles.calibration_parameters`; absent ones 1)."""
+    from treecoll.collectives.sim.profiles import Calibration
+
+    scales: dict[str, dict[str, float]] = {"link_scale": {}, "lat_scale": {}}
+    for k, v in values.items():
+        fld, _, key = k.partition(".")
+        scales[fld][key] = v
+    return Calibration(name, source=source, fitted=tuple(fitted), **scales)
+
+
+def default_values() -> dict[str, float]:
+    """Every factor at its default, 1."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
+    return dict.fromkeys(calibration_parameters(), 1.0)
+
+
+def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
+    """The ``candidates`` whose scaling by :data:`PROBE` (up or down) changes some row's predicted time
+    by :data:`IDENTIFY` or more."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
+    bounds = calibration_parameters()
+    base = pred.times(values)
+    out = []
+    for k in candidates:
+        lo, hi = bounds[k]
+        for f in (PROBE, 1 / PROBE):
+            trial = dict(values, **{k: min(max(values[k] * f, lo), hi)})
+            if any(
+                abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
+                for a, b in zip(pred.times(trial), base)
+                if 0 < b < math.inf
+            ):
+                out.append(k)
+                break
+    return out
+
+
 def fit_parameters(
-    rows: list[_FitRow], start: dict[str, float] | None = None, *, tol: float = 0.002, max_evals: int = 400
+    rows: list[_FitRow], *, tol: float = 0.002, max_evals: int = 400, rounds: int = 3
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """The :data:`PARAMS` values that minimise ``sum ln(pred / meas)^2`` over ``rows``, and fit statistics.
-    Parameters no row responds to keep their start value (``fixed``)."""
-    start = dict(start or start_values())
+    """The calibration factors that minimise :meth:`_Predictor.error` plus :data:`PRIOR` × the sum of
+    ``|ln factor|`` over ``rows``, and fit statistics. Only the factors the rows identify
+    (:func:`_identified`, at the defaults, then again at the fitted values: up to ``rounds`` rounds)
+    move, each within its bounds
+    (:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`), by :func:`pattern_search` over their
+    logarithms; every other factor keeps its default (1)."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
 
-    def cost(values: dict[str, float]) -> float:
-        prof = profile_from(values)
-        s = 0.0
-        for r in rows:
-            t, _ = predict(r.topology, r.collective, r.size, r.algos, prof)
-            s += math.log(t / r.meas) ** 2 if t > 0 else 0.0
-        return s
+    bounds = calibration_parameters()
+    pred = _Predictor(rows)
+    values = default_values()
+    before = pred.error(values)
+    free: list[str] = []
+    calls = 0
+    for _ in range(rounds):
+        new = _identified(pred, values, [k for k in bounds if k not in free])
+        if not new:
+            break
+        free += new
+        start = dict(values)
 
-    base = cost(start)
-    free = []
-    for k in PARAMS:  # a parameter is free when doubling or halving it changes the cost
-        trial = dict(start, **{k: start[k] * (0.5 if k.startswith("eff") else 2.0)})
-        if abs(cost(trial) - base) > 1e-9 * max(base, 1.0):
-            free.append(k)
-    bounds = [(math.log(0.01), 0.0) if k.startswith("eff") else (math.log(0.01), math.log(1000.0)) for k in free]
+        def f(x: list[float], start: dict = start, names: tuple = tuple(free)) -> float:
+            v = dict(start, **{k: math.exp(y) for k, y in zip(names, x)})
+            return pred.error(v) + PRIOR * sum(abs(y) for y in x)
 
-    def f(x: list[float]) -> float:
-        return cost(dict(start, **{k: math.exp(v) for k, v in zip(free, x)}))
-
-    x, best, calls = pattern_search(f, [math.log(start[k]) for k in free], tol=tol, max_evals=max_evals, bounds=bounds)
-    for i, k in enumerate(free):  # a value the optimum does not depend on goes back to its start
-        y = list(x)
-        y[i] = math.log(start[k])
-        v = f(y)
-        calls += 1
-        if v <= best * (1 + 1e-6) + 1e-15:
-            x, best = y, min(best, v)
-    values = dict(start, **{k: math.exp(v) for k, v in zip(free, x)})
-    n = max(len(rows), 1)
+        x, _, n = pattern_search(
+            f,
+            [math.log(values[k]) for k in free],
+            tol=tol,
+            max_evals=max_evals,
+            bounds=[(math.log(bounds[k][0]), math.log(bounds[k][1])) for k in free],
+        )
+        calls += n
+        values = dict(start, **{k: math.exp(y) for k, y in zip(free, x)})
+    fitted = [k for k in free if values[k] != 1.0]
     return values, {
-        "free": free,
-        "fixed": [k for k in PARAMS if k not in free],
+        "fitted": fitted,
+        "identified_default": [k for k in free if k not in fitted],
+        "not_identified": [k for k in bounds if k not in free],
         "rows": len(rows),
-        "evaluations": calls + len(PARAMS) + 1,
-        "rms_log_error_before": math.sqrt(base / n),
-        "rms_log_error_after": math.sqrt(best / n),
+        "tables": len({r.table for r in rows}),
+        "evaluations": calls,
+        "simulations": pred.simulations,
+        "error_before": math.exp(before) - 1,
+        "error_after": math.exp(pred.error(values)) - 1,
     }
 
 
@@ -714,9 +817,9 @@ def calibrate(
     check: bool = True,
     max_rows: int | None = FIT_ROWS,
 ) -> dict:
-    """Fit a profile to the tables of ``paths``: ``{"profile": Profile, "values", "fit", "skipped",
-    "before", "after"}`` (``before``/``after``: :func:`validate` with NCCL's protocols and with the fitted
-    profile, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
+    """Fit a calibration to the tables of ``paths``: ``{"profile": Calibration, "values", "fit", "skipped",
+    "before", "after"}`` (``before``/``after``: :func:`validate` with the defaults and with the fitted
+    calibration, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
     :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
     paths = [Path(p) for p in paths]
     cs, bad = cases(paths)
@@ -727,7 +830,7 @@ def calibrate(
         raise CollectiveError(f"calibrate: no table row to fit ({why})")
     values, stats = fit_parameters(rows, tol=tol)
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)
-    prof = profile_from(values, name, src)
+    prof = calibration_from(values, name, src, stats["fitted"])
     out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped}
     if check:  # the rows the errors count, of every table fitted (a slow machine's own profile: degraded too)
         for key, p in (("before", None), ("after", prof)):
@@ -740,29 +843,33 @@ def render_calibration(d: dict) -> str:
     """The text of ``treecoll simulate calibrate``."""
     f = d["fit"]
     lines = [
-        f"fitted on {f['rows']} rows ({f['evaluations']} simulations of every row); free parameters: "
-        f"{', '.join(f['free']) or 'none'}"
+        f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
+        f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
+        f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
+        "factors (1 = the simulator's default; link_scale on the links' bandwidth, lat_scale on a family's latencies):",
     ]
+    why = {
+        **dict.fromkeys(f["fitted"], "fitted"),
+        **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
+        **dict.fromkeys(
+            f["not_identified"],
+            f"default kept: not identified (x{PROBE:g} moves no row's time by {IDENTIFY:.0%})",
+        ),
+    }
     for k, v in d["values"].items():
-        unit = "" if k.startswith("eff") else " us"
-        lines.append(f"   {k:<11} {v:8.3f}{unit}{'' if k in f['free'] else '   (no row responds: kept)'}")
-    lines.append(
-        f"rms |ln(pred/meas)| of the times: {f['rms_log_error_before']:.3f} at the start (NCCL Simple), "
-        f"{f['rms_log_error_after']:.3f} fitted"
-    )
+        lines.append(f"   {k:<18} {v:7.3f}   {why.get(k, '')}")
     for label in ("before", "after"):
         if label in d:
             g = d[label]
             lines.append(
-                f"geomean busbw error {label:<6} ({'NCCL protocols' if label == 'before' else 'fitted'}): "
+                f"geomean busbw error {label:<6} ({'defaults' if label == 'before' else 'calibrated'}): "
                 f"large {_pct(g['large'])}, small {_pct(g['small'])} over {g['tables']} tables"
             )
     worse = [k for k in ("large", "small") if "after" in d and (d["after"][k] or 0) > (d["before"][k] or 0)]
     if worse:
         lines.append(
-            f"warning: the fitted profile predicts these tables worse than NCCL's protocols "
-            f"({', '.join(worse)} messages): one profile stands for NCCL's protocol mix and NVLS "
-            f"constants; keep the default (no --profile) for these"
+            f"warning: the calibration predicts these tables worse than the defaults ({', '.join(worse)} "
+            f"messages): the fit weighs every table and size group alike; check the rows with validate"
         )
     lines.extend(f"skipped {s['file']}: {s['reason']}" for s in d["skipped"])
     if d.get("saved"):
@@ -810,14 +917,15 @@ def add_parsers(sub, common_options: Callable) -> None:
         "--profile",
         default=None,
         metavar="P",
-        help=f"simulator profile: a calibrated YAML file or {', '.join(sorted(PROFILES))} (default: the "
-        f"fastest NCCL protocol per size)",
+        help=f"simulator profile: a calibration YAML file (from calibrate), a profile YAML file or "
+        f"{', '.join(sorted(PROFILES))} (default: the fastest NCCL protocol per size)",
     )
     c = one(
         "calibrate",
         "fit a simulator profile to your nccl-tests tables",
-        "Fit link efficiencies and per-hop latencies of a simulator profile to nccl-tests tables; "
-        "use the profile with --profile.",
+        "Fit the simulator's correction factors (link bandwidth per link class, latency per algorithm "
+        "family) that nccl-tests tables identify, the others kept at their defaults; use the profile "
+        "with --profile.",
     )
     c.add_argument("-o", "--output", required=True, metavar="OUT.yaml", help="the profile file to write")
     c.add_argument("--force", action="store_true", help="replace OUT.yaml if it exists (default: refuse)")

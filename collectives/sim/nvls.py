@@ -33,8 +33,11 @@ NVLS step, 20.9 µs per inter-node NVLSTree hop plus twice the NIC's
 ``lat``, the switches' reduction efficiency ``nvlsEfficiency`` (0.85
 Hopper, 0.74 Blackwell) on NVLink, and NVLSTree's per-channel busbw cap
 ``perChMaxNVLSTreeBws`` (Hopper 57.7 GB/s on 2 nodes, 45.5 on more;
-Blackwell 96 / 80) over ``min(n, 32)`` channels. Any other profile (``ideal``,
-a calibrated YAML) is used as it is, without those: with ``ideal`` on one
+Blackwell 96 / 80) over ``min(n, 32)`` channels. A
+:class:`~treecoll.collectives.sim.profiles.Calibration` corrects those
+constants with its link factors and its ``nvls`` latency factor. Any other
+profile (``ideal``, a plain profile YAML) is used as it is, without NCCL's
+constants: with ``ideal`` on one
 domain the time is ``lat + S (n + 1) / n / B`` exactly, ``B`` a GPU's NVLink
 bandwidth to its switches:
 
@@ -61,7 +64,7 @@ from treecoll.topo.ranks import RanksArg
 from ..tree import as_multi
 from . import nccl_model as nm
 from .engine import Network, drain_times
-from .profiles import Profile, get_profile
+from .profiles import Calibration, Profile, get_profile
 from .result import SimResult, check_size, make_result, placed
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
@@ -79,13 +82,17 @@ NVLS_PROFILE = Profile(
 
 
 def _profile(profile: Profile | str | None, gen: int) -> tuple[Profile, bool]:
-    """(profile to run, whether NCCL's NVLS efficiency and cap apply)."""
+    """(profile to run, whether NCCL's NVLS efficiency and cap apply); a calibration corrects NCCL's
+    NVLS constants with its ``nvls`` factors."""
     if profile in (None, "auto", "nccl-simple", "nccl-nvls"):
         eff = nm.NVLS_EFFICIENCY[gen]
         return dataclasses.replace(NVLS_PROFILE, bw_eff={"nvlink": eff}), True
     if profile in ("nccl-ll", "nccl-ll128"):
         raise CollectiveError(f"nvls: NCCL runs NVLS with the Simple protocol only, got profile {profile!r}")
-    return get_profile(profile), False
+    prof = get_profile(profile)
+    if isinstance(prof, Calibration):
+        return prof.apply(_profile(None, gen)[0], "nvls"), True
+    return prof, False
 
 
 def simulate_nvls(
