@@ -714,7 +714,9 @@ class _Predictor:
         return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
 
 
-def calibration_from(values: dict[str, float], name: str = "calibrated", source: str = "", fitted=()) -> Calibration:
+def calibration_from(
+    values: dict[str, float], name: str = "calibrated", source: str = "", fitted: Sequence[str] = ()
+) -> Calibration:
     """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (factor name -> value,
     names of :func:`~treecoll.collectives.sim.profiles.calibration_parameters`; absent ones 1)."""
     from treecoll.collectives.sim.profiles import Calibration

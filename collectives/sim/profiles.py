@@ -55,8 +55,8 @@ schedule), a calibration is NCCL's Simple protocol with the ring's factors.
 Profiles are plain data; :func:`save_profile` / :func:`load_profile` write and
 read them as YAML (what the calibration command produces). A file with
 ``link_scale`` / ``lat_scale`` (``kind: calibration``) is a :class:`Calibration`,
-any other the plain :class:`Profile` (the fields above, as written by earlier
-versions); an unknown key is refused with the file and the key.
+any other a plain :class:`Profile` (the fields above); an unknown key is
+refused with the file and the key.
 
 >>> get_profile("nccl-ll").step_lat("net")
 2.7e-06
