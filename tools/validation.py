@@ -259,13 +259,32 @@ def collective_of(case: Case, collective: str | None) -> str:
     return t.collective
 
 
+#: machines built by :func:`_machine_topology`, by what decides their topology (not the host names)
+_TOPOLOGIES: dict[tuple, Topology] = {}
+
+
+def _machine_topology(flags: MachineFlags, facts: Any) -> tuple[Topology, Any]:
+    """:func:`~treecoll.topo.machines.machine_topology`, a resolved machine built once per process (its
+    route tables with it): the tables of one machine, whatever their host names, share one topology."""
+    if flags.topology is not None:
+        return machine_topology(flags, facts)
+    from treecoll.topo.machines import resolve_machine
+
+    m = resolve_machine(flags, facts)
+    key = (m.template, m.hosts, m.gpus_per_host, m.nic, m.gpu, repr(m.overrides))
+    topo = _TOPOLOGIES.get(key)
+    if topo is None:
+        topo = _TOPOLOGIES[key] = m.topology()
+    return topo, m
+
+
 def topology_for(
     case: Case, flags: MachineFlags | None = None, max_gpus: int | None = MAX_GPUS
 ) -> tuple[Topology, str, list[str]]:
     """``(topology, description, notes)`` of the machine a table ran on; raises :class:`Skip`."""
     t = case.table
     try:
-        topo, machine = machine_topology(merged_flags(case, flags), t.machine_facts())
+        topo, machine = _machine_topology(merged_flags(case, flags), t.machine_facts())
     except TreecollError as e:
         msg = str(e)
         raise Skip(f"machine: {msg}" + ("" if "pass " in msg else f"; {_FIX_MACHINE}")) from None
@@ -312,23 +331,95 @@ def predict(
     topology: Topology, collective: str, size: int, algos: Sequence[str], profile: Profile | str | None
 ) -> tuple[float, str]:
     """Predicted time (s) and ``algorithm/profile`` of one size: what NCCL would run for ``collective``
-    (:func:`treecoll.collectives.sim.simulator.simulate_nccl`; ``algos`` choose among allreduce's);
-    a :class:`Skip` for a collective the simulator refuses."""
+    (:func:`treecoll.collectives.sim.simulator.simulate_nccl`; ``algos`` choose among allreduce's: the
+    fastest of them, the first of equals); a :class:`Skip` for a collective the simulator refuses.
+    Each algorithm's time comes from :func:`algorithm_time` (simulated once per machine, size and
+    the factors it depends on)."""
     from treecoll.collectives.sim.simulator import simulate_nccl
 
     if len(topology.rank_gpus()) == 1:
         return 0.0, "-"
-    try:
-        a, r = simulate_nccl(
-            topology,
-            size,
-            collective=collective,
-            profile=profile,
-            algos=list(algos) if collective == "allreduce" else None,
-        )
-    except CollectiveError as e:
-        raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
-    return r.time, f"{r.algorithm if a == 'nvls' else a}/{r.profile}"
+    names: list[str | None] = [None]  # another collective: the one family NCCL runs it with
+    if collective == "allreduce":
+        names = [a for a in algos if a in _offered(topology, collective, profile)]
+        if not names:  # none of them offered: simulate_nccl says why
+            try:
+                simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
+            except CollectiveError as e:
+                raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
+    best = None
+    for a in names:
+        out = algorithm_time(topology, collective, size, a, profile)
+        if isinstance(out, str):
+            raise Skip(f"{collective}: the simulator does not predict it ({out}); no flag changes this")
+        best = out if best is None or out[0] < best[0] else best
+    return best
+
+
+def _offered(topology: Topology, collective: str, profile: Profile | str | None) -> tuple[str, ...]:
+    """The NCCL algorithms :func:`~treecoll.collectives.sim.simulator.simulate_nccl` chooses among."""
+    from treecoll.collectives.sim.nccl_model import nccl_algos
+
+    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile) if isinstance(profile, str) else None
+    offered = nccl_algos(topology, topology.rank_gpus(), proto, collective)
+    return tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
+
+
+#: ``(time s, label)`` or the refusal's message, by (topology, collective, size, NCCL algorithm, the part of
+#: the profile that algorithm depends on): :func:`algorithm_time`'s memory, shared by validate and calibrate
+_TIMES: dict[tuple, tuple[float, str] | str] = {}
+#: entries :data:`_TIMES` keeps before it starts again (a fit adds a few thousand)
+CACHE_ENTRIES = 1 << 18
+#: simulations :func:`algorithm_time` ran (its cache misses), for the fit's statistics
+_SIMULATIONS = [0]
+
+
+def clear_cache() -> None:
+    """Forget every simulated time (:func:`algorithm_time`) and machine (:func:`topology_for`)."""
+    _TIMES.clear()
+    _TOPOLOGIES.clear()
+
+
+def _profile_key(profile: Profile | str | None, family: str) -> Any:
+    """What an algorithm of ``family`` sees of ``profile``: of a calibration its link factors and the
+    family's latency factor (every other factor leaves that algorithm's time alone; all 1 is the
+    defaults, ``auto``), of a plain profile its fields, of a name the name."""
+    from treecoll.collectives.sim.profiles import LINK_CLASSES, Calibration, Profile
+
+    if isinstance(profile, Calibration):
+        key = (tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES), profile.lat_scale.get(family, 1.0))
+        return "auto" if key == ((1.0,) * len(LINK_CLASSES), 1.0) else key
+    if isinstance(profile, Profile):
+        return repr(profile.as_dict())
+    return profile
+
+
+def algorithm_time(
+    topology: Topology, collective: str, size: int, algo: str | None, profile: Profile | str | None
+) -> tuple[float, str] | str:
+    """``(time s, "algorithm/profile")`` of NCCL algorithm ``algo`` (None: the fastest NCCL offers for
+    ``collective``) by :func:`~treecoll.collectives.sim.simulator.simulate_nccl`, or the message of its
+    refusal. Remembered per (topology, collective, size, algorithm, the factors that algorithm's family
+    depends on: :func:`_profile_key`), so a calibration that moves the ring's latency reuses the
+    tree's and NVLS's times; the simulation is deterministic, so a remembered time is the time."""
+    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES, simulate_nccl
+
+    family = ALGO_FAMILY[algo] if algo is not None else "p2p" if collective in P2P_COLLECTIVES else "ring"
+    key = (topology, collective, size, algo, _profile_key(profile, family))
+    out = _TIMES.get(key)
+    if out is None:
+        _SIMULATIONS[0] += 1
+        try:
+            a, r = simulate_nccl(
+                topology, size, collective=collective, profile=profile, algos=None if algo is None else [algo]
+            )
+            out = (r.time, f"{r.algorithm if a == 'nvls' else a}/{r.profile}")
+        except CollectiveError as e:
+            out = str(e)
+        if len(_TIMES) >= CACHE_ENTRIES:
+            _TIMES.clear()
+        _TIMES[key] = out
+    return out
 
 
 def nccl_model_time(topology: Topology, collective: str, size: int, algos: Sequence[str]) -> float | None:
@@ -664,46 +755,33 @@ def _fit_rows(
     return rows, skipped
 
 
-def _row_families(row: _FitRow) -> list[tuple[str, list[str] | None]]:
-    """``(family, algos)`` of every algorithm the row's prediction takes the fastest of: for allreduce one
-    per NCCL algorithm of ``row.algos``, for the other collectives the one family NCCL runs them with."""
-    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES
-
+def _row_algos(row: _FitRow) -> list[str | None]:
+    """The NCCL algorithms the row's prediction takes the fastest of: for allreduce ``row.algos``, for
+    the other collectives None (the one family NCCL runs them with)."""
     if row.collective == "allreduce":
-        return [(ALGO_FAMILY[a], [a]) for a in row.algos if a in ALGO_FAMILY]
-    return [("p2p" if row.collective in P2P_COLLECTIVES else "ring", None)]
+        return [a for a in row.algos if a in ALGO_FAMILY]
+    return [None]
 
 
 class _Predictor:
-    """Predicted times of the fit rows for given factors, each (row, family) simulated once per value of
-    the factors it depends on (its family's latency factor and the link factors)."""
+    """Predicted times of the fit rows for given factors, each (row, algorithm) simulated once per value of
+    the factors it depends on (its family's latency factor and the link factors: :func:`algorithm_time`)."""
 
     def __init__(self, rows: list[_FitRow]):
         self.rows = rows
-        self.families = [_row_families(r) for r in rows]
-        self.cache: dict[tuple, float] = {}
+        self.algos = [_row_algos(r) for r in rows]
         self.simulations = 0
 
-    def _time(self, i: int, family: str, algos: list[str] | None, values: dict[str, float]) -> float:
-        from treecoll.collectives.sim.profiles import LINK_CLASSES
-        from treecoll.collectives.sim.simulator import simulate_nccl
-
-        key = (i, family, tuple(values[f"link_scale.{k}"] for k in LINK_CLASSES), values[f"lat_scale.{family}"])
-        t = self.cache.get(key)
-        if t is None:
-            r = self.rows[i]
-            cal = calibration_from(values)
-            try:
-                t = simulate_nccl(r.topology, r.size, collective=r.collective, profile=cal, algos=algos)[1].time
-            except CollectiveError:
-                t = math.inf
-            self.cache[key] = t
-            self.simulations += 1
-        return t
+    def _time(self, i: int, algo: str | None, values: dict[str, float]) -> float:
+        r = self.rows[i]
+        before = _SIMULATIONS[0]
+        out = algorithm_time(r.topology, r.collective, r.size, algo, calibration_from(values))
+        self.simulations += _SIMULATIONS[0] - before
+        return math.inf if isinstance(out, str) else out[0]
 
     def times(self, values: dict[str, float]) -> list[float]:
         """The predicted time (s) of every row: the fastest of its families."""
-        return [min(self._time(i, f, a, values) for f, a in fams) for i, fams in enumerate(self.families)]
+        return [min(self._time(i, a, values) for a in algos) for i, algos in enumerate(self.algos)]
 
     def error(self, values: dict[str, float]) -> float:
         """The mean over (table, size group) of the mean ``|ln(pred / meas)|`` of its rows."""
