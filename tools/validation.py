@@ -347,6 +347,8 @@ def predict(
                 simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
             except CollectiveError as e:
                 raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
+        if _is_calibration(profile) and len(names) > 1:
+            names = [tuner_algorithm(topology, size, names)]
     best = None
     for a in names:
         out = algorithm_time(topology, collective, size, a, profile)
@@ -354,6 +356,36 @@ def predict(
             raise Skip(f"{collective}: the simulator does not predict it ({out}); no flag changes this")
         best = out if best is None or out[0] < best[0] else best
     return best
+
+
+def _is_calibration(profile: Any) -> bool:
+    from treecoll.collectives.sim.profiles import Calibration
+
+    return isinstance(profile, Calibration)
+
+
+#: the allreduce algorithm NCCL's tuner picks, by (topology, size, algorithms): :func:`tuner_algorithm`
+_TUNER: dict[tuple, str] = {}
+
+
+def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str:
+    """The one of ``algos`` NCCL's tuner runs for an allreduce of ``size`` bytes: the least time of its
+    own model (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`, enqueue.cc
+    ``topoGetAlgoInfo``), NVLSTree named ``nvls``. A calibrated prediction runs that algorithm, not
+    the fastest one simulated: NCCL chooses by its model, which a machine's measured latencies and
+    bandwidths do not change."""
+    key = (topology, size, tuple(algos))
+    pick = _TUNER.get(key)
+    if pick is None:
+        from treecoll.collectives.sim.nccl_model import nccl_predict
+
+        best = min((nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos), key=_time_of)
+        pick = _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
+    return pick
+
+
+def _time_of(r: dict) -> float:
+    return r["time"]
 
 
 def _offered(topology: Topology, collective: str, profile: Profile | str | None) -> tuple[str, ...]:
@@ -378,6 +410,7 @@ def clear_cache() -> None:
     """Forget every simulated time (:func:`algorithm_time`) and machine (:func:`topology_for`)."""
     _TIMES.clear()
     _TOPOLOGIES.clear()
+    _TUNER.clear()
 
 
 def _profile_key(profile: Profile | str | None, family: str) -> Any:
@@ -387,8 +420,9 @@ def _profile_key(profile: Profile | str | None, family: str) -> Any:
     from treecoll.collectives.sim.profiles import LINK_CLASSES, Calibration, Profile
 
     if isinstance(profile, Calibration):
-        key = (tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES), profile.lat_scale.get(family, 1.0))
-        return "auto" if key == ((1.0,) * len(LINK_CLASSES), 1.0) else key
+        links = tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES)
+        key = (links, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0))
+        return "auto" if key == ((1.0,) * len(LINK_CLASSES), 1.0, 1.0) else key
     if isinstance(profile, Profile):
         return repr(profile.as_dict())
     return profile
@@ -701,6 +735,7 @@ class _FitRow:
     meas: float  # seconds
     table: str = ""
     group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
+    offered: tuple[str, ...] = ()  # the allreduce algorithms NCCL's tuner chooses among (:func:`tuner_algorithm`)
 
 
 def _spread(rows: list, n: int | None) -> list:
@@ -749,18 +784,26 @@ def _fit_rows(
             if counted_rows
             else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
         )
+        offered = tuple(a for a in algos if a in _offered(topo, coll, None)) if coll == "allreduce" else ()
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
-            rows.append(_FitRow(topo, coll, r.size, use, r.out_of_place.time_us * 1e-6, c.label, _group(r.size)))
+            meas = r.out_of_place.time_us * 1e-6
+            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), offered))
     return rows, skipped
 
 
 def _row_algos(row: _FitRow) -> list[str | None]:
-    """The NCCL algorithms the row's prediction takes the fastest of: for allreduce ``row.algos``, for
-    the other collectives None (the one family NCCL runs them with)."""
-    if row.collective == "allreduce":
-        return [a for a in row.algos if a in ALGO_FAMILY]
-    return [None]
+    """The NCCL algorithms the row's prediction takes the fastest of: for allreduce the one NCCL's tuner
+    runs at this size (:func:`tuner_algorithm`; the fastest of ``row.algos`` where the fit leaves the
+    tuner's out), for the other collectives None (the one family NCCL runs them with)."""
+    if row.collective != "allreduce":
+        return [None]
+    algos = [a for a in row.algos if a in ALGO_FAMILY]
+    if len(row.offered) > 1:
+        pick = tuner_algorithm(row.topology, row.size, row.offered)
+        if pick in algos:
+            return [pick]
+    return algos
 
 
 class _Predictor:
@@ -799,7 +842,7 @@ def calibration_from(
     names of :func:`~treecoll.collectives.sim.profiles.calibration_parameters`; absent ones 1)."""
     from treecoll.collectives.sim.profiles import Calibration
 
-    scales: dict[str, dict[str, float]] = {"link_scale": {}, "lat_scale": {}}
+    scales: dict[str, dict[str, float]] = {"link_scale": {}, "lat_scale": {}, "bw_scale": {}}
     for k, v in values.items():
         fld, _, key = k.partition(".")
         scales[fld][key] = v
@@ -823,16 +866,29 @@ def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str
     out = []
     for k in candidates:
         lo, hi = bounds[k]
+        seen = [_identifies(k, algos, r.collective) for r, algos in zip(pred.rows, pred.algos)]
         for f in (PROBE, 1 / PROBE):
             trial = dict(values, **{k: min(max(values[k] * f, lo), hi)})
             if any(
-                abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
-                for a, b in zip(pred.times(trial), base)
+                s and abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
+                for a, b, s in zip(pred.times(trial), base, seen)
                 if 0 < b < math.inf
             ):
                 out.append(k)
                 break
     return out
+
+
+def _identifies(parameter: str, algos: list[str | None], collective: str) -> bool:
+    """Whether a row run by ``algos`` can identify ``parameter``: a link's bandwidth only a ring's or a
+    point-to-point row (the bytes over the links and nothing else; a tree's or NVLS's bandwidth also
+    carries that family's own efficiency, ``bw_scale``), a family's factor only that family's rows."""
+    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES
+
+    other = "p2p" if collective in P2P_COLLECTIVES else "ring"
+    families = {ALGO_FAMILY[a] if a is not None else other for a in algos}
+    fld, _, key = parameter.partition(".")
+    return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
 
 def fit_parameters(

@@ -156,6 +156,7 @@ def simulate_nvls(
     drain = float(drain_times(net, links, sizes).max()) if sizes else 0.0
     if nccl and len(domains) > 1:  # NCCL's per-channel NVLSTree cap, as algbw: nCh × cap × P / (2(P − 1))
         cap = nm.PER_CH_MAX_NVLS_TREE_BW[gen][1 if len(domains) == 2 else 2]
+        cap *= profile.bw_scale.get("nvls", 1.0) if isinstance(profile, Calibration) else 1.0
         drain = max(drain, nbytes / (min(nm.MAX_NVLS_ARITY, n) * cap * 1e9 * P / (2 * (P - 1))))
     makespan = intra_lat + 2 * height * hop_lat + drain
     link_bytes = np.zeros(len(net.ends))

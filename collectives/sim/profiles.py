@@ -44,7 +44,12 @@ factors measured on one machine, each standing for one piece of physics:
   PAT included; ``tree``; ``nvls``: NVLS and NVLSTree; ``p2p``: alltoall and
   sendrecv), a factor on that family's latencies (base latency, per-hop floors,
   NIC latency count): each family is its own kernel with its own setup and
-  synchronisation.
+  synchronisation;
+* ``bw_scale``: per family whose bandwidth is more than its links' (``tree``:
+  NCCL's tree efficiency; ``nvls``: the switches' reduction efficiency and
+  NVLSTree's per-channel cap), a factor on that family's bandwidth on top of
+  the links': those are NCCL's estimates of its own kernels, not properties of
+  the links a ring or a point-to-point transfer shows.
 
 A factor absent from the file is 1 (the default). :meth:`Calibration.apply`
 gives the profile one protocol of one family runs with; the simulator calls it
@@ -93,6 +98,7 @@ __all__ = [
     "ROUTE_CLASSES",
     "LINK_CLASSES",
     "FAMILIES",
+    "BW_FAMILIES",
     "SCALE_BOUNDS",
     "MAX_EFFICIENCY",
 ]
@@ -102,8 +108,14 @@ ROUTE_CLASSES = ("nvlink", "pci", "net")
 LINK_CLASSES: dict[str, tuple[str, ...]] = {"nvlink": ("nvlink", "c2c"), "pcie": ("pcie", "smp"), "net": ("net",)}
 #: algorithm families with their own latency factor in a :class:`Calibration`
 FAMILIES = ("ring", "tree", "nvls", "p2p")
-#: the range of a calibration factor: ``link_scale`` and ``lat_scale``
-SCALE_BOUNDS: dict[str, tuple[float, float]] = {"link_scale": (0.1, 2.0), "lat_scale": (0.1, 20.0)}
+#: algorithm families with their own bandwidth factor in a :class:`Calibration`
+BW_FAMILIES = ("tree", "nvls")
+#: the range of a calibration factor: ``link_scale``, ``lat_scale`` and ``bw_scale``
+SCALE_BOUNDS: dict[str, tuple[float, float]] = {
+    "link_scale": (0.1, 2.0),
+    "lat_scale": (0.1, 20.0),
+    "bw_scale": (0.1, 2.0),
+}
 #: largest ``bw_eff``: above 1 only where a calibration found a link faster than the topology says
 MAX_EFFICIENCY = 2.0
 
@@ -231,18 +243,20 @@ class Calibration(Profile):
 
     ``link_scale``: link class (:data:`LINK_CLASSES`) -> factor on its links' bandwidth;
     ``lat_scale``: family (:data:`FAMILIES`) -> factor on that family's latencies; each factor in
-    :data:`SCALE_BOUNDS`, absent ones 1. ``fitted``: the parameters (``link_scale.net``,
+    :data:`SCALE_BOUNDS`, absent ones 1; ``bw_scale``: family (:data:`BW_FAMILIES`) -> factor on that
+    family's bandwidth over the links'. ``fitted``: the parameters (``link_scale.net``,
     ``lat_scale.p2p``, ...) a fit moved; the others are the defaults. The :class:`Profile` fields are
     derived (NCCL's Simple protocol with the ring's factors, :meth:`plain`), never given.
     """
 
     link_scale: Mapping[str, float] = field(default_factory=dict)
     lat_scale: Mapping[str, float] = field(default_factory=dict)
+    bw_scale: Mapping[str, float] = field(default_factory=dict)
     fitted: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         what = f"profile {self.name!r}"
-        for fld, keys in (("link_scale", tuple(LINK_CLASSES)), ("lat_scale", FAMILIES)):
+        for fld, keys in _FIELDS:
             lo, hi = SCALE_BOUNDS[fld]
             m = getattr(self, fld)
             if not isinstance(m, Mapping):
@@ -276,14 +290,15 @@ class Calibration(Profile):
 
     def apply(self, protocol: Profile, family: str) -> Profile:
         """``protocol`` as algorithm family ``family`` runs it on this machine: every link kind's
-        efficiency times its class's factor, the base latency, per-hop floors and NIC latency count
-        times the family's factor. The name stays the protocol's (the simulator keys protocol
-        constants on it)."""
+        efficiency times its class's factor and the family's ``bw_scale``, the base latency, per-hop
+        floors and NIC latency count times the family's ``lat_scale``. The name stays the protocol's
+        (the simulator keys protocol constants on it)."""
         import dataclasses
 
         if family not in FAMILIES:
             raise CollectiveError(f"calibration {self.name!r}: family expected one of {list(FAMILIES)}, got {family!r}")
         s = float(self.lat_scale.get(family, 1.0))
+        b = float(self.bw_scale.get(family, 1.0))
         base = Profile(
             protocol.name,
             protocol.base_lat_us,
@@ -299,7 +314,7 @@ class Calibration(Profile):
             base_lat_us=base.base_lat_us * s,
             lat_floor_us={k: v * s for k, v in base.lat_floor_us.items()},
             nic_lat_mult=base.nic_lat_mult * s,
-            bw_eff={k: min(base.efficiency(k) * self.link_factor(k), MAX_EFFICIENCY) for k in LINK_KINDS},
+            bw_eff={k: min(base.efficiency(k) * self.link_factor(k) * b, MAX_EFFICIENCY) for k in LINK_KINDS},
         )
 
     def plain(self) -> Profile:
@@ -324,6 +339,7 @@ class Calibration(Profile):
             "kind": "calibration",
             "link_scale": dict(self.link_scale),
             "lat_scale": dict(self.lat_scale),
+            "bw_scale": dict(self.bw_scale),
             "fitted": list(self.fitted),
             "source": self.source,
         }
@@ -332,11 +348,11 @@ class Calibration(Profile):
 def calibration_parameters() -> dict[str, tuple[float, float]]:
     """Every factor of a :class:`Calibration` by name (``link_scale.nvlink``, ..., ``lat_scale.p2p``),
     with its bounds."""
-    return {
-        f"{fld}.{k}": SCALE_BOUNDS[fld]
-        for fld, keys in (("link_scale", tuple(LINK_CLASSES)), ("lat_scale", FAMILIES))
-        for k in keys
-    }
+    return {f"{fld}.{k}": SCALE_BOUNDS[fld] for fld, keys in _FIELDS for k in keys}
+
+
+#: the factor fields of a :class:`Calibration` and their keys
+_FIELDS = (("link_scale", tuple(LINK_CLASSES)), ("lat_scale", FAMILIES), ("bw_scale", BW_FAMILIES))
 
 
 def get_profile(name_or_path: str | Profile | None) -> Profile:
@@ -370,7 +386,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
         raise CollectiveError(f"{where}: not YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise CollectiveError(f"{where}: expected a mapping, got {type(data).__name__}")
-    calibrated = data.get("kind") == "calibration" or "link_scale" in data or "lat_scale" in data
+    calibrated = data.get("kind") == "calibration" or any(f in data for f, _ in _FIELDS)
     if "kind" in data and data["kind"] not in ("calibration", "profile"):
         raise CollectiveError(f"{where}: kind expected 'calibration' or 'profile', got {data['kind']!r}")
     keys = _CALIBRATION_KEYS if calibrated else _PROFILE_KEYS
@@ -395,7 +411,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
 
 
 _PROFILE_KEYS = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source", "nic_lat_mult", "tree_eff")
-_CALIBRATION_KEYS = ("name", "link_scale", "lat_scale", "fitted", "source")
+_CALIBRATION_KEYS = ("name", "link_scale", "lat_scale", "bw_scale", "fitted", "source")
 
 
 def save_profile(profile: Profile, path: str | os.PathLike, fit: Mapping[str, Any] | None = None) -> None:
