@@ -879,14 +879,19 @@ def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str
     return out
 
 
+def _families(algos: list[str | None], collective: str) -> set[str]:
+    """The algorithm families of ``algos`` (None: the one NCCL runs ``collective`` with)."""
+    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES
+
+    other = "p2p" if collective in P2P_COLLECTIVES else "ring"
+    return {ALGO_FAMILY[a] if a is not None else other for a in algos}
+
+
 def _identifies(parameter: str, algos: list[str | None], collective: str) -> bool:
     """Whether a row run by ``algos`` can identify ``parameter``: a link's bandwidth only a ring's or a
     point-to-point row (the bytes over the links and nothing else; a tree's or NVLS's bandwidth also
     carries that family's own efficiency, ``bw_scale``), a family's factor only that family's rows."""
-    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES
-
-    other = "p2p" if collective in P2P_COLLECTIVES else "ring"
-    families = {ALGO_FAMILY[a] if a is not None else other for a in algos}
+    families = _families(algos, collective)
     fld, _, key = parameter.partition(".")
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
@@ -899,35 +904,29 @@ def fit_parameters(
     (:func:`_identified`, at the defaults, then again at the fitted values: up to ``rounds`` rounds)
     move, each within its bounds
     (:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`), by :func:`pattern_search` over their
-    logarithms; every other factor keeps its default (1)."""
+    logarithms; every other factor keeps its default (1). Two stages: the rows run by a ring or
+    point-to-point fix the links (and those families' latencies), then every row the other families'
+    factors on top of those links (a tree's or NVLS's bandwidth is the links' times its own factor:
+    :func:`_identifies`)."""
     from treecoll.collectives.sim.profiles import calibration_parameters
 
     bounds = calibration_parameters()
     pred = _Predictor(rows)
     values = default_values()
     before = pred.error(values)
+    plain = _Predictor([r for r, a in zip(rows, pred.algos) if _families(a, r.collective) <= {"ring", "p2p"}])
     free: list[str] = []
     calls = 0
-    for _ in range(rounds):
-        new = _identified(pred, values, [k for k in bounds if k not in free])
-        if not new:
-            break
-        free += new
-        start = dict(values)
-
-        def f(x: list[float], start: dict = start, names: tuple = tuple(free)) -> float:
-            v = dict(start, **{k: math.exp(y) for k, y in zip(names, x)})
-            return pred.error(v) + PRIOR * sum(abs(y) for y in x)
-
-        x, _, n = pattern_search(
-            f,
-            [math.log(values[k]) for k in free],
-            tol=tol,
-            max_evals=max_evals,
-            bounds=[(math.log(bounds[k][0]), math.log(bounds[k][1])) for k in free],
-        )
-        calls += n
-        values = dict(start, **{k: math.exp(y) for k, y in zip(free, x)})
+    for stage, allowed in ((plain, set(bounds)), (pred, {k for k in bounds if not k.startswith("link_scale.")})):
+        moving: list[str] = []
+        for _ in range(rounds if stage.rows else 0):
+            new = _identified(stage, values, [k for k in bounds if k not in free and k in allowed])
+            if not new:
+                break
+            free += new
+            moving += new
+            values, n = _search(stage, values, moving, bounds, tol, max_evals)
+            calls += n
     fitted = [k for k in free if values[k] != 1.0]
     return values, {
         "fitted": fitted,
@@ -936,10 +935,30 @@ def fit_parameters(
         "rows": len(rows),
         "tables": len({r.table for r in rows}),
         "evaluations": calls,
-        "simulations": pred.simulations,
+        "simulations": pred.simulations + plain.simulations,
         "error_before": math.exp(before) - 1,
         "error_after": math.exp(pred.error(values)) - 1,
     }
+
+
+def _search(
+    pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
+) -> tuple[dict[str, float], int]:
+    """``values`` with ``names`` moved by :func:`pattern_search` over their logarithms to the least
+    error plus prior, and the calls it took."""
+
+    def f(x: list[float]) -> float:
+        v = dict(values, **{k: math.exp(y) for k, y in zip(names, x)})
+        return pred.error(v) + PRIOR * sum(abs(math.log(v[k])) for k in bounds if v[k] != 1.0)
+
+    x, _, n = pattern_search(
+        f,
+        [math.log(values[k]) for k in names],
+        tol=tol,
+        max_evals=max_evals,
+        bounds=[(math.log(bounds[k][0]), math.log(bounds[k][1])) for k in names],
+    )
+    return dict(values, **{k: math.exp(y) for k, y in zip(names, x)}), n
 
 
 def calibrate(

@@ -32,6 +32,7 @@ TRUTH = {
 _KIND = {
     "allgather": ("all_gather_perf", lambda n: (n - 1) / n, "none"),
     "sendrecv": ("sendrecv_perf", lambda n: 1.0, "sum"),
+    "allreduce": ("all_reduce_perf", lambda n: 2 * (n - 1) / n, "sum"),
 }
 
 
@@ -71,12 +72,13 @@ def _synthetic(
     scale: float = 1.0,
     collective: str = "allgather",
     flags: MachineFlags | None = None,
+    algos: tuple[str, ...] = ("ring",),
 ) -> Path:
     """A table whose times are the simulator's with calibration factors ``values`` (times ``scale``)."""
     facts = MachineFacts(hosts=tuple((f"node{h}", per) for h in range(hosts)), gpu_names=(GPU,), nranks=hosts * per)
     topo, _ = machine_topology(flags or MachineFlags(), facts)
     prof = validation.calibration_from(values)
-    times = {s: validation.predict(topo, collective, s, ["ring"], prof)[0] * 1e6 * scale for s in sizes}
+    times = {s: validation.predict(topo, collective, s, algos, prof)[0] * 1e6 * scale for s in sizes}
     p = tmp_path / f"{collective}-{hosts}x{per}-{scale}.txt"
     p.write_text(_table(hosts, per, times, collective=collective))
     return p
@@ -116,6 +118,54 @@ def test_a_table_moves_only_the_factors_it_identifies(tmp_path):
     link_only = validation.calibration_from({"link_scale.nvlink": d["values"]["link_scale.nvlink"]})
     rows = [[r["pred_us"] for r in validation.validate([ag], p)["files"][0]["rows"]] for p in (d["profile"], link_only)]
     assert rows[0] == rows[1] and len(rows[0]) == 4
+
+
+def test_an_allreduce_row_identifies_the_algorithm_nccl_runs_there(tmp_path):
+    """On one host of 8 H100 NCCL's tuner runs the ring at 1 KiB and 64 KiB (the simulated tree is faster
+    there) and NVLS at 64 MiB and 1 GiB: an allreduce made with a slower ring latency and a slower NVLS
+    bandwidth gives back those two factors; the tree's latency, which a fastest-of rule would have
+    moved, stays at 1, and so do the NVLink links, since no ring or point-to-point row is limited by
+    their bandwidth (NVLS's bandwidth carries its own factor)."""
+    truth = {"lat_scale.ring": 1.5, "bw_scale.nvls": 0.6}
+    ar = _synthetic(tmp_path, 1, 8, truth, collective="allreduce", algos=("ring", "tree", "nvls"))
+    topo = validation.topology_for(validation.cases([ar])[0][0])[0]
+    assert [validation.tuner_algorithm(topo, s, ["ring", "tree", "nvls"]) for s in (1024, 64 << 20)] == ["ring", "nvls"]
+    tree, ring = (validation.algorithm_time(topo, "allreduce", 1024, a, "auto")[0] for a in ("tree", "ring"))
+    assert tree < ring  # the fastest is not what NCCL runs
+    d = validation.calibrate([ar], tol=0.002, check=False)
+    assert set(d["fit"]["fitted"]) == set(truth)
+    for k, v in truth.items():
+        assert d["values"][k] == pytest.approx(v, rel=0.03), k
+    assert d["values"]["lat_scale.tree"] == d["values"]["link_scale.nvlink"] == 1.0
+    assert d["fit"]["error_after"] < 0.01 < d["fit"]["error_before"]
+
+
+def test_remembered_times_are_the_simulated_ones():
+    """Every predicted row of a validation equals a fresh simulation (simulate_nccl): with the defaults
+    the fastest of the algorithms, with a calibration the one NCCL's tuner runs; a calibration of all
+    factors 1 predicts each algorithm as the defaults do; a second validation, from the memory, prints
+    the same numbers."""
+    from treecoll.collectives.sim.simulator import simulate_nccl
+
+    name = "heldout/h100-8gpu-1node-allreduce-aws-p5-batch-tagoutput.txt"
+    case = validation.cases([FIX / name])[0][0]
+    topo = validation.topology_for(case)[0]
+    algos = validation.algorithms(case, "allreduce", topo)[0]
+    cal = validation.calibration_from({"lat_scale.ring": 1.7, "link_scale.nvlink": 0.9})
+    ones = validation.calibration_from({})
+    keep = {1024, 65536, 1 << 20}.__contains__  # small sizes: the tree's flow simulation is quick there
+    for prof in ("auto", cal, ones):
+        validation.clear_cache()
+        first = validation.validate([FIX / name], prof, keep=keep)["files"][0]["rows"]
+        assert len(first) == 3 and first == validation.validate([FIX / name], prof, keep=keep)["files"][0]["rows"]
+        for r in first:
+            use = algos if prof == "auto" else [validation.tuner_algorithm(topo, r["size"], algos)]
+            a, sim = simulate_nccl(topo, r["size"], profile=prof, algos=use)
+            assert (r["pred_us"], r["algo"]) == (sim.time * 1e6, f"{sim.algorithm if a == 'nvls' else a}/{sim.profile}")
+    for a in algos:
+        assert simulate_nccl(topo, 1 << 20, profile=ones, algos=[a])[1].time == (
+            simulate_nccl(topo, 1 << 20, profile="auto", algos=[a])[1].time
+        )
 
 
 def test_pattern_search_finds_a_bounded_minimum():
