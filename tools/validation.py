@@ -58,13 +58,18 @@ predict (no flag: said so).
 defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
 corrected by factors, each 1 by default: ``link_scale.nvlink`` /
 ``.pcie`` / ``.net`` on the bandwidth of a link class, shared by every
-algorithm, and ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p`` on the
-latencies of one algorithm family. Only the factors the tables identify
-move: a factor is identified when scaling it by :data:`PROBE` changes some
-fitted row's predicted time by :data:`IDENTIFY` or more (a sendrecv table depends on ``lat_scale.p2p`` and the
-links it crosses, never on NVLS; an allreduce on the families NCCL would
-choose among whose times are near the fastest); the others stay 1 and the
-output says so. The objective is the mean ``|ln(pred / meas)|`` of the time
+algorithm; ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p`` on the
+latencies of one algorithm family; ``bw_scale.tree`` / ``.nvls`` on those
+families' bandwidth over the links'. With a calibration an allreduce row is
+predicted by the algorithm NCCL's tuner runs at its size
+(:func:`tuner_algorithm`), and in the fit it measures that family only. Only
+the factors the tables identify move: a factor is identified when scaling it
+by :data:`PROBE` changes by :data:`IDENTIFY` or more the predicted time of
+some fitted row that can measure it (:func:`_identifies`: a link's bandwidth
+only ring and point-to-point rows, a family's factors only that family's
+rows); the others stay 1 and the output says so. The fit runs in two stages:
+the ring and point-to-point rows fix the links, then every row the other
+families' factors. The objective is the mean ``|ln(pred / meas)|`` of the time
 (the geometric-mean error) over the fitted rows, each table's small and large
 messages weighing alike, plus :data:`PRIOR` × ``|ln factor|`` per factor, so
 a factor moves only when that lowers the error; each factor stays within
@@ -76,7 +81,10 @@ the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
 (its flow simulation takes seconds per larger size); the error printed after
 the fit is that of a full validation with the calibration. Protocol switch
-points are not factors: the simulator takes the fastest protocol per size.
+points are not factors: within an algorithm the simulator takes the fastest
+protocol per size. Every algorithm's time is simulated once per machine,
+collective, size and the factors it depends on (:func:`algorithm_time`), and
+shared by validation, calibration and the fit.
 ``--profile profile.yaml`` then predicts other sizes, collectives and machine
 scales with it (``treecoll simulate validate``, ``simulate allreduce``).
 
@@ -114,6 +122,9 @@ __all__ = [
     "topology_for",
     "algorithms",
     "predict",
+    "algorithm_time",
+    "tuner_algorithm",
+    "clear_cache",
     "nccl_model_time",
     "geo_error",
     "validate",
