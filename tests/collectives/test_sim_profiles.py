@@ -116,3 +116,31 @@ def test_nvls_keeps_nccls_constants_under_a_calibration(dgx):
         0.425
     )
     assert (half.time - lat) == pytest.approx(2 * (base.time - lat), rel=1e-9)
+
+
+def test_a_familys_bandwidth_factor_scales_that_family_only():
+    """``bw_scale.tree`` multiplies the tree's efficiency on every link kind on top of the link factors
+    (LL 0.5 x NVLink 0.5 x 0.8 = 0.2), a ring of the same calibration keeps the links' alone; it
+    round-trips through YAML and is refused out of its bounds or for a family without one."""
+    c = Calibration("c", link_scale={"nvlink": 0.5}, bw_scale={"tree": 0.8})
+    ll = get_profile("nccl-ll")
+    assert c.apply(ll, "tree").efficiency("nvlink") == pytest.approx(0.2)
+    assert c.apply(ll, "tree").efficiency("net") == pytest.approx(0.4)
+    assert c.apply(ll, "ring").efficiency("nvlink") == pytest.approx(0.25)
+    assert c.value("bw_scale.tree") == 0.8 and c.value("bw_scale.nvls") == 1.0
+    with pytest.raises(CollectiveError, match=r"bw_scale.ring: expected one of \['tree', 'nvls'\]"):
+        Calibration("c", bw_scale={"ring": 0.5})
+    with pytest.raises(CollectiveError, match=r"bw_scale.nvls expected a factor in \[0.1, 2\], got 3"):
+        Calibration("c", bw_scale={"nvls": 3})
+
+
+def test_nvlstree_cap_scales_with_the_nvls_bandwidth_factor():
+    """Across two H100 hosts NVLSTree at 1 GiB is held by NCCL's per-channel cap (57.7 GB/s per channel on
+    2 nodes, tuning.cc perChMaxNVLSTreeBws): a bandwidth factor of 0.5 on NVLS halves the cap and the
+    NVLink efficiency together, so the bandwidth part of the time doubles; the links' factors leave
+    the cap as it is."""
+    two = resolve("dgx-h100-x2")
+    base = simulate_algorithm(two, "nvls", 1 << 30)
+    half = simulate_algorithm(two, "nvls", 1 << 30, profile=Calibration("h", bw_scale={"nvls": 0.5}))
+    lat = base.time - (1 << 30) / (min(32, 8) * 57.7e9 * 16 / 30)
+    assert lat > 0 and (half.time - lat) == pytest.approx(2 * (base.time - lat), rel=1e-6)
