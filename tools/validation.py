@@ -1012,14 +1012,15 @@ def render_calibration(d: dict) -> str:
         f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
         f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
         f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
-        "factors (1 = the simulator's default; link_scale on the links' bandwidth, lat_scale on a family's latencies):",
+        "factors (1 = the simulator's default; link_scale on the links' bandwidth, lat_scale on a family's latencies, "
+        "bw_scale on a family's bandwidth over the links'):",
     ]
     why = {
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
         **dict.fromkeys(
             f["not_identified"],
-            f"default kept: not identified (x{PROBE:g} moves no row's time by {IDENTIFY:.0%})",
+            f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})",
         ),
     }
     for k, v in d["values"].items():
