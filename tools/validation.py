@@ -358,8 +358,8 @@ def predict(
                 simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
             except CollectiveError as e:
                 raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
-        if _is_calibration(profile) and len(names) > 1:
-            names = [tuner_algorithm(topology, size, names)]
+        pick = tuner_algorithm(topology, size, names) if _is_calibration(profile) and len(names) > 1 else None
+        names = [pick] if pick is not None else names
     best = None
     for a in names:
         out = algorithm_time(topology, collective, size, a, profile)
@@ -376,23 +376,26 @@ def _is_calibration(profile: Any) -> bool:
 
 
 #: the allreduce algorithm NCCL's tuner picks, by (topology, size, algorithms): :func:`tuner_algorithm`
-_TUNER: dict[tuple, str] = {}
+_TUNER: dict[tuple, str | None] = {}
 
 
-def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str:
+def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str | None:
     """The one of ``algos`` NCCL's tuner runs for an allreduce of ``size`` bytes: the least time of its
     own model (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`, enqueue.cc
-    ``topoGetAlgoInfo``), NVLSTree named ``nvls``. A calibrated prediction runs that algorithm, not
-    the fastest one simulated: NCCL chooses by its model, which a machine's measured latencies and
+    ``topoGetAlgoInfo``), NVLSTree named ``nvls``; None where that model has no answer for the machine
+    (then the fastest simulated one stands in). A calibrated prediction runs that algorithm, not the
+    fastest one simulated: NCCL chooses by its model, which a machine's measured latencies and
     bandwidths do not change."""
     key = (topology, size, tuple(algos))
-    pick = _TUNER.get(key)
-    if pick is None:
+    if key not in _TUNER:
         from treecoll.collectives.sim.nccl_model import nccl_predict
 
-        best = min((nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos), key=_time_of)
-        pick = _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
-    return pick
+        try:
+            best = min((nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos), key=_time_of)
+            _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
+        except TreecollError:  # e.g. hosts without NIC bandwidth: nothing for the model to compare
+            _TUNER[key] = None
+    return _TUNER[key]
 
 
 def _time_of(r: dict) -> float:
