@@ -391,7 +391,8 @@ def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str 
         from treecoll.collectives.sim.nccl_model import nccl_predict
 
         try:
-            best = min((nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos), key=_time_of)
+            runs = [nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos]
+            best = min(runs, key=_time_of)
             _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
         except TreecollError:  # e.g. hosts without NIC bandwidth: nothing for the model to compare
             _TUNER[key] = None
