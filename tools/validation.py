@@ -881,7 +881,7 @@ def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str
     out = []
     for k in candidates:
         lo, hi = bounds[k]
-        seen = [_identifies(k, algos, r.collective) for r, algos in zip(pred.rows, pred.algos)]
+        seen = [_identifies(k, algos, r) for r, algos in zip(pred.rows, pred.algos)]
         for f in (PROBE, 1 / PROBE):
             trial = dict(values, **{k: min(max(values[k] * f, lo), hi)})
             if any(
@@ -902,12 +902,16 @@ def _families(algos: list[str | None], collective: str) -> set[str]:
     return {ALGO_FAMILY[a] if a is not None else other for a in algos}
 
 
-def _identifies(parameter: str, algos: list[str | None], collective: str) -> bool:
+def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     """Whether a row run by ``algos`` can identify ``parameter``: a link's bandwidth only a ring's or a
     point-to-point row (the bytes over the links and nothing else; a tree's or NVLS's bandwidth also
-    carries that family's own efficiency, ``bw_scale``), a family's factor only that family's rows."""
-    families = _families(algos, collective)
+    carries that family's own efficiency, ``bw_scale``), a family's factors only that family's rows;
+    a bandwidth (``link_scale``, ``bw_scale``) only a row above the small messages (<= 64 KiB: there
+    the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
+    families = _families(algos, row.collective)
     fld, _, key = parameter.partition(".")
+    if fld != "lat_scale" and row.group == "small":
+        return False
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
 
