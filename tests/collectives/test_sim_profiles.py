@@ -138,9 +138,13 @@ def test_nvlstree_cap_scales_with_the_nvls_bandwidth_factor():
     """Across two H100 hosts NVLSTree at 1 GiB is held by NCCL's per-channel cap (57.7 GB/s per channel on
     2 nodes, tuning.cc perChMaxNVLSTreeBws): a bandwidth factor of 0.5 on NVLS halves the cap and the
     NVLink efficiency together, so the bandwidth part of the time doubles; the links' factors leave
-    the cap as it is."""
+    the cap as it is. The pipeline fill is a fixed fraction of the drain, so it doubles too."""
     two = resolve("dgx-h100-x2")
     base = simulate_algorithm(two, "nvls", 1 << 30)
     half = simulate_algorithm(two, "nvls", 1 << 30, profile=Calibration("h", bw_scale={"nvls": 0.5}))
-    lat = base.time - (1 << 30) / (min(32, 8) * 57.7e9 * 16 / 30)
+    drain = (1 << 30) / (min(32, 8) * 57.7e9 * 16 / 30)
+    # the pipeline fill is a fraction of the drain fixed by the size and the channels (nccl_model.nvls_fill)
+    fill = base.stats["pipeline_fill_s"]
+    assert 0 < fill < drain
+    lat = base.time - drain - fill
     assert lat > 0 and (half.time - lat) == pytest.approx(2 * (base.time - lat), rel=1e-6)
