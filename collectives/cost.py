@@ -26,7 +26,7 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   (:mod:`treecoll.collectives.sim.executor`, what the commands print) runs it:
   the same per-message cost, rendezvous, in-order connections, route
   latencies and link capacities
-  (:func:`~treecoll.collectives.sim.executor.estimate_executor_schedule`).
+  (:func:`~treecoll.collectives.sim.estimate.estimate_executor_schedule`).
   Only link sharing is simpler (a subflow gets its tightest link's capacity
   divided by the subflows crossing it, no max-min redistribution), so the
   two cannot drift apart; a test holds them within 10% for every builder on
@@ -402,7 +402,7 @@ class CostModel:
         self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", chunk_counts: Sequence[int] = (1,)
     ) -> list[float]:
         """:meth:`tree_time` for several chunk counts: the compiled schedule stepped through as the
-        executor runs it (:func:`~treecoll.collectives.sim.executor.estimate_executor_schedule`),
+        executor runs it (:func:`~treecoll.collectives.sim.estimate.estimate_executor_schedule`),
         or, past :data:`STEP_BUDGET` steps, the closed form (module docstring)."""
         multi = self._checked(plan, collective, chunk_counts)
         big = [k for k in chunk_counts if not self.steps_through(multi, collective, k)]
@@ -433,7 +433,7 @@ class CostModel:
 
     def _stepped_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int) -> float:
         from .compile import compile_plan
-        from .sim.executor import estimate_executor_schedule
+        from .sim.estimate import estimate_executor_schedule
 
         multi = as_multi(plan)
         key = (

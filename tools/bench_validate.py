@@ -14,9 +14,12 @@ its ``tables.yaml`` giving per table the machine flags, the health and the set.
 2. **Leave-one-out calibration per machine**: tables are grouped by machine
    (template and NICs, any number of hosts); for every group of two tables or
    more, ``calibrate`` on one table (not on one its source calls degraded),
-   then the error on the other tables of the group with the fitted profile
-   (degraded ones included: the profile is that machine's own); the total
-   pools those rows, degraded tables left out.
+   then the error on the other tables of the group with the fitted calibration
+   (degraded ones included: the calibration is that machine's own), beside
+   their error with the defaults (before). Each row names the factors the fit
+   moved (the others stay at the defaults). The totals pool those rows,
+   degraded tables left out: over all, and over the other tables of the
+   ``fit`` and of the ``heldout`` set apart.
 
 Only the rows that count in the errors are simulated (<= 64 KiB and >= 64 MiB)
 unless ``--all-rows``. ``--quick``: tables on at most 4 GPUs. Prints the
@@ -60,7 +63,8 @@ def _pct(x: float | None) -> str | None:
 def leave_one_out(
     entries: list[dict], root: Path, max_gpus: int | None, keep: Callable[..., bool] | None
 ) -> list[dict]:
-    """Per machine with two predicted tables or more: calibrate on each, validate the others."""
+    """Per machine with two predicted tables or more: calibrate on each, validate the others (their
+    default entries, from ``entries``, are the ``before``)."""
     groups: dict[str, list[dict]] = {}
     for e in entries:
         if e["status"] == "ok" and e["rows"]:
@@ -74,11 +78,13 @@ def leave_one_out(
                 continue
             t0 = time.perf_counter()
             cal = validation.calibrate([root / fit["file"]], None, max_gpus, name="loo", check=False)
+            others = [e for e in group if e is not fit]
             tests = [
                 validation.validate([root / e["file"]], cal["profile"], None, max_gpus, keep=keep)["files"][0]
-                for e in group
-                if e is not fit
+                for e in others
             ]
+            for t, e in zip(tests, others):
+                t["file"] = e["file"]
             # per calibration every other table counts, degraded or not (the fit is that machine's own);
             # the total over all calibrations leaves degraded tables out, as everywhere
             out.append(
@@ -86,19 +92,44 @@ def leave_one_out(
                     "machine": key,
                     "fit": fit["file"],
                     "values": cal["values"],
-                    "free": cal["fit"]["free"],
+                    "fitted": cal["fit"]["fitted"],
+                    "not_identified": cal["fit"]["not_identified"],
                     "tests": tests,
+                    "defaults": others,
                     "degraded_tests": sum(t["degraded"] for t in tests),
                     "geomean": validation.totals(tests, degraded_too=True),
+                    "before": validation.totals(others, degraded_too=True),
                     "wall_s": time.perf_counter() - t0,
                 }
             )
-            g = out[-1]["geomean"]
+            g, b = out[-1]["geomean"], out[-1]["before"]
             print(
-                f"  calibrated on {fit['file']}: others large {_pct(g['large'])}, small {_pct(g['small'])} "
+                f"  calibrated on {fit['file']} ({', '.join(cal['fit']['fitted']) or 'nothing fitted'}): others "
+                f"large {_pct(b['large'])} -> {_pct(g['large'])}, small {_pct(b['small'])} -> {_pct(g['small'])} "
                 f"({out[-1]['wall_s']:.0f} s)",
                 file=sys.stderr,
             )
+    return out
+
+
+def _factors(r: dict) -> str:
+    """The factors a calibration moved, with their values: ``link_scale.nvlink 0.93, lat_scale.ring 1.4``."""
+    return ", ".join(f"{k} {r['values'][k]:.2f}" for k in r["fitted"]) or "none"
+
+
+def loo_totals(loo: list[dict]) -> dict[str, dict]:
+    """Leave-one-out totals, before (defaults) and after (calibrated), over every other table and over
+    those of the ``fit`` and ``heldout`` sets apart; degraded tables left out."""
+    out = {}
+    for name, sets in (("all", None), ("fit", ("fit",)), ("heldout", ("heldout",))):
+        after = [t for r in loo for t in r["tests"] if sets is None or t.get("set") in sets]
+        before = [t for r in loo for t in r["defaults"] if sets is None or t.get("set") in sets]
+        out[name] = {
+            "after": validation.totals(after),
+            "before": validation.totals(before),
+            "tests": len(after),
+            "degraded": sum(t["degraded"] for t in after),
+        }
     return out
 
 
@@ -188,33 +219,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\nleave-one-out calibration per machine", file=sys.stderr)
     loo = leave_one_out(entries, root, max_gpus, keep)
-    tests = [t for r in loo for t in r["tests"]]
-    loo_total = validation.totals(tests)
-    print("\nleave-one-out: calibrate on one table of a machine, error on its other tables (target 10%)")
+    loo_total = loo_totals(loo)
+    print(
+        "\nleave-one-out: calibrate on one table of a machine, error on its other tables (target 10%), "
+        "before (defaults) -> after (calibrated)"
+    )
+
+    def arrow(b: dict, a: dict, k: str) -> str:
+        return f"{_pct(b[k]) or '-'} -> {_pct(a[k]) or '-'}"
+
     print(
         table(
             [
                 [
                     r["machine"],
                     r["fit"],
+                    _factors(r),
                     len(r["tests"]),
                     r["degraded_tests"],
-                    _pct(r["geomean"]["large"]),
-                    _pct(r["geomean"]["small"]),
+                    arrow(r["before"], r["geomean"], "large"),
+                    arrow(r["before"], r["geomean"], "small"),
                 ]
                 for r in loo
             ]
             + [
                 [
-                    "all (degraded left out)",
+                    f"{name} (degraded left out)",
                     "-",
-                    len(tests),
-                    sum(r["degraded_tests"] for r in loo),
-                    _pct(loo_total["large"]),
-                    _pct(loo_total["small"]),
+                    "-",
+                    tot["tests"],
+                    tot["degraded"],
+                    arrow(tot["before"], tot["after"], "large"),
+                    arrow(tot["before"], tot["after"], "small"),
                 ]
+                for name, tot in loo_total.items()
             ],
-            ["machine", "calibrated on", "other tables", "degraded", "large", "small"],
+            ["machine", "calibrated on", "fitted factors", "other tables", "degraded", "large", "small"],
         )
     )
     wall = time.perf_counter() - t0

@@ -17,8 +17,9 @@ for allreduce the fastest of the algorithms NCCL offers on these GPUs
 NVLS / NVLSTree on Hopper-or-later NVSwitch systems), restricted by a file's
 ``NCCL_ALGO`` / ``NCCL_PROTO`` as they restrict NCCL; other collectives by
 :func:`treecoll.collectives.sim.simulate_algorithm` with the ring. With
-``--profile`` every algorithm runs that profile (a calibrated YAML, or a
-built-in name) instead of the fastest of NCCL's protocols.
+``--profile`` a calibration (what :func:`calibrate` writes) corrects those
+defaults with its factors; a plain profile (a built-in name or a profile YAML)
+is run by every algorithm instead of the fastest of NCCL's protocols.
 
 **Error**: per row ``(pred − meas) / meas`` of busbw (the measured busbw is
 recomputed from the out-of-place time, as nccl-tests computes it, since small
@@ -52,23 +53,40 @@ collective (``--collective``), an unknown machine (``--topology`` or
 machine's, more GPUs than ``--max-gpus``, a collective the simulator does not
 predict (no flag: said so).
 
-**Calibration** (:func:`calibrate`) fits one :class:`~treecoll.collectives.sim.profiles.Profile`
-to the tables: the bandwidth efficiency of each link class the tables' routes
-use (``net``; ``nvlink`` with ``c2c``; ``pcie`` with ``smp``) and the per-hop
-latency floor of each route class (``nvlink``, ``pci``, ``net``), starting from
-NCCL's Simple protocol (whose base latency, NIC-latency count and tree factor
-it keeps). It minimises the sum of squared ``ln(pred / meas)`` of the time over
-the rows the errors count (small and large messages; every row of a table
-that has neither), at most :data:`FIT_ROWS` per table spread over its sizes,
-by a pattern search in log space (:func:`pattern_search`); a
-parameter no row responds to keeps its start value. During the fit the tree
+**Calibration** (:func:`calibrate`) fits a
+:class:`~treecoll.collectives.sim.profiles.Calibration`: the simulator's
+defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
+corrected by factors, each 1 by default: ``link_scale.nvlink`` /
+``.pcie`` / ``.net`` on the bandwidth of a link class, shared by every
+algorithm; ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p`` on the
+latencies of one algorithm family; ``bw_scale.tree`` / ``.nvls`` on those
+families' bandwidth over the links'. With a calibration an allreduce row is
+predicted by the algorithm NCCL's tuner runs at its size
+(:func:`tuner_algorithm`), and in the fit it measures that family only. Only
+the factors the tables identify move: a factor is identified when scaling it
+by :data:`PROBE` changes by :data:`IDENTIFY` or more the predicted time of
+some fitted row that can measure it (:func:`_identifies`: a link's bandwidth
+only ring and point-to-point rows, a family's factors only that family's
+rows); the others stay 1 and the output says so. The fit runs in two stages:
+the ring and point-to-point rows fix the links, then every row the other
+families' factors. The objective is the mean ``|ln(pred / meas)|`` of the time
+(the geometric-mean error) over the fitted rows, each table's small and large
+messages weighing alike, plus :data:`PRIOR` × ``|ln factor|`` per factor, so
+a factor moves only when that lowers the error; each factor stays within
+:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows: at
+most :data:`FIT_ROWS` per table, half small and half large messages spread
+over the sizes (every row of a table that has neither). The minimiser is a
+pattern search over the logarithms (:func:`pattern_search`), run again when
+the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
-(its flow simulation takes seconds per larger size); the error printed after the
-fit is that of a full validation with the fitted profile. The protocol
-switch points are not fitted: one profile stands for the protocols NCCL
-mixes. ``--profile profile.yaml`` then predicts other sizes, collectives and
-machine scales with it (``treecoll simulate validate``, ``simulate
-allreduce``).
+(its flow simulation takes seconds per larger size); the error printed after
+the fit is that of a full validation with the calibration. Protocol switch
+points are not factors: within an algorithm the simulator takes the fastest
+protocol per size. Every algorithm's time is simulated once per machine,
+collective, size and the factors it depends on (:func:`algorithm_time`), and
+shared by validation, calibration and the fit.
+``--profile profile.yaml`` then predicts other sizes, collectives and machine
+scales with it (``treecoll simulate validate``, ``simulate allreduce``).
 
 >>> geo_error([(110.0, 100.0), (100.0, 110.0)])   # 10 % over and 10 % under
 0.1
@@ -92,7 +110,7 @@ from treecoll.topo.errors import CollectiveError, TreecollError
 from treecoll.topo.machines import MachineFlags, machine_topology
 
 if TYPE_CHECKING:
-    from treecoll.collectives.sim.profiles import Profile
+    from treecoll.collectives.sim.profiles import Calibration, Profile
     from treecoll.topo import Topology
 
 __all__ = [
@@ -104,6 +122,9 @@ __all__ = [
     "topology_for",
     "algorithms",
     "predict",
+    "algorithm_time",
+    "tuner_algorithm",
+    "clear_cache",
     "nccl_model_time",
     "geo_error",
     "validate",
@@ -113,7 +134,8 @@ __all__ = [
     "calibrate",
     "pattern_search",
     "fit_parameters",
-    "profile_from",
+    "calibration_from",
+    "default_values",
     "render_calibration",
     "counted",
     "LARGE",
@@ -248,13 +270,32 @@ def collective_of(case: Case, collective: str | None) -> str:
     return t.collective
 
 
+#: machines built by :func:`_machine_topology`, by what decides their topology (not the host names)
+_TOPOLOGIES: dict[tuple, Topology] = {}
+
+
+def _machine_topology(flags: MachineFlags, facts: Any) -> tuple[Topology, Any]:
+    """:func:`~treecoll.topo.machines.machine_topology`, a resolved machine built once per process (its
+    route tables with it): the tables of one machine, whatever their host names, share one topology."""
+    if flags.topology is not None:
+        return machine_topology(flags, facts)
+    from treecoll.topo.machines import resolve_machine
+
+    m = resolve_machine(flags, facts)
+    key = (m.template, m.hosts, m.gpus_per_host, m.nic, m.gpu, repr(m.overrides))
+    topo = _TOPOLOGIES.get(key)
+    if topo is None:
+        topo = _TOPOLOGIES[key] = m.topology()
+    return topo, m
+
+
 def topology_for(
     case: Case, flags: MachineFlags | None = None, max_gpus: int | None = MAX_GPUS
 ) -> tuple[Topology, str, list[str]]:
     """``(topology, description, notes)`` of the machine a table ran on; raises :class:`Skip`."""
     t = case.table
     try:
-        topo, machine = machine_topology(merged_flags(case, flags), t.machine_facts())
+        topo, machine = _machine_topology(merged_flags(case, flags), t.machine_facts())
     except TreecollError as e:
         msg = str(e)
         raise Skip(f"machine: {msg}" + ("" if "pass " in msg else f"; {_FIX_MACHINE}")) from None
@@ -301,23 +342,133 @@ def predict(
     topology: Topology, collective: str, size: int, algos: Sequence[str], profile: Profile | str | None
 ) -> tuple[float, str]:
     """Predicted time (s) and ``algorithm/profile`` of one size: what NCCL would run for ``collective``
-    (:func:`treecoll.collectives.sim.simulator.simulate_nccl`; ``algos`` choose among allreduce's);
-    a :class:`Skip` for a collective the simulator refuses."""
+    (:func:`treecoll.collectives.sim.simulator.simulate_nccl`; ``algos`` choose among allreduce's: the
+    fastest of them, the first of equals); a :class:`Skip` for a collective the simulator refuses.
+    Each algorithm's time comes from :func:`algorithm_time` (simulated once per machine, size and
+    the factors it depends on)."""
     from treecoll.collectives.sim.simulator import simulate_nccl
 
     if len(topology.rank_gpus()) == 1:
         return 0.0, "-"
-    try:
-        a, r = simulate_nccl(
-            topology,
-            size,
-            collective=collective,
-            profile=profile,
-            algos=list(algos) if collective == "allreduce" else None,
-        )
-    except CollectiveError as e:
-        raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
-    return r.time, f"{r.algorithm if a == 'nvls' else a}/{r.profile}"
+    names: list[str | None] = [None]  # another collective: the one family NCCL runs it with
+    if collective == "allreduce":
+        names = [a for a in algos if a in _offered(topology, collective, profile)]
+        if not names:  # none of them offered: simulate_nccl says why
+            try:
+                simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
+            except CollectiveError as e:
+                raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
+        pick = tuner_algorithm(topology, size, names) if _is_calibration(profile) and len(names) > 1 else None
+        names = [pick] if pick is not None else names
+    best = None
+    for a in names:
+        out = algorithm_time(topology, collective, size, a, profile)
+        if isinstance(out, str):
+            raise Skip(f"{collective}: the simulator does not predict it ({out}); no flag changes this")
+        best = out if best is None or out[0] < best[0] else best
+    return best
+
+
+def _is_calibration(profile: Any) -> bool:
+    from treecoll.collectives.sim.profiles import Calibration
+
+    return isinstance(profile, Calibration)
+
+
+#: the allreduce algorithm NCCL's tuner picks, by (topology, size, algorithms): :func:`tuner_algorithm`
+_TUNER: dict[tuple, str | None] = {}
+
+
+def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str | None:
+    """The one of ``algos`` NCCL's tuner runs for an allreduce of ``size`` bytes: the least time of its
+    own model (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`, enqueue.cc
+    ``topoGetAlgoInfo``), NVLSTree named ``nvls``; None where that model has no answer for the machine
+    (then the fastest simulated one stands in). A calibrated prediction runs that algorithm, not the
+    fastest one simulated: NCCL chooses by its model, which a machine's measured latencies and
+    bandwidths do not change."""
+    key = (topology, size, tuple(algos))
+    if key not in _TUNER:
+        from treecoll.collectives.sim.nccl_model import nccl_predict
+
+        try:
+            runs = [nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos]
+            best = min(runs, key=_time_of)
+            _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
+        except TreecollError:  # e.g. hosts without NIC bandwidth: nothing for the model to compare
+            _TUNER[key] = None
+    return _TUNER[key]
+
+
+def _time_of(r: dict) -> float:
+    return r["time"]
+
+
+def _offered(topology: Topology, collective: str, profile: Profile | str | None) -> tuple[str, ...]:
+    """The NCCL algorithms :func:`~treecoll.collectives.sim.simulator.simulate_nccl` chooses among."""
+    from treecoll.collectives.sim.nccl_model import nccl_algos
+
+    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile) if isinstance(profile, str) else None
+    offered = nccl_algos(topology, topology.rank_gpus(), proto, collective)
+    return tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
+
+
+#: ``(time s, label)`` or the refusal's message, by (topology, collective, size, NCCL algorithm, the part of
+#: the profile that algorithm depends on): :func:`algorithm_time`'s memory, shared by validate and calibrate
+_TIMES: dict[tuple, tuple[float, str] | str] = {}
+#: entries :data:`_TIMES` keeps before it starts again (a fit adds a few thousand)
+CACHE_ENTRIES = 1 << 18
+#: simulations :func:`algorithm_time` ran (its cache misses), for the fit's statistics
+_SIMULATIONS = [0]
+
+
+def clear_cache() -> None:
+    """Forget every simulated time (:func:`algorithm_time`) and machine (:func:`topology_for`)."""
+    _TIMES.clear()
+    _TOPOLOGIES.clear()
+    _TUNER.clear()
+
+
+def _profile_key(profile: Profile | str | None, family: str) -> Any:
+    """What an algorithm of ``family`` sees of ``profile``: of a calibration its link factors and the
+    family's latency factor (every other factor leaves that algorithm's time alone; all 1 is the
+    defaults, ``auto``), of a plain profile its fields, of a name the name."""
+    from treecoll.collectives.sim.profiles import LINK_CLASSES, Calibration, Profile
+
+    if isinstance(profile, Calibration):
+        links = tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES)
+        key = (links, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0))
+        return "auto" if key == ((1.0,) * len(LINK_CLASSES), 1.0, 1.0) else key
+    if isinstance(profile, Profile):
+        return repr(profile.as_dict())
+    return profile
+
+
+def algorithm_time(
+    topology: Topology, collective: str, size: int, algo: str | None, profile: Profile | str | None
+) -> tuple[float, str] | str:
+    """``(time s, "algorithm/profile")`` of NCCL algorithm ``algo`` (None: the fastest NCCL offers for
+    ``collective``) by :func:`~treecoll.collectives.sim.simulator.simulate_nccl`, or the message of its
+    refusal. Remembered per (topology, collective, size, algorithm, the factors that algorithm's family
+    depends on: :func:`_profile_key`), so a calibration that moves the ring's latency reuses the
+    tree's and NVLS's times; the simulation is deterministic, so a remembered time is the time."""
+    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES, simulate_nccl
+
+    family = ALGO_FAMILY[algo] if algo is not None else "p2p" if collective in P2P_COLLECTIVES else "ring"
+    key = (topology, collective, size, algo, _profile_key(profile, family))
+    out = _TIMES.get(key)
+    if out is None:
+        _SIMULATIONS[0] += 1
+        try:
+            a, r = simulate_nccl(
+                topology, size, collective=collective, profile=profile, algos=None if algo is None else [algo]
+            )
+            out = (r.time, f"{r.algorithm if a == 'nvls' else a}/{r.profile}")
+        except CollectiveError as e:
+            out = str(e)
+        if len(_TIMES) >= CACHE_ENTRIES:
+            _TIMES.clear()
+        _TIMES[key] = out
+    return out
 
 
 def nccl_model_time(topology: Topology, collective: str, size: int, algos: Sequence[str]) -> float | None:
@@ -542,40 +693,18 @@ def profile_is_default(d: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- calibration
-#: rows per table the fit simulates (spread over the table's sizes; every row counts in ``before``/``after``)
+#: rows per table the fit simulates: half of them small messages, half large, spread over the sizes
 FIT_ROWS = 12
-#: the fitted parameters: name -> (Profile field, keys of that field it sets)
-PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "eff_net": ("bw_eff", ("net",)),
-    "eff_nvlink": ("bw_eff", ("nvlink", "c2c")),
-    "eff_pcie": ("bw_eff", ("pcie", "smp")),
-    "lat_nvlink": ("lat_floor_us", ("nvlink",)),
-    "lat_pci": ("lat_floor_us", ("pci",)),
-    "lat_net": ("lat_floor_us", ("net",)),
-}
-
-
-def profile_from(values: dict[str, float], name: str = "calibrated", source: str = "") -> Profile:
-    """A Profile: NCCL's Simple protocol with ``values`` (:data:`PARAMS` names) set."""
-    import dataclasses
-
-    from treecoll.collectives.sim.profiles import PROFILES
-
-    base = PROFILES["nccl-simple"]
-    eff, floor = dict(base.bw_eff), dict(base.lat_floor_us)
-    for k, v in values.items():
-        fld, keys = PARAMS[k]
-        for key in keys:
-            (eff if fld == "bw_eff" else floor)[key] = min(v, 1.0) if fld == "bw_eff" else v
-    return dataclasses.replace(base, name=name, bw_eff=eff, lat_floor_us=floor, source=source)
-
-
-def start_values() -> dict[str, float]:
-    """Where the fit starts: NCCL's Simple protocol (efficiency 1, NCCL's latency floors)."""
-    p = profile_from({})
-    return {
-        k: (p.efficiency(keys[0]) if fld == "bw_eff" else p.lat_floor_us[keys[0]]) for k, (fld, keys) in PARAMS.items()
-    }
+#: pull of every factor back to its default, per unit of ``|ln factor|``, against the objective (a mean
+#: ``|ln(pred / meas)|``): a factor moves only where that buys a larger drop of the error
+PRIOR = 0.01
+#: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
+#: row's predicted time by :data:`IDENTIFY` or more: the row's time depends on it, not only in its last
+#: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
+PROBE = 1.25
+IDENTIFY = 0.05
+#: the algorithm family of each NCCL algorithm name (:data:`~treecoll.collectives.sim.profiles.FAMILIES`)
+ALGO_FAMILY = {"ring": "ring", "pat": "ring", "tree": "tree", "nvls": "nvls", "p2p": "p2p"}
 
 
 def pattern_search(
@@ -619,14 +748,23 @@ class _FitRow:
     size: int
     algos: tuple[str, ...]
     meas: float  # seconds
+    table: str = ""
+    group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
+    offered: tuple[str, ...] = ()  # the allreduce algorithms NCCL's tuner chooses among (:func:`tuner_algorithm`)
 
 
 def _spread(rows: list, n: int | None) -> list:
     """At most ``n`` of ``rows`` (sorted by size), evenly spread over the list, the first and last kept."""
     if n is None or len(rows) <= n:
         return rows
+    if n <= 1:
+        return rows[-1:]
     idx = sorted({round(i * (len(rows) - 1) / (n - 1)) for i in range(n)})
     return [rows[i] for i in idx]
+
+
+def _group(size: int) -> str:
+    return "small" if size <= SMALL else "large" if size >= LARGE else "mid"
 
 
 def _fit_rows(
@@ -649,58 +787,197 @@ def _fit_rows(
         if c.entry.get("health") == "degraded":
             skipped.append({"file": c.label, "reason": "degraded (tables.yaml): not fitted"})
             continue
+        if len(topo.rank_gpus()) < 2:
+            skipped.append({"file": c.label, "reason": "one GPU: nothing to fit"})
+            continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        rows_c = _row_sizes(c, counted) or _row_sizes(c, None)  # the rows the errors count, where it has any
-        for r in _spread(rows_c, max_rows):
+        counted_rows = _row_sizes(c, counted)
+        half = None if max_rows is None else max(1, max_rows // 2)
+        picked = (
+            _spread([r for r in counted_rows if r.size <= SMALL], half)
+            + _spread([r for r in counted_rows if r.size >= LARGE], half)
+            if counted_rows
+            else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
+        )
+        offered = tuple(a for a in algos if a in _offered(topo, coll, None)) if coll == "allreduce" else ()
+        for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
-            rows.append(_FitRow(topo, coll, r.size, use, r.out_of_place.time_us * 1e-6))
+            meas = r.out_of_place.time_us * 1e-6
+            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), offered))
     return rows, skipped
 
 
+def _row_algos(row: _FitRow) -> list[str | None]:
+    """The NCCL algorithms the row's prediction takes the fastest of: for allreduce the one NCCL's tuner
+    runs at this size (:func:`tuner_algorithm`; the fastest of ``row.algos`` where the fit leaves the
+    tuner's out), for the other collectives None (the one family NCCL runs them with)."""
+    if row.collective != "allreduce":
+        return [None]
+    algos = [a for a in row.algos if a in ALGO_FAMILY]
+    if len(row.offered) > 1:
+        pick = tuner_algorithm(row.topology, row.size, row.offered)
+        if pick in algos:
+            return [pick]
+    return algos
+
+
+class _Predictor:
+    """Predicted times of the fit rows for given factors, each (row, algorithm) simulated once per value of
+    the factors it depends on (its family's latency factor and the link factors: :func:`algorithm_time`)."""
+
+    def __init__(self, rows: list[_FitRow]):
+        self.rows = rows
+        self.algos = [_row_algos(r) for r in rows]
+        self.simulations = 0
+
+    def _time(self, i: int, algo: str | None, values: dict[str, float]) -> float:
+        r = self.rows[i]
+        before = _SIMULATIONS[0]
+        out = algorithm_time(r.topology, r.collective, r.size, algo, calibration_from(values))
+        self.simulations += _SIMULATIONS[0] - before
+        return math.inf if isinstance(out, str) else out[0]
+
+    def times(self, values: dict[str, float]) -> list[float]:
+        """The predicted time (s) of every row: the fastest of its families."""
+        return [min(self._time(i, a, values) for a in algos) for i, algos in enumerate(self.algos)]
+
+    def error(self, values: dict[str, float]) -> float:
+        """The mean over (table, size group) of the mean ``|ln(pred / meas)|`` of its rows."""
+        groups: dict[tuple[str, str], list[float]] = {}
+        for r, t in zip(self.rows, self.times(values)):
+            if 0 < t < math.inf:
+                groups.setdefault((r.table, r.group), []).append(abs(math.log(t / r.meas)))
+        return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
+
+
+def calibration_from(
+    values: dict[str, float], name: str = "calibrated", source: str = "", fitted: Sequence[str] = ()
+) -> Calibration:
+    """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (factor name -> value,
+    names of :func:`~treecoll.collectives.sim.profiles.calibration_parameters`; absent ones 1)."""
+    from treecoll.collectives.sim.profiles import Calibration
+
+    scales: dict[str, dict[str, float]] = {"link_scale": {}, "lat_scale": {}, "bw_scale": {}}
+    for k, v in values.items():
+        fld, _, key = k.partition(".")
+        scales[fld][key] = v
+    return Calibration(name, source=source, fitted=tuple(fitted), **scales)
+
+
+def default_values() -> dict[str, float]:
+    """Every factor at its default, 1."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
+    return dict.fromkeys(calibration_parameters(), 1.0)
+
+
+def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
+    """The ``candidates`` whose scaling by :data:`PROBE` (up or down) changes some row's predicted time
+    by :data:`IDENTIFY` or more."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
+    bounds = calibration_parameters()
+    base = pred.times(values)
+    out = []
+    for k in candidates:
+        lo, hi = bounds[k]
+        seen = [_identifies(k, algos, r) for r, algos in zip(pred.rows, pred.algos)]
+        for f in (PROBE, 1 / PROBE):
+            trial = dict(values, **{k: min(max(values[k] * f, lo), hi)})
+            if any(
+                s and abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
+                for a, b, s in zip(pred.times(trial), base, seen)
+                if 0 < b < math.inf
+            ):
+                out.append(k)
+                break
+    return out
+
+
+def _families(algos: list[str | None], collective: str) -> set[str]:
+    """The algorithm families of ``algos`` (None: the one NCCL runs ``collective`` with)."""
+    from treecoll.collectives.sim.simulator import P2P_COLLECTIVES
+
+    other = "p2p" if collective in P2P_COLLECTIVES else "ring"
+    return {ALGO_FAMILY[a] if a is not None else other for a in algos}
+
+
+def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
+    """Whether a row run by ``algos`` can identify ``parameter``: a link's bandwidth only a ring's or a
+    point-to-point row (the bytes over the links and nothing else; a tree's or NVLS's bandwidth also
+    carries that family's own efficiency, ``bw_scale``), a family's factors only that family's rows;
+    a bandwidth (``link_scale``, ``bw_scale``) only a row above the small messages (<= 64 KiB: there
+    the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
+    families = _families(algos, row.collective)
+    fld, _, key = parameter.partition(".")
+    if fld != "lat_scale" and row.group == "small":
+        return False
+    return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
+
+
 def fit_parameters(
-    rows: list[_FitRow], start: dict[str, float] | None = None, *, tol: float = 0.002, max_evals: int = 400
+    rows: list[_FitRow], *, tol: float = 0.002, max_evals: int = 400, rounds: int = 3
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """The :data:`PARAMS` values that minimise ``sum ln(pred / meas)^2`` over ``rows``, and fit statistics.
-    Parameters no row responds to keep their start value (``fixed``)."""
-    start = dict(start or start_values())
+    """The calibration factors that minimise :meth:`_Predictor.error` plus :data:`PRIOR` × the sum of
+    ``|ln factor|`` over ``rows``, and fit statistics. Only the factors the rows identify
+    (:func:`_identified`, at the defaults, then again at the fitted values: up to ``rounds`` rounds)
+    move, each within its bounds
+    (:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`), by :func:`pattern_search` over their
+    logarithms; every other factor keeps its default (1). Two stages: the rows run by a ring or
+    point-to-point fix the links (and those families' latencies), then every row the other families'
+    factors on top of those links (a tree's or NVLS's bandwidth is the links' times its own factor:
+    :func:`_identifies`)."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
 
-    def cost(values: dict[str, float]) -> float:
-        prof = profile_from(values)
-        s = 0.0
-        for r in rows:
-            t, _ = predict(r.topology, r.collective, r.size, r.algos, prof)
-            s += math.log(t / r.meas) ** 2 if t > 0 else 0.0
-        return s
+    bounds = calibration_parameters()
+    pred = _Predictor(rows)
+    values = default_values()
+    before = pred.error(values)
+    plain = _Predictor([r for r, a in zip(rows, pred.algos) if _families(a, r.collective) <= {"ring", "p2p"}])
+    free: list[str] = []
+    calls = 0
+    for stage, allowed in ((plain, set(bounds)), (pred, {k for k in bounds if not k.startswith("link_scale.")})):
+        moving: list[str] = []
+        for _ in range(rounds if stage.rows else 0):
+            new = _identified(stage, values, [k for k in bounds if k not in free and k in allowed])
+            if not new:
+                break
+            free += new
+            moving += new
+            values, n = _search(stage, values, moving, bounds, tol, max_evals)
+            calls += n
+    fitted = [k for k in free if values[k] != 1.0]
+    return values, {
+        "fitted": fitted,
+        "identified_default": [k for k in free if k not in fitted],
+        "not_identified": [k for k in bounds if k not in free],
+        "rows": len(rows),
+        "tables": len({r.table for r in rows}),
+        "evaluations": calls,
+        "simulations": pred.simulations + plain.simulations,
+        "error_before": math.exp(before) - 1,
+        "error_after": math.exp(pred.error(values)) - 1,
+    }
 
-    base = cost(start)
-    free = []
-    for k in PARAMS:  # a parameter is free when doubling or halving it changes the cost
-        trial = dict(start, **{k: start[k] * (0.5 if k.startswith("eff") else 2.0)})
-        if abs(cost(trial) - base) > 1e-9 * max(base, 1.0):
-            free.append(k)
-    bounds = [(math.log(0.01), 0.0) if k.startswith("eff") else (math.log(0.01), math.log(1000.0)) for k in free]
+
+def _search(
+    pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
+) -> tuple[dict[str, float], int]:
+    """``values`` with ``names`` moved by :func:`pattern_search` over their logarithms to the least
+    error plus prior, and the calls it took."""
 
     def f(x: list[float]) -> float:
-        return cost(dict(start, **{k: math.exp(v) for k, v in zip(free, x)}))
+        v = dict(values, **{k: math.exp(y) for k, y in zip(names, x)})
+        return pred.error(v) + PRIOR * sum(abs(math.log(v[k])) for k in bounds if v[k] != 1.0)
 
-    x, best, calls = pattern_search(f, [math.log(start[k]) for k in free], tol=tol, max_evals=max_evals, bounds=bounds)
-    for i, k in enumerate(free):  # a value the optimum does not depend on goes back to its start
-        y = list(x)
-        y[i] = math.log(start[k])
-        v = f(y)
-        calls += 1
-        if v <= best * (1 + 1e-6) + 1e-15:
-            x, best = y, min(best, v)
-    values = dict(start, **{k: math.exp(v) for k, v in zip(free, x)})
-    n = max(len(rows), 1)
-    return values, {
-        "free": free,
-        "fixed": [k for k in PARAMS if k not in free],
-        "rows": len(rows),
-        "evaluations": calls + len(PARAMS) + 1,
-        "rms_log_error_before": math.sqrt(base / n),
-        "rms_log_error_after": math.sqrt(best / n),
-    }
+    x, _, n = pattern_search(
+        f,
+        [math.log(values[k]) for k in names],
+        tol=tol,
+        max_evals=max_evals,
+        bounds=[(math.log(bounds[k][0]), math.log(bounds[k][1])) for k in names],
+    )
+    return dict(values, **{k: math.exp(y) for k, y in zip(names, x)}), n
 
 
 def calibrate(
@@ -714,9 +991,9 @@ def calibrate(
     check: bool = True,
     max_rows: int | None = FIT_ROWS,
 ) -> dict:
-    """Fit a profile to the tables of ``paths``: ``{"profile": Profile, "values", "fit", "skipped",
-    "before", "after"}`` (``before``/``after``: :func:`validate` with NCCL's protocols and with the fitted
-    profile, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
+    """Fit a calibration to the tables of ``paths``: ``{"profile": Calibration, "values", "fit", "skipped",
+    "before", "after"}`` (``before``/``after``: :func:`validate` with the defaults and with the fitted
+    calibration, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
     :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
     paths = [Path(p) for p in paths]
     cs, bad = cases(paths)
@@ -727,7 +1004,7 @@ def calibrate(
         raise CollectiveError(f"calibrate: no table row to fit ({why})")
     values, stats = fit_parameters(rows, tol=tol)
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)
-    prof = profile_from(values, name, src)
+    prof = calibration_from(values, name, src, stats["fitted"])
     out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped}
     if check:  # the rows the errors count, of every table fitted (a slow machine's own profile: degraded too)
         for key, p in (("before", None), ("after", prof)):
@@ -740,29 +1017,34 @@ def render_calibration(d: dict) -> str:
     """The text of ``treecoll simulate calibrate``."""
     f = d["fit"]
     lines = [
-        f"fitted on {f['rows']} rows ({f['evaluations']} simulations of every row); free parameters: "
-        f"{', '.join(f['free']) or 'none'}"
+        f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
+        f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
+        f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
+        "factors (1 = the simulator's default; link_scale on the links' bandwidth, lat_scale on a family's latencies, "
+        "bw_scale on a family's bandwidth over the links'):",
     ]
+    why = {
+        **dict.fromkeys(f["fitted"], "fitted"),
+        **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
+        **dict.fromkeys(
+            f["not_identified"],
+            f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})",
+        ),
+    }
     for k, v in d["values"].items():
-        unit = "" if k.startswith("eff") else " us"
-        lines.append(f"   {k:<11} {v:8.3f}{unit}{'' if k in f['free'] else '   (no row responds: kept)'}")
-    lines.append(
-        f"rms |ln(pred/meas)| of the times: {f['rms_log_error_before']:.3f} at the start (NCCL Simple), "
-        f"{f['rms_log_error_after']:.3f} fitted"
-    )
+        lines.append(f"   {k:<18} {v:7.3f}   {why.get(k, '')}")
     for label in ("before", "after"):
         if label in d:
             g = d[label]
             lines.append(
-                f"geomean busbw error {label:<6} ({'NCCL protocols' if label == 'before' else 'fitted'}): "
+                f"geomean busbw error {label:<6} ({'defaults' if label == 'before' else 'calibrated'}): "
                 f"large {_pct(g['large'])}, small {_pct(g['small'])} over {g['tables']} tables"
             )
     worse = [k for k in ("large", "small") if "after" in d and (d["after"][k] or 0) > (d["before"][k] or 0)]
     if worse:
         lines.append(
-            f"warning: the fitted profile predicts these tables worse than NCCL's protocols "
-            f"({', '.join(worse)} messages): one profile stands for NCCL's protocol mix and NVLS "
-            f"constants; keep the default (no --profile) for these"
+            f"warning: the calibration predicts these tables worse than the defaults ({', '.join(worse)} "
+            f"messages): the fit weighs every table and size group alike; check the rows with validate"
         )
     lines.extend(f"skipped {s['file']}: {s['reason']}" for s in d["skipped"])
     if d.get("saved"):
@@ -810,14 +1092,15 @@ def add_parsers(sub, common_options: Callable) -> None:
         "--profile",
         default=None,
         metavar="P",
-        help=f"simulator profile: a calibrated YAML file or {', '.join(sorted(PROFILES))} (default: the "
-        f"fastest NCCL protocol per size)",
+        help=f"simulator profile: a calibration YAML file (from calibrate), a profile YAML file or "
+        f"{', '.join(sorted(PROFILES))} (default: the fastest NCCL protocol per size)",
     )
     c = one(
         "calibrate",
         "fit a simulator profile to your nccl-tests tables",
-        "Fit link efficiencies and per-hop latencies of a simulator profile to nccl-tests tables; "
-        "use the profile with --profile.",
+        "Fit the simulator's correction factors (link bandwidth per link class, latency per algorithm "
+        "family) that nccl-tests tables identify, the others kept at their defaults; use the profile "
+        "with --profile.",
     )
     c.add_argument("-o", "--output", required=True, metavar="OUT.yaml", help="the profile file to write")
     c.add_argument("--force", action="store_true", help="replace OUT.yaml if it exists (default: refuse)")

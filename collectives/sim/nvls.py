@@ -38,8 +38,10 @@ bytes move in loops of chunks (src/enqueue.cc ``calcCollChunking``, chunks of
 16 KiB to 256 KiB by message size, src/transport/nvls.cc channel counts) through
 two stages (NVLink up, NVLink down) or, NVLSTree, three (the network between),
 which adds the fill of :func:`treecoll.collectives.sim.nccl_model.nvls_fill`
-to the drain. Any other profile (``ideal``,
-a calibrated YAML) is used as it is, without those: with ``ideal`` on one
+to the drain. A :class:`~treecoll.collectives.sim.profiles.Calibration`
+corrects those constants with its link factors and its ``nvls`` factors (the
+fill stays). Any other profile (``ideal``, a plain profile YAML) is used as it
+is, without NCCL's constants: with ``ideal`` on one
 domain the time is ``lat + S (n + 1) / n / B`` exactly, ``B`` a GPU's NVLink
 bandwidth to its switches:
 
@@ -66,7 +68,7 @@ from treecoll.topo.ranks import RanksArg
 from ..tree import as_multi
 from . import nccl_model as nm
 from .engine import Network, drain_times
-from .profiles import Profile, get_profile
+from .profiles import Calibration, Profile, get_profile
 from .result import SimResult, check_size, make_result, placed
 
 __all__ = ["simulate_nvls", "NVLS_PROFILE"]
@@ -84,13 +86,17 @@ NVLS_PROFILE = Profile(
 
 
 def _profile(profile: Profile | str | None, gen: int) -> tuple[Profile, bool]:
-    """(profile to run, whether NCCL's NVLS efficiency and cap apply)."""
+    """(profile to run, whether NCCL's NVLS efficiency and cap apply); a calibration corrects NCCL's
+    NVLS constants with its ``nvls`` factors."""
     if profile in (None, "auto", "nccl-simple", "nccl-nvls"):
         eff = nm.NVLS_EFFICIENCY[gen]
         return dataclasses.replace(NVLS_PROFILE, bw_eff={"nvlink": eff}), True
     if profile in ("nccl-ll", "nccl-ll128"):
         raise CollectiveError(f"nvls: NCCL runs NVLS with the Simple protocol only, got profile {profile!r}")
-    return get_profile(profile), False
+    prof = get_profile(profile)
+    if isinstance(prof, Calibration):
+        return prof.apply(_profile(None, gen)[0], "nvls"), True
+    return prof, False
 
 
 def simulate_nvls(
@@ -154,6 +160,7 @@ def simulate_nvls(
     drain = float(drain_times(net, links, sizes).max()) if sizes else 0.0
     if nccl and len(domains) > 1:  # NCCL's per-channel NVLSTree cap, as algbw: nCh × cap × P / (2(P − 1))
         cap = nm.PER_CH_MAX_NVLS_TREE_BW[gen][1 if len(domains) == 2 else 2]
+        cap *= profile.bw_scale.get("nvls", 1.0) if isinstance(profile, Calibration) else 1.0
         drain = max(drain, nbytes / (min(nm.MAX_NVLS_ARITY, n) * cap * 1e9 * P / (2 * (P - 1))))
     fill = drain * nm.nvls_fill(nbytes, nm.nvls_run(topology, gpus)) if nccl else 0.0
     makespan = intra_lat + 2 * height * hop_lat + drain + fill

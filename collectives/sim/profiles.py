@@ -31,11 +31,46 @@ profile         base (µs)   floor nvlink/pci/net (µs)   bandwidth efficiency
 ``nccl-simple`` 8.4         3.4 / 5.7 / 14.0            1.0
 ==============  ==========  ==========================  ============================
 
+A :class:`Calibration` (what ``treecoll simulate calibrate`` writes) is not one
+more protocol: it keeps the simulator's defaults (NCCL's three protocols, the
+fastest per size; NVLS with NCCL's NVLS constants) and corrects them with
+factors measured on one machine, each standing for one piece of physics:
+
+* ``link_scale``: per link class (``nvlink``: NVLink and NVLink-C2C; ``pcie``:
+  PCIe and the CPU interconnect; ``net``: the NICs), a factor on the links'
+  bandwidth shared by every algorithm and protocol (the links are what they
+  are, whatever runs on them);
+* ``lat_scale``: per algorithm family (``ring``: NCCL's rings and chains,
+  PAT included; ``tree``; ``nvls``: NVLS and NVLSTree; ``p2p``: alltoall and
+  sendrecv), a factor on that family's latencies (base latency, per-hop floors,
+  NIC latency count): each family is its own kernel with its own setup and
+  synchronisation;
+* ``bw_scale``: per family whose bandwidth is more than its links' (``tree``:
+  NCCL's tree efficiency; ``nvls``: the switches' reduction efficiency and
+  NVLSTree's per-channel cap), a factor on that family's bandwidth on top of
+  the links': those are NCCL's estimates of its own kernels, not properties of
+  the links a ring or a point-to-point transfer shows.
+
+A factor absent from the file is 1 (the default). :meth:`Calibration.apply`
+gives the profile one protocol of one family runs with; the simulator calls it
+wherever it expands ``auto`` into NCCL's protocols. Used where a single profile
+is needed (e.g. :func:`~treecoll.collectives.sim.simulator.simulate` on a
+schedule), a calibration is NCCL's Simple protocol with the ring's factors.
+
 Profiles are plain data; :func:`save_profile` / :func:`load_profile` write and
-read them as YAML (what the calibration command produces).
+read them as YAML (what the calibration command produces). A file with
+``link_scale`` / ``lat_scale`` (``kind: calibration``) is a :class:`Calibration`,
+any other a plain :class:`Profile` (the fields above); an unknown key is
+refused with the file and the key.
 
 >>> get_profile("nccl-ll").step_lat("net")
 2.7e-06
+>>> c = Calibration("mine", link_scale={"nvlink": 0.8}, lat_scale={"p2p": 2.0})
+>>> simple = get_profile("nccl-simple")
+>>> c.apply(simple, "p2p").efficiency("nvlink"), c.apply(simple, "p2p").base_lat_us
+(0.8, 16.8)
+>>> c.apply(simple, "ring").base_lat_us, c.apply(simple, "ring").efficiency("net")
+(8.4, 1.0)
 >>> get_profile("fast")
 Traceback (most recent call last):
 ...
@@ -52,14 +87,43 @@ from typing import Any
 from treecoll.topo.errors import CollectiveError
 from treecoll.topo.model import LINK_KINDS
 
-__all__ = ["Profile", "PROFILES", "NCCL_PROTOCOLS", "get_profile", "load_profile", "save_profile", "ROUTE_CLASSES"]
+__all__ = [
+    "Profile",
+    "Calibration",
+    "PROFILES",
+    "NCCL_PROTOCOLS",
+    "get_profile",
+    "load_profile",
+    "save_profile",
+    "ROUTE_CLASSES",
+    "LINK_CLASSES",
+    "FAMILIES",
+    "BW_FAMILIES",
+    "SCALE_BOUNDS",
+    "MAX_EFFICIENCY",
+]
 
 ROUTE_CLASSES = ("nvlink", "pci", "net")
+#: link classes a :class:`Calibration` scales, and the link kinds of each
+LINK_CLASSES: dict[str, tuple[str, ...]] = {"nvlink": ("nvlink", "c2c"), "pcie": ("pcie", "smp"), "net": ("net",)}
+#: algorithm families with their own latency factor in a :class:`Calibration`
+FAMILIES = ("ring", "tree", "nvls", "p2p")
+#: algorithm families with their own bandwidth factor in a :class:`Calibration`
+BW_FAMILIES = ("tree", "nvls")
+#: the range of a calibration factor: ``link_scale``, ``lat_scale`` and ``bw_scale``
+SCALE_BOUNDS: dict[str, tuple[float, float]] = {
+    "link_scale": (0.1, 2.0),
+    "lat_scale": (0.1, 20.0),
+    "bw_scale": (0.1, 2.0),
+}
+#: largest ``bw_eff``: above 1 only where a calibration found a link faster than the topology says
+MAX_EFFICIENCY = 2.0
 
 
 @dataclass(frozen=True)
 class Profile:
-    """How a library uses the links; see the module docstring. Times in µs, efficiencies in (0, 1]."""
+    """How a library uses the links; see the module docstring. Times in µs, efficiencies in (0, 1]
+    (up to :data:`MAX_EFFICIENCY` in a profile a :class:`Calibration` derives)."""
 
     name: str = "ideal"
     base_lat_us: float = 0.0
@@ -81,9 +145,10 @@ class Profile:
                     f"with a non-negative µs value, got {v!r}"
                 )
         for k, v in dict(self.bw_eff).items():
-            if k not in LINK_KINDS or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            if k not in LINK_KINDS or not _number(v) or not 0 < v <= MAX_EFFICIENCY:
                 raise CollectiveError(
-                    f"{what}: bw_eff.{k} expected a link kind in {list(LINK_KINDS)} with a value in (0, 1], got {v!r}"
+                    f"{what}: bw_eff.{k} expected a link kind in {list(LINK_KINDS)} with a value in "
+                    f"(0, {MAX_EFFICIENCY:g}], got {v!r}"
                 )
         if not (_number(self.nic_lat_mult) and self.nic_lat_mult >= 0):
             raise CollectiveError(f"{what}: nic_lat_mult expected a non-negative number, got {self.nic_lat_mult!r}")
@@ -172,6 +237,124 @@ PROFILES: dict[str, Profile] = {
 NCCL_PROTOCOLS = ("nccl-ll", "nccl-ll128", "nccl-simple")
 
 
+@dataclass(frozen=True)
+class Calibration(Profile):
+    """The simulator's default physics corrected by measured factors (see the module docstring).
+
+    ``link_scale``: link class (:data:`LINK_CLASSES`) -> factor on its links' bandwidth;
+    ``lat_scale``: family (:data:`FAMILIES`) -> factor on that family's latencies; each factor in
+    :data:`SCALE_BOUNDS`, absent ones 1; ``bw_scale``: family (:data:`BW_FAMILIES`) -> factor on that
+    family's bandwidth over the links'. ``fitted``: the parameters (``link_scale.net``,
+    ``lat_scale.p2p``, ...) a fit moved; the others are the defaults. The :class:`Profile` fields are
+    derived (NCCL's Simple protocol with the ring's factors, :meth:`plain`), never given.
+    """
+
+    link_scale: Mapping[str, float] = field(default_factory=dict)
+    lat_scale: Mapping[str, float] = field(default_factory=dict)
+    bw_scale: Mapping[str, float] = field(default_factory=dict)
+    fitted: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        what = f"profile {self.name!r}"
+        for fld, keys in _FIELDS:
+            lo, hi = SCALE_BOUNDS[fld]
+            m = getattr(self, fld)
+            if not isinstance(m, Mapping):
+                raise CollectiveError(f"{what}: {fld} expected a mapping of {list(keys)} to factors, got {m!r}")
+            for k, v in m.items():
+                if k not in keys:
+                    raise CollectiveError(f"{what}: {fld}.{k}: expected one of {list(keys)}, got an unknown key")
+                if not _number(v) or not lo <= v <= hi:
+                    raise CollectiveError(f"{what}: {fld}.{k} expected a factor in [{lo:g}, {hi:g}], got {v!r}")
+            object.__setattr__(self, fld, {k: float(v) for k, v in m.items()})
+        bad = [p for p in self.fitted if p not in calibration_parameters()]
+        if bad:
+            raise CollectiveError(
+                f"{what}: fitted: unknown parameter {bad[0]!r}; expected some of {list(calibration_parameters())}"
+            )
+        object.__setattr__(self, "fitted", tuple(self.fitted))
+        plain = self.apply(PROFILES["nccl-simple"], "ring")
+        for f in ("base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "nic_lat_mult", "tree_eff"):
+            object.__setattr__(self, f, getattr(plain, f))
+        super().__post_init__()
+
+    def value(self, parameter: str) -> float:
+        """One factor by its name (``link_scale.nvlink``, ``lat_scale.ring``, ...); 1 when absent."""
+        fld, _, key = parameter.partition(".")
+        return float(getattr(self, fld).get(key, 1.0))
+
+    def link_factor(self, kind: str) -> float:
+        """The factor on links of kind ``kind`` (a :data:`~treecoll.topo.model.LINK_KINDS` name)."""
+        cls = next((c for c, kinds in LINK_CLASSES.items() if kind in kinds), None)
+        return float(self.link_scale.get(cls, 1.0)) if cls else 1.0
+
+    def apply(self, protocol: Profile, family: str) -> Profile:
+        """``protocol`` as algorithm family ``family`` runs it on this machine: every link kind's
+        efficiency times its class's factor and the family's ``bw_scale``, the base latency, per-hop
+        floors and NIC latency count times the family's ``lat_scale``. The name stays the protocol's
+        (the simulator keys protocol constants on it)."""
+        import dataclasses
+
+        if family not in FAMILIES:
+            raise CollectiveError(f"calibration {self.name!r}: family expected one of {list(FAMILIES)}, got {family!r}")
+        s = float(self.lat_scale.get(family, 1.0))
+        b = float(self.bw_scale.get(family, 1.0))
+        base = Profile(
+            protocol.name,
+            protocol.base_lat_us,
+            protocol.lat_floor_us,
+            protocol.bw_eff,
+            protocol.reduce_cost,
+            protocol.source,
+            protocol.nic_lat_mult,
+            protocol.tree_eff,
+        )
+        return dataclasses.replace(
+            base,
+            base_lat_us=base.base_lat_us * s,
+            lat_floor_us={k: v * s for k, v in base.lat_floor_us.items()},
+            nic_lat_mult=base.nic_lat_mult * s,
+            bw_eff={k: min(base.efficiency(k) * self.link_factor(k) * b, MAX_EFFICIENCY) for k in LINK_KINDS},
+        )
+
+    def plain(self) -> Profile:
+        """This calibration as one plain profile: NCCL's Simple protocol with the ring's factors."""
+        return Profile(
+            self.name,
+            self.base_lat_us,
+            self.lat_floor_us,
+            self.bw_eff,
+            self.reduce_cost,
+            self.source,
+            self.nic_lat_mult,
+            self.tree_eff,
+        )
+
+    def for_tree_allreduce(self) -> Profile:
+        return self.plain().for_tree_allreduce()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": "calibration",
+            "link_scale": dict(self.link_scale),
+            "lat_scale": dict(self.lat_scale),
+            "bw_scale": dict(self.bw_scale),
+            "fitted": list(self.fitted),
+            "source": self.source,
+        }
+
+
+def calibration_parameters() -> dict[str, tuple[float, float]]:
+    """Every factor of a :class:`Calibration` by name (``link_scale.nvlink``, ..., ``lat_scale.p2p``),
+    with its bounds."""
+    return {f"{fld}.{k}": SCALE_BOUNDS[fld] for fld, keys in _FIELDS for k in keys}
+
+
+#: the factor fields of a :class:`Calibration` and their keys
+_FIELDS = (("link_scale", tuple(LINK_CLASSES)), ("lat_scale", FAMILIES), ("bw_scale", BW_FAMILIES))
+
+
 def get_profile(name_or_path: str | Profile | None) -> Profile:
     """A built-in profile by name, a :class:`Profile` as is, or one loaded from a YAML file."""
     if name_or_path is None:
@@ -188,24 +371,47 @@ def get_profile(name_or_path: str | Profile | None) -> Profile:
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
-    """Read a profile written by :func:`save_profile`; errors name the file."""
+    """Read a profile written by :func:`save_profile`: a :class:`Calibration` when the file has
+    ``link_scale`` or ``lat_scale`` (``kind: calibration``), else a plain :class:`Profile`; errors name
+    the file and the key."""
     import yaml
 
+    where = f"profile file {str(path)!r}"
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except OSError as e:
-        raise CollectiveError(f"profile file {str(path)!r}: cannot read it ({e.strerror})") from None
+        raise CollectiveError(f"{where}: cannot read it ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise CollectiveError(f"{where}: not YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
-        raise CollectiveError(f"profile file {str(path)!r}: expected a mapping, got {type(data).__name__}")
-    keys = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source", "nic_lat_mult", "tree_eff")
-    extra = sorted(set(data) - set(keys) - {"fit"})
+        raise CollectiveError(f"{where}: expected a mapping, got {type(data).__name__}")
+    calibrated = data.get("kind") == "calibration" or any(f in data for f, _ in _FIELDS)
+    if "kind" in data and data["kind"] not in ("calibration", "profile"):
+        raise CollectiveError(f"{where}: kind expected 'calibration' or 'profile', got {data['kind']!r}")
+    keys = _CALIBRATION_KEYS if calibrated else _PROFILE_KEYS
+    extra = sorted(set(data) - set(keys) - {"fit", "kind"}, key=str)
     if extra:
-        raise CollectiveError(f"profile file {str(path)!r}: unknown keys {extra}; expected some of {list(keys)}")
+        other = _PROFILE_KEYS if calibrated else _CALIBRATION_KEYS
+        why = (
+            f"it belongs to a {'plain profile' if calibrated else 'calibration'}, this file is a "
+            f"{'calibration (it has link_scale / lat_scale)' if calibrated else 'plain profile'}"
+            if extra[0] in other
+            else "an unknown key"
+        )
+        raise CollectiveError(f"{where}: key {extra[0]!r}: {why}; expected some of {list(keys)}")
     try:
-        return Profile(**{k: data[k] for k in keys if k in data})
+        args = {k: data[k] for k in keys if k in data}
+        if calibrated:
+            args["fitted"] = tuple(args.get("fitted") or ())
+            return Calibration(**args)
+        return Profile(**args)
     except CollectiveError as e:
-        raise CollectiveError(f"profile file {str(path)!r}: {e}") from None
+        raise CollectiveError(f"{where}: {e}") from None
+
+
+_PROFILE_KEYS = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source", "nic_lat_mult", "tree_eff")
+_CALIBRATION_KEYS = ("name", "link_scale", "lat_scale", "bw_scale", "fitted", "source")
 
 
 def save_profile(profile: Profile, path: str | os.PathLike, fit: Mapping[str, Any] | None = None) -> None:

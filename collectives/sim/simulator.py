@@ -393,7 +393,8 @@ def simulate_ring(
 def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Profile) -> float:
     """GB/s a rank sends at on NCCL's ring with an NCCL protocol profile: the channels NCCL runs at
     this size (:func:`treecoll.collectives.sim.nccl_model.ring_run_bw`, enqueue.cc) times the
-    protocol's efficiency on its slowest link kind; unbounded (inf) for other profiles and on CPUs."""
+    protocol's efficiency on the slowest link kind that bandwidth comes from (:func:`_ring_kinds`);
+    unbounded (inf) for other profiles and on CPUs."""
     proto = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}.get(prof.name)
     if proto is None:
         return math.inf
@@ -407,7 +408,19 @@ def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Pr
         bw = ring_run_bw(topology, gpus, nbytes, proto)
     except TreeError:  # no NCCL ring bandwidth to derive (e.g. hosts without NIC bandwidth)
         return math.inf
-    return bw * min(prof.efficiency(k) for k in ("nvlink", "pcie", "net"))
+    return bw * min(prof.efficiency(k) for k in _ring_kinds(topology, gpus))
+
+
+def _ring_kinds(topology: Topology, gpus: Sequence[str]) -> set[str]:
+    """The link kinds NCCL's ring bandwidth comes from (nccl_model's ``min(intra-host, NIC)``): those on
+    the route between two GPUs of a host, and ``net`` across hosts."""
+    groups = _host_groups(topology, gpus)
+    kinds = {"net"} if len(groups) > 1 else set()
+    pair = next((m for m in groups.values() if len(m) > 1), None)
+    if pair is not None:
+        nodes = topology.path(pair[0], pair[1]).nodes
+        kinds.update(topology.graph.edges[u, v]["kind"] for u, v in zip(nodes, nodes[1:]))
+    return kinds or {"net"}
 
 
 def _ring_chain(
@@ -540,22 +553,30 @@ NCCL_TREE_RUN = {"lanes": True, "ordered_pairs": True}
 
 
 def _profiles(
-    profile: Profile | str | None, nbytes: int = 0, topology: Topology | None = None, gpus: Sequence[str] = ()
+    profile: Profile | str | None,
+    nbytes: int = 0,
+    topology: Topology | None = None,
+    gpus: Sequence[str] = (),
+    family: str = "ring",
 ) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs), anything
+    :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs); a
+    :class:`~treecoll.collectives.sim.profiles.Calibration` the same protocols with its factors for
+    algorithm ``family`` (:meth:`~treecoll.collectives.sim.profiles.Calibration.apply`); anything
     else that one profile."""
     from .nccl_model import ll128_enabled
-    from .profiles import NCCL_PROTOCOLS
+    from .profiles import NCCL_PROTOCOLS, Calibration
 
-    if profile == "auto":
+    prof = None if profile == "auto" else get_profile(profile)
+    if prof is None or isinstance(prof, Calibration):
         ll128 = topology is None or ll128_enabled(topology, gpus)
-        return [
+        protos = [
             get_profile(p)
             for p in NCCL_PROTOCOLS
             if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) and (ll128 or p != "nccl-ll128")
         ]
-    return [get_profile(profile)]
+        return protos if prof is None else [prof.apply(p, family) for p in protos]
+    return [prof]
 
 
 def simulate_algorithm(
@@ -600,7 +621,7 @@ def simulate_algorithm(
         return min(
             (
                 simulate_p2p(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
-                for pr in _profiles(profile, nbytes, topology, gpus)
+                for pr in _profiles(profile, nbytes, topology, gpus, "p2p")
             ),
             key=lambda r: r.time,
         )
@@ -610,7 +631,7 @@ def simulate_algorithm(
         from .nvls import simulate_nvls
 
         return simulate_nvls(topology, nbytes, dtype=dtype, ranks=gpus, profile=profile, top=top)
-    profs = _profiles(profile, nbytes, topology, gpus)
+    profs = _profiles(profile, nbytes, topology, gpus, "ring" if algo in RING_ALGOS else "tree")
     best = None
     if algo in RING_ALGOS:  # PAT (NCCL's allgather / reduce_scatter at one GPU per node) runs as the ring
         for pr in profs:

@@ -330,6 +330,6 @@ def test_profile_yaml_round_trip(tmp_path):
     p = sim_profiles.Profile("mine", 3.0, {"net": 5.0}, {"net": 0.8}, source="fit", nic_lat_mult=2.0, tree_eff=0.9)
     sim_profiles.save_profile(p, tmp_path / "mine.yaml", fit={"tables": 2})
     assert sim_profiles.get_profile(str(tmp_path / "mine.yaml")) == p
-    (tmp_path / "bad.yaml").write_text("name: x\nbw_eff: {net: 1.5}\n")
-    with pytest.raises(CollectiveError, match=r"bad.yaml'.*bw_eff.net expected .* \(0, 1\], got 1.5"):
+    (tmp_path / "bad.yaml").write_text("name: x\nbw_eff: {net: 2.5}\n")
+    with pytest.raises(CollectiveError, match=r"bad.yaml'.*bw_eff.net expected .* \(0, 2\], got 2.5"):
         sim_profiles.load_profile(tmp_path / "bad.yaml")
