@@ -446,8 +446,8 @@ def two_level(
 def _least_time(model: CostModel, plan: Tree | MultiTree, nbytes: int, collective: str) -> float:
     """``model.best_nchunks(plan, nbytes, collective)[1]``, the least predicted seconds over chunk counts.
     Where that search uses the closed form (schedules past the model's step budget: thousands of
-    ranks), every count's time comes from one closed-form pass, which finds the tree's link rates
-    once instead of once per count: the same times, a fraction of the work."""
+    ranks), every count's time comes from one closed-form call, which builds its per-rank tables
+    (latencies and inverse rates of every tree edge) once instead of once per count: the same times."""
     if model.steps_through(plan, collective, SEARCH_CHUNKS):
         return model.best_nchunks(plan, nbytes, collective)[1]
     ks = model._chunk_counts(nbytes)
