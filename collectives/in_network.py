@@ -27,7 +27,8 @@ __all__ = ["min_sm", "nvls_domains"]
 
 def min_sm(topology: Topology, gpus: Sequence[str]) -> int:
     """The smallest compute capability (``sm``) among the GPUs; GPUs without ``sm`` count as Hopper (90)."""
-    return min(int(topology.graph.nodes[x].get("sm") or 90) for x in gpus)
+    node = topology.graph._node  # networkx's node dict: the NodeView's lookups cost more than the work
+    return min(int(node[x].get("sm") or 90) for x in gpus)
 
 
 def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
@@ -46,11 +47,12 @@ def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
     if min_sm(topology, gpus) < 90:
         raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {min_sm(topology, gpus)}")
     domains: dict[frozenset, list[str]] = {}
+    node, succ = g._node, g._succ  # networkx's dicts: 100,000 GPUs, the views' lookups cost more than the work
     for x in gpus:
-        sw = frozenset(v for v in g.successors(x) if g.nodes[v].get("kind") == "nvswitch")
+        sw = frozenset(v for v in succ[x] if node[v].get("kind") == "nvswitch")
         if not sw:
             raise TreeError(f"NVLS: GPU {x!r} has no NVSwitch (NVLS needs GPUs on NVSwitches)")
-        if any(g.nodes[v].get("multicast") is False for v in sw):
+        if any(node[v].get("multicast") is False for v in sw):
             raise TreeError(f"NVLS: the NVSwitches of GPU {x!r} have multicast: false")
         domains.setdefault(sw, []).append(x)
     sizes = sorted({len(d) for d in domains.values()})

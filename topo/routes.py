@@ -138,6 +138,20 @@ class RouteTable:
         self._nic[gpu] = out
         return out
 
+    def host_class(self, host: str | None) -> str | None:
+        """The host that stands for ``host``'s class: the first host asked about that is built exactly
+        like it (see :meth:`_rep_host`), or ``host`` itself. Hosts of one class have the same routes
+        inside them and the same NICs, renamed: a question about a host's own routes is answered
+        once per class.
+
+        >>> from treecoll import topo
+        >>> t = topo.resolve("dgx-h100-x16")
+        >>> t.routes.host_class("h0"), t.routes.host_class("h5")
+        ('h0', 'h0')
+        """
+        rep = self._rep_host(host)
+        return host if rep is None else rep
+
     # ------------------------------------------------------------------ node facts
     @property
     def _table(self) -> dict[str, tuple[str, str | None]]:
@@ -313,7 +327,7 @@ class RouteTable:
 
     # ------------------------------------------------------------------ hosts built alike
     def _rep_host(self, host: str | None) -> str | None:
-        """The first host (in graph order) built exactly like ``host``, None when that is ``host`` itself
+        """The first host asked about that is built exactly like ``host``, None when that is ``host`` itself
         or the host cannot be compared (a node not named ``<host>/<local>``, a link from inside the
         host to a node outside it other than a NIC's network link).
 

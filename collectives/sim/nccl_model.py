@@ -183,18 +183,41 @@ def _log2i(x: float) -> int:
 
 def _by_host(topology: Topology, gpus: Sequence[str]) -> dict[str, list[str]]:
     hosts: dict[str, list[str]] = {}
+    node = topology.graph._node  # networkx's node dict (Topology.host_of per GPU costs more than the work)
     for x in gpus:
-        hosts.setdefault(topology.host_of(x), []).append(x)
+        hosts.setdefault(node[x].get("host"), []).append(x)
     return hosts
+
+
+def _host_kinds(topology: Topology, hosts: dict[str, list[str]]) -> dict[str, list[str]]:
+    """One host and its ranks' GPUs per kind: hosts built alike (``topology.routes.host_class``)
+    whose ranks sit at the same local GPUs have the same routes inside them and the same NICs
+    (renamed), so what :func:`_inputs` and :func:`ll128_enabled` ask of a host is asked once per kind.
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100-x16")
+    >>> list(_host_kinds(t, _by_host(t, t.rank_gpus())))
+    ['h0']
+    """
+    kinds: dict[tuple, tuple[str, list[str]]] = {}
+    for h, members in hosts.items():
+        cls, prefix = topology.routes.host_class(h), f"{h}/"
+        if cls is None or not all(m.startswith(prefix) for m in members):
+            key: tuple = (h, tuple(members))
+        else:  # a host that stands alone is its own class
+            key = (cls, tuple(m[len(prefix) :] for m in members))
+        kinds.setdefault(key, (h, members))
+    return dict(kinds.values())
 
 
 def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
     hosts = _by_host(topology, gpus)
     n_nodes = len(hosts)
+    kinds = _host_kinds(topology, hosts)
     g = topology.graph
     gen = generation(topology, gpus)
     intra_bw, nvlink, link_bw = math.inf, True, math.inf
-    for members in hosts.values():
+    for members in kinds.values():
         for a, b in zip(members, members[1:] + members[:1]):
             if a == b:
                 continue
@@ -207,12 +230,12 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
                 link_bw = min(link_bw, e["bw"] / e.get("count", 1))
     total = intra_bw
     if n_nodes > 1:
-        nic_bw = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in hosts)
+        nic_bw = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in kinds)
         if nic_bw <= 0:
             raise TreeError("nccl model: several hosts but a host has no NIC bandwidth")
         total = min(total, nic_bw)
     if not math.isfinite(total):  # one rank per host
-        total = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in hosts) or 12.0
+        total = min(sum(float(topology.node(n).get("bw") or 0.0) for n in topology.nics(h)) for h in kinds) or 12.0
     if nchannels is None:
         if nvlink and math.isfinite(link_bw):
             nchannels = int(round(total / link_bw))
@@ -220,7 +243,7 @@ def _inputs(topology: Topology, gpus: Sequence[str], nchannels: int | None):
             nchannels = 2
     nchannels = max(1, min(MAX_CHANNELS, int(nchannels)))
     lat_inter = (
-        max((float(topology.node(n).get("lat") or 0.0) for h in hosts for n in topology.nics(h)), default=0.0)
+        max((float(topology.node(n).get("lat") or 0.0) for h in kinds for n in topology.nics(h)), default=0.0)
         if n_nodes > 1
         else 0.0
     )
@@ -238,13 +261,14 @@ def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     if min(sms) < 70 or (len(sms) > 1 and min(sms) < 90):
         return False
     by_host = _by_host(topology, gpus)
-    for members in by_host.values():
+    kinds = _host_kinds(topology, by_host)
+    for members in kinds.values():
         for a, b in zip(members, members[1:]):
             if topology.path(a, b).nccl not in ("LOC", "NVL", "NVB"):
                 return False
     if len(by_host) > 1:
         limit = NCCL_CLASSES.index("PXN" if min(sms) >= 90 else "PXB")
-        for g in gpus:
+        for g in (x for members in kinds.values() for x in members):
             nic = topology.nearest_nic(g)
             if nic is None or NCCL_CLASSES.index(topology.path(g, nic).nccl) > limit:
                 return False
@@ -304,16 +328,21 @@ def _nvls_predict(topology: Topology, gpus: Sequence[str], nbytes: int) -> dict:
     n, n_nodes, nranks = len(domains[0]), len(domains), len(gpus)
     gen = generation(topology, gpus)
     nch = min(MAX_NVLS_ARITY, n)
-    nvl = min(sum(float(d["bw"]) for v, d in g[x].items() if g.nodes[v].get("kind") == "nvswitch") for x in gpus)
+    kinds = [x for members in _host_kinds(topology, _by_host(topology, gpus)).values() for x in members]
+    nvl = min(sum(float(d["bw"]) for v, d in g[x].items() if g.nodes[v].get("kind") == "nvswitch") for x in kinds)
     bw_intra = _quantize(nvl / (n + 1), NVLS_SPEEDS_INTRA[gen])
     intra = bw_intra * NVLS_EFFICIENCY[gen] * (nch - 1) / nch * 2.0
     bw = intra
     lat = NVLS_LAT
     if n_nodes > 1:
-        nics = [topology.nearest_nic(x) for x in gpus]
+        nics = [topology.nearest_nic(x) for x in kinds]
         if None in nics:
-            raise TreeError(f"nccl model: NVLSTree across NVLink domains but GPU {gpus[nics.index(None)]!r} has no NIC")
-        path_bw = min(min(topology.path(x, c).bw, float(topology.node(c).get("bw") or 0.0)) for x, c in zip(gpus, nics))
+            raise TreeError(
+                f"nccl model: NVLSTree across NVLink domains but GPU {kinds[nics.index(None)]!r} has no NIC"
+            )
+        path_bw = min(
+            min(topology.path(x, c).bw, float(topology.node(c).get("bw") or 0.0)) for x, c in zip(kinds, nics)
+        )
         inter = _quantize(path_bw, NVLS_SPEEDS_INTER[gen]) * (2 if n_nodes <= 2 else 1)
         bw = min(intra, inter, PER_CH_MAX_NVLS_TREE_BW[gen][1 if n_nodes == 2 else 2])
         lat_inter = max(float(topology.node(c).get("lat") or 0.0) for c in nics)

@@ -301,3 +301,26 @@ def test_two_level_refuses_bad_fan_out(spec):
     t = shipped("dgx-h100-x2")
     with pytest.raises(TreeError, match=rf"inter expected kary:K with a fan-out K >= 1, got '{spec}'"):
         build("two_level", t, inter=spec)
+
+
+@pytest.mark.parametrize("budget", [None, 100])
+def test_rails_choice_scores_each_plan_as_the_chunk_search_does(monkeypatch, budget):
+    """two_level's rails choice compares plans at their least time over chunk counts: the time
+    best_nchunks finds, stepped through within the step budget, in the closed form past it."""
+    from treecoll.collectives import builders as b
+    from treecoll.collectives import cost
+
+    from treecoll import topo
+
+    if budget is not None:
+        monkeypatch.setattr(cost, "STEP_BUDGET", budget)
+    t = topo.resolve("dgx-h100-x2")
+    gpus = t.rank_gpus()
+    for step in (False, True):
+        model = CostModel(t, gpus, step_through=step)
+        for rails in (False, True):
+            plan = b.two_level(t, gpus, len(gpus), rails=rails)
+            assert model.steps_through(plan, "allreduce", cost.SEARCH_CHUNKS) == (step and budget is None)
+            for nbytes in (1 << 16, 64 << 20):
+                least = b._least_time(model, plan, nbytes, "allreduce")
+                assert least == model.best_nchunks(plan, nbytes, "allreduce")[1]

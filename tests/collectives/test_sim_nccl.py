@@ -286,3 +286,32 @@ def test_nccl_hop_latencies_per_algorithm_and_one_rank_per_node():
     r = simulate_ring(t, 8, profile="nccl-ll")
     assert r.time == pytest.approx(6.6e-6 + 2 * 5.0e-6, abs=5e-9)
     assert nm.nccl_predict(t, None, 8, algo="ring", proto="LL")["lat_us"] == pytest.approx(6.6 + 2 * 5.0)
+
+
+@pytest.mark.parametrize("change", [False, True])
+def test_nccl_model_asks_each_kind_of_host_once_and_answers_as_for_every_host(change):
+    """Hosts built alike are asked about once (``_host_kinds``); the model's answers are those of a route
+    table that searches every host on its own, also when one host differs (one GPU's NVLinks at half speed)."""
+    import networkx as nx
+    from treecoll.topo.routes import RouteTable
+
+    t = topo.resolve("dgx-h100-x16")
+    if change:
+        g = nx.DiGraph(t.graph)
+        gpu = "h3/gpu2"
+        for n in [n for n in g.successors(gpu) if g.nodes[n]["kind"] == "nvswitch"]:
+            g.edges[gpu, n]["bw"] = g.edges[n, gpu]["bw"] = g.edges[gpu, n]["bw"] / 2
+        t = topo.Topology(g, name="dgx-h100-x16-changed")
+    alone = topo.Topology(t.graph, name=t.name)
+    vars(alone)["routes"] = RouteTable(alone.graph, alone.name, alike=False)
+    gpus = t.rank_gpus()
+    kinds = nm._host_kinds(t, nm._by_host(t, gpus))
+    assert list(kinds) == (["h0", "h3"] if change else ["h0"])
+    assert list(nm._host_kinds(alone, nm._by_host(alone, gpus))) == list(t.hosts())
+    assert nm._inputs(t, gpus, None) == nm._inputs(alone, gpus, None)
+    total = nm._inputs(t, gpus, None)[3]  # the slower NVLinks bound the ring bandwidth
+    assert (total < nm._inputs(topo.resolve("dgx-h100-x16"), gpus, None)[3]) == change
+    assert nm.ll128_enabled(t, gpus) == nm.ll128_enabled(alone, gpus)
+    for size in (1 << 16, 1 << 26):
+        for algo in ("ring", "tree", "nvls"):
+            assert nm.nccl_predict(t, None, size, algo) == nm.nccl_predict(alone, None, size, algo)
