@@ -24,7 +24,10 @@ it (:func:`treecoll.collectives.sim.simulate_executor`: one chunk, in-order issu
 one connection per pair of ranks), the gather and the three all-reduces as gloo's
 rings in rank order (``P − 1`` steps of one state to the next rank; ring
 allreduces of ``2(P − 1)`` steps), on the topology's links as written (profile
-``ideal``; gloo's per-message software time is not modelled).
+``ideal``), each step with gloo's own per-step software time
+(:data:`treecoll.collectives.cost.EXECUTOR_COSTS` ``["gloo"].native_step_s``,
+fitted with the tree executor's per-message time), so the three combines pay
+the backend's software costs alike.
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
@@ -60,6 +63,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from treecoll.collectives.cost import EXECUTOR_COSTS
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
 from treecoll.collectives.sim.simulator import (
@@ -465,12 +469,13 @@ def _gloo_combine_times(
             "sent_bytes_total": float(up_down * state_bytes),
             "scratch_bytes": float(max(r.peak_scratch)),
         }
+    native_step = EXECUTOR_COSTS["gloo"].native_step_s  # per step of gloo's own rings
     if "gather" in methods:
         net = Network(topology, get_profile(profile))
         lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
         merge = (P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0
         out["gather"] = {
-            "time_s": (P - 1) * float((lat + drain).max()) + merge,
+            "time_s": (P - 1) * (float((lat + drain).max()) + native_step) + merge,
             "sent_bytes_per_gpu": float((P - 1) * state_bytes),
             "sent_bytes_total": float(P * (P - 1) * state_bytes),
             "scratch_bytes": float(P * state_bytes),
@@ -481,7 +486,8 @@ def _gloo_combine_times(
         runs = [simulate(p, ring, max(nbytes, 4 * P), profile=profile) for nbytes in parts]
         sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
         out["allreduce3"] = {
-            "time_s": sum(r.time for r in runs),
+            # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time
+            "time_s": sum(r.time + 2 * (P - 1) * native_step for r in runs),
             "sent_bytes_per_gpu": sent,
             "sent_bytes_total": sent * P,
             "scratch_bytes": max(max(r.peak_scratch) for r in runs),

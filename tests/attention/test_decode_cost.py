@@ -15,7 +15,7 @@ from treecoll.attention.cost import (
     paper_memory,
     paper_volumes,
 )
-from treecoll.collectives.cost import executor_cost
+from treecoll.collectives.cost import EXECUTOR_COSTS, executor_cost
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import CollectiveError
 
@@ -175,15 +175,19 @@ def test_choose_combine_follows_the_model():
 
 def test_gloo_combine_times_by_hand():
     """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
-    128: the gather is gloo's ring in rank order, 3 steps of one state (2 links each) plus the merge; the
-    three all-reduces are rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of a quarter of
-    each over 2 links, and 3 reduces of that quarter (3 x bytes / mem_bw)."""
+    128: the gather is gloo's ring in rank order, 3 steps of one state (2 links each, and gloo's own
+    per-step time o) plus the merge; the three all-reduces are rank-order ring allreduces of 128, 128 and
+    16384 bytes: 6 steps of a quarter of each over 2 links (each with o), and 3 reduces of that quarter
+    (3 x bytes / mem_bw)."""
     P, state = 4, 4 * 2 * 16 * 129
+    o = EXECUTOR_COSTS["gloo"].native_step_s
     t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
-    assert t["gather"]["time_s"] == pytest.approx((P - 1) * (2e-6 + state / 100e9) + (P + 1) * state / 2000e9, rel=1e-9)
+    assert t["gather"]["time_s"] == pytest.approx(
+        (P - 1) * (2e-6 + state / 100e9 + o) + (P + 1) * state / 2000e9, rel=1e-9
+    )
 
     def ring(n):
-        return 2 * (P - 1) * (2e-6 + n / P / 100e9) + (P - 1) * 3 * (n / P) / 2000e9
+        return 2 * (P - 1) * (2e-6 + n / P / 100e9 + o) + (P - 1) * 3 * (n / P) / 2000e9
 
     assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384), rel=1e-9)
     assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
@@ -208,3 +212,18 @@ def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():
         assert choose_combine(topo, 64, 32, 128) == min(t, key=lambda m: t[m]["time_s"])
     with pytest.raises(CollectiveError, match=r"backend expected one of \['nccl', 'gloo'\], got 'mpi'"):
         combine_times(topo, 1, 1, 1, backend="mpi")
+
+
+def test_gloo_gather_pays_gloos_steps_like_the_tree():
+    """On one host of 4 CPU ranks over gloo the tree's combine is faster than the all-gather
+    (bench_tree_attention measures 3.3 ms against 5.4 ms): the gather is a ring of P - 1 steps of
+    gloo's own collective, each paying gloo's per-step time, as the tree pays the executor's per
+    message; without that cost the model took the gather for ten times faster than the tree."""
+    from treecoll.topo import Topology
+    from treecoll.topo.discover import cpu_only_host
+
+    P = 4
+    topo = Topology(cpu_only_host("h", {0: ""}, P))
+    t = combine_times(topo, 1, 32, 128, backend="gloo")
+    assert t["gather"]["time_s"] >= (P - 1) * EXECUTOR_COSTS["gloo"].native_step_s
+    assert choose_combine(topo, 1, 32, 128, backend="gloo") == "tree"
