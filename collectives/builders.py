@@ -55,7 +55,7 @@ from treecoll.topo import NCCL_CLASSES, Topology
 from treecoll.topo.errors import TreeError
 from treecoll.topo.ranks import RanksArg
 
-from .cost import SEARCH_CHUNKS, CostModel
+from .cost import CostModel
 from .placement import Placement, as_placement
 from .tree import MultiTree, Tree
 
@@ -415,8 +415,8 @@ def two_level(
                 topology, gpus, nranks, intra=intra, inter=inter, rails=True, nbytes=nbytes, collective=collective
             )
             model = model or CostModel(topology, gpus)
-            t_rails = _least_time(model, per_rail, nbytes, collective)
-            return per_rail if t_rails < _least_time(model, one, nbytes, collective) else one
+            t_rails = model.best_nchunks(per_rail, nbytes, collective)[1]
+            return per_rail if t_rails < model.best_nchunks(one, nbytes, collective)[1] else one
     if rails not in (True, False):
         raise TreeError(f"two_level: rails expected True, False or 'auto', got {rails!r}")
     label = f"two_level(intra={intra},inter={inter}"
@@ -441,17 +441,6 @@ def two_level(
     if len(trees) == 1:
         return trees[0]
     return MultiTree(tuple(trees), tuple(b / sum(bws) for b in bws), name=label + ",rails)")
-
-
-def _least_time(model: CostModel, plan: Tree | MultiTree, nbytes: int, collective: str) -> float:
-    """``model.best_nchunks(plan, nbytes, collective)[1]``, the least predicted seconds over chunk counts.
-    Where that search uses the closed form (schedules past the model's step budget: thousands of
-    ranks), every count's time comes from one closed-form call, which builds its per-rank tables
-    (latencies and inverse rates of every tree edge) once instead of once per count: the same times."""
-    if model.steps_through(plan, collective, SEARCH_CHUNKS):
-        return model.best_nchunks(plan, nbytes, collective)[1]
-    ks = model._chunk_counts(nbytes)
-    return min(model._closed_form_times(model._checked(plan, collective, ks), nbytes, collective, ks))
 
 
 def rails_possible(topology: Topology, gpus: Sequence[str]) -> bool:

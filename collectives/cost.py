@@ -699,10 +699,17 @@ class CostModel:
         candidates: Sequence[int] | None = None,
         min_chunk_bytes: int = 4096,
     ) -> tuple[int, float]:
-        """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``."""
+        """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``.
+        Past the step budget every count's closed form comes from one call, which builds its
+        per-rank tables (latencies and inverse rates of every tree edge) once."""
         best: tuple[int, float] | None = None
         stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
-        for k in sorted(self._chunk_counts(nbytes, candidates, min_chunk_bytes)):
+        ks = sorted(self._chunk_counts(nbytes, candidates, min_chunk_bytes))
+        if not stepped:
+            times = self._closed_form_times(self._checked(plan, collective, ks), nbytes, collective, ks)
+            i = min(range(len(ks)), key=lambda j: (times[j], j))  # ties: fewer chunks
+            return ks[i], times[i]
+        for k in ks:
             if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[1]):
                 break
             secs = self._search_time(plan, nbytes, collective, k, stepped)
