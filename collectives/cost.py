@@ -68,12 +68,14 @@ True
 from __future__ import annotations
 
 import math
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
+import numpy as np
 from treecoll.topo import Path, Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
@@ -214,10 +216,6 @@ def executor_cost(placement: Placement, backend: str | None = None) -> ExecutorC
     return EXECUTOR_COSTS[name]
 
 
-#: :meth:`CostModel.tree_times` stepped through, shared by the models of one placement (the planner makes
-#: one per call): (placement, costs, plan, bytes, collective, chunks) -> seconds
-_STEPPED: dict[tuple, float] = {}
-
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
 
 
@@ -278,6 +276,11 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     return model.best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
+def _plan_key(multi: MultiTree) -> tuple:
+    """What a tree time depends on of a plan: every tree's parents and child order, the shares."""
+    return tuple((t.parents, t.children) for t in multi.trees), multi.shares
+
+
 def _levels(t: Tree) -> tuple[list[int], list[int]]:
     """(depth, subtree height) of every rank of ``t``."""
     depth, height = [0] * t.size, [0] * t.size
@@ -289,6 +292,128 @@ def _levels(t: Tree) -> tuple[list[int], list[int]]:
         if t.parents[r] >= 0:
             height[t.parents[r]] = max(height[t.parents[r]], height[r] + 1)
     return depth, height
+
+
+class _Links:
+    """The routes of one topology's ranks as numbered links, and the rates of flows sharing them:
+    what every :class:`CostModel` of the same topology object and ranks reads (:func:`_links_of`),
+    found on first use and kept.
+
+    ``pairs``: (i, j) -> (latency s plus ``step_overhead``, link ids of every route in turn, the
+    route's share for each of them, links per route, path bandwidth GB/s). ``rate_memo``: a
+    model's tree edge rates (:meth:`CostModel._tree_rates`), ring and rsag flow rates.
+    ``times``: tree times, stepped through or in closed form (:meth:`CostModel.tree_times`), by
+    (how, plan, bytes, collective, per-message cost, chunks), at most :data:`SHARED_TIMES`.
+    ``net``: the simulator's view of the links (:meth:`CostModel._network`).
+    """
+
+    def __init__(self, topology: Topology, gpus: Sequence[str], step_overhead: float) -> None:
+        self.topology, self.gpus, self.step_overhead = topology, tuple(gpus), float(step_overhead)
+        self.pairs: dict[tuple[int, int], tuple] = {}
+        self.rate_memo: dict = {}
+        self.times: dict[tuple, float] = {}
+        self.net: Any = None
+        self.ends: list[tuple[str, str]] = []  # link id -> (node, node)
+        self._ids: dict[tuple[str, str], int] = {}
+        self._bw = np.zeros(64)  # link id -> GB/s, grown by doubling
+
+    def link_id(self, u: str, v: str) -> int:
+        """The number of the directed link u -> v (numbered on first use)."""
+        i = self._ids.get((u, v))
+        if i is None:
+            i = self._ids[(u, v)] = len(self.ends)
+            self.ends.append((u, v))
+            if i == len(self._bw):
+                self._bw = np.concatenate([self._bw, np.zeros_like(self._bw)])
+            self._bw[i] = self.topology.graph._succ[u][v]["bw"]
+        return i
+
+    def pair(self, i: int, j: int) -> tuple:
+        """The ``pairs`` entry of ranks i -> j, made and kept."""
+        p = self.topology.path(self.gpus[i], self.gpus[j])
+        ids: list[int] = []
+        shares: list[float] = []
+        lens: list[int] = []
+        link_id = self.link_id
+        for nodes, share in p.routes:
+            ids.extend(link_id(u, v) for u, v in zip(nodes, nodes[1:]))
+            shares.extend([share] * (len(nodes) - 1))
+            lens.append(len(nodes) - 1)
+        entry = (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
+        self.pairs[(i, j)] = entry
+        return entry
+
+    def remember(self, key: tuple, seconds: float) -> float:
+        """Keep a tree time under ``key`` in ``times`` (emptied when it holds :data:`SHARED_TIMES`)."""
+        if len(self.times) >= SHARED_TIMES:
+            self.times.clear()
+        self.times[key] = seconds
+        return seconds
+
+    def rates(self, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        """Bytes/s of each of the concurrent ``flows`` (:meth:`CostModel.rates`): a link's load is the
+        sum of the shares of the routes crossing it, a route gets ``bw * share / load`` of each of
+        its links, the least of them, and a flow the sum over its routes. The sums run in the
+        order of the flows and of their routes, so every rate is the same number whatever the
+        vector length."""
+        if not flows:
+            return {}
+        pairs, make = self.pairs, self.pair
+        ids: list[int] = []
+        shares: list[float] = []
+        lens: list[int] = []
+        nroutes: list[int] = []
+        for f in flows:
+            e = pairs.get(f) or make(*f)
+            ids.extend(e[1])
+            shares.extend(e[2])
+            lens.extend(e[3])
+            nroutes.append(len(e[3]))
+        link = np.array(ids, dtype=np.intp)
+        share = np.array(shares)
+        load = np.bincount(link, weights=share)
+        per_link = self._bw[link] * share / load[link]
+        starts = np.zeros(len(lens), dtype=np.intp)
+        np.cumsum(lens[:-1], out=starts[1:])
+        per_route = np.minimum.reduceat(per_link, starts)
+        most = max(nroutes)
+        if most == 1:
+            per_flow = per_route
+        else:  # each flow's routes summed in their order (0 + a + b ..., as Python's sum)
+            counts = np.array(nroutes)
+            first = np.zeros(len(flows), dtype=np.intp)
+            np.cumsum(counts[:-1], out=first[1:])
+            table = np.zeros((len(flows), most))
+            table[np.repeat(np.arange(len(flows)), counts), np.arange(len(per_route)) - np.repeat(first, counts)] = (
+                per_route
+            )
+            per_flow = table[:, 0].copy()
+            for c in range(1, most):
+                per_flow += table[:, c]
+        return dict(zip(flows, (per_flow * 1e9).tolist()))
+
+
+#: (topology object, ranks, step overhead) -> their :class:`_Links`, the few most recent
+_LINKS: dict[tuple, _Links] = {}
+_LINKS_LOCK = threading.Lock()
+#: topologies (with their ranks) whose :class:`_Links` are kept; the oldest goes first beyond it
+SHARED_LINKS = 4
+#: tree times a :class:`_Links` keeps
+SHARED_TIMES = 4096
+
+
+def _links_of(placement: Placement, topology: Topology, gpus: Sequence[str], step_overhead: float) -> _Links:
+    """The :class:`_Links` every cost model of ``placement``'s topology object (without one: the
+    uniform topology of its rank count) and ranks shares: made on first use, kept for the
+    :data:`SHARED_LINKS` most recent."""
+    key = (id(placement.topology) if placement.topology is not None else None, tuple(gpus), float(step_overhead))
+    with _LINKS_LOCK:
+        links = _LINKS.get(key)
+        if links is None or (placement.topology is not None and links.topology is not placement.topology):
+            while len(_LINKS) >= SHARED_LINKS:
+                del _LINKS[next(iter(_LINKS))]
+            links = _LINKS[key] = _Links(topology, gpus, step_overhead)
+    return links
 
 
 class CostModel:
@@ -341,9 +466,7 @@ class CostModel:
         self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
-        self._pairs: dict[tuple[int, int], tuple] = {}
-        self._rate_memo: dict = {}
-        self._net: Any = None
+        self._links: _Links | None = None  # found on first use (:meth:`_shared`)
         g = self.topology.graph
         self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or 0.0) for x in self.gpus)
 
@@ -352,39 +475,50 @@ class CostModel:
         """The topology path between group ranks i and j."""
         return self.topology.path(self.gpus[i], self.gpus[j])
 
-    def _pair(self, i: int, j: int):
-        key = (i, j)
-        if key not in self._pairs:
-            p = self.path(i, j)
-            g = self.topology.graph
-            routes = tuple((tuple(zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
-            bws = {e: g.edges[e]["bw"] for links, _ in routes for e in links}
-            self._pairs[key] = (p.lat * 1e-6 + self.step_overhead, routes, bws, p.bw)
-        return self._pairs[key]
+    def _shared(self) -> _Links:
+        """The routes and link rates of this model's topology and ranks, shared with every other
+        model of them (:func:`_links_of`)."""
+        links = self._links
+        if links is None:
+            links = self._links = _links_of(self.placement, self.topology, self.gpus, self.step_overhead)
+        return links
+
+    def _pair(self, i: int, j: int) -> tuple:
+        """(latency s with :attr:`step_overhead`, link ids, route share per link, links per route,
+        path bandwidth GB/s) of the path from rank i to rank j."""
+        pairs = self._shared().pairs
+        hit = pairs.get((i, j))
+        return hit if hit is not None else self._shared().pair(i, j)
 
     def p2p(self, i: int, j: int, nbytes: float) -> float:
         """Seconds for ``nbytes`` from rank i to rank j alone."""
-        lat, _, _, bw = self._pair(i, j)
-        return lat + nbytes / (bw * 1e9)
+        pair = self._pair(i, j)
+        return pair[0] + nbytes / (pair[4] * 1e9)
 
     def loads(self, flows: Iterable[tuple[int, int]]) -> dict:
-        """Load (sum of route shares) on each directed link for concurrent flows (i, j)."""
+        """Load (sum of route shares) on each directed link ``(node, node)`` for concurrent flows (i, j)."""
+        links = self._shared()
         load: dict = defaultdict(float)
         for i, j in flows:
-            for links, share in self._pair(i, j)[1]:
-                for e in links:
-                    load[e] += share
+            _, ids, shares, _, _ = self._pair(i, j)
+            for lk, share in zip(ids, shares):
+                load[links.ends[lk]] += share
         return load
 
     def rates(self, flows: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """Bytes/s of each of the concurrent flows (duplicates count as separate flows)."""
-        flows = list(flows)
-        load = self.loads(flows)
-        out = {}
-        for f in set(flows):
-            _, routes, bws, _ = self._pair(*f)
-            out[f] = sum(min(bws[e] * share / load[e] for e in links) for links, share in routes) * 1e9
-        return out
+        return self._shared().rates(list(flows))
+
+    def _memo_rates(self, key: tuple, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        """:meth:`rates` of ``flows``, kept under ``key`` (which must name the flows) for every model
+        of this topology and ranks."""
+        memo = self._shared().rate_memo
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 256:
+                memo.clear()
+            hit = memo[key] = self.rates(flows)
+        return hit
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:
         """Seconds for rank ``rank`` to combine two ``nbytes`` operands."""
@@ -436,20 +570,10 @@ class CostModel:
         from .sim.estimate import estimate_executor_schedule
 
         multi = as_multi(plan)
-        key = (
-            self.placement.plan_key,
-            self.msg_overhead,
-            self.step_overhead,
-            tuple((t.parents, t.children) for t in multi.trees),
-            multi.shares,
-            nbytes,
-            collective,
-            k,
-        )
-        hit = _STEPPED.get(key)
+        key = ("stepped", _plan_key(multi), nbytes, collective, self.msg_overhead, k)
+        links = self._shared()
+        hit = links.times.get(key)
         if hit is None:
-            if len(_STEPPED) > 4096:
-                _STEPPED.clear()
             # a reduce or broadcast of trees with different roots ends (starts) at the first tree's root
             root = multi.roots[0] if collective != "allreduce" and len(set(multi.roots)) > 1 else None
             sched = compile_plan(plan, collective, k, root=root)
@@ -465,18 +589,19 @@ class CostModel:
                 )
             except CollectiveError:  # the executor would wait forever (in-order connections): never pick it
                 hit = math.inf
-            _STEPPED[key] = hit
+            links.remember(key, hit)
         return hit
 
     def _network(self) -> Any:
         """The simulator's view of the links: a :class:`~treecoll.collectives.sim.engine.Network` of the
         ``ideal`` profile (the topology as written, the NIC's own latency on its routes)."""
-        if self._net is None:
+        links = self._shared()
+        if links.net is None:
             from .sim.engine import Network
             from .sim.profiles import get_profile
 
-            self._net = Network(self.topology, get_profile("ideal"))
-        return self._net
+            links.net = Network(links.topology, get_profile("ideal"))
+        return links.net
 
     def cpu_bound(self, plan: Tree | MultiTree, nbytes: float, collective: str, nchunks: int) -> float:
         """Seconds the busiest rank's one thread spends on ``plan`` with ``nchunks`` chunks per tree:
@@ -495,7 +620,21 @@ class CostModel:
     def _closed_form_times(
         self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
     ) -> list[float]:
-        """The closed form of :meth:`tree_times` (module docstring), for schedules past the budget."""
+        """The closed form of :meth:`tree_times` (module docstring), for schedules past the budget;
+        kept for every model of this topology and ranks (a builder's choice, then the chunk count)."""
+        links = self._shared()
+        base = ("closed", _plan_key(multi), nbytes, collective, self.msg_overhead)
+        found = {k: links.times.get(base + (k,)) for k in chunk_counts}
+        missing = [k for k, v in found.items() if v is None]
+        if missing:
+            for k, v in zip(missing, self._closed_form(multi, nbytes, collective, missing)):
+                found[k] = links.remember(base + (k,), v)
+        return [found[k] for k in chunk_counts]
+
+    def _closed_form(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """:meth:`_closed_form_times` computed."""
         phases = COLLECTIVE_PHASES[collective]
         up, down = "up" in phases, "down" in phases
         o = self.msg_overhead
@@ -582,11 +721,12 @@ class CostModel:
         busy at the same time with one chunk: going up, those whose child's subtree has the same
         height; going down, those whose child has the same depth."""
         key = (tuple(t.parents for t in multi.trees), up, down, by_level)  # rates depend on edges only
-        hit = self._rate_memo.get(key)
+        memo = self._shared().rate_memo
+        hit = memo.get(key)
         if hit is not None:
             return hit
-        if len(self._rate_memo) > 256:
-            self._rate_memo.clear()
+        if len(memo) > 256:
+            memo.clear()
         groups: dict = defaultdict(list)
         for t in multi.trees:
             depth, height = _levels(t) if by_level else (None, None)
@@ -600,7 +740,7 @@ class CostModel:
         for flows in groups.values():
             for f, v in self.rates(flows).items():
                 rate[f] = min(v, rate.get(f, v))
-        self._rate_memo[key] = rate
+        memo[key] = rate
         return rate
 
     def order_children(
@@ -727,7 +867,7 @@ class CostModel:
         if n == 1:
             return 0.0
         flows = [(order[i], order[(i + 1) % n]) for i in range(n)]
-        rate = self.rates(flows)
+        rate = self._memo_rates(("ring", tuple(order)), flows)
         m = nbytes / n
         step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * o
         red = max(self.reduce_cost(r, m) for r in order)
@@ -739,7 +879,7 @@ class CostModel:
         if n == 1:
             return 0.0
         flows = [(i, j) for i in range(n) for j in range(n) if i != j]
-        rate = self.rates(flows)
+        rate = self._memo_rates(("rsag",), flows)
         m = nbytes / n
         step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * (n - 1) * self.msg_overhead
         red = max((n - 1) * self.reduce_cost(r, m) for r in range(n))
