@@ -70,7 +70,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,7 @@ from treecoll.topo.ranks import RanksArg
 from .compile import LOOKAHEAD
 from .in_network import nvls_domains
 from .placement import Placement, as_placement
+from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = [
@@ -254,7 +255,14 @@ def placed_gpus(placement: Placement) -> tuple[Topology, tuple[str, ...]]:
     return placement.topology, placement.gpus
 
 
-def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement: Placement) -> int:
+def nchunks_for(
+    plan: Tree | MultiTree,
+    collective: str,
+    nbytes: int,
+    placement: Placement,
+    *,
+    compiler: Callable[..., Schedule] | None = None,
+) -> int:
     """THE chunking policy: pipeline chunks per tree for a tree ``collective`` of ``nbytes``
     bytes on ``placement``. The executor and the simulator both call it, so what is
     simulated pipelines as what runs.
@@ -264,7 +272,8 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     chunks so that the pipeline fills fast, fast links fewer messages), no chunk below
     :data:`MIN_CHUNK_BYTES`. Without one (nothing to model): chunks of about
     :data:`CHUNK_BYTES`, at most :data:`MAX_CHUNKS`. Ring and rsag schedules take one
-    chunk per segment and ``direct`` one chunk: they do not ask.
+    chunk per segment and ``direct`` one chunk: they do not ask. ``compiler``: as
+    :class:`CostModel` takes it.
 
     >>> from treecoll.collectives.placement import Placement
     >>> nchunks_for(Tree.from_parents([-1, 0, 1]), "allreduce", 8 << 20, Placement(ranks=3))
@@ -272,7 +281,7 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     """
     if placement.topology is None:
         return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
-    model = CostModel(placement, step_through=True)
+    model = CostModel(placement, step_through=True, compiler=compiler)
     return model.best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
@@ -431,7 +440,11 @@ class CostModel:
     serially; None: what ``mode`` says), ``chunk_candidates`` (chunk counts
     :meth:`best_nchunks` tries by default), ``step_through`` (trees in ``executor`` mode: step
     through the compiled schedule as the executor simulation does, what the planner's chunk and
-    backend choices use; False: the closed form, cheaper, what ``auto``'s tree search scores).
+    backend choices use; False: the closed form, cheaper, what ``auto``'s tree search scores),
+    ``compiler`` (what compiles a plan to step through, called as
+    ``compiler(plan, collective, nchunks, root=root)``; default
+    :func:`~treecoll.collectives.compile.compile_plan`; the planner passes its cached one, so the
+    schedule the chosen count steps through is the one the executor gets).
 
     >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].step_s
     True
@@ -451,6 +464,7 @@ class CostModel:
         backend: str | None = None,
         chunk_candidates: Sequence[int] = CHUNK_CANDIDATES,
         step_through: bool = False,
+        compiler: Callable[..., Schedule] | None = None,
     ) -> None:
         if mode not in MODES:
             raise TreeError(f"cost model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -463,6 +477,7 @@ class CostModel:
         self.msg_overhead = float(msg_overhead)
         self.chunk_candidates = tuple(chunk_candidates)
         self.step_through = bool(step_through)
+        self._compiler = compiler
         self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
@@ -576,7 +591,7 @@ class CostModel:
         if hit is None:
             # a reduce or broadcast of trees with different roots ends (starts) at the first tree's root
             root = multi.roots[0] if collective != "allreduce" and len(set(multi.roots)) > 1 else None
-            sched = compile_plan(plan, collective, k, root=root)
+            sched = (self._compiler or compile_plan)(plan, collective, k, root=root)
             try:
                 hit = estimate_executor_schedule(
                     self._network(),
