@@ -79,6 +79,7 @@ import numpy as np
 from treecoll.topo import Path, Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
+from treecoll.topo.routes import rename_node
 
 from .compile import LOOKAHEAD
 from .in_network import nvls_domains
@@ -325,6 +326,9 @@ class _Links:
         self.ends: list[tuple[str, str]] = []  # link id -> (node, node)
         self._ids: dict[tuple[str, str], int] = {}
         self._bw = np.zeros(64)  # link id -> GB/s, grown by doubling
+        self._hosts: list[str | None] | None = None  # the host of each rank's GPU
+        self._by_name: dict[tuple[str, str], tuple] = {}  # a host class's GPUs -> their entry
+        self._moves: dict[str, dict[int, int]] = {}  # host -> its class's link ids -> its own
 
     def link_id(self, u: str, v: str) -> int:
         """The number of the directed link u -> v (numbered on first use)."""
@@ -338,8 +342,43 @@ class _Links:
         return i
 
     def pair(self, i: int, j: int) -> tuple:
-        """The ``pairs`` entry of ranks i -> j, made and kept."""
-        p = self.topology.path(self.gpus[i], self.gpus[j])
+        """The ``pairs`` entry of ranks i -> j, made and kept. Inside a host built like an earlier one
+        (:meth:`~treecoll.topo.routes.RouteTable.host_class`), that host's entry on its links renamed,
+        as the route table renames its routes."""
+        a, b = self.gpus[i], self.gpus[j]
+        if self._hosts is None:
+            node = self.topology.graph._node
+            self._hosts = [node[x].get("host") for x in self.gpus]
+        host = self._hosts[i]
+        rep = self.topology.routes.host_class(host) if host is not None and host == self._hosts[j] else host
+        if rep == host:
+            entry = self._entry(a, b)
+        else:
+            ra, rb = rename_node(a, host, rep), rename_node(b, host, rep)
+            base = self._by_name.get((ra, rb))
+            if base is None:
+                base = self._by_name[(ra, rb)] = self._entry(ra, rb)
+            entry = (base[0], self._moved(base[1], rep, host), *base[2:])
+        self.pairs[(i, j)] = entry
+        return entry
+
+    def _moved(self, ids: tuple[int, ...], rep: str, host: str) -> tuple[int, ...]:
+        """Links ``ids`` of host ``rep`` as the same links of ``host`` (built alike)."""
+        moved = self._moves.get(host)
+        if moved is None:
+            moved = self._moves[host] = {}
+        out = []
+        for x in ids:
+            y = moved.get(x)
+            if y is None:
+                u, v = self.ends[x]
+                y = moved[x] = self.link_id(rename_node(u, rep, host), rename_node(v, rep, host))
+            out.append(y)
+        return tuple(out)
+
+    def _entry(self, a: str, b: str) -> tuple:
+        """A ``pairs`` entry from the path between GPUs a and b."""
+        p = self.topology.path(a, b)
         ids: list[int] = []
         shares: list[float] = []
         lens: list[int] = []
@@ -348,9 +387,7 @@ class _Links:
             ids.extend(link_id(u, v) for u, v in zip(nodes, nodes[1:]))
             shares.extend([share] * (len(nodes) - 1))
             lens.append(len(nodes) - 1)
-        entry = (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
-        self.pairs[(i, j)] = entry
-        return entry
+        return (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
 
     def remember(self, key: tuple, seconds: float) -> float:
         """Keep a tree time under ``key`` in ``times`` (emptied when it holds :data:`SHARED_TIMES`)."""

@@ -35,7 +35,7 @@ import networkx as nx
 from .errors import TopologyError
 from .paths import LOC_BW, NCCL_CLASSES, Path
 
-__all__ = ["RouteTable", "MAX_ROUTES"]
+__all__ = ["RouteTable", "MAX_ROUTES", "rename_node"]
 
 #: pairs a :class:`RouteTable` keeps by default: a route and its share of the tables behind it take
 #: about 860 bytes (an 8192-GPU ring and two_level allreduce: 147,440 routes, 127 MB)
@@ -119,8 +119,8 @@ class RouteTable:
         host = self._node(gpu)[1]
         rep = self._rep_host(host)
         if rep is not None:  # a host built like an earlier one: that host's answer, renamed
-            nic = self.nearest_nic(_rename(gpu, host, rep))
-            out = None if nic is None else _rename(nic, rep, host)
+            nic = self.nearest_nic(rename_node(gpu, host, rep))
+            out = None if nic is None else rename_node(nic, rep, host)
             self._nic[gpu] = out
             return out
         nics = self._host_nics(host)
@@ -195,7 +195,7 @@ class RouteTable:
         if ha == hb and ha is not None:
             rep = self._rep_host(ha)
             if rep is not None:
-                return _rename_path(self.path(_rename(a, ha, rep), _rename(b, ha, rep)), rep, ha)
+                return _rename_path(self.path(rename_node(a, ha, rep), rename_node(b, ha, rep)), rep, ha)
         nv = None
         # NVLink may cross hosts (GB200 trays of one NVL72 domain), but not out of a host whose links
         # leave it only from its NICs (:meth:`_rep_host` compared it)
@@ -253,7 +253,7 @@ class RouteTable:
             host = self._table[a][1]
             rep = self._rep_host(host) if host is not None and self._table[b][1] == host else None
             if rep is not None:
-                p = self._pci_route(_rename(a, host, rep), _rename(b, host, rep))
+                p = self._pci_route(rename_node(a, host, rep), rename_node(b, host, rep))
                 self._pci[key] = None if p is None else _rename_path(p, rep, host)
             else:
                 self._pci[key] = self._pci_search(a, b)
@@ -572,8 +572,13 @@ def _mirror_bits(val: int, n: int) -> int:
 _PER_HOST_ATTRS = frozenset({"host", "rank", "uuid", "pci"})
 
 
-def _rename(n: str, host: str, to: str) -> str:
-    """Node ``n`` of ``host`` (named ``<host>/<local>``) as the same local node of host ``to``."""
+def rename_node(n: str, host: str, to: str) -> str:
+    """Node ``n`` of ``host`` (named ``<host>/<local>``) as the same local node of host ``to``: how the
+    routes inside hosts built alike (:meth:`RouteTable.host_class`) map onto each other.
+
+    >>> rename_node("h5/gpu3", "h5", "h0")
+    'h0/gpu3'
+    """
     return to + n[len(host) :]
 
 
@@ -585,8 +590,8 @@ def _rename_path(p: Path, host: str, to: str) -> Path:
         return tuple([to + n[k:] for n in ns])  # _rename of each
 
     return Path(
-        _rename(p.src, host, to),
-        _rename(p.dst, host, to),
+        rename_node(p.src, host, to),
+        rename_node(p.dst, host, to),
         nodes(p.nodes),
         p.kinds,
         p.bw,
