@@ -712,6 +712,14 @@ class CostModel:
                 prepared.append((t, share, nodes))
             return prepared
 
+        per_phase = int(up) + int(down)
+        mem_bw = self._mem_bw
+        # per tree, every rank's (children, messages per chunk): what its thread handles
+        handled = [
+            [(r, len(t.children[r]), (len(t.children[r]) + (t.parents[r] >= 0)) * per_phase) for r in range(t.size)]
+            for t in multi.trees
+        ]
+        steady: list = []  # per tree, every inner rank's (children, messages, reduce s per byte, largest 1/rate)
         out = []
         for k in chunk_counts:
             worst = 0.0
@@ -721,6 +729,18 @@ class CostModel:
                 prepared_by[True] = prepare(True)
             if k > 1 and False not in prepared_by:
                 prepared_by[False] = prepare(False)
+                steady = [
+                    [
+                        (
+                            len(ups or downs),
+                            (len(ups or downs) + (t.parents[r] >= 0)) * per_phase,
+                            red,
+                            max(inv for _, _, inv in (ups or []) + (downs or [])),
+                        )
+                        for r, ups, downs, red, _ in nodes
+                    ]
+                    for t, _, nodes in prepared_by[False]
+                ]
             prepared = prepared_by[True]
             for ti, (t, share, nodes) in enumerate(prepared):
                 m = nbytes * share / k
@@ -744,23 +764,18 @@ class CostModel:
                 # steady state: per chunk a rank handles its messages one after another (CPU)
                 # while its links carry the chunk
                 stage = 0.0
-                for r, ups, downs, red, _ in prepared_by[False][ti][2] if k > 1 else ():
-                    c = len(ups or downs)
-                    msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
+                for c, msgs, red, slowest in steady[ti] if k > 1 else ():
                     cpu = msgs * o + (c * red * m if up else 0.0)
-                    link = max(m * inv for _, _, inv in (ups or []) + (downs or []))
-                    stage = max(stage, cpu, link)
+                    stage = max(stage, cpu, m * slowest)  # m * the largest 1/rate: the largest m / rate
                 worst = max(worst, total + (k - 1) * stage)
             # every rank issues the messages of all trees from one thread: a multitree's trees
             # share each rank's time
             if len(prepared) > 1:
                 busy = [0.0] * self.nranks
-                for t, share, _ in prepared:
+                for (_, share, _), per_rank in zip(prepared, handled):
                     m = nbytes * share / k
-                    for r in range(t.size):
-                        c = len(t.children[r])
-                        msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
-                        busy[r] += k * (msgs * o + (c * self.reduce_cost(r, m) if up else 0.0))
+                    for r, c, msgs in per_rank:
+                        busy[r] += k * (msgs * o + (c * reduce_time(mem_bw[r], m) if up else 0.0))
                 worst = max(worst, max(busy))
             out.append(worst)
         return out
