@@ -187,9 +187,10 @@ def _in_class(topology: Topology, nodes: Sequence[str]) -> tuple[str, ...]:
     """``nodes`` of one host as the same nodes of the host standing for its class
     (:meth:`~treecoll.topo.routes.RouteTable.host_class`): the same routes among them, renamed, so
     what depends on those routes is asked once per class of hosts built alike."""
-    host = topology.host_of(nodes[0])
+    node = topology.graph._node  # networkx's node dicts: no view objects on every GPU of every rail
+    host = node[nodes[0]].get("host")
     rep = topology.routes.host_class(host) if host is not None else None
-    if rep is None or rep == host or any(topology.host_of(n) != host for n in nodes):
+    if rep is None or rep == host or any(node[n].get("host") != host for n in nodes):
         return tuple(nodes)
     return tuple(rename_node(n, host, rep) for n in nodes)
 
