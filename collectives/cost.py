@@ -415,6 +415,8 @@ class _Links:
             shares.extend(e[2])
             lens.extend(e[3])
             nroutes.append(len(e[3]))
+        if len(ids) <= SMALL_RATES:
+            return self._rates_small(flows, ids, shares, lens)
         link = np.array(ids, dtype=np.intp)
         share = np.array(shares)
         load = np.bincount(link, weights=share)
@@ -438,6 +440,28 @@ class _Links:
                 per_flow += table[:, c]
         return dict(zip(flows, (per_flow * 1e9).tolist()))
 
+    def _rates_small(
+        self, flows: list[tuple[int, int]], ids: list[int], shares: list[float], lens: list[int]
+    ) -> dict[tuple[int, int], float]:
+        """:meth:`rates` in Python (numpy's per-call cost dominates below :data:`SMALL_RATES` links):
+        the same operations in the same order, so the same numbers. ``ids``, ``shares``, ``lens``:
+        the flows' link ids, shares and links per route, as :meth:`rates` lists them."""
+        load: dict[int, float] = defaultdict(float)
+        for lk, share in zip(ids, shares):
+            load[lk] += share
+        bw = self._bw
+        out = {}
+        i = r = 0
+        for f in flows:
+            total = 0
+            for _ in range(len(self.pairs[f][3])):
+                n = lens[r]
+                total += min(float(bw[lk]) * sh / load[lk] for lk, sh in zip(ids[i : i + n], shares[i : i + n]))
+                i += n
+                r += 1
+            out[f] = total * 1e9
+        return out
+
 
 #: (topology object, ranks, step overhead) -> their :class:`_Links`, the few most recent
 _LINKS: dict[tuple, _Links] = {}
@@ -446,6 +470,8 @@ _LINKS_LOCK = threading.Lock()
 SHARED_LINKS = 4
 #: tree times a :class:`_Links` keeps
 SHARED_TIMES = 4096
+#: link incidences up to which :meth:`_Links.rates` sums in Python
+SMALL_RATES = 64
 
 
 def _links_of(placement: Placement, topology: Topology, gpus: Sequence[str], step_overhead: float) -> _Links:
