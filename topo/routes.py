@@ -587,7 +587,7 @@ def _rename_path(p: Path, host: str, to: str) -> Path:
     k = len(host)
 
     def nodes(ns: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple([to + n[k:] for n in ns])  # _rename of each
+        return tuple([to + n[k:] for n in ns])  # rename_node of each
 
     return Path(
         rename_node(p.src, host, to),
