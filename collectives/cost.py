@@ -889,8 +889,10 @@ class CostModel:
         edges over every child order and chunk count."""
         best = None
         stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
+        if not stepped:
+            return self._best_ordered_closed(plan, nbytes, collective)
         for k in sorted(self._chunk_counts(nbytes)):
-            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[2]):
+            if best is not None and self._search_ends(plan, nbytes, collective, k, best[2]):
                 break
             ordered = self.order_children(plan, nbytes, collective, k)
             # the order rule is exact in the closed form, a heuristic for the stepped schedule
@@ -898,6 +900,26 @@ class CostModel:
                 secs = self._search_time(p, nbytes, collective, k, stepped)
                 if best is None or secs < best[2]:
                     best = (p, k, secs)
+        return best
+
+    def _best_ordered_closed(
+        self, plan: Tree | MultiTree, nbytes: float, collective: str
+    ) -> tuple[Tree | MultiTree, int, float]:
+        """:meth:`best_ordered` all in the closed form: the counts whose child orders are the same
+        priced in one call (its per-rank tables built once)."""
+        ks = sorted(self._chunk_counts(nbytes))
+        ordered = {k: self.order_children(plan, nbytes, collective, k) for k in ks}
+        same: dict[tuple, list[int]] = {}
+        for k in ks:
+            same.setdefault(_plan_key(as_multi(ordered[k])), []).append(k)
+        secs: dict[int, float] = {}
+        for group in same.values():
+            multi = self._checked(ordered[group[0]], collective, group)
+            secs.update(zip(group, self._closed_form_times(multi, nbytes, collective, group)))
+        best = None
+        for k in ks:
+            if best is None or secs[k] < best[2]:
+                best = (ordered[k], k, secs[k])
         return best
 
     def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
