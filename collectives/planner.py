@@ -339,6 +339,33 @@ class Planner:
         always run trees). ``nchunks`` per tree (None: :meth:`nchunks_for`; ring and rsag
         one per segment, direct one), at most ``max_chunks`` in all (the value's limit).
         """
+        algo, plan, per = self.plan_and_chunks(
+            tree,
+            collective=collective,
+            nbytes=nbytes,
+            placement=placement,
+            op=op,
+            algo=algo,
+            root=root,
+            nchunks=nchunks,
+            max_chunks=max_chunks,
+        )
+        return plan, self.compiled(plan, collective, per, root=root, algo=algo, nranks=placement.nranks)
+
+    def plan_and_chunks(
+        self,
+        tree: Any,
+        *,
+        collective: str,
+        nbytes: int,
+        placement: Placement,
+        op: Op | None = None,
+        algo: str = "auto",
+        root: int | None = None,
+        nchunks: int | None = None,
+        max_chunks: int | None = None,
+    ) -> tuple[str, Tree | MultiTree | None, int]:
+        """``(algorithm, plan, chunks per tree)`` of :meth:`schedule_for`'s schedule, without compiling it."""
         n = placement.nranks
         what = collective if root is None else f"{collective}(root={root})"
         if algo not in ALGOS:
@@ -365,7 +392,7 @@ class Planner:
             k = nchunks if nchunks is not None else self.nchunks_for(plan, collective, nbytes, placement)
             ntrees = len(as_multi(plan))
         per = max(1, min(k, max_chunks // max(ntrees, 1))) if max_chunks is not None else max(1, k)
-        return plan, self.compiled(plan, collective, per, root=root, algo=algo, nranks=n)
+        return algo, plan, per
 
     def compiled(
         self,
@@ -404,9 +431,9 @@ class Planner:
         if placement.nranks < 2:
             return False
         model = CostModel(placement, backend=backend, step_through=True, compiler=self.compiled)
-        plan, sched = self.schedule_for(None, collective="allreduce", nbytes=nbytes, placement=placement)
+        _, plan, per = self.plan_and_chunks(None, collective="allreduce", nbytes=nbytes, placement=placement)
         if plan is not None:
-            ours = model.tree_time(plan, nbytes, "allreduce", max(1, sched.nchunks // len(as_multi(plan))))
+            ours = model.tree_time(plan, nbytes, "allreduce", per)
         else:
             ours = model.rsag_time(nbytes)
         return native_allreduce_time(model, nbytes) <= ours
