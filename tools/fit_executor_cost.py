@@ -72,10 +72,13 @@ def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float]]:
     """``(P, executor o, native o)`` per process count of ``rows`` (:func:`main`'s: ``procs``, ``case``,
     ``time_us``, ``messages``), each the fit through the origin of that count's rows alone.
 
-    >>> rows = [{"procs": 2, "case": "chain", "time_us": 400.0, "messages": 2.0},
-    ...         {"procs": 2, "case": "native", "time_us": 200.0, "messages": 2.0}]
-    >>> fit_by_nranks(rows)
-    [(2, 0.0002, 0.0001)]
+    >>> rows = [{"procs": 2, "case": "chain", "bytes": 8, "time_us": 400.0, "messages": 2.0},
+    ...         {"procs": 2, "case": "native", "bytes": 8, "time_us": 200.0, "messages": 2.0},
+    ...         {"procs": 4, "case": "star", "bytes": 8, "time_us": 600.0, "messages": 6.0},
+    ...         {"procs": 4, "case": "native", "bytes": 8, "time_us": 60.0, "messages": 6.0},
+    ...         {"procs": 4, "case": "native", "bytes": 256, "time_us": 3000.0, "messages": 6.0}]
+    >>> fit_by_nranks(rows)     # 4 ranks' 8 B (2 elements) does not run the ring: left out
+    [(2, 0.0002, 0.0001), (4, 0.0001, 0.0005)]
     """
     out = []
     for p in sorted({r["procs"] for r in rows}):
