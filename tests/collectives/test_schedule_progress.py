@@ -50,10 +50,11 @@ def _loaded(name: str):
     return topo.load(shipped_path(name))
 
 
-def candidate_schedules(topology: str, nranks: int, nbytes: int):
-    """(label, plan, collective, root, chunks, schedule) for every candidate of ``auto`` on the first
-    ``nranks`` GPUs of ``topology``."""
-    p = Placement(_loaded(topology), nranks)
+def candidate_schedules(topology: str, ranks: int | tuple[int, ...], nbytes: int):
+    """(label, plan, collective, root, chunks, schedule) for every candidate of ``auto`` on ``ranks`` of
+    ``topology`` (a count of its first GPUs, or their topology ranks)."""
+    p = Placement(_loaded(topology), ranks if isinstance(ranks, int) else list(ranks))
+    nranks = p.nranks
     plans = builders._candidates(p.topology, p.gpus, nranks, nbytes, None)
     plans.append(builders.build("auto", p, nbytes=nbytes))
     for plan in plans:
@@ -71,12 +72,12 @@ def candidate_schedules(topology: str, nranks: int, nbytes: int):
 
 
 @cache
-def stalled_in_simulation(topology: str, nranks: int, nbytes: int) -> tuple[tuple, ...]:
+def stalled_in_simulation(topology: str, ranks: int | tuple[int, ...], nbytes: int) -> tuple[tuple, ...]:
     """The candidate schedules the executor simulation cannot finish, and whether their pair orders agree."""
-    p = Placement(_loaded(topology), nranks)
+    p = Placement(_loaded(topology), ranks if isinstance(ranks, int) else list(ranks))
     o = executor_cost(p).step_s
     out = []
-    for label, plan, coll, root, k, sched in candidate_schedules(topology, nranks, nbytes):
+    for label, plan, coll, root, k, sched in candidate_schedules(topology, ranks, nbytes):
         try:
             simulate_executor_schedule(p, sched, nbytes, step_cost=o)
         except CollectiveError:
@@ -84,12 +85,13 @@ def stalled_in_simulation(topology: str, nranks: int, nbytes: int) -> tuple[tupl
     return tuple(out)
 
 
-@pytest.mark.parametrize("topology", ["dgx-a100", "cpu-local"])
-def test_only_schedules_whose_pair_orders_differ_stall_in_the_simulation(topology):
-    """On 4 ranks of small shipped machines, 1 MiB: a schedule whose every pair sends in the order it
-    receives completes in the simulation (a stall there would be a real deadlock); the ones that stall
-    are multi-tree schedules whose pair orders differ (gloo runs them: the next test)."""
-    stalled = stalled_in_simulation(topology, 4, 1 << 20)
+@pytest.mark.parametrize("topology, ranks", [("dgx-a100", 4), ("cpu-local", 4), ("dgx-h100-x2", (0, 1, 8, 9))])
+def test_only_schedules_whose_pair_orders_differ_stall_in_the_simulation(topology, ranks):
+    """On 4 ranks of small shipped machines (two hosts for dgx-h100-x2), 1 MiB: a schedule whose every
+    pair sends in the order it receives completes in the simulation (a stall there would be a real
+    deadlock); the ones that stall are multi-tree schedules whose pair orders differ (gloo runs them: the
+    next test)."""
+    stalled = stalled_in_simulation(topology, ranks, 1 << 20)
     assert [s[0] for s in stalled if s[5]] == []
     assert all(len(as_multi(s[1]).trees) > 1 for s in stalled)
     if topology == "dgx-a100":  # the multi-rail trees of one DGX A100 (eight NICs) share pairs both ways
