@@ -636,28 +636,27 @@ class FlowEngine:
         self.changed = False
 
     def _component(self, links: set[int]) -> tuple[list[int], int]:
-        """The draining subflows connected to ``links`` through shared links (in the order found) and
-        their link incidences."""
+        """The draining subflows connected to ``links`` through shared links and their link incidences.
+
+        Breadth first, a whole frontier of links at a time with set operations (the rates do not
+        depend on the order of the subflows: :meth:`_rates_of`)."""
         fl = self.flows
         on_link, lists = fl.on_link, fl.lists
         seen_l = set(links)
-        stack = list(seen_l)
+        frontier = seen_l
         seen_f: set[int] = set()
-        comp: list[int] = []
-        ninc = 0
-        pop, add_l, push_l, add_f, push_f = stack.pop, seen_l.add, stack.append, seen_f.add, comp.append
-        while stack:
-            for f in on_link[pop()]:
-                if f not in seen_f:
-                    add_f(f)
-                    push_f(f)
-                    ls = lists[f]
-                    ninc += len(ls)
-                    for lk in ls:
-                        if lk not in seen_l:
-                            add_l(lk)
-                            push_l(lk)
-        return comp, ninc
+        union = set().union
+        while frontier:
+            new_f = union(*[on_link[lk] for lk in frontier])
+            new_f -= seen_f
+            if not new_f:
+                break
+            seen_f |= new_f
+            frontier = union(*[lists[f] for f in new_f])
+            frontier -= seen_l
+            seen_l |= frontier
+        comp = list(seen_f)
+        return comp, sum(map(len, [lists[f] for f in comp]))
 
     def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
         """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
