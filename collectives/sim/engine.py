@@ -100,8 +100,9 @@ class Route:
     """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s.
 
     For the event engine, the subroutes with a share > 0: ``used`` (their link id arrays),
-    ``shares`` (float, one per subflow), ``nlinks`` (links per subflow), ``all_links`` (their
-    link ids, concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
+    ``shares`` (float, one per subflow; ``share_list`` the same as Python floats), ``nlinks`` (links
+    per subflow), ``link_lists`` (their link ids as tuples), ``all_links`` (their link ids,
+    concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
 
     subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
@@ -113,7 +114,7 @@ class Route:
     all_links: np.ndarray
     owner: np.ndarray
     link_lists: tuple[tuple[int, ...], ...] = ()
-    parts: tuple[tuple[np.ndarray, tuple[int, ...], float], ...] = ()
+    share_list: tuple[float, ...] = ()
 
     @classmethod
     def of(
@@ -140,8 +141,7 @@ class Route:
         if all_links is None or len(used) != len(subroutes):
             all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
         lists = tuple(tuple(ids.tolist()) for ids in links)
-        parts = tuple(zip(links, lists, key[1]))
-        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, parts)
+        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, key[1])
 
 
 #: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
@@ -431,13 +431,13 @@ class _Flows:
         first = f = self.n
         rem, size, links, lists, xfer = self.rem, self.size, self.links, self.lists, self.xfer
         for route, nbytes, xi in queued:
-            for ids, lst, share in route.parts:
-                n = share * nbytes
-                rem.append(n)
-                size.append(n)
-                links.append(ids)
-                lists.append(lst)
-                xfer.append(xi)
+            ns = [share * nbytes for share in route.share_list]
+            rem.extend(ns)
+            size.extend(ns)
+            links.extend(route.used)
+            lists.extend(route.link_lists)
+            xfer.extend([xi] * len(ns))
+            for lst in route.link_lists:
                 for lk in lst:
                     on_link[lk].add(f)
                 f += 1
