@@ -323,6 +323,33 @@ class Schedule:
         """Number of distinct scratch slots rank ``rank`` uses."""
         return len({s.slot for s in self.steps[rank] if s.kind == "recv" and s.slot > 0})
 
+    def pair_order_conflict(self) -> tuple[int, int, int, int] | None:
+        """The first ``(sender, receiver, sent chunk, received chunk)`` where the chunks ``sender``
+        sends to ``receiver``, in its step order, differ from the chunks ``receiver`` receives from
+        ``sender``, in its; None when every pair agrees. A transport that matches a pair's messages
+        in the order they are posted and ignores tags (NCCL) runs only a schedule without such a
+        conflict; one that matches by tag (gloo, MPI) runs both.
+
+        >>> s = Schedule("allgather", 2, 2, ((Step("send", 0, peer=1), Step("send", 1, peer=1)),
+        ...     (Step("recv", 1, peer=0), Step("recv", 0, peer=0))))
+        >>> s.pair_order_conflict()
+        (0, 1, 0, 1)
+        """
+        sends: dict[tuple[int, int], list[int]] = defaultdict(list)
+        recvs: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for r, lst in enumerate(self.steps):
+            for st in lst:
+                if st.kind == "send":
+                    sends[(r, st.peer)].append(st.chunk)
+                elif st.kind == "recv":
+                    recvs[(st.peer, r)].append(st.chunk)
+        for pair in sorted(sends):
+            a, b = sends[pair], recvs[pair]
+            if a != b:
+                i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+                return pair[0], pair[1], a[i], b[i]
+        return None
+
     def as_dict(self) -> dict:
         """Plain data (JSON-able)."""
         return {

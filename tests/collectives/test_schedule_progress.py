@@ -14,7 +14,6 @@ while gloo completes; the real-process test below runs such schedules.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import cache
 
 import pytest
@@ -31,18 +30,6 @@ from treecoll import topo
 
 COLLECTIVES = ("allreduce", "reduce", "broadcast")
 CHUNKS = (1, 2, 3, 4, 8)
-
-
-def pair_orders_agree(schedule) -> bool:
-    """True when, for every ordered pair (a, b), a sends to b the chunks in the order b receives them."""
-    sends, recvs = defaultdict(list), defaultdict(list)
-    for r, steps in enumerate(schedule.steps):
-        for s in steps:
-            if s.kind == "send":
-                sends[(r, s.peer)].append(s.chunk)
-            elif s.kind == "recv":
-                recvs[(s.peer, r)].append(s.chunk)
-    return all(sends[k] == recvs[k] for k in set(sends) | set(recvs))
 
 
 @cache
@@ -81,7 +68,7 @@ def stalled_in_simulation(topology: str, ranks: int | tuple[int, ...], nbytes: i
         try:
             simulate_executor_schedule(p, sched, nbytes, step_cost=o)
         except CollectiveError:
-            out.append((label, plan, coll, root, k, pair_orders_agree(sched)))
+            out.append((label, plan, coll, root, k, sched.pair_order_conflict() is None))
     return tuple(out)
 
 
@@ -112,3 +99,71 @@ def test_schedules_that_stall_in_the_simulation_complete_over_gloo(pool4):
     results = pool4.run(tasks.run_cases, cases, timeout=180)
     for r, res in enumerate(results):
         assert all(res), f"rank {r}: failing cases {[stalled[i][0] for i, ok in enumerate(res) if not ok]}"
+
+
+def _stalled_allreduce():
+    """A dgx-a100 rails multitree whose allreduce schedule's pair orders differ, with its chunk count."""
+    for _, plan, _, _, k, _ in stalled_in_simulation("dgx-a100", 4, 1 << 20):
+        sched = compile_plan(plan, "allreduce", k)
+        if sched.pair_order_conflict() is not None:
+            return plan, k
+    pytest.skip("no dgx-a100 candidate whose allreduce pair orders differ")
+
+
+def test_single_tree_schedules_keep_every_pair_in_order():
+    """A single tree's schedule never needs tags: each pair's sends and receives come in one order."""
+    for topology, ranks in (("dgx-a100", 4), ("dgx-h100-x2", (0, 1, 8, 9))):
+        for label, plan, _, _, _, sched in candidate_schedules(topology, ranks, 1 << 20):
+            if len(as_multi(plan).trees) == 1:
+                assert sched.pair_order_conflict() is None, label
+
+
+def test_pair_order_conflict_is_refused_where_messages_match_in_posting_order():
+    """On a transport that matches a pair's messages in posting order (NCCL; here the in-process fabric
+    with ``by_tag=False``) an explicit multitree whose pair orders differ raises before any message,
+    naming the pair; matched by tag (gloo) the same call gives the right sum."""
+    import torch
+    from treecoll.collectives.execute import CollectiveOptions, allreduce
+    from treecoll.collectives.local import run_ranks
+
+    plan, k = _stalled_allreduce()
+    a, b, sent, got = compile_plan(plan, "allreduce", k).pair_order_conflict()
+    opts = CollectiveOptions(nchunks=k, timeout=10.0)
+
+    def call(r, t):
+        return allreduce(torch.arange(64.0) * (r + 1), tree=plan, options=opts, _transport=t)
+
+    with pytest.raises(CollectiveError, match=rf"rank {a} sends rank {b} chunk {sent} where rank {b} receives"):
+        run_ranks(4, call, by_tag=False)
+    for out in run_ranks(4, call):
+        assert out.tolist() == (torch.arange(64.0) * 10).tolist()
+
+
+def test_auto_runs_its_first_tree_alone_where_messages_match_in_posting_order(monkeypatch):
+    """When ``auto`` chose a multitree whose pair orders differ and the transport matches in posting
+    order, the call runs the multitree's first tree alone: the right sum, no error."""
+    import torch
+    from treecoll.collectives import execute
+    from treecoll.collectives.local import run_ranks
+    from treecoll.collectives.planner import Planner
+    from treecoll.collectives.tree import MultiTree, Tree
+
+    plan, k = _stalled_allreduce()
+    planner = Planner()
+    chosen = []
+    real_plan_for = Planner.plan_for
+
+    def plan_for(self, tree, **kw):
+        chosen.append(tree)
+        return plan if tree is None else real_plan_for(self, tree, **kw)
+
+    monkeypatch.setattr(Planner, "plan_for", plan_for)
+    monkeypatch.setattr(execute, "default_planner", lambda: planner)
+    opts = execute.CollectiveOptions(nchunks=k, timeout=10.0, check=False)
+    outs = run_ranks(
+        4,
+        lambda r, t: execute.allreduce(torch.arange(64.0) * (r + 1), options=opts, _transport=t),
+        by_tag=False,
+    )
+    assert all(o.tolist() == (torch.arange(64.0) * 10).tolist() for o in outs)
+    assert isinstance(plan, MultiTree) and any(isinstance(t, Tree) and t == plan.trees[0] for t in chosen)
