@@ -466,8 +466,12 @@ T512BF static INL void scores_tile(const int dt, const int dot_bf16, const int G
         UNROLL
         for (int t = 0; t < TB; t++) kr[t] = rows[i + (t < tn ? t : 0)] + hoff;
         pf_lines(pk, pk_per);
-        if (dot_bf16)
+        if (dot_bf16 && D == 128) /* the common head_dim with its chunk loop unrolled */
+            scores_dpbf16(GB, kr, (const uint16_t *const *)qr, 4, 128, tn, GB, sc + i);
+        else if (dot_bf16)
             scores_dpbf16(GB, kr, (const uint16_t *const *)qr, nch, D, tn, GB, sc + i);
+        else if (D == 128)
+            scores_f32(dt, GB, kr, (const float *const *)qr, 4, 128, tn, GB, sc + i);
         else
             scores_f32(dt, GB, kr, (const float *const *)qr, nch, D, tn, GB, sc + i);
     }
