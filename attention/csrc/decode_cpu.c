@@ -30,7 +30,7 @@
  * keys and values, as GPU kernels do with their bf16 matrix units: the scores
  * with the query rounded to bfloat16, the values with the softmax weights
  * rounded to bfloat16 (the running max and sum stay float32).  Each rounding
- * is a relative error of at most 2^-9 per factor; the multiplications take
+ * is a relative error of at most 2^-8 per factor; the multiplications take
  * half the instructions.
  *
  * Instruction sets, chosen once per process from the CPU (and capped by the
