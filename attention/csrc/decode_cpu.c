@@ -144,8 +144,15 @@ static inline const char *token_row(const char *base, int64_t b, int64_t t, int6
 /* ------------------------------------------------------------ one call */
 
 typedef struct call call_t;
-typedef void (*task_fn)(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float *slot,
-                        float *scratch);
+/* Task `id` (-1: none left): sequence b, tokens [t0, t1), KV heads [h0, h1). */
+typedef struct {
+    int64_t id, b, t0, t1, h0, h1;
+} task_t;
+/* Runs task *cur into its slot.  A task function may claim the worker's next task early
+ * (claim_task into *next, e.g. to prefetch its first tile); run_tasks claims it otherwise
+ * (next->id is TASK_UNCLAIMED then). */
+typedef void (*task_fn)(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch);
+#define TASK_UNCLAIMED (-2)
 
 struct call {
     const treecoll_decode_args *a;
@@ -159,6 +166,25 @@ struct call {
     int perm;           /* order of qf and the accumulators per CHUNK: PERM_* (chunk_dim) */
     atomic_llong next;
 };
+
+/* The next task of the shared counter into *t (t->id = -1 when none is left). */
+static void claim_task(const call_t *c, task_t *t) {
+    const treecoll_decode_args *a = c->a;
+    const int64_t id = atomic_fetch_add(&((call_t *)c)->next, 1); /* c points to a non-const call_t */
+    t->id = -1;
+    if (id >= c->ntasks) return;
+    int64_t lo = 0, hi = a->batch; /* sequence b: task_off[b] <= id < task_off[b + 1] */
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (c->task_off[mid] <= id) lo = mid;
+        else hi = mid;
+    }
+    const int64_t b = lo, rem = id - c->task_off[b], blk = rem / c->slices, sl = rem % c->slices;
+    const int64_t len = a->lengths[b];
+    t->id = id, t->b = b;
+    t->t0 = blk * c->tb, t->t1 = t->t0 + c->tb < len ? t->t0 + c->tb : len;
+    t->h0 = sl * c->Hs, t->h1 = t->h0 + c->Hs < c->H ? t->h0 + c->Hs : c->H;
+}
 
 /* A task's slot: m [Hs*G], l [Hs*G], acc [Hs*G][Dp]. */
 static inline float *slot_m(const call_t *c, const float *slot) { (void)c; return (float *)slot; }
@@ -233,16 +259,17 @@ static inline __attribute__((always_inline)) void task_generic(const call_t *c, 
     }
 }
 
-static void task_portable(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float *slot,
-                          float *scratch) {
-    task_generic(c, b, t0, t1, h0, h1, slot, scratch);
+static void task_portable(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch) {
+    (void)next;
+    task_generic(c, cur->b, cur->t0, cur->t1, cur->h0, cur->h1, slot, scratch);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(TREECOLL_PORTABLE_ONLY)
 #define HAVE_X86 1
-__attribute__((target("avx2,fma,f16c"))) static void task_avx2(const call_t *c, int64_t b, int64_t t0, int64_t t1,
-                                                               int64_t h0, int64_t h1, float *slot, float *scratch) {
-    task_generic(c, b, t0, t1, h0, h1, slot, scratch);
+__attribute__((target("avx2,fma,f16c"))) static void task_avx2(const call_t *c, const task_t *cur, task_t *next,
+                                                               float *slot, float *scratch) {
+    (void)next;
+    task_generic(c, cur->b, cur->t0, cur->t1, cur->h0, cur->h1, slot, scratch);
 }
 
 /* ------------------------------------------------------------ AVX-512 */
@@ -633,9 +660,10 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
  * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, e.g. torch's
  * THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new 4 KiB page
  * every few rows.) */
-T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
-                                  int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
+T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, const task_t *task, task_t *next,
+                                  float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
+    const int64_t b = task->b, t0 = task->t0, t1 = task->t1, h0 = task->h0, h1 = task->h1;
     const int64_t G = c->G, D = c->D, Dp = c->Dp, nch = (D + CHUNK - 1) / CHUNK, isz = itemsize_of(dt);
     float *sc = scratch;                              /* [G][TILE] */
     uint16_t *pbf = (uint16_t *)(scratch + G * TILE); /* [G][TILE]: sc rounded to bf16 (dot_bf16) */
@@ -649,22 +677,31 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
     tile_rows(c, b, t0, t1 - t0 < tl ? t1 - t0 : tl, krow[0], vrow[0]);
     for (int64_t s = t0; s < t1; s += tl, cur ^= 1) {
         const int64_t n = t1 - s < tl ? t1 - s : tl;
-        const int64_t pf = t1 - s - n < tl ? t1 - s - n : tl; /* tokens of the next tile */
+        /* the next tile: pf tokens of sequence pb from ps, heads [ph0, ph1): this task's, or
+         * during its last tile the first tile of the worker's next task (claimed now) */
+        int64_t pb = b, ps = s + n, pf = t1 - s - n < tl ? t1 - s - n : tl, ph0 = h0, ph1 = h1;
+        if (pf == 0) {
+            claim_task(c, next);
+            if (next->id >= 0) {
+                pb = next->b, ps = next->t0, ph0 = next->h0, ph1 = next->h1;
+                pf = next->t1 - next->t0 < tl ? next->t1 - next->t0 : tl;
+            }
+        }
         const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
-        tile_rows(c, b, s + n, pf, krow[cur ^ 1], vrow[cur ^ 1]);
+        tile_rows(c, pb, ps, pf, krow[cur ^ 1], vrow[cur ^ 1]);
         const int adjacent = a->k_h == D * isz && a->v_h == D * isz;
-        touch_pages(kn, pf, a->k_h, h0, h1, D * isz);
-        touch_pages(vn, pf, a->v_h, h0, h1, D * isz);
+        touch_pages(kn, pf, a->k_h, ph0, ph1, D * isz);
+        touch_pages(vn, pf, a->v_h, ph0, ph1, D * isz);
         for (int64_t h = h0; h < h1; h++) {
-            const int64_t j = (h - h0) * G, nh = h1 - h0;
+            const int64_t j = (h - h0) * G, nh = h1 - h0, hp = ph0 + (h - h0);
             pf_cursor pk, pv;
-            if (adjacent) { /* this head's share of the next tile's rows, all heads of the slice */
+            if (adjacent) { /* this head's share of the next tile's rows, all heads of its slice */
                 const int64_t lo = (h - h0) * pf / nh, hi = (h - h0 + 1) * pf / nh;
-                pf_start(&pk, kn + lo, hi - lo, h0 * a->k_h, nh * D * isz);
-                pf_start(&pv, vn + lo, hi - lo, h0 * a->v_h, nh * D * isz);
-            } else { /* this head's rows of the next tile */
-                pf_start(&pk, kn, pf, h * a->k_h, D * isz);
-                pf_start(&pv, vn, pf, h * a->v_h, D * isz);
+                pf_start(&pk, kn + lo, hi - lo, ph0 * a->k_h, (ph1 - ph0) * D * isz);
+                pf_start(&pv, vn + lo, hi - lo, ph0 * a->v_h, (ph1 - ph0) * D * isz);
+            } else { /* the rows of one head of the next tile (the head at the same place in its slice) */
+                pf_start(&pk, kn, hp < ph1 ? pf : 0, hp * a->k_h, D * isz);
+                pf_start(&pv, vn, hp < ph1 ? pf : 0, hp * a->v_h, D * isz);
             }
             const int64_t tb0 = 16 / group_block(G), pk_per = (pf_left(&pk) + (n + tb0 - 1) / tb0 - 1) / ((n + tb0 - 1) / tb0);
             const int64_t pv_per = (pf_left(&pv) + n - 1) / n;
@@ -709,18 +746,16 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
  * may use vdpbf16ps; with DOT = 0 no BF16 instruction is executed (the code uses
  * none outside the dot_bf16 branches), so the plain tier runs on AVX-512 CPUs without BF16.
  * The vdpbf16ps tier exists for bf16 caches only (pick_task). */
-T512BF static void task_avx512(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                               float *slot, float *scratch) {
+T512BF static void task_avx512(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch) {
     switch ((int)c->a->kv_dtype) {
-    case DT_BF16: task512_dt(DT_BF16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
-    case DT_F16: task512_dt(DT_F16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
-    default: task512_dt(DT_F32, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    case DT_BF16: task512_dt(DT_BF16, 0, c, cur, next, slot, scratch); break;
+    case DT_F16: task512_dt(DT_F16, 0, c, cur, next, slot, scratch); break;
+    default: task512_dt(DT_F32, 0, c, cur, next, slot, scratch); break;
     }
 }
 
-T512BF static void task_avx512_dot(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                                   float *slot, float *scratch) {
-    task512_dt(DT_BF16, 1, c, b, t0, t1, h0, h1, slot, scratch);
+T512BF static void task_avx512_dot(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch) {
+    task512_dt(DT_BF16, 1, c, cur, next, slot, scratch);
 }
 #endif /* x86 */
 
@@ -857,29 +892,21 @@ static void *ws_get(int i, size_t bytes) {
 
 static void run_tasks(void *arg, int worker) {
     call_t *c = arg;
-    const treecoll_decode_args *a = c->a;
     float *scratch = c->scratch + (int64_t)worker * c->scratch_floats;
-    for (;;) {
-        const int64_t t = atomic_fetch_add(&c->next, 1);
-        if (t >= c->ntasks) break;
-        int64_t lo = 0, hi = a->batch; /* sequence b: task_off[b] <= t < task_off[b + 1] */
-        while (hi - lo > 1) {
-            const int64_t mid = (lo + hi) / 2;
-            if (c->task_off[mid] <= t) lo = mid;
-            else hi = mid;
-        }
-        const int64_t b = lo, rem = t - c->task_off[b], blk = rem / c->slices, sl = rem % c->slices;
-        const int64_t len = a->lengths[b];
-        const int64_t t0 = blk * c->tb, t1 = t0 + c->tb < len ? t0 + c->tb : len;
-        const int64_t h0 = sl * c->Hs, h1 = h0 + c->Hs < c->H ? h0 + c->Hs : c->H;
-        float *slot = c->slots + t * c->slot_floats;
-        const int64_t rows = (h1 - h0) * c->G;
+    task_t cur, next;
+    claim_task(c, &cur);
+    while (cur.id >= 0) {
+        float *slot = c->slots + cur.id * c->slot_floats;
+        const int64_t rows = (cur.h1 - cur.h0) * c->G;
         for (int64_t r = 0; r < rows; r++) {
             slot_m(c, slot)[r] = -INFINITY;
             slot_l(c, slot)[r] = 0.0f;
         }
         memset(slot_acc(c, slot), 0, (size_t)(rows * c->Dp) * sizeof(float));
-        c->task(c, b, t0, t1, h0, h1, slot, scratch);
+        next.id = TASK_UNCLAIMED;
+        c->task(c, &cur, &next, slot, scratch);
+        if (next.id == TASK_UNCLAIMED) claim_task(c, &next);
+        cur = next;
     }
 }
 
