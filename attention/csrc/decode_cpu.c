@@ -653,7 +653,11 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
  * work of head h prefetches its share of the next tile's tokens, all heads of the slice,
  * in address order; otherwise head h prefetches its own rows of the next tile.  The tile
  * is 32 tokens, or 16 when a token's K and V rows (all heads of the slice) exceed 4 KiB,
- * so that the tile being read and the one being prefetched stay well inside L2.
+ * so that the tile being read and the one being prefetched stay well inside L2.  During
+ * a task's last tile the worker claims its next task and prefetches that task's first
+ * tile, so only a worker's first tile is read without prefetch.  Per head and tile, the
+ * softmax step of the head's query rows runs in vectors (softmax_rows512) and the
+ * accumulators' rescale is folded into the value pass that loads them anyway.
  * (Measured on a Zen 4 VM, one thread, 128k tokens, Llama-3.1-8B shapes: without the
  * prefetch bf16 runs about 2x slower; with tiles twice as long fp32 runs 1.3x slower;
  * prefetching into L1 (prefetcht0) instead runs about 1.7x slower, and two tiles ahead instead
