@@ -120,9 +120,8 @@ def test_default_threads_follow_torch(make_inputs, check_state):
 
 
 needs_fast = pytest.mark.skipif(not STATUS["available"] or not STATUS["fast_bf16"], reason="no AVX512_BF16")
-BF16_UNIT = (
-    2.0**-8
-)  # bf16 keeps 8 significant bits: rounding to nearest moves a value by at most half a unit, 2**-8 of it
+# bf16 keeps 8 significant bits: rounding to nearest moves a value by at most half a unit, 2**-8 of it
+BF16_UNIT = 2.0**-8
 
 
 def _fast_bf16_bounds(q, k, v, lengths, scale):
