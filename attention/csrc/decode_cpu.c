@@ -681,18 +681,18 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
     tile_rows(c, b, t0, t1 - t0 < tl ? t1 - t0 : tl, krow[0], vrow[0]);
     for (int64_t s = t0; s < t1; s += tl, cur ^= 1) {
         const int64_t n = t1 - s < tl ? t1 - s : tl;
-        /* the next tile: pf tokens of sequence pb from ps, heads [ph0, ph1): this task's, or
+        /* the next tile: pf tokens of sequence pseq from ps, heads [ph0, ph1): this task's, or
          * during its last tile the first tile of the worker's next task (claimed now) */
-        int64_t pb = b, ps = s + n, pf = t1 - s - n < tl ? t1 - s - n : tl, ph0 = h0, ph1 = h1;
+        int64_t pseq = b, ps = s + n, pf = t1 - s - n < tl ? t1 - s - n : tl, ph0 = h0, ph1 = h1;
         if (pf == 0) {
             claim_task(c, next);
             if (next->id >= 0) {
-                pb = next->b, ps = next->t0, ph0 = next->h0, ph1 = next->h1;
+                pseq = next->b, ps = next->t0, ph0 = next->h0, ph1 = next->h1;
                 pf = next->t1 - next->t0 < tl ? next->t1 - next->t0 : tl;
             }
         }
         const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
-        tile_rows(c, pb, ps, pf, krow[cur ^ 1], vrow[cur ^ 1]);
+        tile_rows(c, pseq, ps, pf, krow[cur ^ 1], vrow[cur ^ 1]);
         const int adjacent = a->k_h == D * isz && a->v_h == D * isz;
         touch_pages(kn, pf, a->k_h, ph0, ph1, D * isz);
         touch_pages(vn, pf, a->v_h, ph0, ph1, D * isz);
