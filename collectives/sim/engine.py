@@ -4,7 +4,10 @@ Model
 -----
 * Every directed link of the :class:`~topo.Topology` is a resource of
   capacity ``bw × 1e9 × efficiency[kind]`` bytes/s (``efficiency`` from the
-  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile).
+  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile), times
+  what NCCL's transports deliver over it except in the ideal profile
+  (:func:`~treecoll.collectives.sim.nccl_model.link_factor`: a NIC's fabric,
+  host memory across a CPU's root complex).
 * A transfer of ``n`` bytes between two GPUs follows ``Topology.path(a, b).routes``:
   one *subflow* per parallel route carrying ``share × n`` bytes (an H100
   reaches its 4 NVSwitches with 5/5/4/4 links: 4 subflows).
@@ -161,6 +164,10 @@ class Network:
         self._cap = np.zeros(256)  # grown by doubling; the first len(ends) entries are used
         self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
+        self._transports = profile.name != "ideal"  # the ideal profile: the links as written
+        from .nccl_model import link_factor  # (nccl_model reaches the cost model, which imports this module)
+
+        self._link_factor = link_factor
         self._routes: dict[tuple[str, str], Route] = {}
 
     def link_id(self, a: str, b: str) -> int:
@@ -177,6 +184,8 @@ class Network:
             self.kinds.append(kind)
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
+            if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
+                eff *= self._link_factor(self.topology, a, b)
             self._cap[i] = float(d["bw"]) * 1e9 * eff
             self.cap_list.append(float(self._cap[i]))
         return i

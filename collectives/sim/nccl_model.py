@@ -53,6 +53,10 @@ __all__ = [
     "nccl_best",
     "run_channels",
     "ring_run_bw",
+    "link_factor",
+    "net_efficiency",
+    "SHM_BW_FACTOR",
+    "NET_EFFICIENCY",
     "tree_chunk",
     "tree_slice_bytes",
     "PROTO_CHUNK_BYTES",
@@ -155,6 +159,25 @@ NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
 PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": 512 << 10}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
+#: The fraction of the PCIe path's bandwidth NCCL's SHM transport delivers between two GPUs of a host
+#: that do not talk P2P (:func:`link_factor`). The sender's GPU writes into host memory and the
+#: receiver's GPU reads it back (src/transport/shm.cc; buffers on the receiver's side by default,
+#: NCCL_SHM_LOCALITY=2), so on a ring every GPU's link carries writes out and reads in at once
+#: through the CPU's root complex; NCCL's maintainers note that CPUs handle such bidirectional
+#: traffic poorly (NVIDIA/nccl#384: 3.2-3.9 GB/s for allreduce over SHM on PCIe Gen3 x16 against
+#: 10.3 for one-way broadcast) and quote 9 or 6 GB/s through SHM against 12 GB/s within a PCIe
+#: switch (NVIDIA/nccl#406). NCCL's tuner has no such factor. The value was chosen from the fit table
+#: rtx5090-4gpu-1node-allreduce-pcie (NVIDIA/nccl-tests#287): 27.3 GB/s busbw over PCIe Gen5 paths
+#: of 48 GB/s.
+SHM_BW_FACTOR = 0.57
+#: The fraction of a NIC's line rate NCCL reaches over a fabric, by the NICs' ``link_layer`` (fabrics
+#: not listed: 1; NVIDIA quotes 46-48 GB/s per NDR InfiniBand NIC, NVIDIA/nccl-tests#290, which the
+#: 48 GB/s PCIe Gen5 path to the NIC already bounds). RoCE 0.65: chosen from the two fit tables on
+#: RoCE, both Google Cloud with its gIB NCCL plugin: h200-2gpu-2node-allreduce-gke-mpioperator
+#: (31.9 GB/s busbw through one 400 Gb/s NIC of 50 GB/s) and b200-16gpu-2node-allgather (260 GB/s
+#: through eight); other RoCE clusters report more (NVIDIA/nccl#1221: 330 GB/s ring allreduce over
+#: 8x 400G RoCE, 0.83), so a RoCE machine of another platform should be calibrated.
+NET_EFFICIENCY = {"RoCE": 0.65}
 MAX_CHANNELS = 32
 
 
@@ -575,6 +598,40 @@ def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str
     n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
     nc, have = run_channels(nbytes, "ring", proto, nch, len(gpus), total / nch)
     return total * nc / have
+
+
+def link_factor(topology: Topology, a: str, b: str) -> float:
+    """The fraction of link ``a`` -> ``b``'s bandwidth NCCL's transports deliver over it, beyond the
+    protocol's efficiency (the simulator's links, :class:`~treecoll.collectives.sim.engine.Network`,
+    carry it; NCCL's own tuner, :func:`nccl_predict`, does not): a NIC's link to the network at its
+    fabric's :func:`net_efficiency`; a PCIe link into a CPU's root complex at :data:`SHM_BW_FACTOR`,
+    since NCCL moves data across the root complex through host memory (its SHM transport between
+    GPUs beyond the default P2P level PXB, src/graph/paths.cc ``ncclTopoCheckP2p``; staged network
+    buffers beyond the GPUDirect RDMA level PXB, ``ncclTopoCheckGdr``); every other link 1.
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("pcie-8gpu")
+    >>> link_factor(t, "h0/pcisw0", "h0/cpu0"), link_factor(t, "h0/gpu0", "h0/pcisw0")
+    (0.57, 1.0)
+    """
+    g = topology.graph
+    kind = g.edges[a, b].get("kind")
+    if kind == "net":
+        nic = a if g.nodes[a].get("kind") == "nic" else b
+        return net_efficiency(g.nodes[nic]) if g.nodes[nic].get("kind") == "nic" else 1.0
+    if kind == "pcie" and "cpu" in (g.nodes[a].get("kind"), g.nodes[b].get("kind")):
+        return SHM_BW_FACTOR
+    return 1.0
+
+
+def net_efficiency(nic) -> float:
+    """The fraction of a NIC's line rate NCCL's network transport delivers over its fabric
+    (:data:`NET_EFFICIENCY` by the NIC's ``link_layer``; 1 for fabrics it does not list).
+
+    >>> net_efficiency({"link_layer": "RoCE"}), net_efficiency({"link_layer": "InfiniBand"})
+    (0.65, 1.0)
+    """
+    return NET_EFFICIENCY.get(str(nic.get("link_layer") or ""), 1.0)
 
 
 def nccl_predict(
