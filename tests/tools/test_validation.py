@@ -224,6 +224,23 @@ def test_the_index_health_marks_a_table_degraded():
     assert why.startswith("degraded: the source says so (run with the CXI container hook disabled")
 
 
+def test_a_run_slower_at_a_smaller_size_is_degraded():
+    """b200-16gpu-2node-allgather: 2 MiB took 1753.7 us, 4 MiB 933.6 us (1.88 x, over the 1.5 rule)."""
+    fix = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-tests"
+    c = validation.cases([fix / "b200-16gpu-2node-allgather.txt"])[0][0]
+    why = validation.degraded(c, None, "allgather", [])
+    assert why.startswith("degraded: 2097152 B took 1753.7 us, 1.9 x the 933.6 us of 4194304 B")
+    # the rule's edges: latency-bound sizes below 1 MiB and a ratio of exactly 1.5 are not flagged
+    assert validation.slower_than_larger([(512 << 10, 300.0), (2 << 20, 100.0)]) is None
+    assert validation.slower_than_larger([(1 << 20, 150.0), (2 << 20, 100.0)]) is None
+    assert validation.slower_than_larger([(1 << 20, 151.0), (3 << 20, 130.0), (2 << 20, 100.0)]) == (
+        (1 << 20, 151.0),
+        (2 << 20, 100.0),
+    )
+    # a size 1.5 x larger is not "twice as large or more"
+    assert validation.slower_than_larger([(2 << 20, 200.0), (3 << 20, 100.0)]) is None
+
+
 def test_skipped_tables_name_the_flag_that_fixes_them(tmp_path, capsys):
     # all_gather and alltoall print the same columns when validation is off (N/A)
     row = "  4194304  131072  float  none  -1  101.5  41.31  36.15  N/A  93.90  44.67  39.09  N/A\n"
