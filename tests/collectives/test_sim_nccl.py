@@ -315,3 +315,39 @@ def test_nccl_model_asks_each_kind_of_host_once_and_answers_as_for_every_host(ch
     for size in (1 << 16, 1 << 26):
         for algo in ("ring", "tree", "nvls"):
             assert nm.nccl_predict(t, None, size, algo) == nm.nccl_predict(alone, None, size, algo)
+
+
+def _machine(text: str):
+    from treecoll.tools.machine_flags import parse_machine_flags
+    from treecoll.topo.machines import machine_topology
+
+    return machine_topology(parse_machine_flags(text), None)[0]
+
+
+def test_a_ring_through_host_memory_runs_at_the_shm_factor_of_pcie():
+    """4 RTX 5090 on their own PCIe Gen5 root ports of one socket (48 GB/s, topo.h): every ring hop goes
+    GPU -> switch -> CPU -> switch -> GPU, through host memory (NCCL's SHM, path PHB beyond P2P level
+    PXB); each GPU's hop crosses two root-complex links at 0.57 x 48 = 27.36 GB/s, one hop per link,
+    so the ring's busbw tends to 27.36 GB/s. The ideal profile keeps the links as written: 48."""
+    t = _machine("--hosts 1 --gpus-per-host 4 --gpu rtx5090")
+    g = t.rank_gpus()
+    hop = t.path(g[0], g[1]).nodes
+    assert [nm.link_factor(t, a, b) for a, b in zip(hop, hop[1:])] == [1.0, nm.SHM_BW_FACTOR, nm.SHM_BW_FACTOR, 1.0]
+    size = 1 << 30
+    r = simulate_ring(t, size, profile="nccl-simple")
+    assert r.busbw == pytest.approx(0.57 * 48.0, rel=2e-3)  # 6 steps of latency are < 0.1 % of 39 ms
+    assert simulate_ring(t, size, profile="ideal").busbw == pytest.approx(48.0, rel=1e-3)  # link latencies only
+
+
+def test_a_roce_nic_runs_at_its_fabric_efficiency():
+    """Two H200 hosts, one GPU each, one 400 Gb/s NIC (50 GB/s) beside it: the 2-rank ring allreduce
+    moves each byte once per direction through the NIC (busbw = per-direction rate). RoCE: 0.65 x 50 =
+    32.5 GB/s; InfiniBand: the 48 GB/s PCIe Gen5 link to the NIC bounds it below the NIC's 50."""
+    size = 8 << 30
+    roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
+    ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
+    assert nm.net_efficiency(roce.node(roce.nics(roce.hosts()[0])[0])) == 0.65
+    assert simulate_ring(roce, size, profile="nccl-simple").busbw == pytest.approx(32.5, rel=2e-3)
+    assert simulate_ring(ib, size, profile="nccl-simple").busbw == pytest.approx(48.0, rel=2e-3)
+    # NCCL's own tuner sees the line rates: its ring is the same on both fabrics
+    assert nm.nccl_predict(roce, None, size)["busbw"] == pytest.approx(nm.nccl_predict(ib, None, size)["busbw"])
