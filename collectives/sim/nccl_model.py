@@ -176,8 +176,12 @@ SHM_BW_FACTOR = 0.57
 #: RoCE, both Google Cloud with its gIB NCCL plugin: h200-2gpu-2node-allreduce-gke-mpioperator
 #: (31.9 GB/s busbw through one 400 Gb/s NIC of 50 GB/s) and b200-16gpu-2node-allgather (260 GB/s
 #: through eight); other RoCE clusters report more (NVIDIA/nccl#1221: 330 GB/s ring allreduce over
-#: 8x 400G RoCE, 0.83), so a RoCE machine of another platform should be calibrated.
-NET_EFFICIENCY = {"RoCE": 0.65}
+#: 8x 400G RoCE, 0.83), so a RoCE machine of another platform should be calibrated. Socket 0.65: NCCL's
+#: TCP socket transport (staged through host memory, one flow per socket at the speed of the slowest,
+#: NVIDIA/nccl-tests#83), chosen from the fit table l40s-2gpu-2node-allreduce-pcie (8.1 GB/s busbw
+#: over one 100 Gb/s interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned
+#: (NVIDIA/nccl#450).
+NET_EFFICIENCY = {"RoCE": 0.65, "Socket": 0.65}
 MAX_CHANNELS = 32
 
 

@@ -349,5 +349,22 @@ def test_a_roce_nic_runs_at_its_fabric_efficiency():
     assert nm.net_efficiency(roce.node(roce.nics(roce.hosts()[0])[0])) == 0.65
     assert simulate_ring(roce, size, profile="nccl-simple").busbw == pytest.approx(32.5, rel=2e-3)
     assert simulate_ring(ib, size, profile="nccl-simple").busbw == pytest.approx(48.0, rel=2e-3)
-    # NCCL's own tuner sees the line rates: its ring is the same on both fabrics
-    assert nm.nccl_predict(roce, None, size)["busbw"] == pytest.approx(nm.nccl_predict(ib, None, size)["busbw"])
+    # NCCL's own tuner sees the line rates: its ring's bandwidth is the same on both fabrics
+    assert nm.nccl_predict(roce, None, size)["model_algbw"] == nm.nccl_predict(ib, None, size)["model_algbw"]
+
+
+def test_a_roce_nic_adds_its_latency_to_every_network_step():
+    """NCCL's 2-rank ring allreduce with LL, one rank per host: base 6.6 us plus 2 network steps, each
+    the tree's NET latency 5.0 us (ppn 1) plus the NIC's reported latency once (LL; tuning.cc): 16.6 us
+    over InfiniBand (no reported latency), 16.6 + 2 x 10 = 36.6 us over RoCE (10 us per message)."""
+    roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
+    ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
+    assert nm.nccl_predict(ib, None, 1024, proto="LL")["lat_us"] == pytest.approx(16.6)
+    assert nm.nccl_predict(roce, None, 1024, proto="LL")["lat_us"] == pytest.approx(36.6)
+
+
+def test_a_socket_nic_runs_at_its_fabric_efficiency():
+    """Two L40S hosts, one GPU each, one 100 Gb/s interface (12.5 GB/s) on NCCL's socket transport: the
+    2-rank ring's busbw tends to 0.65 x 12.5 = 8.125 GB/s (the PCIe path to the NIC is wider)."""
+    t = _machine("--hosts 2 --gpus-per-host 1 --gpu L40S --nic 1x100G-socket")
+    assert simulate_ring(t, 8 << 30, profile="nccl-simple").busbw == pytest.approx(0.65 * 12.5, rel=2e-3)
