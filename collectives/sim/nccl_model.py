@@ -611,19 +611,25 @@ def link_factor(topology: Topology, a: str, b: str) -> float:
     fabric's :func:`net_efficiency`; a PCIe link into a CPU's root complex at :data:`SHM_BW_FACTOR`,
     since NCCL moves data across the root complex through host memory (its SHM transport between
     GPUs beyond the default P2P level PXB, src/graph/paths.cc ``ncclTopoCheckP2p``; staged network
-    buffers beyond the GPUDirect RDMA level PXB, ``ncclTopoCheckGdr``); every other link 1.
+    buffers beyond the GPUDirect RDMA level PXB, ``ncclTopoCheckGdr``), except on a CPU with an
+    NVLink-C2C GPU (Grace: GPUDirect RDMA through C2C, NCCL_NET_GDR_C2C, the default since 2.27);
+    every other link 1.
 
     >>> from treecoll import topo
     >>> t = topo.resolve("pcie-8gpu")
     >>> link_factor(t, "h0/pcisw0", "h0/cpu0"), link_factor(t, "h0/gpu0", "h0/pcisw0")
     (0.57, 1.0)
+    >>> g = topo.resolve("gb200-nvl72")      # Grace: the NIC's PCIe link carries GPUDirect RDMA
+    >>> link_factor(g, "tray0/cpu0", "tray0/nic0")
+    1.0
     """
     g = topology.graph
     kind = g.edges[a, b].get("kind")
     if kind == "net":
         nic = a if g.nodes[a].get("kind") == "nic" else b
         return net_efficiency(g.nodes[nic]) if g.nodes[nic].get("kind") == "nic" else 1.0
-    if kind == "pcie" and "cpu" in (g.nodes[a].get("kind"), g.nodes[b].get("kind")):
+    cpu = a if g.nodes[a].get("kind") == "cpu" else b if g.nodes[b].get("kind") == "cpu" else None
+    if kind == "pcie" and cpu is not None and not any(d.get("kind") == "c2c" for d in g[cpu].values()):
         return SHM_BW_FACTOR
     return 1.0
 
