@@ -167,19 +167,21 @@ NET_OVERHEAD = 1.0
 #: traffic poorly (NVIDIA/nccl#384: 3.2-3.9 GB/s for allreduce over SHM on PCIe Gen3 x16 against
 #: 10.3 for one-way broadcast) and quote 9 or 6 GB/s through SHM against 12 GB/s within a PCIe
 #: switch (NVIDIA/nccl#406). NCCL's tuner has no such factor. The value was chosen from the fit table
-#: rtx5090-4gpu-1node-allreduce-pcie (NVIDIA/nccl-tests#287): 27.3 GB/s busbw over PCIe Gen5 paths
+#: rtx5090-4gpu-1node-allreduce-pcie (NVIDIA/nccl-tests#287): 27.26 GB/s busbw at 128 MiB over PCIe Gen5 paths
 #: of 48 GB/s.
 SHM_BW_FACTOR = 0.57
 #: The fraction of a NIC's line rate NCCL reaches over a fabric, by the NICs' ``link_layer`` (fabrics
 #: not listed: 1; NVIDIA quotes 46-48 GB/s per NDR InfiniBand NIC, NVIDIA/nccl-tests#290, which the
 #: 48 GB/s PCIe Gen5 path to the NIC already bounds). RoCE 0.65: chosen from the two fit tables on
 #: RoCE, both Google Cloud with its gIB NCCL plugin: h200-2gpu-2node-allreduce-gke-mpioperator
-#: (31.9 GB/s busbw through one 400 Gb/s NIC of 50 GB/s) and b200-16gpu-2node-allgather (260 GB/s
-#: through eight); other RoCE clusters report more (NVIDIA/nccl#1221: 330 GB/s ring allreduce over
-#: 8x 400G RoCE, 0.83), so a RoCE machine of another platform should be calibrated. Socket 0.65: NCCL's
+#: (31.89 GB/s busbw at 8 GiB through one 400 Gb/s NIC of 50 GB/s) and b200-16gpu-2node-allgather
+#: (260.03 GB/s at 8 GiB through eight; the validator flags that table degraded for its mid sizes).
+#: Public RoCE reports bracket it: 231 GB/s allreduce busbw on 2 x 8 H100 over 8x 400G RoCEv2 with
+#: perftest at line rate (NVIDIA/nccl#2409, 0.58 of 400) and 330 GB/s with NVLS off on two such nodes
+#: (NVIDIA/nccl#1221, 0.83); a RoCE machine should be calibrated. Socket 0.65: NCCL's
 #: TCP socket transport (staged through host memory, one flow per socket at the speed of the slowest,
-#: NVIDIA/nccl-tests#83), chosen from the fit table l40s-2gpu-2node-allreduce-pcie (8.1 GB/s busbw
-#: over one 100 Gb/s interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned
+#: NVIDIA/nccl-tests#83), chosen from the fit table l40s-2gpu-2node-allreduce-pcie (8.11 GB/s busbw
+#: at 8 GiB over one 100 Gb/s interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned
 #: (NVIDIA/nccl#450).
 NET_EFFICIENCY = {"RoCE": 0.65, "Socket": 0.65}
 MAX_CHANNELS = 32
