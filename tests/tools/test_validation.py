@@ -293,12 +293,16 @@ INCONSISTENT = {
     "heldout/gb200-144gpu-36node-allreduce-2rack.txt": 128,
     "heldout/h100-64gpu-8node-allreduce-ib-sharp-ellipsis.txt": 96,
 }
+#: tables the validator calls degraded by their own times though their source states no health: a size
+#: of 1 MiB or more slower than 1.5 x a size twice as large (validation.slower_than_larger)
+SLOWER = {"b200-16gpu-2node-allgather.txt"}
 
 
 @pytest.mark.parametrize("name", sorted(p.relative_to(FIX).as_posix() for p in FIX.rglob("*.txt")))
 def test_every_fixture_table_is_accepted(name):
     """Every real table: collective recognised, machine built from the file and its index flags, GPU count
-    matching (no rows simulated here: keep nothing); only the three inconsistent tables are skipped."""
+    matching (no rows simulated here: keep nothing); only the three inconsistent tables are skipped; degraded:
+    those the index calls so and those slower at a size than at one twice as large."""
     d = validation.validate([FIX / name], max_gpus=None, keep=lambda size: False)
     (e,) = d["files"]
     health = yaml.safe_load((FIX / "tables.yaml").read_text())[name]["health"]
@@ -309,7 +313,7 @@ def test_every_fixture_table_is_accepted(name):
         assert e["status"] == "ok" and e["collective"] in name.replace("-", "_").replace(
             "reducescatter", "reduce_scatter"
         )
-        assert e["degraded"] == (health == "degraded")
+        assert e["degraded"] == (health == "degraded" or name in SLOWER)
 
 
 def test_several_tables_in_one_file_are_validated_apart(tmp_path, capsys):
