@@ -6,7 +6,7 @@ Model
   capacity ``bw × 1e9 × efficiency[kind]`` bytes/s (``efficiency`` from the
   :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile), times
   what NCCL's transports deliver over it except in the ideal profile
-  (:func:`~treecoll.collectives.sim.nccl_model.link_factor`: a NIC's fabric,
+  (:func:`~treecoll.collectives.sim.transports.link_factor`: a NIC's fabric,
   host memory across a CPU's root complex).
 * A transfer of ``n`` bytes between two GPUs follows ``Topology.path(a, b).routes``:
   one *subflow* per parallel route carrying ``share × n`` bytes (an H100
@@ -72,6 +72,7 @@ from treecoll.topo.errors import CollectiveError
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
+from .transports import link_factor
 
 __all__ = [
     "Network",
@@ -165,9 +166,6 @@ class Network:
         self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
         self._transports = profile.name != "ideal"  # the ideal profile: the links as written
-        from .nccl_model import link_factor  # (nccl_model reaches the cost model, which imports this module)
-
-        self._link_factor = link_factor
         self._routes: dict[tuple[str, str], Route] = {}
 
     def link_id(self, a: str, b: str) -> int:
@@ -185,7 +183,7 @@ class Network:
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
             if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
-                eff *= self._link_factor(self.topology, a, b)
+                eff *= link_factor(self.topology, a, b)
             self._cap[i] = float(d["bw"]) * 1e9 * eff
             self.cap_list.append(float(self._cap[i]))
         return i

@@ -53,10 +53,6 @@ __all__ = [
     "nccl_best",
     "run_channels",
     "ring_run_bw",
-    "link_factor",
-    "net_efficiency",
-    "SHM_BW_FACTOR",
-    "NET_EFFICIENCY",
     "tree_chunk",
     "tree_slice_bytes",
     "PROTO_CHUNK_BYTES",
@@ -159,31 +155,6 @@ NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
 PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": 512 << 10}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
-#: The fraction of the PCIe path's bandwidth NCCL's SHM transport delivers between two GPUs of a host
-#: that do not talk P2P (:func:`link_factor`). The sender's GPU writes into host memory and the
-#: receiver's GPU reads it back (src/transport/shm.cc; buffers on the receiver's side by default,
-#: NCCL_SHM_LOCALITY=2), so on a ring every GPU's link carries writes out and reads in at once
-#: through the CPU's root complex; NCCL's maintainers note that CPUs handle such bidirectional
-#: traffic poorly (NVIDIA/nccl#384: 3.2-3.9 GB/s for allreduce over SHM on PCIe Gen3 x16 against
-#: 10.3 for one-way broadcast) and quote 9 or 6 GB/s through SHM against 12 GB/s within a PCIe
-#: switch (NVIDIA/nccl#406). NCCL's tuner has no such factor. The value was chosen from the fit table
-#: rtx5090-4gpu-1node-allreduce-pcie (NVIDIA/nccl-tests#287): 27.26 GB/s busbw at 128 MiB over PCIe Gen5 paths
-#: of 48 GB/s.
-SHM_BW_FACTOR = 0.57
-#: The fraction of a NIC's line rate NCCL reaches over a fabric, by the NICs' ``link_layer`` (fabrics
-#: not listed: 1; NVIDIA quotes 46-48 GB/s per NDR InfiniBand NIC, NVIDIA/nccl-tests#290, which the
-#: 48 GB/s PCIe Gen5 path to the NIC already bounds). RoCE 0.65: chosen from the two fit tables on
-#: RoCE, both Google Cloud with its gIB NCCL plugin: h200-2gpu-2node-allreduce-gke-mpioperator
-#: (31.89 GB/s busbw at 8 GiB through one 400 Gb/s NIC of 50 GB/s) and b200-16gpu-2node-allgather
-#: (260.03 GB/s at 8 GiB through eight; the validator flags that table degraded for its mid sizes).
-#: Public RoCE reports bracket it: 231 GB/s allreduce busbw on 2 x 8 H100 over 8x 400G RoCEv2 with
-#: perftest at line rate (NVIDIA/nccl#2409, 0.58 of 400) and 330 GB/s with NVLS off on two such nodes
-#: (NVIDIA/nccl#1221, 0.83); a RoCE machine should be calibrated. Socket 0.65: NCCL's
-#: TCP socket transport (staged through host memory, one flow per socket at the speed of the slowest,
-#: NVIDIA/nccl-tests#83), chosen from the fit table l40s-2gpu-2node-allreduce-pcie (8.11 GB/s busbw
-#: at 8 GiB over one 100 Gb/s interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned
-#: (NVIDIA/nccl#450).
-NET_EFFICIENCY = {"RoCE": 0.65, "Socket": 0.65}
 MAX_CHANNELS = 32
 
 
@@ -604,46 +575,6 @@ def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str
     n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
     nc, have = run_channels(nbytes, "ring", proto, nch, len(gpus), total / nch)
     return total * nc / have
-
-
-def link_factor(topology: Topology, a: str, b: str) -> float:
-    """The fraction of link ``a`` -> ``b``'s bandwidth NCCL's transports deliver over it, beyond the
-    protocol's efficiency (the simulator's links, :class:`~treecoll.collectives.sim.engine.Network`,
-    carry it; NCCL's own tuner, :func:`nccl_predict`, does not): a NIC's link to the network at its
-    fabric's :func:`net_efficiency`; a PCIe link into a CPU's root complex at :data:`SHM_BW_FACTOR`,
-    since NCCL moves data across the root complex through host memory (its SHM transport between
-    GPUs beyond the default P2P level PXB, src/graph/paths.cc ``ncclTopoCheckP2p``; staged network
-    buffers beyond the GPUDirect RDMA level PXB, ``ncclTopoCheckGdr``), except on a CPU with an
-    NVLink-C2C GPU (Grace: GPUDirect RDMA through C2C, NCCL_NET_GDR_C2C, the default since 2.27);
-    every other link 1.
-
-    >>> from treecoll import topo
-    >>> t = topo.resolve("pcie-8gpu")
-    >>> link_factor(t, "h0/pcisw0", "h0/cpu0"), link_factor(t, "h0/gpu0", "h0/pcisw0")
-    (0.57, 1.0)
-    >>> g = topo.resolve("gb200-nvl72")      # Grace: the NIC's PCIe link carries GPUDirect RDMA
-    >>> link_factor(g, "tray0/cpu0", "tray0/nic0")
-    1.0
-    """
-    g = topology.graph
-    kind = g.edges[a, b].get("kind")
-    if kind == "net":
-        nic = a if g.nodes[a].get("kind") == "nic" else b
-        return net_efficiency(g.nodes[nic]) if g.nodes[nic].get("kind") == "nic" else 1.0
-    cpu = a if g.nodes[a].get("kind") == "cpu" else b if g.nodes[b].get("kind") == "cpu" else None
-    if kind == "pcie" and cpu is not None and not any(d.get("kind") == "c2c" for d in g[cpu].values()):
-        return SHM_BW_FACTOR
-    return 1.0
-
-
-def net_efficiency(nic) -> float:
-    """The fraction of a NIC's line rate NCCL's network transport delivers over its fabric
-    (:data:`NET_EFFICIENCY` by the NIC's ``link_layer``; 1 for fabrics it does not list).
-
-    >>> net_efficiency({"link_layer": "RoCE"}), net_efficiency({"link_layer": "InfiniBand"})
-    (0.65, 1.0)
-    """
-    return NET_EFFICIENCY.get(str(nic.get("link_layer") or ""), 1.0)
 
 
 def nccl_predict(

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from treecoll.collectives.sim import nccl_model as nm
+from treecoll.collectives.sim import transports as tr
 from treecoll.collectives.sim.result import bus_factor
 from treecoll.collectives.sim.simulator import (
     PIPELINE_CHUNK_BYTES,
@@ -332,7 +333,7 @@ def test_a_ring_through_host_memory_runs_at_the_shm_factor_of_pcie():
     t = _machine("--hosts 1 --gpus-per-host 4 --gpu rtx5090")
     g = t.rank_gpus()
     hop = t.path(g[0], g[1]).nodes
-    assert [nm.link_factor(t, a, b) for a, b in zip(hop, hop[1:])] == [1.0, nm.SHM_BW_FACTOR, nm.SHM_BW_FACTOR, 1.0]
+    assert [tr.link_factor(t, a, b) for a, b in zip(hop, hop[1:])] == [1.0, tr.SHM_BW_FACTOR, tr.SHM_BW_FACTOR, 1.0]
     size = 1 << 30
     r = simulate_ring(t, size, profile="nccl-simple")
     assert r.busbw == pytest.approx(0.57 * 48.0, rel=2e-3)  # 6 steps of latency are < 0.1 % of 39 ms
@@ -346,7 +347,7 @@ def test_a_roce_nic_runs_at_its_fabric_efficiency():
     size = 8 << 30
     roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
     ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
-    assert nm.net_efficiency(roce.node(roce.nics(roce.hosts()[0])[0])) == 0.65
+    assert tr.net_efficiency(roce.node(roce.nics(roce.hosts()[0])[0])) == 0.65
     assert simulate_ring(roce, size, profile="nccl-simple").busbw == pytest.approx(32.5, rel=2e-3)
     assert simulate_ring(ib, size, profile="nccl-simple").busbw == pytest.approx(48.0, rel=2e-3)
     # NCCL's own tuner sees the line rates: its ring's bandwidth is the same on both fabrics
