@@ -72,7 +72,7 @@ from treecoll.topo.errors import CollectiveError
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
-from .transports import link_factor
+from .transports import NIC_CHANNELS, link_factor
 
 __all__ = [
     "Network",
@@ -166,6 +166,8 @@ class Network:
         self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
         self._transports = profile.name != "ideal"  # the ideal profile: the links as written
+        # NICs carry NIC_CHANNELS connections each, NVLSTree's kernels more (transports.NET_CHANNEL_BW)
+        self._nic_channels = None if profile.name == "nccl-nvls" else NIC_CHANNELS
         self._routes: dict[tuple[str, str], Route] = {}
 
     def link_id(self, a: str, b: str) -> int:
@@ -183,7 +185,7 @@ class Network:
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
             if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
-                eff *= link_factor(self.topology, a, b)
+                eff *= link_factor(self.topology, a, b, self._nic_channels)
             self._cap[i] = float(d["bw"]) * 1e9 * eff
             self.cap_list.append(float(self._cap[i]))
         return i

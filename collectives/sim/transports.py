@@ -22,7 +22,14 @@ from typing import Any
 
 from treecoll.topo import Topology
 
-__all__ = ["link_factor", "net_efficiency", "SHM_BW_FACTOR", "NET_EFFICIENCY"]
+__all__ = [
+    "link_factor",
+    "net_efficiency",
+    "SHM_BW_FACTOR",
+    "NET_EFFICIENCY",
+    "NET_CHANNEL_BW",
+    "NIC_CHANNELS",
+]
 
 #: The fraction of the PCIe path's bandwidth NCCL's SHM transport delivers between two GPUs of a host
 #: that do not talk P2P (:func:`link_factor`). The sender's GPU writes into host memory and the
@@ -37,26 +44,34 @@ __all__ = ["link_factor", "net_efficiency", "SHM_BW_FACTOR", "NET_EFFICIENCY"]
 SHM_BW_FACTOR = 0.57
 #: The fraction of a NIC's line rate NCCL reaches over a fabric, by the NICs' ``link_layer`` (fabrics
 #: not listed: 1; NVIDIA quotes 46-48 GB/s per NDR InfiniBand NIC, NVIDIA/nccl-tests#290, which the
-#: 48 GB/s PCIe Gen5 path to the NIC already bounds). RoCE 0.65: chosen from the two fit tables on
-#: RoCE, both Google Cloud with its gIB NCCL plugin: h200-2gpu-2node-allreduce-gke-mpioperator
-#: (31.89 GB/s busbw at 8 GiB through one 400 Gb/s NIC of 50 GB/s) and b200-16gpu-2node-allgather
-#: (260.03 GB/s at 8 GiB through eight; the validator flags that table degraded for its mid sizes).
-#: Public RoCE reports bracket it: 231 GB/s allreduce busbw on 2 x 8 H100 over 8x 400G RoCEv2 with
-#: perftest at line rate (NVIDIA/nccl#2409, 0.58 of 400) and 330 GB/s with NVLS off on two such nodes
-#: (NVIDIA/nccl#1221, 0.83); a RoCE machine should be calibrated. Socket 0.65: NCCL's
-#: TCP socket transport (staged through host memory, one flow per socket at the speed of the slowest,
-#: NVIDIA/nccl-tests#83), chosen from the fit table l40s-2gpu-2node-allreduce-pcie (8.11 GB/s busbw
-#: at 8 GiB over one 100 Gb/s interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned
-#: (NVIDIA/nccl#450).
-NET_EFFICIENCY = {"RoCE": 0.65, "Socket": 0.65}
+#: 48 GB/s PCIe Gen5 path to the NIC already bounds). Socket 0.65: NCCL's TCP socket transport (staged
+#: through host memory, one flow per socket at the speed of the slowest, NVIDIA/nccl-tests#83), chosen
+#: from the fit table l40s-2gpu-2node-allreduce-pcie (8.11 GB/s busbw at 8 GiB over one 100 Gb/s
+#: interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned (NVIDIA/nccl#450).
+NET_EFFICIENCY = {"Socket": 0.65}
+#: GB/s one NCCL channel (one connection) moves through a NIC, by the NICs' ``link_layer`` (fabrics not
+#: listed: no limit but the NIC's). NCCL's rings and trees run :data:`NIC_CHANNELS` channels per NIC,
+#: its point-to-point operations as many per network peer (NCCL_NCHANNELS_PER_NET_PEER), so they reach
+#: at most that many times this per NIC; NVLSTree's 24 to 32 channels (src/transport/nvls.cc) spread
+#: over more connections and are not held to it. RoCE 16: chosen from the fit table
+#: h200-2gpu-2node-allreduce-gke-mpioperator (Google Cloud, gIB NCCL plugin: 31.89 GB/s busbw at 8 GiB
+#: on the 2-rank ring through one 400 Gb/s NIC, two channels); a per-connection limit far below line
+#: rate on RoCE whose perftest reaches line rate is also reported in NVIDIA/nccl#2409 (231 GB/s
+#: allreduce busbw on 2 x 8 H100 over 8x 400G RoCEv2; sendrecv 13.1 GB/s on one rail). A RoCE machine
+#: should be calibrated.
+NET_CHANNEL_BW = {"RoCE": 16.0}
+#: channels NCCL's ring and tree run per NIC: its search puts one channel on each NIC and
+#: ncclTopoDupChannels doubles them (src/graph/search.cc); NCCL_NCHANNELS_PER_NET_PEER defaults to 2
+NIC_CHANNELS = 2
 
 
-def link_factor(topology: Topology, a: str, b: str) -> float:
+def link_factor(topology: Topology, a: str, b: str, nic_channels: int | None = NIC_CHANNELS) -> float:
     """The fraction of link ``a`` -> ``b``'s bandwidth NCCL's transports deliver over it, beyond the
     protocol's efficiency (the simulator's links, :class:`~treecoll.collectives.sim.engine.Network`,
     carry it; NCCL's own tuner,
     :func:`~treecoll.collectives.sim.nccl_model.nccl_predict`, does not): a NIC's link to the network at its
-    fabric's :func:`net_efficiency`; a PCIe link into a CPU's root complex at :data:`SHM_BW_FACTOR`,
+    fabric's :func:`net_efficiency`, and at most ``nic_channels`` x its fabric's :data:`NET_CHANNEL_BW`
+    (None: no channel limit, NVLSTree's many channels); a PCIe link into a CPU's root complex at :data:`SHM_BW_FACTOR`,
     since NCCL moves data across the root complex through host memory (its SHM transport between
     GPUs beyond the default P2P level PXB, src/graph/paths.cc ``ncclTopoCheckP2p``; staged network
     buffers beyond the GPUDirect RDMA level PXB, ``ncclTopoCheckGdr``), except on a CPU with an
@@ -70,12 +85,24 @@ def link_factor(topology: Topology, a: str, b: str) -> float:
     >>> g = topo.resolve("gb200-nvl72")      # Grace: the NIC's PCIe link carries GPUDirect RDMA
     >>> link_factor(g, "tray0/cpu0", "tray0/nic0")
     1.0
+    >>> from treecoll.topo.machines import MachineFlags, Nic, machine_topology
+    >>> r, _ = machine_topology(MachineFlags(hosts=2, gpus_per_host=1, gpu="H200", nic=Nic(1, 400.0, "roce")))
+    >>> up = next(v for v in r.graph["h0/nic0"] if r.graph.nodes[v]["kind"] != "gpu" and "h0/" not in v)
+    >>> link_factor(r, "h0/nic0", up), link_factor(r, "h0/nic0", up, None)   # 2 x 16 of 50 GB/s; NVLSTree
+    (0.64, 1.0)
     """
     g = topology.graph
     kind = g.edges[a, b].get("kind")
     if kind == "net":
         nic = a if g.nodes[a].get("kind") == "nic" else b
-        return net_efficiency(g.nodes[nic]) if g.nodes[nic].get("kind") == "nic" else 1.0
+        if g.nodes[nic].get("kind") != "nic":
+            return 1.0
+        eff = net_efficiency(g.nodes[nic])
+        per = NET_CHANNEL_BW.get(str(g.nodes[nic].get("link_layer") or ""))
+        bw = float(g.edges[a, b].get("bw") or 0.0)
+        if per is not None and nic_channels is not None and bw > 0:
+            eff = min(eff, nic_channels * per / bw)
+        return eff
     cpu = a if g.nodes[a].get("kind") == "cpu" else b if g.nodes[b].get("kind") == "cpu" else None
     if kind == "pcie" and cpu is not None and not any(d.get("kind") == "c2c" for d in g[cpu].values()):
         return SHM_BW_FACTOR
@@ -86,7 +113,7 @@ def net_efficiency(nic: Mapping[str, Any]) -> float:
     """The fraction of a NIC's line rate NCCL's network transport delivers over its fabric
     (:data:`NET_EFFICIENCY` by the NIC's ``link_layer``; 1 for fabrics it does not list).
 
-    >>> net_efficiency({"link_layer": "RoCE"}), net_efficiency({"link_layer": "InfiniBand"})
+    >>> net_efficiency({"link_layer": "Socket"}), net_efficiency({"link_layer": "InfiniBand"})
     (0.65, 1.0)
     """
     return NET_EFFICIENCY.get(str(nic.get("link_layer") or ""), 1.0)

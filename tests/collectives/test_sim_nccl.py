@@ -340,15 +340,20 @@ def test_a_ring_through_host_memory_runs_at_the_shm_factor_of_pcie():
     assert simulate_ring(t, size, profile="ideal").busbw == pytest.approx(48.0, rel=1e-3)  # link latencies only
 
 
-def test_a_roce_nic_runs_at_its_fabric_efficiency():
+def test_a_roce_nic_carries_two_channels_of_16_gb_s():
     """Two H200 hosts, one GPU each, one 400 Gb/s NIC (50 GB/s) beside it: the 2-rank ring allreduce
-    moves each byte once per direction through the NIC (busbw = per-direction rate). RoCE: 0.65 x 50 =
-    32.5 GB/s; InfiniBand: the 48 GB/s PCIe Gen5 link to the NIC bounds it below the NIC's 50."""
+    moves each byte once per direction through the NIC (busbw = per-direction rate). RoCE: NCCL's 2
+    channels per NIC at 16 GB/s each, 32 GB/s; InfiniBand: the 48 GB/s PCIe Gen5 link to the NIC bounds
+    it below the NIC's 50. NVLSTree's kernels (profile nccl-nvls) are not held to the channel limit."""
     size = 8 << 30
     roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
     ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
-    assert tr.net_efficiency(roce.node(roce.nics(roce.hosts()[0])[0])) == 0.65
-    assert simulate_ring(roce, size, profile="nccl-simple").busbw == pytest.approx(32.5, rel=2e-3)
+    nic = roce.nics(roce.hosts()[0])[0]
+    up = next(v for v in roce.graph[nic] if roce.graph.edges[nic, v]["kind"] == "net")
+    assert tr.net_efficiency(roce.node(nic)) == 1.0
+    assert tr.link_factor(roce, nic, up) == pytest.approx(2 * 16.0 / 50.0)
+    assert tr.link_factor(roce, nic, up, None) == 1.0
+    assert simulate_ring(roce, size, profile="nccl-simple").busbw == pytest.approx(32.0, rel=2e-3)
     assert simulate_ring(ib, size, profile="nccl-simple").busbw == pytest.approx(48.0, rel=2e-3)
     # NCCL's own tuner sees the line rates: its ring's bandwidth is the same on both fabrics
     assert nm.nccl_predict(roce, None, size)["model_algbw"] == nm.nccl_predict(ib, None, size)["model_algbw"]
