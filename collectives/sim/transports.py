@@ -31,8 +31,9 @@ __all__ = [
     "NIC_CHANNELS",
 ]
 
-#: The fraction of the PCIe path's bandwidth NCCL's SHM transport delivers between two GPUs of a host
-#: that do not talk P2P (:func:`link_factor`). The sender's GPU writes into host memory and the
+#: The fraction of a PCIe link into a CPU's root complex NCCL's traffic gets through host memory
+#: (:func:`link_factor`): its SHM transport between two GPUs of a host that do not talk P2P, and
+#: network buffers staged in host memory without GPUDirect RDMA. The sender's GPU writes into host memory and the
 #: receiver's GPU reads it back (src/transport/shm.cc; buffers on the receiver's side by default,
 #: NCCL_SHM_LOCALITY=2), so on a ring every GPU's link carries writes out and reads in at once
 #: through the CPU's root complex; NCCL's maintainers note that CPUs handle such bidirectional
@@ -50,9 +51,9 @@ SHM_BW_FACTOR = 0.57
 #: interface of 12.5 GB/s); users report less than half of 100 Gb/s TCP untuned (NVIDIA/nccl#450).
 NET_EFFICIENCY = {"Socket": 0.65}
 #: GB/s one NCCL channel (one connection) moves through a NIC, by the NICs' ``link_layer`` (fabrics not
-#: listed: no limit but the NIC's). NCCL's rings and trees run :data:`NIC_CHANNELS` channels per NIC,
-#: its point-to-point operations as many per network peer (NCCL_NCHANNELS_PER_NET_PEER), so they reach
-#: at most that many times this per NIC; NVLSTree's 24 to 32 channels (src/transport/nvls.cc) spread
+#: listed: no limit but the NIC's). NCCL's rings and trees run :data:`NIC_CHANNELS` channels per NIC
+#: (the simulator holds its point-to-point operations to as many), so they reach at most that many
+#: times this per NIC; NVLSTree's 24 to 32 channels (src/transport/nvls.cc) spread
 #: over more connections and are not held to it. RoCE 16: chosen from the fit table
 #: h200-2gpu-2node-allreduce-gke-mpioperator (Google Cloud, gIB NCCL plugin: 31.89 GB/s busbw at 8 GiB
 #: on the 2-rank ring through one 400 Gb/s NIC, two channels); a per-connection limit far below line
@@ -61,7 +62,7 @@ NET_EFFICIENCY = {"Socket": 0.65}
 #: should be calibrated.
 NET_CHANNEL_BW = {"RoCE": 16.0}
 #: channels NCCL's ring and tree run per NIC: its search puts one channel on each NIC and
-#: ncclTopoDupChannels doubles them (src/graph/search.cc); NCCL_NCHANNELS_PER_NET_PEER defaults to 2
+#: ncclTopoDupChannels doubles them where a channel's speed is 25 GB/s or more (src/graph/search.cc)
 NIC_CHANNELS = 2
 
 
