@@ -4,7 +4,10 @@ Model
 -----
 * Every directed link of the :class:`~topo.Topology` is a resource of
   capacity ``bw × 1e9 × efficiency[kind]`` bytes/s (``efficiency`` from the
-  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile).
+  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile), times
+  what NCCL's transports deliver over it except in the ideal profile
+  (:func:`~treecoll.collectives.sim.transports.link_factor`: a NIC's fabric,
+  host memory across a CPU's root complex).
 * A transfer of ``n`` bytes between two GPUs follows ``Topology.path(a, b).routes``:
   one *subflow* per parallel route carrying ``share × n`` bytes (an H100
   reaches its 4 NVSwitches with 5/5/4/4 links: 4 subflows).
@@ -69,6 +72,7 @@ from treecoll.topo.errors import CollectiveError
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
+from .transports import NIC_CHANNELS, link_factor
 
 __all__ = [
     "Network",
@@ -164,6 +168,9 @@ class Network:
         self._cap = np.zeros(256)  # grown by doubling; the first len(ends) entries are used
         self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
+        self._transports = profile.name != "ideal"  # the ideal profile: the links as written
+        # NICs carry NIC_CHANNELS connections each, NVLSTree's kernels more (transports.NET_CHANNEL_BW)
+        self._nic_channels = None if profile.name == "nccl-nvls" else NIC_CHANNELS
         self._routes: dict[tuple[str, str], Route] = {}
 
     def link_id(self, a: str, b: str) -> int:
@@ -180,6 +187,8 @@ class Network:
             self.kinds.append(kind)
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
+            if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
+                eff *= link_factor(self.topology, a, b, self._nic_channels)
             self._cap[i] = float(d["bw"]) * 1e9 * eff
             self.cap_list.append(float(self._cap[i]))
         return i
