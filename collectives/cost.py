@@ -71,7 +71,7 @@ import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
@@ -152,13 +152,30 @@ class ExecutorCost:
     seconds per step of the backend's own ring allreduce (``torch.distributed.all_reduce``),
     on top of the links; None where the backend's allreduce has its own model (NCCL:
     :func:`treecoll.collectives.sim.nccl_model.nccl_predict`). ``source``: where the numbers
-    come from.
+    come from. ``by_nranks``: the same two fitted on each process count alone, ``(P, step_s,
+    native_step_s)`` rows in increasing ``P`` (empty: none); :meth:`for_nranks` picks one.
+
+    >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0), (4, 1.0, 5.0)))
+    >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s) for n in (2, 3, 4, 8)]
+    [(3.0, 1.0), (3.0, 1.0), (1.0, 5.0), (1.0, 5.0)]
     """
 
     backend: str
     step_s: float
     native_step_s: float | None
     source: str
+    by_nranks: tuple[tuple[int, float, float], ...] = ()
+
+    def for_nranks(self, nranks: int) -> ExecutorCost:
+        """The costs fitted at the largest process count of :attr:`by_nranks` not above ``nranks``
+        (the smallest fitted count below them all); ``self`` without per-count rows. Once processes
+        outnumber cores the two costs change in kind (each step of the backend's ring needs every
+        rank running at once, one of the executor's messages only its two ends), so one fit over
+        several counts can order them wrongly at every count."""
+        if not self.by_nranks:
+            return self
+        row = max((r for r in self.by_nranks if r[0] <= nranks), default=self.by_nranks[0], key=lambda r: r[0])
+        return replace(self, step_s=row[1], native_step_s=row[2], by_nranks=())
 
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
@@ -176,12 +193,18 @@ PYTHON_STEP_S = 57.4e-6
 #: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
+#: ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S)`` fitted on each process count alone (the same command's
+#: ``GLOO_BY_NRANKS``; the median of three runs taken while other jobs loaded the 2 cores: 2 processes
+#: 191.6 .. 411.1 us and 136.1 .. 152.2 us, 4 processes 276.7 .. 309.9 us and 765.1 .. 830.0 us). With a
+#: core per process gloo's own ring step is the cheaper; with two processes per core the executor's message.
+GLOO_BY_NRANKS = ((2, 208.9e-6, 138.8e-6), (4, 289.6e-6, 819.0e-6))
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
         "gloo",
         GLOO_STEP_S,
         GLOO_NATIVE_STEP_S,
         "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30",
+        GLOO_BY_NRANKS,
     ),
     "nccl": ExecutorCost(
         "nccl",
