@@ -339,33 +339,14 @@ class Planner:
         always run trees). ``nchunks`` per tree (None: :meth:`nchunks_for`; ring and rsag
         one per segment, direct one), at most ``max_chunks`` in all (the value's limit).
         """
-        algo, plan, per = self.plan_and_chunks(
-            tree,
-            collective=collective,
-            nbytes=nbytes,
-            placement=placement,
-            op=op,
-            algo=algo,
-            root=root,
-            nchunks=nchunks,
-            max_chunks=max_chunks,
+        algo, plan, per = self._plan_and_chunks(
+            tree, collective, nbytes, placement, op, algo, root, nchunks, max_chunks
         )
         return plan, self.compiled(plan, collective, per, root=root, algo=algo, nranks=placement.nranks)
 
-    def plan_and_chunks(
-        self,
-        tree: Any,
-        *,
-        collective: str,
-        nbytes: int,
-        placement: Placement,
-        op: Op | None = None,
-        algo: str = "auto",
-        root: int | None = None,
-        nchunks: int | None = None,
-        max_chunks: int | None = None,
-    ) -> tuple[str, Tree | MultiTree | None, int]:
-        """``(algorithm, plan, chunks per tree)`` of :meth:`schedule_for`'s schedule, without compiling it."""
+    def _plan_and_chunks(self, tree, collective, nbytes, placement, op, algo, root, nchunks, max_chunks) -> tuple:
+        """``(algorithm, plan, chunks per tree)`` of :meth:`schedule_for`'s schedule (its arguments, in
+        order), without compiling it."""
         n = placement.nranks
         what = collective if root is None else f"{collective}(root={root})"
         if algo not in ALGOS:
@@ -431,7 +412,7 @@ class Planner:
         if placement.nranks < 2:
             return False
         model = CostModel(placement, backend=backend, step_through=True, compiler=self.compiled)
-        _, plan, per = self.plan_and_chunks(None, collective="allreduce", nbytes=nbytes, placement=placement)
+        _, plan, per = self._plan_and_chunks(None, "allreduce", nbytes, placement, None, "auto", None, None, None)
         if plan is not None:
             ours = model.tree_time(plan, nbytes, "allreduce", per)
         else:
