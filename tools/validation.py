@@ -428,16 +428,26 @@ def clear_cache() -> None:
     _TUNER.clear()
 
 
-def _profile_key(profile: Profile | str | None, family: str) -> Any:
-    """What an algorithm of ``family`` sees of ``profile``: of a calibration its link factors and the
-    family's latency factor (every other factor leaves that algorithm's time alone; all 1 is the
-    defaults, ``auto``), of a plain profile its fields, of a name the name."""
-    from treecoll.collectives.sim.profiles import LINK_CLASSES, Calibration, Profile
+def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> Any:
+    """What an algorithm of ``family`` sees of ``profile`` at ``size`` bytes: of a calibration its link and
+    hop factors, the family's latency and bandwidth factors and which protocols its switch points run
+    at this size (every other factor leaves that algorithm's time alone; all at the defaults is
+    ``auto``), of a plain profile its fields, of a name the name."""
+    from treecoll.collectives.sim.profiles import (
+        LINK_CLASSES,
+        NCCL_PROTOCOLS,
+        ROUTE_CLASSES,
+        Calibration,
+        Profile,
+    )
 
     if isinstance(profile, Calibration):
         links = tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES)
-        key = (links, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0))
-        return "auto" if key == ((1.0,) * len(LINK_CLASSES), 1.0, 1.0) else key
+        hops = tuple(profile.hop_scale.get(k, 1.0) for k in ROUTE_CLASSES)
+        runs = tuple(profile.runs(p, size) for p in NCCL_PROTOCOLS)
+        key = (links, hops, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0), runs)
+        default = ((1.0,) * len(LINK_CLASSES), (1.0,) * len(ROUTE_CLASSES), 1.0, 1.0, (None,) * len(NCCL_PROTOCOLS))
+        return "auto" if key == default else key
     if isinstance(profile, Profile):
         return repr(profile.as_dict())
     return profile
@@ -454,7 +464,7 @@ def algorithm_time(
     from treecoll.collectives.sim.simulator import P2P_COLLECTIVES, simulate_nccl
 
     family = ALGO_FAMILY[algo] if algo is not None else "p2p" if collective in P2P_COLLECTIVES else "ring"
-    key = (topology, collective, size, algo, _profile_key(profile, family))
+    key = (topology, collective, size, algo, _profile_key(profile, family, size))
     out = _TIMES.get(key)
     if out is None:
         _SIMULATIONS[0] += 1
@@ -696,8 +706,16 @@ def profile_is_default(d: dict) -> bool:
 #: rows per table the fit simulates: half of them small messages, half large, spread over the sizes
 FIT_ROWS = 12
 #: pull of every factor back to its default, per unit of ``|ln factor|``, against the objective (a mean
-#: ``|ln(pred / meas)|``): a factor moves only where that buys a larger drop of the error
+#: ``|ln(pred / meas)|``): a factor moves only where that buys a larger drop of the error. The factors
+#: every algorithm shares (a link's bandwidth, a hop's latency) pull by :data:`PRIOR`, a family's own
+#: (its latency and bandwidth) by :data:`FAMILY_PRIOR`: what one table shows is put on the shared
+#: physics first, so it carries to the collectives the table did not run; a family's own factor moves
+#: only for what the shared ones cannot explain
 PRIOR = 0.01
+FAMILY_PRIOR = 0.03
+#: pull of a protocol switch point back to the simulator's rule, per unit of ``|ln(bytes / default)|``
+#: (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH` for no switch point of its own)
+SWITCH_PRIOR = 0.0005
 #: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
 #: row's predicted time by :data:`IDENTIFY` or more: the row's time depends on it, not only in its last
 #: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
@@ -853,22 +871,27 @@ class _Predictor:
 def calibration_from(
     values: dict[str, float], name: str = "calibrated", source: str = "", fitted: Sequence[str] = ()
 ) -> Calibration:
-    """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (factor name -> value,
-    names of :func:`~treecoll.collectives.sim.profiles.calibration_parameters`; absent ones 1)."""
+    """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (parameter name -> value,
+    names of :func:`default_values`; absent ones and ones at their default are left out: the default)."""
     from treecoll.collectives.sim.profiles import Calibration
 
-    scales: dict[str, dict[str, float]] = {"link_scale": {}, "lat_scale": {}, "bw_scale": {}}
+    defaults = default_values()
+    scales: dict[str, dict[str, float]] = {}
     for k, v in values.items():
-        fld, _, key = k.partition(".")
-        scales[fld][key] = v
+        if v != defaults[k]:
+            fld, _, key = k.partition(".")
+            scales.setdefault(fld, {})[key] = round(v) if fld == "proto_max" else v
     return Calibration(name, source=source, fitted=tuple(fitted), **scales)
 
 
 def default_values() -> dict[str, float]:
-    """Every factor at its default, 1."""
-    from treecoll.collectives.sim.profiles import calibration_parameters
+    """Every parameter at its default: each factor 1
+    (:func:`~treecoll.collectives.sim.profiles.calibration_parameters`), each protocol switch point
+    (:func:`~treecoll.collectives.sim.profiles.switch_parameters`) none of its own
+    (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH`: the simulator's rule)."""
+    from treecoll.collectives.sim.profiles import NO_SWITCH, calibration_parameters, switch_parameters
 
-    return dict.fromkeys(calibration_parameters(), 1.0)
+    return {**dict.fromkeys(calibration_parameters(), 1.0), **dict.fromkeys(switch_parameters(), NO_SWITCH)}
 
 
 def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
@@ -910,23 +933,27 @@ def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
     families = _families(algos, row.collective)
     fld, _, key = parameter.partition(".")
-    if fld != "lat_scale" and row.group == "small":
+    if fld not in ("lat_scale", "hop_scale") and row.group == "small":
         return False
+    if fld == "hop_scale":  # a hop's latency: every family's rows
+        return True
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
 
 def fit_parameters(
     rows: list[_FitRow], *, tol: float = 0.002, max_evals: int = 400, rounds: int = 3
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """The calibration factors that minimise :meth:`_Predictor.error` plus :data:`PRIOR` × the sum of
-    ``|ln factor|`` over ``rows``, and fit statistics. Only the factors the rows identify
+    """The calibration parameters that minimise :func:`_objective` (:meth:`_Predictor.error` plus each
+    parameter's prior × ``|ln(value / default)|``) over ``rows``, and fit statistics. Only the factors
+    the rows identify
     (:func:`_identified`, at the defaults, then again at the fitted values: up to ``rounds`` rounds)
     move, each within its bounds
     (:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`), by :func:`pattern_search` over their
     logarithms; every other factor keeps its default (1). Two stages: the rows run by a ring or
     point-to-point fix the links (and those families' latencies), then every row the other families'
     factors on top of those links (a tree's or NVLS's bandwidth is the links' times its own factor:
-    :func:`_identifies`)."""
+    :func:`_identifies`). Then the protocol switch points (:func:`_switch_points`), and where they
+    moved, every latency and family factor again."""
     from treecoll.collectives.sim.profiles import calibration_parameters
 
     bounds = calibration_parameters()
@@ -946,10 +973,18 @@ def fit_parameters(
             moving += new
             values, n = _search(stage, values, moving, bounds, tol, max_evals)
             calls += n
-    fitted = [k for k in free if values[k] != 1.0]
+    switched, n = _switch_points(pred, values)
+    calls += n
+    if switched != values:  # the latencies again, with the protocols the switch points run
+        values, n = _search(pred, switched, [k for k in free if not k.startswith("link_scale.")], bounds, tol, max_evals)
+        calls += n
+    defaults = default_values()
+    switches = [k for k in defaults if k.startswith("proto_max.")]
+    fitted = [k for k in free + switches if values[k] != defaults[k]]
     return values, {
         "fitted": fitted,
         "identified_default": [k for k in free if k not in fitted],
+        "switch_default": [k for k in switches if k not in fitted],
         "not_identified": [k for k in bounds if k not in free],
         "rows": len(rows),
         "tables": len({r.table for r in rows}),
@@ -960,6 +995,49 @@ def fit_parameters(
     }
 
 
+def _prior(parameter: str) -> float:
+    fld = parameter.partition(".")[0]
+    return {"link_scale": PRIOR, "hop_scale": PRIOR, "proto_max": SWITCH_PRIOR}.get(fld, FAMILY_PRIOR)
+
+
+def _objective(pred: _Predictor, values: dict[str, float]) -> float:
+    """The fit's objective: :meth:`_Predictor.error` plus each parameter's prior (:func:`_prior`) times
+    ``|ln(value / default)|``."""
+    defaults = default_values()
+    return pred.error(values) + sum(
+        _prior(k) * abs(math.log(v / defaults[k])) for k, v in values.items() if v != defaults[k]
+    )
+
+
+def _switch_points(pred: _Predictor, values: dict[str, float]) -> tuple[dict[str, float], int]:
+    """``values`` with each protocol switch point (``proto_max.ll``, then ``proto_max.ll128``) set to the
+    one of least objective (:func:`_objective`) among: none of its own, and a point between each two
+    consecutive sizes of the fitted rows (their geometric mean, rounded down to bytes, within
+    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`) that is not above the switch point of a
+    protocol before it. The objective is a step function of a switch point (it
+    moves only when the point passes a row's size), so the points between the sizes are every value
+    it takes. Returns the values and the evaluations."""
+    from treecoll.collectives.sim.profiles import NO_SWITCH, SWITCH_BOUNDS, switch_parameters
+
+    sizes = sorted({r.size for r in pred.rows})
+    between = [c for a, b in zip(sizes, sizes[1:]) if SWITCH_BOUNDS[0] <= (c := int(math.sqrt(a * b))) < NO_SWITCH]
+    calls, ceiling = 0, NO_SWITCH
+    for k in switch_parameters():
+        best, best_v = _objective(pred, values), values[k]
+        calls += 1
+        for c in between:
+            if c > ceiling:
+                continue
+            trial = dict(values, **{k: float(c)})
+            v = _objective(pred, trial)
+            calls += 1
+            if v < best - 1e-12:
+                best, best_v = v, float(c)
+        values = dict(values, **{k: best_v})
+        ceiling = min(ceiling, best_v)
+    return values, calls
+
+
 def _search(
     pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
 ) -> tuple[dict[str, float], int]:
@@ -967,8 +1045,7 @@ def _search(
     error plus prior, and the calls it took."""
 
     def f(x: list[float]) -> float:
-        v = dict(values, **{k: math.exp(y) for k, y in zip(names, x)})
-        return pred.error(v) + PRIOR * sum(abs(math.log(v[k])) for k in bounds if v[k] != 1.0)
+        return _objective(pred, dict(values, **{k: math.exp(y) for k, y in zip(names, x)}))
 
     x, _, n = pattern_search(
         f,
@@ -1013,6 +1090,15 @@ def calibrate(
     return out
 
 
+def _value_text(parameter: str, v: float) -> str:
+    """A factor with three decimals; a protocol switch point in bytes (``none``: the simulator's rule)."""
+    from treecoll.collectives.sim.profiles import NO_SWITCH
+
+    if parameter.startswith("proto_max."):
+        return "none" if v >= NO_SWITCH else f"{int(v)}"
+    return f"{v:.3f}"
+
+
 def render_calibration(d: dict) -> str:
     """The text of ``treecoll simulate calibrate``."""
     f = d["fit"]
@@ -1020,10 +1106,12 @@ def render_calibration(d: dict) -> str:
         f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
         f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
         f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
-        "factors (1 = the simulator's default; link_scale on the links' bandwidth, lat_scale on a family's latencies, "
-        "bw_scale on a family's bandwidth over the links'):",
+        "factors (1 = the simulator's default; link_scale on the links' bandwidth, hop_scale on a hop's latency, "
+        "lat_scale on a family's latencies, bw_scale on a family's bandwidth over the links'; proto_max: the "
+        "largest message in bytes a protocol runs at):",
     ]
     why = {
+        **dict.fromkeys(f.get("switch_default", ()), "default kept: no protocol switch between the sizes fits better"),
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
         **dict.fromkeys(
@@ -1032,7 +1120,7 @@ def render_calibration(d: dict) -> str:
         ),
     }
     for k, v in d["values"].items():
-        lines.append(f"   {k:<18} {v:7.3f}   {why.get(k, '')}")
+        lines.append(f"   {k:<18} {_value_text(k, v):>7}   {why.get(k, '')}")
     for label in ("before", "after"):
         if label in d:
             g = d[label]

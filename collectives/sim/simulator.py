@@ -561,7 +561,8 @@ def _profiles(
 ) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
     :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs); a
-    :class:`~treecoll.collectives.sim.profiles.Calibration` the same protocols with its factors for
+    :class:`~treecoll.collectives.sim.profiles.Calibration` the same protocols (those its switch points
+    run at this size, :meth:`~treecoll.collectives.sim.profiles.Calibration.runs`) with its factors for
     algorithm ``family`` (:meth:`~treecoll.collectives.sim.profiles.Calibration.apply`); anything
     else that one profile."""
     from .nccl_model import ll128_enabled
@@ -573,9 +574,17 @@ def _profiles(
         protos = [
             get_profile(p)
             for p in NCCL_PROTOCOLS
-            if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) and (ll128 or p != "nccl-ll128")
+            if (
+                prof.runs(p, nbytes)
+                if isinstance(prof, Calibration) and prof.runs(p, nbytes) is not None
+                else not (p == "nccl-ll" and nbytes > LL_MAX_BYTES)
+            )
+            and (ll128 or p != "nccl-ll128")
         ]
-        return protos if prof is None else [prof.apply(p, family) for p in protos]
+        if prof is None:
+            return protos
+        one = topology is not None and len(_host_groups(topology, gpus)) == len(gpus)
+        return [prof.apply(p, family, one_per_host=one) for p in protos]
     return [prof]
 
 
