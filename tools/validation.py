@@ -56,35 +56,44 @@ predict (no flag: said so).
 **Calibration** (:func:`calibrate`) fits a
 :class:`~treecoll.collectives.sim.profiles.Calibration`: the simulator's
 defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
-corrected by factors, each 1 by default: ``link_scale.nvlink`` /
-``.pcie`` / ``.net`` on the bandwidth of a link class, shared by every
-algorithm; ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p`` on the
-latencies of one algorithm family; ``bw_scale.tree`` / ``.nvls`` on those
-families' bandwidth over the links'. With a calibration an allreduce row is
-predicted by the algorithm NCCL's tuner runs at its size
-(:func:`tuner_algorithm`), and in the fit it measures that family only. Only
-the factors the tables identify move: a factor is identified when scaling it
-by :data:`PROBE` changes by :data:`IDENTIFY` or more the predicted time of
-some fitted row that can measure it (:func:`_identifies`: a link's bandwidth
-only ring and point-to-point rows, a family's factors only that family's
-rows); the others stay 1 and the output says so. The fit runs in two stages:
-the ring and point-to-point rows fix the links, then every row the other
-families' factors. The objective is the mean ``|ln(pred / meas)|`` of the time
-(the geometric-mean error) over the fitted rows, each table's small and large
-messages weighing alike, plus :data:`PRIOR` × ``|ln factor|`` per factor, so
-a factor moves only when that lowers the error; each factor stays within
-:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows: at
-most :data:`FIT_ROWS` per table, half small and half large messages spread
+corrected by parameters, each at its default unless fitted. Shared by every
+algorithm: ``link_scale.nvlink`` / ``.pcie`` / ``.net`` on the bandwidth of
+a link class, ``hop_scale.nvlink`` / ``.pci`` / ``.net`` on the latency of
+one hop over a route class, and the protocol switch points
+``proto_max.ll`` / ``.ll128`` (the largest message each protocol runs at).
+Per algorithm family: ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p``
+on that family's latencies, ``bw_scale.tree`` / ``.nvls`` on its bandwidth
+over the links'. A calibrated row is predicted as with the defaults, by the
+fastest algorithm the simulator finds with the calibrated parameters; since
+the links, the hops and the switch points are every family's, a latency
+fitted on the rows of one family (the tree's small allreduce messages) moves
+the others' (an all_gather's ring) alike. Only the factors the tables
+identify move: a factor is identified when scaling it by :data:`PROBE`
+changes by :data:`IDENTIFY` or more the predicted time of some fitted row that
+can measure it (:func:`_identifies`: a link's bandwidth only ring and
+point-to-point rows, a hop's latency every row, a family's factors only that
+family's rows); the others stay 1 and the output says so. The fit runs in
+two stages: the ring and point-to-point rows fix the links, then every row
+the hops and the families' factors; then the switch points are scanned
+(:func:`_switch_points`) and, where they moved, the latencies fitted again.
+The objective is the mean ``|ln(pred / meas)|`` of the time (the
+geometric-mean error) over the fitted rows, each table's small and large
+messages weighing alike, plus per parameter a prior × ``|ln(value /
+default)|``: :data:`PRIOR` for the shared factors, the larger
+:data:`FAMILY_PRIOR` for a family's own (what one table shows goes to the
+shared physics first, so it carries to the collectives the table did not
+run), the small :data:`SWITCH_PRIOR` for a switch point; each factor stays
+within :data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows:
+at most :data:`FIT_ROWS` per table, half small and half large messages spread
 over the sizes (every row of a table that has neither). The minimiser is a
 pattern search over the logarithms (:func:`pattern_search`), run again when
 the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
 (its flow simulation takes seconds per larger size); the error printed after
-the fit is that of a full validation with the calibration. Protocol switch
-points are not factors: within an algorithm the simulator takes the fastest
-protocol per size. Every algorithm's time is simulated once per machine,
-collective, size and the factors it depends on (:func:`algorithm_time`), and
-shared by validation, calibration and the fit.
+the fit is that of a full validation with the calibration. Every algorithm's
+time is simulated once per machine, collective, size and the parameters it
+depends on (:func:`algorithm_time`), and shared by validation, calibration
+and the fit.
 ``--profile profile.yaml`` then predicts other sizes, collectives and machine
 scales with it (``treecoll simulate validate``, ``simulate allreduce``).
 
@@ -123,7 +132,6 @@ __all__ = [
     "algorithms",
     "predict",
     "algorithm_time",
-    "tuner_algorithm",
     "clear_cache",
     "nccl_model_time",
     "geo_error",
@@ -358,8 +366,6 @@ def predict(
                 simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
             except CollectiveError as e:
                 raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
-        pick = tuner_algorithm(topology, size, names) if _is_calibration(profile) and len(names) > 1 else None
-        names = [pick] if pick is not None else names
     best = None
     for a in names:
         out = algorithm_time(topology, collective, size, a, profile)
@@ -367,40 +373,6 @@ def predict(
             raise Skip(f"{collective}: the simulator does not predict it ({out}); no flag changes this")
         best = out if best is None or out[0] < best[0] else best
     return best
-
-
-def _is_calibration(profile: Any) -> bool:
-    from treecoll.collectives.sim.profiles import Calibration
-
-    return isinstance(profile, Calibration)
-
-
-#: the allreduce algorithm NCCL's tuner picks, by (topology, size, algorithms): :func:`tuner_algorithm`
-_TUNER: dict[tuple, str | None] = {}
-
-
-def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str | None:
-    """The one of ``algos`` NCCL's tuner runs for an allreduce of ``size`` bytes: the least time of its
-    own model (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`, enqueue.cc
-    ``topoGetAlgoInfo``), NVLSTree named ``nvls``; None where that model has no answer for the machine
-    (then the fastest simulated one stands in). A calibrated prediction runs that algorithm, not the
-    fastest one simulated: NCCL chooses by its model, which a machine's measured latencies and
-    bandwidths do not change."""
-    key = (topology, size, tuple(algos))
-    if key not in _TUNER:
-        from treecoll.collectives.sim.nccl_model import nccl_predict
-
-        try:
-            runs = [nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos]
-            best = min(runs, key=_time_of)
-            _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
-        except TreecollError:  # e.g. hosts without NIC bandwidth: nothing for the model to compare
-            _TUNER[key] = None
-    return _TUNER[key]
-
-
-def _time_of(r: dict) -> float:
-    return r["time"]
 
 
 def _offered(topology: Topology, collective: str, profile: Profile | str | None) -> tuple[str, ...]:
@@ -425,7 +397,6 @@ def clear_cache() -> None:
     """Forget every simulated time (:func:`algorithm_time`) and machine (:func:`topology_for`)."""
     _TIMES.clear()
     _TOPOLOGIES.clear()
-    _TUNER.clear()
 
 
 def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> Any:
@@ -768,7 +739,6 @@ class _FitRow:
     meas: float  # seconds
     table: str = ""
     group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
-    offered: tuple[str, ...] = ()  # the allreduce algorithms NCCL's tuner chooses among (:func:`tuner_algorithm`)
 
 
 def _spread(rows: list, n: int | None) -> list:
@@ -817,26 +787,19 @@ def _fit_rows(
             if counted_rows
             else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
         )
-        offered = tuple(a for a in algos if a in _offered(topo, coll, None)) if coll == "allreduce" else ()
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             meas = r.out_of_place.time_us * 1e-6
-            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), offered))
+            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size)))
     return rows, skipped
 
 
 def _row_algos(row: _FitRow) -> list[str | None]:
-    """The NCCL algorithms the row's prediction takes the fastest of: for allreduce the one NCCL's tuner
-    runs at this size (:func:`tuner_algorithm`; the fastest of ``row.algos`` where the fit leaves the
-    tuner's out), for the other collectives None (the one family NCCL runs them with)."""
+    """The NCCL algorithms the row's prediction takes the fastest of, as :func:`predict` does: for
+    allreduce the row's, for the other collectives None (the one family NCCL runs them with)."""
     if row.collective != "allreduce":
         return [None]
-    algos = [a for a in row.algos if a in ALGO_FAMILY]
-    if len(row.offered) > 1:
-        pick = tuner_algorithm(row.topology, row.size, row.offered)
-        if pick in algos:
-            return [pick]
-    return algos
+    return [a for a in row.algos if a in ALGO_FAMILY]
 
 
 class _Predictor:
@@ -976,7 +939,9 @@ def fit_parameters(
     switched, n = _switch_points(pred, values)
     calls += n
     if switched != values:  # the latencies again, with the protocols the switch points run
-        values, n = _search(pred, switched, [k for k in free if not k.startswith("link_scale.")], bounds, tol, max_evals)
+        values, n = _search(
+            pred, switched, [k for k in free if not k.startswith("link_scale.")], bounds, tol, max_evals
+        )
         calls += n
     defaults = default_values()
     switches = [k for k in defaults if k.startswith("proto_max.")]

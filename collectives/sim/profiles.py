@@ -275,9 +275,10 @@ class Calibration(Profile):
     ``lat_scale``: family (:data:`FAMILIES`) -> factor on that family's latencies; each factor in
     :data:`SCALE_BOUNDS`, absent ones 1; ``bw_scale``: family (:data:`BW_FAMILIES`) -> factor on that
     family's bandwidth over the links'; ``proto_max``: protocol (:data:`SWITCH_PROTOCOLS`) -> the
-    largest message it runs at, bytes in :data:`SWITCH_BOUNDS` (absent: the simulator's rule). ``fitted``: the parameters (``link_scale.net``,
-    ``lat_scale.p2p``, ...) a fit moved; the others are the defaults. The :class:`Profile` fields are
-    derived (NCCL's Simple protocol with the ring's factors, :meth:`plain`), never given.
+    largest message it runs at, bytes in :data:`SWITCH_BOUNDS` (absent: the simulator's rule).
+    ``fitted``: the parameters (``link_scale.net``, ``lat_scale.p2p``, ...) a fit moved; the others are
+    the defaults. The :class:`Profile` fields are derived (NCCL's Simple protocol with the ring's
+    factors, :meth:`plain`), never given.
     """
 
     link_scale: Mapping[str, float] = field(default_factory=dict)
@@ -305,7 +306,9 @@ class Calibration(Profile):
         lo, hi = SWITCH_BOUNDS
         for k, v in self.proto_max.items():
             if k not in SWITCH_PROTOCOLS:
-                raise CollectiveError(f"{what}: proto_max.{k}: expected one of {list(SWITCH_PROTOCOLS)}, got an unknown key")
+                raise CollectiveError(
+                    f"{what}: proto_max.{k}: expected one of {list(SWITCH_PROTOCOLS)}, got an unknown key"
+                )
             if not _number(v) or not lo <= v <= hi:
                 raise CollectiveError(f"{what}: proto_max.{k} expected bytes in [{lo}, {hi}], got {v!r}")
         object.__setattr__(self, "proto_max", {k: int(v) for k, v in self.proto_max.items()})
