@@ -934,15 +934,11 @@ def fit_parameters(
                 break
             free += new
             moving += new
-            values, n = _search(stage, values, moving, bounds, tol, max_evals)
+            values, n = _search_shared_first(stage, values, moving, bounds, tol, max_evals)
             calls += n
-    switched, n = _switch_points(pred, values)
+    latencies = [k for k in free if not k.startswith("link_scale.")]
+    values, n = _switch_points(pred, values, lambda v: _search_shared_first(pred, v, latencies, bounds, tol, max_evals))
     calls += n
-    if switched != values:  # the latencies again, with the protocols the switch points run
-        values, n = _search(
-            pred, switched, [k for k in free if not k.startswith("link_scale.")], bounds, tol, max_evals
-        )
-        calls += n
     defaults = default_values()
     switches = [k for k in defaults if k.startswith("proto_max.")]
     fitted = [k for k in free + switches if values[k] != defaults[k]]
@@ -974,32 +970,50 @@ def _objective(pred: _Predictor, values: dict[str, float]) -> float:
     )
 
 
-def _switch_points(pred: _Predictor, values: dict[str, float]) -> tuple[dict[str, float], int]:
+def _switch_points(
+    pred: _Predictor, values: dict[str, float], refit: Callable[[dict[str, float]], tuple[dict[str, float], int]]
+) -> tuple[dict[str, float], int]:
     """``values`` with each protocol switch point (``proto_max.ll``, then ``proto_max.ll128``) set to the
     one of least objective (:func:`_objective`) among: none of its own, and a point between each two
     consecutive sizes of the fitted rows (their geometric mean, rounded down to bytes, within
     :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`) that is not above the switch point of a
-    protocol before it. The objective is a step function of a switch point (it
-    moves only when the point passes a row's size), so the points between the sizes are every value
-    it takes. Returns the values and the evaluations."""
+    protocol before it; each candidate with the latencies fitted again for it (``refit``: values ->
+    (values, evaluations)), since a protocol that stops running changes which latencies the rows
+    show. The objective is a step function of a switch point (it moves only when the point passes a
+    row's size), so the points between the sizes are every value it takes. Returns the values and
+    the evaluations."""
     from treecoll.collectives.sim.profiles import NO_SWITCH, SWITCH_BOUNDS, switch_parameters
 
     sizes = sorted({r.size for r in pred.rows})
     between = [c for a, b in zip(sizes, sizes[1:]) if SWITCH_BOUNDS[0] <= (c := int(math.sqrt(a * b))) < NO_SWITCH]
     calls, ceiling = 0, NO_SWITCH
     for k in switch_parameters():
-        best, best_v = _objective(pred, values), values[k]
+        best, best_values = _objective(pred, values), values
         calls += 1
         for c in between:
             if c > ceiling:
                 continue
-            trial = dict(values, **{k: float(c)})
+            trial, n = refit(dict(values, **{k: float(c)}))
             v = _objective(pred, trial)
-            calls += 1
+            calls += n + 1
             if v < best - 1e-12:
-                best, best_v = v, float(c)
-        values = dict(values, **{k: best_v})
-        ceiling = min(ceiling, best_v)
+                best, best_values = v, trial
+        values = best_values
+        ceiling = min(ceiling, values[k])
+    return values, calls
+
+
+def _search_shared_first(
+    pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
+) -> tuple[dict[str, float], int]:
+    """:func:`_search` over the shared factors of ``names`` (:data:`PRIOR`), then over all of them: the
+    families' own factors take what the shared ones leave (a coordinate search started at the
+    defaults could otherwise stop at a family factor the prior weighs more)."""
+    calls = 0
+    for group in ([k for k in names if _prior(k) <= PRIOR], names):
+        if group:
+            values, n = _search(pred, values, group, bounds, tol, max_evals)
+            calls += n
     return values, calls
 
 
