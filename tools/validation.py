@@ -687,6 +687,8 @@ FAMILY_PRIOR = 0.03
 #: pull of a protocol switch point back to the simulator's rule, per unit of ``|ln(bytes / default)|``
 #: (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH` for no switch point of its own)
 SWITCH_PRIOR = 0.0005
+#: switch point candidates per protocol whose latencies are fitted again (:func:`_switch_points`)
+SWITCH_REFITS = 2
 #: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
 #: row's predicted time by :data:`IDENTIFY` or more: the row's time depends on it, not only in its last
 #: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
@@ -977,11 +979,12 @@ def _switch_points(
     one of least objective (:func:`_objective`) among: none of its own, and a point between each two
     consecutive sizes of the fitted rows (their geometric mean, rounded down to bytes, within
     :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`) that is not above the switch point of a
-    protocol before it; each candidate with the latencies fitted again for it (``refit``: values ->
-    (values, evaluations)), since a protocol that stops running changes which latencies the rows
-    show. The objective is a step function of a switch point (it moves only when the point passes a
-    row's size), so the points between the sizes are every value it takes. Returns the values and
-    the evaluations."""
+    protocol before it; the :data:`SWITCH_REFITS` candidates of least objective at the latencies as
+    they are are compared with their latencies fitted again (``refit``: values -> (values,
+    evaluations)), since a protocol that stops running changes which latencies the rows show. The
+    objective is a step function of a switch point (it moves only when the point passes a row's size),
+    so the points between the sizes are every value it takes. Returns the values and the
+    evaluations."""
     from treecoll.collectives.sim.profiles import NO_SWITCH, SWITCH_BOUNDS, switch_parameters
 
     sizes = sorted({r.size for r in pred.rows})
@@ -989,11 +992,11 @@ def _switch_points(
     calls, ceiling = 0, NO_SWITCH
     for k in switch_parameters():
         best, best_values = _objective(pred, values), values
-        calls += 1
-        for c in between:
-            if c > ceiling:
-                continue
-            trial, n = refit(dict(values, **{k: float(c)}))
+        trials = [dict(values, **{k: float(c)}) for c in between if c <= ceiling]
+        ranked = sorted(trials, key=lambda t: _objective(pred, t))[:SWITCH_REFITS]
+        calls += 1 + len(trials)
+        for trial in ranked:
+            trial, n = refit(trial)
             v = _objective(pred, trial)
             calls += n + 1
             if v < best - 1e-12:
