@@ -75,7 +75,8 @@ point-to-point rows, a hop's latency every row, a family's factors only that
 family's rows); the others stay 1 and the output says so. The fit runs in
 two stages: the ring and point-to-point rows fix the links, then every row
 the hops and the families' factors; then the switch points are scanned
-(:func:`_switch_points`) and, where they moved, the latencies fitted again.
+(:func:`_switch_points`: candidates where the measured curves step up, each
+with its latencies fitted again).
 The objective is the mean ``|ln(pred / meas)|`` of the time (the
 geometric-mean error) over the fitted rows, each table's small and large
 messages weighing alike, plus per parameter a prior × ``|ln(value /
@@ -687,8 +688,8 @@ FAMILY_PRIOR = 0.03
 #: pull of a protocol switch point back to the simulator's rule, per unit of ``|ln(bytes / default)|``
 #: (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH` for no switch point of its own)
 SWITCH_PRIOR = 0.0005
-#: switch point candidates per protocol whose latencies are fitted again (:func:`_switch_points`)
-SWITCH_REFITS = 2
+#: candidate switch points per protocol (:func:`_bends`), each with its latencies fitted again
+SWITCH_CANDIDATES = 3
 #: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
 #: row's predicted time by :data:`IDENTIFY` or more: the row's time depends on it, not only in its last
 #: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
@@ -976,34 +977,57 @@ def _switch_points(
     pred: _Predictor, values: dict[str, float], refit: Callable[[dict[str, float]], tuple[dict[str, float], int]]
 ) -> tuple[dict[str, float], int]:
     """``values`` with each protocol switch point (``proto_max.ll``, then ``proto_max.ll128``) set to the
-    one of least objective (:func:`_objective`) among: none of its own, and a point between each two
-    consecutive sizes of the fitted rows (their geometric mean, rounded down to bytes, within
-    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`) that is not above the switch point of a
-    protocol before it; the :data:`SWITCH_REFITS` candidates of least objective at the latencies as
-    they are are compared with their latencies fitted again (``refit``: values -> (values,
-    evaluations)), since a protocol that stops running changes which latencies the rows show. The
-    objective is a step function of a switch point (it moves only when the point passes a row's size),
-    so the points between the sizes are every value it takes. Returns the values and the
-    evaluations."""
-    from treecoll.collectives.sim.profiles import NO_SWITCH, SWITCH_BOUNDS, switch_parameters
+    one of least objective (:func:`_objective`) among none of its own and the candidates
+    :func:`_bends` finds where the measured curves step up, each candidate with the latencies fitted
+    again for it (``refit``: values -> (values, evaluations)), since a protocol that stops running
+    changes which latencies the rows show; LL128's switch point is not below LL's (NCCL runs LL on the
+    smallest messages, LL128 on the next). Returns the values and the evaluations."""
+    from treecoll.collectives.sim.profiles import switch_parameters
+    from treecoll.collectives.sim.simulator import LL_MAX_BYTES
 
-    sizes = sorted({r.size for r in pred.rows})
-    between = [c for a, b in zip(sizes, sizes[1:]) if SWITCH_BOUNDS[0] <= (c := int(math.sqrt(a * b))) < NO_SWITCH]
-    calls, ceiling = 0, NO_SWITCH
-    for k in switch_parameters():
+    calls, floor = 0, 0.0
+    candidates = _bends(pred.rows)
+    for k in switch_parameters():  # LL, then LL128
         best, best_values = _objective(pred, values), values
-        trials = [dict(values, **{k: float(c)}) for c in between if c <= ceiling]
-        ranked = sorted(trials, key=lambda t: _objective(pred, t))[:SWITCH_REFITS]
-        calls += 1 + len(trials)
-        for trial in ranked:
-            trial, n = refit(trial)
+        calls += 1
+        for c in candidates:
+            if c < floor:
+                continue
+            trial, n = refit(dict(values, **{k: float(c)}))
             v = _objective(pred, trial)
             calls += n + 1
             if v < best - 1e-12:
                 best, best_values = v, trial
         values = best_values
-        ceiling = min(ceiling, values[k])
+        floor = min(values[k], LL_MAX_BYTES)
     return values, calls
+
+
+def _bends(rows: list[_FitRow]) -> list[int]:
+    """Where the measured curves step up, as candidate protocol switch points (bytes), the sharpest first:
+    per table, between each two consecutive fitted sizes ``a < b``, the local slope ``ln(t_b / t_a) /
+    ln(b / a)`` of the measured time (0 where latency holds it, 1 where bandwidth does) less the larger
+    of its neighbours' slopes; a protocol that stops running shows as a slope above both (the time
+    steps up to the next protocol's latency and then flattens). The point is ``sqrt(a b)`` rounded
+    down (every point between ``a`` and ``b`` predicts the fitted rows alike); at most
+    :data:`SWITCH_CANDIDATES` of them, each above 0 and within
+    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`."""
+    from treecoll.collectives.sim.profiles import SWITCH_BOUNDS
+
+    by_table: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by_table.setdefault(r.table, {})[r.size] = r.meas
+    bend: dict[int, float] = {}
+    for curve in by_table.values():
+        sizes = sorted(curve)
+        slopes = [math.log(curve[b] / curve[a]) / math.log(b / a) for a, b in zip(sizes, sizes[1:])]
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            around = [slopes[j] for j in (i - 1, i + 1) if 0 <= j < len(slopes)]
+            excess = slopes[i] - max(around, default=0.0)
+            point = int(math.sqrt(a * b))
+            if excess > 0 and SWITCH_BOUNDS[0] <= point < SWITCH_BOUNDS[1]:
+                bend[point] = max(bend.get(point, 0.0), excess)
+    return sorted(bend, key=lambda p: -bend[p])[:SWITCH_CANDIDATES]
 
 
 def _search_shared_first(
