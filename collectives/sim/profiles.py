@@ -62,11 +62,11 @@ factors measured on one machine, each standing for one piece of physics:
   defaults (LL up to 8 MiB, LL128 wherever NCCL enables it).
 
 A factor absent from the file is 1 (the default). :meth:`Calibration.apply`
-gives the profile one protocol of one family runs with, from NCCL's own
+gives the profile one protocol of one family runs with; the simulator calls
+it wherever it expands ``auto`` into NCCL's protocols, on NCCL's own
 latencies of that family (tuning.cc: the tree's base and per-hop latencies
 differ from the ring's; with one GPU per host a ring's network hop takes the
-tree's); the simulator calls it wherever it expands ``auto`` into NCCL's
-protocols, and asks :meth:`Calibration.runs` which protocols a size runs. Used where a single profile
+tree's), and asks :meth:`Calibration.runs` which protocols a size runs. Used where a single profile
 is needed (e.g. :func:`~treecoll.collectives.sim.simulator.simulate` on a
 schedule), a calibration is NCCL's Simple protocol with the ring's factors.
 
@@ -85,8 +85,8 @@ refused with the file and the key.
 >>> c.apply(simple, "ring").base_lat_us, c.apply(simple, "ring").efficiency("net")
 (8.4, 1.0)
 >>> c2 = Calibration("mine", hop_scale={"net": 2.0}, proto_max={"ll": 4096})
->>> c2.apply(get_profile("nccl-ll"), "tree").lat_floor_us   # NCCL's tree LL hops, the network's doubled
-{'nvlink': 0.6, 'pci': 1.0, 'net': 10.0}
+>>> c2.apply(get_profile("nccl-ll"), "tree").lat_floor_us   # LL's hops, the network's doubled
+{'nvlink': 0.6, 'pci': 1.0, 'net': 5.4}
 >>> c2.runs("nccl-ll", 4096), c2.runs("nccl-ll", 8192), c2.runs("nccl-ll128", 1 << 30)
 (True, False, None)
 >>> get_profile("fast")
@@ -343,22 +343,19 @@ class Calibration(Profile):
         cls = next((c for c, kinds in LINK_CLASSES.items() if kind in kinds), None)
         return float(self.link_scale.get(cls, 1.0)) if cls else 1.0
 
-    def apply(self, protocol: Profile, family: str, one_per_host: bool = False) -> Profile:
-        """``protocol`` as algorithm family ``family`` runs it on this machine: NCCL's latencies of that
-        family for one of NCCL's protocols (the tree's own, and with ``one_per_host`` the ring's network
-        hop at the tree's: :func:`~treecoll.collectives.sim.simulator.nccl_hop_profile`), then every link
-        kind's efficiency times its class's factor and the family's ``bw_scale``, each route class's
-        per-hop floor times its ``hop_scale`` (the network's NIC latency count too), and the base
-        latency, per-hop floors and NIC latency count times the family's ``lat_scale``. The name stays
-        the protocol's (the simulator keys protocol constants on it)."""
+    def apply(self, protocol: Profile, family: str) -> Profile:
+        """``protocol`` as algorithm family ``family`` runs it on this machine: every link kind's
+        efficiency times its class's factor and the family's ``bw_scale``, each route class's per-hop
+        floor times its ``hop_scale`` (the network's NIC latency count too), and the base latency,
+        per-hop floors and NIC latency count times the family's ``lat_scale``. ``protocol`` carries the
+        family's own latencies (the simulator gives NCCL's protocols with the tree's, or with one GPU
+        per host the ring's network hop at the tree's:
+        :func:`~treecoll.collectives.sim.simulator.nccl_hop_profile`). The name stays the protocol's
+        (the simulator keys protocol constants on it)."""
         import dataclasses
 
         if family not in FAMILIES:
             raise CollectiveError(f"calibration {self.name!r}: family expected one of {list(FAMILIES)}, got {family!r}")
-        if family in ("ring", "tree") and protocol.name in NCCL_PROTOCOLS:
-            from .simulator import nccl_hop_profile
-
-            protocol = nccl_hop_profile(protocol, family, one_per_host=one_per_host and family == "ring")
         s = float(self.lat_scale.get(family, 1.0))
         b = float(self.bw_scale.get(family, 1.0))
         hop = {k: float(self.hop_scale.get(k, 1.0)) for k in ROUTE_CLASSES}

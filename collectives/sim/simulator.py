@@ -584,7 +584,9 @@ def _profiles(
         if prof is None:
             return protos
         one = topology is not None and len(_host_groups(topology, gpus)) == len(gpus)
-        return [prof.apply(p, family, one_per_host=one) for p in protos]
+        if family in ("ring", "tree"):  # the family's own NCCL latencies, then the calibration's factors
+            protos = [nccl_hop_profile(p, family, one_per_host=one and family == "ring") for p in protos]
+        return [prof.apply(p, family) for p in protos]
     return [prof]
 
 

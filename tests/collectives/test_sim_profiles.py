@@ -7,7 +7,7 @@ import pytest
 import yaml
 from treecoll.collectives.sim import profiles
 from treecoll.collectives.sim.profiles import Calibration, get_profile, load_profile, save_profile
-from treecoll.collectives.sim.simulator import simulate_algorithm, simulate_nccl
+from treecoll.collectives.sim.simulator import nccl_hop_profile, simulate_algorithm, simulate_nccl
 from treecoll.topo import resolve
 from treecoll.topo.errors import CollectiveError
 
@@ -15,7 +15,7 @@ from treecoll.topo.errors import CollectiveError
 def test_apply_scales_links_by_class_and_latencies_by_family():
     c = Calibration("c", link_scale={"nvlink": 0.5, "net": 0.8}, lat_scale={"tree": 3.0})
     ll = get_profile("nccl-ll")
-    t = c.apply(ll, "tree")
+    t = c.apply(nccl_hop_profile(ll, "tree"), "tree")
     # NCCL's tree LL latencies (tuning.cc: base 6.8 us, hops NVLink 0.6 / PCI 1.0 / NET 5.0 us), times 3
     assert t.name == "nccl-ll" and t.base_lat_us == pytest.approx(3 * 6.8)
     assert t.lat_floor_us == pytest.approx({"nvlink": 1.8, "pci": 3.0, "net": 15.0})
@@ -38,7 +38,8 @@ def test_a_hops_factor_is_every_familys_and_keeps_nccls_own_latencies():
     time a hair (no jump between NCCL's latencies and the ring's)."""
     c = Calibration("c", hop_scale={"net": 2.0})
     ll = get_profile("nccl-ll")
-    ring, tree, lone = c.apply(ll, "ring"), c.apply(ll, "tree"), c.apply(ll, "ring", one_per_host=True)
+    ring, tree = c.apply(ll, "ring"), c.apply(nccl_hop_profile(ll, "tree"), "tree")
+    lone = c.apply(nccl_hop_profile(ll, "ring", one_per_host=True), "ring")
     assert (ring.lat_floor_us, tree.lat_floor_us["net"], lone.lat_floor_us["net"]) == (
         {"nvlink": 0.6, "pci": 1.0, "net": 5.4},
         10.0,
