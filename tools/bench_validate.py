@@ -118,7 +118,7 @@ def _factors(r: dict) -> str:
 
 
 def _value(parameter: str, v: float) -> str:
-    """A factor with two decimals, a protocol switch point as a size (``32K``)."""
+    """A factor with two decimals, a protocol switch point as a size (``4 KiB``)."""
     if parameter.startswith("proto_max."):
         return fmt_bytes(int(v))
     return f"{v:.2f}"

@@ -571,16 +571,12 @@ def _profiles(
     prof = None if profile == "auto" else get_profile(profile)
     if prof is None or isinstance(prof, Calibration):
         ll128 = topology is None or ll128_enabled(topology, gpus)
-        protos = [
-            get_profile(p)
-            for p in NCCL_PROTOCOLS
-            if (
-                prof.runs(p, nbytes)
-                if isinstance(prof, Calibration) and prof.runs(p, nbytes) is not None
-                else not (p == "nccl-ll" and nbytes > LL_MAX_BYTES)
-            )
-            and (ll128 or p != "nccl-ll128")
-        ]
+
+        def runs(p: str) -> bool:
+            said = prof.runs(p, nbytes) if prof is not None else None  # a calibration's switch point
+            return not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) if said is None else said
+
+        protos = [get_profile(p) for p in NCCL_PROTOCOLS if runs(p) and (ll128 or p != "nccl-ll128")]
         if prof is None:
             return protos
         one = topology is not None and len(_host_groups(topology, gpus)) == len(gpus)
