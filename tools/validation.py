@@ -915,11 +915,12 @@ def fit_parameters(
     (:func:`_identified`, at the defaults, then again at the fitted values: up to ``rounds`` rounds)
     move, each within its bounds
     (:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`), by :func:`pattern_search` over their
-    logarithms; every other factor keeps its default (1). Two stages: the rows run by a ring or
-    point-to-point fix the links (and those families' latencies), then every row the other families'
+    logarithms, the shared factors before the families' own (:func:`_search_shared_first`); every
+    other factor keeps its default (1). Two stages: the rows run by a ring or point-to-point fix the
+    links (and the hops and those families' latencies), then every row the hops and the families'
     factors on top of those links (a tree's or NVLS's bandwidth is the links' times its own factor:
-    :func:`_identifies`). Then the protocol switch points (:func:`_switch_points`), and where they
-    moved, every latency and family factor again."""
+    :func:`_identifies`). Then the protocol switch points (:func:`_switch_points`), each candidate
+    with every latency and family factor fitted again."""
     from treecoll.collectives.sim.profiles import calibration_parameters
 
     bounds = calibration_parameters()
@@ -960,6 +961,8 @@ def fit_parameters(
 
 
 def _prior(parameter: str) -> float:
+    """The pull of ``parameter`` back to its default: :data:`PRIOR`, :data:`FAMILY_PRIOR` or
+    :data:`SWITCH_PRIOR`."""
     fld = parameter.partition(".")[0]
     return {"link_scale": PRIOR, "hop_scale": PRIOR, "proto_max": SWITCH_PRIOR}.get(fld, FAMILY_PRIOR)
 
