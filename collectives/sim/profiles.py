@@ -118,6 +118,7 @@ __all__ = [
     "FAMILIES",
     "BW_FAMILIES",
     "SCALE_BOUNDS",
+    "HOP_BOUNDS",
     "MAX_EFFICIENCY",
     "SWITCH_PROTOCOLS",
     "SWITCH_BOUNDS",
@@ -138,6 +139,10 @@ SCALE_BOUNDS: dict[str, tuple[float, float]] = {
     "lat_scale": (0.1, 20.0),
     "bw_scale": (0.1, 2.0),
 }
+#: the range of a hop within a host (``hop_scale.nvlink``, ``.pci``): a fixed piece of silicon whose latency
+#: differs little between machines, where the network's (``hop_scale.net``, :data:`SCALE_BOUNDS`) depends on
+#: the fabric and its transport (a TCP-based one takes several times InfiniBand's)
+HOP_BOUNDS: dict[str, tuple[float, float]] = {"nvlink": (0.25, 4.0), "pci": (0.25, 4.0)}
 #: protocols with a switch point (``proto_max``) in a :class:`Calibration`, and the NCCL profile of each
 SWITCH_PROTOCOLS: dict[str, str] = {"ll": "nccl-ll", "ll128": "nccl-ll128"}
 #: the range of a ``proto_max`` switch point, bytes
@@ -291,13 +296,13 @@ class Calibration(Profile):
     def __post_init__(self) -> None:
         what = f"profile {self.name!r}"
         for fld, keys in _FIELDS:
-            lo, hi = SCALE_BOUNDS[fld]
             m = getattr(self, fld)
             if not isinstance(m, Mapping):
                 raise CollectiveError(f"{what}: {fld} expected a mapping of {list(keys)} to factors, got {m!r}")
             for k, v in m.items():
                 if k not in keys:
                     raise CollectiveError(f"{what}: {fld}.{k}: expected one of {list(keys)}, got an unknown key")
+                lo, hi = calibration_parameters()[f"{fld}.{k}"]
                 if not _number(v) or not lo <= v <= hi:
                     raise CollectiveError(f"{what}: {fld}.{k} expected a factor in [{lo:g}, {hi:g}], got {v!r}")
             object.__setattr__(self, fld, {k: float(v) for k, v in m.items()})
@@ -411,7 +416,11 @@ class Calibration(Profile):
 def calibration_parameters() -> dict[str, tuple[float, float]]:
     """Every factor of a :class:`Calibration` by name (``link_scale.nvlink``, ..., ``lat_scale.p2p``),
     with its bounds."""
-    return {f"{fld}.{k}": SCALE_BOUNDS[fld] for fld, keys in _FIELDS for k in keys}
+    return {
+        f"{fld}.{k}": HOP_BOUNDS.get(k, SCALE_BOUNDS[fld]) if fld == "hop_scale" else SCALE_BOUNDS[fld]
+        for fld, keys in _FIELDS
+        for k in keys
+    }
 
 
 def switch_parameters() -> dict[str, tuple[int, int]]:
