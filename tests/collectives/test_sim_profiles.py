@@ -73,6 +73,8 @@ def test_a_switch_point_stops_a_protocol_above_it(dgx):
     [
         ({"link_scale": {"nvlink": 5.0}}, r"link_scale.nvlink expected a factor in \[0.1, 2\], got 5.0"),
         ({"lat_scale": {"ring": 0.0}}, r"lat_scale.ring expected a factor in \[0.1, 20\], got 0.0"),
+        ({"hop_scale": {"nvlink": 5.0}}, r"hop_scale.nvlink expected a factor in \[0.25, 4\], got 5.0"),
+        ({"hop_scale": {"dsl": 2.0}}, r"hop_scale.dsl: expected one of \['nvlink', 'pci', 'net'\]"),
         ({"link_scale": {"infiniband": 1.0}}, r"link_scale.infiniband: expected one of \['nvlink', 'pcie', 'net'\]"),
         ({"fitted": ("lat_scale.nccl",)}, r"fitted: unknown parameter 'lat_scale.nccl'"),
     ],
