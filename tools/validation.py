@@ -941,7 +941,15 @@ def fit_parameters(
             values, n = _search_shared_first(stage, values, moving, bounds, tol, max_evals)
             calls += n
     latencies = [k for k in free if not k.startswith("link_scale.")]
-    values, n = _switch_points(pred, values, lambda v: _search_shared_first(pred, v, latencies, bounds, tol, max_evals))
+
+    def refit(v: dict[str, float]) -> tuple[dict[str, float], int]:
+        # from the latencies fitted without the switch point and from the defaults: the first may sit where
+        # they made up for a protocol the switch point now stops (a coordinate search stays there)
+        starts = (v, dict(v, **{k: 1.0 for k in latencies}))
+        fits = [_search_shared_first(pred, start, latencies, bounds, tol, max_evals) for start in starts]
+        return min(fits, key=lambda f: _objective(pred, f[0]))[0], sum(f[1] for f in fits)
+
+    values, n = _switch_points(pred, values, refit)
     calls += n
     defaults = default_values()
     switches = [k for k in defaults if k.startswith("proto_max.")]
