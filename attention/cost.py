@@ -24,10 +24,18 @@ it (:func:`treecoll.collectives.sim.simulate_executor`: one chunk, in-order issu
 one connection per pair of ranks), the gather and the three all-reduces as gloo's
 rings in rank order (``P − 1`` steps of one state to the next rank; ring
 allreduces of ``2(P − 1)`` steps), on the topology's links as written (profile
-``ideal``), each step with gloo's own per-step software time
-(:data:`treecoll.collectives.cost.EXECUTOR_COSTS` ``["gloo"].native_step_s``,
-fitted with the tree executor's per-message time), so the three combines pay
-the backend's software costs alike.
+``ideal``), each step with gloo's own per-step software time, so the three
+combines pay the backend's software costs alike: the executor's per-message and
+gloo's per-step times fitted at the group's process count
+(:meth:`treecoll.collectives.cost.ExecutorCost.for_nranks`; with fewer cores than
+processes a step of gloo's ring waits for every rank to run, a tree message only
+for its two ends, so one fit over several counts orders them wrongly). The
+merges are torch ops on CPU tensors, whose dispatch outweighs the bytes at
+decode state sizes: the tree pays :data:`MERGE_PAIR_S` for each merge in its
+longest chain of merges in a row (a node merges its children one after the
+other, then sends up: ``P − 1`` at the root of a star), the gather
+:data:`MERGE_STATES_S` for its one merge of the ``P`` states, the three
+all-reduces as much for their local ops (shift, exponentials, the division).
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
@@ -83,6 +91,9 @@ __all__ = [
     "decode_step",
     "combine_times",
     "choose_combine",
+    "merges_in_a_row",
+    "MERGE_PAIR_S",
+    "MERGE_STATES_S",
     "paper_volumes",
     "paper_memory",
     "PAPER_SEQ_LENS",
@@ -107,6 +118,13 @@ BACKENDS = ("nccl", "gloo")
 PAPER_SEQ_LENS = tuple(80_000 * 2**i for i in range(7))
 #: DGX H100 host counts of the paper's Fig. 3b (1 to 16 nodes of 8 GPUs)
 PAPER_HOSTS = (1, 2, 4, 8, 16)
+#: seconds of one :class:`~treecoll.attention.MergeOp` of two packed CPU states (a tree node's merge of one
+#: child), and of one :func:`~treecoll.attention.merge_states` of 4 stacked states (the gather's merge):
+#: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30`` (``MERGE_PAIR_S``,
+#: ``MERGE_STATES_S``: 32 heads x 128, batch 1), the median of three runs (56.9 .. 57.8 us and
+#: 39.7 .. 41.0 us). A few torch ops each: their dispatch, not the state's bytes, sets the time.
+MERGE_PAIR_S = 57.4e-6
+MERGE_STATES_S = 39.9e-6
 
 
 @dataclass(frozen=True)
@@ -453,27 +471,30 @@ def _gloo_combine_times(
 
     topology, gpus = placed(p, what="combine model")
     P, state_bytes = len(gpus), 4 * rows * (head_dim + 1)
+    cost = EXECUTOR_COSTS["gloo"].for_nranks(P)
     out = {}
     if "tree" in methods:
         opts = {"rails": False} if tree == "two_level" else {}
         plan = builders.build(tree, p, **opts)
-        if mode == "executor":  # the backend's per-message cost on top of the links
-            r = predict_schedule(p, plan, state_bytes, nchunks=1, backend="gloo")
+        if mode == "executor":  # the backend's per-message cost on top of the links, the merges in Python
+            r = predict_schedule(p, plan, state_bytes, nchunks=1, backend="gloo", step_cost=cost.step_s)
+            merges = merges_in_a_row(plan.children, plan.root) * MERGE_PAIR_S
         else:
             r = simulate_executor(p, plan, state_bytes, algo="tree", nchunks=1, profile=profile)
+            merges = 0.0
         sent = [plan.parents[i] >= 0 for i in range(P)]
         up_down = sum(sent) + sum(len(c) for c in plan.children)  # one state per edge each way
         out["tree"] = {
-            "time_s": r.time,
+            "time_s": r.time + merges,
             "sent_bytes_per_gpu": float(max((sent[i] + len(plan.children[i])) * state_bytes for i in range(P))),
             "sent_bytes_total": float(up_down * state_bytes),
             "scratch_bytes": float(max(r.peak_scratch)),
         }
-    native_step = EXECUTOR_COSTS["gloo"].native_step_s  # per step of gloo's own rings
+    native_step = cost.native_step_s  # per step of gloo's own rings
     if "gather" in methods:
         net = Network(topology, get_profile(profile))
         lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
-        merge = (P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0
+        merge = MERGE_STATES_S + ((P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0)
         out["gather"] = {
             "time_s": (P - 1) * (float((lat + drain).max()) + native_step) + merge,
             "sent_bytes_per_gpu": float((P - 1) * state_bytes),
@@ -486,13 +507,36 @@ def _gloo_combine_times(
         runs = [simulate(p, ring, max(nbytes, 4 * P), profile=profile) for nbytes in parts]
         sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
         out["allreduce3"] = {
-            # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time
-            "time_s": sum(r.time + 2 * (P - 1) * native_step for r in runs),
+            # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time; the local ops
+            "time_s": sum(r.time + 2 * (P - 1) * native_step for r in runs) + MERGE_STATES_S,
             "sent_bytes_per_gpu": sent,
             "sent_bytes_total": sent * P,
             "scratch_bytes": max(max(r.peak_scratch) for r in runs),
         }
     return {m: out[m] for m in methods}
+
+
+def merges_in_a_row(children: tuple[tuple[int, ...], ...], root: int) -> int:
+    """The longest chain of merges one after another in a reduction up a tree (``children[v]``: the
+    ranks below ``v``): a node merges its children's states one by one, then sends up, so a node's
+    chain is its own merges plus its longest child's.
+
+    >>> merges_in_a_row(((1, 2, 3), (), (), ()), 0)       # a star of 4: the root merges 3 in a row
+    3
+    >>> merges_in_a_row(((1,), (2,), (3,), ()), 0)        # a chain of 4: one merge per level
+    3
+    >>> merges_in_a_row(((1, 2), (3, 4), (), (), ()), 0)  # root 2 + its child 1's 2
+    4
+    """
+    depth, stack = {}, [(root, False)]
+    while stack:  # post-order without recursion (deep chains)
+        v, done = stack.pop()
+        if done:
+            depth[v] = len(children[v]) + max((depth[c] for c in children[v]), default=0)
+        else:
+            stack.append((v, True))
+            stack.extend((c, False) for c in children[v])
+    return depth[root]
 
 
 def choose_combine(

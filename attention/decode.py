@@ -97,7 +97,7 @@ def decode_partial(
         on CPUs with AVX512_BF16 (``native_status()['fast_bf16']``) then multiplies
         with ``vdpbf16ps``, the query rounded to bf16 for the scores and the softmax
         weights rounded to bf16 for the values, as GPU kernels do (each rounding at
-        most 2**-9 relative; about half the instructions).  Elsewhere, and for other
+        most 2**-8 relative; about half the instructions).  Elsewhere, and for other
         cache dtypes, the arithmetic stays float32 and the option changes nothing.
 
     Returns

@@ -17,8 +17,8 @@ architecture, with AVX-512 BF16, AVX-512 and AVX2 variants selected at run time
 multiplies with ``vdpbf16ps`` on the raw bf16 keys and values, as GPU kernels do
 with their bf16 matrix units: the scores with the query rounded to bfloat16, the
 values with the softmax weights rounded to bfloat16 (the running max and sum stay
-float32).  Each rounding is at most ``2**-9`` relative, so a score changes by up to
-``2**-9 * sum_d |q_d k_d| * scale``, beyond the float32 tolerance: off by default.
+float32).  Each rounding is at most ``2**-8`` relative, so a score changes by up to
+``2**-8 * sum_d |q_d k_d| * scale``, beyond the float32 tolerance: off by default.
 
 Build: the system C compiler (``$CC``, else ``cc``) with ``-O3``, once per source /
 compiler / machine, into ``$TREECOLL_CACHE_DIR`` (default
@@ -228,7 +228,7 @@ def decode_native(
     :data:`NATIVE_ISAS`, for tests and comparisons; default: the best the CPU has).
     ``fast_bf16``: scores and values by ``vdpbf16ps``, the query and the softmax
     weights rounded to bfloat16 (bf16 caches on AVX-512 BF16 CPUs; elsewhere
-    ignored): up to 2**-9 relative error in each of them.  Returns ``(out, lse)``:
+    ignored): up to 2**-8 relative error in each of them.  Returns ``(out, lse)``:
     float32 [batch, q_heads, head_dim] and [batch, q_heads], natural log; ``(0, -inf)``
     for no keys.
     """

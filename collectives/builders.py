@@ -54,6 +54,7 @@ from typing import Any
 from treecoll.topo import NCCL_CLASSES, Topology
 from treecoll.topo.errors import TreeError
 from treecoll.topo.ranks import RanksArg
+from treecoll.topo.routes import rename_node
 
 from .cost import CostModel
 from .placement import Placement, as_placement
@@ -182,7 +183,21 @@ def double_binary(topology: Topology | None, gpus: Sequence[str] | None, nranks:
 
 
 # ---------------------------------------------------------------------- two-level
+def _in_class(topology: Topology, nodes: Sequence[str]) -> tuple[str, ...]:
+    """``nodes`` of one host as the same nodes of the host standing for its class
+    (:meth:`~treecoll.topo.routes.RouteTable.host_class`): the same routes among them, renamed, so
+    what depends on those routes is asked once per class of hosts built alike."""
+    node = topology.graph._node  # networkx's node dicts: no view objects on every GPU of every rail
+    host = node[nodes[0]].get("host")
+    rep = topology.routes.host_class(host) if host is not None else None
+    if rep is None or rep == host or any(node[n].get("host") != host for n in nodes):
+        return tuple(nodes)
+    return tuple(rename_node(n, host, rep) for n in nodes)
+
+
 def _nic_key(topology: Topology, gpu: str, nic: str | None = None):
+    named = _in_class(topology, (gpu, nic) if nic else (gpu,))  # the same key on every host of a class
+    gpu, nic = named[0], (named[1] if nic else None)
     nic = nic or topology.nearest_nic(gpu)
     if nic is None:
         return (len(NCCL_CLASSES), 0.0, 0)
@@ -196,12 +211,13 @@ def leader_of(topology: Topology, gpus: Sequence[str], members: Sequence[int], n
     return min(members, key=lambda r: (_nic_key(topology, gpus[r], nic), r))
 
 
-def _host_is_switched(topology: Topology, gpus: Sequence[str], members: Sequence[int]) -> bool:
+def _host_is_switched(topology: Topology, gpus: Sequence[str]) -> bool:
+    """Whether every pair of ``gpus`` (of one host) is joined over NVLink through an NVSwitch."""
     g = topology.graph
-    for a in members:
-        for b in members:
+    for a in gpus:
+        for b in gpus:
             if a != b:
-                p = topology.path(gpus[a], gpus[b])
+                p = topology.path(a, b)
                 if p.nccl != "NVL" or not any(g.nodes[x]["kind"] == "nvswitch" for x in p.nodes[1:-1]):
                     return False
     return True
@@ -245,13 +261,14 @@ def _parse_kind(spec: str, allowed: Sequence[str], what: str) -> tuple[str, int 
 
 
 def _intra(topology, gpus, members: list[int], leader: int, spec: str, switched: dict | None = None) -> dict[int, int]:
-    """Intra-host tree under ``leader``; ``switched`` caches :func:`_host_is_switched` per
-    member tuple across the rails of one :func:`two_level` call."""
+    """Intra-host tree under ``leader``; ``switched`` caches :func:`_host_is_switched` per member GPUs
+    (as GPUs of their host's class, :func:`_in_class`) across the hosts and rails of one
+    :func:`two_level` call."""
     kind, k = _parse_kind(spec, INTRA_KINDS, "intra")
     if kind == "auto":
-        key = tuple(members)
+        key = _in_class(topology, [gpus[r] for r in members])
         if switched is None or key not in switched:
-            sw = len(members) > 1 and _host_is_switched(topology, gpus, members)
+            sw = len(members) > 1 and _host_is_switched(topology, key)
             if switched is None:
                 switched = {}
             switched[key] = sw

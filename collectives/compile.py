@@ -48,7 +48,7 @@ from collections.abc import Sequence
 
 from treecoll.topo.errors import ScheduleError
 
-from .schedule import Schedule, Step
+from .schedule import Schedule, Step, trusted_step
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = [
@@ -88,18 +88,28 @@ class _Prog:
     def add(
         self, r: int, kind: str, chunk: int, peer: int = -1, slot: int = 0, deps=(), right=True, lane: int = 0
     ) -> int:
-        deps = [d for d in deps if d is not None]
-        if kind == "recv" and slot == 0:
-            last = self.last_send.get((r, chunk))
-            if last is not None:
-                deps.append(last)
         lst = self.steps[r]
-        lst.append(
-            Step(kind, chunk, peer, slot, tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps), right, lane)
-        )
-        i = len(lst) - 1
+        i = len(lst)
+        if deps:
+            deps = [d for d in deps if d is not None]
         if kind == "send":
             self.last_send[(r, chunk)] = i
+        elif kind == "recv" and slot == 0:
+            last = self.last_send.get((r, chunk))
+            if last is not None:
+                deps = [*deps, last]
+        n = len(deps)
+        lst.append(
+            trusted_step(
+                kind,
+                chunk,
+                peer,
+                slot,
+                () if n == 0 else (deps[0],) if n == 1 else tuple(sorted(set(deps))),
+                right,
+                lane,
+            )
+        )
         return i
 
 
@@ -180,10 +190,10 @@ def _emit(
     ev = _events(multi, k, phases, forward_lag)
     nph = len(phases)
 
-    def lane(ti: int, phase: str) -> int:
-        """One in-order stream per (tree, phase): NCCL runs each tree on its own channels and a tree
-        allreduce's reduce-up and broadcast-down in separate thread groups (collectives.schedule)."""
-        return ti * nph + (1 if nph == 2 and phase == "down" else 0)
+    # one in-order stream (lane) per (tree, phase): NCCL runs each tree on its own channels and a tree
+    # allreduce's reduce-up and broadcast-down in separate thread groups (collectives.schedule)
+    up_lane = [ti * nph for ti in range(len(multi.trees))]
+    down_lane = [ti * nph + (1 if nph == 2 else 0) for ti in range(len(multi.trees))]
 
     posted: dict[tuple[int, int, str], list[int]] = {}  # (rank, chunk, phase) -> recv indices
     last: dict[tuple[int, int], int] = {}  # (rank, chunk) -> index of the step completing it
@@ -195,7 +205,7 @@ def _emit(
             return
         if phase == "up":
             posted[key] = [
-                prog.add(r, "recv", c, peer=ch, slot=i + 1, lane=lane(ti, "up")) for i, ch in enumerate(t.children[r])
+                prog.add(r, "recv", c, peer=ch, slot=i + 1, lane=up_lane[ti]) for i, ch in enumerate(t.children[r])
             ]
         else:
             src = t.parents[r]
@@ -203,25 +213,28 @@ def _emit(
                 posted[key] = []
             elif src == -1:
                 if root is not None and root != r and collective == "broadcast":
-                    posted[key] = [prog.add(r, "recv", c, peer=root, lane=lane(ti, "down"))]
+                    posted[key] = [prog.add(r, "recv", c, peer=root, lane=down_lane[ti])]
                 else:
                     posted[key] = []
             else:
-                posted[key] = [prog.add(r, "recv", c, peer=src, lane=lane(ti, "down"))]
+                posted[key] = [prog.add(r, "recv", c, peer=src, lane=down_lane[ti])]
 
     for r in range(n):
         lst = ev[r]
         steps_ahead = [e for e in lst if e[4] != "fetch"]
         idx = 0
+        ahead = 0  # the up events before this index in steps_ahead have posted their receives
         for _, _, ti, c, phase in lst:
             if phase == "fetch":  # the broadcast's receive, forward_lag steps before its use
                 post(r, ti, c, "down")
                 continue
-            # post receives of the next LOOKAHEAD events (same phase kind) ahead of time
+            # post receives of the next LOOKAHEAD events (same phase kind) ahead of time (those of
+            # the events before ``ahead`` are posted already)
             if phase == "up":
-                for _, _, tj, cj, ph in steps_ahead[idx : idx + LOOKAHEAD]:
+                for _, _, tj, cj, ph in steps_ahead[max(ahead, idx) : idx + LOOKAHEAD]:
                     if ph == "up":
                         post(r, tj, cj, ph)
+                ahead = idx + LOOKAHEAD
             else:
                 post(r, ti, c, phase)
             idx += 1
@@ -229,27 +242,27 @@ def _emit(
             if phase == "up":
                 prev = None
                 for i, rv in enumerate(posted[(r, c, "up")]):  # one receive per child
-                    prev = prog.add(r, "reduce", c, slot=i + 1, deps=(rv, prev), lane=lane(ti, "up"))
+                    prev = prog.add(r, "reduce", c, slot=i + 1, deps=(rv, prev), lane=up_lane[ti])
                 last[(r, c)] = prev
                 if t.parents[r] != -1:
-                    prog.add(r, "send", c, peer=t.parents[r], deps=(prev,), lane=lane(ti, "up"))
+                    prog.add(r, "send", c, peer=t.parents[r], deps=(prev,), lane=up_lane[ti])
                 elif collective == "reduce" and root is not None and root != r:
-                    prog.add(r, "send", c, peer=root, deps=(prev,), lane=lane(ti, "up"))
+                    prog.add(r, "send", c, peer=root, deps=(prev,), lane=up_lane[ti])
             else:
                 rv = posted[(r, c, "down")]
                 dep = rv[0] if rv else last.get((r, c))
                 if collective == "broadcast" and root is not None and r == root and t.root != root:
-                    prog.add(r, "send", c, peer=t.root, lane=lane(ti, "down"))
+                    prog.add(r, "send", c, peer=t.root, lane=down_lane[ti])
                 for ch in t.children[r]:
                     if collective == "broadcast" and root is not None and ch == root:
                         continue
-                    prog.add(r, "send", c, peer=ch, deps=(dep,), lane=lane(ti, "down"))
+                    prog.add(r, "send", c, peer=ch, deps=(dep,), lane=down_lane[ti])
         if collective == "reduce" and root is not None:
             for ti, t in enumerate(multi.trees):
                 if r == root and t.root != root:
                     for j in range(k):
                         c = ti * k + j
-                        prog.add(r, "recv", c, peer=t.root, lane=lane(ti, "up"))
+                        prog.add(r, "recv", c, peer=t.root, lane=up_lane[ti])
     sched_root = root if root is not None else multi.trees[0].root
     return Schedule(
         collective,

@@ -68,19 +68,23 @@ True
 from __future__ import annotations
 
 import math
+import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
+import numpy as np
 from treecoll.topo import Path, Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
+from treecoll.topo.routes import rename_node
 
 from .compile import LOOKAHEAD
 from .in_network import nvls_domains
 from .placement import Placement, as_placement
+from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = [
@@ -148,13 +152,30 @@ class ExecutorCost:
     seconds per step of the backend's own ring allreduce (``torch.distributed.all_reduce``),
     on top of the links; None where the backend's allreduce has its own model (NCCL:
     :func:`treecoll.collectives.sim.nccl_model.nccl_predict`). ``source``: where the numbers
-    come from.
+    come from. ``by_nranks``: the same two fitted on each process count alone, ``(P, step_s,
+    native_step_s)`` rows in increasing ``P`` (empty: none); :meth:`for_nranks` picks one.
+
+    >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0), (4, 1.0, 5.0)))
+    >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s) for n in (2, 3, 4, 8)]
+    [(3.0, 1.0), (3.0, 1.0), (1.0, 5.0), (1.0, 5.0)]
     """
 
     backend: str
     step_s: float
     native_step_s: float | None
     source: str
+    by_nranks: tuple[tuple[int, float, float], ...] = ()
+
+    def for_nranks(self, nranks: int) -> ExecutorCost:
+        """The costs fitted at the largest process count of :attr:`by_nranks` not above ``nranks``
+        (the smallest fitted count below them all); ``self`` without per-count rows. Once processes
+        outnumber cores the two costs change in kind (each step of the backend's ring needs every
+        rank running at once, one of the executor's messages only its two ends), so one fit over
+        several counts can order them wrongly at every count."""
+        if not self.by_nranks:
+            return self
+        row = max((r for r in self.by_nranks if r[0] <= nranks), default=self.by_nranks[0], key=lambda r: r[0])
+        return replace(self, step_s=row[1], native_step_s=row[2], by_nranks=())
 
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
@@ -172,12 +193,18 @@ PYTHON_STEP_S = 57.4e-6
 #: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
+#: ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S)`` fitted on each process count alone (the same command's
+#: ``GLOO_BY_NRANKS``; the median of three runs taken while other jobs loaded the 2 cores: 2 processes
+#: 191.6 .. 411.1 us and 136.1 .. 152.2 us, 4 processes 276.7 .. 309.9 us and 765.1 .. 830.0 us). With a
+#: core per process gloo's own ring step is the cheaper; with two processes per core the executor's message.
+GLOO_BY_NRANKS = ((2, 208.9e-6, 138.8e-6), (4, 289.6e-6, 819.0e-6))
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
         "gloo",
         GLOO_STEP_S,
         GLOO_NATIVE_STEP_S,
         "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30",
+        GLOO_BY_NRANKS,
     ),
     "nccl": ExecutorCost(
         "nccl",
@@ -213,10 +240,6 @@ def executor_cost(placement: Placement, backend: str | None = None) -> ExecutorC
         raise TreeError(f"executor cost: backend expected one of {sorted(EXECUTOR_COSTS)}, got {name!r}")
     return EXECUTOR_COSTS[name]
 
-
-#: :meth:`CostModel.tree_times` stepped through, shared by the models of one placement (the planner makes
-#: one per call): (placement, costs, plan, bytes, collective, chunks) -> seconds
-_STEPPED: dict[tuple, float] = {}
 
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
 
@@ -256,7 +279,14 @@ def placed_gpus(placement: Placement) -> tuple[Topology, tuple[str, ...]]:
     return placement.topology, placement.gpus
 
 
-def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement: Placement) -> int:
+def nchunks_for(
+    plan: Tree | MultiTree,
+    collective: str,
+    nbytes: int,
+    placement: Placement,
+    *,
+    compiler: Callable[..., Schedule] | None = None,
+) -> int:
     """THE chunking policy: pipeline chunks per tree for a tree ``collective`` of ``nbytes``
     bytes on ``placement``. The executor and the simulator both call it, so what is
     simulated pipelines as what runs.
@@ -266,7 +296,8 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     chunks so that the pipeline fills fast, fast links fewer messages), no chunk below
     :data:`MIN_CHUNK_BYTES`. Without one (nothing to model): chunks of about
     :data:`CHUNK_BYTES`, at most :data:`MAX_CHUNKS`. Ring and rsag schedules take one
-    chunk per segment and ``direct`` one chunk: they do not ask.
+    chunk per segment and ``direct`` one chunk: they do not ask. ``compiler``: as
+    :class:`CostModel` takes it.
 
     >>> from treecoll.collectives.placement import Placement
     >>> nchunks_for(Tree.from_parents([-1, 0, 1]), "allreduce", 8 << 20, Placement(ranks=3))
@@ -274,8 +305,13 @@ def nchunks_for(plan: Tree | MultiTree, collective: str, nbytes: int, placement:
     """
     if placement.topology is None:
         return max(1, min(MAX_CHUNKS, nbytes // CHUNK_BYTES))
-    model = CostModel(placement, step_through=True)
+    model = CostModel(placement, step_through=True, compiler=compiler)
     return model.best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
+
+
+def _plan_key(multi: MultiTree) -> tuple:
+    """What a tree time depends on of a plan: every tree's parents and child order, the shares."""
+    return tuple((t.parents, t.children) for t in multi.trees), multi.shares
 
 
 def _levels(t: Tree) -> tuple[list[int], list[int]]:
@@ -289,6 +325,190 @@ def _levels(t: Tree) -> tuple[list[int], list[int]]:
         if t.parents[r] >= 0:
             height[t.parents[r]] = max(height[t.parents[r]], height[r] + 1)
     return depth, height
+
+
+class _Links:
+    """The routes of one topology's ranks as numbered links, and the rates of flows sharing them:
+    what every :class:`CostModel` of the same topology object and ranks reads (:func:`_links_of`),
+    found on first use and kept.
+
+    ``pairs``: (i, j) -> (latency s plus ``step_overhead``, link ids of every route in turn, the
+    route's share for each of them, links per route, path bandwidth GB/s). ``rate_memo``: a
+    model's tree edge rates (:meth:`CostModel._tree_rates`), ring and rsag flow rates.
+    ``times``: tree times, stepped through or in closed form (:meth:`CostModel.tree_times`), by
+    (how, plan, bytes, collective, per-message cost, chunks), at most :data:`SHARED_TIMES`.
+    ``net``: the simulator's view of the links (:meth:`CostModel._network`).
+    """
+
+    def __init__(self, topology: Topology, gpus: Sequence[str], step_overhead: float) -> None:
+        self.topology, self.gpus, self.step_overhead = topology, tuple(gpus), float(step_overhead)
+        self.pairs: dict[tuple[int, int], tuple] = {}
+        self.rate_memo: dict = {}
+        self.times: dict[tuple, float] = {}
+        self.net: Any = None
+        self.ends: list[tuple[str, str]] = []  # link id -> (node, node)
+        self._ids: dict[tuple[str, str], int] = {}
+        self._bw = np.zeros(64)  # link id -> GB/s, grown by doubling
+        self._hosts: list[str | None] | None = None  # the host of each rank's GPU
+        self._by_name: dict[tuple[str, str], tuple] = {}  # a host class's GPUs -> their entry
+        self._moves: dict[str, dict[int, int]] = {}  # host -> its class's link ids -> its own
+
+    def link_id(self, u: str, v: str) -> int:
+        """The number of the directed link u -> v (numbered on first use)."""
+        i = self._ids.get((u, v))
+        if i is None:
+            i = self._ids[(u, v)] = len(self.ends)
+            self.ends.append((u, v))
+            if i == len(self._bw):
+                self._bw = np.concatenate([self._bw, np.zeros_like(self._bw)])
+            self._bw[i] = self.topology.graph._succ[u][v]["bw"]
+        return i
+
+    def pair(self, i: int, j: int) -> tuple:
+        """The ``pairs`` entry of ranks i -> j, made and kept. Inside a host built like an earlier one
+        (:meth:`~treecoll.topo.routes.RouteTable.host_class`), that host's entry on its links renamed,
+        as the route table renames its routes."""
+        a, b = self.gpus[i], self.gpus[j]
+        if self._hosts is None:
+            node = self.topology.graph._node
+            self._hosts = [node[x].get("host") for x in self.gpus]
+        host = self._hosts[i]
+        rep = self.topology.routes.host_class(host) if host is not None and host == self._hosts[j] else host
+        if rep == host:
+            entry = self._entry(a, b)
+        else:
+            ra, rb = rename_node(a, host, rep), rename_node(b, host, rep)
+            base = self._by_name.get((ra, rb))
+            if base is None:
+                base = self._by_name[(ra, rb)] = self._entry(ra, rb)
+            entry = (base[0], self._moved(base[1], rep, host), *base[2:])
+        self.pairs[(i, j)] = entry
+        return entry
+
+    def _moved(self, ids: tuple[int, ...], rep: str, host: str) -> tuple[int, ...]:
+        """Links ``ids`` of host ``rep`` as the same links of ``host`` (built alike)."""
+        moved = self._moves.get(host)
+        if moved is None:
+            moved = self._moves[host] = {}
+        out = []
+        for x in ids:
+            y = moved.get(x)
+            if y is None:
+                u, v = self.ends[x]
+                y = moved[x] = self.link_id(rename_node(u, rep, host), rename_node(v, rep, host))
+            out.append(y)
+        return tuple(out)
+
+    def _entry(self, a: str, b: str) -> tuple:
+        """A ``pairs`` entry from the path between GPUs a and b."""
+        p = self.topology.path(a, b)
+        ids: list[int] = []
+        shares: list[float] = []
+        lens: list[int] = []
+        link_id = self.link_id
+        for nodes, share in p.routes:
+            ids.extend(link_id(u, v) for u, v in zip(nodes, nodes[1:]))
+            shares.extend([share] * (len(nodes) - 1))
+            lens.append(len(nodes) - 1)
+        return (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
+
+    def remember(self, key: tuple, seconds: float) -> float:
+        """Keep a tree time under ``key`` in ``times`` (emptied when it holds :data:`SHARED_TIMES`)."""
+        if len(self.times) >= SHARED_TIMES:
+            self.times.clear()
+        self.times[key] = seconds
+        return seconds
+
+    def rates(self, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        """Bytes/s of each of the concurrent ``flows`` (:meth:`CostModel.rates`): a link's load is the
+        sum of the shares of the routes crossing it, a route gets ``bw * share / load`` of each of
+        its links, the least of them, and a flow the sum over its routes. The sums run in the
+        order of the flows and of their routes, so every rate is the same number whatever the
+        vector length."""
+        if not flows:
+            return {}
+        pairs, make = self.pairs, self.pair
+        ids: list[int] = []
+        shares: list[float] = []
+        lens: list[int] = []
+        nroutes: list[int] = []
+        for f in flows:
+            e = pairs.get(f) or make(*f)
+            ids.extend(e[1])
+            shares.extend(e[2])
+            lens.extend(e[3])
+            nroutes.append(len(e[3]))
+        if len(ids) <= SMALL_RATES:
+            return self._rates_small(flows, ids, shares, lens)
+        link = np.array(ids, dtype=np.intp)
+        share = np.array(shares)
+        load = np.bincount(link, weights=share)
+        per_link = self._bw[link] * share / load[link]
+        starts = np.zeros(len(lens), dtype=np.intp)
+        np.cumsum(lens[:-1], out=starts[1:])
+        per_route = np.minimum.reduceat(per_link, starts)
+        most = max(nroutes)
+        if most == 1:
+            per_flow = per_route
+        else:  # each flow's routes summed in their order (0 + a + b ..., as Python's sum)
+            counts = np.array(nroutes)
+            first = np.zeros(len(flows), dtype=np.intp)
+            np.cumsum(counts[:-1], out=first[1:])
+            table = np.zeros((len(flows), most))
+            table[np.repeat(np.arange(len(flows)), counts), np.arange(len(per_route)) - np.repeat(first, counts)] = (
+                per_route
+            )
+            per_flow = table[:, 0].copy()
+            for c in range(1, most):
+                per_flow += table[:, c]
+        return dict(zip(flows, (per_flow * 1e9).tolist()))
+
+    def _rates_small(
+        self, flows: list[tuple[int, int]], ids: list[int], shares: list[float], lens: list[int]
+    ) -> dict[tuple[int, int], float]:
+        """:meth:`rates` in Python (numpy's per-call cost dominates below :data:`SMALL_RATES` links):
+        the same operations in the same order, so the same numbers. ``ids``, ``shares``, ``lens``:
+        the flows' link ids, shares and links per route, as :meth:`rates` lists them."""
+        load: dict[int, float] = defaultdict(float)
+        for lk, share in zip(ids, shares):
+            load[lk] += share
+        bw = self._bw
+        out = {}
+        i = r = 0
+        for f in flows:
+            total = 0
+            for _ in range(len(self.pairs[f][3])):
+                n = lens[r]
+                total += min(float(bw[lk]) * sh / load[lk] for lk, sh in zip(ids[i : i + n], shares[i : i + n]))
+                i += n
+                r += 1
+            out[f] = total * 1e9
+        return out
+
+
+#: (topology object, ranks, step overhead) -> their :class:`_Links`, the few most recent
+_LINKS: dict[tuple, _Links] = {}
+_LINKS_LOCK = threading.Lock()
+#: topologies (with their ranks) whose :class:`_Links` are kept; the oldest goes first beyond it
+SHARED_LINKS = 4
+#: tree times a :class:`_Links` keeps
+SHARED_TIMES = 4096
+#: link incidences up to which :meth:`_Links.rates` sums in Python
+SMALL_RATES = 64
+
+
+def _links_of(placement: Placement, topology: Topology, gpus: Sequence[str], step_overhead: float) -> _Links:
+    """The :class:`_Links` every cost model of ``placement``'s topology object (without one: the
+    uniform topology of its rank count) and ranks shares: made on first use, kept for the
+    :data:`SHARED_LINKS` most recent."""
+    key = (id(placement.topology) if placement.topology is not None else None, tuple(gpus), float(step_overhead))
+    with _LINKS_LOCK:
+        links = _LINKS.get(key)
+        if links is None or (placement.topology is not None and links.topology is not placement.topology):
+            while len(_LINKS) >= SHARED_LINKS:
+                del _LINKS[next(iter(_LINKS))]
+            links = _LINKS[key] = _Links(topology, gpus, step_overhead)
+    return links
 
 
 class CostModel:
@@ -306,7 +526,11 @@ class CostModel:
     serially; None: what ``mode`` says), ``chunk_candidates`` (chunk counts
     :meth:`best_nchunks` tries by default), ``step_through`` (trees in ``executor`` mode: step
     through the compiled schedule as the executor simulation does, what the planner's chunk and
-    backend choices use; False: the closed form, cheaper, what ``auto``'s tree search scores).
+    backend choices use; False: the closed form, cheaper, what ``auto``'s tree search scores),
+    ``compiler`` (what compiles a plan to step through, called as
+    ``compiler(plan, collective, nchunks, root=root)``; default
+    :func:`~treecoll.collectives.compile.compile_plan`; the planner passes its cached one, so the
+    schedule the chosen count steps through is the one the executor gets).
 
     >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].step_s
     True
@@ -326,6 +550,7 @@ class CostModel:
         backend: str | None = None,
         chunk_candidates: Sequence[int] = CHUNK_CANDIDATES,
         step_through: bool = False,
+        compiler: Callable[..., Schedule] | None = None,
     ) -> None:
         if mode not in MODES:
             raise TreeError(f"cost model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -338,12 +563,11 @@ class CostModel:
         self.msg_overhead = float(msg_overhead)
         self.chunk_candidates = tuple(chunk_candidates)
         self.step_through = bool(step_through)
+        self._compiler = compiler
         self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
-        self._pairs: dict[tuple[int, int], tuple] = {}
-        self._rate_memo: dict = {}
-        self._net: Any = None
+        self._links: _Links | None = None  # found on first use (:meth:`_shared`)
         g = self.topology.graph
         self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or 0.0) for x in self.gpus)
 
@@ -352,39 +576,50 @@ class CostModel:
         """The topology path between group ranks i and j."""
         return self.topology.path(self.gpus[i], self.gpus[j])
 
-    def _pair(self, i: int, j: int):
-        key = (i, j)
-        if key not in self._pairs:
-            p = self.path(i, j)
-            g = self.topology.graph
-            routes = tuple((tuple(zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
-            bws = {e: g.edges[e]["bw"] for links, _ in routes for e in links}
-            self._pairs[key] = (p.lat * 1e-6 + self.step_overhead, routes, bws, p.bw)
-        return self._pairs[key]
+    def _shared(self) -> _Links:
+        """The routes and link rates of this model's topology and ranks, shared with every other
+        model of them (:func:`_links_of`)."""
+        links = self._links
+        if links is None:
+            links = self._links = _links_of(self.placement, self.topology, self.gpus, self.step_overhead)
+        return links
+
+    def _pair(self, i: int, j: int) -> tuple:
+        """(latency s with :attr:`step_overhead`, link ids, route share per link, links per route,
+        path bandwidth GB/s) of the path from rank i to rank j."""
+        pairs = self._shared().pairs
+        hit = pairs.get((i, j))
+        return hit if hit is not None else self._shared().pair(i, j)
 
     def p2p(self, i: int, j: int, nbytes: float) -> float:
         """Seconds for ``nbytes`` from rank i to rank j alone."""
-        lat, _, _, bw = self._pair(i, j)
-        return lat + nbytes / (bw * 1e9)
+        pair = self._pair(i, j)
+        return pair[0] + nbytes / (pair[4] * 1e9)
 
     def loads(self, flows: Iterable[tuple[int, int]]) -> dict:
-        """Load (sum of route shares) on each directed link for concurrent flows (i, j)."""
+        """Load (sum of route shares) on each directed link ``(node, node)`` for concurrent flows (i, j)."""
+        links = self._shared()
         load: dict = defaultdict(float)
         for i, j in flows:
-            for links, share in self._pair(i, j)[1]:
-                for e in links:
-                    load[e] += share
+            _, ids, shares, _, _ = self._pair(i, j)
+            for lk, share in zip(ids, shares):
+                load[links.ends[lk]] += share
         return load
 
     def rates(self, flows: Sequence[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """Bytes/s of each of the concurrent flows (duplicates count as separate flows)."""
-        flows = list(flows)
-        load = self.loads(flows)
-        out = {}
-        for f in set(flows):
-            _, routes, bws, _ = self._pair(*f)
-            out[f] = sum(min(bws[e] * share / load[e] for e in links) for links, share in routes) * 1e9
-        return out
+        return self._shared().rates(list(flows))
+
+    def _memo_rates(self, key: tuple, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        """:meth:`rates` of ``flows``, kept under ``key`` (which must name the flows) for every model
+        of this topology and ranks."""
+        memo = self._shared().rate_memo
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 256:
+                memo.clear()
+            hit = memo[key] = self.rates(flows)
+        return hit
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:
         """Seconds for rank ``rank`` to combine two ``nbytes`` operands."""
@@ -436,23 +671,13 @@ class CostModel:
         from .sim.estimate import estimate_executor_schedule
 
         multi = as_multi(plan)
-        key = (
-            self.placement.plan_key,
-            self.msg_overhead,
-            self.step_overhead,
-            tuple((t.parents, t.children) for t in multi.trees),
-            multi.shares,
-            nbytes,
-            collective,
-            k,
-        )
-        hit = _STEPPED.get(key)
+        key = ("stepped", _plan_key(multi), nbytes, collective, self.msg_overhead, k)
+        links = self._shared()
+        hit = links.times.get(key)
         if hit is None:
-            if len(_STEPPED) > 4096:
-                _STEPPED.clear()
             # a reduce or broadcast of trees with different roots ends (starts) at the first tree's root
             root = multi.roots[0] if collective != "allreduce" and len(set(multi.roots)) > 1 else None
-            sched = compile_plan(plan, collective, k, root=root)
+            sched = (self._compiler or compile_plan)(plan, collective, k, root=root)
             try:
                 hit = estimate_executor_schedule(
                     self._network(),
@@ -465,18 +690,19 @@ class CostModel:
                 )
             except CollectiveError:  # the executor would wait forever (in-order connections): never pick it
                 hit = math.inf
-            _STEPPED[key] = hit
+            links.remember(key, hit)
         return hit
 
     def _network(self) -> Any:
         """The simulator's view of the links: a :class:`~treecoll.collectives.sim.engine.Network` of the
         ``ideal`` profile (the topology as written, the NIC's own latency on its routes)."""
-        if self._net is None:
+        links = self._shared()
+        if links.net is None:
             from .sim.engine import Network
             from .sim.profiles import get_profile
 
-            self._net = Network(self.topology, get_profile("ideal"))
-        return self._net
+            links.net = Network(links.topology, get_profile("ideal"))
+        return links.net
 
     def cpu_bound(self, plan: Tree | MultiTree, nbytes: float, collective: str, nchunks: int) -> float:
         """Seconds the busiest rank's one thread spends on ``plan`` with ``nchunks`` chunks per tree:
@@ -495,7 +721,21 @@ class CostModel:
     def _closed_form_times(
         self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
     ) -> list[float]:
-        """The closed form of :meth:`tree_times` (module docstring), for schedules past the budget."""
+        """The closed form of :meth:`tree_times` (module docstring), for schedules past the budget;
+        kept for every model of this topology and ranks (a builder's choice, then the chunk count)."""
+        links = self._shared()
+        base = ("closed", _plan_key(multi), nbytes, collective, self.msg_overhead)
+        found = {k: links.times.get(base + (k,)) for k in chunk_counts}
+        missing = [k for k, v in found.items() if v is None]
+        if missing:
+            for k, v in zip(missing, self._closed_form(multi, nbytes, collective, missing)):
+                found[k] = links.remember(base + (k,), v)
+        return [found[k] for k in chunk_counts]
+
+    def _closed_form(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """:meth:`_closed_form_times` computed."""
         phases = COLLECTIVE_PHASES[collective]
         up, down = "up" in phases, "down" in phases
         o = self.msg_overhead
@@ -521,6 +761,14 @@ class CostModel:
                 prepared.append((t, share, nodes))
             return prepared
 
+        per_phase = int(up) + int(down)
+        mem_bw = self._mem_bw
+        # per tree, every rank's (children, messages per chunk): what its thread handles
+        handled = [
+            [(r, len(t.children[r]), (len(t.children[r]) + (t.parents[r] >= 0)) * per_phase) for r in range(t.size)]
+            for t in multi.trees
+        ]
+        steady: list = []  # per tree, every inner rank's (children, messages, reduce s per byte, largest 1/rate)
         out = []
         for k in chunk_counts:
             worst = 0.0
@@ -530,6 +778,18 @@ class CostModel:
                 prepared_by[True] = prepare(True)
             if k > 1 and False not in prepared_by:
                 prepared_by[False] = prepare(False)
+                steady = [
+                    [
+                        (
+                            len(ups or downs),
+                            (len(ups or downs) + (t.parents[r] >= 0)) * per_phase,
+                            red,
+                            max(inv for _, _, inv in (ups or []) + (downs or [])),
+                        )
+                        for r, ups, downs, red, _ in nodes
+                    ]
+                    for t, _, nodes in prepared_by[False]
+                ]
             prepared = prepared_by[True]
             for ti, (t, share, nodes) in enumerate(prepared):
                 m = nbytes * share / k
@@ -553,23 +813,18 @@ class CostModel:
                 # steady state: per chunk a rank handles its messages one after another (CPU)
                 # while its links carry the chunk
                 stage = 0.0
-                for r, ups, downs, red, _ in prepared_by[False][ti][2] if k > 1 else ():
-                    c = len(ups or downs)
-                    msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
+                for c, msgs, red, slowest in steady[ti] if k > 1 else ():
                     cpu = msgs * o + (c * red * m if up else 0.0)
-                    link = max(m * inv for _, _, inv in (ups or []) + (downs or []))
-                    stage = max(stage, cpu, link)
+                    stage = max(stage, cpu, m * slowest)  # m * the largest 1/rate: the largest m / rate
                 worst = max(worst, total + (k - 1) * stage)
             # every rank issues the messages of all trees from one thread: a multitree's trees
             # share each rank's time
             if len(prepared) > 1:
                 busy = [0.0] * self.nranks
-                for t, share, _ in prepared:
+                for (_, share, _), per_rank in zip(prepared, handled):
                     m = nbytes * share / k
-                    for r in range(t.size):
-                        c = len(t.children[r])
-                        msgs = (c + (t.parents[r] >= 0)) * (int(up) + int(down))
-                        busy[r] += k * (msgs * o + (c * self.reduce_cost(r, m) if up else 0.0))
+                    for r, c, msgs in per_rank:
+                        busy[r] += k * (msgs * o + (c * reduce_time(mem_bw[r], m) if up else 0.0))
                 worst = max(worst, max(busy))
             out.append(worst)
         return out
@@ -582,11 +837,12 @@ class CostModel:
         busy at the same time with one chunk: going up, those whose child's subtree has the same
         height; going down, those whose child has the same depth."""
         key = (tuple(t.parents for t in multi.trees), up, down, by_level)  # rates depend on edges only
-        hit = self._rate_memo.get(key)
+        memo = self._shared().rate_memo
+        hit = memo.get(key)
         if hit is not None:
             return hit
-        if len(self._rate_memo) > 256:
-            self._rate_memo.clear()
+        if len(memo) > 256:
+            memo.clear()
         groups: dict = defaultdict(list)
         for t in multi.trees:
             depth, height = _levels(t) if by_level else (None, None)
@@ -600,7 +856,7 @@ class CostModel:
         for flows in groups.values():
             for f, v in self.rates(flows).items():
                 rate[f] = min(v, rate.get(f, v))
-        self._rate_memo[key] = rate
+        memo[key] = rate
         return rate
 
     def order_children(
@@ -656,8 +912,10 @@ class CostModel:
         edges over every child order and chunk count."""
         best = None
         stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
+        if not stepped:
+            return self._best_ordered_closed(plan, nbytes, collective)
         for k in sorted(self._chunk_counts(nbytes)):
-            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[2]):
+            if best is not None and self._search_ends(plan, nbytes, collective, k, best[2]):
                 break
             ordered = self.order_children(plan, nbytes, collective, k)
             # the order rule is exact in the closed form, a heuristic for the stepped schedule
@@ -665,6 +923,26 @@ class CostModel:
                 secs = self._search_time(p, nbytes, collective, k, stepped)
                 if best is None or secs < best[2]:
                     best = (p, k, secs)
+        return best
+
+    def _best_ordered_closed(
+        self, plan: Tree | MultiTree, nbytes: float, collective: str
+    ) -> tuple[Tree | MultiTree, int, float]:
+        """:meth:`best_ordered` all in the closed form: the counts whose child orders are the same
+        priced in one call (its per-rank tables built once)."""
+        ks = sorted(self._chunk_counts(nbytes))
+        ordered = {k: self.order_children(plan, nbytes, collective, k) for k in ks}
+        same: dict[tuple, list[int]] = {}
+        for k in ks:
+            same.setdefault(_plan_key(as_multi(ordered[k])), []).append(k)
+        secs: dict[int, float] = {}
+        for group in same.values():
+            multi = self._checked(ordered[group[0]], collective, group)
+            secs.update(zip(group, self._closed_form_times(multi, nbytes, collective, group)))
+        best = None
+        for k in ks:
+            if best is None or secs[k] < best[2]:
+                best = (ordered[k], k, secs[k])
         return best
 
     def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
@@ -727,7 +1005,7 @@ class CostModel:
         if n == 1:
             return 0.0
         flows = [(order[i], order[(i + 1) % n]) for i in range(n)]
-        rate = self.rates(flows)
+        rate = self._memo_rates(("ring", tuple(order)), flows)
         m = nbytes / n
         step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * o
         red = max(self.reduce_cost(r, m) for r in order)
@@ -739,7 +1017,7 @@ class CostModel:
         if n == 1:
             return 0.0
         flows = [(i, j) for i in range(n) for j in range(n) if i != j]
-        rate = self.rates(flows)
+        rate = self._memo_rates(("rsag",), flows)
         m = nbytes / n
         step = max(self._pair(*f)[0] + m / rate[f] for f in flows) + 2 * (n - 1) * self.msg_overhead
         red = max((n - 1) * self.reduce_cost(r, m) for r in range(n))

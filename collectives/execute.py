@@ -110,7 +110,13 @@ In place, or into ``out=`` (three in-process ranks, :mod:`treecoll.collectives.l
 Backends: tested on gloo (CPU). On NCCL every ``isend``/``irecv`` is its own
 operation on the process group's stream; the schedules post receives before
 the sends that depend on them and wait on a send only before overwriting its
-buffer, but this path has not been run on GPUs here.
+buffer, but this path has not been run on GPUs here. NCCL matches a pair's
+messages in the order they are posted and ignores tags: a schedule whose
+sender posts a pair's chunks in another order than its receiver (several
+trees sharing a pair, :meth:`Schedule.pair_order_conflict`) would put chunks in
+the wrong place there, so on such a backend (``transport.matches_tags`` false)
+``auto`` runs the first tree of such a multitree alone and an explicit one
+raises :class:`CollectiveError` naming the pair, before any message.
 """
 
 from __future__ import annotations
@@ -606,17 +612,25 @@ def _prepare(
         text = f"native:{backend}|{layout.descriptor()}|{opx.key()}"
         return opx, None, layout, what, text, 0, ""
     probe = Layout.of(x, opx, [1.0])
-    plan, sched = planner.schedule_for(
-        tree,
-        collective=collective,
-        nbytes=_nbytes(x),
-        placement=placement,
-        op=opx,
-        algo=options.algo if collective == "allreduce" else "tree",
-        root=root,
-        nchunks=options.nchunks,
-        max_chunks=probe.max_chunks,
-    )
+
+    def plan_call(tree: Any) -> tuple:
+        return planner.schedule_for(
+            tree,
+            collective=collective,
+            nbytes=_nbytes(x),
+            placement=placement,
+            op=opx,
+            algo=options.algo if collective == "allreduce" else "tree",
+            root=root,
+            nchunks=options.nchunks,
+            max_chunks=probe.max_chunks,
+        )
+
+    plan, sched = plan_call(tree)
+    if not getattr(transport, "matches_tags", True) and sched.pair_order_conflict() is not None:
+        if (tree is None or tree == "auto") and isinstance(plan, MultiTree):
+            plan, sched = plan_call(plan.trees[0])  # auto's own choice: its first tree alone runs in order
+        _check_pair_order(sched, what, transport)
     layout = Layout.of(x, opx, sched.shares)
     problem = _associativity_problem(opx, layout, planner.probes) if options.check else ""
     ident = plan.fingerprint() if plan is not None else sched.name.partition("/")[0]
@@ -624,6 +638,23 @@ def _prepare(
     digest = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
     tag_base = ((digest & 0x7FFF) << TAG_CHUNK_BITS) if sched.nchunks < (1 << TAG_CHUNK_BITS) else 0
     return opx, sched, layout, what, text, tag_base, problem
+
+
+def _check_pair_order(sched: Schedule, what: str, transport: Any) -> None:
+    """Raise :class:`CollectiveError` when a pair of ranks would post its messages in different
+    orders on a transport that matches them in posting order (every rank raises the same)."""
+    clash = sched.pair_order_conflict()
+    if clash is None:
+        return
+    a, b, sent, got = clash
+    backend = getattr(getattr(transport, "info", None), "backend", "")
+    who = f"the {backend} backend" if backend else "this transport"
+    raise CollectiveError(
+        f"{what}: schedule {sched.name!r} ({sched.nchunks} chunks): rank {a} sends rank {b} chunk {sent} "
+        f"where rank {b} receives chunk {got}; {who} matches a pair's messages in the "
+        f"order they are posted, not by tag, so the chunk would land in the wrong place; pass a "
+        f"single-tree plan (e.g. tree='binary' or a two_level tree without rails)"
+    )
 
 
 def _native_backend(collective: str, x: Any, op: Op, tree: Any, options: CollectiveOptions, transport: Any) -> str:

@@ -160,6 +160,10 @@ def check_usable(comm: Any, what: str) -> None:
         )
 
 
+#: torch.distributed backends that match point-to-point messages by tag
+TAG_MATCHING_BACKENDS = ("gloo", "mpi")
+
+
 class TorchTransport:
     """Point-to-point over torch.distributed on ``group`` (None: the default group); peers
     are group ranks, translated to global ranks by :meth:`GroupInfo.to_global`. Holds the
@@ -172,6 +176,12 @@ class TorchTransport:
         self.rank = self.info.rank
         self.size = self.info.size
         self._dist = _dist()
+
+    @property
+    def matches_tags(self) -> bool:
+        """Whether the backend matches a pair's messages by tag (gloo, MPI); NCCL matches them in
+        the order they are posted and ignores tags."""
+        return self.info.backend.lower() in TAG_MATCHING_BACKENDS
 
     def isend(self, tensor: Any, peer: int, tag: int) -> Any:
         return self._dist.isend(tensor, dst=self.info.to_global(peer), group=self._group, tag=tag)

@@ -1,6 +1,7 @@
 """In-process transport: run a schedule on P simulated ranks in threads (tests, examples).
 
-:class:`LocalFabric` holds FIFO mailboxes per (source, destination, tag);
+:class:`LocalFabric` holds FIFO mailboxes per (source, destination, tag), or
+with ``by_tag=False`` matches a pair's messages in the order they are posted, as NCCL does;
 ``fabric.transport(r)`` is rank r's endpoint with the interface of
 :class:`treecoll.collectives.group.TorchTransport`. Sends copy eagerly (like a
 buffered send), receives block until the matching message arrives or the
@@ -43,16 +44,25 @@ class _Done:
 class LocalFabric:
     """Mailboxes shared by the P in-process ranks."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, *, by_tag: bool = True):
         self.size = size
+        self.by_tag = by_tag
+        self._posted: dict[tuple[int, int, str], int] = {}
         self._lock = threading.Lock()
         self._boxes: dict[tuple, queue.Queue] = {}
         self._gather: dict[int, list] = {}
         self._gather_cv = threading.Condition()
         self._gather_round = [0] * size
 
-    def box(self, src: int, dst: int, tag: int) -> queue.Queue:
+    def box(self, src: int, dst: int, tag: int, side: str) -> queue.Queue:
+        """The mailbox of a message from ``src`` to ``dst`` posted by ``side`` ("send" or "recv"):
+        one per tag, or (``by_tag=False``, as NCCL matches) the n-th posted send meets the n-th
+        posted receive of the pair, whatever their tags."""
         with self._lock:
+            if not self.by_tag:
+                n = self._posted.get((src, dst, side), 0)
+                self._posted[(src, dst, side)] = n + 1
+                tag = -1 - n
             return self._boxes.setdefault((src, dst, tag), queue.Queue())
 
     def transport(self, rank: int) -> LocalTransport:
@@ -65,13 +75,14 @@ class LocalTransport:
     def __init__(self, fabric: LocalFabric, rank: int):
         self.fabric, self.rank, self.size = fabric, rank, fabric.size
         self.comm = fabric  # per-group state (failures, agreements, scratch) is keyed on the fabric
+        self.matches_tags = fabric.by_tag
 
     def isend(self, tensor: Any, peer: int, tag: int) -> _Done:
-        self.fabric.box(self.rank, peer, tag).put(tensor.detach().clone())
+        self.fabric.box(self.rank, peer, tag, "send").put(tensor.detach().clone())
         return _Done()
 
     def irecv(self, tensor: Any, peer: int, tag: int) -> _Done:
-        box = self.fabric.box(peer, self.rank, tag)
+        box = self.fabric.box(peer, self.rank, tag, "recv")
 
         def finish(timeout: float) -> None:
             try:
@@ -102,9 +113,12 @@ class LocalTransport:
             return list(f._gather[rnd])
 
 
-def run_ranks(size: int, fn: Callable[[int, LocalTransport], Any], *, timeout: float = 60.0) -> list:
-    """Run ``fn(rank, transport)`` for every rank in threads; results in rank order."""
-    fabric = LocalFabric(size)
+def run_ranks(
+    size: int, fn: Callable[[int, LocalTransport], Any], *, timeout: float = 60.0, by_tag: bool = True
+) -> list:
+    """Run ``fn(rank, transport)`` for every rank in threads; results in rank order. ``by_tag``:
+    messages matched by tag (as gloo), else in the order each pair posts them (as NCCL)."""
+    fabric = LocalFabric(size, by_tag=by_tag)
     results: list = [None] * size
     errors: list = [None] * size
 

@@ -314,7 +314,7 @@ class Planner:
         key = (plan.fingerprint(), collective, nbytes, placement.plan_key)
         k = self.chunks.get(key)
         if k is None:
-            k = self.chunks[key] = nchunks_for(plan, collective, nbytes, placement)
+            k = self.chunks[key] = nchunks_for(plan, collective, nbytes, placement, compiler=self.compiled)
         return k
 
     def schedule_for(
@@ -339,6 +339,14 @@ class Planner:
         always run trees). ``nchunks`` per tree (None: :meth:`nchunks_for`; ring and rsag
         one per segment, direct one), at most ``max_chunks`` in all (the value's limit).
         """
+        algo, plan, per = self._plan_and_chunks(
+            tree, collective, nbytes, placement, op, algo, root, nchunks, max_chunks
+        )
+        return plan, self.compiled(plan, collective, per, root=root, algo=algo, nranks=placement.nranks)
+
+    def _plan_and_chunks(self, tree, collective, nbytes, placement, op, algo, root, nchunks, max_chunks) -> tuple:
+        """``(algorithm, plan, chunks per tree)`` of :meth:`schedule_for`'s schedule (its arguments, in
+        order), without compiling it."""
         n = placement.nranks
         what = collective if root is None else f"{collective}(root={root})"
         if algo not in ALGOS:
@@ -365,11 +373,26 @@ class Planner:
             k = nchunks if nchunks is not None else self.nchunks_for(plan, collective, nbytes, placement)
             ntrees = len(as_multi(plan))
         per = max(1, min(k, max_chunks // max(ntrees, 1))) if max_chunks is not None else max(1, k)
-        key = (plan.fingerprint() if plan is not None else algo, collective, per, root, algo, n)
+        return algo, plan, per
+
+    def compiled(
+        self,
+        plan: Tree | MultiTree | None,
+        collective: str,
+        nchunks: int,
+        *,
+        root: int | None = None,
+        algo: str = "tree",
+        nranks: int | None = None,
+    ) -> Schedule:
+        """:func:`~treecoll.collectives.compile.compile_plan` of these arguments, cached: what the executor
+        runs, and what the cost model steps through to choose the chunk count (:meth:`nchunks_for`)."""
+        n = nranks if nranks is not None else as_multi(plan).size
+        key = (plan.fingerprint() if plan is not None else algo, collective, nchunks, root, algo, n)
         sched = self.schedules.get(key)
         if sched is None:
-            sched = self.schedules[key] = compile_plan(plan, collective, per, root=root, algo=algo, nranks=n)
-        return plan, sched
+            sched = self.schedules[key] = compile_plan(plan, collective, nchunks, root=root, algo=algo, nranks=n)
+        return sched
 
     def prefer_native(self, *, nbytes: int, placement: Placement, backend: str) -> bool:
         """Whether the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes`` is
@@ -388,10 +411,10 @@ class Planner:
 
         if placement.nranks < 2:
             return False
-        model = CostModel(placement, backend=backend, step_through=True)
-        plan, sched = self.schedule_for(None, collective="allreduce", nbytes=nbytes, placement=placement)
+        model = CostModel(placement, backend=backend, step_through=True, compiler=self.compiled)
+        _, plan, per = self._plan_and_chunks(None, "allreduce", nbytes, placement, None, "auto", None, None, None)
         if plan is not None:
-            ours = model.tree_time(plan, nbytes, "allreduce", max(1, sched.nchunks // len(as_multi(plan))))
+            ours = model.tree_time(plan, nbytes, "allreduce", per)
         else:
             ours = model.rsag_time(nbytes)
         return native_allreduce_time(model, nbytes) <= ours

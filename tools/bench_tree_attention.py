@@ -23,7 +23,10 @@ ranks (round-robin blocks of 256 tokens).  Two measurements in one run:
     printed), and ``floor`` = one ``torch.distributed.all_reduce`` (SUM) of the
     same packed bytes: the cost of a single collective on this engine.
     Repetitions interleaved (:func:`treecoll.tools.bench.harness.interleaved`:
-    barrier, time the call on every rank, the slowest rank's time), median.
+    barrier, time the call on every rank, the slowest rank's time), median;
+(c) the combines of (b) against what the cost model ``auto`` asks predicts for
+    them on this group (:func:`treecoll.attention.cost.combine_times`), with
+    each method's rank measured and predicted.
 
 Usage::
 
@@ -87,7 +90,17 @@ def _combine_bench(rank: int, world: int, batch: int, repeats: int) -> dict:
         "bytes": packed.numel() * 4,
         "tree": list(t.parents),
         "auto_picks": choose_combine(batch, HEADS, HEAD_DIM),
+        "model_s": _model_times(batch),
     }
+
+
+def _model_times(batch: int) -> dict[str, float]:
+    """What the cost model ``combine="auto"`` asks predicts for each combine on this group (seconds)."""
+    from treecoll.attention import cost
+    from treecoll.attention.tree_decode import _backend, group_placement
+
+    t = cost.combine_times(group_placement(), batch, HEADS, HEAD_DIM, backend=_backend(None))
+    return {m: v["time_s"] for m, v in t.items()}
 
 
 def _group_worker(rank: int, world: int, plan: dict) -> dict:
@@ -105,7 +118,12 @@ def _group_worker(rank: int, world: int, plan: dict) -> dict:
 
 
 def _summarize_combine(rank0: dict) -> dict:
-    out = {"bytes": rank0["bytes"], "tree": rank0["tree"], "auto_picks": rank0["auto_picks"]}
+    out = {
+        "bytes": rank0["bytes"],
+        "tree": rank0["tree"],
+        "auto_picks": rank0["auto_picks"],
+        "model_s": rank0["model_s"],
+    }
     for k, ts in rank0["times"].items():
         out[k] = {"median_s": statistics.median(ts), "min_s": min(ts)}
     return out
@@ -200,6 +218,34 @@ def combine_table(combine: list[dict]) -> str:
         rows,
         ["P", "batch", "state", *(f"{k} us" for k in COMBINE), "auto picks"],
         formats=[None, None, None, *(".0f" for _ in COMBINE), None],
+    )
+
+
+def model_table(combine: list[dict]) -> str:
+    """(c): per (P, batch) and combine method, the measured median against the cost model's prediction,
+    and each method's rank (1 = fastest) measured and predicted."""
+    rows = []
+    for c in combine:
+        model = c["model_s"]
+        measured = {m: c[m]["median_s"] for m in model}
+        by_m, by_p = sorted(measured, key=measured.get), sorted(model, key=model.get)
+        for m in model:
+            rows.append(
+                [
+                    c["nproc"],
+                    c["batch"],
+                    m,
+                    measured[m] * 1e6,
+                    model[m] * 1e6,
+                    measured[m] / model[m] if model[m] > 0 else float("nan"),
+                    by_m.index(m) + 1,
+                    by_p.index(m) + 1,
+                ]
+            )
+    return table(
+        rows,
+        ["P", "batch", "method", "measured us", "model us", "measured/model", "rank measured", "rank model"],
+        formats=[None, None, None, ".0f", ".0f", ".2f", None, None],
     )
 
 
@@ -354,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(step_table(result["runs"]))
     print("\n(b) combine alone: median of the interleaved repetitions of the slowest rank")
     print(combine_table(result["combine"]))
+    print("\n(c) combine: measured against the cost model auto asks (attention.cost.combine_times)")
+    print(model_table(result["combine"]))
     print("\ntargets:")
     for t in result["targets"]:
         print(f"  [{'met' if t['met'] else 'NOT met'}] {t['target']}: {t['value']}")

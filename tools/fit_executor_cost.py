@@ -12,11 +12,22 @@ treecoll's executor issues every send and receive from Python; the
   executor simulation of the same schedule with ``o = 1`` on free links (no
   latency, unbounded bandwidth). ``o`` is the least-squares fit of ``T = o S``.
 * **gloo's own allreduce** (``GLOO_NATIVE_STEP_S``): ``torch.distributed.all_reduce``
-  of the same sizes, divided by its ``2 (P - 1)`` ring steps.
+  of the same sizes, divided by its ``2 (P - 1)`` ring steps (sizes with fewer
+  float32 elements than processes left out: gloo does not run the ring's steps on them).
 * **Python alone** (``PYTHON_STEP_S``): the same tree allreduces on the in-process
   transport (:mod:`treecoll.collectives.local`, threads under one GIL): the
   time divided by the messages of all ranks (the GIL runs one rank's Python at
   a time), the executor's own cost per message without a network library.
+* **Per process count** (``GLOO_BY_NRANKS``): the two fits above again on each
+  ``--procs`` count alone, ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S)``. They differ
+  in kind, not only in size, once the processes outnumber the cores: each step of
+  gloo's ring needs every rank running at once, a tree message only its two ends.
+* **Attention-state merges in Python** (``MERGE_PAIR_S``, ``MERGE_STATES_S``): one
+  :class:`treecoll.attention.MergeOp` of two packed states (what a tree node does
+  per child) and one :func:`treecoll.attention.merge_states` of ``max(--procs)``
+  stacked states (what the all-gather combine does once), Llama-3.1-8B's 32 heads
+  x 128 at batch 1, median of single calls; a few torch ops each, so their
+  dispatch, not the bytes, sets the time at decode state sizes.
 
 The constants in :mod:`treecoll.collectives.cost` are what this printed; run it
 on a quiet machine::
@@ -34,7 +45,7 @@ import json
 import sys
 import time
 
-__all__ = ["main", "fit_through_origin", "serial_messages", "TREES", "SIZES"]
+__all__ = ["main", "fit_through_origin", "fit_by_nranks", "serial_messages", "TREES", "SIZES"]
 
 #: trees timed (one chunk, latency bound)
 TREES = ("chain", "binomial", "star")
@@ -48,6 +59,34 @@ def fit_through_origin(pairs: list[tuple[float, float]]) -> float:
     """The least-squares ``o`` of ``T = o S`` over ``(T, S)`` pairs."""
     den = sum(s * s for _, s in pairs)
     return sum(t * s for t, s in pairs) / den if den else 0.0
+
+
+def _ring_sized(row: dict) -> bool:
+    """True when gloo's ring runs all its ``2 (P - 1)`` steps on the row's buffer: at least one float32
+    element per rank (4 processes all-reduce 8 B in about an eighth of the time of 256 B here, far
+    from the ring's step count)."""
+    return row["bytes"] // 4 >= row["procs"]
+
+
+def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float]]:
+    """``(P, executor o, native o)`` per process count of ``rows`` (:func:`main`'s: ``procs``, ``case``,
+    ``time_us``, ``messages``), each the fit through the origin of that count's rows alone.
+
+    >>> rows = [{"procs": 2, "case": "chain", "bytes": 8, "time_us": 400.0, "messages": 2.0},
+    ...         {"procs": 2, "case": "native", "bytes": 8, "time_us": 200.0, "messages": 2.0},
+    ...         {"procs": 4, "case": "star", "bytes": 8, "time_us": 600.0, "messages": 6.0},
+    ...         {"procs": 4, "case": "native", "bytes": 8, "time_us": 60.0, "messages": 6.0},
+    ...         {"procs": 4, "case": "native", "bytes": 256, "time_us": 3000.0, "messages": 6.0}]
+    >>> fit_by_nranks(rows)     # 4 ranks' 8 B (2 elements) does not run the ring: left out
+    [(2, 0.0002, 0.0001), (4, 0.0001, 0.0005)]
+    """
+    out = []
+    for p in sorted({r["procs"] for r in rows}):
+        mine = [r for r in rows if r["procs"] == p]
+        ours = [(r["time_us"] * 1e-6, r["messages"]) for r in mine if r["case"] != "native"]
+        native = [(r["time_us"] * 1e-6, r["messages"]) for r in mine if r["case"] == "native" and _ring_sized(r)]
+        out.append((p, round(fit_through_origin(ours), 10), round(fit_through_origin(native), 10)))
+    return out
 
 
 def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
@@ -122,6 +161,35 @@ def _time_local(nranks: int, reps: int) -> float:
     return max(run_ranks(nranks, body)) / reps / msgs
 
 
+def _time_merges(nstates: int, reps: int) -> dict[str, float]:
+    """Median seconds of one :class:`MergeOp` of two packed states and one ``merge_states`` of
+    ``nstates`` states (module docstring), on this process."""
+    import statistics
+
+    import torch
+    from treecoll.attention.state import MergeOp, merge_states, pack_state
+
+    heads, head_dim = 32, 128
+    op = MergeOp(batch=1, heads=heads, head_dim=head_dim)
+    a = pack_state(torch.randn(1, heads, head_dim), torch.randn(1, heads))
+    outs, lses = torch.randn(nstates, 1, heads, head_dim), torch.randn(nstates, 1, heads)
+
+    def median_s(fn) -> float:
+        for _ in range(10):
+            fn()
+        times = []
+        for _ in range(max(reps, 1) * CALLS):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return {
+        "MERGE_PAIR_S": median_s(lambda: op(a, a)),
+        "MERGE_STATES_S": median_s(lambda: merge_states(outs, lses, dim=0)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from treecoll.collectives.launch import RankPool
 
@@ -140,8 +208,12 @@ def main(argv: list[str] | None = None) -> int:
             # load disturbed least
             t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
             s = 2 * (p - 1) if name == "native" else serial_messages(name, p, int(size))
-            (native_pairs if name == "native" else tree_pairs).append((t, s))
-            rows.append({"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s})
+            row = {"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s}
+            rows.append(row)
+            if name != "native":
+                tree_pairs.append((t, s))
+            elif _ring_sized(row):
+                native_pairs.append((t, s))
             print(
                 f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message",
                 flush=True,
@@ -151,9 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         "GLOO_STEP_S": fit_through_origin(tree_pairs),
         "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
         "PYTHON_STEP_S": min(local),
+        **_time_merges(max(args.procs), args.reps),
     }
     for k, v in fit.items():
         print(f"{k} = {v * 1e6:.1f}e-6")
+    fit["GLOO_BY_NRANKS"] = fit_by_nranks(rows)
+    print(
+        "GLOO_BY_NRANKS = ("
+        + ", ".join(f"({p}, {a * 1e6:.1f}e-6, {b * 1e6:.1f}e-6)" for p, a, b in fit["GLOO_BY_NRANKS"])
+        + ")"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(

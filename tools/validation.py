@@ -38,7 +38,10 @@ or empty.
 
 **Degraded runs** (:func:`degraded`) are predicted and printed, marked, and left
 out of the total: a table whose ``tables.yaml`` entry says ``health: degraded``
-(the source says the run was slowed down), or whose measured busbw at its
+(the source says the run was slowed down), or where a size of at least 1 MiB
+took more than :data:`SLOWER_RATIO` (1.5) times the time of a size twice as large
+or more (:func:`slower_than_larger`: the bytes only grow, so the smaller size
+was slowed down), or whose measured busbw at its
 largest size of at least 64 MiB is below :data:`DEGRADED_FRACTION` (a quarter)
 of the busbw the links allow: the ring over the same machine with the
 ``ideal`` profile (link bandwidths as written, no protocol overhead; the
@@ -160,6 +163,10 @@ LARGE, SMALL = 64 << 20, 64 << 10
 MAX_GPUS = 64
 #: a table whose busbw at its largest size (>= 64 MiB) is below this fraction of the ideal ring's is degraded
 DEGRADED_FRACTION = 0.25
+#: a table where a size from SLOWER_FROM bytes on took more than SLOWER_RATIO times the time of a size
+#: twice as large or more is degraded (:func:`slower_than_larger`); below 1 MiB times are latency-bound
+#: and a run's first sizes often carry its warm-up. Healthy fixtures stay at or below 1.01 from 1 MiB on.
+SLOWER_FROM, SLOWER_RATIO = 1 << 20, 1.5
 _FIX_MACHINE = "pass --topology FILE|name, or --hosts N --gpus-per-host G --gpu MODEL --nic COUNTxSPEEDG-FABRIC"
 
 
@@ -483,6 +490,13 @@ def degraded(case: Case, topology: Topology, collective: str, rows: list[dict]) 
     neighbour at once; for sendrecv, which sends each rank's buffer to one neighbour, over one ring)."""
     if case.entry.get("health") == "degraded":
         return f"degraded: the source says so ({case.entry.get('why') or 'tables.yaml health: degraded'})"
+    slow = slower_than_larger([(r.size, r.out_of_place.time_us) for r in case.table.rows])
+    if slow:
+        (s, t), (s2, t2) = slow
+        return (
+            f"degraded: {s} B took {t:g} us, {t / t2:.1f} x the {t2:g} us of {s2} B (the rule: from "
+            f"{SLOWER_FROM} B on, no size takes more than {SLOWER_RATIO:g} x the time of a size twice as large or more)"
+        )
     big = [r for r in rows if r["size"] >= LARGE and r["meas_busbw"] > 0]
     if not big or len(topology.rank_gpus()) < 2:
         return ""
@@ -507,6 +521,27 @@ def degraded(case: Case, topology: Topology, collective: str, rows: list[dict]) 
             f"the {ideal:.1f} GB/s the links allow (ideal ring; the rule: below {DEGRADED_FRACTION:.0%})"
         )
     return ""
+
+
+def slower_than_larger(rows: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], tuple[int, float]] | None:
+    """The first ``((size, time), (larger size, its time))`` of measured rows ``(bytes, µs)`` where a size
+    of at least :data:`SLOWER_FROM` took more than :data:`SLOWER_RATIO` times the time of a size twice
+    as large or more (None when there is none): a run whose time falls that much as the message grows
+    was slowed down at the smaller size (the bytes to move only grow).
+
+    >>> slower_than_larger([(1 << 20, 100.0), (2 << 20, 180.0), (4 << 20, 330.0)]) is None
+    True
+    >>> slower_than_larger([(2 << 20, 1753.7), (4 << 20, 933.6)])
+    ((2097152, 1753.7), (4194304, 933.6))
+    """
+    ok = sorted((int(s), float(t)) for s, t in rows if s > 0 and t > 0)
+    for i, (s, t) in enumerate(ok):
+        if s < SLOWER_FROM:
+            continue
+        for s2, t2 in ok[i + 1 :]:
+            if s2 >= 2 * s and t > SLOWER_RATIO * t2:
+                return (s, t), (s2, t2)
+    return None
 
 
 def counted(size: int) -> bool:

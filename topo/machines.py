@@ -89,7 +89,7 @@ MAX_HOSTS = 1 << 17
 class Fabric:
     """A network fabric ``--nic`` may name. ``link_layer``: the NICs' ``link_layer`` attribute;
     ``lat``: µs per message the transport reports to NCCL as its network latency (the NICs'
-    ``lat``), only where a public source gives it."""
+    ``lat``), only where a public source or a fit table (named beside it) gives it."""
 
     name: str
     link_layer: str
@@ -102,7 +102,10 @@ FABRICS: dict[str, Fabric] = {
     f.name: f
     for f in (
         Fabric("ib", "InfiniBand", "InfiniBand (verbs, GPUDirect RDMA)"),
-        Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)"),
+        # 10 us: chosen from the fit table h200-2gpu-2node-allreduce-gke-mpioperator (Google Cloud RoCE,
+        # gIB NCCL plugin): 2-rank allreduce of 1-64 KiB in 32-54 us against 17-21 us with NCCL's own
+        # network latencies alone; no public source states the latency of a RoCE NCCL net plugin
+        Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)", lat=10.0),
         # aws/aws-ofi-nccl src/platform-aws.cpp: the plugin's default net latency, 75 us (p4d, p4de,
         # p5, g5.48xlarge; 35 us on p5en/p6, pass a topology file for those)
         Fabric("efa", "EFA", "AWS Elastic Fabric Adapter (aws-ofi-nccl plugin)", lat=75.0),

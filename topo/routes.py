@@ -35,7 +35,7 @@ import networkx as nx
 from .errors import TopologyError
 from .paths import LOC_BW, NCCL_CLASSES, Path
 
-__all__ = ["RouteTable", "MAX_ROUTES"]
+__all__ = ["RouteTable", "MAX_ROUTES", "rename_node"]
 
 #: pairs a :class:`RouteTable` keeps by default: a route and its share of the tables behind it take
 #: about 860 bytes (an 8192-GPU ring and two_level allreduce: 147,440 routes, 127 MB)
@@ -70,6 +70,9 @@ class RouteTable:
         self._switch_preds: dict[str, list[str]] | None = None
         self._nics: dict[str | None, list[str]] | None = None
         self._class_of: dict[str | None, str | None] = {}  # host -> the first host built alike (None: itself)
+        self._sealed: dict[str | None, bool] = {}  # host -> compared (its links leave it only from NICs)
+        self._switch_succ: dict[str, list[str]] = {}  # switch -> the switches it links to
+        self._order: dict[str, dict[str, int]] = {}  # switch -> its successors' positions
         self._rep_of_sig: dict[tuple, str] = {}
         self._host_nodes: dict[str | None, list[str]] | None = None
 
@@ -86,6 +89,9 @@ class RouteTable:
         self._leaf_dist.clear()
         self._nodes = self._switch_preds = self._nics = self._host_nodes = None
         self._class_of.clear()
+        self._sealed.clear()
+        self._switch_succ.clear()
+        self._order.clear()
         self._rep_of_sig.clear()
 
     # ------------------------------------------------------------------ queries
@@ -113,8 +119,8 @@ class RouteTable:
         host = self._node(gpu)[1]
         rep = self._rep_host(host)
         if rep is not None:  # a host built like an earlier one: that host's answer, renamed
-            nic = self.nearest_nic(_rename(gpu, host, rep))
-            out = None if nic is None else _rename(nic, rep, host)
+            nic = self.nearest_nic(rename_node(gpu, host, rep))
+            out = None if nic is None else rename_node(nic, rep, host)
             self._nic[gpu] = out
             return out
         nics = self._host_nics(host)
@@ -189,9 +195,11 @@ class RouteTable:
         if ha == hb and ha is not None:
             rep = self._rep_host(ha)
             if rep is not None:
-                return _rename_path(self.path(_rename(a, ha, rep), _rename(b, ha, rep)), rep, ha)
+                return _rename_path(self.path(rename_node(a, ha, rep), rename_node(b, ha, rep)), rep, ha)
         nv = None
-        if ka == "gpu" and kb == "gpu":  # NVLink may cross hosts (GB200 trays of one NVL72 domain)
+        # NVLink may cross hosts (GB200 trays of one NVL72 domain), but not out of a host whose links
+        # leave it only from its NICs (:meth:`_rep_host` compared it)
+        if ka == "gpu" and kb == "gpu" and (ha == hb or not self._is_sealed(ha)):
             nv = self._nvlink_route(a, b)
             if nv is not None and nv.nccl == "NVL":
                 return nv
@@ -245,7 +253,7 @@ class RouteTable:
             host = self._table[a][1]
             rep = self._rep_host(host) if host is not None and self._table[b][1] == host else None
             if rep is not None:
-                p = self._pci_route(_rename(a, host, rep), _rename(b, host, rep))
+                p = self._pci_route(rename_node(a, host, rep), rename_node(b, host, rep))
                 self._pci[key] = None if p is None else _rename_path(p, rep, host)
             else:
                 self._pci[key] = self._pci_search(a, b)
@@ -342,6 +350,7 @@ class RouteTable:
         if host in self._class_of:
             return self._class_of[host]
         sig = self._signature(host)
+        self._sealed[host] = sig is not None
         rep = None
         if sig is not None:
             rep = self._rep_of_sig.setdefault(sig, host)
@@ -349,6 +358,13 @@ class RouteTable:
                 rep = None
         self._class_of[host] = rep
         return rep
+
+    def _is_sealed(self, host: str | None) -> bool:
+        """Whether every link out of ``host`` (its nodes named ``<host>/<local>``) stays inside it but
+        the NICs' network links: what :meth:`_rep_host` compares hosts by (False when it does not)."""
+        if host not in self._sealed:
+            self._rep_host(host)
+        return self._sealed.get(host, False)
 
     def _signature(self, host: str) -> tuple | None:
         """What the routes inside ``host`` depend on, with the host's name left out (see :meth:`_rep_host`)."""
@@ -425,6 +441,23 @@ class RouteTable:
             self._leaf_dist[leaves] = out
         return out
 
+    def _net_switches_after(self, u: str) -> list[str]:
+        """The network switches ``u`` has a ``net`` link to, in the graph's order (kept per node)."""
+        after = self._switch_succ.get(u)
+        if after is None:
+            table = self._table
+            after = self._switch_succ[u] = [
+                v for v, d in self.graph._succ[u].items() if d["kind"] == "net" and table[v][0] == "net_switch"
+            ]
+        return after
+
+    def _succ_order(self, u: str) -> dict[str, int]:
+        """The position of each of ``u``'s successors in the graph's order (kept per node)."""
+        order = self._order.get(u)
+        if order is None:
+            order = self._order[u] = {v: i for i, v in enumerate(self.graph._succ[u])}
+        return order
+
     def _ecmp_route(self, na: str, nb: str) -> tuple[str, ...] | None:
         """Shortest route through net switches; equal-cost next hops picked by a hash of (na, nb).
 
@@ -433,28 +466,32 @@ class RouteTable:
         """
         g = self.graph
         succ, table = g._succ, self._table
-        dist = dict(
-            self._dist_to_leaves(
-                tuple(s for s, d in g._pred[nb].items() if table[s][0] == "net_switch" and d["kind"] == "net")
-            )
-        )
-        dist[nb] = 0
+        leaves = tuple(s for s, d in g._pred[nb].items() if table[s][0] == "net_switch" and d["kind"] == "net")
+        dist = self._dist_to_leaves(leaves)  # hops to nb from every switch (nb itself: 0)
+
+        def hops_to(v: str) -> int:
+            return 0 if v == nb else dist.get(v, -1) if table[v][0] == "net_switch" else -1
+
         best = None
         for v, d in succ[na].items():
-            if d["kind"] == "net" and v in dist and (v == nb or table[v][0] == "net_switch"):
-                best = dist[v] + 1 if best is None else min(best, dist[v] + 1)
+            if d["kind"] == "net" and hops_to(v) >= 0:
+                best = hops_to(v) + 1 if best is None else min(best, hops_to(v) + 1)
         if best is None:
             return None
-        dist[na] = best
         h = zlib.crc32(f"{na}|{nb}".encode())
         out = [na]
         while out[-1] != nb:
             u = out[-1]
-            nxt = [
-                v
-                for v, d in succ[u].items()
-                if dist.get(v, -1) == dist[u] - 1 and d["kind"] == "net" and (v == nb or table[v][0] == "net_switch")
-            ]
+            if u == na:
+                nxt = [v for v, d in succ[u].items() if d["kind"] == "net" and hops_to(v) == best - 1]
+            elif dist[u] == 1:  # a leaf: down to the NIC
+                nxt = [nb]
+            elif dist[u] == 2:  # the NIC's leaves that u links to, in the graph's order
+                order = self._succ_order(u)
+                nxt = sorted((v for v in leaves if v in order and succ[u][v]["kind"] == "net"), key=order.__getitem__)
+            else:  # the switches one hop nearer, in the graph's order
+                nearer = dist[u] - 1
+                nxt = [v for v in self._net_switches_after(u) if dist.get(v, -1) == nearer]
             out.append(nxt[h % len(nxt)])
             h //= max(len(nxt), 1)
             h = h or zlib.crc32(f"{u}|{nb}".encode())
@@ -535,20 +572,26 @@ def _mirror_bits(val: int, n: int) -> int:
 _PER_HOST_ATTRS = frozenset({"host", "rank", "uuid", "pci"})
 
 
-def _rename(n: str, host: str, to: str) -> str:
-    """Node ``n`` of ``host`` (named ``<host>/<local>``) as the same local node of host ``to``."""
+def rename_node(n: str, host: str, to: str) -> str:
+    """Node ``n`` of ``host`` (named ``<host>/<local>``) as the same local node of host ``to``: how the
+    routes inside hosts built alike (:meth:`RouteTable.host_class`) map onto each other.
+
+    >>> rename_node("h5/gpu3", "h5", "h0")
+    'h0/gpu3'
+    """
     return to + n[len(host) :]
 
 
 def _rename_path(p: Path, host: str, to: str) -> Path:
     """Path ``p`` inside ``host`` as the same path inside host ``to`` (built alike)."""
+    k = len(host)
 
     def nodes(ns: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_rename(n, host, to) for n in ns)
+        return tuple([to + n[k:] for n in ns])  # rename_node of each
 
     return Path(
-        _rename(p.src, host, to),
-        _rename(p.dst, host, to),
+        rename_node(p.src, host, to),
+        rename_node(p.dst, host, to),
         nodes(p.nodes),
         p.kinds,
         p.bw,

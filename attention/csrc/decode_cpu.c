@@ -30,7 +30,7 @@
  * keys and values, as GPU kernels do with their bf16 matrix units: the scores
  * with the query rounded to bfloat16, the values with the softmax weights
  * rounded to bfloat16 (the running max and sum stay float32).  Each rounding
- * is a relative error of at most 2^-9 per factor; the multiplications take
+ * is a relative error of at most 2^-8 per factor; the multiplications take
  * half the instructions.
  *
  * Instruction sets, chosen once per process from the CPU (and capped by the
@@ -144,8 +144,15 @@ static inline const char *token_row(const char *base, int64_t b, int64_t t, int6
 /* ------------------------------------------------------------ one call */
 
 typedef struct call call_t;
-typedef void (*task_fn)(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float *slot,
-                        float *scratch);
+/* Task `id` (-1: none left): sequence b, tokens [t0, t1), KV heads [h0, h1). */
+typedef struct {
+    int64_t id, b, t0, t1, h0, h1;
+} task_t;
+/* Runs task *cur into its slot.  A task function may claim the worker's next task early
+ * (claim_task into *next, e.g. to prefetch its first tile); run_tasks claims it otherwise
+ * (next->id is TASK_UNCLAIMED then). */
+typedef void (*task_fn)(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch);
+#define TASK_UNCLAIMED (-2)
 
 struct call {
     const treecoll_decode_args *a;
@@ -159,6 +166,25 @@ struct call {
     int perm;           /* order of qf and the accumulators per CHUNK: PERM_* (chunk_dim) */
     atomic_llong next;
 };
+
+/* The next task of the shared counter into *t (t->id = -1 when none is left). */
+static void claim_task(const call_t *c, task_t *t) {
+    const treecoll_decode_args *a = c->a;
+    const int64_t id = atomic_fetch_add(&((call_t *)c)->next, 1); /* c points to a non-const call_t */
+    t->id = -1;
+    if (id >= c->ntasks) return;
+    int64_t lo = 0, hi = a->batch; /* sequence b: task_off[b] <= id < task_off[b + 1] */
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (c->task_off[mid] <= id) lo = mid;
+        else hi = mid;
+    }
+    const int64_t b = lo, rem = id - c->task_off[b], blk = rem / c->slices, sl = rem % c->slices;
+    const int64_t len = a->lengths[b];
+    t->id = id, t->b = b;
+    t->t0 = blk * c->tb, t->t1 = t->t0 + c->tb < len ? t->t0 + c->tb : len;
+    t->h0 = sl * c->Hs, t->h1 = t->h0 + c->Hs < c->H ? t->h0 + c->Hs : c->H;
+}
 
 /* A task's slot: m [Hs*G], l [Hs*G], acc [Hs*G][Dp]. */
 static inline float *slot_m(const call_t *c, const float *slot) { (void)c; return (float *)slot; }
@@ -233,16 +259,17 @@ static inline __attribute__((always_inline)) void task_generic(const call_t *c, 
     }
 }
 
-static void task_portable(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1, float *slot,
-                          float *scratch) {
-    task_generic(c, b, t0, t1, h0, h1, slot, scratch);
+static void task_portable(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch) {
+    (void)next;
+    task_generic(c, cur->b, cur->t0, cur->t1, cur->h0, cur->h1, slot, scratch);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(TREECOLL_PORTABLE_ONLY)
 #define HAVE_X86 1
-__attribute__((target("avx2,fma,f16c"))) static void task_avx2(const call_t *c, int64_t b, int64_t t0, int64_t t1,
-                                                               int64_t h0, int64_t h1, float *slot, float *scratch) {
-    task_generic(c, b, t0, t1, h0, h1, slot, scratch);
+__attribute__((target("avx2,fma,f16c"))) static void task_avx2(const call_t *c, const task_t *cur, task_t *next,
+                                                               float *slot, float *scratch) {
+    (void)next;
+    task_generic(c, cur->b, cur->t0, cur->t1, cur->h0, cur->h1, slot, scratch);
 }
 
 /* ------------------------------------------------------------ AVX-512 */
@@ -277,27 +304,47 @@ T512 static INL __m512 exp512(__m512 x) {
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-/* The online-softmax step of softmax_step_scalar with vector max and exp. */
-T512 static INL float softmax_step512(float *sg, int64_t n, float *m, float *l) {
-    __m512 vmx = _mm512_set1_ps(*m);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
-        vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_maskz_loadu_ps(mk, sg + i));
+/* Every lane: the largest lane of x (NaN lanes may or may not win; a NaN score makes its row
+ * NaN through its weight anyway). */
+T512 static INL __m512 bcast_max512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
+    return _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
+}
+
+/* The online-softmax step of softmax_step_scalar for the G rows of one KV head, in
+ * vectors: row g's scores sc[g * TILE + i], i < n, become p = exp(s - shift) in place;
+ * alpha[g] = exp(m_old - shift) is the factor its accumulator must be scaled by (1, with
+ * no exp, when the running max did not move); the row's running sum is kept as 16
+ * partial sums lv[g * 16 ..] (scaled by alpha, reduced when the task ends), its running
+ * max m[g] (both float32, as the scalar step). */
+T512 static INL void softmax_rows512(float *sc, int64_t G, int64_t n, float *m, float *lv, float *alpha) {
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = sc + g * TILE;
+        const __m512 old = _mm512_set1_ps(m[g]);
+        __m512 vmx = old;
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
+            vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_maskz_loadu_ps(mk, sg + i));
+        }
+        vmx = bcast_max512(vmx);
+        const float mx = _mm512_cvtss_f32(vmx);
+        /* shift: the max, or 0 while it is -inf */
+        const __m512 vs = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(vmx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), vmx);
+        __m512 va = _mm512_set1_ps(1.0f);
+        if (!(mx == m[g])) va = exp512(_mm512_sub_ps(old, vs)); /* 0 when m_old = -inf; NaN stays */
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
+            const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + i), vs));
+            _mm512_mask_storeu_ps(sg + i, mk, p);
+            sum = _mm512_mask_add_ps(sum, mk, sum, p);
+        }
+        _mm512_storeu_ps(lv + g * 16, _mm512_fmadd_ps(_mm512_loadu_ps(lv + g * 16), va, sum));
+        m[g] = mx;
+        alpha[g] = _mm512_cvtss_f32(va);
     }
-    const float mx = _mm512_reduce_max_ps(vmx);
-    const float shift = mx == -INFINITY ? 0.0f : mx;
-    const float alpha = expf(*m - shift); /* 0 when *m = -inf */
-    const __m512 vs = _mm512_set1_ps(shift);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sg + i), vs));
-        _mm512_mask_storeu_ps(sg + i, mk, p);
-        sum = _mm512_mask_add_ps(sum, mk, sum, p);
-    }
-    *l = *l * alpha + _mm512_reduce_add_ps(sum);
-    *m = mx;
-    return alpha;
 }
 
 /* 32 elements of a K/V row (fewer under mask mk: bit i = element i) as two float32
@@ -318,27 +365,36 @@ T512 static INL void load32(const char *p, const int dt, __mmask32 mk, __m512 *x
 
 /* Software prefetch of a list of byte ranges (row[i] + off, span bytes), i < n, one
  * cache line at a time: pf_lines issues the next `lines` of them, so that a tile's
- * prefetches are spread over the work of the tile before. */
+ * prefetches are spread over the work of the tile before.  Ranges that continue one
+ * another (consecutive tokens of a contiguous cache, all heads of their rows) are walked
+ * as one, so the common case costs a prefetch and an add per line. */
 typedef struct {
     const char *const *row;
     int64_t n, off, span, i;
-    uintptr_t at, end; /* the next line of row i and the end of its range */
+    uintptr_t at, end; /* the next line to prefetch and the end of the current run of ranges */
 } pf_cursor;
 
 static inline void pf_start(pf_cursor *c, const char *const *row, int64_t n, int64_t off, int64_t span) {
     c->row = row, c->n = n, c->off = off, c->span = span, c->i = 0, c->at = c->end = 0;
 }
 
+/* The next run of ranges (row[i] + off onwards while each starts where the last ends). */
+static inline int pf_next_run(pf_cursor *c) {
+    if (c->i >= c->n) return 0;
+    const uintptr_t first = (uintptr_t)(c->row[c->i] + c->off);
+    c->at = first & ~(uintptr_t)63;
+    c->end = first + (uintptr_t)c->span;
+    for (c->i++; c->i < c->n && (uintptr_t)(c->row[c->i] + c->off) == c->end; c->i++) c->end += (uintptr_t)c->span;
+    return 1;
+}
+
 T512 static INL void pf_lines(pf_cursor *c, int64_t lines) {
-    for (; lines > 0; lines--) {
-        if (c->at >= c->end) {
-            if (c->i >= c->n) return;
-            c->at = (uintptr_t)(c->row[c->i] + c->off) & ~(uintptr_t)63;
-            c->end = (uintptr_t)(c->row[c->i] + c->off) + (uintptr_t)c->span;
-            c->i++;
-        }
-        _mm_prefetch((const char *)c->at, _MM_HINT_T1);
-        c->at += 64;
+    while (lines > 0) {
+        if (c->at >= c->end && !pf_next_run(c)) return;
+        uintptr_t at = c->at;
+        const uintptr_t stop = at + (uintptr_t)lines * 64 < c->end ? at + (uintptr_t)lines * 64 : c->end;
+        for (; at < stop; at += 64, lines--) _mm_prefetch((const char *)at, _MM_HINT_T1);
+        c->at = at;
     }
 }
 
@@ -424,18 +480,44 @@ T512BF static INL void scores_dpbf16(const int GB, const char *const *kr, const 
     store_scores(reduce16(acc), TB, tn, gn, sc);
 }
 
+/* The scores of GB query rows qr (float32 in load32's order, or bf16 for dot_bf16) against the
+ * n tokens of a tile, TB = 16 / GB at a time (rows[i] + hoff: token i's key row) into
+ * sc[g * TILE + i]; pk_per lines of the cursor pk per step. */
+T512BF static INL void scores_tile(const int dt, const int dot_bf16, const int GB, const char *const *rows, int64_t hoff,
+                                   int64_t n, const void *const *qr, int64_t nch, int64_t D, float *sc, pf_cursor *pk,
+                                   int64_t pk_per) {
+    const int TB = 16 / GB;
+    for (int64_t i = 0; i < n; i += TB) {
+        const int64_t tn = n - i < TB ? n - i : TB;
+        const char *kr[16];
+        UNROLL
+        for (int t = 0; t < TB; t++) kr[t] = rows[i + (t < tn ? t : 0)] + hoff;
+        pf_lines(pk, pk_per);
+        if (dot_bf16 && D == 128) /* the common head_dim with its chunk loop unrolled */
+            scores_dpbf16(GB, kr, (const uint16_t *const *)qr, 4, 128, tn, GB, sc + i);
+        else if (dot_bf16)
+            scores_dpbf16(GB, kr, (const uint16_t *const *)qr, nch, D, tn, GB, sc + i);
+        else if (D == 128)
+            scores_f32(dt, GB, kr, (const float *const *)qr, 4, 128, tn, GB, sc + i);
+        else
+            scores_f32(dt, GB, kr, (const float *const *)qr, nch, D, tn, GB, sc + i);
+    }
+}
+
 /* The value accumulators of GB queries for the CCH chunks of head_dim from chunk c0 (2 vectors
- * per chunk, zero past nch) into acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
+ * per chunk, zero past nch), scaled by the queries' softmax factors al[g], into
+ * acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
 T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *const *ag,
-                              __m512 *acc, __mmask32 *mk) {
+                              const float *al, __m512 *acc, __mmask32 *mk) {
     UNROLL
     for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
     UNROLL
     for (int g = 0; g < GB; g++)
         UNROLL
         for (int j = 0; j < 2 * CCH; j++)
-            acc[g * 2 * CCH + j] =
-                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag[g] + c0 * CHUNK + 16 * j);
+            acc[g * 2 * CCH + j] = _mm512_mul_ps(
+                _mm512_set1_ps(al[g]),
+                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag[g] + c0 * CHUNK + 16 * j));
 }
 
 /* acc_load's vectors back (the chunks before nch). */
@@ -452,13 +534,14 @@ T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t 
  * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
  * pass, pf_per lines of the cursor pf per token. */
 T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
-                                  int64_t D, const float *const *p, float *const *ag, pf_cursor *pf, int64_t pf_per) {
+                                  int64_t D, const float *const *p, float *const *ag, const float *al, pf_cursor *pf,
+                                  int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     const int64_t isz = itemsize_of(dt);
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        acc_load(GB, CCH, c0, nch, D, ag, acc, mk);
+        acc_load(GB, CCH, c0, nch, D, ag, al, acc, mk);
         for (int64_t i = 0; i < n; i++) {
             if (c0 == 0) pf_lines(pf, pf_per);
             __m512 x[16];
@@ -481,12 +564,13 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
  * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
  * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
 T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
-                                     const uint16_t *const *pb, float *const *ag, pf_cursor *pf, int64_t pf_per) {
+                                     const uint16_t *const *pb, float *const *ag, const float *al, pf_cursor *pf,
+                                     int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        acc_load(GB, CCH, c0, nch, D, ag, acc, mk);
+        acc_load(GB, CCH, c0, nch, D, ag, al, acc, mk);
         for (int64_t i = 0; i < n; i += 2) {
             const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
             const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
@@ -569,73 +653,74 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
  * work of head h prefetches its share of the next tile's tokens, all heads of the slice,
  * in address order; otherwise head h prefetches its own rows of the next tile.  The tile
  * is 32 tokens, or 16 when a token's K and V rows (all heads of the slice) exceed 4 KiB,
- * so that the tile being read and the one being prefetched stay well inside L2.
+ * so that the tile being read and the one being prefetched stay well inside L2.  During
+ * a task's last tile the worker claims its next task and prefetches that task's first
+ * tile, so only a worker's first tile is read without prefetch.  Per head and tile, the
+ * softmax step of the head's query rows runs in vectors (softmax_rows512) and the
+ * accumulators' rescale is folded into the value pass that loads them anyway.
  * (Measured on a Zen 4 VM, one thread, 128k tokens, Llama-3.1-8B shapes: without the
  * prefetch bf16 runs about 2x slower; with tiles twice as long fp32 runs 1.3x slower;
  * prefetching into L1 (prefetcht0) instead runs about 1.7x slower, and two tiles ahead instead
  * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, e.g. torch's
  * THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new 4 KiB page
  * every few rows.) */
-T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, int64_t b, int64_t t0,
-                                  int64_t t1, int64_t h0, int64_t h1, float *slot, float *scratch) {
+T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t *c, const task_t *task, task_t *next,
+                                  float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
+    const int64_t b = task->b, t0 = task->t0, t1 = task->t1, h0 = task->h0, h1 = task->h1;
     const int64_t G = c->G, D = c->D, Dp = c->Dp, nch = (D + CHUNK - 1) / CHUNK, isz = itemsize_of(dt);
-    float *sc = scratch;                            /* [G][TILE] */
+    float *sc = scratch;                              /* [G][TILE] */
     uint16_t *pbf = (uint16_t *)(scratch + G * TILE); /* [G][TILE]: sc rounded to bf16 (dot_bf16) */
+    float *alpha = scratch + G * TILE + G * TILE / 2; /* [G]: the softmax factors of a head's rows */
+    float *lv = alpha + (G + 15) / 16 * 16;           /* [(h1 - h0) * G][16]: the rows' running sums */
     float *ms = slot_m(c, slot), *ls = slot_l(c, slot), *accs = slot_acc(c, slot);
+    memset(lv, 0, (size_t)((h1 - h0) * G * 16) * sizeof(float));
     const char *krow[2][TILE], *vrow[2][TILE]; /* rows of this tile and of the next */
     const int64_t tl = c->tl; /* tokens per tile, <= TILE */
     int cur = 0;
     tile_rows(c, b, t0, t1 - t0 < tl ? t1 - t0 : tl, krow[0], vrow[0]);
     for (int64_t s = t0; s < t1; s += tl, cur ^= 1) {
         const int64_t n = t1 - s < tl ? t1 - s : tl;
-        const int64_t pf = t1 - s - n < tl ? t1 - s - n : tl; /* tokens of the next tile */
+        /* the next tile: pf tokens of sequence pseq from ps, heads [ph0, ph1): this task's, or
+         * during its last tile the first tile of the worker's next task (claimed now) */
+        int64_t pseq = b, ps = s + n, pf = t1 - s - n < tl ? t1 - s - n : tl, ph0 = h0, ph1 = h1;
+        if (pf == 0) {
+            claim_task(c, next);
+            if (next->id >= 0) {
+                pseq = next->b, ps = next->t0, ph0 = next->h0, ph1 = next->h1;
+                pf = next->t1 - next->t0 < tl ? next->t1 - next->t0 : tl;
+            }
+        }
         const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
-        tile_rows(c, b, s + n, pf, krow[cur ^ 1], vrow[cur ^ 1]);
+        tile_rows(c, pseq, ps, pf, krow[cur ^ 1], vrow[cur ^ 1]);
         const int adjacent = a->k_h == D * isz && a->v_h == D * isz;
-        touch_pages(kn, pf, a->k_h, h0, h1, D * isz);
-        touch_pages(vn, pf, a->v_h, h0, h1, D * isz);
+        touch_pages(kn, pf, a->k_h, ph0, ph1, D * isz);
+        touch_pages(vn, pf, a->v_h, ph0, ph1, D * isz);
         for (int64_t h = h0; h < h1; h++) {
-            const int64_t j = (h - h0) * G, nh = h1 - h0;
+            const int64_t j = (h - h0) * G, nh = h1 - h0, hp = ph0 + (h - h0);
             pf_cursor pk, pv;
-            if (adjacent) { /* this head's share of the next tile's rows, all heads of the slice */
+            if (adjacent) { /* this head's share of the next tile's rows, all heads of its slice */
                 const int64_t lo = (h - h0) * pf / nh, hi = (h - h0 + 1) * pf / nh;
-                pf_start(&pk, kn + lo, hi - lo, h0 * a->k_h, nh * D * isz);
-                pf_start(&pv, vn + lo, hi - lo, h0 * a->v_h, nh * D * isz);
-            } else { /* this head's rows of the next tile */
-                pf_start(&pk, kn, pf, h * a->k_h, D * isz);
-                pf_start(&pv, vn, pf, h * a->v_h, D * isz);
+                pf_start(&pk, kn + lo, hi - lo, ph0 * a->k_h, (ph1 - ph0) * D * isz);
+                pf_start(&pv, vn + lo, hi - lo, ph0 * a->v_h, (ph1 - ph0) * D * isz);
+            } else { /* the rows of one head of the next tile (the head at the same place in its slice) */
+                pf_start(&pk, kn, hp < ph1 ? pf : 0, hp * a->k_h, D * isz);
+                pf_start(&pv, vn, hp < ph1 ? pf : 0, hp * a->v_h, D * isz);
             }
             const int64_t tb0 = 16 / group_block(G), pk_per = (pf_left(&pk) + (n + tb0 - 1) / tb0 - 1) / ((n + tb0 - 1) / tb0);
             const int64_t pv_per = (pf_left(&pv) + n - 1) / n;
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
-                const int GB = group_block(G - g0), TB = 16 / GB;
-                for (int64_t i = 0; i < n; i += TB) {
-                    const int64_t tn = n - i < TB ? n - i : TB;
-                    const char *kr[16];
-                    UNROLL
-                    for (int t = 0; t < 16; t++) kr[t] = krow[cur][i + (t < tn ? t : 0)] + h * a->k_h;
-                    if (g0 == 0) pf_lines(&pk, pk_per);
-                    if (dot_bf16) {
-                        const uint16_t *qr[8];
-                        for (int g = 0; g < GB; g++) qr[g] = c->qbf + ((b * c->H + h) * G + g0 + g) * Dp;
-                        DISPATCH_GB(GB, scores_dpbf16(gb_, kr, qr, nch, D, tn, GB, sc + g0 * TILE + i));
-                    } else {
-                        const float *qr[8];
-                        for (int g = 0; g < GB; g++) qr[g] = c->qf + ((b * c->H + h) * G + g0 + g) * Dp;
-                        DISPATCH_GB(GB, scores_f32(dt, gb_, kr, qr, nch, D, tn, GB, sc + g0 * TILE + i));
-                    }
+                const int GB = group_block(G - g0);
+                const void *qr[8];
+                for (int g = 0; g < GB; g++) {
+                    const int64_t row = ((b * c->H + h) * G + g0 + g) * Dp;
+                    qr[g] = dot_bf16 ? (const void *)(c->qbf + row) : (const void *)(c->qf + row);
                 }
+                DISPATCH_GB(GB, scores_tile(dt, dot_bf16, gb_, krow[cur], h * a->k_h, n, qr, nch, D,
+                                            sc + g0 * TILE, &pk, g0 == 0 ? pk_per : 0));
             }
             pf_lines(&pk, pf_left(&pk));
-            for (int64_t g = 0; g < G; g++) {
-                const float alpha = softmax_step512(sc + g * TILE, n, ms + j + g, ls + j + g);
-                if (alpha != 1.0f) {
-                    float *ag = accs + (j + g) * Dp;
-                    const __m512 va = _mm512_set1_ps(alpha);
-                    for (int64_t d = 0; d < Dp; d += 16) _mm512_storeu_ps(ag + d, _mm512_mul_ps(va, _mm512_loadu_ps(ag + d)));
-                }
-            }
+            softmax_rows512(sc, G, n, ms + j, lv + j * 16, alpha); /* the values apply alpha */
             const char *vr[TILE];
             for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
             if (dot_bf16)
@@ -651,31 +736,30 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                     ag[g] = accs + (j + g0 + g) * Dp;
                 }
                 if (dot_bf16)
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, &pv, g0 == 0 ? pv_per : 0))
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, alpha + g0, &pv, g0 == 0 ? pv_per : 0))
                 else
-                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, &pv, g0 == 0 ? pv_per : 0))
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, alpha + g0, &pv, g0 == 0 ? pv_per : 0))
             }
             pf_lines(&pv, pf_left(&pv));
         }
     }
+    for (int64_t r = 0; r < (h1 - h0) * G; r++) ls[r] = _mm512_reduce_add_ps(_mm512_loadu_ps(lv + r * 16));
 }
 
 /* The AVX-512 tiers.  Both are compiled with the BF16 target because the score pass
  * may use vdpbf16ps; with DOT = 0 no BF16 instruction is executed (the code uses
  * none outside the dot_bf16 branches), so the plain tier runs on AVX-512 CPUs without BF16.
  * The vdpbf16ps tier exists for bf16 caches only (pick_task). */
-T512BF static void task_avx512(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                               float *slot, float *scratch) {
+T512BF static void task_avx512(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch) {
     switch ((int)c->a->kv_dtype) {
-    case DT_BF16: task512_dt(DT_BF16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
-    case DT_F16: task512_dt(DT_F16, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
-    default: task512_dt(DT_F32, 0, c, b, t0, t1, h0, h1, slot, scratch); break;
+    case DT_BF16: task512_dt(DT_BF16, 0, c, cur, next, slot, scratch); break;
+    case DT_F16: task512_dt(DT_F16, 0, c, cur, next, slot, scratch); break;
+    default: task512_dt(DT_F32, 0, c, cur, next, slot, scratch); break;
     }
 }
 
-T512BF static void task_avx512_dot(const call_t *c, int64_t b, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                                   float *slot, float *scratch) {
-    task512_dt(DT_BF16, 1, c, b, t0, t1, h0, h1, slot, scratch);
+T512BF static void task_avx512_dot(const call_t *c, const task_t *cur, task_t *next, float *slot, float *scratch) {
+    task512_dt(DT_BF16, 1, c, cur, next, slot, scratch);
 }
 #endif /* x86 */
 
@@ -812,29 +896,21 @@ static void *ws_get(int i, size_t bytes) {
 
 static void run_tasks(void *arg, int worker) {
     call_t *c = arg;
-    const treecoll_decode_args *a = c->a;
     float *scratch = c->scratch + (int64_t)worker * c->scratch_floats;
-    for (;;) {
-        const int64_t t = atomic_fetch_add(&c->next, 1);
-        if (t >= c->ntasks) break;
-        int64_t lo = 0, hi = a->batch; /* sequence b: task_off[b] <= t < task_off[b + 1] */
-        while (hi - lo > 1) {
-            const int64_t mid = (lo + hi) / 2;
-            if (c->task_off[mid] <= t) lo = mid;
-            else hi = mid;
-        }
-        const int64_t b = lo, rem = t - c->task_off[b], blk = rem / c->slices, sl = rem % c->slices;
-        const int64_t len = a->lengths[b];
-        const int64_t t0 = blk * c->tb, t1 = t0 + c->tb < len ? t0 + c->tb : len;
-        const int64_t h0 = sl * c->Hs, h1 = h0 + c->Hs < c->H ? h0 + c->Hs : c->H;
-        float *slot = c->slots + t * c->slot_floats;
-        const int64_t rows = (h1 - h0) * c->G;
+    task_t cur, next;
+    claim_task(c, &cur);
+    while (cur.id >= 0) {
+        float *slot = c->slots + cur.id * c->slot_floats;
+        const int64_t rows = (cur.h1 - cur.h0) * c->G;
         for (int64_t r = 0; r < rows; r++) {
             slot_m(c, slot)[r] = -INFINITY;
             slot_l(c, slot)[r] = 0.0f;
         }
         memset(slot_acc(c, slot), 0, (size_t)(rows * c->Dp) * sizeof(float));
-        c->task(c, b, t0, t1, h0, h1, slot, scratch);
+        next.id = TASK_UNCLAIMED;
+        c->task(c, &cur, &next, slot, scratch);
+        if (next.id == TASK_UNCLAIMED) claim_task(c, &next);
+        cur = next;
     }
 }
 
@@ -975,7 +1051,9 @@ static int decode_locked(const treecoll_decode_args *a) {
     c.tl = 2 * c.Hs * c.D * itemsize_of(dt) > 4096 ? TILE / 2 : TILE;
     c.ntasks = nblocks * c.slices;
     c.slot_floats = c.Hs * c.G * (2 + c.Dp);
-    c.scratch_floats = (c.D * TILE + c.G * TILE + c.G * TILE / 2 + c.Dp + 15) / 16 * 16;
+    /* the larger of task_generic's [D * TILE + G * TILE + Dp] and task512_dt's
+     * [G * TILE + G * TILE / 2 + G (rounded to 16) + Hs * G * 16] */
+    c.scratch_floats = (c.D * TILE + c.G * TILE + c.G * TILE / 2 + c.Dp + c.G + 16 + c.Hs * c.G * 16 + 15) / 16 * 16;
     if (threads > c.ntasks) threads = (int)(c.ntasks > 0 ? c.ntasks : 1);
     c.task_off = ws_get(0, (size_t)(a->batch + 1) * sizeof(int64_t));
     c.qf = ws_get(1, (size_t)(a->batch * c.H * c.G * c.Dp) * sizeof(float));

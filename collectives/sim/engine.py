@@ -4,7 +4,10 @@ Model
 -----
 * Every directed link of the :class:`~topo.Topology` is a resource of
   capacity ``bw × 1e9 × efficiency[kind]`` bytes/s (``efficiency`` from the
-  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile).
+  :class:`~collectives.sim_profiles.Profile`, 1.0 in the ideal profile), times
+  what NCCL's transports deliver over it except in the ideal profile
+  (:func:`~treecoll.collectives.sim.transports.link_factor`: a NIC's fabric,
+  host memory across a CPU's root complex).
 * A transfer of ``n`` bytes between two GPUs follows ``Topology.path(a, b).routes``:
   one *subflow* per parallel route carrying ``share × n`` bytes (an H100
   reaches its 4 NVSwitches with 5/5/4/4 links: 4 subflows).
@@ -69,6 +72,7 @@ from treecoll.topo.errors import CollectiveError
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
+from .transports import NIC_CHANNELS, link_factor
 
 __all__ = [
     "Network",
@@ -83,6 +87,7 @@ __all__ = [
 ]
 
 _REL_EPS = 1e-9
+_heappush = heapq.heappush
 
 
 def route_class(nccl: str) -> str:
@@ -99,8 +104,9 @@ class Route:
     """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s.
 
     For the event engine, the subroutes with a share > 0: ``used`` (their link id arrays),
-    ``shares`` (float, one per subflow), ``nlinks`` (links per subflow), ``all_links`` (their
-    link ids, concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
+    ``shares`` (float, one per subflow; ``share_list`` the same as Python floats), ``nlinks`` (links
+    per subflow), ``link_lists`` (their link ids as tuples), ``all_links`` (their link ids,
+    concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
 
     subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
@@ -112,6 +118,7 @@ class Route:
     all_links: np.ndarray
     owner: np.ndarray
     link_lists: tuple[tuple[int, ...], ...] = ()
+    share_list: tuple[float, ...] = ()
 
     @classmethod
     def of(
@@ -138,7 +145,7 @@ class Route:
         if all_links is None or len(used) != len(subroutes):
             all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
         lists = tuple(tuple(ids.tolist()) for ids in links)
-        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists)
+        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, key[1])
 
 
 #: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
@@ -161,6 +168,9 @@ class Network:
         self._cap = np.zeros(256)  # grown by doubling; the first len(ends) entries are used
         self.cap_list: list[float] = []  # the same capacities as Python floats (read one by one)
         self._eff: dict[str, float] = {}  # link kind -> the profile's efficiency
+        self._transports = profile.name != "ideal"  # the ideal profile: the links as written
+        # NICs carry NIC_CHANNELS connections each, NVLSTree's kernels more (transports.NET_CHANNEL_BW)
+        self._nic_channels = None if profile.name == "nccl-nvls" else NIC_CHANNELS
         self._routes: dict[tuple[str, str], Route] = {}
 
     def link_id(self, a: str, b: str) -> int:
@@ -177,6 +187,8 @@ class Network:
             self.kinds.append(kind)
             if i == len(self._cap):
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
+            if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
+                eff *= link_factor(self.topology, a, b, self._nic_channels)
             self._cap[i] = float(d["bw"]) * 1e9 * eff
             self.cap_list.append(float(self._cap[i]))
         return i
@@ -211,8 +223,13 @@ class Network:
         r = self._routes.get((a, b))
         if r is None:
             p = self.topology.path(a, b)
-            link_id = self.link_id
-            flat = np.array([link_id(u, v) for nodes, _ in p.routes for u, v in zip(nodes, nodes[1:])], dtype=np.int64)
+            known, link_id = self._ids.get, self.link_id
+            ids = []
+            for nodes, _ in p.routes:
+                for e in zip(nodes, nodes[1:]):
+                    i = known(e)
+                    ids.append(link_id(*e) if i is None else i)
+            flat = np.array(ids, dtype=np.int64)
             subs, o = [], 0
             for nodes, share in p.routes:  # each subroute's ids: a view of the flat array
                 subs.append((flat[o : o + len(nodes) - 1], float(share)))
@@ -421,18 +438,18 @@ class _Flows:
         if len(on_link) < nlinks:
             on_link.extend(set() for _ in range(nlinks - len(on_link)))
         first = f = self.n
+        rem, size, links, lists, xfer = self.rem, self.size, self.links, self.lists, self.xfer
         for route, nbytes, xi in queued:
-            for ids, lst, share in zip(route.used, route.link_lists, route.shares.tolist()):
-                n = share * nbytes
-                self.rem.append(n)
-                self.size.append(n)
-                self.links.append(ids)
-                self.lists.append(lst)
+            ns = [share * nbytes for share in route.share_list]
+            rem.extend(ns)
+            size.extend(ns)
+            links.extend(route.used)
+            lists.extend(route.link_lists)
+            xfer.extend([xi] * len(ns))
+            for lst in route.link_lists:
                 for lk in lst:
                     on_link[lk].add(f)
                 f += 1
-            k = len(route.used)
-            self.xfer.extend([xi] * k)
         added = f - first
         self.t_last.extend([now] * added)
         self.rate.extend([0.0] * added)  # 0 until the next allocation
@@ -541,6 +558,7 @@ class FlowEngine:
         self.nranks = P
         self.steps = steps = schedule.steps
         self.chunk_bytes = chunk_bytes
+        self._chunk_f = [float(b) for b in chunk_bytes]  # the same, as floats
         self.rank_gpus = rank_gpus
         self.mem_bw = mem_bw
         self.reduce_cost = reduce_cost
@@ -607,8 +625,9 @@ class FlowEngine:
 
     # ------------------------------------------------------------------ the clock
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b))
-        self.seq += 1
+        seq = self.seq
+        self.seq = seq + 1
+        _heappush(self.heap, (t, seq, kind, a, b))
 
     def _update_rates(self) -> None:
         """New max-min rates for the subflows connected (through shared links) to a link where a
@@ -626,27 +645,27 @@ class FlowEngine:
         self.changed = False
 
     def _component(self, links: set[int]) -> tuple[list[int], int]:
-        """The draining subflows connected to ``links`` through shared links (in the order found) and
-        their link incidences."""
+        """The draining subflows connected to ``links`` through shared links and their link incidences.
+
+        Breadth first, a whole frontier of links at a time with set operations (the rates do not
+        depend on the order of the subflows: :meth:`_rates_of`)."""
         fl = self.flows
         on_link, lists = fl.on_link, fl.lists
         seen_l = set(links)
-        stack = list(seen_l)
+        frontier = seen_l
         seen_f: set[int] = set()
-        comp: list[int] = []
-        ninc = 0
-        while stack:
-            for f in on_link[stack.pop()]:
-                if f not in seen_f:
-                    seen_f.add(f)
-                    comp.append(f)
-                    ls = lists[f]
-                    ninc += len(ls)
-                    for lk in ls:
-                        if lk not in seen_l:
-                            seen_l.add(lk)
-                            stack.append(lk)
-        return comp, ninc
+        union = set().union
+        while frontier:
+            new_f = union(*[on_link[lk] for lk in frontier])
+            new_f -= seen_f
+            if not new_f:
+                break
+            seen_f |= new_f
+            frontier = union(*[lists[f] for f in new_f])
+            frontier -= seen_l
+            seen_l |= frontier
+        comp = list(seen_f)
+        return comp, sum(map(len, [lists[f] for f in comp]))
 
     def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
         """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
@@ -736,11 +755,12 @@ class FlowEngine:
     def _pop_due_events(self) -> None:
         """Handle every event due now (within the clock's tolerance), in heap order."""
         heap, now = self.heap, self.now
-        tol_t = now * _REL_EPS + 1e-15
-        while heap and heap[0][0] <= now + tol_t:
-            _, _, kind, a, b = heapq.heappop(heap)
+        until = now + (now * _REL_EPS + 1e-15)
+        pop, x_info = heapq.heappop, self.x_info
+        while heap and heap[0][0] <= until:
+            _, _, kind, a, b = pop(heap)
             if kind == _ARRIVAL:
-                self._deliver(self.x_info[a][2], now)
+                self._deliver(x_info[a][2], now)
             else:
                 self._complete(a, b, now)
                 self._advance(a, now)
@@ -750,11 +770,13 @@ class FlowEngine:
         """Start every step of rank ``r`` that can start at ``t``: each ready stream issues in order
         until its head waits for a dependency (the stream is ready again when that completes)."""
         lst, dt, rd, ps, queues = self.steps[r], self.done_t[r], self.ready[r], self.pos[r], self.queues[r]
+        start_send, post_recv, start_reduce = self._start_send, self._post_recv, self._start_reduce
         while rd:
-            qi = min(rd)  # lowest lane first: deterministic
+            qi = min(rd) if len(rd) > 1 else next(iter(rd))  # lowest lane first: deterministic
             rd.discard(qi)
             q = queues[qi]
-            while ps[qi] < len(q):
+            n = len(q)
+            while ps[qi] < n:
                 i = q[ps[qi]]
                 s = lst[i]
                 wait = None
@@ -768,19 +790,20 @@ class FlowEngine:
                 ps[qi] += 1
                 kind = s.kind
                 if kind == "send":
-                    self._start_send(r, i, s, t)
+                    start_send(r, i, s, t)
                 elif kind == "recv":
-                    self._post_recv(r, i, s, t)
+                    post_recv(r, i, s, t)
                 else:
-                    self._start_reduce(r, i, s, t)
+                    start_reduce(r, i, s, t)
 
     def _complete(self, r: int, i: int, t: float) -> None:
         """Step ``i`` of rank ``r`` completed at ``t``: wake the streams waiting for it; a reduce frees
         the scratch slot it consumed."""
         self.done_t[r][i] = t
-        unblocked = self.blocked_on.pop((r, i), None)
-        if unblocked:
-            self.ready[r].update(unblocked)
+        if self.blocked_on:
+            unblocked = self.blocked_on.pop((r, i), None)
+            if unblocked:
+                self.ready[r].update(unblocked)
         s = self.steps[r][i]
         if s.kind == "reduce":
             b = self.open_slot[r].pop((s.chunk, s.slot), None)
@@ -802,7 +825,7 @@ class FlowEngine:
         """A recv into slot >= 1 holds scratch until its reduce; it completes when its data has arrived
         (with ``rendezvous``, posting it lets a held send move)."""
         if s.slot > 0:
-            b = float(self.chunk_bytes[s.chunk])
+            b = self._chunk_f[s.chunk]
             self.scratch_ev[r].append((t, b))
             slots = self.open_slot[r]
             slots[(s.chunk, s.slot)] = slots.get((s.chunk, s.slot), 0.0) + b
@@ -833,12 +856,13 @@ class FlowEngine:
 
     def _start_send(self, r: int, i: int, s: Step, t: float) -> None:
         """Name the message; with ``ordered_pairs`` it goes after the connection's earlier messages."""
-        key0 = (r, s.peer, s.chunk)
+        peer, chunk = s.peer, s.chunk
+        key0 = (r, peer, chunk)
         k = self.send_count.get(key0, 0)
         self.send_count[key0] = k + 1
-        key = (r, s.peer, s.chunk, k)
-        if self.ordered_pairs and float(self.chunk_bytes[s.chunk]) > 0:
-            conn = self._conn(r, s)
+        key = (r, peer, chunk, k)
+        if self.ordered_pairs and self._chunk_f[chunk] > 0:
+            conn = (r, peer, s.lane if self.lanes else 0)  # self._conn(r, s)
             q = self.pair_queue.get(conn)
             if q is not None:  # the connection is busy: go after its earlier messages
                 q.append((i, s, key))
@@ -848,7 +872,7 @@ class FlowEngine:
 
     def _send_when_posted(self, r: int, i: int, s: Step, key: tuple, t: float) -> None:
         """With ``rendezvous``, data moves only once the receiver has posted the matching recv."""
-        if self.rendezvous and key not in self.posted and float(self.chunk_bytes[s.chunk]) > 0:
+        if self.rendezvous and key not in self.posted and self._chunk_f[s.chunk] > 0:
             self.held[key] = (r, i, s)
             return
         self._transmit(r, i, s, key, t)
@@ -856,7 +880,7 @@ class FlowEngine:
     def _transmit(self, r: int, i: int, s: Step, key: tuple, t: float) -> None:
         """The message's data starts to move: one subflow per route of the pair (none for 0 bytes)."""
         route = self.net.route(self.rank_gpus[r], self.rank_gpus[s.peer])
-        n = float(self.chunk_bytes[s.chunk])
+        n = self._chunk_f[s.chunk]
         xi = len(self.x_info)
         self.x_info.append((r, i, key, route.lat))
         cnt = 0

@@ -89,18 +89,20 @@ class ExecutorEngine(FlowEngine):
     def _pop_due_events(self) -> None:
         """:meth:`FlowEngine._pop_due_events` with the deferred sends and receives (kind ``_ISSUE``)."""
         heap, now = self.heap, self.now
-        tol_t = now * 1e-9 + 1e-15
-        while heap and heap[0][0] <= now + tol_t:
-            _, _, kind, a, b = heapq.heappop(heap)
+        until = now + (now * 1e-9 + 1e-15)
+        pop, steps, x_info, advance = heapq.heappop, self.steps, self.x_info, self._advance
+        send, post = FlowEngine._start_send, FlowEngine._post_recv
+        while heap and heap[0][0] <= until:
+            _, _, kind, a, b = pop(heap)
             if kind == _ISSUE:
-                s = self.steps[a][b]
-                (FlowEngine._start_send if s.kind == "send" else FlowEngine._post_recv)(self, a, b, s, now)
-                self._advance(a, now)
+                s = steps[a][b]
+                (send if s.kind == "send" else post)(self, a, b, s, now)
+                advance(a, now)
             elif kind == _ARRIVAL:
-                self._deliver(self.x_info[a][2], now)
+                self._deliver(x_info[a][2], now)
             else:
                 self._complete(a, b, now)
-                self._advance(a, now)
+                advance(a, now)
 
 
 @gc_paused()

@@ -539,8 +539,13 @@ MAX_SIM_CHUNKS = 32
 
 def _sim_chunks(want: int, nranks: int) -> int:
     """Chunks the engine simulates for a run that pipelines ``want``: at most
-    :data:`MAX_SIM_CHUNKS` and ``8192 / P`` (1 chunk from 8192 ranks on)."""
-    return int(max(1, min(want, MAX_SIM_CHUNKS, 8192 // max(nranks, 1))))
+    :data:`MAX_SIM_CHUNKS` and ``8192 / P``, and at least 2 when ``want`` is (so that
+    :func:`_extrapolate` has the runs of 1 and 2 chunks from 4096 ranks on).
+
+    >>> _sim_chunks(8, 128), _sim_chunks(64, 128), _sim_chunks(8, 4096), _sim_chunks(8, 16384), _sim_chunks(1, 16384)
+    (8, 32, 2, 2, 1)
+    """
+    return int(max(min(want, 2), min(want, MAX_SIM_CHUNKS, 8192 // max(nranks, 1))))
 
 
 #: above this many bytes "auto" skips the LL protocol (half bandwidth; NCCL's tuner never picks it there)
@@ -672,7 +677,7 @@ def simulate_algorithm(
         if collective == "allreduce":
             pr = pr.for_tree_allreduce()
         r = simulate(p, plan(k), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
-        if want > k >= 4:
+        if want > k >= 2:
             r_half = simulate(p, plan(k // 2), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
             r = _extrapolate(r, r_half, k, want)
         best = r if best is None or r.time < best.time else best

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from treecoll.attention.cost import (
     LLAMA31_8B,
+    MERGE_PAIR_S,
+    MERGE_STATES_S,
     PAPER_HOSTS,
     PAPER_SEQ_LENS,
     DecodeShape,
@@ -15,7 +17,7 @@ from treecoll.attention.cost import (
     paper_memory,
     paper_volumes,
 )
-from treecoll.collectives.cost import EXECUTOR_COSTS, executor_cost
+from treecoll.collectives.cost import EXECUTOR_COSTS, GLOO_BY_NRANKS, executor_cost
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import CollectiveError
 
@@ -176,21 +178,37 @@ def test_choose_combine_follows_the_model():
 def test_gloo_combine_times_by_hand():
     """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
     128: the gather is gloo's ring in rank order, 3 steps of one state (2 links each, and gloo's own
-    per-step time o) plus the merge; the three all-reduces are rank-order ring allreduces of 128, 128 and
-    16384 bytes: 6 steps of a quarter of each over 2 links (each with o), and 3 reduces of that quarter
-    (3 x bytes / mem_bw)."""
+    per-step time o at 4 processes) plus the merge (its bytes and one merge_states call); the three
+    all-reduces are rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of a quarter of each
+    over 2 links (each with o), 3 reduces of that quarter (3 x bytes / mem_bw), and one merge's worth of
+    local ops."""
     P, state = 4, 4 * 2 * 16 * 129
-    o = EXECUTOR_COSTS["gloo"].native_step_s
+    o = EXECUTOR_COSTS["gloo"].for_nranks(P).native_step_s
+    assert o == GLOO_BY_NRANKS[1][2] and GLOO_BY_NRANKS[1][0] == P
     t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
     assert t["gather"]["time_s"] == pytest.approx(
-        (P - 1) * (2e-6 + state / 100e9 + o) + (P + 1) * state / 2000e9, rel=1e-9
+        (P - 1) * (2e-6 + state / 100e9 + o) + (P + 1) * state / 2000e9 + MERGE_STATES_S, rel=1e-9
     )
 
     def ring(n):
         return 2 * (P - 1) * (2e-6 + n / P / 100e9 + o) + (P - 1) * 3 * (n / P) / 2000e9
 
-    assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384), rel=1e-9)
+    assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384) + MERGE_STATES_S, rel=1e-9)
     assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
+
+
+def test_gloo_tree_pays_the_executor_at_the_group_size_and_its_merges_in_a_row():
+    """Two ranks joined by one link (1 us, 100 GB/s, no mem_bw: merges free in bytes), one 2 x 16 x 129
+    float32 state: rank 1 posts its send (o) while rank 0 posts its receive (o); the state crosses
+    (1 us + bytes / bw); rank 0 merges in Python (one MERGE_PAIR_S), posts its send (o) as rank 1 has
+    posted its receive; the state crosses back. o is the executor's per-message time fitted at 2
+    processes, not the one fitted over 2 and 4."""
+    P, state = 2, 4 * 2 * 16 * 129
+    o = EXECUTOR_COSTS["gloo"].for_nranks(P).step_s
+    assert o == GLOO_BY_NRANKS[0][1] != EXECUTOR_COSTS["gloo"].step_s
+    t = combine_times(star_topology(P, bw=100.0, lat=1.0), 2, 16, 128, backend="gloo", methods=("tree",))
+    hop = 2e-6 + state / 100e9  # rank -> switch -> rank
+    assert t["tree"]["time_s"] == pytest.approx(2 * (o + hop) + MERGE_PAIR_S, rel=1e-6)
 
 
 def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():
@@ -225,5 +243,32 @@ def test_gloo_gather_pays_gloos_steps_like_the_tree():
     P = 4
     topo = Topology(cpu_only_host("h", {0: ""}, P))
     t = combine_times(topo, 1, 32, 128, backend="gloo")
-    assert t["gather"]["time_s"] >= (P - 1) * EXECUTOR_COSTS["gloo"].native_step_s
+    assert t["gather"]["time_s"] >= (P - 1) * EXECUTOR_COSTS["gloo"].for_nranks(P).native_step_s
     assert choose_combine(topo, 1, 32, 128, backend="gloo") == "tree"
+
+
+# Combine medians (us) that `python -m treecoll.tools.bench_tree_attention --steps 10` printed on the idle
+# 2-core machine (docs/benchmarks.md, "Tree attention over processes", table (b)): (P, batch) -> method.
+MEASURED_COMBINE_US = {
+    (2, 1): {"tree": 1080, "gather": 872, "allreduce3": 2665},
+    (2, 4): {"tree": 1043, "gather": 953, "allreduce3": 2201},
+    (4, 1): {"tree": 3015, "gather": 5118, "allreduce3": 18974},
+    (4, 4): {"tree": 3335, "gather": 5262, "allreduce3": 18953},
+}
+
+
+@pytest.mark.parametrize("nranks, batch", sorted(MEASURED_COMBINE_US))
+def test_gloo_auto_picks_what_measured_fastest(nranks, batch):
+    """combine="auto" on a gloo group of CPU processes without a topology (tree_decode's CPU-local
+    one) takes the method the benchmark measured fastest, and the model orders all three as measured:
+    at 2 processes (a core each) the all-gather, one step of gloo's own ring, beats the tree's two
+    executor messages; at 4 (two per core) gloo's ring waits for every rank at each of its 3 steps and
+    the tree's 6 messages win."""
+    from treecoll.attention.tree_decode import _cpu_local
+    from treecoll.attention.tree_decode import choose_combine as runtime_choice
+
+    measured = MEASURED_COMBINE_US[(nranks, batch)]
+    place = Placement(_cpu_local(nranks), nranks)
+    model = combine_times(place, batch, 32, 128, backend="gloo")
+    assert runtime_choice(batch, 32, 128, placement=place) == min(measured, key=measured.get)
+    assert sorted(model, key=lambda m: model[m]["time_s"]) == sorted(measured, key=measured.get)

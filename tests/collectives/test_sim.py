@@ -20,6 +20,7 @@ from tests.collectives.sim_helpers import (
     send_schedule,
     star_topology,
 )
+from tests.helpers import shipped
 
 
 def test_one_transfer_over_one_link_is_alpha_plus_n_over_beta():
@@ -333,3 +334,18 @@ def test_profile_yaml_round_trip(tmp_path):
     (tmp_path / "bad.yaml").write_text("name: x\nbw_eff: {net: 2.5}\n")
     with pytest.raises(CollectiveError, match=r"bad.yaml'.*bw_eff.net expected .* \(0, 2\], got 2.5"):
         sim_profiles.load_profile(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("algo", ["two_level", "double_binary"])
+def test_too_many_chunks_are_extrapolated_from_one_and_two(algo, monkeypatch):
+    """Where the engine may simulate only 2 of the chunks a tree pipelines (from 4096 ranks on), the
+    run is extrapolated from 1 and 2 chunks: far nearer the full pipeline than one chunk alone."""
+    t = shipped("dgx-h100-x2")
+    size = 64 << 20
+    full = sim.simulate_algorithm(t, algo, size, profile="nccl-simple")
+    one = sim.simulate_algorithm(t, algo, size, profile="nccl-simple", nchunks=1)
+    monkeypatch.setattr(sim, "MAX_SIM_CHUNKS", 2)
+    ex = sim.simulate_algorithm(t, algo, size, profile="nccl-simple")
+    assert ex.stats["extrapolated_from_chunks"] == [1, 2] and ex.stats["chunks"] > 2
+    assert one.time > 1.5 * full.time  # one chunk: the unpipelined tree
+    assert abs(ex.time / full.time - 1) < 0.25

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from treecoll.collectives.sim import nccl_model as nm
+from treecoll.collectives.sim import transports as tr
 from treecoll.collectives.sim.result import bus_factor
 from treecoll.collectives.sim.simulator import (
     PIPELINE_CHUNK_BYTES,
@@ -315,3 +316,61 @@ def test_nccl_model_asks_each_kind_of_host_once_and_answers_as_for_every_host(ch
     for size in (1 << 16, 1 << 26):
         for algo in ("ring", "tree", "nvls"):
             assert nm.nccl_predict(t, None, size, algo) == nm.nccl_predict(alone, None, size, algo)
+
+
+def _machine(text: str):
+    from treecoll.tools.machine_flags import parse_machine_flags
+    from treecoll.topo.machines import machine_topology
+
+    return machine_topology(parse_machine_flags(text), None)[0]
+
+
+def test_a_ring_through_host_memory_runs_at_the_shm_factor_of_pcie():
+    """4 RTX 5090 on their own PCIe Gen5 root ports of one socket (48 GB/s, topo.h): every ring hop goes
+    GPU -> switch -> CPU -> switch -> GPU, through host memory (NCCL's SHM, path PHB beyond P2P level
+    PXB); each GPU's hop crosses two root-complex links at 0.57 x 48 = 27.36 GB/s, one hop per link,
+    so the ring's busbw tends to 27.36 GB/s. The ideal profile keeps the links as written: 48."""
+    t = _machine("--hosts 1 --gpus-per-host 4 --gpu rtx5090")
+    g = t.rank_gpus()
+    hop = t.path(g[0], g[1]).nodes
+    assert [tr.link_factor(t, a, b) for a, b in zip(hop, hop[1:])] == [1.0, tr.SHM_BW_FACTOR, tr.SHM_BW_FACTOR, 1.0]
+    size = 1 << 30
+    r = simulate_ring(t, size, profile="nccl-simple")
+    assert r.busbw == pytest.approx(0.57 * 48.0, rel=2e-3)  # 6 steps of latency are < 0.1 % of 39 ms
+    assert simulate_ring(t, size, profile="ideal").busbw == pytest.approx(48.0, rel=1e-3)  # link latencies only
+
+
+def test_a_roce_nic_carries_two_channels_of_16_gb_s():
+    """Two H200 hosts, one GPU each, one 400 Gb/s NIC (50 GB/s) beside it: the 2-rank ring allreduce
+    moves each byte once per direction through the NIC (busbw = per-direction rate). RoCE: NCCL's 2
+    channels per NIC at 16 GB/s each, 32 GB/s; InfiniBand: the 48 GB/s PCIe Gen5 link to the NIC bounds
+    it below the NIC's 50. NVLSTree's kernels (profile nccl-nvls) are not held to the channel limit."""
+    size = 8 << 30
+    roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
+    ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
+    nic = roce.nics(roce.hosts()[0])[0]
+    up = next(v for v in roce.graph[nic] if roce.graph.edges[nic, v]["kind"] == "net")
+    assert tr.net_efficiency(roce.node(nic)) == 1.0
+    assert tr.link_factor(roce, nic, up) == pytest.approx(2 * 16.0 / 50.0)
+    assert tr.link_factor(roce, nic, up, None) == 1.0
+    assert simulate_ring(roce, size, profile="nccl-simple").busbw == pytest.approx(32.0, rel=2e-3)
+    assert simulate_ring(ib, size, profile="nccl-simple").busbw == pytest.approx(48.0, rel=2e-3)
+    # NCCL's own tuner sees the line rates: its ring's bandwidth is the same on both fabrics
+    assert nm.nccl_predict(roce, None, size)["model_algbw"] == nm.nccl_predict(ib, None, size)["model_algbw"]
+
+
+def test_a_roce_nic_adds_its_latency_to_every_network_step():
+    """NCCL's 2-rank ring allreduce with LL, one rank per host: base 6.6 us plus 2 network steps, each
+    the tree's NET latency 5.0 us (ppn 1) plus the NIC's reported latency once (LL; tuning.cc): 16.6 us
+    over InfiniBand (no reported latency), 16.6 + 2 x 10 = 36.6 us over RoCE (10 us per message)."""
+    roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
+    ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
+    assert nm.nccl_predict(ib, None, 1024, proto="LL")["lat_us"] == pytest.approx(16.6)
+    assert nm.nccl_predict(roce, None, 1024, proto="LL")["lat_us"] == pytest.approx(36.6)
+
+
+def test_a_socket_nic_runs_at_its_fabric_efficiency():
+    """Two L40S hosts, one GPU each, one 100 Gb/s interface (12.5 GB/s) on NCCL's socket transport: the
+    2-rank ring's busbw tends to 0.65 x 12.5 = 8.125 GB/s (the PCIe path to the NIC is wider)."""
+    t = _machine("--hosts 2 --gpus-per-host 1 --gpu L40S --nic 1x100G-socket")
+    assert simulate_ring(t, 8 << 30, profile="nccl-simple").busbw == pytest.approx(0.65 * 12.5, rel=2e-3)
