@@ -39,7 +39,7 @@ from typing import Any
 from treecoll.tools import validation
 from treecoll.tools.bench.harness import Benchmark
 from treecoll.tools.validate_sim import DEFAULT_DIR
-from treecoll.topo.fmt import table
+from treecoll.topo.fmt import fmt_bytes, table
 
 __all__ = ["main", "machine_key", "leave_one_out"]
 
@@ -114,7 +114,14 @@ def leave_one_out(
 
 def _factors(r: dict) -> str:
     """The factors a calibration moved, with their values: ``link_scale.nvlink 0.93, lat_scale.ring 1.4``."""
-    return ", ".join(f"{k} {r['values'][k]:.2f}" for k in r["fitted"]) or "none"
+    return ", ".join(f"{k} {_value(k, r['values'][k])}" for k in r["fitted"]) or "none"
+
+
+def _value(parameter: str, v: float) -> str:
+    """A factor with two decimals, a protocol switch point as a size (``4 KiB``)."""
+    if parameter.startswith("proto_max."):
+        return fmt_bytes(int(v))
+    return f"{v:.2f}"
 
 
 def loo_totals(loo: list[dict]) -> dict[str, dict]:

@@ -59,35 +59,45 @@ predict (no flag: said so).
 **Calibration** (:func:`calibrate`) fits a
 :class:`~treecoll.collectives.sim.profiles.Calibration`: the simulator's
 defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
-corrected by factors, each 1 by default: ``link_scale.nvlink`` /
-``.pcie`` / ``.net`` on the bandwidth of a link class, shared by every
-algorithm; ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p`` on the
-latencies of one algorithm family; ``bw_scale.tree`` / ``.nvls`` on those
-families' bandwidth over the links'. With a calibration an allreduce row is
-predicted by the algorithm NCCL's tuner runs at its size
-(:func:`tuner_algorithm`), and in the fit it measures that family only. Only
-the factors the tables identify move: a factor is identified when scaling it
-by :data:`PROBE` changes by :data:`IDENTIFY` or more the predicted time of
-some fitted row that can measure it (:func:`_identifies`: a link's bandwidth
-only ring and point-to-point rows, a family's factors only that family's
-rows); the others stay 1 and the output says so. The fit runs in two stages:
-the ring and point-to-point rows fix the links, then every row the other
-families' factors. The objective is the mean ``|ln(pred / meas)|`` of the time
-(the geometric-mean error) over the fitted rows, each table's small and large
-messages weighing alike, plus :data:`PRIOR` × ``|ln factor|`` per factor, so
-a factor moves only when that lowers the error; each factor stays within
-:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows: at
-most :data:`FIT_ROWS` per table, half small and half large messages spread
+corrected by parameters, each at its default unless fitted. Shared by every
+algorithm: ``link_scale.nvlink`` / ``.pcie`` / ``.net`` on the bandwidth of
+a link class, ``hop_scale.nvlink`` / ``.pci`` / ``.net`` on the latency of
+one hop over a route class, and the protocol switch points
+``proto_max.ll`` / ``.ll128`` (the largest message each protocol runs at).
+Per algorithm family: ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p``
+on that family's latencies, ``bw_scale.tree`` / ``.nvls`` on its bandwidth
+over the links'. A calibrated row is predicted as with the defaults, by the
+fastest algorithm the simulator finds with the calibrated parameters; since
+the links, the hops and the switch points are every family's, a latency
+fitted on the rows of one family (the tree's small allreduce messages) moves
+the others' (an all_gather's ring) alike. Only the factors the tables
+identify move: a factor is identified when scaling it by :data:`PROBE`
+changes by :data:`IDENTIFY` or more the predicted time of some fitted row that
+can measure it (:func:`_identifies`: a link's bandwidth only ring and
+point-to-point rows, a hop's latency every row, a family's factors only that
+family's rows); the others stay 1 and the output says so. The fit runs in
+two stages: the ring and point-to-point rows fix the links, then every row
+the hops and the families' factors; then the switch points are scanned
+(:func:`_switch_points`: candidates where the measured curves step up, each
+with its latencies fitted again).
+The objective is the mean ``|ln(pred / meas)|`` of the time (the
+geometric-mean error) over the fitted rows, each table's small and large
+messages weighing alike, plus per parameter a prior × ``|ln(value /
+default)|``: :data:`PRIOR` for the shared factors, the larger
+:data:`FAMILY_PRIOR` for a family's own (what one table shows goes to the
+shared physics first, so it carries to the collectives the table did not
+run), the small :data:`SWITCH_PRIOR` for a switch point; each factor stays
+within :data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows:
+at most :data:`FIT_ROWS` per table, half small and half large messages spread
 over the sizes (every row of a table that has neither). The minimiser is a
 pattern search over the logarithms (:func:`pattern_search`), run again when
 the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
 (its flow simulation takes seconds per larger size); the error printed after
-the fit is that of a full validation with the calibration. Protocol switch
-points are not factors: within an algorithm the simulator takes the fastest
-protocol per size. Every algorithm's time is simulated once per machine,
-collective, size and the factors it depends on (:func:`algorithm_time`), and
-shared by validation, calibration and the fit.
+the fit is that of a full validation with the calibration. Every algorithm's
+time is simulated once per machine, collective, size and the parameters it
+depends on (:func:`algorithm_time`), and shared by validation, calibration
+and the fit.
 ``--profile profile.yaml`` then predicts other sizes, collectives and machine
 scales with it (``treecoll simulate validate``, ``simulate allreduce``).
 
@@ -126,7 +136,6 @@ __all__ = [
     "algorithms",
     "predict",
     "algorithm_time",
-    "tuner_algorithm",
     "clear_cache",
     "nccl_model_time",
     "geo_error",
@@ -365,8 +374,6 @@ def predict(
                 simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
             except CollectiveError as e:
                 raise Skip(f"{collective}: the simulator does not predict it ({e}); no flag changes this") from None
-        pick = tuner_algorithm(topology, size, names) if _is_calibration(profile) and len(names) > 1 else None
-        names = [pick] if pick is not None else names
     best = None
     for a in names:
         out = algorithm_time(topology, collective, size, a, profile)
@@ -374,40 +381,6 @@ def predict(
             raise Skip(f"{collective}: the simulator does not predict it ({out}); no flag changes this")
         best = out if best is None or out[0] < best[0] else best
     return best
-
-
-def _is_calibration(profile: Any) -> bool:
-    from treecoll.collectives.sim.profiles import Calibration
-
-    return isinstance(profile, Calibration)
-
-
-#: the allreduce algorithm NCCL's tuner picks, by (topology, size, algorithms): :func:`tuner_algorithm`
-_TUNER: dict[tuple, str | None] = {}
-
-
-def tuner_algorithm(topology: Topology, size: int, algos: Sequence[str]) -> str | None:
-    """The one of ``algos`` NCCL's tuner runs for an allreduce of ``size`` bytes: the least time of its
-    own model (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`, enqueue.cc
-    ``topoGetAlgoInfo``), NVLSTree named ``nvls``; None where that model has no answer for the machine
-    (then the fastest simulated one stands in). A calibrated prediction runs that algorithm, not the
-    fastest one simulated: NCCL chooses by its model, which a machine's measured latencies and
-    bandwidths do not change."""
-    key = (topology, size, tuple(algos))
-    if key not in _TUNER:
-        from treecoll.collectives.sim.nccl_model import nccl_predict
-
-        try:
-            runs = [nccl_predict(topology, None, size, algo=a, collective="allreduce") for a in algos]
-            best = min(runs, key=_time_of)
-            _TUNER[key] = {"nvls_tree": "nvls"}.get(best["algo"], best["algo"])
-        except TreecollError:  # e.g. hosts without NIC bandwidth: nothing for the model to compare
-            _TUNER[key] = None
-    return _TUNER[key]
-
-
-def _time_of(r: dict) -> float:
-    return r["time"]
 
 
 def _offered(topology: Topology, collective: str, profile: Profile | str | None) -> tuple[str, ...]:
@@ -432,19 +405,28 @@ def clear_cache() -> None:
     """Forget every simulated time (:func:`algorithm_time`) and machine (:func:`topology_for`)."""
     _TIMES.clear()
     _TOPOLOGIES.clear()
-    _TUNER.clear()
 
 
-def _profile_key(profile: Profile | str | None, family: str) -> Any:
-    """What an algorithm of ``family`` sees of ``profile``: of a calibration its link factors and the
-    family's latency factor (every other factor leaves that algorithm's time alone; all 1 is the
-    defaults, ``auto``), of a plain profile its fields, of a name the name."""
-    from treecoll.collectives.sim.profiles import LINK_CLASSES, Calibration, Profile
+def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> Any:
+    """What an algorithm of ``family`` sees of ``profile`` at ``size`` bytes: of a calibration its link and
+    hop factors, the family's latency and bandwidth factors and which protocols its switch points run
+    at this size (every other factor leaves that algorithm's time alone; all at the defaults is
+    ``auto``), of a plain profile its fields, of a name the name."""
+    from treecoll.collectives.sim.profiles import (
+        LINK_CLASSES,
+        NCCL_PROTOCOLS,
+        ROUTE_CLASSES,
+        Calibration,
+        Profile,
+    )
 
     if isinstance(profile, Calibration):
         links = tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES)
-        key = (links, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0))
-        return "auto" if key == ((1.0,) * len(LINK_CLASSES), 1.0, 1.0) else key
+        hops = tuple(profile.hop_scale.get(k, 1.0) for k in ROUTE_CLASSES)
+        runs = tuple(profile.runs(p, size) for p in NCCL_PROTOCOLS)
+        key = (links, hops, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0), runs)
+        default = ((1.0,) * len(LINK_CLASSES), (1.0,) * len(ROUTE_CLASSES), 1.0, 1.0, (None,) * len(NCCL_PROTOCOLS))
+        return "auto" if key == default else key
     if isinstance(profile, Profile):
         return repr(profile.as_dict())
     return profile
@@ -461,7 +443,7 @@ def algorithm_time(
     from treecoll.collectives.sim.simulator import P2P_COLLECTIVES, simulate_nccl
 
     family = ALGO_FAMILY[algo] if algo is not None else "p2p" if collective in P2P_COLLECTIVES else "ring"
-    key = (topology, collective, size, algo, _profile_key(profile, family))
+    key = (topology, collective, size, algo, _profile_key(profile, family, size))
     out = _TIMES.get(key)
     if out is None:
         _SIMULATIONS[0] += 1
@@ -731,8 +713,18 @@ def profile_is_default(d: dict) -> bool:
 #: rows per table the fit simulates: half of them small messages, half large, spread over the sizes
 FIT_ROWS = 12
 #: pull of every factor back to its default, per unit of ``|ln factor|``, against the objective (a mean
-#: ``|ln(pred / meas)|``): a factor moves only where that buys a larger drop of the error
+#: ``|ln(pred / meas)|``): a factor moves only where that buys a larger drop of the error. The factors
+#: every algorithm shares (a link's bandwidth, a hop's latency) pull by :data:`PRIOR`, a family's own
+#: (its latency and bandwidth) by :data:`FAMILY_PRIOR`: what one table shows is put on the shared
+#: physics first, so it carries to the collectives the table did not run; a family's own factor moves
+#: only for what the shared ones cannot explain
 PRIOR = 0.01
+FAMILY_PRIOR = 0.03
+#: pull of a protocol switch point back to the simulator's rule, per unit of ``|ln(bytes / default)|``
+#: (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH` for no switch point of its own)
+SWITCH_PRIOR = 0.0005
+#: candidate switch points per protocol (:func:`_bends`), each with its latencies fitted again
+SWITCH_CANDIDATES = 3
 #: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
 #: row's predicted time by :data:`IDENTIFY` or more: the row's time depends on it, not only in its last
 #: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
@@ -785,7 +777,6 @@ class _FitRow:
     meas: float  # seconds
     table: str = ""
     group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
-    offered: tuple[str, ...] = ()  # the allreduce algorithms NCCL's tuner chooses among (:func:`tuner_algorithm`)
 
 
 def _spread(rows: list, n: int | None) -> list:
@@ -834,26 +825,19 @@ def _fit_rows(
             if counted_rows
             else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
         )
-        offered = tuple(a for a in algos if a in _offered(topo, coll, None)) if coll == "allreduce" else ()
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             meas = r.out_of_place.time_us * 1e-6
-            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), offered))
+            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size)))
     return rows, skipped
 
 
 def _row_algos(row: _FitRow) -> list[str | None]:
-    """The NCCL algorithms the row's prediction takes the fastest of: for allreduce the one NCCL's tuner
-    runs at this size (:func:`tuner_algorithm`; the fastest of ``row.algos`` where the fit leaves the
-    tuner's out), for the other collectives None (the one family NCCL runs them with)."""
+    """The NCCL algorithms the row's prediction takes the fastest of, as :func:`predict` does: for
+    allreduce the row's, for the other collectives None (the one family NCCL runs them with)."""
     if row.collective != "allreduce":
         return [None]
-    algos = [a for a in row.algos if a in ALGO_FAMILY]
-    if len(row.offered) > 1:
-        pick = tuner_algorithm(row.topology, row.size, row.offered)
-        if pick in algos:
-            return [pick]
-    return algos
+    return [a for a in row.algos if a in ALGO_FAMILY]
 
 
 class _Predictor:
@@ -888,22 +872,27 @@ class _Predictor:
 def calibration_from(
     values: dict[str, float], name: str = "calibrated", source: str = "", fitted: Sequence[str] = ()
 ) -> Calibration:
-    """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (factor name -> value,
-    names of :func:`~treecoll.collectives.sim.profiles.calibration_parameters`; absent ones 1)."""
+    """A :class:`~treecoll.collectives.sim.profiles.Calibration` of ``values`` (parameter name -> value,
+    names of :func:`default_values`; absent ones and ones at their default are left out: the default)."""
     from treecoll.collectives.sim.profiles import Calibration
 
-    scales: dict[str, dict[str, float]] = {"link_scale": {}, "lat_scale": {}, "bw_scale": {}}
+    defaults = default_values()
+    scales: dict[str, dict[str, float]] = {}
     for k, v in values.items():
-        fld, _, key = k.partition(".")
-        scales[fld][key] = v
+        if v != defaults[k]:
+            fld, _, key = k.partition(".")
+            scales.setdefault(fld, {})[key] = round(v) if fld == "proto_max" else v
     return Calibration(name, source=source, fitted=tuple(fitted), **scales)
 
 
 def default_values() -> dict[str, float]:
-    """Every factor at its default, 1."""
-    from treecoll.collectives.sim.profiles import calibration_parameters
+    """Every parameter at its default: each factor 1
+    (:func:`~treecoll.collectives.sim.profiles.calibration_parameters`), each protocol switch point
+    (:func:`~treecoll.collectives.sim.profiles.switch_parameters`) none of its own
+    (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH`: the simulator's rule)."""
+    from treecoll.collectives.sim.profiles import NO_SWITCH, calibration_parameters, switch_parameters
 
-    return dict.fromkeys(calibration_parameters(), 1.0)
+    return {**dict.fromkeys(calibration_parameters(), 1.0), **dict.fromkeys(switch_parameters(), NO_SWITCH)}
 
 
 def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
@@ -945,23 +934,28 @@ def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
     families = _families(algos, row.collective)
     fld, _, key = parameter.partition(".")
-    if fld != "lat_scale" and row.group == "small":
+    if fld not in ("lat_scale", "hop_scale") and row.group == "small":
         return False
+    if fld == "hop_scale":  # a hop's latency: every family's rows
+        return True
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
 
 def fit_parameters(
     rows: list[_FitRow], *, tol: float = 0.002, max_evals: int = 400, rounds: int = 3
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """The calibration factors that minimise :meth:`_Predictor.error` plus :data:`PRIOR` × the sum of
-    ``|ln factor|`` over ``rows``, and fit statistics. Only the factors the rows identify
+    """The calibration parameters that minimise :func:`_objective` (:meth:`_Predictor.error` plus each
+    parameter's prior × ``|ln(value / default)|``) over ``rows``, and fit statistics. Only the factors
+    the rows identify
     (:func:`_identified`, at the defaults, then again at the fitted values: up to ``rounds`` rounds)
     move, each within its bounds
     (:data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`), by :func:`pattern_search` over their
-    logarithms; every other factor keeps its default (1). Two stages: the rows run by a ring or
-    point-to-point fix the links (and those families' latencies), then every row the other families'
+    logarithms, the shared factors before the families' own (:func:`_search_shared_first`); every
+    other factor keeps its default (1). Two stages: the rows run by a ring or point-to-point fix the
+    links (and the hops and those families' latencies), then every row the hops and the families'
     factors on top of those links (a tree's or NVLS's bandwidth is the links' times its own factor:
-    :func:`_identifies`)."""
+    :func:`_identifies`). Then the protocol switch points (:func:`_switch_points`), each candidate
+    with every latency and family factor fitted again."""
     from treecoll.collectives.sim.profiles import calibration_parameters
 
     bounds = calibration_parameters()
@@ -979,12 +973,26 @@ def fit_parameters(
                 break
             free += new
             moving += new
-            values, n = _search(stage, values, moving, bounds, tol, max_evals)
+            values, n = _search_shared_first(stage, values, moving, bounds, tol, max_evals)
             calls += n
-    fitted = [k for k in free if values[k] != 1.0]
+    latencies = [k for k in free if not k.startswith("link_scale.")]
+
+    def refit(v: dict[str, float]) -> tuple[dict[str, float], int]:
+        # from the latencies fitted without the switch point and from the defaults: the first may sit where
+        # they made up for a protocol the switch point now stops (a coordinate search stays there)
+        starts = (v, dict(v, **{k: 1.0 for k in latencies}))
+        fits = [_search_shared_first(pred, start, latencies, bounds, tol, max_evals) for start in starts]
+        return min(fits, key=lambda f: _objective(pred, f[0]))[0], sum(f[1] for f in fits)
+
+    values, n = _switch_points(pred, values, refit)
+    calls += n
+    defaults = default_values()
+    switches = [k for k in defaults if k.startswith("proto_max.")]
+    fitted = [k for k in free + switches if values[k] != defaults[k]]
     return values, {
         "fitted": fitted,
         "identified_default": [k for k in free if k not in fitted],
+        "switch_default": [k for k in switches if k not in fitted],
         "not_identified": [k for k in bounds if k not in free],
         "rows": len(rows),
         "tables": len({r.table for r in rows}),
@@ -995,6 +1003,93 @@ def fit_parameters(
     }
 
 
+def _prior(parameter: str) -> float:
+    """The pull of ``parameter`` back to its default: :data:`PRIOR`, :data:`FAMILY_PRIOR` or
+    :data:`SWITCH_PRIOR`."""
+    fld = parameter.partition(".")[0]
+    return {"link_scale": PRIOR, "hop_scale": PRIOR, "proto_max": SWITCH_PRIOR}.get(fld, FAMILY_PRIOR)
+
+
+def _objective(pred: _Predictor, values: dict[str, float]) -> float:
+    """The fit's objective: :meth:`_Predictor.error` plus each parameter's prior (:func:`_prior`) times
+    ``|ln(value / default)|``."""
+    defaults = default_values()
+    return pred.error(values) + sum(
+        _prior(k) * abs(math.log(v / defaults[k])) for k, v in values.items() if v != defaults[k]
+    )
+
+
+def _switch_points(
+    pred: _Predictor, values: dict[str, float], refit: Callable[[dict[str, float]], tuple[dict[str, float], int]]
+) -> tuple[dict[str, float], int]:
+    """``values`` with each protocol switch point (``proto_max.ll``, then ``proto_max.ll128``) set to the
+    one of least objective (:func:`_objective`) among none of its own and the candidates
+    :func:`_bends` finds where the measured curves step up, each candidate with the latencies fitted
+    again for it (``refit``: values -> (values, evaluations)), since a protocol that stops running
+    changes which latencies the rows show; LL128's switch point is not below LL's (NCCL runs LL on the
+    smallest messages, LL128 on the next). Returns the values and the evaluations."""
+    from treecoll.collectives.sim.profiles import switch_parameters
+    from treecoll.collectives.sim.simulator import LL_MAX_BYTES
+
+    calls, floor = 0, 0.0
+    candidates = _bends(pred.rows)
+    for k in switch_parameters():  # LL, then LL128
+        best, best_values = _objective(pred, values), values
+        calls += 1
+        for c in candidates:
+            if c < floor:
+                continue
+            trial, n = refit(dict(values, **{k: float(c)}))
+            v = _objective(pred, trial)
+            calls += n + 1
+            if v < best - 1e-12:
+                best, best_values = v, trial
+        values = best_values
+        floor = min(values[k], LL_MAX_BYTES)
+    return values, calls
+
+
+def _bends(rows: list[_FitRow]) -> list[int]:
+    """Where the measured curves step up, as candidate protocol switch points (bytes), the sharpest first:
+    per table, between each two consecutive fitted sizes ``a < b``, the local slope ``ln(t_b / t_a) /
+    ln(b / a)`` of the measured time (0 where latency holds it, 1 where bandwidth does) less the larger
+    of its neighbours' slopes; a protocol that stops running shows as a slope above both (the time
+    steps up to the next protocol's latency and then flattens). The point is ``sqrt(a b)`` rounded
+    down (every point between ``a`` and ``b`` predicts the fitted rows alike); at most
+    :data:`SWITCH_CANDIDATES` of them, each above 0 and within
+    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`."""
+    from treecoll.collectives.sim.profiles import SWITCH_BOUNDS
+
+    by_table: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by_table.setdefault(r.table, {})[r.size] = r.meas
+    bend: dict[int, float] = {}
+    for curve in by_table.values():
+        sizes = sorted(curve)
+        slopes = [math.log(curve[b] / curve[a]) / math.log(b / a) for a, b in zip(sizes, sizes[1:])]
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            around = [slopes[j] for j in (i - 1, i + 1) if 0 <= j < len(slopes)]
+            excess = slopes[i] - max(around, default=0.0)
+            point = int(math.sqrt(a * b))
+            if excess > 0 and SWITCH_BOUNDS[0] <= point < SWITCH_BOUNDS[1]:
+                bend[point] = max(bend.get(point, 0.0), excess)
+    return sorted(bend, key=lambda p: -bend[p])[:SWITCH_CANDIDATES]
+
+
+def _search_shared_first(
+    pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
+) -> tuple[dict[str, float], int]:
+    """:func:`_search` over the shared factors of ``names`` (:data:`PRIOR`), then over all of them: the
+    families' own factors take what the shared ones leave (a coordinate search started at the
+    defaults could otherwise stop at a family factor the prior weighs more)."""
+    calls = 0
+    for group in ([k for k in names if _prior(k) <= PRIOR], names):
+        if group:
+            values, n = _search(pred, values, group, bounds, tol, max_evals)
+            calls += n
+    return values, calls
+
+
 def _search(
     pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
 ) -> tuple[dict[str, float], int]:
@@ -1002,8 +1097,7 @@ def _search(
     error plus prior, and the calls it took."""
 
     def f(x: list[float]) -> float:
-        v = dict(values, **{k: math.exp(y) for k, y in zip(names, x)})
-        return pred.error(v) + PRIOR * sum(abs(math.log(v[k])) for k in bounds if v[k] != 1.0)
+        return _objective(pred, dict(values, **{k: math.exp(y) for k, y in zip(names, x)}))
 
     x, _, n = pattern_search(
         f,
@@ -1048,6 +1142,15 @@ def calibrate(
     return out
 
 
+def _value_text(parameter: str, v: float) -> str:
+    """A factor with three decimals; a protocol switch point in bytes (``none``: the simulator's rule)."""
+    from treecoll.collectives.sim.profiles import NO_SWITCH
+
+    if parameter.startswith("proto_max."):
+        return "none" if v >= NO_SWITCH else f"{int(v)}"
+    return f"{v:.3f}"
+
+
 def render_calibration(d: dict) -> str:
     """The text of ``treecoll simulate calibrate``."""
     f = d["fit"]
@@ -1055,10 +1158,12 @@ def render_calibration(d: dict) -> str:
         f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
         f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
         f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
-        "factors (1 = the simulator's default; link_scale on the links' bandwidth, lat_scale on a family's latencies, "
-        "bw_scale on a family's bandwidth over the links'):",
+        "factors (1 = the simulator's default; link_scale on the links' bandwidth, hop_scale on a hop's latency, "
+        "lat_scale on a family's latencies, bw_scale on a family's bandwidth over the links'; proto_max: the "
+        "largest message in bytes a protocol runs at):",
     ]
     why = {
+        **dict.fromkeys(f.get("switch_default", ()), "default kept: no protocol switch between the sizes fits better"),
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
         **dict.fromkeys(
@@ -1067,7 +1172,7 @@ def render_calibration(d: dict) -> str:
         ),
     }
     for k, v in d["values"].items():
-        lines.append(f"   {k:<18} {v:7.3f}   {why.get(k, '')}")
+        lines.append(f"   {k:<18} {_value_text(k, v):>7}   {why.get(k, '')}")
     for label in ("before", "after"):
         if label in d:
             g = d[label]

@@ -40,20 +40,33 @@ factors measured on one machine, each standing for one piece of physics:
   PCIe and the CPU interconnect; ``net``: the NICs), a factor on the links'
   bandwidth shared by every algorithm and protocol (the links are what they
   are, whatever runs on them);
+* ``hop_scale``: per route class (``nvlink``, ``pci``, ``net``), a factor on
+  the latency of one hop over that class (the per-hop floor of every protocol
+  and, for ``net``, the NIC latency count), shared by every algorithm family:
+  a hop over the network costs what the fabric costs, whichever kernel sends;
 * ``lat_scale``: per algorithm family (``ring``: NCCL's rings and chains,
   PAT included; ``tree``; ``nvls``: NVLS and NVLSTree; ``p2p``: alltoall and
   sendrecv), a factor on that family's latencies (base latency, per-hop floors,
-  NIC latency count): each family is its own kernel with its own setup and
-  synchronisation;
+  NIC latency count) on top of ``hop_scale``: each family is its own kernel
+  with its own setup and synchronisation;
 * ``bw_scale``: per family whose bandwidth is more than its links' (``tree``:
   NCCL's tree efficiency; ``nvls``: the switches' reduction efficiency and
   NVLSTree's per-channel cap), a factor on that family's bandwidth on top of
   the links': those are NCCL's estimates of its own kernels, not properties of
   the links a ring or a point-to-point transfer shows.
 
+* ``proto_max``: per protocol (``ll``, ``ll128``), the largest message (bytes,
+  as nccl-tests prints the size) that protocol runs at: NCCL's tuner switches
+  from LL to LL128 to Simple as messages grow, and where it switches on a
+  machine shows as a step in the measured curve. Absent: the simulator's
+  defaults (LL up to 8 MiB, LL128 wherever NCCL enables it).
+
 A factor absent from the file is 1 (the default). :meth:`Calibration.apply`
-gives the profile one protocol of one family runs with; the simulator calls it
-wherever it expands ``auto`` into NCCL's protocols. Used where a single profile
+gives the profile one protocol of one family runs with; the simulator calls
+it wherever it expands ``auto`` into NCCL's protocols, on NCCL's own
+latencies of that family (tuning.cc: the tree's base and per-hop latencies
+differ from the ring's; with one GPU per host a ring's network hop takes the
+tree's), and asks :meth:`Calibration.runs` which protocols a size runs. Used where a single profile
 is needed (e.g. :func:`~treecoll.collectives.sim.simulator.simulate` on a
 schedule), a calibration is NCCL's Simple protocol with the ring's factors.
 
@@ -71,6 +84,11 @@ refused with the file and the key.
 (0.8, 16.8)
 >>> c.apply(simple, "ring").base_lat_us, c.apply(simple, "ring").efficiency("net")
 (8.4, 1.0)
+>>> c2 = Calibration("mine", hop_scale={"net": 2.0}, proto_max={"ll": 4096})
+>>> c2.apply(get_profile("nccl-ll"), "tree").lat_floor_us   # LL's hops, the network's doubled
+{'nvlink': 0.6, 'pci': 1.0, 'net': 5.4}
+>>> c2.runs("nccl-ll", 4096), c2.runs("nccl-ll", 8192), c2.runs("nccl-ll128", 1 << 30)
+(True, False, None)
 >>> get_profile("fast")
 Traceback (most recent call last):
 ...
@@ -100,7 +118,11 @@ __all__ = [
     "FAMILIES",
     "BW_FAMILIES",
     "SCALE_BOUNDS",
+    "HOP_BOUNDS",
     "MAX_EFFICIENCY",
+    "SWITCH_PROTOCOLS",
+    "SWITCH_BOUNDS",
+    "SCHEMA_VERSION",
 ]
 
 ROUTE_CLASSES = ("nvlink", "pci", "net")
@@ -113,9 +135,21 @@ BW_FAMILIES = ("tree", "nvls")
 #: the range of a calibration factor: ``link_scale``, ``lat_scale`` and ``bw_scale``
 SCALE_BOUNDS: dict[str, tuple[float, float]] = {
     "link_scale": (0.1, 2.0),
+    "hop_scale": (0.1, 20.0),
     "lat_scale": (0.1, 20.0),
     "bw_scale": (0.1, 2.0),
 }
+#: the range of a hop within a host (``hop_scale.nvlink``, ``.pci``): a fixed piece of silicon whose latency
+#: differs little between machines, where the network's (``hop_scale.net``, :data:`SCALE_BOUNDS`) depends on
+#: the fabric and its transport (a TCP-based one takes several times InfiniBand's)
+HOP_BOUNDS: dict[str, tuple[float, float]] = {"nvlink": (0.25, 4.0), "pci": (0.25, 4.0)}
+#: protocols with a switch point (``proto_max``) in a :class:`Calibration`, and the NCCL profile of each
+SWITCH_PROTOCOLS: dict[str, str] = {"ll": "nccl-ll", "ll128": "nccl-ll128"}
+#: the range of a ``proto_max`` switch point, bytes
+SWITCH_BOUNDS = (64, 1 << 40)
+#: version of the calibration YAML :func:`save_profile` writes (1: link_scale, lat_scale, bw_scale; 2 adds
+#: hop_scale and proto_max, and the tree's own NCCL latencies under lat_scale); :func:`load_profile` reads both
+SCHEMA_VERSION = 2
 #: largest ``bw_eff``: above 1 only where a calibration found a link faster than the topology says
 MAX_EFFICIENCY = 2.0
 
@@ -242,32 +276,48 @@ class Calibration(Profile):
     """The simulator's default physics corrected by measured factors (see the module docstring).
 
     ``link_scale``: link class (:data:`LINK_CLASSES`) -> factor on its links' bandwidth;
+    ``hop_scale``: route class (:data:`ROUTE_CLASSES`) -> factor on one hop's latency, every family;
     ``lat_scale``: family (:data:`FAMILIES`) -> factor on that family's latencies; each factor in
     :data:`SCALE_BOUNDS`, absent ones 1; ``bw_scale``: family (:data:`BW_FAMILIES`) -> factor on that
-    family's bandwidth over the links'. ``fitted``: the parameters (``link_scale.net``,
-    ``lat_scale.p2p``, ...) a fit moved; the others are the defaults. The :class:`Profile` fields are
-    derived (NCCL's Simple protocol with the ring's factors, :meth:`plain`), never given.
+    family's bandwidth over the links'; ``proto_max``: protocol (:data:`SWITCH_PROTOCOLS`) -> the
+    largest message it runs at, bytes in :data:`SWITCH_BOUNDS` (absent: the simulator's rule).
+    ``fitted``: the parameters (``link_scale.net``, ``lat_scale.p2p``, ...) a fit moved; the others are
+    the defaults. The :class:`Profile` fields are derived (NCCL's Simple protocol with the ring's
+    factors, :meth:`plain`), never given.
     """
 
     link_scale: Mapping[str, float] = field(default_factory=dict)
     lat_scale: Mapping[str, float] = field(default_factory=dict)
     bw_scale: Mapping[str, float] = field(default_factory=dict)
     fitted: tuple[str, ...] = ()
+    hop_scale: Mapping[str, float] = field(default_factory=dict)
+    proto_max: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         what = f"profile {self.name!r}"
         for fld, keys in _FIELDS:
-            lo, hi = SCALE_BOUNDS[fld]
             m = getattr(self, fld)
             if not isinstance(m, Mapping):
                 raise CollectiveError(f"{what}: {fld} expected a mapping of {list(keys)} to factors, got {m!r}")
             for k, v in m.items():
                 if k not in keys:
                     raise CollectiveError(f"{what}: {fld}.{k}: expected one of {list(keys)}, got an unknown key")
+                lo, hi = calibration_parameters()[f"{fld}.{k}"]
                 if not _number(v) or not lo <= v <= hi:
                     raise CollectiveError(f"{what}: {fld}.{k} expected a factor in [{lo:g}, {hi:g}], got {v!r}")
             object.__setattr__(self, fld, {k: float(v) for k, v in m.items()})
-        bad = [p for p in self.fitted if p not in calibration_parameters()]
+        if not isinstance(self.proto_max, Mapping):
+            raise CollectiveError(f"{what}: proto_max expected a mapping of {list(SWITCH_PROTOCOLS)} to bytes")
+        lo, hi = SWITCH_BOUNDS
+        for k, v in self.proto_max.items():
+            if k not in SWITCH_PROTOCOLS:
+                raise CollectiveError(
+                    f"{what}: proto_max.{k}: expected one of {list(SWITCH_PROTOCOLS)}, got an unknown key"
+                )
+            if not _number(v) or not lo <= v <= hi:
+                raise CollectiveError(f"{what}: proto_max.{k} expected bytes in [{lo}, {hi}], got {v!r}")
+        object.__setattr__(self, "proto_max", {k: int(v) for k, v in self.proto_max.items()})
+        bad = [p for p in self.fitted if p not in calibration_parameters() and p not in switch_parameters()]
         if bad:
             raise CollectiveError(
                 f"{what}: fitted: unknown parameter {bad[0]!r}; expected some of {list(calibration_parameters())}"
@@ -279,9 +329,19 @@ class Calibration(Profile):
         super().__post_init__()
 
     def value(self, parameter: str) -> float:
-        """One factor by its name (``link_scale.nvlink``, ``lat_scale.ring``, ...); 1 when absent."""
+        """One factor by its name (``link_scale.nvlink``, ``lat_scale.ring``, ...); 1 when absent (a
+        ``proto_max`` switch point: its bytes, :data:`NO_SWITCH` when absent)."""
         fld, _, key = parameter.partition(".")
-        return float(getattr(self, fld).get(key, 1.0))
+        return float(getattr(self, fld).get(key, NO_SWITCH if fld == "proto_max" else 1.0))
+
+    def runs(self, protocol: str, nbytes: int) -> bool | None:
+        """Whether NCCL protocol profile ``protocol`` (``nccl-ll``, ...) runs a message of ``nbytes`` on this
+        machine: False above its ``proto_max``, True up to it, None where the calibration does not say (the
+        simulator's own rule holds)."""
+        key = next((k for k, p in SWITCH_PROTOCOLS.items() if p == protocol), None)
+        if key is None or key not in self.proto_max:
+            return None
+        return nbytes <= self.proto_max[key]
 
     def link_factor(self, kind: str) -> float:
         """The factor on links of kind ``kind`` (a :data:`~treecoll.topo.model.LINK_KINDS` name)."""
@@ -290,8 +350,12 @@ class Calibration(Profile):
 
     def apply(self, protocol: Profile, family: str) -> Profile:
         """``protocol`` as algorithm family ``family`` runs it on this machine: every link kind's
-        efficiency times its class's factor and the family's ``bw_scale``, the base latency, per-hop
-        floors and NIC latency count times the family's ``lat_scale``. The name stays the protocol's
+        efficiency times its class's factor and the family's ``bw_scale``, each route class's per-hop
+        floor times its ``hop_scale`` (the network's NIC latency count too), and the base latency,
+        per-hop floors and NIC latency count times the family's ``lat_scale``. ``protocol`` carries the
+        family's own latencies (the simulator gives NCCL's protocols with the tree's, or with one GPU
+        per host the ring's network hop at the tree's:
+        :func:`~treecoll.collectives.sim.simulator.nccl_hop_profile`). The name stays the protocol's
         (the simulator keys protocol constants on it)."""
         import dataclasses
 
@@ -299,6 +363,7 @@ class Calibration(Profile):
             raise CollectiveError(f"calibration {self.name!r}: family expected one of {list(FAMILIES)}, got {family!r}")
         s = float(self.lat_scale.get(family, 1.0))
         b = float(self.bw_scale.get(family, 1.0))
+        hop = {k: float(self.hop_scale.get(k, 1.0)) for k in ROUTE_CLASSES}
         base = Profile(
             protocol.name,
             protocol.base_lat_us,
@@ -312,8 +377,8 @@ class Calibration(Profile):
         return dataclasses.replace(
             base,
             base_lat_us=base.base_lat_us * s,
-            lat_floor_us={k: v * s for k, v in base.lat_floor_us.items()},
-            nic_lat_mult=base.nic_lat_mult * s,
+            lat_floor_us={k: v * s * hop.get(k, 1.0) for k, v in base.lat_floor_us.items()},
+            nic_lat_mult=base.nic_lat_mult * s * hop["net"],
             bw_eff={k: min(base.efficiency(k) * self.link_factor(k) * b, MAX_EFFICIENCY) for k in LINK_KINDS},
         )
 
@@ -337,9 +402,12 @@ class Calibration(Profile):
         return {
             "name": self.name,
             "kind": "calibration",
+            "version": SCHEMA_VERSION,
             "link_scale": dict(self.link_scale),
+            "hop_scale": dict(self.hop_scale),
             "lat_scale": dict(self.lat_scale),
             "bw_scale": dict(self.bw_scale),
+            "proto_max": dict(self.proto_max),
             "fitted": list(self.fitted),
             "source": self.source,
         }
@@ -348,11 +416,28 @@ class Calibration(Profile):
 def calibration_parameters() -> dict[str, tuple[float, float]]:
     """Every factor of a :class:`Calibration` by name (``link_scale.nvlink``, ..., ``lat_scale.p2p``),
     with its bounds."""
-    return {f"{fld}.{k}": SCALE_BOUNDS[fld] for fld, keys in _FIELDS for k in keys}
+    return {
+        f"{fld}.{k}": HOP_BOUNDS.get(k, SCALE_BOUNDS[fld]) if fld == "hop_scale" else SCALE_BOUNDS[fld]
+        for fld, keys in _FIELDS
+        for k in keys
+    }
 
 
+def switch_parameters() -> dict[str, tuple[int, int]]:
+    """Every protocol switch point of a :class:`Calibration` by name (``proto_max.ll``, ``proto_max.ll128``),
+    with its bounds (bytes)."""
+    return {f"proto_max.{k}": SWITCH_BOUNDS for k in SWITCH_PROTOCOLS}
+
+
+#: the value :meth:`Calibration.value` gives an absent switch point: no limit (the simulator's rule)
+NO_SWITCH = float(SWITCH_BOUNDS[1])
 #: the factor fields of a :class:`Calibration` and their keys
-_FIELDS = (("link_scale", tuple(LINK_CLASSES)), ("lat_scale", FAMILIES), ("bw_scale", BW_FAMILIES))
+_FIELDS = (
+    ("link_scale", tuple(LINK_CLASSES)),
+    ("hop_scale", ROUTE_CLASSES),
+    ("lat_scale", FAMILIES),
+    ("bw_scale", BW_FAMILIES),
+)
 
 
 def get_profile(name_or_path: str | Profile | None) -> Profile:
@@ -386,11 +471,17 @@ def load_profile(path: str | os.PathLike) -> Profile:
         raise CollectiveError(f"{where}: not YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise CollectiveError(f"{where}: expected a mapping, got {type(data).__name__}")
-    calibrated = data.get("kind") == "calibration" or any(f in data for f, _ in _FIELDS)
+    calibrated = data.get("kind") == "calibration" or any(f in data for f, _ in _FIELDS) or "proto_max" in data
     if "kind" in data and data["kind"] not in ("calibration", "profile"):
         raise CollectiveError(f"{where}: kind expected 'calibration' or 'profile', got {data['kind']!r}")
     keys = _CALIBRATION_KEYS if calibrated else _PROFILE_KEYS
-    extra = sorted(set(data) - set(keys) - {"fit", "kind"}, key=str)
+    version = data.get("version", 1)
+    if calibrated and version not in (1, SCHEMA_VERSION):
+        raise CollectiveError(
+            f"{where}: version expected 1 or {SCHEMA_VERSION}, got {version!r}; "
+            f"write it again with treecoll simulate calibrate"
+        )
+    extra = sorted(set(data) - set(keys) - {"fit", "kind", "version"}, key=str)
     if extra:
         other = _PROFILE_KEYS if calibrated else _CALIBRATION_KEYS
         why = (
@@ -411,7 +502,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
 
 
 _PROFILE_KEYS = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source", "nic_lat_mult", "tree_eff")
-_CALIBRATION_KEYS = ("name", "link_scale", "lat_scale", "bw_scale", "fitted", "source")
+_CALIBRATION_KEYS = ("name", "link_scale", "hop_scale", "lat_scale", "bw_scale", "proto_max", "fitted", "source")
 
 
 def save_profile(profile: Profile, path: str | os.PathLike, fit: Mapping[str, Any] | None = None) -> None:

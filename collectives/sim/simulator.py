@@ -566,7 +566,8 @@ def _profiles(
 ) -> list[Profile]:
     """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
     :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs); a
-    :class:`~treecoll.collectives.sim.profiles.Calibration` the same protocols with its factors for
+    :class:`~treecoll.collectives.sim.profiles.Calibration` the same protocols (those its switch points
+    run at this size, :meth:`~treecoll.collectives.sim.profiles.Calibration.runs`) with its factors for
     algorithm ``family`` (:meth:`~treecoll.collectives.sim.profiles.Calibration.apply`); anything
     else that one profile."""
     from .nccl_model import ll128_enabled
@@ -575,12 +576,18 @@ def _profiles(
     prof = None if profile == "auto" else get_profile(profile)
     if prof is None or isinstance(prof, Calibration):
         ll128 = topology is None or ll128_enabled(topology, gpus)
-        protos = [
-            get_profile(p)
-            for p in NCCL_PROTOCOLS
-            if not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) and (ll128 or p != "nccl-ll128")
-        ]
-        return protos if prof is None else [prof.apply(p, family) for p in protos]
+
+        def runs(p: str) -> bool:
+            said = prof.runs(p, nbytes) if prof is not None else None  # a calibration's switch point
+            return not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) if said is None else said
+
+        protos = [get_profile(p) for p in NCCL_PROTOCOLS if runs(p) and (ll128 or p != "nccl-ll128")]
+        if prof is None:
+            return protos
+        one = topology is not None and len(_host_groups(topology, gpus)) == len(gpus)
+        if family in ("ring", "tree"):  # the family's own NCCL latencies, then the calibration's factors
+            protos = [nccl_hop_profile(p, family, one_per_host=one and family == "ring") for p in protos]
+        return [prof.apply(p, family) for p in protos]
     return [prof]
 
 

@@ -4,9 +4,10 @@ the simulator applies them to every algorithm family."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from treecoll.collectives.sim import profiles
 from treecoll.collectives.sim.profiles import Calibration, get_profile, load_profile, save_profile
-from treecoll.collectives.sim.simulator import simulate_algorithm, simulate_nccl
+from treecoll.collectives.sim.simulator import nccl_hop_profile, simulate_algorithm, simulate_nccl
 from treecoll.topo import resolve
 from treecoll.topo.errors import CollectiveError
 
@@ -14,9 +15,10 @@ from treecoll.topo.errors import CollectiveError
 def test_apply_scales_links_by_class_and_latencies_by_family():
     c = Calibration("c", link_scale={"nvlink": 0.5, "net": 0.8}, lat_scale={"tree": 3.0})
     ll = get_profile("nccl-ll")
-    t = c.apply(ll, "tree")
-    assert t.name == "nccl-ll" and t.base_lat_us == pytest.approx(3 * ll.base_lat_us)
-    assert t.lat_floor_us == pytest.approx({k: 3 * v for k, v in ll.lat_floor_us.items()})
+    t = c.apply(nccl_hop_profile(ll, "tree"), "tree")
+    # NCCL's tree LL latencies (tuning.cc: base 6.8 us, hops NVLink 0.6 / PCI 1.0 / NET 5.0 us), times 3
+    assert t.name == "nccl-ll" and t.base_lat_us == pytest.approx(3 * 6.8)
+    assert t.lat_floor_us == pytest.approx({"nvlink": 1.8, "pci": 3.0, "net": 15.0})
     assert t.nic_lat_mult == pytest.approx(3 * ll.nic_lat_mult)
     # LL's efficiency 0.5 on every kind, times the class's factor (c2c is NVLink's class, smp PCIe's)
     assert [t.efficiency(k) for k in ("nvlink", "c2c", "pcie", "smp", "net")] == pytest.approx(
@@ -29,11 +31,50 @@ def test_apply_scales_links_by_class_and_latencies_by_family():
         c.apply(ll, "ccl")
 
 
+def test_a_hops_factor_is_every_familys_and_keeps_nccls_own_latencies():
+    """``hop_scale.net`` doubles the network hop of every family (NCCL's ring LL 2.7 us, tree LL 5.0 us, the
+    NIC latency count) and leaves the NVLink and PCI hops and the base latencies; a ring with one GPU per
+    host keeps the tree's network hop (tuning.cc), calibrated or not, so a factor a hair off 1 moves the
+    time a hair (no jump between NCCL's latencies and the ring's)."""
+    c = Calibration("c", hop_scale={"net": 2.0})
+    ll = get_profile("nccl-ll")
+    ring, tree = c.apply(ll, "ring"), c.apply(nccl_hop_profile(ll, "tree"), "tree")
+    lone = c.apply(nccl_hop_profile(ll, "ring", one_per_host=True), "ring")
+    assert (ring.lat_floor_us, tree.lat_floor_us["net"], lone.lat_floor_us["net"]) == (
+        {"nvlink": 0.6, "pci": 1.0, "net": 5.4},
+        10.0,
+        10.0,
+    )
+    assert (ring.base_lat_us, tree.base_lat_us, ring.nic_lat_mult) == (6.6, 6.8, 2.0)
+    two = resolve("dgx-h100-x2")
+    for algos in (["tree"], ["ring"]):
+        t0 = simulate_nccl(two, 4096, algos=algos, profile=Calibration("one"))[1].time
+        t1 = simulate_nccl(two, 4096, algos=algos, profile=Calibration("hair", lat_scale={"tree": 1.0001}))[1].time
+        assert t0 == simulate_nccl(two, 4096, algos=algos)[1].time and t0 <= t1 <= t0 * 1.0001, algos
+
+
+def test_a_switch_point_stops_a_protocol_above_it(dgx):
+    """``proto_max.ll``: LL runs up to that size and not above; absent, the simulator's rule (LL up to 8 MiB)."""
+    c = Calibration("c", proto_max={"ll": 4096})
+    assert [c.runs("nccl-ll", n) for n in (4096, 4097)] == [True, False]
+    assert c.runs("nccl-simple", 1) is None and Calibration("d").runs("nccl-ll", 1 << 30) is None
+    small = simulate_algorithm(dgx, "ring", 1024, profile=c)
+    above = simulate_algorithm(dgx, "ring", 8192, profile=c)
+    assert small.profile == "nccl-ll" and above.profile != "nccl-ll"
+    assert simulate_algorithm(dgx, "ring", 8192).profile == "nccl-ll"
+    with pytest.raises(CollectiveError, match=r"proto_max.ll expected bytes in \[64, \d+\], got 1"):
+        Calibration("c", proto_max={"ll": 1})
+    with pytest.raises(CollectiveError, match=r"proto_max.simple: expected one of \['ll', 'll128'\]"):
+        Calibration("c", proto_max={"simple": 4096})
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [
         ({"link_scale": {"nvlink": 5.0}}, r"link_scale.nvlink expected a factor in \[0.1, 2\], got 5.0"),
         ({"lat_scale": {"ring": 0.0}}, r"lat_scale.ring expected a factor in \[0.1, 20\], got 0.0"),
+        ({"hop_scale": {"nvlink": 5.0}}, r"hop_scale.nvlink expected a factor in \[0.25, 4\], got 5.0"),
+        ({"hop_scale": {"dsl": 2.0}}, r"hop_scale.dsl: expected one of \['nvlink', 'pci', 'net'\]"),
         ({"link_scale": {"infiniband": 1.0}}, r"link_scale.infiniband: expected one of \['nvlink', 'pcie', 'net'\]"),
         ({"fitted": ("lat_scale.nccl",)}, r"fitted: unknown parameter 'lat_scale.nccl'"),
     ],
@@ -48,6 +89,14 @@ def test_calibration_yaml_round_trip_and_old_files(tmp_path):
     save_profile(c, tmp_path / "c.yaml", fit={"rows": 4})
     back = load_profile(tmp_path / "c.yaml")
     assert isinstance(back, Calibration) and back == c and back.fitted == ("link_scale.net",)
+    c2 = Calibration("m2", hop_scale={"net": 3.0}, proto_max={"ll": 45000}, fitted=("proto_max.ll",))
+    save_profile(c2, tmp_path / "c2.yaml")
+    assert yaml.safe_load((tmp_path / "c2.yaml").read_text())["version"] == profiles.SCHEMA_VERSION
+    assert load_profile(tmp_path / "c2.yaml") == c2
+    # a version-1 calibration (no version key, no hop_scale or proto_max) still loads
+    (tmp_path / "v1.yaml").write_text("name: v1\nkind: calibration\nlink_scale: {net: 0.7}\nlat_scale: {ring: 2.0}\n")
+    v1 = load_profile(tmp_path / "v1.yaml")
+    assert v1.value("lat_scale.ring") == 2.0 and v1.value("hop_scale.net") == 1.0 and v1.proto_max == {}
     # a plain profile file (what earlier versions of calibrate wrote) still loads as a plain profile
     (tmp_path / "old.yaml").write_text(
         "name: old\nbase_lat_us: 8.4\nlat_floor_us: {nvlink: 3.0}\nbw_eff: {nvlink: 0.9}\nfit: {rows: 3}\n"
@@ -64,6 +113,7 @@ def test_calibration_yaml_round_trip_and_old_files(tmp_path):
         ("name: x\nkind: tuner\n", r"kind expected 'calibration' or 'profile', got 'tuner'"),
         ("name: x\nlat_scale: {p2p: 100}\n", r"lat_scale.p2p expected a factor in \[0.1, 20\], got 100"),
         ("name: [x\n", r"not YAML"),
+        ("name: x\nversion: 7\nlat_scale: {p2p: 2}\n", r"version expected 1 or 2, got 7; write it again"),
     ],
 )
 def test_a_bad_profile_file_is_one_line_naming_file_and_key(tmp_path, text, match):

@@ -24,8 +24,9 @@ GPU = "NVIDIA H100 80GB HBM3"
 TRUTH = {
     "link_scale.nvlink": 0.8,
     "link_scale.net": 0.6,
-    "lat_scale.ring": 1.5,
-    "lat_scale.p2p": 2.5,
+    "hop_scale.nvlink": 1.5,
+    "hop_scale.net": 2.5,
+    "lat_scale.p2p": 2.0,
     "lat_scale.tree": 3.0,
 }
 #: nccl-tests binary, busbw / algbw, redop column of the collectives the synthetic tables use
@@ -85,12 +86,18 @@ def _synthetic(
 
 
 def test_calibration_recovers_known_parameters(tmp_path, capsys):
-    """An all_gather on one host of 4 GPUs (NVLink, the ring) and a sendrecv between two hosts of one GPU
-    over one 200 Gb/s NIC each (the network, point-to-point; the NIC's 25 GB/s, not the 48 GB/s PCIe link
-    before it, limits the route): the fit finds the factors the tables were made with; the tree's
-    latency, which neither table runs, and the PCIe links, which neither is limited by, stay at 1."""
+    """An all_gather on one host of 4 GPUs (NVLink, the ring), a sendrecv between two hosts of one GPU over
+    one 200 Gb/s NIC each (the network, point-to-point; the NIC's 25 GB/s, not the 48 GB/s PCIe link
+    before it, limits the route) and a sendrecv on the 4-GPU host: the fit finds the factors the tables
+    were made with: the links' bandwidths, the NVLink and network hops every family shares, and the
+    point-to-point latency the two sendrecv tables show beyond those hops; the tree's latency, which no
+    table runs, and the PCIe links, which none is limited by, stay at 1."""
     nic = MachineFlags(nic=Nic(1, 200.0, "ib"))
-    files = [_synthetic(tmp_path, 1, 4, TRUTH), _synthetic(tmp_path, 2, 1, TRUTH, collective="sendrecv", flags=nic)]
+    files = [
+        _synthetic(tmp_path, 1, 4, TRUTH),
+        _synthetic(tmp_path, 2, 1, TRUTH, collective="sendrecv", flags=nic),
+        _synthetic(tmp_path, 1, 4, TRUTH, collective="sendrecv"),
+    ]
     d = validation.calibrate(files, nic, tol=0.002, check=False)
     seen = {k: v for k, v in TRUTH.items() if k != "lat_scale.tree"}
     assert set(d["fit"]["fitted"]) == set(seen)
@@ -102,49 +109,65 @@ def test_calibration_recovers_known_parameters(tmp_path, capsys):
     assert d["profile"].fitted == tuple(d["fit"]["fitted"])
     text = validation.render_calibration(d)
     assert "lat_scale.tree       1.000   default kept: not identified" in text
-    assert "lat_scale.p2p" in text and "fitted" in text
+    assert "hop_scale.net" in text and "proto_max.ll          none   default kept: no protocol switch" in text
 
 
 def test_a_table_moves_only_the_factors_it_identifies(tmp_path):
-    """A sendrecv on one host depends on the NVLink bandwidth and the point-to-point latency, nothing else:
-    made with a ring latency factor of 1.5 as well, its fit still leaves the ring (and every other
-    family) at the default: it predicts an all_gather exactly as the NVLink factor alone does."""
+    """A sendrecv on one host depends on the NVLink links, the NVLink hops and the point-to-point latency,
+    nothing else: made with a network factor and a tree latency as well, its fit moves only factors of
+    those (the NVLink links to their value) and leaves the network and the ring's, tree's and NVLS's
+    own factors at the default."""
     sr = _synthetic(tmp_path, 1, 4, TRUTH, collective="sendrecv")
     d = validation.calibrate([sr], tol=0.002, check=False)
-    assert set(d["fit"]["fitted"]) == {"link_scale.nvlink", "lat_scale.p2p"}
-    assert d["values"]["lat_scale.p2p"] == pytest.approx(TRUTH["lat_scale.p2p"], rel=0.03)
+    assert "link_scale.nvlink" in d["fit"]["fitted"]
+    assert set(d["fit"]["fitted"]) <= {"link_scale.nvlink", "hop_scale.nvlink", "lat_scale.p2p"}
+    assert d["values"]["link_scale.nvlink"] == pytest.approx(TRUTH["link_scale.nvlink"], rel=0.03)
     assert all(d["values"][f"lat_scale.{f}"] == 1.0 for f in ("ring", "tree", "nvls"))
-    ag = _synthetic(tmp_path, 1, 4, TRUTH)
-    link_only = validation.calibration_from({"link_scale.nvlink": d["values"]["link_scale.nvlink"]})
-    rows = [[r["pred_us"] for r in validation.validate([ag], p)["files"][0]["rows"]] for p in (d["profile"], link_only)]
-    assert rows[0] == rows[1] and len(rows[0]) == 4
+    assert d["values"]["hop_scale.net"] == d["values"]["link_scale.net"] == 1.0
+    assert d["fit"]["error_after"] < 0.01
 
 
-def test_an_allreduce_row_identifies_the_algorithm_nccl_runs_there(tmp_path):
-    """On one host of 8 H100 NCCL's tuner runs the ring at 1 KiB and 64 KiB (the simulated tree is faster
-    there) and NVLS at 64 MiB and 1 GiB: an allreduce made with a slower ring latency and a slower NVLS
-    bandwidth gives back those two factors; the tree's latency, which a fastest-of rule would have
-    moved, stays at 1, and so do the NVLink links, since no ring or point-to-point row is limited by
-    their bandwidth (NVLS's bandwidth carries its own factor)."""
-    truth = {"lat_scale.ring": 1.5, "bw_scale.nvls": 0.6}
-    ar = _synthetic(tmp_path, 1, 8, truth, collective="allreduce", algos=("ring", "tree", "nvls"))
-    topo = validation.topology_for(validation.cases([ar])[0][0])[0]
-    assert [validation.tuner_algorithm(topo, s, ["ring", "tree", "nvls"]) for s in (1024, 64 << 20)] == ["ring", "nvls"]
-    tree, ring = (validation.algorithm_time(topo, "allreduce", 1024, a, "auto")[0] for a in ("tree", "ring"))
-    assert tree < ring  # the fastest is not what NCCL runs
-    d = validation.calibrate([ar], tol=0.002, check=False)
+def test_a_latency_fitted_on_the_tree_carries_to_the_ring(tmp_path):
+    """Across two hosts of 4 GPUs NCCL's tree runs the small allreduce messages; an allreduce made with the
+    network hops 2.5 times NCCL's gives back that shared hop factor, not the tree's own latency, and the
+    calibration then predicts an all_gather (a ring, which the allreduce table never ran) of the same
+    machine as it was made, where the defaults are 18% off."""
+    nic = MachineFlags(nic=Nic(4, 200.0, "ib"))
+    truth = {"hop_scale.net": 2.5}
+    sizes = (1024, 65536)
+    ar = _synthetic(tmp_path, 2, 4, truth, sizes, collective="allreduce", flags=nic, algos=("ring", "tree"))
+    topo = validation.topology_for(validation.cases([ar])[0][0], nic)[0]
+    assert [validation.predict(topo, "allreduce", s, ("ring", "tree"), "auto")[1] for s in sizes] == [
+        "tree/nccl-ll"
+    ] * 2
+    d = validation.calibrate([ar], nic, tol=0.002, check=False)
+    assert d["fit"]["fitted"] == ["hop_scale.net"]
+    assert d["values"]["hop_scale.net"] == pytest.approx(2.5, rel=0.03)
+    ag = _synthetic(tmp_path, 2, 4, truth, sizes, flags=nic)
+    before, after = (validation.validate([ag], p, nic)["files"][0]["geomean_small"] for p in (None, d["profile"]))
+    assert before > 0.15 and after < 0.01
+
+
+def test_a_protocol_switch_point_is_found_where_the_curve_steps(tmp_path):
+    """An all_gather on one host of 4 GPUs made with LL stopping at 6000 bytes (LL128 from 8 KiB on: the
+    time steps up from 9.9 to 23 us there) and slower NVLink hops: the fit puts LL's switch point
+    between 4 and 8 KiB (every point there predicts the table alike) and recovers the hop factor; LL128's
+    switch point stays the simulator's rule."""
+    truth = {"proto_max.ll": 6000, "hop_scale.nvlink": 1.5}
+    sizes = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    ag = _synthetic(tmp_path, 1, 4, truth, sizes)
+    d = validation.calibrate([ag], tol=0.002, check=False, max_rows=None)
     assert set(d["fit"]["fitted"]) == set(truth)
-    for k, v in truth.items():
-        assert d["values"][k] == pytest.approx(v, rel=0.03), k
-    assert d["values"]["lat_scale.tree"] == d["values"]["link_scale.nvlink"] == 1.0
-    assert d["fit"]["error_after"] < 0.01 < d["fit"]["error_before"]
+    assert 4096 <= d["values"]["proto_max.ll"] < 8192
+    assert d["values"]["hop_scale.nvlink"] == pytest.approx(1.5, rel=0.03)
+    assert d["profile"].proto_max == {"ll": int(d["values"]["proto_max.ll"])} and d["fit"]["error_after"] < 0.01
+    assert "proto_max.ll128" in d["fit"]["switch_default"]
 
 
 def test_remembered_times_are_the_simulated_ones():
-    """Every predicted row of a validation equals a fresh simulation (simulate_nccl): with the defaults
-    the fastest of the algorithms, with a calibration the one NCCL's tuner runs; a calibration of all
-    factors 1 predicts each algorithm as the defaults do; a second validation, from the memory, prints
-    the same numbers."""
+    """Every predicted row of a validation equals a fresh simulation (simulate_nccl): the fastest of the
+    algorithms, with the defaults and with a calibration; a calibration of all factors 1 predicts each
+    algorithm as the defaults do; a second validation, from the memory, prints the same numbers."""
     from treecoll.collectives.sim.simulator import simulate_nccl
 
     name = "heldout/h100-8gpu-1node-allreduce-aws-p5-batch-tagoutput.txt"
@@ -159,8 +182,7 @@ def test_remembered_times_are_the_simulated_ones():
         first = validation.validate([FIX / name], prof, keep=keep)["files"][0]["rows"]
         assert len(first) == 3 and first == validation.validate([FIX / name], prof, keep=keep)["files"][0]["rows"]
         for r in first:
-            use = algos if prof == "auto" else [validation.tuner_algorithm(topo, r["size"], algos)]
-            a, sim = simulate_nccl(topo, r["size"], profile=prof, algos=use)
+            a, sim = simulate_nccl(topo, r["size"], profile=prof, algos=algos)
             assert (r["pred_us"], r["algo"]) == (sim.time * 1e6, f"{sim.algorithm if a == 'nvls' else a}/{sim.profile}")
     for a in algos:
         assert simulate_nccl(topo, 1 << 20, profile=ones, algos=[a])[1].time == (
@@ -279,7 +301,8 @@ def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
     assert prof.name == "p" and prof.value("link_scale.nvlink") == pytest.approx(TRUTH["link_scale.nvlink"], rel=0.03)
     saved = yaml.safe_load(out.read_text())
     assert saved["fit"]["files"] == [str(f)] and saved["kind"] == "calibration"
-    assert saved["fitted"] == list(prof.fitted) and "lat_scale.ring" in saved["fitted"]
+    assert saved["fitted"] == list(prof.fitted) and "hop_scale.nvlink" in saved["fitted"]
+    assert saved["version"] == 2 and saved["hop_scale"]["nvlink"] == pytest.approx(TRUTH["hop_scale.nvlink"], rel=0.03)
     assert main(["simulate", "validate", str(f), "--profile", str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["profile"] == "p" and d["files"][0]["geomean_large"] < 0.03
