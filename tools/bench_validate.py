@@ -13,7 +13,8 @@ its ``tables.yaml`` giving per table the machine flags, the health and the set.
    below a quarter of the ideal ring) are listed and left out of the totals.
 2. **Leave-one-out calibration per machine**: tables are grouped by machine
    (template and NICs, any number of hosts); for every group of two tables or
-   more, ``calibrate`` on one table (not on one its source calls degraded),
+   more, ``calibrate`` on one table (not on a degraded one: its source says so
+   or the validator flags it),
    then the error on the other tables of the group with the fitted calibration
    (degraded ones included: the calibration is that machine's own), beside
    their error with the defaults (before). Each row names the factors the fit
@@ -74,7 +75,7 @@ def leave_one_out(
         if len(group) < 2:
             continue
         for fit in group:
-            if fit.get("health") == "degraded":  # the source says the run was slowed down: not fitted
+            if fit.get("health") == "degraded" or fit["degraded"]:  # a slowed-down run (source or rule): not fitted
                 continue
             t0 = time.perf_counter()
             cal = validation.calibrate([root / fit["file"]], None, max_gpus, name="loo", check=False)
