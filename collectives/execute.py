@@ -627,10 +627,13 @@ def _prepare(
         )
 
     plan, sched = plan_call(tree)
-    if not getattr(transport, "matches_tags", True) and sched.pair_order_conflict() is not None:
-        if (tree is None or tree == "auto") and isinstance(plan, MultiTree):
+    if not getattr(transport, "matches_tags", True):
+        clash = sched.pair_order_conflict()
+        if clash is not None and (tree is None or tree == "auto") and isinstance(plan, MultiTree):
             plan, sched = plan_call(plan.trees[0])  # auto's own choice: its first tree alone runs in order
-        _check_pair_order(sched, what, transport)
+            clash = sched.pair_order_conflict()
+        if clash is not None:
+            raise _pair_order_error(sched, clash, what, transport)
     layout = Layout.of(x, opx, sched.shares)
     problem = _associativity_problem(opx, layout, planner.probes) if options.check else ""
     ident = plan.fingerprint() if plan is not None else sched.name.partition("/")[0]
@@ -640,16 +643,14 @@ def _prepare(
     return opx, sched, layout, what, text, tag_base, problem
 
 
-def _check_pair_order(sched: Schedule, what: str, transport: Any) -> None:
-    """Raise :class:`CollectiveError` when a pair of ranks would post its messages in different
-    orders on a transport that matches them in posting order (every rank raises the same)."""
-    clash = sched.pair_order_conflict()
-    if clash is None:
-        return
+def _pair_order_error(sched: Schedule, clash: tuple[int, int, int, int], what: str, transport: Any) -> CollectiveError:
+    """The error for a pair of ranks that would post its messages in different orders
+    (``clash``: :meth:`Schedule.pair_order_conflict`) on a transport that matches them in
+    posting order (every rank raises the same)."""
     a, b, sent, got = clash
     backend = getattr(getattr(transport, "info", None), "backend", "")
     who = f"the {backend} backend" if backend else "this transport"
-    raise CollectiveError(
+    return CollectiveError(
         f"{what}: schedule {sched.name!r} ({sched.nchunks} chunks): rank {a} sends rank {b} chunk {sent} "
         f"where rank {b} receives chunk {got}; {who} matches a pair's messages in the "
         f"order they are posted, not by tag, so the chunk would land in the wrong place; pass a "
