@@ -71,7 +71,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from treecoll.collectives.cost import EXECUTOR_COSTS
+from treecoll.collectives.cost import executor_cost
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
 from treecoll.collectives.sim.simulator import (
@@ -200,7 +200,7 @@ def decode_step(
     ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (``nchunks``
     chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
     """
-    from treecoll.collectives.cost import MODES, executor_cost
+    from treecoll.collectives.cost import MODES
 
     if mode not in MODES:
         raise CollectiveError(f"decode model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -471,7 +471,7 @@ def _gloo_combine_times(
 
     topology, gpus = placed(p, what="combine model")
     P, state_bytes = len(gpus), 4 * rows * (head_dim + 1)
-    cost = EXECUTOR_COSTS["gloo"].for_nranks(P)
+    cost = executor_cost(p, "gloo")  # fitted at the group's process count
     out = {}
     if "tree" in methods:
         opts = {"rails": False} if tree == "two_level" else {}

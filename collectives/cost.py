@@ -15,8 +15,9 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   gives none (as in the simulator, :func:`treecoll.collectives.sim.result.mem_bw_of`).
 * Per-message cost ``o``: treecoll's executor issues every send and receive
   from Python, one after another on each rank (``mode="executor"``, the
-  default: ``o`` is the backend's :class:`ExecutorCost`, fitted on gloo, and
-  for NCCL the Python cost plus NCCL's published point-to-point time);
+  default: ``o`` is the backend's :class:`ExecutorCost` at the group's process
+  count, :func:`executor_cost`: fitted on gloo per count, and for NCCL the
+  Python cost plus NCCL's published point-to-point time);
   ``mode="in-kernel"`` is the same tree inside the communication library
   (``o`` = :data:`MSG_OVERHEAD`).
 * Trees in ``executor`` mode (:meth:`CostModel.tree_times`), as the executor runs them: the plan is
@@ -156,8 +157,8 @@ class ExecutorCost:
     native_step_s)`` rows in increasing ``P`` (empty: none); :meth:`for_nranks` picks one.
 
     >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0), (4, 1.0, 5.0)))
-    >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s) for n in (2, 3, 4, 8)]
-    [(3.0, 1.0), (3.0, 1.0), (1.0, 5.0), (1.0, 5.0)]
+    >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s) for n in (1, 2, 3, 4, 8)]
+    [(3.0, 1.0), (3.0, 1.0), (2.0, 3.0), (1.0, 5.0), (1.0, 5.0)]
     """
 
     backend: str
@@ -167,15 +168,21 @@ class ExecutorCost:
     by_nranks: tuple[tuple[int, float, float], ...] = ()
 
     def for_nranks(self, nranks: int) -> ExecutorCost:
-        """The costs fitted at the largest process count of :attr:`by_nranks` not above ``nranks``
-        (the smallest fitted count below them all); ``self`` without per-count rows. Once processes
-        outnumber cores the two costs change in kind (each step of the backend's ring needs every
-        rank running at once, one of the executor's messages only its two ends), so one fit over
-        several counts can order them wrongly at every count."""
+        """The costs at ``nranks`` processes from :attr:`by_nranks`: a fitted count's own; between two
+        fitted counts, linear in the count between theirs; below the smallest or above the largest
+        fitted count, that count's (held, not extrapolated: how many cores the processes share there
+        is not known). ``self`` without per-count rows. Once processes outnumber cores the two costs
+        change in kind (each step of the backend's ring needs every rank running at once, one of the
+        executor's messages only its two ends), so one fit over several counts can order them wrongly
+        at every count."""
         if not self.by_nranks:
             return self
-        row = max((r for r in self.by_nranks if r[0] <= nranks), default=self.by_nranks[0], key=lambda r: r[0])
-        return replace(self, step_s=row[1], native_step_s=row[2], by_nranks=())
+        rows = self.by_nranks
+        lo = max((r for r in rows if r[0] <= nranks), default=rows[0], key=lambda r: r[0])
+        hi = min((r for r in rows if r[0] >= nranks), default=rows[-1], key=lambda r: r[0])
+        w = (nranks - lo[0]) / (hi[0] - lo[0]) if hi[0] != lo[0] else 0.0
+        step, native = ((1 - w) * a + w * b for a, b in zip(lo[1:], hi[1:]))
+        return replace(self, step_s=step, native_step_s=native, by_nranks=())
 
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
@@ -229,16 +236,19 @@ def backend_of(placement: Placement) -> str:
 
 
 def executor_cost(placement: Placement, backend: str | None = None) -> ExecutorCost:
-    """The :class:`ExecutorCost` of ``backend`` (None: :func:`backend_of` the placement).
+    """The :class:`ExecutorCost` of ``backend`` (None: :func:`backend_of` the placement) at the
+    placement's process count (:meth:`ExecutorCost.for_nranks`): what the planner, the executor
+    simulation and the decode model all charge.
 
     >>> from treecoll.collectives.placement import Placement
-    >>> executor_cost(Placement(ranks=4)).backend
-    'gloo'
+    >>> c = executor_cost(Placement(ranks=2))
+    >>> c.backend, c.step_s == GLOO_BY_NRANKS[0][1], c.native_step_s == GLOO_BY_NRANKS[0][2]
+    ('gloo', True, True)
     """
     name = backend or backend_of(placement)
     if name not in EXECUTOR_COSTS:
         raise TreeError(f"executor cost: backend expected one of {sorted(EXECUTOR_COSTS)}, got {name!r}")
-    return EXECUTOR_COSTS[name]
+    return EXECUTOR_COSTS[name].for_nranks(placement.nranks)
 
 
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
@@ -532,7 +542,7 @@ class CostModel:
     :func:`~treecoll.collectives.compile.compile_plan`; the planner passes its cached one, so the
     schedule the chosen count steps through is the one the executor gets).
 
-    >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].step_s
+    >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].for_nranks(4).step_s
     True
     >>> CostModel(nranks=4, mode="in-kernel").msg_overhead == MSG_OVERHEAD
     True
