@@ -270,6 +270,24 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args:
     return {"shape": f"{hosts}x{rph}", "rate": rate, "world": raw["world"], "placement": args.placement, "rows": rows}
 
 
+def orders(case: dict) -> list[str]:
+    """Per (batch, tokens) of ``case``: the methods fastest first as measured and as predicted (the
+    rows' ``time`` and ``predicted``; ``auto`` left out: it runs one of the others), one line each.
+
+    >>> rows = [{"method": m, "batch": 1, "tokens": 1024, "time": t, "predicted": p}
+    ...         for m, t, p in (("tree", 2.0, 1.0), ("gather", 1.0, 2.0), ("auto", 1.5, 1.0))]
+    >>> orders({"shape": "2x2", "rows": rows})
+    ['2x2 batch 1 1k: measured gather < tree; predicted tree < gather']
+    """
+    out = []
+    for key in dict.fromkeys((r["batch"], r["tokens"]) for r in case["rows"]):
+        rows = [r for r in case["rows"] if (r["batch"], r["tokens"]) == key and r["method"] != "auto"]
+        measured = " < ".join(r["method"] for r in sorted(rows, key=lambda r: r["time"]))
+        predicted = " < ".join(r["method"] for r in sorted(rows, key=lambda r: r["predicted"]))
+        out.append(f"{case['shape']} batch {key[0]} {key[1] // 1024}k: measured {measured}; predicted {predicted}")
+    return out
+
+
 def print_table(cases: list[dict]) -> None:
     lines = []
     for c in cases:
@@ -320,8 +338,11 @@ def print_table(cases: list[dict]) -> None:
     print(
         "compute = slowest rank's local decode_partial; vs tree = time / tree's time; host bytes = bytes leaving "
         "the hosts' uplinks per step (TCP/IP included); payload = the schedule's bytes between hosts; "
-        "max|diff| = largest output difference between methods"
+        "max|diff| = largest output difference between methods; pred = compute + the combine as "
+        "attention.cost.combine_times(backend='gloo') models it (the model combine='auto' picks by)"
     )
+    for c in cases:
+        print("\n".join(orders(c)))
 
 
 def main(argv: list[str] | None = None) -> int:
