@@ -203,7 +203,7 @@ def test_gloo_plans_cost_the_fit_of_their_process_count(row):
     allreduce 2 (P - 1) of its steps, each at P's fit, not at the fit pooled over every count."""
     from treecoll.collectives.planner import native_allreduce_time
 
-    P, step, native = GLOO_BY_NRANKS[row]
+    P, step, native, _ = GLOO_BY_NRANKS[row]
     free = Placement(uniform_topology(P, bw=1e3, lat=0.0), P)
     chain = build("chain", nranks=P)
     model = CostModel(free, backend="gloo", step_through=True)
@@ -218,14 +218,32 @@ def test_gloo_plans_cost_the_fit_of_their_process_count(row):
 
 
 def test_gloo_costs_between_and_beyond_the_fitted_counts():
-    """Between two fitted process counts the costs are linear in the count; outside them, the nearest
-    fitted count's."""
+    """Between two fitted process counts the costs (per message, per native step, per call) are linear in
+    the count; outside them, the nearest fitted count's."""
 
-    (p0, s0, n0), (p1, s1, n1) = GLOO_BY_NRANKS[0], GLOO_BY_NRANKS[-1]
+    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0], GLOO_BY_NRANKS[-1]
     mid = executor_cost(Placement(ranks=(p0 + p1) // 2))
     w = ((p0 + p1) // 2 - p0) / (p1 - p0)
     assert mid.step_s == pytest.approx((1 - w) * s0 + w * s1) and mid.native_step_s == pytest.approx(
         (1 - w) * n0 + w * n1
     )
+    assert mid.call_s == pytest.approx((1 - w) * c0 + w * c1)
     assert executor_cost(Placement(ranks=1)).step_s == s0
-    assert executor_cost(Placement(ranks=4 * p1)).native_step_s == n1
+    assert (
+        executor_cost(Placement(ranks=4 * p1)).native_step_s == n1
+        and executor_cost(Placement(ranks=4 * p1)).call_s == c1
+    )
+
+
+def test_fit_times_single_calls_on_real_ranks(pool4):
+    """fit_executor_cost on four gloo ranks: every case timed back to back (one value per rank and
+    round) and one call at a time after a barrier, the latter already the slowest rank's (the same on
+    every rank)."""
+    from treecoll.tools import fit_executor_cost as fit
+
+    res = pool4.run(fit._time_rank, 2, timeout=240)
+    cases = {f"{c}/{n}" for c in (*fit.TREES, "native") for n in fit.SIZES}
+    assert all(set(r) == cases | {f"single/{k}" for k in cases} for r in res)
+    for k in cases:
+        assert all(len(r[k]) == 2 and min(r[k]) > 0 for r in res)
+        assert len({tuple(r[f"single/{k}"]) for r in res}) == 1 and len(res[0][f"single/{k}"]) == 2
