@@ -29,7 +29,10 @@ combines pay the backend's software costs alike: the executor's per-message and
 gloo's per-step times fitted at the group's process count
 (:meth:`treecoll.collectives.cost.ExecutorCost.for_nranks`; with fewer cores than
 processes a step of gloo's ring waits for every rank to run, a tree message only
-for its two ends, so one fit over several counts orders them wrongly). The
+for its two ends, so one fit over several counts orders them wrongly), and once
+per collective call the time the ranks take to come together
+(:attr:`~treecoll.collectives.cost.ExecutorCost.call_s`: the tree and the gather
+one call each, the three all-reduces three). The
 merges are torch ops on CPU tensors, whose dispatch outweighs the bytes at
 decode state sizes: the tree pays :data:`MERGE_PAIR_S` for each merge in its
 longest chain of merges in a row (a node merges its children one after the
@@ -71,7 +74,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from treecoll.collectives.cost import EXECUTOR_COSTS
+from treecoll.collectives.cost import executor_cost
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
 from treecoll.collectives.sim.simulator import (
@@ -200,7 +203,7 @@ def decode_step(
     ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (``nchunks``
     chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
     """
-    from treecoll.collectives.cost import MODES, executor_cost
+    from treecoll.collectives.cost import MODES
 
     if mode not in MODES:
         raise CollectiveError(f"decode model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -471,7 +474,7 @@ def _gloo_combine_times(
 
     topology, gpus = placed(p, what="combine model")
     P, state_bytes = len(gpus), 4 * rows * (head_dim + 1)
-    cost = EXECUTOR_COSTS["gloo"].for_nranks(P)
+    cost = executor_cost(p, "gloo")  # fitted at the group's process count
     out = {}
     if "tree" in methods:
         opts = {"rails": False} if tree == "two_level" else {}
@@ -485,7 +488,7 @@ def _gloo_combine_times(
         sent = [plan.parents[i] >= 0 for i in range(P)]
         up_down = sum(sent) + sum(len(c) for c in plan.children)  # one state per edge each way
         out["tree"] = {
-            "time_s": r.time + merges,
+            "time_s": r.time + merges + cost.call_s,
             "sent_bytes_per_gpu": float(max((sent[i] + len(plan.children[i])) * state_bytes for i in range(P))),
             "sent_bytes_total": float(up_down * state_bytes),
             "scratch_bytes": float(max(r.peak_scratch)),
@@ -496,7 +499,7 @@ def _gloo_combine_times(
         lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
         merge = MERGE_STATES_S + ((P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0)
         out["gather"] = {
-            "time_s": (P - 1) * (float((lat + drain).max()) + native_step) + merge,
+            "time_s": (P - 1) * (float((lat + drain).max()) + native_step) + merge + cost.call_s,
             "sent_bytes_per_gpu": float((P - 1) * state_bytes),
             "sent_bytes_total": float(P * (P - 1) * state_bytes),
             "scratch_bytes": float(P * state_bytes),
@@ -507,8 +510,8 @@ def _gloo_combine_times(
         runs = [simulate(p, ring, max(nbytes, 4 * P), profile=profile) for nbytes in parts]
         sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
         out["allreduce3"] = {
-            # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time; the local ops
-            "time_s": sum(r.time + 2 * (P - 1) * native_step for r in runs) + MERGE_STATES_S,
+            # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time, and a call; the local ops
+            "time_s": sum(r.time + 2 * (P - 1) * native_step + cost.call_s for r in runs) + MERGE_STATES_S,
             "sent_bytes_per_gpu": sent,
             "sent_bytes_total": sent * P,
             "scratch_bytes": max(max(r.peak_scratch) for r in runs),

@@ -15,8 +15,9 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   gives none (as in the simulator, :func:`treecoll.collectives.sim.result.mem_bw_of`).
 * Per-message cost ``o``: treecoll's executor issues every send and receive
   from Python, one after another on each rank (``mode="executor"``, the
-  default: ``o`` is the backend's :class:`ExecutorCost`, fitted on gloo, and
-  for NCCL the Python cost plus NCCL's published point-to-point time);
+  default: ``o`` is the backend's :class:`ExecutorCost` at the group's process
+  count, :func:`executor_cost`: fitted on gloo per count, and for NCCL the
+  Python cost plus NCCL's published point-to-point time);
   ``mode="in-kernel"`` is the same tree inside the communication library
   (``o`` = :data:`MSG_OVERHEAD`).
 * Trees in ``executor`` mode (:meth:`CostModel.tree_times`), as the executor runs them: the plan is
@@ -152,30 +153,41 @@ class ExecutorCost:
     seconds per step of the backend's own ring allreduce (``torch.distributed.all_reduce``),
     on top of the links; None where the backend's allreduce has its own model (NCCL:
     :func:`treecoll.collectives.sim.nccl_model.nccl_predict`). ``source``: where the numbers
-    come from. ``by_nranks``: the same two fitted on each process count alone, ``(P, step_s,
-    native_step_s)`` rows in increasing ``P`` (empty: none); :meth:`for_nranks` picks one.
+    come from. ``by_nranks``: the same fitted on each process count alone, ``(P, step_s,
+    native_step_s, call_s)`` rows in increasing ``P`` (empty: none); :meth:`for_nranks` picks
+    one. ``call_s``: seconds one collective call costs once on top of its messages when the
+    ranks come to it apart, as a decode step's combine does (the ranks wait asleep for the last
+    one): charged where methods differ in their number of calls (the decode combines,
+    :mod:`treecoll.attention.cost`), not in one call's schedule.
 
-    >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0), (4, 1.0, 5.0)))
-    >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s) for n in (2, 3, 4, 8)]
-    [(3.0, 1.0), (3.0, 1.0), (1.0, 5.0), (1.0, 5.0)]
+    >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0, 0.5), (4, 1.0, 5.0, 1.5)))
+    >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s, c.for_nranks(n).call_s) for n in (1, 3, 4, 8)]
+    [(3.0, 1.0, 0.5), (2.0, 3.0, 1.0), (1.0, 5.0, 1.5), (1.0, 5.0, 1.5)]
     """
 
     backend: str
     step_s: float
     native_step_s: float | None
     source: str
-    by_nranks: tuple[tuple[int, float, float], ...] = ()
+    by_nranks: tuple[tuple[int, float, float, float], ...] = ()
+    call_s: float = 0.0
 
     def for_nranks(self, nranks: int) -> ExecutorCost:
-        """The costs fitted at the largest process count of :attr:`by_nranks` not above ``nranks``
-        (the smallest fitted count below them all); ``self`` without per-count rows. Once processes
-        outnumber cores the two costs change in kind (each step of the backend's ring needs every
-        rank running at once, one of the executor's messages only its two ends), so one fit over
-        several counts can order them wrongly at every count."""
+        """The costs at ``nranks`` processes from :attr:`by_nranks`: a fitted count's own; between two
+        fitted counts, linear in the count between theirs; below the smallest or above the largest
+        fitted count, that count's (held, not extrapolated: how many cores the processes share there
+        is not known). ``self`` without per-count rows. Once processes outnumber cores the two costs
+        change in kind (each step of the backend's ring needs every rank running at once, one of the
+        executor's messages only its two ends), so one fit over several counts can order them wrongly
+        at every count."""
         if not self.by_nranks:
             return self
-        row = max((r for r in self.by_nranks if r[0] <= nranks), default=self.by_nranks[0], key=lambda r: r[0])
-        return replace(self, step_s=row[1], native_step_s=row[2], by_nranks=())
+        rows = self.by_nranks
+        lo = max((r for r in rows if r[0] <= nranks), default=rows[0], key=lambda r: r[0])
+        hi = min((r for r in rows if r[0] >= nranks), default=rows[-1], key=lambda r: r[0])
+        w = (nranks - lo[0]) / (hi[0] - lo[0]) if hi[0] != lo[0] else 0.0
+        step, native, call = ((1 - w) * a + w * b for a, b in zip(lo[1:], hi[1:]))
+        return replace(self, step_s=step, native_step_s=native, call_s=call, by_nranks=())
 
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
@@ -193,11 +205,14 @@ PYTHON_STEP_S = 57.4e-6
 #: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
-#: ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S)`` fitted on each process count alone (the same command's
+#: ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S, call_s)`` fitted on each process count alone (the same command's
 #: ``GLOO_BY_NRANKS``; the median of three runs taken while other jobs loaded the 2 cores: 2 processes
 #: 191.6 .. 411.1 us and 136.1 .. 152.2 us, 4 processes 276.7 .. 309.9 us and 765.1 .. 830.0 us). With a
 #: core per process gloo's own ring step is the cheaper; with two processes per core the executor's message.
-GLOO_BY_NRANKS = ((2, 208.9e-6, 138.8e-6), (4, 289.6e-6, 819.0e-6))
+#: ``call_s`` (:attr:`ExecutorCost.call_s`): the median of three later runs of the same command under
+#: heavier load (load average 7 to 11 on the 2 cores: 2 processes 155.3 .. 1072.0 us, 4 processes
+#: 1766.4 .. 3433.0 us); it grows with the machine's load, re-fit it on the machine you predict for.
+GLOO_BY_NRANKS = ((2, 208.9e-6, 138.8e-6, 176.8e-6), (4, 289.6e-6, 819.0e-6, 2348.5e-6))
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
         "gloo",
@@ -229,16 +244,19 @@ def backend_of(placement: Placement) -> str:
 
 
 def executor_cost(placement: Placement, backend: str | None = None) -> ExecutorCost:
-    """The :class:`ExecutorCost` of ``backend`` (None: :func:`backend_of` the placement).
+    """The :class:`ExecutorCost` of ``backend`` (None: :func:`backend_of` the placement) at the
+    placement's process count (:meth:`ExecutorCost.for_nranks`): what the planner, the executor
+    simulation and the decode model all charge.
 
     >>> from treecoll.collectives.placement import Placement
-    >>> executor_cost(Placement(ranks=4)).backend
-    'gloo'
+    >>> c = executor_cost(Placement(ranks=2))
+    >>> c.backend, c.step_s == GLOO_BY_NRANKS[0][1], c.native_step_s == GLOO_BY_NRANKS[0][2]
+    ('gloo', True, True)
     """
     name = backend or backend_of(placement)
     if name not in EXECUTOR_COSTS:
         raise TreeError(f"executor cost: backend expected one of {sorted(EXECUTOR_COSTS)}, got {name!r}")
-    return EXECUTOR_COSTS[name]
+    return EXECUTOR_COSTS[name].for_nranks(placement.nranks)
 
 
 COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
@@ -532,7 +550,7 @@ class CostModel:
     :func:`~treecoll.collectives.compile.compile_plan`; the planner passes its cached one, so the
     schedule the chosen count steps through is the one the executor gets).
 
-    >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].step_s
+    >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].for_nranks(4).step_s
     True
     >>> CostModel(nranks=4, mode="in-kernel").msg_overhead == MSG_OVERHEAD
     True

@@ -428,7 +428,7 @@ def native_allreduce_time(model: Any, nbytes: float) -> float:
 
     >>> from treecoll.collectives.cost import CostModel, EXECUTOR_COSTS
     >>> t = native_allreduce_time(CostModel(nranks=2), 8)      # 2 ring steps on gloo, ~8 B each
-    >>> round(t / EXECUTOR_COSTS["gloo"].native_step_s, 1)
+    >>> round(t / EXECUTOR_COSTS["gloo"].for_nranks(2).native_step_s, 1)
     2.0
     """
     if model.nranks == 1:

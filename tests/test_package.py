@@ -36,7 +36,6 @@ NO_EXAMPLES = {
     "treecoll.tools.bench": "package marker; its modules carry the examples",
     "treecoll.tools.bench_collectives": BENCHMARK,
     "treecoll.tools.bench_decode": BENCHMARK,
-    "treecoll.tools.bench_emucluster_decode": BENCHMARK,
     "treecoll.tools.bench_topo_load": BENCHMARK,
     "treecoll.tools.bench_tree_attention": BENCHMARK,
     "treecoll.tools.cmd_decode": COMMAND,

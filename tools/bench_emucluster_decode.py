@@ -44,7 +44,9 @@ executor's tree allreduce of the packed state; for gather, ``P - 1`` steps of
 every rank sending one state to the next in rank order at once, gloo's ring;
 three rank-order ring allreduces for allreduce3); for ring, per step ``max(compute of one shard,
 all ranks sending their K/V shard to the next rank at once)`` (flow-level
-max-min sharing, ``sim_engine.concurrent_times``).
+max-min sharing, ``sim_engine.concurrent_times``). Beside the step, the combine alone
+(``comb ms``: :func:`treecoll.attention.tree_combine` on states already computed, interleaved
+with the rest) and the model's time for it (``comb pred``: :func:`predict_combine`).
 
     python -m treecoll.tools.bench_emucluster_decode                     # 2x2 and 2x3 at 1 Gbit/s
     python -m treecoll.tools.bench_emucluster_decode --shapes 2x2 --tokens 16384 --batches 1,64
@@ -127,6 +129,20 @@ def _methods(topo, q):
     }
 
 
+def _combines(topo, out, lse) -> dict:
+    """The combine alone of every method that combines states (``ring`` moves K/V instead), on the
+    states ``out``, ``lse`` already computed (:func:`treecoll.attention.tree_combine`)."""
+    from treecoll.attention.tree_decode import tree_combine
+
+    return {
+        "tree": lambda: tree_combine(out, lse, topology=topo),
+        "tree_blind": lambda: tree_combine(out, lse, topology=topo, tree=BLIND_TREE),
+        "gather": lambda: tree_combine(out, lse, topology=topo, combine="gather"),
+        "auto": lambda: tree_combine(out, lse, topology=topo, combine="auto"),
+        "allreduce3": lambda: tree_combine(out, lse, topology=topo, combine="allreduce3"),
+    }
+
+
 def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, first: bool) -> list[dict]:
     import torch
     import torch.distributed as dist
@@ -147,6 +163,8 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
         outs[m] = fns[m](k, v, False)
     cases = {"compute": lambda: attention.decode_partial(q, k, v)}
     cases |= {m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}
+    alone = _combines(topo, *attention.decode_partial(q, k, v))
+    cases |= {f"combine/{m}": alone[m] for m in methods if m in alone}
     times = interleaved(cases, args.repeats, warmup=0, before=lambda _: dist.barrier(), combine=slowest_rank)
     compute = statistics.median(times["compute"])
     ref = outs[methods[0]]
@@ -163,6 +181,7 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
             **({"picks": picks} if m == "auto" else {}),
             "time": statistics.median(times[m]),
             "times": times[m],
+            **({"combine_time": statistics.median(times[f"combine/{m}"])} if f"combine/{m}" in times else {}),
             "compute": compute,
             "host_bytes_per_step": host_bytes[m],
             "max_abs_diff_vs_" + methods[0]: float(diff),
@@ -219,26 +238,36 @@ def payload_bytes(method: str, topology: Topology, world: int, batch: int) -> fl
     return 2.0 * crossing * state_bytes(batch)
 
 
+def predict_combine(method: str, topology: Topology, world: int, batch: int) -> float | None:
+    """Seconds of ``method``'s combine alone as :func:`treecoll.attention.cost.combine_times` models it
+    on gloo (the model ``combine="auto"`` picks by); None for ``ring`` (no combine)."""
+    from treecoll.attention.cost import combine_times
+
+    if method not in ("tree", "tree_blind", "gather", "allreduce3"):
+        return None
+    combine = "tree" if method == "tree_blind" else method
+    t = combine_times(
+        topology,
+        batch,
+        Q_HEADS,
+        HEAD_DIM,
+        ranks=world,
+        backend="gloo",
+        methods=(combine,),
+        tree=BLIND_TREE if method == "tree_blind" else "two_level",
+    )
+    return t[combine]["time_s"]
+
+
 def predict(method: str, topology: Topology, world: int, batch: int, tokens: int, compute: float) -> float:
     """Measured ``compute`` plus the simulated communication of ``method`` (seconds): the combines
-    by :func:`treecoll.attention.cost.combine_times` as gloo runs them; ring as below."""
-    from treecoll.attention.cost import combine_times
+    by :func:`predict_combine`; ring as below."""
     from treecoll.collectives.sim.engine import Network, concurrent_times
     from treecoll.collectives.sim.profiles import get_profile
 
-    if method in ("tree", "tree_blind", "gather", "allreduce3"):
-        combine = "tree" if method == "tree_blind" else method
-        t = combine_times(
-            topology,
-            batch,
-            Q_HEADS,
-            HEAD_DIM,
-            ranks=world,
-            backend="gloo",
-            methods=(combine,),
-            tree=BLIND_TREE if method == "tree_blind" else "two_level",
-        )
-        return compute + t[combine]["time_s"]
+    combine = predict_combine(method, topology, world, batch)
+    if combine is not None:
+        return compute + combine
     gpus = topology.rank_gpus()
     net = Network(topology, get_profile("ideal"))
     # ring: world steps of partial attention; the first world-1 overlap one K/V shard hop each
@@ -265,9 +294,37 @@ def make_case(hosts: int, rph: int, rate: str, raw: dict, topo_path: Path, args:
             r.get("picks", r["method"]), topology, raw["world"], r["batch"], r["tokens"], r["compute"]
         )
         r["error"] = r["predicted"] / r["time"] - 1
+        if "combine_time" in r:
+            r["combine_predicted"] = predict_combine(r.get("picks", r["method"]), topology, raw["world"], r["batch"])
         r["payload_bytes_per_step"] = payload_bytes(r.get("picks", r["method"]), topology, raw["world"], r["batch"])
         rows.append(r)
     return {"shape": f"{hosts}x{rph}", "rate": rate, "world": raw["world"], "placement": args.placement, "rows": rows}
+
+
+def orders(case: dict) -> list[str]:
+    """Per (batch, tokens) of ``case``: the methods fastest first as measured and as predicted, for the
+    step (the rows' ``time`` and ``predicted``) and for the combine alone (``combine_time`` and
+    ``combine_predicted``, where measured); ``auto`` left out: it runs one of the others.
+
+    >>> cells = (("tree", 2.0, 1.0), ("gather", 1.0, 2.0), ("auto", 1.5, 1.0))
+    >>> rows = [{"method": m, "batch": 1, "tokens": 1024, "time": t, "predicted": p, "combine_time": t / 2,
+    ...          "combine_predicted": p / 2} for m, t, p in cells]
+    >>> for line in orders({"shape": "2x2", "rows": rows}):
+    ...     print(line)
+    2x2 batch 1 1k step: measured gather < tree; predicted tree < gather
+    2x2 batch 1 1k combine: measured gather < tree; predicted tree < gather
+    """
+    out = []
+    for key in dict.fromkeys((r["batch"], r["tokens"]) for r in case["rows"]):
+        rows = [r for r in case["rows"] if (r["batch"], r["tokens"]) == key and r["method"] != "auto"]
+        for what, m, p in (("step", "time", "predicted"), ("combine", "combine_time", "combine_predicted")):
+            mine = [r for r in rows if r.get(m) is not None and r.get(p) is not None]
+            if mine:
+                measured = " < ".join(r["method"] for r in sorted(mine, key=lambda r: r[m]))
+                predicted = " < ".join(r["method"] for r in sorted(mine, key=lambda r: r[p]))
+                head = f"{case['shape']} batch {key[0]} {key[1] // 1024}k {what}"
+                out.append(f"{head}: measured {measured}; predicted {predicted}")
+    return out
 
 
 def print_table(cases: list[dict]) -> None:
@@ -290,6 +347,8 @@ def print_table(cases: list[dict]) -> None:
                     r["compute"] * 1e3,
                     r["predicted"] * 1e3,
                     f"{r['error'] * 100:+.0f}%",
+                    r["combine_time"] * 1e3 if "combine_time" in r else None,
+                    r["combine_predicted"] * 1e3 if "combine_predicted" in r else None,
                     f"{r['time'] / tree[key]:.2f}x" if key in tree else None,
                     fmt_bytes(r["host_bytes_per_step"], si=True),
                     None if payload is None else fmt_bytes(payload, si=True),
@@ -309,19 +368,25 @@ def print_table(cases: list[dict]) -> None:
                 "compute",
                 "pred ms",
                 "err",
+                "comb ms",
+                "comb pred",
                 "vs tree",
                 "host bytes",
                 "payload",
                 "max|diff|",
             ],
-            formats=[None, None, None, None, None, ".1f", ".1f", ".1f", None, None, None, None, ".2e"],
+            formats=[None, None, None, None, None, ".1f", ".1f", ".1f", None, ".2f", ".2f", None, None, None, ".2e"],
         )
     )
     print(
         "compute = slowest rank's local decode_partial; vs tree = time / tree's time; host bytes = bytes leaving "
         "the hosts' uplinks per step (TCP/IP included); payload = the schedule's bytes between hosts; "
-        "max|diff| = largest output difference between methods"
+        "max|diff| = largest output difference between methods; pred = compute + the combine as "
+        "attention.cost.combine_times(backend='gloo') models it (the model combine='auto' picks by); "
+        "comb ms = the combine alone on states already computed (tree_combine), comb pred = the model's"
     )
+    for c in cases:
+        print("\n".join(orders(c)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,16 @@ treecoll's executor issues every send and receive from Python; the
   time divided by the messages of all ranks (the GIL runs one rank's Python at
   a time), the executor's own cost per message without a network library.
 * **Per process count** (``GLOO_BY_NRANKS``): the two fits above again on each
-  ``--procs`` count alone, ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S)``. They differ
+  ``--procs`` count alone, ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S, call_s)``. They differ
   in kind, not only in size, once the processes outnumber the cores: each step of
   gloo's ring needs every rank running at once, a tree message only its two ends.
+* **Per call** (``call_s``, the fourth column): the same cases again, one call at a
+  time after a barrier (the way a decode step calls its combine, and the way
+  :mod:`treecoll.tools.bench_tree_attention` times it: the slowest rank, the median
+  of ``--reps`` calls), minus the case's time per call back to back; the median of
+  these differences over a count's cases. The ranks leave the barrier apart and wait
+  asleep in a receive for the last one, so every collective call pays this once,
+  whatever its messages: three all-reduces three times, a tree or a gather once.
 * **Attention-state merges in Python** (``MERGE_PAIR_S``, ``MERGE_STATES_S``): one
   :class:`treecoll.attention.MergeOp` of two packed states (what a tree node does
   per child) and one :func:`treecoll.attention.merge_states` of ``max(--procs)``
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -68,24 +76,28 @@ def _ring_sized(row: dict) -> bool:
     return row["bytes"] // 4 >= row["procs"]
 
 
-def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float]]:
-    """``(P, executor o, native o)`` per process count of ``rows`` (:func:`main`'s: ``procs``, ``case``,
-    ``time_us``, ``messages``), each the fit through the origin of that count's rows alone.
+def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float, float]]:
+    """``(P, executor o, native o, call)`` per process count of ``rows`` (:func:`main`'s: ``procs``,
+    ``case``, ``time_us``, ``single_us``, ``messages``): the first two the fits through the origin of
+    that count's rows alone, ``call`` the median of ``single_us - time_us`` over them (seconds).
 
-    >>> rows = [{"procs": 2, "case": "chain", "bytes": 8, "time_us": 400.0, "messages": 2.0},
-    ...         {"procs": 2, "case": "native", "bytes": 8, "time_us": 200.0, "messages": 2.0},
-    ...         {"procs": 4, "case": "star", "bytes": 8, "time_us": 600.0, "messages": 6.0},
-    ...         {"procs": 4, "case": "native", "bytes": 8, "time_us": 60.0, "messages": 6.0},
-    ...         {"procs": 4, "case": "native", "bytes": 256, "time_us": 3000.0, "messages": 6.0}]
-    >>> fit_by_nranks(rows)     # 4 ranks' 8 B (2 elements) does not run the ring: left out
-    [(2, 0.0002, 0.0001), (4, 0.0001, 0.0005)]
+    >>> rows = [{"procs": 2, "case": "chain", "bytes": 8, "time_us": 400.0, "single_us": 900.0, "messages": 2.0},
+    ...         {"procs": 2, "case": "native", "bytes": 8, "time_us": 200.0, "single_us": 600.0, "messages": 2.0},
+    ...         {"procs": 4, "case": "star", "bytes": 8, "time_us": 600.0, "single_us": 1600.0, "messages": 6.0},
+    ...         {"procs": 4, "case": "native", "bytes": 8, "time_us": 60.0, "single_us": 960.0, "messages": 6.0},
+    ...         {"procs": 4, "case": "native", "bytes": 256, "time_us": 3000.0, "single_us": 4000.0,
+    ...          "messages": 6.0}]
+    >>> fit_by_nranks(rows)     # 4 ranks' 8 B (2 elements) does not run the ring: left out of native o
+    [(2, 0.0002, 0.0001, 0.00045), (4, 0.0001, 0.0005, 0.001)]
     """
+
     out = []
     for p in sorted({r["procs"] for r in rows}):
         mine = [r for r in rows if r["procs"] == p]
         ours = [(r["time_us"] * 1e-6, r["messages"]) for r in mine if r["case"] != "native"]
         native = [(r["time_us"] * 1e-6, r["messages"]) for r in mine if r["case"] == "native" and _ring_sized(r)]
-        out.append((p, round(fit_through_origin(ours), 10), round(fit_through_origin(native), 10)))
+        call = statistics.median((r["single_us"] - r["time_us"]) * 1e-6 for r in mine)
+        out.append((p, round(fit_through_origin(ours), 10), round(fit_through_origin(native), 10), round(call, 10)))
     return out
 
 
@@ -110,13 +122,16 @@ def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
 
 def _time_rank(rank: int, world: int, reps: int) -> dict:
     """On one gloo rank: seconds per call of each (tree, size) and of torch's all_reduce, one
-    value per round of :data:`CALLS` calls (each round after a barrier)."""
+    value per round of :data:`CALLS` calls (each round after a barrier), and under
+    ``single/<case>`` the slowest rank's seconds of each of ``reps`` single calls after a barrier
+    (:func:`treecoll.tools.bench.harness.interleaved`, as the benchmarks time a call)."""
     import torch
     import torch.distributed as dist
     from treecoll.collectives.execute import CollectiveOptions, allreduce
+    from treecoll.tools.bench.harness import interleaved, slowest_rank
 
     opts = CollectiveOptions(algo="tree", nchunks=1, check=False)
-    out = {}
+    out, single = {}, {}
     for size in SIZES:
         x = torch.ones(size // 4)
         cases = {t: (lambda t=t, x=x: allreduce(x, tree=t, options=opts)) for t in TREES}
@@ -132,6 +147,8 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
                     fn()
                 times.append((time.perf_counter() - t0) / CALLS)
             out[f"{name}/{size}"] = times
+            single[f"single/{name}/{size}"] = fn
+    out |= interleaved(single, reps, warmup=1, before=lambda _: dist.barrier(), combine=slowest_rank)
     return out
 
 
@@ -164,7 +181,6 @@ def _time_local(nranks: int, reps: int) -> float:
 def _time_merges(nstates: int, reps: int) -> dict[str, float]:
     """Median seconds of one :class:`MergeOp` of two packed states and one ``merge_states`` of
     ``nstates`` states (module docstring), on this process."""
-    import statistics
 
     import torch
     from treecoll.attention.state import MergeOp, merge_states, pack_state
@@ -202,20 +218,23 @@ def main(argv: list[str] | None = None) -> int:
     for p in args.procs:
         with RankPool(p) as pool:
             per_rank = pool.run(_time_rank, args.reps, timeout=600)
-        for key in per_rank[0]:
+        for key in (k for k in per_rank[0] if not k.startswith("single/")):
             name, size = key.split("/")
             # a round's time is its slowest rank's; the fastest round is the one the machine's other
             # load disturbed least
             t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
             s = 2 * (p - 1) if name == "native" else serial_messages(name, p, int(size))
+            single = statistics.median(per_rank[0][f"single/{key}"])  # already the slowest rank's
             row = {"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s}
+            row["single_us"] = single * 1e6
             rows.append(row)
             if name != "native":
                 tree_pairs.append((t, s))
             elif _ring_sized(row):
                 native_pairs.append((t, s))
             print(
-                f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message",
+                f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message; "
+                f"one call after a barrier {single * 1e6:8.1f} us",
                 flush=True,
             )
         local.append(_time_local(p, args.reps))
@@ -230,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     fit["GLOO_BY_NRANKS"] = fit_by_nranks(rows)
     print(
         "GLOO_BY_NRANKS = ("
-        + ", ".join(f"({p}, {a * 1e6:.1f}e-6, {b * 1e6:.1f}e-6)" for p, a, b in fit["GLOO_BY_NRANKS"])
+        + ", ".join(
+            f"({p}, {a * 1e6:.1f}e-6, {b * 1e6:.1f}e-6, {c * 1e6:.1f}e-6)" for p, a, b, c in fit["GLOO_BY_NRANKS"]
+        )
         + ")"
     )
     if args.json:

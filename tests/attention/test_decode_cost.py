@@ -178,20 +178,20 @@ def test_choose_combine_follows_the_model():
 def test_gloo_combine_times_by_hand():
     """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
     128: the gather is gloo's ring in rank order, 3 steps of one state (2 links each, and gloo's own
-    per-step time o at 4 processes) plus the merge (its bytes and one merge_states call); the three
-    all-reduces are rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of a quarter of each
-    over 2 links (each with o), 3 reduces of that quarter (3 x bytes / mem_bw), and one merge's worth of
-    local ops."""
+    per-step time o at 4 processes) plus the merge (its bytes and one merge_states call) and one call's
+    cost c; the three all-reduces are rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of
+    a quarter of each over 2 links (each with o), 3 reduces of that quarter (3 x bytes / mem_bw) and a
+    call's c each, and one merge's worth of local ops."""
     P, state = 4, 4 * 2 * 16 * 129
-    o = EXECUTOR_COSTS["gloo"].for_nranks(P).native_step_s
-    assert o == GLOO_BY_NRANKS[1][2] and GLOO_BY_NRANKS[1][0] == P
+    o, c = EXECUTOR_COSTS["gloo"].for_nranks(P).native_step_s, EXECUTOR_COSTS["gloo"].for_nranks(P).call_s
+    assert (o, c) == GLOO_BY_NRANKS[1][2:] and GLOO_BY_NRANKS[1][0] == P and c > 0
     t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
     assert t["gather"]["time_s"] == pytest.approx(
-        (P - 1) * (2e-6 + state / 100e9 + o) + (P + 1) * state / 2000e9 + MERGE_STATES_S, rel=1e-9
+        (P - 1) * (2e-6 + state / 100e9 + o) + (P + 1) * state / 2000e9 + MERGE_STATES_S + c, rel=1e-9
     )
 
     def ring(n):
-        return 2 * (P - 1) * (2e-6 + n / P / 100e9 + o) + (P - 1) * 3 * (n / P) / 2000e9
+        return 2 * (P - 1) * (2e-6 + n / P / 100e9 + o) + (P - 1) * 3 * (n / P) / 2000e9 + c
 
     assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384) + MERGE_STATES_S, rel=1e-9)
     assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
@@ -201,14 +201,14 @@ def test_gloo_tree_pays_the_executor_at_the_group_size_and_its_merges_in_a_row()
     """Two ranks joined by one link (1 us, 100 GB/s, no mem_bw: merges free in bytes), one 2 x 16 x 129
     float32 state: rank 1 posts its send (o) while rank 0 posts its receive (o); the state crosses
     (1 us + bytes / bw); rank 0 merges in Python (one MERGE_PAIR_S), posts its send (o) as rank 1 has
-    posted its receive; the state crosses back. o is the executor's per-message time fitted at 2
-    processes, not the one fitted over 2 and 4."""
+    posted its receive; the state crosses back; the one call costs c once. o and c are fitted at 2
+    processes, o not the one fitted over 2 and 4."""
     P, state = 2, 4 * 2 * 16 * 129
-    o = EXECUTOR_COSTS["gloo"].for_nranks(P).step_s
-    assert o == GLOO_BY_NRANKS[0][1] != EXECUTOR_COSTS["gloo"].step_s
+    o, c = EXECUTOR_COSTS["gloo"].for_nranks(P).step_s, EXECUTOR_COSTS["gloo"].for_nranks(P).call_s
+    assert o == GLOO_BY_NRANKS[0][1] != EXECUTOR_COSTS["gloo"].step_s and c == GLOO_BY_NRANKS[0][3] > 0
     t = combine_times(star_topology(P, bw=100.0, lat=1.0), 2, 16, 128, backend="gloo", methods=("tree",))
     hop = 2e-6 + state / 100e9  # rank -> switch -> rank
-    assert t["tree"]["time_s"] == pytest.approx(2 * (o + hop) + MERGE_PAIR_S, rel=1e-6)
+    assert t["tree"]["time_s"] == pytest.approx(2 * (o + hop) + MERGE_PAIR_S + c, rel=1e-6)
 
 
 def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():

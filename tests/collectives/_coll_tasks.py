@@ -326,7 +326,7 @@ def native_choice(rank: int, world: int, sizes: list[int], step_s: float | None 
 
     group.TorchTransport.native_allreduce = counting
     if step_s is not None:
-        cost.EXECUTOR_COSTS["gloo"] = dataclasses.replace(fitted, step_s=step_s)
+        cost.EXECUTOR_COSTS["gloo"] = dataclasses.replace(fitted, step_s=step_s, by_nranks=())
     default_planner().clear()
     try:
         out = []

@@ -10,7 +10,14 @@ import json
 import pytest
 from treecoll.collectives.builders import build
 from treecoll.collectives.compile import compile_allreduce
-from treecoll.collectives.cost import EXECUTOR_COSTS, MSG_OVERHEAD, CostModel, uniform_topology
+from treecoll.collectives.cost import (
+    EXECUTOR_COSTS,
+    GLOO_BY_NRANKS,
+    MSG_OVERHEAD,
+    CostModel,
+    executor_cost,
+    uniform_topology,
+)
 from treecoll.collectives.placement import Placement
 from treecoll.collectives.planner import default_planner
 from treecoll.collectives.sim.executor import predict_schedule, simulate_executor_schedule
@@ -186,3 +193,57 @@ def test_auto_runs_the_backends_allreduce_where_the_model_says_it_is_faster(pool
                 prefers.add(prefer)
             assert not other_native
     assert prefers == {True, False}
+
+
+@pytest.mark.parametrize("row", range(len(GLOO_BY_NRANKS)))
+def test_gloo_plans_cost_the_fit_of_their_process_count(row):
+    """A gloo plan at P processes is costed with the executor and native times fitted at P
+    (GLOO_BY_NRANKS), by the planner's model and by the executor simulation alike: on free links a
+    one-chunk chain allreduce is 2 (P - 1) executor messages in a row (test above) and gloo's own ring
+    allreduce 2 (P - 1) of its steps, each at P's fit, not at the fit pooled over every count."""
+    from treecoll.collectives.planner import native_allreduce_time
+
+    P, step, native, _ = GLOO_BY_NRANKS[row]
+    free = Placement(uniform_topology(P, bw=1e3, lat=0.0), P)
+    chain = build("chain", nranks=P)
+    model = CostModel(free, backend="gloo", step_through=True)
+    assert model.msg_overhead == step != EXECUTOR_COSTS["gloo"].step_s
+    assert model.tree_time(chain, 8, "allreduce", 1) == pytest.approx(2 * (P - 1) * step, rel=1e-6)
+    assert predict_schedule(free, chain, 8, nchunks=1, backend="gloo").time == pytest.approx(
+        2 * (P - 1) * step, rel=1e-6
+    )
+    assert native_allreduce_time(model, 8) == pytest.approx(2 * (P - 1) * native, rel=1e-6)
+    # without a topology (what allreduce(x) plans on a CPU group): the same fit
+    assert CostModel(Placement(ranks=P)).executor.native_step_s == native
+
+
+def test_gloo_costs_between_and_beyond_the_fitted_counts():
+    """Between two fitted process counts the costs (per message, per native step, per call) are linear in
+    the count; outside them, the nearest fitted count's."""
+
+    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0], GLOO_BY_NRANKS[-1]
+    mid = executor_cost(Placement(ranks=(p0 + p1) // 2))
+    w = ((p0 + p1) // 2 - p0) / (p1 - p0)
+    assert mid.step_s == pytest.approx((1 - w) * s0 + w * s1) and mid.native_step_s == pytest.approx(
+        (1 - w) * n0 + w * n1
+    )
+    assert mid.call_s == pytest.approx((1 - w) * c0 + w * c1)
+    assert executor_cost(Placement(ranks=1)).step_s == s0
+    assert (
+        executor_cost(Placement(ranks=4 * p1)).native_step_s == n1
+        and executor_cost(Placement(ranks=4 * p1)).call_s == c1
+    )
+
+
+def test_fit_times_single_calls_on_real_ranks(pool4):
+    """fit_executor_cost on four gloo ranks: every case timed back to back (one value per rank and
+    round) and one call at a time after a barrier, the latter already the slowest rank's (the same on
+    every rank)."""
+    from treecoll.tools import fit_executor_cost as fit
+
+    res = pool4.run(fit._time_rank, 2, timeout=240)
+    cases = {f"{c}/{n}" for c in (*fit.TREES, "native") for n in fit.SIZES}
+    assert all(set(r) == cases | {f"single/{k}" for k in cases} for r in res)
+    for k in cases:
+        assert all(len(r[k]) == 2 and min(r[k]) > 0 for r in res)
+        assert len({tuple(r[f"single/{k}"]) for r in res}) == 1 and len(res[0][f"single/{k}"]) == 2
