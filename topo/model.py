@@ -98,14 +98,26 @@ class Topology:
         self._g = nx.freeze(g)
         self.name = name
         self.meta = dict(meta or {})
+        self._host_groups: Mapping[str, Any] | None = None
 
     @classmethod
-    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> Topology:
+    def _adopt(
+        cls,
+        graph: nx.DiGraph,
+        *,
+        name: str = "",
+        meta: Mapping[str, Any] | None = None,
+        host_groups: Mapping[str, Any] | None = None,
+    ) -> Topology:
         """Like the constructor, but takes ownership of ``graph`` instead of copying it.
 
         For loaders that built the graph themselves and drop it afterwards
         (topo.yaml_io): same validation, no copy (half the construction time
-        of an 8192-GPU cluster).
+        of an 8192-GPU cluster). ``host_groups``: ``{host: key}`` for hosts the
+        loader built alike (the hosts of one template, their links leaving them
+        only from their NICs into the network), the same key for hosts built
+        alike: the route table compares one host per key with the others, not
+        every host (:class:`~treecoll.topo.routes.RouteTable`).
         """
         if not isinstance(graph, nx.DiGraph):
             raise TopologyError(f"graph: expected a networkx.DiGraph, got {type(graph).__name__}")
@@ -114,6 +126,7 @@ class Topology:
         self._g = nx.freeze(graph)
         self.name = name
         self.meta = dict(meta or {})
+        self._host_groups = host_groups
         return self
 
     # ------------------------------------------------------------------ basics
@@ -259,7 +272,9 @@ class Topology:
             g.nodes[n].pop("rank", None)
         for r, n in enumerate(order):
             g.nodes[n]["rank"] = r
-        return Topology(g, name=self.name, meta=self.meta)
+        out = Topology(g, name=self.name, meta=self.meta)
+        out._host_groups = getattr(self, "_host_groups", None)  # ranks leave the hosts built alike as they were
+        return out
 
     # ------------------------------------------------------------------ network structure
     @functools.cached_property
@@ -292,7 +307,7 @@ class Topology:
     def routes(self) -> RouteTable:
         """This topology's route table: the routes asked for, found on first use and kept
         (bounded; ``routes.clear()`` drops them). See :mod:`treecoll.topo.routes`."""
-        return RouteTable(self._g, self.name)
+        return RouteTable(self._g, self.name, host_groups=getattr(self, "_host_groups", None))
 
     def path(self, a: str, b: str) -> Path:
         """The route between two GPUs, or a GPU and a NIC: see :class:`treecoll.topo.paths.Path`."""

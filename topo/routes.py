@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 import networkx as nx
 
@@ -51,10 +51,20 @@ class RouteTable:
     ``graph``: the topology's frozen ``networkx.DiGraph``; ``name``: the topology's name, for
     messages; ``max_routes``: the endpoint pairs kept (:data:`MAX_ROUTES`); ``alike``: routes inside
     a host built like an earlier host are that host's, renamed (:meth:`_rep_host`; False: every
-    host searched on its own, the same routes).
+    host searched on its own, the same routes); ``host_groups``: ``{host: key}`` from a loader that
+    built the hosts of one key alike (the hosts of one template): the first host asked about of a
+    key is compared, the others of that key take its answer (see :meth:`_rep_host`).
     """
 
-    def __init__(self, graph: nx.DiGraph, name: str = "", *, max_routes: int = MAX_ROUTES, alike: bool = True):
+    def __init__(
+        self,
+        graph: nx.DiGraph,
+        name: str = "",
+        *,
+        max_routes: int = MAX_ROUTES,
+        alike: bool = True,
+        host_groups: Mapping[str, Hashable] | None = None,
+    ):
         if max_routes < 1:
             raise TopologyError(f"route table: max_routes expected >= 1, got {max_routes}")
         self.graph = graph
@@ -75,6 +85,8 @@ class RouteTable:
         self._order: dict[str, dict[str, int]] = {}  # switch -> its successors' positions
         self._rep_of_sig: dict[tuple, str] = {}
         self._host_nodes: dict[str | None, list[str]] | None = None
+        self._groups = host_groups or {}
+        self._group_first: dict[Hashable, str | None] = {}  # group -> the first host of its class (None: apart)
 
     def __len__(self) -> int:
         """The endpoint pairs whose route is kept."""
@@ -93,6 +105,7 @@ class RouteTable:
         self._switch_succ.clear()
         self._order.clear()
         self._rep_of_sig.clear()
+        self._group_first.clear()
 
     # ------------------------------------------------------------------ queries
     def path(self, a: str, b: str) -> Path:
@@ -343,19 +356,23 @@ class RouteTable:
         ``uuid`` and ``pci``), in the same order, with the same links (kinds, attributes, order)
         among them. Every route inside such a host and its GPUs' nearest NICs are the first host's,
         renamed: the searches visit the same nodes in the same order. 12,500 DGX H100 hosts ask for
-        one host's routes, not 12,500.
+        one host's routes, not 12,500. Hosts of one ``host_groups`` key are built alike by their
+        loader: the first of them asked about is compared, the others are of its class.
         """
         if host is None or not self.alike:
             return None
         if host in self._class_of:
             return self._class_of[host]
-        sig = self._signature(host)
-        self._sealed[host] = sig is not None
-        rep = None
-        if sig is not None:
-            rep = self._rep_of_sig.setdefault(sig, host)
-            if rep == host:
-                rep = None
+        group = self._groups.get(host)
+        if group is not None and group in self._group_first:
+            first = self._group_first[group]
+        else:
+            sig = self._signature(host)
+            first = None if sig is None else self._rep_of_sig.setdefault(sig, host)
+            if group is not None:
+                self._group_first[group] = first
+        self._sealed[host] = first is not None
+        rep = None if first is None or first == host else first
         self._class_of[host] = rep
         return rep
 
