@@ -390,14 +390,20 @@ def _validate(g: nx.DiGraph) -> None:
             if r in ranks:
                 raise TopologyError(f"rank {r}: mapped to two GPUs, {ranks[r]!r} and {n!r}")
             ranks[r] = n
-        if kind in ("nic",) and "bw" in d:
-            _positive(d["bw"], f"node {n!r}: bw")
+        if kind == "nic" and "bw" in d:
+            bw = d["bw"]
+            if type(bw) is not float or not 0 < bw < math.inf:
+                _positive(bw, f"node {n!r}: bw")
     if ranks and sorted(ranks) != list(range(len(ranks))):
         missing = sorted(set(range(len(ranks))) - set(ranks))
         raise TopologyError(f"ranks: expected 0..{len(ranks) - 1} each once, missing {missing[:8]}")
-    succ = g._succ
+    succ, pred = g._succ, g._pred
     checked: set[int] = set()  # attribute dicts already checked (the hosts of a template share theirs)
     for a, nbrs in succ.items():
+        # at once (C loops): no link to itself, every link's reverse there (a node's successors are its
+        # predecessors), every attribute dict checked before; link by link only where one fails
+        if a not in nbrs and nbrs.keys() == pred[a].keys() and checked.issuperset(map(id, nbrs.values())):
+            continue
         for b, d in nbrs.items():
             if a == b:
                 raise TopologyError(f"link {a!r} -> {b!r}: a link cannot join a node to itself")

@@ -52,6 +52,7 @@ from ._schema import YAML_LOADER, Doc
 from .compact import HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
+from .gcpause import gc_paused
 from .importers import import_text
 from .limits import limits as make_limits
 from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
@@ -369,6 +370,7 @@ def _flow(v: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------- building
+@gc_paused()  # a graph of 100,000 GPUs: millions of dicts, no reference cycles
 def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
     data = doc.data
     d = doc.mapping(data, (), optional=TOP_KEYS)
