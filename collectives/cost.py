@@ -224,7 +224,7 @@ def backend_of(placement: Placement) -> str:
         return "gloo"
     from treecoll.topo.discover import CPU_SLOT_MODEL
 
-    nodes = placement.topology.graph.nodes
+    nodes = placement.topology.graph._node  # networkx's node dict: its view costs more per GPU than the work
     return "gloo" if any(nodes[g].get("model") == CPU_SLOT_MODEL for g in placement.gpus) else "nccl"
 
 
@@ -568,8 +568,8 @@ class CostModel:
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
         self._links: _Links | None = None  # found on first use (:meth:`_shared`)
-        g = self.topology.graph
-        self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or 0.0) for x in self.gpus)
+        node = self.topology.graph._node  # networkx's node dict: its view costs more per GPU than the work
+        self._mem_bw = tuple(float(node[x].get("mem_bw") or 0.0) for x in self.gpus)
 
     # ------------------------------------------------------------------ pairs and flows
     def path(self, i: int, j: int) -> Path:

@@ -54,6 +54,7 @@ import functools
 import hashlib
 import json
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -181,16 +182,21 @@ class Topology:
 
     @functools.cached_property
     def _node_index(self) -> dict[tuple[str | None, str | None], tuple[str, ...]]:
-        idx: dict[tuple[str | None, str | None], list[str]] = {(None, None): []}
-        get = idx.setdefault
+        by_kind: dict[str, list[str]] = defaultdict(list)
+        by_host: dict[str, list[str]] = defaultdict(list)
+        by_both: dict[tuple[str, str], list[str]] = defaultdict(list)
         for n, d in self._g._node.items():
-            h, kind = d.get("host"), d["kind"]
-            get((None, None), []).append(n)
-            get((kind, None), []).append(n)
+            kind = d["kind"]
+            by_kind[kind].append(n)
+            h = d.get("host")
             if h is not None:
-                get((None, h), []).append(n)
-                get((kind, h), []).append(n)
-        return {k: tuple(v) for k, v in idx.items()}
+                by_host[h].append(n)
+                by_both[kind, h].append(n)
+        idx: dict[tuple[str | None, str | None], tuple[str, ...]] = {(None, None): tuple(self._g._node)}
+        idx.update(((k, None), tuple(v)) for k, v in by_kind.items())
+        idx.update(((None, h), tuple(v)) for h, v in by_host.items())
+        idx.update((k, tuple(v)) for k, v in by_both.items())
+        return idx
 
     def links(self, kind: str | None = None) -> tuple[tuple[str, str], ...]:
         """Directed links (a, b), optionally filtered by link kind."""
@@ -199,11 +205,7 @@ class Topology:
     # ------------------------------------------------------------------ hosts and ranks
     @functools.cached_property
     def _hosts(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for _, d in self._g.nodes(data=True):
-            if d.get("host") is not None:
-                seen.setdefault(d["host"], None)
-        return tuple(seen)
+        return tuple(h for kind, h in self._node_index if kind is None and h is not None)
 
     def hosts(self) -> tuple[str, ...]:
         """Host names in the order they first appear."""
@@ -211,11 +213,13 @@ class Topology:
 
     @functools.cached_property
     def _gpus_by_host(self) -> dict[str, tuple[str, ...]]:
-        out: dict[str, list[str]] = {h: [] for h in self._hosts}
-        for n, d in self._g.nodes(data=True):
-            if d["kind"] == "gpu":
-                out[d["host"]].append(n)
-        return {h: tuple(sorted(v, key=lambda n: (self._g.nodes[n].get("index", 0), n))) for h, v in out.items()}
+        node = self._g._node
+
+        def order(gpus: tuple[str, ...]) -> tuple[str, ...]:
+            key = [(node[n].get("index", 0), n) for n in gpus]
+            return gpus if key == sorted(key) else tuple(n for _, n in sorted(key))
+
+        return {h: order(self.nodes("gpu", h)) for h in self._hosts}
 
     def gpus(self, host: str | None = None) -> tuple[str, ...]:
         """GPU ids, host by host, each host's by local ``index``."""
@@ -280,10 +284,11 @@ class Topology:
     @functools.cached_property
     def _leaf_of_host(self) -> dict[str, tuple[str, ...]]:
         out: dict[str, set[str]] = {h: set() for h in self._hosts}
+        node, succ = self._g._node, self._g._succ  # networkx's dicts: 100,000 NICs, the views cost more
         for nic in self.nodes("nic"):
-            for nb in self._g.successors(nic):
-                if self._g.nodes[nb]["kind"] == "net_switch":
-                    out[self._g.nodes[nic]["host"]].add(nb)
+            leaves = [nb for nb in succ[nic] if node[nb]["kind"] == "net_switch"]
+            if leaves:
+                out[node[nic]["host"]].update(leaves)
         return {h: tuple(sorted(v)) for h, v in out.items()}
 
     def leaves_of(self, host: str) -> tuple[str, ...]:
