@@ -606,14 +606,15 @@ def _rename_path(p: Path, host: str, to: str) -> Path:
     def nodes(ns: tuple[str, ...]) -> tuple[str, ...]:
         return tuple([to + n[k:] for n in ns])  # rename_node of each
 
+    primary = nodes(p.nodes)  # most paths' one route is their primary route: renamed once
     return Path(
         rename_node(p.src, host, to),
         rename_node(p.dst, host, to),
-        nodes(p.nodes),
+        primary,
         p.kinds,
         p.bw,
         p.lat,
         p.nccl,
         p.smi,
-        tuple((nodes(ns), share) for ns, share in p.routes),
+        tuple((primary if ns is p.nodes else nodes(ns), share) for ns, share in p.routes),
     )
