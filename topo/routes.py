@@ -417,15 +417,11 @@ class RouteTable:
     def _preds(self) -> dict[str, list[str]]:
         """Per network switch, the switches with a ``net`` link into it."""
         if self._switch_preds is None:
-            g = self.graph
+            table, pred = self._table, self.graph._pred  # no view objects: a spine has thousands of leaves
             self._switch_preds = {
-                s: [
-                    v
-                    for v in g.predecessors(s)
-                    if g.nodes[v]["kind"] == "net_switch" and g.edges[v, s]["kind"] == "net"
-                ]
-                for s, d in g.nodes(data=True)
-                if d["kind"] == "net_switch"
+                s: [v for v, d in pred[s].items() if table[v][0] == "net_switch" and d["kind"] == "net"]
+                for s, (kind, _) in table.items()
+                if kind == "net_switch"
             }
         return self._switch_preds
 
