@@ -77,7 +77,7 @@ class RouteTable:
         self._switch_dist: dict[str, dict[str, int]] = {}  # switch -> hops to it from every switch
         self._leaf_dist: dict[tuple[str, ...], dict[str, int]] = {}  # a NIC's leaves -> hops to the NIC
         self._nodes: dict[str, tuple[str, str | None]] | None = None  # node -> (kind, host)
-        self._switch_preds: dict[str, list[str]] | None = None
+        self._switch_preds: dict[str, frozenset[str]] | None = None
         self._nics: dict[str | None, list[str]] | None = None
         self._class_of: dict[str | None, str | None] = {}  # host -> the first host built alike (None: itself)
         self._sealed: dict[str | None, bool] = {}  # host -> compared (its links leave it only from NICs)
@@ -414,30 +414,32 @@ class RouteTable:
         return key
 
     # ------------------------------------------------------------------ the network
-    def _preds(self) -> dict[str, list[str]]:
+    def _preds(self) -> dict[str, frozenset[str]]:
         """Per network switch, the switches with a ``net`` link into it."""
         if self._switch_preds is None:
             table, pred = self._table, self.graph._pred  # no view objects: a spine has thousands of leaves
             self._switch_preds = {
-                s: [v for v, d in pred[s].items() if table[v][0] == "net_switch" and d["kind"] == "net"]
+                s: frozenset(v for v, d in pred[s].items() if table[v][0] == "net_switch" and d["kind"] == "net")
                 for s, (kind, _) in table.items()
                 if kind == "net_switch"
             }
         return self._switch_preds
 
     def _dist_to_switch(self, target: str) -> dict[str, int]:
-        """Hops from every network switch to ``target`` through switches only (BFS, kept per target)."""
+        """Hops from every network switch to ``target`` through switches only (a breadth-first search
+        level by level, each level's new switches found with set operations; kept per target)."""
         dist = self._switch_dist.get(target)
         if dist is None:
             preds = self._preds()
             dist = {target: 0}
-            q = deque([target])
-            while q:
-                u = q.popleft()
-                for v in preds[u]:
-                    if v not in dist:
-                        dist[v] = dist[u] + 1
-                        q.append(v)
+            level, hops = {target}, 0
+            while level:
+                hops += 1
+                reach: set[str] = set()
+                for u in level:
+                    reach |= preds[u]
+                level = reach.difference(dist)
+                dist.update(dict.fromkeys(level, hops))
             self._switch_dist[target] = dist
         return dist
 

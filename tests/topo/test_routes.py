@@ -123,3 +123,20 @@ def test_explicit_links_beside_hosts_give_no_host_groups():
     )
     assert t._host_groups is None
     assert t.routes.host_class("h1") == "h1"  # h0 and h1 now differ: each its own class
+
+
+@pytest.mark.parametrize(
+    "source", ["dgx-h100-x16", "hosts: [{template: dgx-h100, count: 8}]\nnetwork: {type: torus, dims: [2, 4]}\n"]
+)
+def test_switch_distances_are_the_shortest_paths_through_switches(source):
+    import networkx as nx
+
+    t = topo.loads(source) if "\n" in source else topo.resolve(source)
+    g = t.graph
+    switches = [n for n, d in g.nodes(data=True) if d["kind"] == "net_switch"]
+    fabric = g.subgraph(switches).edge_subgraph(
+        [(a, b) for a, b, d in g.subgraph(switches).edges(data=True) if d["kind"] == "net"]
+    )
+    for target in switches[:: max(1, len(switches) // 6)]:
+        want = nx.single_target_shortest_path_length(fabric, target)
+        assert t.routes._dist_to_switch(target) == dict(want)
