@@ -307,9 +307,10 @@ def _network_bw(topology: Topology, gpu: str) -> float:
     if nic is None:
         return math.inf
     g = topology.graph
+    node = g._node  # networkx's dicts: no view objects for every host of every rail
     bws = [topology.path(gpu, nic).bw]
-    bws += [d["bw"] for _, nb, d in g.out_edges(nic, data=True) if g.nodes[nb]["kind"] == "net_switch"]
-    bws += [d["bw"] for nb, _, d in g.in_edges(nic, data=True) if g.nodes[nb]["kind"] == "net_switch"]
+    bws += [d["bw"] for nb, d in g._succ[nic].items() if node[nb]["kind"] == "net_switch"]
+    bws += [d["bw"] for nb, d in g._pred[nic].items() if node[nb]["kind"] == "net_switch"]
     return min(bws)
 
 
