@@ -176,7 +176,7 @@ class RouteTable:
     def _table(self) -> dict[str, tuple[str, str | None]]:
         """``{node: (kind, host)}`` for every node: route searches test these for every node they visit."""
         if self._nodes is None:
-            self._nodes = {n: (d["kind"], d.get("host")) for n, d in self.graph.nodes(data=True)}
+            self._nodes = {n: (d["kind"], d.get("host")) for n, d in self.graph._node.items()}
         return self._nodes
 
     def _node(self, n: str) -> tuple[str, str | None]:
