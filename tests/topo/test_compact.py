@@ -78,3 +78,26 @@ def test_a_cluster_loaded_from_templates_equals_its_explicit_form():
     t = topo.resolve("dgx-h100-x16")
     again = topo.Topology.from_dict(t.to_dict())
     assert again == t and list(again.graph.nodes) == list(t.graph.nodes)
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("loop", r"link 'h1/gpu3' -> 'h1/gpu3': a link cannot join a node to itself"),
+        ("one way", r"link 'h1/gpu2' -> 'h1/nvswitch0': the reverse direction is missing"),
+        ("bad bw", r"link 'h1/gpu2' -> 'h1/nvswitch0': bw: expected a positive number \(GB/s\), got -1.0"),
+    ],
+)
+def test_validation_finds_a_fault_among_links_that_share_checked_attributes(fault, message):
+    from treecoll.topo.errors import TopologyError
+
+    g = topo.resolve("dgx-h100-x2").graph.copy()  # shares nothing with the loaded graph but its values
+    good = g._succ["h0/gpu0"]["h0/nvswitch0"]
+    if fault == "loop":  # an attribute dict checked before, on a link to itself
+        g._succ["h1/gpu3"]["h1/gpu3"] = g._pred["h1/gpu3"]["h1/gpu3"] = good
+    elif fault == "one way":
+        g.remove_edge("h1/nvswitch0", "h1/gpu2")
+    else:
+        g.edges["h1/gpu2", "h1/nvswitch0"]["bw"] = -1.0
+    with pytest.raises(TopologyError, match="^" + message):
+        topo.Topology(g)
