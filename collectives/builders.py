@@ -196,8 +196,7 @@ def _in_class(topology: Topology, nodes: Sequence[str]) -> tuple[str, ...]:
 
 
 def _nic_key(topology: Topology, gpu: str, nic: str | None = None):
-    named = _in_class(topology, (gpu, nic) if nic else (gpu,))  # the same key on every host of a class
-    gpu, nic = named[0], (named[1] if nic else None)
+    """(path class, -bandwidth, hops) of ``gpu``'s route to ``nic`` (None: its nearest NIC)."""
     nic = nic or topology.nearest_nic(gpu)
     if nic is None:
         return (len(NCCL_CLASSES), 0.0, 0)
@@ -205,10 +204,24 @@ def _nic_key(topology: Topology, gpu: str, nic: str | None = None):
     return (NCCL_CLASSES.index(p.nccl), -p.bw, p.hops)
 
 
-def leader_of(topology: Topology, gpus: Sequence[str], members: Sequence[int], nic: str | None = None) -> int:
+def leader_of(
+    topology: Topology, gpus: Sequence[str], members: Sequence[int], nic: str | None = None, keys: dict | None = None
+) -> int:
     """The member rank whose GPU is nearest a NIC (``nic``, else its nearest): best NCCL
-    path class, then bandwidth, then hops, then lowest rank."""
-    return min(members, key=lambda r: (_nic_key(topology, gpus[r], nic), r))
+    path class, then bandwidth, then hops, then lowest rank. The GPUs are asked as those of the
+    host standing for their host's class (:func:`_in_class`: the same answer on every host built
+    alike); ``keys``: a dict keeping those answers across calls (one per builder call)."""
+    named = _in_class(topology, [gpus[r] for r in members] + ([nic] if nic else []))
+    there = named[-1] if nic else None
+    keys = {} if keys is None else keys
+
+    def key(i: int) -> tuple:
+        k = keys.get((named[i], there))
+        if k is None:
+            k = keys[(named[i], there)] = _nic_key(topology, named[i], there)
+        return (k, members[i])
+
+    return members[min(range(len(members)), key=key)]
 
 
 def _host_is_switched(topology: Topology, gpus: Sequence[str]) -> bool:
@@ -294,9 +307,10 @@ def _network_bw(topology: Topology, gpu: str) -> float:
     if nic is None:
         return math.inf
     g = topology.graph
+    node = g._node  # networkx's dicts: no view objects for every host of every rail
     bws = [topology.path(gpu, nic).bw]
-    bws += [d["bw"] for _, nb, d in g.out_edges(nic, data=True) if g.nodes[nb]["kind"] == "net_switch"]
-    bws += [d["bw"] for nb, _, d in g.in_edges(nic, data=True) if g.nodes[nb]["kind"] == "net_switch"]
+    bws += [d["bw"] for nb, d in g._succ[nic].items() if node[nb]["kind"] == "net_switch"]
+    bws += [d["bw"] for nb, d in g._pred[nic].items() if node[nb]["kind"] == "net_switch"]
     return min(bws)
 
 
@@ -417,7 +431,10 @@ def two_level(
     hosts = _host_groups(topology, gpus)
     root_host = topology.host_of(gpus[root if root is not None else 0])
     if root is None and len(hosts) > 2:  # no rank the result must reach: root at a fast host
-        level = _speed_levels({h: _network_bw(topology, gpus[leader_of(topology, gpus, m)]) for h, m in hosts.items()})
+        keys0: dict = {}
+        level = _speed_levels(
+            {h: _network_bw(topology, gpus[leader_of(topology, gpus, m, keys=keys0)]) for h, m in hosts.items()}
+        )
         if level[root_host] > min(level.values()):
             root_host = next(h for h in hosts if level[h] == min(level.values()))
     nic_counts = [len(topology.nics(h)) for h in hosts]
@@ -438,8 +455,9 @@ def two_level(
         raise TreeError(f"two_level: rails expected True, False or 'auto', got {rails!r}")
     label = f"two_level(intra={intra},inter={inter}"
     switched: dict = {}  # host members -> NVSwitch-connected (computed once for all rails)
+    keys: dict = {}  # a GPU of a class's host (and a NIC) -> leader_of's key
     if not rails:
-        leaders = {h: leader_of(topology, gpus, m) for h, m in hosts.items()}
+        leaders = {h: leader_of(topology, gpus, m, keys=keys) for h, m in hosts.items()}
         if root is not None:
             leaders[root_host] = root
         elif len(hosts) == 1:
@@ -450,7 +468,7 @@ def two_level(
         raise TreeError("two_level: rails=True needs NICs on every host; a host has none")
     trees, bws = [], []
     for k in range(nrails):
-        leaders = {h: leader_of(topology, gpus, m, topology.nics(h)[k]) for h, m in hosts.items()}
+        leaders = {h: leader_of(topology, gpus, m, topology.nics(h)[k], keys) for h, m in hosts.items()}
         trees.append(
             _one_two_level(topology, gpus, hosts, leaders, root_host, intra, inter, f"{label},rail={k})", switched)
         )

@@ -73,6 +73,8 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import networkx as nx
@@ -239,7 +241,7 @@ def backend_of(placement: Placement) -> str:
         return "gloo"
     from treecoll.topo.discover import CPU_SLOT_MODEL
 
-    nodes = placement.topology.graph.nodes
+    nodes = placement.topology.graph._node  # networkx's node dict: its view costs more per GPU than the work
     return "gloo" if any(nodes[g].get("model") == CPU_SLOT_MODEL for g in placement.gpus) else "nccl"
 
 
@@ -445,17 +447,15 @@ class _Links:
         vector length."""
         if not flows:
             return {}
-        pairs, make = self.pairs, self.pair
-        ids: list[int] = []
-        shares: list[float] = []
-        lens: list[int] = []
-        nroutes: list[int] = []
-        for f in flows:
-            e = pairs.get(f) or make(*f)
-            ids.extend(e[1])
-            shares.extend(e[2])
-            lens.extend(e[3])
-            nroutes.append(len(e[3]))
+        entries = list(map(self.pairs.get, flows))
+        if None in entries:
+            entries = [e or self.pairs.get(f) or self.pair(*f) for f, e in zip(flows, entries)]
+        # the flows' link ids, shares and links per route, one after another (concatenated in C)
+        ids: list[int] = list(chain.from_iterable(map(_IDS, entries)))
+        shares: list[float] = list(chain.from_iterable(map(_SHARES, entries)))
+        per_route = list(map(_LENS, entries))
+        lens: list[int] = list(chain.from_iterable(per_route))
+        nroutes: list[int] = list(map(len, per_route))
         if len(ids) <= SMALL_RATES:
             return self._rates_small(flows, ids, shares, lens)
         link = np.array(ids, dtype=np.intp)
@@ -504,6 +504,8 @@ class _Links:
         return out
 
 
+#: the link ids, route shares per link and links per route of a ``_Links.pairs`` entry
+_IDS, _SHARES, _LENS = itemgetter(1), itemgetter(2), itemgetter(3)
 #: (topology object, ranks, step overhead) -> their :class:`_Links`, the few most recent
 _LINKS: dict[tuple, _Links] = {}
 _LINKS_LOCK = threading.Lock()
@@ -586,8 +588,8 @@ class CostModel:
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
         self._links: _Links | None = None  # found on first use (:meth:`_shared`)
-        g = self.topology.graph
-        self._mem_bw = tuple(float(g.nodes[x].get("mem_bw") or 0.0) for x in self.gpus)
+        node = self.topology.graph._node  # networkx's node dict: its view costs more per GPU than the work
+        self._mem_bw = tuple(float(node[x].get("mem_bw") or 0.0) for x in self.gpus)
 
     # ------------------------------------------------------------------ pairs and flows
     def path(self, i: int, j: int) -> Path:
@@ -759,6 +761,9 @@ class CostModel:
         o = self.msg_overhead
         prepared_by: dict[bool, list] = {}
 
+        links = self._shared()
+        pairs, pair = links.pairs, links.pair  # (i, j) -> its entry, latency first (made if missing)
+
         def prepare(by_level: bool) -> list:
             rate = self._tree_rates(multi, up, down, by_level)
             prepared = []
@@ -769,8 +774,16 @@ class CostModel:
                 for r in t.postorder():
                     kids = t.children[r]
                     if kids:
-                        ups = [(c, self._pair(c, r)[0], 1.0 / rate[(c, r)]) for c in kids] if up else None
-                        downs = [(c, self._pair(r, c)[0], 1.0 / rate[(r, c)]) for c in kids] if down else None
+                        ups = (
+                            [(c, (pairs.get((c, r)) or pair(c, r))[0], 1.0 / rate[(c, r)]) for c in kids]
+                            if up
+                            else None
+                        )
+                        downs = (
+                            [(c, (pairs.get((r, c)) or pair(r, c))[0], 1.0 / rate[(r, c)]) for c in kids]
+                            if down
+                            else None
+                        )
                         # an inner rank also issues its messages of the other trees, interleaved: on
                         # average half of them before a given message of this tree
                         nodes.append(

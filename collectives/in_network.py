@@ -17,7 +17,8 @@ treecoll.topo.errors.TreeError: NVLS: needs compute capability 9.0 or later on e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
@@ -25,10 +26,29 @@ from treecoll.topo.errors import TreeError
 __all__ = ["min_sm", "nvls_domains"]
 
 
+#: the last answers per (question, topology object, GPUs): the simulator, the NCCL model and the cost
+#: model ask them of one rank list several times (100,000 GPUs: a walk over every GPU each time)
+_ANSWERS: dict[tuple, tuple[Topology, Any]] = {}
+_KEPT_ANSWERS = 8
+
+
+def _kept(question: str, topology: Topology, gpus: Sequence[str], answer: Callable[[], Any]) -> Any:
+    """``answer()``, kept for ``question`` about ``topology`` (the object: it is immutable) and ``gpus``."""
+    key = (question, id(topology), tuple(gpus))
+    hit = _ANSWERS.get(key)
+    if hit is not None and hit[0] is topology:
+        return hit[1]
+    value = answer()
+    while len(_ANSWERS) >= _KEPT_ANSWERS:
+        del _ANSWERS[next(iter(_ANSWERS))]
+    _ANSWERS[key] = (topology, value)
+    return value
+
+
 def min_sm(topology: Topology, gpus: Sequence[str]) -> int:
     """The smallest compute capability (``sm``) among the GPUs; GPUs without ``sm`` count as Hopper (90)."""
     node = topology.graph._node  # networkx's node dict: the NodeView's lookups cost more than the work
-    return min(int(node[x].get("sm") or 90) for x in gpus)
+    return _kept("min_sm", topology, gpus, lambda: min(int(node[x].get("sm") or 90) for x in gpus))
 
 
 def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
@@ -43,9 +63,24 @@ def nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
     clique is one node). Raises :class:`~topo.errors.TreeError` saying why NVLS
     cannot run; domains of unequal size are refused too.
     """
-    g = topology.graph
     if min_sm(topology, gpus) < 90:
         raise TreeError(f"NVLS: needs compute capability 9.0 or later on every GPU, got sm {min_sm(topology, gpus)}")
+    found = _kept("nvls_domains", topology, gpus, lambda: _nvls_domains(topology, gpus))
+    if isinstance(found, str):
+        raise TreeError(found)
+    return [list(d) for d in found]
+
+
+def _nvls_domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]] | str:
+    """:func:`nvls_domains` computed: the domains, or the message saying why NVLS cannot run."""
+    try:
+        return _domains(topology, gpus)
+    except TreeError as e:
+        return str(e)
+
+
+def _domains(topology: Topology, gpus: Sequence[str]) -> list[list[str]]:
+    g = topology.graph
     domains: dict[frozenset, list[str]] = {}
     node, succ = g._node, g._succ  # networkx's dicts: 100,000 GPUs, the views' lookups cost more than the work
     for x in gpus:

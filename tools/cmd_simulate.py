@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from treecoll.topo.errors import CollectiveError
 from treecoll.topo.fmt import fmt_bytes
+from treecoll.topo.gcpause import gc_paused
 
 from . import units
 
@@ -388,6 +389,7 @@ def check_algos(algos: Sequence[str], *, option: str = "--algo", builders_only: 
             )
 
 
+@gc_paused()  # planning and simulating 100,000 GPUs: millions of objects, few reference cycles
 def allreduce_data(
     topology: Topology,
     algos: Sequence[str],

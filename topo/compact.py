@@ -421,9 +421,41 @@ def _add_host(g: nx.DiGraph, nodes: list[tuple[str, dict]], links: list[tuple[st
             # the template's attribute dict itself, shared by every host (the graph is frozen: nothing
             # writes to it); a link listed twice gets a merged copy, as networkx would merge them
             succ[u][v] = pred[v][u] = d if dd is None else {**dd, **d}
+    clear_view_cache(g)
+
+
+def clear_view_cache(g: nx.DiGraph) -> None:
+    """Drop the views networkx (3.3 and later) caches of ``g``: after writing into its dicts directly."""
     clear = getattr(nx, "_clear_cache", None)  # networkx >= 3.3 caches views of a graph
     if clear is not None:
         clear(g)
+
+
+class _Stamp:
+    """A template's local adjacency, made once (:func:`_add_host` on the local ids), and copied per
+    host with its ids prefixed: the graph :func:`_add_host` makes, in the same order, sharing the
+    same attribute dicts, without building each host's node and link lists."""
+
+    def __init__(self, ht: HostTemplate):
+        local = nx.DiGraph()
+        _add_host(local, ht.nodes, ht.links)
+        self.ok = len(local) == len(ht.nodes)  # else a link to a node the template lacks: stamp the slow way
+        self.nodes = [(n, a, list(local._succ[n].items()), list(local._pred[n].items())) for n, a in ht.nodes]
+        self.names = [n for n, _ in ht.nodes]
+
+    def onto(self, g: nx.DiGraph, host: str) -> bool:
+        """Add ``host``'s copy to ``g``; False (nothing added) when one of its nodes is already there."""
+        p = host + "/"
+        node, succ, pred = g._node, g._succ, g._pred
+        ids = {n: p + n for n in self.names}
+        if any(map(node.__contains__, ids.values())):
+            return False
+        for n, a, out, into in self.nodes:
+            gn = ids[n]
+            node[gn] = {**a, "host": host}
+            succ[gn] = {ids[v]: d for v, d in out}
+            pred[gn] = {ids[u]: d for u, d in into}
+        return True
 
 
 def expand(g: nx.DiGraph, ht: HostTemplate, hosts: list[str]) -> None:
@@ -432,9 +464,11 @@ def expand(g: nx.DiGraph, ht: HostTemplate, hosts: list[str]) -> None:
     domains = None
     if ht.rack_switches and ht.domain_hosts is not None and ht.domain_hosts < len(hosts):
         domains = ht.domain_hosts
+    stamp = _Stamp(ht) if len(hosts) > 1 else None
     for hi, h in enumerate(hosts):
         p = h + "/"
-        _add_host(g, [(p + n, {**a, "host": h}) for n, a in nodes], [(p + a, p + b, d) for a, b, d in links])
+        if stamp is None or not stamp.ok or not stamp.onto(g, h):
+            _add_host(g, [(p + n, {**a, "host": h}) for n, a in nodes], [(p + a, p + b, d) for a, b, d in links])
         if ht.rack_switches:
             dom = hi // domains if domains else None
             for k in range(ht.rack_switches):
@@ -443,3 +477,4 @@ def expand(g: nx.DiGraph, ht: HostTemplate, hosts: list[str]) -> None:
                     g.add_node(sw, kind="nvswitch")
             g.add_edges_from((p + a, rack_switch_id(dom, k), d) for a, k, d in ht.rack_links)
             g.add_edges_from((rack_switch_id(dom, k), p + a, d) for a, k, d in ht.rack_links)
+    clear_view_cache(g)

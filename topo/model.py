@@ -54,6 +54,7 @@ import functools
 import hashlib
 import json
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -98,14 +99,26 @@ class Topology:
         self._g = nx.freeze(g)
         self.name = name
         self.meta = dict(meta or {})
+        self._host_groups: Mapping[str, Any] | None = None
 
     @classmethod
-    def _adopt(cls, graph: nx.DiGraph, *, name: str = "", meta: Mapping[str, Any] | None = None) -> Topology:
+    def _adopt(
+        cls,
+        graph: nx.DiGraph,
+        *,
+        name: str = "",
+        meta: Mapping[str, Any] | None = None,
+        host_groups: Mapping[str, Any] | None = None,
+    ) -> Topology:
         """Like the constructor, but takes ownership of ``graph`` instead of copying it.
 
         For loaders that built the graph themselves and drop it afterwards
         (topo.yaml_io): same validation, no copy (half the construction time
-        of an 8192-GPU cluster).
+        of an 8192-GPU cluster). ``host_groups``: ``{host: key}`` for hosts the
+        loader built alike (the hosts of one template, their links leaving them
+        only from their NICs into the network), the same key for hosts built
+        alike: the route table compares one host per key with the others, not
+        every host (:class:`~treecoll.topo.routes.RouteTable`).
         """
         if not isinstance(graph, nx.DiGraph):
             raise TopologyError(f"graph: expected a networkx.DiGraph, got {type(graph).__name__}")
@@ -114,6 +127,7 @@ class Topology:
         self._g = nx.freeze(graph)
         self.name = name
         self.meta = dict(meta or {})
+        self._host_groups = host_groups
         return self
 
     # ------------------------------------------------------------------ basics
@@ -168,16 +182,21 @@ class Topology:
 
     @functools.cached_property
     def _node_index(self) -> dict[tuple[str | None, str | None], tuple[str, ...]]:
-        idx: dict[tuple[str | None, str | None], list[str]] = {(None, None): []}
-        get = idx.setdefault
+        by_kind: dict[str, list[str]] = defaultdict(list)
+        by_host: dict[str, list[str]] = defaultdict(list)
+        by_both: dict[tuple[str, str], list[str]] = defaultdict(list)
         for n, d in self._g._node.items():
-            h, kind = d.get("host"), d["kind"]
-            get((None, None), []).append(n)
-            get((kind, None), []).append(n)
+            kind = d["kind"]
+            by_kind[kind].append(n)
+            h = d.get("host")
             if h is not None:
-                get((None, h), []).append(n)
-                get((kind, h), []).append(n)
-        return {k: tuple(v) for k, v in idx.items()}
+                by_host[h].append(n)
+                by_both[kind, h].append(n)
+        idx: dict[tuple[str | None, str | None], tuple[str, ...]] = {(None, None): tuple(self._g._node)}
+        idx.update(((k, None), tuple(v)) for k, v in by_kind.items())
+        idx.update(((None, h), tuple(v)) for h, v in by_host.items())
+        idx.update((k, tuple(v)) for k, v in by_both.items())
+        return idx
 
     def links(self, kind: str | None = None) -> tuple[tuple[str, str], ...]:
         """Directed links (a, b), optionally filtered by link kind."""
@@ -186,11 +205,7 @@ class Topology:
     # ------------------------------------------------------------------ hosts and ranks
     @functools.cached_property
     def _hosts(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for _, d in self._g.nodes(data=True):
-            if d.get("host") is not None:
-                seen.setdefault(d["host"], None)
-        return tuple(seen)
+        return tuple(h for kind, h in self._node_index if kind is None and h is not None)
 
     def hosts(self) -> tuple[str, ...]:
         """Host names in the order they first appear."""
@@ -198,11 +213,13 @@ class Topology:
 
     @functools.cached_property
     def _gpus_by_host(self) -> dict[str, tuple[str, ...]]:
-        out: dict[str, list[str]] = {h: [] for h in self._hosts}
-        for n, d in self._g.nodes(data=True):
-            if d["kind"] == "gpu":
-                out[d["host"]].append(n)
-        return {h: tuple(sorted(v, key=lambda n: (self._g.nodes[n].get("index", 0), n))) for h, v in out.items()}
+        node = self._g._node
+
+        def order(gpus: tuple[str, ...]) -> tuple[str, ...]:
+            key = [(node[n].get("index", 0), n) for n in gpus]
+            return gpus if key == sorted(key) else tuple(n for _, n in sorted(key))
+
+        return {h: order(self.nodes("gpu", h)) for h in self._hosts}
 
     def gpus(self, host: str | None = None) -> tuple[str, ...]:
         """GPU ids, host by host, each host's by local ``index``."""
@@ -223,7 +240,8 @@ class Topology:
     @functools.cached_property
     def _rank_gpus(self) -> tuple[str, ...]:
         gpus = self.gpus()
-        ranked = {self._g.nodes[g]["rank"]: g for g in gpus if "rank" in self._g.nodes[g]}
+        node = self._g._node  # networkx's node dict: its view costs more per GPU than the work
+        ranked = {node[g]["rank"]: g for g in gpus if "rank" in node[g]}
         if not ranked:
             return gpus
         return tuple(ranked[r] for r in range(len(ranked)))
@@ -259,16 +277,19 @@ class Topology:
             g.nodes[n].pop("rank", None)
         for r, n in enumerate(order):
             g.nodes[n]["rank"] = r
-        return Topology(g, name=self.name, meta=self.meta)
+        out = Topology(g, name=self.name, meta=self.meta)
+        out._host_groups = getattr(self, "_host_groups", None)  # ranks leave the hosts built alike as they were
+        return out
 
     # ------------------------------------------------------------------ network structure
     @functools.cached_property
     def _leaf_of_host(self) -> dict[str, tuple[str, ...]]:
         out: dict[str, set[str]] = {h: set() for h in self._hosts}
+        node, succ = self._g._node, self._g._succ  # networkx's dicts: 100,000 NICs, the views cost more
         for nic in self.nodes("nic"):
-            for nb in self._g.successors(nic):
-                if self._g.nodes[nb]["kind"] == "net_switch":
-                    out[self._g.nodes[nic]["host"]].add(nb)
+            leaves = [nb for nb in succ[nic] if node[nb]["kind"] == "net_switch"]
+            if leaves:
+                out[node[nic]["host"]].update(leaves)
         return {h: tuple(sorted(v)) for h, v in out.items()}
 
     def leaves_of(self, host: str) -> tuple[str, ...]:
@@ -292,7 +313,7 @@ class Topology:
     def routes(self) -> RouteTable:
         """This topology's route table: the routes asked for, found on first use and kept
         (bounded; ``routes.clear()`` drops them). See :mod:`treecoll.topo.routes`."""
-        return RouteTable(self._g, self.name)
+        return RouteTable(self._g, self.name, host_groups=getattr(self, "_host_groups", None))
 
     def path(self, a: str, b: str) -> Path:
         """The route between two GPUs, or a GPU and a NIC: see :class:`treecoll.topo.paths.Path`."""
@@ -375,14 +396,20 @@ def _validate(g: nx.DiGraph) -> None:
             if r in ranks:
                 raise TopologyError(f"rank {r}: mapped to two GPUs, {ranks[r]!r} and {n!r}")
             ranks[r] = n
-        if kind in ("nic",) and "bw" in d:
-            _positive(d["bw"], f"node {n!r}: bw")
+        if kind == "nic" and "bw" in d:
+            bw = d["bw"]
+            if type(bw) is not float or not 0 < bw < math.inf:
+                _positive(bw, f"node {n!r}: bw")
     if ranks and sorted(ranks) != list(range(len(ranks))):
         missing = sorted(set(range(len(ranks))) - set(ranks))
         raise TopologyError(f"ranks: expected 0..{len(ranks) - 1} each once, missing {missing[:8]}")
-    succ = g._succ
+    succ, pred = g._succ, g._pred
     checked: set[int] = set()  # attribute dicts already checked (the hosts of a template share theirs)
     for a, nbrs in succ.items():
+        # at once (C loops): no link to itself, every link's reverse there (a node's successors are its
+        # predecessors), every attribute dict checked before; link by link only where one fails
+        if a not in nbrs and nbrs.keys() == pred[a].keys() and checked.issuperset(map(id, nbrs.values())):
+            continue
         for b, d in nbrs.items():
             if a == b:
                 raise TopologyError(f"link {a!r} -> {b!r}: a link cannot join a node to itself")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 import networkx as nx
 
@@ -51,10 +51,20 @@ class RouteTable:
     ``graph``: the topology's frozen ``networkx.DiGraph``; ``name``: the topology's name, for
     messages; ``max_routes``: the endpoint pairs kept (:data:`MAX_ROUTES`); ``alike``: routes inside
     a host built like an earlier host are that host's, renamed (:meth:`_rep_host`; False: every
-    host searched on its own, the same routes).
+    host searched on its own, the same routes); ``host_groups``: ``{host: key}`` from a loader that
+    built the hosts of one key alike (the hosts of one template): the first host asked about of a
+    key is compared, the others of that key take its answer (see :meth:`_rep_host`).
     """
 
-    def __init__(self, graph: nx.DiGraph, name: str = "", *, max_routes: int = MAX_ROUTES, alike: bool = True):
+    def __init__(
+        self,
+        graph: nx.DiGraph,
+        name: str = "",
+        *,
+        max_routes: int = MAX_ROUTES,
+        alike: bool = True,
+        host_groups: Mapping[str, Hashable] | None = None,
+    ):
         if max_routes < 1:
             raise TopologyError(f"route table: max_routes expected >= 1, got {max_routes}")
         self.graph = graph
@@ -67,7 +77,7 @@ class RouteTable:
         self._switch_dist: dict[str, dict[str, int]] = {}  # switch -> hops to it from every switch
         self._leaf_dist: dict[tuple[str, ...], dict[str, int]] = {}  # a NIC's leaves -> hops to the NIC
         self._nodes: dict[str, tuple[str, str | None]] | None = None  # node -> (kind, host)
-        self._switch_preds: dict[str, list[str]] | None = None
+        self._switch_preds: dict[str, frozenset[str]] | None = None
         self._nics: dict[str | None, list[str]] | None = None
         self._class_of: dict[str | None, str | None] = {}  # host -> the first host built alike (None: itself)
         self._sealed: dict[str | None, bool] = {}  # host -> compared (its links leave it only from NICs)
@@ -75,6 +85,8 @@ class RouteTable:
         self._order: dict[str, dict[str, int]] = {}  # switch -> its successors' positions
         self._rep_of_sig: dict[tuple, str] = {}
         self._host_nodes: dict[str | None, list[str]] | None = None
+        self._groups = host_groups or {}
+        self._group_first: dict[Hashable, str | None] = {}  # group -> the first host of its class (None: apart)
 
     def __len__(self) -> int:
         """The endpoint pairs whose route is kept."""
@@ -93,6 +105,7 @@ class RouteTable:
         self._switch_succ.clear()
         self._order.clear()
         self._rep_of_sig.clear()
+        self._group_first.clear()
 
     # ------------------------------------------------------------------ queries
     def path(self, a: str, b: str) -> Path:
@@ -163,7 +176,7 @@ class RouteTable:
     def _table(self) -> dict[str, tuple[str, str | None]]:
         """``{node: (kind, host)}`` for every node: route searches test these for every node they visit."""
         if self._nodes is None:
-            self._nodes = {n: (d["kind"], d.get("host")) for n, d in self.graph.nodes(data=True)}
+            self._nodes = {n: (d["kind"], d.get("host")) for n, d in self.graph._node.items()}
         return self._nodes
 
     def _node(self, n: str) -> tuple[str, str | None]:
@@ -343,19 +356,23 @@ class RouteTable:
         ``uuid`` and ``pci``), in the same order, with the same links (kinds, attributes, order)
         among them. Every route inside such a host and its GPUs' nearest NICs are the first host's,
         renamed: the searches visit the same nodes in the same order. 12,500 DGX H100 hosts ask for
-        one host's routes, not 12,500.
+        one host's routes, not 12,500. Hosts of one ``host_groups`` key are built alike by their
+        loader: the first of them asked about is compared, the others are of its class.
         """
         if host is None or not self.alike:
             return None
         if host in self._class_of:
             return self._class_of[host]
-        sig = self._signature(host)
-        self._sealed[host] = sig is not None
-        rep = None
-        if sig is not None:
-            rep = self._rep_of_sig.setdefault(sig, host)
-            if rep == host:
-                rep = None
+        group = self._groups.get(host)
+        if group is not None and group in self._group_first:
+            first = self._group_first[group]
+        else:
+            sig = self._signature(host)
+            first = None if sig is None else self._rep_of_sig.setdefault(sig, host)
+            if group is not None:
+                self._group_first[group] = first
+        self._sealed[host] = first is not None
+        rep = None if first is None or first == host else first
         self._class_of[host] = rep
         return rep
 
@@ -397,34 +414,32 @@ class RouteTable:
         return key
 
     # ------------------------------------------------------------------ the network
-    def _preds(self) -> dict[str, list[str]]:
+    def _preds(self) -> dict[str, frozenset[str]]:
         """Per network switch, the switches with a ``net`` link into it."""
         if self._switch_preds is None:
-            g = self.graph
+            table, pred = self._table, self.graph._pred  # no view objects: a spine has thousands of leaves
             self._switch_preds = {
-                s: [
-                    v
-                    for v in g.predecessors(s)
-                    if g.nodes[v]["kind"] == "net_switch" and g.edges[v, s]["kind"] == "net"
-                ]
-                for s, d in g.nodes(data=True)
-                if d["kind"] == "net_switch"
+                s: frozenset(v for v, d in pred[s].items() if table[v][0] == "net_switch" and d["kind"] == "net")
+                for s, (kind, _) in table.items()
+                if kind == "net_switch"
             }
         return self._switch_preds
 
     def _dist_to_switch(self, target: str) -> dict[str, int]:
-        """Hops from every network switch to ``target`` through switches only (BFS, kept per target)."""
+        """Hops from every network switch to ``target`` through switches only (a breadth-first search
+        level by level, each level's new switches found with set operations; kept per target)."""
         dist = self._switch_dist.get(target)
         if dist is None:
             preds = self._preds()
             dist = {target: 0}
-            q = deque([target])
-            while q:
-                u = q.popleft()
-                for v in preds[u]:
-                    if v not in dist:
-                        dist[v] = dist[u] + 1
-                        q.append(v)
+            level, hops = {target}, 0
+            while level:
+                hops += 1
+                reach: set[str] = set()
+                for u in level:
+                    reach |= preds[u]
+                level = reach.difference(dist)
+                dist.update(dict.fromkeys(level, hops))
             self._switch_dist[target] = dist
         return dist
 
@@ -589,14 +604,15 @@ def _rename_path(p: Path, host: str, to: str) -> Path:
     def nodes(ns: tuple[str, ...]) -> tuple[str, ...]:
         return tuple([to + n[k:] for n in ns])  # rename_node of each
 
+    primary = nodes(p.nodes)  # most paths' one route is their primary route: renamed once
     return Path(
         rename_node(p.src, host, to),
         rename_node(p.dst, host, to),
-        nodes(p.nodes),
+        primary,
         p.kinds,
         p.bw,
         p.lat,
         p.nccl,
         p.smi,
-        tuple((nodes(ns), share) for ns, share in p.routes),
+        tuple((primary if ns is p.nodes else nodes(ns), share) for ns, share in p.routes),
     )

@@ -52,6 +52,7 @@ from ._schema import YAML_LOADER, Doc
 from .compact import HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
+from .gcpause import gc_paused
 from .importers import import_text
 from .limits import limits as make_limits
 from .model import HOSTED_KINDS, LINK_KINDS, NODE_KINDS, Topology
@@ -369,6 +370,7 @@ def _flow(v: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------- building
+@gc_paused()  # a graph of 100,000 GPUs: millions of dicts, no reference cycles
 def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
     data = doc.data
     d = doc.mapping(data, (), optional=TOP_KEYS)
@@ -379,12 +381,14 @@ def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
         doc.fail(("name",), f"expected a string, got {name!r}")
     meta = doc.mapping(d["meta"], ("meta",), optional=d["meta"]) if "meta" in d else None
     g = nx.DiGraph()
+    groups: dict[str, str] = {}
     if "hosts" in d:
-        _compact(doc, d, base, visiting, g)
+        groups = _compact(doc, d, base, visiting, g)
     elif "network" in d or "templates" in d:
         doc.fail(("network" if "network" in d else "templates",), "only valid with 'hosts' (compact form)")
     if "nodes" in d or "links" in d:
         _explicit(doc, d, g)
+        groups = {}  # explicit nodes and links may change any host
     if not any(kind == "gpu" for _, kind in g.nodes(data="kind")):
         doc.fail(
             ("nodes",) if "nodes" in d else ("hosts",),
@@ -392,7 +396,7 @@ def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
             "(a CPU-only host has one gpu-kind rank slot per process, see topologies/cpu-local.yaml)",
         )
     try:
-        return Topology._adopt(g, name=name, meta=meta)
+        return Topology._adopt(g, name=name, meta=meta, host_groups=groups or None)
     except TopologyError as e:
         raise TopologyError(str(e), where=doc.source) from None
 
@@ -401,9 +405,13 @@ def _build(doc: Doc, base: FsPath, visiting: set) -> Topology:
 MAX_HOST_NAME = 253
 
 
-def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> None:
+def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> dict[str, str]:
+    """Add the hosts and the network of compact form ``d`` to ``g``; returns ``{host: template}`` for
+    the hosts built alike by construction (their template's copies, whose links leave them only from
+    their NICs into the network: not those on rack-level NVLink switches)."""
     local = doc.mapping(d.get("templates", {}), ("templates",), optional=d.get("templates") or ())
     cache: dict[str, HostTemplate] = {}
+    groups: dict[str, str] = {}
     host_nics = []
     seen_hosts: set[str] = set()
     made = (0, 0)  # nodes and directed links the groups so far make (networkx counts edges in O(nodes))
@@ -439,6 +447,8 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
             names.append(h)
             hi += 1
         expand(g, ht, names)
+        if not ht.rack_switches:
+            groups.update(dict.fromkeys(names, ref))
         nics = [(n, a["rail"], a["bw"]) for n, a in ht.nics() if "rail" in a]
         host_nics.extend((h, [(f"{h}/{n}", r, bw) for n, r, bw in nics]) for h in names)
     if "network" in d:
@@ -448,6 +458,7 @@ def _compact(doc: Doc, d: dict, base: FsPath, visiting: set, g: nx.DiGraph) -> N
             ("hosts",),
             f"{len(host_nics)} hosts need a 'network' (one of single_switch, fat_tree, rail_optimized, torus)",
         )
+    return groups
 
 
 def _host_budget(doc: Doc, path: tuple, made: tuple[int, int], ht: HostTemplate, count: int) -> tuple[int, int]:

@@ -58,17 +58,16 @@ Everything is deterministic: ties are broken by insertion order.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
+from treecoll.topo.gcpause import gc_paused
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
@@ -465,33 +464,6 @@ def _lane_queues(steps) -> list[list[int]]:
     for i, s in enumerate(steps):
         by_lane.setdefault(s.lane, []).append(i)
     return [by_lane[ln] for ln in sorted(by_lane)]
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off inside the block, restored to its state after.
-
-    Used as a decorator on the simulations (``@gc_paused()`` on :func:`treecoll.collectives.sim.simulator`
-    and :func:`treecoll.collectives.sim.simulate_ring`), so the whole run, temporaries included, is
-    inside. They make no reference cycles, so reference counting frees everything they drop,
-    while the collector's repeated passes over the growing heap cost about a tenth of an
-    8192-GPU eight-rail tree simulation (what the run leaves behind, such as the topology's
-    path cache, is still examined once, after).
-
-    >>> import gc
-    >>> with gc_paused():
-    ...     gc.isenabled()
-    False
-    >>> gc.isenabled()
-    True
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 #: event kinds on the engine's heap: a transfer's data has arrived; a reduce has finished

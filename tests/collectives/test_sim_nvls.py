@@ -173,3 +173,20 @@ def test_nvls_tree_time_on_two_dgx_h100_is_latency_drain_and_two_loops_of_fill()
     # the NCCL model's run time adds the same fill to its own drain
     m_drain = model["time_us"] - model["lat_us"]
     assert model["run_time_us"] == pytest.approx(model["time_us"] + m_drain / 2, rel=1e-9)
+
+
+def test_nvls_domains_are_kept_per_topology_and_ranks_and_each_caller_gets_its_own_lists():
+    from treecoll.collectives import in_network
+
+    t = yaml_io.resolve("dgx-h100-x2")
+    gpus = t.rank_gpus()
+    first = in_network.nvls_domains(t, gpus)
+    assert first == [list(gpus[:8]), list(gpus[8:])]
+    first[0].clear()  # the caller's copy: the kept answer is untouched
+    assert in_network.nvls_domains(t, gpus) == [list(gpus[:8]), list(gpus[8:])]
+    odd = gpus[:3] + gpus[8:11] + gpus[11:12]  # 3 GPUs on one host, 4 on the other
+    for _ in range(2):  # the kept refusal is raised again, the same message
+        with pytest.raises(TreeError, match=r"different GPU counts \[3, 4\]"):
+            in_network.nvls_domains(t, odd)
+    other = yaml_io.resolve("dgx-h100-x2")  # another object: asked again, the same answer
+    assert in_network.nvls_domains(other, other.rank_gpus()) == [list(gpus[:8]), list(gpus[8:])]

@@ -84,3 +84,59 @@ def test_hosts_built_alike_share_routes_and_give_the_routes_of_their_own_search(
         assert all(reps[h] == "h0" for h in t.hosts() if h not in ("h0", "h3"))
     if name == "gb200-nvl72":  # trays joined by NVLink to rack switches: never shared
         assert set(reps.values()) == {None}
+
+
+_TWO_TEMPLATES = """
+name: mixed
+templates:
+  a: {gpus: {count: 2, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 24.0}, nics: {count: 1, bw: 25.0, numa: 0}}
+  b: {gpus: {count: 2, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 24.0}, nics: {count: 1, bw: 25.0, numa: 0}}
+  c: {gpus: {count: 2, numa: 0}, cpus: [{numa: 0}], pcie: {bw: 12.0}, nics: {count: 1, bw: 25.0, numa: 0}}
+hosts: [{template: a, count: 3}, {template: c, count: 2}, {template: b, count: 2}, {template: a, count: 1}]
+network: {type: single_switch}
+"""
+
+
+@pytest.mark.parametrize("source", ["dgx-h100-x16", "gb200-nvl72", "dgx-a100", _TWO_TEMPLATES])
+@pytest.mark.parametrize("order", [1, -1])
+def test_the_loaders_host_groups_give_the_classes_of_every_host_compared(source, order):
+    t = topo.loads(source) if "\n" in source else topo.resolve(source)
+    compared = RouteTable(t.graph, t.name)  # no groups: every host's signature compared
+    hosts = t.hosts()[::order]
+    assert [t.routes.host_class(h) for h in hosts] == [compared.host_class(h) for h in hosts]
+    assert all(t.routes._is_sealed(h) == compared._is_sealed(h) for h in hosts)
+    groups = t._host_groups
+    if source == "gb200-nvl72":  # trays on rack-level NVLink switches: no group, every host compared
+        assert groups is None
+    else:
+        assert set(groups) == set(t.hosts())
+    if source == _TWO_TEMPLATES:  # templates a and b are built alike: one class; c apart
+        first = hosts[0]
+        assert {t.routes.host_class(h) for h in hosts} == {first, "h3" if order == 1 else "h4"}
+        assert t.path("h0/gpu0", "h5/gpu1") == RouteTable(t.graph, alike=False).path("h0/gpu0", "h5/gpu1")
+
+
+def test_explicit_links_beside_hosts_give_no_host_groups():
+    t = topo.loads(
+        "hosts: [{template: dgx-h100, count: 2}]\nnetwork: {type: single_switch}\n"
+        "links: [{a: h0/gpu0, b: h1/gpu0, kind: pcie, bw: 1.0}]\n"
+    )
+    assert t._host_groups is None
+    assert t.routes.host_class("h1") == "h1"  # h0 and h1 now differ: each its own class
+
+
+@pytest.mark.parametrize(
+    "source", ["dgx-h100-x16", "hosts: [{template: dgx-h100, count: 8}]\nnetwork: {type: torus, dims: [2, 4]}\n"]
+)
+def test_switch_distances_are_the_shortest_paths_through_switches(source):
+    import networkx as nx
+
+    t = topo.loads(source) if "\n" in source else topo.resolve(source)
+    g = t.graph
+    switches = [n for n, d in g.nodes(data=True) if d["kind"] == "net_switch"]
+    fabric = g.subgraph(switches).edge_subgraph(
+        [(a, b) for a, b, d in g.subgraph(switches).edges(data=True) if d["kind"] == "net"]
+    )
+    for target in switches[:: max(1, len(switches) // 6)]:
+        want = nx.single_target_shortest_path_length(fabric, target)
+        assert t.routes._dist_to_switch(target) == dict(want)
