@@ -433,3 +433,13 @@ def test_p2p_runs_ll_or_simple_as_nccl_chooses():
     # alltoall: one operation is a rank's share per peer (8 ranks: 1 MiB / 8 = 128 KiB on 2 channels: Simple)
     assert simulate_algorithm(t, "p2p", 1 << 20, collective="alltoall").profile == "nccl-simple"
     assert simulate_algorithm(t, "p2p", 64 << 10, collective="alltoall").profile == "nccl-ll"
+
+
+def test_p2p_model_takes_the_same_channels():
+    t = topo.resolve("dgx-h100")
+    S = 64 << 20
+    r = nm.nccl_predict(t, None, S, "p2p", collective="sendrecv")
+    # Simple latency (ring base 8.4 + NVLink hop 3.4 us) plus 64 MiB over 4 channels of 20.6 GB/s
+    assert r["time_us"] == pytest.approx(8.4 + 3.4 + S / (4 * 20.6e3))
+    sim = simulate_algorithm(t, "p2p", S, collective="sendrecv")
+    assert sim.time == pytest.approx(r["time"], rel=0.05)
