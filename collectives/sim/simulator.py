@@ -530,6 +530,22 @@ def simulate_p2p(
 NCCL_P2P_PROFILES = {"nccl-ll": "LL", "nccl-simple": "Simple"}
 
 
+def _p2p_setup_or_none(topology: Topology, gpus: Sequence[str]) -> dict | None:
+    """NCCL's point-to-point setup (:func:`~treecoll.collectives.sim.nccl_model.p2p_setup`) for these GPUs;
+    None where NCCL does not run (CPU process slots, one rank) or its channels cannot be derived
+    (hosts without NIC bandwidth)."""
+    from treecoll.topo.discover import CPU_SLOT_MODEL
+
+    from .nccl_model import p2p_setup
+
+    if len(gpus) < 2 or any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
+        return None
+    try:
+        return p2p_setup(topology, gpus)
+    except TreeError:
+        return None
+
+
 def _p2p_drain(
     topology: Topology,
     gpus: Sequence[str],
@@ -541,9 +557,11 @@ def _p2p_drain(
     on carry (:func:`~treecoll.collectives.sim.nccl_model.p2p_channels` x
     :func:`~treecoll.collectives.sim.nccl_model.p2p_channel_bw`); the routes are looked up only where
     the slowest channel rate could bind."""
-    from .nccl_model import NVLINK_BW, P2P_PER_CHANNEL_NET_BW, p2p_channel_bw, p2p_channels, p2p_setup
+    from .nccl_model import NVLINK_BW, P2P_PER_CHANNEL_NET_BW, p2p_channel_bw, p2p_channels
 
-    setup = p2p_setup(topology, gpus)
+    setup = _p2p_setup_or_none(topology, gpus)
+    if setup is None:
+        return drain
     nch = {n: p2p_channels(n, setup) for n in set(sizes)}
     slowest = min(NVLINK_BW[setup["gen"]], P2P_PER_CHANNEL_NET_BW)
     out = np.asarray(drain, dtype=np.float64).copy()
@@ -557,12 +575,15 @@ def _p2p_profiles(profiles: Sequence[Profile], topology: Topology, gpus: Sequenc
     """Of NCCL's protocol ``profiles``, the one NCCL runs a point-to-point collective of ``nbytes`` with
     (:func:`~treecoll.collectives.sim.nccl_model.p2p_protocol` of one operation: a rank's buffer for
     sendrecv, its share per peer for alltoall); other profiles as given."""
-    from .nccl_model import p2p_channels, p2p_protocol, p2p_setup
+    from .nccl_model import p2p_channels, p2p_protocol
 
     if not profiles or any(p.name not in NCCL_P2P_PROFILES and p.name != "nccl-ll128" for p in profiles):
         return list(profiles)
+    setup = _p2p_setup_or_none(topology, gpus)
+    if setup is None:
+        return list(profiles)
     op = nbytes / len(gpus) if collective == "alltoall" else nbytes
-    proto = p2p_protocol(op, p2p_channels(op, p2p_setup(topology, gpus)))
+    proto = p2p_protocol(op, p2p_channels(op, setup))
     chosen = [p for p in profiles if NCCL_P2P_PROFILES.get(p.name) == proto]
     return chosen or [p for p in profiles if p.name in NCCL_P2P_PROFILES] or list(profiles)
 
