@@ -387,6 +387,9 @@ def test_ring_search_finds_nccls_channels_on_nvswitch_hosts():
     assert nm.ring_search_channels(100.0, 2) == (4, 25.0)
     # a speed under 25 GB/s is not doubled: 20 GB/s -> 1 x 20
     assert nm.ring_search_channels(20.0, 2) == (1, 20.0)
+    # slower speeds win with a larger total: 100 GB/s on Ampere: 2 x 40 = 80, 3 x 30 = 90, 5 x 20 = 100 (the
+    # total: the search stops), not doubled under 25 GB/s
+    assert nm.ring_search_channels(100.0, 1) == (5, 20.0)
 
 
 def test_p2p_channels_grow_with_the_message_as_nccl_splits_it():
