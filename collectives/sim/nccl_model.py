@@ -751,10 +751,14 @@ def p2p_channel_bw(topology: Topology, a: str, b: str, gen: int) -> float:
     >>> p2p_channel_bw(t, "h0/gpu0", "h0/gpu1", 2)
     20.6
     """
-    p = topology.path(a, b)
-    if p.nccl in ("NVL", "NVB"):
+    return _channel_bw(topology.path(a, b).nccl, gen)
+
+
+def _channel_bw(path_class: str, gen: int) -> float:
+    """:func:`p2p_channel_bw` by the route's NCCL path class."""
+    if path_class in ("NVL", "NVB"):
         return NVLINK_BW[gen]
-    if p.nccl == "NET":
+    if path_class == "NET":
         return P2P_PER_CHANNEL_NET_BW
     return math.inf
 
@@ -992,8 +996,8 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
     net_lat = HW_LAT["NET"]["ring"][pi] + 2 * lat_inter
     setup = p2p_setup(topology, gpus)
 
-    def on_channels(a: str, b: str, op: float) -> float:
-        return op / (p2p_channels(op, setup) * p2p_channel_bw(topology, a, b, gen))
+    def on_channels(path_class: str, op: float) -> float:
+        return op / (p2p_channels(op, setup) * _channel_bw(path_class, gen))
 
     if collective == "alltoall":
         any_net = False
@@ -1008,14 +1012,14 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
                 t_bw,
                 nbytes * len(nvl) / n / min(nvl) if nvl else 0.0,
                 nbytes * net / n / nic_bw if net and nic_bw > 0 else 0.0,
-                max(on_channels(rep, b, nbytes / n) for b in gpus if b != rep),
+                max((on_channels(c, nbytes / n) for c in {p.nccl for p in paths}), default=0.0),
             )
         hop = net_lat if any_net else HW_LAT[intra_kind]["ring"][pi]
     else:
         hop = 0.0
         for a, b in zip(gpus, gpus[1:] + gpus[:1]):
             p = topology.path(a, b)
-            t_bw = max(t_bw, nbytes / p.bw, on_channels(a, b, nbytes))
+            t_bw = max(t_bw, nbytes / p.bw, on_channels(p.nccl, nbytes))
             hop = max(hop, net_lat if p.nccl == "NET" else HW_LAT[intra_kind]["ring"][pi])
     lat = BASE_LAT["ring"][pi] + hop
     t_us = lat + t_bw / 1000.0
