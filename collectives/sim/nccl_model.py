@@ -56,6 +56,11 @@ __all__ = [
     "tree_chunk",
     "tree_slice_bytes",
     "PROTO_CHUNK_BYTES",
+    "p2p_setup",
+    "p2p_channels",
+    "p2p_protocol",
+    "p2p_channel_bw",
+    "ring_search_channels",
     "collnet_available",
     "COLLECTIVES",
     "COLLECTIVE_ALGOS",
@@ -577,6 +582,187 @@ def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str
     return total * nc / have
 
 
+#: NCCL 2.30 src/graph/search.cc: the ring search's per-channel speeds (GB/s) on one host, by generation
+#: (speedArrayIntra, sm90SpeedArrayIntra, sm100SpeedArrayIntra), and the channels it searches at most
+#: (src/init.cc ``ringGraph->maxChannels = MAXCHANNELS / 2``)
+RING_SPEEDS_INTRA = {
+    0: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    1: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+    2: NVLS_SPEEDS_INTRA[2],
+    3: NVLS_SPEEDS_INTRA[3],
+}
+RING_SEARCH_MAX_CHANNELS = MAXCHANNELS // 2
+#: GB/s of one NVLink as NCCL counts it, by generation (src/graph/topo.h SM70/SM80/SM90/SM100_NVLINK_BW)
+NVLINK_BW = (20.0, 20.0, 20.6, 40.1)
+#: NCCL 2.30 point-to-point constants: a channel's step (p2pChunkSize, src/init.cc NCCL_P2P_NET_CHUNKSIZE /
+#: NCCL_P2P_NVL_CHUNKSIZE / NCCL_P2P_PCI_CHUNKSIZE: 128 KiB across hosts, doubled on Arm hosts of
+#: Blackwell GPUs; 512 KiB when every GPU talks over NVLink; 128 KiB over PCIe), the bytes per channel up
+#: to which an operation runs LL (src/enqueue.cc NCCL_P2P_LL_THRESHOLD), the GB/s one channel carries to
+#: a peer over the network (src/graph/paths.cc NCCL_P2P_PER_CHANNEL_NET_BW, from which NCCL sizes a
+#: network peer's channels) and the operations one channel runs at once (src/include/device.h
+#: NCCL_MAX_DEV_WORK_P2P_PER_BATCH)
+P2P_CHUNK_BYTES = {"net": 128 << 10, "nvlink": 512 << 10, "pci": 128 << 10}
+P2P_LL_THRESHOLD = 16384
+P2P_PER_CHANNEL_NET_BW = 14.0
+P2P_PER_BATCH = 8
+
+
+def _pow2_up(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def ring_search_channels(total_bw: float, gen: int) -> tuple[int, float]:
+    """``(channels, GB/s per channel)`` of the ring graph NCCL's search finds on one host whose GPUs each
+    have ``total_bw`` GB/s to the others (NVLink through switches), as src/graph/search.cc
+    ``ncclTopoCompute`` (NCCL 2.30) proceeds: from the fastest speed of :data:`RING_SPEEDS_INTRA` within
+    ``total_bw``, as many channels as fit at each speed (at most :data:`RING_SEARCH_MAX_CHANNELS`), the
+    first with the largest channels x speed kept, slower speeds tried while above 0.49 of the kept one
+    and the total not reached; then ``ncclTopoDupChannels`` doubles the channels at half the speed
+    (a speed of 25 GB/s or more; from Hopper on 50 or more when over 4 channels), and the second pass
+    raises the speed while the channels still fit. NCCL's communicator then runs twice these channels
+    (:data:`CHANNEL_DUP`, connect.cc).
+
+    >>> ring_search_channels(18 * 20.6, 2), ring_search_channels(12 * 20.0, 1)   # 8 H100, 8 A100
+    ((12, 30.0), (12, 20.0))
+    >>> ring_search_channels(18 * 40.1, 3)                                       # B200
+    (16, 45.0)
+    """
+    speeds = RING_SPEEDS_INTRA[gen]
+
+    def fit(s: float) -> int:
+        return min(RING_SEARCH_MAX_CHANNELS, int(total_bw / s + 1e-9))
+
+    i = next((k for k, s in enumerate(speeds) if s <= total_bw + 1e-9), len(speeds) - 1)
+    nch, bw = fit(speeds[i]), speeds[i]
+    while nch * bw < total_bw - 1e-9 and i + 1 < len(speeds) and speeds[i + 1] / bw > 0.49:
+        i += 1
+        if fit(speeds[i]) * speeds[i] > nch * bw:
+            nch, bw = fit(speeds[i]), speeds[i]
+    if bw >= 25.0 and not (gen >= 2 and bw < 50.0 and nch > 4):
+        dup = min(2 * nch, RING_SEARCH_MAX_CHANNELS)
+        bw, nch = bw / -(-dup // nch), dup
+    faster = [s for s in speeds if s > bw]
+    while faster and nch * faster[-1] <= total_bw + 1e-9:
+        bw = faster.pop()
+    return nch, bw
+
+
+def p2p_setup(topology: Topology, gpus: Sequence[str]) -> dict:
+    """How NCCL 2.30 sets up point-to-point operations among ``gpus``: ``{channels, per_peer, min,
+    chunk, nodes, gen}``. ``channels``: p2pnChannels, the communicator's channels rounded up to a power
+    of two (src/graph/paths.cc ``ncclTopoComputeP2pChannels``; one host of NVLink GPUs:
+    :func:`ring_search_channels` x :data:`CHANNEL_DUP`, else the search's channels as
+    :func:`nccl_predict` derives them); ``per_peer``: p2pnChannelsPerPeer, the least over the peers of
+    2 per NVLink of the path's bandwidth (:data:`NVLINK_BW`), 2 over PCIe, and over the network
+    ``max(NICs, NIC GB/s / P2P_PER_CHANNEL_NET_BW)`` (``ncclTopoGetNchannels``), rounded up to a power
+    of two and, across hosts, halved while ``per_peer x ceil(ranks / 8) > channels``; ``min``: the
+    channels an operation starts from (enqueue.cc ``scheduleP2pTasksToPlan``: ``per_peer`` halved while
+    ``min x ranks > channels``); ``chunk``: :data:`P2P_CHUNK_BYTES`; ``nodes``: hosts, one when every GPU
+    reaches the others over NVLink (one NVLink domain).
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100")
+    >>> p2p_setup(t, t.rank_gpus())
+    {'channels': 32, 'per_peer': 32, 'min': 4, 'chunk': 524288, 'nodes': 1, 'gen': 2}
+    """
+    n = len(gpus)
+    hosts = _by_host(topology, gpus)
+    gen = generation(topology, gpus)
+    pairs = [(a, b) for a, b in zip(gpus, gpus[1:] + gpus[:1]) if a != b]
+    if n > 2 and len(hosts) > 1:  # a peer on another host, as an alltoall has (sendrecv's ring may not)
+        first = topology.host_of(gpus[0])
+        pairs.append((gpus[0], next(x for x in gpus if topology.host_of(x) != first)))
+    paths = [topology.path(a, b) for a, b in pairs]
+    all_nvlink = all(p.nccl in ("NVL", "NVB") for p in paths)
+    nodes = 1 if all_nvlink else len(hosts)
+    per_peer = MAXCHANNELS
+    for (a, _), p in zip(pairs, paths):
+        if p.nccl in ("NVL", "NVB"):
+            per_peer = min(per_peer, 2 * max(1, int(p.bw / NVLINK_BW[gen] + 1e-9)))
+        elif p.nccl != "NET":
+            per_peer = min(per_peer, 2)
+        else:
+            nic = topology.nearest_nic(a)
+            nic_bw = float(topology.node(nic).get("bw") or 0.0) if nic is not None else 0.0
+            per_peer = min(per_peer, max(1, math.ceil(nic_bw / P2P_PER_CHANNEL_NET_BW - 1e-9)))
+    if nodes == 1 and all_nvlink and paths:
+        comm = CHANNEL_DUP * ring_search_channels(min(p.bw for p in paths), gen)[0]
+    else:
+        _, _, _, _, nch, _ = _inputs(topology, gpus, None)
+        comm = CHANNEL_DUP * nch
+    channels = min(_pow2_up(min(comm, MAXCHANNELS)), MAXCHANNELS)
+    per_peer = _pow2_up(per_peer)
+    if nodes > 1:
+        while per_peer * -(-n // P2P_PER_BATCH) > channels and per_peer > 1:
+            per_peer //= 2
+    else:
+        per_peer = min(channels, per_peer)
+    lo = per_peer
+    while lo * n > channels and lo > 1:
+        lo //= 2
+    if nodes > 1:
+        arm = _arm_hosts(topology) and gen >= 3
+        chunk = P2P_CHUNK_BYTES["net"] * (2 if arm else 1)
+    else:
+        chunk = P2P_CHUNK_BYTES["nvlink" if all_nvlink else "pci"]
+    return {"channels": channels, "per_peer": per_peer, "min": lo, "chunk": chunk, "nodes": nodes, "gen": gen}
+
+
+def p2p_channels(nbytes: float, setup: dict) -> int:
+    """Channels NCCL 2.30 runs one send (or receive) of ``nbytes`` on (src/enqueue.cc ``addP2pToPlan``):
+    ``min(setup["min"], ceil(nbytes / minPart))``, doubled (up to ``per_peer``) while a channel's part is
+    over ``maxPart``; one host: parts of chunk / 8 to chunk x 32, across hosts chunk / 2 to chunk.
+
+    >>> s = {"channels": 32, "per_peer": 32, "min": 4, "chunk": 512 << 10, "nodes": 1}
+    >>> [p2p_channels(m << 20, s) for m in (32, 64, 128, 256, 512, 1024)]
+    [4, 4, 8, 16, 32, 32]
+    """
+    if nbytes <= 0:
+        return 1
+    one = setup["nodes"] <= 1
+    lo_part = setup["chunk"] // 8 if one else setup["chunk"] // 2
+    hi_part = setup["chunk"] * 32 if one else setup["chunk"]
+    nch = max(1, min(setup["min"], math.ceil(nbytes / lo_part)))
+    part = max(lo_part, math.ceil(nbytes / nch))
+    while part > hi_part and nch <= setup["per_peer"] // 2:
+        nch *= 2
+        part = math.ceil(nbytes / nch)
+    return nch
+
+
+def p2p_protocol(nbytes: float, channels: int) -> str:
+    """The protocol NCCL runs a point-to-point operation of ``nbytes`` on ``channels`` with: LL up to
+    :data:`P2P_LL_THRESHOLD` bytes per channel, else Simple (src/enqueue.cc ``addP2pToPlan``; never LL128).
+
+    >>> p2p_protocol(64 << 10, 4), p2p_protocol(65 << 10, 4)
+    ('LL', 'Simple')
+    """
+    return "LL" if nbytes <= channels * P2P_LL_THRESHOLD else "Simple"
+
+
+def p2p_channel_bw(topology: Topology, a: str, b: str, gen: int) -> float:
+    """GB/s one point-to-point channel carries from ``a`` to ``b``: one NVLink (:data:`NVLINK_BW`) over
+    NVLink, NCCL's :data:`P2P_PER_CHANNEL_NET_BW` over the network, unbounded (inf) otherwise (the links
+    bound it). NCCL's kernels move each channel's part with one thread block; NCCL gives a peer two
+    channels per NVLink and one per 14 GB/s of NIC (src/graph/paths.cc ``ncclTopoGetNchannels``).
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100")
+    >>> p2p_channel_bw(t, "h0/gpu0", "h0/gpu1", 2)
+    20.6
+    """
+    return _channel_bw(topology.path(a, b).nccl, gen)
+
+
+def _channel_bw(path_class: str, gen: int) -> float:
+    """:func:`p2p_channel_bw` by the route's NCCL path class."""
+    if path_class in ("NVL", "NVB"):
+        return NVLINK_BW[gen]
+    if path_class == "NET":
+        return P2P_PER_CHANNEL_NET_BW
+    return math.inf
+
+
 def nccl_predict(
     placement: Placement | Topology | None,
     ranks: RanksArg,
@@ -800,13 +986,19 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
     to r + 1): one Simple point-to-point step's latency (ring base and hop latencies of tuning.cc)
     plus the bytes each GPU sends over its bottleneck: NVLink (its path bandwidth) to the peers it
     reaches over NVLink (its host's, or its NVLink domain's), its share of the host's NIC
-    bandwidth to the others."""
+    bandwidth to the others, and each peer's bytes over the channels NCCL runs them on
+    (:func:`p2p_channels` x :func:`p2p_channel_bw`)."""
     n = len(gpus)
     hosts = _by_host(topology, gpus)
     n_nodes, gen, intra_kind, _, nch, lat_inter = _inputs(topology, gpus, None)
     pi = PROTOS.index("Simple")
     t_bw = 0.0
     net_lat = HW_LAT["NET"]["ring"][pi] + 2 * lat_inter
+    setup = p2p_setup(topology, gpus)
+
+    def on_channels(path_class: str, op: float) -> float:
+        return op / (p2p_channels(op, setup) * _channel_bw(path_class, gen))
+
     if collective == "alltoall":
         any_net = False
         for h, members in hosts.items():
@@ -820,13 +1012,14 @@ def _p2p_predict(topology: Topology, gpus: Sequence[str], nbytes: int, collectiv
                 t_bw,
                 nbytes * len(nvl) / n / min(nvl) if nvl else 0.0,
                 nbytes * net / n / nic_bw if net and nic_bw > 0 else 0.0,
+                max((on_channels(c, nbytes / n) for c in {p.nccl for p in paths}), default=0.0),
             )
         hop = net_lat if any_net else HW_LAT[intra_kind]["ring"][pi]
     else:
         hop = 0.0
         for a, b in zip(gpus, gpus[1:] + gpus[:1]):
             p = topology.path(a, b)
-            t_bw = max(t_bw, nbytes / p.bw)
+            t_bw = max(t_bw, nbytes / p.bw, on_channels(p.nccl, nbytes))
             hop = max(hop, net_lat if p.nccl == "NET" else HW_LAT[intra_kind]["ring"][pi])
     lat = BASE_LAT["ring"][pi] + hop
     t_us = lat + t_bw / 1000.0

@@ -481,7 +481,9 @@ def simulate_p2p(
     plus its drain under one max-min allocation (:func:`hop_times`), plus the profile's base latency.
 
     Two GPUs on one link of ``B`` GB/s and ``lat`` µs, ``ideal`` profile: sendrecv takes
-    ``lat + S / B``.
+    ``lat + S / B``. With NCCL's protocol profiles a transfer also moves at most as fast as the
+    channels NCCL runs it on (:func:`~treecoll.collectives.sim.nccl_model.p2p_channels`) carry
+    (:func:`~treecoll.collectives.sim.nccl_model.p2p_channel_bw` each).
     """
     prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "p2p", P2P_COLLECTIVES)
     P = len(gpus)
@@ -501,6 +503,8 @@ def simulate_p2p(
     makespan, link_bytes = 0.0, np.zeros(0)
     if hops:
         lat, drain = hop_times(net, hops, sizes)
+        if prof.name in NCCL_P2P_PROFILES:  # a peer's channels, each one thread block (nccl_model.p2p_channels)
+            drain = _p2p_drain(topology, gpus, hops, sizes, drain)
         makespan = float((lat + drain).max())
         link_bytes = _hop_load(net, hops, sizes)
     stats = {"engine": "p2p", "transfers": len(hops), "wall_s": _time.perf_counter() - t0}
@@ -520,6 +524,68 @@ def simulate_p2p(
         stats,
         top,
     )
+
+
+#: the protocol profiles NCCL runs point-to-point operations with (never LL128; src/enqueue.cc addP2pToPlan)
+NCCL_P2P_PROFILES = {"nccl-ll": "LL", "nccl-simple": "Simple"}
+
+
+def _p2p_setup_or_none(topology: Topology, gpus: Sequence[str]) -> dict | None:
+    """NCCL's point-to-point setup (:func:`~treecoll.collectives.sim.nccl_model.p2p_setup`) for these GPUs;
+    None where NCCL does not run (CPU process slots, one rank) or its channels cannot be derived
+    (hosts without NIC bandwidth)."""
+    from treecoll.topo.discover import CPU_SLOT_MODEL
+
+    from .nccl_model import p2p_setup
+
+    if len(gpus) < 2 or any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
+        return None
+    try:
+        return p2p_setup(topology, gpus)
+    except TreeError:
+        return None
+
+
+def _p2p_drain(
+    topology: Topology,
+    gpus: Sequence[str],
+    hops: Sequence[tuple[str, str, str | None]],
+    sizes: Sequence[float],
+    drain: np.ndarray,
+) -> np.ndarray:
+    """``drain`` (s) of ``hops`` moving ``sizes`` bytes, each at most as fast as the channels NCCL runs it
+    on carry (:func:`~treecoll.collectives.sim.nccl_model.p2p_channels` x
+    :func:`~treecoll.collectives.sim.nccl_model.p2p_channel_bw`); the routes are looked up only where
+    the slowest channel rate could bind."""
+    from .nccl_model import NVLINK_BW, P2P_PER_CHANNEL_NET_BW, p2p_channel_bw, p2p_channels
+
+    setup = _p2p_setup_or_none(topology, gpus)
+    if setup is None:
+        return drain
+    nch = {n: p2p_channels(n, setup) for n in set(sizes)}
+    slowest = min(NVLINK_BW[setup["gen"]], P2P_PER_CHANNEL_NET_BW)
+    out = np.asarray(drain, dtype=np.float64).copy()
+    for i, ((a, b, _), n) in enumerate(zip(hops, sizes)):
+        if n / (nch[n] * slowest * 1e9) > out[i]:
+            out[i] = max(out[i], n / (nch[n] * p2p_channel_bw(topology, a, b, setup["gen"]) * 1e9))
+    return out
+
+
+def _p2p_profiles(profiles: Sequence[Profile], topology: Topology, gpus: Sequence[str], nbytes: int, collective: str):
+    """Of NCCL's protocol ``profiles``, the one NCCL runs a point-to-point collective of ``nbytes`` with
+    (:func:`~treecoll.collectives.sim.nccl_model.p2p_protocol` of one operation: a rank's buffer for
+    sendrecv, its share per peer for alltoall); other profiles as given."""
+    from .nccl_model import p2p_channels, p2p_protocol
+
+    if not profiles or any(p.name not in NCCL_P2P_PROFILES and p.name != "nccl-ll128" for p in profiles):
+        return list(profiles)
+    setup = _p2p_setup_or_none(topology, gpus)
+    if setup is None:
+        return list(profiles)
+    op = nbytes / len(gpus) if collective == "alltoall" else nbytes
+    proto = p2p_protocol(op, p2p_channels(op, setup))
+    chosen = [p for p in profiles if NCCL_P2P_PROFILES.get(p.name) == proto]
+    return chosen or [p for p in profiles if p.name in NCCL_P2P_PROFILES] or list(profiles)
 
 
 #: algorithms :func:`simulate_algorithm` knows besides the tree builders of :mod:`treecoll.collectives.builders`:
@@ -633,7 +699,9 @@ def simulate_algorithm(
         return min(
             (
                 simulate_p2p(p, nbytes, collective=collective, dtype=dtype, profile=pr, top=top)
-                for pr in _profiles(profile, nbytes, topology, gpus, "p2p")
+                for pr in _p2p_profiles(
+                    _profiles(profile, nbytes, topology, gpus, "p2p"), topology, gpus, nbytes, collective
+                )
             ),
             key=lambda r: r.time,
         )

@@ -374,3 +374,75 @@ def test_a_socket_nic_runs_at_its_fabric_efficiency():
     2-rank ring's busbw tends to 0.65 x 12.5 = 8.125 GB/s (the PCIe path to the NIC is wider)."""
     t = _machine("--hosts 2 --gpus-per-host 1 --gpu L40S --nic 1x100G-socket")
     assert simulate_ring(t, 8 << 30, profile="nccl-simple").busbw == pytest.approx(0.65 * 12.5, rel=2e-3)
+
+
+def test_ring_search_finds_nccls_channels_on_nvswitch_hosts():
+    # search.cc, one host: from the fastest speed within a GPU's NVLink total, as many channels as fit;
+    # slower speeds are kept only for a larger channels x speed; then the channels are doubled at half speed.
+    # H100 (18 x 20.6 = 370.8): 6 x 60 = 360 (9 x 40 and 12 x 30 are no larger), doubled -> 12 x 30
+    assert nm.ring_search_channels(370.8, 2) == (12, 30.0)
+    # A100 (12 x 20 = 240): 6 x 40 reaches the total, doubled -> 12 x 20
+    assert nm.ring_search_channels(240.0, 1) == (12, 20.0)
+    # Hopper keeps channels of less than 50 GB/s undoubled beyond 4: 100 GB/s -> 2 x 50, doubled -> 4 x 25
+    assert nm.ring_search_channels(100.0, 2) == (4, 25.0)
+    # a speed under 25 GB/s is not doubled: 20 GB/s -> 1 x 20
+    assert nm.ring_search_channels(20.0, 2) == (1, 20.0)
+    # slower speeds win with a larger total: 100 GB/s on Ampere: 2 x 40 = 80, 3 x 30 = 90, 5 x 20 = 100 (the
+    # total: the search stops), not doubled under 25 GB/s
+    assert nm.ring_search_channels(100.0, 1) == (5, 20.0)
+
+
+def test_p2p_channels_grow_with_the_message_as_nccl_splits_it():
+    t = topo.resolve("dgx-h100")
+    s = nm.p2p_setup(t, t.rank_gpus())
+    # 24 channels (2 x 12 of the ring search) -> 32; a peer gets 2 per NVLink (36 -> 64 -> 32); an
+    # operation starts on 32 / 8 ranks = 4 channels
+    assert (s["channels"], s["per_peer"], s["min"], s["chunk"], s["nodes"]) == (32, 32, 4, 512 << 10, 1)
+    # parts of 64 KiB (chunk / 8) up to 16 MiB (chunk x 32): a channel per 64 KiB up to 4, then doubled
+    # while a part is over 16 MiB: 128 MiB -> 8 x 16 MiB, 256 MiB -> 16, 512 MiB -> 32, then 32 at most
+    sizes = [64 << 10, 100 << 10, 1 << 20, 64 << 20, (64 << 20) + 1, 128 << 20, 256 << 20, 512 << 20, 4 << 30]
+    assert [nm.p2p_channels(x, s) for x in sizes] == [1, 2, 4, 4, 8, 8, 16, 32, 32]
+    assert nm.p2p_protocol(16 << 10, 1) == "LL" and nm.p2p_protocol((16 << 10) + 1, 1) == "Simple"
+
+
+def test_p2p_across_hosts_takes_network_channels():
+    t = topo.resolve("dgx-h100-x2")
+    s = nm.p2p_setup(t, t.rank_gpus())
+    # a 400 Gb/s NIC (50 GB/s) takes ceil(50 / 14) = 4 channels per peer (paths.cc); parts of 64 KiB to 128 KiB
+    assert s["nodes"] == 2 and s["chunk"] == 128 << 10 and s["per_peer"] == 4
+    # one part of 64 KiB on one channel; a large operation on every channel of the peer
+    assert [nm.p2p_channels(x, s) for x in (64 << 10, 1 << 30)] == [1, 4]
+
+
+def test_sendrecv_runs_at_its_channels_rate_on_nvlink():
+    t = topo.resolve("dgx-h100")
+    S = 64 << 20
+    r = simulate_algorithm(t, "p2p", S, collective="sendrecv")
+    # 4 channels of one NVLink each (20.6 GB/s): 82.4 GB/s, far under the 370.8 GB/s path
+    assert r.profile == "nccl-simple"
+    assert S / (4 * 20.6e9) <= r.time <= S / (4 * 20.6e9) + 30e-6
+    # 512 MiB runs on 32 channels: the path bounds it
+    big = simulate_algorithm(t, "p2p", 512 << 20, collective="sendrecv")
+    assert S * 8 / (32 * 20.6e9) < S * 8 / (370.8e9) <= big.time
+    # the ideal profile (no NCCL channels) is not held to them
+    assert simulate_algorithm(t, "p2p", S, collective="sendrecv", profile="ideal").time < S / 300e9
+
+
+def test_p2p_runs_ll_or_simple_as_nccl_chooses():
+    t = topo.resolve("dgx-h100")
+    # 16 KiB on 1 channel: LL (<= 1 x 16 KiB); 32 KiB on 1 channel: Simple; never LL128
+    assert simulate_algorithm(t, "p2p", 16 << 10, collective="sendrecv").profile == "nccl-ll"
+    assert simulate_algorithm(t, "p2p", 32 << 10, collective="sendrecv").profile == "nccl-simple"
+    # alltoall: one operation is a rank's share per peer (8 ranks: 1 MiB / 8 = 128 KiB on 2 channels: Simple)
+    assert simulate_algorithm(t, "p2p", 1 << 20, collective="alltoall").profile == "nccl-simple"
+    assert simulate_algorithm(t, "p2p", 64 << 10, collective="alltoall").profile == "nccl-ll"
+
+
+def test_p2p_model_takes_the_same_channels():
+    t = topo.resolve("dgx-h100")
+    S = 64 << 20
+    r = nm.nccl_predict(t, None, S, "p2p", collective="sendrecv")
+    # Simple latency (ring base 8.4 + NVLink hop 3.4 us) plus 64 MiB over 4 channels of 20.6 GB/s
+    assert r["time_us"] == pytest.approx(8.4 + 3.4 + S / (4 * 20.6e3))
+    sim = simulate_algorithm(t, "p2p", S, collective="sendrecv")
+    assert sim.time == pytest.approx(r["time"], rel=0.05)

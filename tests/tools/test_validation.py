@@ -100,7 +100,10 @@ def test_calibration_recovers_known_parameters(tmp_path, capsys):
     ]
     d = validation.calibrate(files, nic, tol=0.002, check=False)
     seen = {k: v for k, v in TRUTH.items() if k != "lat_scale.tree"}
-    assert set(d["fit"]["fitted"]) == set(seen)
+    assert set(seen) <= set(d["fit"]["fitted"])
+    # a factor the tables were not made with may move, by less than the fit's tolerance on the others
+    extra = set(d["fit"]["fitted"]) - set(seen)
+    assert all(d["values"][k] == pytest.approx(1.0, rel=0.01) for k in extra), extra
     for k, v in seen.items():
         assert d["values"][k] == pytest.approx(v, rel=0.03), k
     for k in ("lat_scale.tree", "lat_scale.nvls", "link_scale.pcie"):
