@@ -304,36 +304,37 @@ T512 static INL __m512 exp512(__m512 x) {
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-/* Every lane: the largest lane of x (NaN lanes may or may not win; a NaN score makes its row
- * NaN through its weight anyway). */
-T512 static INL __m512 bcast_max512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
-    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
-    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
-    return _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
-}
-
 /* The online-softmax step of softmax_step_scalar for the G rows of one KV head, in
  * vectors: row g's scores sc[g * TILE + i], i < n, become p = exp(s - shift) in place;
- * alpha[g] = exp(m_old - shift) is the factor its accumulator must be scaled by (1, with
- * no exp, when the running max did not move); the row's running sum is kept as 16
- * partial sums lv[g * 16 ..] (scaled by alpha, reduced when the task ends), its running
- * max m[g] (both float32, as the scalar step). */
+ * alpha[g] = exp(m_old - shift) is the factor its accumulator must be scaled by (exactly 1
+ * when the running max did not move); the row's running sum is kept as 16 partial sums
+ * lv[g * 16 ..] (scaled by alpha, reduced when the task ends), its running max m[g] (both
+ * float32, as the scalar step).  Written without branches on the data, in three passes
+ * (the rows' maxima, the factors of 16 rows per vector, the weights), so that the rows'
+ * exp chains overlap. */
 T512 static INL void softmax_rows512(float *sc, int64_t G, int64_t n, float *m, float *lv, float *alpha) {
-    for (int64_t g = 0; g < G; g++) {
-        float *sg = sc + g * TILE;
-        const __m512 old = _mm512_set1_ps(m[g]);
-        __m512 vmx = old;
+    for (int64_t g = 0; g < G; g++) { /* the new maxima, into alpha for now */
+        const float *sg = sc + g * TILE;
+        __m512 vmx = _mm512_set1_ps(m[g]);
         for (int64_t i = 0; i < n; i += 16) {
             const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
             vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_maskz_loadu_ps(mk, sg + i));
         }
-        vmx = bcast_max512(vmx);
-        const float mx = _mm512_cvtss_f32(vmx);
-        /* shift: the max, or 0 while it is -inf */
-        const __m512 vs = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(vmx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), vmx);
-        __m512 va = _mm512_set1_ps(1.0f);
-        if (!(mx == m[g])) va = exp512(_mm512_sub_ps(old, vs)); /* 0 when m_old = -inf; NaN stays */
+        alpha[g] = _mm512_reduce_max_ps(vmx);
+    }
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t g = 0; g < G; g += 16) { /* the factors, 16 rows at a time */
+        const __mmask16 rk = G - g >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (G - g)) - 1u);
+        const __m512 old = _mm512_maskz_loadu_ps(rk, m + g), mx = _mm512_maskz_loadu_ps(rk, alpha + g);
+        const __m512 shift = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx); /* 0 while -inf */
+        const __mmask16 moved = _mm512_cmp_ps_mask(mx, old, _CMP_NEQ_UQ); /* exp: 0 when m_old = -inf; NaN stays */
+        const __m512 va = _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(old, shift)));
+        _mm512_mask_storeu_ps(m + g, rk, mx);
+        _mm512_mask_storeu_ps(alpha + g, rk, va);
+    }
+    for (int64_t g = 0; g < G; g++) { /* the weights and the running sums */
+        float *sg = sc + g * TILE;
+        const __m512 vs = _mm512_set1_ps(m[g] == -INFINITY ? 0.0f : m[g]);
         __m512 sum = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
@@ -341,9 +342,7 @@ T512 static INL void softmax_rows512(float *sc, int64_t G, int64_t n, float *m, 
             _mm512_mask_storeu_ps(sg + i, mk, p);
             sum = _mm512_mask_add_ps(sum, mk, sum, p);
         }
-        _mm512_storeu_ps(lv + g * 16, _mm512_fmadd_ps(_mm512_loadu_ps(lv + g * 16), va, sum));
-        m[g] = mx;
-        alpha[g] = _mm512_cvtss_f32(va);
+        _mm512_storeu_ps(lv + g * 16, _mm512_fmadd_ps(_mm512_loadu_ps(lv + g * 16), _mm512_set1_ps(alpha[g]), sum));
     }
 }
 
