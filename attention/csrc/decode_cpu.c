@@ -503,10 +503,10 @@ T512BF static INL void scores_tile(const int dt, const int dot_bf16, const int G
     }
 }
 
-/* The value accumulators of GB queries for the CCH chunks of head_dim from chunk c0 (2 vectors
- * per chunk, zero past nch), scaled by the queries' softmax factors al[g], into
- * acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
-T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *const *ag,
+/* The value accumulators of GB queries (query g's at ag + g * Dp) for the CCH chunks of head_dim
+ * from chunk c0 (2 vectors per chunk, zero past nch), scaled by the queries' softmax factors
+ * al[g], into acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
+T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *ag, int64_t Dp,
                               const float *al, __m512 *acc, __mmask32 *mk) {
     UNROLL
     for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
@@ -516,31 +516,31 @@ T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t n
         for (int j = 0; j < 2 * CCH; j++)
             acc[g * 2 * CCH + j] = _mm512_mul_ps(
                 _mm512_set1_ps(al[g]),
-                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag[g] + c0 * CHUNK + 16 * j));
+                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag + g * Dp + c0 * CHUNK + 16 * j));
 }
 
 /* acc_load's vectors back (the chunks before nch). */
-T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t nch, float *const *ag,
+T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t nch, float *ag, int64_t Dp,
                                const __m512 *acc) {
     UNROLL
     for (int g = 0; g < GB; g++)
         UNROLL
         for (int j = 0; j < 2 * CCH; j++)
-            if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+            if (c0 + j / 2 < nch) _mm512_storeu_ps(ag + g * Dp + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
 }
 
-/* acc[g] += sum_i p[g][i] * v_i over the tile for GB queries, CB vectors (CB/2 chunks)
- * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
- * pass, pf_per lines of the cursor pf per token. */
+/* acc[g] += sum_i p[g * TILE + i] * v_i over the tile for GB queries (accumulator g at
+ * ag + g * Dp), CB vectors (CB/2 chunks) of head_dim at a time (GB * CB = 16 accumulators
+ * in registers); during the first pass, pf_per lines of the cursor pf per token. */
 T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
-                                  int64_t D, const float *const *p, float *const *ag, const float *al, pf_cursor *pf,
+                                  int64_t D, const float *p, float *ag, int64_t Dp, const float *al, pf_cursor *pf,
                                   int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     const int64_t isz = itemsize_of(dt);
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        acc_load(GB, CCH, c0, nch, D, ag, al, acc, mk);
+        acc_load(GB, CCH, c0, nch, D, ag, Dp, al, acc, mk);
         for (int64_t i = 0; i < n; i++) {
             if (c0 == 0) pf_lines(pf, pf_per);
             __m512 x[16];
@@ -548,28 +548,28 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
             for (int j = 0; j < CCH; j++) load32(vrow[i] + (c0 + j) * CHUNK * isz, dt, mk[j], &x[2 * j], &x[2 * j + 1]);
             UNROLL
             for (int g = 0; g < GB; g++) {
-                const __m512 pg = _mm512_set1_ps(p[g][i]);
+                const __m512 pg = _mm512_set1_ps(p[g * TILE + i]);
                 UNROLL
                 for (int j = 0; j < 2 * CCH; j++) acc[g * 2 * CCH + j] = _mm512_fmadd_ps(pg, x[j], acc[g * 2 * CCH + j]);
             }
         }
-        acc_store(GB, CCH, c0, nch, ag, acc);
+        acc_store(GB, CCH, c0, nch, ag, Dp, acc);
     }
 }
 
-/* values_block with vdpbf16ps (bf16 caches, FLAG_FAST_BF16): the weights p[g][i] rounded
- * to bf16 (pb[g], TILE entries, zero from n on), tokens taken two at a time: the rows of
+/* values_block with vdpbf16ps (bf16 caches, FLAG_FAST_BF16): the weights rounded to bf16
+ * (pb[g * TILE + i], TILE entries per query, zero from n on), tokens taken two at a time: the rows of
  * tokens i and i + 1 interleaved element by element (vpunpck{l,h}wd) against the pair
  * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
  * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
 T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
-                                     const uint16_t *const *pb, float *const *ag, const float *al, pf_cursor *pf,
+                                     const uint16_t *pb, float *ag, int64_t Dp, const float *al, pf_cursor *pf,
                                      int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        acc_load(GB, CCH, c0, nch, D, ag, al, acc, mk);
+        acc_load(GB, CCH, c0, nch, D, ag, Dp, al, acc, mk);
         for (int64_t i = 0; i < n; i += 2) {
             const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
             const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
@@ -585,14 +585,14 @@ T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int6
             UNROLL
             for (int g = 0; g < GB; g++) {
                 uint32_t pair;
-                memcpy(&pair, pb[g] + i, sizeof pair);
+                memcpy(&pair, pb + g * TILE + i, sizeof pair);
                 const __m512bh pg = (__m512bh)_mm512_set1_epi32((int)pair);
                 UNROLL
                 for (int j = 0; j < 2 * CCH; j++)
                     acc[g * 2 * CCH + j] = _mm512_dpbf16_ps(acc[g * 2 * CCH + j], pg, (__m512bh)x[j]);
             }
         }
-        acc_store(GB, CCH, c0, nch, ag, acc);
+        acc_store(GB, CCH, c0, nch, ag, Dp, acc);
     }
 }
 
@@ -726,18 +726,18 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                 for (int64_t g = 0; g < G; g++) weights_bf16(sc + g * TILE, n, pbf + g * TILE);
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0);
-                const float *p[8];
-                const uint16_t *pb[8];
-                float *ag[8];
-                for (int g = 0; g < GB; g++) {
-                    p[g] = sc + (g0 + g) * TILE;
-                    pb[g] = pbf + (g0 + g) * TILE;
-                    ag[g] = accs + (j + g0 + g) * Dp;
-                }
-                if (dot_bf16)
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, alpha + g0, &pv, g0 == 0 ? pv_per : 0))
+                const float *p = sc + g0 * TILE;
+                const uint16_t *pb = pbf + g0 * TILE;
+                float *ag = accs + (j + g0) * Dp;
+                const int64_t pvn = g0 == 0 ? pv_per : 0;
+                if (dot_bf16 && D == 128) /* the common head_dim with its chunk loop unrolled */
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, 4, 128, pb, ag, Dp, alpha + g0, &pv, pvn))
+                else if (dot_bf16)
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, Dp, alpha + g0, &pv, pvn))
+                else if (D == 128)
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, 4, 128, p, ag, Dp, alpha + g0, &pv, pvn))
                 else
-                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, alpha + g0, &pv, g0 == 0 ? pv_per : 0))
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, Dp, alpha + g0, &pv, pvn))
             }
             pf_lines(&pv, pf_left(&pv));
         }
