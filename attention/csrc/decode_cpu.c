@@ -304,36 +304,37 @@ T512 static INL __m512 exp512(__m512 x) {
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-/* Every lane: the largest lane of x (NaN lanes may or may not win; a NaN score makes its row
- * NaN through its weight anyway). */
-T512 static INL __m512 bcast_max512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
-    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
-    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
-    return _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
-}
-
 /* The online-softmax step of softmax_step_scalar for the G rows of one KV head, in
  * vectors: row g's scores sc[g * TILE + i], i < n, become p = exp(s - shift) in place;
- * alpha[g] = exp(m_old - shift) is the factor its accumulator must be scaled by (1, with
- * no exp, when the running max did not move); the row's running sum is kept as 16
- * partial sums lv[g * 16 ..] (scaled by alpha, reduced when the task ends), its running
- * max m[g] (both float32, as the scalar step). */
+ * alpha[g] = exp(m_old - shift) is the factor its accumulator must be scaled by (exactly 1
+ * when the running max did not move); the row's running sum is kept as 16 partial sums
+ * lv[g * 16 ..] (scaled by alpha, reduced when the task ends), its running max m[g] (both
+ * float32, as the scalar step).  Written without branches on the data, in three passes
+ * (the rows' maxima, the factors of 16 rows per vector, the weights), so that the rows'
+ * exp chains overlap. */
 T512 static INL void softmax_rows512(float *sc, int64_t G, int64_t n, float *m, float *lv, float *alpha) {
-    for (int64_t g = 0; g < G; g++) {
-        float *sg = sc + g * TILE;
-        const __m512 old = _mm512_set1_ps(m[g]);
-        __m512 vmx = old;
+    for (int64_t g = 0; g < G; g++) { /* the new maxima, into alpha for now */
+        const float *sg = sc + g * TILE;
+        __m512 vmx = _mm512_set1_ps(m[g]);
         for (int64_t i = 0; i < n; i += 16) {
             const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
             vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_maskz_loadu_ps(mk, sg + i));
         }
-        vmx = bcast_max512(vmx);
-        const float mx = _mm512_cvtss_f32(vmx);
-        /* shift: the max, or 0 while it is -inf */
-        const __m512 vs = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(vmx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), vmx);
-        __m512 va = _mm512_set1_ps(1.0f);
-        if (!(mx == m[g])) va = exp512(_mm512_sub_ps(old, vs)); /* 0 when m_old = -inf; NaN stays */
+        alpha[g] = _mm512_reduce_max_ps(vmx);
+    }
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t g = 0; g < G; g += 16) { /* the factors, 16 rows at a time */
+        const __mmask16 rk = G - g >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (G - g)) - 1u);
+        const __m512 old = _mm512_maskz_loadu_ps(rk, m + g), mx = _mm512_maskz_loadu_ps(rk, alpha + g);
+        const __m512 shift = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_UQ), mx); /* 0 while -inf */
+        const __mmask16 moved = _mm512_cmp_ps_mask(mx, old, _CMP_NEQ_UQ); /* exp: 0 when m_old = -inf; NaN stays */
+        const __m512 va = _mm512_mask_blend_ps(moved, _mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(old, shift)));
+        _mm512_mask_storeu_ps(m + g, rk, mx);
+        _mm512_mask_storeu_ps(alpha + g, rk, va);
+    }
+    for (int64_t g = 0; g < G; g++) { /* the weights and the running sums */
+        float *sg = sc + g * TILE;
+        const __m512 vs = _mm512_set1_ps(m[g] == -INFINITY ? 0.0f : m[g]);
         __m512 sum = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             const __mmask16 mk = n - i >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - i)) - 1u);
@@ -341,9 +342,7 @@ T512 static INL void softmax_rows512(float *sc, int64_t G, int64_t n, float *m, 
             _mm512_mask_storeu_ps(sg + i, mk, p);
             sum = _mm512_mask_add_ps(sum, mk, sum, p);
         }
-        _mm512_storeu_ps(lv + g * 16, _mm512_fmadd_ps(_mm512_loadu_ps(lv + g * 16), va, sum));
-        m[g] = mx;
-        alpha[g] = _mm512_cvtss_f32(va);
+        _mm512_storeu_ps(lv + g * 16, _mm512_fmadd_ps(_mm512_loadu_ps(lv + g * 16), _mm512_set1_ps(alpha[g]), sum));
     }
 }
 
@@ -504,10 +503,10 @@ T512BF static INL void scores_tile(const int dt, const int dot_bf16, const int G
     }
 }
 
-/* The value accumulators of GB queries for the CCH chunks of head_dim from chunk c0 (2 vectors
- * per chunk, zero past nch), scaled by the queries' softmax factors al[g], into
- * acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
-T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *const *ag,
+/* The value accumulators of GB queries (query g's at ag + g * Dp) for the CCH chunks of head_dim
+ * from chunk c0 (2 vectors per chunk, zero past nch), scaled by the queries' softmax factors
+ * al[g], into acc[g * 2 * CCH + j], and the chunks' element masks into mk. */
+T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t nch, int64_t D, float *ag, int64_t Dp,
                               const float *al, __m512 *acc, __mmask32 *mk) {
     UNROLL
     for (int j = 0; j < CCH; j++) mk[j] = c0 + j < nch ? chunk_mask(c0 + j, nch, D) : 0;
@@ -517,31 +516,31 @@ T512 static INL void acc_load(const int GB, const int CCH, int64_t c0, int64_t n
         for (int j = 0; j < 2 * CCH; j++)
             acc[g * 2 * CCH + j] = _mm512_mul_ps(
                 _mm512_set1_ps(al[g]),
-                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag[g] + c0 * CHUNK + 16 * j));
+                _mm512_maskz_loadu_ps(c0 + j / 2 < nch ? (__mmask16)0xffffu : 0, ag + g * Dp + c0 * CHUNK + 16 * j));
 }
 
 /* acc_load's vectors back (the chunks before nch). */
-T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t nch, float *const *ag,
+T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t nch, float *ag, int64_t Dp,
                                const __m512 *acc) {
     UNROLL
     for (int g = 0; g < GB; g++)
         UNROLL
         for (int j = 0; j < 2 * CCH; j++)
-            if (c0 + j / 2 < nch) _mm512_storeu_ps(ag[g] + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
+            if (c0 + j / 2 < nch) _mm512_storeu_ps(ag + g * Dp + c0 * CHUNK + 16 * j, acc[g * 2 * CCH + j]);
 }
 
-/* acc[g] += sum_i p[g][i] * v_i over the tile for GB queries, CB vectors (CB/2 chunks)
- * of head_dim at a time (GB * CB = 16 accumulators in registers); during the first
- * pass, pf_per lines of the cursor pf per token. */
+/* acc[g] += sum_i p[g * TILE + i] * v_i over the tile for GB queries (accumulator g at
+ * ag + g * Dp), CB vectors (CB/2 chunks) of head_dim at a time (GB * CB = 16 accumulators
+ * in registers); during the first pass, pf_per lines of the cursor pf per token. */
 T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
-                                  int64_t D, const float *const *p, float *const *ag, const float *al, pf_cursor *pf,
+                                  int64_t D, const float *p, float *ag, int64_t Dp, const float *al, pf_cursor *pf,
                                   int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     const int64_t isz = itemsize_of(dt);
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        acc_load(GB, CCH, c0, nch, D, ag, al, acc, mk);
+        acc_load(GB, CCH, c0, nch, D, ag, Dp, al, acc, mk);
         for (int64_t i = 0; i < n; i++) {
             if (c0 == 0) pf_lines(pf, pf_per);
             __m512 x[16];
@@ -549,28 +548,28 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
             for (int j = 0; j < CCH; j++) load32(vrow[i] + (c0 + j) * CHUNK * isz, dt, mk[j], &x[2 * j], &x[2 * j + 1]);
             UNROLL
             for (int g = 0; g < GB; g++) {
-                const __m512 pg = _mm512_set1_ps(p[g][i]);
+                const __m512 pg = _mm512_set1_ps(p[g * TILE + i]);
                 UNROLL
                 for (int j = 0; j < 2 * CCH; j++) acc[g * 2 * CCH + j] = _mm512_fmadd_ps(pg, x[j], acc[g * 2 * CCH + j]);
             }
         }
-        acc_store(GB, CCH, c0, nch, ag, acc);
+        acc_store(GB, CCH, c0, nch, ag, Dp, acc);
     }
 }
 
-/* values_block with vdpbf16ps (bf16 caches, FLAG_FAST_BF16): the weights p[g][i] rounded
- * to bf16 (pb[g], TILE entries, zero from n on), tokens taken two at a time: the rows of
+/* values_block with vdpbf16ps (bf16 caches, FLAG_FAST_BF16): the weights rounded to bf16
+ * (pb[g * TILE + i], TILE entries per query, zero from n on), tokens taken two at a time: the rows of
  * tokens i and i + 1 interleaved element by element (vpunpck{l,h}wd) against the pair
  * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
  * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
 T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
-                                     const uint16_t *const *pb, float *const *ag, const float *al, pf_cursor *pf,
+                                     const uint16_t *pb, float *ag, int64_t Dp, const float *al, pf_cursor *pf,
                                      int64_t pf_per) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
         __mmask32 mk[8];
-        acc_load(GB, CCH, c0, nch, D, ag, al, acc, mk);
+        acc_load(GB, CCH, c0, nch, D, ag, Dp, al, acc, mk);
         for (int64_t i = 0; i < n; i += 2) {
             const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
             const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
@@ -586,14 +585,14 @@ T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int6
             UNROLL
             for (int g = 0; g < GB; g++) {
                 uint32_t pair;
-                memcpy(&pair, pb[g] + i, sizeof pair);
+                memcpy(&pair, pb + g * TILE + i, sizeof pair);
                 const __m512bh pg = (__m512bh)_mm512_set1_epi32((int)pair);
                 UNROLL
                 for (int j = 0; j < 2 * CCH; j++)
                     acc[g * 2 * CCH + j] = _mm512_dpbf16_ps(acc[g * 2 * CCH + j], pg, (__m512bh)x[j]);
             }
         }
-        acc_store(GB, CCH, c0, nch, ag, acc);
+        acc_store(GB, CCH, c0, nch, ag, Dp, acc);
     }
 }
 
@@ -727,18 +726,18 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const call_t
                 for (int64_t g = 0; g < G; g++) weights_bf16(sc + g * TILE, n, pbf + g * TILE);
             for (int64_t g0 = 0; g0 < G; g0 += group_block(G - g0)) {
                 const int GB = group_block(G - g0);
-                const float *p[8];
-                const uint16_t *pb[8];
-                float *ag[8];
-                for (int g = 0; g < GB; g++) {
-                    p[g] = sc + (g0 + g) * TILE;
-                    pb[g] = pbf + (g0 + g) * TILE;
-                    ag[g] = accs + (j + g0 + g) * Dp;
-                }
-                if (dot_bf16)
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, alpha + g0, &pv, g0 == 0 ? pv_per : 0))
+                const float *p = sc + g0 * TILE;
+                const uint16_t *pb = pbf + g0 * TILE;
+                float *ag = accs + (j + g0) * Dp;
+                const int64_t pvn = g0 == 0 ? pv_per : 0;
+                if (dot_bf16 && D == 128) /* the common head_dim with its chunk loop unrolled */
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, 4, 128, pb, ag, Dp, alpha + g0, &pv, pvn))
+                else if (dot_bf16)
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, Dp, alpha + g0, &pv, pvn))
+                else if (D == 128)
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, 4, 128, p, ag, Dp, alpha + g0, &pv, pvn))
                 else
-                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, alpha + g0, &pv, g0 == 0 ? pv_per : 0))
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, Dp, alpha + g0, &pv, pvn))
             }
             pf_lines(&pv, pf_left(&pv));
         }
