@@ -106,7 +106,8 @@ class Route:
     For the event engine, the subroutes with a share > 0: ``used`` (their link id arrays),
     ``shares`` (float, one per subflow; ``share_list`` the same as Python floats), ``nlinks`` (links
     per subflow), ``link_lists`` (their link ids as tuples), ``all_links`` (their link ids,
-    concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
+    concatenated), ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``) and ``min_caps``
+    (each subflow's least link capacity, bytes/s, when the route was numbered by a :class:`Network`)."""
 
     subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
@@ -119,6 +120,7 @@ class Route:
     owner: np.ndarray
     link_lists: tuple[tuple[int, ...], ...] = ()
     share_list: tuple[float, ...] = ()
+    min_caps: tuple[float, ...] = ()
 
     @classmethod
     def of(
@@ -128,9 +130,10 @@ class Route:
         cls: str,
         nccl: str,
         all_links: np.ndarray | None = None,
+        cap: Sequence[float] | None = None,
     ) -> Route:
         """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
-        when the caller has them (every subroute used)."""
+        when the caller has them (every subroute used); ``cap``: the capacity of each link id."""
         used = [(ids, share) for ids, share in subroutes if share > 0]
         key = (tuple(len(ids) for ids, _ in used), tuple(share for _, share in used))
         shape = _SHAPES.get(key)
@@ -145,7 +148,8 @@ class Route:
         if all_links is None or len(used) != len(subroutes):
             all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
         lists = tuple(tuple(ids.tolist()) for ids in links)
-        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, key[1])
+        mins = () if cap is None else tuple(min([cap[lk] for lk in ls]) for ls in lists)
+        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, key[1], mins)
 
 
 #: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
@@ -172,6 +176,9 @@ class Network:
         # NICs carry NIC_CHANNELS connections each, NVLSTree's kernels more (transports.NET_CHANNEL_BW)
         self._nic_channels = None if profile.name == "nccl-nvls" else NIC_CHANNELS
         self._routes: dict[tuple[str, str], Route] = {}
+        self._host_rep: dict[str, str] = {}  # host -> its class's representative (RouteTable.host_class)
+        # (class representative, local GPU names) -> the route inside any host of the class, host names left out
+        self._in_host: dict[tuple[str, str, str], tuple] = {}
 
     def link_id(self, a: str, b: str) -> int:
         i = self._ids.get((a, b))
@@ -219,26 +226,61 @@ class Network:
         return 0.0
 
     def route(self, a: str, b: str) -> Route:
-        """The route between GPUs ``a`` and ``b`` (cached)."""
+        """The route between GPUs ``a`` and ``b`` (cached). Inside a host built like an earlier one
+        (:meth:`~treecoll.topo.routes.RouteTable.host_class`), the route of the same GPUs of that
+        host with its links renamed, as :meth:`Topology.path` answers it."""
         r = self._routes.get((a, b))
         if r is None:
-            p = self.topology.path(a, b)
-            known, link_id = self._ids.get, self.link_id
-            ids = []
-            for nodes, _ in p.routes:
-                for e in zip(nodes, nodes[1:]):
-                    i = known(e)
-                    ids.append(link_id(*e) if i is None else i)
-            flat = np.array(ids, dtype=np.int64)
-            subs, o = [], 0
-            for nodes, share in p.routes:  # each subroute's ids: a view of the flat array
-                subs.append((flat[o : o + len(nodes) - 1], float(share)))
-                o += len(nodes) - 1
-            cls = route_class(p.nccl)
-            lat = max(p.lat * 1e-6, self.profile.step_lat(cls)) + self._nic_lat(p.nodes)
-            r = Route.of(tuple(subs), lat, cls, p.nccl, flat)
-            self._routes[(a, b)] = r
+            r = self._routes[(a, b)] = self._route_in_host(a, b) or self._new_route(a, b)
         return r
+
+    def _route_in_host(self, a: str, b: str) -> Route | None:
+        """The route of ``a`` to ``b`` inside one host from the route of the same GPUs in a host of its
+        class (:meth:`~treecoll.topo.routes.RouteTable.host_class`: hosts built alike have the same
+        routes inside them, renamed), links numbered in route order (None: not inside one host)."""
+        g = self.topology.graph.nodes
+        ha = g[a].get("host")
+        if ha is None or g[b].get("host") != ha:
+            return None
+        rep = self._host_rep.get(ha)
+        if rep is None:
+            rep = self._host_rep[ha] = self.topology.routes.host_class(ha)
+        k = len(ha)
+        key = (rep, a[k:], b[k:])
+        tpl = self._in_host.get(key)
+        if tpl is None:
+            p = self.topology.path(a, b)
+            if not all(n.startswith(ha + "/") for nodes, _ in p.routes for n in nodes):
+                return None  # a route out of the host and back: not named by its host
+            subs = tuple((tuple((x[k:], y[k:]) for x, y in zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
+            tpl = self._in_host[key] = (subs, self._lat(p), route_class(p.nccl), p.nccl)
+        subs, lat, cls, nccl = tpl
+        return self._numbered([([(ha + x, ha + y) for x, y in edges], share) for edges, share in subs], lat, cls, nccl)
+
+    def _lat(self, p) -> float:
+        """Seconds of route latency of path ``p`` (module docstring)."""
+        return max(p.lat * 1e-6, self.profile.step_lat(route_class(p.nccl))) + self._nic_lat(p.nodes)
+
+    def _new_route(self, a: str, b: str) -> Route:
+        """The route of ``a`` to ``b`` from :meth:`Topology.path`, its links numbered."""
+        p = self.topology.path(a, b)
+        subs = [(list(zip(nodes, nodes[1:])), share) for nodes, share in p.routes]
+        return self._numbered(subs, self._lat(p), route_class(p.nccl), p.nccl)
+
+    def _numbered(self, subs: list, lat: float, cls: str, nccl: str) -> Route:
+        """The route whose subroutes ``subs`` = ``[(edges (a, b), share), ...]``, links numbered in order."""
+        known, link_id = self._ids.get, self.link_id
+        ids = []
+        for edges, _ in subs:
+            for e in edges:
+                i = known(e)
+                ids.append(link_id(*e) if i is None else i)
+        flat = np.array(ids, dtype=np.int64)
+        out, o = [], 0
+        for edges, share in subs:  # each subroute's ids: a view of the flat array
+            out.append((flat[o : o + len(edges)], float(share)))
+            o += len(edges)
+        return Route.of(tuple(out), lat, cls, nccl, flat, self.cap_list)
 
 
 def maxmin_rates(flow: np.ndarray, link: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -350,6 +392,35 @@ def _fill_small(flow_links: list[tuple[int, ...]], cap: dict[int, float]) -> lis
     return rate
 
 
+def _fill_disjoint(min_caps: list[float]) -> list[float]:
+    """:func:`_fill_small` on flows that share no link, ``min_caps[i]`` the least capacity of flow ``i``'s
+    links: the same operations on the same numbers. Each link has one flow, so a link's share is its
+    capacity left, and a flow's least share is its least link's (subtracting the level's step and
+    clamping at 0 keep the order of two numbers), so the same rates to the last bit.
+
+    >>> _fill_disjoint([10.0, 2.0, 2.0])
+    [10.0, 2.0, 2.0]
+    """
+    rate = [0.0] * len(min_caps)
+    left = min_caps[:]
+    live = range(len(min_caps))
+    level = 0.0
+    while live:
+        m = max(min([left[f] for f in live]), 0.0)
+        thr = m * (1 + _REL_EPS) + 1e-12
+        level += m
+        rest = []
+        for f in live:
+            if left[f] <= thr:
+                rate[f] = level
+            else:
+                v = left[f] - m
+                left[f] = v if v > 0.0 else 0.0
+                rest.append(f)
+        live = rest
+    return rate
+
+
 def drain_times(net: Network, links: Sequence[np.ndarray], sizes: Sequence[float]) -> np.ndarray:
     """Seconds each subflow takes to drain when all start together, rates from one max-min allocation.
 
@@ -417,6 +488,7 @@ class _Flows:
         self.ver: list[int] = []  # bumped at every rate change: older heap entries are stale
         self.links: list[np.ndarray] = []
         self.lists: list[tuple[int, ...]] = []
+        self.min_cap: list[float] = []  # the least capacity of the subflow's links
         self.on_link: list[set[int]] = []  # link id -> the subflows draining over it
         self.pending: list = []  # (route, bytes, transfer) queued by add_route, not yet in the lists
 
@@ -438,13 +510,14 @@ class _Flows:
         if len(on_link) < nlinks:
             on_link.extend(set() for _ in range(nlinks - len(on_link)))
         first = f = self.n
-        rem, size, links, lists, xfer = self.rem, self.size, self.links, self.lists, self.xfer
+        rem, size, links, lists, xfer, min_cap = self.rem, self.size, self.links, self.lists, self.xfer, self.min_cap
         for route, nbytes, xi in queued:
             ns = [share * nbytes for share in route.share_list]
             rem.extend(ns)
             size.extend(ns)
             links.extend(route.used)
             lists.extend(route.link_lists)
+            min_cap.extend(route.min_caps)
             xfer.extend([xi] * len(ns))
             for lst in route.link_lists:
                 for lk in lst:
@@ -637,15 +710,20 @@ class FlowEngine:
         dirty = self.dirty
         for f in fl.flush(self.now, len(self.net.ends)):
             dirty.update(fl.lists[f])
-        comp, ninc = self._component(dirty)
+        comp, ninc, nused = self._component(dirty)
         dirty.clear()
         if comp:
-            self._set_rates(comp, self._rates_of(comp, ninc))
+            if ninc == nused:  # no link carries two subflows of the component
+                rates = _fill_disjoint([self.flows.min_cap[f] for f in comp])
+            else:
+                rates = self._rates_of(comp, ninc)
+            self._set_rates(comp, rates)
         self.recomputes += 1
         self.changed = False
 
-    def _component(self, links: set[int]) -> tuple[list[int], int]:
-        """The draining subflows connected to ``links`` through shared links and their link incidences.
+    def _component(self, links: set[int]) -> tuple[list[int], int, int]:
+        """The draining subflows connected to ``links`` through shared links, their link incidences and
+        the links they use.
 
         Breadth first, a whole frontier of links at a time with set operations (the rates do not
         depend on the order of the subflows: :meth:`_rates_of`)."""
@@ -665,7 +743,7 @@ class FlowEngine:
             frontier -= seen_l
             seen_l |= frontier
         comp = list(seen_f)
-        return comp, sum(map(len, [lists[f] for f in comp]))
+        return comp, sum(map(len, [lists[f] for f in comp])), sum(1 for lk in seen_l if on_link[lk])
 
     def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
         """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
