@@ -125,31 +125,34 @@ class Route:
     @classmethod
     def of(
         cls_: type[Route],
-        subroutes: tuple[tuple[np.ndarray, float], ...],
+        subroutes: Sequence[tuple[Sequence[int], float]],
         lat: float,
         cls: str,
         nccl: str,
-        all_links: np.ndarray | None = None,
         cap: Sequence[float] | None = None,
     ) -> Route:
-        """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
-        when the caller has them (every subroute used); ``cap``: the capacity of each link id."""
-        used = [(ids, share) for ids, share in subroutes if share > 0]
-        key = (tuple(len(ids) for ids, _ in used), tuple(share for _, share in used))
+        """The route of ``subroutes`` = ``[(link ids, share), ...]`` with its engine arrays; ``cap``: the
+        capacity of each link id."""
+        flat = np.array([lk for ids, _ in subroutes for lk in ids], dtype=np.int64)
+        subs, o = [], 0
+        for ids, share in subroutes:  # each subroute's ids: a view of the flat array
+            subs.append((flat[o : o + len(ids)], float(share)))
+            o += len(ids)
+        lists = tuple(tuple(ids) for ids, share in subroutes if share > 0)
+        key = (tuple(map(len, lists)), tuple(float(share) for _, share in subroutes if share > 0))
         shape = _SHAPES.get(key)
         if shape is None:  # routes come in few shapes (an H100's NVLink route: 4 subroutes, 5/5/4/4 links)
             nlinks = np.array(key[0], dtype=np.int64)
             shape = _SHAPES[key] = (
                 np.array(key[1], dtype=np.float64),
                 nlinks,
-                np.repeat(np.arange(len(used), dtype=np.int64), nlinks),
+                np.repeat(np.arange(len(lists), dtype=np.int64), nlinks),
             )
-        links = tuple(ids for ids, _ in used)
-        if all_links is None or len(used) != len(subroutes):
-            all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-        lists = tuple(tuple(ids.tolist()) for ids in links)
+        links = tuple(ids for ids, share in subs if share > 0)
+        if len(links) != len(subs):
+            flat = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
         mins = () if cap is None else tuple(min([cap[lk] for lk in ls]) for ls in lists)
-        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, key[1], mins)
+        return cls_(tuple(subs), lat, cls, nccl, links, shape[0], shape[1], flat, shape[2], lists, key[1], mins)
 
 
 #: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
@@ -270,17 +273,13 @@ class Network:
     def _numbered(self, subs: list, lat: float, cls: str, nccl: str) -> Route:
         """The route whose subroutes ``subs`` = ``[(edges (a, b), share), ...]``, links numbered in order."""
         known, link_id = self._ids.get, self.link_id
-        ids = []
-        for edges, _ in subs:
-            for e in edges:
-                i = known(e)
-                ids.append(link_id(*e) if i is None else i)
-        flat = np.array(ids, dtype=np.int64)
-        out, o = [], 0
-        for edges, share in subs:  # each subroute's ids: a view of the flat array
-            out.append((flat[o : o + len(edges)], float(share)))
-            o += len(edges)
-        return Route.of(tuple(out), lat, cls, nccl, flat, self.cap_list)
+        out = []
+        for edges, share in subs:
+            ids = [known(e) for e in edges]
+            if None in ids:
+                ids = [link_id(*e) if i is None else i for e, i in zip(edges, ids)]
+            out.append((ids, share))
+        return Route.of(out, lat, cls, nccl, self.cap_list)
 
 
 def maxmin_rates(flow: np.ndarray, link: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -743,7 +742,7 @@ class FlowEngine:
             frontier -= seen_l
             seen_l |= frontier
         comp = list(seen_f)
-        return comp, sum(map(len, [lists[f] for f in comp])), sum(1 for lk in seen_l if on_link[lk])
+        return comp, sum(map(len, map(lists.__getitem__, comp))), sum(map(bool, map(on_link.__getitem__, seen_l)))
 
     def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
         """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
