@@ -500,10 +500,12 @@ class _Flows:
             self.pending.append((route, nbytes, xfer))
         return k
 
-    def flush(self, now: float, nlinks: int) -> list[int]:
-        """Move the queued subflows into the lists (ids in queue order); returns the new ids."""
+    def flush(self, now: float, nlinks: int, touched: set[int] | None = None) -> None:
+        """Move the queued subflows into the lists (ids in queue order); their links are added to ``touched``."""
         if not self.pending:
-            return []
+            return
+        if touched is None:
+            touched = set()
         queued, self.pending = self.pending, []
         on_link = self.on_link
         if len(on_link) < nlinks:
@@ -522,13 +524,13 @@ class _Flows:
                 for lk in lst:
                     on_link[lk].add(f)
                 f += 1
+                touched.update(lst)
         added = f - first
         self.t_last.extend([now] * added)
         self.rate.extend([0.0] * added)  # 0 until the next allocation
         self.alive.extend([True] * added)
         self.ver.extend([0] * added)
         self.n = f
-        return list(range(first, f))
 
 
 def _lane_queues(steps) -> list[list[int]]:
@@ -707,8 +709,7 @@ class FlowEngine:
         components, so this is the allocation of all subflows)."""
         fl = self.flows
         dirty = self.dirty
-        for f in fl.flush(self.now, len(self.net.ends)):
-            dirty.update(fl.lists[f])
+        fl.flush(self.now, len(self.net.ends), dirty)
         comp, ninc, nused = self._component(dirty)
         dirty.clear()
         if comp:
@@ -840,7 +841,8 @@ class FlowEngine:
                 self._deliver(x_info[a][2], now)
             else:
                 self._complete(a, b, now)
-                self._advance(a, now)
+                if self.ready[a]:
+                    self._advance(a, now)
 
     # ------------------------------------------------------------------ steps of the ranks
     def _advance(self, r: int, t: float) -> None:
@@ -924,7 +926,8 @@ class FlowEngine:
             self.arrived[key] = t
         else:
             self._complete(w[0], w[1], t)
-            self._advance(w[0], t)
+            if self.ready[w[0]]:
+                self._advance(w[0], t)
 
     # ------------------------------------------------------------------ messages
     def _conn(self, r: int, s: Step) -> tuple[int, int, int]:
@@ -978,7 +981,8 @@ class FlowEngine:
         self._complete(r, i, now)
         self._push(now + lat, _ARRIVAL, xi)
         self._release(self._conn(r, self.steps[r][i]), now)
-        self._advance(r, now)
+        if self.ready[r]:
+            self._advance(r, now)
 
     def _release(self, conn: tuple, t: float) -> None:
         """The connection ``conn`` is free: start its next waiting message, if any."""
@@ -1017,8 +1021,11 @@ class FlowEngine:
         fl = self.flows
         fl.flush(self.now, len(self.net.ends))
         if fl.n:
-            nl = np.fromiter((len(ls) for ls in fl.lists), dtype=np.int64, count=fl.n)
-            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(np.asarray(fl.size), nl))
+            nl = np.fromiter(map(len, fl.lists), dtype=np.int64, count=fl.n)
+            # bincount adds the weights in input order, as np.add.at does: the same sums
+            link_bytes = np.bincount(
+                np.concatenate(fl.links), np.repeat(np.asarray(fl.size), nl), minlength=len(self.net.ends)
+            )
         return RawRun(
             max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n, self.recomputes
         )
