@@ -349,45 +349,56 @@ def _dense(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray
 _PY_FILL_MAX = 96
 
 
-def _fill_small(flow_links: list[tuple[int, ...]], cap: dict[int, float]) -> list[float]:
+def _fill_small(flow_links: list[tuple[int, ...]], cap: Sequence[float] | dict[int, float]) -> list[float]:
     """:func:`_fill` on a small component, in Python: the same operations on the same numbers (counts
     of unfrozen flows per link, the least share, every link's capacity less count x share), so the
-    same rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap``: link id ->
-    capacity (consumed).
+    same rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap[link id]``: its
+    capacity (a list or a dict).
 
     >>> _fill_small([(0,), (0, 1)], {0: 10.0, 1: 2.0})
     [8.0, 2.0]
     """
     nf = len(flow_links)
     rate = [0.0] * nf
-    cnt: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
+    index: dict[int, int] = {}  # link id -> dense index
+    users: list[list[int]] = []
+    cnt: list[int] = []
+    dense = []
     for f, ls in enumerate(flow_links):
+        row = []
         for lk in ls:
-            cnt[lk] = cnt.get(lk, 0) + 1
-            users.setdefault(lk, []).append(f)
+            j = index.get(lk)
+            if j is None:
+                j = index[lk] = len(cnt)
+                cnt.append(0)
+                users.append([])
+            cnt[j] += 1
+            users[j].append(f)
+            row.append(j)
+        dense.append(row)
+    left_cap = [cap[lk] for lk in index]
     frozen = [False] * nf
     left = nf
-    live = list(cnt)
+    live = range(len(cnt))
     level = 0.0
     while left:
-        share = [cap[lk] / cnt[lk] for lk in live]
+        share = [left_cap[j] / cnt[j] for j in live]
         m = max(min(share), 0.0)
         thr = m * (1 + _REL_EPS) + 1e-12
-        bott = [lk for lk, s in zip(live, share) if s <= thr]
-        for lk in live:
-            v = cap[lk] - cnt[lk] * m
-            cap[lk] = v if v > 0.0 else 0.0
+        bott = [j for j, s in zip(live, share) if s <= thr]
+        for j in live:
+            v = left_cap[j] - cnt[j] * m
+            left_cap[j] = v if v > 0.0 else 0.0
         level += m
-        for lk in bott:
-            for f in users[lk]:
+        for j in bott:
+            for f in users[j]:
                 if not frozen[f]:
                     frozen[f] = True
                     rate[f] = level
                     left -= 1
-                    for l2 in flow_links[f]:
+                    for l2 in dense[f]:
                         cnt[l2] -= 1
-        live = [lk for lk in live if cnt[lk] > 0]
+        live = [j for j in live if cnt[j] > 0]
     return rate
 
 
@@ -754,9 +765,7 @@ class FlowEngine:
         if len(comp) == 1 and len(set(one)) == len(one):  # one subflow: its slowest link (the filling's 0.0 + it)
             return [max(min(cap[lk] for lk in one), 0.0)]
         if ninc <= _PY_FILL_MAX:
-            fls = [lists[f] for f in comp]
-            caps = {lk: cap[lk] for ls in fls for lk in ls}
-            return _fill_small(fls, caps)
+            return _fill_small([lists[f] for f in comp], cap)
         cap = self.net.cap
         links = self.flows.links
         inc_l = np.concatenate([links[f] for f in comp])
