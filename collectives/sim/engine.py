@@ -182,6 +182,9 @@ class Network:
         self._host_rep: dict[str, str] = {}  # host -> its class's representative (RouteTable.host_class)
         # (class representative, local GPU names) -> the route inside any host of the class, host names left out
         self._in_host: dict[tuple[str, str, str], tuple] = {}
+        self._class_edges: dict[str, dict[tuple[str, str], int]] = {}  # class -> local edge -> index
+        self._class_edge_list: dict[str, list[tuple[str, str]]] = {}  # class -> local edges by index
+        self._host_links: dict[str, dict[int, int]] = {}  # host -> local edge index -> link id
 
     def link_id(self, a: str, b: str) -> int:
         i = self._ids.get((a, b))
@@ -255,10 +258,30 @@ class Network:
             p = self.topology.path(a, b)
             if not all(n.startswith(ha + "/") for nodes, _ in p.routes for n in nodes):
                 return None  # a route out of the host and back: not named by its host
-            subs = tuple((tuple((x[k:], y[k:]) for x, y in zip(nodes, nodes[1:])), share) for nodes, share in p.routes)
+            edges = self._class_edges.setdefault(rep, {})  # local edge -> its index in the class
+            subs = [
+                ([edges.setdefault((x[k:], y[k:]), len(edges)) for x, y in zip(nodes, nodes[1:])], share)
+                for nodes, share in p.routes
+            ]
+            self._class_edge_list[rep] = list(edges)
             tpl = self._in_host[key] = (subs, self._lat(p), route_class(p.nccl), p.nccl)
         subs, lat, cls, nccl = tpl
-        return self._numbered([([(ha + x, ha + y) for x, y in edges], share) for edges, share in subs], lat, cls, nccl)
+        own = self._host_links.get(ha)
+        if own is None:
+            own = self._host_links[ha] = {}
+        out = []
+        for idx, share in subs:
+            ids = [own.get(e) for e in idx]
+            if None in ids:
+                ids = [self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)]
+            out.append((ids, share))
+        return Route.of(out, lat, cls, nccl, self.cap_list)
+
+    def _host_link(self, host: str, rep: str, e: int) -> int:
+        """The id of local edge ``e`` of ``rep``'s class (:meth:`_route_in_host`) in ``host``, numbered now if new."""
+        x, y = self._class_edge_list[rep][e]
+        i = self._host_links[host][e] = self.link_id(host + x, host + y)
+        return i
 
     def _lat(self, p) -> float:
         """Seconds of route latency of path ``p`` (module docstring)."""
