@@ -64,6 +64,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
 from typing import cast
 
 import numpy as np
@@ -101,23 +103,18 @@ def route_class(nccl: str) -> str:
 
 @dataclass(frozen=True)
 class Route:
-    """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s.
+    """A resolved GPU-to-GPU route: ``sub_lists`` (each subroute's link ids) with ``sub_shares``
+    (their shares of the bytes), ``lat`` in s; ``subroutes`` = ((link ids array, share), ...).
 
-    For the event engine, the subroutes with a share > 0: ``used`` (their link id arrays),
-    ``shares`` (float, one per subflow; ``share_list`` the same as Python floats), ``nlinks`` (links
-    per subflow), ``link_lists`` (their link ids as tuples), ``all_links`` (their link ids,
-    concatenated), ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``) and ``min_caps``
-    (each subflow's least link capacity, bytes/s, when the route was numbered by a :class:`Network`)."""
+    For the event engine, the subroutes with a share > 0, one subflow each: ``link_lists`` (their
+    link ids), ``share_list`` (their shares) and ``min_caps`` (each one's least link capacity,
+    bytes/s, when the route was numbered by a :class:`Network`)."""
 
-    subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
     cls: str
     nccl: str
-    used: tuple[np.ndarray, ...]
-    shares: np.ndarray
-    nlinks: np.ndarray
-    all_links: np.ndarray
-    owner: np.ndarray
+    sub_lists: tuple[tuple[int, ...], ...]
+    sub_shares: tuple[float, ...]
     link_lists: tuple[tuple[int, ...], ...] = ()
     share_list: tuple[float, ...] = ()
     min_caps: tuple[float, ...] = ()
@@ -131,32 +128,18 @@ class Route:
         nccl: str,
         cap: Sequence[float] | None = None,
     ) -> Route:
-        """The route of ``subroutes`` = ``[(link ids, share), ...]`` with its engine arrays; ``cap``: the
+        """The route of ``subroutes`` = ``[(link ids, share), ...]`` with its engine fields; ``cap``: the
         capacity of each link id."""
-        flat = np.array([lk for ids, _ in subroutes for lk in ids], dtype=np.int64)
-        subs, o = [], 0
-        for ids, share in subroutes:  # each subroute's ids: a view of the flat array
-            subs.append((flat[o : o + len(ids)], float(share)))
-            o += len(ids)
-        lists = tuple(tuple(ids) for ids, share in subroutes if share > 0)
-        key = (tuple(map(len, lists)), tuple(float(share) for _, share in subroutes if share > 0))
-        shape = _SHAPES.get(key)
-        if shape is None:  # routes come in few shapes (an H100's NVLink route: 4 subroutes, 5/5/4/4 links)
-            nlinks = np.array(key[0], dtype=np.int64)
-            shape = _SHAPES[key] = (
-                np.array(key[1], dtype=np.float64),
-                nlinks,
-                np.repeat(np.arange(len(lists), dtype=np.int64), nlinks),
-            )
-        links = tuple(ids for ids, share in subs if share > 0)
-        if len(links) != len(subs):
-            flat = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-        mins = () if cap is None else tuple(min([cap[lk] for lk in ls]) for ls in lists)
-        return cls_(tuple(subs), lat, cls, nccl, links, shape[0], shape[1], flat, shape[2], lists, key[1], mins)
+        lists = tuple([tuple(ids) for ids, _ in subroutes])
+        shares = tuple([float(share) for _, share in subroutes])
+        used = tuple([ls for ls, share in zip(lists, shares) if share > 0])
+        mins = () if cap is None else tuple([min([cap[lk] for lk in ls]) for ls in used])
+        return cls_(lat, cls, nccl, lists, shares, used, tuple([sh for sh in shares if sh > 0]), mins)
 
-
-#: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
-_SHAPES: dict[tuple, tuple] = {}
+    @cached_property
+    def subroutes(self) -> tuple[tuple[np.ndarray, float], ...]:
+        """``((link ids array, share), ...)`` of every subroute."""
+        return tuple((np.array(ls, dtype=np.int64), sh) for ls, sh in zip(self.sub_lists, self.sub_shares))
 
 
 class Network:
@@ -519,7 +502,6 @@ class _Flows:
         self.xfer: list[int] = []
         self.alive: list[bool] = []
         self.ver: list[int] = []  # bumped at every rate change: older heap entries are stale
-        self.links: list[np.ndarray] = []
         self.lists: list[tuple[int, ...]] = []
         self.min_cap: list[float] = []  # the least capacity of the subflow's links
         self.on_link: list[set[int]] = []  # link id -> the subflows draining over it
@@ -529,7 +511,7 @@ class _Flows:
         """Queue one subflow per used subroute of ``route`` carrying ``share × nbytes`` for transfer
         ``xfer``; returns how many. They join at the next :meth:`flush` (in the order queued), before
         anything reads them."""
-        k = len(route.used)
+        k = len(route.link_lists)
         if k:
             self.pending.append((route, nbytes, xfer))
         return k
@@ -545,12 +527,11 @@ class _Flows:
         if len(on_link) < nlinks:
             on_link.extend(set() for _ in range(nlinks - len(on_link)))
         first = f = self.n
-        rem, size, links, lists, xfer, min_cap = self.rem, self.size, self.links, self.lists, self.xfer, self.min_cap
+        rem, size, lists, xfer, min_cap = self.rem, self.size, self.lists, self.xfer, self.min_cap
         for route, nbytes, xi in queued:
             ns = [share * nbytes for share in route.share_list]
             rem.extend(ns)
             size.extend(ns)
-            links.extend(route.used)
             lists.extend(route.link_lists)
             min_cap.extend(route.min_caps)
             xfer.extend([xi] * len(ns))
@@ -790,8 +771,7 @@ class FlowEngine:
         if ninc <= _PY_FILL_MAX:
             return _fill_small([lists[f] for f in comp], cap)
         cap = self.net.cap
-        links = self.flows.links
-        inc_l = np.concatenate([links[f] for f in comp])
+        inc_l = np.fromiter(chain.from_iterable(map(lists.__getitem__, comp)), dtype=np.int64, count=ninc)
         fi = np.repeat(np.arange(len(comp)), [len(lists[f]) for f in comp])
         if len(self._lscratch) < len(self.net.ends):
             self._lscratch = np.zeros(2 * len(self.net.ends), dtype=np.int64)
@@ -1056,7 +1036,9 @@ class FlowEngine:
             nl = np.fromiter(map(len, fl.lists), dtype=np.int64, count=fl.n)
             # bincount adds the weights in input order, as np.add.at does: the same sums
             link_bytes = np.bincount(
-                np.concatenate(fl.links), np.repeat(np.asarray(fl.size), nl), minlength=len(self.net.ends)
+                np.fromiter(chain.from_iterable(fl.lists), dtype=np.int64, count=int(nl.sum())),
+                np.repeat(np.asarray(fl.size), nl),
+                minlength=len(self.net.ends),
             )
         return RawRun(
             max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n, self.recomputes
