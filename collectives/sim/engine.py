@@ -62,6 +62,8 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
 from typing import cast
 
 import numpy as np
@@ -100,55 +102,43 @@ def route_class(nccl: str) -> str:
 
 @dataclass(frozen=True)
 class Route:
-    """A resolved GPU-to-GPU route: ``subroutes`` = ((link ids array, share), ...), ``lat`` in s.
+    """A resolved GPU-to-GPU route: ``sub_lists`` (each subroute's link ids) with ``sub_shares``
+    (their shares of the bytes), ``lat`` in s; ``subroutes`` = ((link ids array, share), ...).
 
-    For the event engine, the subroutes with a share > 0: ``used`` (their link id arrays),
-    ``shares`` (float, one per subflow; ``share_list`` the same as Python floats), ``nlinks`` (links
-    per subflow), ``link_lists`` (their link ids as tuples), ``all_links`` (their link ids,
-    concatenated) and ``owner`` (the subflow, 0..k-1, of each entry of ``all_links``)."""
+    For the event engine, the subroutes with a share > 0, one subflow each: ``link_lists`` (their
+    link ids), ``share_list`` (their shares) and ``min_caps`` (each one's least link capacity,
+    bytes/s, when the route was numbered by a :class:`Network`)."""
 
-    subroutes: tuple[tuple[np.ndarray, float], ...]
     lat: float
     cls: str
     nccl: str
-    used: tuple[np.ndarray, ...]
-    shares: np.ndarray
-    nlinks: np.ndarray
-    all_links: np.ndarray
-    owner: np.ndarray
+    sub_lists: tuple[tuple[int, ...], ...]
+    sub_shares: tuple[float, ...]
     link_lists: tuple[tuple[int, ...], ...] = ()
     share_list: tuple[float, ...] = ()
+    min_caps: tuple[float, ...] = ()
 
     @classmethod
     def of(
         cls_: type[Route],
-        subroutes: tuple[tuple[np.ndarray, float], ...],
+        subroutes: Sequence[tuple[Sequence[int], float]],
         lat: float,
         cls: str,
         nccl: str,
-        all_links: np.ndarray | None = None,
+        cap: Sequence[float] | None = None,
     ) -> Route:
-        """The route with its engine arrays; ``all_links``: the subroutes' link ids concatenated,
-        when the caller has them (every subroute used)."""
-        used = [(ids, share) for ids, share in subroutes if share > 0]
-        key = (tuple(len(ids) for ids, _ in used), tuple(share for _, share in used))
-        shape = _SHAPES.get(key)
-        if shape is None:  # routes come in few shapes (an H100's NVLink route: 4 subroutes, 5/5/4/4 links)
-            nlinks = np.array(key[0], dtype=np.int64)
-            shape = _SHAPES[key] = (
-                np.array(key[1], dtype=np.float64),
-                nlinks,
-                np.repeat(np.arange(len(used), dtype=np.int64), nlinks),
-            )
-        links = tuple(ids for ids, _ in used)
-        if all_links is None or len(used) != len(subroutes):
-            all_links = links[0] if len(links) == 1 else np.concatenate(links) if links else np.zeros(0, dtype=np.int64)
-        lists = tuple(tuple(ids.tolist()) for ids in links)
-        return cls_(subroutes, lat, cls, nccl, links, shape[0], shape[1], all_links, shape[2], lists, key[1])
+        """The route of ``subroutes`` = ``[(link ids, share), ...]`` with its engine fields; ``cap``: the
+        capacity of each link id."""
+        lists = tuple([tuple(ids) for ids, _ in subroutes])
+        shares = tuple([float(share) for _, share in subroutes])
+        used = tuple([ls for ls, share in zip(lists, shares) if share > 0])
+        mins = () if cap is None else tuple([min([cap[lk] for lk in ls]) for ls in used])
+        return cls_(lat, cls, nccl, lists, shares, used, tuple([sh for sh in shares if sh > 0]), mins)
 
-
-#: (links per used subroute, shares) -> the arrays every route of that shape shares (read only)
-_SHAPES: dict[tuple, tuple] = {}
+    @cached_property
+    def subroutes(self) -> tuple[tuple[np.ndarray, float], ...]:
+        """``((link ids array, share), ...)`` of every subroute."""
+        return tuple((np.array(ls, dtype=np.int64), sh) for ls, sh in zip(self.sub_lists, self.sub_shares))
 
 
 class Network:
@@ -171,6 +161,12 @@ class Network:
         # NICs carry NIC_CHANNELS connections each, NVLSTree's kernels more (transports.NET_CHANNEL_BW)
         self._nic_channels = None if profile.name == "nccl-nvls" else NIC_CHANNELS
         self._routes: dict[tuple[str, str], Route] = {}
+        self._host_rep: dict[str, str] = {}  # host -> its class's representative (RouteTable.host_class)
+        # (class representative, local GPU names) -> the route inside any host of the class, host names left out
+        self._in_host: dict[tuple[str, str, str], tuple] = {}
+        self._class_edges: dict[str, dict[tuple[str, str], int]] = {}  # class -> local edge -> index
+        self._class_edge_list: dict[str, list[tuple[str, str]]] = {}  # class -> local edges by index
+        self._host_links: dict[str, dict[int, int]] = {}  # host -> local edge index -> link id
 
     def link_id(self, a: str, b: str) -> int:
         i = self._ids.get((a, b))
@@ -218,26 +214,77 @@ class Network:
         return 0.0
 
     def route(self, a: str, b: str) -> Route:
-        """The route between GPUs ``a`` and ``b`` (cached)."""
+        """The route between GPUs ``a`` and ``b`` (cached). Inside a host built like an earlier one
+        (:meth:`~treecoll.topo.routes.RouteTable.host_class`), the route of the same GPUs of that
+        host with its links renamed, as :meth:`Topology.path` answers it."""
         r = self._routes.get((a, b))
         if r is None:
-            p = self.topology.path(a, b)
-            known, link_id = self._ids.get, self.link_id
-            ids = []
-            for nodes, _ in p.routes:
-                for e in zip(nodes, nodes[1:]):
-                    i = known(e)
-                    ids.append(link_id(*e) if i is None else i)
-            flat = np.array(ids, dtype=np.int64)
-            subs, o = [], 0
-            for nodes, share in p.routes:  # each subroute's ids: a view of the flat array
-                subs.append((flat[o : o + len(nodes) - 1], float(share)))
-                o += len(nodes) - 1
-            cls = route_class(p.nccl)
-            lat = max(p.lat * 1e-6, self.profile.step_lat(cls)) + self._nic_lat(p.nodes)
-            r = Route.of(tuple(subs), lat, cls, p.nccl, flat)
-            self._routes[(a, b)] = r
+            r = self._routes[(a, b)] = self._route_in_host(a, b) or self._new_route(a, b)
         return r
+
+    def _route_in_host(self, a: str, b: str) -> Route | None:
+        """The route of ``a`` to ``b`` inside one host from the route of the same GPUs in a host of its
+        class (:meth:`~treecoll.topo.routes.RouteTable.host_class`: hosts built alike have the same
+        routes inside them, renamed), links numbered in route order (None: not inside one host)."""
+        g = self.topology.graph.nodes
+        ha = g[a].get("host")
+        if ha is None or g[b].get("host") != ha:
+            return None
+        rep = self._host_rep.get(ha)
+        if rep is None:
+            rep = self._host_rep[ha] = self.topology.routes.host_class(ha)
+        k = len(ha)
+        key = (rep, a[k:], b[k:])
+        tpl = self._in_host.get(key)
+        if tpl is None:
+            p = self.topology.path(a, b)
+            if not all(n.startswith(ha + "/") for nodes, _ in p.routes for n in nodes):
+                return None  # a route out of the host and back: not named by its host
+            edges = self._class_edges.setdefault(rep, {})  # local edge -> its index in the class
+            subs = [
+                ([edges.setdefault((x[k:], y[k:]), len(edges)) for x, y in zip(nodes, nodes[1:])], share)
+                for nodes, share in p.routes
+            ]
+            self._class_edge_list[rep] = list(edges)
+            tpl = self._in_host[key] = (subs, self._lat(p), route_class(p.nccl), p.nccl)
+        subs, lat, cls, nccl = tpl
+        own = self._host_links.get(ha)
+        if own is None:
+            own = self._host_links[ha] = {}
+        out = []
+        for idx, share in subs:
+            ids = [own.get(e) for e in idx]
+            if None in ids:
+                ids = [self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)]
+            out.append((ids, share))
+        return Route.of(out, lat, cls, nccl, self.cap_list)
+
+    def _host_link(self, host: str, rep: str, e: int) -> int:
+        """The id of local edge ``e`` of ``rep``'s class (:meth:`_route_in_host`) in ``host``, numbered now if new."""
+        x, y = self._class_edge_list[rep][e]
+        i = self._host_links[host][e] = self.link_id(host + x, host + y)
+        return i
+
+    def _lat(self, p) -> float:
+        """Seconds of route latency of path ``p`` (module docstring)."""
+        return max(p.lat * 1e-6, self.profile.step_lat(route_class(p.nccl))) + self._nic_lat(p.nodes)
+
+    def _new_route(self, a: str, b: str) -> Route:
+        """The route of ``a`` to ``b`` from :meth:`Topology.path`, its links numbered."""
+        p = self.topology.path(a, b)
+        subs = [(list(zip(nodes, nodes[1:])), share) for nodes, share in p.routes]
+        return self._numbered(subs, self._lat(p), route_class(p.nccl), p.nccl)
+
+    def _numbered(self, subs: list, lat: float, cls: str, nccl: str) -> Route:
+        """The route whose subroutes ``subs`` = ``[(edges (a, b), share), ...]``, links numbered in order."""
+        known, link_id = self._ids.get, self.link_id
+        out = []
+        for edges, share in subs:
+            ids = [known(e) for e in edges]
+            if None in ids:
+                ids = [link_id(*e) if i is None else i for e, i in zip(edges, ids)]
+            out.append((ids, share))
+        return Route.of(out, lat, cls, nccl, self.cap_list)
 
 
 def maxmin_rates(flow: np.ndarray, link: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,45 +354,85 @@ def _dense(ids: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray
 _PY_FILL_MAX = 96
 
 
-def _fill_small(flow_links: list[tuple[int, ...]], cap: dict[int, float]) -> list[float]:
+def _fill_small(flow_links: list[tuple[int, ...]], cap: Sequence[float] | dict[int, float]) -> list[float]:
     """:func:`_fill` on a small component, in Python: the same operations on the same numbers (counts
     of unfrozen flows per link, the least share, every link's capacity less count x share), so the
-    same rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap``: link id ->
-    capacity (consumed).
+    same rates to the last bit. ``flow_links[i]``: the link ids of flow ``i``; ``cap[link id]``: its
+    capacity (a list or a dict).
 
     >>> _fill_small([(0,), (0, 1)], {0: 10.0, 1: 2.0})
     [8.0, 2.0]
     """
     nf = len(flow_links)
     rate = [0.0] * nf
-    cnt: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
+    index: dict[int, int] = {}  # link id -> dense index
+    users: list[list[int]] = []
+    cnt: list[int] = []
+    dense = []
     for f, ls in enumerate(flow_links):
+        row = []
         for lk in ls:
-            cnt[lk] = cnt.get(lk, 0) + 1
-            users.setdefault(lk, []).append(f)
+            j = index.get(lk)
+            if j is None:
+                j = index[lk] = len(cnt)
+                cnt.append(0)
+                users.append([])
+            cnt[j] += 1
+            users[j].append(f)
+            row.append(j)
+        dense.append(row)
+    left_cap = [cap[lk] for lk in index]
     frozen = [False] * nf
     left = nf
-    live = list(cnt)
+    live = range(len(cnt))
     level = 0.0
     while left:
-        share = [cap[lk] / cnt[lk] for lk in live]
+        share = [left_cap[j] / cnt[j] for j in live]
         m = max(min(share), 0.0)
         thr = m * (1 + _REL_EPS) + 1e-12
-        bott = [lk for lk, s in zip(live, share) if s <= thr]
-        for lk in live:
-            v = cap[lk] - cnt[lk] * m
-            cap[lk] = v if v > 0.0 else 0.0
+        bott = [j for j, s in zip(live, share) if s <= thr]
+        for j in live:
+            v = left_cap[j] - cnt[j] * m
+            left_cap[j] = v if v > 0.0 else 0.0
         level += m
-        for lk in bott:
-            for f in users[lk]:
+        for j in bott:
+            for f in users[j]:
                 if not frozen[f]:
                     frozen[f] = True
                     rate[f] = level
                     left -= 1
-                    for l2 in flow_links[f]:
+                    for l2 in dense[f]:
                         cnt[l2] -= 1
-        live = [lk for lk in live if cnt[lk] > 0]
+        live = [j for j in live if cnt[j] > 0]
+    return rate
+
+
+def _fill_disjoint(min_caps: list[float]) -> list[float]:
+    """:func:`_fill_small` on flows that share no link, ``min_caps[i]`` the least capacity of flow ``i``'s
+    links: the same operations on the same numbers. Each link has one flow, so a link's share is its
+    capacity left, and a flow's least share is its least link's (subtracting the level's step and
+    clamping at 0 keep the order of two numbers), so the same rates to the last bit.
+
+    >>> _fill_disjoint([10.0, 2.0, 2.0])
+    [10.0, 2.0, 2.0]
+    """
+    rate = [0.0] * len(min_caps)
+    left = min_caps[:]
+    live = range(len(min_caps))
+    level = 0.0
+    while live:
+        m = max(min([left[f] for f in live]), 0.0)
+        thr = m * (1 + _REL_EPS) + 1e-12
+        level += m
+        rest = []
+        for f in live:
+            if left[f] <= thr:
+                rate[f] = level
+            else:
+                v = left[f] - m
+                left[f] = v if v > 0.0 else 0.0
+                rest.append(f)
+        live = rest
     return rate
 
 
@@ -414,8 +501,8 @@ class _Flows:
         self.xfer: list[int] = []
         self.alive: list[bool] = []
         self.ver: list[int] = []  # bumped at every rate change: older heap entries are stale
-        self.links: list[np.ndarray] = []
         self.lists: list[tuple[int, ...]] = []
+        self.min_cap: list[float] = []  # the least capacity of the subflow's links
         self.on_link: list[set[int]] = []  # link id -> the subflows draining over it
         self.pending: list = []  # (route, bytes, transfer) queued by add_route, not yet in the lists
 
@@ -423,39 +510,41 @@ class _Flows:
         """Queue one subflow per used subroute of ``route`` carrying ``share × nbytes`` for transfer
         ``xfer``; returns how many. They join at the next :meth:`flush` (in the order queued), before
         anything reads them."""
-        k = len(route.used)
+        k = len(route.link_lists)
         if k:
             self.pending.append((route, nbytes, xfer))
         return k
 
-    def flush(self, now: float, nlinks: int) -> list[int]:
-        """Move the queued subflows into the lists (ids in queue order); returns the new ids."""
+    def flush(self, now: float, nlinks: int, touched: set[int] | None = None) -> None:
+        """Move the queued subflows into the lists (ids in queue order); their links are added to ``touched``."""
         if not self.pending:
-            return []
+            return
+        if touched is None:
+            touched = set()
         queued, self.pending = self.pending, []
         on_link = self.on_link
         if len(on_link) < nlinks:
             on_link.extend(set() for _ in range(nlinks - len(on_link)))
         first = f = self.n
-        rem, size, links, lists, xfer = self.rem, self.size, self.links, self.lists, self.xfer
+        rem, size, lists, xfer, min_cap = self.rem, self.size, self.lists, self.xfer, self.min_cap
         for route, nbytes, xi in queued:
             ns = [share * nbytes for share in route.share_list]
             rem.extend(ns)
             size.extend(ns)
-            links.extend(route.used)
             lists.extend(route.link_lists)
+            min_cap.extend(route.min_caps)
             xfer.extend([xi] * len(ns))
             for lst in route.link_lists:
                 for lk in lst:
                     on_link[lk].add(f)
                 f += 1
+                touched.update(lst)
         added = f - first
         self.t_last.extend([now] * added)
         self.rate.extend([0.0] * added)  # 0 until the next allocation
         self.alive.extend([True] * added)
         self.ver.extend([0] * added)
         self.n = f
-        return list(range(first, f))
 
 
 def _lane_queues(steps) -> list[list[int]]:
@@ -607,17 +696,21 @@ class FlowEngine:
         components, so this is the allocation of all subflows)."""
         fl = self.flows
         dirty = self.dirty
-        for f in fl.flush(self.now, len(self.net.ends)):
-            dirty.update(fl.lists[f])
-        comp, ninc = self._component(dirty)
+        fl.flush(self.now, len(self.net.ends), dirty)
+        comp, ninc, nused = self._component(dirty)
         dirty.clear()
         if comp:
-            self._set_rates(comp, self._rates_of(comp, ninc))
+            if ninc == nused:  # no link carries two subflows of the component
+                rates = _fill_disjoint([self.flows.min_cap[f] for f in comp])
+            else:
+                rates = self._rates_of(comp, ninc)
+            self._set_rates(comp, rates)
         self.recomputes += 1
         self.changed = False
 
-    def _component(self, links: set[int]) -> tuple[list[int], int]:
-        """The draining subflows connected to ``links`` through shared links and their link incidences.
+    def _component(self, links: set[int]) -> tuple[list[int], int, int]:
+        """The draining subflows connected to ``links`` through shared links, their link incidences and
+        the links they use.
 
         Breadth first, a whole frontier of links at a time with set operations (the rates do not
         depend on the order of the subflows: :meth:`_rates_of`)."""
@@ -637,7 +730,7 @@ class FlowEngine:
             frontier -= seen_l
             seen_l |= frontier
         comp = list(seen_f)
-        return comp, sum(map(len, [lists[f] for f in comp]))
+        return comp, sum(map(len, map(lists.__getitem__, comp))), sum(map(bool, map(on_link.__getitem__, seen_l)))
 
     def _rates_of(self, comp: list[int], ninc: int) -> list[float]:
         """Max-min rates of the subflows ``comp`` (a whole component, ``ninc`` link incidences) on the
@@ -648,12 +741,9 @@ class FlowEngine:
         if len(comp) == 1 and len(set(one)) == len(one):  # one subflow: its slowest link (the filling's 0.0 + it)
             return [max(min(cap[lk] for lk in one), 0.0)]
         if ninc <= _PY_FILL_MAX:
-            fls = [lists[f] for f in comp]
-            caps = {lk: cap[lk] for ls in fls for lk in ls}
-            return _fill_small(fls, caps)
+            return _fill_small([lists[f] for f in comp], cap)
         cap = self.net.cap
-        links = self.flows.links
-        inc_l = np.concatenate([links[f] for f in comp])
+        inc_l = np.fromiter(chain.from_iterable(map(lists.__getitem__, comp)), dtype=np.int64, count=ninc)
         fi = np.repeat(np.arange(len(comp)), [len(lists[f]) for f in comp])
         if len(self._lscratch) < len(self.net.ends):
             self._lscratch = np.zeros(2 * len(self.net.ends), dtype=np.int64)
@@ -735,7 +825,8 @@ class FlowEngine:
                 self._deliver(x_info[a][2], now)
             else:
                 self._complete(a, b, now)
-                self._advance(a, now)
+                if self.ready[a]:
+                    self._advance(a, now)
 
     # ------------------------------------------------------------------ steps of the ranks
     def _advance(self, r: int, t: float) -> None:
@@ -819,7 +910,8 @@ class FlowEngine:
             self.arrived[key] = t
         else:
             self._complete(w[0], w[1], t)
-            self._advance(w[0], t)
+            if self.ready[w[0]]:
+                self._advance(w[0], t)
 
     # ------------------------------------------------------------------ messages
     def _conn(self, r: int, s: Step) -> tuple[int, int, int]:
@@ -873,7 +965,8 @@ class FlowEngine:
         self._complete(r, i, now)
         self._push(now + lat, _ARRIVAL, xi)
         self._release(self._conn(r, self.steps[r][i]), now)
-        self._advance(r, now)
+        if self.ready[r]:
+            self._advance(r, now)
 
     def _release(self, conn: tuple, t: float) -> None:
         """The connection ``conn`` is free: start its next waiting message, if any."""
@@ -912,8 +1005,13 @@ class FlowEngine:
         fl = self.flows
         fl.flush(self.now, len(self.net.ends))
         if fl.n:
-            nl = np.fromiter((len(ls) for ls in fl.lists), dtype=np.int64, count=fl.n)
-            np.add.at(link_bytes, np.concatenate(fl.links), np.repeat(np.asarray(fl.size), nl))
+            nl = np.fromiter(map(len, fl.lists), dtype=np.int64, count=fl.n)
+            # bincount adds the weights in input order, as np.add.at does: the same sums
+            link_bytes = np.bincount(
+                np.fromiter(chain.from_iterable(fl.lists), dtype=np.int64, count=int(nl.sum())),
+                np.repeat(np.asarray(fl.size), nl),
+                minlength=len(self.net.ends),
+            )
         return RawRun(
             max(finish, default=0.0), finish, link_bytes, self._peak_scratch(), len(self.x_info), fl.n, self.recomputes
         )

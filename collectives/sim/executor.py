@@ -90,19 +90,21 @@ class ExecutorEngine(FlowEngine):
         """:meth:`FlowEngine._pop_due_events` with the deferred sends and receives (kind ``_ISSUE``)."""
         heap, now = self.heap, self.now
         until = now + (now * 1e-9 + 1e-15)
-        pop, steps, x_info, advance = heapq.heappop, self.steps, self.x_info, self._advance
+        pop, steps, x_info, advance, ready = heapq.heappop, self.steps, self.x_info, self._advance, self.ready
         send, post = FlowEngine._start_send, FlowEngine._post_recv
         while heap and heap[0][0] <= until:
             _, _, kind, a, b = pop(heap)
             if kind == _ISSUE:
                 s = steps[a][b]
                 (send if s.kind == "send" else post)(self, a, b, s, now)
-                advance(a, now)
+                if ready[a]:
+                    advance(a, now)
             elif kind == _ARRIVAL:
                 self._deliver(x_info[a][2], now)
             else:
                 self._complete(a, b, now)
-                advance(a, now)
+                if ready[a]:
+                    advance(a, now)
 
 
 @gc_paused()

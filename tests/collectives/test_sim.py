@@ -349,3 +349,23 @@ def test_too_many_chunks_are_extrapolated_from_one_and_two(algo, monkeypatch):
     assert ex.stats["extrapolated_from_chunks"] == [1, 2] and ex.stats["chunks"] > 2
     assert one.time > 1.5 * full.time  # one chunk: the unpipelined tree
     assert abs(ex.time / full.time - 1) < 0.25
+
+
+@pytest.mark.parametrize("pair", [("h1/gpu0", "h1/gpu3"), ("h1/gpu5", "h1/gpu2"), ("h0/gpu1", "h1/gpu1")])
+def test_routes_inside_a_host_like_another_are_the_topologys_paths(pair):
+    # h1 is built like h0: the engine renames h0's route of the same GPUs; it must be Topology.path's,
+    # with its latency and every link of every subroute, whichever host was asked first
+    from treecoll.collectives.sim.engine import Network
+    from treecoll.topo import resolve
+
+    t = resolve("dgx-h100-x2")
+    net = Network(t, sim_profiles.get_profile("ideal"))
+    net.route("h0/gpu0", "h0/gpu3")
+    net.route("h0/gpu5", "h0/gpu2")
+    r = net.route(*pair)
+    p = t.path(*pair)
+    got = [([net.ends[i] for i in ids.tolist()], share) for ids, share in r.subroutes]
+    assert got == [(list(zip(nodes, nodes[1:])), share) for nodes, share in p.routes]
+    fresh = Network(t, sim_profiles.get_profile("ideal"))._new_route(*pair)
+    assert (r.lat, r.cls, r.share_list) == (fresh.lat, fresh.cls, fresh.share_list)
+    assert r.min_caps == tuple(min(net.cap_list[i] for i in ids) for ids in r.link_lists)

@@ -1,5 +1,6 @@
-"""The flow engine's max-min filling: the Python filling of small components gives the numpy
-filling's rates to the last bit, so the engine's numbers do not depend on which one ran."""
+"""The flow engine's max-min filling: the Python filling of small components, and that of flows
+sharing no link, give the numpy filling's rates to the last bit, so the engine's numbers do not
+depend on which one ran."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from treecoll.collectives.sim.engine import _fill, _fill_small, maxmin_rates
+from treecoll.collectives.sim.engine import _fill, _fill_disjoint, _fill_small, maxmin_rates
 
 
 def _random_component(rng: random.Random, nflows: int, nlinks: int):
@@ -35,3 +36,20 @@ def test_python_filling_on_a_closed_form_case():
         5.0,
         2.0,
     ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_filling_of_flows_sharing_no_link_equals_the_full_filling_bit_for_bit(seed):
+    rng = random.Random(seed)
+    nflows = rng.randint(1, 12)
+    ids = rng.sample(range(100), 4 * nflows)  # each link in one flow only
+    links = [tuple(ids[4 * f : 4 * f + rng.randint(1, 4)]) for f in range(nflows)]
+    # capacities close to each other too, where the filling's tolerance freezes two levels together
+    caps = {lk: rng.choice([25e9, 50e9, 46.4e9, 370.8e9 / 18, 1e9 / 3, 25e9 * (1 + 1e-10), 0.0]) for lk in ids}
+    want = _fill_small(links, dict(caps))
+    assert _fill_disjoint([min(caps[lk] for lk in ls) for ls in links]) == want
+
+
+def test_filling_of_flows_sharing_no_link_on_a_closed_form_case():
+    # each flow alone on its links: its slowest link
+    assert _fill_disjoint([8.0, 2.0, 5.0]) == [8.0, 2.0, 5.0]
