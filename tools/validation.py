@@ -409,9 +409,10 @@ def clear_cache() -> None:
 
 def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> Any:
     """What an algorithm of ``family`` sees of ``profile`` at ``size`` bytes: of a calibration its link and
-    hop factors, the family's latency and bandwidth factors and which protocols its switch points run
-    at this size (every other factor leaves that algorithm's time alone; all at the defaults is
-    ``auto``), of a plain profile its fields, of a name the name."""
+    hop factors, the family's latency and bandwidth factors, which protocols its switch points run
+    at this size, the added latencies and the protocols' bandwidth factors (every other factor leaves
+    that algorithm's time alone; all at the defaults is ``auto``), of a plain profile its fields, of a
+    name the name."""
     from treecoll.collectives.sim.profiles import (
         LINK_CLASSES,
         NCCL_PROTOCOLS,
@@ -424,8 +425,9 @@ def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> A
         links = tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES)
         hops = tuple(profile.hop_scale.get(k, 1.0) for k in ROUTE_CLASSES)
         runs = tuple(profile.runs(p, size) for p in NCCL_PROTOCOLS)
-        key = (links, hops, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0), runs)
-        default = ((1.0,) * len(LINK_CLASSES), (1.0,) * len(ROUTE_CLASSES), 1.0, 1.0, (None,) * len(NCCL_PROTOCOLS))
+        added = tuple(sorted(profile.hop_lat_us.items())) + tuple(sorted(profile.proto_bw.items()))
+        key = (links, hops, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0), runs, added)
+        default = ((1.0,) * len(LINK_CLASSES), (1.0,) * len(ROUTE_CLASSES), 1.0, 1.0, (None,) * len(NCCL_PROTOCOLS), ())
         return "auto" if key == default else key
     if isinstance(profile, Profile):
         return repr(profile.as_dict())
@@ -720,9 +722,15 @@ FIT_ROWS = 12
 #: only for what the shared ones cannot explain
 PRIOR = 0.01
 FAMILY_PRIOR = 0.03
+#: the scale of an added latency (``hop_lat_us``) in the fit, µs: it is searched, probed and pulled back to 0
+#: in ``ln(1 + v / LAT_REF_US)`` (:func:`_coord`), the order of NCCL's own per-hop network latencies
+LAT_REF_US = 10.0
 #: pull of a protocol switch point back to the simulator's rule, per unit of ``|ln(bytes / default)|``
 #: (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH` for no switch point of its own)
 SWITCH_PRIOR = 0.0005
+#: a fitted parameter goes back to its default when that raises the objective by less than this (a mean
+#: ``|ln(pred / meas)|``: 0.1%), about what nccl-tests' two printed decimals leave in a small row's time
+PRUNE = 0.001
 #: candidate switch points per protocol (:func:`_bends`), each with its latencies fitted again
 SWITCH_CANDIDATES = 3
 #: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
@@ -819,9 +827,12 @@ def _fit_rows(
         algos = tuple(algorithms(c, coll, topo)[0])
         counted_rows = _row_sizes(c, counted)
         half = None if max_rows is None else max(1, max_rows // 2)
+        small = [r for r in counted_rows if r.size <= SMALL]
+        # a table without small messages shows its latency in its middle sizes, where the time stays above
+        # what the bytes take: those rows too (the large ones alone cannot tell a latency from a bandwidth)
+        mid = [] if small else [r for r in _row_sizes(c, None) if SMALL < r.size < LARGE]
         picked = (
-            _spread([r for r in counted_rows if r.size <= SMALL], half)
-            + _spread([r for r in counted_rows if r.size >= LARGE], half)
+            _spread(small, half) + _spread(mid, half) + _spread([r for r in counted_rows if r.size >= LARGE], half)
             if counted_rows
             else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
         )
@@ -886,13 +897,14 @@ def calibration_from(
 
 
 def default_values() -> dict[str, float]:
-    """Every parameter at its default: each factor 1
+    """Every parameter at its default (:func:`~treecoll.collectives.sim.profiles.parameter_default`):
+    each factor 1 and each added latency 0
     (:func:`~treecoll.collectives.sim.profiles.calibration_parameters`), each protocol switch point
     (:func:`~treecoll.collectives.sim.profiles.switch_parameters`) none of its own
     (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH`: the simulator's rule)."""
-    from treecoll.collectives.sim.profiles import NO_SWITCH, calibration_parameters, switch_parameters
+    from treecoll.collectives.sim.profiles import calibration_parameters, parameter_default, switch_parameters
 
-    return {**dict.fromkeys(calibration_parameters(), 1.0), **dict.fromkeys(switch_parameters(), NO_SWITCH)}
+    return {k: parameter_default(k) for k in (*calibration_parameters(), *switch_parameters())}
 
 
 def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
@@ -907,7 +919,7 @@ def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str
         lo, hi = bounds[k]
         seen = [_identifies(k, algos, r) for r, algos in zip(pred.rows, pred.algos)]
         for f in (PROBE, 1 / PROBE):
-            trial = dict(values, **{k: min(max(values[k] * f, lo), hi)})
+            trial = dict(values, **{k: min(max(_from_coord(k, _coord(k, values[k]) + math.log(f)), lo), hi)})
             if any(
                 s and abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
                 for a, b, s in zip(pred.times(trial), base, seen)
@@ -934,10 +946,12 @@ def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
     families = _families(algos, row.collective)
     fld, _, key = parameter.partition(".")
-    if fld not in ("lat_scale", "hop_scale") and row.group == "small":
-        return False
-    if fld == "hop_scale":  # a hop's latency: every family's rows
+    if fld in ("hop_scale", "hop_lat_us"):  # a hop's latency: every family's rows
         return True
+    if fld == "proto_bw":  # LL's and LL128's bandwidth: where they run, the small messages first
+        return bool(families - {"nvls"})
+    if fld != "lat_scale" and row.group == "small":
+        return False
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
 
@@ -976,15 +990,18 @@ def fit_parameters(
             values, n = _search_shared_first(stage, values, moving, bounds, tol, max_evals)
             calls += n
     latencies = [k for k in free if not k.startswith("link_scale.")]
+    defaults = default_values()
 
     def refit(v: dict[str, float]) -> tuple[dict[str, float], int]:
         # from the latencies fitted without the switch point and from the defaults: the first may sit where
         # they made up for a protocol the switch point now stops (a coordinate search stays there)
-        starts = (v, dict(v, **{k: 1.0 for k in latencies}))
+        starts = (v, dict(v, **{k: defaults[k] for k in latencies}))
         fits = [_search_shared_first(pred, start, latencies, bounds, tol, max_evals) for start in starts]
         return min(fits, key=lambda f: _objective(pred, f[0]))[0], sum(f[1] for f in fits)
 
     values, n = _switch_points(pred, values, refit)
+    calls += n
+    values, n = _pruned(pred, values, [k for k in free if not k.startswith("proto_max.")])
     calls += n
     defaults = default_values()
     switches = [k for k in defaults if k.startswith("proto_max.")]
@@ -1003,11 +1020,29 @@ def fit_parameters(
     }
 
 
+def _pruned(pred: _Predictor, values: dict[str, float], names: list[str]) -> tuple[dict[str, float], int]:
+    """``values`` with each of ``names`` back at its default where moving it bought less than :data:`PRUNE`
+    of the objective (:func:`_objective`): a move the rows' printed precision makes, not their physics.
+    Returns the values and the evaluations."""
+    defaults = default_values()
+    best, calls = _objective(pred, values), 1
+    for k in names:
+        if values[k] == defaults[k]:
+            continue
+        trial = dict(values, **{k: defaults[k]})
+        v = _objective(pred, trial)
+        calls += 1
+        if v < best + PRUNE:
+            values, best = trial, min(best, v)
+    return values, calls
+
+
 def _prior(parameter: str) -> float:
     """The pull of ``parameter`` back to its default: :data:`PRIOR`, :data:`FAMILY_PRIOR` or
     :data:`SWITCH_PRIOR`."""
     fld = parameter.partition(".")[0]
-    return {"link_scale": PRIOR, "hop_scale": PRIOR, "proto_max": SWITCH_PRIOR}.get(fld, FAMILY_PRIOR)
+    shared = {"link_scale", "hop_scale", "hop_lat_us", "proto_bw"}
+    return PRIOR if fld in shared else SWITCH_PRIOR if fld == "proto_max" else FAMILY_PRIOR
 
 
 def _objective(pred: _Predictor, values: dict[str, float]) -> float:
@@ -1015,7 +1050,7 @@ def _objective(pred: _Predictor, values: dict[str, float]) -> float:
     ``|ln(value / default)|``."""
     defaults = default_values()
     return pred.error(values) + sum(
-        _prior(k) * abs(math.log(v / defaults[k])) for k, v in values.items() if v != defaults[k]
+        _prior(k) * abs(_coord(k, v) - _coord(k, defaults[k])) for k, v in values.items() if v != defaults[k]
     )
 
 
@@ -1097,16 +1132,43 @@ def _search(
     error plus prior, and the calls it took."""
 
     def f(x: list[float]) -> float:
-        return _objective(pred, dict(values, **{k: math.exp(y) for k, y in zip(names, x)}))
+        return _objective(pred, dict(values, **{k: _from_coord(k, y) for k, y in zip(names, x)}))
 
+    start = [_coord(k, values[k]) for k in names]
     x, _, n = pattern_search(
         f,
-        [math.log(values[k]) for k in names],
+        start,
         tol=tol,
         max_evals=max_evals,
-        bounds=[(math.log(bounds[k][0]), math.log(bounds[k][1])) for k in names],
+        bounds=[(_coord(k, bounds[k][0]), _coord(k, bounds[k][1])) for k in names],
     )
-    return dict(values, **{k: math.exp(y) for k, y in zip(names, x)}), n
+    return dict(values, **{k: _snapped(k, y, values[k], x0) for k, y, x0 in zip(names, x, start)}), n
+
+
+def _snapped(parameter: str, x: float, v0: float, x0: float) -> float:
+    """The value at coordinate ``x`` of a search that started at ``v0`` (coordinate ``x0``): ``v0`` or the
+    default where ``x`` came back to either (not their round trip through the coordinate's rounding)."""
+    from treecoll.collectives.sim.profiles import parameter_default
+
+    default = parameter_default(parameter)
+    if abs(x - _coord(parameter, default)) < 1e-9:
+        return default
+    return v0 if abs(x - x0) < 1e-9 else _from_coord(parameter, x)
+
+
+def _coord(parameter: str, v: float) -> float:
+    """The coordinate the fit searches ``parameter`` in: a factor's or a switch point's logarithm, an added
+    latency's ``ln(1 + v / LAT_REF_US)`` (0 at its default, a factor's scale far from it)."""
+    if parameter.startswith("hop_lat_us."):
+        return math.log1p(v / LAT_REF_US)
+    return math.log(v)
+
+
+def _from_coord(parameter: str, x: float) -> float:
+    """The value of ``parameter`` at coordinate ``x`` (:func:`_coord`'s inverse)."""
+    if parameter.startswith("hop_lat_us."):
+        return LAT_REF_US * math.expm1(x)
+    return math.exp(x)
 
 
 def calibrate(

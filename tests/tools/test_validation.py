@@ -302,7 +302,7 @@ def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
     saved = yaml.safe_load(out.read_text())
     assert saved["fit"]["files"] == [str(f)] and saved["kind"] == "calibration"
     assert saved["fitted"] == list(prof.fitted) and "hop_scale.nvlink" in saved["fitted"]
-    assert saved["version"] == 2 and saved["hop_scale"]["nvlink"] == pytest.approx(TRUTH["hop_scale.nvlink"], rel=0.03)
+    assert saved["version"] == 3 and saved["hop_scale"]["nvlink"] == pytest.approx(TRUTH["hop_scale.nvlink"], rel=0.03)
     assert main(["simulate", "validate", str(f), "--profile", str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["profile"] == "p" and d["files"][0]["geomean_large"] < 0.03
