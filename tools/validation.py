@@ -738,6 +738,10 @@ SWITCH_CANDIDATES = 3
 #: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
 PROBE = 1.25
 IDENTIFY = 0.05
+#: the probe of a protocol's bandwidth (``proto_bw``): LL on the few channels NCCL gives a small message moves
+#: a fraction of the links' bandwidth, and a row shows it only where that fraction is small (a factor
+#: of :data:`PROBE` on LL's default rate moves a small row by a few percent)
+PROTO_BW_PROBE = 4.0
 #: the algorithm family of each NCCL algorithm name (:data:`~treecoll.collectives.sim.profiles.FAMILIES`)
 ALGO_FAMILY = {"ring": "ring", "pat": "ring", "tree": "tree", "nvls": "nvls", "p2p": "p2p"}
 
@@ -918,16 +922,36 @@ def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str
     for k in candidates:
         lo, hi = bounds[k]
         seen = [_identifies(k, algos, r) for r, algos in zip(pred.rows, pred.algos)]
-        for f in (PROBE, 1 / PROBE):
+        for f in (_probe(k), 1 / _probe(k)):
             trial = dict(values, **{k: min(max(_from_coord(k, _coord(k, values[k]) + math.log(f)), lo), hi)})
-            if any(
-                s and abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
-                for a, b, s in zip(pred.times(trial), base, seen)
-                if 0 < b < math.inf
-            ):
+            moved = {
+                i: math.log(a / b)
+                for i, (a, b, s) in enumerate(zip(pred.times(trial), base, seen))
+                if s and 0 < b < math.inf and 0 < a < math.inf
+            }
+            if _moves(k, moved, pred.rows):
                 out.append(k)
                 break
     return out
+
+
+def _moves(parameter: str, moved: dict[int, float], rows: list[_FitRow]) -> bool:
+    """Whether the probe's changes ``moved`` (row index -> ``ln(trial / base)`` of its time) identify
+    ``parameter``: some row moved by :data:`IDENTIFY` or more; for a protocol's bandwidth (``proto_bw``)
+    the slope between two rows of one table and size group (the time one more byte takes, which a
+    latency leaves alone), so that one small row cannot trade it for a latency."""
+    bar = math.log(1 + IDENTIFY)
+    if not parameter.startswith("proto_bw."):
+        return any(abs(m) >= bar for m in moved.values())
+    by: dict[tuple[str, str], list[float]] = {}
+    for i, m in moved.items():
+        by.setdefault((rows[i].table, rows[i].group), []).append(m)
+    return any(len(v) > 1 and max(v) - min(v) >= bar for v in by.values())
+
+
+def _probe(parameter: str) -> float:
+    """The factor :func:`_identified` scales ``parameter`` by (in its coordinate, :func:`_coord`)."""
+    return PROTO_BW_PROBE if parameter.startswith("proto_bw.") else PROBE
 
 
 def _families(algos: list[str | None], collective: str) -> set[str]:
@@ -1001,7 +1025,7 @@ def fit_parameters(
 
     values, n = _switch_points(pred, values, refit)
     calls += n
-    values, n = _pruned(pred, values, [k for k in free if not k.startswith("proto_max.")])
+    values, n = _pruned(pred, values, [k for k in free if not k.startswith("proto_max.")], latencies, tol, max_evals)
     calls += n
     defaults = default_values()
     switches = [k for k in defaults if k.startswith("proto_max.")]
@@ -1020,16 +1044,31 @@ def fit_parameters(
     }
 
 
-def _pruned(pred: _Predictor, values: dict[str, float], names: list[str]) -> tuple[dict[str, float], int]:
+def _pruned(
+    pred: _Predictor,
+    values: dict[str, float],
+    names: list[str],
+    shared: list[str],
+    tol: float,
+    max_evals: int,
+) -> tuple[dict[str, float], int]:
     """``values`` with each of ``names`` back at its default where moving it bought less than :data:`PRUNE`
     of the objective (:func:`_objective`): a move the rows' printed precision makes, not their physics.
-    Returns the values and the evaluations."""
+    A family's own factor is tried with the shared factors of ``shared`` fitted again without it (what
+    it took may be theirs: a coordinate search can stop with both moved). Returns the values and the
+    evaluations."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
     defaults = default_values()
     best, calls = _objective(pred, values), 1
-    for k in names:
+    for k in sorted(names, key=_prior, reverse=True):  # the families' own first
         if values[k] == defaults[k]:
             continue
         trial = dict(values, **{k: defaults[k]})
+        others = [x for x in shared if _prior(x) <= PRIOR and trial[x] != defaults[x]]
+        if _prior(k) > PRIOR and others:
+            trial, n = _search(pred, trial, others, calibration_parameters(), tol, max_evals)
+            calls += n
         v = _objective(pred, trial)
         calls += 1
         if v < best + PRUNE:

@@ -159,8 +159,9 @@ SCALE_BOUNDS: dict[str, tuple[float, float]] = {
     "hop_scale": (0.1, 20.0),
     "lat_scale": (0.1, 20.0),
     "bw_scale": (0.1, 2.0),
-    # LL at small sizes: a few channels of 8-byte lines, a tenth of the links' bandwidth or less
-    "proto_bw": (0.05, 2.0),
+    # LL at small sizes: a few channels of 8-byte lines, a tenth of the links' bandwidth or less; never more
+    # than its line format carries (LL: 4 data bytes of 8, LL128: 120 of 128)
+    "proto_bw": (0.05, 1.0),
 }
 #: the range of a hop within a host (``hop_scale.nvlink``, ``.pci``): a fixed piece of silicon whose latency
 #: differs little between machines, where the network's (``hop_scale.net``, :data:`SCALE_BOUNDS`) depends on
