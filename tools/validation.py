@@ -62,8 +62,11 @@ defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
 corrected by parameters, each at its default unless fitted. Shared by every
 algorithm: ``link_scale.nvlink`` / ``.pcie`` / ``.net`` on the bandwidth of
 a link class, ``hop_scale.nvlink`` / ``.pci`` / ``.net`` on the latency of
-one hop over a route class, and the protocol switch points
-``proto_max.ll`` / ``.ll128`` (the largest message each protocol runs at).
+one hop over a route class, ``hop_lat_us.net`` the network transport's
+latency added to every hop over it (µs; once with LL and LL128, twice with
+Simple and NVLS), ``proto_bw.ll`` / ``.ll128`` on the bandwidth LL and LL128
+deliver, and the protocol switch points ``proto_max.ll`` / ``.ll128`` (the
+largest message each protocol runs at).
 Per algorithm family: ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p``
 on that family's latencies, ``bw_scale.tree`` / ``.nvls`` on its bandwidth
 over the links'. A calibrated row is predicted as with the defaults, by the
@@ -75,7 +78,11 @@ identify move: a factor is identified when scaling it by :data:`PROBE`
 changes by :data:`IDENTIFY` or more the predicted time of some fitted row that
 can measure it (:func:`_identifies`: a link's bandwidth only ring and
 point-to-point rows, a hop's latency every row, a family's factors only that
-family's rows); the others stay 1 and the output says so. The fit runs in
+family's rows; a protocol's bandwidth only where the slope between two rows
+of one table moves, :func:`_moves`); the others stay at their defaults and
+the output says so. A table without small messages fits its middle sizes
+instead (where it shows a latency); a fitted move that buys less than
+:data:`PRUNE` goes back to the default (:func:`_pruned`). The fit runs in
 two stages: the ring and point-to-point rows fix the links, then every row
 the hops and the families' factors; then the switch points are scanned
 (:func:`_switch_points`: candidates where the measured curves step up, each
@@ -1259,9 +1266,10 @@ def render_calibration(d: dict) -> str:
         f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
         f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
         f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
-        "factors (1 = the simulator's default; link_scale on the links' bandwidth, hop_scale on a hop's latency, "
-        "lat_scale on a family's latencies, bw_scale on a family's bandwidth over the links'; proto_max: the "
-        "largest message in bytes a protocol runs at):",
+        "parameters (factors: 1 = the simulator's default; link_scale on the links' bandwidth, hop_scale on a "
+        "hop's latency, lat_scale on a family's latencies, bw_scale on a family's bandwidth over the links', "
+        "proto_bw on LL's and LL128's bandwidth; hop_lat_us: µs the network's transport adds per hop, default 0; "
+        "proto_max: the largest message in bytes a protocol runs at):",
     ]
     why = {
         **dict.fromkeys(f.get("switch_default", ()), "default kept: no protocol switch between the sizes fits better"),
@@ -1339,9 +1347,10 @@ def add_parsers(sub, common_options: Callable) -> None:
     c = one(
         "calibrate",
         "fit a simulator profile to your nccl-tests tables",
-        "Fit the simulator's correction factors (link bandwidth per link class, latency per algorithm "
-        "family) that nccl-tests tables identify, the others kept at their defaults; use the profile "
-        "with --profile.",
+        "Fit the simulator's correction parameters (link bandwidth per link class, hop latency per route "
+        "class, the network transport's latency, LL's and LL128's bandwidth and switch points, latency per "
+        "algorithm family) that nccl-tests tables identify, the others kept at their defaults; use the "
+        "profile with --profile.",
     )
     c.add_argument("-o", "--output", required=True, metavar="OUT.yaml", help="the profile file to write")
     c.add_argument("--force", action="store_true", help="replace OUT.yaml if it exists (default: refuse)")
