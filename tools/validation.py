@@ -796,6 +796,7 @@ class _FitRow:
     meas: float  # seconds
     table: str = ""
     group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
+    latency_only: bool = False  # a middle size fitted in place of small messages: it measures latencies only
 
 
 def _spread(rows: list, n: int | None) -> list:
@@ -850,7 +851,7 @@ def _fit_rows(
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             meas = r.out_of_place.time_us * 1e-6
-            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size)))
+            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid))
     return rows, skipped
 
 
@@ -974,14 +975,15 @@ def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     point-to-point row (the bytes over the links and nothing else; a tree's or NVLS's bandwidth also
     carries that family's own efficiency, ``bw_scale``), a family's factors only that family's rows;
     a bandwidth (``link_scale``, ``bw_scale``) only a row above the small messages (<= 64 KiB: there
-    the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
+    the time is mostly latency, and a bandwidth fitted to it is a latency in disguise), nor a middle
+    size fitted in place of small messages (``latency_only``)."""
     families = _families(algos, row.collective)
     fld, _, key = parameter.partition(".")
     if fld in ("hop_scale", "hop_lat_us"):  # a hop's latency: every family's rows
         return True
     if fld == "proto_bw":  # LL's and LL128's bandwidth: where they run, the small messages first
         return bool(families - {"nvls"})
-    if fld != "lat_scale" and row.group == "small":
+    if fld != "lat_scale" and (row.group == "small" or row.latency_only):
         return False
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
@@ -1007,7 +1009,11 @@ def fit_parameters(
     pred = _Predictor(rows)
     values = default_values()
     before = pred.error(values)
-    plain = _Predictor([r for r, a in zip(rows, pred.algos) if _families(a, r.collective) <= {"ring", "p2p"}])
+    # the links from the small and large messages a ring or point-to-point runs; a table's middle sizes (fitted
+    # where it has no small ones) show its latency on top of those links, and join in the second stage
+    plain = _Predictor(
+        [r for r, a in zip(rows, pred.algos) if _families(a, r.collective) <= {"ring", "p2p"} and not r.latency_only]
+    )
     free: list[str] = []
     calls = 0
     for stage, allowed in ((plain, set(bounds)), (pred, {k for k in bounds if not k.startswith("link_scale.")})):
@@ -1108,7 +1114,9 @@ def _switch_points(
     :func:`_bends` finds where the measured curves step up, each candidate with the latencies fitted
     again for it (``refit``: values -> (values, evaluations)), since a protocol that stops running
     changes which latencies the rows show; LL128's switch point is not below LL's (NCCL runs LL on the
-    smallest messages, LL128 on the next). Returns the values and the evaluations."""
+    smallest messages, LL128 on the next), and LL's not above
+    :data:`~treecoll.collectives.sim.simulator.LL_MAX_BYTES` (half the bandwidth: NCCL never runs it
+    there). Returns the values and the evaluations."""
     from treecoll.collectives.sim.profiles import switch_parameters
     from treecoll.collectives.sim.simulator import LL_MAX_BYTES
 
@@ -1118,7 +1126,7 @@ def _switch_points(
         best, best_values = _objective(pred, values), values
         calls += 1
         for c in candidates:
-            if c < floor:
+            if c < floor or (k == "proto_max.ll" and c > LL_MAX_BYTES):  # LL never runs above the simulator's rule
                 continue
             trial, n = refit(dict(values, **{k: float(c)}))
             v = _objective(pred, trial)
