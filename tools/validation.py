@@ -749,6 +749,9 @@ IDENTIFY = 0.05
 #: a fraction of the links' bandwidth, and a row shows it only where that fraction is small (a factor
 #: of :data:`PROBE` on LL's default rate moves a small row by a few percent)
 PROTO_BW_PROBE = 4.0
+#: a middle size measures a latency where the time to the next size grows by less than this fraction of the
+#: bytes' growth (log-log slope; :func:`_flat_rows`)
+FLAT_SLOPE = 0.5
 #: the algorithm family of each NCCL algorithm name (:data:`~treecoll.collectives.sim.profiles.FAMILIES`)
 ALGO_FAMILY = {"ring": "ring", "pat": "ring", "tree": "tree", "nvls": "nvls", "p2p": "p2p"}
 
@@ -840,9 +843,9 @@ def _fit_rows(
         counted_rows = _row_sizes(c, counted)
         half = None if max_rows is None else max(1, max_rows // 2)
         small = [r for r in counted_rows if r.size <= SMALL]
-        # a table without small messages shows its latency in its middle sizes, where the time stays above
-        # what the bytes take: those rows too (the large ones alone cannot tell a latency from a bandwidth)
-        mid = [] if small else [r for r in _row_sizes(c, None) if SMALL < r.size < LARGE]
+        # a table without small messages shows its latency in its middle sizes where its curve is flat: those
+        # rows too (the large ones alone cannot tell a latency from a bandwidth)
+        mid = [] if small else _flat_rows(_row_sizes(c, None))
         picked = (
             _spread(small, half) + _spread(mid, half) + _spread([r for r in counted_rows if r.size >= LARGE], half)
             if counted_rows
@@ -853,6 +856,19 @@ def _fit_rows(
             meas = r.out_of_place.time_us * 1e-6
             rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid))
     return rows, skipped
+
+
+def _flat_rows(rows: list[nccltests.Row]) -> list[nccltests.Row]:
+    """The middle-size rows (between :data:`SMALL` and :data:`LARGE`) where the measured curve is flat: the
+    time to the next size grows by less than :data:`FLAT_SLOPE` of the bytes' growth (log-log slope), so
+    the time is mostly latency (a slope near 1 is bandwidth, which a latency fitted there would fake)."""
+    ok = sorted(rows, key=lambda r: r.size)
+    return [
+        a
+        for a, b in zip(ok, ok[1:])
+        if SMALL < a.size < LARGE
+        and math.log(b.out_of_place.time_us / a.out_of_place.time_us) / math.log(b.size / a.size) < FLAT_SLOPE
+    ]
 
 
 def _row_algos(row: _FitRow) -> list[str | None]:
