@@ -998,7 +998,7 @@ def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     if fld in ("hop_scale", "hop_lat_us"):  # a hop's latency: every family's rows
         return True
     if fld == "proto_bw":  # LL's and LL128's bandwidth: where they run, the small messages first
-        return bool(families - {"nvls"})
+        return bool(families - {"nvls"}) and not row.latency_only
     if fld != "lat_scale" and (row.group == "small" or row.latency_only):
         return False
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families

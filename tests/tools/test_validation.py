@@ -202,6 +202,24 @@ def test_a_transport_latency_is_found_and_carries_to_the_tree(tmp_path):
     assert before > 0.5 and after < 0.01
 
 
+def test_a_table_without_small_messages_shows_its_latency_where_its_curve_is_flat(tmp_path):
+    """An all_gather across two hosts of 2 GPUs from 1 MiB on, made with 100 us of transport latency: its
+    1 and 2 MiB rows take about the same time (the latency), and the fit finds the latency there (within
+    6%: three rows, LL128 and Simple trading places as it moves), then predicts the small messages of the
+    machine's allreduce, which the table never had, within 5% where the defaults are 9 times too fast."""
+    nic = MachineFlags(nic=Nic(2, 200.0, "ib"))
+    truth = {"hop_lat_us.net": 100.0}
+    ag = _synthetic(tmp_path, 2, 2, truth, (1 << 20, 2 << 20, 4 << 20, 64 << 20), flags=nic)
+    case = validation.cases([ag])[0][0]
+    assert [r.size for r in validation._flat_rows(validation._row_sizes(case, None))] == [1 << 20, 2 << 20]
+    d = validation.calibrate([ag], nic, tol=0.002, check=False)
+    assert d["fit"]["fitted"] == ["hop_lat_us.net"]
+    assert d["values"]["hop_lat_us.net"] == pytest.approx(100.0, rel=0.06)
+    ar = _synthetic(tmp_path, 2, 2, truth, (1024, 65536), collective="allreduce", flags=nic, algos=("ring", "tree"))
+    before, after = (validation.validate([ar], p, nic)["files"][0]["geomean_small"] for p in (None, d["profile"]))
+    assert before > 1.0 and after < 0.05
+
+
 def test_a_protocol_bandwidth_is_found_and_carries_to_the_allreduce(tmp_path):
     """Two hosts of one GPU over one 400 Gb/s NIC each: an all_gather made with LL at a sixth of its default
     bandwidth (the time rises with the size from 8 KiB on, as on a real two-rank run) gives back that
