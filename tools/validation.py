@@ -1299,10 +1299,13 @@ def render_calibration(d: dict) -> str:
         **dict.fromkeys(f.get("switch_default", ()), "default kept: no protocol switch between the sizes fits better"),
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
-        **dict.fromkeys(
-            f["not_identified"],
-            f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})",
-        ),
+        **{
+            k: f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})"
+            if not k.startswith("proto_bw.")
+            else f"default kept: not identified (x{PROTO_BW_PROBE:g} moves no slope between two rows of a table "
+            f"by {IDENTIFY:.0%})"
+            for k in f["not_identified"]
+        },
     }
     for k, v in d["values"].items():
         lines.append(f"   {k:<18} {_value_text(k, v):>7}   {why.get(k, '')}")
