@@ -119,10 +119,10 @@ def _factors(r: dict) -> str:
 
 
 def _value(parameter: str, v: float) -> str:
-    """A factor with two decimals, a protocol switch point as a size (``4 KiB``)."""
+    """A factor with two decimals, an added latency in µs, a protocol switch point as a size (``4 KiB``)."""
     if parameter.startswith("proto_max."):
         return fmt_bytes(int(v))
-    return f"{v:.2f}"
+    return f"{v:.1f} us" if parameter.startswith("hop_lat_us.") else f"{v:.2f}"
 
 
 def loo_totals(loo: list[dict]) -> dict[str, dict]:

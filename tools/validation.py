@@ -62,8 +62,11 @@ defaults (NCCL's protocols, the fastest per size; NVLS with NCCL's constants)
 corrected by parameters, each at its default unless fitted. Shared by every
 algorithm: ``link_scale.nvlink`` / ``.pcie`` / ``.net`` on the bandwidth of
 a link class, ``hop_scale.nvlink`` / ``.pci`` / ``.net`` on the latency of
-one hop over a route class, and the protocol switch points
-``proto_max.ll`` / ``.ll128`` (the largest message each protocol runs at).
+one hop over a route class, ``hop_lat_us.net`` the network transport's
+latency added to every hop over it (µs; once with LL and LL128, twice with
+Simple and NVLS), ``proto_bw.ll`` / ``.ll128`` on the bandwidth LL and LL128
+deliver, and the protocol switch points ``proto_max.ll`` / ``.ll128`` (the
+largest message each protocol runs at).
 Per algorithm family: ``lat_scale.ring`` / ``.tree`` / ``.nvls`` / ``.p2p``
 on that family's latencies, ``bw_scale.tree`` / ``.nvls`` on its bandwidth
 over the links'. A calibrated row is predicted as with the defaults, by the
@@ -75,7 +78,11 @@ identify move: a factor is identified when scaling it by :data:`PROBE`
 changes by :data:`IDENTIFY` or more the predicted time of some fitted row that
 can measure it (:func:`_identifies`: a link's bandwidth only ring and
 point-to-point rows, a hop's latency every row, a family's factors only that
-family's rows); the others stay 1 and the output says so. The fit runs in
+family's rows; a protocol's bandwidth only where the slope between two rows
+of one table moves, :func:`_moves`); the others stay at their defaults and
+the output says so. A table without small messages fits its middle sizes
+instead (where it shows a latency); a fitted move that buys less than
+:data:`PRUNE` goes back to the default (:func:`_pruned`). The fit runs in
 two stages: the ring and point-to-point rows fix the links, then every row
 the hops and the families' factors; then the switch points are scanned
 (:func:`_switch_points`: candidates where the measured curves step up, each
@@ -409,9 +416,10 @@ def clear_cache() -> None:
 
 def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> Any:
     """What an algorithm of ``family`` sees of ``profile`` at ``size`` bytes: of a calibration its link and
-    hop factors, the family's latency and bandwidth factors and which protocols its switch points run
-    at this size (every other factor leaves that algorithm's time alone; all at the defaults is
-    ``auto``), of a plain profile its fields, of a name the name."""
+    hop factors, the family's latency and bandwidth factors, which protocols its switch points run
+    at this size, the added latencies and the protocols' bandwidth factors (every other factor leaves
+    that algorithm's time alone; all at the defaults is ``auto``), of a plain profile its fields, of a
+    name the name."""
     from treecoll.collectives.sim.profiles import (
         LINK_CLASSES,
         NCCL_PROTOCOLS,
@@ -424,8 +432,9 @@ def _profile_key(profile: Profile | str | None, family: str, size: int = 0) -> A
         links = tuple(profile.link_scale.get(k, 1.0) for k in LINK_CLASSES)
         hops = tuple(profile.hop_scale.get(k, 1.0) for k in ROUTE_CLASSES)
         runs = tuple(profile.runs(p, size) for p in NCCL_PROTOCOLS)
-        key = (links, hops, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0), runs)
-        default = ((1.0,) * len(LINK_CLASSES), (1.0,) * len(ROUTE_CLASSES), 1.0, 1.0, (None,) * len(NCCL_PROTOCOLS))
+        added = tuple(sorted(profile.hop_lat_us.items())) + tuple(sorted(profile.proto_bw.items()))
+        key = (links, hops, profile.lat_scale.get(family, 1.0), profile.bw_scale.get(family, 1.0), runs, added)
+        default = ((1.0,) * len(LINK_CLASSES), (1.0,) * len(ROUTE_CLASSES), 1.0, 1.0, (None,) * len(NCCL_PROTOCOLS), ())
         return "auto" if key == default else key
     if isinstance(profile, Profile):
         return repr(profile.as_dict())
@@ -720,9 +729,15 @@ FIT_ROWS = 12
 #: only for what the shared ones cannot explain
 PRIOR = 0.01
 FAMILY_PRIOR = 0.03
+#: the scale of an added latency (``hop_lat_us``) in the fit, µs: it is searched, probed and pulled back to 0
+#: in ``ln(1 + v / LAT_REF_US)`` (:func:`_coord`), the order of NCCL's own per-hop network latencies
+LAT_REF_US = 10.0
 #: pull of a protocol switch point back to the simulator's rule, per unit of ``|ln(bytes / default)|``
 #: (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH` for no switch point of its own)
 SWITCH_PRIOR = 0.0005
+#: a fitted parameter goes back to its default when that raises the objective by less than this (a mean
+#: ``|ln(pred / meas)|``: 0.1%), about what nccl-tests' two printed decimals leave in a small row's time
+PRUNE = 0.001
 #: candidate switch points per protocol (:func:`_bends`), each with its latencies fitted again
 SWITCH_CANDIDATES = 3
 #: a factor is identified by the tables when scaling it by :data:`PROBE` (or its inverse) changes some
@@ -730,6 +745,13 @@ SWITCH_CANDIDATES = 3
 #: digits (a latency is identified by latency-bound rows, a link's bandwidth by bandwidth-bound ones)
 PROBE = 1.25
 IDENTIFY = 0.05
+#: the probe of a protocol's bandwidth (``proto_bw``): LL on the few channels NCCL gives a small message moves
+#: a fraction of the links' bandwidth, and a row shows it only where that fraction is small (a factor
+#: of :data:`PROBE` on LL's default rate moves a small row by a few percent)
+PROTO_BW_PROBE = 4.0
+#: a middle size measures a latency where the time to the next size grows by less than this fraction of the
+#: bytes' growth (log-log slope; :func:`_flat_rows`)
+FLAT_SLOPE = 0.5
 #: the algorithm family of each NCCL algorithm name (:data:`~treecoll.collectives.sim.profiles.FAMILIES`)
 ALGO_FAMILY = {"ring": "ring", "pat": "ring", "tree": "tree", "nvls": "nvls", "p2p": "p2p"}
 
@@ -777,6 +799,7 @@ class _FitRow:
     meas: float  # seconds
     table: str = ""
     group: str = "small"  # small, large or mid: the fit's objective weighs each (table, group) alike
+    latency_only: bool = False  # a middle size fitted in place of small messages: it measures latencies only
 
 
 def _spread(rows: list, n: int | None) -> list:
@@ -819,17 +842,33 @@ def _fit_rows(
         algos = tuple(algorithms(c, coll, topo)[0])
         counted_rows = _row_sizes(c, counted)
         half = None if max_rows is None else max(1, max_rows // 2)
+        small = [r for r in counted_rows if r.size <= SMALL]
+        # a table without small messages shows its latency in its middle sizes where its curve is flat: those
+        # rows too (the large ones alone cannot tell a latency from a bandwidth)
+        mid = [] if small else _flat_rows(_row_sizes(c, None))
         picked = (
-            _spread([r for r in counted_rows if r.size <= SMALL], half)
-            + _spread([r for r in counted_rows if r.size >= LARGE], half)
+            _spread(small, half) + _spread(mid, half) + _spread([r for r in counted_rows if r.size >= LARGE], half)
             if counted_rows
             else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
         )
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             meas = r.out_of_place.time_us * 1e-6
-            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size)))
+            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid))
     return rows, skipped
+
+
+def _flat_rows(rows: list[nccltests.Row]) -> list[nccltests.Row]:
+    """The middle-size rows (between :data:`SMALL` and :data:`LARGE`) where the measured curve is flat: the
+    time to the next size grows by less than :data:`FLAT_SLOPE` of the bytes' growth (log-log slope), so
+    the time is mostly latency (a slope near 1 is bandwidth, which a latency fitted there would fake)."""
+    ok = sorted(rows, key=lambda r: r.size)
+    return [
+        a
+        for a, b in zip(ok, ok[1:])
+        if SMALL < a.size < LARGE
+        and math.log(b.out_of_place.time_us / a.out_of_place.time_us) / math.log(b.size / a.size) < FLAT_SLOPE
+    ]
 
 
 def _row_algos(row: _FitRow) -> list[str | None]:
@@ -886,13 +925,14 @@ def calibration_from(
 
 
 def default_values() -> dict[str, float]:
-    """Every parameter at its default: each factor 1
+    """Every parameter at its default (:func:`~treecoll.collectives.sim.profiles.parameter_default`):
+    each factor 1 and each added latency 0
     (:func:`~treecoll.collectives.sim.profiles.calibration_parameters`), each protocol switch point
     (:func:`~treecoll.collectives.sim.profiles.switch_parameters`) none of its own
     (:data:`~treecoll.collectives.sim.profiles.NO_SWITCH`: the simulator's rule)."""
-    from treecoll.collectives.sim.profiles import NO_SWITCH, calibration_parameters, switch_parameters
+    from treecoll.collectives.sim.profiles import calibration_parameters, parameter_default, switch_parameters
 
-    return {**dict.fromkeys(calibration_parameters(), 1.0), **dict.fromkeys(switch_parameters(), NO_SWITCH)}
+    return {k: parameter_default(k) for k in (*calibration_parameters(), *switch_parameters())}
 
 
 def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
@@ -906,16 +946,36 @@ def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str
     for k in candidates:
         lo, hi = bounds[k]
         seen = [_identifies(k, algos, r) for r, algos in zip(pred.rows, pred.algos)]
-        for f in (PROBE, 1 / PROBE):
-            trial = dict(values, **{k: min(max(values[k] * f, lo), hi)})
-            if any(
-                s and abs(math.log(a / b)) >= math.log(1 + IDENTIFY)
-                for a, b, s in zip(pred.times(trial), base, seen)
-                if 0 < b < math.inf
-            ):
+        for f in (_probe(k), 1 / _probe(k)):
+            trial = dict(values, **{k: min(max(_from_coord(k, _coord(k, values[k]) + math.log(f)), lo), hi)})
+            moved = {
+                i: math.log(a / b)
+                for i, (a, b, s) in enumerate(zip(pred.times(trial), base, seen))
+                if s and 0 < b < math.inf and 0 < a < math.inf
+            }
+            if _moves(k, moved, pred.rows):
                 out.append(k)
                 break
     return out
+
+
+def _moves(parameter: str, moved: dict[int, float], rows: list[_FitRow]) -> bool:
+    """Whether the probe's changes ``moved`` (row index -> ``ln(trial / base)`` of its time) identify
+    ``parameter``: some row moved by :data:`IDENTIFY` or more; for a protocol's bandwidth (``proto_bw``)
+    the slope between two rows of one table and size group (the time one more byte takes, which a
+    latency leaves alone), so that one small row cannot trade it for a latency."""
+    bar = math.log(1 + IDENTIFY)
+    if not parameter.startswith("proto_bw."):
+        return any(abs(m) >= bar for m in moved.values())
+    by: dict[tuple[str, str], list[float]] = {}
+    for i, m in moved.items():
+        by.setdefault((rows[i].table, rows[i].group), []).append(m)
+    return any(len(v) > 1 and max(v) - min(v) >= bar for v in by.values())
+
+
+def _probe(parameter: str) -> float:
+    """The factor :func:`_identified` scales ``parameter`` by (in its coordinate, :func:`_coord`)."""
+    return PROTO_BW_PROBE if parameter.startswith("proto_bw.") else PROBE
 
 
 def _families(algos: list[str | None], collective: str) -> set[str]:
@@ -931,13 +991,16 @@ def _identifies(parameter: str, algos: list[str | None], row: _FitRow) -> bool:
     point-to-point row (the bytes over the links and nothing else; a tree's or NVLS's bandwidth also
     carries that family's own efficiency, ``bw_scale``), a family's factors only that family's rows;
     a bandwidth (``link_scale``, ``bw_scale``) only a row above the small messages (<= 64 KiB: there
-    the time is mostly latency, and a bandwidth fitted to it is a latency in disguise)."""
+    the time is mostly latency, and a bandwidth fitted to it is a latency in disguise), nor a middle
+    size fitted in place of small messages (``latency_only``)."""
     families = _families(algos, row.collective)
     fld, _, key = parameter.partition(".")
-    if fld not in ("lat_scale", "hop_scale") and row.group == "small":
-        return False
-    if fld == "hop_scale":  # a hop's latency: every family's rows
+    if fld in ("hop_scale", "hop_lat_us"):  # a hop's latency: every family's rows
         return True
+    if fld == "proto_bw":  # LL's and LL128's bandwidth: where they run, the small messages first
+        return bool(families - {"nvls"}) and not row.latency_only
+    if fld != "lat_scale" and (row.group == "small" or row.latency_only):
+        return False
     return bool(families & {"ring", "p2p"}) if fld == "link_scale" else key in families
 
 
@@ -962,7 +1025,11 @@ def fit_parameters(
     pred = _Predictor(rows)
     values = default_values()
     before = pred.error(values)
-    plain = _Predictor([r for r, a in zip(rows, pred.algos) if _families(a, r.collective) <= {"ring", "p2p"}])
+    # the links from the small and large messages a ring or point-to-point runs; a table's middle sizes (fitted
+    # where it has no small ones) show its latency on top of those links, and join in the second stage
+    plain = _Predictor(
+        [r for r, a in zip(rows, pred.algos) if _families(a, r.collective) <= {"ring", "p2p"} and not r.latency_only]
+    )
     free: list[str] = []
     calls = 0
     for stage, allowed in ((plain, set(bounds)), (pred, {k for k in bounds if not k.startswith("link_scale.")})):
@@ -976,15 +1043,18 @@ def fit_parameters(
             values, n = _search_shared_first(stage, values, moving, bounds, tol, max_evals)
             calls += n
     latencies = [k for k in free if not k.startswith("link_scale.")]
+    defaults = default_values()
 
     def refit(v: dict[str, float]) -> tuple[dict[str, float], int]:
         # from the latencies fitted without the switch point and from the defaults: the first may sit where
         # they made up for a protocol the switch point now stops (a coordinate search stays there)
-        starts = (v, dict(v, **{k: 1.0 for k in latencies}))
+        starts = (v, dict(v, **{k: defaults[k] for k in latencies}))
         fits = [_search_shared_first(pred, start, latencies, bounds, tol, max_evals) for start in starts]
         return min(fits, key=lambda f: _objective(pred, f[0]))[0], sum(f[1] for f in fits)
 
     values, n = _switch_points(pred, values, refit)
+    calls += n
+    values, n = _pruned(pred, values, [k for k in free if not k.startswith("proto_max.")], latencies, tol, max_evals)
     calls += n
     defaults = default_values()
     switches = [k for k in defaults if k.startswith("proto_max.")]
@@ -1003,11 +1073,44 @@ def fit_parameters(
     }
 
 
+def _pruned(
+    pred: _Predictor,
+    values: dict[str, float],
+    names: list[str],
+    shared: list[str],
+    tol: float,
+    max_evals: int,
+) -> tuple[dict[str, float], int]:
+    """``values`` with each of ``names`` back at its default where moving it bought less than :data:`PRUNE`
+    of the objective (:func:`_objective`): a move the rows' printed precision makes, not their physics.
+    A family's own factor is tried with the shared factors of ``shared`` fitted again without it (what
+    it took may be theirs: a coordinate search can stop with both moved). Returns the values and the
+    evaluations."""
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
+    defaults = default_values()
+    best, calls = _objective(pred, values), 1
+    for k in sorted(names, key=_prior, reverse=True):  # the families' own first
+        if values[k] == defaults[k]:
+            continue
+        trial = dict(values, **{k: defaults[k]})
+        others = [x for x in shared if _prior(x) <= PRIOR and trial[x] != defaults[x]]
+        if _prior(k) > PRIOR and others:
+            trial, n = _search(pred, trial, others, calibration_parameters(), tol, max_evals)
+            calls += n
+        v = _objective(pred, trial)
+        calls += 1
+        if v < best + PRUNE:
+            values, best = trial, min(best, v)
+    return values, calls
+
+
 def _prior(parameter: str) -> float:
     """The pull of ``parameter`` back to its default: :data:`PRIOR`, :data:`FAMILY_PRIOR` or
     :data:`SWITCH_PRIOR`."""
     fld = parameter.partition(".")[0]
-    return {"link_scale": PRIOR, "hop_scale": PRIOR, "proto_max": SWITCH_PRIOR}.get(fld, FAMILY_PRIOR)
+    shared = {"link_scale", "hop_scale", "hop_lat_us", "proto_bw"}
+    return PRIOR if fld in shared else SWITCH_PRIOR if fld == "proto_max" else FAMILY_PRIOR
 
 
 def _objective(pred: _Predictor, values: dict[str, float]) -> float:
@@ -1015,7 +1118,7 @@ def _objective(pred: _Predictor, values: dict[str, float]) -> float:
     ``|ln(value / default)|``."""
     defaults = default_values()
     return pred.error(values) + sum(
-        _prior(k) * abs(math.log(v / defaults[k])) for k, v in values.items() if v != defaults[k]
+        _prior(k) * abs(_coord(k, v) - _coord(k, defaults[k])) for k, v in values.items() if v != defaults[k]
     )
 
 
@@ -1027,7 +1130,9 @@ def _switch_points(
     :func:`_bends` finds where the measured curves step up, each candidate with the latencies fitted
     again for it (``refit``: values -> (values, evaluations)), since a protocol that stops running
     changes which latencies the rows show; LL128's switch point is not below LL's (NCCL runs LL on the
-    smallest messages, LL128 on the next). Returns the values and the evaluations."""
+    smallest messages, LL128 on the next), and LL's not above
+    :data:`~treecoll.collectives.sim.simulator.LL_MAX_BYTES` (half the bandwidth: NCCL never runs it
+    there). Returns the values and the evaluations."""
     from treecoll.collectives.sim.profiles import switch_parameters
     from treecoll.collectives.sim.simulator import LL_MAX_BYTES
 
@@ -1037,7 +1142,7 @@ def _switch_points(
         best, best_values = _objective(pred, values), values
         calls += 1
         for c in candidates:
-            if c < floor:
+            if c < floor or (k == "proto_max.ll" and c > LL_MAX_BYTES):  # LL never runs above the simulator's rule
                 continue
             trial, n = refit(dict(values, **{k: float(c)}))
             v = _objective(pred, trial)
@@ -1097,16 +1202,43 @@ def _search(
     error plus prior, and the calls it took."""
 
     def f(x: list[float]) -> float:
-        return _objective(pred, dict(values, **{k: math.exp(y) for k, y in zip(names, x)}))
+        return _objective(pred, dict(values, **{k: _from_coord(k, y) for k, y in zip(names, x)}))
 
+    start = [_coord(k, values[k]) for k in names]
     x, _, n = pattern_search(
         f,
-        [math.log(values[k]) for k in names],
+        start,
         tol=tol,
         max_evals=max_evals,
-        bounds=[(math.log(bounds[k][0]), math.log(bounds[k][1])) for k in names],
+        bounds=[(_coord(k, bounds[k][0]), _coord(k, bounds[k][1])) for k in names],
     )
-    return dict(values, **{k: math.exp(y) for k, y in zip(names, x)}), n
+    return dict(values, **{k: _snapped(k, y, values[k], x0) for k, y, x0 in zip(names, x, start)}), n
+
+
+def _snapped(parameter: str, x: float, v0: float, x0: float) -> float:
+    """The value at coordinate ``x`` of a search that started at ``v0`` (coordinate ``x0``): ``v0`` or the
+    default where ``x`` came back to either (not their round trip through the coordinate's rounding)."""
+    from treecoll.collectives.sim.profiles import parameter_default
+
+    default = parameter_default(parameter)
+    if abs(x - _coord(parameter, default)) < 1e-9:
+        return default
+    return v0 if abs(x - x0) < 1e-9 else _from_coord(parameter, x)
+
+
+def _coord(parameter: str, v: float) -> float:
+    """The coordinate the fit searches ``parameter`` in: a factor's or a switch point's logarithm, an added
+    latency's ``ln(1 + v / LAT_REF_US)`` (0 at its default, a factor's scale far from it)."""
+    if parameter.startswith("hop_lat_us."):
+        return math.log1p(v / LAT_REF_US)
+    return math.log(v)
+
+
+def _from_coord(parameter: str, x: float) -> float:
+    """The value of ``parameter`` at coordinate ``x`` (:func:`_coord`'s inverse)."""
+    if parameter.startswith("hop_lat_us."):
+        return LAT_REF_US * math.expm1(x)
+    return math.exp(x)
 
 
 def calibrate(
@@ -1158,18 +1290,22 @@ def render_calibration(d: dict) -> str:
         f"fitted on {f['rows']} rows of {f['tables']} tables ({f['evaluations']} evaluations, "
         f"{f['simulations']} simulations); objective: mean |ln(pred/meas)| of the times per table and size "
         f"group, {_pct(f['error_before']).strip()} with the defaults, {_pct(f['error_after']).strip()} fitted",
-        "factors (1 = the simulator's default; link_scale on the links' bandwidth, hop_scale on a hop's latency, "
-        "lat_scale on a family's latencies, bw_scale on a family's bandwidth over the links'; proto_max: the "
-        "largest message in bytes a protocol runs at):",
+        "parameters (factors: 1 = the simulator's default; link_scale on the links' bandwidth, hop_scale on a "
+        "hop's latency, lat_scale on a family's latencies, bw_scale on a family's bandwidth over the links', "
+        "proto_bw on LL's and LL128's bandwidth; hop_lat_us: µs the network's transport adds per hop, default 0; "
+        "proto_max: the largest message in bytes a protocol runs at):",
     ]
     why = {
         **dict.fromkeys(f.get("switch_default", ()), "default kept: no protocol switch between the sizes fits better"),
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
-        **dict.fromkeys(
-            f["not_identified"],
-            f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})",
-        ),
+        **{
+            k: f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})"
+            if not k.startswith("proto_bw.")
+            else f"default kept: not identified (x{PROTO_BW_PROBE:g} moves no slope between two rows of a table "
+            f"by {IDENTIFY:.0%})"
+            for k in f["not_identified"]
+        },
     }
     for k, v in d["values"].items():
         lines.append(f"   {k:<18} {_value_text(k, v):>7}   {why.get(k, '')}")
@@ -1238,9 +1374,10 @@ def add_parsers(sub, common_options: Callable) -> None:
     c = one(
         "calibrate",
         "fit a simulator profile to your nccl-tests tables",
-        "Fit the simulator's correction factors (link bandwidth per link class, latency per algorithm "
-        "family) that nccl-tests tables identify, the others kept at their defaults; use the profile "
-        "with --profile.",
+        "Fit the simulator's correction parameters (link bandwidth per link class, hop latency per route "
+        "class, the network transport's latency, LL's and LL128's bandwidth and switch points, latency per "
+        "algorithm family) that nccl-tests tables identify, the others kept at their defaults; use the "
+        "profile with --profile.",
     )
     c.add_argument("-o", "--output", required=True, metavar="OUT.yaml", help="the profile file to write")
     c.add_argument("--force", action="store_true", help="replace OUT.yaml if it exists (default: refuse)")

@@ -55,13 +55,27 @@ factors measured on one machine, each standing for one piece of physics:
   the links': those are NCCL's estimates of its own kernels, not properties of
   the links a ring or a point-to-point transfer shows.
 
+* ``hop_lat_us``: for the network (``net``), a latency in µs added to every
+  hop over it, whichever family and protocol sends (once per hop with LL and
+  LL128, twice with Simple and NVLS, as NCCL adds its net plugin's latency:
+  tuning.cc, "Also add the flush extra latency"): the transport's own
+  per-message cost (what ``ncclNetProperties.latency`` reports), which a
+  TCP-based or offloaded transport (GPUDirect-TCPX/TCPXO, sockets) adds on
+  top of NCCL's per-hop constants; it shows where the measured time stays
+  flat as the message grows;
+* ``proto_bw``: per protocol (``ll``, ``ll128``), a factor on the bandwidth
+  that protocol delivers over every link (its payload per line, and the few
+  channels NCCL runs small messages on), on top of the links': LL and LL128
+  run the small and middle sizes, where a curve's slope is their bandwidth,
+  not the links' a large message shows.
+
 * ``proto_max``: per protocol (``ll``, ``ll128``), the largest message (bytes,
   as nccl-tests prints the size) that protocol runs at: NCCL's tuner switches
   from LL to LL128 to Simple as messages grow, and where it switches on a
   machine shows as a step in the measured curve. Absent: the simulator's
   defaults (LL up to 8 MiB, LL128 wherever NCCL enables it).
 
-A factor absent from the file is 1 (the default). :meth:`Calibration.apply`
+A factor absent from the file is 1 and an added latency 0 (the defaults). :meth:`Calibration.apply`
 gives the profile one protocol of one family runs with; the simulator calls
 it wherever it expands ``auto`` into NCCL's protocols, on NCCL's own
 latencies of that family (tuning.cc: the tree's base and per-hop latencies
@@ -89,6 +103,10 @@ refused with the file and the key.
 {'nvlink': 0.6, 'pci': 1.0, 'net': 5.4}
 >>> c2.runs("nccl-ll", 4096), c2.runs("nccl-ll", 8192), c2.runs("nccl-ll128", 1 << 30)
 (True, False, None)
+>>> c3 = Calibration("mine", hop_lat_us={"net": 40.0}, proto_bw={"ll": 0.5})
+>>> ll, sim = c3.apply(get_profile("nccl-ll"), "ring"), c3.apply(simple, "ring")
+>>> ll.lat_floor_us["net"], sim.lat_floor_us["net"], ll.efficiency("net"), sim.efficiency("net")
+(42.7, 94.0, 0.25, 1.0)
 >>> get_profile("fast")
 Traceback (most recent call last):
 ...
@@ -123,6 +141,9 @@ __all__ = [
     "SWITCH_PROTOCOLS",
     "SWITCH_BOUNDS",
     "SCHEMA_VERSION",
+    "LAT_US_BOUNDS",
+    "LAT_CLASSES",
+    "parameter_default",
 ]
 
 ROUTE_CLASSES = ("nvlink", "pci", "net")
@@ -132,12 +153,15 @@ LINK_CLASSES: dict[str, tuple[str, ...]] = {"nvlink": ("nvlink", "c2c"), "pcie":
 FAMILIES = ("ring", "tree", "nvls", "p2p")
 #: algorithm families with their own bandwidth factor in a :class:`Calibration`
 BW_FAMILIES = ("tree", "nvls")
-#: the range of a calibration factor: ``link_scale``, ``lat_scale`` and ``bw_scale``
+#: the range of a calibration factor: ``link_scale``, ``hop_scale``, ``lat_scale``, ``bw_scale``, ``proto_bw``
 SCALE_BOUNDS: dict[str, tuple[float, float]] = {
     "link_scale": (0.1, 2.0),
     "hop_scale": (0.1, 20.0),
     "lat_scale": (0.1, 20.0),
     "bw_scale": (0.1, 2.0),
+    # LL at small sizes: a few channels of 8-byte lines, a tenth of the links' bandwidth or less; never more
+    # than its line format carries (LL: 4 data bytes of 8, LL128: 120 of 128)
+    "proto_bw": (0.05, 1.0),
 }
 #: the range of a hop within a host (``hop_scale.nvlink``, ``.pci``): a fixed piece of silicon whose latency
 #: differs little between machines, where the network's (``hop_scale.net``, :data:`SCALE_BOUNDS`) depends on
@@ -145,11 +169,18 @@ SCALE_BOUNDS: dict[str, tuple[float, float]] = {
 HOP_BOUNDS: dict[str, tuple[float, float]] = {"nvlink": (0.25, 4.0), "pci": (0.25, 4.0)}
 #: protocols with a switch point (``proto_max``) in a :class:`Calibration`, and the NCCL profile of each
 SWITCH_PROTOCOLS: dict[str, str] = {"ll": "nccl-ll", "ll128": "nccl-ll128"}
+#: route classes with an added latency (``hop_lat_us``) in a :class:`Calibration`: the network's transport
+LAT_CLASSES = ("net",)
+#: the range of an added latency (``hop_lat_us``), µs: none to a millisecond per hop
+LAT_US_BOUNDS = (0.0, 1000.0)
 #: the range of a ``proto_max`` switch point, bytes
 SWITCH_BOUNDS = (64, 1 << 40)
 #: version of the calibration YAML :func:`save_profile` writes (1: link_scale, lat_scale, bw_scale; 2 adds
-#: hop_scale and proto_max, and the tree's own NCCL latencies under lat_scale); :func:`load_profile` reads both
-SCHEMA_VERSION = 2
+#: hop_scale and proto_max, and the tree's own NCCL latencies under lat_scale; 3 adds hop_lat_us and
+#: proto_bw); :func:`load_profile` reads every version (an absent field is its default)
+SCHEMA_VERSION = 3
+#: the versions :func:`load_profile` reads
+SCHEMA_VERSIONS = (1, 2, 3)
 #: largest ``bw_eff``: above 1 only where a calibration found a link faster than the topology says
 MAX_EFFICIENCY = 2.0
 
@@ -280,7 +311,10 @@ class Calibration(Profile):
     ``lat_scale``: family (:data:`FAMILIES`) -> factor on that family's latencies; each factor in
     :data:`SCALE_BOUNDS`, absent ones 1; ``bw_scale``: family (:data:`BW_FAMILIES`) -> factor on that
     family's bandwidth over the links'; ``proto_max``: protocol (:data:`SWITCH_PROTOCOLS`) -> the
-    largest message it runs at, bytes in :data:`SWITCH_BOUNDS` (absent: the simulator's rule).
+    largest message it runs at, bytes in :data:`SWITCH_BOUNDS` (absent: the simulator's rule);
+    ``hop_lat_us``: route class (:data:`LAT_CLASSES`) -> µs added to every hop over it, within
+    :data:`LAT_US_BOUNDS` (absent: 0); ``proto_bw``: protocol (``ll``, ``ll128``) -> factor on its
+    bandwidth.
     ``fitted``: the parameters (``link_scale.net``, ``lat_scale.p2p``, ...) a fit moved; the others are
     the defaults. The :class:`Profile` fields are derived (NCCL's Simple protocol with the ring's
     factors, :meth:`plain`), never given.
@@ -292,6 +326,8 @@ class Calibration(Profile):
     fitted: tuple[str, ...] = ()
     hop_scale: Mapping[str, float] = field(default_factory=dict)
     proto_max: Mapping[str, int] = field(default_factory=dict)
+    hop_lat_us: Mapping[str, float] = field(default_factory=dict)
+    proto_bw: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         what = f"profile {self.name!r}"
@@ -304,7 +340,8 @@ class Calibration(Profile):
                     raise CollectiveError(f"{what}: {fld}.{k}: expected one of {list(keys)}, got an unknown key")
                 lo, hi = calibration_parameters()[f"{fld}.{k}"]
                 if not _number(v) or not lo <= v <= hi:
-                    raise CollectiveError(f"{what}: {fld}.{k} expected a factor in [{lo:g}, {hi:g}], got {v!r}")
+                    unit = "a latency in µs" if fld == "hop_lat_us" else "a factor"
+                    raise CollectiveError(f"{what}: {fld}.{k} expected {unit} in [{lo:g}, {hi:g}], got {v!r}")
             object.__setattr__(self, fld, {k: float(v) for k, v in m.items()})
         if not isinstance(self.proto_max, Mapping):
             raise CollectiveError(f"{what}: proto_max expected a mapping of {list(SWITCH_PROTOCOLS)} to bytes")
@@ -329,10 +366,10 @@ class Calibration(Profile):
         super().__post_init__()
 
     def value(self, parameter: str) -> float:
-        """One factor by its name (``link_scale.nvlink``, ``lat_scale.ring``, ...); 1 when absent (a
-        ``proto_max`` switch point: its bytes, :data:`NO_SWITCH` when absent)."""
+        """One parameter by its name (``link_scale.nvlink``, ``lat_scale.ring``, ``hop_lat_us.net``, ...);
+        its default when absent (:func:`parameter_default`)."""
         fld, _, key = parameter.partition(".")
-        return float(getattr(self, fld).get(key, NO_SWITCH if fld == "proto_max" else 1.0))
+        return float(getattr(self, fld).get(key, parameter_default(parameter)))
 
     def runs(self, protocol: str, nbytes: int) -> bool | None:
         """Whether NCCL protocol profile ``protocol`` (``nccl-ll``, ...) runs a message of ``nbytes`` on this
@@ -350,11 +387,13 @@ class Calibration(Profile):
 
     def apply(self, protocol: Profile, family: str) -> Profile:
         """``protocol`` as algorithm family ``family`` runs it on this machine: every link kind's
-        efficiency times its class's factor and the family's ``bw_scale``, each route class's per-hop
-        floor times its ``hop_scale`` (the network's NIC latency count too), and the base latency,
-        per-hop floors and NIC latency count times the family's ``lat_scale``. ``protocol`` carries the
-        family's own latencies (the simulator gives NCCL's protocols with the tree's, or with one GPU
-        per host the ring's network hop at the tree's:
+        efficiency times its class's factor, the family's ``bw_scale`` and the protocol's ``proto_bw``,
+        each route class's per-hop floor times its ``hop_scale`` (the network's NIC latency count too),
+        and the base latency, per-hop floors and NIC latency count times the family's ``lat_scale``;
+        then the network's per-hop floor plus ``hop_lat_us.net`` times the protocol's own NIC latency
+        count (1 for LL and LL128, 2 for Simple and NVLS: NCCL adds the transport's latency twice there).
+        ``protocol`` carries the family's own latencies (the simulator gives NCCL's protocols with the
+        tree's, or with one GPU per host the ring's network hop at the tree's:
         :func:`~treecoll.collectives.sim.simulator.nccl_hop_profile`). The name stays the protocol's
         (the simulator keys protocol constants on it)."""
         import dataclasses
@@ -362,8 +401,11 @@ class Calibration(Profile):
         if family not in FAMILIES:
             raise CollectiveError(f"calibration {self.name!r}: family expected one of {list(FAMILIES)}, got {family!r}")
         s = float(self.lat_scale.get(family, 1.0))
-        b = float(self.bw_scale.get(family, 1.0))
+        proto = next((k for k, p in SWITCH_PROTOCOLS.items() if p == protocol.name), None)
+        b = float(self.bw_scale.get(family, 1.0)) * float(self.proto_bw.get(proto, 1.0))
         hop = {k: float(self.hop_scale.get(k, 1.0)) for k in ROUTE_CLASSES}
+        # the transport's latency: once per hop, or as many times as the protocol adds the NIC's (Simple: 2)
+        added = {k: float(self.hop_lat_us.get(k, 0.0)) * protocol.nic_lat_mult for k in LAT_CLASSES}
         base = Profile(
             protocol.name,
             protocol.base_lat_us,
@@ -377,7 +419,7 @@ class Calibration(Profile):
         return dataclasses.replace(
             base,
             base_lat_us=base.base_lat_us * s,
-            lat_floor_us={k: v * s * hop.get(k, 1.0) for k, v in base.lat_floor_us.items()},
+            lat_floor_us={k: v * s * hop.get(k, 1.0) + added.get(k, 0.0) for k, v in base.lat_floor_us.items()},
             nic_lat_mult=base.nic_lat_mult * s * hop["net"],
             bw_eff={k: min(base.efficiency(k) * self.link_factor(k) * b, MAX_EFFICIENCY) for k in LINK_KINDS},
         )
@@ -408,19 +450,35 @@ class Calibration(Profile):
             "lat_scale": dict(self.lat_scale),
             "bw_scale": dict(self.bw_scale),
             "proto_max": dict(self.proto_max),
+            "hop_lat_us": dict(self.hop_lat_us),
+            "proto_bw": dict(self.proto_bw),
             "fitted": list(self.fitted),
             "source": self.source,
         }
 
 
 def calibration_parameters() -> dict[str, tuple[float, float]]:
-    """Every factor of a :class:`Calibration` by name (``link_scale.nvlink``, ..., ``lat_scale.p2p``),
-    with its bounds."""
-    return {
-        f"{fld}.{k}": HOP_BOUNDS.get(k, SCALE_BOUNDS[fld]) if fld == "hop_scale" else SCALE_BOUNDS[fld]
-        for fld, keys in _FIELDS
-        for k in keys
-    }
+    """Every continuous parameter of a :class:`Calibration` by name (``link_scale.nvlink``, ...,
+    ``lat_scale.p2p``, ``hop_lat_us.net``, ``proto_bw.ll``), with its bounds (the switch points:
+    :func:`switch_parameters`)."""
+    return {f"{fld}.{k}": _bounds(fld, k) for fld, keys in _FIELDS for k in keys}
+
+
+def _bounds(fld: str, key: str) -> tuple[float, float]:
+    if fld == "hop_scale":
+        return HOP_BOUNDS.get(key, SCALE_BOUNDS[fld])
+    return LAT_US_BOUNDS if fld == "hop_lat_us" else SCALE_BOUNDS[fld]
+
+
+def parameter_default(parameter: str) -> float:
+    """The value a parameter of a :class:`Calibration` has when the file leaves it out: 1 for a factor,
+    0 µs for an added latency (``hop_lat_us``), :data:`NO_SWITCH` for a switch point (``proto_max``).
+
+    >>> parameter_default("link_scale.net"), parameter_default("hop_lat_us.net"), parameter_default("proto_max.ll")
+    (1.0, 0.0, 1099511627776.0)
+    """
+    fld = parameter.partition(".")[0]
+    return {"hop_lat_us": 0.0, "proto_max": NO_SWITCH}.get(fld, 1.0)
 
 
 def switch_parameters() -> dict[str, tuple[int, int]]:
@@ -437,6 +495,8 @@ _FIELDS = (
     ("hop_scale", ROUTE_CLASSES),
     ("lat_scale", FAMILIES),
     ("bw_scale", BW_FAMILIES),
+    ("hop_lat_us", LAT_CLASSES),
+    ("proto_bw", tuple(SWITCH_PROTOCOLS)),
 )
 
 
@@ -476,9 +536,9 @@ def load_profile(path: str | os.PathLike) -> Profile:
         raise CollectiveError(f"{where}: kind expected 'calibration' or 'profile', got {data['kind']!r}")
     keys = _CALIBRATION_KEYS if calibrated else _PROFILE_KEYS
     version = data.get("version", 1)
-    if calibrated and version not in (1, SCHEMA_VERSION):
+    if calibrated and version not in SCHEMA_VERSIONS:
         raise CollectiveError(
-            f"{where}: version expected 1 or {SCHEMA_VERSION}, got {version!r}; "
+            f"{where}: version expected one of {list(SCHEMA_VERSIONS)}, got {version!r}; "
             f"write it again with treecoll simulate calibrate"
         )
     extra = sorted(set(data) - set(keys) - {"fit", "kind", "version"}, key=str)
@@ -502,7 +562,18 @@ def load_profile(path: str | os.PathLike) -> Profile:
 
 
 _PROFILE_KEYS = ("name", "base_lat_us", "lat_floor_us", "bw_eff", "reduce_cost", "source", "nic_lat_mult", "tree_eff")
-_CALIBRATION_KEYS = ("name", "link_scale", "hop_scale", "lat_scale", "bw_scale", "proto_max", "fitted", "source")
+_CALIBRATION_KEYS = (
+    "name",
+    "link_scale",
+    "hop_scale",
+    "lat_scale",
+    "bw_scale",
+    "proto_max",
+    "hop_lat_us",
+    "proto_bw",
+    "fitted",
+    "source",
+)
 
 
 def save_profile(profile: Profile, path: str | os.PathLike, fit: Mapping[str, Any] | None = None) -> None:

@@ -113,7 +113,7 @@ def test_calibration_yaml_round_trip_and_old_files(tmp_path):
         ("name: x\nkind: tuner\n", r"kind expected 'calibration' or 'profile', got 'tuner'"),
         ("name: x\nlat_scale: {p2p: 100}\n", r"lat_scale.p2p expected a factor in \[0.1, 20\], got 100"),
         ("name: [x\n", r"not YAML"),
-        ("name: x\nversion: 7\nlat_scale: {p2p: 2}\n", r"version expected 1 or 2, got 7; write it again"),
+        ("name: x\nversion: 7\nlat_scale: {p2p: 2}\n", r"version expected one of \[1, 2, 3\], got 7; write it again"),
     ],
 )
 def test_a_bad_profile_file_is_one_line_naming_file_and_key(tmp_path, text, match):
