@@ -124,10 +124,10 @@ PAPER_HOSTS = (1, 2, 4, 8, 16)
 #: seconds of one :class:`~treecoll.attention.MergeOp` of two packed CPU states (a tree node's merge of one
 #: child), and of one :func:`~treecoll.attention.merge_states` of 4 stacked states (the gather's merge):
 #: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30`` (``MERGE_PAIR_S``,
-#: ``MERGE_STATES_S``: 32 heads x 128, batch 1), the median of three runs (56.9 .. 57.8 us and
-#: 39.7 .. 41.0 us). A few torch ops each: their dispatch, not the state's bytes, sets the time.
-MERGE_PAIR_S = 57.4e-6
-MERGE_STATES_S = 39.9e-6
+#: ``MERGE_STATES_S``: 32 heads x 128, batch 1), the median of three runs on the idle machine (55.7 .. 56.1 us
+#: and 39.3 .. 39.9 us). A few torch ops each: their dispatch, not the state's bytes, sets the time.
+MERGE_PAIR_S = 55.9e-6
+MERGE_STATES_S = 39.4e-6
 
 
 @dataclass(frozen=True)

@@ -196,10 +196,10 @@ class ExecutorCost:
 #: 2 and 4 processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30``
 #: (latency-bound allreduces of 8 B .. 1 KiB; each time divided by the messages in a row of its
 #: schedule, as :mod:`treecoll.collectives.sim.executor` counts them); the median of three runs
-#: (GLOO_STEP_S 123.7 .. 128.8 us, GLOO_NATIVE_STEP_S 249.8 .. 389.5 us, PYTHON_STEP_S 56.3 .. 81.5 us).
-#: Re-run it on the machine you predict for.
-GLOO_STEP_S = 125.3e-6
-GLOO_NATIVE_STEP_S = 316.5e-6
+#: (GLOO_STEP_S 124.5 .. 136.1 us, GLOO_NATIVE_STEP_S 335.2 .. 419.8 us, 2026-11-26; PYTHON_STEP_S
+#: 56.3 .. 81.5 us in earlier runs, 57.3 .. 62.6 us in these). Re-run it on the machine you predict for.
+GLOO_STEP_S = 132.3e-6
+GLOO_NATIVE_STEP_S = 401.7e-6
 #: The executor's own Python cost per message, without a network library (the same command,
 #: with the in-process transport of :mod:`treecoll.collectives.local`) ...
 PYTHON_STEP_S = 57.4e-6
@@ -208,13 +208,13 @@ PYTHON_STEP_S = 57.4e-6
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
 #: ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S, call_s)`` fitted on each process count alone (the same command's
-#: ``GLOO_BY_NRANKS``; the median of three runs taken while other jobs loaded the 2 cores: 2 processes
-#: 191.6 .. 411.1 us and 136.1 .. 152.2 us, 4 processes 276.7 .. 309.9 us and 765.1 .. 830.0 us). With a
-#: core per process gloo's own ring step is the cheaper; with two processes per core the executor's message.
-#: ``call_s`` (:attr:`ExecutorCost.call_s`): the median of three later runs of the same command under
-#: heavier load (load average 7 to 11 on the 2 cores: 2 processes 155.3 .. 1072.0 us, 4 processes
-#: 1766.4 .. 3433.0 us); it grows with the machine's load, re-fit it on the machine you predict for.
-GLOO_BY_NRANKS = ((2, 208.9e-6, 138.8e-6, 176.8e-6), (4, 289.6e-6, 819.0e-6, 2348.5e-6))
+#: ``GLOO_BY_NRANKS``; the median of the same three runs on the idle machine: 2 processes 117.4 .. 157.0 us,
+#: 127.9 .. 137.7 us and 168.2 .. 182.8 us; 4 processes 125.3 .. 133.5 us, 369.2 .. 468.4 us and
+#: 730.6 .. 974.7 us). With a core per process gloo's own ring step is the cheaper; with two processes per
+#: core the executor's message. ``call_s`` (:attr:`ExecutorCost.call_s`) grows with the machine's load (it
+#: measured 1.8 .. 3.4 ms at 4 processes under a load average of 7 to 11): re-fit it on the machine you
+#: predict for.
+GLOO_BY_NRANKS = ((2, 134.6e-6, 131.6e-6, 182.2e-6), (4, 132.0e-6, 445.7e-6, 855.2e-6))
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
         "gloo",
