@@ -123,7 +123,7 @@ SUBPROCESS = re.compile(r"\bsubprocess\.(?:Popen|run|call|check_call|check_outpu
 SUBPROCESS_USES = {
     "attention/decode_native.py": "runs the C compiler that builds the native kernel",
     "tools/bench/harness.py": "asks git for the commit a benchmark ran from",
-    "tools/bench_sim_scale.py": "times the simulate command as a user runs it (a fresh process)",
+    "tools/bench_sim_scale.py": "times the simulate command as a user runs it, and its load and simulation apart",
     "tools/emucluster/netns.py": "runs ip and tc to build the emulated cluster",
     "tools/emucluster/measure.py": "an iperf-like server and client inside two namespaces",
     "tools/emucluster/runner.py": "asks for a free port inside a namespace",

@@ -30,6 +30,7 @@ then a table, and writes JSON (default ``bench_sim_scale.json``).
 
 from __future__ import annotations
 
+import json
 import resource
 import subprocess
 import sys
@@ -101,12 +102,17 @@ def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict, flo
 
 
 def _in_fresh_process(topology: str, args: list[str]) -> tuple[float, float, dict, float, float]:
-    """:func:`_in_process` in a new interpreter (``spawn``), started as the command starts: the
-    benchmark's own heap, holding what earlier cases left, slowed a 100,000-GPU load about twofold."""
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_in_process, (topology, args))
+    """:func:`_in_process` in a new interpreter, started as the command starts: the benchmark's own
+    heap, holding what earlier cases left, slowed a 100,000-GPU load about twofold."""
+    code = (
+        "import json, sys; from treecoll.tools.bench_sim_scale import _in_process; "
+        "print(json.dumps(_in_process(sys.argv[1], sys.argv[2:])))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, topology, *args], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the timed load and simulation failed: {done.stderr.strip()[-500:]}")
+    load, sim, data, load_cpu, sim_cpu = json.loads(done.stdout.splitlines()[-1])
+    return load, sim, data, load_cpu, sim_cpu
 
 
 def run_case(name: str, spec: str | int, args: list[str], target: float | None, where: Path, repeats: int) -> dict:
