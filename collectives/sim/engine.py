@@ -69,7 +69,6 @@ from typing import cast
 import numpy as np
 from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError
-from treecoll.topo.gcpause import gc_paused
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
@@ -84,7 +83,6 @@ __all__ = [
     "drain_times",
     "RawRun",
     "route_class",
-    "gc_paused",
 ]
 
 _REL_EPS = 1e-9

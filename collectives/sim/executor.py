@@ -34,11 +34,12 @@ import time as _time
 from typing import Any
 
 from treecoll.topo.errors import CollectiveError
+from treecoll.topo.gcpause import gc_paused
 from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
 from ..schedule import Schedule, Step
-from .engine import FlowEngine, Network, gc_paused
+from .engine import FlowEngine, Network
 from .profiles import get_profile
 from .result import DTYPE_SIZES, SimResult, check_size, mem_bw_of, placed, schedule_result
 

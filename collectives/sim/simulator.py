@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 from treecoll.topo import Topology
 from treecoll.topo.errors import CollectiveError, TreeError
+from treecoll.topo.gcpause import gc_paused
 from treecoll.topo.ranks import RanksArg
 
 from ..placement import Placement, as_placement
 from ..schedule import Schedule
-from .engine import FlowEngine, Network, drain_times, gc_paused
+from .engine import FlowEngine, Network, drain_times
 from .nccl_model import PROTO_CHUNK_BYTES
 from .profiles import Profile, get_profile
 from .result import (
@@ -533,17 +534,22 @@ NCCL_P2P_PROFILES = {"nccl-ll": "LL", "nccl-simple": "Simple"}
 def _p2p_setup_or_none(topology: Topology, gpus: Sequence[str]) -> dict | None:
     """NCCL's point-to-point setup (:func:`~treecoll.collectives.sim.nccl_model.p2p_setup`) for these GPUs;
     None where NCCL does not run (CPU process slots, one rank) or its channels cannot be derived
-    (hosts without NIC bandwidth)."""
+    (hosts without NIC bandwidth). Kept per topology object and GPUs: a sendrecv asks it for the
+    protocol and again for each profile's drain."""
     from treecoll.topo.discover import CPU_SLOT_MODEL
 
+    from ..in_network import _kept
     from .nccl_model import p2p_setup
 
-    if len(gpus) < 2 or any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
-        return None
-    try:
-        return p2p_setup(topology, gpus)
-    except TreeError:
-        return None
+    def answer() -> dict | None:
+        if len(gpus) < 2 or any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
+            return None
+        try:
+            return p2p_setup(topology, gpus)
+        except TreeError:
+            return None
+
+    return _kept("p2p_setup", topology, gpus, answer)
 
 
 def _p2p_drain(

@@ -158,7 +158,7 @@ def test_bytes_sent_equal_bytes_received_and_link_accounting():
 
 
 def test_simulation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
-    """The simulations pause Python's cyclic collector while they run (sim_engine.gc_paused)."""
+    """The simulations pause Python's cyclic collector while they run (topo.gcpause.gc_paused)."""
     import gc
 
     topo, P = ring_topology(4, 10.0, 1.0), 4
