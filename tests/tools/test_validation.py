@@ -224,6 +224,26 @@ def test_a_table_without_small_messages_shows_its_latency_where_its_curve_is_fla
     assert before > 1.0 and after < 0.05
 
 
+def test_a_latency_across_hosts_goes_to_the_network_not_the_hops_within_a_host(tmp_path):
+    """An all_gather across two hosts of 4 GPUs from 4 MiB on (no small messages), made with 30 us of transport
+    latency per network hop: its 4 and 8 MiB rows are flat, and the ring's six NVLink hops could hold that
+    latency as well as its two network hops. The fit puts it on the network's transport, where it was
+    made (an NVLink hop within half to twice NCCL's, its pull back larger than the network's), and then
+    predicts the machine's small allreduce messages (the tree, which crosses the network twice and NVLink
+    little) within 5%, where the defaults are far off."""
+    nic = MachineFlags(nic=Nic(4, 200.0, "ib"))
+    truth = {"hop_lat_us.net": 30.0}
+    ag = _synthetic(tmp_path, 2, 4, truth, (4 << 20, 8 << 20, 16 << 20, 64 << 20, 256 << 20), flags=nic)
+    d = validation.calibrate([ag], nic, tol=0.002, check=False)
+    assert d["fit"]["fitted"] == ["hop_lat_us.net"]
+    assert d["values"]["hop_lat_us.net"] == pytest.approx(30.0, rel=0.05)
+    assert d["values"]["hop_scale.nvlink"] == 1.0
+    assert validation.fit_bounds()["hop_scale.nvlink"] == (0.5, 2.0)
+    ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=nic, algos=("ring", "tree"))
+    before, after = (validation.validate([ar], p, nic)["files"][0]["geomean_small"] for p in (None, d["profile"]))
+    assert before > 1.0 and after < 0.05
+
+
 def test_a_protocol_bandwidth_is_found_and_carries_to_the_allreduce(tmp_path):
     """Two hosts of one GPU over one 400 Gb/s NIC each: an all_gather made with LL at a sixth of its default
     bandwidth (the time rises with the size from 8 KiB on, as on a real two-rank run) gives back that
