@@ -96,7 +96,9 @@ default)|``: :data:`PRIOR` for the shared factors, the larger
 across hosts shows goes to the network first, whose fabric and transport
 differ between machines), the larger still :data:`FAMILY_PRIOR` for a
 family's own (what one table shows goes to the shared physics first, so it
-carries to the collectives the table did not run), the small
+carries to the collectives the table did not run; on InfiniBand, whose
+transport NCCL's network latencies describe, no transport latency is added
+and the network hop pulls as a family's own: :data:`RDMA_FABRICS`), the small
 :data:`SWITCH_PRIOR` for a switch point; each factor stays within
 :func:`fit_bounds` (a hop within a host half to twice NCCL's per-hop
 constants, the network's a quarter to four times; a file may say more). The fit rows:
@@ -741,6 +743,13 @@ FAMILY_PRIOR = 0.03
 #: table across hosts shows goes to the network first (a table on one host has no network hop, and puts it
 #: on the hops within the host), and the hops within a host take only what the network's cannot explain
 HOST_HOP_PRIOR = 0.02
+#: the NICs' link layers NCCL's own network latencies describe (NCCL 2.30 src/graph/tuning.cc hwLat NET, for its
+#: InfiniBand verbs transport): there no transport latency is added to them (``hop_lat_us.net`` is not fitted),
+#: the network hop (``hop_scale.net``) pulls back as a family's own factor (:data:`FAMILY_PRIOR`), and a latency
+#: a table across hosts shows goes to the hops within a host first (an InfiniBand hop is NCCL's own measure);
+#: on other fabrics (a plugin's RoCE, EFA, TCPX/TCPXO, Slingshot, sockets) the transport's
+#: own latency is the fabric's and pulls by :data:`PRIOR`
+RDMA_FABRICS = ("InfiniBand",)
 #: the range the fit searches a hop's latency factor in, narrower than what a calibration file may say
 #: (:data:`~treecoll.collectives.sim.profiles.HOP_BOUNDS`, :data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`):
 #: within a host half to twice NCCL's per-hop constants (NCCL 2.30 src/graph/tuning.cc hwLat: an NVLink hop
@@ -914,6 +923,17 @@ class _Predictor:
         self.rows = rows
         self.algos = [_row_algos(r) for r in rows]
         self.simulations = 0
+        self.infiniband = _infiniband_only(rows)
+
+    def prior(self, parameter: str) -> float:
+        """The pull of ``parameter`` back to its default on these rows' machines (:func:`_prior`); where every
+        NIC is InfiniBand (:data:`RDMA_FABRICS`) the network hop (``hop_scale.net``) pulls as a family's
+        own (:data:`FAMILY_PRIOR`) and the hops within a host as the links (:data:`PRIOR`)."""
+        if self.infiniband and parameter == "hop_scale.net":
+            return FAMILY_PRIOR
+        if self.infiniband and parameter in ("hop_scale.nvlink", "hop_scale.pci"):
+            return PRIOR
+        return _prior(parameter)
 
     def _time(self, i: int, algo: str | None, values: dict[str, float]) -> float:
         r = self.rows[i]
@@ -933,6 +953,12 @@ class _Predictor:
             if 0 < t < math.inf:
                 groups.setdefault((r.table, r.group), []).append(abs(math.log(t / r.meas)))
         return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
+
+
+def _infiniband_only(rows: list[_FitRow]) -> bool:
+    """Whether the rows' machines have NICs and every NIC's link layer is one of :data:`RDMA_FABRICS`."""
+    layers = {r.topology.node(n).get("link_layer") for r in rows for n in r.topology.nodes("nic")}
+    return bool(layers) and layers <= set(RDMA_FABRICS)
 
 
 def calibration_from(
@@ -1069,7 +1095,9 @@ def fit_parameters(
     )
     free: list[str] = []
     calls = 0
-    for stage, allowed in ((plain, set(bounds)), (pred, {k for k in bounds if not k.startswith("link_scale.")})):
+    # on InfiniBand NCCL's network latencies are the transport's own: no latency is added to them
+    candidates = {k for k in bounds if not (pred.infiniband and k.startswith("hop_lat_us."))}
+    for stage, allowed in ((plain, candidates), (pred, {k for k in candidates if not k.startswith("link_scale.")})):
         moving: list[str] = []
         for _ in range(rounds if stage.rows else 0):
             new = _identified(stage, values, [k for k in bounds if k not in free and k in allowed])
@@ -1100,7 +1128,8 @@ def fit_parameters(
         "fitted": fitted,
         "identified_default": [k for k in free if k not in fitted],
         "switch_default": [k for k in switches if k not in fitted],
-        "not_identified": [k for k in bounds if k not in free],
+        "not_identified": [k for k in bounds if k in candidates and k not in free],
+        "infiniband_default": sorted(set(bounds) - candidates),
         "rows": len(rows),
         "tables": len({r.table for r in rows}),
         "evaluations": calls,
@@ -1125,11 +1154,11 @@ def _pruned(
     evaluations."""
     defaults = default_values()
     best, calls = _objective(pred, values), 1
-    for k in sorted(names, key=_prior, reverse=True):  # the families' own first, then the hops within a host
+    for k in sorted(names, key=pred.prior, reverse=True):  # the families' own first, then the hops within a host
         if values[k] == defaults[k]:
             continue
         trial = dict(values, **{k: defaults[k]})
-        others = [x for x in shared if _prior(x) < _prior(k) and trial[x] != defaults[x]]
+        others = [x for x in shared if pred.prior(x) < pred.prior(k) and trial[x] != defaults[x]]
         if others:
             trial, n = _search(pred, trial, others, fit_bounds(), tol, max_evals)
             calls += n
@@ -1155,7 +1184,7 @@ def _objective(pred: _Predictor, values: dict[str, float]) -> float:
     ``|ln(value / default)|``."""
     defaults = default_values()
     return pred.error(values) + sum(
-        _prior(k) * abs(_coord(k, v) - _coord(k, defaults[k])) for k, v in values.items() if v != defaults[k]
+        pred.prior(k) * abs(_coord(k, v) - _coord(k, defaults[k])) for k, v in values.items() if v != defaults[k]
     )
 
 
@@ -1226,8 +1255,8 @@ def _search_shared_first(
     take what the network leaves, the families' own factors what both leave (a coordinate search
     started at the defaults could otherwise stop at a factor the prior weighs more)."""
     calls = 0
-    for level in sorted({_prior(k) for k in names}):
-        group = [k for k in names if _prior(k) <= level]
+    for level in sorted({pred.prior(k) for k in names}):
+        group = [k for k in names if pred.prior(k) <= level]
         if group:
             values, n = _search(pred, values, group, bounds, tol, max_evals)
             calls += n
@@ -1348,6 +1377,9 @@ def render_calibration(d: dict) -> str:
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
         **{k: f"default kept: not identified ({_not_identified(k)})" for k in f["not_identified"]},
+        **dict.fromkeys(
+            f.get("infiniband_default", ()), "default kept: InfiniBand (NCCL's network latencies are its transport's)"
+        ),
     }
     for k, v in d["values"].items():
         lines.append(f"   {k:<18} {_value_text(k, v):>7}   {why.get(k, '')}")
