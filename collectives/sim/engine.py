@@ -186,6 +186,22 @@ class Network:
             self.cap_list.append(float(self._cap[i]))
         return i
 
+    def renumber(self, order: np.ndarray) -> None:
+        """Number the links anew: link ``order[k]`` becomes link ``k`` (``order``: a permutation of the
+        ids). The routes kept so far are forgotten (they named the old ids)."""
+        L = len(self.ends)
+        ol = np.asarray(order, dtype=np.int64).tolist()
+        new = [0] * L
+        for k, i in enumerate(ol):
+            new[i] = k
+        self.ends = [self.ends[i] for i in ol]
+        self.kinds = [self.kinds[i] for i in ol]
+        self.cap_list = [self.cap_list[i] for i in ol]
+        self._cap[:L] = np.asarray(self.cap_list)
+        self._ids = {e: i for i, e in enumerate(self.ends)}
+        self._host_links = {h: {e: new[i] for e, i in d.items()} for h, d in self._host_links.items()}
+        self._routes = {}
+
     @property
     def cap(self) -> np.ndarray:
         """Capacity of each numbered link, bytes/s (a view: index it, do not keep it across new links)."""
@@ -482,6 +498,7 @@ class RawRun:
     transfers: int
     subflows: int
     recomputes: int
+    loop: str = "python"  # which event loop ran: "python" or "native" (collectives.sim.engine_native)
 
 
 class _Flows:
@@ -585,7 +602,9 @@ class FlowEngine:
 
     The state of the run is the engine's fields: per rank, what has completed and what may issue
     next; per message, where it waits; the subflows and their rates; the event heap and the clock.
-    :meth:`run` runs it to the end, once.
+    :meth:`run` runs it to the end, once: with the C loop of
+    :mod:`~treecoll.collectives.sim.engine_native` where it can be built (the same numbers), else
+    with the Python loop below.
 
     >>> from treecoll import topo
     >>> from treecoll.collectives.schedule import Schedule, Step
@@ -596,6 +615,9 @@ class FlowEngine:
     >>> round(raw.makespan * 1e6, 1), raw.transfers, raw.subflows   # 0.6 us + 1 GB over 370.8 GB/s
     (2697.5, 1, 4)
     """
+
+    #: whether each rank's sends and receives are issued by one CPU thread (ExecutorEngine)
+    issues_from_cpu = False
 
     def __init__(
         self,
@@ -669,6 +691,11 @@ class FlowEngine:
         if self._ran:
             raise CollectiveError("simulate: a FlowEngine runs once; build a new one")
         self._ran = True
+        from .engine_native import run_native
+
+        raw = run_native(self)
+        if raw is not None:
+            return raw
         for r in range(self.nranks):
             self._advance(r, 0.0)
         while True:
@@ -980,10 +1007,13 @@ class FlowEngine:
         for r, done in enumerate(self.done_t):
             for i, d in enumerate(done):
                 if d is None:
-                    raise CollectiveError(
-                        f"simulate: rank {r} never completed step {i} "
-                        f"({self.steps[r][i].kind}); the schedule cannot progress"
-                    )
+                    self._unfinished(r, i)
+
+    def _unfinished(self, r: int, i: int) -> None:
+        """Raise: step ``i`` of rank ``r`` (the first in rank order) never completed."""
+        raise CollectiveError(
+            f"simulate: rank {r} never completed step {i} ({self.steps[r][i].kind}); the schedule cannot progress"
+        )
 
     def _peak_scratch(self) -> list[float]:
         """Per rank, the largest sum of scratch bytes held at any time."""
