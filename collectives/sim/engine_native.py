@@ -245,7 +245,8 @@ def maxmin_fill(flow_links: list[tuple[int, ...]], cap: list[float]) -> list[flo
     links = _ints(chain.from_iterable(flow_links))
     caps = np.asarray(cap, dtype=np.float64).reshape(-1)
     rate = np.zeros(len(flow_links))
-    if lib.treecoll_maxmin_fill(len(flow_links), ptr.ctypes.data, links.ctypes.data, caps.ctypes.data, len(caps),
-                                rate.ctypes.data):
+    if lib.treecoll_maxmin_fill(
+        len(flow_links), ptr.ctypes.data, links.ctypes.data, caps.ctypes.data, len(caps), rate.ctypes.data
+    ):
         raise MemoryError("maxmin_fill: the native filling failed")
     return rate.tolist()
