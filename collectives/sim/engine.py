@@ -182,8 +182,9 @@ class Network:
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
             if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
                 eff *= link_factor(self.topology, a, b, self._nic_channels)
-            self._cap[i] = float(d["bw"]) * 1e9 * eff
-            self.cap_list.append(float(self._cap[i]))
+            c = float(d["bw"]) * 1e9 * eff
+            self._cap[i] = c
+            self.cap_list.append(c)
         return i
 
     def renumber(self, order: np.ndarray) -> None:
@@ -240,9 +241,9 @@ class Network:
         """The route of ``a`` to ``b`` inside one host from the route of the same GPUs in a host of its
         class (:meth:`~treecoll.topo.routes.RouteTable.host_class`: hosts built alike have the same
         routes inside them, renamed), links numbered in route order (None: not inside one host)."""
-        g = self.topology.graph.nodes
-        ha = g[a].get("host")
-        if ha is None or g[b].get("host") != ha:
+        node = self.topology.graph._node  # the node attribute dicts (NodeView's lookups cost more)
+        ha = node[a].get("host")
+        if ha is None or node[b].get("host") != ha:
             return None
         rep = self._host_rep.get(ha)
         if rep is None:
@@ -255,23 +256,32 @@ class Network:
             if not all(n.startswith(ha + "/") for nodes, _ in p.routes for n in nodes):
                 return None  # a route out of the host and back: not named by its host
             edges = self._class_edges.setdefault(rep, {})  # local edge -> its index in the class
-            subs = [
-                ([edges.setdefault((x[k:], y[k:]), len(edges)) for x, y in zip(nodes, nodes[1:])], share)
-                for nodes, share in p.routes
-            ]
+            subs = tuple(
+                [
+                    tuple([edges.setdefault((x[k:], y[k:]), len(edges)) for x, y in zip(nodes, nodes[1:])])
+                    for nodes, _ in p.routes
+                ]
+            )
             self._class_edge_list[rep] = list(edges)
-            tpl = self._in_host[key] = (subs, self._lat(p), route_class(p.nccl), p.nccl)
-        subs, lat, cls, nccl = tpl
+            shares = tuple([float(share) for _, share in p.routes])
+            used = tuple([j for j, share in enumerate(shares) if share > 0])
+            tpl = (subs, shares, used, tuple([shares[j] for j in used]), self._lat(p), route_class(p.nccl), p.nccl)
+            self._in_host[key] = tpl
+        subs, shares, used, used_shares, lat, cls, nccl = tpl
         own = self._host_links.get(ha)
         if own is None:
             own = self._host_links[ha] = {}
-        out = []
-        for idx, share in subs:
-            ids = [own.get(e) for e in idx]
+        get = own.get
+        lists = []
+        for idx in subs:  # (Route.of's fields, made from the class's template)
+            ids = tuple(map(get, idx))
             if None in ids:
-                ids = [self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)]
-            out.append((ids, share))
-        return Route.of(out, lat, cls, nccl, self.cap_list)
+                ids = tuple([self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)])
+            lists.append(ids)
+        link_lists = tuple([lists[j] for j in used])
+        cap = self.cap_list.__getitem__
+        mins = tuple([min(map(cap, ls)) for ls in link_lists])
+        return Route(lat, cls, nccl, tuple(lists), shares, link_lists, used_shares, mins)
 
     def _host_link(self, host: str, rep: str, e: int) -> int:
         """The id of local edge ``e`` of ``rep``'s class (:meth:`_route_in_host`) in ``host``, numbered now if new."""
@@ -637,7 +647,7 @@ class FlowEngine:
             raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
         self.net = net
         self.nranks = P
-        self.steps = steps = schedule.steps
+        self.steps = schedule.steps
         self.chunk_bytes = chunk_bytes
         self._chunk_f = [float(b) for b in chunk_bytes]  # the same, as floats
         self.rank_gpus = rank_gpus
@@ -646,8 +656,38 @@ class FlowEngine:
         self.ordered_pairs = ordered_pairs
         self.rendezvous = rendezvous
         self.lanes = lanes
+        self._ran = False
+
+    def run(self) -> RawRun:
+        """Run the schedule to its end: what it measured. Raises :class:`CollectiveError` when the
+        schedule cannot progress."""
+        if self._ran:
+            raise CollectiveError("simulate: a FlowEngine runs once; build a new one")
+        self._ran = True
+        from .engine_native import run_native
+
+        raw = run_native(self)
+        if raw is not None:
+            return raw
+        self._start_python_loop()
+        for r in range(self.nranks):
+            self._advance(r, 0.0)
+        while True:
+            if self.changed:
+                self._update_rates()
+            t_next = min(self._next_drain(), self.heap[0][0] if self.heap else np.inf)
+            if t_next == np.inf:
+                break
+            self._drain_until(t_next)
+            self._pop_due_events()
+        self._check_all_done()
+        return self._result()
+
+    def _start_python_loop(self) -> None:
+        """The state of the Python loop (the C loop keeps its own)."""
         # per rank: the time each step completed (None: not yet), and the in-order streams it issues
         # from: one, or one per lane (NCCL's split tree: up and down run concurrently)
+        P, steps, lanes = self.nranks, self.steps, self.lanes
         nsteps = [len(s) for s in steps]
         self.done_t: list[list[float | None]] = [[None] * n for n in nsteps]
         self.queues = [_lane_queues(steps[r]) if lanes else [range(nsteps[r])] for r in range(P)]
@@ -683,31 +723,6 @@ class FlowEngine:
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.now = 0.0
-        self._ran = False
-
-    def run(self) -> RawRun:
-        """Run the schedule to its end: what it measured. Raises :class:`CollectiveError` when the
-        schedule cannot progress."""
-        if self._ran:
-            raise CollectiveError("simulate: a FlowEngine runs once; build a new one")
-        self._ran = True
-        from .engine_native import run_native
-
-        raw = run_native(self)
-        if raw is not None:
-            return raw
-        for r in range(self.nranks):
-            self._advance(r, 0.0)
-        while True:
-            if self.changed:
-                self._update_rates()
-            t_next = min(self._next_drain(), self.heap[0][0] if self.heap else np.inf)
-            if t_next == np.inf:
-                break
-            self._drain_until(t_next)
-            self._pop_due_events()
-        self._check_all_done()
-        return self._result()
 
     # ------------------------------------------------------------------ the clock
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
