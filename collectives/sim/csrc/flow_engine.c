@@ -1031,15 +1031,17 @@ static int setup_messages(engine *E) {
     return 0;
 }
 
-static engine *g_sort_engine; /* qsort has no context argument in C11 */
+typedef struct {
+    i64 rank;
+    double t, b;
+} scratch_ev;
 
+/* scratch events by rank, then (time, bytes) as the Python loop sorts them (equal ones hold equal bytes) */
 static int cmp_sc(const void *a, const void *b) {
-    const engine *E = g_sort_engine;
-    i64 x = *(const i64 *)a, y = *(const i64 *)b;
-    if (E->sc_rank[x] != E->sc_rank[y]) return (E->sc_rank[x] > E->sc_rank[y]) - (E->sc_rank[x] < E->sc_rank[y]);
-    if (E->sc_t[x] != E->sc_t[y]) return (E->sc_t[x] > E->sc_t[y]) - (E->sc_t[x] < E->sc_t[y]);
-    if (E->sc_b[x] != E->sc_b[y]) return (E->sc_b[x] > E->sc_b[y]) - (E->sc_b[x] < E->sc_b[y]);
-    return (x > y) - (x < y);
+    const scratch_ev *x = a, *y = b;
+    if (x->rank != y->rank) return (x->rank > y->rank) - (x->rank < y->rank);
+    if (x->t != y->t) return (x->t > y->t) - (x->t < y->t);
+    return (x->b > y->b) - (x->b < y->b);
 }
 
 static int results(engine *E) {
@@ -1056,20 +1058,18 @@ static int results(engine *E) {
         i64 s = E->f_sub[f];
         for (i64 j = A->s_link_ptr[s]; j < A->s_link_ptr[s + 1]; j++) A->link_bytes[A->s_links[j]] += E->f_size[f];
     }
-    i64 *order = malloc((E->nsc + 1) * sizeof(i64));
-    if (!order) return -1;
-    for (i64 x = 0; x < E->nsc; x++) order[x] = x;
-    g_sort_engine = E;
-    qsort(order, (size_t)E->nsc, sizeof(i64), cmp_sc);
+    scratch_ev *ev = malloc((E->nsc + 1) * sizeof(scratch_ev));
+    if (!ev) return -1;
+    for (i64 x = 0; x < E->nsc; x++) ev[x] = (scratch_ev){E->sc_rank[x], E->sc_t[x], E->sc_b[x]};
+    qsort(ev, (size_t)E->nsc, sizeof(scratch_ev), cmp_sc);
     double cur = 0.0, peak = 0.0;
     for (i64 x = 0; x < E->nsc; x++) {
-        i64 e = order[x];
-        if (x == 0 || E->sc_rank[e] != E->sc_rank[order[x - 1]]) cur = peak = 0.0;
-        cur += E->sc_b[e];
+        if (x == 0 || ev[x].rank != ev[x - 1].rank) cur = peak = 0.0;
+        cur += ev[x].b;
         if (cur > peak) peak = cur;
-        A->peak_scratch[E->sc_rank[e]] = peak;
+        A->peak_scratch[ev[x].rank] = peak;
     }
-    free(order);
+    free(ev);
     A->transfers = E->nx;
     A->subflows = E->nf;
     return 0;
@@ -1169,9 +1169,10 @@ int treecoll_maxmin_fill(i64 nf, const i64 *ptr, const i64 *links, const double 
     E.seen_l = calloc(nlinks + 1, sizeof(i64));
     E.loc = calloc(nlinks + 1, sizeof(i64));
     int rc = -1;
-    if (E.f_sub && E.comp && E.seen_l && E.loc) {
-        for (i64 a = 0; a < nf; a++) E.f_sub[a] = E.comp[a] = a;
-        rc = nf ? fill(&E, E.comp, nf) : 0;
+    i64 *comp = E.comp;
+    if (E.f_sub && comp && E.seen_l && E.loc) {
+        for (i64 a = 0; a < nf; a++) E.f_sub[a] = comp[a] = a;
+        rc = nf > 0 ? fill(&E, comp, nf) : 0;
         if (rc == 0)
             for (i64 a = 0; a < nf; a++) rate[a] = E.c_rate[a];
     }
