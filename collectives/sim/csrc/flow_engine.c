@@ -151,55 +151,34 @@ static int fin_less(const fin_entry *x, const fin_entry *y) {
     return x->v < y->v;
 }
 
-static void ev_push(event *h, i64 *n, event x) {
-    i64 i = (*n)++;
-    while (i > 0) {
-        i64 p = (i - 1) / 2;
-        if (!ev_less(&x, &h[p])) break;
-        h[i] = h[p];
-        i = p;
+/* binary min-heaps of T ordered by less (pops come in that order: the orders are total) */
+#define DEFINE_HEAP(T, less)                                                                                      \
+    static void T##_push(T *h, i64 *n, T x) {                                                                    \
+        i64 i = (*n)++;                                                                                          \
+        while (i > 0) {                                                                                          \
+            i64 p = (i - 1) / 2;                                                                                 \
+            if (!less(&x, &h[p])) break;                                                                         \
+            h[i] = h[p];                                                                                         \
+            i = p;                                                                                               \
+        }                                                                                                        \
+        h[i] = x;                                                                                                \
+    }                                                                                                            \
+    static void T##_pop(T *h, i64 *n) {                                                                          \
+        T last = h[--(*n)];                                                                                      \
+        i64 i = 0;                                                                                               \
+        for (;;) {                                                                                               \
+            i64 c = 2 * i + 1;                                                                                   \
+            if (c >= *n) break;                                                                                  \
+            if (c + 1 < *n && less(&h[c + 1], &h[c])) c++;                                                       \
+            if (!less(&h[c], &last)) break;                                                                      \
+            h[i] = h[c];                                                                                         \
+            i = c;                                                                                               \
+        }                                                                                                        \
+        if (*n > 0) h[i] = last;                                                                                 \
     }
-    h[i] = x;
-}
 
-static void ev_pop(event *h, i64 *n) {
-    event last = h[--(*n)];
-    i64 i = 0;
-    for (;;) {
-        i64 c = 2 * i + 1;
-        if (c >= *n) break;
-        if (c + 1 < *n && ev_less(&h[c + 1], &h[c])) c++;
-        if (!ev_less(&h[c], &last)) break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0) h[i] = last;
-}
-
-static void fin_push(fin_entry *h, i64 *n, fin_entry x) {
-    i64 i = (*n)++;
-    while (i > 0) {
-        i64 p = (i - 1) / 2;
-        if (!fin_less(&x, &h[p])) break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = x;
-}
-
-static void fin_pop(fin_entry *h, i64 *n) {
-    fin_entry last = h[--(*n)];
-    i64 i = 0;
-    for (;;) {
-        i64 c = 2 * i + 1;
-        if (c >= *n) break;
-        if (c + 1 < *n && fin_less(&h[c + 1], &h[c])) c++;
-        if (!fin_less(&h[c], &last)) break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (*n > 0) h[i] = last;
-}
+DEFINE_HEAP(event, ev_less)
+DEFINE_HEAP(fin_entry, fin_less)
 
 /* ------------------------------------------------------------------ the arguments (engine_native._Args) */
 typedef struct {
@@ -350,7 +329,7 @@ static void push_event(engine *E, double t, i64 kind, i64 a, i64 b) {
         return;
     }
     event x = {t, E->seq++, kind, a, b};
-    ev_push(E->ev, &E->nev, x);
+    event_push(E->ev, &E->nev, x);
 }
 
 static void advance(engine *E, i64 r, double t);
@@ -863,7 +842,7 @@ static int update_rates(engine *E) {
                 double left = E->f_rem[f];
                 fin_entry x = {now + left / r, now + (left - (REL_EPS * E->f_size[f] + 1e-6)) / r, f, v};
                 if (GROW(E->fh, E->fh_cap, E->nfh + 1)) return -1;
-                fin_push(E->fh, &E->nfh, x);
+                fin_entry_push(E->fh, &E->nfh, x);
             }
         }
     }
@@ -876,7 +855,7 @@ static double next_drain(engine *E) {
     while (E->nfh > 0) {
         fin_entry *x = &E->fh[0];
         if (x->v == E->f_ver[x->f] && E->f_alive[x->f]) return x->end;
-        fin_pop(E->fh, &E->nfh);
+        fin_entry_pop(E->fh, &E->nfh);
     }
     return INFINITY;
 }
@@ -903,10 +882,10 @@ static int drain_until(engine *E, double t_next, i64 **fin, i64 *fin_cap) {
     while (E->nfh > 0) {
         fin_entry *x = &E->fh[0];
         if (x->v != E->f_ver[x->f] || !E->f_alive[x->f]) {
-            fin_pop(E->fh, &E->nfh);
+            fin_entry_pop(E->fh, &E->nfh);
         } else if (x->within <= now) {
             i64 f = x->f;
-            fin_pop(E->fh, &E->nfh);
+            fin_entry_pop(E->fh, &E->nfh);
             if (GROW(*fin, *fin_cap, nfin + 1)) return -1;
             (*fin)[nfin++] = f;
         } else {
@@ -942,7 +921,7 @@ static void pop_due_events(engine *E) {
     double until = now + (now * REL_EPS + 1e-15);
     while (E->nev > 0 && E->ev[0].t <= until && !E->oom) {
         event x = E->ev[0];
-        ev_pop(E->ev, &E->nev);
+        event_pop(E->ev, &E->nev);
         if (x.kind == EV_ISSUE) {
             i64 g = A->step_off[x.a] + x.b;
             if (A->kind[g] == K_SEND)
