@@ -666,9 +666,9 @@ class FlowEngine:
         self._ran = True
         from .engine_native import run_native
 
-        raw = run_native(self)
-        if raw is not None:
-            return raw
+        native = run_native(self)
+        if native is not None:
+            return RawRun(**native, loop="native")
         self._start_python_loop()
         for r in range(self.nranks):
             self._advance(r, 0.0)

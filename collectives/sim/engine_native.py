@@ -35,13 +35,11 @@ import ctypes
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 from treecoll.collectives.native import NativeUnavailable, load_library
-
-if TYPE_CHECKING:
-    from .engine import FlowEngine, RawRun
+from treecoll.topo.errors import CollectiveError
 
 __all__ = ["native_status", "run_native", "maxmin_fill"]
 
@@ -124,7 +122,7 @@ def _ints(values, n: int | None = None) -> np.ndarray:
     return np.fromiter(values, dtype=np.int64, count=-1 if n is None else n)
 
 
-def _step_arrays(engine: FlowEngine) -> dict:
+def _step_arrays(engine: Any) -> dict:
     """Every rank's steps as flat arrays (global step ``g = step_off[r] + i``)."""
     flat = list(chain.from_iterable(engine.steps))
     S = len(flat)
@@ -142,7 +140,7 @@ def _step_arrays(engine: FlowEngine) -> dict:
     }
 
 
-def _route_arrays(engine: FlowEngine, a: dict) -> dict:
+def _route_arrays(engine: Any, a: dict) -> dict:
     """The route of every send step (one per pair of GPUs, computed now) as flat arrays."""
     P = engine.nranks
     S = len(a["kind"])
@@ -167,16 +165,16 @@ def _route_arrays(engine: FlowEngine, a: dict) -> dict:
     }
 
 
-def run_native(engine: FlowEngine) -> RawRun | None:
-    """Run ``engine`` (a fresh FlowEngine or ExecutorEngine) with the C loop: its :class:`RawRun`, or
-    None when the library is unavailable (:func:`native_status`). Raises what the Python loop raises
-    when the schedule cannot progress."""
+def run_native(engine: Any) -> dict | None:
+    """Run ``engine`` (a fresh :class:`~treecoll.collectives.sim.engine.FlowEngine` or ExecutorEngine)
+    with the C loop: the fields of its ``RawRun`` (``makespan``, ``finish``, ``link_bytes``,
+    ``peak_scratch``, ``transfers``, ``subflows``, ``recomputes``), or None when the library is
+    unavailable (:func:`native_status`). Raises what the Python loop raises when the schedule cannot
+    progress."""
     try:
         lib = _library()
     except NativeUnavailable:
         return None
-    from .engine import RawRun
-
     a = _step_arrays(engine)
     a.update(_route_arrays(engine, a))
     net = engine.net
@@ -209,7 +207,10 @@ def run_native(engine: FlowEngine) -> RawRun | None:
     )
     rc = lib.treecoll_flow_run(ctypes.byref(args))
     if rc != 0:
-        raise MemoryError(f"simulate: the native event loop failed (code {rc}: out of memory)")
+        raise CollectiveError(
+            f"simulate: the native event loop ran out of memory on {S} steps of {P} ranks; "
+            "simulate fewer ranks or chunks"
+        )
     done = out["done_t"]
     if np.isnan(done).any():
         g = int(np.flatnonzero(np.isnan(done))[0])
@@ -220,16 +221,15 @@ def run_native(engine: FlowEngine) -> RawRun | None:
         order = np.concatenate([order, np.setdiff1d(np.arange(L), order)])
     net.renumber(order)
     finish = out["finish"].tolist()
-    return RawRun(
-        max(finish, default=0.0),
-        finish,
-        out["link_bytes"][order],
-        out["peak_scratch"].tolist(),
-        args.transfers,
-        args.subflows,
-        args.recomputes,
-        "native",
-    )
+    return {
+        "makespan": max(finish, default=0.0),
+        "finish": finish,
+        "link_bytes": out["link_bytes"][order],
+        "peak_scratch": out["peak_scratch"].tolist(),
+        "transfers": args.transfers,
+        "subflows": args.subflows,
+        "recomputes": args.recomputes,
+    }
 
 
 def maxmin_fill(flow_links: list[tuple[int, ...]], cap: list[float]) -> list[float]:
@@ -248,5 +248,5 @@ def maxmin_fill(flow_links: list[tuple[int, ...]], cap: list[float]) -> list[flo
     if lib.treecoll_maxmin_fill(
         len(flow_links), ptr.ctypes.data, links.ctypes.data, caps.ctypes.data, len(caps), rate.ctypes.data
     ):
-        raise MemoryError("maxmin_fill: the native filling failed")
+        raise CollectiveError(f"maxmin_fill: the native filling ran out of memory on {len(flow_links)} subflows")
     return rate.tolist()
