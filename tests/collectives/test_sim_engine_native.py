@@ -62,6 +62,14 @@ def test_executor_predictions_are_the_same_with_both_loops(monkeypatch, builder,
     _same(*_both(monkeypatch, lambda: predict_schedule(p, builder, nbytes, backend="gloo")))
 
 
+@pytest.mark.parametrize("step_cost", [0.0, 3e-6, -1e-7])
+def test_executor_step_costs_are_the_same_with_both_loops(monkeypatch, step_cost):
+    # no cost (a rank's deferred steps tie), a small one, and one the C loop orders on its heap alone
+    _native_or_skip()
+    p = Placement(_topology("dgx-h100-x2"), None)
+    _same(*_both(monkeypatch, lambda: predict_schedule(p, "two_level", 1 << 22, step_cost=step_cost)))
+
+
 @pytest.mark.parametrize(
     "run",
     [

@@ -267,6 +267,11 @@ typedef struct {
     /* heaps */
     event *ev;
     i64 nev, ev_cap, seq;
+    /* the executor's deferred sends and receives, per rank in the order pushed (which is their order on
+     * the heap: a rank's CPU frees up later each time), in the rank's step range; only the first of each
+     * rank is on the heap (a k-way merge: the same pops as all of them on the heap, a smaller heap) */
+    double *iq_t;
+    i64 *iq_seq, *iq_step, *iq_head, *iq_tail;
     fin_entry *fh;
     i64 nfh, fh_cap;
     /* filling scratch */
@@ -609,9 +614,31 @@ static void issue(engine *E, i64 r, i64 i, double t, int is_send) {
             start_send(E, r, i, t);
         else
             post_recv(E, r, i, t);
-    } else {
+    } else if (E->A->step_cost < 0) { /* the rank's issue times could go back: the heap alone orders them */
         push_event(E, at, EV_ISSUE, r, i);
+    } else {
+        i64 q = E->A->step_off[r] + E->iq_tail[r]++;
+        E->iq_t[q] = at;
+        E->iq_seq[q] = E->seq;
+        E->iq_step[q] = i;
+        if (E->iq_head[r] + 1 == E->iq_tail[r])
+            push_event(E, at, EV_ISSUE, r, i); /* the first waiting: on the heap, with the same number */
+        else
+            E->seq++;
     }
+}
+
+/* the executor's deferred step of rank r on top of the heap was popped: its next one goes on the heap */
+static void next_issue(engine *E, i64 r) {
+    if (E->A->step_cost < 0) return;
+    if (++E->iq_head[r] == E->iq_tail[r]) return;
+    i64 q = E->A->step_off[r] + E->iq_head[r];
+    if (GROW(E->ev, E->ev_cap, E->nev + 1)) {
+        E->oom = 1;
+        return;
+    }
+    event x = {E->iq_t[q], E->iq_seq[q], EV_ISSUE, r, E->iq_step[q]};
+    event_push(E->ev, &E->nev, x);
 }
 
 /* start every step of rank r that can start at t */
@@ -923,6 +950,7 @@ static void pop_due_events(engine *E) {
         event x = E->ev[0];
         event_pop(E->ev, &E->nev);
         if (x.kind == EV_ISSUE) {
+            next_issue(E, x.a);
             i64 g = A->step_off[x.a] + x.b;
             if (A->kind[g] == K_SEND)
                 start_send(E, x.a, x.b, now);
@@ -1056,7 +1084,7 @@ static int results(engine *E) {
 
 static void engine_free(engine *E) {
     void *ps[] = {E->q_off, E->q_ptr, E->q_steps, E->q_pos, E->q_ready, E->n_ready, E->blocked_head,
-                  E->blocked_next, E->step_rank, E->compute_free, E->cpu_free, E->send_recv, E->send_conn, E->send_next,
+                  E->blocked_next, E->step_rank, E->iq_t, E->iq_seq, E->iq_step, E->iq_head, E->iq_tail, E->compute_free, E->cpu_free, E->send_recv, E->send_conn, E->send_next,
                   E->posted, E->waiting, E->has_arrived, E->arrived_t, E->held, E->c_exists, E->c_head,
                   E->c_tail, E->c_rank, E->slot_val, E->slot_present, E->sc_rank, E->sc_t, E->sc_b,
                   E->x_send, E->x_pending, E->x_route, E->f_rem, E->f_tlast, E->f_rate, E->f_size,
@@ -1104,9 +1132,15 @@ int treecoll_flow_run(fe_args *A) {
     E.link_seen = calloc(L + 1, 1);
     E.route_seen = calloc(A->nroutes + 1, 1);
     E.step_rank = malloc((S + 1) * sizeof(i64));
+    E.iq_t = malloc((S + 1) * sizeof(double));
+    E.iq_seq = malloc((S + 1) * sizeof(i64));
+    E.iq_step = malloc((S + 1) * sizeof(i64));
+    E.iq_head = calloc(P + 1, sizeof(i64));
+    E.iq_tail = calloc(P + 1, sizeof(i64));
     if (!E.blocked_head || !E.send_recv || !E.send_conn || !E.send_next || !E.held || !E.posted || !E.waiting ||
         !E.has_arrived || !E.arrived_t || !E.compute_free || !E.cpu_free || !E.on_link || !E.dirty_mark ||
-        !E.seen_l || !E.loc || !E.link_seen || !E.route_seen || !E.step_rank)
+        !E.seen_l || !E.loc || !E.link_seen || !E.route_seen || !E.step_rank || !E.iq_t || !E.iq_seq || !E.iq_step ||
+        !E.iq_head || !E.iq_tail)
         goto out;
     for (i64 r = 0; r < P; r++)
         for (i64 g = A->step_off[r]; g < A->step_off[r + 1]; g++) E.step_rank[g] = r;
