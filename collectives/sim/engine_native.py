@@ -7,8 +7,8 @@ ends by end, tolerance, subflow, version), the same max-min filling (the operati
 ``engine._fill_small``), the same floating-point operations in the same order (built without
 ``-ffast-math`` and with ``-ffp-contract=off``), so the same numbers to the last bit and the same
 counters. Python hands it plain arrays once per run: every rank's steps (kind, chunk, peer, slot,
-lane, dependencies), the route of every send (its latency, subflows, shares, link ids; routes are
-computed before the run, once per pair of GPUs), the links' capacities; it returns every step's
+lane, dependencies), the route of every send (its latency, subroutes, their shares and link ids; routes
+are computed before the run, once per pair of GPUs), the links' capacities; it returns every step's
 completion time, the bytes per link, the peak scratch per rank, the counters, and the order in which
 the run first used each link: the network's links are then numbered in that order, as the Python
 loop numbers them as it goes, so results list links in the same order.
@@ -76,8 +76,6 @@ class _Args(ctypes.Structure):
                 "s_share",
                 "s_link_ptr",
                 "s_links",
-                "r_all_ptr",
-                "r_all_links",
                 "cap",
             )
         ]
@@ -148,17 +146,14 @@ def _route_arrays(engine: Any, a: dict) -> dict:
     route_of[sends] = which.reshape(-1)
     gpus, route = engine.rank_gpus, engine.net.route
     routes = [route(gpus[p // P], gpus[p % P]) for p in pairs.tolist()]
-    subs = list(chain.from_iterable(r.link_lists for r in routes))
-    every = [tuple(chain.from_iterable(r.sub_lists)) for r in routes]
+    subs = list(chain.from_iterable(r.sub_lists for r in routes))  # every subroute, in numbering order
     return {
         "route_of": route_of,
         "r_lat": np.fromiter((r.lat for r in routes), dtype=np.float64, count=len(routes)),
-        "r_sub_ptr": _offsets(_ints((len(r.share_list) for r in routes), len(routes))),
-        "s_share": np.fromiter(chain.from_iterable(r.share_list for r in routes), dtype=np.float64),
+        "r_sub_ptr": _offsets(_ints((len(r.sub_shares) for r in routes), len(routes))),
+        "s_share": np.fromiter(chain.from_iterable(r.sub_shares for r in routes), dtype=np.float64, count=len(subs)),
         "s_link_ptr": _offsets(_ints(map(len, subs), len(subs))),
         "s_links": _ints(chain.from_iterable(subs)),
-        "r_all_ptr": _offsets(_ints(map(len, every), len(every))),
-        "r_all_links": _ints(chain.from_iterable(every)),
     }
 
 

@@ -195,12 +195,10 @@ typedef struct {
     const double *chunk_f; /* [nchunks] bytes */
     const double *mem_bw;  /* [nranks] bytes/s */
     const double *r_lat;   /* [nroutes] s */
-    const i64 *r_sub_ptr;  /* [nroutes + 1] into the subflows (shares > 0) */
+    const i64 *r_sub_ptr;  /* [nroutes + 1] into the subroutes (a subflow each where its share > 0) */
     const double *s_share; /* [nsubs] */
     const i64 *s_link_ptr; /* [nsubs + 1] into s_links */
     const i64 *s_links;
-    const i64 *r_all_ptr; /* [nroutes + 1] into r_all_links: every link of the route in numbering order */
-    const i64 *r_all_links;
     const double *cap; /* [nlinks] bytes/s */
     i64 reduce_cost, ordered_pairs, rendezvous, lanes, executor;
     double step_cost;
@@ -399,8 +397,8 @@ static void transmit(engine *E, i64 r, i64 g, double t) {
     E->nx++;
     if (!E->route_seen[rt]) { /* the Python engine numbers a route's links when it first uses the route */
         E->route_seen[rt] = 1;
-        for (i64 j = A->r_all_ptr[rt]; j < A->r_all_ptr[rt + 1]; j++) {
-            i64 lk = A->r_all_links[j];
+        for (i64 j = A->s_link_ptr[A->r_sub_ptr[rt]]; j < A->s_link_ptr[A->r_sub_ptr[rt + 1]]; j++) {
+            i64 lk = A->s_links[j];
             if (!E->link_seen[lk]) {
                 E->link_seen[lk] = 1;
                 A->link_order[A->n_order++] = lk;
@@ -409,8 +407,9 @@ static void transmit(engine *E, i64 r, i64 g, double t) {
     }
     i64 cnt = 0;
     if (n > 0) {
-        cnt = A->r_sub_ptr[rt + 1] - A->r_sub_ptr[rt];
         for (i64 s = A->r_sub_ptr[rt]; s < A->r_sub_ptr[rt + 1]; s++) {
+            if (!(A->s_share[s] > 0)) continue; /* a subroute with no share: no subflow */
+            cnt++;
             i64 f = E->nf;
             i64 nl = A->s_link_ptr[s + 1] - A->s_link_ptr[s];
             if (f == E->f_cap) {
