@@ -48,10 +48,14 @@ static i64 new_cap(i64 cap, i64 need) {
 }
 
 /* ------------------------------------------------------------------ a hash map of 4 int64 -> int64 */
+#define HM_EMPTY INT64_MIN /* k[0] of a free slot (keys are ids >= 0) */
+
 typedef struct {
-    i64 *keys; /* 4 per slot */
-    i64 *vals;
-    char *used;
+    i64 k[4], v; /* a slot: key and value on one cache line */
+} hm_entry;
+
+typedef struct {
+    hm_entry *e;
     i64 cap, n;
 } hmap;
 
@@ -69,22 +73,18 @@ static int hm_init(hmap *m, i64 expect) {
     while (c < 2 * expect + 16) c *= 2;
     m->cap = c;
     m->n = 0;
-    m->keys = malloc((size_t)c * 4 * sizeof(i64));
-    m->vals = malloc((size_t)c * sizeof(i64));
-    m->used = calloc((size_t)c, 1);
-    return (m->keys && m->vals && m->used) ? 0 : -1;
+    m->e = malloc((size_t)c * sizeof(hm_entry));
+    if (!m->e) return -1;
+    for (i64 s = 0; s < c; s++) m->e[s].k[0] = HM_EMPTY;
+    return 0;
 }
 
-static void hm_free(hmap *m) {
-    free(m->keys);
-    free(m->vals);
-    free(m->used);
-}
+static void hm_free(hmap *m) { free(m->e); }
 
 static i64 hm_slot(const hmap *m, const i64 *k) {
     i64 s = (i64)(hkey(k) & (uint64_t)(m->cap - 1));
-    while (m->used[s]) {
-        const i64 *q = m->keys + 4 * s;
+    while (m->e[s].k[0] != HM_EMPTY) {
+        const i64 *q = m->e[s].k;
         if (q[0] == k[0] && q[1] == k[1] && q[2] == k[2] && q[3] == k[3]) return s;
         s = (s + 1) & (m->cap - 1);
     }
@@ -95,11 +95,8 @@ static int hm_rehash(hmap *m) {
     hmap o = *m;
     if (hm_init(m, o.cap) != 0) return -1;
     for (i64 s = 0; s < o.cap; s++)
-        if (o.used[s]) {
-            i64 t = hm_slot(m, o.keys + 4 * s);
-            memcpy(m->keys + 4 * t, o.keys + 4 * s, 4 * sizeof(i64));
-            m->vals[t] = o.vals[s];
-            m->used[t] = 1;
+        if (o.e[s].k[0] != HM_EMPTY) {
+            m->e[hm_slot(m, o.e[s].k)] = o.e[s];
             m->n++;
         }
     hm_free(&o);
@@ -110,24 +107,23 @@ static int hm_rehash(hmap *m) {
 static i64 hm_get(const hmap *m, i64 a, i64 b, i64 c, i64 d) {
     i64 k[4] = {a, b, c, d};
     i64 s = hm_slot(m, k);
-    return m->used[s] ? m->vals[s] : -1;
+    return m->e[s].k[0] != HM_EMPTY ? m->e[s].v : -1;
 }
 
 /* a pointer to the value of key (a, b, c, d), inserted with value `init` when new (NULL: out of memory) */
 static i64 *hm_ref(hmap *m, i64 a, i64 b, i64 c, i64 d, i64 init) {
     i64 k[4] = {a, b, c, d};
     i64 s = hm_slot(m, k);
-    if (!m->used[s]) {
+    if (m->e[s].k[0] == HM_EMPTY) {
         if (2 * (m->n + 1) > m->cap) {
             if (hm_rehash(m) != 0) return NULL;
             s = hm_slot(m, k);
         }
-        memcpy(m->keys + 4 * s, k, sizeof(k));
-        m->vals[s] = init;
-        m->used[s] = 1;
+        memcpy(m->e[s].k, k, sizeof(k));
+        m->e[s].v = init;
         m->n++;
     }
-    return m->vals + s;
+    return &m->e[s].v;
 }
 
 /* ------------------------------------------------------------------ heaps */
@@ -1020,21 +1016,23 @@ static int setup_streams(engine *E) {
 /* per receive step, k for its k-th receive of that (sender, chunk); the message map (src, dst, chunk, k) */
 static int setup_messages(engine *E) {
     const fe_args *A = E->A;
-    hmap seen;
+    hmap seen = {NULL, 0, 0};
+    int rc = -1;
     if (hm_init(&seen, 1024) || hm_init(&E->msg, 1024) || hm_init(&E->send_count, 1024) ||
         hm_init(&E->conns, 1024) || hm_init(&E->open_slot, 1024))
-        return -1;
+        goto out;
     for (i64 r = 0; r < A->nranks; r++)
         for (i64 g = A->step_off[r]; g < A->step_off[r + 1]; g++) {
             if (A->kind[g] != K_RECV) continue;
             i64 *c = hm_ref(&seen, A->peer[g], r, A->chunk[g], 0, 0);
-            if (!c) return -1;
+            if (!c) goto out;
             i64 k = (*c)++;
-            i64 *m = hm_ref(&E->msg, A->peer[g], r, A->chunk[g], k, g);
-            if (!m) return -1;
+            if (!hm_ref(&E->msg, A->peer[g], r, A->chunk[g], k, g)) goto out;
         }
+    rc = 0;
+out:
     hm_free(&seen);
-    return 0;
+    return rc;
 }
 
 typedef struct {
@@ -1096,10 +1094,10 @@ static void engine_free(engine *E) {
         for (i64 lk = 0; lk < E->A->nlinks; lk++) free(E->on_link[lk].f), free(E->on_link[lk].inc);
         free(E->on_link);
     }
-    if (E->msg.keys) hm_free(&E->msg);
-    if (E->send_count.keys) hm_free(&E->send_count);
-    if (E->conns.keys) hm_free(&E->conns);
-    if (E->open_slot.keys) hm_free(&E->open_slot);
+    hm_free(&E->msg);
+    hm_free(&E->send_count);
+    hm_free(&E->conns);
+    hm_free(&E->open_slot);
 }
 
 /* Run the schedule to its end. Returns 0, or -1 when memory ran out. Steps that never completed keep
