@@ -241,6 +241,45 @@ class Network:
         """The route of ``a`` to ``b`` inside one host from the route of the same GPUs in a host of its
         class (:meth:`~treecoll.topo.routes.RouteTable.host_class`: hosts built alike have the same
         routes inside them, renamed), links numbered in route order (None: not inside one host)."""
+        found = self.host_template(a, b)
+        if found is None:
+            return None
+        tpl, ha, rep = found
+        subs, shares, used, used_shares, lat, cls, nccl = tpl
+        get = self.host_links(ha).get
+        lists = []
+        for idx in subs:  # (Route.of's fields, made from the class's template)
+            ids = tuple(map(get, idx))
+            if None in ids:
+                ids = tuple([self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)])
+            lists.append(ids)
+        link_lists = tuple([lists[j] for j in used])
+        cap = self.cap_list.__getitem__
+        mins = tuple([min(map(cap, ls)) for ls in link_lists])
+        return Route(lat, cls, nccl, tuple(lists), shares, link_lists, used_shares, mins)
+
+    def host_links(self, host: str) -> dict[int, int]:
+        """Link ids of ``host`` numbered so far, by local edge index of its class (:meth:`host_template`)."""
+        own = self._host_links.get(host)
+        if own is None:
+            own = self._host_links[host] = {}
+        return own
+
+    def host_link_array(self, host: str, rep: str, edges: Sequence[int]) -> np.ndarray:
+        """The link ids of ``host`` (of ``rep``'s class) by local edge index (-1: not numbered), the local
+        ``edges`` numbered now where they are not yet."""
+        own = self.host_links(host)
+        arr = np.full(len(self._class_edge_list[rep]), -1, dtype=np.int64)
+        for e in edges:
+            i = own.get(e)
+            arr[e] = self._host_link(host, rep, e) if i is None else i
+        return arr
+
+    def host_template(self, a: str, b: str) -> tuple[tuple, str, str] | None:
+        """``(template, host, class representative)`` of the route of ``a`` to ``b`` inside one host (None:
+        not inside one host). The template, shared by the hosts of the class: ``(subroutes as local edge
+        indices, shares, indices of the subroutes with a share > 0, their shares, lat s, route class, NCCL
+        class)``; a local edge's link in a host: :meth:`host_links`, numbered by :meth:`_host_link`."""
         node = self.topology.graph._node  # the node attribute dicts (NodeView's lookups cost more)
         ha = node[a].get("host")
         if ha is None or node[b].get("host") != ha:
@@ -267,21 +306,7 @@ class Network:
             used = tuple([j for j, share in enumerate(shares) if share > 0])
             tpl = (subs, shares, used, tuple([shares[j] for j in used]), self._lat(p), route_class(p.nccl), p.nccl)
             self._in_host[key] = tpl
-        subs, shares, used, used_shares, lat, cls, nccl = tpl
-        own = self._host_links.get(ha)
-        if own is None:
-            own = self._host_links[ha] = {}
-        get = own.get
-        lists = []
-        for idx in subs:  # (Route.of's fields, made from the class's template)
-            ids = tuple(map(get, idx))
-            if None in ids:
-                ids = tuple([self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)])
-            lists.append(ids)
-        link_lists = tuple([lists[j] for j in used])
-        cap = self.cap_list.__getitem__
-        mins = tuple([min(map(cap, ls)) for ls in link_lists])
-        return Route(lat, cls, nccl, tuple(lists), shares, link_lists, used_shares, mins)
+        return tpl, ha, rep
 
     def _host_link(self, host: str, rep: str, e: int) -> int:
         """The id of local edge ``e`` of ``rep``'s class (:meth:`_route_in_host`) in ``host``, numbered now if new."""

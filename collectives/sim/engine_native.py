@@ -136,7 +136,10 @@ def _step_arrays(engine: Any) -> dict:
 
 
 def _route_arrays(engine: Any, a: dict) -> dict:
-    """The route of every send step (one per pair of GPUs, computed now) as flat arrays."""
+    """The route of every send step (one per pair of GPUs, computed now) as flat arrays: per route its
+    latency and subroutes, per subroute its share and link ids. A route inside a host is its class's
+    template (:meth:`~treecoll.collectives.sim.engine.Network.host_template`) on the host's links, made
+    for all the hosts of a template at once."""
     P = engine.nranks
     S = len(a["kind"])
     rank = np.repeat(np.arange(P, dtype=np.int64), np.diff(a["step_off"]))
@@ -144,17 +147,71 @@ def _route_arrays(engine: Any, a: dict) -> dict:
     pairs, which = np.unique(rank[sends] * P + a["peer"][sends], return_inverse=True)
     route_of = np.full(S, -1, dtype=np.int64)
     route_of[sends] = which.reshape(-1)
-    gpus, route = engine.rank_gpus, engine.net.route
-    routes = [route(gpus[p // P], gpus[p % P]) for p in pairs.tolist()]
-    subs = list(chain.from_iterable(r.sub_lists for r in routes))  # every subroute, in numbering order
+    gpus, net = engine.rank_gpus, engine.net
+    template, route = net.host_template, net.route
+    n = len(pairs)
+    nsub = np.zeros(n, dtype=np.int64)
+    lat = np.zeros(n)
+    between: list[tuple[int, Any]] = []  # (route index, Route) of the routes between hosts
+    groups: dict[int, tuple[tuple, str, list[int], list[str]]] = {}  # template -> (it, class, routes, hosts)
+    for j, code in enumerate(pairs.tolist()):
+        ga, gb = gpus[code // P], gpus[code % P]
+        found = template(ga, gb)
+        if found is None:
+            r = route(ga, gb)
+            between.append((j, r))
+            nsub[j], lat[j] = len(r.sub_shares), r.lat
+            continue
+        tpl, host, rep = found
+        g = groups.get(id(tpl))
+        if g is None:
+            g = groups[id(tpl)] = (tpl, rep, [], [])
+        g[2].append(j)
+        g[3].append(host)
+        nsub[j], lat[j] = len(tpl[0]), tpl[4]
+    r_sub_ptr = _offsets(nsub)
+    s_share = np.zeros(int(r_sub_ptr[-1]))
+    s_len = np.zeros(int(r_sub_ptr[-1]), dtype=np.int64)
+    for tpl, _, js, _ in groups.values():
+        at = r_sub_ptr[js][:, None] + np.arange(len(tpl[0]))
+        s_share[at] = tpl[1]
+        s_len[at] = [len(sub) for sub in tpl[0]]
+    for j, r in between:
+        at = slice(int(r_sub_ptr[j]), int(r_sub_ptr[j + 1]))
+        s_share[at] = r.sub_shares
+        s_len[at] = [len(sub) for sub in r.sub_lists]
+    s_link_ptr = _offsets(s_len)
+    s_links = np.zeros(int(s_link_ptr[-1]), dtype=np.int64)
+    links_of = _host_link_arrays(net, groups.values())
+    for tpl, _, js, hosts in groups.values():
+        edges = np.fromiter(chain.from_iterable(tpl[0]), dtype=np.int64)
+        ids = np.stack([links_of[h] for h in hosts])[:, edges]
+        s_links[s_link_ptr[r_sub_ptr[js]][:, None] + np.arange(len(edges))] = ids
+    for j, r in between:
+        s_links[int(s_link_ptr[r_sub_ptr[j]]) : int(s_link_ptr[r_sub_ptr[j + 1]])] = list(
+            chain.from_iterable(r.sub_lists)
+        )
     return {
         "route_of": route_of,
-        "r_lat": np.fromiter((r.lat for r in routes), dtype=np.float64, count=len(routes)),
-        "r_sub_ptr": _offsets(_ints((len(r.sub_shares) for r in routes), len(routes))),
-        "s_share": np.fromiter(chain.from_iterable(r.sub_shares for r in routes), dtype=np.float64, count=len(subs)),
-        "s_link_ptr": _offsets(_ints(map(len, subs), len(subs))),
-        "s_links": _ints(chain.from_iterable(subs)),
+        "r_lat": lat,
+        "r_sub_ptr": r_sub_ptr,
+        "s_share": s_share,
+        "s_link_ptr": s_link_ptr,
+        "s_links": s_links,
     }
+
+
+def _host_link_arrays(net: Any, groups) -> dict[str, np.ndarray]:
+    """Per host with routes inside it, the link id of each local edge of its class (-1: unused), the
+    edges its routes use numbered now (:meth:`~treecoll.collectives.sim.engine.Network.host_links`)."""
+    used: dict[str, set[int]] = {}  # host -> local edges its routes cross
+    rep_of: dict[str, str] = {}
+    for tpl, rep, _, hosts in groups:
+        edges = set(chain.from_iterable(tpl[0]))
+        for h in hosts:
+            used.setdefault(h, set()).update(edges)
+            rep_of[h] = rep
+    return {h: net.host_link_array(h, rep_of[h], sorted(edges)) for h, edges in used.items()}
 
 
 def run_native(engine: Any) -> dict | None:
