@@ -130,6 +130,7 @@ def simulate(
     ).run()
     stats = {
         "engine": "events",
+        "loop": raw.loop,
         "transfers": raw.transfers,
         "subflows": raw.subflows,
         "rate_updates": raw.recomputes,
