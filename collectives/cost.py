@@ -347,6 +347,83 @@ def _levels(t: Tree) -> tuple[list[int], list[int]]:
     return depth, height
 
 
+class _TreeArrays:
+    """One tree's ranks as arrays for :meth:`CostModel._closed_form_arrays`: children per rank
+    (``nkids``), messages per chunk and phase (``own``), the inner ranks, and the ranks grouped by
+    subtree height (going up) and by depth (going down), each group's children concatenated."""
+
+    def __init__(self, t: Tree) -> None:
+        self.tree = t
+        depth, height = _levels(t)
+        self.nkids = np.array([len(c) for c in t.children], dtype=np.int64)
+        self.own = self.nkids + (np.array(t.parents) >= 0)
+        inner = [r for r in range(t.size) if t.children[r]]
+        self.inner = np.array(inner, dtype=np.intp)
+        by_height: dict[int, list[int]] = defaultdict(list)
+        by_depth: dict[int, list[int]] = defaultdict(list)
+        for r in inner:
+            by_height[height[r]].append(r)
+            by_depth[depth[r]].append(r)
+        self.heights = [by_height[h] for h in sorted(by_height)]
+        # at one depth the ranks with the most children first: those with an i-th child are a prefix
+        self.depths = [sorted(by_depth[d], key=lambda r: -len(t.children[r])) for d in sorted(by_depth)]
+
+    def _edges(self, rate: dict, pairs: dict, pair: Callable, flows: list[tuple[int, int]]):
+        """(latencies s, inverse rates s/B) of the tree edges ``flows`` (ranks i -> j)."""
+        lats = [(pairs.get(f) or pair(*f))[0] for f in flows]
+        return np.array(lats), np.array([1.0 / rate[f] for f in flows])
+
+    def up_finish(self, rate, pairs, pair, m, o_r, lookahead, red) -> np.ndarray:
+        """Per chunk count, when the root has combined the first chunk (the reduce of
+        :meth:`CostModel._closed_form_ranks`; ``o_r``: a rank's cost per message, a leaf's ``o``)."""
+        children = self.tree.children
+        finish = np.zeros((self.tree.size, len(m)))
+        for ranks in self.heights:
+            kids = [c for r in ranks for c in children[r]]
+            lat, inv = self._edges(rate, pairs, pair, [(c, r) for r in ranks for c in children[r]])
+            at = np.array(ranks, dtype=np.intp)
+            nk = self.nkids[at]
+            starts = np.zeros(len(ranks), dtype=np.intp)
+            np.cumsum(nk[:-1], out=starts[1:])
+            arrive = np.maximum.reduceat(
+                finish[kids] + o_r[kids][:, None] + lat[:, None] + m * inv[:, None], starts, axis=0
+            )
+            finish[at] = np.maximum((nk[:, None] * lookahead) * o_r[at][:, None], arrive) + (nk * red[at])[:, None] * m
+        return finish[self.tree.root]
+
+    def down_reach(self, rate, pairs, pair, m, o_r) -> np.ndarray:
+        """Per rank and chunk count, when the first chunk reaches it going down (the broadcast of
+        :meth:`CostModel._closed_form_ranks`): a parent sends to its children one after another."""
+        children = self.tree.children
+        reach = np.zeros((self.tree.size, len(m)))
+        for ranks in self.depths:
+            at = np.array(ranks, dtype=np.intp)
+            base = reach[at]
+            free = base.copy()
+            counts = self.nkids[at]  # descending
+            for i in range(int(counts[0])):
+                j = int(np.count_nonzero(counts > i))
+                kid = [children[r][i] for r in ranks[:j]]
+                lat, inv = self._edges(rate, pairs, pair, list(zip(ranks[:j], kid)))
+                free[:j] = np.maximum(free[:j], base[:j] + (i + 1) * o_r[at[:j]][:, None]) + m * inv[:, None]
+                reach[kid] = free[:j] + lat[:, None]
+        return reach
+
+    def slowest(self, rate: dict, up: bool, down: bool) -> np.ndarray:
+        """Per inner rank, the largest inverse rate (s/B) of its edges to its children (up, down)."""
+        children = self.tree.children
+        flows = []
+        for r in self.inner.tolist():
+            if up:
+                flows.extend((c, r) for c in children[r])
+            if down:
+                flows.extend((r, c) for c in children[r])
+        inv = np.array([1.0 / rate[f] for f in flows])
+        starts = np.zeros(len(self.inner), dtype=np.intp)
+        np.cumsum(self.nkids[self.inner][:-1] * (int(up) + int(down)), out=starts[1:])
+        return np.maximum.reduceat(inv, starts)
+
+
 class _Links:
     """The routes of one topology's ranks as numbered links, and the rates of flows sharing them:
     what every :class:`CostModel` of the same topology object and ranks reads (:func:`_links_of`),
@@ -515,6 +592,8 @@ SHARED_LINKS = 4
 SHARED_TIMES = 4096
 #: link incidences up to which :meth:`_Links.rates` sums in Python
 SMALL_RATES = 64
+#: ranks x trees from which :meth:`CostModel._closed_form` works on arrays, a tree level at a time
+ARRAY_CLOSED_FORM = 256
 
 
 def _links_of(placement: Placement, topology: Topology, gpus: Sequence[str], step_overhead: float) -> _Links:
@@ -755,7 +834,66 @@ class CostModel:
     def _closed_form(
         self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
     ) -> list[float]:
-        """:meth:`_closed_form_times` computed."""
+        """:meth:`_closed_form_times` computed: on arrays a tree level at a time
+        (:meth:`_closed_form_arrays`) from :data:`ARRAY_CLOSED_FORM` ranks x trees, else rank by rank
+        (:meth:`_closed_form_ranks`); the same operations in the same order, so the same numbers."""
+        if multi.size * len(multi.trees) >= ARRAY_CLOSED_FORM:
+            return self._closed_form_arrays(multi, nbytes, collective, chunk_counts)
+        return self._closed_form_ranks(multi, nbytes, collective, chunk_counts)
+
+    def _closed_form_arrays(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """:meth:`_closed_form_ranks` with every chunk count at once and every rank of one tree level
+        at once (numpy arrays ranks x chunk counts): the ranks whose subtrees have one height go up
+        together, those at one depth send down to their i-th child together."""
+        phases = COLLECTIVE_PHASES[collective]
+        up, down = "up" in phases, "down" in phases
+        o, n = self.msg_overhead, multi.size
+        ks = np.array(chunk_counts, dtype=np.int64)
+        first = self._tree_rates(multi, up, down, True)
+        steady = self._tree_rates(multi, up, down, False) if (ks > 1).any() else None
+        pairs, pair = self._shared().pairs, self._shared().pair
+        mem_bw = np.array(self._mem_bw)
+        red = np.array([reduce_time(b, 1.0) for b in self._mem_bw])  # combine seconds per byte
+        shape = [_TreeArrays(t) for t in multi.trees]
+        busy = sum(s.own for s in shape)
+        per_phase = int(up) + int(down)
+        worst = np.zeros(len(ks))
+        for share, s in zip(multi.shares, shape):
+            m = nbytes * share / ks  # bytes per chunk, per chunk count
+            o_r = np.full(n, o)  # a leaf's cost for its send up; an inner rank's per message, interleaved
+            o_r[s.inner] = o * (busy[s.inner] + s.own[s.inner]) / (2 * s.own[s.inner])
+            total = np.zeros(len(ks))
+            if up:
+                total += s.up_finish(first, pairs, pair, m, o_r, np.minimum(ks, LOOKAHEAD), red)
+            if down:
+                total += s.down_reach(first, pairs, pair, m, o_r).max(axis=0)
+            stage = np.zeros(len(ks))
+            if steady is not None and len(s.inner):
+                slowest = s.slowest(steady, up, down)
+                nk = s.nkids[s.inner]
+                cpu = (s.own[s.inner] * per_phase * o)[:, None] + ((nk * red[s.inner])[:, None] * m if up else 0.0)
+                stage = np.maximum(np.maximum(cpu.max(axis=0), (slowest[:, None] * m).max(axis=0)), 0.0)
+                stage[ks == 1] = 0.0
+            worst = np.maximum(worst, total + (ks - 1) * stage)
+        if len(multi.trees) > 1:  # every rank issues the messages of all trees from one thread
+            load = np.zeros((n, len(ks)))
+            for share, s in zip(multi.shares, shape):
+                m = nbytes * share / ks
+                combine = 0.0
+                if up:  # a rank's combines of m bytes (free where the GPU's memory bandwidth is unknown)
+                    with np.errstate(divide="ignore"):
+                        rt = np.where((mem_bw > 0)[:, None], 3.0 * m / (mem_bw * 1e9)[:, None], 0.0)
+                    combine = s.nkids[:, None] * rt
+                load += ks * ((s.own * per_phase * o)[:, None] + combine)
+            worst = np.maximum(worst, load.max(axis=0))
+        return worst.tolist()
+
+    def _closed_form_ranks(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """:meth:`_closed_form` rank by rank (small trees, and the reference of the array form)."""
         phases = COLLECTIVE_PHASES[collective]
         up, down = "up" in phases, "down" in phases
         o = self.msg_overhead

@@ -8,7 +8,7 @@ import pytest
 from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
 from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
 from treecoll.collectives.builders import BUILDERS, nccl_btree_parents
-from treecoll.collectives.cost import CostModel
+from treecoll.collectives.cost import CHUNK_CANDIDATES, CostModel
 from treecoll.collectives.tree import as_multi
 from treecoll.topo.errors import TreeError
 
@@ -84,6 +84,9 @@ def test_every_builder_on_every_shipped_topology(topo_name, builder):
     model = CostModel(t, gpus)
     secs = model.tree_time(plan, 1 << 20, "allreduce", 4)
     assert math.isfinite(secs) and secs >= model.lower_bound(1 << 20) > 0
+    for collective in ("allreduce", "reduce", "broadcast"):  # the array closed form is the rank-by-rank one
+        ranks = model._closed_form_ranks(multi, 3 << 20, collective, CHUNK_CANDIDATES)
+        assert model._closed_form_arrays(multi, 3 << 20, collective, CHUNK_CANDIDATES) == ranks
     if len(gpus) <= 128:
         compile_allreduce(plan, 2)
     if builder == "two_level":
