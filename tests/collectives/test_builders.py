@@ -8,6 +8,7 @@ import pytest
 from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
 from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
 from treecoll.collectives.builders import BUILDERS, nccl_btree_parents
+from treecoll.collectives.compile import _emit
 from treecoll.collectives.cost import CHUNK_CANDIDATES, CostModel
 from treecoll.collectives.tree import as_multi
 from treecoll.topo.errors import TreeError
@@ -89,6 +90,11 @@ def test_every_builder_on_every_shipped_topology(topo_name, builder):
         assert model._closed_form_arrays(multi, 3 << 20, collective, CHUNK_CANDIDATES) == ranks
     if len(gpus) <= 128:
         compile_allreduce(plan, 2)
+        # rank programs shared by ranks that look alike: the steps every rank gets on its own, fully checked
+        for phases, collective in ((("up", "down"), "allreduce"), (("up",), "reduce"), (("down",), "broadcast")):
+            if collective == "allreduce" or len(set(multi.roots)) == 1:
+                alike, own = (_emit(multi, 3, phases, None, "t", collective, alike=a) for a in (True, False))
+                assert alike == own and alike.steps == own.steps
     if builder == "two_level":
         hosts = {t.host_of(g) for g in gpus}
         for tree in multi.trees:
