@@ -49,7 +49,7 @@ from collections.abc import Sequence
 
 from treecoll.topo.errors import ScheduleError
 
-from .schedule import Schedule, Step, trusted_step
+from .schedule import Schedule, Step, trusted_step, with_peers
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = [
@@ -297,15 +297,6 @@ def _look(multi: MultiTree, levels, r: int) -> tuple:
     )
 
 
-def _named(template: list[Step], table: list[int], base: int) -> list[Step]:
-    """``template`` (steps with stand-in peers ``base + i``) with the peers of ``table``; steps
-    without a peer (reduces) are shared."""
-    return [
-        s if s.peer < base else trusted_step(s.kind, s.chunk, table[s.peer - base], s.slot, s.deps, s.right, s.lane)
-        for s in template
-    ]
-
-
 def _emit(
     multi: MultiTree,
     k: int,
@@ -350,7 +341,7 @@ def _emit(
             programs.add(look, _rank_steps(multi, r, _Peers(multi, r, True), ev, k, nph, root, collective))
         programs.ranks.append(look)
     programs.check(f"compile {name}")
-    steps = tuple(_named(programs.steps[look], _Peers(multi, r).table, n) for r, look in enumerate(programs.ranks))
+    steps = tuple(with_peers(programs.steps[look], _Peers(multi, r).table, n) for r, look in enumerate(programs.ranks))
     return Schedule.trusted(collective, n, nchunks, steps, **fields)
 
 

@@ -347,12 +347,33 @@ def _levels(t: Tree) -> tuple[list[int], list[int]]:
     return depth, height
 
 
+def _rate_groups(multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[list[tuple[int, int]]]:
+    """The tree edges (rank i -> rank j) busy at once (:meth:`CostModel._tree_rates`): all of them, or
+    with ``by_level`` going up those whose child's subtree has one height, going down those whose
+    child has one depth and one place among its siblings."""
+    groups: dict = defaultdict(list)
+    for t in multi.trees:
+        depth, height = _levels(t) if by_level else (None, None)
+        place = [0] * t.size  # each rank's place among its parent's children
+        for kids in t.children:
+            for i, c in enumerate(kids):
+                place[c] = i
+        for c, p in t.edges():
+            if up:  # a child sends up once its subtree is done: its height says when
+                groups[("up", height[c]) if by_level else 0].append((c, p))
+            if down:  # a parent forwards down once the chunk reached it (its depth says when), to
+                # one child after another
+                groups[("down", depth[c], place[c]) if by_level else 0].append((p, c))
+    return list(groups.values())
+
+
 class _TreeArrays:
     """One tree's ranks as arrays for :meth:`CostModel._closed_form_arrays`: children per rank
-    (``nkids``), messages per chunk and phase (``own``), the inner ranks, and the ranks grouped by
-    subtree height (going up) and by depth (going down), each group's children concatenated."""
+    (``nkids``), messages per chunk and phase (``own``), the inner ranks, the ranks grouped by
+    subtree height (going up) and by depth (going down), and the latency (s) of every rank's edge
+    to its parent (``lat_up``) and from it (``lat_down``), indexed by the child."""
 
-    def __init__(self, t: Tree) -> None:
+    def __init__(self, t: Tree, pairs: dict, pair: Callable) -> None:
         self.tree = t
         depth, height = _levels(t)
         self.nkids = np.array([len(c) for c in t.children], dtype=np.int64)
@@ -367,33 +388,34 @@ class _TreeArrays:
         self.heights = [by_height[h] for h in sorted(by_height)]
         # at one depth the ranks with the most children first: those with an i-th child are a prefix
         self.depths = [sorted(by_depth[d], key=lambda r: -len(t.children[r])) for d in sorted(by_depth)]
+        self.lat_up, self.lat_down = np.zeros(t.size), np.zeros(t.size)
+        for c, p in t.edges():
+            self.lat_up[c] = (pairs.get((c, p)) or pair(c, p))[0]
+            self.lat_down[c] = (pairs.get((p, c)) or pair(p, c))[0]
 
-    def _edges(self, rate: dict, pairs: dict, pair: Callable, flows: list[tuple[int, int]]):
-        """(latencies s, inverse rates s/B) of the tree edges ``flows`` (ranks i -> j)."""
-        lats = [(pairs.get(f) or pair(*f))[0] for f in flows]
-        return np.array(lats), np.array([1.0 / rate[f] for f in flows])
-
-    def up_finish(self, rate, pairs, pair, m, o_r, lookahead, red) -> np.ndarray:
+    def up_finish(self, rate: np.ndarray, m, o_r, lookahead, red) -> np.ndarray:
         """Per chunk count, when the root has combined the first chunk (the reduce of
-        :meth:`CostModel._closed_form_ranks`; ``o_r``: a rank's cost per message, a leaf's ``o``)."""
+        :meth:`CostModel._closed_form_ranks`; ``rate``: B/s of every rank's edge to its parent;
+        ``o_r``: a rank's cost per message, a leaf's ``o``)."""
         children = self.tree.children
         finish = np.zeros((self.tree.size, len(m)))
         for ranks in self.heights:
             kids = [c for r in ranks for c in children[r]]
-            lat, inv = self._edges(rate, pairs, pair, [(c, r) for r in ranks for c in children[r]])
             at = np.array(ranks, dtype=np.intp)
             nk = self.nkids[at]
             starts = np.zeros(len(ranks), dtype=np.intp)
             np.cumsum(nk[:-1], out=starts[1:])
+            inv = 1.0 / rate[kids]
             arrive = np.maximum.reduceat(
-                finish[kids] + o_r[kids][:, None] + lat[:, None] + m * inv[:, None], starts, axis=0
+                finish[kids] + o_r[kids][:, None] + self.lat_up[kids][:, None] + m * inv[:, None], starts, axis=0
             )
             finish[at] = np.maximum((nk[:, None] * lookahead) * o_r[at][:, None], arrive) + (nk * red[at])[:, None] * m
         return finish[self.tree.root]
 
-    def down_reach(self, rate, pairs, pair, m, o_r) -> np.ndarray:
+    def down_reach(self, rate: np.ndarray, m, o_r) -> np.ndarray:
         """Per rank and chunk count, when the first chunk reaches it going down (the broadcast of
-        :meth:`CostModel._closed_form_ranks`): a parent sends to its children one after another."""
+        :meth:`CostModel._closed_form_ranks`; ``rate``: B/s of every rank's edge from its parent): a
+        parent sends to its children one after another."""
         children = self.tree.children
         reach = np.zeros((self.tree.size, len(m)))
         for ranks in self.depths:
@@ -404,24 +426,21 @@ class _TreeArrays:
             for i in range(int(counts[0])):
                 j = int(np.count_nonzero(counts > i))
                 kid = [children[r][i] for r in ranks[:j]]
-                lat, inv = self._edges(rate, pairs, pair, list(zip(ranks[:j], kid)))
+                inv = 1.0 / rate[kid]
                 free[:j] = np.maximum(free[:j], base[:j] + (i + 1) * o_r[at[:j]][:, None]) + m * inv[:, None]
-                reach[kid] = free[:j] + lat[:, None]
+                reach[kid] = free[:j] + self.lat_down[kid][:, None]
         return reach
 
-    def slowest(self, rate: dict, up: bool, down: bool) -> np.ndarray:
-        """Per inner rank, the largest inverse rate (s/B) of its edges to its children (up, down)."""
-        children = self.tree.children
-        flows = []
-        for r in self.inner.tolist():
-            if up:
-                flows.extend((c, r) for c in children[r])
-            if down:
-                flows.extend((r, c) for c in children[r])
-        inv = np.array([1.0 / rate[f] for f in flows])
-        starts = np.zeros(len(self.inner), dtype=np.intp)
-        np.cumsum(self.nkids[self.inner][:-1] * (int(up) + int(down)), out=starts[1:])
-        return np.maximum.reduceat(inv, starts)
+    def slowest(self, ups: np.ndarray | None, downs: np.ndarray | None) -> np.ndarray:
+        """Per inner rank, the largest inverse rate (s/B) of its edges to and from its children
+        (``ups``, ``downs``: B/s of every rank's edge to and from its parent, None: not run)."""
+        kids = np.flatnonzero(np.array(self.tree.parents) >= 0)
+        parents = np.array(self.tree.parents, dtype=np.intp)[kids]
+        most = np.full(self.tree.size, -np.inf)
+        for rate in (ups, downs):
+            if rate is not None:
+                np.maximum.at(most, parents, 1.0 / rate[kids])
+        return most[self.inner]
 
 
 class _Links:
@@ -524,6 +543,12 @@ class _Links:
         vector length."""
         if not flows:
             return {}
+        got = self.rates_array(flows)
+        return got if isinstance(got, dict) else dict(zip(flows, got.tolist()))
+
+    def rates_array(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
+        """:meth:`rates` of ``flows`` (not empty) as an array in their order, or, for flows crossing at
+        most :data:`SMALL_RATES` links, as :meth:`rates` returns them (summed in Python)."""
         entries = list(map(self.pairs.get, flows))
         if None in entries:
             entries = [e or self.pairs.get(f) or self.pair(*f) for f, e in zip(flows, entries)]
@@ -556,7 +581,7 @@ class _Links:
             per_flow = table[:, 0].copy()
             for c in range(1, most):
                 per_flow += table[:, c]
-        return dict(zip(flows, (per_flow * 1e9).tolist()))
+        return per_flow * 1e9
 
     def _rates_small(
         self, flows: list[tuple[int, int]], ids: list[int], shares: list[float], lens: list[int]
@@ -851,27 +876,28 @@ class CostModel:
         up, down = "up" in phases, "down" in phases
         o, n = self.msg_overhead, multi.size
         ks = np.array(chunk_counts, dtype=np.int64)
-        first = self._tree_rates(multi, up, down, True)
-        steady = self._tree_rates(multi, up, down, False) if (ks > 1).any() else None
+        first = self._tree_rate_arrays(multi, up, down, True)
+        steady = self._tree_rate_arrays(multi, up, down, False) if (ks > 1).any() else None
         pairs, pair = self._shared().pairs, self._shared().pair
         mem_bw = np.array(self._mem_bw)
         red = np.array([reduce_time(b, 1.0) for b in self._mem_bw])  # combine seconds per byte
-        shape = [_TreeArrays(t) for t in multi.trees]
+        shape = [_TreeArrays(t, pairs, pair) for t in multi.trees]
         busy = sum(s.own for s in shape)
         per_phase = int(up) + int(down)
         worst = np.zeros(len(ks))
-        for share, s in zip(multi.shares, shape):
+        for ti, (share, s) in enumerate(zip(multi.shares, shape)):
             m = nbytes * share / ks  # bytes per chunk, per chunk count
             o_r = np.full(n, o)  # a leaf's cost for its send up; an inner rank's per message, interleaved
             o_r[s.inner] = o * (busy[s.inner] + s.own[s.inner]) / (2 * s.own[s.inner])
             total = np.zeros(len(ks))
+            ups, downs = first[ti]
             if up:
-                total += s.up_finish(first, pairs, pair, m, o_r, np.minimum(ks, LOOKAHEAD), red)
+                total += s.up_finish(ups, m, o_r, np.minimum(ks, LOOKAHEAD), red)
             if down:
-                total += s.down_reach(first, pairs, pair, m, o_r).max(axis=0)
+                total += s.down_reach(downs, m, o_r).max(axis=0)
             stage = np.zeros(len(ks))
             if steady is not None and len(s.inner):
-                slowest = s.slowest(steady, up, down)
+                slowest = s.slowest(*steady[ti])
                 nk = s.nkids[s.inner]
                 cpu = (s.own[s.inner] * per_phase * o)[:, None] + ((nk * red[s.inner])[:, None] * m if up else 0.0)
                 stage = np.maximum(np.maximum(cpu.max(axis=0), (slowest[:, None] * m).max(axis=0)), 0.0)
@@ -1012,21 +1038,47 @@ class CostModel:
             return hit
         if len(memo) > 256:
             memo.clear()
-        groups: dict = defaultdict(list)
-        for t in multi.trees:
-            depth, height = _levels(t) if by_level else (None, None)
-            for c, p in t.edges():
-                if up:  # a child sends up once its subtree is done: its height says when
-                    groups[("up", height[c]) if by_level else 0].append((c, p))
-                if down:  # a parent forwards down once the chunk reached it (its depth says when), to
-                    # one child after another
-                    groups[("down", depth[c], t.children[p].index(c)) if by_level else 0].append((p, c))
         rate: dict[tuple[int, int], float] = {}
-        for flows in groups.values():
+        for flows in _rate_groups(multi, up, down, by_level):
             for f, v in self.rates(flows).items():
                 rate[f] = min(v, rate.get(f, v))
         memo[key] = rate
         return rate
+
+    def _tree_rate_arrays(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
+        """:meth:`_tree_rates` per tree as arrays indexed by child rank: (child -> parent rates, parent ->
+        child rates), B/s (the root's entry 0; None for a phase not run)."""
+        key = ("arrays", tuple(t.parents for t in multi.trees), up, down, by_level)
+        memo = self._shared().rate_memo
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        if len(memo) > 256:
+            memo.clear()
+        n = multi.size
+        codes, values = [], []
+        for flows in _rate_groups(multi, up, down, by_level):
+            got = self._shared().rates_array(flows)
+            values.append(np.array([got[f] for f in flows]) if isinstance(got, dict) else got)
+            codes.append(np.array(flows, dtype=np.int64) @ np.array([n, 1], dtype=np.int64))
+        # a flow busy in several groups gets its least rate
+        known, where = np.unique(np.concatenate(codes), return_inverse=True)
+        least = np.full(len(known), np.inf)
+        np.minimum.at(least, where, np.concatenate(values))
+        out = []
+        for t in multi.trees:
+            kids = np.flatnonzero(np.array(t.parents) >= 0)
+            parents = np.array(t.parents, dtype=np.int64)[kids]
+            ups = downs = None
+            if up:
+                ups = np.zeros(n)
+                ups[kids] = least[np.searchsorted(known, kids * n + parents)]
+            if down:
+                downs = np.zeros(n)
+                downs[kids] = least[np.searchsorted(known, parents * n + kids)]
+            out.append((ups, downs))
+        memo[key] = out
+        return out
 
     def order_children(
         self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", nchunks: int | None = None

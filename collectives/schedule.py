@@ -49,11 +49,12 @@ treecoll.topo.errors.ScheduleError: schedule 'reduce': rank 0 step 0 recv of chu
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from treecoll.topo.errors import ScheduleError
 
-__all__ = ["Step", "Schedule", "COLLECTIVES", "STEP_KINDS", "trusted_step"]
+__all__ = ["Step", "Schedule", "COLLECTIVES", "STEP_KINDS", "trusted_step", "with_peers"]
 
 COLLECTIVES = ("reduce", "broadcast", "allreduce", "reduce_scatter", "allgather")
 STEP_KINDS = ("send", "recv", "reduce")
@@ -99,6 +100,30 @@ def trusted_step(kind: str, chunk: int, peer: int, slot: int, deps: tuple[int, .
         {"kind": kind, "chunk": chunk, "peer": peer, "slot": slot, "deps": deps, "right": right, "lane": lane},
     )
     return s
+
+
+def with_peers(template: Sequence[Step], table: Sequence[int], base: int) -> list[Step]:
+    """``template`` with every peer ``p >= base`` (a stand-in) replaced by ``table[p - base]``, built as
+    :func:`trusted_step` builds steps (the template's steps are valid, the table's peers ranks); the
+    steps without a stand-in are the template's own objects (steps are immutable).
+
+    >>> steps = with_peers([Step("recv", 0, peer=5, slot=1), Step("reduce", 0, slot=1, deps=(0,))], [2], 5)
+    >>> [(s.kind, s.peer) for s in steps]
+    [('recv', 2), ('reduce', -1)]
+    """
+    out = []
+    put = out.append
+    for s in template:
+        p = s.peer
+        if p < base:
+            put(s)
+            continue
+        fields = s.__dict__.copy()
+        fields["peer"] = table[p - base]
+        step = _new_object(Step)
+        _set_attr(step, "__dict__", fields)
+        put(step)
+    return out
 
 
 @dataclass(frozen=True)
