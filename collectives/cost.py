@@ -373,7 +373,7 @@ class _TreeArrays:
     subtree height (going up) and by depth (going down), and the latency (s) of every rank's edge
     to its parent (``lat_up``) and from it (``lat_down``), indexed by the child."""
 
-    def __init__(self, t: Tree, pairs: dict, pair: Callable) -> None:
+    def __init__(self, t: Tree, latency: Callable[[int, int], float]) -> None:
         self.tree = t
         depth, height = _levels(t)
         self.nkids = np.array([len(c) for c in t.children], dtype=np.int64)
@@ -390,8 +390,7 @@ class _TreeArrays:
         self.depths = [sorted(by_depth[d], key=lambda r: -len(t.children[r])) for d in sorted(by_depth)]
         self.lat_up, self.lat_down = np.zeros(t.size), np.zeros(t.size)
         for c, p in t.edges():
-            self.lat_up[c] = (pairs.get((c, p)) or pair(c, p))[0]
-            self.lat_down[c] = (pairs.get((p, c)) or pair(p, c))[0]
+            self.lat_up[c], self.lat_down[c] = latency(c, p), latency(p, c)
 
     def up_finish(self, rate: np.ndarray, m, o_r, lookahead, red) -> np.ndarray:
         """Per chunk count, when the root has combined the first chunk (the reduce of
@@ -465,7 +464,11 @@ class _Links:
         self.ends: list[tuple[str, str]] = []  # link id -> (node, node)
         self._ids: dict[tuple[str, str], int] = {}
         self._bw = np.zeros(64)  # link id -> GB/s, grown by doubling
-        self._hosts: list[str | None] | None = None  # the host of each rank's GPU
+        self._hosts: list[str | None] | None = None  # the host of each rank's GPU (:meth:`_host_facts`)
+        self._reps: list[str | None] = []  # the host standing for each rank's host's class
+        self._rep_names: list[str] = []  # each rank's GPU as the same GPU of that host
+        self._inside: dict[tuple[str, str], bool] = {}  # a class's GPUs -> their routes stay in the host
+        self._homes: dict[int, tuple | None] = {}  # link id -> (host, its ends in the class's host)
         self._by_name: dict[tuple[str, str], tuple] = {}  # a host class's GPUs -> their entry
         self._moves: dict[str, dict[int, int]] = {}  # host -> its class's link ids -> its own
 
@@ -480,26 +483,55 @@ class _Links:
             self._bw[i] = self.topology.graph._succ[u][v]["bw"]
         return i
 
+    def _host_facts(self) -> None:
+        """Each rank's host, its host's class (:meth:`~treecoll.topo.routes.RouteTable.host_class`:
+        the host itself when none) and its GPU's name in the host standing for that class."""
+        node, routes = self.topology.graph._node, self.topology.routes
+        self._hosts = [node[x].get("host") for x in self.gpus]
+        reps: dict[str, str | None] = {}
+        self._reps, self._rep_names = [], []
+        for x, h in zip(self.gpus, self._hosts):
+            rep = None if h is None else reps.get(h)
+            if h is not None and rep is None:
+                rep = reps[h] = routes.host_class(h)
+            self._reps.append(rep)
+            self._rep_names.append(x if rep is None or rep == h else rename_node(x, h, rep))
+
+    def _in_class(self, i: int, j: int) -> bool:
+        """Whether ranks i and j sit in one host that another host stands for (built alike)."""
+        if self._hosts is None:
+            self._host_facts()
+        h = self._hosts[i]
+        return h is not None and h == self._hosts[j] and self._reps[i] != h
+
+    def _class_entry(self, i: int, j: int) -> tuple:
+        """The ``pairs`` entry of the GPUs of ranks i and j (one host, :meth:`_in_class`) in the host
+        standing for their host's class."""
+        key = (self._rep_names[i], self._rep_names[j])
+        base = self._by_name.get(key)
+        if base is None:
+            base = self._by_name[key] = self._entry(*key)
+        return base
+
     def pair(self, i: int, j: int) -> tuple:
         """The ``pairs`` entry of ranks i -> j, made and kept. Inside a host built like an earlier one
         (:meth:`~treecoll.topo.routes.RouteTable.host_class`), that host's entry on its links renamed,
         as the route table renames its routes."""
-        a, b = self.gpus[i], self.gpus[j]
-        if self._hosts is None:
-            node = self.topology.graph._node
-            self._hosts = [node[x].get("host") for x in self.gpus]
-        host = self._hosts[i]
-        rep = self.topology.routes.host_class(host) if host is not None and host == self._hosts[j] else host
-        if rep == host:
-            entry = self._entry(a, b)
+        if self._in_class(i, j):
+            base = self._class_entry(i, j)
+            entry = (base[0], self._moved(base[1], self._reps[i], self._hosts[i]), *base[2:])
         else:
-            ra, rb = rename_node(a, host, rep), rename_node(b, host, rep)
-            base = self._by_name.get((ra, rb))
-            if base is None:
-                base = self._by_name[(ra, rb)] = self._entry(ra, rb)
-            entry = (base[0], self._moved(base[1], rep, host), *base[2:])
+            entry = self._entry(self.gpus[i], self.gpus[j])
         self.pairs[(i, j)] = entry
         return entry
+
+    def latency(self, i: int, j: int) -> float:
+        """The ``pairs`` entry's latency of ranks i -> j (inside a host built alike: its class's, without
+        numbering the host's own links)."""
+        entry = self.pairs.get((i, j))
+        if entry is None:
+            entry = self._class_entry(i, j) if self._in_class(i, j) else self.pair(i, j)
+        return entry[0]
 
     def _moved(self, ids: tuple[int, ...], rep: str, host: str) -> tuple[int, ...]:
         """Links ``ids`` of host ``rep`` as the same links of ``host`` (built alike)."""
@@ -548,7 +580,96 @@ class _Links:
 
     def rates_array(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
         """:meth:`rates` of ``flows`` (not empty) as an array in their order, or, for flows crossing at
-        most :data:`SMALL_RATES` links, as :meth:`rates` returns them (summed in Python)."""
+        most :data:`SMALL_RATES` links, as :meth:`rates` returns them (summed in Python). From
+        :data:`CLASS_FLOWS` flows, the flows inside hosts built alike are priced once per class
+        (:meth:`_rates_by_class`)."""
+        if len(flows) >= CLASS_FLOWS:
+            got = self._rates_by_class(flows)
+            if got is not None:
+                return got
+        return self._rates_plain(flows)
+
+    def _rates_by_class(self, flows: list[tuple[int, int]]) -> np.ndarray | None:
+        """:meth:`rates_array` of ``flows`` with the flows inside a host priced once for every host of
+        its class with the same flows in the same order (their GPUs named as in the class's host),
+        where nothing else crosses the links of those flows: a link's load then sums the same shares
+        in the same order in every such host, so each flow gets the number the whole list would give
+        it. The other flows are priced together, in their order. None: no host to share."""
+        if self._hosts is None:
+            self._host_facts()
+        hosts, reps, names = self._hosts, self._reps, self._rep_names
+        own: dict[str, list[int]] = defaultdict(list)  # host -> positions of the flows inside it
+        rest: list[int] = []
+        for at, (i, j) in enumerate(flows):
+            h = hosts[i]
+            (own[h] if h is not None and h == hosts[j] else rest).append(at)
+        alike: dict[tuple, list[str]] = defaultdict(list)
+        for h, where in own.items():
+            alike[(reps[flows[where[0]][0]], tuple((names[flows[a][0]], names[flows[a][1]]) for a in where))].append(h)
+        shared = [(key, hs) for key, hs in alike.items() if len(hs) > 1 and all(map(self._stays_in, key[1]))]
+        if not shared:
+            return None
+        for hs in (hs for key, hs in alike.items() if len(hs) == 1 or (key, hs) not in shared):
+            rest.extend(a for h in hs for a in own[h])
+        # links inside shared hosts that the other flows cross, named in their class's host
+        crossed: dict[str, set] = defaultdict(set)
+        for f in {flows[a] for a in rest}:
+            for lk in (self.pairs.get(f) or self.pair(*f))[1]:
+                home = self._home(lk)
+                if home is not None:
+                    crossed[home[0]].add(home[1])
+        out = np.empty(len(flows))
+        for (_, pairs), hs in shared:
+            used = {self.ends[lk] for ra_rb in pairs for lk in self._by_name_entry(ra_rb)[1]}
+            apart = [h for h in hs if not crossed.get(h) or not crossed[h] & used]
+            rest.extend(a for h in hs if h not in apart for a in own[h])
+            if apart:
+                first = [flows[a] for a in own[apart[0]]]
+                got = self._rates_plain(first)
+                values = np.array([got[f] for f in first]) if isinstance(got, dict) else got
+                for h in apart:
+                    out[own[h]] = values
+        if rest:
+            rest.sort()
+            some = [flows[a] for a in rest]
+            got = self._rates_plain(some)
+            out[rest] = np.array([got[f] for f in some]) if isinstance(got, dict) else got
+        return out
+
+    def _by_name_entry(self, names: tuple[str, str]) -> tuple:
+        """The ``pairs`` entry of two GPUs of a class's host, by name (made and kept)."""
+        base = self._by_name.get(names)
+        if base is None:
+            base = self._by_name[names] = self._entry(*names)
+        return base
+
+    def _stays_in(self, names: tuple[str, str]) -> bool:
+        """Whether every route between two GPUs of a class's host stays inside that host."""
+        hit = self._inside.get(names)
+        if hit is None:
+            node = self.topology.graph._node
+            host = node[names[0]].get("host")
+            ends = (self.ends[lk] for lk in self._by_name_entry(names)[1])
+            hit = self._inside[names] = all(node[u].get("host") == host == node[v].get("host") for u, v in ends)
+        return hit
+
+    def _home(self, lk: int) -> tuple | None:
+        """(host, the link's ends named in the host standing for its class) of a link inside a host;
+        None for a link between hosts or switches."""
+        if lk in self._homes:
+            return self._homes[lk]
+        u, v = self.ends[lk]
+        node = self.topology.graph._node
+        h = node[u].get("host")
+        home = None
+        if h is not None and node[v].get("host") == h:
+            rep = self.topology.routes.host_class(h)
+            home = (h, (u, v) if rep == h else (rename_node(u, h, rep), rename_node(v, h, rep)))
+        self._homes[lk] = home
+        return home
+
+    def _rates_plain(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
+        """:meth:`rates_array` of ``flows`` all together."""
         entries = list(map(self.pairs.get, flows))
         if None in entries:
             entries = [e or self.pairs.get(f) or self.pair(*f) for f, e in zip(flows, entries)]
@@ -617,6 +738,8 @@ SHARED_LINKS = 4
 SHARED_TIMES = 4096
 #: link incidences up to which :meth:`_Links.rates` sums in Python
 SMALL_RATES = 64
+#: flows from which :meth:`_Links.rates_array` prices the flows inside hosts built alike once per class
+CLASS_FLOWS = 512
 #: ranks x trees from which :meth:`CostModel._closed_form` works on arrays, a tree level at a time
 ARRAY_CLOSED_FORM = 256
 
@@ -878,10 +1001,9 @@ class CostModel:
         ks = np.array(chunk_counts, dtype=np.int64)
         first = self._tree_rate_arrays(multi, up, down, True)
         steady = self._tree_rate_arrays(multi, up, down, False) if (ks > 1).any() else None
-        pairs, pair = self._shared().pairs, self._shared().pair
         mem_bw = np.array(self._mem_bw)
         red = np.array([reduce_time(b, 1.0) for b in self._mem_bw])  # combine seconds per byte
-        shape = [_TreeArrays(t, pairs, pair) for t in multi.trees]
+        shape = [_TreeArrays(t, self._shared().latency) for t in multi.trees]
         busy = sum(s.own for s in shape)
         per_phase = int(up) + int(down)
         worst = np.zeros(len(ks))

@@ -85,6 +85,14 @@ def test_every_builder_on_every_shipped_topology(topo_name, builder):
     model = CostModel(t, gpus)
     secs = model.tree_time(plan, 1 << 20, "allreduce", 4)
     assert math.isfinite(secs) and secs >= model.lower_bound(1 << 20) > 0
+    # flows inside hosts built alike priced once per class: the numbers of all flows priced together
+    links = model._shared()
+    flows = [e for tree in multi.trees for c, p in tree.edges() for e in ((c, p), (p, c))]
+    by_class, together = links._rates_by_class(flows), links._rates_plain(flows)
+    if by_class is not None:
+        assert by_class.tolist() == (
+            together.tolist() if not isinstance(together, dict) else [together[f] for f in flows]
+        )
     for collective in ("allreduce", "reduce", "broadcast"):  # the array closed form is the rank-by-rank one
         ranks = model._closed_form_ranks(multi, 3 << 20, collective, CHUNK_CANDIDATES)
         assert model._closed_form_arrays(multi, 3 << 20, collective, CHUNK_CANDIDATES) == ranks
