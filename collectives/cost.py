@@ -469,6 +469,7 @@ class _Links:
         self._rep_names: list[str] = []  # each rank's GPU as the same GPU of that host
         self._inside: dict[tuple[str, str], bool] = {}  # a class's GPUs -> their routes stay in the host
         self._homes: dict[int, tuple | None] = {}  # link id -> (host, its ends in the class's host)
+        self._crossings: dict[tuple[int, int], tuple] = {}  # a pair's links inside hosts, as _homes gives them
         self._by_name: dict[tuple[str, str], tuple] = {}  # a host class's GPUs -> their entry
         self._moves: dict[str, dict[int, int]] = {}  # host -> its class's link ids -> its own
 
@@ -614,10 +615,12 @@ class _Links:
         # links inside shared hosts that the other flows cross, named in their class's host
         crossed: dict[str, set] = defaultdict(set)
         for f in {flows[a] for a in rest}:
-            for lk in (self.pairs.get(f) or self.pair(*f))[1]:
-                home = self._home(lk)
-                if home is not None:
-                    crossed[home[0]].add(home[1])
+            homes = self._crossings.get(f)
+            if homes is None:
+                ids = (self.pairs.get(f) or self.pair(*f))[1]
+                homes = self._crossings[f] = tuple(h for h in map(self._home, ids) if h is not None)
+            for host, link in homes:
+                crossed[host].add(link)
         out = np.empty(len(flows))
         for (_, pairs), hs in shared:
             used = {self.ends[lk] for ra_rb in pairs for lk in self._by_name_entry(ra_rb)[1]}
