@@ -127,32 +127,29 @@ def _shares(multi: MultiTree, k: int) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _subheight(t: Tree) -> list[int]:
-    h = [0] * t.size
-    for r in t.postorder():
-        for c in t.children[r]:
-            h[r] = max(h[r], h[c] + 1)
-    return h
-
-
-def _depths(t: Tree) -> list[int]:
-    """Depth of every rank in one pass from the root (O(P))."""
-    depth = [0] * t.size
-    stack = [t.root]
-    while stack:
-        u = stack.pop()
-        for c in t.children[u]:
+def _depth_and_height(t: Tree) -> tuple[list[int], list[int]]:
+    """(depth, subtree height) of every rank of ``t``, in two passes over the ranks from the root."""
+    depth, height = [0] * t.size, [0] * t.size
+    order = [t.root]
+    children = t.children
+    for u in order:  # grows as it goes: every rank after its parent
+        for c in children[u]:
             depth[c] = depth[u] + 1
-            stack.append(c)
-    return depth
+            order.append(c)
+    parents = t.parents
+    for u in reversed(order):  # every rank before its parent
+        p = parents[u]
+        if p >= 0 and height[u] >= height[p]:
+            height[p] = height[u] + 1
+    return depth, height
 
 
 def _levels(multi: MultiTree) -> list[tuple[list[int], list[int], int]]:
     """Per tree: (subtree height, depth of every rank, the tree's height)."""
     out = []
     for t in multi.trees:
-        depth = _depths(t)
-        out.append((_subheight(t), depth, max(depth)))
+        depth, height = _depth_and_height(t)
+        out.append((height, depth, max(depth)))
     return out
 
 

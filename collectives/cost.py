@@ -84,7 +84,7 @@ from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 from treecoll.topo.routes import rename_node
 
-from .compile import LOOKAHEAD
+from .compile import LOOKAHEAD, _depth_and_height
 from .in_network import nvls_domains
 from .placement import Placement, as_placement
 from .schedule import Schedule
@@ -334,26 +334,13 @@ def _plan_key(multi: MultiTree) -> tuple:
     return tuple((t.parents, t.children) for t in multi.trees), multi.shares
 
 
-def _levels(t: Tree) -> tuple[list[int], list[int]]:
-    """(depth, subtree height) of every rank of ``t``."""
-    depth, height = [0] * t.size, [0] * t.size
-    order = t.postorder()
-    for r in reversed(order):
-        if t.parents[r] >= 0:
-            depth[r] = depth[t.parents[r]] + 1
-    for r in order:
-        if t.parents[r] >= 0:
-            height[t.parents[r]] = max(height[t.parents[r]], height[r] + 1)
-    return depth, height
-
-
 def _rate_groups(multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[list[tuple[int, int]]]:
     """The tree edges (rank i -> rank j) busy at once (:meth:`CostModel._tree_rates`): all of them, or
     with ``by_level`` going up those whose child's subtree has one height, going down those whose
     child has one depth and one place among its siblings."""
     groups: dict = defaultdict(list)
     for t in multi.trees:
-        depth, height = _levels(t) if by_level else (None, None)
+        depth, height = _depth_and_height(t) if by_level else (None, None)
         place = [0] * t.size  # each rank's place among its parent's children
         for kids in t.children:
             for i, c in enumerate(kids):
@@ -375,7 +362,7 @@ class _TreeArrays:
 
     def __init__(self, t: Tree, latency: Callable[[int, int], float]) -> None:
         self.tree = t
-        depth, height = _levels(t)
+        depth, height = _depth_and_height(t)
         self.nkids = np.array([len(c) for c in t.children], dtype=np.int64)
         self.own = self.nkids + (np.array(t.parents) >= 0)
         inner = [r for r in range(t.size) if t.children[r]]
