@@ -541,9 +541,12 @@ class _Links:
         ids: list[int] = []
         shares: list[float] = []
         lens: list[int] = []
-        link_id = self.link_id
+        known, link_id = self._ids.get, self.link_id
         for nodes, share in p.routes:
-            ids.extend(link_id(u, v) for u, v in zip(nodes, nodes[1:]))
+            route = [known(e) for e in zip(nodes, nodes[1:])]
+            if None in route:
+                route = [link_id(u, v) if i is None else i for (u, v), i in zip(zip(nodes, nodes[1:]), route)]
+            ids.extend(route)
             shares.extend([share] * (len(nodes) - 1))
             lens.append(len(nodes) - 1)
         return (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
