@@ -853,12 +853,17 @@ class CostModel:
     def _memo_rates(self, key: tuple, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """:meth:`rates` of ``flows``, kept under ``key`` (which must name the flows) for every model
         of this topology and ranks."""
+        return self._kept_rates(key, lambda: self.rates(flows))
+
+    def _kept_rates(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` kept under ``key`` in the rates every model of this topology and ranks shares
+        (emptied past 256 entries)."""
         memo = self._shared().rate_memo
         hit = memo.get(key)
         if hit is None:
             if len(memo) > 256:
                 memo.clear()
-            hit = memo[key] = self.rates(flows)
+            hit = memo[key] = make()
         return hit
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:
@@ -1147,29 +1152,24 @@ class CostModel:
         busy at the same time with one chunk: going up, those whose child's subtree has the same
         height; going down, those whose child has the same depth."""
         key = (tuple(t.parents for t in multi.trees), up, down, by_level)  # rates depend on edges only
-        memo = self._shared().rate_memo
-        hit = memo.get(key)
-        if hit is not None:
-            return hit
-        if len(memo) > 256:
-            memo.clear()
-        rate: dict[tuple[int, int], float] = {}
-        for flows in _rate_groups(multi, up, down, by_level):
-            for f, v in self.rates(flows).items():
-                rate[f] = min(v, rate.get(f, v))
-        memo[key] = rate
-        return rate
+
+        def least() -> dict[tuple[int, int], float]:
+            rate: dict[tuple[int, int], float] = {}
+            for flows in _rate_groups(multi, up, down, by_level):
+                for f, v in self.rates(flows).items():
+                    rate[f] = min(v, rate.get(f, v))
+            return rate
+
+        return self._kept_rates(key, least)
 
     def _tree_rate_arrays(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
         """:meth:`_tree_rates` per tree as arrays indexed by child rank: (child -> parent rates, parent ->
         child rates), B/s (the root's entry 0; None for a phase not run)."""
         key = ("arrays", tuple(t.parents for t in multi.trees), up, down, by_level)
-        memo = self._shared().rate_memo
-        hit = memo.get(key)
-        if hit is not None:
-            return hit
-        if len(memo) > 256:
-            memo.clear()
+        return self._kept_rates(key, lambda: self._tree_rate_arrays_of(multi, up, down, by_level))
+
+    def _tree_rate_arrays_of(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
+        """:meth:`_tree_rate_arrays` computed."""
         n = multi.size
         codes, values = [], []
         for flows in _rate_groups(multi, up, down, by_level):
@@ -1192,7 +1192,6 @@ class CostModel:
                 downs = np.zeros(n)
                 downs[kids] = least[np.searchsorted(known, parents * n + kids)]
             out.append((ups, downs))
-        memo[key] = out
         return out
 
     def order_children(
