@@ -310,14 +310,15 @@ def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict[str, list[int]
 
 
 def _network_bw(topology: Topology, gpu: str) -> float:
-    """GB/s between a GPU and the network: the slowest of its route to its nearest NIC and
-    that NIC's links to and from network switches (inf without a NIC)."""
+    """GB/s between a GPU and the network: the slowest of its route to its nearest NIC (asked of the
+    host standing for its host's class, :func:`_in_class`) and that NIC's links to and from network
+    switches (inf without a NIC)."""
     nic = topology.nearest_nic(gpu)
     if nic is None:
         return math.inf
     g = topology.graph
     node = g._node  # networkx's dicts: no view objects for every host of every rail
-    bws = [topology.path(gpu, nic).bw]
+    bws = [topology.path(*_in_class(topology, (gpu, nic))).bw]
     bws += [d["bw"] for nb, d in g._succ[nic].items() if node[nb]["kind"] == "net_switch"]
     bws += [d["bw"] for nb, d in g._pred[nic].items() if node[nb]["kind"] == "net_switch"]
     return min(bws)
