@@ -186,18 +186,26 @@ class _Peers:
     whose trees look alike from where it stands (:func:`_emit`)."""
 
     def __init__(self, multi: MultiTree, r: int, symbolic: bool = False) -> None:
-        self.parents, self.children, self.table = [], [], []
+        self.parents, self.children, self.table = [], [], _peer_table(multi, r)
+        at = multi.size
         for t in multi.trees:
             p, kids = t.parents[r], t.children[r]
             if symbolic:
-                at = multi.size + len(self.table)
                 self.parents.append(-1 if p == -1 else at)
                 self.children.append(tuple(range(at + 1, at + 1 + len(kids))))
+                at += 1 + len(kids)
             else:
                 self.parents.append(p)
                 self.children.append(kids)
-            self.table.append(p)
-            self.table.extend(kids)
+
+
+def _peer_table(multi: MultiTree, r: int) -> list[int]:
+    """Rank ``r``'s peer list: in every tree its parent (-1 for the root), then its children."""
+    table = []
+    for t in multi.trees:
+        table.append(t.parents[r])
+        table.extend(t.children[r])
+    return table
 
 
 def _rank_steps(
@@ -338,7 +346,7 @@ def _emit(
             programs.add(look, _rank_steps(multi, r, _Peers(multi, r, True), ev, k, nph, root, collective))
         programs.ranks.append(look)
     programs.check(f"compile {name}")
-    steps = tuple(with_peers(programs.steps[look], _Peers(multi, r).table, n) for r, look in enumerate(programs.ranks))
+    steps = tuple(with_peers(programs.steps[look], _peer_table(multi, r), n) for r, look in enumerate(programs.ranks))
     return Schedule.trusted(collective, n, nchunks, steps, **fields)
 
 
