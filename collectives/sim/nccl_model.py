@@ -65,6 +65,9 @@ __all__ = [
     "COLLECTIVES",
     "COLLECTIVE_ALGOS",
     "ll128_enabled",
+    "fabric_env",
+    "nccl_protocols",
+    "FABRIC_ENV",
     "nvls_domains",
     "nvls_run",
     "nvls_chunk",
@@ -158,6 +161,20 @@ NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
 #: which LL128 carries 15/16; src/include/device.h); trees and NCCL's ring broadcast / reduce move one
 #: step per chunk (chunkSteps 1)
 PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": 512 << 10}
+#: The NCCL environment a fabric's vendor sets for every job, by the NICs' ``link_layer`` (fabrics not
+#: listed: NCCL's defaults): the protocols (NCCL_PROTO) and the algorithms (NCCL_ALGO) NCCL may choose
+#: from across hosts (:func:`fabric_env`). Google Cloud's GPUDirect-TCPX (A3 High): NCCL_ALGO=Ring
+#: (Ring,Tree for allreduce) and NCCL_PROTO=Simple in the plugin's run scripts
+#: (github.com/google/nccl-plugin-gpudirecttcpx scripts/run-nccl.sh, run-allreduce.sh in
+#: github.com/google/nccl-plugin-gpudirect-tcpxo tcpxo_scripts/, v1.0.17). GPUDirect-TCPXO (A3 Mega):
+#: NCCL_ALGO=Ring,Tree, NCCL_PROTO=Simple and NCCL_NVLS_ENABLE=0 (tcpxo_scripts/nccl-env-profile-simple.sh
+#: and run-nccl-tcpxo.sh, same repository); LL128 only on opting in to nccl-env-profile-ll128.sh
+#: (NCCL_PROTO=Simple,LL128; GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo/best-practice.md,
+#: "Enable LL128 for latency reduction", plugin releases from Feb 2025 on); LL in none of them.
+FABRIC_ENV: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "TCPX": (("Simple",), ("ring", "tree")),
+    "TCPXO": (("Simple",), ("ring", "tree")),
+}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -280,6 +297,42 @@ def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     return True
 
 
+def fabric_env(topology: Topology, gpus: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """``(protocols, algorithms)`` the vendor's NCCL environment of the NICs these GPUs use across hosts
+    allows (:data:`FABRIC_ENV`, by the NICs' ``link_layer``; several fabrics: the protocols and
+    algorithms all allow); None on one host or where no fabric's vendor restricts NCCL.
+
+    >>> from treecoll.topo.machines import MachineFlags, Nic, machine_topology
+    >>> t, _ = machine_topology(MachineFlags(hosts=2, gpu="H100", nic=Nic(8, 200.0, "tcpxo")))
+    >>> fabric_env(t, t.rank_gpus()), fabric_env(t, t.rank_gpus()[:8])
+    ((('Simple',), ('ring', 'tree')), None)
+    """
+    hosts = _by_host(topology, gpus)
+    if len(hosts) < 2:
+        return None
+    layers = {
+        str(topology.node(n).get("link_layer") or "") for h in _host_kinds(topology, hosts) for n in topology.nics(h)
+    }
+    envs = [FABRIC_ENV[x] for x in sorted(layers) if x in FABRIC_ENV]
+    if not envs:
+        return None
+    protos = tuple(p for p in PROTOS if all(p in e[0] for e in envs))
+    algos = tuple(a for a in envs[0][1] if all(a in e[1] for e in envs))
+    return protos, algos
+
+
+def nccl_protocols(topology: Topology, gpus: Sequence[str]) -> tuple[str, ...]:
+    """The protocols NCCL runs by default on these GPUs: :data:`PROTOS`, LL128 only where
+    :func:`ll128_enabled`, and only those the fabric's vendor environment allows (:func:`fabric_env`).
+
+    >>> from treecoll import topo
+    >>> nccl_protocols(topo.resolve("dgx-h100-x2"), topo.resolve("dgx-h100-x2").rank_gpus())
+    ('LL', 'LL128', 'Simple')
+    """
+    env = fabric_env(topology, gpus)
+    return tuple(p for p in PROTOS if (p != "LL128" or ll128_enabled(topology, gpus)) and (env is None or p in env[0]))
+
+
 def nccl_algos(
     topology: Topology, gpus: Sequence[str], proto: str | None = None, collective: str = "allreduce"
 ) -> tuple[str, ...]:
@@ -289,13 +342,22 @@ def nccl_algos(
     NCCL_PROTO) is None or Simple: NVLS runs Simple only; allgather and reduce_scatter ``ring``,
     ``pat`` with one GPU per node on several nodes (tuning.cc ncclPatEnable) and ``nvls`` on one
     NVLink domain; broadcast and reduce ``ring``; alltoall and sendrecv ``p2p``. Allreduce also
-    ``collnet`` where :func:`collnet_available` (the network's switches reduce: SHARP)."""
+    ``collnet`` where :func:`collnet_available` (the network's switches reduce: SHARP). Across hosts
+    only those the fabric's vendor environment allows (:func:`fabric_env`, e.g. no NVLS over
+    GPUDirect-TCPXO)."""
     if collective not in COLLECTIVES:
         raise TreeError(f"nccl model: collective expected one of {list(COLLECTIVES)}, got {collective!r}")
     if collective in ("broadcast", "reduce"):
         return ("ring",)
     if collective in ("alltoall", "sendrecv"):
         return ("p2p",)
+    out = _offered_algos(topology, gpus, proto, collective)
+    env = fabric_env(topology, gpus)
+    return out if env is None else tuple(a for a in out if a in env[1]) or ("ring",)
+
+
+def _offered_algos(topology: Topology, gpus: Sequence[str], proto: str | None, collective: str) -> tuple[str, ...]:
+    """:func:`nccl_algos` of a collective NCCL's tuner models, before the fabric's environment."""
     simple = proto in (None, "Simple")
     out = ("ring", "tree") if collective == "allreduce" else ("ring",)
     if collective != "allreduce" and simple and len(gpus) > 1 and len(_by_host(topology, gpus)) == len(gpus):
@@ -906,7 +968,7 @@ def _ring_tree_predict(
                 alg *= TREE_CORRECTION[pr][idx]
         times[pr] = lat + nbytes / (1000.0 * alg) if alg > 0 else math.inf
         detail[pr] = (lat, alg)
-    allowed = [p for p in protos if p != "LL128" or ll128_enabled(topology, gpus)]
+    allowed = [p for p in protos if p in nccl_protocols(topology, gpus)] or list(protos)
     chosen = proto or min(allowed, key=lambda p: (times[p], PROTOS.index(p)))
     if chosen not in times:
         raise TreeError(f"nccl model: {algo} runs the Simple protocol only, got proto {chosen!r}")
