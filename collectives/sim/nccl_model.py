@@ -1000,7 +1000,8 @@ def _ring_tree_predict(
                 alg *= TREE_CORRECTION[pr][idx]
         times[pr] = lat + nbytes / (1000.0 * alg) if alg > 0 else math.inf
         detail[pr] = (lat, alg)
-    allowed = [p for p in protos if p in nccl_protocols(topology, gpus)] or list(protos)
+    offered = nccl_protocols(topology, gpus)
+    allowed = [p for p in protos if p in offered] or list(protos)
     chosen = proto or min(allowed, key=lambda p: (times[p], PROTOS.index(p)))
     if chosen not in times:
         raise TreeError(f"nccl model: {algo} runs the Simple protocol only, got proto {chosen!r}")
