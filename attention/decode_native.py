@@ -20,7 +20,7 @@ values with the softmax weights rounded to bfloat16 (the running max and sum sta
 float32).  Each rounding is at most ``2**-8`` relative, so a score changes by up to
 ``2**-8 * sum_d |q_d k_d| * scale``, beyond the float32 tolerance: off by default.
 
-Build: the system C compiler (``$CC``, else ``cc``) with ``-O3``, once per source /
+Build (:mod:`treecoll.collectives.native`): the system C compiler (``$CC``, else ``cc``) with ``-O3``, once per source /
 compiler / machine, into ``$TREECOLL_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/treecoll`` or ``~/.cache/treecoll``); the file is written under a
 temporary name and renamed, so concurrent processes never load a half-written
@@ -50,16 +50,10 @@ cannot be built, the float64 reference stands in, so the example reads the same)
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
+from treecoll.collectives.native import NativeUnavailable, load_library
 from treecoll.topo.errors import AttentionError
 
 __all__ = ["NATIVE_DTYPES", "NATIVE_ISAS", "decode_native", "native_status", "read_sum"]
@@ -73,77 +67,24 @@ NATIVE_ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
 _FLAG_SETS = (["-O3", "-pthread"], ["-O3", "-pthread", "-DTREECOLL_PORTABLE_ONLY"])
 _FLAG_FAST_BF16 = 1
 
-_LOCK = threading.Lock()
 _STATE: dict = {}
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get("TREECOLL_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "treecoll"
-
-
-def _compile(cc: str, out_dir: Path) -> Path:
-    source = SOURCE.read_bytes()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
-    machine = [version.encode(), platform.machine().encode()]
-    errors = []
-    for flags in _FLAG_SETS:
-        cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC"]
-        key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), *machine])).hexdigest()[:16]
-        lib = out_dir / f"decode_cpu-{key}.so"
-        if lib.exists():
-            return lib
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=lib.name + ".", suffix=".tmp", dir=out_dir)
-        os.close(fd)
-        try:
-            run = subprocess.run(
-                [*cmd, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120, check=False
-            )
-            if run.returncode == 0:
-                os.replace(tmp, lib)
-                return lib
-            errors.append(f"{' '.join(cmd)}: {(run.stderr.strip().splitlines() or [f'exit {run.returncode}'])[0]}")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    raise OSError("; ".join(errors))
+def _declare(lib) -> None:
+    lib.treecoll_decode.argtypes = [ctypes.POINTER(_Args)]
+    lib.treecoll_decode.restype = ctypes.c_int
+    lib.treecoll_decode_isa.restype = ctypes.c_char_p
+    lib.treecoll_read_sum.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.treecoll_read_sum.restype = ctypes.c_double
 
 
 def _load():
-    """The loaded library, or raise AttentionError saying why there is none (cached)."""
-    with _LOCK:
-        if "lib" in _STATE or "error" in _STATE:
-            pass
-        elif os.environ.get("TREECOLL_NATIVE", "1") == "0":
-            _STATE["error"] = "disabled by TREECOLL_NATIVE=0"
-        else:
-            cc = os.environ.get("CC") or "cc"
-            if shutil.which(cc) is None:
-                _STATE["error"] = f"no C compiler: {cc!r} is not on PATH (install gcc or set CC)"
-            else:
-                try:
-                    try:
-                        path = _compile(cc, _cache_dir())
-                    except (PermissionError, FileNotFoundError) as exc:  # unwritable cache: a private temp dir
-                        if exc.filename and str(exc.filename).endswith(".c"):
-                            raise
-                        path = _compile(cc, Path(tempfile.gettempdir()) / f"treecoll-{os.getuid()}")
-                    lib = ctypes.CDLL(str(path))
-                    lib.treecoll_decode.argtypes = [ctypes.POINTER(_Args)]
-                    lib.treecoll_decode.restype = ctypes.c_int
-                    lib.treecoll_decode_isa.restype = ctypes.c_char_p
-                    lib.treecoll_read_sum.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-                    lib.treecoll_read_sum.restype = ctypes.c_double
-                    _STATE["lib"], _STATE["path"] = lib, path
-                except (OSError, subprocess.SubprocessError) as exc:
-                    _STATE["error"] = f"building {SOURCE.name} failed: {exc}"
-        if "error" in _STATE:
-            raise AttentionError(f"decode backend 'native': unavailable: {_STATE['error']}; use backend='torch'")
-        return _STATE["lib"]
+    """The loaded library, or raise AttentionError saying why there is none (cached in ``_STATE``;
+    built by :func:`treecoll.collectives.native.load_library`)."""
+    try:
+        return load_library(SOURCE, _FLAG_SETS, _STATE, _declare)
+    except NativeUnavailable as exc:
+        raise AttentionError(f"decode backend 'native': unavailable: {exc}; use backend='torch'") from None
 
 
 def native_status() -> dict:

@@ -46,6 +46,7 @@ treecoll.topo.errors.TreeError: builder 'nope': unknown; valid names are ['auto'
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -108,16 +109,18 @@ def _kary_parents(n: int, k: int) -> list[int]:
     return parents
 
 
-def _shape(kind: str, n: int, k: int | None = None) -> list[int]:
-    """Parents over positions 0..n-1 (position 0 the root) for an inter/intra shape name."""
+@functools.lru_cache(maxsize=64)
+def _shape(kind: str, n: int, k: int | None = None) -> tuple[int, ...]:
+    """Parents over positions 0..n-1 (position 0 the root) for an inter/intra shape name (kept: every
+    host of a cluster asks for the same few)."""
     if kind == "chain":
-        return _chain_parents(n)
+        return tuple(_chain_parents(n))
     if kind == "binomial":
-        return _binomial_parents(n)
+        return tuple(_binomial_parents(n))
     if kind == "star":
-        return _kary_parents(n, max(n - 1, 1))
+        return tuple(_kary_parents(n, max(n - 1, 1)))
     if kind == "kary":
-        return _kary_parents(n, k or 2)
+        return tuple(_kary_parents(n, k or 2))
     raise TreeError(f"tree shape {kind!r}: expected one of ['binomial', 'chain', 'kary', 'star']")
 
 
@@ -183,10 +186,17 @@ def double_binary(topology: Topology | None, gpus: Sequence[str] | None, nranks:
 
 
 # ---------------------------------------------------------------------- two-level
-def _in_class(topology: Topology, nodes: Sequence[str]) -> tuple[str, ...]:
+def _in_class(topology: Topology, nodes: Sequence[str], memo: dict | None = None) -> tuple[str, ...]:
     """``nodes`` of one host as the same nodes of the host standing for its class
     (:meth:`~treecoll.topo.routes.RouteTable.host_class`): the same routes among them, renamed, so
-    what depends on those routes is asked once per class of hosts built alike."""
+    what depends on those routes is asked once per class of hosts built alike. ``memo``: a dict
+    keeping the answers across the calls of one builder call (a host's GPUs are asked for every rail)."""
+    if memo is not None:
+        key = ("in_class", tuple(nodes))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _in_class(topology, nodes)
+        return hit
     node = topology.graph._node  # networkx's node dicts: no view objects on every GPU of every rail
     host = node[nodes[0]].get("host")
     rep = topology.routes.host_class(host) if host is not None else None
@@ -211,9 +221,9 @@ def leader_of(
     path class, then bandwidth, then hops, then lowest rank. The GPUs are asked as those of the
     host standing for their host's class (:func:`_in_class`: the same answer on every host built
     alike); ``keys``: a dict keeping those answers across calls (one per builder call)."""
-    named = _in_class(topology, [gpus[r] for r in members] + ([nic] if nic else []))
-    there = named[-1] if nic else None
     keys = {} if keys is None else keys
+    named = _in_class(topology, [gpus[r] for r in members] + ([nic] if nic else []), keys)
+    there = named[-1] if nic else None
 
     def key(i: int) -> tuple:
         k = keys.get((named[i], there))
@@ -279,12 +289,11 @@ def _intra(topology, gpus, members: list[int], leader: int, spec: str, switched:
     :func:`two_level` call."""
     kind, k = _parse_kind(spec, INTRA_KINDS, "intra")
     if kind == "auto":
-        key = _in_class(topology, [gpus[r] for r in members])
-        if switched is None or key not in switched:
-            sw = len(members) > 1 and _host_is_switched(topology, key)
-            if switched is None:
-                switched = {}
-            switched[key] = sw
+        if switched is None:
+            switched = {}
+        key = _in_class(topology, [gpus[r] for r in members], switched)
+        if key not in switched:
+            switched[key] = len(members) > 1 and _host_is_switched(topology, key)
         kind = "star" if switched[key] else "links"
     if kind == "links":
         return _links_tree(topology, gpus, members, leader)
@@ -301,14 +310,15 @@ def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict[str, list[int]
 
 
 def _network_bw(topology: Topology, gpu: str) -> float:
-    """GB/s between a GPU and the network: the slowest of its route to its nearest NIC and
-    that NIC's links to and from network switches (inf without a NIC)."""
+    """GB/s between a GPU and the network: the slowest of its route to its nearest NIC (asked of the
+    host standing for its host's class, :func:`_in_class`) and that NIC's links to and from network
+    switches (inf without a NIC)."""
     nic = topology.nearest_nic(gpu)
     if nic is None:
         return math.inf
     g = topology.graph
     node = g._node  # networkx's dicts: no view objects for every host of every rail
-    bws = [topology.path(gpu, nic).bw]
+    bws = [topology.path(*_in_class(topology, (gpu, nic))).bw]
     bws += [d["bw"] for nb, d in g._succ[nic].items() if node[nb]["kind"] == "net_switch"]
     bws += [d["bw"] for nb, d in g._pred[nic].items() if node[nb]["kind"] == "net_switch"]
     return min(bws)

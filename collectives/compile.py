@@ -44,11 +44,12 @@ on that send (no overwrite in flight).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
 from treecoll.topo.errors import ScheduleError
 
-from .schedule import Schedule, Step, trusted_step
+from .schedule import Schedule, Step, trusted_step, with_peers
 from .tree import MultiTree, Tree, as_multi
 
 __all__ = [
@@ -126,48 +127,179 @@ def _shares(multi: MultiTree, k: int) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _subheight(t: Tree) -> list[int]:
-    h = [0] * t.size
-    for r in t.postorder():
-        for c in t.children[r]:
-            h[r] = max(h[r], h[c] + 1)
-    return h
-
-
-def _depths(t: Tree) -> list[int]:
-    """Depth of every rank in one pass from the root (O(P))."""
-    depth = [0] * t.size
-    stack = [t.root]
-    while stack:
-        u = stack.pop()
-        for c in t.children[u]:
+def _depth_and_height(t: Tree) -> tuple[list[int], list[int]]:
+    """(depth, subtree height) of every rank of ``t``, in two passes over the ranks from the root."""
+    depth, height = [0] * t.size, [0] * t.size
+    order = [t.root]
+    children = t.children
+    for u in order:  # grows as it goes: every rank after its parent
+        for c in children[u]:
             depth[c] = depth[u] + 1
-            stack.append(c)
-    return depth
+            order.append(c)
+    parents = t.parents
+    for u in reversed(order):  # every rank before its parent
+        p = parents[u]
+        if p >= 0 and height[u] >= height[p]:
+            height[p] = height[u] + 1
+    return depth, height
+
+
+def _levels(multi: MultiTree) -> list[tuple[list[int], list[int], int]]:
+    """Per tree: (subtree height, depth of every rank, the tree's height)."""
+    out = []
+    for t in multi.trees:
+        depth, height = _depth_and_height(t)
+        out.append((height, depth, max(depth)))
+    return out
+
+
+def _rank_events(multi: MultiTree, levels, r: int, k: int, phases: tuple[str, ...], forward_lag: int) -> list:
+    """Rank ``r``'s sorted (time, order, tree, chunk, phase) events (``levels``: :func:`_levels`)."""
+    ev = []
+    up, down = "up" in phases, "down" in phases
+    for ti, (t, (sub, depth, height)) in enumerate(zip(multi.trees, levels)):
+        forwards = t.parents[r] != -1 and bool(t.children[r])
+        for j in range(k):
+            c = ti * k + j
+            if up:
+                ev.append((j + sub[r], 0, ti, c, "up"))
+            if down:
+                at = j + height + depth[r]
+                if forwards:
+                    ev.append((at, 1, ti, c, "fetch"))
+                    at += forward_lag
+                ev.append((at, 1, ti, c, "down"))
+    ev.sort(key=lambda e: (e[0], e[1], e[3]))
+    return ev
 
 
 def _events(multi: MultiTree, k: int, phases: tuple[str, ...], forward_lag: int = FORWARD_LAG):
     """Per rank, sorted (time, order, tree, chunk, phase) events."""
-    ev = [[] for _ in range(multi.size)]
-    up, down = "up" in phases, "down" in phases
-    for ti, t in enumerate(multi.trees):
-        sub = _subheight(t)
-        depth = _depths(t)
-        height = max(depth)
-        for j in range(k):
-            c = ti * k + j
-            for r in range(t.size):
-                if up:
-                    ev[r].append((j + sub[r], 0, ti, c, "up"))
-                if down:
-                    at = j + height + depth[r]
-                    if t.parents[r] != -1 and t.children[r]:
-                        ev[r].append((at, 1, ti, c, "fetch"))
-                        at += forward_lag
-                    ev[r].append((at, 1, ti, c, "down"))
-    for lst in ev:
-        lst.sort(key=lambda e: (e[0], e[1], e[3]))
-    return ev
+    levels = _levels(multi)
+    return [_rank_events(multi, levels, r, k, phases, forward_lag) for r in range(multi.size)]
+
+
+class _Peers:
+    """One rank's parent and children in every tree of a plan, as :func:`_rank_steps` reads them:
+    the rank's own (``symbolic`` False), or stand-ins ``base + i`` for the i-th entry of the rank's
+    peer list (every tree's parent, then its children), so that one rank's steps serve every rank
+    whose trees look alike from where it stands (:func:`_emit`)."""
+
+    def __init__(self, multi: MultiTree, r: int, symbolic: bool = False) -> None:
+        self.parents, self.children, self.table = [], [], _peer_table(multi, r)
+        at = multi.size
+        for t in multi.trees:
+            p, kids = t.parents[r], t.children[r]
+            if symbolic:
+                self.parents.append(-1 if p == -1 else at)
+                self.children.append(tuple(range(at + 1, at + 1 + len(kids))))
+                at += 1 + len(kids)
+            else:
+                self.parents.append(p)
+                self.children.append(kids)
+
+
+def _peer_table(multi: MultiTree, r: int) -> list[int]:
+    """Rank ``r``'s peer list: in every tree its parent (-1 for the root), then its children."""
+    table = []
+    for t in multi.trees:
+        table.append(t.parents[r])
+        table.extend(t.children[r])
+    return table
+
+
+def _rank_steps(
+    multi: MultiTree,
+    r: int,
+    peers: _Peers,
+    ev: list,
+    k: int,
+    nph: int,
+    root: int | None,
+    collective: str,
+) -> list[Step]:
+    """Rank ``r``'s steps from its sorted events ``ev`` (:func:`_rank_events`), its parents and
+    children read from ``peers``."""
+    prog = _Prog(1)
+    # one in-order stream (lane) per (tree, phase): NCCL runs each tree on its own channels and a tree
+    # allreduce's reduce-up and broadcast-down in separate thread groups (collectives.schedule)
+    up_lane = [ti * nph for ti in range(len(multi.trees))]
+    down_lane = [ti * nph + (1 if nph == 2 else 0) for ti in range(len(multi.trees))]
+
+    posted: dict[tuple[int, str], list[int]] = {}  # (chunk, phase) -> recv indices
+    last: dict[int, int] = {}  # chunk -> index of the step completing it
+
+    def post(ti: int, c: int, phase: str) -> None:
+        key = (c, phase)
+        if key in posted:
+            return
+        if phase == "up":
+            posted[key] = [
+                prog.add(0, "recv", c, peer=ch, slot=i + 1, lane=up_lane[ti]) for i, ch in enumerate(peers.children[ti])
+            ]
+        else:
+            src = peers.parents[ti]
+            if phase == "down" and root is not None and collective == "broadcast" and r == root:
+                posted[key] = []
+            elif src == -1:
+                if root is not None and root != r and collective == "broadcast":
+                    posted[key] = [prog.add(0, "recv", c, peer=root, lane=down_lane[ti])]
+                else:
+                    posted[key] = []
+            else:
+                posted[key] = [prog.add(0, "recv", c, peer=src, lane=down_lane[ti])]
+
+    steps_ahead = [e for e in ev if e[4] != "fetch"]
+    idx = 0
+    ahead = 0  # the up events before this index in steps_ahead have posted their receives
+    for _, _, ti, c, phase in ev:
+        if phase == "fetch":  # the broadcast's receive, forward_lag steps before its use
+            post(ti, c, "down")
+            continue
+        # post receives of the next LOOKAHEAD events (same phase kind) ahead of time (those of
+        # the events before ``ahead`` are posted already)
+        if phase == "up":
+            for _, _, tj, cj, ph in steps_ahead[max(ahead, idx) : idx + LOOKAHEAD]:
+                if ph == "up":
+                    post(tj, cj, ph)
+            ahead = idx + LOOKAHEAD
+        else:
+            post(ti, c, phase)
+        idx += 1
+        parent = peers.parents[ti]
+        if phase == "up":
+            prev = None
+            for i, rv in enumerate(posted[(c, "up")]):  # one receive per child
+                prev = prog.add(0, "reduce", c, slot=i + 1, deps=(rv, prev), lane=up_lane[ti])
+            last[c] = prev
+            if parent != -1:
+                prog.add(0, "send", c, peer=parent, deps=(prev,), lane=up_lane[ti])
+            elif collective == "reduce" and root is not None and root != r:
+                prog.add(0, "send", c, peer=root, deps=(prev,), lane=up_lane[ti])
+        else:
+            rv = posted[(c, "down")]
+            dep = rv[0] if rv else last.get(c)
+            tree_root = multi.trees[ti].root
+            if collective == "broadcast" and root is not None and r == root and tree_root != root:
+                prog.add(0, "send", c, peer=tree_root, lane=down_lane[ti])
+            for ch in peers.children[ti]:
+                if collective == "broadcast" and root is not None and ch == root:
+                    continue
+                prog.add(0, "send", c, peer=ch, deps=(dep,), lane=down_lane[ti])
+    if collective == "reduce" and root is not None:
+        for ti, t in enumerate(multi.trees):
+            if r == root and t.root != root:
+                for j in range(k):
+                    prog.add(0, "recv", ti * k + j, peer=t.root, lane=up_lane[ti])
+    return prog.steps[0]
+
+
+def _look(multi: MultiTree, levels, r: int) -> tuple:
+    """What rank ``r``'s steps depend on besides its peers' names: per tree its children, whether it
+    has a parent, its subtree height and its depth."""
+    return tuple(
+        (len(t.children[r]), t.parents[r] != -1, sub[r], depth[r]) for t, (sub, depth, _) in zip(multi.trees, levels)
+    )
 
 
 def _emit(
@@ -178,101 +310,95 @@ def _emit(
     name: str,
     collective: str,
     forward_lag: int = FORWARD_LAG,
+    *,
+    alike: bool = True,
 ) -> Schedule:
+    """The schedule of ``multi`` (``compile_reduce``, ``compile_broadcast``, ``compile_allreduce``).
+
+    ``alike`` (without ``root``): a rank's steps are those of the first rank whose trees look alike
+    from where it stands (:func:`_look`), with its own peers; what is checked is each such rank
+    program and the messages of every tree edge (:class:`_Programs`), not every step again
+    (:meth:`Schedule.trusted`). False, or with ``root``: every rank's steps made and checked on their
+    own (the same steps)."""
     n = multi.size
     if root is not None and not 0 <= root < n:
         raise ScheduleError(f"compile {collective}: root expected a rank in 0..{n - 1}, got {root}")
     if collective in ("reduce", "broadcast") and root is None and len(set(multi.roots)) > 1:
         raise ScheduleError(f"compile {collective}: the trees have different roots {list(multi.roots)}; pass root=")
-    prog = _Prog(n)
     if not (isinstance(forward_lag, int) and forward_lag >= 0):
         raise ScheduleError(f"compile {collective}: forward_lag expected an integer >= 0, got {forward_lag!r}")
-    ev = _events(multi, k, phases, forward_lag)
+    levels = _levels(multi)
     nph = len(phases)
-
-    # one in-order stream (lane) per (tree, phase): NCCL runs each tree on its own channels and a tree
-    # allreduce's reduce-up and broadcast-down in separate thread groups (collectives.schedule)
-    up_lane = [ti * nph for ti in range(len(multi.trees))]
-    down_lane = [ti * nph + (1 if nph == 2 else 0) for ti in range(len(multi.trees))]
-
-    posted: dict[tuple[int, int, str], list[int]] = {}  # (rank, chunk, phase) -> recv indices
-    last: dict[tuple[int, int], int] = {}  # (rank, chunk) -> index of the step completing it
-
-    def post(r: int, ti: int, c: int, phase: str) -> None:
-        t = multi.trees[ti]
-        key = (r, c, phase)
-        if key in posted:
-            return
-        if phase == "up":
-            posted[key] = [
-                prog.add(r, "recv", c, peer=ch, slot=i + 1, lane=up_lane[ti]) for i, ch in enumerate(t.children[r])
-            ]
-        else:
-            src = t.parents[r]
-            if phase == "down" and root is not None and collective == "broadcast" and r == root:
-                posted[key] = []
-            elif src == -1:
-                if root is not None and root != r and collective == "broadcast":
-                    posted[key] = [prog.add(r, "recv", c, peer=root, lane=down_lane[ti])]
-                else:
-                    posted[key] = []
-            else:
-                posted[key] = [prog.add(r, "recv", c, peer=src, lane=down_lane[ti])]
-
+    nchunks = k * len(multi.trees)
+    fields = {"root": (root if root is not None else multi.trees[0].root) if collective != "allreduce" else -1}
+    fields.update(shares=_shares(multi, k), name=name)
+    if not alike or root is not None:
+        steps = []
+        for r in range(n):
+            ev = _rank_events(multi, levels, r, k, phases, forward_lag)
+            steps.append(tuple(_rank_steps(multi, r, _Peers(multi, r), ev, k, nph, root, collective)))
+        return Schedule(collective, n, nchunks, tuple(steps), **fields)
+    programs = _Programs(multi, levels, nchunks)
     for r in range(n):
-        lst = ev[r]
-        steps_ahead = [e for e in lst if e[4] != "fetch"]
-        idx = 0
-        ahead = 0  # the up events before this index in steps_ahead have posted their receives
-        for _, _, ti, c, phase in lst:
-            if phase == "fetch":  # the broadcast's receive, forward_lag steps before its use
-                post(r, ti, c, "down")
-                continue
-            # post receives of the next LOOKAHEAD events (same phase kind) ahead of time (those of
-            # the events before ``ahead`` are posted already)
-            if phase == "up":
-                for _, _, tj, cj, ph in steps_ahead[max(ahead, idx) : idx + LOOKAHEAD]:
-                    if ph == "up":
-                        post(r, tj, cj, ph)
-                ahead = idx + LOOKAHEAD
+        look = _look(multi, levels, r)
+        if look not in programs.steps:
+            ev = _rank_events(multi, levels, r, k, phases, forward_lag)
+            programs.add(look, _rank_steps(multi, r, _Peers(multi, r, True), ev, k, nph, root, collective))
+        programs.ranks.append(look)
+    programs.check(f"compile {name}")
+    steps = tuple(with_peers(programs.steps[look], _peer_table(multi, r), n) for r, look in enumerate(programs.ranks))
+    return Schedule.trusted(collective, n, nchunks, steps, **fields)
+
+
+class _Programs:
+    """The distinct rank programs of a tree schedule (steps with stand-in peers, :class:`_Peers`) and
+    the program of every rank, with the check that replaces checking every step: each program's steps
+    are well formed, and over every tree edge the chunks one end sends are the chunks the other end
+    receives."""
+
+    def __init__(self, multi: MultiTree, levels, nchunks: int) -> None:
+        self.multi, self.levels, self.nchunks = multi, levels, nchunks
+        self.steps: dict[tuple, list[Step]] = {}  # look -> steps
+        self.sent: dict[tuple, dict[int, tuple]] = {}  # look -> peer entry -> chunks sent (sorted)
+        self.got: dict[tuple, dict[int, tuple]] = {}  # look -> peer entry -> chunks received (sorted)
+        self.ranks: list[tuple] = []  # rank -> its look
+
+    def add(self, look: tuple, steps: list[Step]) -> None:
+        """Keep the program of ``look``, its steps' fields checked."""
+        base, npeers = self.multi.size, sum(1 + c for c, _, _, _ in look)
+        sent: dict[int, list[int]] = defaultdict(list)
+        got: dict[int, list[int]] = defaultdict(list)
+        for i, s in enumerate(steps):
+            bad = not 0 <= s.chunk < self.nchunks or any(not 0 <= d < i for d in s.deps)
+            if s.kind == "reduce":
+                bad = bad or s.slot < 1
             else:
-                post(r, ti, c, phase)
-            idx += 1
-            t = multi.trees[ti]
-            if phase == "up":
-                prev = None
-                for i, rv in enumerate(posted[(r, c, "up")]):  # one receive per child
-                    prev = prog.add(r, "reduce", c, slot=i + 1, deps=(rv, prev), lane=up_lane[ti])
-                last[(r, c)] = prev
-                if t.parents[r] != -1:
-                    prog.add(r, "send", c, peer=t.parents[r], deps=(prev,), lane=up_lane[ti])
-                elif collective == "reduce" and root is not None and root != r:
-                    prog.add(r, "send", c, peer=root, deps=(prev,), lane=up_lane[ti])
-            else:
-                rv = posted[(r, c, "down")]
-                dep = rv[0] if rv else last.get((r, c))
-                if collective == "broadcast" and root is not None and r == root and t.root != root:
-                    prog.add(r, "send", c, peer=t.root, lane=down_lane[ti])
-                for ch in t.children[r]:
-                    if collective == "broadcast" and root is not None and ch == root:
-                        continue
-                    prog.add(r, "send", c, peer=ch, deps=(dep,), lane=down_lane[ti])
-        if collective == "reduce" and root is not None:
-            for ti, t in enumerate(multi.trees):
-                if r == root and t.root != root:
-                    for j in range(k):
-                        c = ti * k + j
-                        prog.add(r, "recv", c, peer=t.root, lane=up_lane[ti])
-    sched_root = root if root is not None else multi.trees[0].root
-    return Schedule(
-        collective,
-        n,
-        k * len(multi.trees),
-        tuple(tuple(s) for s in prog.steps),
-        root=sched_root if collective != "allreduce" else -1,
-        shares=_shares(multi, k),
-        name=name,
-    )
+                bad = bad or s.slot < 0 or not base <= s.peer < base + npeers
+                (sent if s.kind == "send" else got)[s.peer - base].append(s.chunk)
+            if bad:
+                raise ScheduleError(f"compile: a rank program's step {i} is malformed: {s}")  # pragma: no cover
+        self.steps[look] = steps
+        self.sent[look] = {e: tuple(sorted(c)) for e, c in sent.items()}
+        self.got[look] = {e: tuple(sorted(c)) for e, c in got.items()}
+
+    def check(self, what: str) -> None:
+        """Over every tree edge, what the child sends its parent the parent receives from that child,
+        and the other way round."""
+        entry = [0] * len(self.ranks)  # where each rank's parent of the current tree sits in its peer list
+        for ti, t in enumerate(self.multi.trees):
+            place = [0] * t.size  # each rank's place among its parent's children
+            for kids in t.children:
+                for j, c in enumerate(kids):
+                    place[c] = j
+            for c, p in t.edges():
+                up_at, down_at = entry[c], entry[p] + 1 + place[c]
+                lc, lp = self.ranks[c], self.ranks[p]
+                if self.sent[lc].get(up_at, ()) != self.got[lp].get(down_at, ()) or self.got[lc].get(
+                    up_at, ()
+                ) != self.sent[lp].get(down_at, ()):
+                    raise ScheduleError(f"{what}: the messages of rank {c} and rank {p} in tree {ti} do not match")
+            for r in range(t.size):
+                entry[r] += 1 + len(t.children[r])
 
 
 def _name(multi: MultiTree, what: str) -> str:

@@ -84,7 +84,7 @@ from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 from treecoll.topo.routes import rename_node
 
-from .compile import LOOKAHEAD
+from .compile import LOOKAHEAD, _depth_and_height
 from .in_network import nvls_domains
 from .placement import Placement, as_placement
 from .schedule import Schedule
@@ -334,17 +334,99 @@ def _plan_key(multi: MultiTree) -> tuple:
     return tuple((t.parents, t.children) for t in multi.trees), multi.shares
 
 
-def _levels(t: Tree) -> tuple[list[int], list[int]]:
-    """(depth, subtree height) of every rank of ``t``."""
-    depth, height = [0] * t.size, [0] * t.size
-    order = t.postorder()
-    for r in reversed(order):
-        if t.parents[r] >= 0:
-            depth[r] = depth[t.parents[r]] + 1
-    for r in order:
-        if t.parents[r] >= 0:
-            height[t.parents[r]] = max(height[t.parents[r]], height[r] + 1)
-    return depth, height
+def _rate_groups(multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[list[tuple[int, int]]]:
+    """The tree edges (rank i -> rank j) busy at once (:meth:`CostModel._tree_rates`): all of them, or
+    with ``by_level`` going up those whose child's subtree has one height, going down those whose
+    child has one depth and one place among its siblings."""
+    groups: dict = defaultdict(list)
+    for t in multi.trees:
+        depth, height = _depth_and_height(t) if by_level else (None, None)
+        place = [0] * t.size  # each rank's place among its parent's children
+        for kids in t.children:
+            for i, c in enumerate(kids):
+                place[c] = i
+        for c, p in t.edges():
+            if up:  # a child sends up once its subtree is done: its height says when
+                groups[("up", height[c]) if by_level else 0].append((c, p))
+            if down:  # a parent forwards down once the chunk reached it (its depth says when), to
+                # one child after another
+                groups[("down", depth[c], place[c]) if by_level else 0].append((p, c))
+    return list(groups.values())
+
+
+class _TreeArrays:
+    """One tree's ranks as arrays for :meth:`CostModel._closed_form_arrays`: children per rank
+    (``nkids``), messages per chunk and phase (``own``), the inner ranks, the ranks grouped by
+    subtree height (going up) and by depth (going down), and the latency (s) of every rank's edge
+    to its parent (``lat_up``) and from it (``lat_down``), indexed by the child."""
+
+    def __init__(self, t: Tree, latency: Callable[[int, int], float]) -> None:
+        self.tree = t
+        depth, height = _depth_and_height(t)
+        self.nkids = np.array([len(c) for c in t.children], dtype=np.int64)
+        self.own = self.nkids + (np.array(t.parents) >= 0)
+        inner = [r for r in range(t.size) if t.children[r]]
+        self.inner = np.array(inner, dtype=np.intp)
+        by_height: dict[int, list[int]] = defaultdict(list)
+        by_depth: dict[int, list[int]] = defaultdict(list)
+        for r in inner:
+            by_height[height[r]].append(r)
+            by_depth[depth[r]].append(r)
+        self.heights = [by_height[h] for h in sorted(by_height)]
+        # at one depth the ranks with the most children first: those with an i-th child are a prefix
+        self.depths = [sorted(by_depth[d], key=lambda r: -len(t.children[r])) for d in sorted(by_depth)]
+        self.lat_up, self.lat_down = np.zeros(t.size), np.zeros(t.size)
+        for c, p in t.edges():
+            self.lat_up[c], self.lat_down[c] = latency(c, p), latency(p, c)
+
+    def up_finish(self, rate: np.ndarray, m, o_r, lookahead, red) -> np.ndarray:
+        """Per chunk count, when the root has combined the first chunk (the reduce of
+        :meth:`CostModel._closed_form_ranks`; ``rate``: B/s of every rank's edge to its parent;
+        ``o_r``: a rank's cost per message, a leaf's ``o``)."""
+        children = self.tree.children
+        finish = np.zeros((self.tree.size, len(m)))
+        for ranks in self.heights:
+            kids = [c for r in ranks for c in children[r]]
+            at = np.array(ranks, dtype=np.intp)
+            nk = self.nkids[at]
+            starts = np.zeros(len(ranks), dtype=np.intp)
+            np.cumsum(nk[:-1], out=starts[1:])
+            inv = 1.0 / rate[kids]
+            arrive = np.maximum.reduceat(
+                finish[kids] + o_r[kids][:, None] + self.lat_up[kids][:, None] + m * inv[:, None], starts, axis=0
+            )
+            finish[at] = np.maximum((nk[:, None] * lookahead) * o_r[at][:, None], arrive) + (nk * red[at])[:, None] * m
+        return finish[self.tree.root]
+
+    def down_reach(self, rate: np.ndarray, m, o_r) -> np.ndarray:
+        """Per rank and chunk count, when the first chunk reaches it going down (the broadcast of
+        :meth:`CostModel._closed_form_ranks`; ``rate``: B/s of every rank's edge from its parent): a
+        parent sends to its children one after another."""
+        children = self.tree.children
+        reach = np.zeros((self.tree.size, len(m)))
+        for ranks in self.depths:
+            at = np.array(ranks, dtype=np.intp)
+            base = reach[at]
+            free = base.copy()
+            counts = self.nkids[at]  # descending
+            for i in range(int(counts[0])):
+                j = int(np.count_nonzero(counts > i))
+                kid = [children[r][i] for r in ranks[:j]]
+                inv = 1.0 / rate[kid]
+                free[:j] = np.maximum(free[:j], base[:j] + (i + 1) * o_r[at[:j]][:, None]) + m * inv[:, None]
+                reach[kid] = free[:j] + self.lat_down[kid][:, None]
+        return reach
+
+    def slowest(self, ups: np.ndarray | None, downs: np.ndarray | None) -> np.ndarray:
+        """Per inner rank, the largest inverse rate (s/B) of its edges to and from its children
+        (``ups``, ``downs``: B/s of every rank's edge to and from its parent, None: not run)."""
+        kids = np.flatnonzero(np.array(self.tree.parents) >= 0)
+        parents = np.array(self.tree.parents, dtype=np.intp)[kids]
+        most = np.full(self.tree.size, -np.inf)
+        for rate in (ups, downs):
+            if rate is not None:
+                np.maximum.at(most, parents, 1.0 / rate[kids])
+        return most[self.inner]
 
 
 class _Links:
@@ -369,7 +451,12 @@ class _Links:
         self.ends: list[tuple[str, str]] = []  # link id -> (node, node)
         self._ids: dict[tuple[str, str], int] = {}
         self._bw = np.zeros(64)  # link id -> GB/s, grown by doubling
-        self._hosts: list[str | None] | None = None  # the host of each rank's GPU
+        self._hosts: list[str | None] | None = None  # the host of each rank's GPU (:meth:`_host_facts`)
+        self._reps: list[str | None] = []  # the host standing for each rank's host's class
+        self._rep_names: list[str] = []  # each rank's GPU as the same GPU of that host
+        self._inside: dict[tuple[str, str], bool] = {}  # a class's GPUs -> their routes stay in the host
+        self._homes: dict[int, tuple | None] = {}  # link id -> (host, its ends in the class's host)
+        self._crossings: dict[tuple[int, int], tuple] = {}  # a pair's links inside hosts, as _homes gives them
         self._by_name: dict[tuple[str, str], tuple] = {}  # a host class's GPUs -> their entry
         self._moves: dict[str, dict[int, int]] = {}  # host -> its class's link ids -> its own
 
@@ -384,26 +471,55 @@ class _Links:
             self._bw[i] = self.topology.graph._succ[u][v]["bw"]
         return i
 
+    def _host_facts(self) -> None:
+        """Each rank's host, its host's class (:meth:`~treecoll.topo.routes.RouteTable.host_class`:
+        the host itself when none) and its GPU's name in the host standing for that class."""
+        node, routes = self.topology.graph._node, self.topology.routes
+        self._hosts = [node[x].get("host") for x in self.gpus]
+        reps: dict[str, str | None] = {}
+        self._reps, self._rep_names = [], []
+        for x, h in zip(self.gpus, self._hosts):
+            rep = None if h is None else reps.get(h)
+            if h is not None and rep is None:
+                rep = reps[h] = routes.host_class(h)
+            self._reps.append(rep)
+            self._rep_names.append(x if rep is None or rep == h else rename_node(x, h, rep))
+
+    def _in_class(self, i: int, j: int) -> bool:
+        """Whether ranks i and j sit in one host that another host stands for (built alike)."""
+        if self._hosts is None:
+            self._host_facts()
+        h = self._hosts[i]
+        return h is not None and h == self._hosts[j] and self._reps[i] != h
+
+    def _class_entry(self, i: int, j: int) -> tuple:
+        """The ``pairs`` entry of the GPUs of ranks i and j (one host, :meth:`_in_class`) in the host
+        standing for their host's class."""
+        key = (self._rep_names[i], self._rep_names[j])
+        base = self._by_name.get(key)
+        if base is None:
+            base = self._by_name[key] = self._entry(*key)
+        return base
+
     def pair(self, i: int, j: int) -> tuple:
         """The ``pairs`` entry of ranks i -> j, made and kept. Inside a host built like an earlier one
         (:meth:`~treecoll.topo.routes.RouteTable.host_class`), that host's entry on its links renamed,
         as the route table renames its routes."""
-        a, b = self.gpus[i], self.gpus[j]
-        if self._hosts is None:
-            node = self.topology.graph._node
-            self._hosts = [node[x].get("host") for x in self.gpus]
-        host = self._hosts[i]
-        rep = self.topology.routes.host_class(host) if host is not None and host == self._hosts[j] else host
-        if rep == host:
-            entry = self._entry(a, b)
+        if self._in_class(i, j):
+            base = self._class_entry(i, j)
+            entry = (base[0], self._moved(base[1], self._reps[i], self._hosts[i]), *base[2:])
         else:
-            ra, rb = rename_node(a, host, rep), rename_node(b, host, rep)
-            base = self._by_name.get((ra, rb))
-            if base is None:
-                base = self._by_name[(ra, rb)] = self._entry(ra, rb)
-            entry = (base[0], self._moved(base[1], rep, host), *base[2:])
+            entry = self._entry(self.gpus[i], self.gpus[j])
         self.pairs[(i, j)] = entry
         return entry
+
+    def latency(self, i: int, j: int) -> float:
+        """The ``pairs`` entry's latency of ranks i -> j (inside a host built alike: its class's, without
+        numbering the host's own links)."""
+        entry = self.pairs.get((i, j))
+        if entry is None:
+            entry = self._class_entry(i, j) if self._in_class(i, j) else self.pair(i, j)
+        return entry[0]
 
     def _moved(self, ids: tuple[int, ...], rep: str, host: str) -> tuple[int, ...]:
         """Links ``ids`` of host ``rep`` as the same links of ``host`` (built alike)."""
@@ -425,9 +541,12 @@ class _Links:
         ids: list[int] = []
         shares: list[float] = []
         lens: list[int] = []
-        link_id = self.link_id
+        known, link_id = self._ids.get, self.link_id
         for nodes, share in p.routes:
-            ids.extend(link_id(u, v) for u, v in zip(nodes, nodes[1:]))
+            route = [known(e) for e in zip(nodes, nodes[1:])]
+            if None in route:
+                route = [link_id(u, v) if i is None else i for (u, v), i in zip(zip(nodes, nodes[1:]), route)]
+            ids.extend(route)
             shares.extend([share] * (len(nodes) - 1))
             lens.append(len(nodes) - 1)
         return (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
@@ -447,6 +566,103 @@ class _Links:
         vector length."""
         if not flows:
             return {}
+        got = self.rates_array(flows)
+        return got if isinstance(got, dict) else dict(zip(flows, got.tolist()))
+
+    def rates_array(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
+        """:meth:`rates` of ``flows`` (not empty) as an array in their order, or, for flows crossing at
+        most :data:`SMALL_RATES` links, as :meth:`rates` returns them (summed in Python). From
+        :data:`CLASS_FLOWS` flows, the flows inside hosts built alike are priced once per class
+        (:meth:`_rates_by_class`)."""
+        if len(flows) >= CLASS_FLOWS:
+            got = self._rates_by_class(flows)
+            if got is not None:
+                return got
+        return self._rates_plain(flows)
+
+    def _rates_by_class(self, flows: list[tuple[int, int]]) -> np.ndarray | None:
+        """:meth:`rates_array` of ``flows`` with the flows inside a host priced once for every host of
+        its class with the same flows in the same order (their GPUs named as in the class's host),
+        where nothing else crosses the links of those flows: a link's load then sums the same shares
+        in the same order in every such host, so each flow gets the number the whole list would give
+        it. The other flows are priced together, in their order. None: no host to share."""
+        if self._hosts is None:
+            self._host_facts()
+        hosts, reps, names = self._hosts, self._reps, self._rep_names
+        own: dict[str, list[int]] = defaultdict(list)  # host -> positions of the flows inside it
+        rest: list[int] = []
+        for at, (i, j) in enumerate(flows):
+            h = hosts[i]
+            (own[h] if h is not None and h == hosts[j] else rest).append(at)
+        alike: dict[tuple, list[str]] = defaultdict(list)
+        for h, where in own.items():
+            alike[(reps[flows[where[0]][0]], tuple((names[flows[a][0]], names[flows[a][1]]) for a in where))].append(h)
+        shared = [(key, hs) for key, hs in alike.items() if len(hs) > 1 and all(map(self._stays_in, key[1]))]
+        if not shared:
+            return None
+        for hs in (hs for key, hs in alike.items() if len(hs) == 1 or (key, hs) not in shared):
+            rest.extend(a for h in hs for a in own[h])
+        # links inside shared hosts that the other flows cross, named in their class's host
+        crossed: dict[str, set] = defaultdict(set)
+        for f in {flows[a] for a in rest}:
+            homes = self._crossings.get(f)
+            if homes is None:
+                ids = (self.pairs.get(f) or self.pair(*f))[1]
+                homes = self._crossings[f] = tuple(h for h in map(self._home, ids) if h is not None)
+            for host, link in homes:
+                crossed[host].add(link)
+        out = np.empty(len(flows))
+        for (_, pairs), hs in shared:
+            used = {self.ends[lk] for ra_rb in pairs for lk in self._by_name_entry(ra_rb)[1]}
+            apart = [h for h in hs if not crossed.get(h) or not crossed[h] & used]
+            rest.extend(a for h in hs if h not in apart for a in own[h])
+            if apart:
+                first = [flows[a] for a in own[apart[0]]]
+                got = self._rates_plain(first)
+                values = np.array([got[f] for f in first]) if isinstance(got, dict) else got
+                for h in apart:
+                    out[own[h]] = values
+        if rest:
+            rest.sort()
+            some = [flows[a] for a in rest]
+            got = self._rates_plain(some)
+            out[rest] = np.array([got[f] for f in some]) if isinstance(got, dict) else got
+        return out
+
+    def _by_name_entry(self, names: tuple[str, str]) -> tuple:
+        """The ``pairs`` entry of two GPUs of a class's host, by name (made and kept)."""
+        base = self._by_name.get(names)
+        if base is None:
+            base = self._by_name[names] = self._entry(*names)
+        return base
+
+    def _stays_in(self, names: tuple[str, str]) -> bool:
+        """Whether every route between two GPUs of a class's host stays inside that host."""
+        hit = self._inside.get(names)
+        if hit is None:
+            node = self.topology.graph._node
+            host = node[names[0]].get("host")
+            ends = (self.ends[lk] for lk in self._by_name_entry(names)[1])
+            hit = self._inside[names] = all(node[u].get("host") == host == node[v].get("host") for u, v in ends)
+        return hit
+
+    def _home(self, lk: int) -> tuple | None:
+        """(host, the link's ends named in the host standing for its class) of a link inside a host;
+        None for a link between hosts or switches."""
+        if lk in self._homes:
+            return self._homes[lk]
+        u, v = self.ends[lk]
+        node = self.topology.graph._node
+        h = node[u].get("host")
+        home = None
+        if h is not None and node[v].get("host") == h:
+            rep = self.topology.routes.host_class(h)
+            home = (h, (u, v) if rep == h else (rename_node(u, h, rep), rename_node(v, h, rep)))
+        self._homes[lk] = home
+        return home
+
+    def _rates_plain(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
+        """:meth:`rates_array` of ``flows`` all together."""
         entries = list(map(self.pairs.get, flows))
         if None in entries:
             entries = [e or self.pairs.get(f) or self.pair(*f) for f, e in zip(flows, entries)]
@@ -479,7 +695,7 @@ class _Links:
             per_flow = table[:, 0].copy()
             for c in range(1, most):
                 per_flow += table[:, c]
-        return dict(zip(flows, (per_flow * 1e9).tolist()))
+        return per_flow * 1e9
 
     def _rates_small(
         self, flows: list[tuple[int, int]], ids: list[int], shares: list[float], lens: list[int]
@@ -515,6 +731,10 @@ SHARED_LINKS = 4
 SHARED_TIMES = 4096
 #: link incidences up to which :meth:`_Links.rates` sums in Python
 SMALL_RATES = 64
+#: flows from which :meth:`_Links.rates_array` prices the flows inside hosts built alike once per class
+CLASS_FLOWS = 512
+#: ranks x trees from which :meth:`CostModel._closed_form` works on arrays, a tree level at a time
+ARRAY_CLOSED_FORM = 256
 
 
 def _links_of(placement: Placement, topology: Topology, gpus: Sequence[str], step_overhead: float) -> _Links:
@@ -633,12 +853,17 @@ class CostModel:
     def _memo_rates(self, key: tuple, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """:meth:`rates` of ``flows``, kept under ``key`` (which must name the flows) for every model
         of this topology and ranks."""
+        return self._kept_rates(key, lambda: self.rates(flows))
+
+    def _kept_rates(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` kept under ``key`` in the rates every model of this topology and ranks shares
+        (emptied past 256 entries)."""
         memo = self._shared().rate_memo
         hit = memo.get(key)
         if hit is None:
             if len(memo) > 256:
                 memo.clear()
-            hit = memo[key] = self.rates(flows)
+            hit = memo[key] = make()
         return hit
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:
@@ -755,7 +980,66 @@ class CostModel:
     def _closed_form(
         self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
     ) -> list[float]:
-        """:meth:`_closed_form_times` computed."""
+        """:meth:`_closed_form_times` computed: on arrays a tree level at a time
+        (:meth:`_closed_form_arrays`) from :data:`ARRAY_CLOSED_FORM` ranks x trees, else rank by rank
+        (:meth:`_closed_form_ranks`); the same operations in the same order, so the same numbers."""
+        if multi.size * len(multi.trees) >= ARRAY_CLOSED_FORM:
+            return self._closed_form_arrays(multi, nbytes, collective, chunk_counts)
+        return self._closed_form_ranks(multi, nbytes, collective, chunk_counts)
+
+    def _closed_form_arrays(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """:meth:`_closed_form_ranks` with every chunk count at once and every rank of one tree level
+        at once (numpy arrays ranks x chunk counts): the ranks whose subtrees have one height go up
+        together, those at one depth send down to their i-th child together."""
+        phases = COLLECTIVE_PHASES[collective]
+        up, down = "up" in phases, "down" in phases
+        o, n = self.msg_overhead, multi.size
+        ks = np.array(chunk_counts, dtype=np.int64)
+        first = self._tree_rate_arrays(multi, up, down, True)
+        steady = self._tree_rate_arrays(multi, up, down, False) if (ks > 1).any() else None
+        mem_bw = np.array(self._mem_bw)
+        red = np.array([reduce_time(b, 1.0) for b in self._mem_bw])  # combine seconds per byte
+        shape = [_TreeArrays(t, self._shared().latency) for t in multi.trees]
+        busy = sum(s.own for s in shape)
+        per_phase = int(up) + int(down)
+        worst = np.zeros(len(ks))
+        for ti, (share, s) in enumerate(zip(multi.shares, shape)):
+            m = nbytes * share / ks  # bytes per chunk, per chunk count
+            o_r = np.full(n, o)  # a leaf's cost for its send up; an inner rank's per message, interleaved
+            o_r[s.inner] = o * (busy[s.inner] + s.own[s.inner]) / (2 * s.own[s.inner])
+            total = np.zeros(len(ks))
+            ups, downs = first[ti]
+            if up:
+                total += s.up_finish(ups, m, o_r, np.minimum(ks, LOOKAHEAD), red)
+            if down:
+                total += s.down_reach(downs, m, o_r).max(axis=0)
+            stage = np.zeros(len(ks))
+            if steady is not None and len(s.inner):
+                slowest = s.slowest(*steady[ti])
+                nk = s.nkids[s.inner]
+                cpu = (s.own[s.inner] * per_phase * o)[:, None] + ((nk * red[s.inner])[:, None] * m if up else 0.0)
+                stage = np.maximum(np.maximum(cpu.max(axis=0), (slowest[:, None] * m).max(axis=0)), 0.0)
+                stage[ks == 1] = 0.0
+            worst = np.maximum(worst, total + (ks - 1) * stage)
+        if len(multi.trees) > 1:  # every rank issues the messages of all trees from one thread
+            load = np.zeros((n, len(ks)))
+            for share, s in zip(multi.shares, shape):
+                m = nbytes * share / ks
+                combine = 0.0
+                if up:  # a rank's combines of m bytes (free where the GPU's memory bandwidth is unknown)
+                    with np.errstate(divide="ignore"):
+                        rt = np.where((mem_bw > 0)[:, None], 3.0 * m / (mem_bw * 1e9)[:, None], 0.0)
+                    combine = s.nkids[:, None] * rt
+                load += ks * ((s.own * per_phase * o)[:, None] + combine)
+            worst = np.maximum(worst, load.max(axis=0))
+        return worst.tolist()
+
+    def _closed_form_ranks(
+        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
+    ) -> list[float]:
+        """:meth:`_closed_form` rank by rank (small trees, and the reference of the array form)."""
         phases = COLLECTIVE_PHASES[collective]
         up, down = "up" in phases, "down" in phases
         o = self.msg_overhead
@@ -868,27 +1152,47 @@ class CostModel:
         busy at the same time with one chunk: going up, those whose child's subtree has the same
         height; going down, those whose child has the same depth."""
         key = (tuple(t.parents for t in multi.trees), up, down, by_level)  # rates depend on edges only
-        memo = self._shared().rate_memo
-        hit = memo.get(key)
-        if hit is not None:
-            return hit
-        if len(memo) > 256:
-            memo.clear()
-        groups: dict = defaultdict(list)
+
+        def least() -> dict[tuple[int, int], float]:
+            rate: dict[tuple[int, int], float] = {}
+            for flows in _rate_groups(multi, up, down, by_level):
+                for f, v in self.rates(flows).items():
+                    rate[f] = min(v, rate.get(f, v))
+            return rate
+
+        return self._kept_rates(key, least)
+
+    def _tree_rate_arrays(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
+        """:meth:`_tree_rates` per tree as arrays indexed by child rank: (child -> parent rates, parent ->
+        child rates), B/s (the root's entry 0; None for a phase not run)."""
+        key = ("arrays", tuple(t.parents for t in multi.trees), up, down, by_level)
+        return self._kept_rates(key, lambda: self._tree_rate_arrays_of(multi, up, down, by_level))
+
+    def _tree_rate_arrays_of(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
+        """:meth:`_tree_rate_arrays` computed."""
+        n = multi.size
+        codes, values = [], []
+        for flows in _rate_groups(multi, up, down, by_level):
+            got = self._shared().rates_array(flows)
+            values.append(np.array([got[f] for f in flows]) if isinstance(got, dict) else got)
+            codes.append(np.array(flows, dtype=np.int64) @ np.array([n, 1], dtype=np.int64))
+        # a flow busy in several groups gets its least rate
+        known, where = np.unique(np.concatenate(codes), return_inverse=True)
+        least = np.full(len(known), np.inf)
+        np.minimum.at(least, where, np.concatenate(values))
+        out = []
         for t in multi.trees:
-            depth, height = _levels(t) if by_level else (None, None)
-            for c, p in t.edges():
-                if up:  # a child sends up once its subtree is done: its height says when
-                    groups[("up", height[c]) if by_level else 0].append((c, p))
-                if down:  # a parent forwards down once the chunk reached it (its depth says when), to
-                    # one child after another
-                    groups[("down", depth[c], t.children[p].index(c)) if by_level else 0].append((p, c))
-        rate: dict[tuple[int, int], float] = {}
-        for flows in groups.values():
-            for f, v in self.rates(flows).items():
-                rate[f] = min(v, rate.get(f, v))
-        memo[key] = rate
-        return rate
+            kids = np.flatnonzero(np.array(t.parents) >= 0)
+            parents = np.array(t.parents, dtype=np.int64)[kids]
+            ups = downs = None
+            if up:
+                ups = np.zeros(n)
+                ups[kids] = least[np.searchsorted(known, kids * n + parents)]
+            if down:
+                downs = np.zeros(n)
+                downs[kids] = least[np.searchsorted(known, parents * n + kids)]
+            out.append((ups, downs))
+        return out
 
     def order_children(
         self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", nchunks: int | None = None

@@ -49,11 +49,12 @@ treecoll.topo.errors.ScheduleError: schedule 'reduce': rank 0 step 0 recv of chu
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from treecoll.topo.errors import ScheduleError
 
-__all__ = ["Step", "Schedule", "COLLECTIVES", "STEP_KINDS", "trusted_step"]
+__all__ = ["Step", "Schedule", "COLLECTIVES", "STEP_KINDS", "trusted_step", "with_peers"]
 
 COLLECTIVES = ("reduce", "broadcast", "allreduce", "reduce_scatter", "allgather")
 STEP_KINDS = ("send", "recv", "reduce")
@@ -101,6 +102,30 @@ def trusted_step(kind: str, chunk: int, peer: int, slot: int, deps: tuple[int, .
     return s
 
 
+def with_peers(template: Sequence[Step], table: Sequence[int], base: int) -> list[Step]:
+    """``template`` with every peer ``p >= base`` (a stand-in) replaced by ``table[p - base]``, built as
+    :func:`trusted_step` builds steps (the template's steps are valid, the table's peers ranks); the
+    steps without a stand-in are the template's own objects (steps are immutable).
+
+    >>> steps = with_peers([Step("recv", 0, peer=5, slot=1), Step("reduce", 0, slot=1, deps=(0,))], [2], 5)
+    >>> [(s.kind, s.peer) for s in steps]
+    [('recv', 2), ('reduce', -1)]
+    """
+    out = []
+    put = out.append
+    for s in template:
+        p = s.peer
+        if p < base:
+            put(s)
+            continue
+        fields = s.__dict__.copy()
+        fields["peer"] = table[p - base]
+        step = _new_object(Step)
+        _set_attr(step, "__dict__", fields)
+        put(step)
+    return out
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank step lists for one collective; validated when built.
@@ -129,7 +154,54 @@ class Schedule:
     owners: tuple[int, ...] = ()
 
     def __post_init__(self):
-        steps = tuple(tuple(s) for s in self.steps)
+        what = self._check_header()
+        self._check_steps(what)
+        self._check_progress(what)
+
+    @classmethod
+    def trusted(
+        cls,
+        collective: str,
+        nranks: int,
+        nchunks: int,
+        steps: tuple[tuple[Step, ...], ...],
+        *,
+        root: int = -1,
+        shares: tuple[float, ...] = (),
+        name: str = "",
+        owners: tuple[int, ...] = (),
+    ) -> Schedule:
+        """A :class:`Schedule` equal to ``Schedule(...)`` of the same arguments whose fields are checked
+        but not its steps (their fields, the matching of sends and receives, progress): for a
+        compiler that checks what it builds itself, more cheaply than step by step
+        (:func:`treecoll.collectives.compile.compile_allreduce` checks each distinct rank program
+        and each tree edge's messages). ``steps``: a tuple of tuples, as the fields keep it.
+
+        >>> s = Schedule.trusted("broadcast", 2, 1, ((Step("send", 0, peer=1),), (Step("recv", 0, peer=0),)), root=0)
+        >>> s == Schedule("broadcast", 2, 1, ((Step("send", 0, peer=1),), (Step("recv", 0, peer=0),)), root=0)
+        True
+        """
+        self = object.__new__(cls)
+        for key, value in (
+            ("collective", collective),
+            ("nranks", nranks),
+            ("nchunks", nchunks),
+            ("steps", steps),
+            ("root", root),
+            ("shares", shares),
+            ("name", name),
+            ("owners", owners),
+        ):
+            object.__setattr__(self, key, value)
+        self._check_header()
+        return self
+
+    def _check_header(self) -> str:
+        """Check every field but the steps' contents (normalised: ``steps`` tuples, default ``shares``);
+        the name of the schedule for messages."""
+        steps = self.steps if isinstance(self.steps, tuple) else tuple(tuple(s) for s in self.steps)
+        if not all(type(lst) is tuple for lst in steps):
+            steps = tuple(tuple(s) for s in steps)
         object.__setattr__(self, "steps", steps)
         what = f"schedule {self.name or self.collective!r}"
         if self.collective not in COLLECTIVES:
@@ -146,8 +218,7 @@ class Schedule:
         object.__setattr__(self, "shares", shares)
         if self.collective in ("reduce", "broadcast") and not 0 <= self.root < self.nranks:
             raise ScheduleError(f"{what}: a {self.collective} needs a root in 0..{self.nranks - 1}, got {self.root}")
-        self._check_steps(what)
-        self._check_progress(what)
+        return what
 
     # ------------------------------------------------------------------ validation
     def _check_steps(self, what: str) -> None:

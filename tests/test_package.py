@@ -121,7 +121,7 @@ STARTS_PROCESSES = re.compile(
 SUBPROCESS = re.compile(r"\bsubprocess\.(?:Popen|run|call|check_call|check_output)\(")
 #: files that run a subprocess for something other than a rank, and what for
 SUBPROCESS_USES = {
-    "attention/decode_native.py": "runs the C compiler that builds the native kernel",
+    "collectives/native.py": "runs the C compiler that builds the native libraries (decode kernel, simulator loop)",
     "tools/bench/harness.py": "asks git for the commit a benchmark ran from",
     "tools/bench_sim_scale.py": "times the simulate command as a user runs it, and its load and simulation apart",
     "tools/emucluster/netns.py": "runs ip and tc to build the emulated cluster",

@@ -10,7 +10,8 @@ earlier case's objects sit in its heap, as in the command): ``load s`` (reading 
 file) and ``simulate s`` (the table: :func:`treecoll.tools.cmd_simulate.allreduce_data`
 on the loaded topology, routes computed cold). ``cpu s``: the CPU time of
 those two (what the work costs on a busy machine, where the wall times
-stretch). ``rss MB``: peak resident memory of the commands run so far (the
+stretch). ``event_loop``: whether the flow engine's loop ran in C or in Python
+(:mod:`treecoll.collectives.sim.engine_native`). ``rss MB``: peak resident memory of the commands run so far (the
 largest child). Cases and targets:
 
 ==========  ==========================================================================  ======
@@ -98,7 +99,11 @@ def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict, flo
     data = cmd_simulate.allreduce_data(
         topo, algos, ns.sizes, ns.ranks, ns.profile, ns.sim_command, mode=ns.mode, engine=ns.engine
     )
-    return t1 - t0, time.perf_counter() - t1, data, c1 - c0, time.process_time() - c1
+    t2, c2 = time.perf_counter(), time.process_time()
+    from treecoll.collectives.sim.engine_native import native_status
+
+    data["event_loop"] = "native" if native_status()["available"] else "python"  # the flow engine's loop
+    return t1 - t0, t2 - t1, data, c1 - c0, c2 - c1
 
 
 def _in_fresh_process(topology: str, args: list[str]) -> tuple[float, float, dict, float, float]:
@@ -131,6 +136,7 @@ def run_case(name: str, spec: str | int, args: list[str], target: float | None, 
         + " ".join([str(spec) if isinstance(spec, str) else f"dgx-h100-x{spec}.yaml", *args]),
         "gpus": data["nranks"],
         "engine": data["engine"],
+        "event_loop": data["event_loop"],
         "command_s": min(walls),
         "command_runs_s": walls,
         "load_s": load,
@@ -142,8 +148,9 @@ def run_case(name: str, spec: str | int, args: list[str], target: float | None, 
         "results": [{"size": r["size"], **{a: v["time_us"] for a, v in r["algos"].items()}} for r in data["rows"]],
     }
     print(
-        f"{name:<10} {row['gpus']:>7} GPUs {row['engine']:<8} command {row['command_s']:7.2f} s  load "
-        f"{load:6.2f} s  simulate {sim:7.2f} s  (CPU {load_cpu:.2f} + {sim_cpu:.2f} s; target {target or '-'} s)",
+        f"{name:<10} {row['gpus']:>7} GPUs {row['engine']:<8} ({row['event_loop']} loop) command "
+        f"{row['command_s']:7.2f} s  load {load:6.2f} s  simulate {sim:7.2f} s  "
+        f"(CPU {load_cpu:.2f} + {sim_cpu:.2f} s; target {target or '-'} s)",
         flush=True,
     )
     return row

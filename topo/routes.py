@@ -333,9 +333,9 @@ class RouteTable:
         return Path(a, b, nodes, kinds, bw, lat, nccl, smi, ((nodes, 1.0),))
 
     def _net_route(self, a: str, b: str) -> Path:
-        g = self.graph
-        na = a if g.nodes[a]["kind"] == "nic" else self.nearest_nic(a)
-        nb = b if g.nodes[b]["kind"] == "nic" else self.nearest_nic(b)
+        g, table = self.graph, self._table
+        na = a if table[a][0] == "nic" else self.nearest_nic(a)
+        nb = b if table[b][0] == "nic" else self.nearest_nic(b)
         if na is None or nb is None:
             lonely = a if na is None else b
             raise TopologyError(f"path {a!r} -> {b!r}: host {self._table[lonely][1]!r} has no NIC to reach other hosts")

@@ -182,9 +182,26 @@ class Network:
                 self._cap = np.concatenate([self._cap, np.zeros_like(self._cap)])
             if self._transports:  # what NCCL's transports deliver over the link (NIC fabric, host memory)
                 eff *= link_factor(self.topology, a, b, self._nic_channels)
-            self._cap[i] = float(d["bw"]) * 1e9 * eff
-            self.cap_list.append(float(self._cap[i]))
+            c = float(d["bw"]) * 1e9 * eff
+            self._cap[i] = c
+            self.cap_list.append(c)
         return i
+
+    def renumber(self, order: np.ndarray) -> None:
+        """Number the links anew: link ``order[k]`` becomes link ``k`` (``order``: a permutation of the
+        ids). The routes kept so far are forgotten (they named the old ids)."""
+        L = len(self.ends)
+        ol = np.asarray(order, dtype=np.int64).tolist()
+        new = [0] * L
+        for k, i in enumerate(ol):
+            new[i] = k
+        self.ends = [self.ends[i] for i in ol]
+        self.kinds = [self.kinds[i] for i in ol]
+        self.cap_list = [self.cap_list[i] for i in ol]
+        self._cap[:L] = np.asarray(self.cap_list)
+        self._ids = {e: i for i, e in enumerate(self.ends)}
+        self._host_links = {h: {e: new[i] for e, i in d.items()} for h, d in self._host_links.items()}
+        self._routes = {}
 
     @property
     def cap(self) -> np.ndarray:
@@ -224,9 +241,48 @@ class Network:
         """The route of ``a`` to ``b`` inside one host from the route of the same GPUs in a host of its
         class (:meth:`~treecoll.topo.routes.RouteTable.host_class`: hosts built alike have the same
         routes inside them, renamed), links numbered in route order (None: not inside one host)."""
-        g = self.topology.graph.nodes
-        ha = g[a].get("host")
-        if ha is None or g[b].get("host") != ha:
+        found = self.host_template(a, b)
+        if found is None:
+            return None
+        tpl, ha, rep = found
+        subs, shares, used, used_shares, lat, cls, nccl = tpl
+        get = self.host_links(ha).get
+        lists = []
+        for idx in subs:  # (Route.of's fields, made from the class's template)
+            ids = tuple(map(get, idx))
+            if None in ids:
+                ids = tuple([self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)])
+            lists.append(ids)
+        link_lists = tuple([lists[j] for j in used])
+        cap = self.cap_list.__getitem__
+        mins = tuple([min(map(cap, ls)) for ls in link_lists])
+        return Route(lat, cls, nccl, tuple(lists), shares, link_lists, used_shares, mins)
+
+    def host_links(self, host: str) -> dict[int, int]:
+        """Link ids of ``host`` numbered so far, by local edge index of its class (:meth:`host_template`)."""
+        own = self._host_links.get(host)
+        if own is None:
+            own = self._host_links[host] = {}
+        return own
+
+    def host_link_array(self, host: str, rep: str, edges: Sequence[int]) -> np.ndarray:
+        """The link ids of ``host`` (of ``rep``'s class) by local edge index (-1: not numbered), the local
+        ``edges`` numbered now where they are not yet."""
+        own = self.host_links(host)
+        arr = np.full(len(self._class_edge_list[rep]), -1, dtype=np.int64)
+        for e in edges:
+            i = own.get(e)
+            arr[e] = self._host_link(host, rep, e) if i is None else i
+        return arr
+
+    def host_template(self, a: str, b: str) -> tuple[tuple, str, str] | None:
+        """``(template, host, class representative)`` of the route of ``a`` to ``b`` inside one host (None:
+        not inside one host). The template, shared by the hosts of the class: ``(subroutes as local edge
+        indices, shares, indices of the subroutes with a share > 0, their shares, lat s, route class, NCCL
+        class)``; a local edge's link in a host: :meth:`host_links`, numbered by :meth:`_host_link`."""
+        node = self.topology.graph._node  # the node attribute dicts (NodeView's lookups cost more)
+        ha = node[a].get("host")
+        if ha is None or node[b].get("host") != ha:
             return None
         rep = self._host_rep.get(ha)
         if rep is None:
@@ -239,23 +295,18 @@ class Network:
             if not all(n.startswith(ha + "/") for nodes, _ in p.routes for n in nodes):
                 return None  # a route out of the host and back: not named by its host
             edges = self._class_edges.setdefault(rep, {})  # local edge -> its index in the class
-            subs = [
-                ([edges.setdefault((x[k:], y[k:]), len(edges)) for x, y in zip(nodes, nodes[1:])], share)
-                for nodes, share in p.routes
-            ]
+            subs = tuple(
+                [
+                    tuple([edges.setdefault((x[k:], y[k:]), len(edges)) for x, y in zip(nodes, nodes[1:])])
+                    for nodes, _ in p.routes
+                ]
+            )
             self._class_edge_list[rep] = list(edges)
-            tpl = self._in_host[key] = (subs, self._lat(p), route_class(p.nccl), p.nccl)
-        subs, lat, cls, nccl = tpl
-        own = self._host_links.get(ha)
-        if own is None:
-            own = self._host_links[ha] = {}
-        out = []
-        for idx, share in subs:
-            ids = [own.get(e) for e in idx]
-            if None in ids:
-                ids = [self._host_link(ha, rep, e) if i is None else i for e, i in zip(idx, ids)]
-            out.append((ids, share))
-        return Route.of(out, lat, cls, nccl, self.cap_list)
+            shares = tuple([float(share) for _, share in p.routes])
+            used = tuple([j for j, share in enumerate(shares) if share > 0])
+            tpl = (subs, shares, used, tuple([shares[j] for j in used]), self._lat(p), route_class(p.nccl), p.nccl)
+            self._in_host[key] = tpl
+        return tpl, ha, rep
 
     def _host_link(self, host: str, rep: str, e: int) -> int:
         """The id of local edge ``e`` of ``rep``'s class (:meth:`_route_in_host`) in ``host``, numbered now if new."""
@@ -482,6 +533,7 @@ class RawRun:
     transfers: int
     subflows: int
     recomputes: int
+    loop: str = "python"  # which event loop ran: "python" or "native" (collectives.sim.engine_native)
 
 
 class _Flows:
@@ -585,7 +637,9 @@ class FlowEngine:
 
     The state of the run is the engine's fields: per rank, what has completed and what may issue
     next; per message, where it waits; the subflows and their rates; the event heap and the clock.
-    :meth:`run` runs it to the end, once.
+    :meth:`run` runs it to the end, once: with the C loop of
+    :mod:`~treecoll.collectives.sim.engine_native` where it can be built (the same numbers), else
+    with the Python loop below.
 
     >>> from treecoll import topo
     >>> from treecoll.collectives.schedule import Schedule, Step
@@ -596,6 +650,9 @@ class FlowEngine:
     >>> round(raw.makespan * 1e6, 1), raw.transfers, raw.subflows   # 0.6 us + 1 GB over 370.8 GB/s
     (2697.5, 1, 4)
     """
+
+    #: whether each rank's sends and receives are issued by one CPU thread (ExecutorEngine)
+    issues_from_cpu = False
 
     def __init__(
         self,
@@ -615,7 +672,7 @@ class FlowEngine:
             raise CollectiveError(f"simulate: expected a GPU for each of {P} ranks, got {len(rank_gpus)}")
         self.net = net
         self.nranks = P
-        self.steps = steps = schedule.steps
+        self.steps = schedule.steps
         self.chunk_bytes = chunk_bytes
         self._chunk_f = [float(b) for b in chunk_bytes]  # the same, as floats
         self.rank_gpus = rank_gpus
@@ -624,8 +681,38 @@ class FlowEngine:
         self.ordered_pairs = ordered_pairs
         self.rendezvous = rendezvous
         self.lanes = lanes
+        self._ran = False
+
+    def run(self) -> RawRun:
+        """Run the schedule to its end: what it measured. Raises :class:`CollectiveError` when the
+        schedule cannot progress."""
+        if self._ran:
+            raise CollectiveError("simulate: a FlowEngine runs once; build a new one")
+        self._ran = True
+        from .engine_native import run_native
+
+        native = run_native(self)
+        if native is not None:
+            return RawRun(**native, loop="native")
+        self._start_python_loop()
+        for r in range(self.nranks):
+            self._advance(r, 0.0)
+        while True:
+            if self.changed:
+                self._update_rates()
+            t_next = min(self._next_drain(), self.heap[0][0] if self.heap else np.inf)
+            if t_next == np.inf:
+                break
+            self._drain_until(t_next)
+            self._pop_due_events()
+        self._check_all_done()
+        return self._result()
+
+    def _start_python_loop(self) -> None:
+        """The state of the Python loop (the C loop keeps its own)."""
         # per rank: the time each step completed (None: not yet), and the in-order streams it issues
         # from: one, or one per lane (NCCL's split tree: up and down run concurrently)
+        P, steps, lanes = self.nranks, self.steps, self.lanes
         nsteps = [len(s) for s in steps]
         self.done_t: list[list[float | None]] = [[None] * n for n in nsteps]
         self.queues = [_lane_queues(steps[r]) if lanes else [range(nsteps[r])] for r in range(P)]
@@ -661,26 +748,6 @@ class FlowEngine:
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.now = 0.0
-        self._ran = False
-
-    def run(self) -> RawRun:
-        """Run the schedule to its end: what it measured. Raises :class:`CollectiveError` when the
-        schedule cannot progress."""
-        if self._ran:
-            raise CollectiveError("simulate: a FlowEngine runs once; build a new one")
-        self._ran = True
-        for r in range(self.nranks):
-            self._advance(r, 0.0)
-        while True:
-            if self.changed:
-                self._update_rates()
-            t_next = min(self._next_drain(), self.heap[0][0] if self.heap else np.inf)
-            if t_next == np.inf:
-                break
-            self._drain_until(t_next)
-            self._pop_due_events()
-        self._check_all_done()
-        return self._result()
 
     # ------------------------------------------------------------------ the clock
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -980,10 +1047,13 @@ class FlowEngine:
         for r, done in enumerate(self.done_t):
             for i, d in enumerate(done):
                 if d is None:
-                    raise CollectiveError(
-                        f"simulate: rank {r} never completed step {i} "
-                        f"({self.steps[r][i].kind}); the schedule cannot progress"
-                    )
+                    self._unfinished(r, i)
+
+    def _unfinished(self, r: int, i: int) -> None:
+        """Raise: step ``i`` of rank ``r`` (the first in rank order) never completed."""
+        raise CollectiveError(
+            f"simulate: rank {r} never completed step {i} ({self.steps[r][i].kind}); the schedule cannot progress"
+        )
 
     def _peak_scratch(self) -> list[float]:
         """Per rank, the largest sum of scratch bytes held at any time."""

@@ -61,6 +61,8 @@ class ExecutorEngine(FlowEngine):
     """:class:`FlowEngine` whose ranks issue steps from one thread, paying ``step_cost`` seconds
     per send and per receive (module docstring)."""
 
+    issues_from_cpu = True
+
     def __init__(self, *args: Any, step_cost: float = 0.0, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.step_cost = float(step_cost)
@@ -132,6 +134,7 @@ def simulate_executor_schedule(
     ).run()
     stats = {
         "engine": "events (executor)",
+        "loop": raw.loop,
         "transfers": raw.transfers,
         "subflows": raw.subflows,
         "rate_updates": raw.recomputes,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from treecoll.topo import Topology
 from treecoll.topo.errors import TreeError
@@ -65,6 +66,11 @@ __all__ = [
     "COLLECTIVES",
     "COLLECTIVE_ALGOS",
     "ll128_enabled",
+    "fabric_env",
+    "nccl_protocols",
+    "FABRIC_ENV",
+    "FabricEnv",
+    "DEFAULT_BUFFSIZE",
     "nvls_domains",
     "nvls_run",
     "nvls_chunk",
@@ -157,7 +163,38 @@ NVLS_STAGES = {"nvls": 2, "nvls_tree": 3}
 #: DEFAULT_LL_BUFFSIZE 512 KiB of which LL carries half, DEFAULT_LL128_BUFFSIZE 120 x 640 x 8 x 8 B of
 #: which LL128 carries 15/16; src/include/device.h); trees and NCCL's ring broadcast / reduce move one
 #: step per chunk (chunkSteps 1)
-PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": 512 << 10}
+#: buffer steps per connection (src/include/device.h NCCL_STEPS) and NCCL_BUFFSIZE's default, bytes
+#: (src/init.cc DEFAULT_BUFFSIZE): the Simple protocol's buffer, one step of which is its chunk
+NCCL_STEPS = 8
+DEFAULT_BUFFSIZE = 4 << 20
+PROTO_CHUNK_BYTES = {"LL": 32 << 10, "LL128": 120 * 640 * 8 * 15 // 16, "Simple": DEFAULT_BUFFSIZE // NCCL_STEPS}
+
+
+@dataclass(frozen=True)
+class FabricEnv:
+    """The NCCL environment a fabric's vendor sets for every job: the protocols (NCCL_PROTO) and the
+    algorithms (NCCL_ALGO) NCCL may choose from, and NCCL_BUFFSIZE (bytes; the Simple protocol's
+    buffer, whose step is its chunk)."""
+
+    protos: tuple[str, ...]
+    algos: tuple[str, ...]
+    buffsize: int = DEFAULT_BUFFSIZE
+
+
+#: :class:`FabricEnv` by the NICs' ``link_layer`` (fabrics not listed: NCCL's defaults), applied across
+#: hosts (:func:`fabric_env`). Google Cloud's GPUDirect-TCPX (A3 High): NCCL_ALGO=Ring (Ring,Tree for
+#: allreduce), NCCL_PROTO=Simple, NCCL_BUFFSIZE=4194304 in the plugin's run scripts
+#: (github.com/google/nccl-plugin-gpudirecttcpx scripts/run-nccl.sh; tcpxo_scripts/run-nccl.sh and
+#: run-allreduce.sh of github.com/google/nccl-plugin-gpudirect-tcpxo v1.0.17). GPUDirect-TCPXO (A3 Mega):
+#: NCCL_ALGO=Ring,Tree, NCCL_PROTO=Simple, NCCL_NVLS_ENABLE=0, NCCL_BUFFSIZE=8388608
+#: (tcpxo_scripts/nccl-env-profile-simple.sh and run-nccl-tcpxo.sh of the same repository; 8 MiB in every
+#: profile there); LL128 only on opting in to nccl-env-profile-ll128.sh (NCCL_PROTO=Simple,LL128;
+#: GoogleCloudPlatform/container-engine-accelerators gpudirect-tcpxo/best-practice.md, "Enable LL128 for
+#: latency reduction", plugin releases from Feb 2025 on); LL in none of them.
+FABRIC_ENV: dict[str, FabricEnv] = {
+    "TCPX": FabricEnv(("Simple",), ("ring", "tree")),
+    "TCPXO": FabricEnv(("Simple",), ("ring", "tree"), 8 << 20),
+}
 #: µs, NCCL_NET_OVERHEAD default on Intel x86 (×3 for Simple)
 NET_OVERHEAD = 1.0
 MAX_CHANNELS = 32
@@ -280,6 +317,46 @@ def ll128_enabled(topology: Topology, gpus: Sequence[str]) -> bool:
     return True
 
 
+def fabric_env(topology: Topology, gpus: Sequence[str]) -> FabricEnv | None:
+    """The vendor's NCCL environment of the NICs these GPUs use across hosts (:data:`FABRIC_ENV`, by the
+    NICs' ``link_layer``; several such fabrics: what all allow, the smallest buffer); None on one host
+    or where no fabric's vendor sets NCCL's environment.
+
+    >>> from treecoll.topo.machines import MachineFlags, Nic, machine_topology
+    >>> t, _ = machine_topology(MachineFlags(hosts=2, gpu="H100", nic=Nic(8, 200.0, "tcpxo")))
+    >>> fabric_env(t, t.rank_gpus()), fabric_env(t, t.rank_gpus()[:8])
+    (FabricEnv(protos=('Simple',), algos=('ring', 'tree'), buffsize=8388608), None)
+    """
+    hosts = _by_host(topology, gpus)
+    if len(hosts) < 2:
+        return None
+    layers = {
+        str(topology.node(n).get("link_layer") or "") for h in _host_kinds(topology, hosts) for n in topology.nics(h)
+    }
+    envs = [FABRIC_ENV[x] for x in sorted(layers) if x in FABRIC_ENV]
+    if not envs:
+        return None
+    return FabricEnv(
+        tuple(p for p in PROTOS if all(p in e.protos for e in envs)),
+        tuple(a for a in envs[0].algos if all(a in e.algos for e in envs)),
+        min(e.buffsize for e in envs),
+    )
+
+
+def nccl_protocols(topology: Topology, gpus: Sequence[str]) -> tuple[str, ...]:
+    """The protocols NCCL runs by default on these GPUs: :data:`PROTOS`, LL128 only where
+    :func:`ll128_enabled`, and only those the fabric's vendor environment allows (:func:`fabric_env`).
+
+    >>> from treecoll import topo
+    >>> nccl_protocols(topo.resolve("dgx-h100-x2"), topo.resolve("dgx-h100-x2").rank_gpus())
+    ('LL', 'LL128', 'Simple')
+    """
+    env = fabric_env(topology, gpus)
+    return tuple(
+        p for p in PROTOS if (p != "LL128" or ll128_enabled(topology, gpus)) and (env is None or p in env.protos)
+    )
+
+
 def nccl_algos(
     topology: Topology, gpus: Sequence[str], proto: str | None = None, collective: str = "allreduce"
 ) -> tuple[str, ...]:
@@ -289,13 +366,22 @@ def nccl_algos(
     NCCL_PROTO) is None or Simple: NVLS runs Simple only; allgather and reduce_scatter ``ring``,
     ``pat`` with one GPU per node on several nodes (tuning.cc ncclPatEnable) and ``nvls`` on one
     NVLink domain; broadcast and reduce ``ring``; alltoall and sendrecv ``p2p``. Allreduce also
-    ``collnet`` where :func:`collnet_available` (the network's switches reduce: SHARP)."""
+    ``collnet`` where :func:`collnet_available` (the network's switches reduce: SHARP). Across hosts
+    only those the fabric's vendor environment allows (:func:`fabric_env`, e.g. no NVLS over
+    GPUDirect-TCPXO)."""
     if collective not in COLLECTIVES:
         raise TreeError(f"nccl model: collective expected one of {list(COLLECTIVES)}, got {collective!r}")
     if collective in ("broadcast", "reduce"):
         return ("ring",)
     if collective in ("alltoall", "sendrecv"):
         return ("p2p",)
+    out = _offered_algos(topology, gpus, proto, collective)
+    env = fabric_env(topology, gpus)
+    return out if env is None else tuple(a for a in out if a in env.algos) or ("ring",)
+
+
+def _offered_algos(topology: Topology, gpus: Sequence[str], proto: str | None, collective: str) -> tuple[str, ...]:
+    """:func:`nccl_algos` of a collective NCCL's tuner models, before the fabric's environment."""
     simple = proto in (None, "Simple")
     out = ("ring", "tree") if collective == "allreduce" else ("ring",)
     if collective != "allreduce" and simple and len(gpus) > 1 and len(_by_host(topology, gpus)) == len(gpus):
@@ -529,9 +615,12 @@ def run_channels(
     return nc, have
 
 
-def tree_chunk(nbytes: int, proto: str, channels: int, n_nodes: int, nranks: int) -> int:
+def tree_chunk(
+    nbytes: int, proto: str, channels: int, n_nodes: int, nranks: int, buffsize: int = DEFAULT_BUFFSIZE
+) -> int:
     """Bytes per chunk of each of ``channels`` channels NCCL's tree moves ``nbytes`` in
-    (src/enqueue.cc ``calcCollChunking``, NCCL 2.30): :data:`PROTO_CHUNK_BYTES`; with LL128 halved
+    (src/enqueue.cc ``calcCollChunking``, NCCL 2.30): :data:`PROTO_CHUNK_BYTES` (Simple: a step of
+    ``buffsize``, NCCL_BUFFSIZE / NCCL_STEPS); with LL128 halved
     while a channel's share is under ``64 × nsteps / ppn`` chunks (down to 128 KiB), then under
     ``16 × nsteps / ppn`` (down to 32 KiB), ``nsteps = 1 + log2(nNodes) + 0.1 ppn``.
 
@@ -539,8 +628,10 @@ def tree_chunk(nbytes: int, proto: str, channels: int, n_nodes: int, nranks: int
     (524288, 576000)
     >>> tree_chunk(16 << 20, "LL128", 16, 2, 16)     # 1 MiB a channel: under 64 x 2.8 / 8 chunks of 576000
     72000
+    >>> tree_chunk(1 << 30, "Simple", 16, 2, 16, buffsize=8 << 20)          # NCCL_BUFFSIZE=8388608
+    1048576
     """
-    chunk = PROTO_CHUNK_BYTES[proto]
+    chunk = PROTO_CHUNK_BYTES[proto] if proto != "Simple" else buffsize // NCCL_STEPS
     if proto == "LL128":
         ppn = nranks / max(n_nodes, 1)
         steps = 1 + _log2i(n_nodes) + 0.1 * ppn
@@ -554,8 +645,9 @@ def tree_chunk(nbytes: int, proto: str, channels: int, n_nodes: int, nranks: int
 
 def tree_slice_bytes(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> int:
     """Bytes NCCL's tree moves per pipeline step summed over the channels it runs ``nbytes`` on:
-    :func:`run_channels` (tree) times :func:`tree_chunk`. Each channel pipelines its own share
-    down its tree in chunks, so a tree carrying all channels moves ``channels × chunk`` per step.
+    :func:`run_channels` (tree) times :func:`tree_chunk` (of the fabric's NCCL_BUFFSIZE, :func:`fabric_env`).
+    Each channel pipelines its own share down its tree in chunks, so a tree carrying all channels moves
+    ``channels × chunk`` per step.
 
     >>> from treecoll import topo
     >>> t = topo.resolve("dgx-h100-x2")
@@ -564,7 +656,9 @@ def tree_slice_bytes(topology: Topology, gpus: Sequence[str], nbytes: int, proto
     """
     n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
     nc, _ = run_channels(nbytes, "tree", proto, nch, len(gpus), total / nch)
-    return nc * tree_chunk(nbytes, proto, nc, n_nodes, len(gpus))
+    env = fabric_env(topology, gpus)
+    buffsize = DEFAULT_BUFFSIZE if env is None else env.buffsize
+    return nc * tree_chunk(nbytes, proto, nc, n_nodes, len(gpus), buffsize)
 
 
 def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> float:
@@ -906,7 +1000,8 @@ def _ring_tree_predict(
                 alg *= TREE_CORRECTION[pr][idx]
         times[pr] = lat + nbytes / (1000.0 * alg) if alg > 0 else math.inf
         detail[pr] = (lat, alg)
-    allowed = [p for p in protos if p != "LL128" or ll128_enabled(topology, gpus)]
+    offered = nccl_protocols(topology, gpus)
+    allowed = [p for p in protos if p in offered] or list(protos)
     chosen = proto or min(allowed, key=lambda p: (times[p], PROTOS.index(p)))
     if chosen not in times:
         raise TreeError(f"nccl model: {algo} runs the Simple protocol only, got proto {chosen!r}")

@@ -130,6 +130,7 @@ def simulate(
     ).run()
     stats = {
         "engine": "events",
+        "loop": raw.loop,
         "transfers": raw.transfers,
         "subflows": raw.subflows,
         "rate_updates": raw.recomputes,
@@ -636,24 +637,25 @@ def _profiles(
     gpus: Sequence[str] = (),
     family: str = "ring",
 ) -> list[Profile]:
-    """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; LL128 where
-    :func:`treecoll.collectives.sim.nccl_model.ll128_enabled`, given the topology and GPUs); a
+    """The profiles to try: ``auto`` is NCCL's protocols (LL up to :data:`LL_MAX_BYTES`; given the topology
+    and GPUs, those :func:`treecoll.collectives.sim.nccl_model.nccl_protocols` runs there); a
     :class:`~treecoll.collectives.sim.profiles.Calibration` the same protocols (those its switch points
     run at this size, :meth:`~treecoll.collectives.sim.profiles.Calibration.runs`) with its factors for
     algorithm ``family`` (:meth:`~treecoll.collectives.sim.profiles.Calibration.apply`); anything
     else that one profile."""
-    from .nccl_model import ll128_enabled
+    from .nccl_model import PROTOS, nccl_protocols
     from .profiles import NCCL_PROTOCOLS, Calibration
 
     prof = None if profile == "auto" else get_profile(profile)
     if prof is None or isinstance(prof, Calibration):
-        ll128 = topology is None or ll128_enabled(topology, gpus)
+        offered = PROTOS if topology is None else nccl_protocols(topology, gpus)
 
         def runs(p: str) -> bool:
             said = prof.runs(p, nbytes) if prof is not None else None  # a calibration's switch point
             return not (p == "nccl-ll" and nbytes > LL_MAX_BYTES) if said is None else said
 
-        protos = [get_profile(p) for p in NCCL_PROTOCOLS if runs(p) and (ll128 or p != "nccl-ll128")]
+        protos = [get_profile(p) for p, q in zip(NCCL_PROTOCOLS, PROTOS) if runs(p) and q in offered]
+        protos = protos or [get_profile("nccl-simple")]  # a switch point to a protocol the fabric does not run
         if prof is None:
             return protos
         one = topology is not None and len(_host_groups(topology, gpus)) == len(gpus)

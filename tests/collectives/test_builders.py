@@ -8,7 +8,8 @@ import pytest
 from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
 from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
 from treecoll.collectives.builders import BUILDERS, nccl_btree_parents
-from treecoll.collectives.cost import CostModel
+from treecoll.collectives.compile import _emit
+from treecoll.collectives.cost import CHUNK_CANDIDATES, CostModel
 from treecoll.collectives.tree import as_multi
 from treecoll.topo.errors import TreeError
 
@@ -84,8 +85,24 @@ def test_every_builder_on_every_shipped_topology(topo_name, builder):
     model = CostModel(t, gpus)
     secs = model.tree_time(plan, 1 << 20, "allreduce", 4)
     assert math.isfinite(secs) and secs >= model.lower_bound(1 << 20) > 0
+    # flows inside hosts built alike priced once per class: the numbers of all flows priced together
+    links = model._shared()
+    flows = [e for tree in multi.trees for c, p in tree.edges() for e in ((c, p), (p, c))]
+    by_class, together = links._rates_by_class(flows), links._rates_plain(flows)
+    if by_class is not None:
+        assert by_class.tolist() == (
+            together.tolist() if not isinstance(together, dict) else [together[f] for f in flows]
+        )
+    for collective in ("allreduce", "reduce", "broadcast"):  # the array closed form is the rank-by-rank one
+        ranks = model._closed_form_ranks(multi, 3 << 20, collective, CHUNK_CANDIDATES)
+        assert model._closed_form_arrays(multi, 3 << 20, collective, CHUNK_CANDIDATES) == ranks
     if len(gpus) <= 128:
         compile_allreduce(plan, 2)
+        # rank programs shared by ranks that look alike: the steps every rank gets on its own, fully checked
+        for phases, collective in ((("up", "down"), "allreduce"), (("up",), "reduce"), (("down",), "broadcast")):
+            if collective == "allreduce" or len(set(multi.roots)) == 1:
+                alike, own = (_emit(multi, 3, phases, None, "t", collective, alike=a) for a in (True, False))
+                assert alike == own and alike.steps == own.steps
     if builder == "two_level":
         hosts = {t.host_of(g) for g in gpus}
         for tree in multi.trees:

@@ -186,3 +186,21 @@ def test_lanes_are_one_stream_per_tree_and_phase():
     assert s.as_dict()["steps"][0][0]["lane"] == s.steps[0][0].lane
     with pytest.raises(ScheduleError, match="step lane: expected an integer >= 0, got -1"):
         Step("send", 0, peer=1, lane=-1)
+
+
+def test_rank_programs_check_every_tree_edge(monkeypatch):
+    """A tree schedule is made from the distinct rank programs (ranks whose trees look alike share
+    one); their check finds a program whose messages its peers do not expect."""
+    t = build("kary:3", nranks=13)
+    assert compile_._emit(compile_.as_multi(t), 2, ("up", "down"), None, "t", "allreduce").steps == (
+        compile_.compile_allreduce(t, 2).steps
+    )
+    real = compile_._rank_steps
+
+    def one_send_short(multi, r, peers, *args):
+        steps = real(multi, r, peers, *args)
+        return steps[:-1] if r == 1 else steps  # rank 1's last step is a send to a child
+
+    monkeypatch.setattr(compile_, "_rank_steps", one_send_short)
+    with pytest.raises(ScheduleError, match=r"compile kary:3/allreduce: the messages of rank \d+ and rank 1 in tree 0"):
+        compile_.compile_allreduce(t, 2)

@@ -53,3 +53,25 @@ def test_filling_of_flows_sharing_no_link_equals_the_full_filling_bit_for_bit(se
 def test_filling_of_flows_sharing_no_link_on_a_closed_form_case():
     # each flow alone on its links: its slowest link
     assert _fill_disjoint([8.0, 2.0, 5.0]) == [8.0, 2.0, 5.0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_native_filling_equals_the_python_filling_bit_for_bit(seed):
+    from treecoll.collectives.sim import engine_native
+
+    if not engine_native.native_status()["available"]:
+        pytest.skip(f"the native loop is unavailable: {engine_native.native_status()['reason']}")
+    rng = random.Random(1000 + seed)
+    links, caps = _random_component(rng, rng.randint(1, 30), rng.randint(1, 12))
+    if seed % 4 == 0:  # a link repeated within a subflow counts twice, as in the Python filling
+        links[0] = links[0] + links[0][:1]
+    assert engine_native.maxmin_fill(links, caps) == _fill_small(links, dict(enumerate(caps)))
+
+
+def test_native_filling_on_a_closed_form_case():
+    from treecoll.collectives.sim import engine_native
+
+    if not engine_native.native_status()["available"]:
+        pytest.skip(f"the native loop is unavailable: {engine_native.native_status()['reason']}")
+    # link 0 (12 B/s) shared by flows 0, 1, 2; flow 2 also on link 1 (2 B/s): flow 2 gets 2, the others 5 each
+    assert engine_native.maxmin_fill([(0,), (0,), (0, 1)], [12.0, 2.0]) == [5.0, 5.0, 2.0]

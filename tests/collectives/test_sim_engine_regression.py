@@ -5,7 +5,8 @@ EXPECTED holds the outputs of the engine as it was before its state moved into t
 these exact cases: time, sum of the per-rank finish times, bytes per link kind, the largest peak
 scratch, and the engine's counters (transfers, subflows, rate updates; None for the lockstep ring and
 NVLS models, which do not run the event engine but share its network and max-min allocation). The
-refactoring must keep them: times to 1e-12 relative, bytes and counters exactly. (Multi-host
+refactoring must keep them: times to 1e-12 relative, bytes and counters exactly, with the Python event
+loop and with the C one (``collectives/sim/engine_native.py``). (Multi-host
 lockstep rings are no longer pinned here: they now follow NCCL's per-NIC channel layout,
 tested in test_sim_nccl.py.)
 """
@@ -186,7 +187,8 @@ def _run(name: str):
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_engine_outputs_equal_the_pre_refactor_engine(name):
+def test_engine_outputs_equal_the_pre_refactor_engine(name, loop):
+    """Both event loops (the ``loop`` fixture: Python, and C where it builds) keep the numbers."""
     time_s, finish_sum, kind_bytes, peak, counters = EXPECTED[name]
     if name == "nvls h1 256MiB":
         fill = (time_s - 25e-6) / 32
@@ -197,3 +199,4 @@ def test_engine_outputs_equal_the_pre_refactor_engine(name):
     assert r.kind_bytes == kind_bytes
     assert max(r.peak_scratch, default=0.0) == peak
     assert tuple(r.stats.get(k) for k in ("transfers", "subflows", "rate_updates")) == counters
+    assert r.stats.get("loop") == (loop if counters[0] is not None else None)

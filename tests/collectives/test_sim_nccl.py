@@ -369,6 +369,30 @@ def test_a_roce_nic_adds_its_latency_to_every_network_step():
     assert nm.nccl_predict(roce, None, 1024, proto="LL")["lat_us"] == pytest.approx(36.6)
 
 
+def test_gpudirect_tcpxo_runs_what_googles_nccl_environment_allows():
+    """Google's NCCL environment for GPUDirect-TCPX(O) sets NCCL_PROTO=Simple, NCCL_ALGO=Ring,Tree and (TCPXO)
+    NCCL_NVLS_ENABLE=0. Two H100 hosts, one GPU each: NCCL's tree allreduce of 1 KiB then runs Simple,
+    base 8.4 us plus 2 network hops of the tree's Simple NET latency 14 us = 36.4 us, where over InfiniBand
+    it runs LL, 6.8 + 2 x 5.0 = 16.8 us (tuning.cc). On 2 x 8 H100 the NVLSTree NCCL offers over InfiniBand
+    is not offered over TCPXO; on one host (no network) nothing changes."""
+    tcpxo = _machine("--hosts 2 --gpus-per-host 1 --gpu H100 --nic 1x200G-tcpxo")
+    ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H100 --nic 1x200G-ib")
+    t, i = nm.nccl_predict(tcpxo, None, 1024, algo="tree"), nm.nccl_predict(ib, None, 1024, algo="tree")
+    assert (t["proto"], t["lat_us"]) == ("Simple", pytest.approx(36.4))
+    assert (i["proto"], i["lat_us"]) == ("LL", pytest.approx(16.8))
+    assert nm.nccl_protocols(tcpxo, tcpxo.rank_gpus()) == ("Simple",)
+    assert (
+        simulate_algorithm(tcpxo, "ring", 1024).profile == "nccl-simple" != simulate_algorithm(ib, "ring", 1024).profile
+    )
+    big = _machine("--hosts 2 --gpu H100 --nic 8x200G-tcpxo")
+    big_ib = _machine("--hosts 2 --gpu H100 --nic 8x400G-ib")
+    assert nm.nccl_algos(big, big.rank_gpus()) == ("ring", "tree")
+    assert "nvls" in nm.nccl_algos(big_ib, big_ib.rank_gpus())
+    one = big.rank_gpus()[:8]
+    assert nm.fabric_env(big, one) is None and "nvls" in nm.nccl_algos(big, one)
+    assert nm.nccl_protocols(big, one) == ("LL", "LL128", "Simple")
+
+
 def test_a_socket_nic_runs_at_its_fabric_efficiency():
     """Two L40S hosts, one GPU each, one 100 Gb/s interface (12.5 GB/s) on NCCL's socket transport: the
     2-rank ring's busbw tends to 0.65 x 12.5 = 8.125 GB/s (the PCIe path to the NIC is wider)."""

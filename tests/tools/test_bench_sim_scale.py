@@ -16,3 +16,6 @@ def test_in_process_case_prints_what_the_command_prints(capsys):
     printed = json.loads(capsys.readouterr().out)
     assert [r["size"] for r in data["rows"]] == [65536, 1 << 20]
     assert data["rows"] == printed["rows"] and data["engine"] == printed["engine"] == "flow"
+    from treecoll.collectives.sim.engine_native import native_status
+
+    assert data["event_loop"] == ("native" if native_status()["available"] else "python")
