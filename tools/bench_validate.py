@@ -1,6 +1,6 @@
 """The simulator's error on real nccl-tests tables: default parameters per set, and leave-one-out calibration.
 
-    python -m treecoll.tools.bench_validate [--quick] [--max-gpus N] [--all-rows] [--json OUT] [DIR]
+    python -m treecoll.tools.bench_validate [--quick] [--max-gpus N] [--machine TEXT]... [--all-rows] [--json OUT] [DIR]
 
 Reads every table of DIR (default tests/fixtures/nccl-tests, its ``heldout/``
 folder included) with ``treecoll simulate validate`` (:mod:`treecoll.tools.validation`),
@@ -23,7 +23,10 @@ its ``tables.yaml`` giving per table the machine flags, the health and the set.
    ``fit`` and of the ``heldout`` set apart.
 
 Only the rows that count in the errors are simulated (<= 64 KiB and >= 64 MiB)
-unless ``--all-rows``. ``--quick``: tables on at most 4 GPUs. Prints the
+unless ``--all-rows``. ``--quick``: tables on at most 4 GPUs. ``--machine TEXT``
+(repeatable): only the tables whose machine (template and NICs, as the
+leave-one-out groups them: :func:`machine_key`) contains one of the texts,
+e.g. ``--machine tcpxo`` for the leave-one-out of the TCPXO machine alone. Prints the
 tables and writes JSON (default bench_validate.json). The model is
 deterministic: the numbers do not depend on the machine, only the run time does.
 """
@@ -42,7 +45,7 @@ from treecoll.tools.bench.harness import Benchmark
 from treecoll.tools.validate_sim import DEFAULT_DIR
 from treecoll.topo.fmt import fmt_bytes, table
 
-__all__ = ["main", "machine_key", "leave_one_out"]
+__all__ = ["main", "machine_key", "machine_files", "leave_one_out"]
 
 QUICK_GPUS = 4
 
@@ -55,6 +58,22 @@ def machine_key(description: str) -> str:
     'h100-sxm, NICs 8x400G-ib'
     """
     return re.sub(r"^\d+ x (\S+) \(\d+ GPUs? each\)", r"\1", description)
+
+
+def machine_files(files: list[Path], texts: list[str], max_gpus: int | None) -> list[Path]:
+    """The ``files`` with a table whose machine (:func:`machine_key` of its description) contains one of
+    ``texts`` (case-insensitive); a table whose machine is not known or has more than ``max_gpus`` GPUs
+    matches none. Builds the machines, simulates nothing."""
+    cs, _ = validation.cases(files)
+    keep = set()
+    for c in cs:
+        try:
+            key = machine_key(validation.topology_for(c, None, max_gpus)[1]).lower()
+        except validation.Skip:
+            continue
+        if any(t.lower() in key for t in texts):
+            keep.add(c.path)
+    return [f for f in files if f in keep]
 
 
 def _pct(x: float | None) -> str | None:
@@ -153,12 +172,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help=f"skip tables on more than N GPUs (default {validation.MAX_GPUS})",
     )
+    bench.parser.add_argument(
+        "--machine",
+        action="append",
+        metavar="TEXT",
+        help="only tables whose machine (template and NICs) contains TEXT (repeatable: any of them)",
+    )
     bench.parser.add_argument("--all-rows", action="store_true", help="simulate every row, not only counted ones")
     args = bench.parse(argv)
     root = Path(args.dir)
     max_gpus = QUICK_GPUS if args.quick else (args.max_gpus or None)
     keep = None if args.all_rows else validation.counted
     files = sorted(root.rglob("*.txt"))
+    if args.machine:
+        files = machine_files(files, args.machine, max_gpus)
     t0 = time.perf_counter()
     d = validation.validate(
         files, None, None, max_gpus, keep=keep, progress=lambda i, n, w: print(f"  [{i + 1}/{n}] {w}", file=sys.stderr)

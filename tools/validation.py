@@ -80,7 +80,8 @@ can measure it (:func:`_identifies`: a link's bandwidth only ring and
 point-to-point rows, a hop's latency every row, a family's factors only that
 family's rows; a protocol's bandwidth only where the slope between two rows
 of one table moves, :func:`_moves`); the others stay at their defaults and
-the output says so. A table without small messages fits its middle sizes
+the output says so (an added latency is probed from 0 to :data:`LAT_REF_US`,
+:data:`LAT_PROBE`). A table without small messages fits its middle sizes
 instead (where it shows a latency); a fitted move that buys less than
 :data:`PRUNE` goes back to the default (:func:`_pruned`). The fit runs in
 two stages: the ring and point-to-point rows fix the links, then every row
@@ -91,10 +92,16 @@ The objective is the mean ``|ln(pred / meas)|`` of the time (the
 geometric-mean error) over the fitted rows, each table's small and large
 messages weighing alike, plus per parameter a prior × ``|ln(value /
 default)|``: :data:`PRIOR` for the shared factors, the larger
-:data:`FAMILY_PRIOR` for a family's own (what one table shows goes to the
-shared physics first, so it carries to the collectives the table did not
-run), the small :data:`SWITCH_PRIOR` for a switch point; each factor stays
-within :data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`. The fit rows:
+:data:`HOST_HOP_PRIOR` for a hop within a host (NVLink, PCIe: what a table
+across hosts shows goes to the network first, whose fabric and transport
+differ between machines), the larger still :data:`FAMILY_PRIOR` for a
+family's own (what one table shows goes to the shared physics first, so it
+carries to the collectives the table did not run; on InfiniBand, whose
+transport NCCL's network latencies describe, no transport latency is added
+and the network hop pulls as a family's own: :data:`RDMA_FABRICS`), the small
+:data:`SWITCH_PRIOR` for a switch point; each factor stays within
+:func:`fit_bounds` (a hop within a host half to twice NCCL's per-hop
+constants, the network's a quarter to four times; a file may say more). The fit rows:
 at most :data:`FIT_ROWS` per table, half small and half large messages spread
 over the sizes (every row of a table that has neither). The minimiser is a
 pattern search over the logarithms (:func:`pattern_search`), run again when
@@ -153,6 +160,7 @@ __all__ = [
     "calibrate",
     "pattern_search",
     "fit_parameters",
+    "fit_bounds",
     "calibration_from",
     "default_values",
     "render_calibration",
@@ -729,6 +737,29 @@ FIT_ROWS = 12
 #: only for what the shared ones cannot explain
 PRIOR = 0.01
 FAMILY_PRIOR = 0.03
+#: pull of a hop within a host (``hop_scale.nvlink``, ``.pci``) back to its default: more than the network's
+#: (:data:`PRIOR`), less than a family's own. An NVLink or PCIe hop is a piece of silicon whose latency
+#: differs little between machines, where the network's depends on its fabric and transport: a latency a
+#: table across hosts shows goes to the network first (a table on one host has no network hop, and puts it
+#: on the hops within the host), and the hops within a host take only what the network's cannot explain
+HOST_HOP_PRIOR = 0.02
+#: the NICs' link layers NCCL's own network latencies describe (NCCL 2.30 src/graph/tuning.cc hwLat NET, for its
+#: InfiniBand verbs transport): there no transport latency is added to them (``hop_lat_us.net`` is not fitted),
+#: the network hop (``hop_scale.net``) pulls back as a family's own factor (:data:`FAMILY_PRIOR`), and a latency
+#: a table across hosts shows goes to the hops within a host first (an InfiniBand hop is NCCL's own measure);
+#: on other fabrics (a plugin's RoCE, EFA, TCPX/TCPXO, Slingshot, sockets) the transport's
+#: own latency is the fabric's and pulls by :data:`PRIOR`
+RDMA_FABRICS = ("InfiniBand",)
+#: the range the fit searches a hop's latency factor in, narrower than what a calibration file may say
+#: (:data:`~treecoll.collectives.sim.profiles.HOP_BOUNDS`, :data:`~treecoll.collectives.sim.profiles.SCALE_BOUNDS`):
+#: within a host half to twice NCCL's per-hop constants (NCCL 2.30 src/graph/tuning.cc hwLat: an NVLink hop
+#: 0.6 us with LL, 3.4 us with Simple; never tens of µs), over the network a quarter to four times them;
+#: a transport's own latency beyond that is the added ``hop_lat_us.net``, the same for every protocol
+FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "hop_scale.nvlink": (0.5, 2.0),
+    "hop_scale.pci": (0.5, 2.0),
+    "hop_scale.net": (0.25, 4.0),
+}
 #: the scale of an added latency (``hop_lat_us``) in the fit, µs: it is searched, probed and pulled back to 0
 #: in ``ln(1 + v / LAT_REF_US)`` (:func:`_coord`), the order of NCCL's own per-hop network latencies
 LAT_REF_US = 10.0
@@ -749,6 +780,11 @@ IDENTIFY = 0.05
 #: a fraction of the links' bandwidth, and a row shows it only where that fraction is small (a factor
 #: of :data:`PROBE` on LL's default rate moves a small row by a few percent)
 PROTO_BW_PROBE = 4.0
+#: the probe of an added latency (``hop_lat_us``), in its coordinate ``ln(1 + v / LAT_REF_US)`` (:func:`_coord`):
+#: from 0 to :data:`LAT_REF_US`, the order of NCCL's own per-hop network latency; a transport that adds
+#: tens of µs per hop shows in rows of a hundred µs, which :data:`PROBE`'s 2.5 µs would leave below
+#: :data:`IDENTIFY`
+LAT_PROBE = 2.0
 #: a middle size measures a latency where the time to the next size grows by less than this fraction of the
 #: bytes' growth (log-log slope; :func:`_flat_rows`)
 FLAT_SLOPE = 0.5
@@ -887,6 +923,17 @@ class _Predictor:
         self.rows = rows
         self.algos = [_row_algos(r) for r in rows]
         self.simulations = 0
+        self.infiniband = _infiniband_only(rows)
+
+    def prior(self, parameter: str) -> float:
+        """The pull of ``parameter`` back to its default on these rows' machines (:func:`_prior`); where every
+        NIC is InfiniBand (:data:`RDMA_FABRICS`) the network hop (``hop_scale.net``) pulls as a family's
+        own (:data:`FAMILY_PRIOR`) and the hops within a host as the links (:data:`PRIOR`)."""
+        if self.infiniband and parameter == "hop_scale.net":
+            return FAMILY_PRIOR
+        if self.infiniband and parameter in ("hop_scale.nvlink", "hop_scale.pci"):
+            return PRIOR
+        return _prior(parameter)
 
     def _time(self, i: int, algo: str | None, values: dict[str, float]) -> float:
         r = self.rows[i]
@@ -906,6 +953,12 @@ class _Predictor:
             if 0 < t < math.inf:
                 groups.setdefault((r.table, r.group), []).append(abs(math.log(t / r.meas)))
         return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
+
+
+def _infiniband_only(rows: list[_FitRow]) -> bool:
+    """Whether the rows' machines have NICs and every NIC's link layer is one of :data:`RDMA_FABRICS`."""
+    layers = {r.topology.node(n).get("link_layer") for r in rows for n in r.topology.nodes("nic")}
+    return bool(layers) and layers <= set(RDMA_FABRICS)
 
 
 def calibration_from(
@@ -935,12 +988,23 @@ def default_values() -> dict[str, float]:
     return {k: parameter_default(k) for k in (*calibration_parameters(), *switch_parameters())}
 
 
+def fit_bounds() -> dict[str, tuple[float, float]]:
+    """Every continuous calibration parameter with the range the fit searches it in: its bounds
+    (:func:`~treecoll.collectives.sim.profiles.calibration_parameters`), the hops' narrowed to
+    :data:`FIT_BOUNDS`.
+
+    >>> fit_bounds()["hop_scale.nvlink"], fit_bounds()["link_scale.net"]
+    ((0.5, 2.0), (0.1, 2.0))
+    """
+    from treecoll.collectives.sim.profiles import calibration_parameters
+
+    return {**calibration_parameters(), **FIT_BOUNDS}
+
+
 def _identified(pred: _Predictor, values: dict[str, float], candidates: list[str]) -> list[str]:
     """The ``candidates`` whose scaling by :data:`PROBE` (up or down) changes some row's predicted time
     by :data:`IDENTIFY` or more."""
-    from treecoll.collectives.sim.profiles import calibration_parameters
-
-    bounds = calibration_parameters()
+    bounds = fit_bounds()
     base = pred.times(values)
     out = []
     for k in candidates:
@@ -975,7 +1039,8 @@ def _moves(parameter: str, moved: dict[int, float], rows: list[_FitRow]) -> bool
 
 def _probe(parameter: str) -> float:
     """The factor :func:`_identified` scales ``parameter`` by (in its coordinate, :func:`_coord`)."""
-    return PROTO_BW_PROBE if parameter.startswith("proto_bw.") else PROBE
+    fld = parameter.partition(".")[0]
+    return {"proto_bw": PROTO_BW_PROBE, "hop_lat_us": LAT_PROBE}.get(fld, PROBE)
 
 
 def _families(algos: list[str | None], collective: str) -> set[str]:
@@ -1019,9 +1084,7 @@ def fit_parameters(
     factors on top of those links (a tree's or NVLS's bandwidth is the links' times its own factor:
     :func:`_identifies`). Then the protocol switch points (:func:`_switch_points`), each candidate
     with every latency and family factor fitted again."""
-    from treecoll.collectives.sim.profiles import calibration_parameters
-
-    bounds = calibration_parameters()
+    bounds = fit_bounds()
     pred = _Predictor(rows)
     values = default_values()
     before = pred.error(values)
@@ -1032,7 +1095,9 @@ def fit_parameters(
     )
     free: list[str] = []
     calls = 0
-    for stage, allowed in ((plain, set(bounds)), (pred, {k for k in bounds if not k.startswith("link_scale.")})):
+    # on InfiniBand NCCL's network latencies are the transport's own: no latency is added to them
+    candidates = {k for k in bounds if not (pred.infiniband and k.startswith("hop_lat_us."))}
+    for stage, allowed in ((plain, candidates), (pred, {k for k in candidates if not k.startswith("link_scale.")})):
         moving: list[str] = []
         for _ in range(rounds if stage.rows else 0):
             new = _identified(stage, values, [k for k in bounds if k not in free and k in allowed])
@@ -1063,7 +1128,8 @@ def fit_parameters(
         "fitted": fitted,
         "identified_default": [k for k in free if k not in fitted],
         "switch_default": [k for k in switches if k not in fitted],
-        "not_identified": [k for k in bounds if k not in free],
+        "not_identified": [k for k in bounds if k in candidates and k not in free],
+        "infiniband_default": sorted(set(bounds) - candidates),
         "rows": len(rows),
         "tables": len({r.table for r in rows}),
         "evaluations": calls,
@@ -1086,17 +1152,15 @@ def _pruned(
     A family's own factor is tried with the shared factors of ``shared`` fitted again without it (what
     it took may be theirs: a coordinate search can stop with both moved). Returns the values and the
     evaluations."""
-    from treecoll.collectives.sim.profiles import calibration_parameters
-
     defaults = default_values()
     best, calls = _objective(pred, values), 1
-    for k in sorted(names, key=_prior, reverse=True):  # the families' own first
+    for k in sorted(names, key=pred.prior, reverse=True):  # the families' own first, then the hops within a host
         if values[k] == defaults[k]:
             continue
         trial = dict(values, **{k: defaults[k]})
-        others = [x for x in shared if _prior(x) <= PRIOR and trial[x] != defaults[x]]
-        if _prior(k) > PRIOR and others:
-            trial, n = _search(pred, trial, others, calibration_parameters(), tol, max_evals)
+        others = [x for x in shared if pred.prior(x) < pred.prior(k) and trial[x] != defaults[x]]
+        if others:
+            trial, n = _search(pred, trial, others, fit_bounds(), tol, max_evals)
             calls += n
         v = _objective(pred, trial)
         calls += 1
@@ -1106,8 +1170,10 @@ def _pruned(
 
 
 def _prior(parameter: str) -> float:
-    """The pull of ``parameter`` back to its default: :data:`PRIOR`, :data:`FAMILY_PRIOR` or
-    :data:`SWITCH_PRIOR`."""
+    """The pull of ``parameter`` back to its default: :data:`PRIOR`, :data:`HOST_HOP_PRIOR`,
+    :data:`FAMILY_PRIOR` or :data:`SWITCH_PRIOR`."""
+    if parameter in ("hop_scale.nvlink", "hop_scale.pci"):
+        return HOST_HOP_PRIOR
     fld = parameter.partition(".")[0]
     shared = {"link_scale", "hop_scale", "hop_lat_us", "proto_bw"}
     return PRIOR if fld in shared else SWITCH_PRIOR if fld == "proto_max" else FAMILY_PRIOR
@@ -1118,7 +1184,7 @@ def _objective(pred: _Predictor, values: dict[str, float]) -> float:
     ``|ln(value / default)|``."""
     defaults = default_values()
     return pred.error(values) + sum(
-        _prior(k) * abs(_coord(k, v) - _coord(k, defaults[k])) for k, v in values.items() if v != defaults[k]
+        pred.prior(k) * abs(_coord(k, v) - _coord(k, defaults[k])) for k, v in values.items() if v != defaults[k]
     )
 
 
@@ -1184,11 +1250,13 @@ def _bends(rows: list[_FitRow]) -> list[int]:
 def _search_shared_first(
     pred: _Predictor, values: dict[str, float], names: list[str], bounds: dict, tol: float, max_evals: int
 ) -> tuple[dict[str, float], int]:
-    """:func:`_search` over the shared factors of ``names`` (:data:`PRIOR`), then over all of them: the
-    families' own factors take what the shared ones leave (a coordinate search started at the
-    defaults could otherwise stop at a family factor the prior weighs more)."""
+    """:func:`_search` over the factors of ``names`` shared by every machine's network (:data:`PRIOR`), then
+    with the hops within a host (:data:`HOST_HOP_PRIOR`), then over all of them: the hops within a host
+    take what the network leaves, the families' own factors what both leave (a coordinate search
+    started at the defaults could otherwise stop at a factor the prior weighs more)."""
     calls = 0
-    for group in ([k for k in names if _prior(k) <= PRIOR], names):
+    for level in sorted({pred.prior(k) for k in names}):
+        group = [k for k in names if pred.prior(k) <= level]
         if group:
             values, n = _search(pred, values, group, bounds, tol, max_evals)
             calls += n
@@ -1283,6 +1351,15 @@ def _value_text(parameter: str, v: float) -> str:
     return f"{v:.3f}"
 
 
+def _not_identified(parameter: str) -> str:
+    """Why a parameter was not identified: the probe (:func:`_probe`) and what it did not move."""
+    if parameter.startswith("proto_bw."):
+        return f"x{PROTO_BW_PROBE:g} moves no slope between two rows of a table by {IDENTIFY:.0%}"
+    if parameter.startswith("hop_lat_us."):
+        return f"+{LAT_REF_US * (LAT_PROBE - 1):g} us moves no row by {IDENTIFY:.0%}"
+    return f"x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%}"
+
+
 def render_calibration(d: dict) -> str:
     """The text of ``treecoll simulate calibrate``."""
     f = d["fit"]
@@ -1299,13 +1376,10 @@ def render_calibration(d: dict) -> str:
         **dict.fromkeys(f.get("switch_default", ()), "default kept: no protocol switch between the sizes fits better"),
         **dict.fromkeys(f["fitted"], "fitted"),
         **dict.fromkeys(f["identified_default"], "default kept: these tables depend on it, moving it gains nothing"),
-        **{
-            k: f"default kept: not identified (x{PROBE:g} moves no row that measures it by {IDENTIFY:.0%})"
-            if not k.startswith("proto_bw.")
-            else f"default kept: not identified (x{PROTO_BW_PROBE:g} moves no slope between two rows of a table "
-            f"by {IDENTIFY:.0%})"
-            for k in f["not_identified"]
-        },
+        **{k: f"default kept: not identified ({_not_identified(k)})" for k in f["not_identified"]},
+        **dict.fromkeys(
+            f.get("infiniband_default", ()), "default kept: InfiniBand (NCCL's network latencies are its transport's)"
+        ),
     }
     for k, v in d["values"].items():
         lines.append(f"   {k:<18} {_value_text(k, v):>7}   {why.get(k, '')}")

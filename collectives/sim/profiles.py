@@ -165,7 +165,9 @@ SCALE_BOUNDS: dict[str, tuple[float, float]] = {
 }
 #: the range of a hop within a host (``hop_scale.nvlink``, ``.pci``): a fixed piece of silicon whose latency
 #: differs little between machines, where the network's (``hop_scale.net``, :data:`SCALE_BOUNDS`) depends on
-#: the fabric and its transport (a TCP-based one takes several times InfiniBand's)
+#: the fabric and its transport (a TCP-based one takes several times InfiniBand's). These are the ranges a
+#: calibration file may say (a file an earlier fit wrote still loads); ``treecoll simulate calibrate``
+#: searches narrower ones (a hop within a host half to twice NCCL's per-hop constants)
 HOP_BOUNDS: dict[str, tuple[float, float]] = {"nvlink": (0.25, 4.0), "pci": (0.25, 4.0)}
 #: protocols with a switch point (``proto_max``) in a :class:`Calibration`, and the NCCL profile of each
 SWITCH_PROTOCOLS: dict[str, str] = {"ll": "nccl-ll", "ll128": "nccl-ll128"}

@@ -27,3 +27,24 @@ def test_loo_totals_split_by_set_and_leave_degraded_out():
 def test_machine_key_drops_the_host_count():
     assert machine_key("16 x hgx-b200 (8 GPUs each), NICs 8x400G-roce") == "hgx-b200, NICs 8x400G-roce"
     assert machine_key("1 x gh200 (1 GPU each), NICs 1x200G-slingshot") == "gh200, NICs 1x200G-slingshot"
+
+
+def test_machine_files_keeps_the_tables_of_the_machines_named():
+    """``--machine TEXT``: the fixture tables whose machine (template and NICs) contains TEXT, any case; the
+    two TCPXO tables of the fixtures (an all_gather and an allreduce on two A3 Mega hosts), none of another
+    machine (any of several texts: those of either), and none at all on more GPUs than allowed."""
+    from treecoll.tools.bench_validate import machine_files
+    from treecoll.tools.validate_sim import DEFAULT_DIR
+
+    files = sorted(DEFAULT_DIR.rglob("*.txt"))
+    tcpxo = machine_files(files, ["TCPXO"], 16)
+    assert [f.name for f in tcpxo] == [
+        "h100-16gpu-2node-allgather-gcp-a3mega-tcpxo-nohash.txt",
+        "h100-16gpu-2node-allreduce-gcp-a3mega-tcpxo.txt",
+    ]
+    both = machine_files(files, ["8x200G-tcpxo", "h200-sxm, NICs 1x400G-roce"], 16)
+    assert {f.name for f in set(both) - set(tcpxo)} == {
+        "h200-2gpu-2node-allreduce-gke-mpioperator.txt",
+        "h200-2gpu-2node-allgather-gcp-a3ultra-gib.txt",
+    }
+    assert machine_files(files, ["tcpxo"], 8) == []

@@ -92,7 +92,7 @@ def test_calibration_recovers_known_parameters(tmp_path, capsys):
     were made with: the links' bandwidths, the NVLink and network hops every family shares, and the
     point-to-point latency the two sendrecv tables show beyond those hops; the tree's latency, which no
     table runs, and the PCIe links, which none is limited by, stay at 1."""
-    nic = MachineFlags(nic=Nic(1, 200.0, "ib"))
+    nic = MachineFlags(nic=Nic(1, 200.0, "slingshot"))
     files = [
         _synthetic(tmp_path, 1, 4, TRUTH),
         _synthetic(tmp_path, 2, 1, TRUTH, collective="sendrecv", flags=nic),
@@ -145,7 +145,7 @@ def test_a_latency_fitted_on_the_tree_carries_to_the_ring(tmp_path):
     network hops 2.5 times NCCL's gives back that shared hop latency, not the tree's own latency, and the
     calibration then predicts an all_gather (a ring, which the allreduce table never ran) of the same
     machine within 5%, where the defaults are 18% off."""
-    nic = MachineFlags(nic=Nic(4, 200.0, "ib"))
+    nic = MachineFlags(nic=Nic(4, 200.0, "slingshot"))
     truth = {"hop_scale.net": 2.5}
     sizes = (1024, 65536)
     ar = _synthetic(tmp_path, 2, 4, truth, sizes, collective="allreduce", flags=nic, algos=("ring", "tree"))
@@ -184,12 +184,13 @@ def test_a_protocol_switch_point_is_found_where_the_curve_steps(tmp_path):
 
 
 def test_a_transport_latency_is_found_and_carries_to_the_tree(tmp_path):
-    """An all_gather (the ring) across two hosts of 2 GPUs made with 40 us of transport latency per network hop
+    """An all_gather (the ring) across two hosts of 2 GPUs over Slingshot made with 40 us of transport
+    latency per network hop
     (once with LL at 1 and 64 KiB, twice with Simple at 1 and 4 MiB: NCCL adds the net plugin's latency
     twice there): the fit gives back that added latency, not a factor on NCCL's per-hop constants (which
     would scale LL's and Simple's differently), and then predicts the same machine's allreduce (NCCL's
     tree at these sizes, which the table never ran) as it was made, where the defaults are far off."""
-    nic = MachineFlags(nic=Nic(2, 200.0, "ib"))
+    nic = MachineFlags(nic=Nic(2, 200.0, "slingshot"))
     truth = {"hop_lat_us.net": 40.0}
     ag = _synthetic(tmp_path, 2, 2, truth, (1024, 65536, 1 << 20, 4 << 20), flags=nic)
     d = validation.calibrate([ag], nic, tol=0.002, check=False, max_rows=None)
@@ -207,11 +208,11 @@ def test_a_transport_latency_is_found_and_carries_to_the_tree(tmp_path):
 
 
 def test_a_table_without_small_messages_shows_its_latency_where_its_curve_is_flat(tmp_path):
-    """An all_gather across two hosts of 2 GPUs from 1 MiB on, made with 100 us of transport latency: its
+    """An all_gather across two hosts of 2 GPUs over Slingshot from 1 MiB on, made with 100 us of transport latency: its
     1 and 2 MiB rows take about the same time (the latency), and the fit finds the latency there (within
     6%: three rows, LL128 and Simple trading places as it moves), then predicts the small messages of the
     machine's allreduce, which the table never had, within 5% where the defaults are 9 times too fast."""
-    nic = MachineFlags(nic=Nic(2, 200.0, "ib"))
+    nic = MachineFlags(nic=Nic(2, 200.0, "slingshot"))
     truth = {"hop_lat_us.net": 100.0}
     ag = _synthetic(tmp_path, 2, 2, truth, (1 << 20, 2 << 20, 4 << 20, 64 << 20), flags=nic)
     case = validation.cases([ag])[0][0]
@@ -222,6 +223,33 @@ def test_a_table_without_small_messages_shows_its_latency_where_its_curve_is_fla
     ar = _synthetic(tmp_path, 2, 2, truth, (1024, 65536), collective="allreduce", flags=nic, algos=("ring", "tree"))
     before, after = (validation.validate([ar], p, nic)["files"][0]["geomean_small"] for p in (None, d["profile"]))
     assert before > 1.0 and after < 0.05
+
+
+def test_a_latency_across_hosts_goes_to_the_network_not_the_hops_within_a_host(tmp_path):
+    """An all_gather across two hosts of 4 GPUs over Slingshot from 4 MiB on (no small messages), made with 30 us of
+    transport latency per network hop: its 4 and 8 MiB rows are flat, and the ring's six NVLink hops could hold that
+    latency as well as its two network hops. The fit puts it on the network's transport, where it was
+    made (an NVLink hop within half to twice NCCL's, its pull back larger than the network's), and then
+    predicts the machine's small allreduce messages (the tree, which crosses the network twice and NVLink
+    little) within 5%, where the defaults are far off. Over InfiniBand the fit adds no transport latency."""
+    nic = MachineFlags(nic=Nic(4, 200.0, "slingshot"))
+    truth = {"hop_lat_us.net": 30.0}
+    ag = _synthetic(tmp_path, 2, 4, truth, (4 << 20, 8 << 20, 16 << 20, 64 << 20, 256 << 20), flags=nic)
+    d = validation.calibrate([ag], nic, tol=0.002, check=False)
+    assert d["fit"]["fitted"] == ["hop_lat_us.net"]
+    assert d["values"]["hop_lat_us.net"] == pytest.approx(30.0, rel=0.05)
+    assert d["values"]["hop_scale.nvlink"] == 1.0
+    assert validation.fit_bounds()["hop_scale.nvlink"] == (0.5, 2.0)
+    ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=nic, algos=("ring", "tree"))
+    before, after = (validation.validate([ar], p, nic)["files"][0]["geomean_small"] for p in (None, d["profile"]))
+    assert before > 1.0 and after < 0.05
+    # over InfiniBand NCCL's network latencies are the transport's own: no latency is added to them
+    ib = MachineFlags(nic=Nic(4, 200.0, "ib"))
+    (tmp_path / "ib").mkdir()
+    ag = _synthetic(tmp_path / "ib", 2, 4, truth, (4 << 20, 8 << 20, 16 << 20, 64 << 20, 256 << 20), flags=ib)
+    d = validation.calibrate([ag], ib, tol=0.002, check=False)
+    assert d["values"]["hop_lat_us.net"] == 0.0 and d["fit"]["infiniband_default"] == ["hop_lat_us.net"]
+    assert "hop_lat_us.net       0.000   default kept: InfiniBand" in validation.render_calibration(d)
 
 
 def test_a_protocol_bandwidth_is_found_and_carries_to_the_allreduce(tmp_path):
