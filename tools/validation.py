@@ -1490,11 +1490,11 @@ def run(args) -> int:
 
     flags = machine_flags(args)
     max_gpus = args.max_gpus or None
-    for f in args.files:
-        if not Path(f).is_file():
-            from treecoll.tools.units import UsageError
+    from treecoll.tools.units import UsageError
+    from treecoll.topo.files import check_file
 
-            raise UsageError(f"{f}: no such file; expected an nccl-tests output")
+    for f in args.files:
+        check_file(f, "nccl-tests output", error=UsageError)
     if args.sim_command == "validate":
         prof = None
         if args.profile not in (None, "auto"):

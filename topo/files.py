@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .errors import TopologyError, TreecollError
 
-__all__ = ["decode_text", "read_text"]
+__all__ = ["check_file", "decode_text", "read_text"]
 
 _KINDS = (
     (stat.S_ISCHR, "a character device"),
@@ -46,9 +46,17 @@ def _fail(error: type[TreecollError], where: str, message: str):
     raise error(f"{where}: {message}")
 
 
-def read_text(path: str | os.PathLike, what: str, *, error: type[TreecollError] = TopologyError, hint: str = "") -> str:
-    """The UTF-8 text of the regular file ``path``; ``what`` names the file in messages
-    ("topology file"), ``hint`` is appended to the "no such file" message."""
+def check_file(
+    path: str | os.PathLike, what: str, *, error: type[TreecollError] = TopologyError, hint: str = ""
+) -> Path:
+    """``path`` as a :class:`~pathlib.Path` if it names a regular file, else a one-line
+    error saying what it names instead; ``hint`` is appended to the "no such file" message.
+
+    >>> check_file("/dev/null", "nccl-tests output")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    treecoll.topo.errors.TopologyError: /dev/null: cannot read nccl-tests output: not a regular file ...
+    """
     p = Path(path)
     where = str(p)
     try:
@@ -66,6 +74,14 @@ def read_text(path: str | os.PathLike, what: str, *, error: type[TreecollError] 
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
         _fail(error, where, f"cannot read {what}: not a regular file ({kind}); expected a file")
+    return p
+
+
+def read_text(path: str | os.PathLike, what: str, *, error: type[TreecollError] = TopologyError, hint: str = "") -> str:
+    """The UTF-8 text of the regular file ``path``; ``what`` names the file in messages
+    ("topology file"), ``hint`` is appended to the "no such file" message."""
+    p = check_file(path, what, error=error, hint=hint)
+    where = str(p)
     try:
         data = p.read_bytes()
     except PermissionError:

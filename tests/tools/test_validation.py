@@ -476,7 +476,11 @@ def test_several_tables_in_one_file_are_validated_apart(tmp_path, capsys):
     assert d["geomean"]["tables"] == 2
     assert main(["simulate", "validate", str(tmp_path / "missing.txt")]) == 1
     err = capsys.readouterr().err
-    assert "missing.txt: no such file; expected an nccl-tests output" in err and err.count("\n") == 1
+    assert "missing.txt: cannot read nccl-tests output: no such file" in err and err.count("\n") == 1
+    for bad, says in ((tmp_path, "it is a directory"), ("/dev/null", "not a regular file (a character device)")):
+        assert main(["simulate", "validate", str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert f"{bad}: cannot read nccl-tests output: {says}" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(
