@@ -25,6 +25,11 @@ On every machine (CI runs it; about a minute on two cores):
   (``tree``, ``gather``, ``allreduce3``, ``auto``) and
   :func:`treecoll.attention.ring_decode` over groups of 2, 3 and 4 processes against
   the float64 reference over the whole cache;
+* ``simulator``: the simulator's C event loop
+  (:mod:`treecoll.collectives.sim.engine_native`) against its Python loop, the
+  reference, on an executor prediction and an NCCL-tree flow run on two DGX H100:
+  the same times, per-rank finish times and bytes per link, to the last bit;
+  skipped, with why, where the C library cannot be built;
 * ``generate``: the hook :data:`GENERATE_HOOK` (a module's ``selfcheck(nproc)``
   returning rows; :func:`treecoll.tools.cmd_generate.selfcheck`): ``treecoll generate``
   over 2 processes against one process, greedy and sampled, where that command is
@@ -687,6 +692,58 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def simulator_loops() -> list[dict]:
+    """The simulator's C event loop against its Python loop (the reference): one row."""
+    from treecoll.collectives import builders
+    from treecoll.collectives.compile import compile_plan
+    from treecoll.collectives.placement import Placement
+    from treecoll.collectives.sim import engine_native
+    from treecoll.collectives.sim.executor import predict_schedule
+    from treecoll.collectives.sim.simulator import NCCL_TREE_RUN, simulate
+
+    from treecoll import topo
+
+    path = ("simulator event loop", "native", "cpu")
+    status = engine_native.native_status()
+    if not status["available"]:
+        return [row(*path, "skipped", 0.0, f"the Python loop runs instead: {status['reason']}")]
+    t = topo.resolve("dgx-h100-x2")
+    tree = compile_plan(builders.build("double_binary", t), "allreduce", 3)
+    cases = {
+        "executor two_level 4 MiB": lambda: predict_schedule(Placement(t, None), "two_level", 4 << 20),
+        "NCCL tree 5 MiB": lambda: simulate(t, tree, 5 << 20, profile="nccl-simple", **NCCL_TREE_RUN),
+    }
+    t0, seconds, differ = time.perf_counter(), {"native": 0.0, "python": 0.0}, []
+    for name, case in cases.items():
+        with engine_native.python_loop():
+            w = time.perf_counter()
+            ref = case()
+            seconds["python"] += time.perf_counter() - w
+        w = time.perf_counter()
+        got = case()
+        seconds["native"] += time.perf_counter() - w
+        same = (got.time, got.finish, list(got.link_bytes.items())) == (
+            ref.time,
+            ref.finish,
+            list(ref.link_bytes.items()),
+        )
+        if (ref.stats["loop"], got.stats["loop"]) != ("python", "native") or not same:
+            differ.append(name)
+    took = time.perf_counter() - t0
+    if differ:
+        return [row(*path, "failed", took, "the C loop differs from the Python loop on " + ", ".join(differ))]
+    return [
+        row(
+            *path,
+            "passed",
+            took,
+            f"{len(cases)} runs ({', '.join(cases)}) = the Python loop to the last bit "
+            f"(times, finish times, bytes per link); {seconds['native'] * 1e3:.1f} ms against "
+            f"{seconds['python'] * 1e3:.1f} ms",
+        )
+    ]
+
+
 def _kernel_rows(timeout: float) -> list[dict]:
     from treecoll.collectives.launch import spawn
 
@@ -739,6 +796,7 @@ def _guard(path: str, backend: str, device: str, fn: Callable[[], list[dict]]) -
 #: the groups of checks, in order: name -> (path, backend, device) of its failure row, and the call
 CHECKS: dict[str, tuple[tuple[str, str, str], Callable[[argparse.Namespace], list[dict]]]] = {
     "kernels": (("kernel decode_partial", "cpu backends", "cpu"), lambda a: _kernel_rows(a.timeout)),
+    "simulator": (("simulator event loop", "native", "cpu"), lambda a: simulator_loops()),
     "gloo": (("executor and tree_decode", "gloo", "cpu"), lambda a: _gloo_rows(min(a.nproc, GLOO_PROCS), a.timeout)),
     "generate": (("generate", "gloo", "cpu"), lambda a: _generate_rows(2)),
     "cuda": (("cuda paths", "triton/nccl", "cuda"), lambda a: _cuda_rows(a.nproc, a.timeout, a.repeats)),
@@ -806,7 +864,7 @@ def _only(text: str) -> list[str]:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "selfcheck",
-        help="run every path on this machine (kernels, executor, tree_decode; "
+        help="run every path on this machine (kernels, simulator loop, executor, tree_decode; "
         "CUDA ones where there is a GPU) and report which work",
         description=__doc__.split("\n\n")[0],
     )

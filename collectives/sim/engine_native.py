@@ -16,7 +16,8 @@ loop numbers them as it goes, so results list links in the same order.
 The library is built on first use (:func:`treecoll.collectives.native.load_library`); without a C
 compiler, or with ``TREECOLL_NATIVE=0``, the Python loop runs and :func:`native_status` says why.
 Which loop ran is in the run's ``RawRun.loop`` (``native`` or ``python``) and in the simulators'
-``stats["loop"]``.
+``stats["loop"]``. Inside ``with python_loop():`` the Python loop runs whatever the library (the
+reference, for comparisons such as ``treecoll selfcheck``'s).
 
 >>> from treecoll import topo
 >>> from treecoll.collectives.schedule import Schedule, Step
@@ -27,11 +28,18 @@ Which loop ran is in the run's ``RawRun.loop`` (``native`` or ``python``) and in
 >>> raw = FlowEngine(Network(t, get_profile("ideal")), s, [1e9], t.rank_gpus(), [0.0, 0.0]).run()
 >>> round(raw.makespan * 1e6, 1), raw.loop == ("native" if native_status()["available"] else "python")
 (2697.5, True)
+>>> with python_loop():
+...     ref = FlowEngine(Network(t, get_profile("ideal")), s, [1e9], t.rank_gpus(), [0.0, 0.0]).run()
+>>> ref.loop, ref.makespan == raw.makespan
+('python', True)
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -40,12 +48,14 @@ import numpy as np
 from treecoll.collectives.native import NativeUnavailable, load_library
 from treecoll.topo.errors import CollectiveError
 
-__all__ = ["native_status", "run_native", "maxmin_fill"]
+__all__ = ["native_status", "python_loop", "run_native", "maxmin_fill"]
 
 SOURCE = Path(__file__).with_name("csrc") / "flow_engine.c"
 # no -ffast-math, no fused multiply-adds: the Python loop's numbers to the last bit
 _FLAG_SETS = (["-O2", "-ffp-contract=off", "-fno-fast-math"],)
 _STATE: dict = {}
+#: set inside :func:`python_loop`: run_native declines, the Python loop runs
+_PYTHON_LOOP: ContextVar[bool] = ContextVar("treecoll_python_loop", default=False)
 _KINDS = {"send": 0, "recv": 1, "reduce": 2}
 
 _P = ctypes.c_void_p
@@ -95,6 +105,17 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def _library() -> ctypes.CDLL:
     return load_library(SOURCE, _FLAG_SETS, _STATE, _declare)
+
+
+@contextmanager
+def python_loop() -> Iterator[None]:
+    """Inside the block every :class:`~treecoll.collectives.sim.engine.FlowEngine` runs the Python
+    loop (the reference), whether or not the C library is available."""
+    token = _PYTHON_LOOP.set(True)
+    try:
+        yield
+    finally:
+        _PYTHON_LOOP.reset(token)
 
 
 def native_status() -> dict:
@@ -220,6 +241,8 @@ def run_native(engine: Any) -> dict | None:
     ``peak_scratch``, ``transfers``, ``subflows``, ``recomputes``), or None when the library is
     unavailable (:func:`native_status`). Raises what the Python loop raises when the schedule cannot
     progress."""
+    if _PYTHON_LOOP.get():
+        return None
     try:
         lib = _library()
     except NativeUnavailable:

@@ -31,8 +31,7 @@ def _native_or_skip():
 
 def _both(monkeypatch, run):
     """``run()`` with the Python loop, then with the C loop."""
-    with monkeypatch.context() as mp:
-        mp.setattr(engine_native, "_STATE", {"error": "the Python loop, for this test"})
+    with engine_native.python_loop():
         ref = run()
     return ref, run()
 

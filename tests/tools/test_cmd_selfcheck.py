@@ -35,6 +35,9 @@ def test_cpu_run_passes_every_available_path(cpu_run):
         r = got[("kernel decode_partial", backend, "cpu")]
         assert r["result"] in ("passed", "skipped") and (r["result"] == "passed" or r["detail"]), r
     assert got[("kernel decode_partial", "torch", "cpu")]["result"] == "passed"
+    # the simulator's C event loop against its Python loop
+    r = got[("simulator event loop", "native", "cpu")]
+    assert r["result"] == "passed" or (r["result"] == "skipped" and "the Python loop runs instead" in r["detail"]), r
     # the executor: every builder and every allreduce algorithm over gloo
     for b in BUILDERS:
         assert got[(f"executor {b}", "gloo", "cpu")]["result"] == "passed"
@@ -112,6 +115,42 @@ def test_a_group_that_cannot_run_is_one_failed_row(monkeypatch, capsys):
     )
 
 
+def _native_loop_off_by(monkeypatch, dt):
+    from treecoll.collectives.sim import engine_native
+
+    real = engine_native.run_native
+
+    def shifted(engine):
+        fields = real(engine)
+        if fields is not None:
+            fields["makespan"] += dt
+        return fields
+
+    monkeypatch.setattr(engine_native, "run_native", shifted)
+
+
+def test_simulator_loop_row_passes_and_fails_on_the_last_bit(monkeypatch, capsys):
+    """The simulator group compares the C loop with the Python loop to the last bit: 1e-15 s on one
+    run's time fails it, naming the run; without the library the row is skipped with the reason."""
+    from treecoll.collectives.sim import engine_native
+
+    if not engine_native.native_status()["available"]:
+        pytest.skip("the C event loop cannot be built here")
+    assert main(["selfcheck", "--only", "simulator", "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rows"]
+    assert r["result"] == "passed" and "= the Python loop to the last bit" in r["detail"], r
+    with monkeypatch.context() as mp:
+        _native_loop_off_by(mp, 1e-15)
+        assert main(["selfcheck", "--only", "simulator", "--json"]) == 1
+    (r,) = json.loads(capsys.readouterr().out)["rows"]
+    assert r["result"] == "failed" and r["detail"].startswith("the C loop differs from the Python loop on "), r
+    with monkeypatch.context() as mp:
+        mp.setattr(engine_native, "_STATE", {"error": "no C compiler: 'cc' is not on PATH"})
+        assert main(["selfcheck", "--only", "simulator", "--json"]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["rows"]
+    assert (r["result"], r["detail"]) == ("skipped", "the Python loop runs instead: no C compiler: 'cc' is not on PATH")
+
+
 def test_generate_hook_is_used_when_installed(monkeypatch, capsys):
     import sys
     import types
@@ -130,7 +169,7 @@ def test_generate_hook_is_used_when_installed(monkeypatch, capsys):
     [
         (
             ["--only", "kernels,bogus"],
-            "--only: expected a comma list of kernels, gloo, generate, cuda, got 'kernels,bogus'",
+            "--only: expected a comma list of kernels, simulator, gloo, generate, cuda, got 'kernels,bogus'",
         ),
         (["--nproc", "1"], "--nproc: expected an integer >= 2, got 1"),
         (["--timeout", "0"], "--timeout"),
