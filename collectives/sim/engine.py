@@ -260,10 +260,7 @@ class Network:
 
     def host_links(self, host: str) -> dict[int, int]:
         """Link ids of ``host`` numbered so far, by local edge index of its class (:meth:`host_template`)."""
-        own = self._host_links.get(host)
-        if own is None:
-            own = self._host_links[host] = {}
-        return own
+        return self._host_links.setdefault(host, {})
 
     def host_link_array(self, host: str, rep: str, edges: Sequence[int]) -> np.ndarray:
         """The link ids of ``host`` (of ``rep``'s class) by local edge index (-1: not numbered), the local
