@@ -91,7 +91,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     common_options(p)
     sub = p.add_subparsers(dest="sim_command", metavar="WHAT")
     sub.required = True
-    algos = f"{', '.join(SIM_ALGOS)}, or a tree builder ({_names(BUILDERS)}; kary:K)"
 
     def base(name, help_, description):
         q = sub.add_parser(name, help=help_, description=description)
@@ -126,7 +125,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             f"time, algbw and busbw (nccl-tests' definitions; sizes as nccl-tests prints them).",
         )
         a.add_argument(
-            "--algo", default=default, metavar="A[,A...]", help=f"comma list of algorithms: {algos} (default {default})"
+            "--algo",
+            default=default,
+            metavar="A[,A...]",
+            help=f"comma list of algorithms: {algos_help(coll)} (default {default})",
         )
         a.add_argument(
             "--sizes",
@@ -251,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         output_path(plot, "--plot", inputs=[args.topology, args.profile], suffixes=IMAGE_SUFFIXES)
     if args.sim_command in DEFAULT_ALGOS:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
-        check_algos(algos)
+        check_algos(algos, collective=args.sim_command)
         topology = _resolve(args)
         data = allreduce_data(
             topology, algos, args.sizes, args.ranks, args.profile, args.sim_command, mode=args.mode, engine=args.engine
@@ -375,10 +377,47 @@ DEFAULT_ALGOS = {
     "alltoall": "p2p,nccl",
     "sendrecv": "p2p,nccl",
 }
+#: per collective: the names of SIM_ALGOS it runs on, and whether treecoll's tree builders apply
+#: (a tree reduces, broadcasts, or does both; gathers, scatters and exchanges are NCCL's ring or p2p)
+COLLECTIVE_ALGOS = {
+    "allreduce": (("ring", "tree", "nvls", "nccl"), True),
+    "allgather": (("ring", "nccl"), False),
+    "reduce_scatter": (("ring", "nccl"), False),
+    "broadcast": (("ring", "tree", "nccl"), True),
+    "reduce": (("ring", "tree", "nccl"), True),
+    "alltoall": (("p2p", "nccl"), False),
+    "sendrecv": (("p2p", "nccl"), False),
+}
 
 
-def check_algos(algos: Sequence[str], *, option: str = "--algo", builders_only: bool = False) -> None:
-    """Refuse an unknown algorithm name before any work, listing every valid one."""
+def _runs_on(algo: str, collective: str) -> bool:
+    from treecoll.collectives.builders import BUILDERS
+
+    names, trees = COLLECTIVE_ALGOS[collective]
+    return algo in names or (trees and algo.partition(":")[0] in BUILDERS)
+
+
+def algos_help(collective: str) -> str:
+    """The ``--algo`` names ``collective`` accepts, for its help text and its errors."""
+    from treecoll.collectives.builders import BUILDERS
+
+    names, trees = COLLECTIVE_ALGOS[collective]
+    return ", ".join(names) + (f", or a tree builder ({_names(BUILDERS)}; kary:K)" if trees else "")
+
+
+def check_algos(
+    algos: Sequence[str], *, collective: str = "allreduce", option: str = "--algo", builders_only: bool = False
+) -> None:
+    """Refuse an unknown algorithm name, or one ``collective`` does not run on, before any work,
+    listing the valid ones.
+
+    >>> check_algos(["ring", "two_level", "kary:4"])
+    >>> check_algos(["two_level"], collective="allgather")
+    Traceback (most recent call last):
+    ...
+    treecoll.topo.errors.CollectiveError: --algo 'two_level': allgather runs on ring, nccl; \
+'two_level' applies to allreduce, broadcast, reduce
+    """
     from treecoll.collectives.builders import BUILDERS
 
     for a in algos:
@@ -386,6 +425,11 @@ def check_algos(algos: Sequence[str], *, option: str = "--algo", builders_only: 
             known = "" if builders_only else f"one of {list(SIM_ALGOS)} or "
             raise CollectiveError(
                 f"{option} {a!r}: unknown; expected {known}a tree builder {sorted(BUILDERS)} (e.g. kary:4)"
+            )
+        if not builders_only and not _runs_on(a, collective):
+            where = ", ".join(c for c in COLLECTIVE_ALGOS if _runs_on(a, c))
+            raise CollectiveError(
+                f"{option} {a!r}: {collective} runs on {algos_help(collective)}; {a!r} applies to {where}"
             )
 
 
@@ -407,7 +451,7 @@ def allreduce_data(
     from treecoll.collectives.placement import Placement
     from treecoll.collectives.sim.analytic import ANALYTIC_ALGOS, choose_engine
 
-    check_algos(algos)
+    check_algos(algos, collective=collective)
     placement = Placement(topology, ranks)
     P = placement.nranks
     if collective != "allreduce" and engine == "analytic":

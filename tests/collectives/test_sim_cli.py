@@ -93,6 +93,23 @@ def test_unknown_algo_lists_every_valid_name(capsys):
     assert "nvls allreduce" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("collective", sorted(cmd_simulate.COLLECTIVE_ALGOS))
+def test_each_collective_refuses_the_algorithms_it_does_not_run_on(collective, capsys):
+    """An algorithm a collective has no model for is refused up front, naming what it does run on;
+    every name the error offers runs."""
+    offered, trees = cmd_simulate.COLLECTIVE_ALGOS[collective]
+    refused = [a for a in cmd_simulate.SIM_ALGOS if a not in offered] + ([] if trees else ["two_level"])
+    assert refused, collective
+    for algo in refused:
+        assert main(["simulate", collective, "--topology", "dgx-h100", "--algo", algo, "--sizes", "1K"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"treecoll: error: --algo {algo!r}: {collective} runs on ") and err.count("\n") == 1
+        assert "applies to" in err
+    names = ",".join(offered + (("two_level",) if trees else ()))
+    assert main(["simulate", collective, "--topology", "dgx-h100", "--algo", names, "--sizes", "1K", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["algos"] == names.split(",")
+
+
 def _case(name):
     return validation.cases([FIXTURES / name])[0][0]
 

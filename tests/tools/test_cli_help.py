@@ -51,7 +51,7 @@ def test_enumerations_list_their_values_from_the_registries():
     from treecoll.collectives.builders import BUILDERS, INTER_KINDS, INTRA_KINDS
     from treecoll.collectives.sim.profiles import PROFILES
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
-    from treecoll.tools.cmd_simulate import SIM_ALGOS
+    from treecoll.tools.cmd_simulate import COLLECTIVE_ALGOS
 
     for cmd in ("allreduce", "decode", "links"):
         assert all(name in _help_of("simulate", cmd, "--profile") for name in PROFILES), cmd
@@ -62,7 +62,8 @@ def test_enumerations_list_their_values_from_the_registries():
         ("tree", "build", "--builder"),
     ):
         assert all(name in _help_of(*where) for name in BUILDERS), where
-    assert all(name in _help_of("simulate", "allreduce", "--algo") for name in SIM_ALGOS)
+    for collective, (names, _) in COLLECTIVE_ALGOS.items():
+        assert all(name in _help_of("simulate", collective, "--algo") for name in names), collective
     assert all(name in _help_of("simulate", "decode", "--dtype") for name in DTYPE_SIZES)
     assert all(name in _help_of("tree", "build", "--intra") for name in INTRA_KINDS)
     assert all(name in _help_of("tree", "build", "--inter") for name in INTER_KINDS)
