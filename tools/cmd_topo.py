@@ -275,7 +275,14 @@ def endpoint(t: topo.Topology, spec: str) -> str:
     """A node id from ``h0/gpu3``-style ids or ``r<rank>``."""
     if len(spec) > 1 and spec[0] == "r" and spec[1:].isdigit():
         return t.gpu_of_rank(int(spec[1:]))
-    t.node(spec)  # raises TopologyError naming the id
+    if spec not in t.graph:
+        gpus, nics = t.nodes(kind="gpu"), t.nodes(kind="nic")
+        examples = ", ".join([*gpus[:2], *nics[:1]])
+        hint = f"; a rank is written r{spec}" if spec.isdigit() else ""
+        raise TopologyError(
+            f"endpoint {spec!r}: not a node of topology {t.name!r}; expected a node id ({examples}, ...; "
+            f"`treecoll topo show {t.name}` lists them) or a rank r0..r{len(gpus) - 1}{hint}"
+        )
     return spec
 
 

@@ -132,6 +132,12 @@ def test_bad_values_are_one_line_errors(tmp_path, capsys):
         (["topo", "show", "no-such.yaml"], "no-such.yaml: cannot read topology file: no such file"),
         (["topo", "path", "default", "r0", "r99"], r"rank 99: expected an integer in 0..15"),
         (["topo", "path", "default", "h0/gpu0", "spine0"], "path endpoint 'spine0': expected a gpu, nic or cpu"),
+        (
+            ["topo", "path", "default", "0", "r1"],
+            r"endpoint '0': not a node of topology 'dgx-h100-x2'; expected a node id \(h0/gpu0, h0/gpu1, h0/nic0, "
+            r".*or a rank r0\.\.r15; a rank is written r0$",
+        ),
+        (["topo", "path", "default", "r0", "gpu3"], r"endpoint 'gpu3': not a node .* or a rank r0\.\.r15$"),
         (["topo", "matrix", "default", "--host", "h7"], "--host 'h7': not in topology 'dgx-h100-x2'"),
         (["topo", "draw", "default", "-o", "x.png", "--max-hosts", "0"], "--max-hosts: expected a positive integer"),
         (["topo", "frobnicate"], "treecoll topo: argument SUBCOMMAND: invalid choice: 'frobnicate'"),
