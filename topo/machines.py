@@ -104,7 +104,11 @@ FABRICS: dict[str, Fabric] = {
         Fabric("ib", "InfiniBand", "InfiniBand (verbs, GPUDirect RDMA)"),
         # 10 us: chosen from the fit table h200-2gpu-2node-allreduce-gke-mpioperator (Google Cloud RoCE,
         # gIB NCCL plugin): 2-rank allreduce of 1-64 KiB in 32-54 us against 17-21 us with NCCL's own
-        # network latencies alone; no public source states the latency of a RoCE NCCL net plugin
+        # network latencies alone; no public source states the latency of a RoCE NCCL net plugin (NCCL's
+        # own verbs transport reports 0, src/transport/net_ib.cc). In that table at least one rank's GPU
+        # does not share a PCIe switch with its NIC (tables.yaml gpu_nic), so NCCL ran it without
+        # GPUDirect RDMA (beyond PXB, src/graph/paths.cc ncclTopoCheckGdr): the value includes staging
+        # through host memory, which a GPU beside its NIC does not pay
         Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)", lat=10.0),
         # aws/aws-ofi-nccl src/platform-aws.cpp: the plugin's default net latency, 75 us (p4d, p4de,
         # p5, g5.48xlarge; 35 us on p5en/p6, pass a topology file for those)

@@ -420,6 +420,7 @@ def test_every_fixture_is_expected_and_indexed():
     assert all((e["set"] == "heldout") == f.startswith("heldout/") for f, e in index.items())
     assert {e["health"] for e in index.values()} <= {"healthy", "degraded", "unstated"}
     assert all(e.get("why") for e in index.values() if e["health"] == "degraded")
+    assert all(e["gpu_nic"].startswith(("aligned: ", "not aligned ")) for e in index.values() if "gpu_nic" in e)
     readme = (FIX.parent / "README.md").read_text()
     assert all(Path(f).name in readme for f in files if f.startswith("heldout/"))
 
