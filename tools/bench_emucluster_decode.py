@@ -166,7 +166,7 @@ def _marked_step(q, k, v, combine, marks: list):
     return step
 
 
-def skew_split(marks) -> dict[str, float]:
+def skew_split(marks: list[list[tuple[float, float, float]]]) -> dict[str, float]:
     """From every rank's ``(start, attention done, combine done)`` of each repetition
     (``marks[rank][rep]``): the medians over repetitions of ``skew`` (the last rank's attention done
     less the first's: what the ranks that finished first wait in the combine for the last one, the
