@@ -258,7 +258,9 @@ NCCL_P2P_S = 3e-6
 #: 730.6 .. 974.7 us). With a core per process gloo's own ring step is the cheaper; with two processes per
 #: core the executor's message. ``call_s`` (:attr:`ExecutorCost.call_s`) grows with the machine's load (it
 #: measured 1.8 .. 3.4 ms at 4 processes under a load average of 7 to 11): re-fit it on the machine you
-#: predict for.
+#: predict for. These rows are of four columns, from the fit before it timed gloo's all-gather and each
+#: kind's call apart: the all-gather takes the allreduce's step and call, the allreduce the executor's call
+#: (:class:`ExecutorCost`'s defaults); ``--procs 2 4 6`` prints rows of seven to paste here.
 GLOO_BY_NRANKS = ((2, 134.6e-6, 131.6e-6, 182.2e-6), (4, 132.0e-6, 445.7e-6, 855.2e-6))
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
