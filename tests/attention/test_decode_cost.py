@@ -201,6 +201,34 @@ def test_gloo_combine_times_by_hand():
     assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
 
 
+def test_gloo_combines_each_pay_their_own_kind_of_call(monkeypatch):
+    """With a fit whose seven columns all differ, each combine pays its own kind's costs: adding d to the
+    all-gather's step makes the gather (P - 1) d slower and nothing else; adding d to the all-gather's call
+    makes it d slower; adding d to the allreduce's call makes the three all-reduces 3 d slower; adding d to
+    the executor's call makes the tree d slower."""
+    import dataclasses
+
+    from treecoll.collectives import cost as ccost
+
+    P, d = 4, 1e-3
+    row = (P, 100e-6, 200e-6, 300e-6, 400e-6, 500e-6, 600e-6)
+    topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
+
+    def times(r):
+        monkeypatch.setitem(
+            ccost.EXECUTOR_COSTS, "gloo", dataclasses.replace(EXECUTOR_COSTS["gloo"], by_nranks=(tuple(r),))
+        )
+        return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
+
+    base = times(row)
+    for col, what in ((5, {"gather": (P - 1) * d}), (6, {"gather": d}), (4, {"allreduce3": 3 * d}), (3, {"tree": d})):
+        bumped = list(row)
+        bumped[col] += d
+        got = times(bumped)
+        for m in base:
+            assert got[m] == pytest.approx(base[m] + what.get(m, 0.0), rel=1e-9), (col, m)
+
+
 def test_gloo_tree_pays_the_executor_at_the_group_size_and_its_merges_in_a_row():
     """Two ranks joined by one link (1 us, 100 GB/s, no mem_bw: merges free in bytes), one 2 x 16 x 129
     float32 state: rank 1 posts its send (o) while rank 0 posts its receive (o); the state crosses
