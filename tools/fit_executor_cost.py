@@ -67,6 +67,7 @@ __all__ = [
     "main",
     "fit_through_origin",
     "fit_by_nranks",
+    "implausible",
     "messages_of",
     "serial_messages",
     "TREES",
@@ -136,6 +137,23 @@ def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float, float, floa
         )
         out.append((p, o, native, call, native_call, gather, gather_call))
     return out
+
+
+def implausible(by_nranks: list[tuple]) -> list[str]:
+    """What in a per-count fit cannot be a cost (a negative one: single calls after a barrier measured
+    faster than the same calls back to back, which happens when other load on the machine disturbs the
+    rounds), one line each; empty when none.
+
+    >>> implausible([(2, 1e-4, 1e-4, 2e-4, 1e-4, 1e-4, 1e-4), (4, 1e-4, 1e-4, -5e-5, 1e-4, 1e-4, 1e-4)])
+    ['P=4: call -50.0 us < 0: the machine was busy; re-run the fit on a quiet machine']
+    """
+    names = ("step", "native step", "call", "native call", "gather step", "gather call")
+    return [
+        f"P={row[0]}: {name} {v * 1e6:.1f} us < 0: the machine was busy; re-run the fit on a quiet machine"
+        for row in by_nranks
+        for name, v in zip(names, row[1:])
+        if v < 0
+    ]
 
 
 def messages_of(case: str, nranks: int, nbytes: int) -> float:
@@ -312,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         + ")"
     )
     print(f"load average after the fit: {os.getloadavg()}")
+    for line in implausible(fit["GLOO_BY_NRANKS"]):
+        print(f"warning: {line}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(
