@@ -24,15 +24,17 @@ it (:func:`treecoll.collectives.sim.simulate_executor`: one chunk, in-order issu
 one connection per pair of ranks), the gather and the three all-reduces as gloo's
 rings in rank order (``P − 1`` steps of one state to the next rank; ring
 allreduces of ``2(P − 1)`` steps), on the topology's links as written (profile
-``ideal``), each step with gloo's own per-step software time, so the three
-combines pay the backend's software costs alike: the executor's per-message and
-gloo's per-step times fitted at the group's process count
+``ideal``), each step with the software time of the collective that runs it, so the
+three combines pay the backend's software costs alike: the executor's per message,
+gloo's all-gather's and its allreduce's per step (two algorithms: the all-gather's
+steps are not the allreduce's), all fitted at the group's process count
 (:meth:`treecoll.collectives.cost.ExecutorCost.for_nranks`; with fewer cores than
 processes a step of gloo's ring waits for every rank to run, a tree message only
 for its two ends, so one fit over several counts orders them wrongly), and once
-per collective call the time the ranks take to come together
-(:attr:`~treecoll.collectives.cost.ExecutorCost.call_s`: the tree and the gather
-one call each, the three all-reduces three). The
+per collective call the time the ranks take to come together, fitted on calls of
+the same kind (:attr:`~treecoll.collectives.cost.ExecutorCost.call_s` for the
+tree's one call, ``gather_call_s`` for the gather's, ``native_call_s`` for each
+of the three all-reduces). The
 merges are torch ops on CPU tensors, whose dispatch outweighs the bytes at
 decode state sizes: the tree pays :data:`MERGE_PAIR_S` for each merge in its
 longest chain of merges in a row (a node merges its children one after the
@@ -493,13 +495,13 @@ def _gloo_combine_times(
             "sent_bytes_total": float(up_down * state_bytes),
             "scratch_bytes": float(max(r.peak_scratch)),
         }
-    native_step = cost.native_step_s  # per step of gloo's own rings
+    native_step = cost.native_step_s  # per step of gloo's own allreduce ring
     if "gather" in methods:
         net = Network(topology, get_profile(profile))
         lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
         merge = MERGE_STATES_S + ((P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0)
         out["gather"] = {
-            "time_s": (P - 1) * (float((lat + drain).max()) + native_step) + merge + cost.call_s,
+            "time_s": (P - 1) * (float((lat + drain).max()) + cost.gather_step_s) + merge + cost.gather_call_s,
             "sent_bytes_per_gpu": float((P - 1) * state_bytes),
             "sent_bytes_total": float(P * (P - 1) * state_bytes),
             "scratch_bytes": float(P * state_bytes),
@@ -511,7 +513,7 @@ def _gloo_combine_times(
         sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
         out["allreduce3"] = {
             # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time, and a call; the local ops
-            "time_s": sum(r.time + 2 * (P - 1) * native_step + cost.call_s for r in runs) + MERGE_STATES_S,
+            "time_s": sum(r.time + 2 * (P - 1) * native_step + cost.native_call_s for r in runs) + MERGE_STATES_S,
             "sent_bytes_per_gpu": sent,
             "sent_bytes_total": sent * P,
             "scratch_bytes": max(max(r.peak_scratch) for r in runs),

@@ -148,48 +148,93 @@ DEFAULT_MODE = "executor"
 
 @dataclass(frozen=True)
 class ExecutorCost:
-    """What one message of treecoll's executor costs on a backend, and the backend's own allreduce.
+    """What one message of treecoll's executor costs on a backend, and the backend's own collectives.
 
     ``step_s``: seconds a rank spends per send or receive it issues (post, wait, the executor's
     bookkeeping), serially, on top of the links' latency and bandwidth. ``native_step_s``:
     seconds per step of the backend's own ring allreduce (``torch.distributed.all_reduce``),
     on top of the links; None where the backend's allreduce has its own model (NCCL:
-    :func:`treecoll.collectives.sim.nccl_model.nccl_predict`). ``source``: where the numbers
-    come from. ``by_nranks``: the same fitted on each process count alone, ``(P, step_s,
-    native_step_s, call_s)`` rows in increasing ``P`` (empty: none); :meth:`for_nranks` picks
-    one. ``call_s``: seconds one collective call costs once on top of its messages when the
-    ranks come to it apart, as a decode step's combine does (the ranks wait asleep for the last
-    one): charged where methods differ in their number of calls (the decode combines,
-    :mod:`treecoll.attention.cost`), not in one call's schedule.
+    :func:`treecoll.collectives.sim.nccl_model.nccl_predict`). ``gather_step_s``: the same per
+    step of the backend's own all-gather (None: ``native_step_s``; gloo's all-gather is its own
+    algorithm, not the allreduce's ring steps). ``source``: where the numbers come from.
+
+    ``call_s``, ``native_call_s``, ``gather_call_s``: seconds one call of the executor, of the
+    backend's allreduce and of its all-gather costs once on top of its steps when the ranks come
+    to it apart, as a decode step's combine does (the ranks wait asleep for the last one, and
+    every step of a ring then waits for ranks to be woken): each fitted on calls of its own kind,
+    charged where methods differ in their calls (the decode combines, :mod:`treecoll.attention.cost`),
+    not in one call's schedule. None: ``call_s``.
+
+    ``by_nranks``: the same fitted on each process count alone, rows ``(P, step_s, native_step_s,
+    call_s[, native_call_s, gather_step_s, gather_call_s])`` in increasing ``P`` (empty: none; a
+    row of four leaves the last three to their defaults); :meth:`for_nranks` picks one. The costs
+    at ``P`` include the machine's sharing of its cores among ``P`` processes (fitted there).
 
     >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0, 0.5), (4, 1.0, 5.0, 1.5)))
     >>> [(c.for_nranks(n).step_s, c.for_nranks(n).native_step_s, c.for_nranks(n).call_s) for n in (1, 3, 4, 8)]
     [(3.0, 1.0, 0.5), (2.0, 3.0, 1.0), (1.0, 5.0, 1.5), (1.0, 5.0, 1.5)]
+    >>> c = ExecutorCost("x", 1.0, 2.0, "by hand", by_nranks=((2, 3.0, 1.0, 0.5, 0.7, 4.0, 0.9),))
+    >>> k = c.for_nranks(2)
+    >>> k.native_call_s, k.gather_step_s, k.gather_call_s, ExecutorCost("y", 1.0, 2.0, "").gather_call_s
+    (0.7, 4.0, 0.9, 0.0)
     """
 
     backend: str
     step_s: float
     native_step_s: float | None
     source: str
-    by_nranks: tuple[tuple[int, float, float, float], ...] = ()
+    by_nranks: tuple[tuple[float, ...], ...] = ()
     call_s: float = 0.0
+    native_call_s: float | None = None
+    gather_step_s: float | None = None
+    gather_call_s: float | None = None
+
+    def __post_init__(self) -> None:
+        """The defaults named in the class docstring filled in (a frozen dataclass: set once)."""
+        defaults = (
+            ("native_call_s", self.call_s),
+            ("gather_step_s", self.native_step_s),
+            ("gather_call_s", self.native_call_s if self.native_call_s is not None else self.call_s),
+        )
+        for name, value in defaults:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
 
     def for_nranks(self, nranks: int) -> ExecutorCost:
         """The costs at ``nranks`` processes from :attr:`by_nranks`: a fitted count's own; between two
         fitted counts, linear in the count between theirs; below the smallest or above the largest
         fitted count, that count's (held, not extrapolated: how many cores the processes share there
-        is not known). ``self`` without per-count rows. Once processes outnumber cores the two costs
+        is not known). ``self`` without per-count rows. Once processes outnumber cores the costs
         change in kind (each step of the backend's ring needs every rank running at once, one of the
         executor's messages only its two ends), so one fit over several counts can order them wrongly
         at every count."""
         if not self.by_nranks:
             return self
-        rows = self.by_nranks
+        rows = [_full_row(r) for r in self.by_nranks]
         lo = max((r for r in rows if r[0] <= nranks), default=rows[0], key=lambda r: r[0])
         hi = min((r for r in rows if r[0] >= nranks), default=rows[-1], key=lambda r: r[0])
         w = (nranks - lo[0]) / (hi[0] - lo[0]) if hi[0] != lo[0] else 0.0
-        step, native, call = ((1 - w) * a + w * b for a, b in zip(lo[1:], hi[1:]))
-        return replace(self, step_s=step, native_step_s=native, call_s=call, by_nranks=())
+        step, native, call, native_call, gather, gather_call = ((1 - w) * a + w * b for a, b in zip(lo[1:], hi[1:]))
+        return replace(
+            self,
+            step_s=step,
+            native_step_s=native,
+            call_s=call,
+            native_call_s=native_call,
+            gather_step_s=gather,
+            gather_call_s=gather_call,
+            by_nranks=(),
+        )
+
+
+def _full_row(row: tuple[float, ...]) -> tuple[float, ...]:
+    """A :attr:`ExecutorCost.by_nranks` row with its optional columns filled in (the class docstring's
+    defaults): ``(P, step, native step, call, native call, gather step, gather call)``."""
+    p, step, native, call, *rest = row
+    native_call = rest[0] if len(rest) > 0 else call
+    gather = rest[1] if len(rest) > 1 else native
+    gather_call = rest[2] if len(rest) > 2 else native_call
+    return (p, step, native, call, native_call, gather, gather_call)
 
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
@@ -213,7 +258,9 @@ NCCL_P2P_S = 3e-6
 #: 730.6 .. 974.7 us). With a core per process gloo's own ring step is the cheaper; with two processes per
 #: core the executor's message. ``call_s`` (:attr:`ExecutorCost.call_s`) grows with the machine's load (it
 #: measured 1.8 .. 3.4 ms at 4 processes under a load average of 7 to 11): re-fit it on the machine you
-#: predict for.
+#: predict for. These rows are of four columns, from the fit before it timed gloo's all-gather and each
+#: kind's call apart: the all-gather takes the allreduce's step and call, the allreduce the executor's call
+#: (:class:`ExecutorCost`'s defaults); ``--procs 2 4 6`` prints rows of seven to paste here.
 GLOO_BY_NRANKS = ((2, 134.6e-6, 131.6e-6, 182.2e-6), (4, 132.0e-6, 445.7e-6, 855.2e-6))
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(

@@ -46,7 +46,14 @@ three rank-order ring allreduces for allreduce3); for ring, per step ``max(compu
 all ranks sending their K/V shard to the next rank at once)`` (flow-level
 max-min sharing, ``sim_engine.concurrent_times``). Beside the step, the combine alone
 (``comb ms``: :func:`treecoll.attention.tree_combine` on states already computed, interleaved
-with the rest) and the model's time for it (``comb pred``: :func:`predict_combine`).
+with the rest) and the model's time for it (``comb pred``: :func:`predict_combine`). The
+combining methods' steps run a split of
+:func:`treecoll.attention.tree_decode` (its local attention, then
+:func:`treecoll.attention.tree_combine`: the same calls without the check), each rank
+noting when its attention ended, so the step's combine splits into ``skew`` (the last
+rank's attention done less the first's: the ranks that finished first wait that long in
+the combine, the attention's imbalance) and ``after last`` (the combine once every rank
+is in it, comparable with ``comb ms`` and the model): :func:`skew_split`.
 
     python -m treecoll.tools.bench_emucluster_decode                     # 2x2 and 2x3 at 1 Gbit/s
     python -m treecoll.tools.bench_emucluster_decode --shapes 2x2 --tokens 16384 --batches 1,64
@@ -129,18 +136,50 @@ def _methods(topo, q):
     }
 
 
-def _combines(topo, out, lse) -> dict:
-    """The combine alone of every method that combines states (``ring`` moves K/V instead), on the
-    states ``out``, ``lse`` already computed (:func:`treecoll.attention.tree_combine`)."""
+def _combines(topo) -> dict:
+    """The combine alone of every method that combines states (``ring`` moves K/V instead), as functions
+    of the states ``(out, lse)`` already computed (:func:`treecoll.attention.tree_combine`)."""
     from treecoll.attention.tree_decode import tree_combine
 
     return {
-        "tree": lambda: tree_combine(out, lse, topology=topo),
-        "tree_blind": lambda: tree_combine(out, lse, topology=topo, tree=BLIND_TREE),
-        "gather": lambda: tree_combine(out, lse, topology=topo, combine="gather"),
-        "auto": lambda: tree_combine(out, lse, topology=topo, combine="auto"),
-        "allreduce3": lambda: tree_combine(out, lse, topology=topo, combine="allreduce3"),
+        "tree": lambda out, lse: tree_combine(out, lse, topology=topo),
+        "tree_blind": lambda out, lse: tree_combine(out, lse, topology=topo, tree=BLIND_TREE),
+        "gather": lambda out, lse: tree_combine(out, lse, topology=topo, combine="gather"),
+        "auto": lambda out, lse: tree_combine(out, lse, topology=topo, combine="auto"),
+        "allreduce3": lambda out, lse: tree_combine(out, lse, topology=topo, combine="allreduce3"),
     }
+
+
+def _marked_step(q, k, v, combine, marks: list):
+    """One decode step as :func:`treecoll.attention.tree_decode` runs it without its check (the local
+    attention, then the combine), appending this rank's ``(start, attention done, combine done)``
+    (``time.perf_counter``: one clock for every process of the machine) to ``marks``."""
+    from treecoll import attention
+
+    def step():
+        start = time.perf_counter()
+        out, lse = attention.decode_partial(q, k, v)
+        done = time.perf_counter()
+        combine(out, lse)
+        marks.append((start, done, time.perf_counter()))
+
+    return step
+
+
+def skew_split(marks: list[list[tuple[float, float, float]]]) -> dict[str, float]:
+    """From every rank's ``(start, attention done, combine done)`` of each repetition
+    (``marks[rank][rep]``): the medians over repetitions of ``skew`` (the last rank's attention done
+    less the first's: what the ranks that finished first wait in the combine for the last one, the
+    attention's imbalance) and ``after_last`` (the last combine done less the last attention done:
+    the combine once every rank is in it), seconds.
+
+    >>> skew_split([[(0.0, 1.0, 3.5)], [(0.0, 1.5, 3.0)]])
+    {'skew': 0.5, 'after_last': 2.0}
+    """
+    reps = range(min(len(m) for m in marks))
+    skew = [max(m[i][1] for m in marks) - min(m[i][1] for m in marks) for i in reps]
+    after = [max(m[i][2] for m in marks) - max(m[i][1] for m in marks) for i in reps]
+    return {"skew": statistics.median(skew), "after_last": statistics.median(after)}
 
 
 def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, first: bool) -> list[dict]:
@@ -162,14 +201,25 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
         fns[m](k, v, True)  # warm-up: connections, trees, agreement checks
         outs[m] = fns[m](k, v, False)
     cases = {"compute": lambda: attention.decode_partial(q, k, v)}
-    cases |= {m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}
-    alone = _combines(topo, *attention.decode_partial(q, k, v))
-    cases |= {f"combine/{m}": alone[m] for m in methods if m in alone}
+    combines = _combines(topo)
+    marks = {m: [] for m in methods if m in combines}
+    # the combining methods' steps are tree_decode's two parts, timed apart per rank (the skew)
+    cases |= {
+        m: _marked_step(q, k, v, combines[m], marks[m]) if m in marks else (lambda fn=fns[m]: fn(k, v, False))
+        for m in methods
+    }
+    out, lse = attention.decode_partial(q, k, v)
+    cases |= {f"combine/{m}": (lambda fn=combines[m]: fn(out, lse)) for m in marks}
     times = interleaved(cases, args.repeats, warmup=0, before=lambda _: dist.barrier(), combine=slowest_rank)
     compute = statistics.median(times["compute"])
     ref = outs[methods[0]]
     diff = torch.tensor([max(float((o - ref).abs().max()) for o in outs.values())], dtype=torch.float64)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    split = {}
+    for m, mine in marks.items():
+        every = [torch.zeros(len(mine), 3, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
+        split[m] = skew_split([e.tolist() for e in every])
     host_bytes = _host_bytes({m: (lambda fn=fns[m]: fn(k, v, False)) for m in methods}, args.repeats)
     picks = choose_combine(batch, Q_HEADS, HEAD_DIM, topology=topo)
     return [
@@ -182,6 +232,7 @@ def _measure_case(topo, batch: int, tokens: int, rank: int, world: int, args, fi
             "time": statistics.median(times[m]),
             "times": times[m],
             **({"combine_time": statistics.median(times[f"combine/{m}"])} if f"combine/{m}" in times else {}),
+            **split.get(m, {}),
             "compute": compute,
             "host_bytes_per_step": host_bytes[m],
             "max_abs_diff_vs_" + methods[0]: float(diff),
@@ -349,6 +400,8 @@ def print_table(cases: list[dict]) -> None:
                     f"{r['error'] * 100:+.0f}%",
                     r["combine_time"] * 1e3 if "combine_time" in r else None,
                     r["combine_predicted"] * 1e3 if "combine_predicted" in r else None,
+                    r["skew"] * 1e3 if "skew" in r else None,
+                    r["after_last"] * 1e3 if "after_last" in r else None,
                     f"{r['time'] / tree[key]:.2f}x" if key in tree else None,
                     fmt_bytes(r["host_bytes_per_step"], si=True),
                     None if payload is None else fmt_bytes(payload, si=True),
@@ -370,12 +423,32 @@ def print_table(cases: list[dict]) -> None:
                 "err",
                 "comb ms",
                 "comb pred",
+                "skew",
+                "after last",
                 "vs tree",
                 "host bytes",
                 "payload",
                 "max|diff|",
             ],
-            formats=[None, None, None, None, None, ".1f", ".1f", ".1f", None, ".2f", ".2f", None, None, None, ".2e"],
+            formats=[
+                None,
+                None,
+                None,
+                None,
+                None,
+                ".1f",
+                ".1f",
+                ".1f",
+                None,
+                ".2f",
+                ".2f",
+                ".2f",
+                ".2f",
+                None,
+                None,
+                None,
+            ]
+            + [".2e"],
         )
     )
     print(
@@ -383,7 +456,9 @@ def print_table(cases: list[dict]) -> None:
         "the hosts' uplinks per step (TCP/IP included); payload = the schedule's bytes between hosts; "
         "max|diff| = largest output difference between methods; pred = compute + the combine as "
         "attention.cost.combine_times(backend='gloo') models it (the model combine='auto' picks by); "
-        "comb ms = the combine alone on states already computed (tree_combine), comb pred = the model's"
+        "comb ms = the combine alone on states already computed (tree_combine), comb pred = the model's; "
+        "skew = in the step, the last rank's attention done less the first's (what the first wait for in the "
+        "combine: the attention's imbalance, not the combine's); after last = the combine once the last rank is in it"
     )
     for c in cases:
         print("\n".join(orders(c)))

@@ -14,21 +14,30 @@ treecoll's executor issues every send and receive from Python; the
 * **gloo's own allreduce** (``GLOO_NATIVE_STEP_S``): ``torch.distributed.all_reduce``
   of the same sizes, divided by its ``2 (P - 1)`` ring steps (sizes with fewer
   float32 elements than processes left out: gloo does not run the ring's steps on them).
+* **gloo's own all-gather** (case ``gather``): the all-gather of ``P`` buffers of the same
+  sizes into one (what the decode combine ``gather`` calls), divided by its ``P - 1`` ring
+  steps: gloo's all-gather is an algorithm of its own, and its call measured slower than
+  an allreduce of the same bytes at 2 processes though it has half the steps.
 * **Python alone** (``PYTHON_STEP_S``): the same tree allreduces on the in-process
   transport (:mod:`treecoll.collectives.local`, threads under one GIL): the
   time divided by the messages of all ranks (the GIL runs one rank's Python at
   a time), the executor's own cost per message without a network library.
-* **Per process count** (``GLOO_BY_NRANKS``): the two fits above again on each
-  ``--procs`` count alone, ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S, call_s)``. They differ
-  in kind, not only in size, once the processes outnumber the cores: each step of
-  gloo's ring needs every rank running at once, a tree message only its two ends.
-* **Per call** (``call_s``, the fourth column): the same cases again, one call at a
-  time after a barrier (the way a decode step calls its combine, and the way
-  :mod:`treecoll.tools.bench_tree_attention` times it: the slowest rank, the median
-  of ``--reps`` calls), minus the case's time per call back to back; the median of
-  these differences over a count's cases. The ranks leave the barrier apart and wait
-  asleep in a receive for the last one, so every collective call pays this once,
-  whatever its messages: three all-reduces three times, a tree or a gather once.
+* **Per process count** (``GLOO_BY_NRANKS``): the fits above again on each
+  ``--procs`` count alone, ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S, call_s, native call_s,
+  gather step, gather call_s)``. They differ in kind, not only in size, once the processes
+  outnumber the cores: each step of gloo's rings needs every rank running at once, a tree
+  message only its two ends; the counts fitted are the ones predicted for (the emulated
+  cluster's 2 x 3 runs 6 processes), since the costs there include the cores' sharing.
+* **Per call** (``call_s``, ``native call_s``, ``gather call_s``): the same cases again, one
+  call at a time after a barrier (the way a decode step calls its combine, and the way
+  :mod:`treecoll.tools.bench_tree_attention` times it: the slowest rank, the median of
+  ``--reps`` calls), minus the case's time per call back to back; the median of these
+  differences over a count's cases of one kind (the executor's trees, gloo's allreduce,
+  gloo's all-gather). The ranks leave the barrier apart and wait asleep in a receive for
+  the last one; gloo's rings then wait again at every step for ranks to be woken (the
+  allreduce's excess grows with its steps), so each kind has its own, paid once per call:
+  three all-reduces three times the allreduce's, the tree the executor's, the gather the
+  all-gather's.
 * **Attention-state merges in Python** (``MERGE_PAIR_S``, ``MERGE_STATES_S``): one
   :class:`treecoll.attention.MergeOp` of two packed states (what a tree node does
   per child) and one :func:`treecoll.attention.merge_states` of ``max(--procs)``
@@ -39,7 +48,7 @@ treecoll's executor issues every send and receive from Python; the
 The constants in :mod:`treecoll.collectives.cost` are what this printed; run it
 on a quiet machine::
 
-    python -m treecoll.tools.fit_executor_cost --procs 2 4 [--reps 30] [--json fit.json]
+    python -m treecoll.tools.fit_executor_cost --procs 2 4 6 [--reps 30] [--json fit.json]
 
 >>> round(fit_through_origin([(2.0, 1.0), (4.0, 2.0)]), 6)
 2.0
@@ -49,16 +58,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
-__all__ = ["main", "fit_through_origin", "fit_by_nranks", "serial_messages", "TREES", "SIZES"]
+__all__ = [
+    "main",
+    "fit_through_origin",
+    "fit_by_nranks",
+    "implausible",
+    "messages_of",
+    "serial_messages",
+    "TREES",
+    "SIZES",
+    "NATIVE_CASES",
+]
 
 #: trees timed (one chunk, latency bound)
 TREES = ("chain", "binomial", "star")
-#: float32 message sizes, bytes
-SIZES = (8, 256, 1024)
+#: float32 message sizes, bytes (16512: the decode combine's packed state at batch 1, 32 heads x 129)
+SIZES = (8, 256, 1024, 16512)
+#: gloo's own collectives timed beside the trees: allreduce (``native``) and all-gather (``gather``)
+NATIVE_CASES = ("native", "gather")
 #: calls per timed round
 CALLS = 10
 
@@ -76,29 +98,72 @@ def _ring_sized(row: dict) -> bool:
     return row["bytes"] // 4 >= row["procs"]
 
 
-def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float, float]]:
-    """``(P, executor o, native o, call)`` per process count of ``rows`` (:func:`main`'s: ``procs``,
-    ``case``, ``time_us``, ``single_us``, ``messages``): the first two the fits through the origin of
-    that count's rows alone, ``call`` the median of ``single_us - time_us`` over them (seconds).
+def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float, float, float, float, float]]:
+    """``(P, executor o, native o, call, native call, gather o, gather call)`` per process count of
+    ``rows`` (:func:`main`'s: ``procs``, ``case``, ``bytes``, ``time_us``, ``single_us``, ``messages``):
+    the per-message and per-step costs the fits through the origin of that count's rows of each kind
+    (the executor's trees, ``native``: gloo's allreduce, ``gather``: gloo's all-gather), each call
+    cost the median of ``single_us - time_us`` over the same rows (seconds). A kind without rows
+    gets 0.
 
     >>> rows = [{"procs": 2, "case": "chain", "bytes": 8, "time_us": 400.0, "single_us": 900.0, "messages": 2.0},
     ...         {"procs": 2, "case": "native", "bytes": 8, "time_us": 200.0, "single_us": 600.0, "messages": 2.0},
+    ...         {"procs": 2, "case": "gather", "bytes": 8, "time_us": 300.0, "single_us": 400.0, "messages": 1.0},
     ...         {"procs": 4, "case": "star", "bytes": 8, "time_us": 600.0, "single_us": 1600.0, "messages": 6.0},
     ...         {"procs": 4, "case": "native", "bytes": 8, "time_us": 60.0, "single_us": 960.0, "messages": 6.0},
     ...         {"procs": 4, "case": "native", "bytes": 256, "time_us": 3000.0, "single_us": 4000.0,
     ...          "messages": 6.0}]
-    >>> fit_by_nranks(rows)     # 4 ranks' 8 B (2 elements) does not run the ring: left out of native o
-    [(2, 0.0002, 0.0001, 0.00045), (4, 0.0001, 0.0005, 0.001)]
+    >>> for row in fit_by_nranks(rows):   # 4 ranks' 8 B (2 elements) does not run the ring: left out of native
+    ...     print(row)
+    (2, 0.0002, 0.0001, 0.0005, 0.0004, 0.0003, 0.0001)
+    (4, 0.0001, 0.0005, 0.001, 0.001, 0.0, 0.0)
     """
+
+    def kind(r: dict) -> str:
+        return r["case"] if r["case"] in NATIVE_CASES else "tree"
+
+    def fit(mine: list[dict]) -> tuple[float, float]:
+        if not mine:
+            return 0.0, 0.0
+        o = fit_through_origin([(r["time_us"] * 1e-6, r["messages"]) for r in mine])
+        call = statistics.median((r["single_us"] - r["time_us"]) * 1e-6 for r in mine)
+        return round(o, 10), round(call, 10)
 
     out = []
     for p in sorted({r["procs"] for r in rows}):
-        mine = [r for r in rows if r["procs"] == p]
-        ours = [(r["time_us"] * 1e-6, r["messages"]) for r in mine if r["case"] != "native"]
-        native = [(r["time_us"] * 1e-6, r["messages"]) for r in mine if r["case"] == "native" and _ring_sized(r)]
-        call = statistics.median((r["single_us"] - r["time_us"]) * 1e-6 for r in mine)
-        out.append((p, round(fit_through_origin(ours), 10), round(fit_through_origin(native), 10), round(call, 10)))
+        mine = [r for r in rows if r["procs"] == p and (kind(r) != "native" or _ring_sized(r))]
+        (o, call), (native, native_call), (gather, gather_call) = (
+            fit([r for r in mine if kind(r) == k]) for k in ("tree", "native", "gather")
+        )
+        out.append((p, o, native, call, native_call, gather, gather_call))
     return out
+
+
+def implausible(by_nranks: list[tuple]) -> list[str]:
+    """What in a per-count fit cannot be a cost (a negative one: single calls after a barrier measured
+    faster than the same calls back to back, which happens when other load on the machine disturbs the
+    rounds), one line each; empty when none.
+
+    >>> implausible([(2, 1e-4, 1e-4, 2e-4, 1e-4, 1e-4, 1e-4), (4, 1e-4, 1e-4, -5e-5, 1e-4, 1e-4, 1e-4)])
+    ['P=4: call -50.0 us < 0: the machine was busy; re-run the fit on a quiet machine']
+    """
+    names = ("step", "native step", "call", "native call", "gather step", "gather call")
+    return [
+        f"P={row[0]}: {name} {v * 1e6:.1f} us < 0: the machine was busy; re-run the fit on a quiet machine"
+        for row in by_nranks
+        for name, v in zip(names, row[1:])
+        if v < 0
+    ]
+
+
+def messages_of(case: str, nranks: int, nbytes: int) -> float:
+    """The steps a case's time is divided by: gloo's allreduce ``2 (P - 1)``, its all-gather ``P - 1``,
+    a tree its messages in a row (:func:`serial_messages`)."""
+    if case == "native":
+        return 2.0 * (nranks - 1)
+    if case == "gather":
+        return float(nranks - 1)
+    return serial_messages(case, nranks, nbytes)
 
 
 def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
@@ -134,8 +199,10 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
     out, single = {}, {}
     for size in SIZES:
         x = torch.ones(size // 4)
+        gathered = torch.empty(world * x.numel())
         cases = {t: (lambda t=t, x=x: allreduce(x, tree=t, options=opts)) for t in TREES}
         cases["native"] = lambda x=x: dist.all_reduce(x)
+        cases["gather"] = lambda x=x, y=gathered: _all_gather(y, x)
         for name, fn in cases.items():
             for _ in range(10):
                 fn()
@@ -150,6 +217,14 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
             single[f"single/{name}/{size}"] = fn
     out |= interleaved(single, reps, warmup=1, before=lambda _: dist.barrier(), combine=slowest_rank)
     return out
+
+
+def _all_gather(out, x) -> None:
+    """gloo's all-gather of every rank's ``x`` into ``out``, as the decode combine ``gather`` calls it."""
+    import torch.distributed as dist
+
+    # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is its deprecated name)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x)
 
 
 def _time_local(nranks: int, reps: int) -> float:
@@ -210,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from treecoll.collectives.launch import RankPool
 
     ap = argparse.ArgumentParser(prog="python -m treecoll.tools.fit_executor_cost", description=__doc__.split("\n")[0])
-    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4], help="gloo process counts (default 2 4)")
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 6], help="gloo process counts (default 2 4 6)")
     ap.add_argument("--reps", type=int, default=30, help=f"rounds of {CALLS} calls timed per case (default 30)")
     ap.add_argument("--json", default="", help="write the measurements and the fit here")
     args = ap.parse_args(argv)
@@ -223,14 +298,14 @@ def main(argv: list[str] | None = None) -> int:
             # a round's time is its slowest rank's; the fastest round is the one the machine's other
             # load disturbed least
             t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
-            s = 2 * (p - 1) if name == "native" else serial_messages(name, p, int(size))
+            s = messages_of(name, p, int(size))
             single = statistics.median(per_rank[0][f"single/{key}"])  # already the slowest rank's
             row = {"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s}
             row["single_us"] = single * 1e6
             rows.append(row)
-            if name != "native":
+            if name not in NATIVE_CASES:
                 tree_pairs.append((t, s))
-            elif _ring_sized(row):
+            elif name == "native" and _ring_sized(row):
                 native_pairs.append((t, s))
             print(
                 f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message; "
@@ -250,10 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "GLOO_BY_NRANKS = ("
         + ", ".join(
-            f"({p}, {a * 1e6:.1f}e-6, {b * 1e6:.1f}e-6, {c * 1e6:.1f}e-6)" for p, a, b, c in fit["GLOO_BY_NRANKS"]
+            "(" + ", ".join([str(r[0])] + [f"{v * 1e6:.1f}e-6" for v in r[1:]]) + ")" for r in fit["GLOO_BY_NRANKS"]
         )
         + ")"
     )
+    print(f"load average after the fit: {os.getloadavg()}")
+    for line in implausible(fit["GLOO_BY_NRANKS"]):
+        print(f"warning: {line}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(

@@ -177,17 +177,21 @@ def test_choose_combine_follows_the_model():
 
 def test_gloo_combine_times_by_hand():
     """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
-    128: the gather is gloo's ring in rank order, 3 steps of one state (2 links each, and gloo's own
-    per-step time o at 4 processes) plus the merge (its bytes and one merge_states call) and one call's
-    cost c; the three all-reduces are rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of
-    a quarter of each over 2 links (each with o), 3 reduces of that quarter (3 x bytes / mem_bw) and a
-    call's c each, and one merge's worth of local ops."""
+    128: the gather is gloo's all-gather in rank order, 3 steps of one state (2 links each, and the
+    all-gather's own per-step time g at 4 processes) plus the merge (its bytes and one merge_states call)
+    and one all-gather call's cost cg; the three all-reduces are rank-order ring allreduces of 128, 128 and
+    16384 bytes: 6 steps of a quarter of each over 2 links (each with the allreduce's per-step time o), 3
+    reduces of that quarter (3 x bytes / mem_bw) and an allreduce call's cost c each, and one merge's worth
+    of local ops. Each kind's costs are its own columns of the fit at 4 processes."""
     P, state = 4, 4 * 2 * 16 * 129
-    o, c = EXECUTOR_COSTS["gloo"].for_nranks(P).native_step_s, EXECUTOR_COSTS["gloo"].for_nranks(P).call_s
-    assert (o, c) == GLOO_BY_NRANKS[1][2:] and GLOO_BY_NRANKS[1][0] == P and c > 0
+    k = EXECUTOR_COSTS["gloo"].for_nranks(P)
+    row = GLOO_BY_NRANKS[1] + (None,) * (7 - len(GLOO_BY_NRANKS[1]))
+    assert row[0] == P and k.native_step_s == row[2] and k.native_call_s == (row[4] if row[4] is not None else row[3])
+    o, c, g, cg = k.native_step_s, k.native_call_s, k.gather_step_s, k.gather_call_s
+    assert min(o, c, g, cg) > 0
     t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
     assert t["gather"]["time_s"] == pytest.approx(
-        (P - 1) * (2e-6 + state / 100e9 + o) + (P + 1) * state / 2000e9 + MERGE_STATES_S + c, rel=1e-9
+        (P - 1) * (2e-6 + state / 100e9 + g) + (P + 1) * state / 2000e9 + MERGE_STATES_S + cg, rel=1e-9
     )
 
     def ring(n):
@@ -195,6 +199,34 @@ def test_gloo_combine_times_by_hand():
 
     assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384) + MERGE_STATES_S, rel=1e-9)
     assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
+
+
+def test_gloo_combines_each_pay_their_own_kind_of_call(monkeypatch):
+    """With a fit whose seven columns all differ, each combine pays its own kind's costs: adding d to the
+    all-gather's step makes the gather (P - 1) d slower and nothing else; adding d to the all-gather's call
+    makes it d slower; adding d to the allreduce's call makes the three all-reduces 3 d slower; adding d to
+    the executor's call makes the tree d slower."""
+    import dataclasses
+
+    from treecoll.collectives import cost as ccost
+
+    P, d = 4, 1e-3
+    row = (P, 100e-6, 200e-6, 300e-6, 400e-6, 500e-6, 600e-6)
+    topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
+
+    def times(r):
+        monkeypatch.setitem(
+            ccost.EXECUTOR_COSTS, "gloo", dataclasses.replace(EXECUTOR_COSTS["gloo"], by_nranks=(tuple(r),))
+        )
+        return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
+
+    base = times(row)
+    for col, what in ((5, {"gather": (P - 1) * d}), (6, {"gather": d}), (4, {"allreduce3": 3 * d}), (3, {"tree": d})):
+        bumped = list(row)
+        bumped[col] += d
+        got = times(bumped)
+        for m in base:
+            assert got[m] == pytest.approx(base[m] + what.get(m, 0.0), rel=1e-9), (col, m)
 
 
 def test_gloo_tree_pays_the_executor_at_the_group_size_and_its_merges_in_a_row():
@@ -243,7 +275,7 @@ def test_gloo_gather_pays_gloos_steps_like_the_tree():
     P = 4
     topo = Topology(cpu_only_host("h", {0: ""}, P))
     t = combine_times(topo, 1, 32, 128, backend="gloo")
-    assert t["gather"]["time_s"] >= (P - 1) * EXECUTOR_COSTS["gloo"].for_nranks(P).native_step_s
+    assert t["gather"]["time_s"] >= (P - 1) * EXECUTOR_COSTS["gloo"].for_nranks(P).gather_step_s
     assert choose_combine(topo, 1, 32, 128, backend="gloo") == "tree"
 
 

@@ -203,7 +203,7 @@ def test_gloo_plans_cost_the_fit_of_their_process_count(row):
     allreduce 2 (P - 1) of its steps, each at P's fit, not at the fit pooled over every count."""
     from treecoll.collectives.planner import native_allreduce_time
 
-    P, step, native, _ = GLOO_BY_NRANKS[row]
+    P, step, native = GLOO_BY_NRANKS[row][:3]
     free = Placement(uniform_topology(P, bw=1e3, lat=0.0), P)
     chain = build("chain", nranks=P)
     model = CostModel(free, backend="gloo", step_through=True)
@@ -221,7 +221,7 @@ def test_gloo_costs_between_and_beyond_the_fitted_counts():
     """Between two fitted process counts the costs (per message, per native step, per call) are linear in
     the count; outside them, the nearest fitted count's."""
 
-    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0], GLOO_BY_NRANKS[-1]
+    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0][:4], GLOO_BY_NRANKS[-1][:4]
     mid = executor_cost(Placement(ranks=(p0 + p1) // 2))
     w = ((p0 + p1) // 2 - p0) / (p1 - p0)
     assert mid.step_s == pytest.approx((1 - w) * s0 + w * s1) and mid.native_step_s == pytest.approx(
@@ -242,8 +242,50 @@ def test_fit_times_single_calls_on_real_ranks(pool4):
     from treecoll.tools import fit_executor_cost as fit
 
     res = pool4.run(fit._time_rank, 2, timeout=240)
-    cases = {f"{c}/{n}" for c in (*fit.TREES, "native") for n in fit.SIZES}
+    cases = {f"{c}/{n}" for c in (*fit.TREES, *fit.NATIVE_CASES) for n in fit.SIZES}
     assert all(set(r) == cases | {f"single/{k}" for k in cases} for r in res)
     for k in cases:
         assert all(len(r[k]) == 2 and min(r[k]) > 0 for r in res)
         assert len({tuple(r[f"single/{k}"]) for r in res}) == 1 and len(res[0][f"single/{k}"]) == 2
+
+
+def test_fit_recovers_each_kinds_costs_from_synthetic_calls():
+    """fit_executor_cost's per-count fit on measurements made from known costs: back to back a case takes
+    its steps times its kind's cost per step (the executor's messages in a row, gloo's allreduce 2 (P - 1)
+    steps, its all-gather P - 1), one call after a barrier that plus its kind's call cost; the fit gives
+    back each kind's costs, the all-gather's apart from the allreduce's, and leaves out allreduces of
+    fewer elements than ranks (gloo skips the ring's steps on them)."""
+    from treecoll.tools import fit_executor_cost as fit
+
+    # (per message, allreduce step, call, allreduce call, all-gather step, all-gather call): GLOO_BY_NRANKS's order
+    known = {2: (100e-6, 130e-6, 200e-6, 180e-6, 400e-6, 250e-6), 4: (130e-6, 450e-6, 800e-6, 3000e-6, 900e-6, 1500e-6)}
+    rows = []
+    for P, (o, native, call, native_call, gather, gather_call) in known.items():
+        for case, per, extra in (("chain", o, call), ("star", o, call), ("native", native, native_call)):
+            for nbytes in (8, 1024):
+                s = fit.messages_of(case, P, nbytes)
+                t = per * s * (0.1 if case == "native" and nbytes // 4 < P else 1.0)  # a skipped ring
+                rows.append(
+                    {
+                        "procs": P,
+                        "case": case,
+                        "bytes": nbytes,
+                        "messages": s,
+                        "time_us": t * 1e6,
+                        "single_us": (t + extra) * 1e6,
+                    }
+                )
+        rows.append(
+            {
+                "procs": P,
+                "case": "gather",
+                "bytes": 8,
+                "messages": float(P - 1),
+                "time_us": gather * (P - 1) * 1e6,
+                "single_us": (gather * (P - 1) + gather_call) * 1e6,
+            }
+        )
+    got = {r[0]: r[1:] for r in fit.fit_by_nranks(rows)}
+    for P, costs in known.items():
+        assert got[P] == pytest.approx(costs, rel=1e-6)
+    assert fit.messages_of("chain", 4, 8) == 6.0 and fit.messages_of("gather", 6, 8) == 5.0

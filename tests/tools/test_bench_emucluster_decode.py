@@ -31,3 +31,31 @@ def test_cases_and_state():
     assert bench.cases_of(Args) == [(1, 16384), (1, 65536), (64, 1024)]
     assert bench.state_bytes(64) == 1_056_768 >= 1 << 20  # batch 64: at least 1 MiB
     assert bench.shard_tokens(10, 4) == [3, 3, 2, 2]
+
+
+def test_skew_split_of_the_step():
+    """Three ranks, two repetitions (start, attention done, combine done): the skew is the last
+    attention done less the first (0.5 then 2.0 s: median 1.25), the combine after the last rank
+    is in it the last combine done less the last attention done (1.0 then 0.5: median 0.75)."""
+    marks = [
+        [(0.0, 1.0, 2.5), (10.0, 11.0, 13.5)],
+        [(0.0, 1.5, 2.4), (10.0, 13.0, 13.4)],
+        [(0.2, 1.2, 2.3), (10.0, 12.0, 13.0)],
+    ]
+    assert bench.skew_split(marks) == {"skew": 1.25, "after_last": 0.75}
+
+
+def test_marked_step_is_the_attention_then_the_combine():
+    """The step the benchmark times: decode_partial's states handed to the combine, and the rank's
+    three instants in order."""
+    import torch
+
+    from treecoll import attention
+
+    q = torch.randn(1, 4, 8)
+    k, v = torch.randn(1, 16, 2, 8), torch.randn(1, 16, 2, 8)
+    got, marks = [], []
+    bench._marked_step(q, k, v, lambda out, lse: got.append((out, lse)), marks)()
+    want = attention.decode_partial(q, k, v)
+    assert len(marks) == 1 and marks[0][0] <= marks[0][1] <= marks[0][2]
+    assert torch.equal(got[0][0], want[0]) and torch.equal(got[0][1], want[1])
