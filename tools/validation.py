@@ -134,6 +134,7 @@ import yaml
 from treecoll.collectives.sim import nccltests
 from treecoll.tools.machine_flags import parse_machine_flags
 from treecoll.topo.errors import CollectiveError, TreecollError
+from treecoll.topo.fmt import fmt_bytes
 from treecoll.topo.machines import MachineFlags, machine_topology
 
 if TYPE_CHECKING:
@@ -858,10 +859,12 @@ def _fit_rows(
     max_gpus: int | None,
     collective: str | None,
     max_rows: int | None = None,
-) -> tuple[list[_FitRow], list[dict]]:
+) -> tuple[list[_FitRow], list[dict], list[dict]]:
+    """The rows to fit (:class:`_FitRow`), the tables skipped (``{"file", "reason"}``) and the rows left out of
+    the fit (``{"file", "sizes", "reason"}``: :func:`_unfitted`)."""
     from treecoll.collectives.sim.simulator import NCCL_TREE_RAIL_BYTES
 
-    rows, skipped = [], []
+    rows, skipped, left_out = [], [], []
     for c in cs:
         try:
             coll = collective_of(c, collective)
@@ -887,11 +890,43 @@ def _fit_rows(
             if counted_rows
             else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
         )
+        unfitted = []
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             meas = r.out_of_place.time_us * 1e-6
-            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid))
-    return rows, skipped
+            row = _FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid)
+            if _unfitted(row, algos):
+                unfitted.append(r.size)
+                continue
+            rows.append(row)
+        if unfitted:
+            left_out.append({"file": c.label, "sizes": unfitted, "reason": UNFITTED_REASON})
+    return rows, skipped, left_out
+
+
+#: why :func:`_unfitted` leaves a row out of the fit
+UNFITTED_REASON = (
+    "NCCL's tree is the fastest there with the defaults, and the fit does not simulate the tree from "
+    "4 MiB on (its flow simulation takes about a second per size): the ring in its place would make the links "
+    "fit the tree's time"
+)
+
+
+def _unfitted(row: _FitRow, algos: Sequence[str]) -> bool:
+    """Whether an allreduce row is left out of the fit: an algorithm of ``algos`` the fit does not run at its size
+    (the tree from :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES` on) is the fastest there
+    with the defaults, as the prediction runs it. Fitted with the algorithms left (the ring), the row would
+    ask the links for the tree's time: a 2-host allreduce over TCPXO reaches 338.8 GB/s busbw at 8 GiB, which
+    NCCL's tree gives over 8 x 200 Gb/s NICs per host (each host sends and receives the message once:
+    up to 375 GB/s busbw on 16 GPUs) and a ring does not (each ring crosses each host's NICs with
+    2 x 15/16 of it: up to 200 GB/s), and fitting it with the ring had made both link classes twice as fast."""
+    missing = [a for a in algos if a not in row.algos]
+    if row.collective != "allreduce" or not missing:
+        return False
+    defaults = calibration_from({})
+    times = {a: algorithm_time(row.topology, row.collective, row.size, a, defaults) for a in algos}
+    ok = [(t[0], a) for a, t in times.items() if not isinstance(t, str)]
+    return bool(ok) and min(ok)[1] in missing
 
 
 def _flat_rows(rows: list[nccltests.Row]) -> list[nccltests.Row]:
@@ -1321,12 +1356,13 @@ def calibrate(
     max_rows: int | None = FIT_ROWS,
 ) -> dict:
     """Fit a calibration to the tables of ``paths``: ``{"profile": Calibration, "values", "fit", "skipped",
-    "before", "after"}`` (``before``/``after``: :func:`validate` with the defaults and with the fitted
+    "left_out", "before", "after"}`` (``left_out``: rows not fitted, per table, :func:`_unfitted`;
+    ``before``/``after``: :func:`validate` with the defaults and with the fitted
     calibration, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
     :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
     paths = [Path(p) for p in paths]
     cs, bad = cases(paths)
-    rows, skipped = _fit_rows(cs, flags, max_gpus, collective, max_rows)
+    rows, skipped, left_out = _fit_rows(cs, flags, max_gpus, collective, max_rows)
     skipped += [{"file": b["file"], "reason": b["reason"]} for b in bad]
     if not rows:
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped) or "no rows"
@@ -1334,7 +1370,7 @@ def calibrate(
     values, stats = fit_parameters(rows, tol=tol)
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)
     prof = calibration_from(values, name, src, stats["fitted"])
-    out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped}
+    out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped, "left_out": left_out}
     if check:  # the rows the errors count, of every table fitted (a slow machine's own profile: degraded too)
         for key, p in (("before", None), ("after", prof)):
             files = validate(paths, p, flags, max_gpus, collective, keep=counted)["files"]
@@ -1397,6 +1433,10 @@ def render_calibration(d: dict) -> str:
             f"messages): the fit weighs every table and size group alike; check the rows with validate"
         )
     lines.extend(f"skipped {s['file']}: {s['reason']}" for s in d["skipped"])
+    lines.extend(
+        f"not fitted: {x['file']} at {', '.join(fmt_bytes(n) for n in x['sizes'])}: {x['reason']}"
+        for x in d.get("left_out", ())
+    )
     if d.get("saved"):
         lines.append(f"saved {d['saved']} (use it with --profile {d['saved']})")
     return "\n".join(lines)
