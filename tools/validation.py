@@ -959,14 +959,20 @@ class _Predictor:
         self.algos = [_row_algos(r) for r in rows]
         self.simulations = 0
         self.infiniband = _infiniband_only(rows)
+        # the rows cross an InfiniBand network (a table on one host of an InfiniBand machine does not)
+        self.across_infiniband = self.infiniband and any(_hosts(r.topology) > 1 for r in rows)
 
     def prior(self, parameter: str) -> float:
         """The pull of ``parameter`` back to its default on these rows' machines (:func:`_prior`); where every
-        NIC is InfiniBand (:data:`RDMA_FABRICS`) the network hop (``hop_scale.net``) pulls as a family's
-        own (:data:`FAMILY_PRIOR`) and the hops within a host as the links (:data:`PRIOR`)."""
-        if self.infiniband and parameter == "hop_scale.net":
+        NIC is InfiniBand (:data:`RDMA_FABRICS`) and rows cross the network, every hop's latency (``hop_scale``)
+        pulls as a family's own (:data:`FAMILY_PRIOR`) and a family's latency (``lat_scale``) as the links
+        (:data:`PRIOR`): there every per-hop latency is NCCL's own measure (tuning.cc hwLat NVLINK, PCI and
+        NET, the last for its verbs transport), and a latency a table shows beyond them goes to the
+        algorithm that showed it first (a run's own configuration of it: its channels, NCCL_MIN_CTAS, ...),
+        not to a hop the other algorithms share."""
+        if self.across_infiniband and parameter.startswith("hop_scale."):
             return FAMILY_PRIOR
-        if self.infiniband and parameter in ("hop_scale.nvlink", "hop_scale.pci"):
+        if self.across_infiniband and parameter.startswith("lat_scale."):
             return PRIOR
         return _prior(parameter)
 
@@ -988,6 +994,11 @@ class _Predictor:
             if 0 < t < math.inf:
                 groups.setdefault((r.table, r.group), []).append(abs(math.log(t / r.meas)))
         return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
+
+
+def _hosts(topology: Any) -> int:
+    """How many hosts the ranks of ``topology`` are on."""
+    return len({topology.host_of(g) for g in topology.rank_gpus()})
 
 
 def _infiniband_only(rows: list[_FitRow]) -> bool:

@@ -580,3 +580,20 @@ def test_rows_the_tree_runs_beyond_the_fit_leave_the_links_at_their_defaults(tmp
     )
     ag = _synthetic(tmp_path, 2, 4, truth, (64 << 20, 256 << 20), flags=nic)
     assert validation.validate([ag], d["profile"], nic)["files"][0]["geomean_large"] < 0.01
+
+
+def test_over_infiniband_a_latency_one_family_shows_stays_that_familys(tmp_path):
+    """Over InfiniBand every per-hop latency of the model is NCCL's own (tuning.cc hwLat NVLINK, PCI, NET). An
+    all_gather across two hosts of 4 GPUs (the ring alone) made with the ring's latencies 2.5 times NCCL's
+    (a run whose ring is configured apart, e.g. NCCL_MIN_CTAS) gives it back on the ring's own factor, not
+    on the NVLink hop every family shares: the hops stay at their defaults, and the machine's small
+    allreduce messages (the tree, which the table never ran) are predicted as the defaults predict them."""
+    ib = MachineFlags(nic=Nic(4, 400.0, "ib"))
+    truth = {"lat_scale.ring": 2.5}
+    ag = _synthetic(tmp_path, 2, 4, truth, (1024, 65536, 64 << 20, 256 << 20), flags=ib)
+    d = validation.calibrate([ag], ib, tol=0.002, check=False)
+    assert d["fit"]["fitted"] == ["lat_scale.ring"]
+    assert d["values"]["lat_scale.ring"] == pytest.approx(2.5, rel=0.03)
+    assert all(d["values"][f"hop_scale.{k}"] == 1.0 for k in ("nvlink", "pci", "net"))
+    ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=ib, algos=("ring", "tree"))
+    assert validation.validate([ar], d["profile"], ib)["files"][0]["geomean_small"] < 0.01
