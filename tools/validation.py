@@ -1274,7 +1274,10 @@ def _bends(rows: list[_FitRow]) -> list[int]:
     steps up to the next protocol's latency and then flattens). The point is ``sqrt(a b)`` rounded
     down (every point between ``a`` and ``b`` predicts the fitted rows alike); at most
     :data:`SWITCH_CANDIDATES` of them, each above 0 and within
-    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`."""
+    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`. Then, per table, a point below its smallest
+    fitted size ``a`` (``a / sqrt(2)``, between it and the size nccl-tests would print before it): the
+    protocol runs at none of the table's sizes, which no bend shows (a table from 1 MiB on whose time stays
+    flat at Simple's latency, where LL would be several times faster)."""
     from treecoll.collectives.sim.profiles import SWITCH_BOUNDS
 
     by_table: dict[str, dict[int, float]] = {}
@@ -1290,7 +1293,9 @@ def _bends(rows: list[_FitRow]) -> list[int]:
             point = int(math.sqrt(a * b))
             if excess > 0 and SWITCH_BOUNDS[0] <= point < SWITCH_BOUNDS[1]:
                 bend[point] = max(bend.get(point, 0.0), excess)
-    return sorted(bend, key=lambda p: -bend[p])[:SWITCH_CANDIDATES]
+    sharpest = sorted(bend, key=lambda p: -bend[p])[:SWITCH_CANDIDATES]
+    below = sorted({int(min(curve) / math.sqrt(2)) for curve in by_table.values()})
+    return sharpest + [p for p in below if SWITCH_BOUNDS[0] <= p and p not in sharpest]
 
 
 def _search_shared_first(

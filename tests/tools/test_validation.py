@@ -597,3 +597,19 @@ def test_over_infiniband_a_latency_one_family_shows_stays_that_familys(tmp_path)
     assert all(d["values"][f"hop_scale.{k}"] == 1.0 for k in ("nvlink", "pci", "net"))
     ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=ib, algos=("ring", "tree"))
     assert validation.validate([ar], d["profile"], ib)["files"][0]["geomean_small"] < 0.01
+
+
+def test_a_protocol_that_runs_at_none_of_the_sizes_is_found(tmp_path):
+    """An all_gather across two hosts of 4 GPUs over InfiniBand from 1 MiB on, made with LL and LL128 stopping at
+    512 KiB (Simple at every size of the table: 59.9 us at 1 MiB, where LL would take about half): no bend of
+    the curve shows it, and the fit gives back both switch points below the first size (every point between
+    512 KiB and 1 MiB predicts the table alike), no latency; the machine's small allreduce messages (LL's, the
+    tree) are then predicted as they were made."""
+    ib = MachineFlags(nic=Nic(4, 400.0, "ib"))
+    truth = {"proto_max.ll": 512 << 10, "proto_max.ll128": 512 << 10}
+    ag = _synthetic(tmp_path, 2, 4, truth, (1 << 20, 2 << 20, 4 << 20, 64 << 20, 256 << 20), flags=ib)
+    d = validation.calibrate([ag], ib, tol=0.002, check=False)
+    assert sorted(d["fit"]["fitted"]) == ["proto_max.ll", "proto_max.ll128"] and d["fit"]["error_after"] < 0.01
+    assert all(512 << 10 <= d["values"][k] < 1 << 20 for k in truth)
+    ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=ib, algos=("ring", "tree"))
+    assert validation.validate([ar], d["profile"], ib)["files"][0]["geomean_small"] < 0.01
