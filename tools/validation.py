@@ -86,8 +86,8 @@ instead (where it shows a latency); a fitted move that buys less than
 :data:`PRUNE` goes back to the default (:func:`_pruned`). The fit runs in
 two stages: the ring and point-to-point rows fix the links, then every row
 the hops and the families' factors; then the switch points are scanned
-(:func:`_switch_points`: candidates where the measured curves step up, each
-with its latencies fitted again).
+(:func:`_switch_points`: candidates where the measured curves step up, and
+below each table's first size, each with its latencies fitted again).
 The objective is the mean ``|ln(pred / meas)|`` of the time (the
 geometric-mean error) over the fitted rows, each table's small and large
 messages weighing alike, plus per parameter a prior × ``|ln(value /
@@ -96,9 +96,10 @@ default)|``: :data:`PRIOR` for the shared factors, the larger
 across hosts shows goes to the network first, whose fabric and transport
 differ between machines), the larger still :data:`FAMILY_PRIOR` for a
 family's own (what one table shows goes to the shared physics first, so it
-carries to the collectives the table did not run; on InfiniBand, whose
-transport NCCL's network latencies describe, no transport latency is added
-and the network hop pulls as a family's own: :data:`RDMA_FABRICS`), the small
+carries to the collectives the table did not run; across an InfiniBand
+network, whose transport NCCL's network latencies describe, no transport
+latency is added and the roles swap: every hop's latency pulls as a family's
+own and a family's latency as the links, :data:`RDMA_FABRICS`), the small
 :data:`SWITCH_PRIOR` for a switch point; each factor stays within
 :func:`fit_bounds` (a hop within a host half to twice NCCL's per-hop
 constants, the network's a quarter to four times; a file may say more). The fit rows:
@@ -107,7 +108,9 @@ over the sizes (every row of a table that has neither). The minimiser is a
 pattern search over the logarithms (:func:`pattern_search`), run again when
 the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
-(its flow simulation takes seconds per larger size); the error printed after
+(its flow simulation takes seconds per larger size), and a row the tree runs
+there with the defaults is left out of the fit and listed (:func:`_unfitted`:
+the ring in its place would make the links fit the tree's time); the error printed after
 the fit is that of a full validation with the calibration. Every algorithm's
 time is simulated once per machine, collective, size and the parameters it
 depends on (:func:`algorithm_time`), and shared by validation, calibration
@@ -746,8 +749,10 @@ FAMILY_PRIOR = 0.03
 HOST_HOP_PRIOR = 0.02
 #: the NICs' link layers NCCL's own network latencies describe (NCCL 2.30 src/graph/tuning.cc hwLat NET, for its
 #: InfiniBand verbs transport): there no transport latency is added to them (``hop_lat_us.net`` is not fitted),
-#: the network hop (``hop_scale.net``) pulls back as a family's own factor (:data:`FAMILY_PRIOR`), and a latency
-#: a table across hosts shows goes to the hops within a host first (an InfiniBand hop is NCCL's own measure);
+#: and where the rows cross that network every hop's latency (``hop_scale``: NVLink, PCI and the network, all
+#: NCCL's own measures there) pulls back as a family's own factor (:data:`FAMILY_PRIOR`) and a family's latency
+#: (``lat_scale``) as the links (:data:`PRIOR`): a latency a table shows beyond NCCL's goes to the algorithm that
+#: showed it (a run's own configuration of it), not to a hop the other algorithms share (:meth:`_Predictor.prior`);
 #: on other fabrics (a plugin's RoCE, EFA, TCPX/TCPXO, Slingshot, sockets) the transport's
 #: own latency is the fabric's and pulls by :data:`PRIOR`
 RDMA_FABRICS = ("InfiniBand",)
@@ -1239,7 +1244,8 @@ def _switch_points(
 ) -> tuple[dict[str, float], int]:
     """``values`` with each protocol switch point (``proto_max.ll``, then ``proto_max.ll128``) set to the
     one of least objective (:func:`_objective`) among none of its own and the candidates
-    :func:`_bends` finds where the measured curves step up, each candidate with the latencies fitted
+    :func:`_bends` finds where the measured curves step up and below each table's first size, each candidate
+    with the latencies fitted
     again for it (``refit``: values -> (values, evaluations)), since a protocol that stops running
     changes which latencies the rows show; LL128's switch point is not below LL's (NCCL runs LL on the
     smallest messages, LL128 on the next), and LL's not above
