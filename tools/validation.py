@@ -555,14 +555,30 @@ def slower_than_larger(rows: Sequence[tuple[int, float]]) -> tuple[tuple[int, fl
     >>> slower_than_larger([(2 << 20, 1753.7), (4 << 20, 933.6)])
     ((2097152, 1753.7), (4194304, 933.6))
     """
+    return next(_slower_pairs(rows, SLOWER_FROM), None)
+
+
+def _slower_pairs(
+    rows: Sequence[tuple[int, float]], start: int
+) -> Iterable[tuple[tuple[int, float], tuple[int, float]]]:
+    """Every ``((size, time), (larger size, its time))`` of :func:`slower_than_larger`'s rule, from ``start`` bytes
+    on, the smaller size first (at most one pair per size)."""
     ok = sorted((int(s), float(t)) for s, t in rows if s > 0 and t > 0)
     for i, (s, t) in enumerate(ok):
-        if s < SLOWER_FROM:
+        if s < start:
             continue
         for s2, t2 in ok[i + 1 :]:
             if s2 >= 2 * s and t > SLOWER_RATIO * t2:
-                return (s, t), (s2, t2)
-    return None
+                yield (s, t), (s2, t2)
+                break
+
+
+def _glitches(rows: Sequence[nccltests.Row]) -> set[int]:
+    """The sizes of a table, at any size, that took more than :data:`SLOWER_RATIO` times the time of a size twice
+    as large or more (:func:`slower_than_larger`'s rule, below 1 MiB too): a row a run slowed down once (an
+    8-byte allreduce at 68.52 us between sizes at 25 us, its in-place run at 24.70), which the fit leaves out
+    (a latency fitted to it would be the glitch's)."""
+    return {a[0] for a, _ in _slower_pairs([(r.size, r.out_of_place.time_us) for r in rows], 0)}
 
 
 def counted(size: int) -> bool:
@@ -884,16 +900,19 @@ def _fit_rows(
             skipped.append({"file": c.label, "reason": "one GPU: nothing to fit"})
             continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        counted_rows = _row_sizes(c, counted)
+        glitches = _glitches(_row_sizes(c, None))
+        if glitches:
+            left_out.append({"file": c.label, "sizes": sorted(glitches), "reason": GLITCH_REASON})
+        counted_rows = [r for r in _row_sizes(c, counted) if r.size not in glitches]
         half = None if max_rows is None else max(1, max_rows // 2)
         small = [r for r in counted_rows if r.size <= SMALL]
         # a table without small messages shows its latency in its middle sizes where its curve is flat: those
         # rows too (the large ones alone cannot tell a latency from a bandwidth)
-        mid = [] if small else _flat_rows(_row_sizes(c, None))
+        mid = [] if small else [r for r in _flat_rows(_row_sizes(c, None)) if r.size not in glitches]
         picked = (
             _spread(small, half) + _spread(mid, half) + _spread([r for r in counted_rows if r.size >= LARGE], half)
             if counted_rows
-            else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
+            else _spread([r for r in _row_sizes(c, None) if r.size not in glitches], max_rows)  # neither: as they are
         )
         unfitted = []
         for r in picked:
@@ -909,6 +928,11 @@ def _fit_rows(
     return rows, skipped, left_out
 
 
+#: why :func:`_glitches` leaves a row out of the fit
+GLITCH_REASON = (
+    f"slower than {SLOWER_RATIO:g} x the time of a size twice as large or more: the run slowed down there once "
+    "(the bytes only grow)"
+)
 #: why :func:`_unfitted` leaves a row out of the fit
 UNFITTED_REASON = (
     "NCCL's tree is the fastest there with the defaults, and the fit does not simulate the tree from "

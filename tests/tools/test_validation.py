@@ -74,12 +74,17 @@ def _synthetic(
     collective: str = "allgather",
     flags: MachineFlags | None = None,
     algos: tuple[str, ...] = ("ring",),
+    glitch: dict[int, float] | None = None,
 ) -> Path:
-    """A table whose times are the simulator's with calibration factors ``values`` (times ``scale``)."""
+    """A table whose times are the simulator's with calibration factors ``values`` (times ``scale``; the sizes
+    of ``glitch`` times their factor too)."""
     facts = MachineFacts(hosts=tuple((f"node{h}", per) for h in range(hosts)), gpu_names=(GPU,), nranks=hosts * per)
     topo, _ = machine_topology(flags or MachineFlags(), facts)
     prof = validation.calibration_from(values)
-    times = {s: validation.predict(topo, collective, s, algos, prof)[0] * 1e6 * scale for s in sizes}
+    times = {
+        s: validation.predict(topo, collective, s, algos, prof)[0] * 1e6 * scale * (glitch or {}).get(s, 1.0)
+        for s in sizes
+    }
     p = tmp_path / f"{collective}-{hosts}x{per}-{scale}.txt"
     p.write_text(_table(hosts, per, times, collective=collective))
     return p
@@ -613,3 +618,16 @@ def test_a_protocol_that_runs_at_none_of_the_sizes_is_found(tmp_path):
     assert all(512 << 10 <= d["values"][k] < 1 << 20 for k in truth)
     ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=ib, algos=("ring", "tree"))
     assert validation.validate([ar], d["profile"], ib)["files"][0]["geomean_small"] < 0.01
+
+
+def test_a_row_the_run_slowed_down_once_is_not_fitted(tmp_path):
+    """An all_gather on one host of 4 GPUs made with NVLink hops 1.5 times NCCL's, its 2 KiB row three times
+    slower (as a run slows down once: larger sizes take a third of its time): the fit leaves that row out and
+    says so, and gives back the hop factor as from the table without the glitch."""
+    truth = {"hop_scale.nvlink": 1.5}
+    sizes = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    ag = _synthetic(tmp_path, 1, 4, truth, sizes, glitch={2048: 3.0})
+    d = validation.calibrate([ag], tol=0.002, check=False)
+    assert d["left_out"] == [{"file": str(ag), "sizes": [2048], "reason": validation.GLITCH_REASON}]
+    assert d["fit"]["fitted"] == ["hop_scale.nvlink"] and d["fit"]["error_after"] < 0.01
+    assert d["values"]["hop_scale.nvlink"] == pytest.approx(1.5, rel=0.03)
