@@ -114,6 +114,7 @@ def leave_one_out(
                     "values": cal["values"],
                     "fitted": cal["fit"]["fitted"],
                     "not_identified": cal["fit"]["not_identified"],
+                    "left_out": cal["left_out"],
                     "tests": tests,
                     "defaults": others,
                     "degraded_tests": sum(t["degraded"] for t in tests),

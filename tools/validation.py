@@ -86,8 +86,8 @@ instead (where it shows a latency); a fitted move that buys less than
 :data:`PRUNE` goes back to the default (:func:`_pruned`). The fit runs in
 two stages: the ring and point-to-point rows fix the links, then every row
 the hops and the families' factors; then the switch points are scanned
-(:func:`_switch_points`: candidates where the measured curves step up, each
-with its latencies fitted again).
+(:func:`_switch_points`: candidates where the measured curves step up, and
+below each table's first size, each with its latencies fitted again).
 The objective is the mean ``|ln(pred / meas)|`` of the time (the
 geometric-mean error) over the fitted rows, each table's small and large
 messages weighing alike, plus per parameter a prior × ``|ln(value /
@@ -96,9 +96,10 @@ default)|``: :data:`PRIOR` for the shared factors, the larger
 across hosts shows goes to the network first, whose fabric and transport
 differ between machines), the larger still :data:`FAMILY_PRIOR` for a
 family's own (what one table shows goes to the shared physics first, so it
-carries to the collectives the table did not run; on InfiniBand, whose
-transport NCCL's network latencies describe, no transport latency is added
-and the network hop pulls as a family's own: :data:`RDMA_FABRICS`), the small
+carries to the collectives the table did not run; across an InfiniBand
+network, whose transport NCCL's network latencies describe, no transport
+latency is added and the roles swap: every hop's latency pulls as a family's
+own and a family's latency as the links, :data:`RDMA_FABRICS`), the small
 :data:`SWITCH_PRIOR` for a switch point; each factor stays within
 :func:`fit_bounds` (a hop within a host half to twice NCCL's per-hop
 constants, the network's a quarter to four times; a file may say more). The fit rows:
@@ -107,7 +108,9 @@ over the sizes (every row of a table that has neither). The minimiser is a
 pattern search over the logarithms (:func:`pattern_search`), run again when
 the fitted values make another factor identified. During the fit the tree
 runs only below :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES`
-(its flow simulation takes seconds per larger size); the error printed after
+(its flow simulation takes seconds per larger size), and a row the tree runs
+there with the defaults is left out of the fit and listed (:func:`_unfitted`:
+the ring in its place would make the links fit the tree's time); the error printed after
 the fit is that of a full validation with the calibration. Every algorithm's
 time is simulated once per machine, collective, size and the parameters it
 depends on (:func:`algorithm_time`), and shared by validation, calibration
@@ -134,6 +137,7 @@ import yaml
 from treecoll.collectives.sim import nccltests
 from treecoll.tools.machine_flags import parse_machine_flags
 from treecoll.topo.errors import CollectiveError, TreecollError
+from treecoll.topo.fmt import fmt_bytes
 from treecoll.topo.machines import MachineFlags, machine_topology
 
 if TYPE_CHECKING:
@@ -551,14 +555,30 @@ def slower_than_larger(rows: Sequence[tuple[int, float]]) -> tuple[tuple[int, fl
     >>> slower_than_larger([(2 << 20, 1753.7), (4 << 20, 933.6)])
     ((2097152, 1753.7), (4194304, 933.6))
     """
+    return next(_slower_pairs(rows, SLOWER_FROM), None)
+
+
+def _slower_pairs(
+    rows: Sequence[tuple[int, float]], start: int
+) -> Iterable[tuple[tuple[int, float], tuple[int, float]]]:
+    """Every ``((size, time), (larger size, its time))`` of :func:`slower_than_larger`'s rule, from ``start`` bytes
+    on, the smaller size first (at most one pair per size)."""
     ok = sorted((int(s), float(t)) for s, t in rows if s > 0 and t > 0)
     for i, (s, t) in enumerate(ok):
-        if s < SLOWER_FROM:
+        if s < start:
             continue
         for s2, t2 in ok[i + 1 :]:
             if s2 >= 2 * s and t > SLOWER_RATIO * t2:
-                return (s, t), (s2, t2)
-    return None
+                yield (s, t), (s2, t2)
+                break
+
+
+def _glitches(rows: Sequence[nccltests.Row]) -> set[int]:
+    """The sizes of a table, at any size, that took more than :data:`SLOWER_RATIO` times the time of a size twice
+    as large or more (:func:`slower_than_larger`'s rule, below 1 MiB too): a row a run slowed down once (an
+    8-byte allreduce at 68.52 us between sizes at 25 us, its in-place run at 24.70), which the fit leaves out
+    (a latency fitted to it would be the glitch's)."""
+    return {a[0] for a, _ in _slower_pairs([(r.size, r.out_of_place.time_us) for r in rows], 0)}
 
 
 def counted(size: int) -> bool:
@@ -745,8 +765,10 @@ FAMILY_PRIOR = 0.03
 HOST_HOP_PRIOR = 0.02
 #: the NICs' link layers NCCL's own network latencies describe (NCCL 2.30 src/graph/tuning.cc hwLat NET, for its
 #: InfiniBand verbs transport): there no transport latency is added to them (``hop_lat_us.net`` is not fitted),
-#: the network hop (``hop_scale.net``) pulls back as a family's own factor (:data:`FAMILY_PRIOR`), and a latency
-#: a table across hosts shows goes to the hops within a host first (an InfiniBand hop is NCCL's own measure);
+#: and where the rows cross that network every hop's latency (``hop_scale``: NVLink, PCI and the network, all
+#: NCCL's own measures there) pulls back as a family's own factor (:data:`FAMILY_PRIOR`) and a family's latency
+#: (``lat_scale``) as the links (:data:`PRIOR`): a latency a table shows beyond NCCL's goes to the algorithm that
+#: showed it (a run's own configuration of it), not to a hop the other algorithms share (:meth:`_Predictor.prior`);
 #: on other fabrics (a plugin's RoCE, EFA, TCPX/TCPXO, Slingshot, sockets) the transport's
 #: own latency is the fabric's and pulls by :data:`PRIOR`
 RDMA_FABRICS = ("InfiniBand",)
@@ -858,10 +880,12 @@ def _fit_rows(
     max_gpus: int | None,
     collective: str | None,
     max_rows: int | None = None,
-) -> tuple[list[_FitRow], list[dict]]:
+) -> tuple[list[_FitRow], list[dict], list[dict]]:
+    """The rows to fit (:class:`_FitRow`), the tables skipped (``{"file", "reason"}``) and the rows left out of
+    the fit (``{"file", "sizes", "reason"}``: :func:`_unfitted`)."""
     from treecoll.collectives.sim.simulator import NCCL_TREE_RAIL_BYTES
 
-    rows, skipped = [], []
+    rows, skipped, left_out = [], [], []
     for c in cs:
         try:
             coll = collective_of(c, collective)
@@ -876,22 +900,62 @@ def _fit_rows(
             skipped.append({"file": c.label, "reason": "one GPU: nothing to fit"})
             continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        counted_rows = _row_sizes(c, counted)
+        glitches = _glitches(_row_sizes(c, None))
+        if glitches:
+            left_out.append({"file": c.label, "sizes": sorted(glitches), "reason": GLITCH_REASON})
+        counted_rows = [r for r in _row_sizes(c, counted) if r.size not in glitches]
         half = None if max_rows is None else max(1, max_rows // 2)
         small = [r for r in counted_rows if r.size <= SMALL]
         # a table without small messages shows its latency in its middle sizes where its curve is flat: those
         # rows too (the large ones alone cannot tell a latency from a bandwidth)
-        mid = [] if small else _flat_rows(_row_sizes(c, None))
+        mid = [] if small else [r for r in _flat_rows(_row_sizes(c, None)) if r.size not in glitches]
         picked = (
             _spread(small, half) + _spread(mid, half) + _spread([r for r in counted_rows if r.size >= LARGE], half)
             if counted_rows
-            else _spread(_row_sizes(c, None), max_rows)  # a table with neither: its rows as they are
+            else _spread([r for r in _row_sizes(c, None) if r.size not in glitches], max_rows)  # neither: as they are
         )
+        unfitted = []
         for r in picked:
             use = tuple(a for a in algos if a != "tree" or r.size < NCCL_TREE_RAIL_BYTES) or algos
             meas = r.out_of_place.time_us * 1e-6
-            rows.append(_FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid))
-    return rows, skipped
+            row = _FitRow(topo, coll, r.size, use, meas, c.label, _group(r.size), r in mid)
+            if _unfitted(row, algos):
+                unfitted.append(r.size)
+                continue
+            rows.append(row)
+        if unfitted:
+            left_out.append({"file": c.label, "sizes": unfitted, "reason": UNFITTED_REASON})
+    return rows, skipped, left_out
+
+
+#: why :func:`_glitches` leaves a row out of the fit
+GLITCH_REASON = (
+    f"slower than {SLOWER_RATIO:g} x the time of a size twice as large or more: the run slowed down there once "
+    "(the bytes only grow)"
+)
+#: why :func:`_unfitted` leaves a row out of the fit
+UNFITTED_REASON = (
+    "NCCL's tree is the fastest there with the defaults, and the fit does not simulate the tree from "
+    "4 MiB on (its flow simulation takes about a second per size): the ring in its place would make the links "
+    "fit the tree's time"
+)
+
+
+def _unfitted(row: _FitRow, algos: Sequence[str]) -> bool:
+    """Whether an allreduce row is left out of the fit: an algorithm of ``algos`` the fit does not run at its size
+    (the tree from :data:`~treecoll.collectives.sim.simulator.NCCL_TREE_RAIL_BYTES` on) is the fastest there
+    with the defaults, as the prediction runs it. Fitted with the algorithms left (the ring), the row would
+    ask the links for the tree's time: a 2-host allreduce over TCPXO reaches 338.8 GB/s busbw at 8 GiB, which
+    NCCL's tree gives over 8 x 200 Gb/s NICs per host (each host sends and receives the message once:
+    up to 375 GB/s busbw on 16 GPUs) and a ring does not (each ring crosses each host's NICs with
+    2 x 15/16 of it: up to 200 GB/s), and fitting it with the ring had made both link classes twice as fast."""
+    missing = [a for a in algos if a not in row.algos]
+    if row.collective != "allreduce" or not missing:
+        return False
+    defaults = calibration_from({})
+    times = {a: algorithm_time(row.topology, row.collective, row.size, a, defaults) for a in algos}
+    ok = [(t[0], a) for a, t in times.items() if not isinstance(t, str)]
+    return bool(ok) and min(ok)[1] in missing
 
 
 def _flat_rows(rows: list[nccltests.Row]) -> list[nccltests.Row]:
@@ -924,14 +988,20 @@ class _Predictor:
         self.algos = [_row_algos(r) for r in rows]
         self.simulations = 0
         self.infiniband = _infiniband_only(rows)
+        # the rows cross an InfiniBand network (a table on one host of an InfiniBand machine does not)
+        self.across_infiniband = self.infiniband and any(_hosts(r.topology) > 1 for r in rows)
 
     def prior(self, parameter: str) -> float:
         """The pull of ``parameter`` back to its default on these rows' machines (:func:`_prior`); where every
-        NIC is InfiniBand (:data:`RDMA_FABRICS`) the network hop (``hop_scale.net``) pulls as a family's
-        own (:data:`FAMILY_PRIOR`) and the hops within a host as the links (:data:`PRIOR`)."""
-        if self.infiniband and parameter == "hop_scale.net":
+        NIC is InfiniBand (:data:`RDMA_FABRICS`) and rows cross the network, every hop's latency (``hop_scale``)
+        pulls as a family's own (:data:`FAMILY_PRIOR`) and a family's latency (``lat_scale``) as the links
+        (:data:`PRIOR`): there every per-hop latency is NCCL's own measure (tuning.cc hwLat NVLINK, PCI and
+        NET, the last for its verbs transport), and a latency a table shows beyond them goes to the
+        algorithm that showed it first (a run's own configuration of it: its channels, NCCL_MIN_CTAS, ...),
+        not to a hop the other algorithms share."""
+        if self.across_infiniband and parameter.startswith("hop_scale."):
             return FAMILY_PRIOR
-        if self.infiniband and parameter in ("hop_scale.nvlink", "hop_scale.pci"):
+        if self.across_infiniband and parameter.startswith("lat_scale."):
             return PRIOR
         return _prior(parameter)
 
@@ -953,6 +1023,11 @@ class _Predictor:
             if 0 < t < math.inf:
                 groups.setdefault((r.table, r.group), []).append(abs(math.log(t / r.meas)))
         return sum(sum(v) / len(v) for v in groups.values()) / len(groups) if groups else 0.0
+
+
+def _hosts(topology: Any) -> int:
+    """How many hosts the ranks of ``topology`` are on."""
+    return len({topology.host_of(g) for g in topology.rank_gpus()})
 
 
 def _infiniband_only(rows: list[_FitRow]) -> bool:
@@ -1193,7 +1268,8 @@ def _switch_points(
 ) -> tuple[dict[str, float], int]:
     """``values`` with each protocol switch point (``proto_max.ll``, then ``proto_max.ll128``) set to the
     one of least objective (:func:`_objective`) among none of its own and the candidates
-    :func:`_bends` finds where the measured curves step up, each candidate with the latencies fitted
+    :func:`_bends` finds where the measured curves step up and below each table's first size, each candidate
+    with the latencies fitted
     again for it (``refit``: values -> (values, evaluations)), since a protocol that stops running
     changes which latencies the rows show; LL128's switch point is not below LL's (NCCL runs LL on the
     smallest messages, LL128 on the next), and LL's not above
@@ -1228,7 +1304,10 @@ def _bends(rows: list[_FitRow]) -> list[int]:
     steps up to the next protocol's latency and then flattens). The point is ``sqrt(a b)`` rounded
     down (every point between ``a`` and ``b`` predicts the fitted rows alike); at most
     :data:`SWITCH_CANDIDATES` of them, each above 0 and within
-    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`."""
+    :data:`~treecoll.collectives.sim.profiles.SWITCH_BOUNDS`. Then, per table, a point below its smallest
+    fitted size ``a`` (``a / sqrt(2)``, between it and the size nccl-tests would print before it): the
+    protocol runs at none of the table's sizes, which no bend shows (a table from 1 MiB on whose time stays
+    flat at Simple's latency, where LL would be several times faster)."""
     from treecoll.collectives.sim.profiles import SWITCH_BOUNDS
 
     by_table: dict[str, dict[int, float]] = {}
@@ -1244,7 +1323,9 @@ def _bends(rows: list[_FitRow]) -> list[int]:
             point = int(math.sqrt(a * b))
             if excess > 0 and SWITCH_BOUNDS[0] <= point < SWITCH_BOUNDS[1]:
                 bend[point] = max(bend.get(point, 0.0), excess)
-    return sorted(bend, key=lambda p: -bend[p])[:SWITCH_CANDIDATES]
+    sharpest = sorted(bend, key=lambda p: -bend[p])[:SWITCH_CANDIDATES]
+    below = sorted({int(min(curve) / math.sqrt(2)) for curve in by_table.values()})
+    return sharpest + [p for p in below if SWITCH_BOUNDS[0] <= p and p not in sharpest]
 
 
 def _search_shared_first(
@@ -1321,12 +1402,13 @@ def calibrate(
     max_rows: int | None = FIT_ROWS,
 ) -> dict:
     """Fit a calibration to the tables of ``paths``: ``{"profile": Calibration, "values", "fit", "skipped",
-    "before", "after"}`` (``before``/``after``: :func:`validate` with the defaults and with the fitted
+    "left_out", "before", "after"}`` (``left_out``: rows not fitted, per table, :func:`_unfitted`;
+    ``before``/``after``: :func:`validate` with the defaults and with the fitted
     calibration, when ``check``). ``max_rows``: rows fitted per table, spread over its sizes. Raises
     :class:`~treecoll.topo.errors.CollectiveError` when no row can be fitted."""
     paths = [Path(p) for p in paths]
     cs, bad = cases(paths)
-    rows, skipped = _fit_rows(cs, flags, max_gpus, collective, max_rows)
+    rows, skipped, left_out = _fit_rows(cs, flags, max_gpus, collective, max_rows)
     skipped += [{"file": b["file"], "reason": b["reason"]} for b in bad]
     if not rows:
         why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped) or "no rows"
@@ -1334,7 +1416,7 @@ def calibrate(
     values, stats = fit_parameters(rows, tol=tol)
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)
     prof = calibration_from(values, name, src, stats["fitted"])
-    out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped}
+    out = {"profile": prof, "values": values, "fit": stats, "skipped": skipped, "left_out": left_out}
     if check:  # the rows the errors count, of every table fitted (a slow machine's own profile: degraded too)
         for key, p in (("before", None), ("after", prof)):
             files = validate(paths, p, flags, max_gpus, collective, keep=counted)["files"]
@@ -1397,6 +1479,10 @@ def render_calibration(d: dict) -> str:
             f"messages): the fit weighs every table and size group alike; check the rows with validate"
         )
     lines.extend(f"skipped {s['file']}: {s['reason']}" for s in d["skipped"])
+    lines.extend(
+        f"not fitted: {x['file']} at {', '.join(fmt_bytes(n) for n in x['sizes'])}: {x['reason']}"
+        for x in d.get("left_out", ())
+    )
     if d.get("saved"):
         lines.append(f"saved {d['saved']} (use it with --profile {d['saved']})")
     return "\n".join(lines)

@@ -74,12 +74,17 @@ def _synthetic(
     collective: str = "allgather",
     flags: MachineFlags | None = None,
     algos: tuple[str, ...] = ("ring",),
+    glitch: dict[int, float] | None = None,
 ) -> Path:
-    """A table whose times are the simulator's with calibration factors ``values`` (times ``scale``)."""
+    """A table whose times are the simulator's with calibration factors ``values`` (times ``scale``; the sizes
+    of ``glitch`` times their factor too)."""
     facts = MachineFacts(hosts=tuple((f"node{h}", per) for h in range(hosts)), gpu_names=(GPU,), nranks=hosts * per)
     topo, _ = machine_topology(flags or MachineFlags(), facts)
     prof = validation.calibration_from(values)
-    times = {s: validation.predict(topo, collective, s, algos, prof)[0] * 1e6 * scale for s in sizes}
+    times = {
+        s: validation.predict(topo, collective, s, algos, prof)[0] * 1e6 * scale * (glitch or {}).get(s, 1.0)
+        for s in sizes
+    }
     p = tmp_path / f"{collective}-{hosts}x{per}-{scale}.txt"
     p.write_text(_table(hosts, per, times, collective=collective))
     return p
@@ -547,3 +552,82 @@ def test_an_unreadable_file_is_listed_as_skipped(tmp_path, capsys):
     assert main(["simulate", "validate", str(good), str(bad)]) == 0
     out = capsys.readouterr().out
     assert "skipped (1):" in out and f"{bad}: no nccl-tests table" in out and "total over 1 tables" in out
+
+
+def test_rows_the_tree_runs_beyond_the_fit_leave_the_links_at_their_defaults(tmp_path):
+    """A two-host allreduce over TCPXO (2 x 4 GPUs, 4 x 200 Gb/s NICs) made with 20 us of transport latency:
+    from 64 MiB on NCCL's tree is the fastest (it moves each host's message over the NICs once, a ring
+    twice), which the fit does not simulate from 4 MiB on. Those rows are left out of the fit and said so
+    (fitted with the ring in the tree's place they would make the links faster); the small rows give back
+    the latency, the links stay at their defaults, and the machine's all_gather (the ring, the links
+    alone at large sizes) is predicted as it was made."""
+    from treecoll.collectives.sim.simulator import nccl_hop_profile
+
+    nic = MachineFlags(nic=Nic(4, 200.0, "tcpxo"))
+    truth = {"hop_lat_us.net": 20.0}
+    sizes = (1024, 65536, 64 << 20, 256 << 20)
+    ar = _synthetic(tmp_path, 2, 4, truth, sizes, collective="allreduce", flags=nic, algos=("ring", "tree"))
+    topo = validation.topology_for(validation.cases([ar])[0][0], nic)[0]
+    assert [validation.predict(topo, "allreduce", s, ("ring", "tree"), "auto")[1].split("/")[0] for s in sizes] == [
+        "tree"
+    ] * 4
+    d = validation.calibrate([ar], nic, tol=0.002, check=False)
+    assert [x["sizes"] for x in d["left_out"]] == [[64 << 20, 256 << 20]]
+    # Simple's rows alone cannot tell a factor on NCCL's network hop from an added transport latency: the fit
+    # puts the latency on one or both; the tree's network hop with Simple comes back within 3%
+    assert set(d["fit"]["fitted"]) <= {"hop_scale.net", "hop_lat_us.net"}
+    simple = nccl_hop_profile(get_profile("nccl-simple"), "tree")
+    made = validation.calibration_from(truth).apply(simple, "tree").lat_floor_us["net"]
+    assert d["profile"].apply(simple, "tree").lat_floor_us["net"] == pytest.approx(made, rel=0.03)
+    assert all(d["values"][f"link_scale.{k}"] == 1.0 for k in ("nvlink", "pcie", "net"))
+    assert "not fitted: " in validation.render_calibration(d) and "NCCL's tree is the fastest" in (
+        validation.render_calibration(d)
+    )
+    ag = _synthetic(tmp_path, 2, 4, truth, (64 << 20, 256 << 20), flags=nic)
+    assert validation.validate([ag], d["profile"], nic)["files"][0]["geomean_large"] < 0.01
+
+
+def test_over_infiniband_a_latency_one_family_shows_stays_that_familys(tmp_path):
+    """Over InfiniBand every per-hop latency of the model is NCCL's own (tuning.cc hwLat NVLINK, PCI, NET). An
+    all_gather across two hosts of 4 GPUs (the ring alone) made with the ring's latencies 2.5 times NCCL's
+    (a run whose ring is configured apart, e.g. NCCL_MIN_CTAS) gives it back on the ring's own factor, not
+    on the NVLink hop every family shares: the hops stay at their defaults, and the machine's small
+    allreduce messages (the tree, which the table never ran) are predicted as the defaults predict them."""
+    ib = MachineFlags(nic=Nic(4, 400.0, "ib"))
+    truth = {"lat_scale.ring": 2.5}
+    ag = _synthetic(tmp_path, 2, 4, truth, (1024, 65536, 64 << 20, 256 << 20), flags=ib)
+    d = validation.calibrate([ag], ib, tol=0.002, check=False)
+    assert d["fit"]["fitted"] == ["lat_scale.ring"]
+    assert d["values"]["lat_scale.ring"] == pytest.approx(2.5, rel=0.03)
+    assert all(d["values"][f"hop_scale.{k}"] == 1.0 for k in ("nvlink", "pci", "net"))
+    ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=ib, algos=("ring", "tree"))
+    assert validation.validate([ar], d["profile"], ib)["files"][0]["geomean_small"] < 0.01
+
+
+def test_a_protocol_that_runs_at_none_of_the_sizes_is_found(tmp_path):
+    """An all_gather across two hosts of 4 GPUs over InfiniBand from 1 MiB on, made with LL and LL128 stopping at
+    512 KiB (Simple at every size of the table: 59.9 us at 1 MiB, where LL would take about half): no bend of
+    the curve shows it, and the fit gives back both switch points below the first size (every point between
+    512 KiB and 1 MiB predicts the table alike), no latency; the machine's small allreduce messages (LL's, the
+    tree) are then predicted as they were made."""
+    ib = MachineFlags(nic=Nic(4, 400.0, "ib"))
+    truth = {"proto_max.ll": 512 << 10, "proto_max.ll128": 512 << 10}
+    ag = _synthetic(tmp_path, 2, 4, truth, (1 << 20, 2 << 20, 4 << 20, 64 << 20, 256 << 20), flags=ib)
+    d = validation.calibrate([ag], ib, tol=0.002, check=False)
+    assert sorted(d["fit"]["fitted"]) == ["proto_max.ll", "proto_max.ll128"] and d["fit"]["error_after"] < 0.01
+    assert all(512 << 10 <= d["values"][k] < 1 << 20 for k in truth)
+    ar = _synthetic(tmp_path, 2, 4, truth, (1024, 65536), collective="allreduce", flags=ib, algos=("ring", "tree"))
+    assert validation.validate([ar], d["profile"], ib)["files"][0]["geomean_small"] < 0.01
+
+
+def test_a_row_the_run_slowed_down_once_is_not_fitted(tmp_path):
+    """An all_gather on one host of 4 GPUs made with NVLink hops 1.5 times NCCL's, its 2 KiB row three times
+    slower (as a run slows down once: larger sizes take a third of its time): the fit leaves that row out and
+    says so, and gives back the hop factor as from the table without the glitch."""
+    truth = {"hop_scale.nvlink": 1.5}
+    sizes = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    ag = _synthetic(tmp_path, 1, 4, truth, sizes, glitch={2048: 3.0})
+    d = validation.calibrate([ag], tol=0.002, check=False)
+    assert d["left_out"] == [{"file": str(ag), "sizes": [2048], "reason": validation.GLITCH_REASON}]
+    assert d["fit"]["fitted"] == ["hop_scale.nvlink"] and d["fit"]["error_after"] < 0.01
+    assert d["values"]["hop_scale.nvlink"] == pytest.approx(1.5, rel=0.03)
