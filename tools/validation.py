@@ -28,10 +28,17 @@ sizes print 0.00); per table and in total the geometric-mean relative error
 small (<= 64 KiB) messages, as fractions. The total pools the rows of every
 predicted table that is not degraded.
 
+**Noisy rows** (:func:`noisy`): nccl-tests times every size twice, out of place
+and in place, the same collective on the same bytes. Where the two differ by
+more than :data:`NOISY_RATIO` (1.5) the table contradicts itself at that size
+(one of the two runs was slowed down, e.g. an 8-byte allreduce at 68.52 us out
+of place and 24.70 in place); such a row is printed, marked ``noisy`` with both
+times, and left out of the errors, the table's and the total.
+
 ``--json`` prints ``{"files": [{"file", "table", "status": "ok"|"skipped",
 "reason", "collective", "geomean_large", "geomean_small", "degraded", "rows":
-[{"size", "meas_us", "meas_busbw", "pred_us", "pred_busbw", "error", "algo",
-"nccl_model_busbw"}], "machine", "set", "health", ...}], "geomean": {"large",
+[{"size", "meas_us", "meas_inplace_us", "noisy", "meas_busbw", "pred_us",
+"pred_busbw", "error", "algo", "nccl_model_busbw"}], "machine", "set", "health", ...}], "geomean": {"large",
 "small", "tables", ...}, "profile"}``: errors as fractions, busbw in GB/s,
 times in µs; ``reason`` is why a table was skipped, why it counts as degraded,
 or empty.
@@ -173,6 +180,8 @@ __all__ = [
     "SMALL",
     "MAX_GPUS",
     "DEGRADED_FRACTION",
+    "NOISY_RATIO",
+    "noisy",
     "INDEX_NAME",
 ]
 
@@ -186,6 +195,8 @@ DEGRADED_FRACTION = 0.25
 #: twice as large or more is degraded (:func:`slower_than_larger`); below 1 MiB times are latency-bound
 #: and a run's first sizes often carry its warm-up. Healthy fixtures stay at or below 1.01 from 1 MiB on.
 SLOWER_FROM, SLOWER_RATIO = 1 << 20, 1.5
+#: a row whose out-of-place and in-place times differ by more than this factor either way is noisy (:func:`noisy`)
+NOISY_RATIO = 1.5
 _FIX_MACHINE = "pass --topology FILE|name, or --hosts N --gpus-per-host G --gpu MODEL --nic COUNTxSPEEDG-FABRIC"
 
 
@@ -499,8 +510,20 @@ def geo_error(pairs: Iterable[tuple[float, float]]) -> float | None:
     return round(math.exp(sum(logs) / len(logs)) - 1, 12) if logs else None
 
 
+def noisy(out_of_place_us: float, in_place_us: float | None) -> bool:
+    """Whether a row's two timings of the same collective (out of place, in place) differ by more than
+    :data:`NOISY_RATIO` either way: one of them was slowed down, and the row says nothing reliable.
+
+    >>> noisy(68.52, 24.70), noisy(25.3, 24.7), noisy(24.7, None), noisy(170.3, 349.6)
+    (True, False, False, True)
+    """
+    if not in_place_us or in_place_us <= 0 or out_of_place_us <= 0:
+        return False
+    return max(out_of_place_us, in_place_us) > NOISY_RATIO * min(out_of_place_us, in_place_us)
+
+
 def _errors(rows: list[dict], key: str = "pred_busbw") -> tuple[float | None, float | None]:
-    pairs = [(r[key], r["meas_busbw"], r["size"]) for r in rows if r.get(key)]
+    pairs = [(r[key], r["meas_busbw"], r["size"]) for r in rows if r.get(key) and not r.get("noisy")]
     return (geo_error((p, m) for p, m, s in pairs if s >= LARGE), geo_error((p, m) for p, m, s in pairs if s <= SMALL))
 
 
@@ -581,6 +604,12 @@ def _glitches(rows: Sequence[nccltests.Row]) -> set[int]:
     return {a[0] for a, _ in _slower_pairs([(r.size, r.out_of_place.time_us) for r in rows], 0)}
 
 
+def _noisy_sizes(rows: Sequence[nccltests.Row]) -> set[int]:
+    """The sizes whose out-of-place and in-place times disagree (:func:`noisy`): left out of the fit as of
+    the errors."""
+    return {r.size for r in rows if noisy(r.out_of_place.time_us, r.in_place.time_us if r.in_place else None)}
+
+
 def counted(size: int) -> bool:
     """Whether the errors count a row of this size: small (<= 64 KiB) or large (>= 64 MiB) messages."""
     return size <= SMALL or size >= LARGE
@@ -634,10 +663,13 @@ def validate_case(
             meas_bus = r.size / (r.out_of_place.time_us * 1e-6) / 1e9 * f
             pred_bus = r.size / pred / 1e9 * f if pred > 0 else 0.0
             nm = nccl_model_time(topo, coll, r.size, algos) if profile is None else None
+            ip = r.in_place.time_us if r.in_place is not None else None
             rows.append(
                 {
                     "size": r.size,
                     "meas_us": r.out_of_place.time_us,
+                    "meas_inplace_us": ip,
+                    "noisy": noisy(r.out_of_place.time_us, ip),
                     "meas_busbw": meas_bus,
                     "pred_us": pred * 1e6,
                     "pred_busbw": pred_bus,
@@ -719,6 +751,12 @@ def render(d: dict) -> str:
                 f"{r['size']:>12} {r['meas_us']:>10.1f} {r['meas_busbw']:>10.2f} {r['pred_us']:>10.1f} "
                 f"{r['pred_busbw']:>10.2f} {_pct(r['error']):>7}  {r['algo']:<20} {nm:>10}"
             )
+        lines.extend(
+            f"   noisy: {r['size']} B took {r['meas_us']:g} us out of place and {r['meas_inplace_us']:g} in place "
+            f"(more than {NOISY_RATIO:g} x apart); left out of the error"
+            for r in e["rows"]
+            if r.get("noisy")
+        )
         lines.append(
             f"   geomean error: large (>= 64 MiB) {_pct(e['geomean_large'])}, small (<= 64 KiB) "
             f"{_pct(e['geomean_small'])}"
@@ -903,6 +941,10 @@ def _fit_rows(
         glitches = _glitches(_row_sizes(c, None))
         if glitches:
             left_out.append({"file": c.label, "sizes": sorted(glitches), "reason": GLITCH_REASON})
+        noisy_sizes = _noisy_sizes(_row_sizes(c, None)) - glitches
+        if noisy_sizes:
+            left_out.append({"file": c.label, "sizes": sorted(noisy_sizes), "reason": NOISY_REASON})
+        glitches |= noisy_sizes
         counted_rows = [r for r in _row_sizes(c, counted) if r.size not in glitches]
         half = None if max_rows is None else max(1, max_rows // 2)
         small = [r for r in counted_rows if r.size <= SMALL]
@@ -933,6 +975,8 @@ GLITCH_REASON = (
     f"slower than {SLOWER_RATIO:g} x the time of a size twice as large or more: the run slowed down there once "
     "(the bytes only grow)"
 )
+#: why :func:`_noisy_sizes` leaves a row out of the fit
+NOISY_REASON = f"out of place and in place more than {NOISY_RATIO:g} x apart: one of the two runs was slowed down"
 #: why :func:`_unfitted` leaves a row out of the fit
 UNFITTED_REASON = (
     "NCCL's tree is the fastest there with the defaults, and the fit does not simulate the tree from "
