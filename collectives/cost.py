@@ -252,22 +252,27 @@ PYTHON_STEP_S = 57.4e-6
 #: small messages between two H100 over NVLink (https://github.com/NVIDIA/nccl/issues/1487);
 #: the links' own latency (NVLink, NIC) comes from the topology.
 NCCL_P2P_S = 3e-6
-#: ``(P, GLOO_STEP_S, GLOO_NATIVE_STEP_S, call_s)`` fitted on each process count alone (the same command's
-#: ``GLOO_BY_NRANKS``; the median of the same three runs on the idle machine: 2 processes 117.4 .. 157.0 us,
-#: 127.9 .. 137.7 us and 168.2 .. 182.8 us; 4 processes 125.3 .. 133.5 us, 369.2 .. 468.4 us and
-#: 730.6 .. 974.7 us). With a core per process gloo's own ring step is the cheaper; with two processes per
-#: core the executor's message. ``call_s`` (:attr:`ExecutorCost.call_s`) grows with the machine's load (it
-#: measured 1.8 .. 3.4 ms at 4 processes under a load average of 7 to 11): re-fit it on the machine you
-#: predict for. These rows are of four columns, from the fit before it timed gloo's all-gather and each
-#: kind's call apart: the all-gather takes the allreduce's step and call, the allreduce the executor's call
-#: (:class:`ExecutorCost`'s defaults); ``--procs 2 4 6`` prints rows of seven to paste here.
-GLOO_BY_NRANKS = ((2, 134.6e-6, 131.6e-6, 182.2e-6), (4, 132.0e-6, 445.7e-6, 855.2e-6))
+#: ``(P, step, native step, call, native call, gather step, gather call)`` (:attr:`ExecutorCost.by_nranks`)
+#: fitted on each process count alone: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30``
+#: (its ``GLOO_BY_NRANKS``), the median of three runs on the idle machine, 2026-11-26; the ranges, in us:
+#: 2 processes 130.0 .. 150.2, 150.6 .. 166.0, 193.1 .. 261.7, 78.5 .. 192.7, 228.4 .. 243.5, 111.3 .. 211.2;
+#: 4 processes 151.4 .. 157.0, 507.2 .. 580.6, 787.2 .. 1131.2, 3118.8 .. 3762.9, 667.7 .. 718.0,
+#: 1837.3 .. 2682.1; 6 processes 153.2 .. 160.3, 932.9 .. 997.1, 2181.1 .. 2664.1, 3578.2 .. 4315.1,
+#: 1120.3 .. 1308.8, 2498.8 .. 3232.4. With a core per process gloo's own ring step is about the executor's
+#: message; with two or three processes per core each step of gloo's rings waits for every rank to run
+#: (3.3x and 6.3x the executor's message), and a call of gloo's allreduce or all-gather that the ranks reach
+#: apart costs milliseconds (the calls grow with the machine's load too: re-fit on the machine you predict for).
+GLOO_BY_NRANKS = (
+    (2, 138.0e-6, 153.5e-6, 244.6e-6, 185.1e-6, 242.6e-6, 184.1e-6),
+    (4, 155.9e-6, 509.5e-6, 959.5e-6, 3629.2e-6, 678.4e-6, 2312.4e-6),
+    (6, 154.5e-6, 976.4e-6, 2201.5e-6, 4211.7e-6, 1138.7e-6, 3168.2e-6),
+)
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
         "gloo",
         GLOO_STEP_S,
         GLOO_NATIVE_STEP_S,
-        "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30",
+        "fitted: python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30",
         GLOO_BY_NRANKS,
     ),
     "nccl": ExecutorCost(

@@ -282,10 +282,10 @@ def test_gloo_gather_pays_gloos_steps_like_the_tree():
 # Combine medians (us) that `python -m treecoll.tools.bench_tree_attention --steps 10` printed on the idle
 # 2-core machine (docs/benchmarks.md, "Tree attention over processes", table (b)): (P, batch) -> method.
 MEASURED_COMBINE_US = {
-    (2, 1): {"tree": 1080, "gather": 872, "allreduce3": 2665},
-    (2, 4): {"tree": 1043, "gather": 953, "allreduce3": 2201},
-    (4, 1): {"tree": 3015, "gather": 5118, "allreduce3": 18974},
-    (4, 4): {"tree": 3335, "gather": 5262, "allreduce3": 18953},
+    (2, 1): {"tree": 986, "gather": 772, "allreduce3": 3886},
+    (2, 4): {"tree": 1196, "gather": 920, "allreduce3": 1865},
+    (4, 1): {"tree": 3485, "gather": 5267, "allreduce3": 18624},
+    (4, 4): {"tree": 3171, "gather": 5271, "allreduce3": 18804},
 }
 
 

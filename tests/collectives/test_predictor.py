@@ -221,7 +221,8 @@ def test_gloo_costs_between_and_beyond_the_fitted_counts():
     """Between two fitted process counts the costs (per message, per native step, per call) are linear in
     the count; outside them, the nearest fitted count's."""
 
-    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0][:4], GLOO_BY_NRANKS[-1][:4]
+    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0][:4], GLOO_BY_NRANKS[1][:4]
+    assert p1 - p0 >= 2, "two neighbouring fitted counts with a count between them"
     mid = executor_cost(Placement(ranks=(p0 + p1) // 2))
     w = ((p0 + p1) // 2 - p0) / (p1 - p0)
     assert mid.step_s == pytest.approx((1 - w) * s0 + w * s1) and mid.native_step_s == pytest.approx(
@@ -229,10 +230,9 @@ def test_gloo_costs_between_and_beyond_the_fitted_counts():
     )
     assert mid.call_s == pytest.approx((1 - w) * c0 + w * c1)
     assert executor_cost(Placement(ranks=1)).step_s == s0
-    assert (
-        executor_cost(Placement(ranks=4 * p1)).native_step_s == n1
-        and executor_cost(Placement(ranks=4 * p1)).call_s == c1
-    )
+    p_last, _, n_last, c_last = GLOO_BY_NRANKS[-1][:4]
+    beyond = executor_cost(Placement(ranks=4 * p_last))
+    assert beyond.native_step_s == n_last and beyond.call_s == c_last
 
 
 def test_fit_times_single_calls_on_real_ranks(pool4):
