@@ -40,7 +40,6 @@ NO_EXAMPLES = {
     "treecoll.tools.bench_tree_attention": BENCHMARK,
     "treecoll.tools.cmd_decode": COMMAND,
     "treecoll.tools.cmd_discover": COMMAND,
-    "treecoll.tools.cmd_simulate": COMMAND,
     "treecoll.tools.cmd_topo": COMMAND,
     "treecoll.tools.cmd_tree": COMMAND,
     "treecoll.tools.demo": COMMAND,
