@@ -750,6 +750,7 @@ def render(d: dict) -> str:
             lines.append(
                 f"{r['size']:>12} {r['meas_us']:>10.1f} {r['meas_busbw']:>10.2f} {r['pred_us']:>10.1f} "
                 f"{r['pred_busbw']:>10.2f} {_pct(r['error']):>7}  {r['algo']:<20} {nm:>10}"
+                + ("  noisy" if r.get("noisy") else "")
             )
         lines.extend(
             f"   noisy: {r['size']} B took {r['meas_us']:g} us out of place and {r['meas_inplace_us']:g} in place "
@@ -767,9 +768,11 @@ def render(d: dict) -> str:
         lines.extend(f"   {_title(e)[3:]}: {e['reason']}" for e in skipped)
     g = d["geomean"]
     deg = sum(1 for e in d["files"] if e["degraded"])
+    noisy_rows = sum(1 for e in d["files"] if not e["degraded"] for r in e["rows"] if r.get("noisy"))
+    also = f"; {noisy_rows} noisy row{'s' * (noisy_rows != 1)} not counted" if noisy_rows else ""
     lines += [
         "",
-        f"total over {g['tables']} tables ({deg} degraded and {len(skipped)} skipped left out): geomean "
+        f"total over {g['tables']} tables ({deg} degraded and {len(skipped)} skipped left out{also}): geomean "
         f"error large {_pct(g['large'])}, small {_pct(g['small'])}",
     ]
     if profile_is_default(d):

@@ -669,6 +669,9 @@ def test_a_row_whose_two_runs_disagree_is_noisy_and_counts_nowhere(tmp_path, cap
         f"noisy: 2048 B took {rows[2048]['meas_us']:g} us out of place and {rows[2048]['meas_inplace_us']:g} in place"
         in out
     )
+    marked = [line.split()[0] for line in out.splitlines() if line.endswith("  noisy")]
+    assert marked == ["2048"]
+    assert "(0 degraded and 0 skipped left out; 1 noisy row not counted)" in out
     fit = validation.calibrate([bad], tol=0.002, check=False)
     assert {"file": str(bad), "sizes": [2048], "reason": validation.NOISY_REASON} in fit["left_out"]
     assert fit["values"]["hop_scale.nvlink"] == pytest.approx(1.5, rel=0.03)
