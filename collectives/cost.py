@@ -191,14 +191,19 @@ class ExecutorCost:
 
     def __post_init__(self) -> None:
         """The defaults named in the class docstring filled in (a frozen dataclass: set once)."""
-        defaults = (
-            ("native_call_s", self.call_s),
-            ("gather_step_s", self.native_step_s),
-            ("gather_call_s", self.native_call_s if self.native_call_s is not None else self.call_s),
+        row = (
+            0,
+            self.step_s,
+            self.native_step_s,
+            self.call_s,
+            self.native_call_s,
+            self.gather_step_s,
+            self.gather_call_s,
         )
-        for name, value in defaults:
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
+        _, _, _, _, native_call, gather, gather_call = _full_row(row)
+        object.__setattr__(self, "native_call_s", native_call)
+        object.__setattr__(self, "gather_step_s", gather)
+        object.__setattr__(self, "gather_call_s", gather_call)
 
     def for_nranks(self, nranks: int) -> ExecutorCost:
         """The costs at ``nranks`` processes from :attr:`by_nranks`: a fitted count's own; between two
@@ -227,13 +232,13 @@ class ExecutorCost:
         )
 
 
-def _full_row(row: tuple[float, ...]) -> tuple[float, ...]:
-    """A :attr:`ExecutorCost.by_nranks` row with its optional columns filled in (the class docstring's
-    defaults): ``(P, step, native step, call, native call, gather step, gather call)``."""
-    p, step, native, call, *rest = row
-    native_call = rest[0] if len(rest) > 0 else call
-    gather = rest[1] if len(rest) > 1 else native
-    gather_call = rest[2] if len(rest) > 2 else native_call
+def _full_row(row: tuple[float | None, ...]) -> tuple[float | None, ...]:
+    """A :attr:`ExecutorCost.by_nranks` row with its optional columns (absent or None) filled in by the
+    class docstring's defaults: ``(P, step, native step, call, native call, gather step, gather call)``."""
+    p, step, native, call, native_call, gather, gather_call = (*row, None, None, None)[:7]
+    native_call = call if native_call is None else native_call
+    gather = native if gather is None else gather
+    gather_call = native_call if gather_call is None else gather_call
     return (p, step, native, call, native_call, gather, gather_call)
 
 

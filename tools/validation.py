@@ -607,7 +607,12 @@ def _glitches(rows: Sequence[nccltests.Row]) -> set[int]:
 def _noisy_sizes(rows: Sequence[nccltests.Row]) -> set[int]:
     """The sizes whose out-of-place and in-place times disagree (:func:`noisy`): left out of the fit as of
     the errors."""
-    return {r.size for r in rows if noisy(r.out_of_place.time_us, r.in_place.time_us if r.in_place else None)}
+    return {r.size for r in rows if noisy(r.out_of_place.time_us, _in_place_us(r))}
+
+
+def _in_place_us(row: nccltests.Row) -> float | None:
+    """A row's in-place time (us), None where the table printed one run only."""
+    return row.in_place.time_us if row.in_place is not None else None
 
 
 def counted(size: int) -> bool:
@@ -663,13 +668,12 @@ def validate_case(
             meas_bus = r.size / (r.out_of_place.time_us * 1e-6) / 1e9 * f
             pred_bus = r.size / pred / 1e9 * f if pred > 0 else 0.0
             nm = nccl_model_time(topo, coll, r.size, algos) if profile is None else None
-            ip = r.in_place.time_us if r.in_place is not None else None
             rows.append(
                 {
                     "size": r.size,
                     "meas_us": r.out_of_place.time_us,
-                    "meas_inplace_us": ip,
-                    "noisy": noisy(r.out_of_place.time_us, ip),
+                    "meas_inplace_us": _in_place_us(r),
+                    "noisy": noisy(r.out_of_place.time_us, _in_place_us(r)),
                     "meas_busbw": meas_bus,
                     "pred_us": pred * 1e6,
                     "pred_busbw": pred_bus,
