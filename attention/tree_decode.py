@@ -91,6 +91,7 @@ from treecoll.topo.errors import AttentionError
 
 __all__ = [
     "COMBINES",
+    "all_gather_single",
     "allreduce3_combine",
     "choose_combine",
     "gather_combine",
@@ -337,7 +338,6 @@ def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -
     ``P`` gathered states (NaN/inf as :mod:`treecoll.attention.state` says). One collective,
     ``(P - 1) * 4 * batch * heads * (head_dim + 1)`` bytes received per rank.
     """
-    import torch.distributed as dist
     from treecoll.attention.state import merge_states
 
     batch, heads, head_dim = out.shape
@@ -346,14 +346,21 @@ def gather_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -
         return out, lse
     buf = pack_state(out, lse)
     gathered = torch.empty(size * buf.numel(), dtype=buf.dtype, device=buf.device)
-    # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is its deprecated name)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(gathered, buf, group=group)
+    all_gather_single(gathered, buf, group=group)
     gathered = gathered.view(size, buf.numel())
     n_out = batch * heads * head_dim
     outs = gathered[:, :n_out].view(size, batch, heads, head_dim)
     lses = gathered[:, n_out:].view(size, batch, heads)
     return merge_states(outs, lses, dim=0)
+
+
+def all_gather_single(out: torch.Tensor, x: torch.Tensor, *, group: Any = None) -> None:
+    """``torch.distributed``'s all-gather of every rank's ``x`` into ``out`` (``P * x.numel()``
+    elements, rank order), the one collective of the ``gather`` combine. torch >= 2.13 names it
+    ``all_gather_single``; ``all_gather_into_tensor`` is its deprecated name."""
+    import torch.distributed as dist
+
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x, group=group)
 
 
 def allreduce3_combine(out: torch.Tensor, lse: torch.Tensor, *, group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -192,6 +192,7 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
     (:func:`treecoll.tools.bench.harness.interleaved`, as the benchmarks time a call)."""
     import torch
     import torch.distributed as dist
+    from treecoll.attention.tree_decode import all_gather_single
     from treecoll.collectives.execute import CollectiveOptions, allreduce
     from treecoll.tools.bench.harness import interleaved, slowest_rank
 
@@ -202,7 +203,7 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
         gathered = torch.empty(world * x.numel())
         cases = {t: (lambda t=t, x=x: allreduce(x, tree=t, options=opts)) for t in TREES}
         cases["native"] = lambda x=x: dist.all_reduce(x)
-        cases["gather"] = lambda x=x, y=gathered: _all_gather(y, x)
+        cases["gather"] = lambda x=x, y=gathered: all_gather_single(y, x)
         for name, fn in cases.items():
             for _ in range(10):
                 fn()
@@ -217,14 +218,6 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
             single[f"single/{name}/{size}"] = fn
     out |= interleaved(single, reps, warmup=1, before=lambda _: dist.barrier(), combine=slowest_rank)
     return out
-
-
-def _all_gather(out, x) -> None:
-    """gloo's all-gather of every rank's ``x`` into ``out``, as the decode combine ``gather`` calls it."""
-    import torch.distributed as dist
-
-    # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is its deprecated name)
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x)
 
 
 def _time_local(nranks: int, reps: int) -> float:
