@@ -447,8 +447,8 @@ def print_table(cases: list[dict]) -> None:
                 None,
                 None,
                 None,
-            ]
-            + [".2e"],
+                ".2e",
+            ],
         )
     )
     print(
