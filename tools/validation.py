@@ -945,10 +945,11 @@ def _fit_rows(
             skipped.append({"file": c.label, "reason": "one GPU: nothing to fit"})
             continue
         algos = tuple(algorithms(c, coll, topo)[0])
-        glitches = _glitches(_row_sizes(c, None))
+        every_row = _row_sizes(c, None)
+        glitches = _glitches(every_row)
         if glitches:
             left_out.append({"file": c.label, "sizes": sorted(glitches), "reason": GLITCH_REASON})
-        noisy_sizes = _noisy_sizes(_row_sizes(c, None)) - glitches
+        noisy_sizes = _noisy_sizes(every_row) - glitches
         if noisy_sizes:
             left_out.append({"file": c.label, "sizes": sorted(noisy_sizes), "reason": NOISY_REASON})
         glitches |= noisy_sizes
@@ -957,11 +958,11 @@ def _fit_rows(
         small = [r for r in counted_rows if r.size <= SMALL]
         # a table without small messages shows its latency in its middle sizes where its curve is flat: those
         # rows too (the large ones alone cannot tell a latency from a bandwidth)
-        mid = [] if small else [r for r in _flat_rows(_row_sizes(c, None)) if r.size not in glitches]
+        mid = [] if small else [r for r in _flat_rows(every_row) if r.size not in glitches]
         picked = (
             _spread(small, half) + _spread(mid, half) + _spread([r for r in counted_rows if r.size >= LARGE], half)
             if counted_rows
-            else _spread([r for r in _row_sizes(c, None) if r.size not in glitches], max_rows)  # neither: as they are
+            else _spread([r for r in every_row if r.size not in glitches], max_rows)  # neither: as they are
         )
         unfitted = []
         for r in picked:
