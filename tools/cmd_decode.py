@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 from treecoll.topo.errors import AttentionError
-from treecoll.topo.fmt import fmt_bytes
+from treecoll.topo.fmt import fmt_bytes, table
 
 __all__ = ["add_parser", "run", "decode_data", "render"]
 
@@ -510,15 +510,19 @@ def render(d: dict) -> str:
         rss = ", ".join(fmt_bytes(b, si=True) for b in d["max_rss_bytes_per_rank"])
         lines.append(f"process peak RSS per rank: {rss}")
     lines.append("")
-    head = f"{'method':<11} {'step (us)':>11} {'vs tree':>8} {'max |err|':>10}  {'bytes sent/rank':<28} peak mem/rank"
-    lines += [head, "-" * len(head)]
-    for name, m in d["methods"].items():
-        err = "-" if m["max_abs_err"] is None else f"{m['max_abs_err']:.1e}"
-        lines.append(
-            f"{name:<11} {m['median_step_s'] * 1e6:>11.0f} {m.get('speedup_of_tree', 1.0):>7.2f}x "
-            f"{err:>10}  {', '.join(fmt_bytes(b, si=True) for b in m['bytes_sent_per_rank']):<28} "
-            f"{', '.join(fmt_bytes(b, si=True) for b in m['peak_bytes_per_rank'])}"
-        )
+    rows = [
+        [
+            name,
+            m["median_step_s"] * 1e6,
+            m.get("speedup_of_tree", 1.0),
+            None if m["max_abs_err"] is None else f"{m['max_abs_err']:.1e}",
+            ", ".join(fmt_bytes(b, si=True) for b in m["bytes_sent_per_rank"]),
+            ", ".join(fmt_bytes(b, si=True) for b in m["peak_bytes_per_rank"]),
+        ]
+        for name, m in d["methods"].items()
+    ]
+    header = ["method", "step (us)", "vs tree", "max |err|", "bytes sent/rank", "peak mem/rank"]
+    lines.append(table(rows, header, formats=[None, ".0f", ".2f", None, None, None]))
     lines.append("")
     lines.append(
         "step = the attention calls of all layers for one token (methods interleaved), max over ranks, "

@@ -63,6 +63,22 @@ def test_decode_json_every_method_matches_reference(capsys):
     # allreduce3: max(lse) [B, H], sum(den) [B, H], sum(num) [B, H, D] in float32
     assert d["methods"]["allreduce3"]["bytes_sent_per_rank"] == [4 * 2 * 4 * (16 + 2)] * 3
     _memory_estimate_bounds_the_run(d)
+    _columns_line_up(d)
+
+
+def _columns_line_up(d: dict) -> None:
+    """The text table of the same run, with the ring's byte counts made 100 MB-sized as at long
+    contexts: every row's per-rank lists start under their headers, however long the lists before them."""
+    ring = d["methods"]["ring"]
+    d = {**d, "methods": {**d["methods"], "ring": {**ring, "bytes_sent_per_rank": [100_700_000] * 3}}}
+    lines = cmd_decode.render(d).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("method"))
+    sent, peak = lines[head].index("bytes sent/rank"), lines[head].index("peak mem/rank")
+    rows = lines[head + 2 : head + 2 + len(d["methods"])]
+    assert [r.split()[0] for r in rows] == list(d["methods"])
+    for row in rows:
+        assert row[sent - 2 : sent] == "  " and row[sent].isdigit(), row
+        assert row[peak - 2 : peak] == "  " and row[peak].isdigit(), row
 
 
 def _memory_estimate_bounds_the_run(d: dict) -> None:
