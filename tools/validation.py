@@ -735,6 +735,16 @@ def _title(e: dict) -> str:
     return f"== {e['file']}{k}: {e.get('collective') or '?'}, {e.get('nranks') or '?'} GPUs"
 
 
+def _skip_line(e: dict) -> str:
+    """A skipped table: the file (and table), what is known of it, and why; the file once."""
+    known = ", ".join(x for x in (e.get("collective"), e.get("nranks") and f"{e['nranks']} GPUs") if x)
+    where = f"{e['file']}#{e['table'] + 1}" if e.get("table") else str(e["file"])
+    reason = str(e["reason"])
+    if known:
+        return f"{where} ({known}): {reason}"
+    return reason if reason.startswith(str(e["file"])) else f"{where}: {reason}"
+
+
 def render(d: dict) -> str:
     """The text of ``treecoll simulate validate``."""
     lines = [f"profile: {d['profile']}"]
@@ -769,7 +779,7 @@ def render(d: dict) -> str:
     skipped = [e for e in d["files"] if e["status"] != "ok"]
     if skipped:
         lines += ["", f"skipped ({len(skipped)}):"]
-        lines.extend(f"   {_title(e)[3:]}: {e['reason']}" for e in skipped)
+        lines.extend(f"   {_skip_line(e)}" for e in skipped)
     g = d["geomean"]
     deg = sum(1 for e in d["files"] if e["degraded"])
     noisy_rows = sum(1 for e in d["files"] if not e["degraded"] for r in e["rows"] if r.get("noisy"))
@@ -1574,7 +1584,7 @@ def add_parsers(sub, common_options: Callable) -> None:
         "predicted against measured busbw of nccl-tests tables",
         "Predict every row of nccl-tests tables and print measured and predicted busbw and the geometric-mean "
         "error for large (>= 64 MiB) and small (<= 64 KiB) messages; degraded runs are marked and left out "
-        "of the total.",
+        "of the total. Exit status 1 when no table could be predicted (every file skipped).",
     )
     v.add_argument(
         "--profile",
@@ -1641,7 +1651,8 @@ def run(args) -> int:
             prof = get_profile(args.profile)
         d = validate(args.files, prof, flags, max_gpus, args.collective, progress=_progress)
         _progress(1, 1, "")
-        return emit(args, d, render)
+        emit(args, d, render)
+        return 0 if any(e["status"] == "ok" for e in d["files"]) else 1
     out = _output(args.output, args.force, args.files)
     from treecoll.collectives.sim.profiles import save_profile
 

@@ -566,6 +566,18 @@ def test_an_unreadable_file_is_listed_as_skipped(tmp_path, capsys):
     assert "skipped (1):" in out and f"{bad}: no nccl-tests table" in out and "total over 1 tables" in out
 
 
+def test_nothing_predicted_exits_1_and_names_each_file_once(tmp_path, capsys):
+    empty, chatter = tmp_path / "empty.txt", tmp_path / "chatter.txt"
+    empty.write_text("")
+    chatter.write_text("no table here\n")
+    assert main(["simulate", "validate", str(empty), str(chatter), "--gpu", "H100"]) == 1
+    out = capsys.readouterr().out
+    skipped = out.split("skipped (2):\n")[1].split("\n\n")[0].splitlines()
+    assert [line.strip().split(":")[0] for line in skipped] == [str(empty), str(chatter)]
+    assert all(line.count(str(tmp_path)) == 1 and "?" not in line for line in skipped), skipped
+    assert "total over 0 tables" in out
+
+
 def test_rows_the_tree_runs_beyond_the_fit_leave_the_links_at_their_defaults(tmp_path):
     """A two-host allreduce over TCPXO (2 x 4 GPUs, 4 x 200 Gb/s NICs) made with 20 us of transport latency:
     from 64 MiB on NCCL's tree is the fastest (it moves each host's message over the NICs once, a ring
