@@ -1473,7 +1473,7 @@ def calibrate(
     rows, skipped, left_out = _fit_rows(cs, flags, max_gpus, collective, max_rows)
     skipped += [{"file": b["file"], "reason": b["reason"]} for b in bad]
     if not rows:
-        why = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped) or "no rows"
+        why = "; ".join(_skip_line(s) for s in skipped) or "no rows"
         raise CollectiveError(f"calibrate: no table row to fit ({why})")
     values, stats = fit_parameters(rows, tol=tol)
     src = "treecoll simulate calibrate on " + ", ".join(p.name for p in paths)

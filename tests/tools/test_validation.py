@@ -576,6 +576,9 @@ def test_nothing_predicted_exits_1_and_names_each_file_once(tmp_path, capsys):
     assert [line.strip().split(":")[0] for line in skipped] == [str(empty), str(chatter)]
     assert all(line.count(str(tmp_path)) == 1 and "?" not in line for line in skipped), skipped
     assert "total over 0 tables" in out
+    assert main(["simulate", "calibrate", str(empty), "--gpu", "H100", "-o", str(tmp_path / "p.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "no table row to fit" in err and err.count(str(empty)) == 1, err
 
 
 def test_rows_the_tree_runs_beyond_the_fit_leave_the_links_at_their_defaults(tmp_path):
