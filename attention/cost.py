@@ -113,8 +113,9 @@ __all__ = [
 
 #: every method the model knows
 METHODS = ("tree", "gather", "allreduce3", "ring")
-#: what :func:`decode_step` reports unless asked for others
-DEFAULT_METHODS = ("tree", "allreduce3", "ring")
+#: what :func:`decode_step` reports unless asked for others: every method, so that its ``auto`` is
+#: chosen among every combine ``tree_decode(combine="auto")`` chooses among
+DEFAULT_METHODS = METHODS
 #: the methods that combine per-rank attention states (``ring`` moves the K/V shards instead)
 COMBINES = ("tree", "gather", "allreduce3")
 #: the process-group backends :func:`combine_times` models
@@ -204,6 +205,12 @@ def decode_step(
     planner's schedule, :func:`treecoll.collectives.sim.executor.predict_schedule`, the number
     ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (``nchunks``
     chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
+
+    Besides ``methods`` (each ``time_s``, ``local_s``, ``combine_s``, bytes and memory), the result
+    holds ``auto``: the combine (of ``tree``, ``gather``, ``allreduce3`` among ``methods``) that
+    ``tree_decode(combine="auto")`` runs, the fastest (:func:`choose_combine`'s rule), and with ``ring``
+    among the methods ``speedup_auto_vs_ring`` and ``speedup_tree_vs_ring`` (ring's time over auto's,
+    over the tree's).
     """
     from treecoll.collectives.cost import MODES
 
@@ -316,6 +323,11 @@ def decode_step(
         out["methods"]["ring"]["step_transfer_s"] = step
     if "tree" in out["methods"] and "ring" in out["methods"]:
         out["speedup_tree_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"]["tree"]["time_s"]
+    combined = [m for m in COMBINES if m in out["methods"]]
+    if combined:  # the rule of choose_combine: the fastest, the first of equals in COMBINES order
+        out["auto"] = min(combined, key=lambda m: (out["methods"][m]["time_s"], COMBINES.index(m)))
+        if "ring" in out["methods"]:
+            out["speedup_auto_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"][out["auto"]]["time_s"]
     return out
 
 

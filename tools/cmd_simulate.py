@@ -152,9 +152,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     d = base(
         "decode",
         "tree attention vs three allreduces vs ring attention, one decode step",
-        "Model one decode step's attention on the topology: tree attention (local attention + one "
-        "tree allreduce of the packed state), the paper's three allreduces, and ring attention "
-        "(K/V passed around the ring).",
+        "Model one decode step's attention on the topology: local attention, then the partial states "
+        "combined by treecoll's tree (one allreduce of the packed state), by one all-gather and a local "
+        "merge, or by the paper's three allreduces; against ring attention (K/V passed around the ring). "
+        "Says which combine tree_decode(combine='auto') runs.",
     )
     d.add_argument(
         "--seq-len",
@@ -197,7 +198,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--mode",
         choices=MODES,
         default="executor",
-        help=MODE_HELP + "; applies to tree and ring (allreduce3 is NCCL's own)",
+        help=MODE_HELP + "; applies to tree and ring (gather and allreduce3 are NCCL's own)",
     )
     lk = base(
         "links",
@@ -605,14 +606,14 @@ def render_decode(d: dict) -> str:
     if d.get("mode", "executor") == "executor":
         lines = [
             f"# tree and ring: executor mode (treecoll's executor on {d['executor']['backend']}: "
-            f"{d['executor']['step_cost_us']:.1f} us per message); allreduce3: NCCL's own allreduce"
+            f"{d['executor']['step_cost_us']:.1f} us per message); gather and allreduce3: NCCL's own collectives"
         ]
     else:
-        lines = ["# tree and ring: in-kernel mode (inside NCCL); allreduce3: NCCL's own allreduce"]
+        lines = ["# tree and ring: in-kernel mode (inside NCCL); gather and allreduce3: NCCL's own collectives"]
     for r in d["runs"]:
         s = r["shape"]
         lines.append(
-            f"# decode step on {d['topology']}: {r['nranks']} GPUs ({r['hosts']} hosts), "
+            f"# decode step on {d['topology']}: {r['nranks']} GPUs ({r['hosts']} host{'s' * (r['hosts'] != 1)}), "
             f"{s['seq_len']} tokens ({r['tokens_per_rank']}/GPU), b={s['batch']}, heads={s['heads']} "
             f"(kv {s['kv_heads']}) x {s['head_dim']}, {s['dtype']}"
         )
@@ -626,10 +627,23 @@ def render_decode(d: dict) -> str:
                 f"{m['combine_s'] * 1e6:>12.1f} {fmt_bytes(m['sent_bytes_per_gpu'], si=True):>12} "
                 f"{fmt_bytes(m['peak_mem_bytes'], si=True):>13} {m['paper_volume_elements']:>14.4g}"
             )
-        if "speedup_tree_vs_ring" in r:
-            lines.append(f"tree attention vs ring attention: {r['speedup_tree_vs_ring']:.1f}x faster")
+        lines.extend(decode_verdict(r))
         lines.append("")
     return "\n".join(lines)
+
+
+def decode_verdict(r: dict) -> list[str]:
+    """The lines under one decode step's table: what ``combine="auto"`` runs and how it, and treecoll's
+    own tree, compare with ring attention."""
+    if "auto" not in r:
+        return []
+    auto = f'auto (tree_decode\'s combine="auto"): {r["auto"]}'
+    if "speedup_auto_vs_ring" not in r:
+        return [auto]
+    lines = [f"{auto}, {r['speedup_auto_vs_ring']:.1f}x faster than ring attention"]
+    if r["auto"] != "tree" and "speedup_tree_vs_ring" in r:
+        lines.append(f"treecoll's tree combine: {r['speedup_tree_vs_ring']:.1f}x faster than ring attention")
+    return lines
 
 
 def plot_decode(d: dict, path: str) -> None:

@@ -3,9 +3,10 @@
 1. the two-level tree on the embedded default topology (two DGX H100), as
    ``treecoll tree build`` prints it (times as treecoll's executor runs the tree:
    :func:`treecoll.collectives.sim.executor.predict_tree`);
-2. one decode step there as ``treecoll simulate decode`` models it: tree
-   attention (local attention plus the simulated allreduce of the packed
-   state) versus Ring Attention (K/V shards passed around the ring);
+2. one decode step there as ``treecoll simulate decode`` models it: local
+   attention, then the partial states combined by the tree, by one
+   all-gather, or by the paper's three all-reduces, versus Ring Attention
+   (K/V shards passed around the ring), and the combine ``auto`` picks;
 3. a real decode on this machine: 4 gloo processes, a small random context,
    tree vs ring vs the paper's three all-reduces, checked against one process.
 
@@ -22,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from treecoll.topo import Topology
 
-__all__ = ["STEPS", "DEMO_DECODE", "TREE_ARGV", "SIMULATE_ARGV", "tree_case", "simulate_case"]
+__all__ = [
+    "STEPS",
+    "DEMO_DECODE",
+    "TREE_ARGV",
+    "SIMULATE_ARGV",
+    "SIMULATED_METHODS",
+    "tree_case",
+    "simulate_case",
+    "simulated_rows",
+]
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Llama-3.1-8B attention
 #: bytes of the packed attention state one decode step reduces (batch 1, fp32 out and lse)
@@ -102,25 +112,39 @@ def step_tree(state: dict) -> None:
     print(render_tree(tree_case(t)))
 
 
+#: the columns of the simulated comparison: the decode step of every method, then auto's pick
+SIMULATED_METHODS = ("tree", "gather", "allreduce3", "ring")
+
+
+def simulated_rows(d: dict) -> list[list[Any]]:
+    """The demo's rows of :func:`simulate_case`'s data: context, each method's step (us), auto's pick and
+    ring's step over auto's."""
+    return [
+        [r["shape"]["seq_len"]]
+        + [r["methods"][m]["time_s"] * 1e6 for m in SIMULATED_METHODS]
+        + [r["auto"], r["speedup_auto_vs_ring"]]
+        for r in d["runs"]
+    ]
+
+
 def step_simulate(state: dict) -> None:
+    from treecoll.topo.fmt import table
+
     t = state["topology"]
     d = simulate_case(t)
     print("$ treecoll " + " ".join(SIMULATE_ARGV))
     print(
         "(the decode model, attention.cost: each GPU reads its K/V shard at HBM bandwidth, and the flow "
-        "simulator times the communication)"
+        "simulator times the communication; decode step in us)"
     )
-    print(f"{'context':>9} {'tree step (us)':>15} {'tree combine (us)':>18} {'ring step (us)':>15} {'ring/tree':>10}")
-    for r in d["runs"]:
-        tree, ring = r["methods"]["tree"], r["methods"]["ring"]
-        print(
-            f"{r['shape']['seq_len']:>9} {tree['time_s'] * 1e6:>15.1f} {tree['combine_s'] * 1e6:>18.1f} "
-            f"{ring['time_s'] * 1e6:>15.1f} {r['speedup_tree_vs_ring']:>9.1f}x"
-        )
+    header = ["context", *SIMULATED_METHODS, "auto", "ring/auto"]
+    print(table(simulated_rows(d), header, formats=[None] + [".1f"] * len(SIMULATED_METHODS) + [None, ".1f"]))
+    tree = d["runs"][0]["methods"]["tree"]
     print(
-        f"tree combine: the two_level allreduce of the {STATE_BYTES} B packed state as treecoll's executor "
-        f"runs it ({d['mode']} mode), whatever the context: the allreduce the tree above prints; ring: every "
-        f"K/V shard visits every rank"
+        f"tree: the two_level allreduce of the {STATE_BYTES} B packed state as treecoll's executor runs it "
+        f"({d['mode']} mode, {tree['combine_s'] * 1e6:.1f} us whatever the context: the allreduce the tree above "
+        f"prints); gather, allreduce3: NCCL's own collectives; ring: every K/V shard visits every rank; auto: "
+        f'the combine tree_decode(combine="auto") runs, the fastest of tree, gather and allreduce3'
     )
 
 

@@ -175,6 +175,22 @@ def test_choose_combine_follows_the_model():
         combine_times(two, 1, 1, 1, methods=("ring",))
 
 
+@pytest.mark.parametrize("mode", ["executor", "in-kernel"])
+def test_decode_step_names_the_combine_auto_runs(mode):
+    """decode_step's ``auto`` is choose_combine's pick for the same placement and shape (what
+    tree_decode(combine="auto") runs), and its ratio to ring is ring's step over that method's."""
+    shape = DecodeShape(seq_len=65_536, heads=32, head_dim=128, kv_heads=8)
+    for topo in (star_topology(2, mem_bw=2000.0), star_topology(8, mem_bw=2000.0)):
+        r = decode_step(topo, shape, mode=mode)
+        assert set(r["methods"]) == {"tree", "gather", "allreduce3", "ring"}
+        assert r["auto"] == choose_combine(topo, 1, 32, 128, mode=mode)
+        ring = r["methods"]["ring"]["time_s"]
+        assert r["speedup_auto_vs_ring"] == pytest.approx(ring / r["methods"][r["auto"]]["time_s"], rel=1e-12)
+        assert r["speedup_tree_vs_ring"] == pytest.approx(ring / r["methods"]["tree"]["time_s"], rel=1e-12)
+    only = decode_step(star_topology(2, mem_bw=2000.0), shape, methods=("allreduce3",))
+    assert only["auto"] == "allreduce3" and "speedup_auto_vs_ring" not in only
+
+
 def test_gloo_combine_times_by_hand():
     """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
     128: the gather is gloo's all-gather in rank order, 3 steps of one state (2 links each, and the

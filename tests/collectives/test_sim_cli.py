@@ -71,7 +71,8 @@ def test_simulate_decode_and_links_text(capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "tree attention vs ring attention" in out and "allreduce3" in out
+    assert "allreduce3" in out and "gather" in out
+    assert 'auto (tree_decode\'s combine="auto"): gather, ' in out and "x faster than ring attention" in out
     assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "ring", "--size", "1MiB", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert out.count("nvlink ") >= 3 and "busbw" in out

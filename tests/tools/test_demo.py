@@ -42,16 +42,19 @@ def test_simulated_section_is_simulate_decode(capsys, default):
     cli, out = _demo_and_cli(
         capsys, demo_decode.SIMULATE_ARGV, demo_decode.simulate_case, demo_decode.step_simulate, default
     )
-    rows = out.split("ring/tree\n")[1].splitlines()[: len(cli["runs"])]
+    rows = out.split("ring/auto\n")[1].splitlines()[1 : 1 + len(cli["runs"])]
     for row, r in zip(rows, cli["runs"]):
-        tree, ring = r["methods"]["tree"], r["methods"]["ring"]
+        m = r["methods"]
         assert row.split() == [
             str(r["shape"]["seq_len"]),
-            f"{tree['time_s'] * 1e6:.1f}",
-            f"{tree['combine_s'] * 1e6:.1f}",
-            f"{ring['time_s'] * 1e6:.1f}",
-            f"{r['speedup_tree_vs_ring']:.1f}x",
+            *(f"{m[name]['time_s'] * 1e6:.1f}" for name in ("tree", "gather", "allreduce3", "ring")),
+            r["auto"],
+            f"{r['speedup_auto_vs_ring']:.1f}",
         ]
+        # auto is the fastest combine the command prints, and its ratio is ring's step over it
+        combines = {name: m[name]["time_s"] for name in ("tree", "gather", "allreduce3")}
+        assert r["auto"] == min(combines, key=combines.get)
+        assert r["speedup_auto_vs_ring"] == pytest.approx(m["ring"]["time_s"] / combines[r["auto"]], rel=1e-12)
     # the same tree allreduce appears in both sections, the same number
     tree_cli = json.loads((main(list(demo_decode.TREE_ARGV) + ["--json"]), capsys.readouterr().out)[1])
     assert all(
