@@ -73,6 +73,7 @@ __all__ = [
     "fit_through_origin",
     "fit_by_nranks",
     "fit_local",
+    "case_rows",
     "combine_dispatch",
     "LOCAL_CASES",
     "implausible",
@@ -315,6 +316,35 @@ def _local_cases(world: int) -> dict:
     }
 
 
+def case_rows(per_rank: list[dict], nranks: int) -> list[dict]:
+    """:func:`fit_by_nranks`'s rows from :func:`_time_rank`'s results on ``nranks`` ranks, one per (case,
+    size): ``time_us`` a call back to back (a round's time is its slowest rank's; the fastest round, the
+    one the machine's other load disturbed least), ``single_us`` the median of the single calls after a
+    barrier (already the slowest rank's), ``messages`` the steps it is divided by (:func:`messages_of`).
+
+    >>> r0 = {"chain/8": [3e-4, 2e-4], "single/chain/8": [5e-4, 7e-4, 6e-4], "local/dispatch": [1e-4]}
+    >>> r1 = {"chain/8": [1e-4, 4e-4], "single/chain/8": [5e-4, 7e-4, 6e-4], "local/dispatch": [1e-4]}
+    >>> case_rows([r0, r1], 2)   # rounds: slowest 3e-4 and 4e-4, the fastest of them 3e-4
+    [{'procs': 2, 'case': 'chain', 'bytes': 8, 'time_us': 300.0, 'messages': 2.0, 'single_us': 600.0}]
+    """
+    rows = []
+    for key in (k for k in per_rank[0] if not k.startswith(("single/", "local/"))):
+        name, size = key.split("/")
+        t = min(max(rounds) for rounds in zip(*(r[key] for r in per_rank)))
+        single = statistics.median(per_rank[0][f"single/{key}"])
+        rows.append(
+            {
+                "procs": nranks,
+                "case": name,
+                "bytes": int(size),
+                "time_us": round(t * 1e6, 6),
+                "messages": messages_of(name, nranks, int(size)),
+                "single_us": round(single * 1e6, 6),
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from treecoll.collectives.launch import RankPool
 
@@ -323,31 +353,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30, help=f"rounds of {CALLS} calls timed per case (default 30)")
     ap.add_argument("--json", default="", help="write the measurements and the fit here")
     args = ap.parse_args(argv)
-    tree_pairs, native_pairs, rows, local, python = [], [], [], [], []
+    rows, local, python = [], [], []
     for p in args.procs:
         with RankPool(p) as pool:
             per_rank = pool.run(_time_rank, args.reps, timeout=600)
         local.append(fit_local(per_rank, p))
-        for key in (k for k in per_rank[0] if not k.startswith(("single/", "local/"))):
-            name, size = key.split("/")
-            # a round's time is its slowest rank's; the fastest round is the one the machine's other
-            # load disturbed least
-            t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
-            s = messages_of(name, p, int(size))
-            single = statistics.median(per_rank[0][f"single/{key}"])  # already the slowest rank's
-            row = {"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s}
-            row["single_us"] = single * 1e6
+        for row in case_rows(per_rank, p):
             rows.append(row)
-            if name not in NATIVE_CASES:
-                tree_pairs.append((t, s))
-            elif name == "native" and _ring_sized(row):
-                native_pairs.append((t, s))
+            t, s = row["time_us"], row["messages"]
             print(
-                f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message; "
-                f"one call after a barrier {single * 1e6:8.1f} us",
+                f"P={p} {row['case']:9} {row['bytes']:>5} B  {t:8.1f} us  / {s:5.1f} = {t / s:6.1f} us per message; "
+                f"one call after a barrier {row['single_us']:8.1f} us",
                 flush=True,
             )
         python.append(_time_local(p, args.reps))
+    tree_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if r["case"] not in NATIVE_CASES]
+    native_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if r["case"] == "native" and _ring_sized(r)]
     fit = {
         "GLOO_STEP_S": fit_through_origin(tree_pairs),
         "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
