@@ -67,6 +67,10 @@ import os
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "main",
@@ -286,7 +290,7 @@ def fit_local(per_rank: list[dict], nranks: int) -> tuple[float, ...]:
     )
 
 
-def combine_dispatch(out, lse) -> None:
+def combine_dispatch(out: torch.Tensor, lse: torch.Tensor) -> None:
     """The Python one ``tree_combine`` call runs on a rank besides its communication and merges (timed as
     ``dispatch``): the group's placement and the tree looked up, the state packed into one buffer, the
     result unpacked."""
