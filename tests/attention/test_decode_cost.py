@@ -225,8 +225,16 @@ def test_gloo_combines_each_pay_their_own_kind_of_call(monkeypatch):
         )
         return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
 
+    _assert_each_column_adds(
+        times, row, d, {5: {"gather": (P - 1) * d}, 6: {"gather": d}, 4: {"allreduce3": 3 * d}, 3: {"tree": d}}
+    )
+
+
+def _assert_each_column_adds(times, row: tuple, d: float, expect: dict) -> None:
+    """``times(row)`` after adding ``d`` to column ``col`` of ``row`` is ``times(row)`` plus ``expect[col]``
+    (method -> seconds; 0 for a method not named), for every column of ``expect``."""
     base = times(row)
-    for col, what in ((5, {"gather": (P - 1) * d}), (6, {"gather": d}), (4, {"allreduce3": 3 * d}), (3, {"tree": d})):
+    for col, what in expect.items():
         bumped = list(row)
         bumped[col] += d
         got = times(bumped)
@@ -250,14 +258,9 @@ def test_gloo_combines_pay_their_own_local_ops(monkeypatch):
         monkeypatch.setattr(acost, "GLOO_LOCAL_BY_NRANKS", (tuple(r),))
         return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
 
-    base = times(row)
-    expect = {1: {"tree": 3 * d}, 2: {"gather": d, "allreduce3": d}, 3: {"tree": d, "gather": d}}
-    for col, what in expect.items():
-        bumped = list(row)
-        bumped[col] += d
-        got = times(bumped)
-        for m in base:
-            assert got[m] == pytest.approx(base[m] + what.get(m, 0.0), rel=1e-9), (col, m)
+    _assert_each_column_adds(
+        times, row, d, {1: {"tree": 3 * d}, 2: {"gather": d, "allreduce3": d}, 3: {"tree": d, "gather": d}}
+    )
 
 
 def test_local_cost_between_and_beyond_the_fitted_counts(monkeypatch):
