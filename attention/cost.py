@@ -35,12 +35,17 @@ per collective call the time the ranks take to come together, fitted on calls of
 the same kind (:attr:`~treecoll.collectives.cost.ExecutorCost.call_s` for the
 tree's one call, ``gather_call_s`` for the gather's, ``native_call_s`` for each
 of the three all-reduces). The
-merges are torch ops on CPU tensors, whose dispatch outweighs the bytes at
-decode state sizes: the tree pays :data:`MERGE_PAIR_S` for each merge in its
+merges and the rest of a combine's own Python are torch ops and Python calls on
+CPU tensors, whose dispatch outweighs the bytes at decode state sizes, and run
+right after the rank waited for its peers (so slower than the same ops back to
+back): :class:`LocalCost`, fitted at the group's process count
+(:func:`local_cost`). The tree pays ``merge_pair_s`` for each merge in its
 longest chain of merges in a row (a node merges its children one after the
 other, then sends up: ``P − 1`` at the root of a star), the gather
-:data:`MERGE_STATES_S` for its one merge of the ``P`` states, the three
-all-reduces as much for their local ops (shift, exponentials, the division).
+``merge_states_s`` for its one merge of the ``P`` states, the three
+all-reduces as much for their local ops (shift, exponentials, the division);
+the tree and the gather ``dispatch_s`` once (the placement and tree looked up,
+the state packed, the result unpacked).
 * ``allreduce3`` (the paper's Algorithm 3, Zyphra's and lucidrains' code):
   three allreduces one after the other, max of lse [B, H], sum of the
   denominators [B, H], sum of the numerators [B, H, D], all fp32, each timed
@@ -76,7 +81,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from treecoll.collectives.cost import executor_cost
+from treecoll.collectives.cost import executor_cost, row_for_nranks
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
 from treecoll.collectives.sim.simulator import (
@@ -97,8 +102,9 @@ __all__ = [
     "combine_times",
     "choose_combine",
     "merges_in_a_row",
-    "MERGE_PAIR_S",
-    "MERGE_STATES_S",
+    "LocalCost",
+    "local_cost",
+    "GLOO_LOCAL_BY_NRANKS",
     "paper_volumes",
     "paper_memory",
     "PAPER_SEQ_LENS",
@@ -124,13 +130,47 @@ BACKENDS = ("nccl", "gloo")
 PAPER_SEQ_LENS = tuple(80_000 * 2**i for i in range(7))
 #: DGX H100 host counts of the paper's Fig. 3b (1 to 16 nodes of 8 GPUs)
 PAPER_HOSTS = (1, 2, 4, 8, 16)
-#: seconds of one :class:`~treecoll.attention.MergeOp` of two packed CPU states (a tree node's merge of one
-#: child), and of one :func:`~treecoll.attention.merge_states` of 4 stacked states (the gather's merge):
-#: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30`` (``MERGE_PAIR_S``,
-#: ``MERGE_STATES_S``: 32 heads x 128, batch 1), the median of three runs on the idle machine (55.7 .. 56.1 us
-#: and 39.3 .. 39.9 us). A few torch ops each: their dispatch, not the state's bytes, sets the time.
-MERGE_PAIR_S = 55.9e-6
-MERGE_STATES_S = 39.4e-6
+#: ``(P, merge pair, merge states, dispatch)`` seconds (:class:`LocalCost`) on a gloo group of P CPU processes:
+#: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30`` (its ``GLOO_LOCAL_BY_NRANKS``), each
+#: op one call at a time after a barrier, interleaved with the fit's other single calls, the slowest rank's,
+#: the median. One run while other jobs loaded the 2-core machine (load average 5.4 before, 9.4 after): too
+#: high for a quiet machine; re-fit it idle. A few torch ops each: their dispatch, not the state's bytes, sets
+#: the time, and an op right after its rank waited asleep takes 2-3x what the same op takes back to back in a
+#: loop (side by side under load: a pair merge 125-148 us against 56-57 us).
+GLOO_LOCAL_BY_NRANKS = (
+    (2, 292.1e-6, 151.5e-6, 195.4e-6),
+    (4, 384.3e-6, 290.1e-6, 284.7e-6),
+    (6, 384.6e-6, 306.7e-6, 301.9e-6),
+)
+
+
+@dataclass(frozen=True)
+class LocalCost:
+    """Seconds of Python a decode combine runs on a gloo rank besides its communication, each as a combine
+    runs it: one call right after the rank waited for its peers (timed after a barrier, the slowest rank's,
+    the median; back to back in a loop the same ops take 2-3x less).
+
+    ``merge_pair_s``: one :class:`~treecoll.attention.MergeOp` of two packed states (a tree node's merge of
+    one child). ``merge_states_s``: one :func:`~treecoll.attention.merge_states` of the group's ``P`` states
+    (the gather's merge; the three all-reduces' local ops, a shift, exponentials and a division, as much).
+    ``dispatch_s``: the rest of one ``tree_combine`` call on a rank, once per call: the placement and tree
+    looked up, the state packed into one buffer, the result unpacked (the gather: its buffer allocated and
+    viewed instead).
+
+    >>> (p2, *two), (p4, *four) = GLOO_LOCAL_BY_NRANKS[:2]
+    >>> local_cost(3) == LocalCost(*((a + b) / 2 for a, b in zip(two, four))) and (p2, p4) == (2, 4)
+    True
+    """
+
+    merge_pair_s: float
+    merge_states_s: float
+    dispatch_s: float
+
+
+def local_cost(nranks: int) -> LocalCost:
+    """The :class:`LocalCost` of a gloo group of ``nranks`` processes from :data:`GLOO_LOCAL_BY_NRANKS` (between
+    fitted counts linear in the count, beyond them the nearest: :func:`treecoll.collectives.cost.row_for_nranks`)."""
+    return LocalCost(*row_for_nranks(list(GLOO_LOCAL_BY_NRANKS), nranks))
 
 
 @dataclass(frozen=True)
@@ -489,13 +529,14 @@ def _gloo_combine_times(
     topology, gpus = placed(p, what="combine model")
     P, state_bytes = len(gpus), 4 * rows * (head_dim + 1)
     cost = executor_cost(p, "gloo")  # fitted at the group's process count
+    local = local_cost(P)
     out = {}
     if "tree" in methods:
         opts = {"rails": False} if tree == "two_level" else {}
         plan = builders.build(tree, p, **opts)
         if mode == "executor":  # the backend's per-message cost on top of the links, the merges in Python
             r = predict_schedule(p, plan, state_bytes, nchunks=1, backend="gloo", step_cost=cost.step_s)
-            merges = merges_in_a_row(plan.children, plan.root) * MERGE_PAIR_S
+            merges = merges_in_a_row(plan.children, plan.root) * local.merge_pair_s + local.dispatch_s
         else:
             r = simulate_executor(p, plan, state_bytes, algo="tree", nchunks=1, profile=profile)
             merges = 0.0
@@ -511,7 +552,7 @@ def _gloo_combine_times(
     if "gather" in methods:
         net = Network(topology, get_profile(profile))
         lat, drain = concurrent_times(net, [(gpus[i], gpus[(i + 1) % P], state_bytes) for i in range(P)])
-        merge = MERGE_STATES_S + ((P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0)
+        merge = local.merge_states_s + local.dispatch_s + ((P + 1) * state_bytes / mem_bw if mem_bw > 0 else 0.0)
         out["gather"] = {
             "time_s": (P - 1) * (float((lat + drain).max()) + cost.gather_step_s) + merge + cost.gather_call_s,
             "sent_bytes_per_gpu": float((P - 1) * state_bytes),
@@ -525,7 +566,7 @@ def _gloo_combine_times(
         sent = sum(2 * (P - 1) / P * nbytes for nbytes in parts)
         out["allreduce3"] = {
             # each a ring of 2 (P - 1) steps, each step with gloo's own per-step time, and a call; the local ops
-            "time_s": sum(r.time + 2 * (P - 1) * native_step + cost.native_call_s for r in runs) + MERGE_STATES_S,
+            "time_s": sum(r.time + 2 * (P - 1) * native_step + cost.native_call_s for r in runs) + local.merge_states_s,
             "sent_bytes_per_gpu": sent,
             "sent_bytes_total": sent * P,
             "scratch_bytes": max(max(r.peak_scratch) for r in runs),

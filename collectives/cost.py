@@ -101,6 +101,7 @@ __all__ = [
     "EXECUTOR_COSTS",
     "executor_cost",
     "backend_of",
+    "row_for_nranks",
     "MODES",
     "DEFAULT_MODE",
     "MSG_OVERHEAD",
@@ -215,11 +216,9 @@ class ExecutorCost:
         at every count."""
         if not self.by_nranks:
             return self
-        rows = [_full_row(r) for r in self.by_nranks]
-        lo = max((r for r in rows if r[0] <= nranks), default=rows[0], key=lambda r: r[0])
-        hi = min((r for r in rows if r[0] >= nranks), default=rows[-1], key=lambda r: r[0])
-        w = (nranks - lo[0]) / (hi[0] - lo[0]) if hi[0] != lo[0] else 0.0
-        step, native, call, native_call, gather, gather_call = ((1 - w) * a + w * b for a, b in zip(lo[1:], hi[1:]))
+        step, native, call, native_call, gather, gather_call = row_for_nranks(
+            [_full_row(r) for r in self.by_nranks], nranks
+        )
         return replace(
             self,
             step_s=step,
@@ -230,6 +229,20 @@ class ExecutorCost:
             gather_call_s=gather_call,
             by_nranks=(),
         )
+
+
+def row_for_nranks(rows: list[tuple[float, ...]], nranks: int) -> tuple[float, ...]:
+    """The values (all but the first column) of per-process-count rows ``(P, v1, v2, ...)`` at ``nranks``:
+    a fitted count's own; between two fitted counts, linear in the count between theirs; below the smallest
+    or above the largest, that count's (held, not extrapolated). ``rows``: non-empty, any order.
+
+    >>> row_for_nranks([(2, 1.0, 10.0), (6, 3.0, 30.0)], 3), row_for_nranks([(2, 1.0, 10.0)], 8)
+    ((1.5, 15.0), (1.0, 10.0))
+    """
+    lo = max((r for r in rows if r[0] <= nranks), default=min(rows, key=lambda r: r[0]), key=lambda r: r[0])
+    hi = min((r for r in rows if r[0] >= nranks), default=max(rows, key=lambda r: r[0]), key=lambda r: r[0])
+    w = (nranks - lo[0]) / (hi[0] - lo[0]) if hi[0] != lo[0] else 0.0
+    return tuple((1 - w) * a + w * b for a, b in zip(lo[1:], hi[1:]))
 
 
 def _full_row(row: tuple[float | None, ...]) -> tuple[float | None, ...]:

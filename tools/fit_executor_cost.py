@@ -38,12 +38,17 @@ treecoll's executor issues every send and receive from Python; the
   allreduce's excess grows with its steps), so each kind has its own, paid once per call:
   three all-reduces three times the allreduce's, the tree the executor's, the gather the
   all-gather's.
-* **Attention-state merges in Python** (``MERGE_PAIR_S``, ``MERGE_STATES_S``): one
-  :class:`treecoll.attention.MergeOp` of two packed states (what a tree node does
-  per child) and one :func:`treecoll.attention.merge_states` of ``max(--procs)``
-  stacked states (what the all-gather combine does once), Llama-3.1-8B's 32 heads
-  x 128 at batch 1, median of single calls; a few torch ops each, so their
-  dispatch, not the bytes, sets the time at decode state sizes.
+* **A decode combine's own Python** (``GLOO_LOCAL_BY_NRANKS``,
+  :class:`treecoll.attention.cost.LocalCost`): one :class:`treecoll.attention.MergeOp` of two
+  packed states (what a tree node does per child), one :func:`treecoll.attention.merge_states`
+  of the ``P`` stacked states (what the all-gather combine does once) and the rest of a
+  ``tree_combine`` call's Python (:func:`combine_dispatch`: the placement and tree looked up,
+  the state packed and unpacked), Llama-3.1-8B's 32 heads x 128 at batch 1, timed in the
+  ranks as the combine runs them and as the benchmark times it: one call at a time after a
+  barrier, interleaved with the single calls above, the slowest rank's, the median
+  (:func:`fit_local`). An op right after its rank waited asleep takes 2-3x what it takes back
+  to back in a loop (caches and the core woken cold), and a decode step's merges always
+  follow a wait.
 
 The constants in :mod:`treecoll.collectives.cost` are what this printed; run it
 on a quiet machine::
@@ -62,11 +67,19 @@ import os
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "main",
     "fit_through_origin",
     "fit_by_nranks",
+    "fit_local",
+    "case_rows",
+    "combine_dispatch",
+    "LOCAL_CASES",
     "implausible",
     "messages_of",
     "serial_messages",
@@ -83,6 +96,11 @@ SIZES = (8, 256, 1024, 16512)
 NATIVE_CASES = ("native", "gather")
 #: calls per timed round
 CALLS = 10
+#: a decode combine's local ops timed in the ranks (:func:`fit_local`), in :class:`treecoll.attention.cost.LocalCost`'s
+#: order; keys ``local/<name>`` of :func:`_time_rank`'s result
+LOCAL_CASES = ("merge_pair", "merge_states", "dispatch")
+#: the decode state the local ops are timed on: Llama-3.1-8B's attention at batch 1 (batch, heads, head_dim)
+LOCAL_SHAPE = (1, 32, 128)
 
 
 def fit_through_origin(pairs: list[tuple[float, float]]) -> float:
@@ -187,9 +205,11 @@ def serial_messages(tree: str, nranks: int, nbytes: int) -> float:
 
 def _time_rank(rank: int, world: int, reps: int) -> dict:
     """On one gloo rank: seconds per call of each (tree, size) and of torch's all_reduce, one
-    value per round of :data:`CALLS` calls (each round after a barrier), and under
+    value per round of :data:`CALLS` calls (each round after a barrier), under
     ``single/<case>`` the slowest rank's seconds of each of ``reps`` single calls after a barrier
-    (:func:`treecoll.tools.bench.harness.interleaved`, as the benchmarks time a call)."""
+    (:func:`treecoll.tools.bench.harness.interleaved`, as the benchmarks time a call), and under
+    ``local/<op>`` this rank's seconds of each of ``reps`` calls of the combine's local ops
+    (:data:`LOCAL_CASES`), one after a barrier each, interleaved with the single calls again."""
     import torch
     import torch.distributed as dist
     from treecoll.attention.tree_decode import all_gather_single
@@ -217,6 +237,10 @@ def _time_rank(rank: int, world: int, reps: int) -> dict:
             out[f"{name}/{size}"] = times
             single[f"single/{name}/{size}"] = fn
     out |= interleaved(single, reps, warmup=1, before=lambda _: dist.barrier(), combine=slowest_rank)
+    # the combine's local ops as the combine runs them: after a barrier, among the single calls (per rank)
+    cases = _local_cases(world) | single
+    times = interleaved(cases, reps, warmup=1, before=lambda _: dist.barrier())
+    out |= {k: v for k, v in times.items() if k.startswith("local/")}
     return out
 
 
@@ -246,32 +270,83 @@ def _time_local(nranks: int, reps: int) -> float:
     return max(run_ranks(nranks, body)) / reps / msgs
 
 
-def _time_merges(nstates: int, reps: int) -> dict[str, float]:
-    """Median seconds of one :class:`MergeOp` of two packed states and one ``merge_states`` of
-    ``nstates`` states (module docstring), on this process."""
+def fit_local(per_rank: list[dict], nranks: int) -> tuple[float, ...]:
+    """``(P, merge pair, merge states, dispatch)`` seconds: the median over repetitions of the slowest rank's
+    time of each :data:`LOCAL_CASES` op (``per_rank``: :func:`_time_rank`'s results, ``local/<name>`` a list of
+    seconds per repetition on that rank).
 
+    >>> rest = {"local/merge_states": [1e-4] * 3, "local/dispatch": [5e-5] * 3}
+    >>> ranks = [{"local/merge_pair": [1e-4, 3e-4, 2e-4]} | rest,
+    ...          {"local/merge_pair": [2e-4, 1e-4, 1e-4]} | rest | {"local/merge_states": [2e-4] * 3}]
+    >>> fit_local(ranks, 2)   # merge pair: slowest ranks 2e-4, 3e-4, 2e-4
+    (2, 0.0002, 0.0002, 5e-05)
+    """
+    return (
+        nranks,
+        *(
+            round(statistics.median(max(ts) for ts in zip(*(r[f"local/{c}"] for r in per_rank))), 10)
+            for c in LOCAL_CASES
+        ),
+    )
+
+
+def combine_dispatch(out: torch.Tensor, lse: torch.Tensor) -> None:
+    """The Python one ``tree_combine`` call runs on a rank besides its communication and merges (timed as
+    ``dispatch``): the group's placement and the tree looked up, the state packed into one buffer, the
+    result unpacked."""
+    from treecoll.attention.state import pack_state, unpack_state
+    from treecoll.attention.tree_decode import _merge_op, group_placement, resolve_tree
+
+    p = group_placement()
+    resolve_tree("auto", placement=p)
+    _merge_op(*out.shape)
+    unpack_state(pack_state(out, lse), *out.shape)
+
+
+def _local_cases(world: int) -> dict:
+    """:data:`LOCAL_CASES`' ops on this rank (keys ``local/<name>``), on :data:`LOCAL_SHAPE` states."""
     import torch
     from treecoll.attention.state import MergeOp, merge_states, pack_state
 
-    heads, head_dim = 32, 128
-    op = MergeOp(batch=1, heads=heads, head_dim=head_dim)
-    a = pack_state(torch.randn(1, heads, head_dim), torch.randn(1, heads))
-    outs, lses = torch.randn(nstates, 1, heads, head_dim), torch.randn(nstates, 1, heads)
-
-    def median_s(fn) -> float:
-        for _ in range(10):
-            fn()
-        times = []
-        for _ in range(max(reps, 1) * CALLS):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
+    batch, heads, head_dim = LOCAL_SHAPE
+    op = MergeOp(batch=batch, heads=heads, head_dim=head_dim)
+    out, lse = torch.randn(batch, heads, head_dim), torch.randn(batch, heads)
+    a = pack_state(out, lse)
+    outs, lses = torch.randn(world, batch, heads, head_dim), torch.randn(world, batch, heads)
     return {
-        "MERGE_PAIR_S": median_s(lambda: op(a, a)),
-        "MERGE_STATES_S": median_s(lambda: merge_states(outs, lses, dim=0)),
+        "local/merge_pair": lambda: op(a, a),
+        "local/merge_states": lambda: merge_states(outs, lses, dim=0),
+        "local/dispatch": lambda: combine_dispatch(out, lse),
     }
+
+
+def case_rows(per_rank: list[dict], nranks: int) -> list[dict]:
+    """:func:`fit_by_nranks`'s rows from :func:`_time_rank`'s results on ``nranks`` ranks, one per (case,
+    size): ``time_us`` a call back to back (a round's time is its slowest rank's; the fastest round, the
+    one the machine's other load disturbed least), ``single_us`` the median of the single calls after a
+    barrier (already the slowest rank's), ``messages`` the steps it is divided by (:func:`messages_of`).
+
+    >>> r0 = {"chain/8": [3e-4, 2e-4], "single/chain/8": [5e-4, 7e-4, 6e-4], "local/dispatch": [1e-4]}
+    >>> r1 = {"chain/8": [1e-4, 4e-4], "single/chain/8": [5e-4, 7e-4, 6e-4], "local/dispatch": [1e-4]}
+    >>> case_rows([r0, r1], 2)   # rounds: slowest 3e-4 and 4e-4, the fastest of them 3e-4
+    [{'procs': 2, 'case': 'chain', 'bytes': 8, 'time_us': 300.0, 'messages': 2.0, 'single_us': 600.0}]
+    """
+    rows = []
+    for key in (k for k in per_rank[0] if not k.startswith(("single/", "local/"))):
+        name, size = key.split("/")
+        t = min(max(rounds) for rounds in zip(*(r[key] for r in per_rank)))
+        single = statistics.median(per_rank[0][f"single/{key}"])
+        rows.append(
+            {
+                "procs": nranks,
+                "case": name,
+                "bytes": int(size),
+                "time_us": round(t * 1e6, 6),
+                "messages": messages_of(name, nranks, int(size)),
+                "single_us": round(single * 1e6, 6),
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,35 +357,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30, help=f"rounds of {CALLS} calls timed per case (default 30)")
     ap.add_argument("--json", default="", help="write the measurements and the fit here")
     args = ap.parse_args(argv)
-    tree_pairs, native_pairs, rows, local = [], [], [], []
+    rows, local, python = [], [], []
     for p in args.procs:
         with RankPool(p) as pool:
             per_rank = pool.run(_time_rank, args.reps, timeout=600)
-        for key in (k for k in per_rank[0] if not k.startswith("single/")):
-            name, size = key.split("/")
-            # a round's time is its slowest rank's; the fastest round is the one the machine's other
-            # load disturbed least
-            t = min(max(r[key][i] for r in per_rank) for i in range(args.reps))
-            s = messages_of(name, p, int(size))
-            single = statistics.median(per_rank[0][f"single/{key}"])  # already the slowest rank's
-            row = {"procs": p, "case": name, "bytes": int(size), "time_us": t * 1e6, "messages": s}
-            row["single_us"] = single * 1e6
+        local.append(fit_local(per_rank, p))
+        for row in case_rows(per_rank, p):
             rows.append(row)
-            if name not in NATIVE_CASES:
-                tree_pairs.append((t, s))
-            elif name == "native" and _ring_sized(row):
-                native_pairs.append((t, s))
+            t, s = row["time_us"], row["messages"]
             print(
-                f"P={p} {name:9} {size:>5} B  {t * 1e6:8.1f} us  / {s:5.1f} = {t / s * 1e6:6.1f} us per message; "
-                f"one call after a barrier {single * 1e6:8.1f} us",
+                f"P={p} {row['case']:9} {row['bytes']:>5} B  {t:8.1f} us  / {s:5.1f} = {t / s:6.1f} us per message; "
+                f"one call after a barrier {row['single_us']:8.1f} us",
                 flush=True,
             )
-        local.append(_time_local(p, args.reps))
+        python.append(_time_local(p, args.reps))
+    tree_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if r["case"] not in NATIVE_CASES]
+    native_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if r["case"] == "native" and _ring_sized(r)]
     fit = {
         "GLOO_STEP_S": fit_through_origin(tree_pairs),
         "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
-        "PYTHON_STEP_S": min(local),
-        **_time_merges(max(args.procs), args.reps),
+        "PYTHON_STEP_S": min(python),
     }
     for k, v in fit.items():
         print(f"{k} = {v * 1e6:.1f}e-6")
@@ -320,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(
             "(" + ", ".join([str(r[0])] + [f"{v * 1e6:.1f}e-6" for v in r[1:]]) + ")" for r in fit["GLOO_BY_NRANKS"]
         )
+        + ")"
+    )
+    fit["GLOO_LOCAL_BY_NRANKS"] = local
+    print(
+        "GLOO_LOCAL_BY_NRANKS = ("
+        + ", ".join("(" + ", ".join([str(r[0])] + [f"{v * 1e6:.1f}e-6" for v in r[1:]]) + ")" for r in local)
         + ")"
     )
     print(f"load average after the fit: {os.getloadavg()}")

@@ -3,17 +3,19 @@ simulated volumes behind them."""
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 from treecoll.attention.cost import (
+    GLOO_LOCAL_BY_NRANKS,
     LLAMA31_8B,
-    MERGE_PAIR_S,
-    MERGE_STATES_S,
     PAPER_HOSTS,
     PAPER_SEQ_LENS,
     DecodeShape,
     choose_combine,
     combine_times,
     decode_step,
+    local_cost,
     paper_memory,
     paper_volumes,
 )
@@ -194,26 +196,29 @@ def test_decode_step_names_the_combine_auto_runs(mode):
 def test_gloo_combine_times_by_hand():
     """backend="gloo" on a star of 4 ranks (100 GB/s, 1 us per link, 2000 GB/s merges), batch 2 x 16 heads x
     128: the gather is gloo's all-gather in rank order, 3 steps of one state (2 links each, and the
-    all-gather's own per-step time g at 4 processes) plus the merge (its bytes and one merge_states call)
-    and one all-gather call's cost cg; the three all-reduces are rank-order ring allreduces of 128, 128 and
-    16384 bytes: 6 steps of a quarter of each over 2 links (each with the allreduce's per-step time o), 3
-    reduces of that quarter (3 x bytes / mem_bw) and an allreduce call's cost c each, and one merge's worth
-    of local ops. Each kind's costs are its own columns of the fit at 4 processes."""
+    all-gather's own per-step time g at 4 processes) plus the merge (its bytes and one merge_states call m),
+    the combine call's own Python d once and one all-gather call's cost cg; the three all-reduces are
+    rank-order ring allreduces of 128, 128 and 16384 bytes: 6 steps of a quarter of each over 2 links (each
+    with the allreduce's per-step time o), 3 reduces of that quarter (3 x bytes / mem_bw) and an allreduce
+    call's cost c each, and one merge's worth of local ops m. Each kind's costs are its own columns of the
+    fit at 4 processes, the local ops those of GLOO_LOCAL_BY_NRANKS's row of 4."""
     P, state = 4, 4 * 2 * 16 * 129
     k = EXECUTOR_COSTS["gloo"].for_nranks(P)
     row = GLOO_BY_NRANKS[1] + (None,) * (7 - len(GLOO_BY_NRANKS[1]))
     assert row[0] == P and k.native_step_s == row[2] and k.native_call_s == (row[4] if row[4] is not None else row[3])
     o, c, g, cg = k.native_step_s, k.native_call_s, k.gather_step_s, k.gather_call_s
-    assert min(o, c, g, cg) > 0
+    assert GLOO_LOCAL_BY_NRANKS[1][0] == P
+    m, d = GLOO_LOCAL_BY_NRANKS[1][2], GLOO_LOCAL_BY_NRANKS[1][3]
+    assert min(o, c, g, cg, m, d) > 0
     t = combine_times(star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0), 2, 16, 128, backend="gloo")
     assert t["gather"]["time_s"] == pytest.approx(
-        (P - 1) * (2e-6 + state / 100e9 + g) + (P + 1) * state / 2000e9 + MERGE_STATES_S + cg, rel=1e-9
+        (P - 1) * (2e-6 + state / 100e9 + g) + (P + 1) * state / 2000e9 + m + d + cg, rel=1e-9
     )
 
     def ring(n):
         return 2 * (P - 1) * (2e-6 + n / P / 100e9 + o) + (P - 1) * 3 * (n / P) / 2000e9 + c
 
-    assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384) + MERGE_STATES_S, rel=1e-9)
+    assert t["allreduce3"]["time_s"] == pytest.approx(2 * ring(128) + ring(16384) + m, rel=1e-9)
     assert t["tree"]["sent_bytes_total"] == 2 * (P - 1) * state
 
 
@@ -236,8 +241,16 @@ def test_gloo_combines_each_pay_their_own_kind_of_call(monkeypatch):
         )
         return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
 
+    _assert_each_column_adds(
+        times, row, d, {5: {"gather": (P - 1) * d}, 6: {"gather": d}, 4: {"allreduce3": 3 * d}, 3: {"tree": d}}
+    )
+
+
+def _assert_each_column_adds(times, row: tuple, d: float, expect: dict) -> None:
+    """``times(row)`` after adding ``d`` to column ``col`` of ``row`` is ``times(row)`` plus ``expect[col]``
+    (method -> seconds; 0 for a method not named), for every column of ``expect``."""
     base = times(row)
-    for col, what in ((5, {"gather": (P - 1) * d}), (6, {"gather": d}), (4, {"allreduce3": 3 * d}), (3, {"tree": d})):
+    for col, what in expect.items():
         bumped = list(row)
         bumped[col] += d
         got = times(bumped)
@@ -245,18 +258,50 @@ def test_gloo_combines_each_pay_their_own_kind_of_call(monkeypatch):
             assert got[m] == pytest.approx(base[m] + what.get(m, 0.0), rel=1e-9), (col, m)
 
 
+def test_gloo_combines_pay_their_own_local_ops(monkeypatch):
+    """With local costs that all differ (merge pair, merge states, dispatch at 4 processes), on a star of 4
+    (two_level's tree there: the root merges 3 children in a row): adding d to the pair merge makes the tree
+    3 d slower and nothing else; adding d to merge_states makes the gather and the three all-reduces d slower
+    (their one merge, their local ops), the tree not; adding d to the dispatch makes the tree and the gather
+    d slower (each packs and unpacks once), the three all-reduces not (they pack nothing)."""
+    from treecoll.attention import cost as acost
+
+    P, d = 4, 1e-3
+    row = (P, 100e-6, 200e-6, 300e-6)
+    topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
+
+    def times(r):
+        monkeypatch.setattr(acost, "GLOO_LOCAL_BY_NRANKS", (tuple(r),))
+        return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
+
+    _assert_each_column_adds(
+        times, row, d, {1: {"tree": 3 * d}, 2: {"gather": d, "allreduce3": d}, 3: {"tree": d, "gather": d}}
+    )
+
+
+def test_local_cost_between_and_beyond_the_fitted_counts(monkeypatch):
+    """local_cost at a count between two fitted ones is linear in the count; beyond them the nearest's."""
+    from treecoll.attention import cost as acost
+
+    monkeypatch.setattr(acost, "GLOO_LOCAL_BY_NRANKS", ((2, 1e-4, 2e-4, 3e-4), (6, 5e-4, 6e-4, 7e-4)))
+    assert astuple(local_cost(3)) == pytest.approx((2e-4, 3e-4, 4e-4), rel=1e-12)
+    assert local_cost(1) == acost.LocalCost(1e-4, 2e-4, 3e-4) and local_cost(64) == acost.LocalCost(5e-4, 6e-4, 7e-4)
+
+
 def test_gloo_tree_pays_the_executor_at_the_group_size_and_its_merges_in_a_row():
     """Two ranks joined by one link (1 us, 100 GB/s, no mem_bw: merges free in bytes), one 2 x 16 x 129
     float32 state: rank 1 posts its send (o) while rank 0 posts its receive (o); the state crosses
-    (1 us + bytes / bw); rank 0 merges in Python (one MERGE_PAIR_S), posts its send (o) as rank 1 has
-    posted its receive; the state crosses back; the one call costs c once. o and c are fitted at 2
-    processes, o not the one fitted over 2 and 4."""
+    (1 us + bytes / bw); rank 0 merges in Python (one pair merge at 2 processes), posts its send (o) as
+    rank 1 has posted its receive; the state crosses back; the one call costs c and its own Python d once.
+    o and c are fitted at 2 processes, o not the one fitted over 2 and 4."""
     P, state = 2, 4 * 2 * 16 * 129
     o, c = EXECUTOR_COSTS["gloo"].for_nranks(P).step_s, EXECUTOR_COSTS["gloo"].for_nranks(P).call_s
     assert o == GLOO_BY_NRANKS[0][1] != EXECUTOR_COSTS["gloo"].step_s and c == GLOO_BY_NRANKS[0][3] > 0
     t = combine_times(star_topology(P, bw=100.0, lat=1.0), 2, 16, 128, backend="gloo", methods=("tree",))
     hop = 2e-6 + state / 100e9  # rank -> switch -> rank
-    assert t["tree"]["time_s"] == pytest.approx(2 * (o + hop) + MERGE_PAIR_S + c, rel=1e-6)
+    merge, d = GLOO_LOCAL_BY_NRANKS[0][1], GLOO_LOCAL_BY_NRANKS[0][3]
+    assert GLOO_LOCAL_BY_NRANKS[0][0] == P and local_cost(P).merge_pair_s == merge
+    assert t["tree"]["time_s"] == pytest.approx(2 * (o + hop) + merge + d + c, rel=1e-6)
 
 
 def test_gloo_model_keeps_the_tree_on_an_interleaved_cluster():

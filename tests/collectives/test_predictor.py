@@ -243,10 +243,35 @@ def test_fit_times_single_calls_on_real_ranks(pool4):
 
     res = pool4.run(fit._time_rank, 2, timeout=240)
     cases = {f"{c}/{n}" for c in (*fit.TREES, *fit.NATIVE_CASES) for n in fit.SIZES}
-    assert all(set(r) == cases | {f"single/{k}" for k in cases} for r in res)
+    local = {f"local/{c}" for c in fit.LOCAL_CASES}
+    assert all(set(r) == cases | {f"single/{k}" for k in cases} | local for r in res)
     for k in cases:
         assert all(len(r[k]) == 2 and min(r[k]) > 0 for r in res)
         assert len({tuple(r[f"single/{k}"]) for r in res}) == 1 and len(res[0][f"single/{k}"]) == 2
+    for k in local:  # each rank's own times of the combine's local ops
+        assert all(len(r[k]) == 2 and min(r[k]) > 0 for r in res)
+    got = fit.fit_local(res, 4)
+    assert got[0] == 4 and min(got[1:]) > 0
+
+
+def test_fit_local_recovers_known_costs_from_synthetic_ranks():
+    """fit_local on per-rank times made from known costs (s): in every repetition one rank takes the known
+    time and the others less (they wait for it), but in one repetition a rank was disturbed (10x): the
+    slowest rank's median gives back the known costs, in LocalCost's order."""
+    from treecoll.tools import fit_executor_cost as fit
+
+    known = {"merge_pair": 150e-6, "merge_states": 120e-6, "dispatch": 90e-6}
+    ranks = []
+    for r in range(3):
+        times = {}
+        for c, v in known.items():
+            reps = [v if k % 3 == r else v * (0.5 + 0.1 * r) for k in range(9)]
+            if r == 1:
+                reps[4] = 10 * v
+            times[f"local/{c}"] = reps
+        ranks.append(times)
+    got = fit.fit_local(ranks, 3)
+    assert got[0] == 3 and got[1:] == pytest.approx(tuple(known[c] for c in fit.LOCAL_CASES), rel=1e-9)
 
 
 def test_fit_recovers_each_kinds_costs_from_synthetic_calls():
