@@ -37,11 +37,11 @@ whole cache:
 >>> torch.equal(out, decode_partial(q, k, v)[0]), torch.equal(allreduce3_decode(q, k, v), out)
 (True, True)
 >>> [method(name).__name__ for name in METHODS]
-['tree_decode', 'gather_decode', 'ring_decode', 'allreduce3_decode']
+['tree_decode', 'tree_only_decode', 'gather_decode', 'ring_decode', 'allreduce3_decode']
 >>> method("flash")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['tree', 'gather', ...]
+treecoll.topo.errors.AttentionError: decode method: unknown name 'flash'; valid: ['auto', 'tree', 'gather', ...]
 """
 
 from __future__ import annotations
@@ -59,7 +59,15 @@ from treecoll.collectives.group import group_info
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["METHODS", "allreduce3_combine", "allreduce3_decode", "gather_decode", "method", "ring_decode"]
+__all__ = [
+    "METHODS",
+    "allreduce3_combine",
+    "allreduce3_decode",
+    "gather_decode",
+    "method",
+    "ring_decode",
+    "tree_only_decode",
+]
 
 
 def _group_of(placement: Placement | None, group: Any) -> Any:
@@ -211,6 +219,14 @@ def allreduce3_decode(
     return (out, lse) if return_lse else out
 
 
+def tree_only_decode(
+    q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`treecoll.attention.tree_decode` with ``combine="tree"`` (the tree reduction and broadcast,
+    whatever ``auto`` would pick); same parameters and result."""
+    return tree_decode(q, k_shard, v_shard, combine="tree", **kwargs)
+
+
 def gather_decode(
     q: torch.Tensor, k_shard: torch.Tensor, v_shard: torch.Tensor, **kwargs: Any
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -220,11 +236,19 @@ def gather_decode(
 
 
 def _methods():
-    return {"tree": tree_decode, "gather": gather_decode, "ring": ring_decode, "allreduce3": allreduce3_decode}
+    return {
+        "auto": tree_decode,
+        "tree": tree_only_decode,
+        "gather": gather_decode,
+        "ring": ring_decode,
+        "allreduce3": allreduce3_decode,
+    }
 
 
-#: the decode methods by name (``tree``, ``gather``, ``ring``, ``allreduce3``): :func:`method` gives each.
-METHODS = ("tree", "gather", "ring", "allreduce3")
+#: the decode methods by name: :func:`method` gives each. ``auto`` is :func:`treecoll.attention.tree_decode`
+#: as it runs by default (the combine the cost model picks: the tree, the gather or the three
+#: all-reduces); ``tree`` and ``gather`` are its combines forced; ``ring`` and ``allreduce3`` the baselines.
+METHODS = ("auto", "tree", "gather", "ring", "allreduce3")
 
 
 def method(name: str) -> Callable[..., Any]:

@@ -46,9 +46,10 @@ What each rank computes:
   sequence-parallel prefill);
 * decode (one token per sequence per forward): the token's K/V are stored on the
   rank that owns its position; attention runs through
-  :func:`treecoll.attention.tree_decode` over the shards (one tree reduction of the
-  packed float32 state per layer, then the broadcast), or a baseline with the same
-  signature (``method="ring"`` / ``"allreduce3"``).  Every rank gets the same
+  :func:`treecoll.attention.tree_decode` over the shards (the packed float32 state of each
+  layer combined by the method the cost model picks: the tree reduction and broadcast, one
+  all-gather, or three all-reduces), or a baseline with the same signature
+  (``method="ring"`` / ``"allreduce3"``).  Every rank gets the same
   logits, so the same seed draws the same tokens on every rank.
 
 Checks: the first forward all-gathers a small signature (batch, prompt length,
@@ -227,8 +228,9 @@ class TreeCache(_Cache):
     block_size : tokens per round-robin block (``layout="round_robin"`` only).
     tree, topology : as :func:`treecoll.attention.tree_decode` (``"auto"``: the
         group's topology's two-level tree).
-    method : ``"tree"`` (:func:`treecoll.attention.tree_decode`), ``"ring"`` or
-        ``"allreduce3"`` (:mod:`treecoll.attention.baselines`).
+    method : ``"auto"`` (:func:`treecoll.attention.tree_decode` as it runs by default: the combine
+        the cost model picks), ``"tree"``, ``"gather"``, ``"ring"`` or ``"allreduce3"``
+        (:func:`treecoll.attention.baselines.method`).
     check : check that the ranks agree at the first forward and the first decode step.
     """
 
@@ -242,7 +244,7 @@ class TreeCache(_Cache):
         block_size: int = DEFAULT_BLOCK_SIZE,
         tree: Any = "auto",
         topology: Any = None,
-        method: str = "tree",
+        method: str = "auto",
         check: bool = True,
     ):
         from treecoll.attention.baselines import method as decode_method
@@ -555,7 +557,7 @@ def generate(
     group: Any = None,
     tree: Any = "auto",
     topology: Any = None,
-    method: str = "tree",
+    method: str = "auto",
     block_size: int = DEFAULT_BLOCK_SIZE,
     layout: str = "round_robin",
     return_logits: bool = False,

@@ -15,8 +15,9 @@ Distribution (context parallel for attention only):
   share of every layer's K/V in its :class:`~attention.kv_cache.ShardedKVCache`
   (round-robin blocks).  Simple and exactly equal on every rank;
 * **decode**: the new token's K/V are appended on the rank that owns the tail
-  position; attention runs through :func:`treecoll.attention.tree_decode` (or a baseline
-  with the same signature: ``method="ring"`` / ``"allreduce3"``) over the local
+  position; attention runs through :func:`treecoll.attention.tree_decode` (its combine
+  chosen by the cost model; or a method of :func:`treecoll.attention.baselines.method`:
+  ``method="tree"``, ``"ring"``, ...) over the local
   shards, and every rank gets the same output, so the ranks stay in lock step.
 
 In one process (no process group, or a group of one) the same code decodes
@@ -368,7 +369,7 @@ class LlamaModel:
         group: Any = None,
         tree: Any = "auto",
         topology: Topology | None = None,
-        method: str = "tree",
+        method: str = "auto",
         check: bool = False,
     ) -> torch.Tensor:
         """One token per sequence: ``tokens`` int [batch]; appends to ``cache`` and
@@ -400,7 +401,7 @@ class LlamaModel:
         group: Any = None,
         tree: Any = "auto",
         topology: Topology | None = None,
-        method: str = "tree",
+        method: str = "auto",
         block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> torch.Tensor:
         """Greedy generation: int64 [batch, new_tokens].

@@ -39,7 +39,7 @@ built so too).  Trees are kept by the planner per (placement, tree).
 
 Combine methods (``combine=``), side by side with the same arguments and result:
 
-* ``"tree"`` (the default): the tree reduction and broadcast above;
+* ``"tree"``: the tree reduction and broadcast above;
 * ``"gather"``: one ``torch.distributed`` all-gather (``all_gather_single``) of the ``P`` packed
   states, then every rank merges the ``P`` states locally
   (:func:`treecoll.attention.merge_states`), as vLLM's decode context parallelism
@@ -47,11 +47,13 @@ Combine methods (``combine=``), side by side with the same arguments and result:
   ``vllm/attention/ops/common.py``): one collective, ``P - 1`` states received
   per rank, the backend's own algorithm, topology-blind;
 * ``"allreduce3"``: the paper's three all-reduces (:func:`allreduce3_combine`);
-* ``"auto"``: the fastest of ``tree``, ``gather`` and ``allreduce3`` by the cost
-  model (:func:`treecoll.attention.cost.choose_combine`: simulated on the
+* ``"auto"`` (the default): the fastest of ``tree``, ``gather`` and ``allreduce3`` by
+  the cost model (:func:`treecoll.attention.cost.choose_combine`: simulated on the
   placement's topology for this state size, as the group's backend runs them,
   NCCL's or gloo's; deterministic, so every rank picks the same; kept per
-  placement and shape).
+  placement and shape), so that the default is never slower, by the model, than
+  the backend's own collectives; ``root_only`` or a ``bcast`` other than
+  ``"tree"`` (options of the tree alone) make it the tree.
 
 Every method merges in float32 and follows the NaN/inf policy of
 :mod:`treecoll.attention.state`.  Ring Attention, which moves the K/V shards instead
@@ -213,7 +215,7 @@ def tree_combine(
     topology: Topology | None = None,
     root_only: bool = False,
     bcast: str = "tree",
-    combine: str = "tree",
+    combine: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge every rank's state through the tree (the communication part of
     :func:`tree_decode`, for states already computed).
@@ -234,9 +236,9 @@ def tree_combine(
     ``torch.distributed.broadcast`` from the root: the backend's own
     algorithm).  ``root_only`` runs the reduction alone.  The three were
     measured side by side: docs/benchmarks.md "Tree attention".
-    ``combine``: ``"tree"`` (the above), ``"gather"``, ``"allreduce3"`` or ``"auto"`` (module
-    docstring); ``bcast`` and ``root_only`` apply to ``"tree"`` (the others give every rank
-    the result).
+    ``combine``: ``"auto"`` (the default), ``"tree"`` (the above), ``"gather"`` or ``"allreduce3"``
+    (module docstring); ``bcast`` and ``root_only`` apply to ``"tree"``, and with ``"auto"`` choose
+    it (the others give every rank the result).
     """
     if bcast not in BCAST_MODES:
         raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
@@ -246,7 +248,7 @@ def tree_combine(
     if p.nranks == 1:
         return out, lse
     if combine == "auto":
-        combine = choose_combine(batch, heads, head_dim, placement=p, tree=tree)
+        combine = _auto(batch, heads, head_dim, p, tree, root_only, bcast)
     if combine == "gather":
         return gather_combine(out, lse, group=p.group)
     if combine == "allreduce3":
@@ -269,6 +271,14 @@ def tree_combine(
     elif not root_only:
         collectives.broadcast(buf, root=t.root, tree=t, placement=p, out=buf)
     return unpack_state(buf, batch, heads, head_dim)
+
+
+def _auto(batch: int, heads: int, head_dim: int, p: Placement, tree: Any, root_only: bool, bcast: str) -> str:
+    """What ``combine="auto"`` runs: the tree when the call asks for one of its own options
+    (``root_only``, a ``bcast`` other than ``"tree"``), else :func:`choose_combine`'s pick."""
+    if root_only or bcast != "tree":
+        return "tree"
+    return choose_combine(batch, heads, head_dim, placement=p, tree=tree)
 
 
 def _check_combine(combine: Any) -> None:
@@ -398,7 +408,7 @@ def tree_decode(
     check: bool = True,
     return_lse: bool = False,
     bcast: str = "tree",
-    combine: str = "tree",
+    combine: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over a KV cache sharded along the sequence, combined by one tree reduction.
 
@@ -452,6 +462,6 @@ def tree_decode(
     out, lse = decode_partial(q, k_shard, v_shard, kv_len=kv_len, scale=scale)
     if size > 1:
         if combine == "auto":
-            combine = choose_combine(q.shape[0], q.shape[1], q.shape[2], placement=p, tree=tree)
+            combine = _auto(q.shape[0], q.shape[1], q.shape[2], p, tree, root_only, bcast)
         out, lse = tree_combine(out, lse, placement=p, tree=t, root_only=root_only, bcast=bcast, combine=combine)
     return (out, lse) if return_lse else out

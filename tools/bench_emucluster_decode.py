@@ -127,8 +127,10 @@ def _methods(topo, q):
     from treecoll import attention
 
     return {
-        "tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, check=chk),
-        "tree_blind": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, tree=BLIND_TREE, check=chk),
+        "tree": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="tree", check=chk),
+        "tree_blind": lambda k, v, chk: attention.tree_decode(
+            q, k, v, topology=topo, tree=BLIND_TREE, combine="tree", check=chk
+        ),
         "gather": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="gather", check=chk),
         "auto": lambda k, v, chk: attention.tree_decode(q, k, v, topology=topo, combine="auto", check=chk),
         "ring": lambda k, v, chk: attention.ring_decode(q, k, v, check=chk),
@@ -142,8 +144,8 @@ def _combines(topo) -> dict:
     from treecoll.attention.tree_decode import tree_combine
 
     return {
-        "tree": lambda out, lse: tree_combine(out, lse, topology=topo),
-        "tree_blind": lambda out, lse: tree_combine(out, lse, topology=topo, tree=BLIND_TREE),
+        "tree": lambda out, lse: tree_combine(out, lse, topology=topo, combine="tree"),
+        "tree_blind": lambda out, lse: tree_combine(out, lse, topology=topo, tree=BLIND_TREE, combine="tree"),
         "gather": lambda out, lse: tree_combine(out, lse, topology=topo, combine="gather"),
         "auto": lambda out, lse: tree_combine(out, lse, topology=topo, combine="auto"),
         "allreduce3": lambda out, lse: tree_combine(out, lse, topology=topo, combine="allreduce3"),

@@ -75,10 +75,10 @@ def _combine_bench(rank: int, world: int, batch: int, repeats: int) -> dict:
         dist.all_reduce(buf)
 
     fns = {
-        "tree": lambda: tree_combine(out, lse, tree=t),
-        "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True),
-        "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native"),
-        "tree_separate": lambda: tree_combine(out, lse, tree=t, bcast="separate"),
+        "tree": lambda: tree_combine(out, lse, tree=t, combine="tree"),
+        "tree_root_only": lambda: tree_combine(out, lse, tree=t, root_only=True, combine="tree"),
+        "tree_native_bcast": lambda: tree_combine(out, lse, tree=t, bcast="native", combine="tree"),
+        "tree_separate": lambda: tree_combine(out, lse, tree=t, bcast="separate", combine="tree"),
         "gather": lambda: tree_combine(out, lse, combine="gather"),
         "allreduce3": lambda: tree_combine(out, lse, combine="allreduce3"),
         "auto": lambda: tree_combine(out, lse, combine="auto"),

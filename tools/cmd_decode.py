@@ -5,8 +5,9 @@ tokens per sequence (random K/V from ``--seed``, cache dtype ``--dtype``),
 sharded over the group with :class:`attention.ShardedKVCache` (round-robin
 blocks of ``--block-size`` tokens; each rank generates only its own blocks).
 Each decode step appends one random token's K/V to every layer and decodes a
-random query per layer with each method: ``tree`` (:func:`treecoll.attention.tree_decode`)
-and the other methods of ``--compare`` (``gather``, ``ring``, ``allreduce3``).  The same steps
+random query per layer with each method: ``tree`` (:func:`treecoll.attention.tree_decode` with the
+tree combine) and the other methods of ``--compare`` (``auto``: ``tree_decode`` as it runs by
+default, the combine the cost model picks; ``gather``, ``ring``, ``allreduce3``).  The same steps
 are replayed in one process (rank 0, the whole cache, ``decode_partial``) and
 every method's outputs are compared with that reference.
 
@@ -47,7 +48,7 @@ from treecoll.topo.fmt import fmt_bytes, table
 __all__ = ["add_parser", "run", "decode_data", "render"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-METHOD_ORDER = ("tree", "gather", "ring", "allreduce3")
+METHOD_ORDER = ("tree", "auto", "gather", "ring", "allreduce3")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -116,7 +117,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--compare",
         default="ring,allreduce3",
         metavar="M[,M...]",
-        help="methods to run beside tree: comma list of gather, ring, allreduce3, or 'none' (default ring,allreduce3)",
+        help="methods to run beside tree: comma list of auto (the combine tree_decode picks by default), gather, "
+        "ring, allreduce3, or 'none' (default ring,allreduce3)",
     )
     p.add_argument("--seed", type=units.int_arg("--seed", minimum=0), default=0, help="random seed (default 0)")
     p.add_argument(
@@ -139,7 +141,9 @@ def _methods(compare: str) -> list[str]:
     )
     for m in names:
         if m not in METHOD_ORDER[1:]:
-            raise AttentionError(f"--compare: expected a comma list of gather, ring, allreduce3 or 'none', got {m!r}")
+            raise AttentionError(
+                f"--compare: expected a comma list of {', '.join(METHOD_ORDER[1:])} or 'none', got {m!r}"
+            )
     return ["tree"] + [m for m in METHOD_ORDER if m in names]
 
 
@@ -345,6 +349,7 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
         "tree": None if tree is None else {"parents": list(tree.parents), "name": tree.name},
         "gpus": None if topology is None else list(resolve_gpus(topology, world)),
         "topology_gpus": None if topology is None else len(topology.gpus()),
+        "auto_picks": _auto_picks(cfg, topology) if "auto" in names and world > 1 else None,
     }
     for name in names:
         if world > 1:
@@ -368,6 +373,13 @@ def worker(rank: int, world: int, cfg: dict, device=None) -> dict:
             m["max_abs_err"] = max(float((a - b).abs().max()) for a, b in zip(outputs[name], reference))
     res["max_rss_bytes"] = _max_rss()
     return res
+
+
+def _auto_picks(cfg: dict, topology: Any) -> str:
+    """The combine the ``auto`` method runs on this group (every rank picks the same)."""
+    from treecoll.attention.tree_decode import choose_combine
+
+    return choose_combine(cfg["batch"], cfg["heads"], cfg["head_dim"], topology=topology)
 
 
 def _max_rss() -> int | None:
@@ -412,6 +424,8 @@ def summarize(cfg: dict, ranks: list[dict], world: int) -> dict:
             "peak_transient_bytes_per_rank": [m["peak_transient"] for m in per_rank],
             "max_abs_err": ranks[0]["methods"][name].get("max_abs_err"),
         }
+        if name == "auto":
+            methods[name]["picks"] = ranks[0].get("auto_picks") or "tree"  # one process: no combine
     out = {
         "nproc": world,
         "config": {k: v for k, v in cfg.items() if k != "topology"},
@@ -512,7 +526,7 @@ def render(d: dict) -> str:
     lines.append("")
     rows = [
         [
-            name,
+            f"auto ({m['picks']})" if name == "auto" else name,
             m["median_step_s"] * 1e6,
             m.get("speedup_of_tree", 1.0),
             None if m["max_abs_err"] is None else f"{m['max_abs_err']:.1e}",

@@ -53,11 +53,11 @@ def _worker(rank, nproc):
     from treecoll.attention import reference
     from treecoll.attention.baselines import allreduce3_decode, ring_decode
     from treecoll.attention.dist import count_traffic
-    from treecoll.attention.tree_decode import resolve_tree, tree_decode
+    from treecoll.attention.tree_decode import choose_combine, resolve_tree, tree_decode
     from treecoll.topo.errors import AttentionError
 
     methods = {
-        "tree": tree_decode,
+        "tree": partial(tree_decode, combine="tree"),
         "ring": ring_decode,
         "allreduce3": allreduce3_decode,
         "gather": partial(tree_decode, combine="gather"),
@@ -94,11 +94,12 @@ def _worker(rank, nproc):
     k = torch.randn(2, 12, 2, 16, generator=g)
     t = resolve_tree("auto")
     traffic = {}
-    for mname, fn in methods.items():
+    for mname, fn in {**methods, "default": tree_decode}.items():
         with count_traffic() as tr:
             fn(q, k, k, check=False)
         traffic[mname] = tr.as_dict()
     res["traffic"] = traffic
+    res["default_picks"] = choose_combine(2, 8, 16)
     res["tree"] = {"parents": list(t.parents), "children": [list(c) for c in t.children]}
     # ranks that disagree on shapes: every rank raises, nobody hangs
     errors = {}
@@ -276,6 +277,21 @@ def test_tree_sends_one_state_per_edge(group_results):
         assert res["traffic"]["tree"]["sent"] == expected
 
 
+def test_the_default_combine_is_autos_pick(group_results):
+    """tree_decode without combine= runs what combine="auto" picks (the cost model's fastest): the
+    same bytes in the same calls as that method forced."""
+    import inspect
+
+    from treecoll.attention.tree_decode import tree_combine, tree_decode
+
+    for fn in (tree_decode, tree_combine):
+        assert inspect.signature(fn).parameters["combine"].default == "auto", fn.__name__
+    picks = {res["default_picks"] for res in group_results}
+    assert len(picks) == 1 and picks <= {"tree", "gather", "allreduce3"}, picks
+    for res in group_results:
+        assert res["traffic"]["default"] == res["traffic"][next(iter(picks))]
+
+
 def test_gather_traffic(group_results):
     """gather: one all-gather of this rank's packed state (2*8*17 floats), nothing else."""
     for res in group_results:
@@ -389,3 +405,15 @@ def test_the_combine_choice_cache_keeps_no_process_group_alive():
     assert td.choose_combine(1, 32, 128, placement=p) in ("tree", "gather", "allreduce3")
     (key,) = td._CHOSEN.keys()
     assert p.plan_key in key and not any(isinstance(x, PlacementType) for x in key)
+
+
+def test_auto_takes_the_tree_when_asked_for_a_tree_option():
+    """root_only and a bcast other than "tree" are options of the tree alone: with combine="auto"
+    they select it, whatever the cost model would pick."""
+    from treecoll.attention.tree_decode import _auto
+    from treecoll.collectives.placement import Placement
+
+    p = Placement(ranks=4)
+    assert _auto(1, 8, 16, p, "auto", True, "tree") == "tree"
+    assert _auto(1, 8, 16, p, "auto", False, "native") == "tree"
+    assert _auto(1, 8, 16, p, "auto", False, "separate") == "tree"

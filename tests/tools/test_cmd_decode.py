@@ -127,7 +127,7 @@ def test_decode_json_names_the_gpus_of_a_larger_topology(capsys):
         (["--heads", "6", "--kv-heads", "4"], "--heads: expected a multiple of --kv-heads=4, got 6"),
         (
             ["--compare", "ring,bogus"],
-            "--compare: expected a comma list of gather, ring, allreduce3 or 'none', got 'bogus'",
+            "--compare: expected a comma list of auto, gather, ring, allreduce3 or 'none', got 'bogus'",
         ),
         (["--compare", ""], "--compare: expected a value, got an empty string"),
         (["--compare", "ring,"], "--compare: expected a comma list of methods, got an empty item in 'ring,'"),
