@@ -8,7 +8,8 @@
    all-gather, or by the paper's three all-reduces, versus Ring Attention
    (K/V shards passed around the ring), and the combine ``auto`` picks;
 3. a real decode on this machine: 4 gloo processes, a small random context,
-   tree vs ring vs the paper's three all-reduces, checked against one process.
+   the tree, ``auto`` (the combine ``tree_decode`` runs by default), ring and the
+   paper's three all-reduces, checked against one process.
 
 Steps 1 and 2 call the functions the commands call, with the same arguments
 (:data:`TREE_ARGV`, :data:`SIMULATE_ARGV`), and print the command line: every
@@ -50,7 +51,7 @@ DEMO_DECODE = {
     "new_tokens": 4,
     "dtype": "bfloat16",
     "block_size": 256,
-    "methods": ["tree", "ring", "allreduce3"],
+    "methods": ["tree", "auto", "ring", "allreduce3"],
     "seed": 0,
     "topology": None,
     "check": True,
