@@ -43,6 +43,12 @@ fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for
 query heads of a group as rows, full length) on the same cache.  On CUDA the
 Triton kernels run and the rates are the device's.
 
+``--backends native,native_stream`` adds a probe beside the kernel: ``native_stream`` reads
+the same K/V rows in the kernel's task and tile order, with its software prefetches and
+threads, but without the arithmetic (:func:`treecoll.attention.decode_native.read_in_kernel_order`).
+Its rate against the read rate says what the access stream allows; the kernel's against
+it, whether the arithmetic is what the kernel waits for.
+
     python -m treecoll.tools.bench_decode          # full sweep, writes out/bench_decode.json
     python -m treecoll.tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
     python -m treecoll.tools.bench_decode --quick  # one small row: checks that the script runs
@@ -85,6 +91,8 @@ QUICK = {
 TIMED = tuple[float, float]
 #: the native kernel with ``fast_bf16=True`` (a bench-only name: bf16 rows only)
 FAST = "native_fast_bf16"
+#: the native kernel's reads and prefetches in its order without its arithmetic (a bench-only name, a probe)
+STREAM = "native_stream"
 #: The fraction of the read rate the CPU kernel is held to (``70% ns``).
 READ_TARGET = 0.7
 
@@ -136,6 +144,11 @@ def _decode_cases(
     kv_len = torch.full((q.shape[0],), tokens, dtype=torch.int32, device=q.device)
     cases = {}
     for b in backends:
+        if b == STREAM:
+            from treecoll.attention.decode_native import read_in_kernel_order
+
+            cases[b] = lambda: read_in_kernel_order(q, k, v, kv_len)
+            continue
         fast = b == FAST
         backend = "native" if fast else b
         cases[b] = lambda backend=backend, fast=fast: attention.decode_partial(
@@ -404,11 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--backends",
-        type=_names("--backends", [*attention.DECODE_BACKENDS, FAST]),
+        type=_names("--backends", [*attention.DECODE_BACKENDS, FAST, STREAM]),
         default=None,
-        help=f"CPU decode backends, side by side: {', '.join(sorted([*attention.DECODE_BACKENDS, FAST]))} "
-        f"({FAST}: the native kernel with fast_bf16=True, bf16 rows only; default native,{FAST},torch, "
-        f"without {FAST} where the CPU has no AVX512_BF16)",
+        help=f"CPU decode backends, side by side: {', '.join(sorted([*attention.DECODE_BACKENDS, FAST, STREAM]))} "
+        f"({FAST}: the native kernel with fast_bf16=True, bf16 rows only; {STREAM}: a probe, the native "
+        "kernel's reads and prefetches in its order without the arithmetic (AVX-512 CPUs); default "
+        f"native,{FAST},torch, without {FAST} where the CPU has no AVX512_BF16)",
     )
     p.add_argument(
         "--device",
@@ -454,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = args.backends is not None
     if not given:
         args.backends = ["native", FAST, "torch"]
-    if {"native", FAST} & set(args.backends) and args.device == "cpu":
+    if {"native", FAST, STREAM} & set(args.backends) and args.device == "cpu":
         from treecoll.attention.decode_native import native_status
 
         status = native_status()
@@ -464,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if given:
                 raise units.UsageError(f"--backends {FAST}: the CPU has no AVX512_BF16 (native tier {status['isa']})")
             args.backends.remove(FAST)
+        if STREAM in args.backends and not status["isa"].startswith("avx512"):
+            raise units.UsageError(f"--backends {STREAM}: the probe needs AVX-512 (native tier {status['isa']})")
         print(f"native kernel: {status['isa']} ({status['library']})")
     print(f"device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
     result = run(args)
