@@ -56,7 +56,7 @@ import torch
 from treecoll.collectives.native import NativeUnavailable, load_library
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["NATIVE_DTYPES", "NATIVE_ISAS", "decode_native", "native_status", "read_sum"]
+__all__ = ["NATIVE_DTYPES", "NATIVE_ISAS", "decode_native", "native_status", "read_in_kernel_order", "read_sum"]
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_cpu.c"
 #: KV (and query) dtypes the kernel reads, with the code the C source expects.
@@ -66,6 +66,7 @@ NATIVE_ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
 # The second set when the compiler rejects the x86 target attributes of the first.
 _FLAG_SETS = (["-O3", "-pthread"], ["-O3", "-pthread", "-DTREECOLL_PORTABLE_ONLY"])
 _FLAG_FAST_BF16 = 1
+_FLAG_STREAM_ONLY = 2
 
 _STATE: dict = {}
 
@@ -173,6 +174,23 @@ def decode_native(
     float32 [batch, q_heads, head_dim] and [batch, q_heads], natural log; ``(0, -inf)``
     for no keys.
     """
+    flags = _FLAG_FAST_BF16 if fast_bf16 else 0
+    return _run(q, k, v, lengths, scale, num_splits, out, block_table, isa, flags, threads)
+
+
+def read_in_kernel_order(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *, threads: int | None = None
+) -> None:
+    """A benchmark's probe, not attention: read the K/V rows :func:`decode_native` would read (same
+    inputs), in its task and tile order with its software prefetches and threads, but without the
+    arithmetic, so that the time against the kernel's says whether the kernel waits for this access
+    stream or for its arithmetic.  Only on the AVX-512 tiers (``native_status()['isa']`` starting
+    with ``avx512``); elsewhere it runs the kernel itself."""
+    _run(q, k, v, lengths, 1.0, 1, None, None, None, _FLAG_STREAM_ONLY, threads)
+
+
+def _run(q, k, v, lengths, scale, num_splits, out, block_table, isa, flags, threads):
+    """:func:`decode_native`'s call of the kernel with the flags word of csrc/decode_cpu.c."""
     lib = _load()
     if not supports(q, k, v):
         raise AttentionError(
@@ -217,7 +235,7 @@ def decode_native(
         scale=float(scale),
         threads=threads or torch.get_num_threads(),
         isa=-1 if isa is None else NATIVE_ISAS.index(isa),
-        flags=_FLAG_FAST_BF16 if fast_bf16 else 0,
+        flags=flags,
     )
     itemsize = k.element_size()
     args.k_b, args.k_t, args.k_h = (s * itemsize for s in k.stride()[:3])

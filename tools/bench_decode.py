@@ -17,10 +17,14 @@ same thread count:
 Each row is measured in ``--repeats`` rounds (:func:`treecoll.tools.bench.harness.interleaved`);
 one round times, back to back, the copy, both sums and every backend, so all of them
 see the same machine load; each number is the best of its rounds.  Every timed decode is preceded (untimed) by
-writing a 1 GiB scratch buffer, so the KV cache is read from memory, not from a
-cache.  The machine is shared, so each row records the 1-minute load average and
-``busy``: the process CPU time of the best decode run divided by (wall time x
-threads); below 1, other jobs held the cores.
+reading (summing) a 1 GiB scratch buffer, so the KV cache is read from memory, not from a
+cache, and the caches hold only clean lines, as in a model's decode step, whose work before the
+attention of a layer is mostly reading (the previous layer's KV cache and weights).  A flush
+that *writes* its buffer would leave the last-level cache full of dirty lines that the timed call
+pays to write back while it reads (measured side by side on a shared 2-thread Zen 4 VM, native bf16
+at 128k tokens: 1.11-1.25x the time of the same call after a read flush, best of 9-11 rounds).
+The machine is shared, so each row records the 1-minute load average and ``busy``: the process
+CPU time of the best decode run divided by (wall time x threads); below 1, other jobs held the cores.
 
 The work per token and KV head (the unit of the kernel's inner loop: one K and one V
 row, ``2 * head_dim * itemsize`` bytes, for the group's 4 query heads): ``thr ns`` is
@@ -38,6 +42,12 @@ softmax weights rounded to bf16; and ``torch``, block-wise float32 matmuls;
 fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``,
 query heads of a group as rows, full length) on the same cache.  On CUDA the
 Triton kernels run and the rates are the device's.
+
+``--backends native,native_stream`` adds a probe beside the kernel: ``native_stream`` reads
+the same K/V rows in the kernel's task and tile order, with its software prefetches and
+threads, but without the arithmetic (:func:`treecoll.attention.decode_native.read_in_kernel_order`).
+Its rate against the read rate says what the access stream allows; the kernel's against
+it, whether the arithmetic is what the kernel waits for.
 
     python -m treecoll.tools.bench_decode          # full sweep, writes out/bench_decode.json
     python -m treecoll.tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
@@ -81,6 +91,8 @@ QUICK = {
 TIMED = tuple[float, float]
 #: the native kernel with ``fast_bf16=True`` (a bench-only name: bf16 rows only)
 FAST = "native_fast_bf16"
+#: the native kernel's reads and prefetches in its order without its arithmetic (a bench-only name, a probe)
+STREAM = "native_stream"
 #: The fraction of the read rate the CPU kernel is held to (``70% ns``).
 READ_TARGET = 0.7
 
@@ -103,6 +115,20 @@ def _rate_fns(device: torch.device, nbytes: int) -> dict[str, Callable[[], Any]]
     return fns
 
 
+def _flush_fn(device: torch.device, nbytes: int) -> Callable[[], Any]:
+    """A cache flush that leaves clean lines: a sum of an ``nbytes`` float32 buffer (written once, now, so
+    that its pages exist), run untimed before every timed decode.  ``nbytes`` larger than any last-level
+    cache (the default 1 GiB) evicts the KV cache; reading rather than writing leaves no dirty lines for
+    the timed call to write back."""
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    if device.type == "cpu":
+        from treecoll.attention.decode_native import native_status, read_sum
+
+        if native_status()["available"] and buf.data_ptr() % 64 == 0:
+            return lambda: read_sum(buf)
+    return buf.sum
+
+
 def _sdpa_anchor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: int) -> Callable[[], Any]:
     """torch's fused CPU flash attention on the same cache (full length, GQA group as rows)."""
     batch = q.shape[0]
@@ -118,6 +144,11 @@ def _decode_cases(
     kv_len = torch.full((q.shape[0],), tokens, dtype=torch.int32, device=q.device)
     cases = {}
     for b in backends:
+        if b == STREAM:
+            from treecoll.attention.decode_native import read_in_kernel_order
+
+            cases[b] = lambda: read_in_kernel_order(q, k, v, kv_len)
+            continue
         fast = b == FAST
         backend = "native" if fast else b
         cases[b] = lambda backend=backend, fast=fast: attention.decode_partial(
@@ -215,9 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     backends = ["triton"] if device.type == "cuda" else args.backends
-    # Written before every timed decode so that no KV bytes are served from a cache
-    # (larger than any last-level cache we know of).
-    scratch = torch.empty(args.flush_mib << 20, dtype=torch.uint8, device=device)
+    flush = _flush_fn(device, args.flush_mib << 20) if args.flush_mib else None
     rate_bytes = args.rate_mib << 20
     rates = _rate_fns(device, rate_bytes)
     rows = []
@@ -246,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for n in fits:
                 _wait_for_quiet(args.wait_load, args.wait_max)
                 cases = _decode_cases(q, k, v, n, row_backends, anchor=device.type == "cpu" and not args.no_anchor)
-                best = _measure_row(cases, rates, device, args.repeats, scratch.zero_ if args.flush_mib else None)
+                best = _measure_row(cases, rates, device, args.repeats, flush)
                 common = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": n * per_token, "threads": threads}
                 rows += _row_values(best, row_backends, common, n * per_token, threads, device, rate_bytes)
                 print(f"{dname} B={batch} tokens={n}: done", file=sys.stderr, flush=True)
@@ -257,6 +286,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "threads": threads,
         "native": _native_isa(device),
         "rate_bytes": rate_bytes,
+        "flush_bytes": args.flush_mib << 20,  # read (summed) before every timed decode; 0: cache-resident run
         "units": "bytes, seconds; GB/s = 1e9 B/s; copy_gbps = bytes copied per second; read_gbps = bytes "
         "summed per second; thread_ns = thread nanoseconds per (token, KV head), target_thread_ns = the same "
         f"at {READ_TARGET:.0%} of the read rate",
@@ -387,11 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--backends",
-        type=_names("--backends", [*attention.DECODE_BACKENDS, FAST]),
+        type=_names("--backends", [*attention.DECODE_BACKENDS, FAST, STREAM]),
         default=None,
-        help=f"CPU decode backends, side by side: {', '.join(sorted([*attention.DECODE_BACKENDS, FAST]))} "
-        f"({FAST}: the native kernel with fast_bf16=True, bf16 rows only; default native,{FAST},torch, "
-        f"without {FAST} where the CPU has no AVX512_BF16)",
+        help=f"CPU decode backends, side by side: {', '.join(sorted([*attention.DECODE_BACKENDS, FAST, STREAM]))} "
+        f"({FAST}: the native kernel with fast_bf16=True, bf16 rows only; {STREAM}: a probe, the native "
+        "kernel's reads and prefetches in its order without the arithmetic (AVX-512 CPUs); default "
+        f"native,{FAST},torch, without {FAST} where the CPU has no AVX512_BF16)",
     )
     p.add_argument(
         "--device",
@@ -409,8 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--flush-mib",
         type=units.int_arg("--flush-mib", minimum=0),
         default=1024,
-        help="cache-flush buffer written before each run (0: none, each decode call runs once untimed "
-        "before it instead: a cache-resident run)",
+        help="cache-flush buffer, MiB, read (summed) untimed before each decode run: it evicts the KV cache "
+        "and leaves clean lines (0: none, each decode call runs once untimed before it instead: a "
+        "cache-resident run)",
     )
     p.add_argument(
         "--rate-mib",
@@ -436,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = args.backends is not None
     if not given:
         args.backends = ["native", FAST, "torch"]
-    if {"native", FAST} & set(args.backends) and args.device == "cpu":
+    if {"native", FAST, STREAM} & set(args.backends) and args.device == "cpu":
         from treecoll.attention.decode_native import native_status
 
         status = native_status()
@@ -446,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if given:
                 raise units.UsageError(f"--backends {FAST}: the CPU has no AVX512_BF16 (native tier {status['isa']})")
             args.backends.remove(FAST)
+        if STREAM in args.backends and not status["isa"].startswith("avx512"):
+            raise units.UsageError(f"--backends {STREAM}: the probe needs AVX-512 (native tier {status['isa']})")
         print(f"native kernel: {status['isa']} ({status['library']})")
     print(f"device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
     result = run(args)

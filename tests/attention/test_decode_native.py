@@ -217,6 +217,20 @@ def test_read_sum():
         native_mod.read_sum(x[1:])
 
 
+@needs_native
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float32, 7), (torch.float16, 33)])
+def test_read_in_kernel_order_reads_without_changing_anything(dtype, head_dim, make_inputs):
+    """The benchmark's probe runs the kernel's reads (partial tiles, odd head_dim, an empty sequence)
+    and leaves its inputs as they were."""
+    q, k, v = make_inputs(3, 8, 2, head_dim, 2 * TILE + 5, dtype, seed=3)
+    lens = torch.tensor([2 * TILE + 5, 0, TILE - 1])
+    before = [t.clone() for t in (q, k, v, lens)]
+    assert native_mod.read_in_kernel_order(q, k, v, lens, threads=2) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v, lens)))
+    with pytest.raises(AttentionError, match="decode backend 'native': expected CPU"):
+        native_mod.read_in_kernel_order(q, k.to(torch.int32), v, lens)
+
+
 def test_unavailable_native_falls_back_and_explains(monkeypatch, make_inputs, check_state):
     q, k, v = make_inputs(2, 4, 2, 16, 30, torch.float32, seed=1)
     for env, reason in (
