@@ -331,7 +331,10 @@ class RankPool:
     ) -> list:
         """Run ``fn(rank, nproc, *args)`` on every rank (or on ``ranks``); results in rank
         order, None for a rank that did not run it. ``expect``: return once that many
-        ranks answered (a rank may leave the group on purpose); default all."""
+        ranks answered (a rank may leave the group on purpose); default all. The call is
+        written to each rank's pipe before the wait: to a rank still busy with an earlier
+        call that returned without it (``expect``), a call larger than the pipe's buffer
+        is written once that rank is done."""
         if self._broken:
             raise LaunchError(
                 f"{self.where}: expected a working pool, got one stopped earlier ({self._broken}); start a new one"
