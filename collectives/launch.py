@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
-import queue as _queue
 import signal
 import socket
 import subprocess
@@ -216,9 +217,10 @@ def _failure(exc: BaseException) -> tuple[str, str]:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, backend: str, timeout: float, threads: int, inq, outq, parent: int
+    rank: int, world: int, port: int, backend: str, timeout: float, threads: int, tasks, answers, parent: int
 ) -> None:
-    """One rank of a :class:`RankPool`: join the group, then run tasks until told to stop."""
+    """One rank of a :class:`RankPool`: join the group, then run the tasks read from ``tasks``
+    (answering each on ``answers``) until the pool closes its end."""
     die_with_parent(parent)
     os.environ.update(rendezvous_env(rank, world, LOCALHOST, port))
     try:
@@ -234,17 +236,20 @@ def _rank_main(
             backend, init_method="env://", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout)
         )
     except BaseException as e:  # reported to the parent, which raises
-        outq.put((0, rank, False, _failure(e)))
+        answers.send((0, rank, False, _failure(e)))
         return
-    outq.put((0, rank, True, None))
+    answers.send((0, rank, True, None))
     try:
-        while (task := inq.get()) is not None:
-            tid, blob = task
+        while True:
+            try:
+                tid, blob = tasks.recv()
+            except EOFError:  # the pool closed its end: stop
+                break
             try:
                 fn, args = pickle.loads(blob)
-                outq.put((tid, rank, True, pickle.dumps(fn(rank, world, *args))))
+                answers.send((tid, rank, True, pickle.dumps(fn(rank, world, *args))))
             except BaseException as e:  # reported to the parent, which raises
-                outq.put((tid, rank, False, _failure(e)))
+                answers.send((tid, rank, False, _failure(e)))
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
@@ -277,27 +282,34 @@ class RankPool:
     ):
         if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
             raise LaunchError(f"{where}: expected a positive number of processes, got {nproc!r}")
-        import multiprocessing
-
         ctx = multiprocessing.get_context("spawn")
         self.nproc, self.timeout, self.grace, self.where = nproc, float(timeout), float(grace), where
         self._broken: str | None = None
+        self._closed = False
         self._tid = 0
-        self._outq = ctx.Queue()
-        self._inqs = [ctx.Queue() for _ in range(nproc)]
+        self._gone: set[int] = set()  # ranks whose answer pipe reached its end (the process exited)
+        # Plain pipes, two per rank, rather than multiprocessing queues: a queue's locks are named
+        # semaphores that its feeder thread may release while the interpreter exits, after the
+        # resource tracker was told of them and before it is told they are gone.
+        tasks = [ctx.Pipe(duplex=False) for _ in range(nproc)]  # (rank's end, pool's end)
+        answers = [ctx.Pipe(duplex=False) for _ in range(nproc)]  # (pool's end, rank's end)
+        self._tasks = [w for _, w in tasks]
+        self._answers = [r for r, _ in answers]
         port = free_port()
         self._procs = [
             ctx.Process(
                 target=_rank_main,
                 name=f"treecoll-rank{r}",
                 daemon=True,
-                args=(r, nproc, port, backend, self.timeout, threads, self._inqs[r], self._outq, os.getpid()),
+                args=(r, nproc, port, backend, self.timeout, threads, tasks[r][0], answers[r][1], os.getpid()),
             )
             for r in range(nproc)
         ]
         try:
-            for p in self._procs:
+            for r, p in enumerate(self._procs):
                 p.start()
+                tasks[r][0].close()  # the rank holds its own copies: its exit closes the pipes
+                answers[r][1].close()
             self._wait(0, list(range(nproc)), nproc, start_timeout, "start")
         except BaseException:
             self.close()
@@ -319,7 +331,10 @@ class RankPool:
     ) -> list:
         """Run ``fn(rank, nproc, *args)`` on every rank (or on ``ranks``); results in rank
         order, None for a rank that did not run it. ``expect``: return once that many
-        ranks answered (a rank may leave the group on purpose); default all."""
+        ranks answered (a rank may leave the group on purpose); default all. The call is
+        written to each rank's pipe before the wait: to a rank still busy with an earlier
+        call that returned without it (``expect``), a call larger than the pipe's buffer
+        is written once that rank is done."""
         if self._broken:
             raise LaunchError(
                 f"{self.where}: expected a working pool, got one stopped earlier ({self._broken}); start a new one"
@@ -337,7 +352,8 @@ class RankPool:
             raise LaunchError(f"{self.where}: ranks: expected ranks in 0..{self.nproc - 1}, got {ranks}")
         self._tid += 1
         for r in ranks:
-            self._inqs[r].put((self._tid, blob))
+            with contextlib.suppress(OSError):  # a rank that exited: the wait names it
+                self._tasks[r].send((self._tid, blob))
         answers = self._wait(
             self._tid,
             ranks,
@@ -363,9 +379,8 @@ class RankPool:
                     f"{self.where}: {what}: expected {need} ranks to answer within {timeout:g} s, "
                     f"got no answer from ranks {missing}; every rank was killed"
                 )
-            try:
-                t, r, ok, payload = self._outq.get(timeout=min(left, 0.25))
-            except _queue.Empty:
+            received = self._receive(min(left, 0.25))
+            if not received:
                 dead = self._dead(ranks, answers)
                 gone = {r for r, _ in dead}
                 if dead and len(answers) + len([r for r in ranks if r not in answers and r not in gone]) < need:
@@ -377,12 +392,13 @@ class RankPool:
                         rank=rank,
                     ) from None
                 continue
-            if t != tid:
-                continue
-            answers[r] = (ok, payload)
-            if not ok:
-                failed.append(r)
-                settle = settle or time.monotonic() + self.grace
+            for t, r, ok, payload in received:
+                if t != tid:
+                    continue
+                answers[r] = (ok, payload)
+                if not ok:
+                    failed.append(r)
+                    settle = settle or time.monotonic() + self.grace
         if failed:
             rank = failed[0]
             message, remote = answers[rank][1]
@@ -393,12 +409,30 @@ class RankPool:
             raise LaunchError(f"{self.where}: rank {rank} failed: {message}{also}", rank=rank, remote_traceback=remote)
         return answers
 
+    def _receive(self, timeout: float) -> list[tuple]:
+        """The next message of every rank that sent one within ``timeout`` seconds:
+        ``(task id, rank, ok, payload)``; a rank whose pipe ended joins ``_gone``."""
+        live = {self._answers[r]: r for r in range(self.nproc) if r not in self._gone}
+        received = []
+        for conn in multiprocessing.connection.wait(list(live), timeout):
+            try:
+                received.append(conn.recv())
+            except (EOFError, OSError):
+                self._gone.add(live[conn])
+        return received
+
     def _dead(self, ranks: list[int], answers: dict) -> list[tuple[int, int]]:
-        """(rank, exit code) of ranks that exited without answering, after letting a
-        message they sent on the way out arrive."""
-        dead = [r for r in ranks if r not in answers and self._procs[r].exitcode is not None]
-        if dead and not self._outq.empty():
-            return []
+        """(rank, exit code) of ranks that exited without answering, once every message
+        they sent on the way out was read."""
+        dead = []
+        for r in ranks:
+            if r in answers:
+                continue
+            if r in self._gone:
+                self._procs[r].join(timeout=1.0)  # the pipe ends as the process exits: reap it
+                dead.append(r)
+            elif self._procs[r].exitcode is not None and not self._answers[r].poll():
+                dead.append(r)
         return [(r, exit_code(self._procs[r].exitcode)) for r in dead]
 
     def _stop(self, why: str) -> None:
@@ -410,11 +444,13 @@ class RankPool:
             p.join(timeout=2.0)
 
     def close(self) -> None:
-        """Stop the ranks (they leave their group), killing any that does not stop within 5 s."""
+        """Stop the ranks (they leave their group), killing any that does not stop within 5 s,
+        and release the pipes and process handles. Closing a closed pool does nothing."""
+        if self._closed:
+            return
         self._broken = self._broken or "closed"
-        for q in self._inqs:
-            with contextlib.suppress(Exception):
-                q.put(None)
+        for conn in self._tasks:
+            conn.close()  # the rank reads the end of its tasks and stops
         deadline = time.monotonic() + 5.0
         for p in self._procs:
             if p.pid is not None:
@@ -423,9 +459,12 @@ class RankPool:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2.0)
-        for q in (*self._inqs, self._outq):
-            q.cancel_join_thread()
-            q.close()
+        for conn in self._answers:
+            conn.close()
+        self._closed = True
+        for p in self._procs:
+            with contextlib.suppress(ValueError):  # a process that outlived its kill keeps its handles
+                p.close()
 
 
 def spawn(

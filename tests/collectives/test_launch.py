@@ -127,6 +127,74 @@ def test_spawn_reraises_the_first_failing_rank():
     assert info.value.rank == 1 and "Traceback" in info.value.remote_traceback
 
 
+_CYCLES = """
+import json, os, signal
+from multiprocessing import resource_tracker
+from treecoll.collectives import launch
+
+registered = []
+_register = resource_tracker.register
+
+
+def register(name, rtype):
+    registered.append(rtype)
+    _register(name, rtype)
+
+
+resource_tracker.register = register
+
+
+def work(rank, world, how):
+    if how == "raise" and rank == world - 1:
+        raise ValueError("refused")
+    if how == "kill" and rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rank
+
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+if __name__ == "__main__":
+    resource_tracker.ensure_running()  # started by the first pool otherwise; its pipe stays open
+    fds_before = fds()
+    out = {}
+    with launch.RankPool(2, where="cycle") as pool:
+        out["ok"] = pool.run(work, "ok")
+        for how in ("raise", "kill"):
+            try:
+                pool.run(work, how)
+            except launch.LaunchError as e:
+                out[how] = str(e)
+    out["last"] = launch.spawn(work, 1, "ok", where="cycle")
+    out["fds"] = fds() - fds_before
+    out["registered"] = registered
+    print(json.dumps(out))
+    # the process exits at once, as `make demo` does after its last pool
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_pools_started_and_closed_leave_nothing_for_the_resource_tracker(tmp_path):
+    """A process that starts and closes pools (a rank raising, a rank killed, the last pool closed
+    just before the process exits) prints nothing on stderr, leaves no file descriptor open and
+    registers nothing (named semaphores, shared memory) with multiprocessing's resource tracker.
+    A pool built on spawn-context queues registers three semaphores per queue; their finalizer can
+    run in a queue's feeder thread while the process exits, and then the tracker warns at shutdown
+    of a "leaked semaphore" that was unlinked already."""
+    script = tmp_path / "cycles.py"
+    script.write_text(_CYCLES)
+    proc = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] == [0, 1] and out["last"] == [0]
+    assert out["raise"] == "cycle: rank 1 failed: ValueError: refused"
+    assert out["kill"] == "cycle: work: rank 1 exited with code 137 without an answer; the other ranks were stopped"
+    assert out["fds"] == 0
+    assert out["registered"] == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_rank_past_the_timeout_is_killed_with_its_group(tmp_path):
     t0 = time.monotonic()
