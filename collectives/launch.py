@@ -288,6 +288,8 @@ class RankPool:
         self._closed = False
         self._tid = 0
         self._gone: set[int] = set()  # ranks whose answer pipe reached its end (the process exited)
+        self._sent = [0] * nproc  # per rank: the id of the last call written to it
+        self._done = [0] * nproc  # per rank: the id of the last call it answered
         # Plain pipes, two per rank, rather than multiprocessing queues: a queue's locks are named
         # semaphores that its feeder thread may release while the interpreter exits, after the
         # resource tracker was told of them and before it is told they are gone.
@@ -331,10 +333,11 @@ class RankPool:
     ) -> list:
         """Run ``fn(rank, nproc, *args)`` on every rank (or on ``ranks``); results in rank
         order, None for a rank that did not run it. ``expect``: return once that many
-        ranks answered (a rank may leave the group on purpose); default all. The call is
-        written to each rank's pipe before the wait: to a rank still busy with an earlier
-        call that returned without it (``expect``), a call larger than the pipe's buffer
-        is written once that rank is done."""
+        ranks answered (a rank may leave the group on purpose); default all. A rank still
+        busy with an earlier call that returned without it (``expect``) is given the call
+        once it has answered that one (its answer is dropped), within ``timeout``: a pipe
+        holds only so much, and a rank writing a large answer while the pool writes it a
+        large call would wait on each other."""
         if self._broken:
             raise LaunchError(
                 f"{self.where}: expected a working pool, got one stopped earlier ({self._broken}); start a new one"
@@ -350,17 +353,15 @@ class RankPool:
         bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.nproc]
         if bad or not ranks:
             raise LaunchError(f"{self.where}: ranks: expected ranks in 0..{self.nproc - 1}, got {ranks}")
+        timeout = self.timeout if timeout is None else timeout
+        what = getattr(fn, "__name__", "call")
+        self._settle(ranks, timeout, what)
         self._tid += 1
         for r in ranks:
             with contextlib.suppress(OSError):  # a rank that exited: the wait names it
                 self._tasks[r].send((self._tid, blob))
-        answers = self._wait(
-            self._tid,
-            ranks,
-            len(ranks) if expect is None else expect,
-            self.timeout if timeout is None else timeout,
-            getattr(fn, "__name__", "call"),
-        )
+            self._sent[r] = self._tid
+        answers = self._wait(self._tid, ranks, len(ranks) if expect is None else expect, timeout, what)
         return [pickle.loads(answers[r][1]) if r in answers else None for r in range(self.nproc)]
 
     def _wait(self, tid: int, ranks: list[int], need: int, timeout: float, what: str) -> dict:
@@ -409,6 +410,22 @@ class RankPool:
             raise LaunchError(f"{self.where}: rank {rank} failed: {message}{also}", rank=rank, remote_traceback=remote)
         return answers
 
+    def _settle(self, ranks: list[int], timeout: float, what: str) -> None:
+        """Wait until every live rank of ``ranks`` has answered every call written to it,
+        dropping those answers (their calls returned); stop the pool after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while busy := [
+            r for r in ranks if self._done[r] < self._sent[r] and r not in self._gone and self._procs[r].is_alive()
+        ]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._stop(f"{what}: ranks {busy} still busy")
+                raise LaunchError(
+                    f"{self.where}: {what}: expected ranks {busy} to finish the earlier call they were left "
+                    f"running (expect=) within {timeout:g} s, got no answer; every rank was killed"
+                )
+            self._receive(min(left, 0.25))
+
     def _receive(self, timeout: float) -> list[tuple]:
         """The next message of every rank that sent one within ``timeout`` seconds:
         ``(task id, rank, ok, payload)``; a rank whose pipe ended joins ``_gone``."""
@@ -416,9 +433,12 @@ class RankPool:
         received = []
         for conn in multiprocessing.connection.wait(list(live), timeout):
             try:
-                received.append(conn.recv())
+                message = conn.recv()
             except (EOFError, OSError):
                 self._gone.add(live[conn])
+                continue
+            received.append(message)
+            self._done[message[1]] = max(self._done[message[1]], message[0])
         return received
 
     def _dead(self, ranks: list[int], answers: dict) -> list[tuple[int, int]]:

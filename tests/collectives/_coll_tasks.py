@@ -346,3 +346,18 @@ def native_choice(rank: int, world: int, sizes: list[int], step_s: float | None 
         group.TorchTransport.native_allreduce = original
         cost.EXECUTOR_COSTS["gloo"] = fitted
         default_planner().clear()
+
+
+def late_large_answer(rank: int, world: int, delay: float, nbytes: int) -> bytes | None:
+    """Rank 0 answers at once; the other ranks after ``delay`` s with ``nbytes`` bytes (more than a
+    pipe holds), so that a call returning after rank 0 (``expect=1``) leaves them writing."""
+    import time
+
+    if rank == 0:
+        return None
+    time.sleep(delay)
+    return bytes(nbytes)
+
+
+def length_of(rank: int, world: int, blob: bytes) -> int:
+    return len(blob)

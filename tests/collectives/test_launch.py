@@ -94,6 +94,22 @@ def test_a_failing_rank_is_named_and_the_pool_goes_on(pool4):
     assert pool4.run(tasks.rank_only) == [0, 10, 20, 30]
 
 
+def test_a_rank_left_writing_a_large_answer_then_given_a_large_call(pool4):
+    """expect=1 returns while ranks 1-3 still run; they then write answers larger than a pipe
+    holds while the pool writes them the next call, larger than a pipe holds too: the pool reads
+    (and drops) the earlier answers first, so neither side waits for the other forever."""
+    import threading
+
+    big = 4 << 20
+    assert pool4.run(tasks.late_large_answer, 0.5, big, expect=1) == [None, None, None, None]
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool4.run(tasks.length_of, bytes(big), timeout=30)), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the pool and its ranks wait on each other"
+    assert got == [[big] * 4]
+
+
 def test_what_cannot_reach_the_ranks_is_refused_before_sending(pool4):
     with pytest.raises(
         LaunchError,
