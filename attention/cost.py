@@ -133,14 +133,15 @@ PAPER_HOSTS = (1, 2, 4, 8, 16)
 #: ``(P, merge pair, merge states, dispatch)`` seconds (:class:`LocalCost`) on a gloo group of P CPU processes:
 #: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30`` (its ``GLOO_LOCAL_BY_NRANKS``), each
 #: op one call at a time after a barrier, interleaved with the fit's other single calls, the slowest rank's,
-#: the median. One run while other jobs loaded the 2-core machine (load average 5.4 before, 9.4 after): too
-#: high for a quiet machine; re-fit it idle. A few torch ops each: their dispatch, not the state's bytes, sets
-#: the time, and an op right after its rank waited asleep takes 2-3x what the same op takes back to back in a
-#: loop (side by side under load: a pair merge 125-148 us against 56-57 us).
+#: the median of three runs on the idle machine, 2026-11-26 (ranges, in us: 2 processes 276.0 .. 283.4,
+#: 143.5 .. 161.9, 170.6 .. 174.8; 4 processes 289.7 .. 301.6, 181.6 .. 200.5, 195.7 .. 223.4; 6 processes
+#: 336.4 .. 384.7, 259.3 .. 284.3, 281.0 .. 282.9). A few torch ops each: their dispatch, not the state's
+#: bytes, sets the time, and an op right after its rank waited asleep takes 2-3x what the same op takes back
+#: to back in a loop (side by side under load: a pair merge 125-148 us against 56-57 us).
 GLOO_LOCAL_BY_NRANKS = (
-    (2, 292.1e-6, 151.5e-6, 195.4e-6),
-    (4, 384.3e-6, 290.1e-6, 284.7e-6),
-    (6, 384.6e-6, 306.7e-6, 301.9e-6),
+    (2, 282.3e-6, 151.1e-6, 172.8e-6),
+    (4, 301.4e-6, 193.3e-6, 220.1e-6),
+    (6, 347.3e-6, 270.7e-6, 282.6e-6),
 )
 
 

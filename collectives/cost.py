@@ -256,13 +256,14 @@ def _full_row(row: tuple[float | None, ...]) -> tuple[float | None, ...]:
 
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
-#: 2 and 4 processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 --reps 30``
-#: (latency-bound allreduces of 8 B .. 1 KiB; each time divided by the messages in a row of its
-#: schedule, as :mod:`treecoll.collectives.sim.executor` counts them); the median of three runs
-#: (GLOO_STEP_S 124.5 .. 136.1 us, GLOO_NATIVE_STEP_S 335.2 .. 419.8 us, 2026-11-26; PYTHON_STEP_S
-#: 56.3 .. 81.5 us in earlier runs, 57.3 .. 62.6 us in these). Re-run it on the machine you predict for.
-GLOO_STEP_S = 132.3e-6
-GLOO_NATIVE_STEP_S = 401.7e-6
+#: 2, 4 and 6 processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30``
+#: (latency-bound allreduces of 8 B .. 16.5 kB, each timed as one call after a barrier; each time divided by
+#: the messages in a row of its schedule, as :mod:`treecoll.collectives.sim.executor` counts them); the
+#: median of three runs on 2026-11-26 (GLOO_STEP_S 135.3 .. 139.0 us, GLOO_NATIVE_STEP_S 771.5 .. 801.2 us;
+#: PYTHON_STEP_S 54.1 .. 57.0 us in these, 56.3 .. 81.5 us in earlier runs: kept at 57.4). One fit over
+#: every count; the per-count rows below are what the model uses. Re-run it on the machine you predict for.
+GLOO_STEP_S = 135.7e-6
+GLOO_NATIVE_STEP_S = 782.8e-6
 #: The executor's own Python cost per message, without a network library (the same command,
 #: with the in-process transport of :mod:`treecoll.collectives.local`) ...
 PYTHON_STEP_S = 57.4e-6
@@ -273,17 +274,17 @@ NCCL_P2P_S = 3e-6
 #: ``(P, step, native step, call, native call, gather step, gather call)`` (:attr:`ExecutorCost.by_nranks`)
 #: fitted on each process count alone: ``python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30``
 #: (its ``GLOO_BY_NRANKS``), the median of three runs on the idle machine, 2026-11-26; the ranges, in us:
-#: 2 processes 130.0 .. 150.2, 150.6 .. 166.0, 193.1 .. 261.7, 78.5 .. 192.7, 228.4 .. 243.5, 111.3 .. 211.2;
-#: 4 processes 151.4 .. 157.0, 507.2 .. 580.6, 787.2 .. 1131.2, 3118.8 .. 3762.9, 667.7 .. 718.0,
-#: 1837.3 .. 2682.1; 6 processes 153.2 .. 160.3, 932.9 .. 997.1, 2181.1 .. 2664.1, 3578.2 .. 4315.1,
-#: 1120.3 .. 1308.8, 2498.8 .. 3232.4. With a core per process gloo's own ring step is about the executor's
+#: 2 processes 118.1 .. 134.5, 107.4 .. 152.5, 118.3 .. 234.4, 71.3 .. 133.0, 176.6 .. 242.1, 56.6 .. 148.8;
+#: 4 processes 127.8 .. 133.9, 446.1 .. 535.2, 666.5 .. 737.3, 1890.8 .. 2468.7, 579.0 .. 803.2,
+#: 1845.0 .. 1985.0; 6 processes 137.8 .. 141.2, 917.8 .. 932.5, 1846.4 .. 2252.5, 4775.5 .. 5320.5,
+#: 1049.4 .. 1153.2, 2273.3 .. 3681.0. With a core per process gloo's own ring step is about the executor's
 #: message; with two or three processes per core each step of gloo's rings waits for every rank to run
-#: (3.3x and 6.3x the executor's message), and a call of gloo's allreduce or all-gather that the ranks reach
+#: (3.8x and 6.6x the executor's message), and a call of gloo's allreduce or all-gather that the ranks reach
 #: apart costs milliseconds (the calls grow with the machine's load too: re-fit on the machine you predict for).
 GLOO_BY_NRANKS = (
-    (2, 138.0e-6, 153.5e-6, 244.6e-6, 185.1e-6, 242.6e-6, 184.1e-6),
-    (4, 155.9e-6, 509.5e-6, 959.5e-6, 3629.2e-6, 678.4e-6, 2312.4e-6),
-    (6, 154.5e-6, 976.4e-6, 2201.5e-6, 4211.7e-6, 1138.7e-6, 3168.2e-6),
+    (2, 119.4e-6, 136.3e-6, 132.1e-6, 112.1e-6, 200.9e-6, 128.1e-6),
+    (4, 132.3e-6, 501.1e-6, 725.5e-6, 2186.8e-6, 631.3e-6, 1943.5e-6),
+    (6, 139.0e-6, 924.0e-6, 2041.7e-6, 5046.7e-6, 1075.1e-6, 3537.3e-6),
 )
 EXECUTOR_COSTS = {
     "gloo": ExecutorCost(
