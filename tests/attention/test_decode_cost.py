@@ -343,10 +343,10 @@ def test_gloo_gather_pays_gloos_steps_like_the_tree():
 # Combine medians (us) that `python -m treecoll.tools.bench_tree_attention --steps 10` printed on the idle
 # 2-core machine (docs/benchmarks.md, "Tree attention over processes", table (b)): (P, batch) -> method.
 MEASURED_COMBINE_US = {
-    (2, 1): {"tree": 986, "gather": 772, "allreduce3": 3886},
-    (2, 4): {"tree": 1196, "gather": 920, "allreduce3": 1865},
-    (4, 1): {"tree": 3485, "gather": 5267, "allreduce3": 18624},
-    (4, 4): {"tree": 3171, "gather": 5271, "allreduce3": 18804},
+    (2, 1): {"tree": 1013, "gather": 886, "allreduce3": 2371},
+    (2, 4): {"tree": 994, "gather": 916, "allreduce3": 1959},
+    (4, 1): {"tree": 2597, "gather": 4680, "allreduce3": 17205},
+    (4, 4): {"tree": 3021, "gather": 5077, "allreduce3": 17785},
 }
 
 
