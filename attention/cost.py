@@ -248,8 +248,9 @@ def decode_step(
     chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
 
     Besides ``methods`` (each ``time_s``, ``local_s``, ``combine_s``, bytes and memory), the result
-    holds ``auto``: the combine (of ``tree``, ``gather``, ``allreduce3`` among ``methods``) that
-    ``tree_decode(combine="auto")`` runs, the fastest (:func:`choose_combine`'s rule), and with ``ring``
+    holds ``auto``: the fastest combine of ``tree``, ``gather``, ``allreduce3`` among ``methods``
+    (:func:`choose_combine`'s rule; in ``executor`` mode the one ``tree_decode(combine="auto")`` runs),
+    and with ``ring``
     among the methods ``speedup_auto_vs_ring`` and ``speedup_tree_vs_ring`` (ring's time over auto's,
     over the tree's).
     """

@@ -637,7 +637,11 @@ def decode_verdict(r: dict) -> list[str]:
     own tree, compare with ring attention."""
     if "auto" not in r:
         return []
-    auto = f'auto (tree_decode\'s combine="auto"): {r["auto"]}'
+    auto = (
+        f'auto (tree_decode\'s combine="auto"): {r["auto"]}'
+        if r.get("mode", "executor") == "executor"
+        else f"fastest combine with the tree inside NCCL (tree_decode runs it from Python): {r['auto']}"
+    )
     if "speedup_auto_vs_ring" not in r:
         return [auto]
     lines = [f"{auto}, {r['speedup_auto_vs_ring']:.1f}x faster than ring attention"]

@@ -157,3 +157,21 @@ def test_validate_sim_is_the_command_over_folders(tmp_path):
     (sub / "b.txt").write_text("x")
     (sub / "a.txt").write_text("x")
     assert validate_sim.expand([str(sub), "--hosts", "2"]) == [str(sub / "a.txt"), str(sub / "b.txt"), "--hosts", "2"]
+
+
+def test_decode_verdict_names_what_auto_means_in_each_mode():
+    from treecoll.tools.cmd_simulate import decode_verdict
+
+    r = {"auto": "gather", "speedup_auto_vs_ring": 50.0, "speedup_tree_vs_ring": 2.0, "mode": "executor"}
+    assert decode_verdict(r) == [
+        'auto (tree_decode\'s combine="auto"): gather, 50.0x faster than ring attention',
+        "treecoll's tree combine: 2.0x faster than ring attention",
+    ]
+    inside = decode_verdict({**r, "auto": "tree", "mode": "in-kernel"})
+    assert inside == [
+        "fastest combine with the tree inside NCCL (tree_decode runs it from Python): tree, 50.0x faster than "
+        "ring attention"
+    ]
+    assert decode_verdict({"auto": "allreduce3", "mode": "executor"}) == [
+        'auto (tree_decode\'s combine="auto"): allreduce3'
+    ]
