@@ -52,8 +52,8 @@ Combine methods (``combine=``), side by side with the same arguments and result:
   placement's topology for this state size, as the group's backend runs them,
   NCCL's or gloo's; deterministic, so every rank picks the same; kept per
   placement and shape), so that the default is never slower, by the model, than
-  the backend's own collectives; ``root_only`` or a ``bcast`` other than
-  ``"tree"`` (options of the tree alone) make it the tree.
+  the backend's own collectives; a ``tree`` other than ``"auto"``, ``root_only`` or
+  a ``bcast`` other than ``"tree"`` (options of the tree alone) make it the tree.
 
 Every method merges in float32 and follows the NaN/inf policy of
 :mod:`treecoll.attention.state`.  Ring Attention, which moves the K/V shards instead
@@ -237,8 +237,8 @@ def tree_combine(
     algorithm).  ``root_only`` runs the reduction alone.  The three were
     measured side by side: docs/benchmarks.md "Tree attention".
     ``combine``: ``"auto"`` (the default), ``"tree"`` (the above), ``"gather"`` or ``"allreduce3"``
-    (module docstring); ``bcast`` and ``root_only`` apply to ``"tree"``, and with ``"auto"`` choose
-    it (the others give every rank the result).
+    (module docstring); ``bcast``, ``root_only`` and a given ``tree`` apply to ``"tree"``, and with
+    ``"auto"`` choose it (the others give every rank the result).
     """
     if bcast not in BCAST_MODES:
         raise AttentionError(f"bcast: expected one of {list(BCAST_MODES)}, got {bcast!r}")
@@ -275,8 +275,9 @@ def tree_combine(
 
 def _auto(batch: int, heads: int, head_dim: int, p: Placement, tree: Any, root_only: bool, bcast: str) -> str:
     """What ``combine="auto"`` runs: the tree when the call asks for one of its own options
-    (``root_only``, a ``bcast`` other than ``"tree"``), else :func:`choose_combine`'s pick."""
-    if root_only or bcast != "tree":
+    (a tree other than ``"auto"``, ``root_only``, a ``bcast`` other than ``"tree"``), else
+    :func:`choose_combine`'s pick."""
+    if root_only or bcast != "tree" or not (isinstance(tree, str) and tree == "auto"):
         return "tree"
     return choose_combine(batch, heads, head_dim, placement=p, tree=tree)
 

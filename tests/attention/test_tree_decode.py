@@ -408,12 +408,15 @@ def test_the_combine_choice_cache_keeps_no_process_group_alive():
 
 
 def test_auto_takes_the_tree_when_asked_for_a_tree_option():
-    """root_only and a bcast other than "tree" are options of the tree alone: with combine="auto"
-    they select it, whatever the cost model would pick."""
+    """A given tree, root_only and a bcast other than "tree" are options of the tree alone: with
+    combine="auto" they select it, whatever the cost model would pick."""
     from treecoll.attention.tree_decode import _auto
+    from treecoll.collectives import Tree
     from treecoll.collectives.placement import Placement
 
     p = Placement(ranks=4)
     assert _auto(1, 8, 16, p, "auto", True, "tree") == "tree"
     assert _auto(1, 8, 16, p, "auto", False, "native") == "tree"
     assert _auto(1, 8, 16, p, "auto", False, "separate") == "tree"
+    assert _auto(1, 8, 16, p, "binomial", False, "tree") == "tree"
+    assert _auto(1, 8, 16, p, Tree.from_parents([-1, 0, 0, 0]), False, "tree") == "tree"
