@@ -365,9 +365,9 @@ def decode_step(
         out["methods"]["ring"]["step_transfer_s"] = step
     if "tree" in out["methods"] and "ring" in out["methods"]:
         out["speedup_tree_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"]["tree"]["time_s"]
-    combined = [m for m in COMBINES if m in out["methods"]]
-    if combined:  # the rule of choose_combine: the fastest, the first of equals in COMBINES order
-        out["auto"] = min(combined, key=lambda m: (out["methods"][m]["time_s"], COMBINES.index(m)))
+    combined = {m: out["methods"][m]["time_s"] for m in COMBINES if m in out["methods"]}
+    if combined:
+        out["auto"] = _fastest(combined)
         if "ring" in out["methods"]:
             out["speedup_auto_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"][out["auto"]]["time_s"]
     return out
@@ -621,7 +621,13 @@ def choose_combine(
     times = combine_times(
         placement, batch, heads, head_dim, tree=tree, profile=profile, methods=methods, backend=backend, mode=mode
     )
-    return min(times, key=lambda m: (times[m]["time_s"], COMBINES.index(m)))
+    return _fastest({m: t["time_s"] for m, t in times.items()})
+
+
+def _fastest(seconds: dict[str, float]) -> str:
+    """The combine of least time, the first of equals in :data:`COMBINES` order (deterministic: every rank
+    picks the same)."""
+    return min(seconds, key=lambda m: (seconds[m], COMBINES.index(m)))
 
 
 def _profiles(profile, nbytes: int, topology=None, gpus=()):

@@ -257,8 +257,8 @@ def _full_row(row: tuple[float | None, ...]) -> tuple[float | None, ...]:
 
 #: Fitted on this project's 2-core machine (AMD EPYC, idle) over gloo (torch.distributed, 127.0.0.1,
 #: 2, 4 and 6 processes): ``python -m treecoll.tools.fit_executor_cost --procs 2 4 6 --reps 30``
-#: (latency-bound allreduces of 8 B .. 16.5 kB, each timed as one call after a barrier; each time divided by
-#: the messages in a row of its schedule, as :mod:`treecoll.collectives.sim.executor` counts them); the
+#: (latency-bound allreduces of 8 B .. 16.5 kB, timed back to back in rounds; each time divided by the
+#: messages in a row of its schedule, as :mod:`treecoll.collectives.sim.executor` counts them); the
 #: median of three runs on 2026-11-26 (GLOO_STEP_S 135.3 .. 139.0 us, GLOO_NATIVE_STEP_S 771.5 .. 801.2 us;
 #: PYTHON_STEP_S 54.1 .. 57.0 us in these, 56.3 .. 81.5 us in earlier runs: kept at 57.4). One fit over
 #: every count; the per-count rows below are what the model uses. Re-run it on the machine you predict for.

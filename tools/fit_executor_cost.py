@@ -137,9 +137,6 @@ def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float, float, floa
     (4, 0.0001, 0.0005, 0.001, 0.001, 0.0, 0.0)
     """
 
-    def kind(r: dict) -> str:
-        return r["case"] if r["case"] in NATIVE_CASES else "tree"
-
     def fit(mine: list[dict]) -> tuple[float, float]:
         if not mine:
             return 0.0, 0.0
@@ -149,9 +146,9 @@ def fit_by_nranks(rows: list[dict]) -> list[tuple[int, float, float, float, floa
 
     out = []
     for p in sorted({r["procs"] for r in rows}):
-        mine = [r for r in rows if r["procs"] == p and (kind(r) != "native" or _ring_sized(r))]
+        mine = [r for r in rows if r["procs"] == p and (_kind(r) != "native" or _ring_sized(r))]
         (o, call), (native, native_call), (gather, gather_call) = (
-            fit([r for r in mine if kind(r) == k]) for k in ("tree", "native", "gather")
+            fit([r for r in mine if _kind(r) == k]) for k in ("tree", "native", "gather")
         )
         out.append((p, o, native, call, native_call, gather, gather_call))
     return out
@@ -349,6 +346,16 @@ def case_rows(per_rank: list[dict], nranks: int) -> list[dict]:
     return rows
 
 
+def _row_text(row: tuple) -> str:
+    """A per-count row ``(P, seconds, ...)`` as the Python the constants are written in."""
+    return "(" + ", ".join([str(row[0])] + [f"{v * 1e6:.1f}e-6" for v in row[1:]]) + ")"
+
+
+def _kind(row: dict) -> str:
+    """Which fit a row of :func:`case_rows` belongs to: ``native``, ``gather`` or ``tree``."""
+    return row["case"] if row["case"] in NATIVE_CASES else "tree"
+
+
 def main(argv: list[str] | None = None) -> int:
     from treecoll.collectives.launch import RankPool
 
@@ -371,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         python.append(_time_local(p, args.reps))
-    tree_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if r["case"] not in NATIVE_CASES]
-    native_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if r["case"] == "native" and _ring_sized(r)]
+    tree_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if _kind(r) == "tree"]
+    native_pairs = [(r["time_us"] * 1e-6, r["messages"]) for r in rows if _kind(r) == "native" and _ring_sized(r)]
     fit = {
         "GLOO_STEP_S": fit_through_origin(tree_pairs),
         "GLOO_NATIVE_STEP_S": fit_through_origin(native_pairs),
@@ -381,19 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in fit.items():
         print(f"{k} = {v * 1e6:.1f}e-6")
     fit["GLOO_BY_NRANKS"] = fit_by_nranks(rows)
-    print(
-        "GLOO_BY_NRANKS = ("
-        + ", ".join(
-            "(" + ", ".join([str(r[0])] + [f"{v * 1e6:.1f}e-6" for v in r[1:]]) + ")" for r in fit["GLOO_BY_NRANKS"]
-        )
-        + ")"
-    )
     fit["GLOO_LOCAL_BY_NRANKS"] = local
-    print(
-        "GLOO_LOCAL_BY_NRANKS = ("
-        + ", ".join("(" + ", ".join([str(r[0])] + [f"{v * 1e6:.1f}e-6" for v in r[1:]]) + ")" for r in local)
-        + ")"
-    )
+    for name in ("GLOO_BY_NRANKS", "GLOO_LOCAL_BY_NRANKS"):
+        print(f"{name} = ({', '.join(_row_text(r) for r in fit[name])})")
     print(f"load average after the fit: {os.getloadavg()}")
     for line in implausible(fit["GLOO_BY_NRANKS"]):
         print(f"warning: {line}")
