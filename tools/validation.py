@@ -730,15 +730,19 @@ def _pct(x: float | None) -> str:
     return "   -  " if x is None else f"{100 * x:5.1f}%"
 
 
+def _where(e: dict) -> str:
+    """A file entry's file, and its table (``#2``...) when the file holds several."""
+    return f"{e['file']}#{e['table'] + 1}" if e.get("table") else str(e["file"])
+
+
 def _title(e: dict) -> str:
-    k = f"#{e['table'] + 1}" if e.get("table") else ""
-    return f"== {e['file']}{k}: {e.get('collective') or '?'}, {e.get('nranks') or '?'} GPUs"
+    return f"== {_where(e)}: {e.get('collective') or '?'}, {e.get('nranks') or '?'} GPUs"
 
 
 def _skip_line(e: dict) -> str:
     """A skipped table: the file (and table), what is known of it, and why; the file once."""
     known = ", ".join(x for x in (e.get("collective"), e.get("nranks") and f"{e['nranks']} GPUs") if x)
-    where = f"{e['file']}#{e['table'] + 1}" if e.get("table") else str(e["file"])
+    where = _where(e)
     reason = str(e["reason"])
     if known:
         return f"{where} ({known}): {reason}"
