@@ -555,21 +555,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _plot(bench, args.plot, cases)
         return 0
     # a rank holds its buffer, the received chunk and the reduction's output
-    why = emulated.ready(args, lambda hosts, rph: 4 * max(args.sizes))
-    if why:
-        print(f"error: {why}", file=sys.stderr)
+    if not emulated.ready(args, lambda hosts, rph: 4 * max(args.sizes)):
         return 1
     t0 = time.time()
-    worker_argv = [
-        "--methods",
-        ",".join(args.methods),
-        "--sizes",
-        ",".join(map(str, args.sizes)),
-        "--repeats",
-        str(args.repeats),
-        "--budget",
-        str(args.budget),
-    ]
+    worker_argv = emulated.passed_on(args, "--methods", "--sizes", "--repeats", "--budget")
     cases = [
         make_case(hosts, rph, rate, raw, topo_path, args)
         for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster", args, worker_argv)
