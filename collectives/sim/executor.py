@@ -41,7 +41,7 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule, Step
 from .engine import FlowEngine, Network
 from .profiles import get_profile
-from .result import DTYPE_SIZES, SimResult, check_size, mem_bw_of, placed, schedule_result
+from .result import DTYPE_SIZES, SimResult, check_size, engine_stats, mem_bw_of, placed, schedule_result
 
 __all__ = [
     "ExecutorEngine",
@@ -132,15 +132,7 @@ def simulate_executor_schedule(
     raw = ExecutorEngine(
         net, schedule, schedule.chunk_bytes(nbytes), gpus, mem, step_cost=step_cost, **EXECUTOR_RUN
     ).run()
-    stats = {
-        "engine": "events (executor)",
-        "loop": raw.loop,
-        "transfers": raw.transfers,
-        "subflows": raw.subflows,
-        "rate_updates": raw.recomputes,
-        "wall_s": _time.perf_counter() - t0,
-        "step_cost_s": step_cost,
-    }
+    stats = {**engine_stats("events (executor)", raw, _time.perf_counter() - t0), "step_cost_s": step_cost}
     return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "bandwidths",
     "placed",
     "mem_bw_of",
+    "engine_stats",
     "schedule_result",
     "check_size",
     "make_result",
@@ -233,6 +234,19 @@ def make_result(
 def mem_bw_of(topology: Topology, gpus: Sequence[str]) -> list[float]:
     """Each GPU's memory bandwidth in B/s (its ``mem_bw`` GB/s; 0: reductions are free)."""
     return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
+
+
+def engine_stats(engine: str, raw: Any, wall_s: float) -> dict[str, Any]:
+    """The ``stats`` of an event engine's run ``raw`` that took ``wall_s`` seconds of wall time:
+    the engine's name, its loop, transfers, subflows and rate updates (``raw.recomputes``)."""
+    return {
+        "engine": engine,
+        "loop": raw.loop,
+        "transfers": raw.transfers,
+        "subflows": raw.subflows,
+        "rate_updates": raw.recomputes,
+        "wall_s": wall_s,
+    }
 
 
 def schedule_result(

@@ -60,6 +60,7 @@ from .result import (
     bandwidths,
     bus_factor,
     check_size,
+    engine_stats,
     make_result,
     mem_bw_of,
     placed,
@@ -128,14 +129,7 @@ def simulate(
         rendezvous=rendezvous,
         lanes=lanes,
     ).run()
-    stats = {
-        "engine": "events",
-        "loop": raw.loop,
-        "transfers": raw.transfers,
-        "subflows": raw.subflows,
-        "rate_updates": raw.recomputes,
-        "wall_s": _time.perf_counter() - t0,
-    }
+    stats = engine_stats("events", raw, _time.perf_counter() - t0)
     return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
 
 
