@@ -41,7 +41,16 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule, Step
 from .engine import FlowEngine, Network
 from .profiles import get_profile
-from .result import DTYPE_SIZES, SimResult, check_size, engine_stats, mem_bw_of, placed, schedule_result
+from .result import (
+    DTYPE_SIZES,
+    EXECUTOR_RUN,
+    SimResult,
+    check_size,
+    engine_stats,
+    mem_bw_of,
+    placed,
+    schedule_result,
+)
 
 __all__ = [
     "ExecutorEngine",
@@ -51,9 +60,6 @@ __all__ = [
     "EXECUTOR_RUN",
 ]
 
-#: how the backends move treecoll's point-to-point messages: in order per pair of ranks, each once
-#: its receive is posted
-EXECUTOR_RUN = {"ordered_pairs": True, "rendezvous": True}
 _ARRIVAL, _ISSUE = 0, 2  # event kind: a send or receive whose software cost has elapsed takes effect
 
 

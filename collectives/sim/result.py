@@ -32,6 +32,7 @@ from .profiles import Profile
 __all__ = [
     "SimResult",
     "DTYPE_SIZES",
+    "EXECUTOR_RUN",
     "bus_factor",
     "bandwidths",
     "placed",
@@ -156,6 +157,12 @@ def placed(
             f"{what}: expected a placement with a topology (the simulator moves bytes over its links), got one without"
         )
     return p.topology, p.gpus
+
+
+#: how treecoll's executor moves its point-to-point messages on the backends (gloo: one TCP
+#: connection per pair of ranks): in order per pair of ranks, each once its receive is posted
+#: (:class:`~treecoll.collectives.sim.engine.FlowEngine`'s ``ordered_pairs`` and ``rendezvous``)
+EXECUTOR_RUN = {"ordered_pairs": True, "rendezvous": True}
 
 
 def check_size(nbytes: int, dtype: str) -> None:

@@ -56,6 +56,7 @@ from .nccl_model import PROTO_CHUNK_BYTES
 from .profiles import Profile, get_profile
 from .result import (
     DTYPE_SIZES,
+    EXECUTOR_RUN,
     SimResult,
     bandwidths,
     bus_factor,
@@ -795,11 +796,6 @@ def _tree_slice(topology: Topology, gpus: Sequence[str], nbytes: int, profile: P
         return NCCL_TREE_CHUNK_BYTES
 
 
-#: how treecoll's executor runs a schedule over gloo: one TCP connection per pair of ranks (a rank's
-#: messages to a peer go in order), a message moving once its receiver has posted the receive
-GLOO_RUN = {"ordered_pairs": True, "rendezvous": True}
-
-
 def simulate_executor(
     placement: Placement | Topology,
     tree: Any,
@@ -822,7 +818,7 @@ def simulate_executor(
     :func:`treecoll.collectives.cost.nchunks_for`), issued in order on every rank.
 
     ``tree``, ``op``, ``algo``, ``root``, ``nchunks`` as the executor takes them (``op``
-    None: a commutative one). ``run``: engine options (default :data:`GLOO_RUN`);
+    None: a commutative one). ``run``: engine options (default :data:`EXECUTOR_RUN`);
     ``stats["chunks"]``: chunks per tree.
     """
     from ..ops import resolve_op
@@ -842,7 +838,7 @@ def simulate_executor(
         nchunks=nchunks,
         max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]),
     )
-    r = simulate(p, sched, nbytes, dtype=dtype, profile=profile, top=top, **(GLOO_RUN if run is None else run))
+    r = simulate(p, sched, nbytes, dtype=dtype, profile=profile, top=top, **(EXECUTOR_RUN if run is None else run))
     per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
     return dataclasses.replace(r, stats=dict(r.stats, chunks=per))
 
