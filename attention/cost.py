@@ -28,11 +28,11 @@ allreduces of ``2(P − 1)`` steps), on the topology's links as written (profile
 three combines pay the backend's software costs alike: the executor's per message,
 gloo's all-gather's and its allreduce's per step (two algorithms: the all-gather's
 steps are not the allreduce's), all fitted at the group's process count
-(:meth:`treecoll.collectives.cost.ExecutorCost.for_nranks`; with fewer cores than
+(:meth:`treecoll.collectives.executor_cost.ExecutorCost.for_nranks`; with fewer cores than
 processes a step of gloo's ring waits for every rank to run, a tree message only
 for its two ends, so one fit over several counts orders them wrongly), and once
 per collective call the time the ranks take to come together, fitted on calls of
-the same kind (:attr:`~treecoll.collectives.cost.ExecutorCost.call_s` for the
+the same kind (:attr:`~treecoll.collectives.executor_cost.ExecutorCost.call_s` for the
 tree's one call, ``gather_call_s`` for the gather's, ``native_call_s`` for each
 of the three all-reduces). The
 merges and the rest of a combine's own Python are torch ops and Python calls on
@@ -81,7 +81,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from treecoll.collectives.cost import executor_cost, row_for_nranks
+from treecoll.collectives.executor_cost import executor_cost, row_for_nranks
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
 from treecoll.collectives.sim.result import mem_bw_of
@@ -171,7 +171,8 @@ class LocalCost:
 
 def local_cost(nranks: int) -> LocalCost:
     """The :class:`LocalCost` of a gloo group of ``nranks`` processes from :data:`GLOO_LOCAL_BY_NRANKS` (between
-    fitted counts linear in the count, beyond them the nearest: :func:`treecoll.collectives.cost.row_for_nranks`)."""
+    fitted counts linear in the count, beyond them the nearest:
+    :func:`treecoll.collectives.executor_cost.row_for_nranks`)."""
     return LocalCost(*row_for_nranks(list(GLOO_LOCAL_BY_NRANKS), nranks))
 
 
@@ -243,7 +244,7 @@ def decode_step(
     ``tree``: the builder used by ``tree``. ``profile``: a simulator profile
     or ``"auto"`` (fastest NCCL protocol per collective). ``mode``: ``executor`` (the
     default) times ``tree`` and ``ring`` as treecoll runs them, from Python, each message
-    costing the backend's :class:`~treecoll.collectives.cost.ExecutorCost` (the tree: the
+    costing the backend's :class:`~treecoll.collectives.executor_cost.ExecutorCost` (the tree: the
     planner's schedule, :func:`treecoll.collectives.sim.executor.predict_schedule`, the number
     ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (``nchunks``
     chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.

@@ -411,7 +411,8 @@ def tree_decode(
     bcast: str = "tree",
     combine: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention over a KV cache sharded along the sequence, combined by one tree reduction.
+    """Decode attention over a KV cache sharded along the sequence: the local partial states combined over the
+    group (by default the cost model's fastest of the tree reduction, one all-gather and three all-reduces).
 
     Parameters
     ----------
@@ -436,7 +437,7 @@ def tree_decode(
         collective, so a decode loop checks its first step and then passes False.
     return_lse : also return the merged LSE float32 [batch, q_heads].
     bcast : ``"tree"`` (default), ``"separate"`` or ``"native"``: see :func:`tree_combine`.
-    combine : ``"tree"`` (default), ``"gather"``, ``"allreduce3"`` or ``"auto"`` (module docstring).
+    combine : ``"auto"`` (default), ``"tree"``, ``"gather"`` or ``"allreduce3"`` (module docstring).
 
     Returns
     -------

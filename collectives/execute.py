@@ -661,8 +661,8 @@ def _pair_order_error(sched: Schedule, clash: tuple[int, int, int, int], what: s
 def _native_backend(collective: str, x: Any, op: Op, tree: Any, options: CollectiveOptions, transport: Any) -> str:
     """The backend whose own allreduce may run this call ('' when it may not): an allreduce with
     ``algo="auto"``, no tree asked for, a built-in operator (sum, prod, max, min), one tensor,
-    over a process group of a backend with a model (:data:`treecoll.collectives.cost.EXECUTOR_COSTS`)."""
-    from .cost import EXECUTOR_COSTS
+    over a process group of a backend with a model (:data:`treecoll.collectives.executor_cost.EXECUTOR_COSTS`)."""
+    from .executor_cost import EXECUTOR_COSTS
 
     if collective != "allreduce" or options.algo != "auto" or (tree is not None and tree != "auto"):
         return ""

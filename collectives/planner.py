@@ -424,9 +424,10 @@ def native_allreduce_time(model: Any, nbytes: float) -> float:
     """Seconds of the backend's own allreduce (``torch.distributed.all_reduce``) of ``nbytes`` on
     ``model``'s placement (a :class:`~treecoll.collectives.cost.CostModel`): NCCL's fastest
     algorithm under its own model (:func:`treecoll.collectives.sim.nccl_model.nccl_predict`), gloo's
-    ring with :attr:`~treecoll.collectives.cost.ExecutorCost.native_step_s` per step.
+    ring with :attr:`~treecoll.collectives.executor_cost.ExecutorCost.native_step_s` per step.
 
-    >>> from treecoll.collectives.cost import CostModel, EXECUTOR_COSTS
+    >>> from treecoll.collectives.cost import CostModel
+    >>> from treecoll.collectives.executor_cost import EXECUTOR_COSTS
     >>> t = native_allreduce_time(CostModel(nranks=2), 8)      # 2 ring steps on gloo, ~8 B each
     >>> round(t / EXECUTOR_COSTS["gloo"].for_nranks(2).native_step_s, 1)
     2.0

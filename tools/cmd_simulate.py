@@ -352,7 +352,8 @@ def _auto_executor(p, size: int):
     """(time s, busbw, algbw, label) of ``collectives.allreduce(x)`` with its defaults: the backend's
     own allreduce where the planner prefers it (:meth:`treecoll.collectives.planner.Planner.prefer_native`),
     else the planner's ``algo="auto"`` schedule as the executor runs it."""
-    from treecoll.collectives.cost import CostModel, backend_of
+    from treecoll.collectives.cost import CostModel
+    from treecoll.collectives.executor_cost import backend_of
     from treecoll.collectives.planner import default_planner, native_allreduce_time
     from treecoll.collectives.sim.executor import predict_schedule
     from treecoll.collectives.sim.simulator import bandwidths

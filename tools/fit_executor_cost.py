@@ -1,4 +1,4 @@
-"""Fit the executor's per-message cost (:class:`treecoll.collectives.cost.ExecutorCost`) on this machine.
+"""Fit the executor's per-message cost (:class:`treecoll.collectives.executor_cost.ExecutorCost`) on this machine.
 
 treecoll's executor issues every send and receive from Python; the
 ``executor`` prediction mode charges each message a serial cost ``o`` per rank
@@ -50,8 +50,8 @@ treecoll's executor issues every send and receive from Python; the
   to back in a loop (caches and the core woken cold), and a decode step's merges always
   follow a wait.
 
-The constants in :mod:`treecoll.collectives.cost` are what this printed; run it
-on a quiet machine::
+The constants in :mod:`treecoll.collectives.executor_cost` (and ``GLOO_LOCAL_BY_NRANKS`` in
+:mod:`treecoll.attention.cost`) are what this printed; run it on a quiet machine::
 
     python -m treecoll.tools.fit_executor_cost --procs 2 4 6 [--reps 30] [--json fit.json]
 

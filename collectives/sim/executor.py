@@ -4,7 +4,7 @@
 after another from Python: each send and each receive is an ``isend`` /
 ``irecv`` of the backend, posted and later waited on by the one Python thread
 of the rank. Every such message costs the rank a serial software time ``o``
-(the backend's :class:`~treecoll.collectives.cost.ExecutorCost`), which
+(the backend's :class:`~treecoll.collectives.executor_cost.ExecutorCost`), which
 NCCL's own kernels do not pay. :class:`ExecutorEngine` is the flow engine
 (:class:`~treecoll.collectives.sim.engine.FlowEngine`) with that cost: a rank's
 send or receive takes effect ``o`` after the later of the moment it may start
@@ -161,10 +161,10 @@ def predict_schedule(
     Tree, MultiTree or tree file, as the collectives take it) and ``algo`` (``tree``, ``ring``,
     ``rsag``, ``direct``): the planner's schedule (its plan and chunks), simulated with
     :class:`ExecutorEngine`. ``step_cost``: seconds per message (default: the ``backend``'s,
-    :func:`treecoll.collectives.cost.executor_cost`). ``stats``: ``chunks`` per tree, ``mode``
+    :func:`treecoll.collectives.executor_cost.executor_cost`). ``stats``: ``chunks`` per tree, ``mode``
     ``executor``, ``backend`` and ``step_cost_s``.
     """
-    from ..cost import executor_cost
+    from ..executor_cost import executor_cost
     from ..planner import default_planner
     from ..tree import as_multi
 

@@ -19,7 +19,7 @@ from treecoll.attention.cost import (
     paper_memory,
     paper_volumes,
 )
-from treecoll.collectives.cost import EXECUTOR_COSTS, GLOO_BY_NRANKS, executor_cost
+from treecoll.collectives.executor_cost import EXECUTOR_COSTS, GLOO_BY_NRANKS, executor_cost
 from treecoll.collectives.placement import Placement
 from treecoll.topo.errors import CollectiveError
 
@@ -86,7 +86,7 @@ def test_simulated_volumes_and_times(P, kv_heads):
     assert m["ring"]["step_transfer_s"] == pytest.approx(step, rel=1e-9)
     assert m["ring"]["time_s"] == pytest.approx(out["local_s"] + (P - 1) * max(out["local_s"], step), rel=1e-9)
     # as treecoll runs it, every pass also costs an isend and an irecv from Python
-    from treecoll.collectives.cost import executor_cost
+    from treecoll.collectives.executor_cost import executor_cost
     from treecoll.collectives.placement import Placement
 
     ex = decode_step(topo, s, profile="ideal", tree="binomial", methods=("ring",))
@@ -229,16 +229,12 @@ def test_gloo_combines_each_pay_their_own_kind_of_call(monkeypatch):
     the executor's call makes the tree d slower."""
     import dataclasses
 
-    from treecoll.collectives import cost as ccost
-
     P, d = 4, 1e-3
     row = (P, 100e-6, 200e-6, 300e-6, 400e-6, 500e-6, 600e-6)
     topo = star_topology(P, bw=100.0, lat=1.0, mem_bw=2000.0)
 
     def times(r):
-        monkeypatch.setitem(
-            ccost.EXECUTOR_COSTS, "gloo", dataclasses.replace(EXECUTOR_COSTS["gloo"], by_nranks=(tuple(r),))
-        )
+        monkeypatch.setitem(EXECUTOR_COSTS, "gloo", dataclasses.replace(EXECUTOR_COSTS["gloo"], by_nranks=(tuple(r),)))
         return {m: v["time_s"] for m, v in combine_times(topo, 1, 32, 128, backend="gloo").items()}
 
     _assert_each_column_adds(

@@ -313,12 +313,13 @@ def native_choice(rank: int, world: int, sizes: list[int], step_s: float | None 
     (default: the fitted one), so that a test can make the model prefer either side."""
     import dataclasses
 
-    from treecoll.collectives import cost, group
+    from treecoll.collectives import group
+    from treecoll.collectives.executor_cost import EXECUTOR_COSTS
     from treecoll.collectives.planner import default_planner
 
     calls = []
     original = group.TorchTransport.native_allreduce
-    fitted = cost.EXECUTOR_COSTS["gloo"]
+    fitted = EXECUTOR_COSTS["gloo"]
 
     def counting(self, tensor, op, timeout):
         calls.append(op.name)
@@ -326,7 +327,7 @@ def native_choice(rank: int, world: int, sizes: list[int], step_s: float | None 
 
     group.TorchTransport.native_allreduce = counting
     if step_s is not None:
-        cost.EXECUTOR_COSTS["gloo"] = dataclasses.replace(fitted, step_s=step_s, by_nranks=())
+        EXECUTOR_COSTS["gloo"] = dataclasses.replace(fitted, step_s=step_s, by_nranks=())
     default_planner().clear()
     try:
         out = []
@@ -344,7 +345,7 @@ def native_choice(rank: int, world: int, sizes: list[int], step_s: float | None 
         return out
     finally:
         group.TorchTransport.native_allreduce = original
-        cost.EXECUTOR_COSTS["gloo"] = fitted
+        EXECUTOR_COSTS["gloo"] = fitted
         default_planner().clear()
 
 

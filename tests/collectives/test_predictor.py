@@ -10,14 +10,8 @@ import json
 import pytest
 from treecoll.collectives.builders import build
 from treecoll.collectives.compile import compile_allreduce
-from treecoll.collectives.cost import (
-    EXECUTOR_COSTS,
-    GLOO_BY_NRANKS,
-    MSG_OVERHEAD,
-    CostModel,
-    executor_cost,
-    uniform_topology,
-)
+from treecoll.collectives.cost import MSG_OVERHEAD, CostModel, uniform_topology
+from treecoll.collectives.executor_cost import EXECUTOR_COSTS, GLOO_BY_NRANKS
 from treecoll.collectives.placement import Placement
 from treecoll.collectives.planner import default_planner
 from treecoll.collectives.sim.executor import predict_schedule, simulate_executor_schedule
@@ -180,8 +174,6 @@ def test_auto_runs_the_backends_allreduce_where_the_model_says_it_is_faster(pool
     or a user operator never does. With the fitted costs the model keeps treecoll's trees at these
     sizes (gloo's own allreduce pays more per ring step here than the executor per message); with
     the executor's per-message cost made 100 times larger it hands every size to gloo."""
-    from treecoll.collectives.cost import EXECUTOR_COSTS
-
     sizes = [8, 4 << 10, 1 << 20, 4 << 20]
     prefers = set()
     for step_s in (None, 100 * EXECUTOR_COSTS["gloo"].step_s):
@@ -215,24 +207,6 @@ def test_gloo_plans_cost_the_fit_of_their_process_count(row):
     assert native_allreduce_time(model, 8) == pytest.approx(2 * (P - 1) * native, rel=1e-6)
     # without a topology (what allreduce(x) plans on a CPU group): the same fit
     assert CostModel(Placement(ranks=P)).executor.native_step_s == native
-
-
-def test_gloo_costs_between_and_beyond_the_fitted_counts():
-    """Between two fitted process counts the costs (per message, per native step, per call) are linear in
-    the count; outside them, the nearest fitted count's."""
-
-    (p0, s0, n0, c0), (p1, s1, n1, c1) = GLOO_BY_NRANKS[0][:4], GLOO_BY_NRANKS[1][:4]
-    assert p1 - p0 >= 2, "two neighbouring fitted counts with a count between them"
-    mid = executor_cost(Placement(ranks=(p0 + p1) // 2))
-    w = ((p0 + p1) // 2 - p0) / (p1 - p0)
-    assert mid.step_s == pytest.approx((1 - w) * s0 + w * s1) and mid.native_step_s == pytest.approx(
-        (1 - w) * n0 + w * n1
-    )
-    assert mid.call_s == pytest.approx((1 - w) * c0 + w * c1)
-    assert executor_cost(Placement(ranks=1)).step_s == s0
-    p_last, _, n_last, c_last = GLOO_BY_NRANKS[-1][:4]
-    beyond = executor_cost(Placement(ranks=4 * p_last))
-    assert beyond.native_step_s == n_last and beyond.call_s == c_last
 
 
 def test_fit_times_single_calls_on_real_ranks(pool4):

@@ -19,7 +19,7 @@ from functools import cache
 import pytest
 from treecoll.collectives import builders
 from treecoll.collectives.compile import compile_plan
-from treecoll.collectives.cost import executor_cost
+from treecoll.collectives.executor_cost import executor_cost
 from treecoll.collectives.placement import Placement
 from treecoll.collectives.sim.executor import simulate_executor_schedule
 from treecoll.collectives.tree import as_multi

@@ -72,7 +72,7 @@ def test_a_tree_larger_than_the_topology(capsys, tmp_path):
 
 
 def test_build_names_the_model_of_its_predictions(capsys):
-    from treecoll.collectives.cost import executor_cost
+    from treecoll.collectives.executor_cost import executor_cost
     from treecoll.collectives.placement import Placement
 
     from tests.helpers import shipped
