@@ -42,7 +42,6 @@ from ..schedule import Schedule, Step
 from .engine import FlowEngine, Network
 from .profiles import get_profile
 from .result import (
-    DTYPE_SIZES,
     EXECUTOR_RUN,
     SimResult,
     check_size,
@@ -165,25 +164,16 @@ def predict_schedule(
     ``executor``, ``backend`` and ``step_cost_s``.
     """
     from ..executor_cost import executor_cost
-    from ..planner import default_planner
-    from ..tree import as_multi
+    from .simulator import executor_schedule
 
     check_size(nbytes, dtype)
     p = as_placement(placement, ranks, what="executor prediction")
     cost = executor_cost(p, backend)
     o = cost.step_s if step_cost is None else float(step_cost)
-    plan, sched = default_planner().schedule_for(
-        tree,
-        collective=collective,
-        nbytes=nbytes,
-        placement=p,
-        algo=algo if collective == "allreduce" else "tree",
-        root=root,
-        nchunks=nchunks,
-        max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]),
+    sched, per = executor_schedule(
+        p, tree, nbytes, collective=collective, algo=algo, root=root, nchunks=nchunks, dtype=dtype
     )
     r = simulate_executor_schedule(p, sched, nbytes, step_cost=o, dtype=dtype, top=top)
-    per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
     return dataclasses.replace(
         r, profile=f"executor ({cost.backend})", stats=dict(r.stats, chunks=per, mode="executor", backend=cost.backend)
     )
