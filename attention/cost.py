@@ -84,6 +84,7 @@ from typing import Any
 from treecoll.collectives.executor_cost import executor_cost, row_for_nranks
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
+from treecoll.collectives.sim.result import mem_bw_of
 from treecoll.collectives.sim.simulator import (
     DTYPE_SIZES,
     NCCL_TREE_RUN,
@@ -268,7 +269,7 @@ def decode_step(
     item = DTYPE_SIZES[shape.dtype]
     b, H, D, Hkv = shape.batch, shape.heads, shape.head_dim, shape.kv_heads
     t = math.ceil(shape.seq_len / P)
-    mem_bw = min(float(topology.node(g).get("mem_bw", 0.0) or 0.0) for g in gpus) * 1e9
+    mem_bw = min(mem_bw_of(topology, gpus))
     if mem_bw <= 0:
         raise CollectiveError(
             f"decode model: GPUs of topology {topology.name!r} carry no mem_bw (GB/s); "
@@ -416,7 +417,7 @@ def combine_times(
     p = as_placement(placement, ranks, what="combine model")
     topology, gpus = placed(p, what="combine model")
     P = len(gpus)
-    mem_bw = min(float(topology.node(g).get("mem_bw", 0.0) or 0.0) for g in gpus) * 1e9
+    mem_bw = min(mem_bw_of(topology, gpus))
     zero = {"time_s": 0.0, "sent_bytes_per_gpu": 0.0, "sent_bytes_total": 0.0, "scratch_bytes": 0.0}
     if P == 1:
         return {m: dict(zero) for m in methods}

@@ -75,6 +75,17 @@ def _orient(adj: list[list[int]], root: int) -> Tree:
     return Tree.from_parents(parents)
 
 
+def _labeled_trees(n: int) -> Iterator[list[list[int]]]:
+    """Every labeled (unrooted) tree over ``n >= 3`` nodes as adjacency lists, one per Prüfer sequence
+    in lexicographic order (``n^(n-2)`` trees)."""
+    for seq in itertools.product(range(n), repeat=n - 2):
+        adj: list[list[int]] = [[] for _ in range(n)]
+        for a, b in prufer_edges(seq, n):
+            adj[a].append(b)
+            adj[b].append(a)
+        yield adj
+
+
 def rooted_trees(n: int) -> Iterator[Tree]:
     """Every rooted labeled spanning tree over ``n`` ranks (``n^(n-1)`` trees)."""
     if n == 1:
@@ -84,11 +95,7 @@ def rooted_trees(n: int) -> Iterator[Tree]:
         yield Tree.from_parents([-1, 0])
         yield Tree.from_parents([1, -1])
         return
-    for seq in itertools.product(range(n), repeat=n - 2):
-        adj: list[list[int]] = [[] for _ in range(n)]
-        for a, b in prufer_edges(seq, n):
-            adj[a].append(b)
-            adj[b].append(a)
+    for adj in _labeled_trees(n):
         for root in range(n):
             yield _orient(adj, root)
 
@@ -180,11 +187,7 @@ def trees_up_to_symmetry(model: CostModel) -> Iterator[Tree]:
         return
     for root in roots:
         stab = [p for p in perms[1:] if p[root] == root]
-        for seq in itertools.product(range(n), repeat=n - 2):
-            adj: list[list[int]] = [[] for _ in range(n)]
-            for a, b in prufer_edges(seq, n):
-                adj[a].append(b)
-                adj[b].append(a)
+        for adj in _labeled_trees(n):
             t = _orient(adj, root)
             if all(t.parents <= _relabel_parents(t.parents, p) for p in stab):
                 yield t

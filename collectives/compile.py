@@ -386,10 +386,7 @@ class _Programs:
         and the other way round."""
         entry = [0] * len(self.ranks)  # where each rank's parent of the current tree sits in its peer list
         for ti, t in enumerate(self.multi.trees):
-            place = [0] * t.size  # each rank's place among its parent's children
-            for kids in t.children:
-                for j, c in enumerate(kids):
-                    place[c] = j
+            place = t.sibling_places()
             for c, p in t.edges():
                 up_at, down_at = entry[c], entry[p] + 1 + place[c]
                 lc, lp = self.ranks[c], self.ranks[p]

@@ -223,10 +223,7 @@ def _rate_groups(multi: MultiTree, up: bool, down: bool, by_level: bool) -> list
     groups: dict = defaultdict(list)
     for t in multi.trees:
         depth, height = _depth_and_height(t) if by_level else (None, None)
-        place = [0] * t.size  # each rank's place among its parent's children
-        for kids in t.children:
-            for i, c in enumerate(kids):
-                place[c] = i
+        place = t.sibling_places()
         for c, p in t.edges():
             if up:  # a child sends up once its subtree is done: its height says when
                 groups[("up", height[c]) if by_level else 0].append((c, p))

@@ -10,8 +10,8 @@ contiguous range of ranks (see :meth:`Tree.is_order_preserving`).
 >>> t = Tree.from_parents([-1, 0, 0, 1])
 >>> t.root, t.children, t.height
 (0, ((1, 2), (3,), (), ()), 2)
->>> t.depth(3)
-2
+>>> t.depth(3), t.sibling_places()
+(2, (0, 0, 1, 0))
 >>> t.fingerprint() == Tree.from_parents([-1, 0, 0, 1]).fingerprint()
 True
 >>> Tree.from_parents([-1, 2, 1])
@@ -140,6 +140,14 @@ class Tree:
     def edges(self) -> tuple[tuple[int, int], ...]:
         """(child, parent) pairs in rank order."""
         return tuple((r, p) for r, p in enumerate(self.parents) if p >= 0)
+
+    def sibling_places(self) -> tuple[int, ...]:
+        """Each rank's place (0, 1, ...) among its parent's children; 0 for the root."""
+        place = [0] * self.size
+        for kids in self.children:
+            for i, c in enumerate(kids):
+                place[c] = i
+        return tuple(place)
 
     def postorder(self) -> tuple[int, ...]:
         """Ranks, every child before its parent (children in their order)."""

@@ -449,9 +449,10 @@ def print_bound(bound: dict | None) -> None:
         )
 
 
-def report(cases: list[dict]) -> tuple:
+def report(cases: list[dict]) -> dict[str, Any]:
     """Fit the machine model, print the table, the summary and the in-sample bound;
-    returns (machine model dict, summary, bound)."""
+    returns them as the JSON stores them (``machine_model``, ``summary``,
+    ``machine_model_bound``, then ``cases``)."""
     machine = apply_machine_model(cases)
     print(f"machine model: {machine}")
     print_table(cases)
@@ -459,7 +460,14 @@ def report(cases: list[dict]) -> tuple:
     print_summary(summary)
     bound = machine_model_bound(cases)
     print_bound(bound)
-    return machine, summary, bound
+    return {"machine_model": machine, "summary": summary, "machine_model_bound": bound, "cases": cases}
+
+
+def _plot(bench: Benchmark, path: str | None, cases: list[dict]) -> None:
+    """Draw ``cases`` (:func:`draw`) to ``path`` (``--plot``), or say why there is no plot."""
+    why = bench.plot(path, lambda ax: draw(cases, ax), size=(7, 5.5))
+    if why:
+        print(f"no plot: {why}")
 
 
 def draw(cases: list[dict], ax: Axes) -> None:
@@ -536,59 +544,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = earlier["cases"]
         if args.repredict:
             repredict(cases)
-        machine, summary, bound = report(cases)
+        fields = report(cases)
         if args.repredict:
             if Path(args.json).resolve() == Path(args.from_json).resolve():
                 p.error("--json: expected a file other than --from-json (the measurements are kept)")
             bench.write_json(
-                {
-                    **{k: v for k, v in earlier.items() if k != "meta"},
-                    "measured": earlier.get("meta"),
-                    "machine_model": machine,
-                    "summary": summary,
-                    "machine_model_bound": bound,
-                    "cases": cases,
-                },
+                {**{k: v for k, v in earlier.items() if k != "meta"}, "measured": earlier.get("meta"), **fields},
                 args.json,
             )
-        why = bench.plot(args.plot, lambda ax: draw(cases, ax), size=(7, 5.5))
-        if why:
-            print(f"no plot: {why}")
+        _plot(bench, args.plot, cases)
         return 0
     # a rank holds its buffer, the received chunk and the reduction's output
-    why = emulated.ready(args, lambda hosts, rph: 4 * max(args.sizes))
-    if why:
-        print(f"error: {why}", file=sys.stderr)
+    if not emulated.ready(args, lambda hosts, rph: 4 * max(args.sizes)):
         return 1
     t0 = time.time()
-    worker_argv = [
-        "--methods",
-        ",".join(args.methods),
-        "--sizes",
-        ",".join(map(str, args.sizes)),
-        "--repeats",
-        str(args.repeats),
-        "--budget",
-        str(args.budget),
-    ]
+    worker_argv = emulated.passed_on(args, "--methods", "--sizes", "--repeats", "--budget")
     cases = [
         make_case(hosts, rph, rate, raw, topo_path, args)
         for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster", args, worker_argv)
     ]
-    machine, summary, bound = report(cases)
-    bench.write_json(
-        {
-            "seconds": time.time() - t0,
-            "machine_model": machine,
-            "summary": summary,
-            "machine_model_bound": bound,
-            "cases": cases,
-        },
-        args.json,
-    )
-    why = bench.plot(args.plot, lambda ax: draw(cases, ax), size=(7, 5.5))
-    if why:
-        print(f"no plot: {why}")
+    fields = report(cases)
+    bench.write_json({"seconds": time.time() - t0, **fields}, args.json)
+    _plot(bench, args.plot, cases)
     return 0
 
 

@@ -504,23 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         shard = max(-(-n // (hosts * rph)) * b for b, n in cases_of(args)) * KV_HEADS * HEAD_DIM
         return shard * (2 * KV_ITEMSIZE + 4 + 2 * KV_ITEMSIZE)
 
-    why = emulated.ready(args, per_process_bytes)
-    if why:
-        print(f"error: {why}", file=sys.stderr)
+    if not emulated.ready(args, per_process_bytes):
         return 1
     t0 = time.time()
-    worker_argv = [
-        "--methods",
-        ",".join(args.methods),
-        "--tokens",
-        ",".join(map(str, args.tokens)),
-        "--batches",
-        ",".join(map(str, args.batches)),
-        "--batch-tokens",
-        str(args.batch_tokens),
-        "--repeats",
-        str(args.repeats),
-    ]
+    worker_argv = emulated.passed_on(args, "--methods", "--tokens", "--batches", "--batch-tokens", "--repeats")
     cases = [
         make_case(hosts, rph, rate, raw, topo_path, args)
         for hosts, rph, rate, raw, topo_path in emulated.cases("bench_emucluster_decode", args, worker_argv)

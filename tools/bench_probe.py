@@ -166,9 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(rph != 1 for _, rph in args.shapes):
         p.error("--shapes: expected one rank per host (Hx1): the probe measures host links")
     rate = args.rates[0]
-    why = emulated.ready(args, lambda hosts, rph: 64 << 20)
-    if why:
-        print(f"error: {why}", file=sys.stderr)
+    if not emulated.ready(args, lambda hosts, rph: 64 << 20):
         return 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_probe-") as d:
@@ -205,7 +203,7 @@ def _gain(args, rate: str, probed: Path) -> dict[str, Any]:
 
     hosts = args.gain_hosts
     args.shapes, args.rates = [(hosts, 1)], [rate]
-    worker_argv = ["--probed", str(probed), "--bytes", str(args.bytes), "--repeats", str(args.repeats)]
+    worker_argv = ["--probed", str(probed), *emulated.passed_on(args, "--bytes", "--repeats")]
     slow = {slow_host(hosts): netns.parse_rate(args.slow_rate, "--slow-rate")}
     print(f"# allreduce of {fmt_bytes(args.bytes)} on {hosts} hosts, two trees ...", file=sys.stderr, flush=True)
     for _, _, _, raw, topo_path in emulated.cases("bench_probe", args, worker_argv, host_rates=slow):

@@ -347,7 +347,11 @@ def discover(
     finally:
         if nv is not None and nvml is None:  # we opened it
             nv.close()
-    if not h.topo_file and nv is None:
+    cpu_only = not h.topo_file and nv is None
+    if not h.topo_file and nv is not None and not any(d["kind"] == "gpu" for _, d in g.nodes(data=True)):
+        notes.append("NVML found no GPU; topology is a CPU-only host")
+        cpu_only = True
+    if cpu_only:
         g = cpu_only_host(
             host,
             sysfs.numa_nodes(sysfs_root),
@@ -357,18 +361,6 @@ def discover(
             h=h,
             notes=notes,
         )
-    elif not h.topo_file:
-        if not any(d["kind"] == "gpu" for _, d in g.nodes(data=True)):
-            notes.append("NVML found no GPU; topology is a CPU-only host")
-            g = cpu_only_host(
-                host,
-                sysfs.numa_nodes(sysfs_root),
-                _local_slots(h),
-                _cpuinfo(sysfs_root),
-                sysfs_root=sysfs_root,
-                h=h,
-                notes=notes,
-            )
     g = _rails(Topology(g), h).graph
     for n in notes[1 if nv is None and nvml is not False else 0 :]:
         log.info("treecoll discover: %s", n)

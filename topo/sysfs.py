@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "PciDevice",
@@ -170,6 +172,14 @@ def _int(s: str | None, base: int = 10) -> int | None:
         return None
 
 
+def _names(d: Path, key: Callable[[str], Any] | None = None) -> list[str]:
+    """The entries of directory ``d``, sorted (by ``key``); none when it cannot be listed (absent, no access)."""
+    try:
+        return sorted(os.listdir(d), key=key)
+    except OSError:
+        return []
+
+
 def _sys(root: str | os.PathLike) -> Path:
     return Path(root) / "sys"
 
@@ -226,13 +236,8 @@ def read_pci(root: str | os.PathLike, bdf: str) -> PciDevice | None:
 
 def pci_devices(root: str | os.PathLike = "/") -> dict[str, PciDevice]:
     """All PCI devices by BDF (empty when sysfs is absent)."""
-    d = _sys(root) / "bus" / "pci" / "devices"
-    try:
-        names = sorted(os.listdir(d))
-    except OSError:
-        return {}
     out = {}
-    for n in names:
+    for n in _names(_sys(root) / "bus" / "pci" / "devices"):
         dev = read_pci(root, n)
         if dev is not None:
             out[dev.bdf] = dev
@@ -252,18 +257,10 @@ def nics(root: str | os.PathLike = "/") -> list[NicInfo]:
     base = _sys(root) / "class"
     out: list[NicInfo] = []
     ib_pci: dict[str, int] = {}
-    try:
-        hcas = sorted(os.listdir(base / "infiniband"))
-    except OSError:
-        hcas = []
-    for hca in hcas:
+    for hca in _names(base / "infiniband"):
         d = base / "infiniband" / hca
         pci = _bdf_of(d / "device")
-        try:
-            ports = sorted(os.listdir(d / "ports"), key=lambda s: _int(s) or 0)
-        except OSError:
-            ports = []
-        for p in ports:
+        for p in _names(d / "ports", key=lambda s: _int(s) or 0):
             pd = d / "ports" / p
             m = _RATE.search(_read(pd / "rate") or "")
             out.append(
@@ -279,11 +276,7 @@ def nics(root: str | os.PathLike = "/") -> list[NicInfo]:
             )
             if pci:
                 ib_pci[pci] = len(out) - 1
-    try:
-        ifs = sorted(os.listdir(base / "net"))
-    except OSError:
-        ifs = []
-    for ifn in ifs:
+    for ifn in _names(base / "net"):
         d = base / "net" / ifn
         if ifn == "lo" or not (d / "device").exists():
             continue
@@ -312,11 +305,7 @@ def numa_nodes(root: str | os.PathLike = "/") -> dict[int, str]:
     """NUMA node id -> cpulist string; empty when sysfs has no node directory."""
     d = _sys(root) / "devices" / "system" / "node"
     out: dict[int, str] = {}
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return out
-    for n in names:
+    for n in _names(d):
         m = re.fullmatch(r"node(\d+)", n)
         if m:
             out[int(m.group(1))] = _read(d / n / "cpulist") or ""

@@ -41,7 +41,15 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule, Step
 from .engine import FlowEngine, Network
 from .profiles import get_profile
-from .result import DTYPE_SIZES, SimResult, check_size, mem_bw_of, placed, schedule_result
+from .result import (
+    EXECUTOR_RUN,
+    SimResult,
+    check_size,
+    engine_stats,
+    mem_bw_of,
+    placed,
+    schedule_result,
+)
 
 __all__ = [
     "ExecutorEngine",
@@ -51,9 +59,6 @@ __all__ = [
     "EXECUTOR_RUN",
 ]
 
-#: how the backends move treecoll's point-to-point messages: in order per pair of ranks, each once
-#: its receive is posted
-EXECUTOR_RUN = {"ordered_pairs": True, "rendezvous": True}
 _ARRIVAL, _ISSUE = 0, 2  # event kind: a send or receive whose software cost has elapsed takes effect
 
 
@@ -132,15 +137,7 @@ def simulate_executor_schedule(
     raw = ExecutorEngine(
         net, schedule, schedule.chunk_bytes(nbytes), gpus, mem, step_cost=step_cost, **EXECUTOR_RUN
     ).run()
-    stats = {
-        "engine": "events (executor)",
-        "loop": raw.loop,
-        "transfers": raw.transfers,
-        "subflows": raw.subflows,
-        "rate_updates": raw.recomputes,
-        "wall_s": _time.perf_counter() - t0,
-        "step_cost_s": step_cost,
-    }
+    stats = {**engine_stats("events (executor)", raw, _time.perf_counter() - t0), "step_cost_s": step_cost}
     return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
 
 
@@ -167,25 +164,16 @@ def predict_schedule(
     ``executor``, ``backend`` and ``step_cost_s``.
     """
     from ..executor_cost import executor_cost
-    from ..planner import default_planner
-    from ..tree import as_multi
+    from .simulator import executor_schedule
 
     check_size(nbytes, dtype)
     p = as_placement(placement, ranks, what="executor prediction")
     cost = executor_cost(p, backend)
     o = cost.step_s if step_cost is None else float(step_cost)
-    plan, sched = default_planner().schedule_for(
-        tree,
-        collective=collective,
-        nbytes=nbytes,
-        placement=p,
-        algo=algo if collective == "allreduce" else "tree",
-        root=root,
-        nchunks=nchunks,
-        max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]),
+    sched, per = executor_schedule(
+        p, tree, nbytes, collective=collective, algo=algo, root=root, nchunks=nchunks, dtype=dtype
     )
     r = simulate_executor_schedule(p, sched, nbytes, step_cost=o, dtype=dtype, top=top)
-    per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
     return dataclasses.replace(
         r, profile=f"executor ({cost.backend})", stats=dict(r.stats, chunks=per, mode="executor", backend=cost.backend)
     )

@@ -32,10 +32,12 @@ from .profiles import Profile
 __all__ = [
     "SimResult",
     "DTYPE_SIZES",
+    "EXECUTOR_RUN",
     "bus_factor",
     "bandwidths",
     "placed",
     "mem_bw_of",
+    "engine_stats",
     "schedule_result",
     "check_size",
     "make_result",
@@ -157,6 +159,12 @@ def placed(
     return p.topology, p.gpus
 
 
+#: how treecoll's executor moves its point-to-point messages on the backends (gloo: one TCP
+#: connection per pair of ranks): in order per pair of ranks, each once its receive is posted
+#: (:class:`~treecoll.collectives.sim.engine.FlowEngine`'s ``ordered_pairs`` and ``rendezvous``)
+EXECUTOR_RUN = {"ordered_pairs": True, "rendezvous": True}
+
+
 def check_size(nbytes: int, dtype: str) -> None:
     """A message of ``nbytes`` bytes of ``dtype``: a known dtype and a whole, non-negative number of elements."""
     if dtype not in DTYPE_SIZES:
@@ -233,6 +241,19 @@ def make_result(
 def mem_bw_of(topology: Topology, gpus: Sequence[str]) -> list[float]:
     """Each GPU's memory bandwidth in B/s (its ``mem_bw`` GB/s; 0: reductions are free)."""
     return [float(topology.node(g).get("mem_bw", 0.0) or 0.0) * 1e9 for g in gpus]
+
+
+def engine_stats(engine: str, raw: Any, wall_s: float) -> dict[str, Any]:
+    """The ``stats`` of an event engine's run ``raw`` that took ``wall_s`` seconds of wall time:
+    the engine's name, its loop, transfers, subflows and rate updates (``raw.recomputes``)."""
+    return {
+        "engine": engine,
+        "loop": raw.loop,
+        "transfers": raw.transfers,
+        "subflows": raw.subflows,
+        "rate_updates": raw.recomputes,
+        "wall_s": wall_s,
+    }
 
 
 def schedule_result(

@@ -56,10 +56,12 @@ from .nccl_model import PROTO_CHUNK_BYTES
 from .profiles import Profile, get_profile
 from .result import (
     DTYPE_SIZES,
+    EXECUTOR_RUN,
     SimResult,
     bandwidths,
     bus_factor,
     check_size,
+    engine_stats,
     make_result,
     mem_bw_of,
     placed,
@@ -73,6 +75,7 @@ __all__ = [
     "simulate_p2p",
     "simulate_algorithm",
     "simulate_executor",
+    "executor_schedule",
     "simulate_nccl_allreduce",
     "simulate_nccl",
     "nccl_rings",
@@ -128,14 +131,7 @@ def simulate(
         rendezvous=rendezvous,
         lanes=lanes,
     ).run()
-    stats = {
-        "engine": "events",
-        "loop": raw.loop,
-        "transfers": raw.transfers,
-        "subflows": raw.subflows,
-        "rate_updates": raw.recomputes,
-        "wall_s": _time.perf_counter() - t0,
-    }
+    stats = engine_stats("events", raw, _time.perf_counter() - t0)
     return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
 
 
@@ -801,11 +797,6 @@ def _tree_slice(topology: Topology, gpus: Sequence[str], nbytes: int, profile: P
         return NCCL_TREE_CHUNK_BYTES
 
 
-#: how treecoll's executor runs a schedule over gloo: one TCP connection per pair of ranks (a rank's
-#: messages to a peer go in order), a message moving once its receiver has posted the receive
-GLOO_RUN = {"ordered_pairs": True, "rendezvous": True}
-
-
 def simulate_executor(
     placement: Placement | Topology,
     tree: Any,
@@ -828,29 +819,51 @@ def simulate_executor(
     :func:`treecoll.collectives.cost.nchunks_for`), issued in order on every rank.
 
     ``tree``, ``op``, ``algo``, ``root``, ``nchunks`` as the executor takes them (``op``
-    None: a commutative one). ``run``: engine options (default :data:`GLOO_RUN`);
+    None: a commutative one). ``run``: engine options (default :data:`EXECUTOR_RUN`);
     ``stats["chunks"]``: chunks per tree.
     """
     from ..ops import resolve_op
-    from ..planner import default_planner
-    from ..tree import as_multi
 
     check_size(nbytes, dtype)
     p = as_placement(placement, ranks, what="simulate_executor")
+    op = resolve_op(op) if op is not None else None
+    sched, per = executor_schedule(
+        p, tree, nbytes, collective=collective, op=op, algo=algo, root=root, nchunks=nchunks, dtype=dtype
+    )
+    r = simulate(p, sched, nbytes, dtype=dtype, profile=profile, top=top, **(EXECUTOR_RUN if run is None else run))
+    return dataclasses.replace(r, stats=dict(r.stats, chunks=per))
+
+
+def executor_schedule(
+    placement: Placement,
+    tree: Any,
+    nbytes: int,
+    *,
+    collective: str,
+    op: Any = None,
+    algo: str,
+    root: int | None,
+    nchunks: int | None,
+    dtype: str,
+) -> tuple[Schedule, int]:
+    """The schedule treecoll's executor runs for these arguments (the planner's,
+    :meth:`treecoll.collectives.planner.Planner.schedule_for`; ``algo`` applies to an allreduce,
+    other collectives run the tree; at most one chunk per ``dtype`` element) and its chunks per tree."""
+    from ..planner import default_planner
+    from ..tree import as_multi
+
     plan, sched = default_planner().schedule_for(
         tree,
         collective=collective,
         nbytes=nbytes,
-        placement=p,
-        op=resolve_op(op) if op is not None else None,
+        placement=placement,
+        op=op,
         algo=algo if collective == "allreduce" else "tree",
         root=root,
         nchunks=nchunks,
         max_chunks=max(1, nbytes // DTYPE_SIZES[dtype]),
     )
-    r = simulate(p, sched, nbytes, dtype=dtype, profile=profile, top=top, **(GLOO_RUN if run is None else run))
-    per = sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
-    return dataclasses.replace(r, stats=dict(r.stats, chunks=per))
+    return sched, sched.nchunks // (len(as_multi(plan)) if plan is not None else 1)
 
 
 #: NCCL's allreduce algorithms as the simulator runs them: NCCL name -> (algorithm, builder options);

@@ -37,7 +37,7 @@ from treecoll.tools.resources import OVERSUBSCRIBE_HELP, check_processes
 if TYPE_CHECKING:
     from treecoll.topo import Topology
 
-__all__ = ["Unavailable", "load_topology", "add_options", "parse_methods", "ready", "cases", "worker"]
+__all__ = ["Unavailable", "load_topology", "add_options", "parse_methods", "ready", "passed_on", "cases", "worker"]
 
 
 class Unavailable(Exception):
@@ -103,9 +103,10 @@ def parse_methods(p: argparse.ArgumentParser, args: argparse.Namespace, methods:
     return args.methods
 
 
-def ready(args: argparse.Namespace, per_process_bytes: Callable[[int, int], int]) -> str | None:
+def ready(args: argparse.Namespace, per_process_bytes: Callable[[int, int], int]) -> bool:
     """Check every shape's process count (``per_process_bytes(hosts, ranks_per_host)`` each) against
-    this machine, then that namespaces can be made; returns why not, or None."""
+    this machine, then that namespaces can be made; where they cannot, prints ``error: <why>`` on
+    stderr and returns False (the benchmark exits 1)."""
     for hosts, rph in args.shapes:
         check_processes(
             hosts * rph,
@@ -116,7 +117,23 @@ def ready(args: argparse.Namespace, per_process_bytes: Callable[[int, int], int]
     from treecoll.tools.emucluster import netns
 
     ok, why = netns.namespaces_available()
-    return None if ok else why
+    if not ok:
+        print(f"error: {why}", file=sys.stderr)
+    return ok
+
+
+def passed_on(args: argparse.Namespace, *options: str) -> list[str]:
+    """The driver's ``options`` with their values in ``args``, as words of the ranks' command line
+    (``worker_argv`` of :func:`cases`): a list comma-joined, any other value as ``str``.
+
+    >>> passed_on(argparse.Namespace(methods=["ring", "gloo"], batch_tokens=1024), "--methods", "--batch-tokens")
+    ['--methods', 'ring,gloo', '--batch-tokens', '1024']
+    """
+    words = []
+    for option in options:
+        value = getattr(args, option.lstrip("-").replace("-", "_"))
+        words += [option, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
+    return words
 
 
 def cases(

@@ -445,8 +445,9 @@ def _namespaces(cid: str | None = None) -> list[str]:
     return sorted(n for n in names if n.startswith(want))
 
 
-def _kill_ns_processes(ns: str) -> None:
-    """SIGKILL the processes left inside ``ns`` (ranks of a crashed run); they were started here."""
+def _delete_namespace(ns: str) -> bool:
+    """SIGKILL the processes left inside ``ns`` (ranks of a crashed run; they were started here), then
+    delete ``ns`` (its veths and qdiscs go with it); whether it was deleted."""
     p = _run(["ip", "netns", "pids", ns], check=False)
     for tok in p.stdout.split():
         if tok.isdigit() and int(tok) != os.getpid():
@@ -454,14 +455,14 @@ def _kill_ns_processes(ns: str) -> None:
                 os.kill(int(tok), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    return _run(["ip", "netns", "del", ns], check=False).returncode == 0
 
 
 def _teardown(cid: str, namespaces: Sequence[str]) -> list[str]:
     """Delete namespaces (their veths and qdiscs go with them) and the state file; return removed."""
     removed = []
     for ns in sorted(set(namespaces) | set(_namespaces(cid))):
-        _kill_ns_processes(ns)
-        if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
+        if _delete_namespace(ns):
             removed.append(ns)
     _sweep_root_links()
     for f in [_state_path(cid), *state_dir().glob(f"{cid}.run*.yaml")]:
@@ -505,8 +506,7 @@ def destroy_all() -> list[str]:
     for s in list_states():
         removed += _teardown(s["id"], s.get("namespaces", []))
     for ns in _namespaces():
-        _kill_ns_processes(ns)
-        if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
+        if _delete_namespace(ns):
             removed.append(ns)
     _sweep_root_links()
     return removed
@@ -527,8 +527,7 @@ def sweep_stale() -> list[str]:
             continue
         cid = m.group(1)
         if cid not in known and load_state(cid) is None:
-            _kill_ns_processes(ns)
-            if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
+            if _delete_namespace(ns):
                 removed.append(ns)
     return removed
 
