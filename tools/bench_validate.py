@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from treecoll.tools import validation
+from treecoll.tools import calibration, validation
 from treecoll.tools.bench.harness import Benchmark
 from treecoll.tools.validate_sim import DEFAULT_DIR
 from treecoll.topo.fmt import fmt_bytes, table
@@ -97,7 +97,7 @@ def leave_one_out(
             if fit.get("health") == "degraded" or fit["degraded"]:  # a slowed-down run (source or rule): not fitted
                 continue
             t0 = time.perf_counter()
-            cal = validation.calibrate([root / fit["file"]], None, max_gpus, name="loo", check=False)
+            cal = calibration.calibrate([root / fit["file"]], None, max_gpus, name="loo", check=False)
             others = [e for e in group if e is not fit]
             tests = [
                 validation.validate([root / e["file"]], cal["profile"], None, max_gpus, keep=keep)["files"][0]

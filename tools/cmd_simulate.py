@@ -32,7 +32,7 @@ flow simulation, or the analytic engine for clusters of identical hosts
 16,384 GPUs); the table's first line names the engine.
 ``validate`` and
 ``calibrate`` compare the simulator with nccl-tests tables and fit a profile
-to them (:mod:`treecoll.tools.validation`).
+to them (:mod:`treecoll.tools.validation`, :mod:`treecoll.tools.calibration`).
 """
 
 from __future__ import annotations
@@ -222,9 +222,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="N",
         help="how many of the busiest links to list (default 10)",
     )
-    from treecoll.tools import validation
+    from treecoll.tools import cmd_validate
 
-    validation.add_parsers(sub, common_options)
+    cmd_validate.add_parsers(sub, common_options)
     return p
 
 
@@ -245,9 +245,9 @@ def run(args: argparse.Namespace) -> int:
     from treecoll.tools.cli import IMAGE_SUFFIXES, emit, output_path
 
     if args.sim_command in ("validate", "calibrate"):
-        from treecoll.tools import validation
+        from treecoll.tools import cmd_validate
 
-        return validation.run(args)
+        return cmd_validate.run(args)
     plot = getattr(args, "plot", None)
     _check_profile(args.profile)
     if plot:
