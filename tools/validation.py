@@ -40,7 +40,8 @@ times, and left out of the errors, the table's and the total.
 [{"size", "meas_us", "meas_inplace_us", "noisy", "meas_busbw", "pred_us",
 "pred_busbw", "error", "algo", "nccl_model_busbw"}], "machine", "set", "health", ...}], "geomean": {"large",
 "small", "tables", ...}, "profile"}``: errors as fractions, busbw in GB/s,
-times in µs; ``reason`` is why a table was skipped, why it counts as degraded,
+times in µs; ``warnings``: what the reader noted, a row it left out (cut mid-line) among them;
+``reason`` is why a table was skipped, why it counts as degraded,
 or empty.
 
 **Degraded runs** (:func:`degraded`) are predicted and printed, marked, and left
@@ -650,7 +651,7 @@ def validate_case(
         "degraded": False,
         "nranks": t.nranks,
         "gpu": ", ".join(t.gpu_names()) or None,
-        "warnings": list(t.warnings),
+        "warnings": list(t.warnings) + [f"line {no}: a row left out: {why}" for no, why in t.dropped],
         **_labels(case.entry),
     }
     try:
