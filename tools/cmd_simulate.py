@@ -506,16 +506,24 @@ def render_allreduce(d: dict) -> str:
     engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
     head = f"# {d.get('collective', 'allreduce')} on {d['topology']} ({d['nranks']} ranks), {engine}\n"
     if ours:
-        auto = (
-            "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster"
-            if "auto" in ours
-            else ""
-        )
+        analytic = d.get("engine") == "analytic"
+        executor = d.get("mode", "executor") == "executor" and not analytic
+        auto = ""
+        if "auto" in ours:  # the column 'auto' is a different quantity in each case
+            auto = (
+                "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster"
+                if executor
+                else "; auto: the faster of two_level and tree (double binary)"
+                if analytic
+                else "; auto: the tree builder auto's tree"
+            )
         how = (
             f"executor mode (treecoll's executor on {d['executor']['backend']}: "
             f"{d['executor']['step_cost_us']:.1f} us per message{auto})"
-            if d.get("mode", "executor") == "executor"
-            else f"in-kernel mode (inside NCCL, profile {d['profile']})"
+            if executor
+            else f"in-kernel mode (the analytic engine models NCCL's kernels only, profile {d['profile']}{auto})"
+            if analytic
+            else f"in-kernel mode (inside NCCL, profile {d['profile']}{auto})"
         )
         head += f"# {', '.join(ours)}: {how}\n"
     if nccl:
