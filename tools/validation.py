@@ -246,11 +246,16 @@ def find_index(path: Path) -> tuple[Path, dict] | None:
 
 
 def cases(paths: Iterable[str | Path]) -> tuple[list[Case], list[dict]]:
-    """The tables of ``paths`` (in order), and skipped entries for files that cannot be read."""
+    """The tables of ``paths`` (in order), and skipped entries for files that cannot be read; a file
+    given twice (by any path) is an error: its tables would count twice in every total and fit."""
     out: list[Case] = []
     bad: list[dict] = []
     indexes: dict[Path, Any] = {}
+    seen: dict[Path, Path] = {}
     for p in map(Path, paths):
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            raise CollectiveError(f"{p}: the same file as {first}, given before; name each file once")
         idx = indexes.setdefault(p.resolve().parent, find_index(p))
         name, entry = str(p), {}
         if idx is not None:

@@ -707,3 +707,15 @@ def test_a_row_cut_mid_line_is_named_not_left_out_quietly(tmp_path, capsys):
     assert note in e["warnings"]
     assert main(["simulate", "validate", str(f)]) == 0
     assert f"   note: {note}\n" in capsys.readouterr().out
+
+
+def test_a_file_given_twice_is_refused_not_counted_twice(tmp_path, capsys):
+    """'total over 2 tables' for one file named twice (overlapping globs, a path written two ways) would
+    weigh it twice in the pooled errors and in a calibration fit."""
+    f = FIX / "a100-4gpu-1node-allreduce.txt"
+    other = FIX.parent / "nccl-tests" / ".." / "nccl-tests" / f.name
+    for cmd in (["simulate", "validate"], ["simulate", "calibrate", "-o", str(tmp_path / "p.yaml")]):
+        assert main([*cmd, str(f), str(other)]) == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err == f"treecoll: error: {other}: the same file as {f}, given before; name each file once\n"
