@@ -47,6 +47,8 @@ __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "brute
 
 #: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (9^7 = 4.8 million at 9)
 MAX_BRUTE_RANKS = 9
+#: the most trees ``tree bruteforce --trees all`` scores per size (P^(P-1): 7 ranks, 117,649, are under it)
+MAX_ALL_TREES = 1_000_000
 #: ``tree bruteforce --trees``: which trees are enumerated
 BRUTE_TREES = {
     "symmetry": "every rooted tree up to the topology's automorphisms (exhaustive)",
@@ -590,6 +592,12 @@ def bruteforce_data(
         )
     if trees not in BRUTE_TREES:
         raise TreeError(f"tree bruteforce: trees expected one of {list(BRUTE_TREES)}, got {trees!r}")
+    if trees == "all" and n ** (n - 1) > MAX_ALL_TREES:
+        raise TreeError(
+            f"tree bruteforce --trees all: {n} ranks make {n ** (n - 1):,} rooted trees ({n}^{n - 1}) per size: "
+            f"expected at most {MAX_ALL_TREES:,}; pass --trees symmetry (exhaustive up to the topology's "
+            "automorphisms) or fewer --ranks"
+        )
     gpus = _gpus(topology, n)
     model = CostModel(topology, gpus)
     rows = []

@@ -170,3 +170,15 @@ def test_show_refuses_prediction_options_without_a_topology(capsys, tree8, optio
     )
     rc, out, err = run(capsys, "tree", "show", tree8, *option, "--topology", "dgx-h100")
     assert (rc, err) == (0, "") and "predicted for" in out
+
+
+def test_bruteforce_all_refuses_more_trees_than_it_can_score(capsys):
+    """--trees all scores P^(P-1) trees per size: 8^7 = 2,097,152 at 8 ranks (7^6 = 117,649 at 7 took
+    23 s here), 9^8 = 43 million at 9: refused before any work, naming the modes that reduce them."""
+    rc, out, err = run(capsys, "tree", "bruteforce", "--topology", "pcie-8gpu", "--ranks", "8", "--trees", "all")
+    assert (rc, out) == (1, "")
+    assert err == (
+        "treecoll: error: tree bruteforce --trees all: 8 ranks make 2,097,152 rooted trees (8^7) per size: "
+        "expected at most 1,000,000; pass --trees symmetry (exhaustive up to the topology's automorphisms) "
+        "or fewer --ranks\n"
+    )
