@@ -130,19 +130,43 @@ _NODE_KEYS = ("kind", "model", "mem_bw", "sm")
 _EDGE_KEYS = ("kind", "bw", "lat", "count")
 
 
-def rank_automorphisms(model: CostModel) -> list[tuple[int, ...]]:
-    """Rank permutations induced by automorphisms of the topology graph.
+#: graph automorphisms :func:`rank_automorphisms` looks at: a topology with interchangeable parts
+#: (NVSwitches, spines, NICs) has too many to list (16 spines alone: 16!), and any subset of the
+#: automorphisms keeps :func:`trees_up_to_symmetry` exhaustive, only less reduced
+MAX_AUTOMORPHISMS = 1024
 
-    An automorphism maps GPUs to GPUs, switches to switches and links to links
-    of the same kind, bandwidth and latency, so it maps every path (and every
-    shared link) onto an equal one: relabeling a tree's ranks by ``perm``
-    (rank ``r`` becomes ``perm[r]``) never changes its cost. Only permutations
-    that map the group's GPUs onto themselves are kept. The identity is first.
+
+def _route_set(model: CostModel, i: int, j: int, rename: dict | None = None) -> frozenset:
+    """The routes (node tuples, shares) of the path from rank i to rank j, nodes renamed by ``rename``."""
+    return frozenset(
+        (tuple(nodes if rename is None else (rename[x] for x in nodes)), round(share, 12))
+        for nodes, share in model.path(i, j).routes
+    )
+
+
+def rank_automorphisms(model: CostModel, limit: int = MAX_AUTOMORPHISMS) -> list[tuple[int, ...]]:
+    """Rank permutations induced by automorphisms of the group's part of the topology graph.
+
+    The part is the group's GPUs and every node on a route between two of them. An
+    automorphism maps GPUs to GPUs, switches to switches and links to links of the same
+    kind, bandwidth and latency; one is kept only when it maps the group's GPUs onto
+    themselves and every route between ranks i and j onto the routes between their images,
+    so relabeling a tree's ranks by ``perm`` (rank ``r`` becomes ``perm[r]``) never changes
+    its cost. At most ``limit`` automorphisms are looked at (:data:`MAX_AUTOMORPHISMS`). The
+    identity is first.
     """
     from networkx.algorithms.isomorphism import DiGraphMatcher
 
-    g = model.topology.graph
+    n = model.nranks
     index = {gpu: r for r, gpu in enumerate(model.gpus)}
+    part = set(model.gpus)
+    routes = {}
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                routes[i, j] = _route_set(model, i, j)
+                part.update(x for nodes, _ in routes[i, j] for x in nodes)
+    g = model.topology.graph.subgraph(part)
 
     def node_match(a, b):
         return all(a.get(k) == b.get(k) for k in _NODE_KEYS)
@@ -150,11 +174,15 @@ def rank_automorphisms(model: CostModel) -> list[tuple[int, ...]]:
     def edge_match(a, b):
         return all(a.get(k) == b.get(k) for k in _EDGE_KEYS)
 
-    perms = {tuple(range(model.nranks))}
-    for iso in DiGraphMatcher(g, g, node_match=node_match, edge_match=edge_match).isomorphisms_iter():
-        if all(iso[gpu] in index for gpu in model.gpus):
-            perms.add(tuple(index[iso[gpu]] for gpu in model.gpus))
-    ident = tuple(range(model.nranks))
+    ident = tuple(range(n))
+    perms = {ident}
+    matcher = DiGraphMatcher(g, g, node_match=node_match, edge_match=edge_match)
+    for iso in itertools.islice(matcher.isomorphisms_iter(), limit):
+        if not all(iso[gpu] in index for gpu in model.gpus):
+            continue
+        perm = tuple(index[iso[gpu]] for gpu in model.gpus)
+        if perm not in perms and all(routes[perm[i], perm[j]] == _route_set(model, i, j, iso) for i, j in routes):
+            perms.add(perm)
     return [ident] + sorted(perms - {ident})
 
 

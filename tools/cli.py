@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -121,10 +122,23 @@ def common_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _strict(data: Any) -> Any:
+    """``data`` with every NaN or infinite float as None: JSON (RFC 8259) has no NaN nor Infinity,
+    and parsers such as jq refuse them (an algbw over a zero time is infinite)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _strict(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_strict(v) for v in data]
+    return data
+
+
 def emit(args: argparse.Namespace, data: Any, render: Callable[[Any], str] | None = None) -> int:
-    """Print ``data`` as JSON (``--json``) or through ``render`` (text); returns 0."""
+    """Print ``data`` as JSON (``--json``; a NaN or infinite number is null) or through ``render``
+    (text); returns 0."""
     if getattr(args, "json", False) or render is None:
-        print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+        print(json.dumps(_strict(data), indent=2, ensure_ascii=False, default=str, allow_nan=False))
     else:
         text = render(data)
         print(text, end="" if text.endswith("\n") else "\n")

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .cli import common_options, emit, output_path, write_output
+from .units import UsageError
 
 if TYPE_CHECKING:
     from treecoll.topo import Topology
@@ -129,6 +130,16 @@ def render_hints(d: dict[str, Any]) -> str:
     return "".join(f"{r['variable']:<{w}} = {r['value']!r}\n{'':<{w}}   {r['effect']}\n" for r in d["set"])
 
 
+def _sysfs_root(root: str) -> None:
+    """Refuse a ``--sysfs-root`` directory without ``sys/`` (``sys/`` itself, say): the discovery would
+    read nothing of the host and answer a bare CPU-only host. A missing root is the discovery's error."""
+    if os.path.isdir(root) and not os.path.isdir(os.path.join(root, "sys")):
+        raise UsageError(
+            f"--sysfs-root {root}: expected a directory holding sys/ (as / does), got a directory without it; "
+            "pass the directory above sys/"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     c = args._discover_cmd
     if c == "hints":
@@ -137,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
     _outputs(args)
     if c == "discover":
+        _sysfs_root(args.sysfs_root)
         t = topo.discover(sysfs_root=args.sysfs_root, host=args.host)
         src = "discovered"
     else:

@@ -466,6 +466,7 @@ def allreduce_data(
                 f"--algo {','.join(bad)}: not modelled by the analytic engine (it models "
                 f"{', '.join(ANALYTIC_ALGOS)} and nccl); drop them or pass --engine flow"
             )
+    sizes, rounded = _as_nccl_tests_runs(collective, sizes, P)
     rows = []
     total = len(algos) * len(sizes)
     k = 0
@@ -498,7 +499,33 @@ def allreduce_data(
         "mode": mode if engine == "flow" else "in-kernel",
         "executor": {"backend": cm.backend, "step_cost_us": cm.executor.step_s * 1e6},
         "rows": rows,
+        "rounded": rounded,
     }
+
+
+def _as_nccl_tests_runs(collective: str, sizes: Sequence[int], P: int) -> tuple[list[int], list[dict]]:
+    """(the sizes run, ``{"requested", "size"}`` of each size changed): nccl-tests' size of allgather,
+    reduce_scatter and alltoall is the whole buffer, rounded down to whole float32 elements per rank
+    (src/common.cu ``setupArgs``; src/all_gather.cu: ``recvcount = (count / nranks) * nranks``). A size
+    rounded to 0 is not run; none left is an error."""
+    from treecoll.collectives.sim.result import DTYPE_SIZES, PER_RANK_COLLECTIVES
+
+    if collective not in PER_RANK_COLLECTIVES:
+        return list(sizes), []
+    unit = P * DTYPE_SIZES["float32"]
+    run, rounded = [], []
+    for size in sizes:
+        r = size - size % unit
+        if r != size:
+            rounded.append({"requested": size, "size": r})
+        if r and r not in run:
+            run.append(r)
+    if not run:
+        raise CollectiveError(
+            f"--sizes: expected at least one size of {unit} B or more ({collective} on {P} ranks: whole float32 "
+            f"elements per rank), got {', '.join(map(str, sizes))}"
+        )
+    return run, rounded
 
 
 def render_allreduce(d: dict) -> str:
@@ -507,20 +534,37 @@ def render_allreduce(d: dict) -> str:
     engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
     head = f"# {d.get('collective', 'allreduce')} on {d['topology']} ({d['nranks']} ranks), {engine}\n"
     if ours:
-        auto = (
-            "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster"
-            if "auto" in ours
-            else ""
-        )
+        analytic = d.get("engine") == "analytic"
+        executor = d.get("mode", "executor") == "executor" and not analytic
+        auto = ""
+        if "auto" in ours:  # the column 'auto' is a different quantity in each case
+            auto = (
+                "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster"
+                if executor
+                else "; auto: the faster of two_level and tree (double binary)"
+                if analytic
+                else "; auto: the tree builder auto's tree"
+            )
         how = (
             f"executor mode (treecoll's executor on {d['executor']['backend']}: "
             f"{d['executor']['step_cost_us']:.1f} us per message{auto})"
-            if d.get("mode", "executor") == "executor"
-            else f"in-kernel mode (inside NCCL, profile {d['profile']})"
+            if executor
+            else f"in-kernel mode (the analytic engine models NCCL's kernels only, profile {d['profile']}{auto})"
+            if analytic
+            else f"in-kernel mode (inside NCCL, profile {d['profile']}{auto})"
         )
         head += f"# {', '.join(ours)}: {how}\n"
     if nccl:
         head += f"# {', '.join(nccl)}: NCCL's own, in-kernel; profile {d['profile']}\n"
+    if d.get("rounded"):
+        head += (
+            f"# sizes as nccl-tests runs them (whole float32 elements on each of {d['nranks']} ranks, rounded "
+            "down): "
+            + ", ".join(
+                f"{r['requested']} -> {r['size']}" + (" (not run)" if not r["size"] else "") for r in d["rounded"]
+            )
+            + "\n"
+        )
     cols = "".join(f" | {a:^30}" for a in d["algos"])
     sub = "".join(f" | {'time(us)':>10} {'algbw':>9} {'busbw':>9}" for _ in d["algos"])
     lines = [head + f"{'':>12}{cols}", f"{'size (B)':>12}{sub}"]

@@ -47,6 +47,8 @@ __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "brute
 
 #: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (9^7 = 4.8 million at 9)
 MAX_BRUTE_RANKS = 9
+#: the most trees ``tree bruteforce --trees all`` scores per size (P^(P-1): 7 ranks, 117,649, are under it)
+MAX_ALL_TREES = 1_000_000
 #: ``tree bruteforce --trees``: which trees are enumerated
 BRUTE_TREES = {
     "symmetry": "every rooted tree up to the topology's automorphisms (exhaustive)",
@@ -137,13 +139,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         )
         q.add_argument(
             "--bytes",
-            default=1 << 20,
+            default=1 << 20 if name != "show" else None,  # show: None tells 'not given' (needs --topology)
             type=units.size_arg("--bytes"),
             metavar="S",
             help="message size for the predictions (default 1MiB)",
         )
         if name in ("show", "check"):
-            q.add_argument("--mode", choices=MODES, default="executor", help=MODE_HELP)
+            q.add_argument("--mode", choices=MODES, default="executor" if name != "show" else None, help=MODE_HELP)
         if name == "check":
             q.add_argument(
                 "--ranks",
@@ -449,8 +451,30 @@ def _load(args):
     return load_tree(args.file)
 
 
+def _is_nccl_graph(path: str) -> bool:
+    """True for an NCCL_GRAPH_FILE: named .xml, or a file whose text starts with ``<`` and holds ``<graphs``."""
+    if FsPath(path).suffix.lower() == ".xml":
+        return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False  # the tree file reader names the problem
+    return head.lstrip().startswith("<") and "<graphs" in head
+
+
 def _show(args) -> dict:
-    if FsPath(args.file).suffix.lower() == ".xml":
+    if args.topology is None:
+        for option, value in (("--bytes", args.bytes), ("--mode", args.mode)):
+            if value is not None:
+                raise units.UsageError(
+                    f"tree show: {option} applies to the predictions, which need --topology; pass --topology or drop it"
+                )
+    if _is_nccl_graph(args.file):
+        if args.topology is not None:
+            raise units.UsageError(
+                f"tree show {args.file}: an NCCL graph file is listed, not predicted: drop --topology"
+            )
         from treecoll.collectives.tree_io import load_nccl_graph
 
         graphs = load_nccl_graph(args.file)
@@ -467,7 +491,9 @@ def _show(args) -> dict:
             ]
         }
     f = _load(args)
-    return tree_data(f.plan, _topology(args.topology), args.bytes, hosts=f.hosts, mode=args.mode)
+    return tree_data(
+        f.plan, _topology(args.topology), args.bytes or 1 << 20, hosts=f.hosts, mode=args.mode or "executor"
+    )
 
 
 def _check(args) -> dict:
@@ -566,6 +592,12 @@ def bruteforce_data(
         )
     if trees not in BRUTE_TREES:
         raise TreeError(f"tree bruteforce: trees expected one of {list(BRUTE_TREES)}, got {trees!r}")
+    if trees == "all" and n ** (n - 1) > MAX_ALL_TREES:
+        raise TreeError(
+            f"tree bruteforce --trees all: {n} ranks make {n ** (n - 1):,} rooted trees ({n}^{n - 1}) per size: "
+            f"expected at most {MAX_ALL_TREES:,}; pass --trees symmetry (exhaustive up to the topology's "
+            "automorphisms) or fewer --ranks"
+        )
     gpus = _gpus(topology, n)
     model = CostModel(topology, gpus)
     rows = []

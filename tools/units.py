@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from fractions import Fraction
 
 from treecoll.topo.errors import TreecollError
 
@@ -104,13 +105,25 @@ _SIZE_EXAMPLE = "a size like 4096, 64KiB, 1M (binary) or 2GB (decimal)"
 _COUNT_EXAMPLE = "a count like 32768, 128k or 5.12M"
 
 
+#: the largest size or count a parser returns: a signed 64-bit integer (torch's numel, NCCL's size_t counts)
+MAX_VALUE = 2**63 - 1
+
+
+def _shown(text) -> str:
+    """``text`` as an error message quotes it: whole, or its start and its length when long."""
+    text = str(text)
+    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+
+
 def _parse(text, units: dict, what: str, example: str, error, minimum: int, unit: str) -> int:
     m = _NUMBER.fullmatch(str(text))
     if not m or m.group(2).lower() not in units:
-        raise error(f"{what}: expected {example}, got {text!r}")
-    value = float(m.group(1)) * units[m.group(2).lower()]
-    if value != int(value):
-        raise error(f"{what}: expected a whole number, got {text!r} = {value:g}")
+        raise error(f"{what}: expected {example}, got {_shown(text)}")
+    value = Fraction(m.group(1)) * units[m.group(2).lower()]  # exact: a float loses digits above 2**53
+    if value > MAX_VALUE:
+        raise error(f"{what}: expected at most {MAX_VALUE:,}{unit} (a 64-bit integer), got {_shown(text)}")
+    if value.denominator != 1:
+        raise error(f"{what}: expected a whole number, got {text!r} = {float(value):g}")
     if value < minimum:
         raise error(f"{what}: expected a {'size' if unit else 'count'} of at least {minimum}{unit}, got {text!r}")
     return int(value)

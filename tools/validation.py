@@ -38,7 +38,8 @@ times, and left out of the errors, the table's and the total.
 [{"size", "meas_us", "meas_inplace_us", "noisy", "meas_busbw", "pred_us",
 "pred_busbw", "error", "algo", "nccl_model_busbw"}], "machine", "set", "health", ...}], "geomean": {"large",
 "small", "tables", ...}, "profile"}``: errors as fractions, busbw in GB/s,
-times in µs; ``reason`` is why a table was skipped, why it counts as degraded,
+times in µs; ``warnings``: what the reader noted, a row it left out (cut mid-line) among them;
+``reason`` is why a table was skipped, why it counts as degraded,
 or empty.
 
 **Degraded runs** (:func:`degraded`) are predicted and printed, marked, and left
@@ -178,11 +179,16 @@ def find_index(path: Path) -> tuple[Path, dict] | None:
 
 
 def cases(paths: Iterable[str | Path]) -> tuple[list[Case], list[dict]]:
-    """The tables of ``paths`` (in order), and skipped entries for files that cannot be read."""
+    """The tables of ``paths`` (in order), and skipped entries for files that cannot be read; a file
+    given twice (by any path) is an error: its tables would count twice in every total and fit."""
     out: list[Case] = []
     bad: list[dict] = []
     indexes: dict[Path, Any] = {}
+    seen: dict[Path, Path] = {}
     for p in map(Path, paths):
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            raise CollectiveError(f"{p}: the same file as {first}, given before; name each file once")
         idx = indexes.setdefault(p.resolve().parent, find_index(p))
         name, entry = str(p), {}
         if idx is not None:
@@ -583,7 +589,7 @@ def validate_case(
         "degraded": False,
         "nranks": t.nranks,
         "gpu": ", ".join(t.gpu_names()) or None,
-        "warnings": list(t.warnings),
+        "warnings": list(t.warnings) + [f"line {no}: a row left out: {why}" for no, why in t.dropped],
         **_labels(case.entry),
     }
     try:

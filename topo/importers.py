@@ -26,13 +26,19 @@ def import_text(
     text: str, where: str, *, host: str = "host0", max_nodes: int | None = None, max_links: int | None = None
 ) -> Topology | None:
     """The topology in ``text`` (read from file ``where``) when it is an NCCL topology XML or
-    ``nvidia-smi topo -m`` output, else None. ``max_nodes`` / ``max_links``: the caps of
-    :mod:`treecoll.topo.limits`."""
+    ``nvidia-smi topo -m`` output, else None (an NCCL graph file is an error). ``max_nodes`` /
+    ``max_links``: the caps of :mod:`treecoll.topo.limits`."""
     name = Path(where).stem
     if looks_like_nccl_xml(text):
         return import_xml(text, host=host, name=name, source=where, max_nodes=max_nodes, max_links=max_links)
     if looks_like_smi(text):
         return import_smi(text, host=host, name=name, source=where, max_nodes=max_nodes, max_links=max_links)
+    if "<graphs" in text[:4096]:
+        raise TopologyError(
+            f"{where}: expected an NCCL topology XML (<system ...>), got an NCCL graph file (<graphs>, "
+            "NCCL_GRAPH_FILE: rings and trees); read it with 'treecoll tree show' or 'tree check', and dump "
+            "the topology with NCCL_TOPO_DUMP_FILE"
+        )
     return None
 
 

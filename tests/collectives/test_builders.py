@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -343,3 +344,29 @@ def test_rails_choice_scores_each_plan_as_the_chunk_search_does(monkeypatch, bud
                 if not model.steps_through(plan, "allreduce", cost.SEARCH_CHUNKS):  # one closed-form call
                     ks = model._chunk_counts(nbytes)
                     assert least == min(model._search_time(plan, nbytes, "allreduce", k, False) for k in ks)
+
+
+@pytest.mark.timeout(20)
+def test_automorphisms_of_a_group_inside_a_large_cluster_are_found_at_once():
+    """4 GPUs of one DGX H100 in a two-host cluster: every GPU links alike to the same 4 NVSwitches,
+    so all 4! relabelings keep every cost. The spines, leaves and the other host's parts (16! ways to
+    permute the spines alone) are no part of the group's routes and must not be enumerated."""
+    from treecoll.collectives.bruteforce import rank_automorphisms, trees_up_to_symmetry
+
+    t = shipped("dgx-h100-x2")
+    model = CostModel(t, t.rank_gpus()[:4], chunk_candidates=FAST)
+    perms = rank_automorphisms(model)
+    assert sorted(perms) == sorted(itertools.permutations(range(4)))
+    kept = list(trees_up_to_symmetry(model))
+    assert brute_force(model, 8, trees=kept)[0] == pytest.approx(brute_force(model, 8)[0], rel=1e-12)
+
+
+def test_a_group_across_rails_has_no_symmetry():
+    """h0/gpu0, h0/gpu1 and h1/gpu0: rank 0 reaches rank 2 on rail 0 (6 hops), rank 1 reaches it
+    through a spine (8 hops), and ranks 0 and 1 share a host that rank 2 is not on: no relabeling
+    but the identity keeps every route."""
+    from treecoll.collectives.bruteforce import rank_automorphisms
+
+    t = shipped("dgx-h100-x2")
+    model = CostModel(t, ["h0/gpu0", "h0/gpu1", "h1/gpu0"], chunk_candidates=FAST)
+    assert rank_automorphisms(model) == [(0, 1, 2)]

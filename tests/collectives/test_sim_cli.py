@@ -175,3 +175,26 @@ def test_decode_verdict_names_what_auto_means_in_each_mode():
     assert decode_verdict({"auto": "allreduce3", "mode": "executor"}) == [
         'auto (tree_decode\'s combine="auto"): allreduce3'
     ]
+
+
+def test_per_rank_collectives_run_the_sizes_nccl_tests_runs(capsys):
+    """nccl-tests' size of allgather, reduce_scatter and alltoall is the whole buffer, rounded down to
+    whole elements per rank (src/common.cu setupArgs, src/all_gather.cu AllGatherGetCollByteCount:
+    recvcount = (count / nranks) * nranks): on 16 ranks of float32, 8 B is 0 B (not run) and 1000 B
+    is 960 B. The table shows the size simulated and says which sizes were rounded."""
+    argv = ["simulate", "allgather", "--ranks", "16", "--sizes", "8,1000,1024", "--algo", "ring"]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["size"] for r in d["rows"]] == [960, 1024]
+    assert d["rounded"] == [{"requested": 8, "size": 0}, {"requested": 1000, "size": 960}]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        "# sizes as nccl-tests runs them (whole float32 elements on each of 16 ranks, rounded down): "
+        "8 -> 0 (not run), 1000 -> 960\n" in out
+    )
+    assert main(["simulate", "allgather", "--ranks", "16", "--sizes", "8,16", "--algo", "ring"]) == 1
+    assert capsys.readouterr().err == (
+        "treecoll: error: --sizes: expected at least one size of 64 B or more (allgather on 16 ranks: whole "
+        "float32 elements per rank), got 8, 16\n"
+    )

@@ -180,3 +180,20 @@ def test_keyboard_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
     monkeypatch.setattr(cmd_topo, "run", interrupted)
     rc, out, err = run(capsys, "topo", "show", "default")
     assert (rc, out, err) == (130, "", "treecoll: interrupted\n")
+
+
+def _strict_json(text: str):
+    """JSON as RFC 8259 defines it: no NaN, Infinity or -Infinity (jq and most parsers refuse them)."""
+
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_of_a_zero_time_is_strict_json(capsys):
+    """One rank: two_level has nothing to send (0 us), so its algbw is no number; --json says null, as
+    JSON has no Infinity, and keeps the 0 time."""
+    assert main(["--json", "simulate", "allreduce", "--ranks", "1", "--sizes", "1MiB", "--algo", "two_level"]) == 0
+    row = _strict_json(capsys.readouterr().out)["rows"][0]["algos"]["two_level"]
+    assert (row["time_us"], row["algbw"], row["busbw"]) == (0.0, None, None)

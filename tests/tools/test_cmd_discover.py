@@ -69,3 +69,29 @@ def test_discover_refuses_a_missing_sysfs_root(capsys, tmp_path):
     assert main(["topo", "discover", "--sysfs-root", str(tmp_path / "nope")]) == 1
     err = capsys.readouterr().err
     assert f"sysfs root {tmp_path / 'nope'}: expected a directory holding sys/" in err and "no such directory" in err
+
+
+def test_discover_refuses_a_sysfs_root_without_sys(capsys, tmp_path, monkeypatch):
+    """--sysfs-root names the directory holding sys/ (as / does); given sys/ itself or any directory
+    without it, the discovery would read nothing of the host and answer a bare CPU-only host."""
+    from treecoll.topo.errors import TopologyError
+
+    called = []
+
+    def fake(**kw):
+        called.append(kw)
+        raise TopologyError("discovery reached")
+
+    monkeypatch.setattr(topo, "discover", fake)
+    (tmp_path / "sys" / "bus").mkdir(parents=True)
+    for wrong in (tmp_path / "sys", tmp_path / "sys" / "bus"):
+        assert main(["topo", "discover", "--sysfs-root", str(wrong)]) == 1
+        err = capsys.readouterr().err
+        assert err == (
+            f"treecoll: error: --sysfs-root {wrong}: expected a directory holding sys/ (as / does), got a "
+            f"directory without it; pass the directory above sys/\n"
+        )
+    assert called == []
+    assert main(["topo", "discover", "--sysfs-root", str(tmp_path)]) == 1  # the directory above sys/: fine
+    assert capsys.readouterr().err == "treecoll: error: discovery reached\n"
+    assert called == [{"sysfs_root": str(tmp_path), "host": None}]

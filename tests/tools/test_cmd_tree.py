@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from treecoll.tools.cli import main
@@ -126,3 +127,58 @@ def test_bruteforce_refuses_more_ranks_than_it_can_enumerate(capsys):
     rc, out, err = run(capsys, "tree", "bruteforce", "--topology", "dgx-h100-x2", "--ranks", "10")
     assert (rc, out) == (1, "")
     assert err == "treecoll: error: --ranks: expected at most 9, got 10\n"
+
+
+GRAPH = Path(__file__).resolve().parents[1] / "fixtures" / "nccl-topo" / "azure-ncv4-graph.xml"
+
+
+def test_an_nccl_graph_file_where_a_tree_file_is_expected_says_what_it_is(capsys, tmp_path):
+    """tree show lists an NCCL_GRAPH_FILE's graphs; tree check and tree draw take tree files: given the
+    graph file (or a copy not named .xml) they say what it is, not '(top level): expected a mapping'."""
+    copy = tmp_path / "graph.txt"
+    copy.write_text(GRAPH.read_text())
+    for argv in (
+        ("tree", "check", GRAPH, "--topology", "default", "--ranks", "4"),
+        ("tree", "check", copy, "--topology", "default", "--ranks", "4"),
+        ("tree", "draw", GRAPH, "-o", tmp_path / "g.png"),
+    ):
+        rc, out, err = run(capsys, *argv)
+        assert (rc, out) == (1, "")
+        assert err == (
+            f"treecoll: error: {argv[2]}: expected a tree file (YAML or JSON: parents, children, nested or "
+            "trees), got an NCCL graph file (<graphs>, NCCL_GRAPH_FILE); 'treecoll tree show' lists its "
+            "graphs and channels\n"
+        )
+    rc, out, err = run(capsys, "tree", "show", copy)
+    assert (rc, err) == (0, "") and out.startswith("graph 0 ring (pattern 4): 0 1 2 3; 0 3 2 1\n")
+    rc, out, err = run(capsys, "tree", "show", GRAPH, "--topology", "default")  # not a silently ignored flag
+    assert (rc, out, err) == (
+        1,
+        "",
+        f"treecoll: error: tree show {GRAPH}: an NCCL graph file is listed, not predicted: drop --topology\n",
+    )
+
+
+@pytest.mark.parametrize("option", [("--bytes", "1GiB"), ("--mode", "in-kernel")])
+def test_show_refuses_prediction_options_without_a_topology(capsys, tree8, option):
+    """Without --topology tree show predicts nothing: --bytes or --mode would be ignored without a word."""
+    rc, out, err = run(capsys, "tree", "show", tree8, *option)
+    assert (rc, out) == (1, "")
+    assert err == (
+        f"treecoll: error: tree show: {option[0]} applies to the predictions, which need --topology; "
+        "pass --topology or drop it\n"
+    )
+    rc, out, err = run(capsys, "tree", "show", tree8, *option, "--topology", "dgx-h100")
+    assert (rc, err) == (0, "") and "predicted for" in out
+
+
+def test_bruteforce_all_refuses_more_trees_than_it_can_score(capsys):
+    """--trees all scores P^(P-1) trees per size: 8^7 = 2,097,152 at 8 ranks (7^6 = 117,649 at 7 took
+    23 s here), 9^8 = 43 million at 9: refused before any work, naming the modes that reduce them."""
+    rc, out, err = run(capsys, "tree", "bruteforce", "--topology", "pcie-8gpu", "--ranks", "8", "--trees", "all")
+    assert (rc, out) == (1, "")
+    assert err == (
+        "treecoll: error: tree bruteforce --trees all: 8 ranks make 2,097,152 rooted trees (8^7) per size: "
+        "expected at most 1,000,000; pass --trees symmetry (exhaustive up to the topology's automorphisms) "
+        "or fewer --ranks\n"
+    )

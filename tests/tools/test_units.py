@@ -162,3 +162,29 @@ def test_argparse_types_raise_usage_errors_argparse_does_not_swallow():
     p.add_argument("--n", type=units.int_arg("--n"))
     with pytest.raises(units.UsageError, match=r"^--n: expected an integer, got 'x'$"):
         p.parse_args(["--n", "x"])
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("99999999999999999", 99999999999999999),  # above 2**53: a float would make it 10**17
+        ("9007199254740993", 2**53 + 1),
+        ("3.000000000000000001K", None),  # 3072.000000000000001024: not whole, a float would say 3072
+        ("0.1KB", 100),
+        ("9223372036854775807", 2**63 - 1),
+    ],
+)
+def test_parse_bytes_is_exact(text, expected):
+    if expected is None:
+        with pytest.raises(TreecollError, match="expected a whole number"):
+            units.parse_bytes(text)
+    else:
+        assert units.parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", "9" * 400, "1e400"])
+def test_sizes_and_counts_beyond_64_bits_are_one_line_errors(text):
+    for parse in (units.parse_bytes, units.parse_count):
+        with pytest.raises(TreecollError, match=r"^x: expected .*, got '9*|^x: expected .*1e400") as e:
+            parse(text, what="x")
+        assert "\n" not in str(e.value) and len(str(e.value)) < 200

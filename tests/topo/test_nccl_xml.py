@@ -260,3 +260,19 @@ def test_full_a100_dump_structure():
     assert t.path("a/gpu1", bond["mlx5_bond_1"]).smi == "PXB" and t.path("a/gpu0", bond["mlx5_bond_1"]).smi == "PXB"
     assert t.path("a/gpu0", bond["mlx5_bond_0"]).smi == "PHB" and t.nearest_nic("a/gpu1") == bond["mlx5_bond_1"]
     assert t.node("a/gpu0")["model"] == "A100-SXM4-80GB" and t.node(bond["mlx5_bond_0"])["bw"] == 25.0
+
+
+def test_an_nccl_graph_file_given_as_a_topology_says_what_it_is():
+    """NCCL_GRAPH_FILE XML (<graphs>: channels of rings and trees) is no topology: topo import names it
+    and the commands that read it (tree show/check), and how to get the topology instead."""
+    from treecoll.topo.errors import TopologyError
+
+    f = FIX / "azure-ncv4-graph.xml"
+    for load in (topo.import_file, topo.resolve):  # topo import, and every command's FILE
+        with pytest.raises(TopologyError) as e:
+            load(str(f))
+        assert str(e.value) == (
+            f"{f}: expected an NCCL topology XML (<system ...>), got an NCCL graph file (<graphs>, NCCL_GRAPH_FILE: "
+            "rings and trees); read it with 'treecoll tree show' or 'tree check', and dump the topology with "
+            "NCCL_TOPO_DUMP_FILE"
+        )
