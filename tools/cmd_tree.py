@@ -137,13 +137,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         q.add_argument(
             "--topology", required=name == "check", metavar="F", help="topology YAML file, shipped name or 'default'"
         )
-        q.add_argument(
-            "--bytes",
-            default=1 << 20 if name != "show" else None,  # show: None tells 'not given' (needs --topology)
-            type=units.size_arg("--bytes"),
-            metavar="S",
-            help="message size for the predictions (default 1MiB)",
-        )
+        if name != "draw":  # a picture has no predictions
+            q.add_argument(
+                "--bytes",
+                default=1 << 20 if name != "show" else None,  # show: None tells 'not given' (needs --topology)
+                type=units.size_arg("--bytes"),
+                metavar="S",
+                help="message size for the predictions (default 1MiB)",
+            )
         if name in ("show", "check"):
             q.add_argument("--mode", choices=MODES, default="executor" if name != "show" else None, help=MODE_HELP)
         if name == "check":
@@ -161,7 +162,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             q.add_argument(
                 "--max-hosts",
                 type=units.int_arg("--max-hosts"),
-                default=4,
+                default=None,  # None tells 'not given' (it needs --topology)
                 metavar="N",
                 help="with --topology: hosts drawn (default 4; edges to others are left out)",
             )
@@ -644,9 +645,13 @@ def _draw(args) -> dict:
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingDependency("matplotlib", "treecoll tree draw", extra="plot") from None
+    if args.topology is None and args.max_hosts is not None:
+        raise units.UsageError(
+            "tree draw: --max-hosts applies to the topology picture, which needs --topology; pass --topology or drop it"
+        )
     f = _load(args)
     topology = _topology(args.topology)
-    data = tree_data(f.plan, topology, args.bytes, hosts=f.hosts)
+    data = tree_data(f.plan, topology, hosts=f.hosts)
     colors = {
         "NVL": "tab:green",
         "NVB": "tab:olive",
@@ -679,7 +684,7 @@ def _draw(args) -> dict:
                 topology,
                 tmp,
                 overlay=overlay,
-                max_hosts=args.max_hosts,
+                max_hosts=4 if args.max_hosts is None else args.max_hosts,
                 title=f"{data['name']} over {topology.name} ({ntrees} tree(s), child -> parent)",
             )
         return {

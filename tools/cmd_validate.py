@@ -103,8 +103,6 @@ def _output(path: str, force: bool, inputs: Sequence[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``treecoll simulate validate|calibrate``."""
-    import json
-
     from treecoll.tools.cli import emit
     from treecoll.tools.machine_flags import machine_flags
 
@@ -135,7 +133,6 @@ def run(args: argparse.Namespace) -> int:
             fit[f"geomean_{key}"] = {k: d[key][k] for k in ("large", "small")}
     save_profile(d["profile"], out, fit=fit)
     d["saved"] = out
-    if getattr(args, "json", False):
-        print(json.dumps({**d, "profile": d["profile"].as_dict()}, indent=2, default=str))
-        return 0
+    if getattr(args, "json", False):  # the profile as plain data, through the one JSON printer
+        return emit(args, {**d, "profile": d["profile"].as_dict()})
     return emit(args, d, render_calibration)

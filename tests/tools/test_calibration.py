@@ -221,6 +221,9 @@ def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
     assert main(["simulate", "validate", str(f), "--profile", str(out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["profile"] == "p" and d["files"][0]["geomean_large"] < 0.03
+    assert main(["simulate", "calibrate", str(f), "-o", str(out), "--force", "--no-check", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert d["saved"] == str(out) and d["profile"]["name"] == "p" and "link_scale" in d["profile"]
 
 
 def test_calibrating_a_slow_machine_reports_its_own_error(tmp_path):

@@ -172,6 +172,20 @@ def test_show_refuses_prediction_options_without_a_topology(capsys, tree8, optio
     assert (rc, err) == (0, "") and "predicted for" in out
 
 
+def test_draw_refuses_a_topology_option_without_a_topology(capsys, tree8, tmp_path):
+    """Without --topology tree draw draws ranks by depth: --max-hosts would be ignored without a word; a
+    picture has no predictions, so --bytes is not one of its options."""
+    png = tmp_path / "t.png"
+    rc, out, err = run(capsys, "tree", "draw", tree8, "-o", png, "--max-hosts", "2")
+    assert (rc, out) == (1, "") and not png.exists()
+    assert err == (
+        "treecoll: error: tree draw: --max-hosts applies to the topology picture, which needs --topology; "
+        "pass --topology or drop it\n"
+    )
+    rc, out, err = run(capsys, "tree", "draw", tree8, "-o", png, "--bytes", "1GiB")
+    assert (rc, out) == (1, "") and "unrecognized arguments: --bytes 1GiB" in err and not png.exists()
+
+
 def test_bruteforce_all_refuses_more_trees_than_it_can_score(capsys):
     """--trees all scores P^(P-1) trees per size: 8^7 = 2,097,152 at 8 ranks (7^6 = 117,649 at 7 took
     23 s here), 9^8 = 43 million at 9: refused before any work, naming the modes that reduce them."""
