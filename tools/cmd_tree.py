@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parser", "run", "tree_data", "render_tree", "build_data", "bruteforce_data", "render_bruteforce"]
 
-#: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (9^7 = 4.8 million at 9)
-MAX_BRUTE_RANKS = 9
+#: the most ranks ``tree bruteforce`` takes: it scores up to P^(P-2) trees per root (8^6 = 262,144 at 8, seconds
+#: to a minute per size; 9^7 = 4.8 million at 9, minutes even after the topology's symmetries)
+MAX_BRUTE_RANKS = 8
 #: the most trees ``tree bruteforce --trees all`` scores per size (P^(P-1): 7 ranks, 117,649, are under it)
 MAX_ALL_TREES = 1_000_000
 #: ``tree bruteforce --trees``: which trees are enumerated
