@@ -34,7 +34,10 @@ Every attribute NCCL defines but the model does not use (and every unknown
 one) is kept on the node under ``x_nccl`` = ``{tag: {attr: value}}`` and written
 back on export, so import -> export -> import is the identity; modelled
 attributes are ``busid`` (-> ``pci``), ``numaid`` (-> ``numa``), ``dev`` (->
-``index``), ``sm``, ``name`` and ``speed`` (-> ``bw`` = speed/8000 GB/s).
+``index``), ``sm``, ``name`` and ``speed`` (-> ``bw`` = speed/8000 GB/s). NICs are
+numbered by their ``<net dev>`` (NCCL's net device index) where every NIC of a host
+has a distinct one, else in bus id order; the export writes each NIC's number as its
+``dev``, so a NIC keeps its number through a file.
 
 A file that yields no GPU, names a NUMA node, a bus id or a GPU ``dev`` twice
 in one host, nests PCIe deeper than :data:`MAX_PCI_DEPTH` levels or asks for
@@ -51,6 +54,7 @@ rings/trees as channels) into plain data for the custom-tree import.
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from typing import Any
 from xml.parsers import expat
@@ -251,6 +255,7 @@ def import_xml(
         )
     for b in builders.values():
         _number_gpus(b)
+        _number_nics(b)
         cpu_keys = [k for k, it in b.items.items() if it["kind"] == "cpu"]
         for i, a in enumerate(cpu_keys):
             xa = b.items[a]["attrs"]["x_nccl"]["cpu"]
@@ -425,6 +430,16 @@ def _number_gpus(b: HostBuilder) -> None:
             nxt += 1
         a["index"] = nxt
         used.add(nxt)
+
+
+def _number_nics(b: HostBuilder) -> None:
+    """NICs numbered by their ``<net dev>`` (NCCL's net device index, the ``NET/IB/<dev>`` of its logs) when
+    every NIC of the host has a distinct one; else in PCI bus id order (:class:`HostBuilder`'s rule)."""
+    nics = [it["attrs"] for it in b.items.values() if it["kind"] == "nic"]
+    devs = [_digits(((a.get("x_nccl") or {}).get("net") or {}).get("dev")) for a in nics]
+    if nics and None not in devs and len(set(devs)) == len(devs):
+        for a, dev in zip(nics, devs):
+            a["id"] = f"{b.host}/nic{dev}"
 
 
 def _nvlinks(b: HostBuilder, gk: Any, gpu_el: ET.Element, sm: int | None, gpus_by_pci: dict, where: str) -> None:
@@ -616,11 +631,17 @@ def _export_children(g: nx.DiGraph, u: str, children: dict, el: ET.Element) -> N
             x = d.get("x_nccl") or {}
             if "net" not in x and not d.get("name") and "nic" in x:
                 continue  # a NIC element without <net> in the source
-            attrs = {"name": d.get("name") or n.split("/")[-1], **(x.get("net") or {"dev": str(i)})}
+            attrs = {"name": d.get("name") or n.split("/")[-1], **(x.get("net") or {"dev": _nic_number(n, i)})}
             attrs["speed"] = str(int(round(d.get("bw", 1.25) * 8000)))
             if d.get("lat"):
                 attrs["latency"] = f"{float(d['lat']):.6f}"
             ET.SubElement(nel, "net", attrs)
+
+
+def _nic_number(node: str, fallback: int) -> str:
+    """A NIC's ``<net dev>``: its number on the host (``h0/nic3`` -> ``"3"``), which an import numbers it by."""
+    m = re.search(r"/nic(\d+)$", node)
+    return m.group(1) if m else str(fallback)
 
 
 def _pci_attrs(g: nx.DiGraph, v: str, up: str) -> dict[str, str]:

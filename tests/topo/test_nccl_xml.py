@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from treecoll.topo.nccl_xml import cpulist_to_mask, export_xml, import_xml, mask_to_cpulist, parse_graph_xml
-from treecoll.topo.smi import smi_matrix
+from treecoll.topo.smi import import_smi, smi_matrix
 
 from treecoll import topo
 
@@ -37,6 +37,19 @@ def test_every_file_imports_and_round_trips(f):
         )
 
     assert attrs(out) == attrs(src)
+
+
+def test_an_exported_topology_keeps_its_nic_numbers():
+    """A topology whose NICs are not in bus id order (nvidia-smi's DGX A100: mlx5_4 and mlx5_5 are nic8 and
+    nic9) comes back from its NCCL XML with every NIC under its number and name: the export writes the number
+    as the <net dev> (NCCL's net device index) and the import numbers NICs by it, so the matrix (and its NIC
+    legend) is the same."""
+    t = import_smi(FIX.parent / "smi" / "dgx-a100.txt")
+    names = {n: t.node(n)["name"] for n in t.nics()}
+    assert names["host0/nic8"] == "mlx5_4"
+    back = import_xml(export_xml(t))
+    assert {n: back.node(n)["name"] for n in back.nics()} == names
+    assert smi_matrix(back) == smi_matrix(t)
 
 
 def _codes(t):
