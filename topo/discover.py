@@ -245,7 +245,7 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
             mem_bw=mem_bw,
             numa=n,
             sm=g.sm or None,
-            x_memory=g.memory or None,
+            mem_gb=g.memory / 1e9 if g.memory else None,  # NVML's total, bytes -> GB (1e9 B)
             x_cuda=order.index(g.index) if g.index in order else None,
         )
         c2c = nv.c2c(g.index)
