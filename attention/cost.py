@@ -78,6 +78,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -378,7 +379,7 @@ def decode_step(
     return out
 
 
-def mem_capacity(topology: Topology, gpus) -> tuple[float | None, str | None]:
+def mem_capacity(topology: Topology, gpus: Sequence[str]) -> tuple[float | None, str | None]:
     """The least memory capacity of ``gpus`` in bytes (their ``mem_gb`` x 1e9) and that GPU's model;
     ``(None, None)`` when one of them carries no ``mem_gb``.
 
@@ -394,7 +395,7 @@ def mem_capacity(topology: Topology, gpus) -> tuple[float | None, str | None]:
     return float(least["mem_gb"]) * 1e9, least.get("model")
 
 
-def _check_fit(out: dict, topology: Topology, gpus, per_token: int) -> None:
+def _check_fit(out: dict, topology: Topology, gpus: Sequence[str], per_token: int) -> None:
     """Mark each method's ``fits`` (its ``peak_mem_bytes`` within the GPUs' capacity; None: no capacity
     known) and put the capacity (``mem_capacity_bytes``, ``mem_gpu_model``) and ``max_seq_len_fits``
     (the longest context one of the methods fits: its K/V shard grows ``per_token`` bytes a token, twice

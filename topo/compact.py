@@ -67,6 +67,8 @@ PCIE_KEYS = ("bw", "lat", "switches")
 SWITCH_KEYS = ("cpu", "parent", "gpus", "nics", "host_bridge", "quadrant", "bw")
 NIC_KEYS = ("count", "bw", "names", "rails", "numa", "pci", "link_layer", "lat")
 LINK_KEYS = ("bw", "lat")
+#: the unit of a GPU's ``mem_gb`` (its memory capacity), as errors name it
+MEM_GB_UNIT = "GB of 1e9 bytes"
 
 
 @dataclass
@@ -190,7 +192,7 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
         if "mem_bw" in gd:
             a["mem_bw"] = doc.number(gd["mem_bw"], (*gp, "mem_bw"), unit="GB/s")
         if "mem_gb" in gd:
-            a["mem_gb"] = doc.number(gd["mem_gb"], (*gp, "mem_gb"), unit="GB")
+            a["mem_gb"] = doc.number(gd["mem_gb"], (*gp, "mem_gb"), unit=MEM_GB_UNIT)
         if "sm" in gd:
             a["sm"] = doc.integer(gd["sm"], (*gp, "sm"), minimum=1)
         gpus.append(a)

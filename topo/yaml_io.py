@@ -49,7 +49,7 @@ import networkx as nx
 import yaml
 
 from ._schema import YAML_LOADER, Doc
-from .compact import HostTemplate, check_cpulist, expand, parse_template
+from .compact import MEM_GB_UNIT, HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
 from .gcpause import gc_paused
@@ -92,7 +92,7 @@ NODE_ATTRS = {
 }
 _INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev", "quadrant"})
 #: positive numbers and their units (``mem_gb``: a GPU's memory capacity, 1 GB = 1e9 bytes)
-_POS_ATTRS = {"mem_bw": "GB/s", "bw": "GB/s", "mem_gb": "GB"}
+_POS_ATTRS = {"mem_bw": "GB/s", "bw": "GB/s", "mem_gb": MEM_GB_UNIT}
 _NONNEG_ATTRS = {"lat": "µs"}
 _BOOL_ATTRS = frozenset({"multicast", "sharp"})
 

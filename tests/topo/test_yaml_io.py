@@ -158,12 +158,12 @@ ERRORS = [
     (
         "mem_bw: 100.0}",
         "mem_bw: 100.0, mem_gb: 0}",
-        r"^<string>:4: templates\.box\.gpus\.mem_gb: expected a positive number \(GB\), got 0$",
+        r"^<string>:4: templates\.box\.gpus\.mem_gb: expected a positive number \(GB of 1e9 bytes\), got 0$",
     ),
     (
         "mem_bw: 100.0}",
         "mem_bw: 100.0, mem_gb: 80GB}",
-        r"^<string>:4: templates\.box\.gpus\.mem_gb: expected a positive number \(GB\), got '80GB'$",
+        r"^<string>:4: templates\.box\.gpus\.mem_gb: expected a positive number \(GB of 1e9 bytes\), got '80GB'$",
     ),
     (
         "nics: {count: 2, bw: 25.0}",
@@ -290,9 +290,13 @@ EXPLICIT_ERRORS = [
     (
         "index: 1}",
         "index: 1, mem_gb: -80}",
-        r"^<string>:4: nodes\[1\]\.mem_gb: expected a positive number \(GB\), got -80$",
+        r"^<string>:4: nodes\[1\]\.mem_gb: expected a positive number \(GB of 1e9 bytes\), got -80$",
     ),
-    ("index: 1}", "index: 1, mem_gb: .inf}", r"^<string>:4: nodes\[1\]\.mem_gb: expected a positive number \(GB\)"),
+    (
+        "index: 1}",
+        "index: 1, mem_gb: .inf}",
+        r"^<string>:4: nodes\[1\]\.mem_gb: expected a positive number \(GB of 1e9 bytes\)",
+    ),
     ("kind: gpu, host: h0, index: 1", "kind: gpu, index: 1", r"^<string>:4: nodes\[1\]: missing key 'host'"),
     ("bw: 40.0", "bw: -40.0", r"^<string>:6: links\[0\]\.bw: expected a positive number \(GB/s\), got -40\.0"),
     ("kind: nvlink,", "kind: infiniband,", r"^<string>:6: links\[0\]\.kind: expected one of \['nvlink'"),
