@@ -155,7 +155,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "Model one decode step's attention on the topology: local attention, then the partial states "
         "combined by treecoll's tree (one allreduce of the packed state), by one all-gather and a local "
         "merge, or by the paper's three allreduces; against ring attention (K/V passed around the ring). "
-        "Says which combine tree_decode(combine='auto') runs.",
+        "Says which combine tree_decode(combine='auto') runs. Where every GPU states its memory (mem_gb), "
+        "a method whose peak memory per GPU exceeds it is named and left out, and a context no method "
+        "fits is refused.",
     )
     d.add_argument(
         "--seq-len",
