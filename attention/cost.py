@@ -78,6 +78,7 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -103,6 +104,7 @@ __all__ = [
     "combine_times",
     "choose_combine",
     "merges_in_a_row",
+    "mem_capacity",
     "LocalCost",
     "local_cost",
     "GLOO_LOCAL_BY_NRANKS",
@@ -365,14 +367,50 @@ def decode_step(
             f"{P - 1} K/V passes of {kv_bytes} B, overlapped with compute",
         )
         out["methods"]["ring"]["step_transfer_s"] = step
-    if "tree" in out["methods"] and "ring" in out["methods"]:
+    _check_fit(out, topology, gpus, per_token=2 * b * Hkv * D * item)
+    runs = {m for m, r in out["methods"].items() if r["fits"] is not False}  # fits, or no capacity to say
+    if "tree" in runs and "ring" in runs:
         out["speedup_tree_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"]["tree"]["time_s"]
-    combined = {m: out["methods"][m]["time_s"] for m in COMBINES if m in out["methods"]}
+    combined = {m: out["methods"][m]["time_s"] for m in COMBINES if m in runs}
     if combined:
         out["auto"] = _fastest(combined)
-        if "ring" in out["methods"]:
+        if "ring" in runs:
             out["speedup_auto_vs_ring"] = out["methods"]["ring"]["time_s"] / out["methods"][out["auto"]]["time_s"]
     return out
+
+
+def mem_capacity(topology: Topology, gpus: Sequence[str]) -> tuple[float | None, str | None]:
+    """The least memory capacity of ``gpus`` in bytes (their ``mem_gb`` x 1e9) and that GPU's model;
+    ``(None, None)`` when one of them carries no ``mem_gb``.
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100-x2")
+    >>> mem_capacity(t, t.rank_gpus()[:2])
+    (80000000000.0, 'H100-SXM5-80GB')
+    """
+    nodes = [topology.node(g) for g in gpus]
+    if not nodes or any(not n.get("mem_gb") for n in nodes):
+        return None, None
+    least = min(nodes, key=lambda n: n["mem_gb"])
+    return float(least["mem_gb"]) * 1e9, least.get("model")
+
+
+def _check_fit(out: dict, topology: Topology, gpus: Sequence[str], per_token: int) -> None:
+    """Mark each method's ``fits`` (its ``peak_mem_bytes`` within the GPUs' capacity; None: no capacity
+    known) and put the capacity (``mem_capacity_bytes``, ``mem_gpu_model``) and ``max_seq_len_fits``
+    (the longest context one of the methods fits: its K/V shard grows ``per_token`` bytes a token, twice
+    for ring's two blocks, the rest of its peak stays) in ``out``."""
+    cap, model = mem_capacity(topology, gpus)
+    out["mem_capacity_bytes"], out["mem_gpu_model"] = cap, model
+    longest = 0
+    for name, m in out["methods"].items():
+        m["fits"] = None if cap is None else m["peak_mem_bytes"] <= cap
+        if cap is not None:
+            blocks = 2 if name == "ring" else 1
+            rest = m["peak_mem_bytes"] - blocks * out["kv_bytes_per_rank"]
+            longest = max(longest, max(0, int((cap - rest) // (blocks * per_token))) * out["nranks"])
+    if cap is not None:
+        out["max_seq_len_fits"] = longest
 
 
 def combine_times(

@@ -155,7 +155,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "Model one decode step's attention on the topology: local attention, then the partial states "
         "combined by treecoll's tree (one allreduce of the packed state), by one all-gather and a local "
         "merge, or by the paper's three allreduces; against ring attention (K/V passed around the ring). "
-        "Says which combine tree_decode(combine='auto') runs.",
+        "Says which combine tree_decode(combine='auto') runs. Where every GPU states its memory (mem_gb), "
+        "a method whose peak memory per GPU exceeds it is named and left out, and a context no method "
+        "fits is refused.",
     )
     d.add_argument(
         "--seq-len",
@@ -635,7 +637,10 @@ def decode_data(
     runs = []
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
-        runs.append(decode_step(topology, s, ranks=ranks, tree=tree, profile=profile or "auto", mode=mode))
+        run = decode_step(topology, s, ranks=ranks, tree=tree, profile=profile or "auto", mode=mode)
+        if run["methods"] and not any(m["fits"] is not False for m in run["methods"].values()):
+            raise CollectiveError(f"--seq-len {s.seq_len}: {_not_fitting(run)}; {_longest_fitting(run)}")
+        runs.append(run)
     _progress(len(shapes), len(shapes), "")
     cm = CostModel(Placement(topology, ranks))
     return {
@@ -672,9 +677,27 @@ def render_decode(d: dict) -> str:
                 f"{m['combine_s'] * 1e6:>12.1f} {fmt_bytes(m['sent_bytes_per_gpu'], si=True):>12} "
                 f"{fmt_bytes(m['peak_mem_bytes'], si=True):>13} {m['paper_volume_elements']:>14.4g}"
             )
+        if any(m["fits"] is False for m in r["methods"].values()):
+            lines.append(f"does not fit, left out of the comparison: {_not_fitting(r)}")
         lines.extend(decode_verdict(r))
         lines.append("")
     return "\n".join(lines)
+
+
+def _not_fitting(r: dict) -> str:
+    """The methods of one decode step whose peak memory per GPU exceeds the GPUs' capacity, in one phrase:
+    ``"ring: 2.05 TB per GPU, the H100-SXM5-80GB has 80 GB"``."""
+    over = ", ".join(
+        f"{name}: {fmt_bytes(m['peak_mem_bytes'], si=True)}" for name, m in r["methods"].items() if m["fits"] is False
+    )
+    return f"{over} per GPU, the {r['mem_gpu_model'] or 'GPU'} has {fmt_bytes(r['mem_capacity_bytes'], si=True)}"
+
+
+def _longest_fitting(r: dict) -> str:
+    n, gpus = r["max_seq_len_fits"], r["nranks"]
+    if not n:
+        return f"no context fits on these {gpus} GPUs; expected a topology with more GPU memory"
+    return f"expected at most {n} tokens on these {gpus} GPUs (--seq-len), or more GPUs (--ranks, --topology)"
 
 
 def decode_verdict(r: dict) -> list[str]:

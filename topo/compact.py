@@ -3,7 +3,7 @@
 A host template describes one machine (see docs/topology-yaml.md for the full
 schema and examples)::
 
-    gpus:     {count: 8, model: H100-SXM5-80GB, mem_bw: 3350, sm: 90}
+    gpus:     {count: 8, model: H100-SXM5-80GB, mem_bw: 3350, mem_gb: 80, sm: 90}
     nvswitch: {count: 4, links: [5, 5, 4, 4], link_bw: 20.6}   # NVLinks GPU -> switch k
     cpus:     [{numa: 0, socket: 0, affinity: "0-51"}, {numa: 1, socket: 1}]
     smp:      {bw: 22.0}                                       # between NUMA domains
@@ -60,13 +60,15 @@ NVLINK_HOP_LAT = 0.3
 PCIE_HOP_LAT = 0.5
 
 TEMPLATE_KEYS = ("description", "gpus", "nvswitch", "cpus", "smp", "pcie", "nics")
-GPU_KEYS = ("count", "model", "mem_bw", "sm", "pci", "numa", "c2c")
+GPU_KEYS = ("count", "model", "mem_bw", "mem_gb", "sm", "pci", "numa", "c2c")
 NVSWITCH_KEYS = ("count", "links", "link_bw", "lat", "scope", "domain_hosts", "pci", "multicast")
 CPU_KEYS = ("numa", "socket", "affinity", "model")
 PCIE_KEYS = ("bw", "lat", "switches")
 SWITCH_KEYS = ("cpu", "parent", "gpus", "nics", "host_bridge", "quadrant", "bw")
 NIC_KEYS = ("count", "bw", "names", "rails", "numa", "pci", "link_layer", "lat")
 LINK_KEYS = ("bw", "lat")
+#: the unit of a GPU's ``mem_gb`` (its memory capacity), as errors name it
+MEM_GB_UNIT = "GB of 1e9 bytes"
 
 
 @dataclass
@@ -189,6 +191,8 @@ def parse_template(doc: Doc, data: Any, path: tuple, name: str) -> HostTemplate:
             a["model"] = doc.string(gd["model"], (*gp, "model"))
         if "mem_bw" in gd:
             a["mem_bw"] = doc.number(gd["mem_bw"], (*gp, "mem_bw"), unit="GB/s")
+        if "mem_gb" in gd:
+            a["mem_gb"] = doc.number(gd["mem_gb"], (*gp, "mem_gb"), unit=MEM_GB_UNIT)
         if "sm" in gd:
             a["sm"] = doc.integer(gd["sm"], (*gp, "sm"), minimum=1)
         gpus.append(a)

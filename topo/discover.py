@@ -4,7 +4,8 @@ Sources, combined like NCCL does (``ncclTopoGetSystem`` in src/graph/topo.cc, NC
 
 1. ``NCCL_TOPO_FILE`` (if set): the host's PCIe tree, CPUs, GPUs and NICs come
    from that XML (:mod:`treecoll.topo.nccl_xml`); NVML adds the NVLinks it lacks.
-2. NVML (:mod:`treecoll.topo.nvml`): GPUs, NVLinks per link (each NVSwitch its own node,
+2. NVML (:mod:`treecoll.topo.nvml`): GPUs (``mem_gb``: the memory total of
+   ``nvmlDeviceGetMemoryInfo`` in GB of 1e9 bytes), NVLinks per link (each NVSwitch its own node,
    invisible peers one ``assumed`` switch; with GPU fabric info a rack-level
    ``nvl/sw0``), C2C, P2P status, fabric membership.
 3. sysfs (:mod:`treecoll.topo.sysfs`, root configurable): PCIe switches above each GPU
@@ -245,7 +246,7 @@ def _gpu_host(host: str, nv: Nvml, root: str, h: Hints, env: Mapping[str, str], 
             mem_bw=mem_bw,
             numa=n,
             sm=g.sm or None,
-            x_memory=g.memory or None,
+            mem_gb=g.memory / 1e9 if g.memory else None,  # NVML's total, bytes -> GB (1e9 B)
             x_cuda=order.index(g.index) if g.index in order else None,
         )
         c2c = nv.c2c(g.index)

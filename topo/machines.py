@@ -208,9 +208,10 @@ MACHINES: tuple[MachineTemplate, ...] = (
 )
 #: GPU names whose memory differs from their template's GPUs: name -> the GPU attributes to use
 GPU_VARIANTS: dict[str, dict[str, Any]] = {
-    "NVIDIA A100-SXM4-40GB": {"model": "A100-SXM4-40GB", "mem_bw": 1555.0},  # A100 40GB datasheet: 1,555 GB/s
-    "NVIDIA A100-PCIE-40GB": {"model": "A100-PCIE-40GB", "mem_bw": 1555.0},  # A100 PCIe 40GB: 1,555 GB/s
-    "Tesla V100-PCIE-16GB": {"model": "V100-PCIE-16GB"},  # same HBM2 bandwidth
+    # A100 40GB datasheet: 1,555 GB/s; mem_gb (GB, 1e9 B): the capacity in the GPU's name
+    "NVIDIA A100-SXM4-40GB": {"model": "A100-SXM4-40GB", "mem_bw": 1555.0, "mem_gb": 40.0},
+    "NVIDIA A100-PCIE-40GB": {"model": "A100-PCIE-40GB", "mem_bw": 1555.0, "mem_gb": 40.0},  # A100 PCIe 40GB
+    "Tesla V100-PCIE-16GB": {"model": "V100-PCIE-16GB", "mem_gb": 16.0},  # same HBM2 bandwidth
 }
 #: names a driver prints for GPUs it does not know (pre-release drivers): GPUs per host -> template.
 #: CoreWeave's GB200 NVL72 runs print "NVIDIA Graphics Device" with 4 GPUs per tray (coreweave/nccl-tests README)

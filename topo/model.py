@@ -10,7 +10,8 @@ kind            meaning and attributes
 ==============  ==========================================================
 ``gpu``         a GPU (or, on CPU-only hosts, a process that acts as a rank).
                 ``host``, ``index`` (local), ``pci``, ``uuid``, ``model``,
-                ``mem_bw`` (GB/s), ``numa``, and ``rank`` once ranks are mapped.
+                ``mem_bw`` (GB/s), ``mem_gb`` (memory capacity, 1 GB = 1e9 B),
+                ``numa``, and ``rank`` once ranks are mapped.
 ``nvswitch``    an NVSwitch chip; ``host`` when inside a host, none for
                 rack-level NVLink switch trays (GB200 NVL72).
 ``pcie_switch`` a PCIe switch/bridge; optional ``host_bridge`` (an id): two

@@ -49,7 +49,7 @@ import networkx as nx
 import yaml
 
 from ._schema import YAML_LOADER, Doc
-from .compact import HostTemplate, check_cpulist, expand, parse_template
+from .compact import MEM_GB_UNIT, HostTemplate, check_cpulist, expand, parse_template
 from .errors import TopologyError
 from .files import decode_text, read_text
 from .gcpause import gc_paused
@@ -83,7 +83,7 @@ LINK_ATTRS = ("a", "b", "kind", "bw", "lat", "count", "directed", "measured")
 #: attributes each node kind may carry in the explicit form (besides id, kind, host);
 #: keys starting with ``x_`` are free-form extensions kept as they are.
 NODE_ATTRS = {
-    "gpu": ("index", "pci", "uuid", "model", "mem_bw", "numa", "sm", "rank", "name", "serial"),
+    "gpu": ("index", "pci", "uuid", "model", "mem_bw", "mem_gb", "numa", "sm", "rank", "name", "serial"),
     "nvswitch": ("pci", "assumed", "index", "name", "multicast"),
     "pcie_switch": ("host_bridge", "quadrant", "pci", "name", "vendor", "device", "link_speed", "link_width"),
     "cpu": ("numa", "socket", "affinity", "model", "arch", "vendor", "familyid", "modelid"),
@@ -91,7 +91,8 @@ NODE_ATTRS = {
     "net_switch": ("tier", "rail", "coord", "name", "sharp"),
 }
 _INT_ATTRS = frozenset({"index", "numa", "sm", "rank", "socket", "rail", "tier", "port", "dev", "quadrant"})
-_POS_ATTRS = frozenset({"mem_bw", "bw"})
+#: positive numbers and their units (``mem_gb``: a GPU's memory capacity, 1 GB = 1e9 bytes)
+_POS_ATTRS = {"mem_bw": "GB/s", "bw": "GB/s", "mem_gb": MEM_GB_UNIT}
 _NONNEG_ATTRS = {"lat": "µs"}
 _BOOL_ATTRS = frozenset({"multicast", "sharp"})
 
@@ -551,7 +552,7 @@ def _explicit(doc: Doc, d: dict, g: nx.DiGraph) -> None:
                 if k == "rank":
                     _rank(doc, p, kind, v, ranks)
             elif k in _POS_ATTRS:
-                doc.number(v, (*p, k), unit="GB/s")
+                doc.number(v, (*p, k), unit=_POS_ATTRS[k])
             elif k in _NONNEG_ATTRS:
                 doc.number(v, (*p, k), positive=False, unit=_NONNEG_ATTRS[k])
             elif k in _BOOL_ATTRS:

@@ -125,6 +125,49 @@ def test_peak_memory_per_method():
     assert out["methods"]["tree"]["peak_mem_bytes"] == kv + q + state + 2 * state
 
 
+def test_methods_that_do_not_fit_the_gpu_memory():
+    """With every GPU's capacity known, a method whose peak memory per GPU exceeds the least of them
+    is marked ``fits: False`` and left out of ``auto`` and the speed-ups; the longest context that
+    fits is the shard that leaves room for the rest of the least-memory method's peak."""
+    shape = DecodeShape(seq_len=400_000, heads=8, head_dim=64, kv_heads=2)
+    kv = 2 * 100_000 * 2 * 64 * 2  # 51.2 MB of K/V per rank (test_peak_memory_per_method)
+    q, state = 8 * 64 * 2, 4 * 8 * (64 + 1)
+    caps = [0.08, 0.06, 0.06, 0.09]  # GB: ring's 2 x 51.2 MB does not fit in the least, 60 MB; the tree's does
+    out = decode_step(star_topology(4, mem_bw=1000.0, mem_gb=caps), shape, profile="ideal", tree="binomial")
+    assert out["mem_capacity_bytes"] == 60e6 and out["mem_gpu_model"] is None
+    assert out["methods"]["ring"]["peak_mem_bytes"] == 2 * kv + q + state > 60e6
+    assert {m: r["fits"] for m, r in out["methods"].items()} == {
+        "tree": True,
+        "gather": True,
+        "allreduce3": True,
+        "ring": False,
+    }
+    assert out["auto"] in ("tree", "gather", "allreduce3")
+    assert "speedup_auto_vs_ring" not in out and "speedup_tree_vs_ring" not in out
+    # the tree alone: a binomial root holds its shard, the query, its state and 2 received states;
+    # each token of a rank's shard is K and V of 2 heads x 64 in bf16, 512 bytes
+    tree = decode_step(
+        star_topology(4, mem_bw=1000.0, mem_gb=caps), shape, profile="ideal", tree="binomial", methods=("tree",)
+    )
+    assert tree["max_seq_len_fits"] == (60_000_000 - q - 3 * state) // 512 * 4
+    longest = DecodeShape(seq_len=tree["max_seq_len_fits"], heads=8, head_dim=64, kv_heads=2)
+    one_more = DecodeShape(seq_len=tree["max_seq_len_fits"] + 1, heads=8, head_dim=64, kv_heads=2)
+    topo = star_topology(4, mem_bw=1000.0, mem_gb=caps)
+    assert decode_step(topo, longest, profile="ideal", tree="binomial", methods=("tree",))["methods"]["tree"]["fits"]
+    over = decode_step(topo, one_more, profile="ideal", tree="binomial", methods=("tree",))
+    assert over["methods"]["tree"]["fits"] is False and "auto" not in over
+
+
+def test_no_capacity_changes_nothing():
+    """One GPU without ``mem_gb``: no capacity, ``fits`` None everywhere, auto and the speed-ups as before."""
+    shape = DecodeShape(seq_len=400_000, heads=8, head_dim=64, kv_heads=2)
+    plain = decode_step(star_topology(4, mem_bw=1000.0), shape, profile="ideal")
+    partial = decode_step(star_topology(4, mem_bw=1000.0, mem_gb=[0.001, None, 0.001, 0.001]), shape, profile="ideal")
+    assert partial["mem_capacity_bytes"] is None and "max_seq_len_fits" not in partial
+    assert {r["fits"] for r in partial["methods"].values()} == {None}
+    assert partial == plain
+
+
 def test_shape_and_method_errors():
     with pytest.raises(CollectiveError, match=r"heads \(32\) expected a multiple of kv_heads \(5\)"):
         DecodeShape(seq_len=10, heads=32, head_dim=128, kv_heads=5)

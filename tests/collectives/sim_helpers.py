@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import networkx as nx
 from treecoll.collectives.schedule import Schedule, Step
 from treecoll.topo import Topology
@@ -23,14 +25,19 @@ def ring_topology(P: int, bw: float = 100.0, lat: float = 2.0, mem_bw: float | N
     return Topology(g, name=f"ring{P}")
 
 
-def star_topology(P: int, bw: float = 100.0, lat: float = 1.0, mem_bw: float | None = None) -> Topology:
-    """P GPUs each with one link to a central switch (a single-host NVSwitch-like star)."""
+def star_topology(
+    P: int, bw: float = 100.0, lat: float = 1.0, mem_bw: float | None = None, mem_gb: Sequence | None = None
+) -> Topology:
+    """P GPUs each with one link to a central switch (a single-host NVSwitch-like star); ``mem_gb``: each
+    GPU's memory capacity (GB; None: the GPU carries none)."""
     g = nx.DiGraph()
     g.add_node("h/sw", kind="nvswitch", host="h")
     for i in range(P):
         attrs = {"kind": "gpu", "host": "h", "index": i}
         if mem_bw:
             attrs["mem_bw"] = mem_bw
+        if mem_gb is not None and mem_gb[i] is not None:
+            attrs["mem_gb"] = mem_gb[i]
         g.add_node(f"h/gpu{i}", **attrs)
         g.add_edge(f"h/gpu{i}", "h/sw", kind="nvlink", bw=bw, lat=lat)
         g.add_edge("h/sw", f"h/gpu{i}", kind="nvlink", bw=bw, lat=lat)

@@ -27,6 +27,44 @@ def test_bad_seq_len_is_one_line(capsys):
     assert "--seq-len: expected a count like 32768, 128k or 5.12M, got '12 parsecs'" in err and "\n" not in err
 
 
+DECODE_H100 = ["simulate", "decode", "--topology", "dgx-h100", "--heads", "16", "--head-dim", "128", "--seq-len"]
+
+
+def test_simulate_decode_refuses_a_context_no_method_fits(capsys):
+    """1e15 tokens over 8 H100s of 80 GB: a K/V shard alone is 2 x 1.25e14 tokens x 16 x 128 x 2 B per
+    GPU; one line naming the methods, their memory and the GPU's, exit 1, and the longest context that
+    fits: 80e9 B less each rank's query and state, over 8192 B of K/V a token, times 8 GPUs."""
+    assert main([*DECODE_H100, "1000000000000000"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("treecoll: error: --seq-len 1000000000000000: tree: 1024000.00 TB, gather: ")
+    assert "ring: 2048000.00 TB per GPU, the H100-SXM5-80GB has 80 GB; expected at most " in err
+    longest = int(err.split("expected at most ")[1].split()[0])
+    assert 8 * ((80e9 - 2 * 16 * 128 * 4 - 4 * 16 * 129) // 8192) - 8 <= longest <= 8 * (80e9 // 8192)
+    assert main([*DECODE_H100, str(longest), "--json"]) == 0
+    assert main([*DECODE_H100, str(longest + 8)]) == 1  # one more token per GPU
+    capsys.readouterr()
+
+
+def test_simulate_decode_leaves_out_the_methods_that_do_not_fit(capsys):
+    """50M tokens on 8 H100s: ring holds two 6.25M-token K/V blocks, 102.4 GB, the combines one, 51.2 GB."""
+    assert main([*DECODE_H100, "50M"]) == 0
+    out = capsys.readouterr().out
+    note = "does not fit, left out of the comparison: ring: 102.40 GB per GPU, the H100-SXM5-80GB has 80 GB"
+    assert out.count(note) == 1 and "faster than ring attention" not in out
+    assert main([*DECODE_H100, "50M", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["mem_capacity_bytes"] == 80e9 and run["mem_gpu_model"] == "H100-SXM5-80GB"
+    assert {m: r["fits"] for m, r in run["methods"].items()} == {
+        "tree": True,
+        "gather": True,
+        "allreduce3": True,
+        "ring": False,
+    }
+    assert run["methods"]["ring"]["peak_mem_bytes"] > 80e9 >= run["methods"][run["auto"]]["peak_mem_bytes"]
+    assert "speedup_auto_vs_ring" not in run and "speedup_tree_vs_ring" not in run
+
+
 def test_simulate_allreduce_json(capsys):
     rc = main(
         [
@@ -71,7 +109,7 @@ def test_simulate_decode_and_links_text(capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "allreduce3" in out and "gather" in out
+    assert "allreduce3" in out and "gather" in out and "does not fit" not in out
     assert 'auto (tree_decode\'s combine="auto"): gather, ' in out and "x faster than ring attention" in out
     assert main(["simulate", "links", "--topology", "dgx-h100", "--algo", "ring", "--size", "1MiB", "--top", "3"]) == 0
     out = capsys.readouterr().out

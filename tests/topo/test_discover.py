@@ -26,6 +26,10 @@ def _discover(tmp_path, name, env=None):
 MACHINE_SPECIFIC = {"pci", "uuid", "assumed"}
 
 
+#: what NVML measures while a shipped YAML states the datasheet's number: compared in test_discovered_mem_gb
+MEASURED = {"mem_gb"}
+
+
 #: attributes a shipped YAML does not state for a machine (reported to the YAML owner)
 YAML_SILENT = {"gb200-tray": {"link_layer"}}
 
@@ -48,7 +52,7 @@ def normalise(t, host, drop=frozenset()):
         d = {
             k: v
             for k, v in g.nodes[n].items()
-            if k not in MACHINE_SPECIFIC | drop
+            if k not in MACHINE_SPECIFIC | MEASURED | drop
             and not k.startswith("x_")
             and k != "host_bridge"
             and not (k == "model" and g.nodes[n]["kind"] == "cpu")
@@ -75,6 +79,20 @@ def test_discovered_equals_shipped_yaml(tmp_path, name):
     assert sorted(got[1]) == sorted(want[1])
     for e in want[1]:
         assert got[1][e] == want[1][e], e
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_discovered_mem_gb(tmp_path, name):
+    """Every GPU's mem_gb is NVML's memory total in GB (1e9 bytes); a datasheet's "80 GB" is 80 GiB of
+    which the driver reports a little less, so the shipped YAML's number is below the total by < 8 %."""
+    t, rec, _ = _discover(tmp_path, name)
+    by_index = {t.node(g)["index"]: t.node(g)["mem_gb"] for g in t.nodes("gpu")}
+    assert by_index == {i: g["memory"] / 1e9 for i, g in enumerate(rec["nvml"]["gpus"])}
+    if rec["yaml"]:
+        shipped = topo.load(REPO / "topologies" / f"{rec['yaml']}.yaml")
+        for g in shipped.nodes("gpu", rec["host"]):
+            ratio = by_index[shipped.node(g)["index"]] / shipped.node(g)["mem_gb"]
+            assert 1.0 < ratio < 1.08, (g, ratio)
 
 
 def test_dgx_a100_matrix_equals_real_nvidia_smi(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from treecoll.topo import machines
 from treecoll.topo.errors import TopologyError
 from treecoll.topo.machines import (
     FABRICS,
+    GPU_VARIANTS,
     MACHINES,
     Machine,
     MachineFacts,
@@ -174,9 +176,38 @@ def test_every_gpu_name_of_the_fixtures_resolves():
     for (name, g), template in GPU_NAMES_SEEN.items():
         assert resolve_gpu(name, g).template == template, name
     assert resolve_gpu("geforce rtx-4090").template == "rtx4090"  # case, dashes, prefixes
-    assert dict(resolve_gpu("NVIDIA A100-SXM4-40GB", 8).overrides) == {"model": "A100-SXM4-40GB", "mem_bw": 1555.0}
+    assert dict(resolve_gpu("NVIDIA A100-SXM4-40GB", 8).overrides) == {
+        "model": "A100-SXM4-40GB",
+        "mem_bw": 1555.0,
+        "mem_gb": 40.0,
+    }
     t = resolve_machine(MachineFlags(hosts=1, gpus_per_host=8, gpu="NVIDIA A100-SXM4-40GB")).topology()
-    assert t.node("h0/gpu0")["mem_bw"] == 1555.0
+    assert (t.node("h0/gpu0")["mem_bw"], t.node("h0/gpu0")["mem_gb"]) == (1555.0, 40.0)
+    t = resolve_machine(MachineFlags(hosts=1, gpus_per_host=4, gpu="Tesla V100-PCIE-16GB")).topology()
+    assert (t.node("h0/gpu0")["model"], t.node("h0/gpu0")["mem_gb"]) == ("V100-PCIE-16GB", 16.0)
+
+
+#: the memory (GB) in the names the GPU variants and templates are sold and printed under
+_NAMED_GB = re.compile(r"(\d+)\s*GB", re.I)
+
+
+def test_every_shipped_gpu_has_a_memory_capacity():
+    """Every GPU of every shipped topology and machine template carries mem_gb (CPU-only rank slots,
+    model cpu-process, are processes, not GPUs); where the model's name states its memory, they agree."""
+    files = sorted(SHIPPED_DIR.glob("*.yaml")) + sorted(MACHINES_DIR.glob("*.yaml"))
+    assert len(files) > 20
+    for f in files:
+        t = topo.load(f)
+        for g in t.nodes("gpu"):
+            node = t.node(g)
+            if node.get("model") == "cpu-process":
+                continue
+            assert node.get("mem_gb", 0) > 0, (f.name, g)
+            named = _NAMED_GB.search(node.get("model", ""))
+            if named:
+                assert node["mem_gb"] == float(named.group(1)), (f.name, g)
+    for name, variant in GPU_VARIANTS.items():
+        assert variant["mem_gb"] == float(_NAMED_GB.search(name).group(1)), name
 
 
 @pytest.mark.parametrize(

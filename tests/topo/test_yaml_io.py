@@ -43,6 +43,19 @@ def test_round_trip_keeps_odd_values():
     assert back == t and back.node("h0/gpu0")["mem_bw"] == 1e-05
 
 
+def test_mem_gb_round_trips_through_both_forms():
+    """A GPU's memory capacity (GB) from a compact template reaches every GPU node and survives the
+    explicit form (dumps/loads, save/load of a file, to_dict/from_dict)."""
+    t = topo.loads(edit("mem_bw: 100.0", "mem_bw: 100.0, mem_gb: 80", BOX4))
+    assert {t.node(g)["mem_gb"] for g in t.gpus()} == {80.0} and len(t.gpus()) == 8
+    back = topo.loads(topo.dumps(t))
+    assert back == t and back.node("h1/gpu3")["mem_gb"] == 80.0
+    assert topo.Topology.from_dict(t.to_dict()).node("h0/gpu0")["mem_gb"] == 80.0
+    explicit = topo.loads(edit("index: 1}", "index: 1, mem_gb: 24.5}", EXPLICIT))
+    assert explicit.node("h0/gpu1")["mem_gb"] == 24.5 and "mem_gb" not in explicit.node("h0/gpu0")
+    assert topo.loads(topo.dumps(explicit)).node("h0/gpu1")["mem_gb"] == 24.5
+
+
 def test_compact_expansion_shape():
     t = topo.loads(BOX4)
     assert t.hosts() == ("h0", "h1")
@@ -142,6 +155,16 @@ ERRORS = [
     ("hosts:\n", "hostz: 1\nhosts:\n", r"^<string>:16: hostz: unknown key 'hostz': expected one of"),
     ("    gpus: {count: 4, model: X, mem_bw: 100.0}\n", "", r"^<string>:3: templates\.box: missing key 'gpus'"),
     ("count: 4,", "count: four,", r"^<string>:4: templates\.box\.gpus\.count: expected an integer, got 'four'"),
+    (
+        "mem_bw: 100.0}",
+        "mem_bw: 100.0, mem_gb: 0}",
+        r"^<string>:4: templates\.box\.gpus\.mem_gb: expected a positive number \(GB of 1e9 bytes\), got 0$",
+    ),
+    (
+        "mem_bw: 100.0}",
+        "mem_bw: 100.0, mem_gb: 80GB}",
+        r"^<string>:4: templates\.box\.gpus\.mem_gb: expected a positive number \(GB of 1e9 bytes\), got '80GB'$",
+    ),
     (
         "nics: {count: 2, bw: 25.0}",
         "nics: {count: 2, bw: 0}",
@@ -264,6 +287,16 @@ EXPLICIT_ERRORS = [
     ),
     ("index: 1}", "index: 1, colour: red}", r"^<string>:4: nodes\[1\]\.colour: unknown key 'colour' for a gpu"),
     ("index: 1}", "index: -1}", r"^<string>:4: nodes\[1\]\.index: expected an integer >= 0, got -1"),
+    (
+        "index: 1}",
+        "index: 1, mem_gb: -80}",
+        r"^<string>:4: nodes\[1\]\.mem_gb: expected a positive number \(GB of 1e9 bytes\), got -80$",
+    ),
+    (
+        "index: 1}",
+        "index: 1, mem_gb: .inf}",
+        r"^<string>:4: nodes\[1\]\.mem_gb: expected a positive number \(GB of 1e9 bytes\)",
+    ),
     ("kind: gpu, host: h0, index: 1", "kind: gpu, index: 1", r"^<string>:4: nodes\[1\]: missing key 'host'"),
     ("bw: 40.0", "bw: -40.0", r"^<string>:6: links\[0\]\.bw: expected a positive number \(GB/s\), got -40\.0"),
     ("kind: nvlink,", "kind: infiniband,", r"^<string>:6: links\[0\]\.kind: expected one of \['nvlink'"),
