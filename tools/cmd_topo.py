@@ -172,7 +172,25 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
             "largest_leaf_group": max((len(x) for x in groups), default=0),
         },
         **({"nic_lat_us": _range(nic_lat)} if nic_lat else {}),
+        **({"gpu_memory": memory} if (memory := _gpu_memory(t)) else {}),
     }
+
+
+def _gpu_memory(t: topo.Topology) -> dict[str, dict[str, float]]:
+    """Per GPU model, the capacity (``mem_gb``, GB) and bandwidth (``mem_bw``, GB/s) its GPUs state, where
+    every GPU of the model states the same (a model whose GPUs disagree or state nothing is left out)."""
+    g = t.graph
+    out: dict[str, dict[str, float]] = {}
+    for model in {g.nodes[n].get("model", "?") for n in t.gpus()}:
+        nodes = [g.nodes[n] for n in t.gpus() if g.nodes[n].get("model", "?") == model]
+        row = {}
+        for key in ("mem_gb", "mem_bw"):
+            values = {d.get(key) for d in nodes}
+            if len(values) == 1 and None not in values:
+                row[key] = float(values.pop())
+        if row:
+            out[model] = row
+    return out
 
 
 def render_show(d: dict[str, Any]) -> str:
@@ -180,7 +198,14 @@ def render_show(d: dict[str, Any]) -> str:
     hosts = d["host_names"]
     span = f"{hosts[0]} .. {hosts[1]}" if len(hosts) == 2 and hosts[0] != hosts[1] else (hosts[0] if hosts else "-")
     per = ", ".join(f"{n} hosts x {k} GPUs" if n > 1 else f"{n} host x {k} GPUs" for k, n in d["gpus_per_host"].items())
-    models = ", ".join(f"{n} x {m}" for m, n in d["gpu_models"].items())
+    memory = d.get("gpu_memory", {})
+
+    def model(m: str, n: int) -> str:
+        mem = memory.get(m, {})
+        each = ", ".join(f"{mem[k]:g} {unit}" for k, unit in (("mem_gb", "GB"), ("mem_bw", "GB/s")) if k in mem)
+        return f"{n} x {m}" + (f" ({each} each)" if each else "")
+
+    models = ", ".join(model(m, n) for m, n in d["gpu_models"].items())
     out = [
         f"{d['name'] or '(unnamed)'}{src}  fingerprint {d['fingerprint']}",
         f"hosts    {d['hosts']} ({span}): {per}",

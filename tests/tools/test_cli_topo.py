@@ -82,6 +82,23 @@ def test_show_lists_the_nics_transport_latency_when_given(tmp_path, capsys):
     assert "nic_lat_us" not in json.loads(out)
 
 
+def test_show_states_the_gpus_memory_where_the_topology_does(tmp_path, capsys):
+    """The datasheet figures of the shipped file (dgx-h100.yaml: 80 GB, 3350 GB/s) beside the GPU model;
+    a file whose GPUs state no capacity shows only the bandwidth, and CPU rank slots nothing."""
+    rc, out, _ = run(capsys, "topo", "show", "dgx-h100")
+    assert rc == 0 and "gpus     8: 8 x H100-SXM5-80GB (80 GB, 3350 GB/s each)\n" in out
+    rc, out, _ = run(capsys, "topo", "show", "dgx-h100", "--json")
+    assert json.loads(out)["gpu_memory"] == {"H100-SXM5-80GB": {"mem_gb": 80.0, "mem_bw": 3350.0}}
+    text = (ROOT / "topologies" / "dgx-h100.yaml").read_text()
+    f = tmp_path / "nocap.yaml"
+    f.write_text(text.replace(" mem_gb: 80,", "", 1))
+    assert f.read_text() != text
+    rc, out, _ = run(capsys, "topo", "show", str(f))
+    assert rc == 0 and "gpus     8: 8 x H100-SXM5-80GB (3350 GB/s each)\n" in out
+    rc, out, _ = run(capsys, "topo", "show", "cpu-local", "--json")
+    assert "gpu_memory" not in json.loads(out)
+
+
 def test_dot_groups_each_host_as_a_cluster(capsys):
     _, out, _ = run(capsys, "topo", "export", "dgx-h100-x2", "--format", "dot")
     assert out.count('subgraph "cluster_') == 2
