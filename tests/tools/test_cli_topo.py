@@ -69,11 +69,17 @@ def test_export_yaml_and_json_round_trip(tmp_path, capsys):
     assert rc == 0 and topo.loads(out) == topo.resolve("cpu-local")
 
 
-def test_show_lists_the_nics_transport_latency_when_given(tmp_path, capsys):
+def _dgx_h100_with(tmp_path: Path, old: str, new: str) -> Path:
+    """The shipped dgx-h100.yaml with its first ``old`` replaced by ``new``, written to a new file."""
     text = (ROOT / "topologies" / "dgx-h100.yaml").read_text()
-    f = tmp_path / "efa.yaml"
-    f.write_text(text.replace("      bw: 50.0\n", "      bw: 50.0\n      lat: 35.0\n", 1))
+    f = tmp_path / "variant.yaml"
+    f.write_text(text.replace(old, new, 1))
     assert f.read_text() != text
+    return f
+
+
+def test_show_lists_the_nics_transport_latency_when_given(tmp_path, capsys):
+    f = _dgx_h100_with(tmp_path, "      bw: 50.0\n", "      bw: 50.0\n      lat: 35.0\n")
     rc, out, _ = run(capsys, "topo", "show", str(f))
     assert rc == 0 and "nic lat  35 us per message" in out
     rc, out, _ = run(capsys, "topo", "show", str(f), "--json")
@@ -89,10 +95,7 @@ def test_show_states_the_gpus_memory_where_the_topology_does(tmp_path, capsys):
     assert rc == 0 and "gpus     8: 8 x H100-SXM5-80GB (80 GB, 3350 GB/s each)\n" in out
     rc, out, _ = run(capsys, "topo", "show", "dgx-h100", "--json")
     assert json.loads(out)["gpu_memory"] == {"H100-SXM5-80GB": {"mem_gb": 80.0, "mem_bw": 3350.0}}
-    text = (ROOT / "topologies" / "dgx-h100.yaml").read_text()
-    f = tmp_path / "nocap.yaml"
-    f.write_text(text.replace(" mem_gb: 80,", "", 1))
-    assert f.read_text() != text
+    f = _dgx_h100_with(tmp_path, " mem_gb: 80,", "")
     rc, out, _ = run(capsys, "topo", "show", str(f))
     assert rc == 0 and "gpus     8: 8 x H100-SXM5-80GB (3350 GB/s each)\n" in out
     rc, out, _ = run(capsys, "topo", "show", "cpu-local", "--json")
