@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 from treecoll.topo.errors import TopologyError
+from treecoll.topo.fmt import fmt_bytes
 
 from treecoll import topo
 
@@ -202,7 +203,10 @@ def render_show(d: dict[str, Any]) -> str:
 
     def model(m: str, n: int) -> str:
         mem = memory.get(m, {})
-        each = ", ".join(f"{mem[k]:g} {unit}" for k, unit in (("mem_gb", "GB"), ("mem_bw", "GB/s")) if k in mem)
+        each = ", ".join(
+            ([fmt_bytes(mem["mem_gb"] * 1e9, si=True)] if "mem_gb" in mem else [])
+            + ([f"{mem['mem_bw']:g} GB/s"] if "mem_bw" in mem else [])
+        )
         return f"{n} x {m}" + (f" ({each} each)" if each else "")
 
     models = ", ".join(model(m, n) for m, n in d["gpu_models"].items())
