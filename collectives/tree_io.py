@@ -190,9 +190,10 @@ def _one(doc: _Doc, d: dict, path: tuple, name: str) -> Tree:
 
 def loads_tree(text: str, source: str = "<string>") -> TreeFile:
     """Parse a tree file's text (YAML or JSON); ``source`` names it in errors."""
+    from treecoll.topo.nccl_xml import looks_like_nccl_graph
     from treecoll.topo.yaml_io import _parse  # the one YAML reader: one-line errors naming file and line
 
-    if text.lstrip().startswith("<") and "<graphs" in text[:4096]:
+    if looks_like_nccl_graph(text):
         raise TreeError(
             f"{source}: expected a tree file (YAML or JSON: parents, children, nested or trees), got an NCCL "
             "graph file (<graphs>, NCCL_GRAPH_FILE); 'treecoll tree show' lists its graphs and channels"

@@ -530,31 +530,30 @@ def _as_nccl_tests_runs(collective: str, sizes: Sequence[int], P: int) -> tuple[
     return run, rounded
 
 
+#: what the ``auto`` column of ``simulate allreduce`` is, by mode (the analytic engine has no executor mode)
+_AUTO_COLUMN = {
+    "executor": "what collectives.allreduce(x) runs, the backend's own allreduce where faster",
+    "analytic": "the faster of two_level and tree (double binary)",
+    "in-kernel": "the tree builder auto's tree",
+}
+
+
 def render_allreduce(d: dict) -> str:
     ours = [a for a in d["algos"] if a not in SIM_ALGOS]
     nccl = [a for a in d["algos"] if a in SIM_ALGOS]
     engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
     head = f"# {d.get('collective', 'allreduce')} on {d['topology']} ({d['nranks']} ranks), {engine}\n"
     if ours:
-        analytic = d.get("engine") == "analytic"
-        executor = d.get("mode", "executor") == "executor" and not analytic
-        auto = ""
-        if "auto" in ours:  # the column 'auto' is a different quantity in each case
-            auto = (
-                "; auto: what collectives.allreduce(x) runs, the backend's own allreduce where faster"
-                if executor
-                else "; auto: the faster of two_level and tree (double binary)"
-                if analytic
-                else "; auto: the tree builder auto's tree"
-            )
-        how = (
-            f"executor mode (treecoll's executor on {d['executor']['backend']}: "
-            f"{d['executor']['step_cost_us']:.1f} us per message{auto})"
-            if executor
-            else f"in-kernel mode (the analytic engine models NCCL's kernels only, profile {d['profile']}{auto})"
-            if analytic
-            else f"in-kernel mode (inside NCCL, profile {d['profile']}{auto})"
-        )
+        kind = "analytic" if d.get("engine") == "analytic" else d.get("mode", "executor")
+        # the column 'auto' is a different quantity in each case
+        auto = "; auto: " + _AUTO_COLUMN[kind] if "auto" in ours else ""
+        how = {
+            "executor": f"executor mode (treecoll's executor on {d['executor']['backend']}: "
+            f"{d['executor']['step_cost_us']:.1f} us per message{auto})",
+            "analytic": "in-kernel mode (the analytic engine models NCCL's kernels only, "
+            f"profile {d['profile']}{auto})",
+            "in-kernel": f"in-kernel mode (inside NCCL, profile {d['profile']}{auto})",
+        }[kind]
         head += f"# {', '.join(ours)}: {how}\n"
     if nccl:
         head += f"# {', '.join(nccl)}: NCCL's own, in-kernel; profile {d['profile']}\n"
@@ -638,7 +637,7 @@ def decode_data(
     for i, s in enumerate(shapes):
         _progress(i, len(shapes), f"{s.seq_len} tokens")
         run = decode_step(topology, s, ranks=ranks, tree=tree, profile=profile or "auto", mode=mode)
-        if run["methods"] and not any(m["fits"] is not False for m in run["methods"].values()):
+        if run["methods"] and all(m["fits"] is False for m in run["methods"].values()):
             raise CollectiveError(f"--seq-len {s.seq_len}: {_not_fitting(run)}; {_longest_fitting(run)}")
         runs.append(run)
     _progress(len(shapes), len(shapes), "")

@@ -454,7 +454,10 @@ def _load(args):
 
 
 def _is_nccl_graph(path: str) -> bool:
-    """True for an NCCL_GRAPH_FILE: named .xml, or a file whose text starts with ``<`` and holds ``<graphs``."""
+    """True for an NCCL_GRAPH_FILE: named .xml, or a file whose text is one
+    (:func:`treecoll.topo.nccl_xml.looks_like_nccl_graph`)."""
+    from treecoll.topo.nccl_xml import looks_like_nccl_graph
+
     if FsPath(path).suffix.lower() == ".xml":
         return True
     try:
@@ -462,7 +465,7 @@ def _is_nccl_graph(path: str) -> bool:
             head = fh.read(4096)
     except OSError:
         return False  # the tree file reader names the problem
-    return head.lstrip().startswith("<") and "<graphs" in head
+    return looks_like_nccl_graph(head)
 
 
 def _show(args) -> dict:

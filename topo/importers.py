@@ -16,7 +16,7 @@ from pathlib import Path
 from .errors import TopologyError
 from .files import read_text
 from .model import Topology
-from .nccl_xml import import_xml, looks_like_nccl_xml
+from .nccl_xml import import_xml, looks_like_nccl_graph, looks_like_nccl_xml
 from .smi import import_smi, looks_like_smi
 
 __all__ = ["import_file", "import_text"]
@@ -33,7 +33,7 @@ def import_text(
         return import_xml(text, host=host, name=name, source=where, max_nodes=max_nodes, max_links=max_links)
     if looks_like_smi(text):
         return import_smi(text, host=host, name=name, source=where, max_nodes=max_nodes, max_links=max_links)
-    if "<graphs" in text[:4096]:
+    if looks_like_nccl_graph(text):
         raise TopologyError(
             f"{where}: expected an NCCL topology XML (<system ...>), got an NCCL graph file (<graphs>, "
             "NCCL_GRAPH_FILE: rings and trees); read it with 'treecoll tree show' or 'tree check', and dump "

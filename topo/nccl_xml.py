@@ -75,6 +75,7 @@ __all__ = [
     "parse_graph_xml",
     "GRAPH_PATTERNS",
     "looks_like_nccl_xml",
+    "looks_like_nccl_graph",
     "mask_to_cpulist",
     "cpulist_to_mask",
 ]
@@ -92,6 +93,16 @@ MAX_PCI_DEPTH = 64
 def looks_like_nccl_xml(text: str) -> bool:
     """True for an NCCL topology file (a ``<system`` root), used by ``treecoll topo import``."""
     return "<system" in text[:4096]
+
+
+def looks_like_nccl_graph(text: str) -> bool:
+    """True for an NCCL graph file (NCCL_GRAPH_FILE: XML with a ``<graphs`` root), which the readers of
+    topologies and tree files name instead of failing on its shape.
+
+    >>> looks_like_nccl_graph('<graphs version="1"><graph id="0"/></graphs>'), looks_like_nccl_graph("parents: [-1]")
+    (True, False)
+    """
+    return text.lstrip().startswith("<") and "<graphs" in text[:4096]
 
 
 def _read(src: str | bytes | os.PathLike, source: str | None, what: str) -> tuple[str, str]:
