@@ -180,10 +180,12 @@ def show_data(t: topo.Topology, source: str = "") -> dict[str, Any]:
 def _gpu_memory(t: topo.Topology) -> dict[str, dict[str, float]]:
     """Per GPU model, the capacity (``mem_gb``, GB) and bandwidth (``mem_bw``, GB/s) its GPUs state, where
     every GPU of the model states the same (a model whose GPUs disagree or state nothing is left out)."""
-    g = t.graph
+    by_model: dict[str, list[dict]] = {}
+    for n in t.gpus():
+        d = t.graph.nodes[n]
+        by_model.setdefault(d.get("model", "?"), []).append(d)
     out: dict[str, dict[str, float]] = {}
-    for model in {g.nodes[n].get("model", "?") for n in t.gpus()}:
-        nodes = [g.nodes[n] for n in t.gpus() if g.nodes[n].get("model", "?") == model]
+    for model, nodes in by_model.items():
         row = {}
         for key in ("mem_gb", "mem_bw"):
             values = {d.get(key) for d in nodes}

@@ -14,21 +14,24 @@ A file that cannot be read is one line on stderr and exit code 1:
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from treecoll.collectives.sim.nccltests import COLLECTIVES
+from treecoll.collectives.sim.profiles import PROFILES, get_profile, save_profile
+from treecoll.tools import units
 from treecoll.tools.calibration import calibrate, render_calibration
+from treecoll.tools.cli import emit, output_path
+from treecoll.tools.machine_flags import add_machine_flags, machine_flags
 from treecoll.tools.validation import MAX_GPUS, render, validate
+from treecoll.topo.files import check_file
 
 __all__ = ["add_parsers", "run"]
 
 
 def add_parsers(sub: argparse._SubParsersAction, common_options: Callable) -> None:
     """Add ``validate`` and ``calibrate`` to ``treecoll simulate``'s subparsers."""
-    from treecoll.collectives.sim.nccltests import COLLECTIVES
-    from treecoll.collectives.sim.profiles import PROFILES
-    from treecoll.tools import units
-    from treecoll.tools.machine_flags import add_machine_flags
 
     def one(name: str, help_: str, description: str):
         q = sub.add_parser(name, help=help_, description=description)
@@ -85,47 +88,30 @@ def add_parsers(sub: argparse._SubParsersAction, common_options: Callable) -> No
 
 
 def _progress(i: int, n: int, what: str) -> None:
-    import sys
-
     if n > 1 and sys.stderr.isatty():
         sys.stderr.write(f"\r{i}/{n} {what[:60]:<60}" if i < n else "\r" + " " * 70 + "\r")
         sys.stderr.flush()
 
 
 def _output(path: str, force: bool, inputs: Sequence[str]) -> str:
-    from treecoll.tools.cli import output_path
-    from treecoll.tools.units import UsageError
-
     if Path(path).exists() and not force:
-        raise UsageError(f"-o {path}: the file exists; pass --force to replace it, or name another file")
+        raise units.UsageError(f"-o {path}: the file exists; pass --force to replace it, or name another file")
     return output_path(path, "-o", inputs=list(inputs), suffixes=(".yaml", ".yml"))
 
 
 def run(args: argparse.Namespace) -> int:
     """``treecoll simulate validate|calibrate``."""
-    from treecoll.tools.cli import emit
-    from treecoll.tools.machine_flags import machine_flags
-
     flags = machine_flags(args)
     max_gpus = args.max_gpus or None
-    from treecoll.tools.units import UsageError
-    from treecoll.topo.files import check_file
-
     for f in args.files:
-        check_file(f, "nccl-tests output", error=UsageError)
+        check_file(f, "nccl-tests output", error=units.UsageError)
     if args.sim_command == "validate":
-        prof = None
-        if args.profile not in (None, "auto"):
-            from treecoll.collectives.sim.profiles import get_profile
-
-            prof = get_profile(args.profile)
+        prof = get_profile(args.profile) if args.profile not in (None, "auto") else None
         d = validate(args.files, prof, flags, max_gpus, args.collective, progress=_progress)
         _progress(1, 1, "")
         emit(args, d, render)
         return 0 if any(e["status"] == "ok" for e in d["files"]) else 1
     out = _output(args.output, args.force, args.files)
-    from treecoll.collectives.sim.profiles import save_profile
-
     d = calibrate(args.files, flags, max_gpus, args.collective, args.name or Path(out).stem, check=not args.no_check)
     fit = {"files": [str(f) for f in args.files], **d["fit"]}
     for key in ("before", "after"):
