@@ -287,12 +287,18 @@ def tree_data(
         data["edge_classes"] = dict(sorted(classes.items()))
         data["inter_host_edges"] = sum(e.get("inter_host", False) for t in trees for e in t["edges"])
         model = CostModel(topology, gpus, step_through=True)
-        pred = {"mode": mode, "backend": model.backend, "step_cost_us": model.executor.step_s * 1e6}
+        pred: dict[str, Any] = {"mode": mode}
+        if mode == "executor":
+            pred |= {"backend": model.backend, "step_cost_us": model.executor.step_s * 1e6}
         for coll in ("reduce", "broadcast", "allreduce"):
             if coll != "allreduce" and len(set(multi.roots)) > 1:
                 continue
             r = predict_tree(Placement(topology, gpus), plan, nbytes, collective=coll, mode=mode)
-            pred[coll] = {"time_us": r.time * 1e6, "nchunks": r.stats.get("chunks", 1)}
+            pred[coll] = {"time_us": r.time * 1e6}
+            if mode == "executor":  # in-kernel, NCCL's protocol slices pipeline the tree
+                pred[coll]["nchunks"] = r.stats["chunks"]
+            else:
+                pred[coll]["profile"] = r.profile
         if mode == "executor":  # what the planner weighs (a test bounds its distance to the above)
             k = pred["allreduce"]["nchunks"]
             pred["cost_model_allreduce_us"] = model.tree_time(plan, nbytes, "allreduce", k) * 1e6
@@ -356,9 +362,10 @@ def render_tree(data: dict) -> str:
     p = data.get("predicted")
     if p:
         parts = [
-            f"{k} {v['time_us']:.1f} us ({v['nchunks']} chunks)"
+            f"{k} {v['time_us']:.1f} us ("
+            + (f"{v['nchunks']} chunk{'s' * (v['nchunks'] != 1)})" if "nchunks" in v else f"{v['profile']})")
             for k, v in p.items()
-            if isinstance(v, dict) and "nchunks" in v
+            if k in ("reduce", "broadcast", "allreduce")
         ]
         out.append(f"predicted for {data['bytes']} B, {_mode_text(p)}: " + ", ".join(parts))
         if "cost_model_allreduce_us" in p:
