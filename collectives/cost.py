@@ -36,6 +36,11 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
 * Ring allreduce: ``2 (P - 1)`` steps of ``n / P`` bytes, all ring edges busy.
   ``rsag`` (direct reduce-scatter + all-gather): two rounds in which every
   rank exchanges ``n / P`` bytes with every other rank at once.
+* Chunk counts (:meth:`CostModel.best_nchunks`, and :func:`nchunks_for`, the
+  policy the executor and the simulator follow) and child orders
+  (:meth:`CostModel.best_ordered`): the least predicted time over
+  :data:`CHUNK_CANDIDATES` (:mod:`treecoll.collectives.chunk_search`), each
+  rank's children in Jackson's order (:mod:`treecoll.collectives.child_order`).
 
 Without a topology, :func:`uniform_topology` stands in: P GPUs on one switch
 (one port per rank), so fan-in still costs bandwidth.
@@ -61,6 +66,8 @@ from treecoll.topo import Path, Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 
+from .child_order import order_children
+from .chunk_search import CHUNK_CANDIDATES, SEARCH_CHUNKS, ChunkSearch
 from .executor_cost import executor_cost
 from .in_network import nvls_domains
 from .link_sharing import Links, links_of
@@ -100,11 +107,6 @@ MSG_OVERHEAD = 1.0e-6
 #: most steps (ranks x trees x chunks x steps per edge) of a schedule that :meth:`CostModel.tree_times`
 #: steps through as the executor runs it; larger schedules get the closed form
 STEP_BUDGET = 50_000
-#: the chunk count whose schedule must be within :data:`STEP_BUDGET` for :meth:`CostModel.best_nchunks`
-#: to step through its candidates (larger ones stop the search); else the closed form ranks them all
-SEARCH_CHUNKS = 8
-#: chunk counts tried by :meth:`CostModel.best_nchunks`
-CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: :func:`nchunks_for` without a topology: target bytes per chunk ...
 CHUNK_BYTES = 1 << 20
 #: ... and most chunks per tree
@@ -181,7 +183,7 @@ def nchunks_for(
     return model.best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
-class CostModel:
+class CostModel(ChunkSearch):
     """Predicts collective times for the group ranks of a placement.
 
     Parameters: ``placement`` (a :class:`~treecoll.collectives.placement.Placement`,
@@ -390,138 +392,20 @@ class CostModel:
     def order_children(
         self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", nchunks: int | None = None
     ) -> Tree | MultiTree:
-        """``plan`` with every rank's children reordered so its broadcast phase ends first.
-
-        A rank forwards a chunk to its children one after another (each send costs
-        it the overhead ``o``), so the i-th child (from 0) holds it after
-        ``(i + 1) o + lat + m / rate`` and its subtree ``tail`` later. Sending to the
-        child with the longest ``lat + m / rate + tail`` first minimises the last
-        arrival (Jackson's rule; exact here because every send costs the same ``o``).
-        Ties keep the given order. The reduce phase does not depend on child order
-        under this model, but a non-commutative reduction does: reorder only trees
-        reduced with a commutative operator. ``nchunks`` defaults to the best count.
+        """``plan`` with every rank's children reordered so its broadcast phase ends first
+        (Jackson's rule, :func:`treecoll.collectives.child_order.order_children`): unchanged for a
+        collective without one. ``nchunks`` defaults to the best count.
 
         >>> cm = CostModel(nranks=4)
         >>> t = Tree.from_children([[1, 2], [], [3], []])
         >>> cm.order_children(t, 8).children[0]       # the deeper subtree first
         (2, 1)
         """
-        multi = as_multi(plan)
+        as_multi(plan)  # refuses what is no plan, whatever the collective
         if "down" not in COLLECTIVE_PHASES.get(collective, ()):
             return plan
         k = nchunks or self.best_nchunks(plan, nbytes, collective)[0]
-        rate = self._timing().tree_rates(multi, "up" in COLLECTIVE_PHASES[collective], True)
-        o = self.msg_overhead
-        trees = []
-        for t, share in zip(multi.trees, multi.shares):
-            m = nbytes * share / k
-            tail = [0.0] * t.size
-            kids: list[tuple[int, ...]] = [()] * t.size
-            for r in t.postorder():
-                lead = {c: self._pair(r, c)[0] + m / rate[(r, c)] + tail[c] for c in t.children[r]}
-                kids[r] = tuple(sorted(t.children[r], key=lambda c: -lead[c]))
-                tail[r] = max(((i + 1) * o + lead[c] for i, c in enumerate(kids[r])), default=0.0)
-            trees.append(Tree(t.parents, tuple(kids), name=t.name))
-        if isinstance(plan, Tree):
-            return trees[0]
-        return MultiTree(tuple(trees), multi.shares, name=plan.name)
-
-    def best_ordered(
-        self,
-        plan: Tree | MultiTree,
-        nbytes: float,
-        collective: str = "allreduce",
-    ) -> tuple[Tree | MultiTree, int, float]:
-        """(plan with its best child order, nchunks, seconds): for every candidate chunk
-        count, the children ordered by :meth:`order_children` for that count (stepping
-        through schedules: or as given, when that is faster; there counts whose
-        :meth:`cpu_bound` exceeds the best time found are not tried); the least time wins
-        (ties: fewer chunks, the reordered plan). The least predicted time of ``plan``'s
-        edges over every child order and chunk count."""
-        best = None
-        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
-        if not stepped:
-            return self._best_ordered_closed(plan, nbytes, collective)
-        for k in sorted(self._chunk_counts(nbytes)):
-            if best is not None and self._search_ends(plan, nbytes, collective, k, best[2]):
-                break
-            ordered = self.order_children(plan, nbytes, collective, k)
-            # the order rule is exact in the closed form, a heuristic for the stepped schedule
-            for p in (ordered, plan) if stepped and ordered != plan else (ordered,):
-                secs = self._search_time(p, nbytes, collective, k, stepped)
-                if best is None or secs < best[2]:
-                    best = (p, k, secs)
-        return best
-
-    def _best_ordered_closed(
-        self, plan: Tree | MultiTree, nbytes: float, collective: str
-    ) -> tuple[Tree | MultiTree, int, float]:
-        """:meth:`best_ordered` all in the closed form: the counts whose child orders are the same
-        priced in one call (its per-rank tables built once)."""
-        ks = sorted(self._chunk_counts(nbytes))
-        ordered = {k: self.order_children(plan, nbytes, collective, k) for k in ks}
-        same: dict[tuple, list[int]] = {}
-        for k in ks:
-            same.setdefault(plan_key(as_multi(ordered[k])), []).append(k)
-        secs: dict[int, float] = {}
-        for group in same.values():
-            multi = self._checked(ordered[group[0]], collective, group)
-            secs.update(zip(group, self._timing().closed_form_times(multi, nbytes, collective, group)))
-        best = None
-        for k in ks:
-            if best is None or secs[k] < best[2]:
-                best = (ordered[k], k, secs[k])
-        return best
-
-    def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
-        """:meth:`tree_time` in a search: stepped through, or all in the closed form."""
-        if stepped:
-            return self.tree_time(plan, nbytes, collective, k)
-        return self._timing().closed_form_times(self._checked(plan, collective, (k,)), nbytes, collective, (k,))[0]
-
-    def _search_ends(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, best: float) -> bool:
-        """Whether a search over chunk counts stepping through schedules stops before ``k``: a
-        rank's thread handles every message and reduce of its own, so once :meth:`cpu_bound`
-        reaches the best time found no larger count wins (the bound grows with ``k``); and a
-        schedule past :data:`STEP_BUDGET` steps is not stepped through (nor compared with ones that are)."""
-        return self.cpu_bound(plan, nbytes, collective, k) >= best or not self.steps_through(plan, collective, k)
-
-    def _chunk_counts(
-        self, nbytes: float, candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096
-    ) -> list[int]:
-        ks = [
-            k
-            for k in (self.chunk_candidates if candidates is None else candidates)
-            if k == 1 or nbytes / k >= min_chunk_bytes
-        ]
-        return ks or [1]
-
-    def best_nchunks(
-        self,
-        plan: Tree | MultiTree,
-        nbytes: float,
-        collective: str = "allreduce",
-        *,
-        candidates: Sequence[int] | None = None,
-        min_chunk_bytes: int = 4096,
-    ) -> tuple[int, float]:
-        """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``.
-        Past the step budget every count's closed form comes from one call, which builds its
-        per-rank tables (latencies and inverse rates of every tree edge) once."""
-        best: tuple[int, float] | None = None
-        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
-        ks = sorted(self._chunk_counts(nbytes, candidates, min_chunk_bytes))
-        if not stepped:
-            times = self._timing().closed_form_times(self._checked(plan, collective, ks), nbytes, collective, ks)
-            i = min(range(len(ks)), key=lambda j: (times[j], j))  # ties: fewer chunks
-            return ks[i], times[i]
-        for k in ks:
-            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[1]):
-                break
-            secs = self._search_time(plan, nbytes, collective, k, stepped)
-            if best is None or secs < best[1]:
-                best = (k, secs)
-        return best
+        return order_children(self._timing(), plan, nbytes, collective, k)
 
     # ------------------------------------------------------------------ ring and rsag
     def ring_time(self, nbytes: float, order: Sequence[int] | None = None, *, overhead: float | None = None) -> float:
