@@ -41,6 +41,8 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   (:meth:`CostModel.best_ordered`): the least predicted time over
   :data:`CHUNK_CANDIDATES` (:mod:`treecoll.collectives.chunk_search`), each
   rank's children in Jackson's order (:mod:`treecoll.collectives.child_order`).
+* Lower bounds on any algorithm's time (:meth:`CostModel.lower_bound`: GPU
+  ports, host cuts, latency; :mod:`treecoll.collectives.bounds`).
 
 Without a topology, :func:`uniform_topology` stands in: P GPUs on one switch
 (one port per rank), so fan-in still costs bandwidth.
@@ -66,10 +68,10 @@ from treecoll.topo import Path, Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
 
+from . import bounds
 from .child_order import order_children
 from .chunk_search import CHUNK_CANDIDATES, SEARCH_CHUNKS, ChunkSearch
 from .executor_cost import executor_cost
-from .in_network import nvls_domains
 from .link_sharing import Links, links_of
 from .placement import Placement, as_placement
 from .schedule import Schedule
@@ -438,43 +440,16 @@ class CostModel(ChunkSearch):
     # ------------------------------------------------------------------ bounds
     def in_network_reduction(self) -> bool:
         """True when the switches can reduce for these GPUs: NVLink SHARP, where NCCL offers
-        its NVLS algorithm (:func:`treecoll.collectives.in_network.nvls_domains`)."""
-        try:
-            nvls_domains(self.topology, self.gpus)
-        except TreeError:
-            return False
-        return True
+        its NVLS algorithm (:func:`treecoll.collectives.bounds.in_network_reduction`)."""
+        return bounds.in_network_reduction(self.topology, self.gpus)
 
     def lower_bound(self, nbytes: float, collective: str = "allreduce", *, in_network: bool | None = None) -> float:
-        """A lower bound (seconds) on the time of any algorithm for ``collective`` on
-        ``nbytes``: the largest of the bounds below, each valid for every algorithm
-        (point to point, trees, rings, and reductions inside the switches).
-
-        * GPU port (allreduce). With point-to-point transfers only, every rank
-          sends and receives at least ``2 (P-1)/P n`` bytes (Patarasuk & Yuan,
-          "Bandwidth optimal all-reduce algorithms for clusters of workstations",
-          J. Parallel Distrib. Comput. 69(2), 2009), through its own links
-          (their summed bandwidth ``B``, the smaller direction): ``2 (P-1)/P n / B``.
-          When the switches reduce (:meth:`in_network_reduction`: NVLink SHARP,
-          NCCL's NVLS, NCCL 2.17+; SHARP in InfiniBand switches, Graham et al.,
-          "Scalable Hierarchical Aggregation Protocol (SHArP)", COMHPC 2016), a
-          GPU only has to send its ``n`` bytes once and receive the ``n``-byte
-          result once (NCCL's own count for CollNet: ``S`` per GPU across nodes,
-          https://github.com/NVIDIA/nccl/issues/457): ``n / B``. Reduce and broadcast: the root
-          receives (sends) ``n`` bytes: ``n / B``. ``in_network`` False gives the
-          bound of point-to-point algorithms only (trees and rings, what the
-          executor runs) where the switches could reduce; None detects it.
-        * Host cut (several hosts): each host's inputs must leave it and the
-          result enter it, ``n`` bytes each way, however the network reduces,
-          through the links that cross the host's boundary (its NICs' network
-          links; NVLink to switches outside the host in a rack-scale NVLink
-          domain): ``n / (their summed bandwidth, the smaller direction)``.
-        * Latency: rank 0's data must reach every rank: the largest
-          shortest-path latency (over the graph's links) from rank 0, plus one
-          message overhead ``o`` (:data:`MSG_OVERHEAD`, or less: a bound on the backend's
-          own collectives too, which skip the executor's per-message cost); and, as a rank handles one message per ``o``
-          (so holds at most ``2^t`` combined values after ``t o``),
-          ``o * ceil(log2 P)``.
+        """A lower bound (seconds) on the time of any algorithm for ``collective`` on ``nbytes``
+        over this model's ranks (:func:`treecoll.collectives.bounds.lower_bound`: GPU ports, host
+        cuts, latency). The per-message cost is :attr:`msg_overhead`, at most :data:`MSG_OVERHEAD`:
+        a bound on the backend's own collectives too, which skip the executor's per-message cost.
+        ``in_network`` False gives the bound of point-to-point algorithms only (trees and rings,
+        what the executor runs) where the switches could reduce; None detects it.
 
         >>> cm = CostModel(nranks=4)       # 4 ports of 12 GB/s on one (NVLS-capable) switch
         >>> cm.in_network_reduction(), cm.lower_bound(12e9)      # seconds: n / 12 GB/s
@@ -482,35 +457,5 @@ class CostModel(ChunkSearch):
         >>> cm.lower_bound(12e9, in_network=False)              # trees, rings: 2 (P-1)/P n / 12 GB/s
         1.5
         """
-        n = self.nranks
-        if n == 1:
-            return 0.0
-        g = self.topology.graph
-        out_bw = [sum(g.edges[e]["bw"] for e in g.out_edges(x)) for x in self.gpus]
-        in_bw = [sum(g.edges[e]["bw"] for e in g.in_edges(x)) for x in self.gpus]
-        if in_network is None:
-            in_network = self.in_network_reduction()
-        if collective == "allreduce" and not in_network:
-            vol = 2 * (n - 1) / n * nbytes
-        else:
-            vol = nbytes
-        bw_lb = max(vol / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
-        hosts = {self.topology.host_of(x) for x in self.gpus}
-        if len(hosts) > 1:
-            out_cut: dict = defaultdict(float)
-            in_cut: dict = defaultdict(float)
-            for u, v, d in g.edges(data=True):
-                hu, hv = g.nodes[u].get("host"), g.nodes[v].get("host")
-                if hu != hv:
-                    out_cut[hu] += d["bw"]
-                    in_cut[hv] += d["bw"]
-            for h in hosts:
-                cut = min(out_cut[h], in_cut[h])
-                if cut > 0:
-                    bw_lb = max(bw_lb, nbytes / (cut * 1e9))
-        dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
         o = min(self.msg_overhead, MSG_OVERHEAD)  # the communication library's own collectives pay less
-        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + o
-        # a rank merges at most one more message per overhead o: after t*o it holds <= 2^t values
-        lat = max(lat, o * math.ceil(math.log2(n)))
-        return max(bw_lb, lat) if math.isfinite(bw_lb) else lat
+        return bounds.lower_bound(self.topology, self.gpus, nbytes, collective, msg_overhead=o, in_network=in_network)
