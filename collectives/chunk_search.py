@@ -88,7 +88,8 @@ class ChunkSearch:
         return best
 
     def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
-        """:meth:`tree_time` in a search: stepped through, or all in the closed form."""
+        """:meth:`~treecoll.collectives.cost.CostModel.tree_time` in a search: stepped through, or all in
+        the closed form."""
         if stepped:
             return self.tree_time(plan, nbytes, collective, k)
         return self._timing().closed_form_times(self._checked(plan, collective, (k,)), nbytes, collective, (k,))[0]

@@ -311,7 +311,7 @@ class CostModel(ChunkSearch):
     ) -> list[float]:
         """:meth:`tree_time` for several chunk counts: the compiled schedule stepped through as the
         executor runs it (:func:`~treecoll.collectives.sim.estimate.estimate_executor_schedule`),
-        or, past :data:`STEP_BUDGET` steps, the closed form (module docstring)."""
+        or, past :data:`STEP_BUDGET` steps, the closed form (:mod:`treecoll.collectives.tree_timing`)."""
         multi = self._checked(plan, collective, chunk_counts)
         big = [k for k in chunk_counts if not self.steps_through(multi, collective, k)]
         closed = dict(zip(big, self._timing().closed_form_times(multi, nbytes, collective, big))) if big else {}
