@@ -253,7 +253,7 @@ class CostModel(ChunkSearch):
 
     def _shared(self) -> Links:
         """The routes and link rates of this model's topology and ranks, shared with every other
-        model of them (:func:`links_of`)."""
+        model of them (:func:`~treecoll.collectives.link_sharing.links_of`)."""
         links = self._links
         if links is None:
             links = self._links = links_of(self.placement, self.topology, self.gpus, self.step_overhead)
@@ -403,7 +403,7 @@ class CostModel(ChunkSearch):
         >>> cm.order_children(t, 8).children[0]       # the deeper subtree first
         (2, 1)
         """
-        as_multi(plan)  # refuses what is no plan, whatever the collective
+        as_multi(plan)  # what is not a plan is refused, whatever the collective
         if "down" not in COLLECTIVE_PHASES.get(collective, ()):
             return plan
         k = nchunks or self.best_nchunks(plan, nbytes, collective)[0]
