@@ -4,12 +4,9 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
 
 * Point to point: ``time = Path.lat [µs] * 1e-6 + n / (Path.bw * 1e9)``.
 * Link sharing: transfers that run at the same time share each directed link
-  they cross. Every transfer is a *flow* over the parallel routes of its path
-  (:attr:`topo.Path.routes`, each with its traffic share); a link's *load* is
-  the sum of the shares of the routes crossing it, and a route gets
-  ``link.bw * share / load`` of each link, its rate being the minimum over its
-  links; a flow's rate is the sum over its routes. Without contention this is
-  exactly ``Path.bw``.
+  they cross, each route getting its share of every link's bandwidth
+  (:mod:`treecoll.collectives.link_sharing`). Without contention a transfer
+  gets exactly ``Path.bw``.
 * Reduction compute: combining n bytes reads two operands and writes one,
   ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); free when the topology
   gives none (as in the simulator, :func:`treecoll.collectives.sim.result.mem_bw_of`).
@@ -34,26 +31,18 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   two cannot drift apart; a test holds them within 10% for every builder on
   every shipped topology at four sizes.
 * Trees in ``in-kernel`` mode, and past :data:`STEP_BUDGET` steps (thousands of
-  ranks): a closed form, pipelined, in the executor's step order. With ``K`` chunks of
-  ``m = share * n / K`` bytes, the first chunk goes up the tree: a
-  rank posts its children's receives first (``c * min(K, LOOKAHEAD) * o``),
-  a child's chunk arrives ``o + lat + m / rate`` after the child finished
-  (its send, the path, the bytes), and the rank combines (``reduce(m)`` per
-  child); then down, a parent sending to its children one after another
-  (the i-th after ``(i + 1) o`` and the earlier children's bytes). For this
-  first chunk a link is shared only by the edges busy at the same time (up:
-  children whose subtrees have the same height; down: the same depth and
-  sibling position). The other chunks follow one *stage* apart, the larger
-  of a rank's messages per chunk (``o`` each) plus its combines, and a
-  link's time per chunk with every edge of every tree busy (steady state):
-  ``time = L + (K - 1) * stage``. Several trees (a
-  :class:`~collectives.tree.MultiTree`) run concurrently, but a rank issues
-  the messages of all its trees from one thread: an inner rank pays, on
-  average, half of its other trees' messages between two of this tree's, and
-  no tree ends before every rank has issued all of its messages.
+  ranks): a closed form, pipelined, in the executor's step order, every edge at
+  its rate under link sharing (:mod:`treecoll.collectives.tree_timing`).
 * Ring allreduce: ``2 (P - 1)`` steps of ``n / P`` bytes, all ring edges busy.
   ``rsag`` (direct reduce-scatter + all-gather): two rounds in which every
   rank exchanges ``n / P`` bytes with every other rank at once.
+* Chunk counts (:meth:`CostModel.best_nchunks`, and :func:`nchunks_for`, the
+  policy the executor and the simulator follow) and child orders
+  (:meth:`CostModel.best_ordered`): the least predicted time over
+  :data:`CHUNK_CANDIDATES` (:mod:`treecoll.collectives.chunk_search`), each
+  rank's children in Jackson's order (:mod:`treecoll.collectives.child_order`).
+* Lower bounds on any algorithm's time (:meth:`CostModel.lower_bound`: GPU
+  ports, host cuts, latency; :mod:`treecoll.collectives.bounds`).
 
 Without a topology, :func:`uniform_topology` stands in: P GPUs on one switch
 (one port per rank), so fan-in still costs bandwidth.
@@ -70,26 +59,24 @@ True
 from __future__ import annotations
 
 import math
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 import networkx as nx
-import numpy as np
 from treecoll.topo import Path, Topology
 from treecoll.topo.errors import CollectiveError, TreeError
 from treecoll.topo.ranks import RanksArg
-from treecoll.topo.routes import rename_node
 
-from .compile import LOOKAHEAD, _depth_and_height
+from . import bounds
+from .child_order import order_children
+from .chunk_search import CHUNK_CANDIDATES, SEARCH_CHUNKS, ChunkSearch
 from .executor_cost import executor_cost
-from .in_network import nvls_domains
+from .link_sharing import Links, links_of
 from .placement import Placement, as_placement
 from .schedule import Schedule
 from .tree import MultiTree, Tree, as_multi
+from .tree_timing import COLLECTIVE_PHASES, TreeTiming, plan_key, reduce_time
 
 __all__ = [
     "CostModel",
@@ -122,11 +109,6 @@ MSG_OVERHEAD = 1.0e-6
 #: most steps (ranks x trees x chunks x steps per edge) of a schedule that :meth:`CostModel.tree_times`
 #: steps through as the executor runs it; larger schedules get the closed form
 STEP_BUDGET = 50_000
-#: the chunk count whose schedule must be within :data:`STEP_BUDGET` for :meth:`CostModel.best_nchunks`
-#: to step through its candidates (larger ones stop the search); else the closed form ranks them all
-SEARCH_CHUNKS = 8
-#: chunk counts tried by :meth:`CostModel.best_nchunks`
-CHUNK_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: :func:`nchunks_for` without a topology: target bytes per chunk ...
 CHUNK_BYTES = 1 << 20
 #: ... and most chunks per tree
@@ -142,8 +124,6 @@ MIN_CHUNK_BYTES = 256 << 10
 #: inside the communication library: NCCL's per-message overhead and protocols)
 MODES = ("executor", "in-kernel")
 DEFAULT_MODE = "executor"
-
-COLLECTIVE_PHASES = {"reduce": ("up",), "broadcast": ("down",), "allreduce": ("up", "down")}
 
 
 def uniform_topology(nranks: int, *, bw: float = UNIFORM_BW, lat: float = UNIFORM_LAT) -> Topology:
@@ -164,12 +144,6 @@ def p2p_time(topology: Topology, src: str, dst: str, nbytes: float) -> float:
     """Seconds to move ``nbytes`` from GPU ``src`` to GPU ``dst`` alone on the path."""
     p = topology.path(src, dst)
     return p.lat * 1e-6 + nbytes / (p.bw * 1e9)
-
-
-def reduce_time(mem_bw_gbps: float, nbytes: float) -> float:
-    """Seconds to combine two ``nbytes`` operands into one: read 2, write 1 (``mem_bw_gbps`` 0:
-    unknown, free as in the simulator)."""
-    return 3.0 * nbytes / (mem_bw_gbps * 1e9) if mem_bw_gbps > 0 else 0.0
 
 
 def placed_gpus(placement: Placement) -> tuple[Topology, tuple[str, ...]]:
@@ -211,426 +185,7 @@ def nchunks_for(
     return model.best_nchunks(plan, nbytes, collective, min_chunk_bytes=MIN_CHUNK_BYTES)[0]
 
 
-def _plan_key(multi: MultiTree) -> tuple:
-    """What a tree time depends on of a plan: every tree's parents and child order, the shares."""
-    return tuple((t.parents, t.children) for t in multi.trees), multi.shares
-
-
-def _rate_groups(multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[list[tuple[int, int]]]:
-    """The tree edges (rank i -> rank j) busy at once (:meth:`CostModel._tree_rates`): all of them, or
-    with ``by_level`` going up those whose child's subtree has one height, going down those whose
-    child has one depth and one place among its siblings."""
-    groups: dict = defaultdict(list)
-    for t in multi.trees:
-        depth, height = _depth_and_height(t) if by_level else (None, None)
-        place = t.sibling_places()
-        for c, p in t.edges():
-            if up:  # a child sends up once its subtree is done: its height says when
-                groups[("up", height[c]) if by_level else 0].append((c, p))
-            if down:  # a parent forwards down once the chunk reached it (its depth says when), to
-                # one child after another
-                groups[("down", depth[c], place[c]) if by_level else 0].append((p, c))
-    return list(groups.values())
-
-
-class _TreeArrays:
-    """One tree's ranks as arrays for :meth:`CostModel._closed_form_arrays`: children per rank
-    (``nkids``), messages per chunk and phase (``own``), the inner ranks, the ranks grouped by
-    subtree height (going up) and by depth (going down), and the latency (s) of every rank's edge
-    to its parent (``lat_up``) and from it (``lat_down``), indexed by the child."""
-
-    def __init__(self, t: Tree, latency: Callable[[int, int], float]) -> None:
-        self.tree = t
-        depth, height = _depth_and_height(t)
-        self.nkids = np.array([len(c) for c in t.children], dtype=np.int64)
-        self.own = self.nkids + (np.array(t.parents) >= 0)
-        inner = [r for r in range(t.size) if t.children[r]]
-        self.inner = np.array(inner, dtype=np.intp)
-        by_height: dict[int, list[int]] = defaultdict(list)
-        by_depth: dict[int, list[int]] = defaultdict(list)
-        for r in inner:
-            by_height[height[r]].append(r)
-            by_depth[depth[r]].append(r)
-        self.heights = [by_height[h] for h in sorted(by_height)]
-        # at one depth the ranks with the most children first: those with an i-th child are a prefix
-        self.depths = [sorted(by_depth[d], key=lambda r: -len(t.children[r])) for d in sorted(by_depth)]
-        self.lat_up, self.lat_down = np.zeros(t.size), np.zeros(t.size)
-        for c, p in t.edges():
-            self.lat_up[c], self.lat_down[c] = latency(c, p), latency(p, c)
-
-    def up_finish(self, rate: np.ndarray, m, o_r, lookahead, red) -> np.ndarray:
-        """Per chunk count, when the root has combined the first chunk (the reduce of
-        :meth:`CostModel._closed_form_ranks`; ``rate``: B/s of every rank's edge to its parent;
-        ``o_r``: a rank's cost per message, a leaf's ``o``)."""
-        children = self.tree.children
-        finish = np.zeros((self.tree.size, len(m)))
-        for ranks in self.heights:
-            kids = [c for r in ranks for c in children[r]]
-            at = np.array(ranks, dtype=np.intp)
-            nk = self.nkids[at]
-            starts = np.zeros(len(ranks), dtype=np.intp)
-            np.cumsum(nk[:-1], out=starts[1:])
-            inv = 1.0 / rate[kids]
-            arrive = np.maximum.reduceat(
-                finish[kids] + o_r[kids][:, None] + self.lat_up[kids][:, None] + m * inv[:, None], starts, axis=0
-            )
-            finish[at] = np.maximum((nk[:, None] * lookahead) * o_r[at][:, None], arrive) + (nk * red[at])[:, None] * m
-        return finish[self.tree.root]
-
-    def down_reach(self, rate: np.ndarray, m, o_r) -> np.ndarray:
-        """Per rank and chunk count, when the first chunk reaches it going down (the broadcast of
-        :meth:`CostModel._closed_form_ranks`; ``rate``: B/s of every rank's edge from its parent): a
-        parent sends to its children one after another."""
-        children = self.tree.children
-        reach = np.zeros((self.tree.size, len(m)))
-        for ranks in self.depths:
-            at = np.array(ranks, dtype=np.intp)
-            base = reach[at]
-            free = base.copy()
-            counts = self.nkids[at]  # descending
-            for i in range(int(counts[0])):
-                j = int(np.count_nonzero(counts > i))
-                kid = [children[r][i] for r in ranks[:j]]
-                inv = 1.0 / rate[kid]
-                free[:j] = np.maximum(free[:j], base[:j] + (i + 1) * o_r[at[:j]][:, None]) + m * inv[:, None]
-                reach[kid] = free[:j] + self.lat_down[kid][:, None]
-        return reach
-
-    def slowest(self, ups: np.ndarray | None, downs: np.ndarray | None) -> np.ndarray:
-        """Per inner rank, the largest inverse rate (s/B) of its edges to and from its children
-        (``ups``, ``downs``: B/s of every rank's edge to and from its parent, None: not run)."""
-        kids = np.flatnonzero(np.array(self.tree.parents) >= 0)
-        parents = np.array(self.tree.parents, dtype=np.intp)[kids]
-        most = np.full(self.tree.size, -np.inf)
-        for rate in (ups, downs):
-            if rate is not None:
-                np.maximum.at(most, parents, 1.0 / rate[kids])
-        return most[self.inner]
-
-
-class _Links:
-    """The routes of one topology's ranks as numbered links, and the rates of flows sharing them:
-    what every :class:`CostModel` of the same topology object and ranks reads (:func:`_links_of`),
-    found on first use and kept.
-
-    ``pairs``: (i, j) -> (latency s plus ``step_overhead``, link ids of every route in turn, the
-    route's share for each of them, links per route, path bandwidth GB/s). ``rate_memo``: a
-    model's tree edge rates (:meth:`CostModel._tree_rates`), ring and rsag flow rates.
-    ``times``: tree times, stepped through or in closed form (:meth:`CostModel.tree_times`), by
-    (how, plan, bytes, collective, per-message cost, chunks), at most :data:`SHARED_TIMES`.
-    ``net``: the simulator's view of the links (:meth:`CostModel._network`).
-    """
-
-    def __init__(self, topology: Topology, gpus: Sequence[str], step_overhead: float) -> None:
-        self.topology, self.gpus, self.step_overhead = topology, tuple(gpus), float(step_overhead)
-        self.pairs: dict[tuple[int, int], tuple] = {}
-        self.rate_memo: dict = {}
-        self.times: dict[tuple, float] = {}
-        self.net: Any = None
-        self.ends: list[tuple[str, str]] = []  # link id -> (node, node)
-        self._ids: dict[tuple[str, str], int] = {}
-        self._bw = np.zeros(64)  # link id -> GB/s, grown by doubling
-        self._hosts: list[str | None] | None = None  # the host of each rank's GPU (:meth:`_host_facts`)
-        self._reps: list[str | None] = []  # the host standing for each rank's host's class
-        self._rep_names: list[str] = []  # each rank's GPU as the same GPU of that host
-        self._inside: dict[tuple[str, str], bool] = {}  # a class's GPUs -> their routes stay in the host
-        self._homes: dict[int, tuple | None] = {}  # link id -> (host, its ends in the class's host)
-        self._crossings: dict[tuple[int, int], tuple] = {}  # a pair's links inside hosts, as _homes gives them
-        self._by_name: dict[tuple[str, str], tuple] = {}  # a host class's GPUs -> their entry
-        self._moves: dict[str, dict[int, int]] = {}  # host -> its class's link ids -> its own
-
-    def link_id(self, u: str, v: str) -> int:
-        """The number of the directed link u -> v (numbered on first use)."""
-        i = self._ids.get((u, v))
-        if i is None:
-            i = self._ids[(u, v)] = len(self.ends)
-            self.ends.append((u, v))
-            if i == len(self._bw):
-                self._bw = np.concatenate([self._bw, np.zeros_like(self._bw)])
-            self._bw[i] = self.topology.graph._succ[u][v]["bw"]
-        return i
-
-    def _host_facts(self) -> None:
-        """Each rank's host, its host's class (:meth:`~treecoll.topo.routes.RouteTable.host_class`:
-        the host itself when none) and its GPU's name in the host standing for that class."""
-        node, routes = self.topology.graph._node, self.topology.routes
-        self._hosts = [node[x].get("host") for x in self.gpus]
-        reps: dict[str, str | None] = {}
-        self._reps, self._rep_names = [], []
-        for x, h in zip(self.gpus, self._hosts):
-            rep = None if h is None else reps.get(h)
-            if h is not None and rep is None:
-                rep = reps[h] = routes.host_class(h)
-            self._reps.append(rep)
-            self._rep_names.append(x if rep is None or rep == h else rename_node(x, h, rep))
-
-    def _in_class(self, i: int, j: int) -> bool:
-        """Whether ranks i and j sit in one host that another host stands for (built alike)."""
-        if self._hosts is None:
-            self._host_facts()
-        h = self._hosts[i]
-        return h is not None and h == self._hosts[j] and self._reps[i] != h
-
-    def _class_entry(self, i: int, j: int) -> tuple:
-        """The ``pairs`` entry of the GPUs of ranks i and j (one host, :meth:`_in_class`) in the host
-        standing for their host's class."""
-        key = (self._rep_names[i], self._rep_names[j])
-        base = self._by_name.get(key)
-        if base is None:
-            base = self._by_name[key] = self._entry(*key)
-        return base
-
-    def pair(self, i: int, j: int) -> tuple:
-        """The ``pairs`` entry of ranks i -> j, made and kept. Inside a host built like an earlier one
-        (:meth:`~treecoll.topo.routes.RouteTable.host_class`), that host's entry on its links renamed,
-        as the route table renames its routes."""
-        if self._in_class(i, j):
-            base = self._class_entry(i, j)
-            entry = (base[0], self._moved(base[1], self._reps[i], self._hosts[i]), *base[2:])
-        else:
-            entry = self._entry(self.gpus[i], self.gpus[j])
-        self.pairs[(i, j)] = entry
-        return entry
-
-    def latency(self, i: int, j: int) -> float:
-        """The ``pairs`` entry's latency of ranks i -> j (inside a host built alike: its class's, without
-        numbering the host's own links)."""
-        entry = self.pairs.get((i, j))
-        if entry is None:
-            entry = self._class_entry(i, j) if self._in_class(i, j) else self.pair(i, j)
-        return entry[0]
-
-    def _moved(self, ids: tuple[int, ...], rep: str, host: str) -> tuple[int, ...]:
-        """Links ``ids`` of host ``rep`` as the same links of ``host`` (built alike)."""
-        moved = self._moves.get(host)
-        if moved is None:
-            moved = self._moves[host] = {}
-        out = []
-        for x in ids:
-            y = moved.get(x)
-            if y is None:
-                u, v = self.ends[x]
-                y = moved[x] = self.link_id(rename_node(u, rep, host), rename_node(v, rep, host))
-            out.append(y)
-        return tuple(out)
-
-    def _entry(self, a: str, b: str) -> tuple:
-        """A ``pairs`` entry from the path between GPUs a and b."""
-        p = self.topology.path(a, b)
-        ids: list[int] = []
-        shares: list[float] = []
-        lens: list[int] = []
-        known, link_id = self._ids.get, self.link_id
-        for nodes, share in p.routes:
-            route = [known(e) for e in zip(nodes, nodes[1:])]
-            if None in route:
-                route = [link_id(u, v) if i is None else i for (u, v), i in zip(zip(nodes, nodes[1:]), route)]
-            ids.extend(route)
-            shares.extend([share] * (len(nodes) - 1))
-            lens.append(len(nodes) - 1)
-        return (p.lat * 1e-6 + self.step_overhead, tuple(ids), tuple(shares), tuple(lens), p.bw)
-
-    def remember(self, key: tuple, seconds: float) -> float:
-        """Keep a tree time under ``key`` in ``times`` (emptied when it holds :data:`SHARED_TIMES`)."""
-        if len(self.times) >= SHARED_TIMES:
-            self.times.clear()
-        self.times[key] = seconds
-        return seconds
-
-    def rates(self, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
-        """Bytes/s of each of the concurrent ``flows`` (:meth:`CostModel.rates`): a link's load is the
-        sum of the shares of the routes crossing it, a route gets ``bw * share / load`` of each of
-        its links, the least of them, and a flow the sum over its routes. The sums run in the
-        order of the flows and of their routes, so every rate is the same number whatever the
-        vector length."""
-        if not flows:
-            return {}
-        got = self.rates_array(flows)
-        return got if isinstance(got, dict) else dict(zip(flows, got.tolist()))
-
-    def rates_array(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
-        """:meth:`rates` of ``flows`` (not empty) as an array in their order, or, for flows crossing at
-        most :data:`SMALL_RATES` links, as :meth:`rates` returns them (summed in Python). From
-        :data:`CLASS_FLOWS` flows, the flows inside hosts built alike are priced once per class
-        (:meth:`_rates_by_class`)."""
-        if len(flows) >= CLASS_FLOWS:
-            got = self._rates_by_class(flows)
-            if got is not None:
-                return got
-        return self._rates_plain(flows)
-
-    def _rates_by_class(self, flows: list[tuple[int, int]]) -> np.ndarray | None:
-        """:meth:`rates_array` of ``flows`` with the flows inside a host priced once for every host of
-        its class with the same flows in the same order (their GPUs named as in the class's host),
-        where nothing else crosses the links of those flows: a link's load then sums the same shares
-        in the same order in every such host, so each flow gets the number the whole list would give
-        it. The other flows are priced together, in their order. None: no host to share."""
-        if self._hosts is None:
-            self._host_facts()
-        hosts, reps, names = self._hosts, self._reps, self._rep_names
-        own: dict[str, list[int]] = defaultdict(list)  # host -> positions of the flows inside it
-        rest: list[int] = []
-        for at, (i, j) in enumerate(flows):
-            h = hosts[i]
-            (own[h] if h is not None and h == hosts[j] else rest).append(at)
-        alike: dict[tuple, list[str]] = defaultdict(list)
-        for h, where in own.items():
-            alike[(reps[flows[where[0]][0]], tuple((names[flows[a][0]], names[flows[a][1]]) for a in where))].append(h)
-        shared = [(key, hs) for key, hs in alike.items() if len(hs) > 1 and all(map(self._stays_in, key[1]))]
-        if not shared:
-            return None
-        for hs in (hs for key, hs in alike.items() if len(hs) == 1 or (key, hs) not in shared):
-            rest.extend(a for h in hs for a in own[h])
-        # links inside shared hosts that the other flows cross, named in their class's host
-        crossed: dict[str, set] = defaultdict(set)
-        for f in {flows[a] for a in rest}:
-            homes = self._crossings.get(f)
-            if homes is None:
-                ids = (self.pairs.get(f) or self.pair(*f))[1]
-                homes = self._crossings[f] = tuple(h for h in map(self._home, ids) if h is not None)
-            for host, link in homes:
-                crossed[host].add(link)
-        out = np.empty(len(flows))
-        for (_, pairs), hs in shared:
-            used = {self.ends[lk] for ra_rb in pairs for lk in self._by_name_entry(ra_rb)[1]}
-            apart = [h for h in hs if not crossed.get(h) or not crossed[h] & used]
-            rest.extend(a for h in hs if h not in apart for a in own[h])
-            if apart:
-                first = [flows[a] for a in own[apart[0]]]
-                got = self._rates_plain(first)
-                values = np.array([got[f] for f in first]) if isinstance(got, dict) else got
-                for h in apart:
-                    out[own[h]] = values
-        if rest:
-            rest.sort()
-            some = [flows[a] for a in rest]
-            got = self._rates_plain(some)
-            out[rest] = np.array([got[f] for f in some]) if isinstance(got, dict) else got
-        return out
-
-    def _by_name_entry(self, names: tuple[str, str]) -> tuple:
-        """The ``pairs`` entry of two GPUs of a class's host, by name (made and kept)."""
-        base = self._by_name.get(names)
-        if base is None:
-            base = self._by_name[names] = self._entry(*names)
-        return base
-
-    def _stays_in(self, names: tuple[str, str]) -> bool:
-        """Whether every route between two GPUs of a class's host stays inside that host."""
-        hit = self._inside.get(names)
-        if hit is None:
-            node = self.topology.graph._node
-            host = node[names[0]].get("host")
-            ends = (self.ends[lk] for lk in self._by_name_entry(names)[1])
-            hit = self._inside[names] = all(node[u].get("host") == host == node[v].get("host") for u, v in ends)
-        return hit
-
-    def _home(self, lk: int) -> tuple | None:
-        """(host, the link's ends named in the host standing for its class) of a link inside a host;
-        None for a link between hosts or switches."""
-        if lk in self._homes:
-            return self._homes[lk]
-        u, v = self.ends[lk]
-        node = self.topology.graph._node
-        h = node[u].get("host")
-        home = None
-        if h is not None and node[v].get("host") == h:
-            rep = self.topology.routes.host_class(h)
-            home = (h, (u, v) if rep == h else (rename_node(u, h, rep), rename_node(v, h, rep)))
-        self._homes[lk] = home
-        return home
-
-    def _rates_plain(self, flows: list[tuple[int, int]]) -> np.ndarray | dict[tuple[int, int], float]:
-        """:meth:`rates_array` of ``flows`` all together."""
-        entries = list(map(self.pairs.get, flows))
-        if None in entries:
-            entries = [e or self.pairs.get(f) or self.pair(*f) for f, e in zip(flows, entries)]
-        # the flows' link ids, shares and links per route, one after another (concatenated in C)
-        ids: list[int] = list(chain.from_iterable(map(_IDS, entries)))
-        shares: list[float] = list(chain.from_iterable(map(_SHARES, entries)))
-        per_route = list(map(_LENS, entries))
-        lens: list[int] = list(chain.from_iterable(per_route))
-        nroutes: list[int] = list(map(len, per_route))
-        if len(ids) <= SMALL_RATES:
-            return self._rates_small(flows, ids, shares, lens)
-        link = np.array(ids, dtype=np.intp)
-        share = np.array(shares)
-        load = np.bincount(link, weights=share)
-        per_link = self._bw[link] * share / load[link]
-        starts = np.zeros(len(lens), dtype=np.intp)
-        np.cumsum(lens[:-1], out=starts[1:])
-        per_route = np.minimum.reduceat(per_link, starts)
-        most = max(nroutes)
-        if most == 1:
-            per_flow = per_route
-        else:  # each flow's routes summed in their order (0 + a + b ..., as Python's sum)
-            counts = np.array(nroutes)
-            first = np.zeros(len(flows), dtype=np.intp)
-            np.cumsum(counts[:-1], out=first[1:])
-            table = np.zeros((len(flows), most))
-            table[np.repeat(np.arange(len(flows)), counts), np.arange(len(per_route)) - np.repeat(first, counts)] = (
-                per_route
-            )
-            per_flow = table[:, 0].copy()
-            for c in range(1, most):
-                per_flow += table[:, c]
-        return per_flow * 1e9
-
-    def _rates_small(
-        self, flows: list[tuple[int, int]], ids: list[int], shares: list[float], lens: list[int]
-    ) -> dict[tuple[int, int], float]:
-        """:meth:`rates` in Python (numpy's per-call cost dominates below :data:`SMALL_RATES` links):
-        the same operations in the same order, so the same numbers. ``ids``, ``shares``, ``lens``:
-        the flows' link ids, shares and links per route, as :meth:`rates` lists them."""
-        load: dict[int, float] = defaultdict(float)
-        for lk, share in zip(ids, shares):
-            load[lk] += share
-        bw = self._bw
-        out = {}
-        i = r = 0
-        for f in flows:
-            total = 0
-            for _ in range(len(self.pairs[f][3])):
-                n = lens[r]
-                total += min(float(bw[lk]) * sh / load[lk] for lk, sh in zip(ids[i : i + n], shares[i : i + n]))
-                i += n
-                r += 1
-            out[f] = total * 1e9
-        return out
-
-
-#: the link ids, route shares per link and links per route of a ``_Links.pairs`` entry
-_IDS, _SHARES, _LENS = itemgetter(1), itemgetter(2), itemgetter(3)
-#: (topology object, ranks, step overhead) -> their :class:`_Links`, the few most recent
-_LINKS: dict[tuple, _Links] = {}
-_LINKS_LOCK = threading.Lock()
-#: topologies (with their ranks) whose :class:`_Links` are kept; the oldest goes first beyond it
-SHARED_LINKS = 4
-#: tree times a :class:`_Links` keeps
-SHARED_TIMES = 4096
-#: link incidences up to which :meth:`_Links.rates` sums in Python
-SMALL_RATES = 64
-#: flows from which :meth:`_Links.rates_array` prices the flows inside hosts built alike once per class
-CLASS_FLOWS = 512
-#: ranks x trees from which :meth:`CostModel._closed_form` works on arrays, a tree level at a time
-ARRAY_CLOSED_FORM = 256
-
-
-def _links_of(placement: Placement, topology: Topology, gpus: Sequence[str], step_overhead: float) -> _Links:
-    """The :class:`_Links` every cost model of ``placement``'s topology object (without one: the
-    uniform topology of its rank count) and ranks shares: made on first use, kept for the
-    :data:`SHARED_LINKS` most recent."""
-    key = (id(placement.topology) if placement.topology is not None else None, tuple(gpus), float(step_overhead))
-    with _LINKS_LOCK:
-        links = _LINKS.get(key)
-        if links is None or (placement.topology is not None and links.topology is not placement.topology):
-            while len(_LINKS) >= SHARED_LINKS:
-                del _LINKS[next(iter(_LINKS))]
-            links = _LINKS[key] = _Links(topology, gpus, step_overhead)
-    return links
-
-
-class CostModel:
+class CostModel(ChunkSearch):
     """Predicts collective times for the group ranks of a placement.
 
     Parameters: ``placement`` (a :class:`~treecoll.collectives.placement.Placement`,
@@ -687,7 +242,7 @@ class CostModel:
         self.topology, self.gpus = placed_gpus(self.placement)
         self.nranks = len(self.gpus)
         self.step_overhead = float(step_overhead)
-        self._links: _Links | None = None  # found on first use (:meth:`_shared`)
+        self._links: Links | None = None  # found on first use (:meth:`_shared`)
         node = self.topology.graph._node  # networkx's node dict: its view costs more per GPU than the work
         self._mem_bw = tuple(float(node[x].get("mem_bw") or 0.0) for x in self.gpus)
 
@@ -696,13 +251,17 @@ class CostModel:
         """The topology path between group ranks i and j."""
         return self.topology.path(self.gpus[i], self.gpus[j])
 
-    def _shared(self) -> _Links:
+    def _shared(self) -> Links:
         """The routes and link rates of this model's topology and ranks, shared with every other
-        model of them (:func:`_links_of`)."""
+        model of them (:func:`~treecoll.collectives.link_sharing.links_of`)."""
         links = self._links
         if links is None:
-            links = self._links = _links_of(self.placement, self.topology, self.gpus, self.step_overhead)
+            links = self._links = links_of(self.placement, self.topology, self.gpus, self.step_overhead)
         return links
+
+    def _timing(self) -> TreeTiming:
+        """The closed form of this model's tree times (:mod:`treecoll.collectives.tree_timing`)."""
+        return TreeTiming(self._shared(), self.msg_overhead, self._mem_bw)
 
     def _pair(self, i: int, j: int) -> tuple:
         """(latency s with :attr:`step_overhead`, link ids, route share per link, links per route,
@@ -733,18 +292,7 @@ class CostModel:
     def _memo_rates(self, key: tuple, flows: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         """:meth:`rates` of ``flows``, kept under ``key`` (which must name the flows) for every model
         of this topology and ranks."""
-        return self._kept_rates(key, lambda: self.rates(flows))
-
-    def _kept_rates(self, key: tuple, make: Callable[[], Any]) -> Any:
-        """``make()`` kept under ``key`` in the rates every model of this topology and ranks shares
-        (emptied past 256 entries)."""
-        memo = self._shared().rate_memo
-        hit = memo.get(key)
-        if hit is None:
-            if len(memo) > 256:
-                memo.clear()
-            hit = memo[key] = make()
-        return hit
+        return self._shared().kept_rates(key, lambda: self.rates(flows))
 
     def reduce_cost(self, rank: int, nbytes: float) -> float:
         """Seconds for rank ``rank`` to combine two ``nbytes`` operands."""
@@ -763,10 +311,10 @@ class CostModel:
     ) -> list[float]:
         """:meth:`tree_time` for several chunk counts: the compiled schedule stepped through as the
         executor runs it (:func:`~treecoll.collectives.sim.estimate.estimate_executor_schedule`),
-        or, past :data:`STEP_BUDGET` steps, the closed form (module docstring)."""
+        or, past :data:`STEP_BUDGET` steps, the closed form (:mod:`treecoll.collectives.tree_timing`)."""
         multi = self._checked(plan, collective, chunk_counts)
         big = [k for k in chunk_counts if not self.steps_through(multi, collective, k)]
-        closed = dict(zip(big, self._closed_form_times(multi, nbytes, collective, big))) if big else {}
+        closed = dict(zip(big, self._timing().closed_form_times(multi, nbytes, collective, big))) if big else {}
         return [closed[k] if k in closed else self._stepped_time(plan, nbytes, collective, k) for k in chunk_counts]
 
     def _checked(self, plan: Tree | MultiTree, collective: str, chunk_counts: Sequence[int]) -> MultiTree:
@@ -796,7 +344,7 @@ class CostModel:
         from .sim.estimate import estimate_executor_schedule
 
         multi = as_multi(plan)
-        key = ("stepped", _plan_key(multi), nbytes, collective, self.msg_overhead, k)
+        key = ("stepped", plan_key(multi), nbytes, collective, self.msg_overhead, k)
         links = self._shared()
         hit = links.times.get(key)
         if hit is None:
@@ -843,372 +391,23 @@ class CostModel:
                 busy[r] += nchunks * msgs * self.msg_overhead + red
         return max(busy)
 
-    def _closed_form_times(
-        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
-    ) -> list[float]:
-        """The closed form of :meth:`tree_times` (module docstring), for schedules past the budget;
-        kept for every model of this topology and ranks (a builder's choice, then the chunk count)."""
-        links = self._shared()
-        base = ("closed", _plan_key(multi), nbytes, collective, self.msg_overhead)
-        found = {k: links.times.get(base + (k,)) for k in chunk_counts}
-        missing = [k for k, v in found.items() if v is None]
-        if missing:
-            for k, v in zip(missing, self._closed_form(multi, nbytes, collective, missing)):
-                found[k] = links.remember(base + (k,), v)
-        return [found[k] for k in chunk_counts]
-
-    def _closed_form(
-        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
-    ) -> list[float]:
-        """:meth:`_closed_form_times` computed: on arrays a tree level at a time
-        (:meth:`_closed_form_arrays`) from :data:`ARRAY_CLOSED_FORM` ranks x trees, else rank by rank
-        (:meth:`_closed_form_ranks`); the same operations in the same order, so the same numbers."""
-        if multi.size * len(multi.trees) >= ARRAY_CLOSED_FORM:
-            return self._closed_form_arrays(multi, nbytes, collective, chunk_counts)
-        return self._closed_form_ranks(multi, nbytes, collective, chunk_counts)
-
-    def _closed_form_arrays(
-        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
-    ) -> list[float]:
-        """:meth:`_closed_form_ranks` with every chunk count at once and every rank of one tree level
-        at once (numpy arrays ranks x chunk counts): the ranks whose subtrees have one height go up
-        together, those at one depth send down to their i-th child together."""
-        phases = COLLECTIVE_PHASES[collective]
-        up, down = "up" in phases, "down" in phases
-        o, n = self.msg_overhead, multi.size
-        ks = np.array(chunk_counts, dtype=np.int64)
-        first = self._tree_rate_arrays(multi, up, down, True)
-        steady = self._tree_rate_arrays(multi, up, down, False) if (ks > 1).any() else None
-        mem_bw = np.array(self._mem_bw)
-        red = np.array([reduce_time(b, 1.0) for b in self._mem_bw])  # combine seconds per byte
-        shape = [_TreeArrays(t, self._shared().latency) for t in multi.trees]
-        busy = sum(s.own for s in shape)
-        per_phase = int(up) + int(down)
-        worst = np.zeros(len(ks))
-        for ti, (share, s) in enumerate(zip(multi.shares, shape)):
-            m = nbytes * share / ks  # bytes per chunk, per chunk count
-            o_r = np.full(n, o)  # a leaf's cost for its send up; an inner rank's per message, interleaved
-            o_r[s.inner] = o * (busy[s.inner] + s.own[s.inner]) / (2 * s.own[s.inner])
-            total = np.zeros(len(ks))
-            ups, downs = first[ti]
-            if up:
-                total += s.up_finish(ups, m, o_r, np.minimum(ks, LOOKAHEAD), red)
-            if down:
-                total += s.down_reach(downs, m, o_r).max(axis=0)
-            stage = np.zeros(len(ks))
-            if steady is not None and len(s.inner):
-                slowest = s.slowest(*steady[ti])
-                nk = s.nkids[s.inner]
-                cpu = (s.own[s.inner] * per_phase * o)[:, None] + ((nk * red[s.inner])[:, None] * m if up else 0.0)
-                stage = np.maximum(np.maximum(cpu.max(axis=0), (slowest[:, None] * m).max(axis=0)), 0.0)
-                stage[ks == 1] = 0.0
-            worst = np.maximum(worst, total + (ks - 1) * stage)
-        if len(multi.trees) > 1:  # every rank issues the messages of all trees from one thread
-            load = np.zeros((n, len(ks)))
-            for share, s in zip(multi.shares, shape):
-                m = nbytes * share / ks
-                combine = 0.0
-                if up:  # a rank's combines of m bytes (free where the GPU's memory bandwidth is unknown)
-                    with np.errstate(divide="ignore"):
-                        rt = np.where((mem_bw > 0)[:, None], 3.0 * m / (mem_bw * 1e9)[:, None], 0.0)
-                    combine = s.nkids[:, None] * rt
-                load += ks * ((s.own * per_phase * o)[:, None] + combine)
-            worst = np.maximum(worst, load.max(axis=0))
-        return worst.tolist()
-
-    def _closed_form_ranks(
-        self, multi: MultiTree, nbytes: float, collective: str, chunk_counts: Sequence[int]
-    ) -> list[float]:
-        """:meth:`_closed_form` rank by rank (small trees, and the reference of the array form)."""
-        phases = COLLECTIVE_PHASES[collective]
-        up, down = "up" in phases, "down" in phases
-        o = self.msg_overhead
-        prepared_by: dict[bool, list] = {}
-
-        links = self._shared()
-        pairs, pair = links.pairs, links.pair  # (i, j) -> its entry, latency first (made if missing)
-
-        def prepare(by_level: bool) -> list:
-            rate = self._tree_rates(multi, up, down, by_level)
-            prepared = []
-            msgs = [[len(t.children[r]) + (t.parents[r] >= 0) for r in range(t.size)] for t in multi.trees]
-            busy = [sum(m[r] for m in msgs) for r in range(multi.size)]
-            for t, share, own in zip(multi.trees, multi.shares, msgs):
-                nodes = []
-                for r in t.postorder():
-                    kids = t.children[r]
-                    if kids:
-                        ups = (
-                            [(c, (pairs.get((c, r)) or pair(c, r))[0], 1.0 / rate[(c, r)]) for c in kids]
-                            if up
-                            else None
-                        )
-                        downs = (
-                            [(c, (pairs.get((r, c)) or pair(r, c))[0], 1.0 / rate[(r, c)]) for c in kids]
-                            if down
-                            else None
-                        )
-                        # an inner rank also issues its messages of the other trees, interleaved: on
-                        # average half of them before a given message of this tree
-                        nodes.append(
-                            (r, ups, downs, reduce_time(self._mem_bw[r], 1.0), o * (busy[r] + own[r]) / (2 * own[r]))
-                        )
-                prepared.append((t, share, nodes))
-            return prepared
-
-        per_phase = int(up) + int(down)
-        mem_bw = self._mem_bw
-        # per tree, every rank's (children, messages per chunk): what its thread handles
-        handled = [
-            [(r, len(t.children[r]), (len(t.children[r]) + (t.parents[r] >= 0)) * per_phase) for r in range(t.size)]
-            for t in multi.trees
-        ]
-        steady: list = []  # per tree, every inner rank's (children, messages, reduce s per byte, largest 1/rate)
-        out = []
-        for k in chunk_counts:
-            worst = 0.0
-            # the first chunk meets only its own tree level on the links; the pipeline's steady
-            # state has every edge busy
-            if True not in prepared_by:
-                prepared_by[True] = prepare(True)
-            if k > 1 and False not in prepared_by:
-                prepared_by[False] = prepare(False)
-                steady = [
-                    [
-                        (
-                            len(ups or downs),
-                            (len(ups or downs) + (t.parents[r] >= 0)) * per_phase,
-                            red,
-                            max(inv for _, _, inv in (ups or []) + (downs or [])),
-                        )
-                        for r, ups, downs, red, _ in nodes
-                    ]
-                    for t, _, nodes in prepared_by[False]
-                ]
-            prepared = prepared_by[True]
-            for ti, (t, share, nodes) in enumerate(prepared):
-                m = nbytes * share / k
-                total = 0.0
-                if up:
-                    finish = [0.0] * t.size
-                    sends = [o] * t.size  # a rank's cost for its send up
-                    for r, ups, _, red, o_r in nodes:
-                        arrive = max(finish[c] + sends[c] + lat + m * inv for c, lat, inv in ups)
-                        finish[r] = max(len(ups) * min(k, LOOKAHEAD) * o_r, arrive) + len(ups) * red * m
-                        sends[r] = o_r
-                    total += finish[t.root]
-                if down:
-                    reach = [0.0] * t.size
-                    for r, _, downs, _, o_r in reversed(nodes):
-                        free = reach[r]  # the parent sends to its children one after another
-                        for i, (c, lat, inv) in enumerate(downs):
-                            free = max(free, reach[r] + (i + 1) * o_r) + m * inv
-                            reach[c] = free + lat
-                    total += max(reach)
-                # steady state: per chunk a rank handles its messages one after another (CPU)
-                # while its links carry the chunk
-                stage = 0.0
-                for c, msgs, red, slowest in steady[ti] if k > 1 else ():
-                    cpu = msgs * o + (c * red * m if up else 0.0)
-                    stage = max(stage, cpu, m * slowest)  # m * the largest 1/rate: the largest m / rate
-                worst = max(worst, total + (k - 1) * stage)
-            # every rank issues the messages of all trees from one thread: a multitree's trees
-            # share each rank's time
-            if len(prepared) > 1:
-                busy = [0.0] * self.nranks
-                for (_, share, _), per_rank in zip(prepared, handled):
-                    m = nbytes * share / k
-                    for r, c, msgs in per_rank:
-                        busy[r] += k * (msgs * o + (c * reduce_time(mem_bw[r], m) if up else 0.0))
-                worst = max(worst, max(busy))
-            out.append(worst)
-        return out
-
-    def _tree_rates(
-        self, multi: MultiTree, up: bool, down: bool, by_level: bool = False
-    ) -> dict[tuple[int, int], float]:
-        """Rates of the tree edges (both ways for an allreduce). All edges of all trees share the
-        links at once (a pipeline in steady state), or with ``by_level`` only the edges that are
-        busy at the same time with one chunk: going up, those whose child's subtree has the same
-        height; going down, those whose child has the same depth."""
-        key = (tuple(t.parents for t in multi.trees), up, down, by_level)  # rates depend on edges only
-
-        def least() -> dict[tuple[int, int], float]:
-            rate: dict[tuple[int, int], float] = {}
-            for flows in _rate_groups(multi, up, down, by_level):
-                for f, v in self.rates(flows).items():
-                    rate[f] = min(v, rate.get(f, v))
-            return rate
-
-        return self._kept_rates(key, least)
-
-    def _tree_rate_arrays(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
-        """:meth:`_tree_rates` per tree as arrays indexed by child rank: (child -> parent rates, parent ->
-        child rates), B/s (the root's entry 0; None for a phase not run)."""
-        key = ("arrays", tuple(t.parents for t in multi.trees), up, down, by_level)
-        return self._kept_rates(key, lambda: self._tree_rate_arrays_of(multi, up, down, by_level))
-
-    def _tree_rate_arrays_of(self, multi: MultiTree, up: bool, down: bool, by_level: bool) -> list[tuple]:
-        """:meth:`_tree_rate_arrays` computed."""
-        n = multi.size
-        codes, values = [], []
-        for flows in _rate_groups(multi, up, down, by_level):
-            got = self._shared().rates_array(flows)
-            values.append(np.array([got[f] for f in flows]) if isinstance(got, dict) else got)
-            codes.append(np.array(flows, dtype=np.int64) @ np.array([n, 1], dtype=np.int64))
-        # a flow busy in several groups gets its least rate
-        known, where = np.unique(np.concatenate(codes), return_inverse=True)
-        least = np.full(len(known), np.inf)
-        np.minimum.at(least, where, np.concatenate(values))
-        out = []
-        for t in multi.trees:
-            kids = np.flatnonzero(np.array(t.parents) >= 0)
-            parents = np.array(t.parents, dtype=np.int64)[kids]
-            ups = downs = None
-            if up:
-                ups = np.zeros(n)
-                ups[kids] = least[np.searchsorted(known, kids * n + parents)]
-            if down:
-                downs = np.zeros(n)
-                downs[kids] = least[np.searchsorted(known, parents * n + kids)]
-            out.append((ups, downs))
-        return out
-
     def order_children(
         self, plan: Tree | MultiTree, nbytes: float, collective: str = "allreduce", nchunks: int | None = None
     ) -> Tree | MultiTree:
-        """``plan`` with every rank's children reordered so its broadcast phase ends first.
-
-        A rank forwards a chunk to its children one after another (each send costs
-        it the overhead ``o``), so the i-th child (from 0) holds it after
-        ``(i + 1) o + lat + m / rate`` and its subtree ``tail`` later. Sending to the
-        child with the longest ``lat + m / rate + tail`` first minimises the last
-        arrival (Jackson's rule; exact here because every send costs the same ``o``).
-        Ties keep the given order. The reduce phase does not depend on child order
-        under this model, but a non-commutative reduction does: reorder only trees
-        reduced with a commutative operator. ``nchunks`` defaults to the best count.
+        """``plan`` with every rank's children reordered so its broadcast phase ends first
+        (Jackson's rule, :func:`treecoll.collectives.child_order.order_children`): unchanged for a
+        collective without one. ``nchunks`` defaults to the best count.
 
         >>> cm = CostModel(nranks=4)
         >>> t = Tree.from_children([[1, 2], [], [3], []])
         >>> cm.order_children(t, 8).children[0]       # the deeper subtree first
         (2, 1)
         """
-        multi = as_multi(plan)
+        as_multi(plan)  # what is not a plan is refused, whatever the collective
         if "down" not in COLLECTIVE_PHASES.get(collective, ()):
             return plan
         k = nchunks or self.best_nchunks(plan, nbytes, collective)[0]
-        rate = self._tree_rates(multi, "up" in COLLECTIVE_PHASES[collective], True)
-        o = self.msg_overhead
-        trees = []
-        for t, share in zip(multi.trees, multi.shares):
-            m = nbytes * share / k
-            tail = [0.0] * t.size
-            kids: list[tuple[int, ...]] = [()] * t.size
-            for r in t.postorder():
-                lead = {c: self._pair(r, c)[0] + m / rate[(r, c)] + tail[c] for c in t.children[r]}
-                kids[r] = tuple(sorted(t.children[r], key=lambda c: -lead[c]))
-                tail[r] = max(((i + 1) * o + lead[c] for i, c in enumerate(kids[r])), default=0.0)
-            trees.append(Tree(t.parents, tuple(kids), name=t.name))
-        if isinstance(plan, Tree):
-            return trees[0]
-        return MultiTree(tuple(trees), multi.shares, name=plan.name)
-
-    def best_ordered(
-        self,
-        plan: Tree | MultiTree,
-        nbytes: float,
-        collective: str = "allreduce",
-    ) -> tuple[Tree | MultiTree, int, float]:
-        """(plan with its best child order, nchunks, seconds): for every candidate chunk
-        count, the children ordered by :meth:`order_children` for that count (stepping
-        through schedules: or as given, when that is faster; there counts whose
-        :meth:`cpu_bound` exceeds the best time found are not tried); the least time wins
-        (ties: fewer chunks, the reordered plan). The least predicted time of ``plan``'s
-        edges over every child order and chunk count."""
-        best = None
-        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
-        if not stepped:
-            return self._best_ordered_closed(plan, nbytes, collective)
-        for k in sorted(self._chunk_counts(nbytes)):
-            if best is not None and self._search_ends(plan, nbytes, collective, k, best[2]):
-                break
-            ordered = self.order_children(plan, nbytes, collective, k)
-            # the order rule is exact in the closed form, a heuristic for the stepped schedule
-            for p in (ordered, plan) if stepped and ordered != plan else (ordered,):
-                secs = self._search_time(p, nbytes, collective, k, stepped)
-                if best is None or secs < best[2]:
-                    best = (p, k, secs)
-        return best
-
-    def _best_ordered_closed(
-        self, plan: Tree | MultiTree, nbytes: float, collective: str
-    ) -> tuple[Tree | MultiTree, int, float]:
-        """:meth:`best_ordered` all in the closed form: the counts whose child orders are the same
-        priced in one call (its per-rank tables built once)."""
-        ks = sorted(self._chunk_counts(nbytes))
-        ordered = {k: self.order_children(plan, nbytes, collective, k) for k in ks}
-        same: dict[tuple, list[int]] = {}
-        for k in ks:
-            same.setdefault(_plan_key(as_multi(ordered[k])), []).append(k)
-        secs: dict[int, float] = {}
-        for group in same.values():
-            multi = self._checked(ordered[group[0]], collective, group)
-            secs.update(zip(group, self._closed_form_times(multi, nbytes, collective, group)))
-        best = None
-        for k in ks:
-            if best is None or secs[k] < best[2]:
-                best = (ordered[k], k, secs[k])
-        return best
-
-    def _search_time(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, stepped: bool) -> float:
-        """:meth:`tree_time` in a search: stepped through, or all in the closed form."""
-        if stepped:
-            return self.tree_time(plan, nbytes, collective, k)
-        return self._closed_form_times(self._checked(plan, collective, (k,)), nbytes, collective, (k,))[0]
-
-    def _search_ends(self, plan: Tree | MultiTree, nbytes: float, collective: str, k: int, best: float) -> bool:
-        """Whether a search over chunk counts stepping through schedules stops before ``k``: a
-        rank's thread handles every message and reduce of its own, so once :meth:`cpu_bound`
-        reaches the best time found no larger count wins (the bound grows with ``k``); and a
-        schedule past :data:`STEP_BUDGET` steps is not stepped through (nor compared with ones that are)."""
-        return self.cpu_bound(plan, nbytes, collective, k) >= best or not self.steps_through(plan, collective, k)
-
-    def _chunk_counts(
-        self, nbytes: float, candidates: Sequence[int] | None = None, min_chunk_bytes: int = 4096
-    ) -> list[int]:
-        ks = [
-            k
-            for k in (self.chunk_candidates if candidates is None else candidates)
-            if k == 1 or nbytes / k >= min_chunk_bytes
-        ]
-        return ks or [1]
-
-    def best_nchunks(
-        self,
-        plan: Tree | MultiTree,
-        nbytes: float,
-        collective: str = "allreduce",
-        *,
-        candidates: Sequence[int] | None = None,
-        min_chunk_bytes: int = 4096,
-    ) -> tuple[int, float]:
-        """(nchunks, seconds) with the least predicted time; chunks stay >= ``min_chunk_bytes``.
-        Past the step budget every count's closed form comes from one call, which builds its
-        per-rank tables (latencies and inverse rates of every tree edge) once."""
-        best: tuple[int, float] | None = None
-        stepped = self.steps_through(plan, collective, SEARCH_CHUNKS)
-        ks = sorted(self._chunk_counts(nbytes, candidates, min_chunk_bytes))
-        if not stepped:
-            times = self._closed_form_times(self._checked(plan, collective, ks), nbytes, collective, ks)
-            i = min(range(len(ks)), key=lambda j: (times[j], j))  # ties: fewer chunks
-            return ks[i], times[i]
-        for k in ks:
-            if best is not None and stepped and self._search_ends(plan, nbytes, collective, k, best[1]):
-                break
-            secs = self._search_time(plan, nbytes, collective, k, stepped)
-            if best is None or secs < best[1]:
-                best = (k, secs)
-        return best
+        return order_children(self._timing(), plan, nbytes, collective, k)
 
     # ------------------------------------------------------------------ ring and rsag
     def ring_time(self, nbytes: float, order: Sequence[int] | None = None, *, overhead: float | None = None) -> float:
@@ -1241,43 +440,16 @@ class CostModel:
     # ------------------------------------------------------------------ bounds
     def in_network_reduction(self) -> bool:
         """True when the switches can reduce for these GPUs: NVLink SHARP, where NCCL offers
-        its NVLS algorithm (:func:`treecoll.collectives.in_network.nvls_domains`)."""
-        try:
-            nvls_domains(self.topology, self.gpus)
-        except TreeError:
-            return False
-        return True
+        its NVLS algorithm (:func:`treecoll.collectives.bounds.in_network_reduction`)."""
+        return bounds.in_network_reduction(self.topology, self.gpus)
 
     def lower_bound(self, nbytes: float, collective: str = "allreduce", *, in_network: bool | None = None) -> float:
-        """A lower bound (seconds) on the time of any algorithm for ``collective`` on
-        ``nbytes``: the largest of the bounds below, each valid for every algorithm
-        (point to point, trees, rings, and reductions inside the switches).
-
-        * GPU port (allreduce). With point-to-point transfers only, every rank
-          sends and receives at least ``2 (P-1)/P n`` bytes (Patarasuk & Yuan,
-          "Bandwidth optimal all-reduce algorithms for clusters of workstations",
-          J. Parallel Distrib. Comput. 69(2), 2009), through its own links
-          (their summed bandwidth ``B``, the smaller direction): ``2 (P-1)/P n / B``.
-          When the switches reduce (:meth:`in_network_reduction`: NVLink SHARP,
-          NCCL's NVLS, NCCL 2.17+; SHARP in InfiniBand switches, Graham et al.,
-          "Scalable Hierarchical Aggregation Protocol (SHArP)", COMHPC 2016), a
-          GPU only has to send its ``n`` bytes once and receive the ``n``-byte
-          result once (NCCL's own count for CollNet: ``S`` per GPU across nodes,
-          https://github.com/NVIDIA/nccl/issues/457): ``n / B``. Reduce and broadcast: the root
-          receives (sends) ``n`` bytes: ``n / B``. ``in_network`` False gives the
-          bound of point-to-point algorithms only (trees and rings, what the
-          executor runs) where the switches could reduce; None detects it.
-        * Host cut (several hosts): each host's inputs must leave it and the
-          result enter it, ``n`` bytes each way, however the network reduces,
-          through the links that cross the host's boundary (its NICs' network
-          links; NVLink to switches outside the host in a rack-scale NVLink
-          domain): ``n / (their summed bandwidth, the smaller direction)``.
-        * Latency: rank 0's data must reach every rank: the largest
-          shortest-path latency (over the graph's links) from rank 0, plus one
-          message overhead ``o`` (:data:`MSG_OVERHEAD`, or less: a bound on the backend's
-          own collectives too, which skip the executor's per-message cost); and, as a rank handles one message per ``o``
-          (so holds at most ``2^t`` combined values after ``t o``),
-          ``o * ceil(log2 P)``.
+        """A lower bound (seconds) on the time of any algorithm for ``collective`` on ``nbytes``
+        over this model's ranks (:func:`treecoll.collectives.bounds.lower_bound`: GPU ports, host
+        cuts, latency). The per-message cost is :attr:`msg_overhead`, at most :data:`MSG_OVERHEAD`:
+        a bound on the backend's own collectives too, which skip the executor's per-message cost.
+        ``in_network`` False gives the bound of point-to-point algorithms only (trees and rings,
+        what the executor runs) where the switches could reduce; None detects it.
 
         >>> cm = CostModel(nranks=4)       # 4 ports of 12 GB/s on one (NVLS-capable) switch
         >>> cm.in_network_reduction(), cm.lower_bound(12e9)      # seconds: n / 12 GB/s
@@ -1285,35 +457,5 @@ class CostModel:
         >>> cm.lower_bound(12e9, in_network=False)              # trees, rings: 2 (P-1)/P n / 12 GB/s
         1.5
         """
-        n = self.nranks
-        if n == 1:
-            return 0.0
-        g = self.topology.graph
-        out_bw = [sum(g.edges[e]["bw"] for e in g.out_edges(x)) for x in self.gpus]
-        in_bw = [sum(g.edges[e]["bw"] for e in g.in_edges(x)) for x in self.gpus]
-        if in_network is None:
-            in_network = self.in_network_reduction()
-        if collective == "allreduce" and not in_network:
-            vol = 2 * (n - 1) / n * nbytes
-        else:
-            vol = nbytes
-        bw_lb = max(vol / (min(out_bw[i], in_bw[i]) * 1e9) for i in range(n))
-        hosts = {self.topology.host_of(x) for x in self.gpus}
-        if len(hosts) > 1:
-            out_cut: dict = defaultdict(float)
-            in_cut: dict = defaultdict(float)
-            for u, v, d in g.edges(data=True):
-                hu, hv = g.nodes[u].get("host"), g.nodes[v].get("host")
-                if hu != hv:
-                    out_cut[hu] += d["bw"]
-                    in_cut[hv] += d["bw"]
-            for h in hosts:
-                cut = min(out_cut[h], in_cut[h])
-                if cut > 0:
-                    bw_lb = max(bw_lb, nbytes / (cut * 1e9))
-        dist = nx.single_source_dijkstra_path_length(g, self.gpus[0], weight=lambda u, v, d: d.get("lat", 0.0))
         o = min(self.msg_overhead, MSG_OVERHEAD)  # the communication library's own collectives pay less
-        lat = max(dist.get(x, 0.0) for x in self.gpus) * 1e-6 + o
-        # a rank merges at most one more message per overhead o: after t*o it holds <= 2^t values
-        lat = max(lat, o * math.ceil(math.log2(n)))
-        return max(bw_lb, lat) if math.isfinite(bw_lb) else lat
+        return bounds.lower_bound(self.topology, self.gpus, nbytes, collective, msg_overhead=o, in_network=in_network)

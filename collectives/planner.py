@@ -399,7 +399,7 @@ class Planner:
         predicted at most as long as what ``algo="auto"`` would run here (cached): the
         executor-mode cost model (:class:`~treecoll.collectives.cost.CostModel`, the
         ``backend``'s per-message cost) against
-        :meth:`~treecoll.collectives.cost.CostModel.native_allreduce_time`."""
+        :func:`native_allreduce_time`."""
         key = (nbytes, placement.plan_key, backend)
         hit = self.native.get(key)
         if hit is None:

@@ -95,8 +95,8 @@ def test_every_builder_on_every_shipped_topology(topo_name, builder):
             together.tolist() if not isinstance(together, dict) else [together[f] for f in flows]
         )
     for collective in ("allreduce", "reduce", "broadcast"):  # the array closed form is the rank-by-rank one
-        ranks = model._closed_form_ranks(multi, 3 << 20, collective, CHUNK_CANDIDATES)
-        assert model._closed_form_arrays(multi, 3 << 20, collective, CHUNK_CANDIDATES) == ranks
+        ranks = model._timing().closed_form_ranks(multi, 3 << 20, collective, CHUNK_CANDIDATES)
+        assert model._timing().closed_form_arrays(multi, 3 << 20, collective, CHUNK_CANDIDATES) == ranks
     if len(gpus) <= 128:
         compile_allreduce(plan, 2)
         # rank programs shared by ranks that look alike: the steps every rank gets on its own, fully checked

@@ -6,7 +6,7 @@ import random
 from collections import defaultdict
 
 import pytest
-from treecoll.collectives import Tree, build, cost
+from treecoll.collectives import Tree, build, link_sharing
 from treecoll.collectives.cost import CostModel
 from treecoll.collectives.placement import Placement
 from treecoll.topo import resolve
@@ -15,9 +15,9 @@ from treecoll.topo import resolve
 @pytest.fixture()
 def fresh():
     """No shared tables left from other tests (and none left behind)."""
-    cost._LINKS.clear()
+    link_sharing._LINKS.clear()
     yield
-    cost._LINKS.clear()
+    link_sharing._LINKS.clear()
 
 
 def _rates_by_the_definition(topology, gpus, flows):
@@ -61,7 +61,7 @@ def test_models_of_one_topology_and_ranks_share_their_tables(fresh):
     ]
     assert all(o._shared() is not a._shared() for o in others)
     assert others[2].p2p(0, 1, 0) == pytest.approx(a.p2p(0, 1, 0) + 1e-6)
-    assert len(cost._LINKS) <= cost.SHARED_LINKS
+    assert len(link_sharing._LINKS) <= link_sharing.SHARED_LINKS
 
 
 def test_kept_tree_times_are_the_recomputed_ones(fresh):
@@ -85,9 +85,9 @@ def test_kept_tree_times_are_the_recomputed_ones(fresh):
         ]
 
     first = times()
-    assert len(next(iter(cost._LINKS.values())).times) > 0
+    assert len(next(iter(link_sharing._LINKS.values())).times) > 0
     assert times() == first  # from the kept tables
-    cost._LINKS.clear()
+    link_sharing._LINKS.clear()
     assert times() == first  # recomputed
     # other inputs are other entries: the per-message cost, the size, the child order
     cm = CostModel(p)
