@@ -85,10 +85,10 @@ from typing import Any
 from treecoll.collectives.executor_cost import executor_cost, row_for_nranks
 from treecoll.collectives.placement import Placement, as_placement
 from treecoll.collectives.sim.engine import Network, concurrent_times
+from treecoll.collectives.sim.executor import predict_tree
 from treecoll.collectives.sim.result import mem_bw_of
 from treecoll.collectives.sim.simulator import (
     DTYPE_SIZES,
-    NCCL_TREE_RUN,
     placed,
     simulate,
     simulate_nccl_allreduce,
@@ -234,7 +234,7 @@ def decode_step(
     *,
     ranks: RanksArg = None,
     tree: str = "two_level",
-    nchunks: int = 1,
+    nchunks: int | None = None,
     profile: Any = "auto",
     methods: tuple[str, ...] = DEFAULT_METHODS,
     mode: str = "executor",
@@ -248,8 +248,10 @@ def decode_step(
     default) times ``tree`` and ``ring`` as treecoll runs them, from Python, each message
     costing the backend's :class:`~treecoll.collectives.executor_cost.ExecutorCost` (the tree: the
     planner's schedule, :func:`treecoll.collectives.sim.executor.predict_schedule`, the number
-    ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (``nchunks``
-    chunks, NCCL's protocols). ``allreduce3`` is NCCL's own allreduce either way.
+    ``treecoll tree build`` prints); ``in-kernel`` as if they ran inside NCCL (NCCL's protocols;
+    ``nchunks`` pipeline chunks, default NCCL's pipeline steps:
+    :func:`treecoll.collectives.sim.executor.predict_tree`, the number ``treecoll tree build --mode in-kernel``
+    prints). ``allreduce3`` is NCCL's own allreduce either way.
 
     Besides ``methods`` (each ``time_s``, ``local_s``, ``combine_s``, bytes and memory), the result
     holds ``auto``: the fastest combine of ``tree``, ``gather``, ``allreduce3`` among ``methods``
@@ -258,7 +260,7 @@ def decode_step(
     among the methods ``speedup_auto_vs_ring`` and ``speedup_tree_vs_ring`` (ring's time over auto's,
     over the tree's).
     """
-    from treecoll.collectives.cost import MODES
+    from treecoll.collectives.executor_cost import MODES
 
     if mode not in MODES:
         raise CollectiveError(f"decode model: mode expected one of {list(MODES)}, got {mode!r}")
@@ -421,7 +423,7 @@ def combine_times(
     *,
     ranks: RanksArg = None,
     tree: str = "two_level",
-    nchunks: int = 1,
+    nchunks: int | None = None,
     profile: Any = "auto",
     methods: tuple[str, ...] = COMBINES,
     backend: str = "nccl",
@@ -436,7 +438,8 @@ def combine_times(
     ``profile="auto"`` means ``ideal``). GPUs without ``mem_bw`` merge for free. ``tree`` in
     ``mode`` ``executor`` (the default: what ``tree_decode`` runs, the state's allreduce issued by
     treecoll's executor, :func:`treecoll.collectives.sim.executor.predict_schedule` with the
-    backend's per-message cost) or ``in-kernel`` (the same tree inside NCCL's kernels); ``gather``
+    backend's per-message cost) or ``in-kernel`` (the same tree inside NCCL's kernels,
+    :func:`treecoll.collectives.sim.executor.predict_tree` with ``profile`` and ``nchunks``); ``gather``
     and ``allreduce3`` are the backend's own collectives in either mode.
 
     >>> from treecoll.topo.discover import cpu_only_host
@@ -484,15 +487,9 @@ def combine_times(
         plan = builders.build(tree, p, **opts)
         if mode == "executor":
             out["tree"] = _executor_tree(p, plan, state_bytes, backend)
-        else:
-            sched = compile_.compile_allreduce(plan, nchunks, forward_lag=0)  # GPU kernels forward at once
-            best = min(
-                (
-                    simulate(p, sched, state_bytes, profile=pr.for_tree_allreduce(), **NCCL_TREE_RUN)
-                    for pr in _profiles(profile, state_bytes, topology, gpus)
-                ),
-                key=lambda r: r.time,
-            )
+        else:  # the one in-kernel prediction of a tree, what `treecoll simulate` and `tree build` print
+            best = predict_tree(p, plan, state_bytes, mode="in-kernel", profile=profile, nchunks=nchunks)
+            sched = compile_.compile_allreduce(plan, 1)  # the bytes each rank sends: any chunk count
             out["tree"] = {
                 "time_s": best.time,
                 "sent_bytes_per_gpu": float(max(sched.bytes_sent(r, state_bytes) for r in range(P))),

@@ -11,14 +11,14 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   ``3 n / mem_bw`` with the GPU's ``mem_bw`` (GB/s); free when the topology
   gives none (as in the simulator, :func:`treecoll.collectives.sim.result.mem_bw_of`).
 * Per-message cost ``o``: treecoll's executor issues every send and receive
-  from Python, one after another on each rank (``mode="executor"``, the
-  default: ``o`` is the backend's :class:`~treecoll.collectives.executor_cost.ExecutorCost`
-  at the group's process count, :func:`~treecoll.collectives.executor_cost.executor_cost`:
-  fitted on gloo per count, and for NCCL the Python cost plus NCCL's published
-  point-to-point time);
-  ``mode="in-kernel"`` is the same tree inside the communication library
-  (``o`` = :data:`MSG_OVERHEAD`).
-* Trees in ``executor`` mode (:meth:`CostModel.tree_times`), as the executor runs them: the plan is
+  from Python, one after another on each rank: ``o`` is the backend's
+  :class:`~treecoll.collectives.executor_cost.ExecutorCost` at the group's process count
+  (:func:`~treecoll.collectives.executor_cost.executor_cost`: fitted on gloo per count, and for NCCL the
+  Python cost plus NCCL's published point-to-point time), or ``msg_overhead`` when given. The model
+  prices what treecoll runs; the same tree run inside the communication library (NCCL's protocols and
+  pipelining, the ``in-kernel`` mode of :data:`~treecoll.collectives.executor_cost.MODES`) is predicted
+  by the simulator only (:func:`treecoll.collectives.sim.executor.predict_tree`).
+* Trees (:meth:`CostModel.tree_times`) with ``step_through``, as the executor runs them: the plan is
   compiled to the schedule the executor runs
   (:func:`~treecoll.collectives.compile.compile_plan`, the same chunks and
   step order) and stepped through as the flow simulation of the executor
@@ -30,8 +30,8 @@ Units: bytes in, seconds out (GB/s = 1e9 B/s, µs in topology latencies).
   divided by the subflows crossing it, no max-min redistribution), so the
   two cannot drift apart; a test holds them within 10% for every builder on
   every shipped topology at four sizes.
-* Trees in ``in-kernel`` mode, and past :data:`STEP_BUDGET` steps (thousands of
-  ranks): a closed form, pipelined, in the executor's step order, every edge at
+* Trees without ``step_through`` (what ``auto``'s search scores), and past :data:`STEP_BUDGET` steps
+  (thousands of ranks): a closed form, pipelined, in the executor's step order, every edge at
   its rate under link sharing (:mod:`treecoll.collectives.tree_timing`).
 * Ring allreduce: ``2 (P - 1)`` steps of ``n / P`` bytes, all ring edges busy.
   ``rsag`` (direct reduce-scatter + all-gather): two rounds in which every
@@ -85,8 +85,6 @@ __all__ = [
     "nchunks_for",
     "p2p_time",
     "reduce_time",
-    "MODES",
-    "DEFAULT_MODE",
     "MSG_OVERHEAD",
     "UNIFORM_BW",
     "UNIFORM_LAT",
@@ -117,13 +115,6 @@ MAX_CHUNKS = 16
 #: transport (tens of µs with gloo, not in the model) outweighs pipelining (NCCL's own tree chunks
 #: are of this order)
 MIN_CHUNK_BYTES = 256 << 10
-
-#: prediction modes of treecoll's own schedules: ``executor`` (as :mod:`treecoll.collectives.execute`
-#: runs them: one isend/irecv from Python per message,
-#: :class:`~treecoll.collectives.executor_cost.ExecutorCost` each) and ``in-kernel`` (the same tree run
-#: inside the communication library: NCCL's per-message overhead and protocols)
-MODES = ("executor", "in-kernel")
-DEFAULT_MODE = "executor"
 
 
 def uniform_topology(nranks: int, *, bw: float = UNIFORM_BW, lat: float = UNIFORM_LAT) -> Topology:
@@ -192,13 +183,12 @@ class CostModel(ChunkSearch):
     or a Topology / None with ``ranks`` and ``nranks`` as
     :func:`~treecoll.collectives.placement.as_placement` takes them; without a
     topology: :func:`uniform_topology`), ``step_overhead`` (seconds added to every message's latency, e.g. a
-    software transport's fixed cost; 0 by default), ``mode`` (:data:`MODES`: ``executor``, the
-    default, predicts treecoll's executor, every message costing its rank the backend's
-    :attr:`~treecoll.collectives.executor_cost.ExecutorCost.step_s`; ``in-kernel`` the same tree inside the
-    communication library, :data:`MSG_OVERHEAD` per message), ``backend`` (``gloo`` or ``nccl``; None:
+    software transport's fixed cost; 0 by default), ``backend`` (``gloo`` or ``nccl``; None:
     :func:`~treecoll.collectives.executor_cost.backend_of`), ``msg_overhead`` (seconds a rank spends per message
-    it handles, serially; None: what ``mode`` says), ``chunk_candidates`` (chunk counts
-    :meth:`best_nchunks` tries by default), ``step_through`` (trees in ``executor`` mode: step
+    it handles, serially; None: the backend's
+    :attr:`~treecoll.collectives.executor_cost.ExecutorCost.step_s`, as treecoll's executor pays it;
+    :data:`MSG_OVERHEAD`: the trees' links without the executor's cost), ``chunk_candidates`` (chunk counts
+    :meth:`best_nchunks` tries by default), ``step_through`` (trees: step
     through the compiled schedule as the executor simulation does, what the planner's chunk and
     backend choices use; False: the closed form, cheaper, what ``auto``'s tree search scores),
     ``compiler`` (what compiles a plan to step through, called as
@@ -208,8 +198,6 @@ class CostModel(ChunkSearch):
 
     >>> from treecoll.collectives.executor_cost import EXECUTOR_COSTS
     >>> CostModel(nranks=4).msg_overhead == EXECUTOR_COSTS["gloo"].for_nranks(4).step_s
-    True
-    >>> CostModel(nranks=4, mode="in-kernel").msg_overhead == MSG_OVERHEAD
     True
     """
 
@@ -221,20 +209,16 @@ class CostModel(ChunkSearch):
         nranks: int | None = None,
         step_overhead: float = 0.0,
         msg_overhead: float | None = None,
-        mode: str = DEFAULT_MODE,
         backend: str | None = None,
         chunk_candidates: Sequence[int] = CHUNK_CANDIDATES,
         step_through: bool = False,
         compiler: Callable[..., Schedule] | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise TreeError(f"cost model: mode expected one of {list(MODES)}, got {mode!r}")
         self.placement = as_placement(placement, ranks, nranks=nranks, what="cost model")
-        self.mode = mode
         self.executor = executor_cost(self.placement, backend)
         self.backend = self.executor.backend
         if msg_overhead is None:
-            msg_overhead = self.executor.step_s if mode == "executor" else MSG_OVERHEAD
+            msg_overhead = self.executor.step_s
         self.msg_overhead = float(msg_overhead)
         self.chunk_candidates = tuple(chunk_candidates)
         self.step_through = bool(step_through)
@@ -330,10 +314,9 @@ class CostModel(ChunkSearch):
 
     def steps_through(self, plan: Tree | MultiTree, collective: str, nchunks: int) -> bool:
         """Whether :meth:`tree_times` steps through the schedule of ``plan`` with ``nchunks`` chunks
-        per tree as the executor runs it (``step_through`` set, ``executor`` mode, at most
-        :data:`STEP_BUDGET` steps) rather than use the closed form (``in-kernel`` mode: the tree
-        inside the communication library, no executor to step through)."""
-        if not self.step_through or self.mode != "executor":
+        per tree as the executor runs it (``step_through`` set, at most :data:`STEP_BUDGET` steps)
+        rather than use the closed form."""
+        if not self.step_through:
             return False
         multi = as_multi(plan)
         per_edge = 5 if collective == "allreduce" else 3  # send, recv (and reduce) per edge and phase

@@ -1,7 +1,7 @@
 """What treecoll's executor and the backends' own collectives cost in software, per backend and process count.
 
 treecoll's executor issues every send and receive from Python, one after another on each rank: the
-``executor`` prediction mode (:data:`treecoll.collectives.cost.MODES`) charges every message a serial cost
+``executor`` prediction mode (:data:`MODES`) charges every message a serial cost
 on top of the links' latency and bandwidth, and a backend's own allreduce and all-gather a cost per ring
 step, and each kind of call a cost of its own when the ranks come to it apart. :class:`ExecutorCost` holds
 these for one backend (:data:`EXECUTOR_COSTS`: ``gloo`` and ``nccl``), :func:`executor_cost` gives the one a
@@ -55,7 +55,15 @@ __all__ = [
     "PYTHON_STEP_S",
     "NCCL_P2P_S",
     "GLOO_BY_NRANKS",
+    "MODES",
 ]
+
+#: how a treecoll tree is predicted (:func:`treecoll.collectives.sim.executor.predict_tree`, the
+#: commands' ``--mode``): ``executor`` (as :mod:`treecoll.collectives.execute` runs it: one isend/irecv
+#: from Python per message, :class:`ExecutorCost` each; the default, and what the planner's cost model
+#: prices) or ``in-kernel`` (the same tree run inside the communication library: NCCL's protocols and
+#: pipelining, simulated)
+MODES = ("executor", "in-kernel")
 
 
 @dataclass(frozen=True)

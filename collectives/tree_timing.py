@@ -3,8 +3,8 @@
 Units: bytes in, seconds out; link rates in bytes/s (:mod:`treecoll.collectives.link_sharing`),
 latencies in seconds, memory bandwidths in GB/s, the per-message cost ``o`` in seconds.
 
-What :meth:`~treecoll.collectives.cost.CostModel.tree_times` uses in ``in-kernel`` mode, and past
-:data:`~treecoll.collectives.cost.STEP_BUDGET` steps (thousands of ranks), in the executor's
+What :meth:`~treecoll.collectives.cost.CostModel.tree_times` uses without ``step_through`` (``auto``'s
+search), and past :data:`~treecoll.collectives.cost.STEP_BUDGET` steps (thousands of ranks), in the executor's
 step order. With ``K`` chunks of ``m = share * n / K`` bytes, the first chunk goes up the tree:
 a rank posts its children's receives first (``c * min(K, LOOKAHEAD) * o``), a child's chunk
 arrives ``o + lat + m / rate`` after the child finished (its send, the path, the bytes), and the

@@ -75,7 +75,7 @@ def _names(registry) -> str:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from treecoll.collectives.builders import BUILDERS
-    from treecoll.collectives.cost import MODES
+    from treecoll.collectives.executor_cost import MODES
     from treecoll.collectives.sim.analytic import ANALYTIC_ABOVE_GPUS, ENGINES
     from treecoll.collectives.sim.profiles import PROFILES
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
@@ -341,12 +341,10 @@ def _one(
         return r.time, r.busbw, r.algbw, r.profile
     if mode == "executor" and algo == "auto" and collective == "allreduce":  # what collectives.allreduce(x) runs
         return _auto_executor(p, size)
-    if mode == "executor":
-        from treecoll.collectives.sim.executor import predict_tree
+    from treecoll.collectives.sim.executor import predict_tree
 
-        r = predict_tree(p, algo, size, collective=collective, mode="executor")
-        return r.time, r.busbw, r.algbw, r.profile
-    r = simulate_algorithm(p, algo, size, collective=collective, profile=profile or "auto")
+    in_kernel = {"profile": profile or "auto"} if mode == "in-kernel" else {}
+    r = predict_tree(p, algo, size, collective=collective, mode=mode, **in_kernel)
     return r.time, r.busbw, r.algbw, r.profile
 
 

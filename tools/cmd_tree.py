@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any
 
-from treecoll.collectives.cost import MODES
+from treecoll.collectives.executor_cost import MODES
 from treecoll.collectives.tree_io import TREE_SUFFIXES
 from treecoll.topo.errors import MissingDependency, TreeError
 

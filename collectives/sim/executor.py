@@ -191,19 +191,27 @@ def predict_tree(
     root: int | None = None,
     dtype: str = "float32",
     top: int = 10,
+    profile: Any = "auto",
+    nchunks: int | None = None,
 ) -> SimResult:
     """THE prediction of a treecoll tree (a Tree, MultiTree or builder name) that every command
     prints: ``mode`` ``executor`` (:func:`predict_schedule`: as ``collectives.allreduce`` runs it)
     or ``in-kernel`` (the same tree inside the communication library, NCCL's protocols and
-    pipelining: :func:`treecoll.collectives.sim.simulator.simulate_algorithm`). ``root``: where a
-    reduce ends or a broadcast starts (default: the tree's root). ``stats["mode"]`` says which."""
+    pipelining: :func:`treecoll.collectives.sim.simulator.simulate_algorithm`, with its ``profile``,
+    default the fastest NCCL protocol, and ``nchunks``, default NCCL's pipeline steps). ``root``: where
+    a reduce ends or a broadcast starts (default: the tree's root). ``stats["mode"]`` says which."""
 
-    from ..cost import MODES
+    from ..executor_cost import MODES
 
     if mode not in MODES:
         raise CollectiveError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     p = as_placement(placement, ranks, what="prediction")
     if mode == "executor":
+        if profile not in (None, "auto") or nchunks is not None:
+            raise CollectiveError(
+                "prediction: profile and nchunks apply to mode 'in-kernel' (the executor runs the "
+                "planner's chunks over the backend's own transport); drop them or pass mode='in-kernel'"
+            )
         return predict_schedule(
             p, plan, nbytes, collective=collective, backend=backend, root=root, dtype=dtype, top=top
         )
@@ -213,6 +221,14 @@ def predict_tree(
     if root is None and collective != "allreduce" and not isinstance(plan, str):
         root = as_multi(plan).roots[0]
     r = simulate_algorithm(
-        p, plan, nbytes, collective=collective, dtype=dtype, top=top, root=0 if root is None else root
+        p,
+        plan,
+        nbytes,
+        collective=collective,
+        dtype=dtype,
+        top=top,
+        root=0 if root is None else root,
+        profile=profile or "auto",
+        nchunks=nchunks,
     )
     return dataclasses.replace(r, stats=dict(r.stats, mode="in-kernel", backend="nccl"))

@@ -198,6 +198,24 @@ def test_gather_combine_time_and_bytes(P):
     assert step["methods"]["gather"]["combine_s"] == pytest.approx(g["time_s"], rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["dgx-h100-x2", "gb200-nvl72"])
+@pytest.mark.parametrize("mode", ["executor", "in-kernel"])
+def test_tree_combine_is_the_one_prediction_of_its_tree(name, mode):
+    """The decode model's tree combine is the allreduce of the packed state that
+    ``predict_tree`` (what ``treecoll tree build`` and ``simulate`` print) gives for the same
+    tree, to the last bit, in either mode."""
+    from treecoll.collectives.builders import build
+    from treecoll.collectives.sim.executor import predict_tree
+
+    from tests.helpers import shipped
+
+    t = shipped(name)
+    state = 4 * 1 * 32 * (128 + 1)
+    plan = build("two_level", t, nbytes=state, rails=False)
+    want = predict_tree(Placement(t), plan, state, mode=mode).time
+    assert combine_times(t, 1, 32, 128, mode=mode, methods=("tree",))["tree"]["time_s"] == want
+
+
 def test_choose_combine_follows_the_model():
     """auto, with NCCL's protocols. In-kernel (the tree inside NCCL's kernels): one step of the gather
     beats the tree's up-and-down at P = 2; at P = 8 and batch 1 the tree's three levels beat the

@@ -10,7 +10,7 @@ from treecoll.collectives import MultiTree, Tree, build, compile_allreduce
 from treecoll.collectives.bruteforce import brute_force, is_symmetric, rooted_trees, shapes
 from treecoll.collectives.builders import BUILDERS, nccl_btree_parents
 from treecoll.collectives.compile import _emit
-from treecoll.collectives.cost import CHUNK_CANDIDATES, CostModel
+from treecoll.collectives.cost import CHUNK_CANDIDATES, MSG_OVERHEAD, CostModel
 from treecoll.collectives.tree import as_multi
 from treecoll.topo.errors import TreeError
 
@@ -248,7 +248,7 @@ def test_auto_gap_to_lower_bound_on_large_groups(topo_name, factor):
     GPUs (double binary trees: 7 levels to fill, no host boundary) within 3x; 16 hosts
     (inner hosts with two children) within 4x."""
     t = shipped(topo_name)
-    model = CostModel(t, mode="in-kernel")  # the trees' physics, without the executor's per-message cost
+    model = CostModel(t, msg_overhead=MSG_OVERHEAD)  # the trees' physics, without the executor's per-message cost
     plan = build("auto", t, nbytes=64 << 20, model=model)
     secs = model.best_nchunks(plan, 64 << 20)[1]
     lb = model.lower_bound(64 << 20, in_network=False)

@@ -14,9 +14,10 @@ from treecoll.collectives.cost import MSG_OVERHEAD, CostModel, uniform_topology
 from treecoll.collectives.executor_cost import EXECUTOR_COSTS, GLOO_BY_NRANKS
 from treecoll.collectives.placement import Placement
 from treecoll.collectives.planner import default_planner
-from treecoll.collectives.sim.executor import predict_schedule, simulate_executor_schedule
+from treecoll.collectives.sim.executor import predict_schedule, predict_tree, simulate_executor_schedule
 from treecoll.collectives.tree import as_multi
 from treecoll.tools.cli import main
+from treecoll.topo.errors import CollectiveError
 
 from tests.collectives import _coll_tasks as tasks
 from tests.helpers import SHIPPED, shipped
@@ -102,9 +103,9 @@ def test_modes_and_backends():
     p = _placement("dgx-h100-x2")
     assert CostModel(p).backend == "nccl" and CostModel(Placement(ranks=4)).backend == "gloo"
     assert CostModel(p).msg_overhead == EXECUTOR_COSTS["nccl"].step_s
-    assert CostModel(p, mode="in-kernel").msg_overhead == MSG_OVERHEAD
-    with pytest.raises(Exception, match="mode expected one of"):
-        CostModel(p, mode="fast")
+    assert CostModel(p, msg_overhead=MSG_OVERHEAD).msg_overhead == MSG_OVERHEAD
+    with pytest.raises(CollectiveError, match="mode: expected one of"):
+        predict_tree(p, "binomial", 8, mode="fast")
 
 
 def _json(capsys, *argv) -> dict:
