@@ -115,15 +115,19 @@ def _ring(
 ) -> SimResult:
     """NCCL's ring on ``H`` identical hosts from the sample of :func:`_sample_hosts` (module docstring)."""
     from .result import mem_bw_of
-    from .simulator import _nccl_send_bw, default_channels, hop_times, nccl_rings
+    from .simulator import _channels_staged, _nccl_ring_run, default_channels, hop_times, nccl_rings
 
     H, G = len(hosts), len(hosts[0])
     P = H * G
     S = _sample_hosts(topology, hosts)
     sample = [g for h in hosts[:S] for g in h]
     C = default_channels(topology, sample)
-    net = Network(topology, prof)
     chunk = nbytes / (P * C)
+    # what a rank sends is capped by the channels NCCL runs at this size (as simulate_ring)
+    send_bw, nccl_channels = (
+        _nccl_ring_run(topology, [g for h in hosts for g in h], nbytes, prof) if P > 1 else (math.inf, None)
+    )
+    net = Network(topology, prof, _channels_staged(prof, chunk * C, C, nccl_channels))
     rs = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
     ag = (P - 1) if collective in ("allreduce", "allgather") else 0
     makespan = 0.0
@@ -132,8 +136,6 @@ def _ring(
         n = len(sample)
         lat, drain = hop_times(net, [h for ring in hop_rings for h in ring], [chunk] * (C * n))
         lat = lat.reshape(C, n)
-        # what a rank sends is capped by the channels NCCL runs at this size (as simulate_ring)
-        send_bw = _nccl_send_bw(topology, [g for h in hosts for g in h], nbytes, prof)
         step = max(float(drain.max()), chunk * C / (send_bw * 1e9))
         memb = min(mem_bw_of(topology, sample))
         red = 3.0 * chunk * C / memb if (prof.reduce_cost and memb > 0) else 0.0

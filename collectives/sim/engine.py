@@ -25,6 +25,12 @@ Model
   sending NIC (the transport's own latency; times the profile's
   ``nic_lat_mult``). One transfer alone over one link therefore takes
   ``lat + n / bw``.
+* NCCL's LL protocol across hosts (``staged_bytes``, :class:`Network`): the
+  sender's GPU writes each step into its host memory and the NIC sends it from
+  there (:meth:`Network.staged_seconds`): a route
+  through a NIC runs from that CPU's memory to the NIC and on, and its latency
+  adds the time the GPU takes to write one step of ``staged_bytes`` there (the
+  GPU to CPU route alone).
 * With ``ordered_pairs`` (gloo over TCP: one socket per pair of ranks), the
   messages from one rank to another travel in order over one connection: a
   send to a peer whose previous message is still draining waits for it, so
@@ -72,7 +78,7 @@ from treecoll.topo.errors import CollectiveError
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
-from .transports import NIC_CHANNELS, link_factor
+from .transports import NIC_CHANNELS, host_buffer, link_factor
 
 __all__ = [
     "Network",
@@ -146,9 +152,13 @@ class Network:
     linear in the links actually used.
     """
 
-    def __init__(self, topology: Topology, profile: Profile):
+    def __init__(self, topology: Topology, profile: Profile, staged_bytes: float = 0.0):
+        """``staged_bytes``: bytes of one step a sending GPU writes into host memory before its NIC sends
+        it (NCCL's LL protocol, :meth:`staged_seconds`; 0: none)."""
         self.topology = topology
         self.profile = profile
+        self.staged_bytes = staged_bytes
+        self._host_memory: dict[str, str | None] = {}  # GPU -> the CPU holding its host buffers (host_buffer)
         self._ids: dict[tuple[str, str], int] = {}
         self.ends: list[tuple[str, str]] = []
         self.kinds: list[str] = []
@@ -313,13 +323,66 @@ class Network:
 
     def _lat(self, p) -> float:
         """Seconds of route latency of path ``p`` (module docstring)."""
-        return max(p.lat * 1e-6, self.profile.step_lat(route_class(p.nccl))) + self._nic_lat(p.nodes)
+        lat = max(p.lat * 1e-6, self.profile.step_lat(route_class(p.nccl))) + self._nic_lat(p.nodes)
+        if self.staged_bytes > 0 and route_class(p.nccl) == "net":
+            lat += self.staged_seconds(p.nodes[0], self.staged_bytes)
+        return lat
 
     def _new_route(self, a: str, b: str) -> Route:
         """The route of ``a`` to ``b`` from :meth:`Topology.path`, its links numbered."""
         p = self.topology.path(a, b)
-        subs = [(list(zip(nodes, nodes[1:])), share) for nodes, share in p.routes]
+        routes = p.routes
+        if self.staged_bytes > 0 and route_class(p.nccl) == "net":
+            routes = self._from_host_memory(a, routes)
+        subs = [(list(zip(nodes, nodes[1:])), share) for nodes, share in routes]
         return self._numbered(subs, self._lat(p), route_class(p.nccl), p.nccl)
+
+    def staged_seconds(self, gpu: str, nbytes: float) -> float:
+        """Seconds ``gpu`` takes to write one step of ``nbytes`` into its host memory (:meth:`host_memory`)
+        over the route between them (its slowest link, as the route's protocol and transports deliver it;
+        0 where there is no such route): what NCCL's LL protocol adds to every step it sends over the
+        network. NCCL's net transport keeps LL's send buffer in host memory whether or not GPUDirect RDMA
+        is available (NCCL 2.30 src/transport/net.cc ``sendProxyConnect``:
+        ``NCCL_NET_MAP_ADD_POINTER(map, 0, p != NCCL_PROTO_LL && resources->useGdr, ...)``: device memory
+        for every protocol but LL), and its proxy hands a step to the NIC only once every 16-byte line of
+        the step carries the step's flag (``sendProxyProgress``), so the write and the send of a step run
+        one after the other, not overlapped. The other protocols write into device memory with GPUDirect
+        RDMA, where the NIC reads as the GPU writes. NCCL's tuner has no such term (its LL bandwidth over
+        the network is the ring's times 0.5, capped by ``llMaxBws``, tuning.cc).
+
+        >>> from treecoll.topo.machines import MachineFlags, Nic, machine_topology
+        >>> from treecoll.collectives.sim.profiles import get_profile
+        >>> t, _ = machine_topology(MachineFlags(hosts=2, gpus_per_host=1, gpu="H200", nic=Nic(1, 400.0, "roce")))
+        >>> # 32 KiB of data over PCIe Gen5 (48 GB/s) into the CPU (x 0.57) with LL's 8 data bytes a line (x 0.5)
+        >>> round(Network(t, get_profile("nccl-ll")).staged_seconds("h0/gpu0", 32768) * 1e6, 2)
+        2.4
+        """
+        cpu = self.host_memory(gpu)
+        if cpu is None or nbytes <= 0:
+            return 0.0
+        cap = min(self.route(gpu, cpu).min_caps, default=0.0)
+        return nbytes / cap if cap > 0 else 0.0
+
+    def host_memory(self, gpu: str) -> str | None:
+        """The CPU whose memory holds ``gpu``'s host buffers
+        (:func:`~treecoll.collectives.sim.transports.host_buffer`, kept per GPU)."""
+        if gpu not in self._host_memory:
+            self._host_memory[gpu] = host_buffer(self.topology, gpu)
+        return self._host_memory[gpu]
+
+    def _from_host_memory(self, gpu: str, routes: Sequence[tuple[Sequence[str], float]]) -> list:
+        """``routes`` of a send of ``gpu`` across hosts as they run from its host memory
+        (:func:`~treecoll.collectives.sim.transports.host_buffer`): each one's part up to its NIC
+        replaced by the route of that CPU to the NIC (the NIC reads the staged step there)."""
+        cpu = self.host_memory(gpu)
+        if cpu is None:
+            return list(routes)
+        node = self.topology.graph.nodes
+        out = []
+        for nodes, share in routes:
+            i = next((j for j, n in enumerate(nodes) if node[n].get("kind") == "nic"), None)
+            out.append((nodes if i is None else self.topology.path(cpu, nodes[i]).nodes + tuple(nodes[i + 1 :]), share))
+        return out
 
     def _numbered(self, subs: list, lat: float, cls: str, nccl: str) -> Route:
         """The route whose subroutes ``subs`` = ``[(edges (a, b), share), ...]``, links numbered in order."""

@@ -53,7 +53,7 @@ __all__ = [
     "nccl_predict",
     "nccl_best",
     "run_channels",
-    "ring_run_bw",
+    "ring_run",
     "tree_chunk",
     "tree_slice_bytes",
     "PROTO_CHUNK_BYTES",
@@ -661,19 +661,20 @@ def tree_slice_bytes(topology: Topology, gpus: Sequence[str], nbytes: int, proto
     return nc * tree_chunk(nbytes, proto, nc, n_nodes, len(gpus), buffsize)
 
 
-def ring_run_bw(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> float:
-    """GB/s a rank's ring sends at when NCCL runs ``nbytes`` on :func:`run_channels` of its channels:
-    the search's ring bandwidth (``nChannels × bw``, as :func:`nccl_predict` derives it) times the
-    share of channels running (each channel is one thread block moving its share).
+def ring_run(topology: Topology, gpus: Sequence[str], nbytes: int, proto: str) -> tuple[float, int]:
+    """``(GB/s, channels)``: the bandwidth a rank's ring sends at when NCCL runs ``nbytes`` on
+    :func:`run_channels` of its channels, and how many that is: the search's ring bandwidth
+    (``nChannels × bw``, as :func:`nccl_predict` derives it) times the share of channels running (each
+    channel is one thread block moving its share).
 
     >>> from treecoll import topo
     >>> t = topo.resolve("dgx-h100")
-    >>> [round(ring_run_bw(t, t.rank_gpus(), size, "Simple"), 1) for size in (1 << 30, 1 << 16)]   # 36, 2 channels
-    [370.8, 20.6]
+    >>> [(round(bw, 1), nc) for bw, nc in (ring_run(t, t.rank_gpus(), s, "Simple") for s in (1 << 30, 1 << 16))]
+    [(370.8, 36), (20.6, 2)]
     """
     n_nodes, _, _, total, nch, _ = _inputs(topology, gpus, None)
     nc, have = run_channels(nbytes, "ring", proto, nch, len(gpus), total / nch)
-    return total * nc / have
+    return total * nc / have, nc
 
 
 #: NCCL 2.30 src/graph/search.cc: the ring search's per-channel speeds (GB/s) on one host, by generation

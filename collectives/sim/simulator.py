@@ -81,6 +81,7 @@ __all__ = [
     "nccl_rings",
     "nccl_hop_profile",
     "hop_times",
+    "staged_bytes",
     "bus_factor",
     "bandwidths",
     "DTYPE_SIZES",
@@ -101,6 +102,7 @@ def simulate(
     ordered_pairs: bool = False,
     rendezvous: bool = False,
     lanes: bool = False,
+    staged: float | None = None,
 ) -> SimResult:
     """Simulate ``schedule`` moving a message of ``nbytes`` bytes on ``placement``.
 
@@ -113,17 +115,20 @@ def simulate(
     has posted the matching recv. ``lanes``: a rank's step lanes (a tree allreduce's
     reduce-up and broadcast-down) issue independently, as NCCL's split tree
     kernels run them; default: every rank issues in list order, as treecoll's
-    executor does. Deterministic: the same input gives the same result.
+    executor does. ``staged``: with NCCL's LL protocol, the bytes of one step a GPU writes into its host
+    memory before its NIC sends them (:func:`staged_bytes`; None: the schedule's largest chunk).
+    Deterministic: the same input gives the same result.
     """
     check_size(nbytes, dtype)
     prof = get_profile(profile)
     topology, gpus = placed(placement, ranks, nranks=schedule.nranks)
-    net = Network(topology, prof)
+    chunks = schedule.chunk_bytes(nbytes)
+    net = Network(topology, prof, staged_bytes(prof, max(chunks, default=0) if staged is None else staged))
     t0 = _time.perf_counter()
     raw = FlowEngine(
         net,
         schedule,
-        schedule.chunk_bytes(nbytes),
+        chunks,
         gpus,
         mem_bw_of(topology, gpus),
         reduce_cost=prof.reduce_cost,
@@ -133,6 +138,33 @@ def simulate(
     ).run()
     stats = engine_stats("events", raw, _time.perf_counter() - t0)
     return schedule_result(net, schedule, nbytes, raw, prof, dtype, stats, top)
+
+
+def staged_bytes(prof: Profile, step: float) -> float:
+    """Bytes a sending GPU writes into its host memory before its NIC sends them: ``step`` (the bytes of
+    one buffer step of every channel it sends, each at most one LL step,
+    :data:`~treecoll.collectives.sim.nccl_model.PROTO_CHUNK_BYTES`) with NCCL's LL protocol (a profile
+    named ``nccl-ll``, calibrated or not; :meth:`~treecoll.collectives.sim.engine.Network.staged_seconds`),
+    else 0: the other protocols send from device memory.
+
+    >>> staged_bytes(get_profile("nccl-ll"), 65536), staged_bytes(get_profile("nccl-simple"), 65536)
+    (65536, 0.0)
+    """
+    return step if prof.name == "nccl-ll" else 0.0
+
+
+def _channels_staged(prof: Profile, step: float, senders: int, channels: int | None) -> float:
+    """:func:`staged_bytes` of a collective moving ``step`` bytes a step across hosts over ``channels``
+    NCCL channels (None: ``senders``) spread over ``senders`` GPUs of a host, one per NIC (a ring's
+    :func:`nccl_rings`; NCCL's tree channels over the host's NICs): each GPU writes one step of each of
+    the ``max(1, channels / senders)`` channels it sends, a channel's step ``step / channels`` bytes up
+    to one LL step.
+
+    >>> _channels_staged(get_profile("nccl-ll"), 1 << 20, 1, 4), _channels_staged(get_profile("nccl-ll"), 65536, 8, 16)
+    (131072.0, 8192.0)
+    """
+    nc = channels or senders
+    return staged_bytes(prof, min(step / nc, PROTO_CHUNK_BYTES["LL"]) * max(1.0, nc / senders))
 
 
 def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict:
@@ -339,6 +371,8 @@ def simulate_ring(
     Steps: 2(P−1) for allreduce, P−1 for either half. Broadcast and reduce pipeline
     :data:`PIPELINE_CHUNK_BYTES` chunks down the chain of P−1 hops from (to) the root: ``k``
     chunks per channel take the chain's latency plus ``k + P − 2`` chunk steps.
+    With NCCL's LL protocol a hop across hosts runs from the sender's host memory, one LL step
+    of each channel written there first (:func:`staged_bytes`).
     """
     prof, topology, gpus = _inputs(placement, ranks, nbytes, dtype, profile, collective, "ring", RING_COLLECTIVES)
     prof = nccl_hop_profile(prof, "ring", one_per_host=len(_host_groups(topology, gpus)) == len(gpus))
@@ -349,17 +383,17 @@ def simulate_ring(
     if collective in ("broadcast", "reduce") and not 0 <= root < P:
         raise CollectiveError(f"{collective} root: expected a rank in 0..{P - 1}, got {root}")
     t0 = _time.perf_counter()
-    net = Network(topology, prof)
+    chunk = nbytes / C if collective in ("broadcast", "reduce") else nbytes / (P * C)
+    send_bw, nccl_channels = _nccl_ring_run(topology, gpus, nbytes, prof) if P > 1 else (math.inf, None)
+    net = Network(topology, prof, _channels_staged(prof, chunk * C, C, nccl_channels))
     link_bytes = np.zeros(0)
     makespan = 0.0
     stats: dict[str, Any] = {"engine": "lockstep ring", "channels": C}
     memb = mem_bw_of(topology, gpus)
     reduce_bw = min(memb) if (prof.reduce_cost and min(memb) > 0) else 0.0
     rings = nccl_rings(topology, gpus, C) if P > 1 else []
-    send_bw = _nccl_send_bw(topology, gpus, nbytes, prof) if P > 1 else math.inf
     stats["rank_send_cap_GBps"] = send_bw if math.isfinite(send_bw) else None
     if collective in ("broadcast", "reduce"):
-        chunk = nbytes / C
         if P > 1:
             makespan, link_bytes, k = _ring_chain(
                 net, rings, root, gpus, chunk, prof, reduce_bw, collective == "reduce", send_bw
@@ -367,7 +401,6 @@ def simulate_ring(
             stats.update(steps=k + P - 2, pipeline_chunks=k, transfers_per_step=(P - 1) * C)
         peaks = [0.0] * P
     else:
-        chunk = nbytes / (P * C)
         rs_steps = (P - 1) if collective in ("allreduce", "reduce_scatter") else 0
         ag_steps = (P - 1) if collective in ("allreduce", "allgather") else 0
         if P > 1:
@@ -388,25 +421,26 @@ def simulate_ring(
     )
 
 
-def _nccl_send_bw(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Profile) -> float:
-    """GB/s a rank sends at on NCCL's ring with an NCCL protocol profile: the channels NCCL runs at
-    this size (:func:`treecoll.collectives.sim.nccl_model.ring_run_bw`, enqueue.cc) times the
-    protocol's efficiency on the slowest link kind that bandwidth comes from (:func:`_ring_kinds`);
-    unbounded (inf) for other profiles and on CPUs."""
+def _nccl_ring_run(topology: Topology, gpus: Sequence[str], nbytes: int, prof: Profile) -> tuple[float, int | None]:
+    """``(GB/s, channels)``: what a rank sends at on NCCL's ring with an NCCL protocol profile, the
+    channels NCCL runs at this size (:func:`treecoll.collectives.sim.nccl_model.ring_run`, enqueue.cc)
+    times the protocol's efficiency on the slowest link kind that bandwidth comes from
+    (:func:`_ring_kinds`), and how many channels that is; ``(inf, None)`` for other profiles, on CPUs
+    and where no NCCL ring bandwidth can be derived."""
     proto = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}.get(prof.name)
     if proto is None:
-        return math.inf
+        return math.inf, None
     from treecoll.topo.discover import CPU_SLOT_MODEL
 
-    from .nccl_model import ring_run_bw
+    from .nccl_model import ring_run
 
     if any(topology.graph.nodes[g].get("model") == CPU_SLOT_MODEL for g in gpus):
-        return math.inf
+        return math.inf, None
     try:
-        bw = ring_run_bw(topology, gpus, nbytes, proto)
+        bw, nc = ring_run(topology, gpus, nbytes, proto)
     except TreeError:  # no NCCL ring bandwidth to derive (e.g. hosts without NIC bandwidth)
-        return math.inf
-    return bw * min(prof.efficiency(k) for k in _ring_kinds(topology, gpus))
+        return math.inf, None
+    return bw * min(prof.efficiency(k) for k in _ring_kinds(topology, gpus)), nc
 
 
 def _ring_kinds(topology: Topology, gpus: Sequence[str]) -> set[str]:
@@ -491,13 +525,13 @@ def simulate_p2p(
             f"(P(P-1) transfers); use the NCCL model (nccl_predict) beyond"
         )
     t0 = _time.perf_counter()
-    net = Network(topology, prof)
     if collective == "alltoall":
         hops = [(a, b, None) for a in gpus for b in gpus if a != b]
         sizes = [nbytes / P] * len(hops)
     else:
         hops = [(gpus[r], gpus[(r + 1) % P], None) for r in range(P)] if P > 1 else []
         sizes = [float(nbytes)] * len(hops)
+    net = Network(topology, prof, staged_bytes(prof, min(sizes[0] if sizes else 0.0, PROTO_CHUNK_BYTES["LL"])))
     makespan, link_bytes = 0.0, np.zeros(0)
     if hops:
         lat, drain = hop_times(net, hops, sizes)
@@ -748,9 +782,10 @@ def simulate_algorithm(
         pr = nccl_hop_profile(pr, "tree")
         if collective == "allreduce":
             pr = pr.for_tree_allreduce()
-        r = simulate(p, plan(k), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
+        run = {**NCCL_TREE_RUN, "staged": _tree_staged(topology, gpus, nbytes, want, pr)}
+        r = simulate(p, plan(k), nbytes, dtype=dtype, profile=pr, top=top, **run)
         if want > k >= 2:
-            r_half = simulate(p, plan(k // 2), nbytes, dtype=dtype, profile=pr, top=top, **NCCL_TREE_RUN)
+            r_half = simulate(p, plan(k // 2), nbytes, dtype=dtype, profile=pr, top=top, **run)
             r = _extrapolate(r, r_half, k, want)
         best = r if best is None or r.time < best.time else best
     return best
@@ -781,6 +816,25 @@ def nccl_hop_profile(prof: Profile, algo: str, one_per_host: bool = False) -> Pr
     net = HW_LAT["NET"]["tree" if one_per_host else algo][pi]
     floors = {"nvlink": HW_LAT["NVLINK"][algo][pi], "pci": HW_LAT["PCI"][algo][pi], "net": net}
     return dataclasses.replace(prof, base_lat_us=BASE_LAT[algo][pi], lat_floor_us=floors)
+
+
+def _tree_staged(topology: Topology, gpus: Sequence[str], nbytes: int, steps: int, prof: Profile) -> float | None:
+    """:func:`staged_bytes` of NCCL's tree moving ``nbytes`` in ``steps`` pipeline steps with ``prof`` (None:
+    no NCCL LL tree, the schedule's chunk): the simulated tree carries every channel through one GPU of a
+    host, where NCCL spreads its tree channels (:func:`_tree_slice`: 32 KiB of LL each) over the host's NICs,
+    each NIC's GPU writing its own channels' steps (:func:`_channels_staged`).
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100-x2")    # 64 KiB: 16 channels over 8 NICs, 2 of 4 KiB a GPU
+    >>> _tree_staged(t, t.rank_gpus(), 65536, 1, get_profile("nccl-ll"))
+    8192.0
+    """
+    if prof.name != "nccl-ll":
+        return None
+    nodes = topology.graph.nodes
+    nics = min(len(topology.nics(h)) for h in {nodes[g]["host"] for g in gpus})
+    channels = max(1, _tree_slice(topology, gpus, nbytes, prof) // PROTO_CHUNK_BYTES["LL"])
+    return _channels_staged(prof, nbytes / steps, max(1, nics), channels)
 
 
 def _tree_slice(topology: Topology, gpus: Sequence[str], nbytes: int, profile: Profile) -> int:

@@ -29,6 +29,7 @@ __all__ = [
     "NET_EFFICIENCY",
     "NET_CHANNEL_BW",
     "NIC_CHANNELS",
+    "host_buffer",
 ]
 
 #: The fraction of a PCIe link into a CPU's root complex NCCL's traffic gets through host memory
@@ -118,3 +119,26 @@ def net_efficiency(nic: Mapping[str, Any]) -> float:
     (0.65, 1.0)
     """
     return NET_EFFICIENCY.get(str(nic.get("link_layer") or ""), 1.0)
+
+
+def host_buffer(topology: Topology, gpu: str) -> str | None:
+    """The CPU whose memory holds ``gpu``'s network buffers in host memory: its host's CPU on the GPU's
+    NUMA node (NCCL's proxy thread, which allocates them, runs on the GPU's CPU cores), else the CPU
+    nearest to it; None on a host without a CPU node, or on a CPU with an NVLink-C2C GPU (Grace: host
+    memory at NVLink-C2C speed, no PCIe crossing to model).
+
+    >>> from treecoll import topo
+    >>> t = topo.resolve("dgx-h100")
+    >>> host_buffer(t, "h0/gpu1"), host_buffer(t, "h0/gpu6")
+    ('h0/cpu0', 'h0/cpu1')
+    """
+    g = topology.graph
+    node = g.nodes[gpu]
+    cpus = [n for n, d in g.nodes(data=True) if d.get("kind") == "cpu" and d.get("host") == node.get("host")]
+    if not cpus:
+        return None
+    same = [c for c in cpus if g.nodes[c].get("numa") == node.get("numa")]
+    cpu = same[0] if same else min(cpus, key=lambda c: len(topology.path(gpu, c).nodes))
+    if any(d.get("kind") == "c2c" for d in g[cpu].values()):
+        return None
+    return cpu

@@ -8,6 +8,8 @@ import json
 import pytest
 from treecoll.collectives.sim import nccl_model as nm
 from treecoll.collectives.sim import transports as tr
+from treecoll.collectives.sim.engine import Network
+from treecoll.collectives.sim.profiles import get_profile
 from treecoll.collectives.sim.result import bus_factor
 from treecoll.collectives.sim.simulator import (
     PIPELINE_CHUNK_BYTES,
@@ -17,6 +19,7 @@ from treecoll.collectives.sim.simulator import (
     simulate_nccl,
     simulate_p2p,
     simulate_ring,
+    staged_bytes,
 )
 from treecoll.tools.cli import main
 from treecoll.topo.errors import CollectiveError, TopologyError, TreeError
@@ -367,6 +370,36 @@ def test_a_roce_nic_adds_its_latency_to_every_network_step():
     ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
     assert nm.nccl_predict(ib, None, 1024, proto="LL")["lat_us"] == pytest.approx(16.6)
     assert nm.nccl_predict(roce, None, 1024, proto="LL")["lat_us"] == pytest.approx(36.6)
+
+
+def test_ll_across_hosts_stages_each_step_through_host_memory():
+    """NCCL's net transport keeps LL's send buffer in host memory (net.cc sendProxyConnect) and sends a step
+    once all of it is written (sendProxyProgress). Two H200 hosts, one GPU each, one 400G InfiniBand NIC on
+    the GPU's PCIe switch: the 2-rank LL ring allgather of S moves S / 2 per rank, on NCCL's 4 channels
+    (2 per NIC, doubled; enqueue.cc keeps them from 32 KiB on). The GPU writes one step of every channel
+    (S / 8 each, at most 32 KiB) into host memory through the switch's root-complex link (48 GB/s x 0.57,
+    x 0.5 for LL's 8 data bytes a line: w = 13.68 GB/s) before the NIC reads the data back through that
+    link at the same rate: time = 6.6 us base + 5.0 us network hop (the tree's, one rank per host)
+    + 4 min(S / 8, 32 KiB) / w + (S / 2) / w."""
+    ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
+    w = 48e9 * tr.SHM_BW_FACTOR * 0.5
+    for size in (1 << 16, 1 << 20):
+        assert nm.ring_run(ib, ib.rank_gpus(), size, "LL")[1] == 4
+        want = (6.6 + 5.0) * 1e-6 + 4 * min(size / 8, 32768) / w + size / 2 / w
+        assert simulate_ring(ib, size, collective="allgather", profile="nccl-ll").time == pytest.approx(want, rel=1e-9)
+    # LL128 and Simple send from device memory (GPUDirect RDMA): the NIC reads the GPU through its switch
+    simple = simulate_ring(ib, 1 << 20, collective="allgather", profile="nccl-simple")
+    assert simple.time == pytest.approx((8.4 + 14.0) * 1e-6 + (1 << 19) / 48e9, rel=1e-9)
+    # the staged route: from host memory to the NIC, its latency adding one step written by the GPU
+    g = ib.rank_gpus()
+    plain, staged = Network(ib, get_profile("nccl-ll")), Network(ib, get_profile("nccl-ll"), 32768.0)
+    assert staged.route(g[0], g[1]).lat - plain.route(g[0], g[1]).lat == pytest.approx(32768 / w, rel=1e-9)
+    assert staged.route(g[0], g[1]).min_caps == pytest.approx((w,)) and plain.route(g[0], g[1]).min_caps == (24e9,)
+    assert staged_bytes(get_profile("nccl-ll"), 65536) == 65536 and staged_bytes(get_profile("nccl-simple"), 1) == 0
+    # a Grace CPU reaches its memory over NVLink-C2C: nothing to stage
+    gb = topo.resolve("gb200-nvl72")
+    assert tr.host_buffer(gb, gb.rank_gpus()[0]) is None
+    assert Network(gb, get_profile("nccl-ll")).staged_seconds(gb.rank_gpus()[0], 32768) == 0.0
 
 
 def test_gpudirect_tcpxo_runs_what_googles_nccl_environment_allows():
