@@ -141,3 +141,46 @@ def test_readme_hf_generate_equals_the_models_own_generate(tmp_path, monkeypatch
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False, pad_token_id=0
     )[:, prompt.shape[1] :]
     assert tokens == want.tolist() and len(set(tokens[0])) > 1, (tokens, want)
+
+
+#: ``$ treecoll`` transcripts whose command needs what the page made earlier (files, processes, a
+#: network namespace) or this machine (timings): the words that mark them
+NOT_REPLAYED = ("/tmp/", ".log", "probed.yaml", "tree.yaml", "emu ", "decode --nproc", "selfcheck", "calibrate")
+
+
+def _transcripts():
+    """(page, line, argv, shown lines) of every ``$ treecoll`` command shown in a plain fenced block."""
+    for page in PAGES:
+        for lang, text, line in _blocks(page):
+            if lang:
+                continue
+            cmd, shown, at = None, [], line
+            for i, row in enumerate([*text.splitlines(), "$ end"]):
+                if row.startswith("$ "):
+                    if cmd is not None and not any(w in cmd for w in NOT_REPLAYED):
+                        yield pytest.param(page, cmd, shown, id=f"{page}:{at}")
+                    cmd, shown, at = (row[2:] if row.startswith("$ treecoll ") else None), [], line + i + 1
+                elif cmd is not None:
+                    shown.append(row.rstrip())
+
+
+@pytest.mark.parametrize(("page", "cmd", "shown"), list(_transcripts()))
+def test_cli_transcripts_print_what_the_pages_show(page, cmd, shown, capsys, monkeypatch):
+    """Every line a page shows under a ``$ treecoll`` command (``...`` marks lines left out) is a
+    line the command prints today, in the same order: the pages cannot drift from the tool."""
+    import shlex
+
+    from treecoll.tools.cli import main
+
+    monkeypatch.chdir(ROOT)
+    main(shlex.split(cmd)[1:])
+    cap = capsys.readouterr()
+    printed = [x.rstrip() for x in (cap.out + cap.err).splitlines()]
+    at = 0
+    for want in shown:
+        if want.strip() == "..." or not want:
+            continue
+        while at < len(printed) and printed[at] != want:
+            at += 1
+        assert at < len(printed), f"{page}: `{cmd}` no longer prints {want!r} (or not in the page's order)"
+        at += 1

@@ -258,6 +258,11 @@ def run(args: argparse.Namespace) -> int:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos, collective=args.sim_command)
         topology = _resolve(args)
+        if (args.ranks or len(topology.rank_gpus())) < 2:
+            raise CollectiveError(
+                f"simulate {args.sim_command}: one rank moves no data (NCCL only copies the buffer); "
+                f"expected at least 2 ranks (--ranks, or a topology with more GPUs than {topology.name!r})"
+            )
         data = allreduce_data(
             topology, algos, args.sizes, args.ranks, args.profile, args.sim_command, mode=args.mode, engine=args.engine
         )

@@ -320,6 +320,8 @@ def tree_data(
 
 def render_tree(data: dict) -> str:
     """The ASCII drawing of :func:`tree_data`."""
+    from treecoll.collectives.sim.profiles import NCCL_PROTO_NAMES
+
     out = []
     head = f"tree {data['name'] or ''} over {data['ranks']} ranks".replace("  ", " ")
     if "topology" in data:
@@ -356,14 +358,18 @@ def render_tree(data: dict) -> str:
             sub = prefix + ("    " if last else "│   ")
             stack.extend((c, sub, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
     if "edge_classes" in data:
-        cls = ", ".join(f"{v} {k}" for k, v in data["edge_classes"].items())
+        cls = ", ".join(f"{v} {k}" for k, v in data["edge_classes"].items()) or "none"
         out.append(f"edges: {cls}; inter-host edges: {data['inter_host_edges']}")
     out.append(f"order preserving: {'yes' if data['order_preserving'] else 'no'}; fingerprint {data['fingerprint']}")
     p = data.get("predicted")
     if p:
         parts = [
             f"{k} {v['time_us']:.1f} us ("
-            + (f"{v['nchunks']} chunk{'s' * (v['nchunks'] != 1)})" if "nchunks" in v else f"{v['profile']})")
+            + (
+                f"{v['nchunks']} chunk{'s' * (v['nchunks'] != 1)})"
+                if "nchunks" in v
+                else f"{NCCL_PROTO_NAMES.get(v['profile'], v['profile'])})"
+            )
             for k, v in p.items()
             if k in ("reduce", "broadcast", "allreduce")
         ]

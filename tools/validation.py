@@ -331,13 +331,13 @@ def predict(
     fastest of them, the first of equals); a :class:`Skip` for a collective the simulator refuses.
     Each algorithm's time comes from :func:`algorithm_time` (simulated once per machine, size and
     the factors it depends on)."""
-    from treecoll.collectives.sim.simulator import simulate_nccl
+    from treecoll.collectives.sim.simulator import nccl_offered, simulate_nccl
 
     if len(topology.rank_gpus()) == 1:
         return 0.0, "-"
     names: list[str | None] = [None]  # another collective: the one family NCCL runs it with
     if collective == "allreduce":
-        names = [a for a in algos if a in _offered(topology, collective, profile)]
+        names = [a for a in algos if a in nccl_offered(topology, topology.rank_gpus(), collective, profile)]
         if not names:  # none of them offered: simulate_nccl says why
             try:
                 simulate_nccl(topology, size, collective=collective, profile=profile, algos=list(algos))
@@ -350,15 +350,6 @@ def predict(
             raise Skip(f"{collective}: the simulator does not predict it ({out}); no flag changes this")
         best = out if best is None or out[0] < best[0] else best
     return best
-
-
-def _offered(topology: Topology, collective: str, profile: Profile | str | None) -> tuple[str, ...]:
-    """The NCCL algorithms :func:`~treecoll.collectives.sim.simulator.simulate_nccl` chooses among."""
-    from treecoll.collectives.sim.nccl_model import nccl_algos
-
-    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile) if isinstance(profile, str) else None
-    offered = nccl_algos(topology, topology.rank_gpus(), proto, collective)
-    return tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
 
 
 #: ``(time s, label)`` or the refusal's message, by (topology, collective, size, NCCL algorithm, the part of

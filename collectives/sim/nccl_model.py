@@ -897,6 +897,8 @@ def nccl_predict(
     if proto is not None and proto not in PROTOS:
         raise TreeError(f"nccl model: proto expected one of {list(PROTOS)} or None, got {proto!r}")
     topology, gpus = placed_gpus(as_placement(placement, ranks, nranks=nranks, what="nccl model"))
+    if len(gpus) < 2:  # enqueue.cc: with nRanks == 1 NCCL copies the buffer (ncclLaunchOneRank), no algorithm
+        raise TreeError(f"nccl model: one rank runs no {algo} (NCCL only copies the buffer); expected 2 ranks or more")
     _check_nvidia(topology, gpus)
     if algo == "nvls":
         if proto not in (None, "Simple"):

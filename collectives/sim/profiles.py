@@ -128,6 +128,7 @@ __all__ = [
     "Calibration",
     "PROFILES",
     "NCCL_PROTOCOLS",
+    "NCCL_PROTO_NAMES",
     "get_profile",
     "load_profile",
     "save_profile",
@@ -302,6 +303,8 @@ PROFILES: dict[str, Profile] = {
 }
 #: the protocols NCCL chooses among; "auto" in the simulator takes the fastest of these per size
 NCCL_PROTOCOLS = ("nccl-ll", "nccl-ll128", "nccl-simple")
+#: NCCL's own name of each protocol profile (NCCL_PROTO=LL, LL128, Simple; src/include/device.h)
+NCCL_PROTO_NAMES = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule
 from .engine import FlowEngine, Network, drain_times
 from .nccl_model import PROTO_CHUNK_BYTES
-from .profiles import Profile, get_profile
+from .profiles import NCCL_PROTO_NAMES, Profile, get_profile
 from .result import (
     DTYPE_SIZES,
     EXECUTOR_RUN,
@@ -427,7 +427,7 @@ def _nccl_ring_run(topology: Topology, gpus: Sequence[str], nbytes: int, prof: P
     times the protocol's efficiency on the slowest link kind that bandwidth comes from
     (:func:`_ring_kinds`), and how many channels that is; ``(inf, None)`` for other profiles, on CPUs
     and where no NCCL ring bandwidth can be derived."""
-    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}.get(prof.name)
+    proto = NCCL_PROTO_NAMES.get(prof.name)
     if proto is None:
         return math.inf, None
     from treecoll.topo.discover import CPU_SLOT_MODEL
@@ -559,7 +559,7 @@ def simulate_p2p(
 
 
 #: the protocol profiles NCCL runs point-to-point operations with (never LL128; src/enqueue.cc addP2pToPlan)
-NCCL_P2P_PROFILES = {"nccl-ll": "LL", "nccl-simple": "Simple"}
+NCCL_P2P_PROFILES = {name: NCCL_PROTO_NAMES[name] for name in ("nccl-ll", "nccl-simple")}
 
 
 def _p2p_setup_or_none(topology: Topology, gpus: Sequence[str]) -> dict | None:
@@ -812,7 +812,7 @@ def nccl_hop_profile(prof: Profile, algo: str, one_per_host: bool = False) -> Pr
 
     if prof.name not in NCCL_PROTOCOLS or prof != PROFILES[prof.name]:
         return prof
-    pi = PROTOS.index({"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}[prof.name])
+    pi = PROTOS.index(NCCL_PROTO_NAMES[prof.name])
     net = HW_LAT["NET"]["tree" if one_per_host else algo][pi]
     floors = {"nvlink": HW_LAT["NVLINK"][algo][pi], "pci": HW_LAT["PCI"][algo][pi], "net": net}
     return dataclasses.replace(prof, base_lat_us=BASE_LAT[algo][pi], lat_floor_us=floors)
@@ -844,7 +844,7 @@ def _tree_slice(topology: Topology, gpus: Sequence[str], nbytes: int, profile: P
     where the GPUs give NCCL no channels to derive (hosts without NIC bandwidth)."""
     from .nccl_model import tree_slice_bytes
 
-    proto = {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile.name, "Simple")
+    proto = NCCL_PROTO_NAMES.get(profile.name, "Simple")
     try:
         return tree_slice_bytes(topology, gpus, nbytes, proto)
     except TreeError:
@@ -946,6 +946,26 @@ def simulate_nccl_allreduce(
     return simulate_nccl(placement, nbytes, collective="allreduce", ranks=ranks, profile=profile, algos=algos, **kw)
 
 
+def nccl_offered(
+    topology: Topology, gpus: Sequence[str], collective: str, profile: Profile | str | None = None
+) -> tuple[str, ...]:
+    """The NCCL algorithms :func:`simulate_nccl` chooses among for ``collective`` on ``gpus``: NCCL's
+    offer (:func:`~treecoll.collectives.sim.nccl_model.nccl_algos`, restricted to the protocol
+    of a named NCCL protocol ``profile``), without CollNet (not simulated) and with NVLS for
+    allreduce only.
+
+    >>> from treecoll.collectives.cost import uniform_topology
+    >>> t = uniform_topology(4)
+    >>> nccl_offered(t, t.rank_gpus(), "allreduce"), nccl_offered(t, t.rank_gpus(), "broadcast")
+    (('ring', 'tree'), ('ring',))
+    """
+    from .nccl_model import nccl_algos
+
+    proto = NCCL_PROTO_NAMES.get(profile) if isinstance(profile, str) else None
+    offered = nccl_algos(topology, gpus, proto, collective)
+    return tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
+
+
 def simulate_nccl(
     placement: Placement | Topology,
     nbytes: int,
@@ -973,19 +993,13 @@ def simulate_nccl(
     algorithms and protocols, enqueue.cc ``topoGetAlgoInfo``), as NCCL runs it.
     """
     from .. import builders
-    from .nccl_model import COLLECTIVES, nccl_algos
+    from .nccl_model import COLLECTIVES
 
     if collective not in COLLECTIVES:
         raise CollectiveError(f"NCCL collective {collective!r}: expected one of {', '.join(COLLECTIVES)}")
     p = as_placement(placement, ranks, what=f"simulate NCCL {collective}")
     topology, gpus = placed(p, what=f"simulate NCCL {collective}")
-    offered = nccl_algos(
-        topology,
-        gpus,
-        {"nccl-ll": "LL", "nccl-ll128": "LL128"}.get(profile) if isinstance(profile, str) else None,
-        collective,
-    )
-    offered = tuple(a for a in offered if a != "collnet" and (a != "nvls" or collective == "allreduce"))
+    offered = nccl_offered(topology, gpus, collective, profile)
     names = [a for a in (algos or offered) if a in offered]
     if not names:
         raise CollectiveError(

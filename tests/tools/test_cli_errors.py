@@ -191,9 +191,17 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def test_json_of_a_zero_time_is_strict_json(capsys):
-    """One rank: two_level has nothing to send (0 us), so its algbw is no number; --json says null, as
-    JSON has no Infinity, and keeps the 0 time."""
-    assert main(["--json", "simulate", "allreduce", "--ranks", "1", "--sizes", "1MiB", "--algo", "two_level"]) == 0
-    row = _strict_json(capsys.readouterr().out)["rows"][0]["algos"]["two_level"]
-    assert (row["time_us"], row["algbw"], row["busbw"]) == (0.0, None, None)
+def test_json_of_no_number_is_strict_json(capsys):
+    """A rate of a zero time (no number): --json says null, as JSON has no Infinity or NaN, and
+    keeps the finite numbers beside it."""
+    import argparse
+    import math
+
+    assert cli.emit(argparse.Namespace(json=True), {"time_us": 0.0, "algbw": math.inf, "x": [math.nan, 1.5]}) == 0
+    assert _strict_json(capsys.readouterr().out) == {"time_us": 0.0, "algbw": None, "x": [None, 1.5]}
+
+
+def test_a_collective_on_one_rank_is_refused(capsys):
+    """One rank moves no data: simulate says so in one line rather than print rates of nothing."""
+    msg = error(capsys, "simulate", "allreduce", "--ranks", "1", "--sizes", "1MiB", "--algo", "two_level")
+    assert "one rank moves no data" in msg and "expected at least 2 ranks" in msg
