@@ -955,9 +955,11 @@ def nccl_offered(
     allreduce only.
 
     >>> from treecoll.collectives.cost import uniform_topology
-    >>> t = uniform_topology(4)
-    >>> nccl_offered(t, t.rank_gpus(), "allreduce"), nccl_offered(t, t.rank_gpus(), "broadcast")
-    (('ring', 'tree'), ('ring',))
+    >>> t = uniform_topology(4)                  # 4 GPUs on one NVLS-capable switch
+    >>> nccl_offered(t, t.rank_gpus(), "allreduce"), nccl_offered(t, t.rank_gpus(), "allgather")
+    (('ring', 'tree', 'nvls'), ('ring',))
+    >>> nccl_offered(t, t.rank_gpus(), "allreduce", "nccl-ll")   # NVLS runs Simple only
+    ('ring', 'tree')
     """
     from .nccl_model import nccl_algos
 
