@@ -71,6 +71,20 @@ def test_p4d_matrix(name):
     assert t.node("p4d/cpu0")["affinity"] == "0-23,48-71"
 
 
+@pytest.mark.parametrize(
+    ("name", "model", "mem_gb"),
+    [("aws-p4d-24xl-topo.xml", "A100-SXM4-40GB", 40.0), ("aws-p4de-24xl-topo.xml", "A100-SXM4-80GB", 80.0)],
+)
+def test_a_gpus_memory_comes_from_its_pci_device_id(name, model, mem_gb):
+    """NCCL's XML names a GPU only by its PCI device id (0x20b0, 0x20b2 on these AWS files): the model, and
+    from the model's machine template its memory capacity, which the decode model checks fits."""
+    from treecoll.attention.cost import mem_capacity
+
+    t = import_xml(FIX / name, host="p4d")
+    assert {(t.node(g)["model"], t.node(g)["mem_gb"]) for g in t.gpus()} == {(model, mem_gb)}
+    assert mem_capacity(t, t.rank_gpus()) == (mem_gb * 1e9, model)
+
+
 def test_azure_files_matrices():
     nd4 = import_xml(FIX / "azure-ndv4-topo.xml")
     c = _codes(nd4)
