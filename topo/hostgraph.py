@@ -55,17 +55,19 @@ GPU_MODELS = {
     "NVIDIA GB200": ("B200 (GB200)", 8000.0),  # GB200 NVL72 spec: 8 TB/s per GPU
     "NVIDIA B200": ("B200", 8000.0),
 }
-#: PCI device id (NCCL XML ``device``) -> (model, memory bandwidth GB/s, compute capability x10);
-#: bandwidths from the NVIDIA datasheets (A10G: AWS G5 page, 600 GB/s)
+#: PCI device id (NCCL XML ``device``) -> (model, memory bandwidth GB/s, compute capability x10,
+#: memory capacity GB of 1e9 B); bandwidths from the NVIDIA datasheets (A10G: AWS G5 page, 600 GB/s),
+#: capacities as the model's name states them (B200: 1,440 GB over 8 GPUs, NVIDIA DGX B200 User
+#: Guide); tests/topo/test_machines.py holds them equal to the machine templates of the same model
 GPU_PCI_IDS = {
-    0x1DB1: ("V100-SXM2-16GB", 900.0, 70),
-    0x20B0: ("A100-SXM4-40GB", 1555.0, 80),
-    0x20B2: ("A100-SXM4-80GB", 2039.0, 80),
-    0x20B5: ("A100-PCIE-80GB", 1935.0, 80),
-    0x2237: ("A10G", 600.0, 86),
-    0x2330: ("H100-SXM5-80GB", 3350.0, 90),
-    0x2335: ("H200-SXM-141GB", 4800.0, 90),
-    0x2901: ("B200", 8000.0, 100),
+    0x1DB1: ("V100-SXM2-16GB", 900.0, 70, 16.0),
+    0x20B0: ("A100-SXM4-40GB", 1555.0, 80, 40.0),
+    0x20B2: ("A100-SXM4-80GB", 2039.0, 80, 80.0),
+    0x20B5: ("A100-PCIE-80GB", 1935.0, 80, 80.0),
+    0x2237: ("A10G", 600.0, 86, 24.0),
+    0x2330: ("H100-SXM5-80GB", 3350.0, 90, 80.0),
+    0x2335: ("H200-SXM-141GB", 4800.0, 90, 141.0),
+    0x2901: ("B200", 8000.0, 100, 180.0),
 }
 GPU_CLASS = 0x0302
 NIC_CLASSES = (0x0200, 0x0207)

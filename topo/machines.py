@@ -76,7 +76,6 @@ __all__ = [
     "machine_topology",
     "template_data",
     "known_gpus",
-    "gpu_memory_gb",
     "MAX_NICS",
     "MAX_HOSTS",
 ]
@@ -342,32 +341,6 @@ def template_data(name: str) -> tuple[str, dict]:
         raise TopologyError(f"{path}: expected a file with one host template under 'templates'")
     key = name if name in temps else next(iter(temps))
     return key, copy.deepcopy(temps[key])
-
-
-_MEMORY_GB: dict[str, float] | None = None
-
-
-def gpu_memory_gb(model: str) -> float | None:
-    """The memory capacity (GB of 1e9 bytes, ``mem_gb``) of a GPU model as the shipped templates
-    spell it (``H100-SXM5-80GB``), from the template that carries it (or :data:`GPU_VARIANTS`);
-    None for a model no template has. For files that name the GPU but not its memory (NCCL's
-    topology XML: a PCI device id).
-
-    >>> gpu_memory_gb("H100-SXM5-80GB"), gpu_memory_gb("A100-SXM4-40GB"), gpu_memory_gb("V100-SXM2-16GB")
-    (80.0, 40.0, None)
-    """
-    global _MEMORY_GB
-    if _MEMORY_GB is None:
-        table: dict[str, float] = {}
-        for mt in MACHINES:
-            g = template_data(mt.name)[1].get("gpus") or {}
-            if g.get("model") is not None and g.get("mem_gb") is not None:
-                table.setdefault(str(g["model"]), float(g["mem_gb"]))
-        for v in GPU_VARIANTS.values():
-            if "mem_gb" in v:
-                table.setdefault(str(v["model"]), float(v["mem_gb"]))
-        _MEMORY_GB = table
-    return _MEMORY_GB.get(model)
 
 
 def _per_item(v: Any, n: int) -> Any:

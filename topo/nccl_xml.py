@@ -65,7 +65,6 @@ from .errors import TopologyError
 from .files import decode_text, read_text
 from .hostgraph import GPU_PCI_IDS, HostBuilder, net_bw, nvlink_bw, smp_bw
 from .limits import limits as make_limits
-from .machines import gpu_memory_gb
 from .model import Topology
 from .nvml import norm_busid
 from .sysfs import pcie_bw
@@ -353,12 +352,9 @@ def _walk(
                 sm = attrs["sm"] = _int(gpu_el.get("sm"), where.at(gpu_el), f"<gpu> of {busid!r} sm")
             pending.append((b, key, gpu_el, sm))
         known = GPU_PCI_IDS.get(_cls_int(el.get("device")))
-        if known is not None:  # model and memory bandwidth from the PCI device id; sm if the file has none
-            attrs.update(model=known[0], mem_bw=known[1])
+        if known is not None:  # model, memory bandwidth and capacity from the PCI device id; sm if the file has none
+            attrs.update(model=known[0], mem_bw=known[1], mem_gb=known[3])
             attrs.setdefault("sm", known[2])
-            mem_gb = gpu_memory_gb(known[0])  # NCCL's XML has no memory size: the model's template has it
-            if mem_gb is not None:
-                attrs["mem_gb"] = mem_gb
         b.add(key, "gpu", pci=pci, numa=cpu[1], x_nccl=xml, **attrs)
         gpus_by_pci[(h, pci)] = key
         b.link(key, parent, "pcie", bw)

@@ -210,6 +210,28 @@ def test_every_shipped_gpu_has_a_memory_capacity():
         assert variant["mem_gb"] == float(_NAMED_GB.search(name).group(1)), name
 
 
+def test_the_pci_id_table_agrees_with_the_templates():
+    """NCCL's XML names a GPU by its PCI device id (topo.hostgraph.GPU_PCI_IDS: model, memory bandwidth,
+    sm, capacity): where a shipped template or variant has the same model, every number is the template's."""
+    from treecoll.topo.hostgraph import GPU_PCI_IDS
+
+    files = sorted(SHIPPED_DIR.glob("*.yaml")) + sorted(MACHINES_DIR.glob("*.yaml"))
+    facts = {}
+    for f in files:
+        for temp in (yaml.safe_load(f.read_text()).get("templates") or {}).values():
+            g = temp["gpus"]
+            facts.setdefault(g["model"], (g.get("mem_bw"), g.get("sm"), g.get("mem_gb")))
+    for v in GPU_VARIANTS.values():
+        facts.setdefault(v["model"], (v.get("mem_bw"), None, v.get("mem_gb")))
+    matched = 0
+    for model, mem_bw, sm, mem_gb in GPU_PCI_IDS.values():
+        if model in facts:
+            want = facts[model]
+            assert (mem_bw, mem_gb) == (want[0], want[2]) and want[1] in (None, sm), (model, want)
+            matched += 1
+    assert matched >= 6
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
