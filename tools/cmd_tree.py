@@ -304,14 +304,9 @@ def tree_data(
             pred["cost_model_allreduce_us"] = model.tree_time(plan, nbytes, "allreduce", k) * 1e6
         pred["lower_bound_allreduce_us"] = model.lower_bound(nbytes, "allreduce") * 1e6
         try:
-            pred["nccl"] = {
-                a: {
-                    k: v
-                    for k, v in nccl_predict(topology, gpus, nbytes, a).items()
-                    if k in ("proto", "time_us", "busbw")
-                }
-                for a in nccl_algos(topology, gpus)
-            }
+            runs = (nccl_predict(topology, gpus, nbytes, a) for a in nccl_algos(topology, gpus))
+            # named as NCCL names what runs (nvls_tree across hosts), as simulate's nccl column does
+            pred["nccl"] = {r["algo"]: {k: r[k] for k in ("proto", "time_us", "busbw")} for r in runs}
         except TreeError:
             pass
         data["predicted"] = pred
