@@ -57,6 +57,10 @@ BRUTE_TREES = {
     "all": "every rooted labeled tree, P^(P-1) of them",
 }
 
+#: what ``tree bruteforce``'s times are: not the flow simulation ``tree build`` prints, nor its stepped-through
+#: cost model
+BRUTE_MODEL = "collectives.cost without step_through, not the flow simulation tree build prints"
+
 MODE_HELP = (
     "how treecoll's trees are predicted: executor (as treecoll's executor runs them, one isend/irecv "
     "from Python per message; the default) or in-kernel (the same tree inside NCCL, its protocols)"
@@ -635,16 +639,30 @@ def bruteforce_data(
                 "seconds": time.perf_counter() - t0,
             }
         )
-    return {"topology": topology.name, "ranks": n, "gpus": list(gpus), "trees": trees, "rows": rows}
+    return {
+        "topology": topology.name,
+        "ranks": n,
+        "gpus": list(gpus),
+        "trees": trees,
+        "model": BRUTE_MODEL,
+        "rows": rows,
+    }
 
 
 def render_bruteforce(d: dict) -> str:
-    """The text view of :func:`bruteforce_data`: one line per size."""
+    """The text view of :func:`bruteforce_data`: the model its times are from, then one line per size."""
+    head = (
+        f"# allreduce times under the closed-form cost model auto's search scores ({BRUTE_MODEL}), each tree "
+        "at its best chunk count"
+    )
     return "\n".join(
-        f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
-        f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
-        f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s"
-        for r in d["rows"]
+        [head]
+        + [
+            f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
+            f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
+            f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s"
+            for r in d["rows"]
+        ]
     )
 
 
