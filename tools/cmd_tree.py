@@ -576,7 +576,8 @@ def _render_check(d: dict) -> str:
         return "\n".join([f"{d['file']}: does not fit"] + [f"  {p}" for p in d["problems"]])
     lines = [render_tree(d)]
     lines.append(
-        f"auto ({d['auto']['name']}): allreduce {d['auto']['allreduce_us']:.1f} us; "
+        f"the auto builder's tree ({d['auto']['name']}; not simulate's auto column, which may hand the allreduce "
+        f"to the backend): allreduce {d['auto']['allreduce_us']:.1f} us; "
         f"this tree is {d['ratio_to_auto']:.2f}x of it"
     )
     lines.append("OK: the tree fits the topology" if d["ok"] else "PROBLEMS:")

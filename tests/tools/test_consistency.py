@@ -121,7 +121,8 @@ def test_tree_build_and_simulate_allreduce_print_the_same_numbers(capsys, name, 
 @pytest.mark.parametrize("mode", MODES)
 def test_tree_show_and_check_print_what_tree_build_printed(capsys, tmp_path, mode):
     """The tree file tree build writes: tree show and tree check predict it as tree build did (the same
-    JSON, the same text), and tree check's ``auto`` is tree build --builder auto's allreduce."""
+    JSON, the same text), and tree check's ``auto`` is tree build --builder auto's allreduce (in-kernel:
+    simulate's auto column too)."""
     f = tmp_path / "auto.yaml"
     case = ("--topology", "pcie-8gpu", "--bytes", 1 << 20, "--mode", mode)
     built, text = _run(capsys, "tree", "build", "--builder", "auto", *case, "-o", f)
@@ -133,6 +134,10 @@ def test_tree_show_and_check_print_what_tree_build_printed(capsys, tmp_path, mod
     assert checked["auto"]["allreduce_us"] == built["predicted"]["allreduce"]["time_us"]
     assert checked["ratio_to_auto"] == 1.0
     assert f"allreduce {_us(checked['auto']['allreduce_us'])}; this tree is 1.00x of it" in checked_text
+    assert "the auto builder's tree (" in checked_text  # in executor mode not simulate's auto column
+    if mode == "in-kernel":  # where simulate's auto column is the auto builder's tree too
+        sim, _ = _run(capsys, "simulate", "allreduce", "--algo", "auto", "--sizes", 1 << 20, *case[:2], *case[4:])
+        assert sim["rows"][0]["algos"]["auto"]["time_us"] == checked["auto"]["allreduce_us"]
 
 
 def test_simulate_links_is_the_in_kernel_column(capsys):
