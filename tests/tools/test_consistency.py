@@ -82,9 +82,10 @@ def _table_cells(text: str, data: dict) -> None:
 def test_tree_build_and_simulate_allreduce_print_the_same_numbers(capsys, name, sizes, mode):
     """Per size: tree build's allreduce of two_level is simulate's two_level column, the least of
     its NCCL tuning-model times is simulate's ``nccl`` column with that algorithm and protocol (and
-    the ``auto`` column where it hands the allreduce to NCCL), and
-    each command's text shows its JSON; simulate's ``ring``/``tree`` columns (flow simulation) and
-    ``nccl`` (tuning model) are labelled apart."""
+    the ``auto`` column where it hands the allreduce to NCCL), its reduce and broadcast are simulate
+    reduce's and broadcast's two_level columns, and each command's text shows its JSON; simulate's
+    ``ring``/``tree`` columns (flow simulation) and ``nccl`` (tuning model) are labelled apart."""
+    sizes_arg = ",".join(map(str, sizes))
     sim, sim_text = _run(
         capsys,
         "simulate",
@@ -94,11 +95,12 @@ def test_tree_build_and_simulate_allreduce_print_the_same_numbers(capsys, name, 
         "--algo",
         "ring,tree,two_level,auto,nccl",
         "--sizes",
-        ",".join(map(str, sizes)),
+        sizes_arg,
         "--mode",
         mode,
     )
     _table_cells(sim_text, sim)
+    predicted = {}
     assert "# ring, tree: NCCL's algorithms, in-kernel, flow simulation" in sim_text
     assert "# nccl: what NCCL's tuner picks, by its tuning model (not simulated)" in sim_text
     for row in sim["rows"]:
@@ -116,6 +118,16 @@ def test_tree_build_and_simulate_allreduce_print_the_same_numbers(capsys, name, 
         assert cell["nccl"]["how"] == f"{best}/{p['nccl'][best]['proto']}"
         if cell["auto"]["how"] == "nccl all_reduce":  # auto hands the allreduce to NCCL: NCCL's own number
             assert cell["auto"]["time_us"] == pytest.approx(cell["nccl"]["time_us"], rel=1e-12)
+        predicted[n] = p
+    # tree build's reduce and broadcast (printed for one root: not for one tree per rail) are simulate
+    # reduce's and broadcast's two_level columns
+    one_root = ",".join(str(n) for n, p in predicted.items() if "reduce" in p)
+    for coll in ("reduce", "broadcast") if one_root else ():
+        other, _ = _run(
+            capsys, "simulate", coll, "--topology", name, "--algo", "two_level", "--sizes", one_root, "--mode", mode
+        )
+        for row in other["rows"]:
+            assert row["algos"]["two_level"]["time_us"] == predicted[row["size"]][coll]["time_us"], (coll, row["size"])
 
 
 @pytest.mark.parametrize("mode", MODES)
