@@ -665,13 +665,15 @@ def decode_data(
 
 
 def render_decode(d: dict) -> str:
+    # NCCL's collectives as simulate's ring/tree/nvls columns simulate them, not its tuning model (the nccl column)
+    nccl = "gather and allreduce3: NCCL's own collectives, its fastest algorithm in the flow simulation"
     if d.get("mode", "executor") == "executor":
         lines = [
             f"# tree and ring: executor mode (treecoll's executor on {d['executor']['backend']}: "
-            f"{d['executor']['step_cost_us']:.1f} us per message); gather and allreduce3: NCCL's own collectives"
+            f"{d['executor']['step_cost_us']:.1f} us per message); {nccl}"
         ]
     else:
-        lines = ["# tree and ring: in-kernel mode (inside NCCL); gather and allreduce3: NCCL's own collectives"]
+        lines = [f"# tree and ring: in-kernel mode (inside NCCL); {nccl}"]
     for r in d["runs"]:
         s = r["shape"]
         lines.append(

@@ -235,6 +235,7 @@ def test_decode_combines_are_the_collectives_the_commands_print(capsys, name, mo
     )
     fastest = {row["size"]: min(v["time_us"] for v in row["algos"].values()) for row in ar["rows"]}
     assert m["allreduce3"]["combine_s"] * 1e6 == pytest.approx(2 * fastest[128] + fastest[16384], rel=1e-12)
+    assert "gather and allreduce3: NCCL's own collectives, its fastest algorithm in the flow simulation" in text
 
 
 def test_bruteforce_says_which_model_its_numbers_are(capsys):
