@@ -113,6 +113,10 @@ def test_tree_build_and_simulate_allreduce_print_the_same_numbers(capsys, name, 
             assert piece in text, piece
         cell = row["algos"]
         assert p["allreduce"]["time_us"] == cell["two_level"]["time_us"]
+        if mode == "executor":  # one per-message cost, printed alike
+            assert p["step_cost_us"] == sim["executor"]["step_cost_us"]
+            each = f"treecoll's executor on {p['backend']}: {p['step_cost_us']:.1f} us per message"
+            assert each in text and each in sim_text
         best = min(p["nccl"], key=lambda a: p["nccl"][a]["time_us"])
         assert p["nccl"][best]["time_us"] == pytest.approx(cell["nccl"]["time_us"], rel=1e-12)
         assert cell["nccl"]["how"] == f"{best}/{p['nccl'][best]['proto']}"
