@@ -11,8 +11,10 @@
     treecoll simulate validate FILE... [machine flags] [--profile P] [--json]
     treecoll simulate calibrate FILE... [machine flags] -o profile.yaml [--force]
 
-``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's double
-binary tree, :func:`treecoll.collectives.builders.double_binary`), ``nvls`` (NCCL's
+``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's tree: a chain in each
+host under a double binary tree over hosts, one per NIC rail for large messages;
+:func:`treecoll.collectives.sim.simulator.simulate_nccl_algorithm`, what the decode model's
+``allreduce3`` and validation against nccl-tests simulate), ``nvls`` (NCCL's
 NVLink SHARP reduction in the NVSwitches, NVLSTree across hosts:
 :mod:`treecoll.collectives.sim.nvls`; Hopper and later NVSwitch systems), any builder
 name of :mod:`treecoll.collectives.builders` (``two_level``, ``auto``, ``binomial``,
@@ -325,7 +327,7 @@ def _one(
     """(time s, busbw, algbw, label) of one algorithm at one size; treecoll's trees in ``mode``;
     ``engine`` ``analytic``: every algorithm in-kernel, from :mod:`treecoll.collectives.sim.analytic`."""
     from treecoll.collectives.placement import Placement
-    from treecoll.collectives.sim.simulator import bandwidths, simulate_algorithm
+    from treecoll.collectives.sim.simulator import bandwidths, simulate_nccl_algorithm
 
     p = topology if isinstance(topology, Placement) else Placement(topology, ranks)
     topology = p.topology
@@ -340,9 +342,8 @@ def _one(
 
         r = analytic_allreduce(p, algo, size, profile=profile or "auto")
         return r.time, r.busbw, r.algbw, f"{r.profile} ({r.stats['engine']})"
-    if algo in SIM_ALGOS:  # NCCL's own algorithms: as NCCL runs them
-        name = "double_binary" if algo == "tree" else algo
-        r = simulate_algorithm(p, name, size, collective=collective, profile=profile or "auto")
+    if algo in SIM_ALGOS:  # NCCL's own algorithms: as NCCL runs them, what simulate_nccl chooses among
+        r = simulate_nccl_algorithm(p, algo, size, collective=collective, profile=profile or "auto")
         return r.time, r.busbw, r.algbw, r.profile
     if mode == "executor" and algo == "auto" and collective == "allreduce":  # what collectives.allreduce(x) runs
         return _auto_executor(p, size)
@@ -559,7 +560,16 @@ def render_allreduce(d: dict) -> str:
         }[kind]
         head += f"# {', '.join(ours)}: {how}\n"
     if nccl:
-        head += f"# {', '.join(nccl)}: NCCL's own, in-kernel; profile {d['profile']}\n"
+        sims = [a for a in nccl if a != "nccl"]
+        if sims:
+            how = (  # the analytic engine's tree is a double binary tree over every rank, not NCCL's tree
+                "analytic engine" + ("; tree: a double binary tree over every rank" * ("tree" in sims))
+                if d.get("engine") == "analytic"
+                else "flow simulation"
+            )
+            head += f"# {', '.join(sims)}: NCCL's algorithms, in-kernel, {how}; profile {d['profile']}\n"
+        if "nccl" in nccl:
+            head += "# nccl: what NCCL's tuner picks, by its tuning model (not simulated)\n"
     if d.get("rounded"):
         head += (
             f"# sizes as nccl-tests runs them (whole float32 elements on each of {d['nranks']} ranks, rounded "
@@ -655,13 +665,15 @@ def decode_data(
 
 
 def render_decode(d: dict) -> str:
+    # NCCL's collectives as simulate's ring/tree/nvls columns simulate them, not its tuning model (the nccl column)
+    nccl = "gather and allreduce3: NCCL's own collectives, its fastest algorithm in the flow simulation"
     if d.get("mode", "executor") == "executor":
         lines = [
             f"# tree and ring: executor mode (treecoll's executor on {d['executor']['backend']}: "
-            f"{d['executor']['step_cost_us']:.1f} us per message); gather and allreduce3: NCCL's own collectives"
+            f"{d['executor']['step_cost_us']:.1f} us per message); {nccl}"
         ]
     else:
-        lines = ["# tree and ring: in-kernel mode (inside NCCL); gather and allreduce3: NCCL's own collectives"]
+        lines = [f"# tree and ring: in-kernel mode (inside NCCL); {nccl}"]
     for r in d["runs"]:
         s = r["shape"]
         lines.append(
@@ -741,15 +753,14 @@ def plot_decode(d: dict, path: str) -> None:
 def links_data(
     topology: Topology, algo: str, size: int, ranks: RanksArg = None, profile: str | None = None, top: int = 10
 ) -> dict[str, Any]:
-    from treecoll.collectives.sim.simulator import simulate_algorithm
+    from treecoll.collectives.sim.simulator import simulate_nccl_algorithm
 
     check_algos([algo])
-    name = "double_binary" if algo == "tree" else algo
-    if name == "nccl":
+    if algo == "nccl":
         raise CollectiveError(
             "simulate links: 'nccl' is an analytical model without links; pick ring, tree, nvls or a builder name"
         )
-    r = simulate_algorithm(topology, name, size, ranks=ranks, profile=profile or "auto", top=top)
+    r = simulate_nccl_algorithm(topology, algo, size, ranks=ranks, profile=profile or "auto", top=top)
     return {
         "topology": topology.name,
         "algo": algo,

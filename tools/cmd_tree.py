@@ -57,6 +57,10 @@ BRUTE_TREES = {
     "all": "every rooted labeled tree, P^(P-1) of them",
 }
 
+#: what ``tree bruteforce``'s times are: not the flow simulation ``tree build`` prints, nor its stepped-through
+#: cost model
+BRUTE_MODEL = "collectives.cost without step_through, not the flow simulation tree build prints"
+
 MODE_HELP = (
     "how treecoll's trees are predicted: executor (as treecoll's executor runs them, one isend/irecv "
     "from Python per message; the default) or in-kernel (the same tree inside NCCL, its protocols)"
@@ -304,14 +308,9 @@ def tree_data(
             pred["cost_model_allreduce_us"] = model.tree_time(plan, nbytes, "allreduce", k) * 1e6
         pred["lower_bound_allreduce_us"] = model.lower_bound(nbytes, "allreduce") * 1e6
         try:
-            pred["nccl"] = {
-                a: {
-                    k: v
-                    for k, v in nccl_predict(topology, gpus, nbytes, a).items()
-                    if k in ("proto", "time_us", "busbw")
-                }
-                for a in nccl_algos(topology, gpus)
-            }
+            runs = (nccl_predict(topology, gpus, nbytes, a) for a in nccl_algos(topology, gpus))
+            # named as NCCL names what runs (nvls_tree across hosts), as simulate's nccl column does
+            pred["nccl"] = {r["algo"]: {k: r[k] for k in ("proto", "time_us", "busbw")} for r in runs}
         except TreeError:
             pass
         data["predicted"] = pred
@@ -577,7 +576,8 @@ def _render_check(d: dict) -> str:
         return "\n".join([f"{d['file']}: does not fit"] + [f"  {p}" for p in d["problems"]])
     lines = [render_tree(d)]
     lines.append(
-        f"auto ({d['auto']['name']}): allreduce {d['auto']['allreduce_us']:.1f} us; "
+        f"the auto builder's tree ({d['auto']['name']}; not simulate's auto column, which may hand the allreduce "
+        f"to the backend): allreduce {d['auto']['allreduce_us']:.1f} us; "
         f"this tree is {d['ratio_to_auto']:.2f}x of it"
     )
     lines.append("OK: the tree fits the topology" if d["ok"] else "PROBLEMS:")
@@ -640,16 +640,30 @@ def bruteforce_data(
                 "seconds": time.perf_counter() - t0,
             }
         )
-    return {"topology": topology.name, "ranks": n, "gpus": list(gpus), "trees": trees, "rows": rows}
+    return {
+        "topology": topology.name,
+        "ranks": n,
+        "gpus": list(gpus),
+        "trees": trees,
+        "model": BRUTE_MODEL,
+        "rows": rows,
+    }
 
 
 def render_bruteforce(d: dict) -> str:
-    """The text view of :func:`bruteforce_data`: one line per size."""
+    """The text view of :func:`bruteforce_data`: the model its times are from, then one line per size."""
+    head = (
+        f"# allreduce times under the closed-form cost model auto's search scores ({BRUTE_MODEL}), each tree "
+        "at its best chunk count"
+    )
     return "\n".join(
-        f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
-        f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
-        f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s"
-        for r in d["rows"]
+        [head]
+        + [
+            f"{d['topology']} P={d['ranks']} {r['bytes']} B: brute force {r['brute_force_us']:.3f} us "
+            f"{tuple(r['best_parents'])}; auto {r['auto_us']:.3f} us ({r['auto']}); auto - min "
+            f"{r['gap_ns']:+.4f} ns; {r['seconds']:.0f} s"
+            for r in d["rows"]
+        ]
     )
 
 

@@ -78,6 +78,7 @@ __all__ = [
     "executor_schedule",
     "simulate_nccl_allreduce",
     "simulate_nccl",
+    "simulate_nccl_algorithm",
     "nccl_rings",
     "nccl_hop_profile",
     "hop_times",
@@ -994,7 +995,6 @@ def simulate_nccl(
     (:func:`~treecoll.collectives.sim.nccl_model.nccl_predict`'s least predicted time over the
     algorithms and protocols, enqueue.cc ``topoGetAlgoInfo``), as NCCL runs it.
     """
-    from .. import builders
     from .nccl_model import COLLECTIVES
 
     if collective not in COLLECTIVES:
@@ -1021,13 +1021,32 @@ def simulate_nccl(
         if names[0] in ("ring", "tree", "pat"):
             prof_of[names[0]] = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
 
-    def run(a: str) -> tuple[str, SimResult]:
-        name, opts = NCCL_ALLREDUCE.get(a, (a, {}))
-        if a == "tree":
-            opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
-        return a, simulate_algorithm(p, name, nbytes, collective=collective, profile=prof_of[a], **opts, **kw)
+    runs = ((a, simulate_nccl_algorithm(p, a, nbytes, collective=collective, profile=prof_of[a], **kw)) for a in names)
+    return min(runs, key=lambda ar: ar[1].time)  # the first of equals
 
-    return min((run(a) for a in names), key=lambda ar: ar[1].time)  # the first of equals
+
+def simulate_nccl_algorithm(
+    placement: Placement | Topology,
+    algo: str,
+    nbytes: int,
+    *,
+    collective: str = "allreduce",
+    ranks: RanksArg = None,
+    profile: Profile | str | None = "auto",
+    **kw: Any,
+) -> SimResult:
+    """One of NCCL's algorithms (``ring``, ``tree``, ``nvls``; others by their name) as the simulator
+    runs it: :data:`NCCL_ALLREDUCE`'s algorithm and options, NCCL's tree one per NIC rail from
+    :data:`NCCL_TREE_RAIL_BYTES`; what :func:`simulate_nccl` chooses among, and what
+    ``treecoll simulate --algo ring,tree,nvls`` prints. ``kw`` go to :func:`simulate_algorithm`."""
+    from .. import builders
+
+    p = as_placement(placement, ranks, what=f"simulate NCCL {algo}")
+    name, opts = NCCL_ALLREDUCE.get(algo, (algo, {}))
+    if algo == "tree":
+        topology, gpus = placed(p, what=f"simulate NCCL {algo}")
+        opts = {**opts, "rails": nbytes >= NCCL_TREE_RAIL_BYTES and builders.rails_possible(topology, gpus)}
+    return simulate_algorithm(p, name, nbytes, collective=collective, profile=profile, **opts, **kw)
 
 
 def _extrapolate(r: SimResult, r_half: SimResult, k: int, want: int) -> SimResult:
