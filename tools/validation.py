@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from treecoll.collectives.sim import nccltests
+from treecoll.collectives.sim.profiles import NCCL_PROTO_PROFILES
 from treecoll.tools.machine_flags import parse_machine_flags
 from treecoll.topo.errors import CollectiveError, TreecollError
 from treecoll.topo.machines import MachineFlags, machine_topology
@@ -308,7 +309,8 @@ def algorithms(case: Case, collective: str, topology: Topology | None = None) ->
     (:func:`treecoll.collectives.sim.nccl_model.nccl_algos`)."""
     algo = re.search(r"NCCL_ALGO=(\w+)", case.env)
     proto = re.search(r"NCCL_PROTO=(\w+)", case.env)
-    proto_name = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}.get(proto.group(1).lower()) if proto else None
+    by_lower = {name.lower(): name for name in NCCL_PROTO_PROFILES}  # NCCL_PROTO is case-insensitive
+    proto_name = by_lower.get(proto.group(1).lower()) if proto else None
     algos = ["ring"]
     if collective == "allreduce":
         algos = ["ring", "tree"]
@@ -319,7 +321,7 @@ def algorithms(case: Case, collective: str, topology: Topology | None = None) ->
     if algo:
         a = {"nvlstree": "nvls"}.get(algo.group(1).lower(), algo.group(1).lower())
         algos = [x for x in algos if x == a] or algos
-    prof = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}.get(proto_name, "auto")
+    prof = NCCL_PROTO_PROFILES.get(proto_name, "auto")
     return algos, prof
 
 

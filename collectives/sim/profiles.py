@@ -129,6 +129,7 @@ __all__ = [
     "PROFILES",
     "NCCL_PROTOCOLS",
     "NCCL_PROTO_NAMES",
+    "NCCL_PROTO_PROFILES",
     "get_profile",
     "load_profile",
     "save_profile",
@@ -305,6 +306,8 @@ PROFILES: dict[str, Profile] = {
 NCCL_PROTOCOLS = ("nccl-ll", "nccl-ll128", "nccl-simple")
 #: NCCL's own name of each protocol profile (NCCL_PROTO=LL, LL128, Simple; src/include/device.h)
 NCCL_PROTO_NAMES = {"nccl-ll": "LL", "nccl-ll128": "LL128", "nccl-simple": "Simple"}
+#: the protocol profile of each of NCCL's protocol names
+NCCL_PROTO_PROFILES = {name: profile for profile, name in NCCL_PROTO_NAMES.items()}
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from ..placement import Placement, as_placement
 from ..schedule import Schedule
 from .engine import FlowEngine, Network, drain_times
 from .nccl_model import PROTO_CHUNK_BYTES
-from .profiles import NCCL_PROTO_NAMES, Profile, get_profile
+from .profiles import NCCL_PROTO_NAMES, NCCL_PROTO_PROFILES, Profile, get_profile
 from .result import (
     DTYPE_SIZES,
     EXECUTOR_RUN,
@@ -1019,7 +1019,7 @@ def simulate_nccl(
         )
         names = [pick["algo"] if pick["algo"] != "nvls_tree" else "nvls"]
         if names[0] in ("ring", "tree", "pat"):
-            prof_of[names[0]] = {"LL": "nccl-ll", "LL128": "nccl-ll128", "Simple": "nccl-simple"}[pick["proto"]]
+            prof_of[names[0]] = NCCL_PROTO_PROFILES[pick["proto"]]
 
     runs = ((a, simulate_nccl_algorithm(p, a, nbytes, collective=collective, profile=prof_of[a], **kw)) for a in names)
     return min(runs, key=lambda ar: ar[1].time)  # the first of equals
