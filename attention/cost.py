@@ -363,7 +363,7 @@ def decode_step(
             time_ring - local,
             (P - 1) * kv_bytes,
             (P - 1) * kv_bytes * P,
-            2 * kv_bytes + q_bytes + state_bytes,
+            (2 if P > 1 else 1) * kv_bytes + q_bytes + state_bytes,  # its own block and the one arriving
             vol["ring"],
             mem["ring"],
             f"{P - 1} K/V passes of {kv_bytes} B, overlapped with compute",

@@ -123,6 +123,14 @@ def test_peak_memory_per_method():
     assert out["kv_bytes_per_rank"] == kv
     assert out["methods"]["ring"]["peak_mem_bytes"] == 2 * kv + q + state
     assert out["methods"]["tree"]["peak_mem_bytes"] == kv + q + state + 2 * state
+    # one rank: no K/V arrives, nothing is sent, every method is the local attention alone
+    one = decode_step(
+        star_topology(1, mem_bw=1000.0), DecodeShape(seq_len=100_000, heads=8, head_dim=64, kv_heads=2), tree="binomial"
+    )
+    assert one["methods"]["ring"]["peak_mem_bytes"] == kv + q + state
+    assert {m: (r["time_s"], r["sent_bytes_per_gpu"]) for m, r in one["methods"].items()} == {
+        m: (one["local_s"], 0.0) for m in one["methods"]
+    }
 
 
 def test_methods_that_do_not_fit_the_gpu_memory():
