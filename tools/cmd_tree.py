@@ -362,15 +362,14 @@ def render_tree(data: dict) -> str:
     out.append(f"order preserving: {'yes' if data['order_preserving'] else 'no'}; fingerprint {data['fingerprint']}")
     p = data.get("predicted")
     if p:
+
+        def how(v: dict) -> str:  # executor: its chunks; in-kernel: NCCL's protocol, which sets the pipeline
+            if "nchunks" in v:
+                return f"{v['nchunks']} chunk{'s' * (v['nchunks'] != 1)}"
+            return NCCL_PROTO_NAMES.get(v["profile"], v["profile"])
+
         parts = [
-            f"{k} {v['time_us']:.1f} us ("
-            + (
-                f"{v['nchunks']} chunk{'s' * (v['nchunks'] != 1)})"
-                if "nchunks" in v
-                else f"{NCCL_PROTO_NAMES.get(v['profile'], v['profile'])})"
-            )
-            for k, v in p.items()
-            if k in ("reduce", "broadcast", "allreduce")
+            f"{k} {v['time_us']:.1f} us ({how(v)})" for k, v in p.items() if k in ("reduce", "broadcast", "allreduce")
         ]
         out.append(f"predicted for {data['bytes']} B, {_mode_text(p)}: " + ", ".join(parts))
         if "cost_model_allreduce_us" in p:

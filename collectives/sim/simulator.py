@@ -832,8 +832,7 @@ def _tree_staged(topology: Topology, gpus: Sequence[str], nbytes: int, steps: in
     """
     if prof.name != "nccl-ll":
         return None
-    nodes = topology.graph.nodes
-    nics = min(len(topology.nics(h)) for h in {nodes[g]["host"] for g in gpus})
+    nics = min(len(topology.nics(h)) for h in _host_groups(topology, gpus))
     channels = max(1, _tree_slice(topology, gpus, nbytes, prof) // PROTO_CHUNK_BYTES["LL"])
     return _channels_staged(prof, nbytes / steps, max(1, nics), channels)
 

@@ -134,7 +134,7 @@ def host_buffer(topology: Topology, gpu: str) -> str | None:
     """
     g = topology.graph
     node = g.nodes[gpu]
-    cpus = [n for n, d in g.nodes(data=True) if d.get("kind") == "cpu" and d.get("host") == node.get("host")]
+    cpus = topology.nodes("cpu", node.get("host"))
     if not cpus:
         return None
     same = [c for c in cpus if g.nodes[c].get("numa") == node.get("numa")]
