@@ -537,7 +537,7 @@ def _as_nccl_tests_runs(collective: str, sizes: Sequence[int], P: int) -> tuple[
 #: what the ``auto`` column of ``simulate allreduce`` is, by mode (the analytic engine has no executor mode)
 _AUTO_COLUMN = {
     "executor": "what collectives.allreduce(x) runs, the backend's own allreduce where faster",
-    "analytic": "the faster of two_level and tree (double binary)",
+    "analytic": "the faster of two_level and tree",
     "in-kernel": "the tree builder auto's tree",
 }
 
@@ -562,11 +562,7 @@ def render_allreduce(d: dict) -> str:
     if nccl:
         sims = [a for a in nccl if a != "nccl"]
         if sims:
-            how = (  # the analytic engine's tree is a double binary tree over every rank, not NCCL's tree
-                "analytic engine" + ("; tree: a double binary tree over every rank" * ("tree" in sims))
-                if d.get("engine") == "analytic"
-                else "flow simulation"
-            )
+            how = "analytic engine" if d.get("engine") == "analytic" else "flow simulation"
             head += f"# {', '.join(sims)}: NCCL's algorithms, in-kernel, {how}; profile {d['profile']}\n"
         if "nccl" in nccl:
             head += "# nccl: what NCCL's tuner picks, by its tuning model (not simulated)\n"

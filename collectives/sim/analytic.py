@@ -16,12 +16,15 @@ form in the number of hosts ``H``, in time independent of ``H`` beyond reading t
   group). Exact up to :data:`RING_SAMPLE_HOSTS` hosts; beyond, exact when every leaf group
   loads the spines as the sample's do (on the shipped 1024-host fat tree a 256-host sample
   gives the lockstep model's time to 1e-13).
-* trees (``two_level``, ``tree`` = NCCL's double binary tree, any builder whose tree over hosts
-  is binary): a pipelined tree allreduce takes ``T = a + b * d`` for a tree over hosts of depth
+* trees (``two_level``, ``tree`` = NCCL's tree as the flow engine runs it, a chain in each host under
+  a double binary tree over hosts, one per NIC rail from 4 MiB:
+  :func:`~treecoll.collectives.sim.simulator.simulate_nccl_algorithm`; any builder whose tree over
+  hosts is binary): a pipelined tree allreduce takes ``T = a + b * d`` for a tree over hosts of depth
   ``d = ceil(log2 H)``: the bytes through the bottleneck and the intra-host part do not depend
   on ``H``, each level adds one hop's latency and one chunk's pipeline fill up and down. ``a``
   and ``b`` come from flow simulations
-  (:func:`~treecoll.collectives.sim.simulator.simulate_algorithm`, the same chunking and
+  (:func:`~treecoll.collectives.sim.simulator.simulate_nccl_algorithm` for ``tree``,
+  :func:`~treecoll.collectives.sim.simulator.simulate_algorithm` otherwise: the same chunking and
   protocol choice) on the first 4 and 8 hosts (on 16 and 64 DGX H100 of the shipped rail-optimized
   fat tree, within 4% and 14% of the flow engine for both trees at 1 MiB and 64 MiB). ``auto`` is
   answered as the faster of ``two_level`` and ``tree`` (the tree search itself needs the whole cluster).
@@ -219,19 +222,22 @@ def _entry(host: list[str], sample_gpu: str, sample_host: list[str]) -> str:
 def _tree(
     placement: Placement, hosts: list[list[str]], algo: str, nbytes: int, profile, collective: str, dtype: str
 ) -> SimResult:
-    """A pipelined tree allreduce on ``H`` hosts: ``a + b * ceil(log2 H)`` fitted on flow runs of 4 and 8 hosts."""
-    from .simulator import simulate_algorithm
+    """A pipelined tree allreduce on ``H`` hosts: ``a + b * ceil(log2 H)`` fitted on flow runs of 4 and 8 hosts
+    (``tree``: NCCL's tree as :func:`~treecoll.collectives.sim.simulator.simulate_nccl_algorithm` runs it)."""
+    from .simulator import simulate_algorithm, simulate_nccl_algorithm
+
+    run = simulate_nccl_algorithm if algo == "tree" else simulate_algorithm
 
     H = len(hosts)
     P = H * len(hosts[0])
     topology = placement.topology
     if H <= _TREE_SAMPLES[-1]:
-        r = simulate_algorithm(placement, algo, nbytes, collective=collective, profile=profile, dtype=dtype)
+        r = run(placement, algo, nbytes, collective=collective, profile=profile, dtype=dtype)
         return dataclasses.replace(r, stats=dict(r.stats, engine="flow"))
     runs = []
     for h in _TREE_SAMPLES:
         sub = Placement(topology, [g for hh in hosts[:h] for g in hh])
-        runs.append(simulate_algorithm(sub, algo, nbytes, collective=collective, profile=profile, dtype=dtype))
+        runs.append(run(sub, algo, nbytes, collective=collective, profile=profile, dtype=dtype))
     (h1, h2), (r1, r2) = _TREE_SAMPLES, runs
     d1, d2, d = (math.ceil(math.log2(x)) for x in (h1, h2, H))
     slope = (r2.time - r1.time) / (d2 - d1)
@@ -283,7 +289,7 @@ def analytic_allreduce(
             key=lambda r: r.time,
         )
     else:
-        names = ("two_level", "double_binary") if algo == "auto" else ("double_binary" if algo == "tree" else algo,)
+        names = ("two_level", "tree") if algo == "auto" else (algo,)
         best = min((_tree(p, hosts, a, nbytes, profile, "allreduce", dtype) for a in names), key=lambda r: r.time)
         if algo == "auto":
             best = dataclasses.replace(best, stats=dict(best.stats, chosen=best.algorithm))
