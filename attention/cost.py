@@ -401,14 +401,14 @@ def _check_fit(out: dict, topology: Topology, gpus: Sequence[str], per_token: in
     """Mark each method's ``fits`` (its ``peak_mem_bytes`` within the GPUs' capacity; None: no capacity
     known) and put the capacity (``mem_capacity_bytes``, ``mem_gpu_model``) and ``max_seq_len_fits``
     (the longest context one of the methods fits: its K/V shard grows ``per_token`` bytes a token, twice
-    for ring's two blocks, the rest of its peak stays) in ``out``."""
+    for ring's two blocks on more than one rank, the rest of its peak stays) in ``out``."""
     cap, model = mem_capacity(topology, gpus)
     out["mem_capacity_bytes"], out["mem_gpu_model"] = cap, model
     longest = 0
     for name, m in out["methods"].items():
         m["fits"] = None if cap is None else m["peak_mem_bytes"] <= cap
         if cap is not None:
-            blocks = 2 if name == "ring" else 1
+            blocks = 2 if name == "ring" and out["nranks"] > 1 else 1  # on one rank no block arrives
             rest = m["peak_mem_bytes"] - blocks * out["kv_bytes_per_rank"]
             longest = max(longest, max(0, int((cap - rest) // (blocks * per_token))) * out["nranks"])
     if cap is not None:

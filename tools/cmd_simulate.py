@@ -672,8 +672,9 @@ def render_decode(d: dict) -> str:
         lines = [f"# tree and ring: in-kernel mode (inside NCCL); {nccl}"]
     for r in d["runs"]:
         s = r["shape"]
+        gpus, hosts = r["nranks"], r["hosts"]
         lines.append(
-            f"# decode step on {d['topology']}: {r['nranks']} GPUs ({r['hosts']} host{'s' * (r['hosts'] != 1)}), "
+            f"# decode step on {d['topology']}: {gpus} GPU{'s' * (gpus != 1)} ({hosts} host{'s' * (hosts != 1)}), "
             f"{s['seq_len']} tokens ({r['tokens_per_rank']}/GPU), b={s['batch']}, heads={s['heads']} "
             f"(kv {s['kv_heads']}) x {s['head_dim']}, {s['dtype']}"
         )
@@ -705,9 +706,10 @@ def _not_fitting(r: dict) -> str:
 
 def _longest_fitting(r: dict) -> str:
     n, gpus = r["max_seq_len_fits"], r["nranks"]
+    these = "this GPU" if gpus == 1 else f"these {gpus} GPUs"
     if not n:
-        return f"no context fits on these {gpus} GPUs; expected a topology with more GPU memory"
-    return f"expected at most {n} tokens on these {gpus} GPUs (--seq-len), or more GPUs (--ranks, --topology)"
+        return f"no context fits on {these}; expected a topology with more GPU memory"
+    return f"expected at most {n} tokens on {these} (--seq-len), or more GPUs (--ranks, --topology)"
 
 
 def decode_verdict(r: dict) -> list[str]:

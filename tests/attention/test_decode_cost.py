@@ -166,6 +166,23 @@ def test_methods_that_do_not_fit_the_gpu_memory():
     assert over["methods"]["tree"]["fits"] is False and "auto" not in over
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("method", ["ring", "tree"])
+def test_the_longest_context_that_fits_is_exact_for_each_method(method, ranks):
+    """``max_seq_len_fits`` of one method alone: that context fits, one more token per rank does not
+    (ring holds its block and the arriving one, on one rank only its own)."""
+    topo = star_topology(ranks, mem_bw=1000.0, mem_gb=[0.05] * ranks)
+
+    def run(seq_len):
+        shape = DecodeShape(seq_len=seq_len, heads=8, head_dim=64, kv_heads=2)
+        return decode_step(topo, shape, profile="ideal", tree="binomial", methods=(method,))
+
+    longest = run(1000 * ranks)["max_seq_len_fits"]
+    assert longest > 1000 * ranks and longest % ranks == 0
+    assert run(longest)["methods"][method]["fits"] is True
+    assert run(longest + ranks)["methods"][method]["fits"] is False
+
+
 def test_no_capacity_changes_nothing():
     """One GPU without ``mem_gb``: no capacity, ``fits`` None everywhere, auto and the speed-ups as before."""
     shape = DecodeShape(seq_len=400_000, heads=8, head_dim=64, kv_heads=2)
