@@ -1,5 +1,6 @@
 """The machine flags of the command line: ``--topology FILE|name``, or ``--hosts N --gpus-per-host G
---gpu MODEL --nic COUNTxSPEEDG-FABRIC``, for every command that needs a machine a file may not name.
+--gpu MODEL --nic COUNTxSPEEDG-FABRIC --gpu-nic aligned|unaligned``, for every command that needs a
+machine a file may not name.
 
 :func:`add_machine_flags` adds them to a parser (as one argument group);
 :func:`machine_flags` reads them back as a :class:`~treecoll.topo.machines.MachineFlags`;
@@ -17,6 +18,12 @@ that records, per nccl-tests table, what its user would have passed).
 >>> f = machine_flags(p.parse_args(["--hosts", "2", "--gpu", "B200", "--nic", "8x400G-roce"]))
 >>> f.hosts, f.gpus_per_host, f.gpu, str(f.nic)
 (2, None, 'B200', '8x400G-roce')
+>>> parse_machine_flags("--gpu-nic unaligned").gpu_nic
+'unaligned'
+>>> parse_machine_flags("--gpu-nic pix")
+Traceback (most recent call last):
+...
+treecoll.tools.units.UsageError: --gpu-nic 'pix': expected one of aligned, unaligned (whether each GPU shares ...
 >>> parse_machine_flags("--gpu H999")
 Traceback (most recent call last):
 ...
@@ -41,6 +48,7 @@ __all__ = [
     "parse_machine_flags",
     "nic_arg",
     "gpu_arg",
+    "gpu_nic_arg",
     "describe",
 ]
 
@@ -63,12 +71,21 @@ def gpu_arg(text: str) -> str:
     return text
 
 
+def gpu_nic_arg(text: str) -> str:
+    """argparse ``type=`` for ``--gpu-nic``: ``aligned`` or ``unaligned``, or a one-line UsageError."""
+    try:
+        return machines.parse_gpu_nic(text)
+    except TopologyError as e:
+        raise UsageError(str(e)) from None
+
+
 def add_machine_flags(parser: argparse.ArgumentParser, *, topology_help: str | None = None) -> argparse._ArgumentGroup:
-    """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic`` (one group) to ``parser``."""
+    """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic``, ``--gpu-nic`` (one group) to
+    ``parser``."""
     g = parser.add_argument_group(
         "machine",
         "the machine a run is on, where its file does not say it (flags win "
-        "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic",
+        "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic/--gpu-nic",
     )
     g.add_argument(
         "--topology",
@@ -105,6 +122,14 @@ def add_machine_flags(parser: argparse.ArgumentParser, *, topology_help: str | N
         help=f"NICs per host, e.g. 8x400G-ib; FABRIC one of {', '.join(machines.FABRICS)} "
         f"(default: the template's NICs)",
     )
+    g.add_argument(
+        "--gpu-nic",
+        type=gpu_nic_arg,
+        default=None,
+        metavar="|".join(machines.GPU_NIC),
+        help="whether each GPU shares a PCIe switch with the NIC it uses (default aligned, as on DGX/HGX); "
+        "unaligned: no GPUDirect RDMA, NCCL stages the network through host memory",
+    )
     return g
 
 
@@ -116,6 +141,7 @@ def machine_flags(args: argparse.Namespace) -> MachineFlags:
         gpus_per_host=getattr(args, "gpus_per_host", None),
         gpu=getattr(args, "gpu", None),
         nic=getattr(args, "nic", None),
+        gpu_nic=getattr(args, "gpu_nic", None),
     )
 
 

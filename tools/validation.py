@@ -238,6 +238,7 @@ def merged_flags(case: Case, flags: MachineFlags | None) -> MachineFlags:
         gpus_per_host=flags.gpus_per_host or base.gpus_per_host,
         gpu=flags.gpu or base.gpu,
         nic=flags.nic or base.nic,
+        gpu_nic=flags.gpu_nic or base.gpu_nic,
     )
 
 
@@ -268,7 +269,7 @@ def _machine_topology(flags: MachineFlags, facts: Any) -> tuple[Topology, Any]:
     from treecoll.topo.machines import resolve_machine
 
     m = resolve_machine(flags, facts)
-    key = (m.template, m.hosts, m.gpus_per_host, m.nic, m.gpu, repr(m.overrides))
+    key = (m.template, m.hosts, m.gpus_per_host, m.nic, m.gpu, repr(m.overrides), m.gpu_nic)
     topo = _TOPOLOGIES.get(key)
     if topo is None:
         topo = _TOPOLOGIES[key] = m.topology()

@@ -31,12 +31,26 @@ src/graph/topo.h) and the fabric, one of :data:`FABRICS`. The NICs replace
 the template's, NIC ``k`` beside GPU ``k * G / COUNT`` (its PCIe switch, or its
 NUMA domain): 8 NICs on 8 GPUs one each, 32 on 8 four each, 4 on 8 one per pair.
 
+``--gpu-nic aligned|unaligned`` (:data:`GPU_NIC`): whether each GPU shares a PCIe
+switch with the NIC it uses. ``aligned`` (the default) is the template's
+placement, as on DGX / HGX hosts; ``unaligned`` puts every NIC (the template's
+or ``--nic``'s) on the CPU of its GPU's NUMA node, on no GPU's switch: a
+container given one fixed NIC and whichever GPU is free (a Kubernetes pod
+asking for ``nvidia.com/gpu: 1``). NCCL then runs the network without
+GPUDirect RDMA (the GPU-NIC path is beyond ``NCCL_NET_GDR_LEVEL``, PXB by
+default: NVIDIA/nccl src/graph/paths.cc ``ncclTopoCheckGdr``), which the
+simulator derives from the path (:func:`treecoll.topo.env.gdr`).
+
 >>> m = resolve_machine(MachineFlags(hosts=2, gpu="NVIDIA H100 80GB HBM3", nic=parse_nic("8x400G-ib")))
 >>> m.template, m.hosts, m.gpus_per_host, str(m.nic)
 ('h100-sxm', 2, 8, '8x400G-ib')
 >>> t = m.topology()
 >>> len(t.gpus()), t.node("h0/nic0")["bw"], t.path("h0/gpu0", "h1/gpu0").nccl, t.meta["machine"]["fabric"]
 (16, 50.0, 'NET', 'ib')
+>>> f = MachineFlags(hosts=2, gpu="H200", gpus_per_host=1, nic=parse_nic("1x400G-roce"), gpu_nic="unaligned")
+>>> u = resolve_machine(f)
+>>> u.topology().path("h0/gpu0", "h0/nic0").nccl, u.describe()[-34:]
+('PHB', "GPUs off their NICs' PCIe switches")
 >>> resolve_machine(MachineFlags(hosts=1, gpu="H999")).template  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
@@ -69,6 +83,8 @@ __all__ = [
     "UNNAMED",
     "GpuChoice",
     "resolve_gpu",
+    "GPU_NIC",
+    "parse_gpu_nic",
     "MachineFacts",
     "MachineFlags",
     "Machine",
@@ -102,14 +118,15 @@ FABRICS: dict[str, Fabric] = {
     f.name: f
     for f in (
         Fabric("ib", "InfiniBand", "InfiniBand (verbs, GPUDirect RDMA)"),
-        # 10 us: chosen from the fit table h200-2gpu-2node-allreduce-gke-mpioperator (Google Cloud RoCE,
-        # gIB NCCL plugin): 2-rank allreduce of 1-64 KiB in 32-54 us against 17-21 us with NCCL's own
-        # network latencies alone; no public source states the latency of a RoCE NCCL net plugin (NCCL's
-        # own verbs transport reports 0, src/transport/net_ib.cc). In that table at least one rank's GPU
-        # does not share a PCIe switch with its NIC (tables.yaml gpu_nic), so NCCL ran it without
-        # GPUDirect RDMA (beyond PXB, src/graph/paths.cc ncclTopoCheckGdr): the value includes staging
-        # through host memory, which a GPU beside its NIC does not pay
-        Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)", lat=10.0),
+        # 7.5 us: chosen from the fit table h200-2gpu-2node-allreduce-gke-mpioperator (Google Cloud RoCE,
+        # gIB NCCL plugin; 2-rank allreduce of 1-64 KiB in 32-54 us), modelled with its GPUs off their
+        # NIC's PCIe switch (tables.yaml gpu_nic: --gpu-nic unaligned): NCCL then runs without GPUDirect
+        # RDMA (beyond PXB, src/graph/paths.cc ncclTopoCheckGdr) and stages every network step through
+        # host memory on both sides (src/transport/net.cc sendProxyConnect, recvProxyConnect), which the
+        # simulator adds per step. The value is the best of a scan in 0.5 us steps of the table's small-
+        # message error (5: 11.3%, 6: 8.7%, 7: 7.2%, 7.5: 7.1%, 8: 7.7%, 9: 11.0%). No public source states
+        # the latency of a RoCE NCCL net plugin (NCCL's own verbs transport reports 0, src/transport/net_ib.cc)
+        Fabric("roce", "RoCE", "RDMA over Converged Ethernet (verbs, GPUDirect RDMA)", lat=7.5),
         # aws/aws-ofi-nccl src/platform-aws.cpp: the plugin's default net latency, 75 us (p4d, p4de,
         # p5, g5.48xlarge; 35 us on p5en/p6, pass a topology file for those)
         Fabric("efa", "EFA", "AWS Elastic Fabric Adapter (aws-ofi-nccl plugin)", lat=75.0),
@@ -169,6 +186,29 @@ def parse_nic(text: str, *, what: str = "--nic") -> Nic:
     if not 0 < gbps <= 100_000:
         raise TopologyError(f"{what} {text!r}: expected a line rate above 0 and at most 100000 Gb/s, got {gbps:g}")
     return Nic(count, gbps, fabric)
+
+
+#: the values of ``--gpu-nic``: whether each GPU shares a PCIe switch with the NIC it uses (module docstring)
+GPU_NIC = ("aligned", "unaligned")
+
+
+def parse_gpu_nic(text: str, *, what: str = "--gpu-nic") -> str:
+    """``"Unaligned"`` -> ``"unaligned"``; anything but :data:`GPU_NIC` is a one-line :class:`TopologyError`.
+
+    >>> parse_gpu_nic("aligned")
+    'aligned'
+    >>> parse_gpu_nic("pix")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    treecoll.topo.errors.TopologyError: --gpu-nic 'pix': expected one of aligned, unaligned (whether each GPU ...
+    """
+    v = str(text).strip().lower()
+    if v not in GPU_NIC:
+        raise TopologyError(
+            f"{what} {str(text)[:60]!r}: expected one of {', '.join(GPU_NIC)} (whether each GPU shares a "
+            f"PCIe switch with its NIC)"
+        )
+    return v
 
 
 # ---------------------------------------------------------------------------------------------- GPU names
@@ -377,23 +417,39 @@ def _gpu_numa(t: dict, i: int) -> int | None:
 def _set_nics(t: dict, nic: Nic) -> None:
     """Replace the template's NICs by ``nic``: NIC k beside GPU k*G//count (in place)."""
     fab = FABRICS[nic.fabric]
+    nics: dict[str, Any] = {"count": nic.count, "bw": nic.bw, "link_layer": fab.link_layer}
+    if fab.lat is not None:
+        nics["lat"] = fab.lat
+    t["nics"] = nics
+    _place_nics(t, aligned=True)
+
+
+def _place_nics(t: dict, *, aligned: bool) -> None:
+    """Put the template's NICs (``t["nics"]``, in place) beside their GPUs, NIC k beside GPU k*G//count:
+    on that GPU's PCIe switch when ``aligned`` and every such GPU has one, else on the CPU of its NUMA
+    node (a NIC on no GPU's switch: beyond PXB of every GPU)."""
+    nics = t["nics"]
     ngpu = int(t["gpus"]["count"])
     switches = (t.get("pcie") or {}).get("switches", [])
     for sw in switches:
         sw.pop("nics", None)
+    nics.pop("numa", None)
     gpu_switch = {i: s for s, sw in enumerate(switches) for i in sw.get("gpus", [])}
-    nics: dict[str, Any] = {"count": nic.count, "bw": nic.bw, "link_layer": fab.link_layer}
-    if fab.lat is not None:
-        nics["lat"] = fab.lat
-    near = [k * ngpu // nic.count for k in range(nic.count)]
-    if all(g in gpu_switch for g in near):
+    near = [k * ngpu // int(nics["count"]) for k in range(int(nics["count"]))]
+    if aligned and all(g in gpu_switch for g in near):
         for k, g in enumerate(near):
             switches[gpu_switch[g]].setdefault("nics", []).append(k)
-    else:
-        cpus = [c["numa"] for c in t.get("cpus", []) if isinstance(c, dict) and "numa" in c]
-        nics["numa"] = [n if (n := _gpu_numa(t, g)) is not None else cpus[0] for g in near]
-        t.setdefault("pcie", {"bw": 48.0})  # PCIe Gen5 x16 (topo.h) for a template that lists no PCIe
-    t["nics"] = nics
+        return
+    cpus = [c["numa"] for c in t.get("cpus", []) if isinstance(c, dict) and "numa" in c]
+
+    def numa(g: int) -> int:
+        n = _gpu_numa(t, g)
+        if n is None and g in gpu_switch:
+            n = switches[gpu_switch[g]].get("cpu")
+        return cpus[0] if n is None else n
+
+    nics["numa"] = [numa(g) for g in near]
+    t.setdefault("pcie", {"bw": 48.0})  # PCIe Gen5 x16 (topo.h) for a template that lists no PCIe
 
 
 # ---------------------------------------------------------------------------------------------- machines
@@ -419,16 +475,18 @@ class MachineFlags:
     gpus_per_host: int | None = None
     gpu: str | None = None
     nic: Nic | None = None
+    gpu_nic: str | None = None
 
     def counts_given(self) -> bool:
-        return any(v is not None for v in (self.hosts, self.gpus_per_host, self.gpu, self.nic))
+        return any(v is not None for v in (self.hosts, self.gpus_per_host, self.gpu, self.nic, self.gpu_nic))
 
 
 @dataclass(frozen=True)
 class Machine:
     """A resolved machine: ``hosts`` hosts of the shipped ``template`` with ``gpus_per_host`` GPUs each and
     ``nic`` NICs (None: the template's own). ``gpu``: the name it was resolved from; ``overrides``: GPU
-    attributes of that name's variant; ``notes``: what was read from where and what was assumed."""
+    attributes of that name's variant; ``notes``: what was read from where and what was assumed;
+    ``gpu_nic``: ``"unaligned"`` puts the NICs on no GPU's PCIe switch (:data:`GPU_NIC`)."""
 
     template: str
     hosts: int
@@ -437,6 +495,7 @@ class Machine:
     gpu: str
     overrides: tuple[tuple[str, Any], ...] = ()
     notes: tuple[str, ...] = field(default=())
+    gpu_nic: str = "aligned"
 
     @property
     def nranks(self) -> int:
@@ -446,7 +505,8 @@ class Machine:
         """``"2 x h100-sxm (8 GPUs each), NICs 8x400G-ib"``."""
         nic = str(self.nic) if self.nic else "the template's"
         gpus = f"{self.gpus_per_host} GPU{'s' if self.gpus_per_host != 1 else ''}"
-        return f"{self.hosts} x {self.template} ({gpus} each), NICs {nic}"
+        off = ", GPUs off their NICs' PCIe switches" if self.gpu_nic == "unaligned" else ""
+        return f"{self.hosts} x {self.template} ({gpus} each), NICs {nic}{off}"
 
     def document(self) -> dict:
         """The compact YAML form of the machine, as plain data."""
@@ -456,6 +516,8 @@ class Machine:
             t["gpus"].update(dict(self.overrides))
         if self.nic is not None:
             _set_nics(t, self.nic)
+        if self.gpu_nic == "unaligned" and (t.get("nics") or {}).get("count"):
+            _place_nics(t, aligned=False)
         if self.hosts > 1 and not (t.get("nics") or {}).get("count"):
             raise TopologyError(
                 f"{self.hosts} hosts of {self.template}: the template lists no NICs; pass --nic {_NIC_FORM}"
@@ -469,6 +531,7 @@ class Machine:
             "gpu": self.gpu,
             "nic": str(self.nic) if self.nic else "template",
             "fabric": fabric,
+            "gpu_nic": self.gpu_nic,
         }
         doc: dict[str, Any] = {
             "name": self.template if self.hosts == 1 else f"{self.template}-x{self.hosts}",
@@ -569,7 +632,9 @@ def resolve_machine(flags: MachineFlags, facts: MachineFacts | None = None) -> M
         notes.append("NICs: the template's own (pass --nic to change)")
     if n is not None and n != hosts * per:
         notes.append(f"the table ran on {n} ranks; the machine has {hosts} x {per} = {hosts * per} GPUs")
-    return Machine(choice.template, hosts, per, flags.nic, gpu, choice.overrides, tuple(notes))
+    return Machine(
+        choice.template, hosts, per, flags.nic, gpu, choice.overrides, tuple(notes), flags.gpu_nic or "aligned"
+    )
 
 
 def machine_topology(flags: MachineFlags, facts: MachineFacts | None = None) -> tuple[Topology, Machine | None]:
@@ -579,7 +644,7 @@ def machine_topology(flags: MachineFlags, facts: MachineFacts | None = None) -> 
         if flags.counts_given():
             raise TopologyError(
                 "--topology names the whole machine: expected it alone, got it with --hosts, "
-                "--gpus-per-host, --gpu or --nic; pass one or the other"
+                "--gpus-per-host, --gpu, --nic or --gpu-nic; pass one or the other"
             )
         from .yaml_io import resolve
 

@@ -78,7 +78,7 @@ from treecoll.topo.errors import CollectiveError
 
 from ..schedule import Schedule, Step
 from .profiles import Profile
-from .transports import NIC_CHANNELS, host_buffer, link_factor
+from .transports import NIC_CHANNELS, gpu_direct, host_buffer, link_factor
 
 __all__ = [
     "Network",
@@ -153,12 +153,15 @@ class Network:
     """
 
     def __init__(self, topology: Topology, profile: Profile, staged_bytes: float = 0.0):
-        """``staged_bytes``: bytes of one step a sending GPU writes into host memory before its NIC sends
-        it (NCCL's LL protocol, :meth:`staged_seconds`; 0: none)."""
+        """``staged_bytes``: bytes of one network step a GPU writes into (reads from) its host memory where
+        NCCL's net transport keeps the step's buffer there (:meth:`host_staged`, :meth:`staged_seconds`;
+        0: none)."""
         self.topology = topology
         self.profile = profile
         self.staged_bytes = staged_bytes
+        self._ll_send = profile.name == "nccl-ll"  # LL's send buffer: host memory even with GPUDirect RDMA
         self._host_memory: dict[str, str | None] = {}  # GPU -> the CPU holding its host buffers (host_buffer)
+        self._gdr: dict[tuple[str, str], bool] = {}  # (GPU, NIC) -> GPUDirect RDMA (transports.gpu_direct)
         self._ids: dict[tuple[str, str], int] = {}
         self.ends: list[tuple[str, str]] = []
         self.kinds: list[str] = []
@@ -325,7 +328,11 @@ class Network:
         """Seconds of route latency of path ``p`` (module docstring)."""
         lat = max(p.lat * 1e-6, self.profile.step_lat(route_class(p.nccl))) + self._nic_lat(p.nodes)
         if self.staged_bytes > 0 and route_class(p.nccl) == "net":
-            lat += self.staged_seconds(p.nodes[0], self.staged_bytes)
+            send, recv = self.host_staged(p.nodes)
+            if send:
+                lat += self.staged_seconds(p.nodes[0], self.staged_bytes)
+            if recv:
+                lat += self.staged_seconds(p.nodes[-1], self.staged_bytes, read=True)
         return lat
 
     def _new_route(self, a: str, b: str) -> Route:
@@ -333,35 +340,59 @@ class Network:
         p = self.topology.path(a, b)
         routes = p.routes
         if self.staged_bytes > 0 and route_class(p.nccl) == "net":
-            routes = self._from_host_memory(a, routes)
+            routes = self._via_host_memory(a, b, routes, *self.host_staged(p.nodes))
         subs = [(list(zip(nodes, nodes[1:])), share) for nodes, share in routes]
         return self._numbered(subs, self._lat(p), route_class(p.nccl), p.nccl)
 
-    def staged_seconds(self, gpu: str, nbytes: float) -> float:
-        """Seconds ``gpu`` takes to write one step of ``nbytes`` into its host memory (:meth:`host_memory`)
-        over the route between them (its slowest link, as the route's protocol and transports deliver it;
-        0 where there is no such route): what NCCL's LL protocol adds to every step it sends over the
-        network. NCCL's net transport keeps LL's send buffer in host memory whether or not GPUDirect RDMA
-        is available (NCCL 2.30 src/transport/net.cc ``sendProxyConnect``:
-        ``NCCL_NET_MAP_ADD_POINTER(map, 0, p != NCCL_PROTO_LL && resources->useGdr, ...)``: device memory
-        for every protocol but LL), and its proxy hands a step to the NIC only once every 16-byte line of
-        the step carries the step's flag (``sendProxyProgress``), so the write and the send of a step run
-        one after the other, not overlapped. The other protocols write into device memory with GPUDirect
-        RDMA, where the NIC reads as the GPU writes. NCCL's tuner has no such term (its LL bandwidth over
-        the network is the ring's times 0.5, capped by ``llMaxBws``, tuning.cc).
+    def host_staged(self, nodes: Sequence[str]) -> tuple[bool, bool]:
+        """``(send, receive)``: whether the sending and the receiving GPU of a route across hosts (its
+        ``nodes``, GPU to GPU) hold the network step's buffer in host memory. NCCL's net transport
+        decides per side (src/transport/net.cc ``sendSetup`` and ``recvSetup`` call
+        src/graph/paths.cc ``ncclTopoCheckGdr``, :func:`~treecoll.collectives.sim.transports.gpu_direct`):
+        without GPUDirect RDMA between a GPU and its NIC every protocol's buffer of that side is in host
+        memory (``sendProxyConnect``, ``recvProxyConnect``); with it only LL's send buffer is
+        (``sendProxyConnect``: ``p != NCCL_PROTO_LL && resources->useGdr``)."""
+        node = self.topology.graph.nodes
+        nics = [n for n in nodes if node[n].get("kind") == "nic"]
+        if not nics:
+            return False, False
+        return (self._ll_send or not self._gpu_direct(nodes[0], nics[0]), not self._gpu_direct(nodes[-1], nics[-1]))
+
+    def _gpu_direct(self, gpu: str, nic: str) -> bool:
+        key = (gpu, nic)
+        v = self._gdr.get(key)
+        if v is None:
+            v = self._gdr[key] = gpu_direct(self.topology, gpu, nic)
+        return v
+
+    def staged_seconds(self, gpu: str, nbytes: float, *, read: bool = False) -> float:
+        """Seconds ``gpu`` takes to write one step of ``nbytes`` into its host memory (:meth:`host_memory`),
+        or with ``read`` to read one from there, over the route between them (its latency, plus the bytes
+        at its slowest link as the route's protocol and transports deliver it; 0 where there is no such
+        route): what NCCL adds to
+        every step it sends over the network from a buffer in host memory (:meth:`host_staged`), and to
+        every step it receives into one. Its proxy hands a step to the NIC only once the GPU has written
+        it (with LL once every 16-byte line of the step carries the step's flag), and a receiving GPU
+        reads a step once the NIC has written it (src/transport/net.cc ``sendProxyProgress``,
+        ``recvProxyProgress``), so the copy and the network of one step run one after the other, not
+        overlapped. With GPUDirect RDMA the NIC reads and writes device memory as the GPU works. NCCL's
+        tuner has no such term (src/graph/tuning.cc: its LL bandwidth over the network is the ring's
+        times 0.5, capped by ``llMaxBws``, and nothing depends on GPUDirect RDMA).
 
         >>> from treecoll.topo.machines import MachineFlags, Nic, machine_topology
         >>> from treecoll.collectives.sim.profiles import get_profile
         >>> t, _ = machine_topology(MachineFlags(hosts=2, gpus_per_host=1, gpu="H200", nic=Nic(1, 400.0, "roce")))
-        >>> # 32 KiB of data over PCIe Gen5 (48 GB/s) into the CPU (x 0.57) with LL's 8 data bytes a line (x 0.5)
+        >>> # NCCL's PCI hop with LL (1.0 us) + 32 KiB over PCIe Gen5 (48 GB/s) into the CPU (x 0.57) with LL's
+        >>> # 8 data bytes a line (x 0.5): 1.0 + 2.4 us
         >>> round(Network(t, get_profile("nccl-ll")).staged_seconds("h0/gpu0", 32768) * 1e6, 2)
-        2.4
+        3.4
         """
         cpu = self.host_memory(gpu)
         if cpu is None or nbytes <= 0:
             return 0.0
-        cap = min(self.route(gpu, cpu).min_caps, default=0.0)
-        return nbytes / cap if cap > 0 else 0.0
+        r = self.route(cpu, gpu) if read else self.route(gpu, cpu)
+        cap = min(r.min_caps, default=0.0)
+        return r.lat + nbytes / cap if cap > 0 else 0.0
 
     def host_memory(self, gpu: str) -> str | None:
         """The CPU whose memory holds ``gpu``'s host buffers
@@ -370,18 +401,29 @@ class Network:
             self._host_memory[gpu] = host_buffer(self.topology, gpu)
         return self._host_memory[gpu]
 
-    def _from_host_memory(self, gpu: str, routes: Sequence[tuple[Sequence[str], float]]) -> list:
-        """``routes`` of a send of ``gpu`` across hosts as they run from its host memory
-        (:func:`~treecoll.collectives.sim.transports.host_buffer`): each one's part up to its NIC
-        replaced by the route of that CPU to the NIC (the NIC reads the staged step there)."""
-        cpu = self.host_memory(gpu)
-        if cpu is None:
+    def _via_host_memory(
+        self, a: str, b: str, routes: Sequence[tuple[Sequence[str], float]], send: bool, recv: bool
+    ) -> list:
+        """``routes`` of a send of GPU ``a`` to GPU ``b`` across hosts as they run through host memory
+        (:func:`~treecoll.collectives.sim.transports.host_buffer`): with ``send`` each one's part up to
+        its first NIC replaced by the route of ``a``'s CPU to that NIC (the NIC reads the staged step
+        there), with ``recv`` its part after its last NIC by the route of that NIC to ``b``'s CPU (the NIC
+        writes the step there; ``b`` reads it, :meth:`staged_seconds`)."""
+        src = self.host_memory(a) if send else None
+        dst = self.host_memory(b) if recv else None
+        if src is None and dst is None:
             return list(routes)
         node = self.topology.graph.nodes
+        path = self.topology.path
         out = []
         for nodes, share in routes:
-            i = next((j for j, n in enumerate(nodes) if node[n].get("kind") == "nic"), None)
-            out.append((nodes if i is None else self.topology.path(cpu, nodes[i]).nodes + tuple(nodes[i + 1 :]), share))
+            nics = [j for j, n in enumerate(nodes) if node[n].get("kind") == "nic"]
+            nodes = tuple(nodes)
+            if nics and dst is not None:
+                nodes = nodes[: nics[-1]] + path(nodes[nics[-1]], dst).nodes
+            if nics and src is not None:
+                nodes = path(src, nodes[nics[0]]).nodes + nodes[nics[0] + 1 :]
+            out.append((nodes, share))
         return out
 
     def _numbered(self, subs: list, lat: float, cls: str, nccl: str) -> Route:

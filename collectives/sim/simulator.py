@@ -142,16 +142,23 @@ def simulate(
 
 
 def staged_bytes(prof: Profile, step: float) -> float:
-    """Bytes a sending GPU writes into its host memory before its NIC sends them: ``step`` (the bytes of
-    one buffer step of every channel it sends, each at most one LL step,
-    :data:`~treecoll.collectives.sim.nccl_model.PROTO_CHUNK_BYTES`) with NCCL's LL protocol (a profile
-    named ``nccl-ll``, calibrated or not; :meth:`~treecoll.collectives.sim.engine.Network.staged_seconds`),
-    else 0: the other protocols send from device memory.
+    """Bytes of one network step a GPU writes into (reads from) its host memory where NCCL's net
+    transport keeps the step's buffer there: ``step`` (the bytes of one buffer step of every channel it
+    sends, each at most one step of the protocol,
+    :data:`~treecoll.collectives.sim.nccl_model.PROTO_CHUNK_BYTES`) with NCCL's protocols (a profile of
+    :data:`~treecoll.collectives.sim.profiles.NCCL_PROTO_NAMES`, calibrated or not), else 0. Which sides
+    of a route stage it (LL's send side always, every protocol's both sides without GPUDirect RDMA):
+    :meth:`~treecoll.collectives.sim.engine.Network.host_staged`.
 
-    >>> staged_bytes(get_profile("nccl-ll"), 65536), staged_bytes(get_profile("nccl-simple"), 65536)
+    >>> staged_bytes(get_profile("nccl-ll"), 65536), staged_bytes(get_profile("ideal"), 65536)
     (65536, 0.0)
     """
-    return step if prof.name == "nccl-ll" else 0.0
+    return step if prof.name in NCCL_PROTO_NAMES else 0.0
+
+
+def _proto_step(prof: Profile) -> int:
+    """Bytes of one buffer step of ``prof``'s NCCL protocol (LL's for a profile that is not one of NCCL's)."""
+    return PROTO_CHUNK_BYTES[NCCL_PROTO_NAMES.get(prof.name, "LL")]
 
 
 def _channels_staged(prof: Profile, step: float, senders: int, channels: int | None) -> float:
@@ -159,13 +166,15 @@ def _channels_staged(prof: Profile, step: float, senders: int, channels: int | N
     NCCL channels (None: ``senders``) spread over ``senders`` GPUs of a host, one per NIC (a ring's
     :func:`nccl_rings`; NCCL's tree channels over the host's NICs): each GPU writes one step of each of
     the ``max(1, channels / senders)`` channels it sends, a channel's step ``step / channels`` bytes up
-    to one LL step.
+    to one step of the protocol.
 
     >>> _channels_staged(get_profile("nccl-ll"), 1 << 20, 1, 4), _channels_staged(get_profile("nccl-ll"), 65536, 8, 16)
     (131072.0, 8192.0)
+    >>> _channels_staged(get_profile("nccl-simple"), 1 << 20, 1, 4)   # 4 channels of 256 KiB (Simple: 512 KiB a step)
+    1048576.0
     """
     nc = channels or senders
-    return staged_bytes(prof, min(step / nc, PROTO_CHUNK_BYTES["LL"]) * max(1.0, nc / senders))
+    return staged_bytes(prof, min(step / nc, _proto_step(prof)) * max(1.0, nc / senders))
 
 
 def _host_groups(topology: Topology, gpus: Sequence[str]) -> dict:
@@ -532,7 +541,7 @@ def simulate_p2p(
     else:
         hops = [(gpus[r], gpus[(r + 1) % P], None) for r in range(P)] if P > 1 else []
         sizes = [float(nbytes)] * len(hops)
-    net = Network(topology, prof, staged_bytes(prof, min(sizes[0] if sizes else 0.0, PROTO_CHUNK_BYTES["LL"])))
+    net = Network(topology, prof, staged_bytes(prof, min(sizes[0] if sizes else 0.0, _proto_step(prof))))
     makespan, link_bytes = 0.0, np.zeros(0)
     if hops:
         lat, drain = hop_times(net, hops, sizes)
@@ -821,19 +830,22 @@ def nccl_hop_profile(prof: Profile, algo: str, one_per_host: bool = False) -> Pr
 
 def _tree_staged(topology: Topology, gpus: Sequence[str], nbytes: int, steps: int, prof: Profile) -> float | None:
     """:func:`staged_bytes` of NCCL's tree moving ``nbytes`` in ``steps`` pipeline steps with ``prof`` (None:
-    no NCCL LL tree, the schedule's chunk): the simulated tree carries every channel through one GPU of a
-    host, where NCCL spreads its tree channels (:func:`_tree_slice`: 32 KiB of LL each) over the host's NICs,
-    each NIC's GPU writing its own channels' steps (:func:`_channels_staged`).
+    not one of NCCL's protocols, the schedule's chunk): the simulated tree carries every channel through
+    one GPU of a host, where NCCL spreads its tree channels over the host's NICs, each NIC's GPU writing
+    its own channels' steps (:func:`_channels_staged`; LL: :func:`_tree_slice`'s 32 KiB a channel, the
+    other protocols a step's share of each NIC).
 
     >>> from treecoll import topo
     >>> t = topo.resolve("dgx-h100-x2")    # 64 KiB: 16 channels over 8 NICs, 2 of 4 KiB a GPU
     >>> _tree_staged(t, t.rank_gpus(), 65536, 1, get_profile("nccl-ll"))
     8192.0
     """
-    if prof.name != "nccl-ll":
+    if prof.name not in NCCL_PROTO_NAMES:
         return None
     nics = min(len(topology.nics(h)) for h in _host_groups(topology, gpus))
-    channels = max(1, _tree_slice(topology, gpus, nbytes, prof) // PROTO_CHUNK_BYTES["LL"])
+    channels = None
+    if prof.name == "nccl-ll":
+        channels = max(1, _tree_slice(topology, gpus, nbytes, prof) // PROTO_CHUNK_BYTES["LL"])
     return _channels_staged(prof, nbytes / steps, max(1, nics), channels)
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "NET_CHANNEL_BW",
     "NIC_CHANNELS",
     "host_buffer",
+    "gpu_direct",
 ]
 
 #: The fraction of a PCIe link into a CPU's root complex NCCL's traffic gets through host memory
@@ -78,7 +79,10 @@ def link_factor(topology: Topology, a: str, b: str, nic_channels: int | None = N
     GPUs beyond the default P2P level PXB, src/graph/paths.cc ``ncclTopoCheckP2p``; staged network
     buffers beyond the GPUDirect RDMA level PXB, ``ncclTopoCheckGdr``), except on a CPU with an
     NVLink-C2C GPU (Grace: GPUDirect RDMA through C2C, NCCL_NET_GDR_C2C, the default since 2.27);
-    every other link 1.
+    every other link 1, a NIC's own link into the root complex too: a NIC reads and writes host memory
+    at its line rate (the fit table h200-2gpu-2node-allreduce-gke-mpioperator, whose NIC is on no GPU's
+    PCIe switch and stages the network through host memory, moves 31.89 GB/s at 8 GiB, above the 27.36
+    GB/s SHM_BW_FACTOR leaves of its PCIe Gen5 link).
 
     >>> from treecoll import topo
     >>> t = topo.resolve("pcie-8gpu")
@@ -106,9 +110,9 @@ def link_factor(topology: Topology, a: str, b: str, nic_channels: int | None = N
             eff = min(eff, nic_channels * per / bw)
         return eff
     cpu = a if g.nodes[a].get("kind") == "cpu" else b if g.nodes[b].get("kind") == "cpu" else None
-    if kind == "pcie" and cpu is not None and not any(d.get("kind") == "c2c" for d in g[cpu].values()):
-        return SHM_BW_FACTOR
-    return 1.0
+    if kind != "pcie" or cpu is None or g.nodes[b if cpu == a else a].get("kind") == "nic":
+        return 1.0
+    return 1.0 if any(d.get("kind") == "c2c" for d in g[cpu].values()) else SHM_BW_FACTOR
 
 
 def net_efficiency(nic: Mapping[str, Any]) -> float:
@@ -142,3 +146,24 @@ def host_buffer(topology: Topology, gpu: str) -> str | None:
     if any(d.get("kind") == "c2c" for d in g[cpu].values()):
         return None
     return cpu
+
+
+def gpu_direct(topology: Topology, gpu: str, nic: str) -> bool:
+    """Whether NCCL runs GPUDirect RDMA between ``gpu`` and the ``nic`` it uses: their path's NCCL class
+    within the default GDR level (:func:`treecoll.topo.env.gdr`: PXB, or P2C through NVLink-C2C;
+    NVIDIA/nccl src/graph/paths.cc ``ncclTopoCheckGdr``). A PXN path (the GPU reaching the NIC through a
+    GPU beside it over NVLink) counts as that GPU's path, which NCCL picks within PXB of the NIC. Without
+    it NCCL's net transport keeps every protocol's buffers in host memory, on the sending and on the
+    receiving side (src/transport/net.cc ``sendProxyConnect``, ``recvProxyConnect``).
+
+    >>> from treecoll.topo.machines import MachineFlags, Nic, machine_topology
+    >>> f = dict(hosts=2, gpus_per_host=1, gpu="H200", nic=Nic(1, 400.0, "roce"))
+    >>> a, _ = machine_topology(MachineFlags(**f))
+    >>> u, _ = machine_topology(MachineFlags(**f, gpu_nic="unaligned"))
+    >>> gpu_direct(a, "h0/gpu0", "h0/nic0"), gpu_direct(u, "h0/gpu0", "h0/nic0")
+    (True, False)
+    """
+    from treecoll.topo.env import gdr
+
+    cls = topology.path(gpu, nic).nccl
+    return cls == "PXN" or gdr(cls)

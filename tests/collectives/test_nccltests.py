@@ -421,6 +421,11 @@ def test_every_fixture_is_expected_and_indexed():
     assert {e["health"] for e in index.values()} <= {"healthy", "degraded", "unstated"}
     assert all(e.get("why") for e in index.values() if e["health"] == "degraded")
     assert all(e["gpu_nic"].startswith(("aligned: ", "not aligned ")) for e in index.values() if "gpu_nic" in e)
+    # the flags say what gpu_nic says: --gpu-nic unaligned exactly where the GPUs are not beside their NICs
+    for f, e in index.items():
+        unaligned = "--gpu-nic unaligned" in (e.get("flags") or "")
+        assert unaligned == e.get("gpu_nic", "").startswith("not aligned "), f
+        assert "--gpu-nic aligned" not in (e.get("flags") or "") or e["gpu_nic"].startswith("aligned: "), f
     readme = (FIX.parent / "README.md").read_text()
     assert all(Path(f).name in readme for f in files if f.startswith("heldout/"))
 

@@ -287,8 +287,11 @@ def test_nccl_hop_latencies_per_algorithm_and_one_rank_per_node():
     # one GPU per node: the ring's two network hops (route 4.7 us) take the tree's 5.0 us, as NCCL models them
     t = machine_topology(MachineFlags(hosts=2, gpus_per_host=1, gpu="H100", nic=parse_nic("1x400G-ib")))[0]
     assert t.path(*t.rank_gpus()).lat == pytest.approx(4.7)
+    # the simulation also writes each LL step into host memory first (net.cc sendProxyConnect): one copy over
+    # the GPU's PCIe route into its CPU per network hop, NCCL's PCI hop with LL (8 bytes: no time to speak of)
+    pci = max(t.path(t.rank_gpus()[0], "h0/cpu0").lat, nm.HW_LAT["PCI"]["ring"][nm.PROTOS.index("LL")]) * 1e-6
     r = simulate_ring(t, 8, profile="nccl-ll")
-    assert r.time == pytest.approx(6.6e-6 + 2 * 5.0e-6, abs=5e-9)
+    assert r.time == pytest.approx(6.6e-6 + 2 * (5.0e-6 + pci), abs=5e-9)
     assert nm.nccl_predict(t, None, 8, algo="ring", proto="LL")["lat_us"] == pytest.approx(6.6 + 2 * 5.0)
 
 
@@ -365,11 +368,14 @@ def test_a_roce_nic_carries_two_channels_of_16_gb_s():
 def test_a_roce_nic_adds_its_latency_to_every_network_step():
     """NCCL's 2-rank ring allreduce with LL, one rank per host: base 6.6 us plus 2 network steps, each
     the tree's NET latency 5.0 us (ppn 1) plus the NIC's reported latency once (LL; tuning.cc): 16.6 us
-    over InfiniBand (no reported latency), 16.6 + 2 x 10 = 36.6 us over RoCE (10 us per message)."""
+    over InfiniBand (no reported latency), 16.6 + 2 x lat over RoCE (its fabric's lat per message)."""
+    from treecoll.topo.machines import FABRICS
+
     roce = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-roce")
     ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
+    assert FABRICS["roce"].lat > 0 and roce.node("h0/nic0")["lat"] == FABRICS["roce"].lat
     assert nm.nccl_predict(ib, None, 1024, proto="LL")["lat_us"] == pytest.approx(16.6)
-    assert nm.nccl_predict(roce, None, 1024, proto="LL")["lat_us"] == pytest.approx(36.6)
+    assert nm.nccl_predict(roce, None, 1024, proto="LL")["lat_us"] == pytest.approx(16.6 + 2 * FABRICS["roce"].lat)
 
 
 def test_ll_across_hosts_stages_each_step_through_host_memory():
@@ -380,26 +386,60 @@ def test_ll_across_hosts_stages_each_step_through_host_memory():
     (S / 8 each, at most 32 KiB) into host memory through the switch's root-complex link (48 GB/s x 0.57,
     x 0.5 for LL's 8 data bytes a line: w = 13.68 GB/s) before the NIC reads the data back through that
     link at the same rate: time = 6.6 us base + 5.0 us network hop (the tree's, one rank per host)
+    + the PCIe route's latency of the write (NCCL's PCI hop with LL, tuning.cc hwLat)
     + 4 min(S / 8, 32 KiB) / w + (S / 2) / w."""
     ib = _machine("--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib")
     w = 48e9 * tr.SHM_BW_FACTOR * 0.5
+    g = ib.rank_gpus()
+    pci = max(ib.path(g[0], "h0/cpu0").lat, nm.HW_LAT["PCI"]["ring"][nm.PROTOS.index("LL")]) * 1e-6
     for size in (1 << 16, 1 << 20):
         assert nm.ring_run(ib, ib.rank_gpus(), size, "LL")[1] == 4
-        want = (6.6 + 5.0) * 1e-6 + 4 * min(size / 8, 32768) / w + size / 2 / w
+        want = (6.6 + 5.0) * 1e-6 + pci + 4 * min(size / 8, 32768) / w + size / 2 / w
         assert simulate_ring(ib, size, collective="allgather", profile="nccl-ll").time == pytest.approx(want, rel=1e-9)
     # LL128 and Simple send from device memory (GPUDirect RDMA): the NIC reads the GPU through its switch
     simple = simulate_ring(ib, 1 << 20, collective="allgather", profile="nccl-simple")
     assert simple.time == pytest.approx((8.4 + 14.0) * 1e-6 + (1 << 19) / 48e9, rel=1e-9)
     # the staged route: from host memory to the NIC, its latency adding one step written by the GPU
-    g = ib.rank_gpus()
     plain, staged = Network(ib, get_profile("nccl-ll")), Network(ib, get_profile("nccl-ll"), 32768.0)
-    assert staged.route(g[0], g[1]).lat - plain.route(g[0], g[1]).lat == pytest.approx(32768 / w, rel=1e-9)
+    write = max(ib.path(g[0], "h0/cpu0").lat * 1e-6, get_profile("nccl-ll").step_lat("pci")) + 32768 / w
+    assert staged.route(g[0], g[1]).lat - plain.route(g[0], g[1]).lat == pytest.approx(write, rel=1e-9)
     assert staged.route(g[0], g[1]).min_caps == pytest.approx((w,)) and plain.route(g[0], g[1]).min_caps == (24e9,)
-    assert staged_bytes(get_profile("nccl-ll"), 65536) == 65536 and staged_bytes(get_profile("nccl-simple"), 1) == 0
+    assert staged.host_staged(ib.path(g[0], g[1]).nodes) == (True, False)  # GPUDirect RDMA receives into the GPU
+    assert staged_bytes(get_profile("nccl-simple"), 65536) == 65536 and staged_bytes(get_profile("ideal"), 1) == 0
+    simple_nets = [Network(ib, get_profile("nccl-simple"), b) for b in (0.0, 32768.0)]  # device memory: nothing staged
+    assert simple_nets[0].route(g[0], g[1]) == simple_nets[1].route(g[0], g[1])
     # a Grace CPU reaches its memory over NVLink-C2C: nothing to stage
     gb = topo.resolve("gb200-nvl72")
     assert tr.host_buffer(gb, gb.rank_gpus()[0]) is None
     assert Network(gb, get_profile("nccl-ll")).staged_seconds(gb.rank_gpus()[0], 32768) == 0.0
+
+
+def test_without_gpudirect_rdma_every_protocol_stages_both_sides_through_host_memory():
+    """Two H200 hosts, one GPU and one 400G InfiniBand NIC each; with --gpu-nic unaligned the NIC is on the
+    CPU, beyond the GPUDirect RDMA level PXB (paths.cc ncclTopoCheckGdr), so NCCL's net transport keeps
+    every protocol's buffers in host memory on both sides (net.cc sendProxyConnect, recvProxyConnect).
+    The 2-rank Simple ring allgather of S moves S / 2 a rank in one step; unaligned, the sender first
+    writes its S / 2 (4 channels of S / 8, under Simple's 512 KiB step) into host memory and the receiver
+    reads them back, each over its GPU's PCIe route into the CPU (48 GB/s x SHM_BW_FACTOR, the route's
+    latency NCCL's PCI hop with Simple, tuning.cc hwLat): exactly 2 x (PCI latency + (S / 2) / w) more
+    than aligned, where the NIC reads and writes the GPU (its own link to the CPU at its rate: the network
+    part is the same)."""
+    base = "--hosts 2 --gpus-per-host 1 --gpu H200 --nic 1x400G-ib"
+    aligned, unaligned = _machine(base), _machine(base + " --gpu-nic unaligned")
+    g = unaligned.rank_gpus()
+    assert unaligned.path(g[0], "h0/nic0").nccl == "PHB" and aligned.path(g[0], "h0/nic0").nccl == "PIX"
+    assert not tr.gpu_direct(unaligned, g[0], "h0/nic0") and tr.gpu_direct(aligned, g[0], "h0/nic0")
+    w = float(unaligned.link(g[0], "h0/pcisw0")["bw"]) * 1e9 * tr.SHM_BW_FACTOR
+    pci = max(unaligned.path(g[0], "h0/cpu0").lat, nm.HW_LAT["PCI"]["ring"][nm.PROTOS.index("Simple")]) * 1e-6
+    for size in (1 << 16, 1 << 20):
+        a = simulate_ring(aligned, size, collective="allgather", profile="nccl-simple").time
+        u = simulate_ring(unaligned, size, collective="allgather", profile="nccl-simple").time
+        assert u - a == pytest.approx(2 * (pci + size / 2 / w), rel=1e-9)
+    net = Network(unaligned, get_profile("nccl-simple"), 32768.0)
+    assert net.host_staged(unaligned.path(g[0], g[1]).nodes) == (True, True)
+    # the staged route runs from the sender's host memory to the receiver's
+    ends = [net.ends[i] for i in net.route(g[0], g[1]).sub_lists[0]]
+    assert ends[0][0] == "h0/cpu0" and ends[-1][1] == "h1/cpu0"
 
 
 def test_gpudirect_tcpxo_runs_what_googles_nccl_environment_allows():

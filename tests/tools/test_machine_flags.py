@@ -34,6 +34,7 @@ def _parser():
         ),
         (["--hosts", "0"], "--hosts: expected a positive integer, got 0"),
         (["--gpus-per-host", "x"], "--gpus-per-host: expected an integer, got 'x'"),
+        (["--gpu-nic", "pix"], "--gpu-nic 'pix': expected one of aligned, unaligned (whether each GPU shares"),
     ],
 )
 def test_bad_flag_values_are_one_line_usage_errors(argv, message):
@@ -52,6 +53,30 @@ def test_flags_to_a_topology_and_the_cli_errors():
     assert machine_flags(argparse.Namespace()).counts_given() is False
     with pytest.raises(UsageError, match="machine flags: unrecognized arguments: --bogus"):
         parse_machine_flags("--hosts 2 --bogus")
+
+
+def test_gpu_nic_flag_places_the_nics_off_the_gpus_switches():
+    """--gpu-nic unaligned: every NIC on its GPU's CPU, on no GPU's PCIe switch (NCCL's PHB, beyond the
+    GPUDirect RDMA level PXB); aligned (the default) keeps the template's switch (PIX)."""
+    base = "--hosts 2 --gpus-per-host 8 --gpu H200 --nic 8x400G-roce"
+    assert parse_machine_flags(base).gpu_nic is None and parse_machine_flags(base + " --gpu-nic Unaligned").gpu_nic == (
+        "unaligned"
+    )
+    for flags, cls in (("", "PIX"), (" --gpu-nic aligned", "PIX"), (" --gpu-nic unaligned", "PHB")):
+        t, m = machine_from_args(_parser().parse_args((base + flags).split()))
+        g = t.graph
+        for gpu in t.rank_gpus():
+            peer = "h1/gpu0" if gpu.startswith("h0/") else "h0/gpu0"
+            nic = next(n for n in t.path(gpu, peer).nodes if g.nodes[n]["kind"] == "nic")
+            assert t.path(gpu, nic).nccl == cls, (flags, gpu, nic)
+        assert t.meta["machine"]["gpu_nic"] == (flags.split()[-1] if flags else "aligned")
+        nic_switches = [v for v in g["h0/nic0"] if g.nodes[v]["kind"] == "pcie_switch"]
+        assert bool(nic_switches) == (cls == "PIX")
+    # the template's own NICs move too, and a topology file is whole: --gpu-nic does not go with it
+    t, _ = machine_from_args(_parser().parse_args("--hosts 2 --gpu H100 --gpu-nic unaligned".split()))
+    assert t.path("h0/gpu3", "h0/nic3").nccl == "PHB"
+    with pytest.raises(Exception, match="--gpu-nic"):
+        machine_from_args(_parser().parse_args("--topology dgx-h100 --gpu-nic unaligned".split()))
 
 
 def test_validate_sim_reports_every_table_with_a_status(capsys):
