@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     }
                     rows += _row_values(best, row_backends, common, n * per_token, threads, device, rate_bytes)
                     print(f"{dname} B={batch} tokens={n} pages={pages}: done", file=sys.stderr, flush=True)
-                k = v = None  # free this cache before the next one
+                k = v = cases = None  # free this cache (the cases hold it too) before the next one
     return {
         "workload": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
         "device": str(device),

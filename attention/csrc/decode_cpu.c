@@ -626,11 +626,14 @@ T512BF static INL void weights_bf16(const float *p, int64_t n, uint16_t *pb) {
  * prefetches of these rows (which this CPU may drop on a TLB miss) reach memory.  Each
  * touch is a demand load from memory that the prefetches have not yet asked for.
  * (Measured: with 4 KiB pages, 5-8% faster for bf16 at 128k tokens than no touch.  With a
- * cache in 2 MiB pages, on the Sapphire Rapids guest of docs/benchmarks.md, bf16, 128k
- * tokens, 2 threads, side by side: a touch per 2 MiB ran 1.03-1.10x faster at B = 1 and
- * 1.025x at B = 8 than a touch per 4 KiB; tiles of 64 tokens instead of 32 no faster than
- * that, tiles of 16 0.96-0.97x; issuing each tile's prefetches in the first half or
- * quarter of the tile before, instead of spread over all of it, 0.975x and 0.90x.) */
+ * cache in 2 MiB pages, on the Sapphire Rapids guest of docs/benchmarks.md, 128k tokens,
+ * 2 threads, side by side: a touch per 2 MiB ran 1.03x (bf16 B = 1), 1.05x (bf16 B = 8) and
+ * 1.005x (fp32 B = 1) faster than a touch per 4 KiB, and no touch at all 1.03-1.10x (bf16
+ * B = 1) and 1.025x (B = 8); without the touch, tiles of 64 tokens instead of 32 were no
+ * faster, tiles of 16 0.96-0.97x; issuing each tile's prefetches in the first half or
+ * quarter of the tile before, instead of spread over all of it, 0.975x and 0.90x;
+ * prefetching two tiles ahead instead of one 0.955x (B = 1) and 0.93x (B = 8);
+ * prefetcht2 instead of prefetcht1 1.01x, prefetcht0 0.92x.) */
 static volatile unsigned page_sink;
 static inline void touch_pages(const char *const *row, int64_t n, int64_t stride, int64_t h0, int64_t h1,
                                int64_t bytes, int shift) {
@@ -701,7 +704,9 @@ T512 static INL __m512i stream_rows(const char *const *rows, int64_t n, int64_t 
  * prefetching into L1 (prefetcht0) instead runs about 1.7x slower, and two tiles ahead instead
  * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, alloc_kv of
  * attention/kv_cache.py) runs about 1.2x faster: this order touches a new 4 KiB page
- * every few rows.) */
+ * every few rows.  On the Sapphire Rapids guest of docs/benchmarks.md, 2 threads, 128k
+ * tokens, the 2 MiB-page rows of tools/bench_decode took 0.97-1.12x the time of its 4 KiB
+ * rows, bf16 and fp32.) */
 T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int stream_only, const call_t *c,
                                   const task_t *task, task_t *next, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
