@@ -53,6 +53,7 @@ import ctypes
 from pathlib import Path
 
 import torch
+from treecoll.attention.kv_cache import in_huge_pages
 from treecoll.collectives.native import NativeUnavailable, load_library
 from treecoll.topo.errors import AttentionError
 
@@ -67,6 +68,7 @@ NATIVE_ISAS = ("portable", "avx2", "avx512", "avx512_bf16")
 _FLAG_SETS = (["-O3", "-pthread"], ["-O3", "-pthread", "-DTREECOLL_PORTABLE_ONLY"])
 _FLAG_FAST_BF16 = 1
 _FLAG_STREAM_ONLY = 2
+_FLAG_HUGE_PAGES = 4
 
 _STATE: dict = {}
 
@@ -210,6 +212,8 @@ def _run(q, k, v, lengths, scale, num_splits, out, block_table, isa, flags, thre
     out_buf, lse_buf = out
     if batch == 0 or q_heads == 0:
         return out_buf, lse_buf
+    if in_huge_pages(k) and in_huge_pages(v):  # the page walks ahead of the prefetches step by 2 MiB
+        flags |= _FLAG_HUGE_PAGES
     lens = lengths if lengths.dtype == torch.int64 and lengths.is_contiguous() else lengths.to(torch.int64).contiguous()
     args = _Args(
         q=q.data_ptr(),

@@ -50,12 +50,27 @@ Rank 1 of 2 with blocks of 2 tokens holds positions 2, 3, 6, 7 of the first 10
 
 from __future__ import annotations
 
+import bisect
+import mmap
+import threading
+import weakref
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from treecoll.topo.errors import AttentionError
 
-__all__ = ["ShardedKVCache", "DEFAULT_BLOCK_SIZE", "Lengths"]
+__all__ = [
+    "ShardedKVCache",
+    "DEFAULT_BLOCK_SIZE",
+    "HUGE_PAGE",
+    "Lengths",
+    "PAGE_CHOICES",
+    "alloc_kv",
+    "huge_page_bytes",
+    "in_huge_pages",
+    "thp_mode",
+]
 
 #: a length per sequence ``[batch]``: ints or an integer tensor
 Lengths = Sequence[int] | torch.Tensor
@@ -64,6 +79,121 @@ Lengths = Sequence[int] | torch.Tensor
 #: its DCP interleave 1); 256 keeps the per-rank imbalance below 256 tokens
 #: while keeping appends on one rank for 256 consecutive steps.
 DEFAULT_BLOCK_SIZE = 256
+
+#: Bytes of a transparent huge page (x86-64 and arm64 with 4 KiB base pages: a PMD maps 2 MiB).
+HUGE_PAGE = 2 << 20
+#: ``pages=`` of :func:`alloc_kv`: ``"2m"`` asks for 2 MiB pages, ``"4k"`` takes torch's ordinary
+#: allocation, ``"auto"`` asks for 2 MiB pages from :data:`AUTO_HUGE_MIN` bytes on.
+PAGE_CHOICES = ("auto", "4k", "2m")
+#: Smallest buffer ``pages="auto"`` puts in huge pages: the last huge page of a buffer is faulted in
+#: whole, so a buffer of at least 8 of them wastes under 1/8 of its size.
+AUTO_HUGE_MIN = 8 * HUGE_PAGE
+_THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+#: [start, end) of every live mapping of alloc_kv marked MADV_HUGEPAGE, sorted (in_huge_pages)
+_HUGE_SPANS: list[tuple[int, int]] = []
+_HUGE_LOCK = threading.Lock()
+
+
+def thp_mode() -> str | None:
+    """The kernel's transparent huge page mode, the bracketed word of
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` (``"always"``, ``"madvise"`` or ``"never"``),
+    or None where there is no such file (not Linux, or a kernel without THP)."""
+    try:
+        text = _THP_ENABLED.read_text()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
+
+
+def alloc_kv(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    *,
+    device: torch.device | str | None = None,
+    pages: str = "auto",
+) -> torch.Tensor:
+    """A zero-filled contiguous tensor of ``shape`` and ``dtype`` for a KV cache, on CPU in 2 MiB
+    pages where the kernel gives them: the one allocation of every KV cache buffer.
+
+    A decode kernel reads the rows of a cache gigabytes long, a 4 KiB page every 2-4 KiB of rows
+    at Llama shapes, so with 4 KiB pages nearly every row costs a TLB miss and a page walk; one
+    2 MiB page covers 512 of them.  With ``pages="2m"`` (or ``"auto"`` and at least
+    :data:`AUTO_HUGE_MIN` bytes) on a CPU device where :func:`thp_mode` is ``"always"`` or
+    ``"madvise"``, the buffer is a private anonymous ``mmap`` whose start is aligned to
+    :data:`HUGE_PAGE`, marked ``MADV_HUGEPAGE`` (the pages are zero and faulted in on first
+    write, as huge pages where the kernel has them free); the tensor holds the mapping, which is
+    unmapped when the last tensor viewing it is freed.  Elsewhere (``"4k"``, another device, THP
+    ``never`` or absent, a failed ``mmap``) it is ``torch.zeros``: no error.  Whether huge pages
+    were obtained: :func:`huge_page_bytes`.  (torch's ``THP_MEM_ALLOC_ENABLE=1`` does the same
+    for every CPU allocation of the process, read once at start: not a per-buffer choice.)
+
+    >>> t = alloc_kv((2, 3), torch.bfloat16, pages="2m")
+    >>> t.shape, t.dtype, t.is_contiguous(), bool((t == 0).all())
+    (torch.Size([2, 3]), torch.bfloat16, True, True)
+    """
+    if pages not in PAGE_CHOICES:
+        raise AttentionError(f"alloc_kv: pages: expected one of {list(PAGE_CHOICES)}, got {pages!r}")
+    shape = tuple(int(n) for n in shape)
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    huge = pages == "2m" or (pages == "auto" and nbytes >= AUTO_HUGE_MIN)
+    cpu = device is None or torch.device(device).type == "cpu"
+    if not (huge and cpu and nbytes and thp_mode() in ("always", "madvise")):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    span = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+    try:
+        mapping = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # holds a reference to the mapping
+    start = -whole.data_ptr() % HUGE_PAGE
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE, start, span)
+    except OSError:  # the kernel refuses the hint: ordinary pages of the same zeroed mapping
+        pass
+    else:
+        lo = whole.data_ptr() + start
+        with _HUGE_LOCK:
+            bisect.insort(_HUGE_SPANS, (lo, lo + span))
+        weakref.finalize(mapping, _forget_span, (lo, lo + span))
+    return whole[start : start + nbytes].view(dtype).view(shape)
+
+
+def _forget_span(span: tuple[int, int]) -> None:
+    with _HUGE_LOCK:
+        _HUGE_SPANS.remove(span)
+
+
+def in_huge_pages(t: torch.Tensor) -> bool:
+    """Whether ``t``'s data starts inside a buffer of :func:`alloc_kv` marked for 2 MiB pages (the
+    native decode kernel then walks its pages at that step; whether the kernel gave huge pages:
+    :func:`huge_page_bytes`)."""
+    p = t.data_ptr()
+    with _HUGE_LOCK:
+        i = bisect.bisect_right(_HUGE_SPANS, (p, float("inf"))) - 1
+        return i >= 0 and _HUGE_SPANS[i][0] <= p < _HUGE_SPANS[i][1]
+
+
+def huge_page_bytes(*tensors: torch.Tensor) -> int | None:
+    """Bytes of transparent huge pages backing the mappings that hold the tensors' storage (the
+    ``AnonHugePages`` of every ``/proc/self/smaps`` entry overlapping one of them, each entry
+    once; only pages touched so far count), or None where that file cannot be read.  A mapping
+    of :func:`alloc_kv` in 2 MiB pages is an entry of its own; torch's ordinary buffers may share
+    an entry with their neighbours."""
+    spans = [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in (t.untyped_storage() for t in tensors)]
+    total, inside = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and ":" not in head:
+                    a, b = (int(x, 16) for x in head.split("-"))
+                    inside = any(a < hi and lo < b for lo, hi in spans)
+                elif inside and head == "AnonHugePages:":
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return total
 
 
 def _positive(name: str, value) -> int:
@@ -82,6 +212,8 @@ class ShardedKVCache:
     rank, world : this rank and the number of ranks sharing the sequences.
     block_size : tokens per round-robin block (see the module docstring).
     dtype, device : storage of k and v (float16 / bfloat16 / float32).
+    pages : page size of the buffers on CPU, one of :data:`PAGE_CHOICES` (see :func:`alloc_kv`;
+        default ``"auto"``: 2 MiB pages for buffers of 16 MiB or more where the kernel allows them).
     """
 
     def __init__(
@@ -97,6 +229,7 @@ class ShardedKVCache:
         block_size: int = DEFAULT_BLOCK_SIZE,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
+        pages: str = "auto",
     ):
         self.layers = _positive("layers", layers)
         self.batch = _positive("batch", batch)
@@ -113,8 +246,8 @@ class ShardedKVCache:
         self.dtype = dtype
         self.capacity = self.local_count(max_seq_len)
         shape = (batch, self.capacity, kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.k = [alloc_kv(shape, dtype, device=device, pages=pages) for _ in range(layers)]
+        self.v = [alloc_kv(shape, dtype, device=device, pages=pages) for _ in range(layers)]
         self._lengths = torch.zeros(layers, batch, dtype=torch.int64)
 
     # ------------------------------------------------------------ placement (pure)

@@ -49,6 +49,14 @@ threads, but without the arithmetic (:func:`treecoll.attention.decode_native.rea
 Its rate against the read rate says what the access stream allows; the kernel's against
 it, whether the arithmetic is what the kernel waits for.
 
+Pages: the KV cache and the two rate buffers are allocated by the product's allocator,
+:func:`treecoll.attention.kv_cache.alloc_kv`, with ``--pages`` (default ``auto``: 2 MiB transparent
+huge pages where the kernel allows them), so ``%read`` compares reads of the same kind of pages.
+``--pages 4k,2m`` measures every row with each in turn (a fresh cache per page size, the same
+query; the flush buffer is shared) and prints the time and read-rate ratios of each page size
+against the first; the ``huge %`` column is the share of the KV cache / of the rate buffer that
+``/proc/self/smaps`` shows in huge pages (``AnonHugePages``), what the kernel actually gave.
+
     python -m treecoll.tools.bench_decode          # full sweep, writes out/bench_decode.json
     python -m treecoll.tools.bench_decode --tokens 131072 --batch 1,8 --dtypes bf16,fp32 --threads 2
     python -m treecoll.tools.bench_decode --quick  # one small row: checks that the script runs
@@ -66,6 +74,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from treecoll.attention.kv_cache import PAGE_CHOICES, alloc_kv, huge_page_bytes
 from treecoll.tools import units
 from treecoll.tools.bench.harness import Benchmark, interleaved
 from treecoll.tools.cli import script_main
@@ -102,17 +111,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rate_fns(device: torch.device, nbytes: int) -> dict[str, Callable[[], Any]]:
-    """The memory-rate measurements on an ``nbytes`` float32 buffer: name -> function."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.zeros_like(src)
+def _rate_fns(device: torch.device, nbytes: int, pages: str) -> tuple[dict[str, Callable[[], Any]], float | None]:
+    """The memory-rate measurements on an ``nbytes`` float32 buffer allocated as the KV cache is
+    (:func:`treecoll.attention.kv_cache.alloc_kv` with ``pages``): name -> function, and the fraction
+    of the source buffer's bytes in huge pages (None where it cannot be read)."""
+    src = alloc_kv((nbytes // 4,), torch.float32, device=device, pages=pages).fill_(1.0)
+    dst = alloc_kv((nbytes // 4,), torch.float32, device=device, pages=pages).fill_(0.0)
     fns = {"copy": lambda: dst.copy_(src), "read_torch": lambda: src.sum()}
     if device.type == "cpu":
         from treecoll.attention.decode_native import native_status, read_sum
 
         if native_status()["available"]:
             fns["read_native"] = lambda: read_sum(src)
-    return fns
+    return fns, _huge_frac(device, src)
+
+
+def _huge_frac(device: torch.device, *tensors: torch.Tensor) -> float | None:
+    """The fraction of the tensors' bytes that /proc/self/smaps shows in transparent huge pages."""
+    if device.type != "cpu":
+        return None
+    huge = huge_page_bytes(*tensors)
+    return None if huge is None else huge / sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _flush_fn(device: torch.device, nbytes: int) -> Callable[[], Any]:
@@ -248,7 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     backends = ["triton"] if device.type == "cuda" else args.backends
     flush = _flush_fn(device, args.flush_mib << 20) if args.flush_mib else None
     rate_bytes = args.rate_mib << 20
-    rates = _rate_fns(device, rate_bytes)
+    rates = {pages: _rate_fns(device, rate_bytes, pages) for pages in args.pages}
     rows = []
     for dname in args.dtypes:
         dtype = DTYPES[dname]
@@ -268,18 +287,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{dname} B={batch} tokens={n}: skipped, {rows[-1]['skipped']}", file=sys.stderr)
             if not fits:
                 continue
-            k = torch.empty(batch, max(fits), KV_HEADS, HEAD_DIM, dtype=dtype, device=device).normal_()
-            v = torch.empty_like(k).normal_()
             q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device).to(dtype)
             row_backends = [b for b in backends if b != FAST or dtype == torch.bfloat16]  # the same code otherwise
-            for n in fits:
-                _wait_for_quiet(args.wait_load, args.wait_max)
-                cases = _decode_cases(q, k, v, n, row_backends, anchor=device.type == "cpu" and not args.no_anchor)
-                best = _measure_row(cases, rates, device, args.repeats, flush)
-                common = {"dtype": dname, "batch": batch, "tokens": n, "kv_bytes": n * per_token, "threads": threads}
-                rows += _row_values(best, row_backends, common, n * per_token, threads, device, rate_bytes)
-                print(f"{dname} B={batch} tokens={n}: done", file=sys.stderr, flush=True)
-            k = v = q = None  # free this size's cache before the next one
+            for pages in args.pages:  # one page size's cache at a time, its rows right after the other's
+                shape = (batch, max(fits), KV_HEADS, HEAD_DIM)
+                k = alloc_kv(shape, dtype, device=device, pages=pages).normal_()
+                v = alloc_kv(shape, dtype, device=device, pages=pages).normal_()
+                rate_fns, rate_huge = rates[pages]
+                for n in fits:
+                    _wait_for_quiet(args.wait_load, args.wait_max)
+                    anchor = device.type == "cpu" and not args.no_anchor
+                    cases = _decode_cases(q, k, v, n, row_backends, anchor=anchor)
+                    best = _measure_row(cases, rate_fns, device, args.repeats, flush)
+                    common = {
+                        "dtype": dname,
+                        "batch": batch,
+                        "tokens": n,
+                        "kv_bytes": n * per_token,
+                        "threads": threads,
+                        "pages": pages,
+                        "kv_huge_frac": _huge_frac(device, k, v),
+                        "rate_huge_frac": rate_huge,
+                    }
+                    rows += _row_values(best, row_backends, common, n * per_token, threads, device, rate_bytes)
+                    print(f"{dname} B={batch} tokens={n} pages={pages}: done", file=sys.stderr, flush=True)
+                k = v = cases = None  # free this cache (the cases hold it too) before the next one
     return {
         "workload": "decode_partial, Llama-3.1-8B shapes (q_heads 32, kv_heads 8, head_dim 128)",
         "device": str(device),
@@ -291,7 +323,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "summed per second; thread_ns = thread nanoseconds per (token, KV head), target_thread_ns = the same "
         f"at {READ_TARGET:.0%} of the read rate",
         "rows": rows,
+        "page_ratios": page_ratios(rows),
     }
+
+
+def page_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (dtype, batch, tokens, backend) measured with more than one ``pages``: each page size's
+    decode time and read rate over those of the first page size measured (``time_ratio`` < 1 and
+    ``read_ratio`` > 1: faster than with the first)."""
+    first: dict[tuple, dict[str, Any]] = {}
+    out = []
+    for r in rows:
+        if "skipped" in r:
+            continue
+        key = (r["dtype"], r["batch"], r["tokens"], r["backend"])
+        base = first.setdefault(key, r)
+        if base is not r:
+            out.append(
+                {
+                    "dtype": r["dtype"],
+                    "batch": r["batch"],
+                    "tokens": r["tokens"],
+                    "backend": r["backend"],
+                    "pages": f"{r['pages']} / {base['pages']}",
+                    "time_ratio": r["time_s"] / base["time_s"],
+                    "read_ratio": r["read_gbps"] / base["read_gbps"],
+                    "frac_read": (r["frac_read"], base["frac_read"]),
+                }
+            )
+    return out
 
 
 def _native_isa(device: torch.device) -> str | None:
@@ -318,6 +378,8 @@ HEADER = [
     "dtype",
     "B",
     "tokens",
+    "pages",
+    "huge %",
     "KV",
     "time ms",
     "KV GB/s",
@@ -333,6 +395,8 @@ HEADER = [
     "load",
 ]
 FORMATS = [
+    None,
+    None,
     None,
     None,
     None,
@@ -356,12 +420,16 @@ FORMATS = [
 def table_row(r: dict[str, Any]) -> list[Any]:
     """One JSON row as the cells of :data:`HEADER` (a skipped row: its reason in the ``KV`` column)."""
     if "skipped" in r:
-        return ["-", r["dtype"], r["batch"], r["tokens"], f"skipped: {r['skipped']}"] + [None] * (len(HEADER) - 5)
+        return ["-", r["dtype"], r["batch"], r["tokens"], None, None, f"skipped: {r['skipped']}"] + [None] * (
+            len(HEADER) - 7
+        )
     return [
         r["backend"],
         r["dtype"],
         r["batch"],
         r["tokens"],
+        r["pages"],
+        "/".join("-" if f is None else f"{100 * f:.0f}" for f in (r["kv_huge_frac"], r["rate_huge_frac"])),
         fmt_bytes(r["kv_bytes"]),
         r["time_s"] * 1e3,
         r["kv_gbps"],
@@ -376,6 +444,17 @@ def table_row(r: dict[str, Any]) -> list[Any]:
         r.get("busy"),
         r["loadavg_1min"],
     ]
+
+
+RATIO_HEADER = ["backend", "dtype", "B", "tokens", "pages", "time ratio", "read ratio", "%read"]
+RATIO_FORMATS = [None, None, None, None, None, ".3f", ".3f", None]
+
+
+def ratio_row(r: dict[str, Any]) -> list[Any]:
+    """One entry of :func:`page_ratios` as the cells of :data:`RATIO_HEADER`."""
+    new, base = r["frac_read"]
+    key = [r[name] for name in ("backend", "dtype", "batch", "tokens", "pages")]
+    return [*key, r["time_ratio"], r["read_ratio"], f"{100 * new:.0f} / {100 * base:.0f}"]
 
 
 def _names(option: str, known: Sequence[str]) -> Callable[[str], list[str]]:
@@ -460,6 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--wait-max", type=units.seconds_arg("--wait-max"), default=300.0, help="longest wait per row, seconds"
     )
     p.add_argument("--no-anchor", action="store_true", help="skip torch's fused CPU SDPA anchor")
+    p.add_argument(
+        "--pages",
+        type=_names("--pages", list(PAGE_CHOICES)),
+        default=["auto"],
+        help="page sizes of the KV cache and of the rate buffers (attention.kv_cache.alloc_kv), comma list of "
+        f"{', '.join(PAGE_CHOICES)}; each row is measured with each in turn (default auto)",
+    )
     args = bench.parse(argv)
     if args.quick:  # the quick values replace the defaults, not what the command line gave
         for dest, value in QUICK.items():
@@ -484,6 +570,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"device {args.device}, torch threads {args.threads or torch.get_num_threads()}")
     result = run(args)
     print(table([table_row(r) for r in result["rows"]], HEADER, formats=FORMATS))
+    if result["page_ratios"]:
+        print()
+        print(table([ratio_row(r) for r in result["page_ratios"]], RATIO_HEADER, formats=RATIO_FORMATS))
     bench.write_json(result, args.json)
     return 0
 

@@ -42,6 +42,10 @@
  * FLAG_STREAM_ONLY (a benchmark's probe, AVX-512 tiers): the same tasks, reads and prefetches
  * without the arithmetic; the output is that of no keys.
  *
+ * FLAG_HUGE_PAGES (the caller's word that K and V lie in 2 MiB pages, as
+ * attention/kv_cache.py's alloc_kv gives them): the page walks ahead of the prefetches
+ * (touch_pages) step by 2 MiB instead of 4 KiB.
+ *
  * NaN/inf: plain IEEE arithmetic with one guard (the policy of
  * attention/state.py, as torch's SDPA math path): the shift of the online
  * softmax is the running max, or 0 while it is -inf; a NaN or +inf score
@@ -68,7 +72,7 @@
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512BF16 = 3 };
-enum { FLAG_FAST_BF16 = 1, FLAG_STREAM_ONLY = 2 };
+enum { FLAG_FAST_BF16 = 1, FLAG_STREAM_ONLY = 2, FLAG_HUGE_PAGES = 4 };
 /* Element order of qf and the accumulators within each CHUNK (see chunk_dim). */
 enum { PERM_NATURAL = 0, PERM_EVEN_ODD = 1, PERM_UNPACK = 2 };
 #define TILE 32        /* tokens per online-softmax step (at most, see task512_dt) */
@@ -617,19 +621,29 @@ T512BF static INL void weights_bf16(const float *p, int64_t n, uint16_t *pb) {
     }
 }
 
-/* One load per 4 KiB page spanned by heads [h0, h1) of the rows row[0..n): the page
- * walks happen now, so that the software prefetches of these rows (which this CPU may
- * drop on a TLB miss) reach memory.  (Measured: 5-8% faster for bf16 at 128k tokens.) */
+/* One load per page (1 << shift bytes: 4 KiB, or 2 MiB with FLAG_HUGE_PAGES) spanned by
+ * heads [h0, h1) of the rows row[0..n): the page walks happen now, so that the software
+ * prefetches of these rows (which this CPU may drop on a TLB miss) reach memory.  Each
+ * touch is a demand load from memory that the prefetches have not yet asked for.
+ * (Measured: with 4 KiB pages, 5-8% faster for bf16 at 128k tokens than no touch.  With a
+ * cache in 2 MiB pages, on the Sapphire Rapids guest of docs/benchmarks.md, 128k tokens,
+ * 2 threads, side by side: a touch per 2 MiB ran 1.03x (bf16 B = 1), 1.05x (bf16 B = 8) and
+ * 1.005x (fp32 B = 1) faster than a touch per 4 KiB, and no touch at all 1.03-1.10x (bf16
+ * B = 1) and 1.025x (B = 8); without the touch, tiles of 64 tokens instead of 32 were no
+ * faster, tiles of 16 0.96-0.97x; issuing each tile's prefetches in the first half or
+ * quarter of the tile before, instead of spread over all of it, 0.975x and 0.90x;
+ * prefetching two tiles ahead instead of one 0.955x (B = 1) and 0.93x (B = 8);
+ * prefetcht2 instead of prefetcht1 1.01x, prefetcht0 0.92x.) */
 static volatile unsigned page_sink;
 static inline void touch_pages(const char *const *row, int64_t n, int64_t stride, int64_t h0, int64_t h1,
-                               int64_t bytes) {
+                               int64_t bytes, int shift) {
     uintptr_t last = 0;
     unsigned acc = 0;
     for (int64_t i = 0; i < n; i++) {
         const char *lo = row[i] + h0 * stride, *hi = row[i] + (h1 - 1) * stride + bytes - 1;
-        if ((uintptr_t)lo >> 12 != last) acc += *(volatile const unsigned char *)lo;
-        if ((uintptr_t)hi >> 12 != (uintptr_t)lo >> 12) acc += *(volatile const unsigned char *)hi;
-        last = (uintptr_t)hi >> 12;
+        if ((uintptr_t)lo >> shift != last) acc += *(volatile const unsigned char *)lo;
+        if ((uintptr_t)hi >> shift != (uintptr_t)lo >> shift) acc += *(volatile const unsigned char *)hi;
+        last = (uintptr_t)hi >> shift;
     }
     page_sink += acc;
 }
@@ -688,9 +702,11 @@ T512 static INL __m512i stream_rows(const char *const *rows, int64_t n, int64_t 
  * (Measured on a Zen 4 VM, one thread, 128k tokens, Llama-3.1-8B shapes: without the
  * prefetch bf16 runs about 2x slower; with tiles twice as long fp32 runs 1.3x slower;
  * prefetching into L1 (prefetcht0) instead runs about 1.7x slower, and two tiles ahead instead
- * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, e.g. torch's
- * THP_MEM_ALLOC_ENABLE=1) runs about 1.2x faster: this order touches a new 4 KiB page
- * every few rows.) */
+ * of one is no faster.  A cache in 2 MiB pages (transparent huge pages, alloc_kv of
+ * attention/kv_cache.py) runs about 1.2x faster: this order touches a new 4 KiB page
+ * every few rows.  On the Sapphire Rapids guest of docs/benchmarks.md, 2 threads, 128k
+ * tokens, the 2 MiB-page rows of tools/bench_decode took 0.97-1.12x the time of its 4 KiB
+ * rows, bf16 and fp32.) */
 T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int stream_only, const call_t *c,
                                   const task_t *task, task_t *next, float *slot, float *scratch) {
     const treecoll_decode_args *a = c->a;
@@ -722,8 +738,9 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int st
         const char *const *kn = krow[cur ^ 1], *const *vn = vrow[cur ^ 1];
         tile_rows(c, pseq, ps, pf, krow[cur ^ 1], vrow[cur ^ 1]);
         const int adjacent = a->k_h == D * isz && a->v_h == D * isz;
-        touch_pages(kn, pf, a->k_h, ph0, ph1, D * isz);
-        touch_pages(vn, pf, a->v_h, ph0, ph1, D * isz);
+        const int shift = a->flags & FLAG_HUGE_PAGES ? 21 : 12;
+        touch_pages(kn, pf, a->k_h, ph0, ph1, D * isz, shift);
+        touch_pages(vn, pf, a->v_h, ph0, ph1, D * isz, shift);
         for (int64_t h = h0; h < h1; h++) {
             const int64_t j = (h - h0) * G, nh = h1 - h0, hp = ph0 + (h - h0);
             pf_cursor pk, pv;

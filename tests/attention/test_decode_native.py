@@ -333,3 +333,42 @@ def test_heads_apart_and_paged_caches(fast, layout, make_inputs, check_state):
     out_bound, lse_bound = _fast_bf16_bounds(q, k, v, lengths, 96**-0.5)
     assert ((out.double() - ref[0]).abs().amax(-1) <= out_bound).all()
     assert ((lse.double() - ref[1]).abs() <= lse_bound).all()
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fast", [False, True])
+def test_cache_in_huge_pages(dtype, fast, make_inputs, check_state, monkeypatch):
+    """A cache from alloc_kv in 2 MiB pages (the kernel's page walks then step by 2 MiB): the same
+    result, bit for bit, as the same cache in ordinary memory, and the reference's within tolerance
+    (5 MiB of K and V: the rows of a tile cross the 2 MiB pages' boundaries)."""
+    from treecoll.attention.kv_cache import alloc_kv, in_huge_pages, thp_mode
+
+    if thp_mode() not in ("always", "madvise"):
+        pytest.skip(f"the kernel gives no transparent huge pages here (mode {thp_mode()})")
+    batch, kv_heads, group, head_dim, seq = 2, 4, 4, 128, 2560 if dtype == torch.float32 else 5120
+    q, k, v = make_inputs(batch, kv_heads * group, kv_heads, head_dim, seq, dtype, seed=11)
+    hk = alloc_kv(k.shape, dtype, pages="2m").copy_(k)
+    hv = alloc_kv(v.shape, dtype, pages="2m").copy_(v)
+    flags = []  # the flags word of every kernel call
+
+    class Spy:
+        def __init__(self, lib):
+            self.lib = lib
+
+        def __getattr__(self, name):
+            return getattr(self.lib, name)
+
+        def treecoll_decode(self, args):
+            flags.append(args._obj.flags)
+            return self.lib.treecoll_decode(args)
+
+    monkeypatch.setitem(native_mod._STATE, "lib", Spy(native_mod._load()))
+    lengths = [seq - 37, seq]
+    plain = _native(q, k, v, lengths, threads=2, fast_bf16=fast)
+    huge = _native(q, hk, hv, lengths, threads=2, fast_bf16=fast)
+    assert in_huge_pages(hk) and not in_huge_pages(k)
+    assert [f & native_mod._FLAG_HUGE_PAGES for f in flags] == [0, native_mod._FLAG_HUGE_PAGES]
+    assert torch.equal(plain[0], huge[0]) and torch.equal(plain[1], huge[1])
+    if not fast:
+        check_state(*huge, *reference(q, k, v, kv_len=lengths), 1e-5)

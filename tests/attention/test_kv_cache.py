@@ -4,11 +4,16 @@ P caches (one per simulated rank) live in one process here; the multi-process
 use of the cache is tested through the model (test_model.py).
 """
 
+import gc
+import mmap
+
 import pytest
 import torch
-from treecoll.attention import decode_partial, merge_states, reference
-from treecoll.attention.kv_cache import ShardedKVCache
+from treecoll.attention import decode_partial, kv_cache, merge_states, reference
+from treecoll.attention.kv_cache import HUGE_PAGE, ShardedKVCache, alloc_kv, huge_page_bytes, thp_mode
 from treecoll.topo.errors import AttentionError
+
+THP = thp_mode() in ("always", "madvise")
 
 
 def _caches(world, **kw):
@@ -29,7 +34,8 @@ def test_placement_partitions_positions(world, block, length):
     assert max(counts) - min(counts) <= block
 
 
-def test_prefill_append_and_decode_equal_reference():
+@pytest.mark.parametrize("pages", ["4k", "2m"])
+def test_prefill_append_and_decode_equal_reference(pages):
     world, block, batch, hq, hkv, d = 3, 4, 3, 6, 2, 8
     g = torch.Generator().manual_seed(0)
     prompt = [29, 5, 0]
@@ -38,7 +44,15 @@ def test_prefill_append_and_decode_equal_reference():
     k = torch.randn(batch, total, hkv, d, generator=g)
     v = torch.randn(batch, total, hkv, d, generator=g)
     caches = _caches(
-        world, layers=2, batch=batch, kv_heads=hkv, head_dim=d, max_seq_len=40, block_size=block, dtype=torch.float32
+        world,
+        layers=2,
+        batch=batch,
+        kv_heads=hkv,
+        head_dim=d,
+        max_seq_len=40,
+        block_size=block,
+        dtype=torch.float32,
+        pages=pages,
     )
     for c in caches:
         c.prefill(1, k[:, : max(prompt)], v[:, : max(prompt)], prompt)
@@ -132,3 +146,83 @@ def test_prefill_without_lengths_takes_the_whole_prompt_of_every_sequence():
         assert c.lengths(0).tolist() == [seq] * batch
         n = c.local_count(seq)
         assert torch.equal(c.k[0][:, :n], k[:, c.owned_positions(seq)])
+
+
+def _smaps_entry(addr: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping holding ``addr`` ({} if none does)."""
+    entry, inside = {}, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and ":" not in head:
+                if inside:
+                    return entry
+                a, b = (int(x, 16) for x in head.split("-"))
+                inside = a <= addr < b
+            elif inside:
+                entry[head.rstrip(":")] = line.split(None, 1)[1].strip() if " " in line.strip() else ""
+    return entry if inside else {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pages", ["auto", "4k", "2m"])
+def test_alloc_kv_is_a_zeroed_writable_tensor(pages, dtype):
+    shape = (2, 3000, 4, 64)  # 1.5-3 MiB: below auto's threshold, above one huge page
+    t = alloc_kv(shape, dtype, pages=pages)
+    assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+    assert bool((t == 0).all())
+    src = torch.randn(shape).to(dtype)
+    t.copy_(src)
+    assert torch.equal(t, src)
+    if pages == "2m" and THP:
+        assert t.data_ptr() % HUGE_PAGE == 0
+        assert "hg" in _smaps_entry(t.data_ptr()).get("VmFlags", "").split()  # MADV_HUGEPAGE applied
+    elif pages != "2m":
+        assert "hg" not in _smaps_entry(t.data_ptr()).get("VmFlags", "").split()
+
+
+@pytest.mark.skipif(not THP, reason="the kernel gives no transparent huge pages here")
+def test_alloc_kv_in_huge_pages_keeps_and_frees_its_mapping():
+    base = alloc_kv((4 * HUGE_PAGE // 4,), torch.float32, pages="2m")
+    addr = base.data_ptr()
+    view = base[HUGE_PAGE // 4 :]
+    view.copy_(torch.arange(view.numel(), dtype=torch.float32))
+    del base
+    gc.collect()
+    others = [alloc_kv((HUGE_PAGE,), torch.float32, pages="2m").fill_(-1.0) for _ in range(4)]
+    assert torch.equal(view, torch.arange(view.numel(), dtype=torch.float32))  # the view keeps the mapping
+    assert huge_page_bytes(view) is not None and huge_page_bytes(view) <= 4 * HUGE_PAGE
+    del view, others
+    gc.collect()
+    assert _smaps_entry(addr) == {}  # the last view gone, the mapping is unmapped
+
+
+@pytest.mark.parametrize("mode", [None, "always madvise [never]"])
+def test_alloc_kv_falls_back_without_transparent_huge_pages(tmp_path, monkeypatch, mode):
+    path = tmp_path / "enabled"
+    if mode is not None:
+        path.write_text(mode + "\n")
+    monkeypatch.setattr(kv_cache, "_THP_ENABLED", path)
+    assert thp_mode() == (None if mode is None else "never")
+    t = alloc_kv((3, 2 * HUGE_PAGE // 4), torch.float32, pages="2m")
+    assert t.shape == (3, 2 * HUGE_PAGE // 4) and bool((t == 0).all())
+    assert "hg" not in _smaps_entry(t.data_ptr()).get("VmFlags", "").split()
+
+
+def test_alloc_kv_falls_back_when_mmap_fails(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("no memory")
+
+    monkeypatch.setattr(kv_cache, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    t = alloc_kv((5, 7), torch.bfloat16, pages="2m")
+    assert t.shape == (5, 7) and t.dtype == torch.bfloat16 and bool((t == 0).all())
+
+
+def test_alloc_kv_other_devices_and_bad_pages():
+    t = alloc_kv((4, 1 << 20), torch.float32, device="meta", pages="2m")
+    assert t.device.type == "meta" and t.shape == (4, 1 << 20)
+    with pytest.raises(AttentionError, match="pages"):
+        alloc_kv((4,), torch.float32, pages="1g")
+    with pytest.raises(AttentionError, match="pages"):
+        ShardedKVCache(layers=1, batch=1, kv_heads=1, head_dim=2, max_seq_len=4, pages="huge")
