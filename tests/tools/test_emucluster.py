@@ -369,7 +369,7 @@ def test_shaped_rate_and_pair_link():
 @needs_netns
 @pytest.mark.timeout(120)
 def test_probe_names_the_slow_host_and_the_tree_leaves_it_out(tmp_path):
-    """4 hosts at 1gbit, host 2 at 100mbit: the probe, run as the job, names h2 alone within 60 s
+    """4 hosts at 1gbit, host 2 at 100mbit: the probe (threshold 0.4), run as the job, names h2 alone within 60 s
     (the job's --timeout), and two_level on the calibrated topology keeps h2 out of the interior."""
     from treecoll.collectives import builders
     from treecoll.topo import yaml_io
@@ -400,6 +400,8 @@ def test_probe_names_the_slow_host_and_the_tree_leaves_it_out(tmp_path):
         "topo",
         "probe",
         "--json",
+        "--threshold",  # gloo's TCP over tbf-shaped veths moves 55-85% of the shaped rate on a 2-vCPU VM
+        "0.4",  # (the healthy links, loaded steps lowest); h2 moves 10%
         "-o",
         str(out),
     ]
@@ -412,7 +414,7 @@ def test_probe_names_the_slow_host_and_the_tree_leaves_it_out(tmp_path):
     assert r["summary"]["slow_hosts"] == ["h2"] and r["summary"]["slow_nics"] == ["h2/nic0"]
     (slow,) = r["slow"]
     assert (slow["a"], slow["b"]) == ("h2/nic0", "sw0")
-    # 100 Mbit/s of payload is a tenth of the modelled 1 Gbit/s one (0.1196 GB/s): well below 70 %
+    # 100 Mbit/s of payload is a tenth of the modelled 1 Gbit/s one (0.1196 GB/s): well below 40 %
     assert slow["expected_gbps"] == pytest.approx(0.125 * 1448 / 1514, rel=1e-5)
     assert slow["measured_gbps"] < 0.25 * slow["expected_gbps"]
     probed = yaml_io.load(out)
