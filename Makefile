@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m treecoll.tools.demo
 
+# two test files at a time (pytest-xdist, whole files per worker): the multi-process tests wait on
+# sockets and shaped links much of their time
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
