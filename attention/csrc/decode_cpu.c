@@ -414,6 +414,21 @@ T512 static INL void pf_lines(pf_cursor *c, int64_t lines) {
 /* Lines of the ranges still to prefetch (an upper bound: one per 64 bytes, plus one per range). */
 static inline int64_t pf_left(const pf_cursor *c) { return (c->n - c->i) * (c->span / 64 + 2); }
 
+/* The K and V prefetches of the next tile, issued together: k_per lines of k and v_per lines of v
+ * per step of the score and the value loops, so that both are spread evenly over the tile's work.
+ * (Measured on the Sapphire Rapids guest of docs/benchmarks.md, 2 threads, 128k tokens, a cache in
+ * 2 MiB pages, side by side against prefetching K during the score loop and V during the value
+ * loop: 1.03-1.05x faster for bf16 at B = 1, 1.03x at B = 8, 1.10x for fp32 at B = 1.) */
+typedef struct {
+    pf_cursor *k, *v;
+    int64_t k_per, v_per;
+} pf_pair;
+
+T512 static INL void pf_step(pf_pair *pp, int64_t steps) {
+    pf_lines(pp->k, pp->k_per * steps);
+    pf_lines(pp->v, pp->v_per * steps);
+}
+
 /* Sums of 16 vectors: lane j of the result is the sum of the lanes of v[j]. */
 T512 static INL __m512 reduce16(const __m512 v[16]) {
     __m512 a[8], b[4], d[2];
@@ -495,17 +510,17 @@ T512BF static INL void scores_dpbf16(const int GB, const char *const *kr, const 
 
 /* The scores of GB query rows qr (float32 in load32's order, or bf16 for dot_bf16) against the
  * n tokens of a tile, TB = 16 / GB at a time (rows[i] + hoff: token i's key row) into
- * sc[g * TILE + i]; pk_per lines of the cursor pk per step. */
+ * sc[g * TILE + i]; pf_steps steps of the prefetches pf per TB tokens. */
 T512BF static INL void scores_tile(const int dt, const int dot_bf16, const int GB, const char *const *rows, int64_t hoff,
-                                   int64_t n, const void *const *qr, int64_t nch, int64_t D, float *sc, pf_cursor *pk,
-                                   int64_t pk_per) {
+                                   int64_t n, const void *const *qr, int64_t nch, int64_t D, float *sc, pf_pair *pf,
+                                   int64_t pf_steps) {
     const int TB = 16 / GB;
     for (int64_t i = 0; i < n; i += TB) {
         const int64_t tn = n - i < TB ? n - i : TB;
         const char *kr[16];
         UNROLL
         for (int t = 0; t < TB; t++) kr[t] = rows[i + (t < tn ? t : 0)] + hoff;
-        pf_lines(pk, pk_per);
+        pf_step(pf, pf_steps);
         if (dot_bf16 && D == 128) /* the common head_dim with its chunk loop unrolled */
             scores_dpbf16(GB, kr, (const uint16_t *const *)qr, 4, 128, tn, GB, sc + i);
         else if (dot_bf16)
@@ -545,12 +560,12 @@ T512 static INL void acc_store(const int GB, const int CCH, int64_t c0, int64_t 
 
 /* acc[g] += sum_i p[g * TILE + i] * v_i over the tile for GB queries (accumulator g at
  * ag + g * Dp), CB vectors (CB/2 chunks) of head_dim at a time (GB * CB = 16 accumulators
- * in registers); pf_per lines of the cursor pf per token in every pass over the tile
+ * in registers); pf_steps steps of the prefetches pf per token in every pass over the tile
  * (measured on a shared Zen 4 VM, 2 threads, bf16 at 128k tokens, against prefetching in the
  * first pass only: 0.97-1.11x the speed, faster in most of nine side-by-side runs). */
 T512 static INL void values_block(const int dt, const int GB, const char *const *vrow, int64_t n, int64_t nch,
-                                  int64_t D, const float *p, float *ag, int64_t Dp, const float *al, pf_cursor *pf,
-                                  int64_t pf_per) {
+                                  int64_t D, const float *p, float *ag, int64_t Dp, const float *al, pf_pair *pf,
+                                  int64_t pf_steps) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     const int64_t isz = itemsize_of(dt);
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
@@ -558,7 +573,7 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
         __mmask32 mk[8];
         acc_load(GB, CCH, c0, nch, D, ag, Dp, al, acc, mk);
         for (int64_t i = 0; i < n; i++) {
-            pf_lines(pf, pf_per);
+            pf_step(pf, pf_steps);
             __m512 x[16];
             UNROLL
             for (int j = 0; j < CCH; j++) load32(vrow[i] + (c0 + j) * CHUNK * isz, dt, mk[j], &x[2 * j], &x[2 * j + 1]);
@@ -579,8 +594,8 @@ T512 static INL void values_block(const int dt, const int GB, const char *const 
  * (p_i, p_i+1) broadcast, so one instruction adds both tokens' terms of 16 elements and
  * the rows need no conversion.  The accumulators are in PERM_UNPACK order. */
 T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int64_t n, int64_t nch, int64_t D,
-                                     const uint16_t *pb, float *ag, int64_t Dp, const float *al, pf_cursor *pf,
-                                     int64_t pf_per) {
+                                     const uint16_t *pb, float *ag, int64_t Dp, const float *al, pf_pair *pf,
+                                     int64_t pf_steps) {
     const int CB = 16 / GB, CCH = CB / 2 > 0 ? CB / 2 : 1;
     for (int64_t c0 = 0; c0 < nch; c0 += CCH) {
         __m512 acc[16];
@@ -589,7 +604,7 @@ T512BF static INL void values_dpbf16(const int GB, const char *const *vrow, int6
         for (int64_t i = 0; i < n; i += 2) {
             const int64_t i1 = i + 1 < n ? i + 1 : i; /* an odd tail pairs the last row with zeros */
             const __mmask32 m1 = i + 1 < n ? (__mmask32)0xffffffffu : 0;
-            pf_lines(pf, 2 * pf_per);
+            pf_step(pf, 2 * pf_steps);
             __m512i x[16];
             UNROLL
             for (int j = 0; j < CCH; j++) {
@@ -669,13 +684,13 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
     }
 
 /* FLAG_STREAM_ONLY: the `bytes` bytes at rows[i] + off, i < n, xor-ed into sink by 64-byte loads,
- * with `per` lines of the cursor pc every `step` rows (the loads and prefetches of the score or
- * value pass, without its arithmetic). */
+ * with `steps` steps of the prefetches pf every `every` rows, each row read in `passes` parts with
+ * their steps (the loads and prefetches of the score or value pass, without its arithmetic). */
 static volatile unsigned stream_sink;
-T512 static INL __m512i stream_rows(const char *const *rows, int64_t n, int64_t off, int64_t bytes, int64_t step,
-                                    pf_cursor *pc, int64_t per, __m512i sink) {
+T512 static INL __m512i stream_rows(const char *const *rows, int64_t n, int64_t off, int64_t bytes, int64_t every,
+                                    int64_t passes, pf_pair *pf, int64_t steps, __m512i sink) {
     for (int64_t i = 0; i < n; i++) {
-        if (i % step == 0) pf_lines(pc, per);
+        if (i % every == 0) pf_step(pf, steps * passes);
         for (int64_t o = 0; o < bytes; o += 64) {
             const __mmask64 mk = bytes - o >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - o)) - 1;
             sink = _mm512_xor_si512(sink, _mm512_maskz_loadu_epi8(mk, rows[i] + off + o));
@@ -752,15 +767,15 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int st
                 pf_start(&pk, kn, hp < ph1 ? pf : 0, hp * a->k_h, D * isz);
                 pf_start(&pv, vn, hp < ph1 ? pf : 0, hp * a->v_h, D * isz);
             }
-            const int64_t tb0 = 16 / group_block(G), pk_per = (pf_left(&pk) + (n + tb0 - 1) / tb0 - 1) / ((n + tb0 - 1) / tb0);
-            /* the value loops walk the tile once per CCH chunks of head_dim (values_block): the V
-             * prefetches are spread over all of those passes */
-            const int64_t cch = 16 / group_block(G) / 2 > 0 ? 16 / group_block(G) / 2 : 1, vpasses = (nch + cch - 1) / cch;
-            const int64_t pv_per = (pf_left(&pv) + n * vpasses - 1) / (n * vpasses);
+            /* the steps of the tile's work: one per TB tokens of the score loop, one per token of each
+             * pass of the value loops, which walk the tile once per CCH chunks of head_dim */
+            const int64_t tb0 = 16 / group_block(G), cch = tb0 / 2 > 0 ? tb0 / 2 : 1, vpasses = (nch + cch - 1) / cch;
+            const int64_t steps = (n + tb0 - 1) / tb0 + n * vpasses;
+            pf_pair pp = {&pk, &pv, (pf_left(&pk) + steps - 1) / steps, (pf_left(&pv) + steps - 1) / steps};
             if (stream_only) { /* the same reads and prefetches, no arithmetic */
-                sink = stream_rows(krow[cur], n, h * a->k_h, D * isz, tb0, &pk, pk_per, sink);
+                sink = stream_rows(krow[cur], n, h * a->k_h, D * isz, tb0, 1, &pp, 1, sink);
+                sink = stream_rows(vrow[cur], n, h * a->v_h, D * isz, 1, vpasses, &pp, 1, sink);
                 pf_lines(&pk, pf_left(&pk));
-                sink = stream_rows(vrow[cur], n, h * a->v_h, D * isz, 1, &pv, pv_per * vpasses, sink);
                 pf_lines(&pv, pf_left(&pv));
                 continue;
             }
@@ -772,9 +787,8 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int st
                     qr[g] = dot_bf16 ? (const void *)(c->qbf + row) : (const void *)(c->qf + row);
                 }
                 DISPATCH_GB(GB, scores_tile(dt, dot_bf16, gb_, krow[cur], h * a->k_h, n, qr, nch, D,
-                                            sc + g0 * TILE, &pk, g0 == 0 ? pk_per : 0));
+                                            sc + g0 * TILE, &pp, g0 == 0));
             }
-            pf_lines(&pk, pf_left(&pk));
             softmax_rows512(sc, G, n, ms + j, lv + j * 16, alpha); /* the values apply alpha */
             const char *vr[TILE];
             for (int64_t i = 0; i < n; i++) vr[i] = vrow[cur][i] + h * a->v_h;
@@ -785,16 +799,17 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int st
                 const float *p = sc + g0 * TILE;
                 const uint16_t *pb = pbf + g0 * TILE;
                 float *ag = accs + (j + g0) * Dp;
-                const int64_t pvn = g0 == 0 ? pv_per : 0;
+                const int64_t pvn = g0 == 0;
                 if (dot_bf16 && D == 128) /* the common head_dim with its chunk loop unrolled */
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, 4, 128, pb, ag, Dp, alpha + g0, &pv, pvn))
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, 4, 128, pb, ag, Dp, alpha + g0, &pp, pvn))
                 else if (dot_bf16)
-                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, Dp, alpha + g0, &pv, pvn))
+                    DISPATCH_GB(GB, values_dpbf16(gb_, vr, n, nch, D, pb, ag, Dp, alpha + g0, &pp, pvn))
                 else if (D == 128)
-                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, 4, 128, p, ag, Dp, alpha + g0, &pv, pvn))
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, 4, 128, p, ag, Dp, alpha + g0, &pp, pvn))
                 else
-                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, Dp, alpha + g0, &pv, pvn))
+                    DISPATCH_GB(GB, values_block(dt, gb_, vr, n, nch, D, p, ag, Dp, alpha + g0, &pp, pvn))
             }
+            pf_lines(&pk, pf_left(&pk));
             pf_lines(&pv, pf_left(&pv));
         }
     }
