@@ -135,7 +135,7 @@ typedef struct {
 
 typedef struct {
     double end, within;
-    i64 f, v;
+    i64 f;
 } fin_entry;
 
 static int ev_less(const event *x, const event *y) { return x->t < y->t || (x->t == y->t && x->seq < y->seq); }
@@ -143,8 +143,7 @@ static int ev_less(const event *x, const event *y) { return x->t < y->t || (x->t
 static int fin_less(const fin_entry *x, const fin_entry *y) {
     if (x->end != y->end) return x->end < y->end;
     if (x->within != y->within) return x->within < y->within;
-    if (x->f != y->f) return x->f < y->f;
-    return x->v < y->v;
+    return x->f < y->f;
 }
 
 /* binary min-heaps of T ordered by less (pops come in that order: the orders are total) */
@@ -174,7 +173,6 @@ static int fin_less(const fin_entry *x, const fin_entry *y) {
     }
 
 DEFINE_HEAP(event, ev_less)
-DEFINE_HEAP(fin_entry, fin_less)
 
 /* ------------------------------------------------------------------ the arguments (engine_native._Args) */
 typedef struct {
@@ -246,7 +244,7 @@ typedef struct {
     i64 *x_send, *x_pending, *x_route, nx, x_cap;
     /* subflows */
     double *f_rem, *f_tlast, *f_rate, *f_size;
-    i64 *f_xfer, *f_ver, *f_sub, *f_inc;
+    i64 *f_xfer, *f_hpos, *f_sub, *f_inc; /* f_hpos: the subflow's place in the drain heap fh, -1 */
     char *f_alive;
     i64 nf, f_cap;
     i64 *inc_pos; /* per incidence: its position in its link's users (-1: the link repeats in the subflow) */
@@ -266,7 +264,7 @@ typedef struct {
      * rank is on the heap (a k-way merge: the same pops as all of them on the heap, a smaller heap) */
     double *iq_t;
     i64 *iq_seq, *iq_step, *iq_head, *iq_tail;
-    fin_entry *fh;
+    fin_entry *fh; /* the drain time of every draining subflow with a rate > 0, one entry each */
     i64 nfh, fh_cap;
     /* filling scratch */
     i64 *comp, ncomp, comp_cap;
@@ -411,7 +409,7 @@ static void transmit(engine *E, i64 r, i64 g, double t) {
             if (f == E->f_cap) {
                 i64 c = new_cap(E->f_cap, f + 1);
                 if (REGROW(E->f_rem, c) || REGROW(E->f_tlast, c) || REGROW(E->f_rate, c) || REGROW(E->f_size, c) ||
-                    REGROW(E->f_xfer, c) || REGROW(E->f_ver, c) || REGROW(E->f_sub, c) || REGROW(E->f_inc, c) ||
+                    REGROW(E->f_xfer, c) || REGROW(E->f_hpos, c) || REGROW(E->f_sub, c) || REGROW(E->f_inc, c) ||
                     REGROW(E->f_alive, c) || REGROW(E->seen_f, c)) {
                     E->oom = 1;
                     return;
@@ -428,7 +426,7 @@ static void transmit(engine *E, i64 r, i64 g, double t) {
             E->f_tlast[f] = t;
             E->f_rate[f] = 0.0;
             E->f_xfer[f] = xi;
-            E->f_ver[f] = 0;
+            E->f_hpos[f] = -1;
             E->f_sub[f] = s;
             E->f_inc[f] = E->ninc;
             E->f_alive[f] = 1;
@@ -845,6 +843,59 @@ static int component(engine *E) {
     return 0;
 }
 
+/* The drain heap: a binary min-heap of fin_entry by fin_less, indexed by subflow (f_hpos), so that a
+ * new rate moves the subflow's one entry instead of adding one (the pops come in the same order). */
+static void fh_place(engine *E, i64 i, fin_entry x) {
+    E->fh[i] = x;
+    E->f_hpos[x.f] = i;
+}
+
+static void fh_up(engine *E, i64 i, fin_entry x) {
+    while (i > 0) {
+        i64 p = (i - 1) / 2;
+        if (!fin_less(&x, &E->fh[p])) break;
+        fh_place(E, i, E->fh[p]);
+        i = p;
+    }
+    fh_place(E, i, x);
+}
+
+static void fh_down(engine *E, i64 i, fin_entry x) {
+    for (;;) {
+        i64 c = 2 * i + 1;
+        if (c >= E->nfh) break;
+        if (c + 1 < E->nfh && fin_less(&E->fh[c + 1], &E->fh[c])) c++;
+        if (!fin_less(&E->fh[c], &x)) break;
+        fh_place(E, i, E->fh[c]);
+        i = c;
+    }
+    fh_place(E, i, x);
+}
+
+/* the entry of subflow x.f set to x (inserted when it has none) */
+static int fh_set(engine *E, fin_entry x) {
+    i64 i = E->f_hpos[x.f];
+    if (i < 0) {
+        if (GROW(E->fh, E->fh_cap, E->nfh + 1)) return -1;
+        fh_up(E, E->nfh++, x);
+    } else if (fin_less(&x, &E->fh[i])) {
+        fh_up(E, i, x);
+    } else {
+        fh_down(E, i, x);
+    }
+    return 0;
+}
+
+static void fh_remove(engine *E, i64 i) {
+    E->f_hpos[E->fh[i].f] = -1;
+    fin_entry last = E->fh[--E->nfh];
+    if (i == E->nfh) return;
+    if (i > 0 && fin_less(&last, &E->fh[(i - 1) / 2]))
+        fh_up(E, i, last);
+    else
+        fh_down(E, i, last);
+}
+
 static int update_rates(engine *E) {
     if (component(E)) return -1;
     E->ndirty = 0;
@@ -859,12 +910,12 @@ static int update_rates(engine *E) {
             if (old > 0.0) E->f_rem[f] -= old * (now - E->f_tlast[f]);
             E->f_tlast[f] = now;
             E->f_rate[f] = r;
-            i64 v = ++E->f_ver[f];
             if (r > 0.0) {
                 double left = E->f_rem[f];
-                fin_entry x = {now + left / r, now + (left - (REL_EPS * E->f_size[f] + 1e-6)) / r, f, v};
-                if (GROW(E->fh, E->fh_cap, E->nfh + 1)) return -1;
-                fin_entry_push(E->fh, &E->nfh, x);
+                fin_entry x = {now + left / r, now + (left - (REL_EPS * E->f_size[f] + 1e-6)) / r, f};
+                if (fh_set(E, x)) return -1;
+            } else if (E->f_hpos[f] >= 0) {
+                fh_remove(E, E->f_hpos[f]);
             }
         }
     }
@@ -873,14 +924,7 @@ static int update_rates(engine *E) {
     return 0;
 }
 
-static double next_drain(engine *E) {
-    while (E->nfh > 0) {
-        fin_entry *x = &E->fh[0];
-        if (x->v == E->f_ver[x->f] && E->f_alive[x->f]) return x->end;
-        fin_entry_pop(E->fh, &E->nfh);
-    }
-    return INFINITY;
-}
+static double next_drain(engine *E) { return E->nfh > 0 ? E->fh[0].end : INFINITY; }
 
 static void transfer_drained(engine *E, i64 xi, double now) {
     const fe_args *A = E->A;
@@ -901,18 +945,11 @@ static int drain_until(engine *E, double t_next, i64 **fin, i64 *fin_cap) {
     E->now = t_next;
     double now = t_next;
     i64 nfin = 0;
-    while (E->nfh > 0) {
-        fin_entry *x = &E->fh[0];
-        if (x->v != E->f_ver[x->f] || !E->f_alive[x->f]) {
-            fin_entry_pop(E->fh, &E->nfh);
-        } else if (x->within <= now) {
-            i64 f = x->f;
-            fin_entry_pop(E->fh, &E->nfh);
-            if (GROW(*fin, *fin_cap, nfin + 1)) return -1;
-            (*fin)[nfin++] = f;
-        } else {
-            break;
-        }
+    while (E->nfh > 0 && E->fh[0].within <= now) {
+        i64 f = E->fh[0].f;
+        fh_remove(E, 0);
+        if (GROW(*fin, *fin_cap, nfin + 1)) return -1;
+        (*fin)[nfin++] = f;
     }
     if (!nfin) return 0;
     qsort(*fin, (size_t)nfin, sizeof(i64), cmp_i64);
@@ -1085,7 +1122,7 @@ static void engine_free(engine *E) {
                   E->posted, E->waiting, E->has_arrived, E->arrived_t, E->held, E->c_exists, E->c_head,
                   E->c_tail, E->c_rank, E->slot_val, E->slot_present, E->sc_rank, E->sc_t, E->sc_b,
                   E->x_send, E->x_pending, E->x_route, E->f_rem, E->f_tlast, E->f_rate, E->f_size,
-                  E->f_xfer, E->f_ver, E->f_sub, E->f_inc, E->f_alive, E->inc_pos, E->dirty,
+                  E->f_xfer, E->f_hpos, E->f_sub, E->f_inc, E->f_alive, E->inc_pos, E->dirty,
                   E->dirty_mark, E->seen_l, E->seen_f, E->loc, E->route_seen, E->link_seen, E->ev, E->fh,
                   E->comp, E->stack, E->l_ids, E->l_cnt, E->l_uptr, E->l_users, E->l_fill, E->f_lptr,
                   E->f_ll, E->live, E->bott, E->l_rem, E->l_share, E->c_rate, E->c_frozen};
