@@ -48,7 +48,7 @@ DEMO_DECODE = {
     "heads": HEADS,
     "kv_heads": KV_HEADS,
     "head_dim": HEAD_DIM,
-    "new_tokens": 4,
+    "new_tokens": 8,
     "dtype": "bfloat16",
     "block_size": 256,
     "methods": ["tree", "auto", "ring", "allreduce3"],
