@@ -91,7 +91,7 @@ def _in_process(topology: str, args: list[str]) -> tuple[float, float, dict, flo
 
     ns = build_parser().parse_args(["simulate", "allreduce", "--topology", topology, *args])
     t0, c0 = time.perf_counter(), time.process_time()
-    topo = cmd_simulate._resolve(ns)
+    topo, _ = cmd_simulate._resolve(ns)
     t1, c1 = time.perf_counter(), time.process_time()
     from treecoll.tools import units
 

@@ -11,6 +11,11 @@
     treecoll simulate validate FILE... [machine flags] [--profile P] [--json]
     treecoll simulate calibrate FILE... [machine flags] -o profile.yaml [--force]
 
+Every command takes the machine flags (:mod:`treecoll.tools.machine_flags`): ``--topology F``
+(default ``default``), or ``--hosts N --gpu MODEL [--gpus-per-host G] [--nic COUNTxSPEEDG-FABRIC]
+[--gpu-nic aligned|unaligned]``, the machine :func:`treecoll.topo.machines.machine_topology` builds
+(the output names it).
+
 ``--algo``: ``ring`` (NCCL's ring, lockstep model), ``tree`` (NCCL's tree: a chain in each
 host under a double binary tree over hosts, one per NIC rail for large messages;
 :func:`treecoll.collectives.sim.simulator.simulate_nccl_algorithm`, what the decode model's
@@ -83,6 +88,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
     from treecoll.tools.cmd_tree import MODE_HELP
+    from treecoll.tools.machine_flags import add_machine_flags
 
     p = subparsers.add_parser(
         "simulate",
@@ -97,11 +103,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     def base(name, help_, description):
         q = sub.add_parser(name, help=help_, description=description)
         common_options(q)
-        q.add_argument(
-            "--topology",
-            default="default",
-            metavar="F",
-            help="topology YAML file, shipped name or 'default' (default: default)",
+        add_machine_flags(
+            q,
+            topology_help="topology YAML file, shipped name or 'default' (default: default, unless the "
+            "machine is given by --hosts/--gpu/--nic)",
         )
         q.add_argument(
             "--ranks",
@@ -233,16 +238,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _resolve(args):
-    """The topology of ``--topology``, with ``--ranks`` checked against its GPUs."""
-    from treecoll.topo.yaml_io import resolve
+    """``(Topology, Machine or None)``: the machine flags' topology (``--topology``, the ``default``
+    one when no machine flag is given, or the machine of ``--hosts``/``--gpus-per-host``/``--gpu``/
+    ``--nic``/``--gpu-nic``), with ``--ranks`` checked against its GPUs."""
+    import dataclasses
 
-    topology = resolve(args.topology)
+    from treecoll.tools.machine_flags import machine_flags
+    from treecoll.topo.machines import machine_topology
+
+    flags = machine_flags(args)
+    if flags.topology is None and not flags.counts_given():
+        flags = dataclasses.replace(flags, topology="default")
+    topology, machine = machine_topology(flags)
     total = len(topology.rank_gpus())
     if args.ranks is not None and args.ranks > total:
         raise CollectiveError(
             f"--ranks: expected at most {total} (the GPUs of topology {topology.name!r}), got {args.ranks}"
         )
-    return topology
+    return topology, machine
+
+
+def _named(data: dict, machine) -> dict:
+    """``data`` with the machine the flags built (``"machine"``: its description), for the output."""
+    if machine is not None:
+        data["machine"] = machine.describe()
+    return data
+
+
+def _where(d: dict) -> str:
+    """The topology a table ran on, as its header names it: the topology's name, and the machine
+    the flags built."""
+    return d["topology"] + (f" ({d['machine']})" if d.get("machine") else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,14 +285,24 @@ def run(args: argparse.Namespace) -> int:
     if args.sim_command in DEFAULT_ALGOS:
         algos = units.parse_list(args.algo, what="--algo", kind="algorithms", error=CollectiveError)
         check_algos(algos, collective=args.sim_command)
-        topology = _resolve(args)
+        topology, machine = _resolve(args)
         if (args.ranks or len(topology.rank_gpus())) < 2:
             raise CollectiveError(
                 f"simulate {args.sim_command}: one rank moves no data (NCCL only copies the buffer); "
                 f"expected at least 2 ranks (--ranks, or a topology with more GPUs than {topology.name!r})"
             )
-        data = allreduce_data(
-            topology, algos, args.sizes, args.ranks, args.profile, args.sim_command, mode=args.mode, engine=args.engine
+        data = _named(
+            allreduce_data(
+                topology,
+                algos,
+                args.sizes,
+                args.ranks,
+                args.profile,
+                args.sim_command,
+                mode=args.mode,
+                engine=args.engine,
+            ),
+            machine,
         )
         if plot:
             plot_allreduce(data, plot)
@@ -276,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         from treecoll.attention.cost import DecodeShape
 
         check_algos([args.tree], option="--tree", builders_only=True)
-        topology = _resolve(args)
+        topology, machine = _resolve(args)
         shapes = [
             DecodeShape(
                 seq_len=n,
@@ -288,14 +324,14 @@ def run(args: argparse.Namespace) -> int:
             )
             for n in args.seq_len
         ]
-        data = decode_data(topology, shapes, args.ranks, args.tree, args.profile, args.mode)
+        data = _named(decode_data(topology, shapes, args.ranks, args.tree, args.profile, args.mode), machine)
         if plot:
             plot_decode(data, plot)
             data["plot"] = plot
         return emit(args, data, render_decode)
     check_algos([args.algo])
-    topology = _resolve(args)
-    data = links_data(topology, args.algo, args.size, args.ranks, args.profile, args.top)
+    topology, machine = _resolve(args)
+    data = _named(links_data(topology, args.algo, args.size, args.ranks, args.profile, args.top), machine)
     return emit(args, data, render_links)
 
 
@@ -546,7 +582,7 @@ def render_allreduce(d: dict) -> str:
     ours = [a for a in d["algos"] if a not in SIM_ALGOS]
     nccl = [a for a in d["algos"] if a in SIM_ALGOS]
     engine = {"flow": "flow simulation", "analytic": "analytic engine"}.get(d.get("engine", "flow"))
-    head = f"# {d.get('collective', 'allreduce')} on {d['topology']} ({d['nranks']} ranks), {engine}\n"
+    head = f"# {d.get('collective', 'allreduce')} on {_where(d)} ({d['nranks']} ranks), {engine}\n"
     if ours:
         kind = "analytic" if d.get("engine") == "analytic" else d.get("mode", "executor")
         # the column 'auto' is a different quantity in each case
@@ -613,7 +649,7 @@ def plot_allreduce(d: dict, path: str) -> None:
         ax,
         "message size (bytes)",
         "busbw (GB/s)",
-        f"{d['collective']} on {d['topology']} ({d['nranks']} ranks)",
+        f"{d['collective']} on {_where(d)} ({d['nranks']} ranks)",
         path,
     )
 
@@ -674,7 +710,7 @@ def render_decode(d: dict) -> str:
         s = r["shape"]
         gpus, hosts = r["nranks"], r["hosts"]
         lines.append(
-            f"# decode step on {d['topology']}: {gpus} GPU{'s' * (gpus != 1)} ({hosts} host{'s' * (hosts != 1)}), "
+            f"# decode step on {_where(d)}: {gpus} GPU{'s' * (gpus != 1)} ({hosts} host{'s' * (hosts != 1)}), "
             f"{s['seq_len']} tokens ({r['tokens_per_rank']}/GPU), b={s['batch']}, heads={s['heads']} "
             f"(kv {s['kv_heads']}) x {s['head_dim']}, {s['dtype']}"
         )
@@ -743,7 +779,7 @@ def plot_decode(d: dict, path: str) -> None:
         ax,
         "sequence length (tokens)",
         "decode step attention time (µs)",
-        f"decode on {d['topology']} ({d['runs'][0]['nranks']} GPUs)",
+        f"decode on {_where(d)} ({d['runs'][0]['nranks']} GPUs)",
         path,
     )
 
@@ -776,7 +812,7 @@ def links_data(
 
 def render_links(d: dict) -> str:
     lines = [
-        f"# {d['algo']} allreduce of {d['size']} B on {d['topology']} ({d['nranks']} ranks): "
+        f"# {d['algo']} allreduce of {d['size']} B on {_where(d)} ({d['nranks']} ranks): "
         f"{d['time_us']:.1f} us, busbw {d['busbw']:.2f} GB/s ({d['profile']}, in-kernel mode: as NCCL's "
         f"kernels would run it)",
         "bytes per link kind: " + ", ".join(f"{k} {fmt_bytes(v, si=True)}" for k, v in d["kind_bytes"].items()),

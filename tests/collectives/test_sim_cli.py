@@ -88,6 +88,44 @@ def test_simulate_allreduce_json(capsys):
             assert v["busbw"] == pytest.approx(r["size"] / (v["time_us"] * 1e-6) / 1e9 * 2 * 15 / 16)
 
 
+MACHINE = ["--hosts", "2", "--gpu", "NVIDIA H100 80GB HBM3", "--nic", "8x400G-ib"]
+
+
+def test_simulate_on_a_machine_of_flags_is_the_machine_topology(capsys):
+    """--hosts/--gpu/--nic build the machine (topo.machines.machine_topology) and simulate on it: the same
+    numbers as the Python API on that machine, the machine named in the header and in the JSON."""
+    from treecoll.topo.machines import MachineFlags, machine_topology, parse_nic
+
+    topology, machine = machine_topology(MachineFlags(hosts=2, gpu="NVIDIA H100 80GB HBM3", nic=parse_nic("8x400G-ib")))
+    want = cmd_simulate.allreduce_data(topology, ["ring", "tree", "nccl"], [65536, 1 << 26])
+    argv = ["simulate", "allreduce", *MACHINE, "--algo", "ring,tree,nccl", "--sizes", "64K,64M"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["machine"] == machine.describe() == "2 x h100-sxm (8 GPUs each), NICs 8x400G-ib"
+    assert got["topology"] == topology.name and got["nranks"] == 16
+    assert got["rows"] == json.loads(json.dumps(want["rows"]))
+    assert main(argv) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == f"# allreduce on {topology.name} ({machine.describe()}) (16 ranks), flow simulation"
+    assert main(["simulate", "decode", *MACHINE, "--seq-len", "1M", "--ranks", "8"]) == 0
+    assert f"# decode step on {topology.name} ({machine.describe()}): 8 GPUs (1 host)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--hosts", "2"], "the GPU model is not known: pass --gpu MODEL"),
+        (["--gpu", "H100"], "the number of hosts is not known (8 GPUs per host of h100-sxm): pass --hosts N"),
+        (["--topology", "dgx-h100-x2", "--hosts", "2"], "--topology names the whole machine: expected it alone"),
+        (["--hosts", "2", "--gpu", "H999"], "--gpu 'H999': no machine template for this GPU"),
+    ],
+)
+def test_simulate_machine_flags_that_do_not_name_a_machine_are_one_line(flags, message, capsys):
+    assert main(["simulate", "allreduce", *flags, "--sizes", "1M"]) != 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and message in err
+
+
 def test_simulate_decode_and_links_text(capsys):
     assert (
         main(
