@@ -107,6 +107,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             q,
             topology_help="topology YAML file, shipped name or 'default' (default: default, unless the "
             "machine is given by --hosts/--gpu/--nic)",
+            description="the machine to simulate: --topology, or --hosts N --gpu MODEL with "
+            "--gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
         )
         q.add_argument(
             "--ranks",

@@ -79,12 +79,15 @@ def gpu_nic_arg(text: str) -> str:
         raise UsageError(str(e)) from None
 
 
-def add_machine_flags(parser: argparse.ArgumentParser, *, topology_help: str | None = None) -> argparse._ArgumentGroup:
-    """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic``, ``--gpu-nic`` (one group) to
-    ``parser``."""
+def add_machine_flags(
+    parser: argparse.ArgumentParser, *, topology_help: str | None = None, description: str | None = None
+) -> argparse._ArgumentGroup:
+    """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic``, ``--gpu-nic`` (one group,
+    ``description`` its help) to ``parser``."""
     g = parser.add_argument_group(
         "machine",
-        "the machine a run is on, where its file does not say it (flags win "
+        description
+        or "the machine a run is on, where its file does not say it (flags win "
         "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic/--gpu-nic",
     )
     g.add_argument(
