@@ -243,15 +243,9 @@ def _resolve(args):
     """``(Topology, Machine or None)``: the machine flags' topology (``--topology``, the ``default``
     one when no machine flag is given, or the machine of ``--hosts``/``--gpus-per-host``/``--gpu``/
     ``--nic``/``--gpu-nic``), with ``--ranks`` checked against its GPUs."""
-    import dataclasses
+    from treecoll.tools.machine_flags import topology_from_args
 
-    from treecoll.tools.machine_flags import machine_flags
-    from treecoll.topo.machines import machine_topology
-
-    flags = machine_flags(args)
-    if flags.topology is None and not flags.counts_given():
-        flags = dataclasses.replace(flags, topology="default")
-    topology, machine = machine_topology(flags)
+    topology, machine = topology_from_args(args, default="default")
     total = len(topology.rank_gpus())
     if args.ranks is not None and args.ranks > total:
         raise CollectiveError(

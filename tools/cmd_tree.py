@@ -21,7 +21,9 @@
   ``auto`` against the best of every spanning tree under the cost model
   (:mod:`treecoll.collectives.bruteforce`), on at most :data:`MAX_BRUTE_RANKS` ranks.
 
-Every command builds a plain dict first (``--json`` prints it).
+Wherever ``--topology F`` is taken, the machine flags (:mod:`treecoll.tools.machine_flags`:
+``--hosts N --gpu MODEL [--gpus-per-host G] [--nic COUNTxSPEEDG-FABRIC] [--gpu-nic ...]``) may name
+the machine instead. Every command builds a plain dict first (``--json`` prints it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
+from .machine_flags import add_machine_flags, machine_given, topology_from_args
 
 if TYPE_CHECKING:
     from treecoll.collectives.tree import MultiTree, Tree
@@ -87,7 +90,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "each edge's link and the predicted times, and optionally save it as a tree file.",
         )
     )
-    b.add_argument("--topology", required=True, metavar="F", help="topology YAML file, shipped name or 'default'")
+    add_machine_flags(
+        b,
+        topology_help="topology YAML file, shipped name or 'default'",
+        description="the machine to build the tree over (required): --topology, or --hosts N --gpu MODEL with "
+        "--gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
+    )
     b.add_argument(
         "--ranks", type=units.int_arg("--ranks"), metavar="N", help="use the first N ranks (default: every GPU)"
     )
@@ -139,8 +147,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         q.add_argument(
             "file", metavar="FILE", help="tree file (YAML/JSON)" + (" or NCCL graph XML" if name == "show" else "")
         )
-        q.add_argument(
-            "--topology", required=name == "check", metavar="F", help="topology YAML file, shipped name or 'default'"
+        add_machine_flags(
+            q,
+            topology_help="topology YAML file, shipped name or 'default'",
+            description=f"the machine{' (required)' if name == 'check' else ''}: --topology, or --hosts N --gpu "
+            "MODEL with --gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
         )
         if name != "draw":  # a picture has no predictions
             q.add_argument(
@@ -180,7 +191,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             f"at most {MAX_BRUTE_RANKS} ranks.",
         )
     )
-    f.add_argument("--topology", required=True, metavar="F", help="topology YAML file, shipped name or 'default'")
+    add_machine_flags(
+        f,
+        topology_help="topology YAML file, shipped name or 'default'",
+        description="the machine (required): --topology, or --hosts N --gpu MODEL with "
+        "--gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
+    )
     f.add_argument(
         "--ranks",
         type=units.int_arg("--ranks", maximum=MAX_BRUTE_RANKS),
@@ -204,12 +220,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 # ---------------------------------------------------------------------- data
-def _topology(spec):
-    if spec is None:
-        return None
-    from treecoll import topo
-
-    return topo.resolve(spec)
+def _topology(args, required: str | None = None):
+    """The topology the machine flags of ``args`` name, or None (a UsageError with ``required``, the
+    command, when they name none)."""
+    return topology_from_args(args, required=required)[0]
 
 
 def _gpus(topology, n: int):
@@ -440,7 +454,7 @@ def _build(args) -> dict:
 
     if args.output:
         output_path(args.output, inputs=[args.topology], suffixes=TREE_SUFFIXES)
-    topology = _topology(args.topology)
+    topology = _topology(args, required="tree build")
     plan, data = build_data(
         topology,
         args.builder,
@@ -480,14 +494,14 @@ def _is_nccl_graph(path: str) -> bool:
 
 
 def _show(args) -> dict:
-    if args.topology is None:
+    if not machine_given(args):
         for option, value in (("--bytes", args.bytes), ("--mode", args.mode)):
             if value is not None:
                 raise units.UsageError(
                     f"tree show: {option} applies to the predictions, which need --topology; pass --topology or drop it"
                 )
     if _is_nccl_graph(args.file):
-        if args.topology is not None:
+        if machine_given(args):
             raise units.UsageError(
                 f"tree show {args.file}: an NCCL graph file is listed, not predicted: drop --topology"
             )
@@ -507,9 +521,7 @@ def _show(args) -> dict:
             ]
         }
     f = _load(args)
-    return tree_data(
-        f.plan, _topology(args.topology), args.bytes or 1 << 20, hosts=f.hosts, mode=args.mode or "executor"
-    )
+    return tree_data(f.plan, _topology(args), args.bytes or 1 << 20, hosts=f.hosts, mode=args.mode or "executor")
 
 
 def _check(args) -> dict:
@@ -518,7 +530,7 @@ def _check(args) -> dict:
     from treecoll.collectives.sim.executor import predict_tree
 
     f = _load(args)
-    topology = _topology(args.topology)
+    topology = _topology(args, required="tree check")
     nbytes = args.bytes
     n = f.plan.size
     all_gpus = topology.rank_gpus()
@@ -675,12 +687,12 @@ def _draw(args) -> dict:
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingDependency("matplotlib", "treecoll tree draw", extra="plot") from None
-    if args.topology is None and args.max_hosts is not None:
+    if not machine_given(args) and args.max_hosts is not None:
         raise units.UsageError(
             "tree draw: --max-hosts applies to the topology picture, which needs --topology; pass --topology or drop it"
         )
     f = _load(args)
-    topology = _topology(args.topology)
+    topology = _topology(args)
     data = tree_data(f.plan, topology, hosts=f.hosts)
     colors = {
         "NVL": "tab:green",
@@ -788,6 +800,8 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "draw":
         return emit(args, _draw(args), lambda d: f"wrote {d['output']} ({d['ranks']} ranks, {d['trees']} tree(s))")
     if cmd == "bruteforce":
-        data = bruteforce_data(_topology(args.topology), ranks=args.ranks, sizes=args.sizes, trees=args.trees)
+        data = bruteforce_data(
+            _topology(args, required="tree bruteforce"), ranks=args.ranks, sizes=args.sizes, trees=args.trees
+        )
         return emit(args, data, render_bruteforce)
     raise TreeError(f"tree: unknown subcommand {cmd!r}")  # pragma: no cover

@@ -45,6 +45,8 @@ __all__ = [
     "add_machine_flags",
     "machine_flags",
     "machine_from_args",
+    "machine_given",
+    "topology_from_args",
     "parse_machine_flags",
     "nic_arg",
     "gpu_arg",
@@ -146,6 +148,31 @@ def machine_flags(args: argparse.Namespace) -> MachineFlags:
         nic=getattr(args, "nic", None),
         gpu_nic=getattr(args, "gpu_nic", None),
     )
+
+
+def machine_given(args: argparse.Namespace) -> bool:
+    """Whether parsed ``args`` name a machine: ``--topology`` or any of the counts, GPU and NICs."""
+    flags = machine_flags(args)
+    return flags.topology is not None or flags.counts_given()
+
+
+def topology_from_args(
+    args: argparse.Namespace, *, default: str | None = None, required: str | None = None
+) -> tuple[Topology | None, Machine | None]:
+    """``(Topology, Machine or None)`` the machine flags of parsed ``args`` name (a topology given whole:
+    no Machine). Without any: the topology ``default`` names, else ``(None, None)``, or with
+    ``required`` (the command, for the message) a one-line UsageError naming the flags to pass."""
+    flags = machine_flags(args)
+    if flags.topology is None and not flags.counts_given():
+        if default is None:
+            if required:
+                raise UsageError(
+                    f"{required}: expected the machine: --topology FILE|name, or --hosts N --gpu MODEL "
+                    "[--gpus-per-host G] [--nic COUNTxSPEEDG-FABRIC] [--gpu-nic aligned|unaligned]"
+                )
+            return None, None
+        flags = MachineFlags(topology=default)
+    return machines.machine_topology(flags)
 
 
 def machine_from_args(args: argparse.Namespace, facts: MachineFacts | None = None) -> tuple[Topology, Machine | None]:

@@ -196,3 +196,38 @@ def test_bruteforce_all_refuses_more_trees_than_it_can_score(capsys):
         "expected at most 1,000,000; pass --trees symmetry (exhaustive up to the topology's automorphisms) "
         "or fewer --ranks\n"
     )
+
+
+MACHINE = ["--hosts", "2", "--gpu", "H100", "--nic", "8x400G-ib"]
+
+
+def test_tree_commands_take_a_machine_of_flags_as_a_topology(capsys, tmp_path):
+    """--hosts/--gpu/--nic name the machine (topo.machines.machine_topology) wherever --topology does:
+    the tree built on it is the one built on the same machine written as a YAML file."""
+    from treecoll.topo import dumps
+    from treecoll.topo.machines import MachineFlags, machine_topology, parse_nic
+
+    topology, _ = machine_topology(MachineFlags(hosts=2, gpu="H100", nic=parse_nic("8x400G-ib")))
+    path = tmp_path / "machine.yaml"
+    path.write_text(dumps(topology))
+    build = ["tree", "build", "--builder", "two_level", "--bytes", "1M", "--json"]
+    assert main([*build, *MACHINE]) == 0
+    from_flags = json.loads(capsys.readouterr().out)
+    assert main([*build, "--topology", str(path)]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert from_flags["topology"] == topology.name and from_flags["gpus"] == from_file["gpus"]
+    for key in ("trees", "edge_classes", "inter_host_edges", "predicted"):
+        assert from_flags[key] == from_file[key], key
+    tree = tmp_path / "t.yaml"
+    assert main(["tree", "build", "--builder", "two_level", *MACHINE, "-o", str(tree)]) == 0
+    assert main(["tree", "check", str(tree), *MACHINE]) == 0
+    assert "OK: the tree fits the topology" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", [["build", "--builder", "two_level"], ["check", "TREE"], ["bruteforce"]])
+def test_a_tree_command_without_a_machine_names_the_flags(cmd, capsys, tree8):
+    argv = ["tree", *[str(tree8) if c == "TREE" else c for c in cmd]]
+    assert main(argv) != 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert f"tree {cmd[0]}: expected the machine: --topology FILE|name, or --hosts N --gpu MODEL" in err
