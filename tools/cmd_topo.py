@@ -15,6 +15,11 @@ or ``default`` (the embedded 2-host DGX H100 cluster); see :func:`topo.resolve`.
 * ``topo probe``: measure the links of a running job against the topology
   (:mod:`treecoll.tools.cmd_probe`, mounted from :data:`SUBMODULES`).
 
+Instead of FILE, the machine flags (``--hosts N --gpu MODEL [--gpus-per-host G] [--nic
+COUNTxSPEEDG-FABRIC] [--gpu-nic ...]``, :mod:`treecoll.tools.machine_flags`) name a machine built from
+the shipped machine templates (:mod:`treecoll.topo.machines`): ``topo export --hosts 16 --gpu H100
+--nic 8x400G-ib --format yaml -o cluster.yaml`` writes it as a file to edit.
+
 Each command builds a plain dict (``--json`` prints it); the text view is a
 second renderer. More ``treecoll topo <x>`` subcommands: add a module to
 :data:`SUBMODULES` exposing ``add_parser(topo_subparsers)`` and ``run(args)``.
@@ -35,6 +40,7 @@ from treecoll import topo
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
+from .machine_flags import add_machine_flags
 
 __all__ = [
     "add_parser",
@@ -76,7 +82,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     def cmd(name: str, help_: str) -> argparse.ArgumentParser:
         q = sub.add_parser(name, help=help_, description=help_)
-        q.add_argument("file", metavar="FILE", help="topology YAML, shipped name, or 'default'")
+        q.add_argument(
+            "file",
+            metavar="FILE",
+            nargs="?",
+            default=None,
+            help="topology YAML, shipped name, or 'default' (or the machine flags instead)",
+        )
+        add_machine_flags(
+            q,
+            topology=False,
+            description="a machine instead of FILE: --hosts N --gpu MODEL with --gpus-per-host/--nic/--gpu-nic "
+            "where the machine template's own do not fit (treecoll.topo.machines)",
+        )
         return common_options(q)
 
     cmd("show", "summary: hosts, GPUs, links by kind, network")
@@ -111,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
     c = args.topo_cmd
     if c in ("export", "draw") and args.output:
         output_path(args.output, inputs=[args.file], suffixes=IMAGE_SUFFIXES if c == "draw" else None)
-    t = topo.resolve(args.file)
+    t, source = _topology(args)
     if c == "show":
-        return emit(args, show_data(t, args.file), render_show)
+        return emit(args, show_data(t, source), render_show)
     if c == "matrix":
         return emit(args, matrix_data(t, args.host), render_matrix)
     if c == "path":
@@ -132,6 +150,29 @@ def run(args: argparse.Namespace) -> int:
             f"{d['nodes']} nodes, {d['links']} links)"
         ),
     )
+
+
+def _topology(args: argparse.Namespace) -> tuple[topo.Topology, str]:
+    """The topology of FILE, or of the machine flags (one of the two), and the name of its source."""
+    from .machine_flags import machine_flags
+
+    flags = machine_flags(args)
+    if args.file is not None and flags.counts_given():
+        raise units.UsageError(
+            f"topo {args.topo_cmd}: FILE names the whole machine: expected FILE or the machine flags "
+            "(--hosts, --gpus-per-host, --gpu, --nic, --gpu-nic), got both; pass one or the other"
+        )
+    if args.file is not None:
+        return topo.resolve(args.file), args.file
+    if not flags.counts_given():
+        raise units.UsageError(
+            f"topo {args.topo_cmd}: expected FILE (a topology YAML, a shipped name or 'default'), or the "
+            "machine: --hosts N --gpu MODEL [--gpus-per-host G] [--nic COUNTxSPEEDG-FABRIC] [--gpu-nic ...]"
+        )
+    from treecoll.topo.machines import machine_topology
+
+    t, machine = machine_topology(flags)
+    return t, machine.describe()
 
 
 # ------------------------------------------------------------------------------------------ show

@@ -82,22 +82,28 @@ def gpu_nic_arg(text: str) -> str:
 
 
 def add_machine_flags(
-    parser: argparse.ArgumentParser, *, topology_help: str | None = None, description: str | None = None
+    parser: argparse.ArgumentParser,
+    *,
+    topology_help: str | None = None,
+    description: str | None = None,
+    topology: bool = True,
 ) -> argparse._ArgumentGroup:
-    """Add ``--topology``, ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic``, ``--gpu-nic`` (one group,
-    ``description`` its help) to ``parser``."""
+    """Add ``--topology`` (unless ``topology`` is False: a command that reads it as its FILE argument),
+    ``--hosts``, ``--gpus-per-host``, ``--gpu``, ``--nic``, ``--gpu-nic`` (one group, ``description`` its
+    help) to ``parser``."""
     g = parser.add_argument_group(
         "machine",
         description
         or "the machine a run is on, where its file does not say it (flags win "
         "over the file): --topology, or --hosts/--gpus-per-host/--gpu/--nic/--gpu-nic",
     )
-    g.add_argument(
-        "--topology",
-        default=None,
-        metavar="FILE|name",
-        help=topology_help or "a topology YAML, NCCL XML or nvidia-smi file, or a shipped name",
-    )
+    if topology:
+        g.add_argument(
+            "--topology",
+            default=None,
+            metavar="FILE|name",
+            help=topology_help or "a topology YAML, NCCL XML or nvidia-smi file, or a shipped name",
+        )
     g.add_argument(
         "--hosts",
         type=int_arg("--hosts", maximum=machines.MAX_HOSTS),

@@ -166,6 +166,9 @@ def test_bad_values_are_one_line_errors(tmp_path, capsys):
             r"treecoll topo show: unrecognized arguments: --colour; see 'treecoll topo show --help'",
         ),
         (["topo", "export", "default"], "the following arguments are required: --format"),
+        (["topo", "show"], r"topo show: expected FILE \(a topology YAML, a shipped name or 'default'\), or"),
+        (["topo", "show", "default", "--hosts", "2"], "topo show: FILE names the whole machine: expected FILE or"),
+        (["topo", "show", "--hosts", "2"], "the GPU model is not known: pass --gpu MODEL"),
         ([], "expected a command, one of topo, decode, generate, tree, simulate, emu, selfcheck"),
     ],
 )
@@ -265,3 +268,20 @@ def test_topo_import_names_the_file_and_what_is_wrong(what, make, message, tmp_p
     assert re.match(rf"treecoll: error: {p}:?\S*:? ?{message}", err) or re.match(
         rf"treecoll: error: {p}{message}", err
     ), err
+
+
+def test_the_machine_flags_name_a_machine_instead_of_a_file(tmp_path, capsys):
+    """topo show/export --hosts/--gpu/--nic: the machine of topo.machines; exported, it is the same
+    machine as a file: simulate prints the same table from the file and from the flags."""
+    machine = ["--hosts", "2", "--gpu", "H100", "--nic", "8x400G-ib"]
+    rc, shown, _ = run(capsys, "topo", "show", *machine)
+    assert rc == 0 and shown.startswith("h100-sxm-x2  (2 x h100-sxm (8 GPUs each), NICs 8x400G-ib)  fingerprint ")
+    path = tmp_path / "machine.yaml"
+    rc, _, _ = run(capsys, "topo", "export", *machine, "--format", "yaml", "-o", str(path))
+    assert rc == 0
+    rc, out, _ = run(capsys, "topo", "show", str(path))
+    assert rc == 0 and out.startswith(f"h100-sxm-x2  ({path})  fingerprint ")
+    assert out.split("fingerprint ")[1].split()[0] == shown.split("fingerprint ")[1].split()[0]
+    sim = ["simulate", "allreduce", "--algo", "ring,two_level,nccl", "--sizes", "1M", "--json"]
+    rows = [json.loads(run(capsys, *sim, *flags)[1])["rows"] for flags in (machine, ["--topology", str(path)])]
+    assert rows[0] == rows[1]
