@@ -88,7 +88,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from treecoll.collectives.sim.simulator import DTYPE_SIZES
     from treecoll.tools.cli import REPLACES, common_options
     from treecoll.tools.cmd_tree import MODE_HELP
-    from treecoll.tools.machine_flags import add_machine_flags
+    from treecoll.tools.machine_flags import COUNTS_HELP, add_machine_flags
 
     p = subparsers.add_parser(
         "simulate",
@@ -107,8 +107,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             q,
             topology_help="topology YAML file, shipped name or 'default' (default: default, unless the "
             "machine is given by --hosts/--gpu/--nic)",
-            description="the machine to simulate: --topology, or --hosts N --gpu MODEL with "
-            "--gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
+            description=f"the machine to simulate: --topology, or {COUNTS_HELP}",
         )
         q.add_argument(
             "--ranks",

@@ -40,7 +40,7 @@ from treecoll import topo
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
-from .machine_flags import add_machine_flags
+from .machine_flags import COUNTS_HELP, add_machine_flags
 
 __all__ = [
     "add_parser",
@@ -92,8 +92,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         add_machine_flags(
             q,
             topology=False,
-            description="a machine instead of FILE: --hosts N --gpu MODEL with --gpus-per-host/--nic/--gpu-nic "
-            "where the machine template's own do not fit (treecoll.topo.machines)",
+            description=f"a machine instead of FILE: {COUNTS_HELP}",
         )
         return common_options(q)
 

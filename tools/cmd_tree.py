@@ -40,7 +40,7 @@ from treecoll.topo.errors import MissingDependency, TreeError
 
 from . import units
 from .cli import IMAGE_SUFFIXES, REPLACES, atomic_output, common_options, emit, output_path, write_output
-from .machine_flags import add_machine_flags, machine_given, topology_from_args
+from .machine_flags import COUNTS_HELP, add_machine_flags, machine_given, topology_from_args
 
 if TYPE_CHECKING:
     from treecoll.collectives.tree import MultiTree, Tree
@@ -93,8 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_machine_flags(
         b,
         topology_help="topology YAML file, shipped name or 'default'",
-        description="the machine to build the tree over (required): --topology, or --hosts N --gpu MODEL with "
-        "--gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
+        description=f"the machine to build the tree over (required): --topology, or {COUNTS_HELP}",
     )
     b.add_argument(
         "--ranks", type=units.int_arg("--ranks"), metavar="N", help="use the first N ranks (default: every GPU)"
@@ -150,8 +149,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         add_machine_flags(
             q,
             topology_help="topology YAML file, shipped name or 'default'",
-            description=f"the machine{' (required)' if name == 'check' else ''}: --topology, or --hosts N --gpu "
-            "MODEL with --gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
+            description=f"the machine{' (required)' if name == 'check' else ''}: --topology, or {COUNTS_HELP}",
         )
         if name != "draw":  # a picture has no predictions
             q.add_argument(
@@ -194,8 +192,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_machine_flags(
         f,
         topology_help="topology YAML file, shipped name or 'default'",
-        description="the machine (required): --topology, or --hosts N --gpu MODEL with "
-        "--gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit",
+        description=f"the machine (required): --topology, or {COUNTS_HELP}",
     )
     f.add_argument(
         "--ranks",

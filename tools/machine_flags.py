@@ -48,6 +48,7 @@ __all__ = [
     "machine_given",
     "topology_from_args",
     "parse_machine_flags",
+    "COUNTS_HELP",
     "nic_arg",
     "gpu_arg",
     "gpu_nic_arg",
@@ -79,6 +80,10 @@ def gpu_nic_arg(text: str) -> str:
         return machines.parse_gpu_nic(text)
     except TopologyError as e:
         raise UsageError(str(e)) from None
+
+
+#: the machine flags in a help text: what a command's machine group says after "--topology, or"
+COUNTS_HELP = "--hosts N --gpu MODEL with --gpus-per-host/--nic/--gpu-nic where the machine template's own do not fit"
 
 
 def add_machine_flags(
