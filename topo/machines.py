@@ -599,7 +599,7 @@ def resolve_machine(flags: MachineFlags, facts: MachineFacts | None = None) -> M
         per = n // hosts
         notes.append(f"GPUs per host: {per} = {n} ranks / {hosts} hosts")
     if gpu is None:
-        missing = [x for x, v in (("--hosts N", hosts), ("--gpus-per-host G", per)) if v is None]
+        missing = [x for x, v in (("--hosts N", hosts), ("[--gpus-per-host G]", per)) if v is None]
         if not facts.gpu_names and not facts.hosts and flags == MachineFlags():
             raise TopologyError(
                 "the file does not say the machine (no complete device list): pass --hosts N "

@@ -276,7 +276,7 @@ def test_the_pci_id_table_agrees_with_the_templates():
         ),
         (
             lambda: resolve_machine(MachineFlags(hosts=2), MachineFacts("t.log:3")),
-            "t.log:3: the GPU model is not known: pass --gpu MODEL --gpus-per-host G, or --topology FILE|name",
+            "t.log:3: the GPU model is not known: pass --gpu MODEL [--gpus-per-host G], or --topology FILE|name",
         ),
         (
             lambda: machine_topology(MachineFlags(topology="dgx-h100", hosts=2)),
