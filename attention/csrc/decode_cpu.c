@@ -684,13 +684,13 @@ static inline int group_block(int64_t rem) { return rem >= 8 ? 8 : rem >= 4 ? 4 
     }
 
 /* FLAG_STREAM_ONLY: the `bytes` bytes at rows[i] + off, i < n, xor-ed into sink by 64-byte loads,
- * with `steps` steps of the prefetches pf every `every` rows, each row read in `passes` parts with
- * their steps (the loads and prefetches of the score or value pass, without its arithmetic). */
+ * with `steps` steps of the prefetches pf every `every` rows (the loads and prefetches of the score
+ * pass, or of every pass of the value loops, without their arithmetic). */
 static volatile unsigned stream_sink;
 T512 static INL __m512i stream_rows(const char *const *rows, int64_t n, int64_t off, int64_t bytes, int64_t every,
-                                    int64_t passes, pf_pair *pf, int64_t steps, __m512i sink) {
+                                    pf_pair *pf, int64_t steps, __m512i sink) {
     for (int64_t i = 0; i < n; i++) {
-        if (i % every == 0) pf_step(pf, steps * passes);
+        if (i % every == 0) pf_step(pf, steps);
         for (int64_t o = 0; o < bytes; o += 64) {
             const __mmask64 mk = bytes - o >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (bytes - o)) - 1;
             sink = _mm512_xor_si512(sink, _mm512_maskz_loadu_epi8(mk, rows[i] + off + o));
@@ -773,8 +773,8 @@ T512BF static INL void task512_dt(const int dt, const int dot_bf16, const int st
             const int64_t steps = (n + tb0 - 1) / tb0 + n * vpasses;
             pf_pair pp = {&pk, &pv, (pf_left(&pk) + steps - 1) / steps, (pf_left(&pv) + steps - 1) / steps};
             if (stream_only) { /* the same reads and prefetches, no arithmetic */
-                sink = stream_rows(krow[cur], n, h * a->k_h, D * isz, tb0, 1, &pp, 1, sink);
-                sink = stream_rows(vrow[cur], n, h * a->v_h, D * isz, 1, vpasses, &pp, 1, sink);
+                sink = stream_rows(krow[cur], n, h * a->k_h, D * isz, tb0, &pp, 1, sink);
+                sink = stream_rows(vrow[cur], n, h * a->v_h, D * isz, 1, &pp, vpasses, sink);
                 pf_lines(&pk, pf_left(&pk));
                 pf_lines(&pv, pf_left(&pv));
                 continue;

@@ -245,7 +245,6 @@ typedef struct {
     /* subflows */
     double *f_rem, *f_tlast, *f_rate, *f_size;
     i64 *f_xfer, *f_hpos, *f_sub, *f_inc; /* f_hpos: the subflow's place in the drain heap fh, -1 */
-    char *f_alive;
     i64 nf, f_cap;
     i64 *inc_pos; /* per incidence: its position in its link's users (-1: the link repeats in the subflow) */
     i64 ninc, inc_cap;
@@ -410,7 +409,7 @@ static void transmit(engine *E, i64 r, i64 g, double t) {
                 i64 c = new_cap(E->f_cap, f + 1);
                 if (REGROW(E->f_rem, c) || REGROW(E->f_tlast, c) || REGROW(E->f_rate, c) || REGROW(E->f_size, c) ||
                     REGROW(E->f_xfer, c) || REGROW(E->f_hpos, c) || REGROW(E->f_sub, c) || REGROW(E->f_inc, c) ||
-                    REGROW(E->f_alive, c) || REGROW(E->seen_f, c)) {
+                    REGROW(E->seen_f, c)) {
                     E->oom = 1;
                     return;
                 }
@@ -429,7 +428,6 @@ static void transmit(engine *E, i64 r, i64 g, double t) {
             E->f_hpos[f] = -1;
             E->f_sub[f] = s;
             E->f_inc[f] = E->ninc;
-            E->f_alive[f] = 1;
             E->seen_f[f] = 0;
             const i64 *ls = A->s_links + A->s_link_ptr[s];
             for (i64 j = 0; j < nl; j++) {
@@ -956,7 +954,6 @@ static int drain_until(engine *E, double t_next, i64 **fin, i64 *fin_cap) {
     E->changed = 1;
     for (i64 a = 0; a < nfin; a++) {
         i64 f = (*fin)[a], s = E->f_sub[f];
-        E->f_alive[f] = 0;
         E->f_rem[f] = 0.0;
         const i64 *ls = A->s_links + A->s_link_ptr[s];
         i64 nl = A->s_link_ptr[s + 1] - A->s_link_ptr[s];
@@ -1122,7 +1119,7 @@ static void engine_free(engine *E) {
                   E->posted, E->waiting, E->has_arrived, E->arrived_t, E->held, E->c_exists, E->c_head,
                   E->c_tail, E->c_rank, E->slot_val, E->slot_present, E->sc_rank, E->sc_t, E->sc_b,
                   E->x_send, E->x_pending, E->x_route, E->f_rem, E->f_tlast, E->f_rate, E->f_size,
-                  E->f_xfer, E->f_hpos, E->f_sub, E->f_inc, E->f_alive, E->inc_pos, E->dirty,
+                  E->f_xfer, E->f_hpos, E->f_sub, E->f_inc, E->inc_pos, E->dirty,
                   E->dirty_mark, E->seen_l, E->seen_f, E->loc, E->route_seen, E->link_seen, E->ev, E->fh,
                   E->comp, E->stack, E->l_ids, E->l_cnt, E->l_uptr, E->l_users, E->l_fill, E->f_lptr,
                   E->f_ll, E->live, E->bott, E->l_rem, E->l_share, E->c_rate, E->c_frozen};
